@@ -1,0 +1,127 @@
+"""Builders of the unified response envelope and the outcome rule.
+
+Every JSON reply of the data plane (model servers and gateway) is built here,
+so the field set is the same everywhere:
+
+    status, status_str, task_id, model {name, version}, results[],
+    server_time_ms, partial   (+ errors[] on validation rejection,
+                                 + error (text) on any rejection)
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from svc import status as st
+from svc.errors import FieldError
+from svc.status import Status
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """``model`` of the envelope: catalog id and version of the weights."""
+
+    name: str
+    version: str
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "version": self.version}
+
+
+@dataclass
+class ItemResult:
+    """The outcome of one input image: a status, a payload or an error text."""
+
+    status: Status
+    data: Any = None
+    error: str | None = None
+
+    def to_json(self) -> dict:
+        if self.status is st.SUCCESS:
+            return {"status": 0, "data": self.data}
+        return {"status": self.status.code, "data": None, "error": self.error or self.status.meaning}
+
+
+TIMED_OUT = ItemResult(st.RUN_TIMEOUT, None, "the deadline passed before this item finished")
+
+
+def new_task_id() -> str:
+    """A server-generated task id (used when the client sent no ``req_id``)."""
+    return uuid.uuid4().hex
+
+
+def outcome(items: Sequence[ItemResult]) -> tuple[Status, bool]:
+    """The top-level status and ``partial`` flag of a reply with these items.
+
+    1. Every item succeeded: 200, status 0.
+    2. Some item timed out: 200 with status 68 and ``partial: true`` when any
+       other item finished (with success or its own error), else 504 status 4.
+    3. No timeout and at least one success: 200 status 0; the failed items
+       carry their own status (per-item failure isolation).
+    4. Every item failed without a timeout: a server-side failure (status 1
+       or 6) wins and gives 500; otherwise the input errors give 400 with the
+       status of the first item.
+    """
+    if not items:
+        raise ValueError("an admitted request has at least one item")
+    timed_out = [i for i in items if i.status is st.RUN_TIMEOUT]
+    if timed_out:
+        if len(timed_out) < len(items):
+            return st.PARTIAL, True
+        return st.RUN_TIMEOUT, False
+    if any(i.status is st.SUCCESS for i in items):
+        return st.SUCCESS, False
+    for item in items:
+        if item.status.code in st.SERVER_SIDE:
+            return item.status, False
+    return items[0].status, False
+
+
+def result_envelope(
+    *,
+    task_id: str,
+    model: ModelIdentity,
+    items: Sequence[ItemResult],
+    server_time_ms: float,
+) -> tuple[int, dict]:
+    """The HTTP code and body of an admitted inference request."""
+    top, partial = outcome(items)
+    body = {
+        "status": top.code,
+        "status_str": top.text,
+        "task_id": task_id,
+        "model": model.to_json(),
+        "results": [i.to_json() for i in items],
+        "server_time_ms": round(server_time_ms, 3),
+        "partial": partial,
+    }
+    return top.http, body
+
+
+def rejection(
+    status: Status,
+    message: str,
+    *,
+    task_id: str,
+    model: ModelIdentity,
+    errors: Iterable[FieldError] = (),
+    server_time_ms: float = 0.0,
+) -> dict:
+    """A process-level rejection: the envelope with empty ``results``."""
+    body = {
+        "status": status.code,
+        "status_str": status.text,
+        "task_id": task_id,
+        "model": model.to_json(),
+        "results": [],
+        "server_time_ms": round(server_time_ms, 3),
+        "partial": False,
+        "error": message,
+    }
+    errs = [e.to_json() for e in errors]
+    if errs:
+        body["errors"] = errs
+    return body

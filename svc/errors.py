@@ -1,0 +1,45 @@
+"""The one exception type that becomes an error reply.
+
+Handlers raise :class:`ApiError`; one error handler per process turns it into
+the process's reply shape (the unified envelope on the data plane, ``{ok,
+error}`` on the management API).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from svc.status import Status
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One ``errors[]`` entry: a JSON pointer into the request and a message."""
+
+    pointer: str
+    message: str
+
+    def to_json(self) -> dict:
+        return {"pointer": self.pointer, "message": self.message}
+
+
+@dataclass
+class ApiError(Exception):
+    """A request that is answered with an error envelope.
+
+    ``headers`` are added to the reply (for example ``Retry-After`` or
+    ``Allow``).
+    """
+
+    status: Status
+    message: str
+    errors: list[FieldError] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return f"{self.status.text}: {self.message}"
+
+
+def pointer(*parts: object) -> str:
+    """A JSON pointer (RFC 6901) from path parts, escaping ``~`` and ``/``."""
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)

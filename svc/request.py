@@ -1,0 +1,212 @@
+"""Parsing and validation of inference requests (JSON envelope or raw body).
+
+One function per encoding turns the body into an :class:`InferenceRequest`
+or raises :class:`~svc.errors.ApiError` with the exact status of SPEC
+"Inference request": 400/50 for a body that is not a JSON object, 415/60 for
+an unsupported content type, 422/66 with ``errors[]`` for every contract
+rule, 413/67 for too many images.  It is pure (no I/O, no reactor), so it
+runs in the decode thread pool and in property tests alike.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from svc import status as st
+from svc.errors import ApiError, FieldError, pointer
+from svc.schema import ObjectSchema
+
+ROOT_FIELDS = ("images", "req_id", "params", "options")
+#: Fields of the removed ``{req_id, code, msg, data}`` envelope.
+LEGACY_ENVELOPE_FIELDS = ("code", "msg", "data")
+RAW_TYPES = ("application/octet-stream",)
+REQ_ID_RE = re.compile(r"[\x21-\x7e]{1,128}")
+REQ_ID_RULE = "must be 1 to 128 printable ASCII characters without spaces"
+
+
+@dataclass
+class InferenceRequest:
+    """A validated request: images (base64 text, or bytes for a raw body)."""
+
+    images: list[str | bytes]
+    req_id: str | None
+    params: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+class RequestValidator:
+    """Validates requests for one model: its params and options schemas."""
+
+    def __init__(self, params: ObjectSchema, options: ObjectSchema, max_request_items: int) -> None:
+        self.params = params
+        self.options = options
+        self.max_request_items = max_request_items
+
+    # -- entry point ---------------------------------------------------------
+
+    def parse(self, body: bytes, media_type: str, type_params: Mapping[str, str], headers: Mapping[str, str | None]) -> InferenceRequest:
+        """Dispatch on the content type; ``headers`` holds the X-Service-* and X-Request-ID values."""
+        if media_type == "application/json":
+            charset = type_params.get("charset", "utf-8").lower()
+            if charset not in ("utf-8", "utf8"):
+                raise ApiError(st.UNSUPPORTED_MEDIA_TYPE, f"JSON bodies must be UTF-8, got charset {charset!r}")
+            return self.parse_json(body, headers.get("x-request-id"))
+        if media_type.startswith("image/") or media_type in RAW_TYPES:
+            return self.parse_raw(body, headers)
+        shown = media_type or "none"
+        raise ApiError(
+            st.UNSUPPORTED_MEDIA_TYPE,
+            f"unsupported content type {shown!r}; send application/json (the envelope), "
+            "or one image as image/* or application/octet-stream",
+        )
+
+    # -- JSON envelope ---------------------------------------------------------
+
+    def parse_json(self, body: bytes, header_request_id: str | None = None) -> InferenceRequest:
+        try:
+            doc = json.loads(body, parse_constant=_reject_constant)
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
+            raise ApiError(st.JSON_PARSE_ERROR, f"body is not valid JSON: {e}") from None
+        if not isinstance(doc, dict):
+            raise ApiError(st.JSON_PARSE_ERROR, f"body must be a JSON object, got {type(doc).__name__}")
+        errors = self._root_errors(doc)
+        images = doc.get("images")
+        errors += self._images_errors(doc)
+        if "req_id" in doc:
+            req_id = doc["req_id"]
+            errors += self._req_id_errors(req_id, pointer("req_id"))
+        else:
+            req_id = header_request_id
+            if req_id is not None:
+                errors += self._req_id_errors(req_id, pointer("req_id"), "X-Request-ID header ")
+        params = self._object(doc, "params", self.params, errors)
+        options = self._object(doc, "options", self.options, errors)
+        if errors:
+            raise ApiError(st.INVALID_REQUEST, _summary(errors), errors)
+        self._check_count(len(images))
+        return InferenceRequest(images=images, req_id=req_id, params=params, options=options)
+
+    def _root_errors(self, doc: dict) -> list[FieldError]:
+        errors: list[FieldError] = []
+        for key in doc:
+            if key in ROOT_FIELDS:
+                continue
+            if key == "img_data":
+                message = "img_data was removed: send the image as images[0] (images is an array of base64 strings)"
+            elif key in LEGACY_ENVELOPE_FIELDS:
+                message = (
+                    "the {req_id, code, msg, data} envelope was removed: "
+                    "send {images, req_id, params, options}"
+                )
+            elif key in self.params.properties:
+                message = f"{key} is a model parameter: put it inside params"
+            else:
+                message = f"unknown field {key!r}; accepted fields: {', '.join(ROOT_FIELDS)}"
+            errors.append(FieldError(pointer(key), message))
+        return errors
+
+    @staticmethod
+    def _images_errors(doc: dict) -> list[FieldError]:
+        if "images" not in doc:
+            return [FieldError(pointer("images"), "required: an array of base64 strings, at least one")]
+        images = doc["images"]
+        if not isinstance(images, list):
+            return [FieldError(pointer("images"), f"must be an array of base64 strings, got {_json_type(images)}")]
+        if not images:
+            return [FieldError(pointer("images"), "must hold at least one image")]
+        return [
+            FieldError(pointer("images", i), f"must be a base64 string, got {_json_type(v)}")
+            for i, v in enumerate(images)
+            if not isinstance(v, str)
+        ]
+
+    @staticmethod
+    def _req_id_errors(value: Any, where: str, prefix: str = "") -> list[FieldError]:
+        if not isinstance(value, str):
+            return [FieldError(where, f"{prefix}must be a string, got {_json_type(value)}")]
+        if not REQ_ID_RE.fullmatch(value):
+            return [FieldError(where, prefix + REQ_ID_RULE)]
+        return []
+
+    @staticmethod
+    def _object(doc: dict, name: str, schema: ObjectSchema, errors: list[FieldError]) -> dict:
+        if name not in doc:
+            return schema.with_defaults({})
+        value = doc[name]
+        if not isinstance(value, dict):
+            errors.append(FieldError(pointer(name), f"must be an object, got {_json_type(value)}"))
+            return {}
+        found = schema.errors(value, name)
+        errors.extend(found)
+        return schema.with_defaults(value) if not found else {}
+
+    def _check_count(self, n: int) -> None:
+        if n > self.max_request_items:
+            raise ApiError(
+                st.TOO_MANY_ITEMS,
+                f"{n} images in one request; at most {self.max_request_items} are accepted (max_request_items)",
+            )
+
+    # -- raw body ----------------------------------------------------------------
+
+    def parse_raw(self, body: bytes, headers: Mapping[str, str | None]) -> InferenceRequest:
+        """One image's bytes; params/options/request id from headers."""
+        errors: list[FieldError] = []
+        params = self._header_object(headers.get("x-service-params"), "params", "X-Service-Params", self.params, errors)
+        options = self._header_object(
+            headers.get("x-service-options"), "options", "X-Service-Options", self.options, errors
+        )
+        req_id = headers.get("x-request-id")
+        if req_id is not None:
+            errors += self._req_id_errors(req_id, pointer("req_id"), "X-Request-ID header ")
+        if errors:
+            raise ApiError(st.INVALID_REQUEST, _summary(errors), errors)
+        return InferenceRequest(images=[bytes(body)], req_id=req_id, params=params, options=options)
+
+    @staticmethod
+    def _header_object(
+        raw: str | None, name: str, header_name: str, schema: ObjectSchema, errors: list[FieldError]
+    ) -> dict:
+        if raw is None:
+            return schema.with_defaults({})
+        try:
+            value = json.loads(raw, parse_constant=_reject_constant)
+        except ValueError as e:
+            errors.append(FieldError(pointer(name), f"{header_name} header is not valid JSON: {e}"))
+            return {}
+        if not isinstance(value, dict):
+            errors.append(FieldError(pointer(name), f"{header_name} header must be a JSON object, got {_json_type(value)}"))
+            return {}
+        found = schema.errors(value, name)
+        errors.extend(found)
+        return schema.with_defaults(value) if not found else {}
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def _summary(errors: list[FieldError]) -> str:
+    first = errors[0]
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"invalid request: {first.pointer}: {first.message}{more}"

@@ -1,0 +1,1 @@
+"""Helpers of the test suite: real processes, real HTTP, test images."""

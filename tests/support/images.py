@@ -1,0 +1,30 @@
+"""Test images made on the fly with Pillow."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+from PIL import Image
+
+
+def image_bytes(width: int = 64, height: int = 48, fmt: str = "PNG", color: tuple = (200, 40, 30), seed: int | None = None) -> bytes:
+    """An image file; with ``seed``, noise instead of a flat colour."""
+    if seed is None:
+        image = Image.new("RGB", (width, height), color)
+    else:
+        import random
+
+        rng = random.Random(seed)
+        image = Image.frombytes("RGB", (width, height), bytes(rng.randrange(256) for _ in range(width * height * 3)))
+    buf = io.BytesIO()
+    image.save(buf, fmt)
+    return buf.getvalue()
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def image_b64(**kw: object) -> str:
+    return b64(image_bytes(**kw))

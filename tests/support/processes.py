@@ -1,0 +1,160 @@
+"""Start the service's real processes on free loopback ports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+
+from tests.support.http import get
+
+REPO = Path(__file__).resolve().parents[2]
+TEST_PLUGINS = REPO / "tests" / "plugins"
+TEST_CONF = REPO / "tests" / "conf"
+SHIPPED_CONF = REPO / "conf" / "server"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_env(extra: dict[str, str] | None = None, drop: tuple[str, ...] = ()) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(TEST_PLUGINS)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    for name in drop:
+        env.pop(name, None)
+    env.update(extra or {})
+    return env
+
+
+def write_config(directory: Path, base: str | Path = "MOBILENETV2", name: str | None = None, **overrides: Any) -> Path:
+    """A copy of a shipped (or test) config with top-level keys and tables overridden.
+
+    ``backend={...}`` / ``model={...}`` merge into those tables; a value of
+    ``None`` removes the key.
+    """
+    source = Path(base) if isinstance(base, Path) else (SHIPPED_CONF / f"{base}.toml")
+    if not source.exists():
+        source = TEST_CONF / f"{base}.toml"
+    doc = tomlkit.parse(source.read_text())
+    for key, value in overrides.items():
+        if isinstance(value, dict):
+            table = doc.setdefault(key, tomlkit.table())
+            for k, v in value.items():
+                if v is None:
+                    table.pop(k, None)
+                else:
+                    table[k] = v
+        elif value is None:
+            doc.pop(key, None)
+        else:
+            doc[key] = value
+    path = directory / (name or f"{source.stem}-{len(list(directory.glob('*.toml')))}.toml")
+    path.write_text(tomlkit.dumps(doc))
+    return path
+
+
+@dataclass
+class Proc:
+    """A running child process of ours with its log file."""
+
+    popen: subprocess.Popen
+    port: int
+    log_path: Path
+    token: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def output(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(10)
+        return self.popen.returncode
+
+
+def spawn(args: list[str], *, env: dict[str, str], log_dir: Path | None = None, cwd: Path = REPO) -> tuple[subprocess.Popen, Path]:
+    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="svc-test-"))
+    log_path = log_dir / f"proc-{time.monotonic_ns()}.log"
+    out = open(log_path, "wb")
+    popen = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True)
+    out.close()
+    return popen, log_path
+
+
+def model_server_args(config: Path, port: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "twisted", "--log-format", "text", "service-model", "--server", str(config),
+            "--port", str(port), *extra]
+
+
+def start_model_server(
+    config: Path,
+    *,
+    token: str | None = "model-token",
+    env: dict[str, str] | None = None,
+    extra_args: tuple[str, ...] = (),
+    ready_timeout: float = 120.0,
+    port: int | None = None,
+) -> Proc:
+    """A model server on a free port, returned once ``/ready`` says 200."""
+    port = port or free_port()
+    extra_env = {"SERVICE_AUTH_TOKEN": token} if token else {}
+    popen, log_path = spawn(
+        model_server_args(config, port, *extra_args),
+        env=child_env({**extra_env, **(env or {})}, drop=() if token else ("SERVICE_AUTH_TOKEN",)),
+    )
+    proc = Proc(popen, port, log_path, token)
+    wait_ready(proc, ready_timeout)
+    return proc
+
+
+def wait_ready(proc: Proc, timeout: float, path: str = "/ready") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise RuntimeError(f"process exited with {proc.popen.returncode}:\n{proc.output()}")
+        try:
+            if get(proc.url + path, timeout=5).status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    proc.stop(signal.SIGKILL)
+    raise RuntimeError(f"not ready after {timeout}s:\n{proc.output()}")
+
+
+def run_to_exit(args: list[str], *, env: dict[str, str], timeout: float = 120.0) -> tuple[int, str]:
+    """Run a process that is expected to exit by itself; its code and output."""
+    done = subprocess.run(args, env=env, cwd=REPO, capture_output=True, timeout=timeout)
+    return done.returncode, (done.stdout + done.stderr).decode(errors="replace")

@@ -1,0 +1,37 @@
+"""Token buckets on a fake clock."""
+
+from twisted.internet.task import Clock
+
+from svc.ratelimit import KeyedLimiter, retry_after_header
+
+
+def test_rate_is_enforced_and_refills():
+    clock = Clock()
+    limiter = KeyedLimiter(clock, rate=2)
+    assert [limiter.take("k") for _ in range(2)] == [0.0, 0.0]
+    wait = limiter.take("k")
+    assert 0 < wait <= 0.5
+    clock.advance(0.5)
+    assert limiter.take("k") == 0.0
+
+
+def test_keys_are_independent_and_zero_is_unlimited():
+    clock = Clock()
+    limiter = KeyedLimiter(clock, rate=1)
+    assert limiter.take("a") == 0.0 and limiter.take("b") == 0.0
+    assert limiter.take("a") > 0
+    unlimited = KeyedLimiter(clock, rate=0)
+    assert all(unlimited.take("a") == 0.0 for _ in range(100))
+
+
+def test_per_key_rate_override():
+    clock = Clock()
+    limiter = KeyedLimiter(clock, rate=0)
+    assert limiter.take("slow", rate=1) == 0.0
+    assert limiter.take("slow", rate=1) > 0
+    assert limiter.take("fast", rate=0) == 0.0
+
+
+def test_retry_after_header_is_whole_seconds_at_least_one():
+    assert retry_after_header(0.01) == "1"
+    assert retry_after_header(1.2) == "2"

@@ -1,0 +1,208 @@
+"""Every rule of SPEC "Inference request", on the validator itself."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from svc import status as st
+from svc.errors import ApiError
+from svc.options import options_schema
+from svc.request import RequestValidator
+from svc.schema import ObjectSchema, object_schema
+
+PARAMS = ObjectSchema(
+    object_schema(
+        {
+            "top_k": {"type": "integer", "minimum": 1, "maximum": 10, "default": 5},
+            "score_threshold": {"type": "number", "minimum": 0, "maximum": 1},
+        }
+    ),
+    "parameter",
+)
+OPTIONS = ObjectSchema(options_schema(("max_results", "image_format")), "option")
+V = RequestValidator(PARAMS, OPTIONS, max_request_items=3)
+JSON = ("application/json", {})
+
+
+def parse(doc, headers=None):
+    body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+    return V.parse(body, *JSON, headers or {})
+
+
+def rejected(doc, headers=None) -> ApiError:
+    with pytest.raises(ApiError) as e:
+        parse(doc, headers)
+    return e.value
+
+
+def pointers(err: ApiError) -> list[str]:
+    return [e.pointer for e in err.errors]
+
+
+def test_valid_request_gets_param_and_option_defaults():
+    req = parse({"images": ["aGk="], "req_id": "abc-1", "params": {"top_k": 2}})
+    assert req.images == ["aGk="] and req.req_id == "abc-1"
+    assert req.params == {"top_k": 2}
+    assert req.options == {"image_format": "png"}
+    assert parse({"images": ["x"]}).params == {"top_k": 5}
+
+
+@pytest.mark.parametrize("body", [b"not json", b"[1,2]", b'"text"', b"", b"{\"images\": [NaN]}", b"\xff\xfe{"])
+def test_body_that_is_not_a_json_object_is_400_status_50(body):
+    err = rejected(body)
+    assert err.status is st.JSON_PARSE_ERROR and err.status.http == 400
+
+
+def test_unknown_root_field():
+    err = rejected({"images": ["x"], "colour": "red"})
+    assert err.status is st.INVALID_REQUEST and pointers(err) == ["/colour"]
+
+
+def test_params_key_at_root_says_to_move_it():
+    err = rejected({"images": ["x"], "top_k": 3})
+    assert pointers(err) == ["/top_k"]
+    assert "inside params" in err.errors[0].message
+
+
+@pytest.mark.parametrize("doc", [{"img_data": "x"}, {"img_data": "x", "images": ["x"]}])
+def test_img_data_alone_or_with_images_gives_the_migration(doc):
+    err = rejected(doc)
+    entry = [e for e in err.errors if e.pointer == "/img_data"]
+    assert entry and "images[0]" in entry[0].message
+
+
+def test_removed_legacy_envelope_is_422():
+    err = rejected({"req_id": "r", "code": 0, "msg": "ok", "data": {}})
+    assert err.status is st.INVALID_REQUEST
+    assert {"/code", "/msg", "/data", "/images"} <= set(pointers(err))
+    assert "removed" in err.errors[0].message
+
+
+@pytest.mark.parametrize(
+    "images, where",
+    [(None, "/images"), ("x", "/images"), ([], "/images"), (["ok", 3], "/images/1"), ([None], "/images/0"), ({}, "/images")],
+)
+def test_images_rules(images, where):
+    doc = {"images": images} if images is not None else {}
+    err = rejected(doc)
+    assert err.status is st.INVALID_REQUEST and pointers(err) == [where]
+
+
+@pytest.mark.parametrize(
+    "params, where",
+    [
+        ({"top_q": 1}, "/params/top_q"),
+        ({"top_k": "3"}, "/params/top_k"),
+        ({"top_k": 2.0}, "/params/top_k"),
+        ({"top_k": True}, "/params/top_k"),
+        ({"top_k": 0}, "/params/top_k"),
+        ({"top_k": 11}, "/params/top_k"),
+        ({"score_threshold": 1.5}, "/params/score_threshold"),
+        ([], "/params"),
+        (None, "/params"),
+    ],
+)
+def test_params_unknown_ill_typed_out_of_range(params, where):
+    err = rejected({"images": ["x"], "params": params})
+    assert err.status is st.INVALID_REQUEST and pointers(err) == [where]
+
+
+@pytest.mark.parametrize(
+    "options, where",
+    [({"mask_format": "rle"}, "/options/mask_format"), ({"max_results": 0}, "/options/max_results"),
+     ({"image_format": "gif"}, "/options/image_format"), ("x", "/options")],
+)
+def test_options_are_strict(options, where):
+    err = rejected({"images": ["x"], "options": options})
+    assert pointers(err) == [where]
+
+
+@pytest.mark.parametrize("req_id", [3, "", "has space", "x" * 129, "é"])
+def test_req_id_rules(req_id):
+    assert pointers(rejected({"images": ["x"], "req_id": req_id})) == ["/req_id"]
+
+
+def test_too_many_items_is_413_status_67():
+    err = rejected({"images": ["x"] * 4})
+    assert err.status is st.TOO_MANY_ITEMS and err.status.http == 413
+
+
+def test_several_problems_are_all_reported():
+    err = rejected({"images": [], "extra": 1, "params": {"top_k": 0}})
+    assert pointers(err) == ["/extra", "/images", "/params/top_k"]
+
+
+@pytest.mark.parametrize("media", ["text/plain", "", "application/x-www-form-urlencoded", "multipart/form-data"])
+def test_unsupported_content_type_is_415(media):
+    with pytest.raises(ApiError) as e:
+        V.parse(b"{}", media, {}, {})
+    assert e.value.status is st.UNSUPPORTED_MEDIA_TYPE
+
+
+def test_json_with_another_charset_is_415():
+    with pytest.raises(ApiError) as e:
+        V.parse(b"{}", "application/json", {"charset": "latin-1"}, {})
+    assert e.value.status is st.UNSUPPORTED_MEDIA_TYPE
+
+
+def test_raw_body_is_one_item_with_header_params():
+    req = V.parse(b"\x89PNG...", "image/png", {}, {"x-service-params": '{"top_k": 2}', "x-request-id": "rid-1"})
+    assert req.images == [b"\x89PNG..."] and req.params == {"top_k": 2} and req.req_id == "rid-1"
+    req = V.parse(b"abc", "application/octet-stream", {}, {})
+    assert req.params == {"top_k": 5}
+
+
+@pytest.mark.parametrize(
+    "headers, where",
+    [
+        ({"x-service-params": "{bad"}, "/params"),
+        ({"x-service-params": "[1]"}, "/params"),
+        ({"x-service-params": '{"nope": 1}'}, "/params/nope"),
+        ({"x-service-options": "nope"}, "/options"),
+        ({"x-request-id": "with space"}, "/req_id"),
+    ],
+)
+def test_raw_body_bad_headers_are_422(headers, where):
+    with pytest.raises(ApiError) as e:
+        V.parse(b"abc", "image/jpeg", {}, headers)
+    assert e.value.status is st.INVALID_REQUEST and pointers(e.value) == [where]
+
+
+def test_header_request_id_used_when_body_has_none():
+    assert parse({"images": ["x"]}, {"x-request-id": "hdr"}).req_id == "hdr"
+    assert parse({"images": ["x"], "req_id": "body"}, {"x-request-id": "hdr"}).req_id == "body"
+
+
+json_values = hs.recursive(
+    hs.none() | hs.booleans() | hs.integers() | hs.floats(allow_nan=False, allow_infinity=False) | hs.text(max_size=5),
+    lambda children: hs.lists(children, max_size=3) | hs.dictionaries(hs.text(max_size=6), children, max_size=3),
+    max_leaves=8,
+)
+bodies = hs.dictionaries(
+    hs.sampled_from(["images", "req_id", "params", "options", "img_data", "code", "top_k", "x"]), json_values, max_size=5
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(bodies)
+def test_any_json_object_is_accepted_or_rejected_with_a_documented_status(doc):
+    try:
+        req = parse(doc)
+    except ApiError as e:
+        assert e.status in (st.INVALID_REQUEST, st.TOO_MANY_ITEMS)
+        if e.status is st.INVALID_REQUEST:
+            assert e.errors and all(err.pointer.startswith("/") for err in e.errors)
+    else:
+        assert isinstance(req.images, list) and 1 <= len(req.images) <= 3
+        assert all(isinstance(i, str) for i in req.images)
+
+
+@settings(max_examples=200, deadline=None)
+@given(hs.binary(max_size=64))
+def test_any_bytes_never_escape_as_another_exception(body):
+    try:
+        parse(body)
+    except ApiError as e:
+        assert e.status.http in (400, 413, 422)

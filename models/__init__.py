@@ -1,0 +1,11 @@
+"""Model plugins: one module per model family, found with ``twisted.plugin``.
+
+Each module holds objects providing ``svc.modelapi.IModelFactory``.  Modules
+here must import nothing heavy at import time (torch is imported in
+``build``), because ``getPlugins`` imports every module of this package.
+"""
+
+from twisted.plugin import pluginPackagePaths
+
+__path__.extend(pluginPackagePaths(__name__))  # type: ignore[name-defined]
+__all__: list[str] = []

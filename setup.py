@@ -1,0 +1,53 @@
+"""Packaging of the inference service.
+
+Every dependency is pinned: torch and torchvision as the decided pair
+(DESIGN.md; an unpinned torch pulls a newer multi-GB build that torchvision
+does not match), the rest at the versions the test suite runs with.
+"""
+
+import os
+import re
+
+from setuptools import find_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(HERE, "svc", "__init__.py"), encoding="utf-8") as f:
+    VERSION = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
+
+RUNTIME = [
+    "torch==2.14.1",
+    "torchvision==0.29.1",
+    "numpy==2.4.6",
+    "twisted==26.10.0",
+    "klein==24.8.0",
+    "treq==26.7.0",
+    "zope.interface==8.7",
+    "tomlkit==0.15.2",
+    "prometheus-client==0.26.0",
+    "service-identity==26.1.0",
+    "Pillow==13.0.0",
+    "jsonschema==4.26.0",
+    "safetensors==0.8.0",
+]
+
+TEST = [
+    "pytest==9.2.0",
+    "hypothesis==6.170.15",
+    "schemathesis==4.32.5",
+]
+
+setup(
+    name="inference-service",
+    version=VERSION,
+    description="Image models behind one authenticated, rate-limited, observable HTTP entry point (Twisted).",
+    long_description=open(os.path.join(HERE, "README.md"), encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.11",
+    packages=find_packages(include=["svc", "svc.*", "models"]) + ["twisted.plugins"],
+    package_data={"models": ["data/*.txt"], "twisted.plugins": ["service_plugins.py"]},
+    install_requires=RUNTIME,
+    extras_require={"test": TEST},
+    entry_points={"console_scripts": ["svcctl = svc.cli:main"]},
+    zip_safe=False,
+)

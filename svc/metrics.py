@@ -1,0 +1,94 @@
+"""Prometheus metrics: one registry per process, text format by prometheus-client.
+
+The model server's metric set is defined here once, so the names of SPEC
+"Metrics exposed by processes" are spelled in one place.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+disable_created_metrics()
+
+#: Buckets in milliseconds, from sub-millisecond proxying to long diffusion jobs.
+MS_BUCKETS = (0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000, 600000)
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+def new_registry() -> CollectorRegistry:
+    """A process registry with the standard process collector."""
+    registry = CollectorRegistry(auto_describe=True)
+    ProcessCollector(registry=registry)
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """The registry in the Prometheus text exposition format."""
+    return generate_latest(registry)
+
+
+class HttpMetrics:
+    """Request counters shared by every process that speaks HTTP."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "service_http_requests",
+            "HTTP replies by route, method and status code (every reply, async ones included).",
+            ("route", "method", "code"),
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "service_http_request_duration_ms",
+            "Duration of synchronous inference requests in ms (async replies add no sample).",
+            ("route",),
+            buckets=MS_BUCKETS,
+            registry=registry,
+        )
+
+
+class ModelServerMetrics(HttpMetrics):
+    """Everything a model server exports."""
+
+    def __init__(self, registry: CollectorRegistry, model: str) -> None:
+        super().__init__(registry)
+        self.queue_rejected = Counter(
+            "service_queue_rejected", "Requests rejected by a full sync wait queue.", registry=registry
+        )
+        self.batch_size = Histogram(
+            "service_batch_size", "Items per batch run.", buckets=BATCH_BUCKETS, registry=registry
+        )
+        self.batch_window_wait = Histogram(
+            "service_batch_window_wait_ms",
+            "How long the first item of a batch waited before the batch started, in ms.",
+            buckets=MS_BUCKETS,
+            registry=registry,
+        )
+        self.stage = Histogram(
+            "service_stage_duration_ms",
+            "Per-stage time in ms: parse (body to request), decode (per request), "
+            "queue_wait (per item), inference (per batch forward pass), postprocess (per batch).",
+            ("stage",),
+            buckets=MS_BUCKETS,
+            registry=registry,
+        )
+        self.items = Counter(
+            "service_items", "Image items answered, by item status text.", ("status",), registry=registry
+        )
+        self.queue_depth = Gauge(
+            "service_queue_depth", "Image items waiting for a worker (admitted, not yet running).", registry=registry
+        )
+        self.ready = Gauge("service_model_ready", "1 when the model is loaded and warmed up.", registry=registry)
+        self.info = Gauge(
+            "service_model_info", "Model identity (value 1).", ("model", "version", "device"), registry=registry
+        )

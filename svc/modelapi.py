@@ -1,0 +1,108 @@
+"""The model-plugin contract and the lookup of plugins in ``models/``.
+
+A model family is a module in the ``models`` plugin package holding one
+object per catalog id that provides :class:`IModelFactory`.  Plugin modules
+stay import-light (``twisted.plugin`` imports all of them to find the
+factories); torch and the model library are imported inside ``build``.
+Nothing in ``svc`` names a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+from zope.interface import Attribute, Interface
+
+
+class IModelFactory(Interface):
+    """Describes one catalog model and builds it."""
+
+    catalog_id = Attribute("The catalog id served, for example 'MOBILENETV2'.")
+    category = Attribute("Family of task: classification, detection, generation or segmentation.")
+    task = Attribute("The task in words, for example 'image-classification'.")
+    needs_image = Attribute(
+        "False for models that ignore the input pixels (generative models): the "
+        "items are still required to be valid base64 but are not decoded as images."
+    )
+    params_schema = Attribute("Closed JSON Schema (an object) of request params.")
+    data_schema = Attribute("JSON Schema of results[].data of a successful item.")
+    options = Attribute("Names from svc.options.CATALOG that this model honours.")
+    config_schema = Attribute("Closed JSON Schema of the [model] table of the server TOML.")
+
+    def build(config: dict, device: str) -> "IModel":
+        """Build the model with its weights on ``device`` ('cpu' or 'cuda').
+
+        Runs in the model server's worker thread.  Raises
+        ``svc.weights.WeightsError`` with a one-line message when the weights
+        file is missing or does not match the architecture.
+        """
+
+
+class IModel(Interface):
+    """A built model: batch-level forward pass, item-level pre/postprocess."""
+
+    version = Attribute("Version of the weights, for example 'random-init-seed0'.")
+
+    def preprocess(image: Any, params: dict) -> Any:
+        """Turn one input (a lazily opened PIL image, or None when
+        ``needs_image`` is false) into the model input of one item.
+
+        Runs in the decode thread pool; an exception fails only this item.
+        Do pixel work with Pillow or numpy here and leave tensor arithmetic
+        to ``predict``: a torch op that starts OpenMP work on a second thread
+        makes the GNU OpenMP runtime throttle its spinning, which made batch-1
+        forward passes 3x slower on 2 cores (bench/README.md).
+        """
+
+    def batch_key(params: dict) -> Hashable:
+        """Items whose keys differ never share a batch (params that change
+        the forward pass).  Runs on the reactor thread: keep it cheap."""
+
+    def predict(inputs: list, params: dict) -> list:
+        """The batched forward pass: one output per input, same order.
+
+        Runs in the worker thread.  ``params`` are those of the first item
+        (all items of a batch share a batch key).  An exception fails every
+        item of the batch (ENGINE_ERROR); a result of another length fails
+        every item with CONTRACT_FAILURE.
+        """
+
+    def postprocess(output: Any, params: dict, options: dict) -> Any:
+        """Turn one output into ``results[].data`` (JSON-serialisable).
+
+        Runs in the worker thread.  An exception, or data that breaks
+        ``data_schema``, fails this item with CONTRACT_FAILURE.
+        """
+
+    def warmup_input() -> Any:
+        """One preprocessed input for the warm-up batch run before /ready."""
+
+
+class PluginError(Exception):
+    """No plugin, or more than one, serves a catalog id."""
+
+
+def factories() -> dict[str, IModelFactory]:
+    """Every model factory of the ``models`` plugin package, by catalog id."""
+    from twisted.plugin import getPlugins
+
+    import models
+
+    found: dict[str, IModelFactory] = {}
+    for factory in getPlugins(IModelFactory, models):
+        if factory.catalog_id in found:
+            raise PluginError(f"two model plugins serve catalog id {factory.catalog_id!r}")
+        found[factory.catalog_id] = factory
+    return found
+
+
+def find_factory(catalog_id: str) -> IModelFactory:
+    """The factory serving ``catalog_id``."""
+    found = factories()
+    try:
+        return found[catalog_id]
+    except KeyError:
+        raise PluginError(
+            f"no model plugin serves catalog id {catalog_id!r}; known: {', '.join(sorted(found)) or 'none'}"
+        ) from None

@@ -1,0 +1,1 @@
+"""The model server: one loopback process per catalog model."""

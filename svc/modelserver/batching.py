@@ -1,0 +1,299 @@
+"""The batching queue: one item per image, batches of compatible items.
+
+Policy (measured in DESIGN.md: waiting out a batch window at low load costs
+2-3x latency):
+
+* A batch starts as soon as a worker is free and either ``max_batch_size``
+  compatible items wait, or the window of the oldest waiting item
+  (``max_batch_delay_ms`` from its arrival) has closed, or no admitted item
+  is still being decoded (waiting could not grow the batch).  So an idle
+  server runs a lone request at once, a multi-image request is batched
+  together, and under load batches grow while the workers are busy.
+* Items batch together only when their ``key`` is equal (params that change
+  the forward pass keep items apart); FIFO order is kept otherwise.
+* An item whose deadline has passed when a worker frees up is answered
+  RUN_TIMEOUT without taking the worker.  A batch already started is never
+  cancelled.
+* ``max_queue_depth`` counts image items admitted and not yet running
+  (decoding or queued).  A request that would push that count above the
+  limit is refused at once with a ``Retry-After`` estimate.
+
+Time comes only from the ``clock`` (``IReactorTime``) so unit tests drive it
+with ``task.Clock``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.logger import Logger
+
+from svc import status as st
+from svc.envelope import TIMED_OUT, ItemResult
+
+log = Logger()
+
+QUEUED, RUNNING, DONE, DROPPED = "queued", "running", "done", "dropped"
+
+
+class QueueFull(Exception):
+    """The sync wait queue has no room; ``retry_after`` is in whole seconds."""
+
+    def __init__(self, retry_after: int, waiting: int, limit: int) -> None:
+        super().__init__(f"wait queue full: {waiting} items waiting, limit {limit}")
+        self.retry_after = retry_after
+        self.waiting = waiting
+        self.limit = limit
+
+
+class Item:
+    """One image on its way through the queue."""
+
+    __slots__ = ("input", "params", "options", "key", "deadline", "enqueued_at", "state", "on_done")
+
+    def __init__(
+        self,
+        input: Any,
+        params: dict,
+        options: dict,
+        key: Hashable,
+        deadline: float | None,
+        on_done: Callable[[ItemResult], None],
+    ) -> None:
+        self.input = input
+        self.params = params
+        self.options = options
+        self.key = key
+        self.deadline = deadline
+        self.enqueued_at = 0.0
+        self.state = QUEUED
+        self.on_done = on_done
+
+    def finish(self, result: ItemResult) -> None:
+        if self.state in (DONE, DROPPED):
+            return
+        self.state = DONE
+        self.on_done(result)
+
+
+class Admission:
+    """Room reserved for ``n`` items while their request is decoded."""
+
+    def __init__(self, queue: "BatchQueue", n: int) -> None:
+        self._queue = queue
+        self.n = n
+        self.open = True
+
+    def enqueue(self, items: list[Item]) -> None:
+        """The decoded items enter the queue; the reservation ends."""
+        if self.open:
+            self.open = False
+            self._queue._enqueue(self.n, items)
+
+    def release(self) -> None:
+        """The request ended before its items were queued."""
+        if self.open:
+            self.open = False
+            self._queue._enqueue(self.n, [])
+
+
+RunBatch = Callable[[list[Item]], "Deferred[list[ItemResult]]"]
+
+
+class BatchQueue:
+    """Collects items into batches and runs them on ``workers`` workers."""
+
+    def __init__(
+        self,
+        clock: Any,
+        run_batch: RunBatch,
+        *,
+        workers: int = 1,
+        max_batch_size: int = 1,
+        max_batch_delay_ms: int = 5,
+        max_queue_depth: int = 0,
+        metrics: Any = None,
+    ) -> None:
+        self.clock = clock
+        self._run_batch = run_batch
+        self.workers = workers
+        self.max_batch_size = max_batch_size
+        self.delay = max_batch_delay_ms / 1000.0
+        self.max_queue_depth = max_queue_depth
+        self.metrics = metrics
+        self._queue: deque[Item] = deque()
+        self._queued = 0  # live items in _queue
+        self._expected = 0  # admitted items still being decoded
+        self._free = workers
+        self._timer: Any = None
+        self._seconds_per_item: float | None = None
+        self.running_batches = 0
+        self._idle_waiters: list[Deferred] = []
+
+    # -- accounting ------------------------------------------------------------
+
+    @property
+    def waiting(self) -> int:
+        """Image items admitted and not yet running (decoding or queued)."""
+        return self._queued + self._expected
+
+    def observe_throughput(self, seconds: float, items: int) -> None:
+        """Feed the drain-time estimate (warm-up and every batch)."""
+        if items <= 0:
+            return
+        sample = seconds / items
+        if self._seconds_per_item is None:
+            self._seconds_per_item = sample
+        else:
+            self._seconds_per_item = 0.8 * self._seconds_per_item + 0.2 * sample
+
+    def retry_after(self) -> int:
+        """Estimated seconds to drain the waiting items, clamped to 1..60."""
+        per_item = self._seconds_per_item if self._seconds_per_item is not None else 1.0
+        seconds = math.ceil(self.waiting * per_item / self.workers)
+        return min(60, max(1, seconds))
+
+    def _gauge(self) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_depth.set(self.waiting)
+
+    # -- admission ----------------------------------------------------------------
+
+    def admit(self, n: int, *, enforce_limit: bool = True) -> Admission:
+        """Reserve room for ``n`` items or raise :class:`QueueFull`.
+
+        The check and the reservation are one step on the reactor thread.
+        """
+        if enforce_limit and self.max_queue_depth and self.waiting + n > self.max_queue_depth:
+            if self.metrics is not None:
+                self.metrics.queue_rejected.inc()
+            raise QueueFull(self.retry_after(), self.waiting, self.max_queue_depth)
+        self._expected += n
+        self._gauge()
+        return Admission(self, n)
+
+    def _enqueue(self, reserved: int, items: list[Item]) -> None:
+        self._expected -= reserved
+        now = self.clock.seconds()
+        for item in items:
+            item.enqueued_at = now
+            item.state = QUEUED
+            self._queue.append(item)
+        self._queued += len(items)
+        self._gauge()
+        self._pump()
+
+    def drop(self, item: Item) -> None:
+        """Take a queued item out (its request ended: deadline, disconnect)."""
+        if item.state == QUEUED:
+            item.state = DROPPED
+            self._queued -= 1
+            self._gauge()
+
+    # -- dispatch -------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        now = self.clock.seconds()
+        while self._free > 0 and self._queued > 0:
+            batch = self._collect(now)
+            if not batch:
+                break
+            head = batch[0]
+            if len(batch) >= self.max_batch_size or self._expected == 0 or now >= head.enqueued_at + self.delay:
+                self._start(batch, now)
+            else:
+                self._arm(head.enqueued_at + self.delay, now)
+                return
+        if self._queued == 0 and self._timer is not None and self._timer.active():
+            self._timer.cancel()
+            self._timer = None
+
+    def _collect(self, now: float) -> list[Item]:
+        """The next batch (not yet removed); expired items are answered here."""
+        batch: list[Item] = []
+        key: Any = None
+        keep: deque[Item] = deque()
+        for item in self._queue:
+            if item.state != QUEUED:
+                continue
+            if item.deadline is not None and item.deadline <= now:
+                item.state = DROPPED  # leaves without taking a worker
+                self._queued -= 1
+                item.on_done(TIMED_OUT)
+                continue
+            keep.append(item)
+            if len(batch) < self.max_batch_size and (not batch or item.key == key):
+                if not batch:
+                    key = item.key
+                batch.append(item)
+        self._queue = keep
+        self._gauge()
+        return batch
+
+    def _arm(self, when: float, now: float) -> None:
+        if self._timer is not None and self._timer.active():
+            if self._timer.getTime() <= when:
+                return
+            self._timer.cancel()
+        self._timer = self.clock.callLater(max(0.0, when - now), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._pump()
+
+    def _start(self, batch: list[Item], now: float) -> None:
+        chosen = set(map(id, batch))
+        self._queue = deque(i for i in self._queue if id(i) not in chosen)
+        self._queued -= len(batch)
+        self._free -= 1
+        self.running_batches += 1
+        self._gauge()
+        for item in batch:
+            item.state = RUNNING
+        if self.metrics is not None:
+            self.metrics.batch_size.observe(len(batch))
+            self.metrics.batch_window_wait.observe((now - batch[0].enqueued_at) * 1000.0)
+            for item in batch:
+                self.metrics.stage.labels("queue_wait").observe((now - item.enqueued_at) * 1000.0)
+        started = self.clock.seconds()
+        d = maybeDeferred(self._run_batch, batch)
+        d.addCallbacks(self._finished, self._failed, callbackArgs=(batch, started), errbackArgs=(batch,))
+
+    def _finished(self, results: list[ItemResult], batch: list[Item], started: float) -> None:
+        self.observe_throughput(self.clock.seconds() - started, len(batch))
+        if len(results) != len(batch):
+            broken = ItemResult(st.CONTRACT_FAILURE, None, f"batch runner gave {len(results)} results for {len(batch)} items")
+            results = [broken] * len(batch)
+        for item, result in zip(batch, results):
+            item.finish(result)
+        self._release_worker()
+
+    def _failed(self, failure: Any, batch: list[Item]) -> None:
+        log.failure("batch runner failed", failure)
+        error = ItemResult(st.ENGINE_ERROR, None, f"batch failed: {failure.getErrorMessage()}")
+        for item in batch:
+            item.finish(error)
+        self._release_worker()
+
+    def _release_worker(self) -> None:
+        self._free += 1
+        self.running_batches -= 1
+        self._pump()
+        if self.running_batches == 0 and self._queued == 0:
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for d in waiters:
+                d.callback(None)
+
+    def when_idle(self) -> Deferred:
+        """Fires when no batch is running and nothing is queued."""
+        if self.running_batches == 0 and self._queued == 0:
+            from twisted.internet.defer import succeed
+
+            return succeed(None)
+        d: Deferred = Deferred()
+        self._idle_waiters.append(d)
+        return d

@@ -1,0 +1,126 @@
+"""The engine: the built model and the worker threads that run its batches.
+
+The reactor thread never runs model code: building the model, the warm-up
+batch and every forward pass go through ``deferToThreadPool`` on the
+dedicated worker pool (STYLE trap 6).  Failures are contained per run: an
+exception in ``predict`` fails every item of that batch (ENGINE_ERROR), a
+result list of the wrong length fails them with CONTRACT_FAILURE, and an
+item whose postprocess raises or whose data breaks the model's ``data``
+schema fails alone with CONTRACT_FAILURE.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from typing import Any
+
+from twisted.logger import Logger
+from zope.interface.verify import verifyObject
+
+from svc import status as st
+from svc.envelope import ItemResult
+from svc.modelapi import IModel, IModelFactory
+from svc.schema import compile_schema
+
+log = Logger()
+
+
+class Engine:
+    """Owns the model; ``run_batch`` is the batching queue's runner."""
+
+    def __init__(
+        self,
+        factory: IModelFactory,
+        model_config: dict,
+        device: str,
+        run_worker: Any,
+        metrics: Any = None,
+        default_params: dict | None = None,
+        default_options: dict | None = None,
+    ) -> None:
+        self.factory = factory
+        self.model_config = model_config
+        self.device = device
+        self.run_worker = run_worker  # svc.process.Runner of the worker pool
+        self.metrics = metrics
+        self.default_params = default_params or {}
+        self.default_options = default_options or {}
+        self.model: Any = None
+        self._data = compile_schema(factory.data_schema)
+
+    @property
+    def version(self) -> str:
+        return self.model.version if self.model is not None else "loading"
+
+    # -- loading ---------------------------------------------------------------
+
+    def load(self, warmup_batch: int) -> Any:
+        """Build the model and run one warm-up batch; fires (seconds, items)."""
+        return self.run_worker(self._load_sync, warmup_batch)
+
+    def _load_sync(self, warmup_batch: int) -> tuple[float, int]:
+        model = self.factory.build(self.model_config, self.device)
+        verifyObject(IModel, model)
+        if self.factory.needs_image:
+            # Exercise the decode path too, so the first request pays no lazy imports.
+            from PIL import Image
+
+            model.preprocess(Image.new("RGB", (320, 240), (128, 128, 128)), dict(self.default_params))
+        inputs = [model.warmup_input() for _ in range(warmup_batch)]
+        started = time.perf_counter()
+        outputs = model.predict(inputs, dict(self.default_params))
+        for output in outputs:
+            model.postprocess(output, dict(self.default_params), dict(self.default_options))
+        elapsed = time.perf_counter() - started
+        self.model = model
+        return elapsed, len(inputs)
+
+    # -- running ---------------------------------------------------------------
+
+    def run_batch(self, items: list) -> Any:
+        """Run the items' forward pass in a worker thread; fires their results."""
+        inputs = [item.input for item in items]
+        per_item = [(item.params, item.options) for item in items]
+        d = self.run_worker(self._run_sync, inputs, items[0].params, per_item)
+        d.addCallback(self._log_problems)
+        return d
+
+    def _log_problems(self, outcome: tuple[list[ItemResult], str | None]) -> list[ItemResult]:
+        results, problem = outcome
+        if problem:
+            log.error("{problem}", problem=problem)
+        return results
+
+    def _run_sync(self, inputs: list, params: dict, per_item: list[tuple[dict, dict]]) -> tuple[list[ItemResult], str | None]:
+        n = len(inputs)
+        started = time.perf_counter()
+        try:
+            outputs = self.model.predict(inputs, params)
+        except Exception as e:  # noqa: BLE001 - an engine failure fails this run only
+            error = ItemResult(st.ENGINE_ERROR, None, f"model error: {type(e).__name__}: {e}")
+            return [error] * n, f"predict failed for a batch of {n}:\n{traceback.format_exc()}"
+        inferred = time.perf_counter()
+        if self.metrics is not None:
+            self.metrics.stage.labels("inference").observe((inferred - started) * 1000.0)
+        if not isinstance(outputs, (list, tuple)) or len(outputs) != n:
+            got = len(outputs) if isinstance(outputs, (list, tuple)) else type(outputs).__name__
+            error = ItemResult(st.CONTRACT_FAILURE, None, f"model returned {got} outputs for {n} inputs")
+            return [error] * n, f"contract failure: {error.error}"
+        results: list[ItemResult] = []
+        problem = None
+        for output, (item_params, item_options) in zip(outputs, per_item):
+            try:
+                data = self.model.postprocess(output, item_params, item_options)
+                json.dumps(data, allow_nan=False)
+                broken = next(iter(self._data.iter_errors(data)), None)
+                if broken is not None:
+                    raise ValueError(f"data breaks its schema at {list(broken.absolute_path)}: {broken.message}")
+                results.append(ItemResult(st.SUCCESS, data))
+            except Exception as e:  # noqa: BLE001 - fails this item only
+                results.append(ItemResult(st.CONTRACT_FAILURE, None, f"model output contract failure: {e}"))
+                problem = f"postprocess failed: {type(e).__name__}: {e}"
+        if self.metrics is not None:
+            self.metrics.stage.labels("postprocess").observe((time.perf_counter() - inferred) * 1000.0)
+        return results, problem

@@ -1,0 +1,174 @@
+"""The data plane of a model server, independent of HTTP.
+
+validate (decode pool) -> admit (reactor) -> decode items (decode pool) ->
+batching queue -> worker pool -> per-item results, under one deadline.
+Synchronous requests and asynchronous jobs both run through
+:meth:`Inference.run`; only their deadline and admission differ.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from twisted.internet.defer import Deferred
+
+from svc import status as st
+from svc.envelope import TIMED_OUT, ItemResult
+from svc.images import ItemInputError, decode_base64, open_image
+from svc.modelapi import IModelFactory
+from svc.modelserver.batching import Admission, BatchQueue, Item
+from svc.request import InferenceRequest, RequestValidator
+
+
+class Inference:
+    """Validates, admits, decodes and batches the items of one request."""
+
+    def __init__(
+        self,
+        *,
+        clock: Any,
+        factory: IModelFactory,
+        validator: RequestValidator,
+        queue: BatchQueue,
+        run_decode: Any,
+        max_image_pixels: int,
+        metrics: Any = None,
+    ) -> None:
+        self.clock = clock
+        self.factory = factory
+        self.validator = validator
+        self.queue = queue
+        self.run_decode = run_decode  # svc.process.Runner of the decode pool
+        self.max_image_pixels = max_image_pixels
+        self.metrics = metrics
+        self.model: Any = None  # set once the engine has loaded
+
+    # -- step 1: the request ---------------------------------------------------------
+
+    def parse(self, body: bytes, media_type: str, type_params: Mapping[str, str], headers: Mapping[str, str | None]) -> Deferred:
+        """Validate the body off the reactor; fires an InferenceRequest or fails with ApiError."""
+        return self.run_decode(self._parse_sync, body, media_type, type_params, headers)
+
+    def _parse_sync(self, body: bytes, media_type: str, type_params: Mapping[str, str], headers: Mapping[str, str | None]) -> InferenceRequest:
+        started = time.perf_counter()
+        try:
+            return self.validator.parse(body, media_type, type_params, headers)
+        finally:
+            if self.metrics is not None:
+                self.metrics.stage.labels("parse").observe((time.perf_counter() - started) * 1000.0)
+
+    # -- step 2..n: the items ---------------------------------------------------------
+
+    def run(self, request: InferenceRequest, *, deadline: float | None, enforce_queue_limit: bool = True) -> Deferred:
+        """Admit and run every item; fires the per-item results in order.
+
+        Raises :class:`~svc.modelserver.batching.QueueFull` synchronously when
+        the wait queue has no room.  Cancelling the returned Deferred (client
+        gone) takes the request's queued items out of the queue.
+        """
+        admission = self.queue.admit(len(request.images), enforce_limit=enforce_queue_limit)
+        return _Run(self, request, deadline, admission).start()
+
+    def decode_items(self, request: InferenceRequest) -> list[Any]:
+        """Per item: the model input, or an ItemResult for a bad input (decode pool)."""
+        started = time.perf_counter()
+        out: list[Any] = []
+        for raw in request.images:
+            try:
+                data = decode_base64(raw) if isinstance(raw, str) else raw
+                if self.factory.needs_image:
+                    image = open_image(data, self.max_image_pixels)
+                    try:
+                        out.append(self.model.preprocess(image, request.params))
+                    except ItemInputError:
+                        raise
+                    except Exception as e:  # noqa: BLE001 - a bad image fails its own item
+                        raise ItemInputError(st.INVALID_IMAGE, f"image cannot be decoded: {e}") from None
+                else:
+                    out.append(self.model.preprocess(None, request.params))
+            except ItemInputError as e:
+                out.append(ItemResult(e.status, None, e.message))
+        if self.metrics is not None:
+            self.metrics.stage.labels("decode").observe((time.perf_counter() - started) * 1000.0)
+        return out
+
+
+class _Run:
+    """One admitted request: its items, its deadline, its answer."""
+
+    def __init__(self, inference: Inference, request: InferenceRequest, deadline: float | None, admission: Admission) -> None:
+        self.inference = inference
+        self.request = request
+        self.admission = admission
+        self.deadline = deadline
+        n = len(request.images)
+        self.results: list[ItemResult | None] = [None] * n
+        self.items: list[Item] = []
+        self.remaining = n
+        self.finished = False
+        self.done: Deferred = Deferred(canceller=self._cancelled)
+        self.timer: Any = None
+
+    def start(self) -> Deferred:
+        clock = self.inference.clock
+        if self.deadline is not None:
+            self.timer = clock.callLater(max(0.0, self.deadline - clock.seconds()), self._deadline_passed)
+        d = self.inference.run_decode(self.inference.decode_items, self.request)
+        d.addCallbacks(self._decoded, self._decode_failed)
+        return self.done
+
+    def _decoded(self, decoded: list[Any]) -> None:
+        if self.finished:
+            self.admission.release()
+            return
+        model = self.inference.model
+        params, options = self.request.params, self.request.options
+        key = model.batch_key(params)
+        for index, entry in enumerate(decoded):
+            if isinstance(entry, ItemResult):
+                self._settle(index, entry)
+            else:
+                self.items.append(Item(entry, params, options, key, self.deadline, self._settler(index)))
+        self.admission.enqueue(self.items)
+
+    def _decode_failed(self, failure: Any) -> None:
+        self.admission.release()
+        error = ItemResult(st.INTERNAL_ERROR, None, f"decoding failed: {failure.getErrorMessage()}")
+        for index in range(len(self.results)):
+            self._settle(index, error)
+
+    def _settler(self, index: int) -> Any:
+        return lambda result: self._settle(index, result)
+
+    def _settle(self, index: int, result: ItemResult) -> None:
+        if self.finished or self.results[index] is not None:
+            return
+        self.results[index] = result
+        if self.inference.metrics is not None:
+            self.inference.metrics.items.labels(result.status.text).inc()
+        self.remaining -= 1
+        if self.remaining == 0:
+            self._finish()
+
+    def _deadline_passed(self) -> None:
+        self.timer = None
+        for index, result in enumerate(self.results):
+            if result is None:
+                self._settle(index, TIMED_OUT)
+
+    def _finish(self) -> None:
+        self.finished = True
+        if self.timer is not None and self.timer.active():
+            self.timer.cancel()
+        for item in self.items:
+            self.inference.queue.drop(item)
+        self.done.callback(list(self.results))
+
+    def _cancelled(self, _: Deferred) -> None:
+        self.finished = True
+        if self.timer is not None and self.timer.active():
+            self.timer.cancel()
+        for item in self.items:
+            self.inference.queue.drop(item)

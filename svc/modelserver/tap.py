@@ -1,0 +1,105 @@
+"""``twistd -n service-model --server conf/server/<ID>.toml``: options and service.
+
+Everything that can be refused before the reactor runs is refused here with
+one line and exit code 1: the config file (types, unknown keys, the model
+table against the plugin's schema), the missing auth token, the device, a
+missing weights file.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from twisted.python import usage
+
+from svc import version_line
+
+PROGRAM = "service-model"
+AUTH_ENV = "SERVICE_AUTH_TOKEN"
+
+
+class Options(usage.Options):
+    synopsis = "--server conf/server/<ID>.toml [--port N] [--device cpu|gpu] [--dev-no-auth]"
+    longdesc = "Serve one catalog model on 127.0.0.1 (loopback only)."
+    optParameters = [
+        ["server", "s", None, "The model-server TOML file (conf/server/<ID>.toml)."],
+        ["port", "p", None, "Listen on this port instead of the file's.", int],
+        ["device", None, None, "Override backend.device: cpu or gpu."],
+    ]
+    optFlags = [
+        [
+            "dev-no-auth",
+            None,
+            f"Development only: run without {AUTH_ENV}; every route is then open to local callers.",
+        ]
+    ]
+
+    def opt_version(self) -> None:
+        """Print the project version and exit."""
+        print(version_line())
+        sys.exit(0)
+
+    def postOptions(self) -> None:
+        if not self["server"]:
+            raise usage.UsageError("--server is required (for example --server conf/server/MOBILENETV2.toml)")
+        if self["device"] not in (None, "cpu", "gpu"):
+            raise usage.UsageError(f"--device must be cpu or gpu, not {self['device']!r}")
+        if self["port"] is not None and not 1 <= self["port"] <= 65535:
+            raise usage.UsageError(f"--port must be 1..65535, not {self['port']}")
+
+
+def makeService(options: Options) -> Any:
+    from svc.config import ConfigError, load_model_server_config
+    from svc.modelapi import PluginError, find_factory
+    from svc.process import refuse
+    from svc.schema import ObjectSchema
+    from svc.weights import WeightsError, check_path
+
+    path = options["server"]
+    try:
+        config = load_model_server_config(path)
+        if options["port"] is not None:
+            config = config.replace(port=options["port"])
+        if options["device"] is not None:
+            config = config.replace(backend=config.backend.__class__(**{**config.backend.__dict__, "device": options["device"]}))
+        factory = find_factory(config.id)
+        schema = ObjectSchema(factory.config_schema, "key")
+        problems = schema.errors(config.model, "model")
+        if problems:
+            where = problems[0].pointer.strip("/").replace("/", ".")
+            raise ConfigError(path, where, problems[0].message)
+        model_config = schema.with_defaults(config.model)
+        resolved = check_path(model_config, path)
+        if resolved is not None:
+            model_config["weights"] = resolved
+    except (ConfigError, PluginError, WeightsError) as e:
+        raise refuse(PROGRAM, str(e)) from None
+
+    token = os.environ.get(AUTH_ENV) or None
+    if token is None and not options["dev-no-auth"]:
+        raise refuse(
+            PROGRAM,
+            f"{AUTH_ENV} is not set: set it (the supervisor injects one) or pass --dev-no-auth for local development",
+        )
+
+    from twisted.internet import reactor
+
+    from svc import torchenv
+
+    try:
+        if config.backend.tune_malloc:
+            torchenv.tune_malloc()
+        torchenv.configure_threads(config.backend.threads, config.backend.workers)
+        device = torchenv.select_device(config.backend.device, config.gpu_mem_limit_mb)
+    except torchenv.DeviceError as e:
+        raise refuse(PROGRAM, f"{path}: {e}") from None
+
+    from svc.modelserver.service import ModelServerService
+    from svc.process import exit_zero_on_signals
+
+    exit_zero_on_signals(reactor)
+    return ModelServerService(
+        reactor=reactor, config=config, factory=factory, model_config=model_config, device=device, auth_token=token
+    )

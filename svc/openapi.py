@@ -1,0 +1,427 @@
+"""The machine-readable contract, generated from the code's own schemas.
+
+The status table (``svc.status``), the request rules, the option catalog and
+each model plugin's params/data schemas are the single source; this module
+only arranges them as OpenAPI 3.1.  A copy of every document is committed
+under ``openapi/``; ``python -m svc.openapi --check`` (run by the tests)
+fails when a committed copy differs from what the code generates, and
+``python -m svc.openapi --write`` regenerates them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from svc import __version__
+from svc import status as st
+from svc.config import ModelServerConfig, model_server_configs
+from svc.options import options_schema
+from svc.request import REQ_ID_RULE
+
+OPENAPI_DIR = "openapi"
+REF = "#/components/schemas/"
+
+
+def ref(name: str) -> dict:
+    return {"$ref": REF + name}
+
+
+# -- shared components ----------------------------------------------------------------
+
+
+def status_components() -> dict:
+    """Schemas of the status table and the envelope."""
+    table = [{"status": s.code, "status_str": s.text, "http": s.http, "meaning": s.meaning} for s in st.ALL]
+    return {
+        "Status": {
+            "type": "integer",
+            "enum": [s.code for s in st.ALL],
+            "description": "Top-level or per-item status. Clients read the HTTP status first, then `status`, "
+            "then each `results[i].status`. Any other value is a server error (HTTP 500).",
+            "x-status-table": table,
+        },
+        "StatusText": {"type": "string", "enum": [s.text for s in st.ALL], "description": "Text form of `status`."},
+        "ItemStatus": {
+            "type": "integer",
+            "enum": [s.code for s in st.ITEM_STATUSES],
+            "description": "Per-item status: " + "; ".join(f"{s.code} {s.text} ({s.meaning})" for s in st.ITEM_STATUSES),
+        },
+        "FieldError": {
+            "type": "object",
+            "required": ["pointer", "message"],
+            "properties": {
+                "pointer": {"type": "string", "description": "JSON pointer (RFC 6901) into the request."},
+                "message": {"type": "string"},
+            },
+        },
+        "ModelIdentity": {
+            "type": "object",
+            "required": ["name", "version"],
+            "properties": {"name": {"type": "string"}, "version": {"type": "string"}},
+        },
+        "Rejection": {
+            "type": "object",
+            "description": "Process-level rejection: the unified envelope with empty `results`, an `error` text, "
+            "and `errors[]` on a contract-validation rejection (422).",
+            "required": ["status", "status_str", "task_id", "model", "results", "server_time_ms", "partial", "error"],
+            "properties": {
+                "status": ref("Status"),
+                "status_str": ref("StatusText"),
+                "task_id": {"type": "string"},
+                "model": ref("ModelIdentity"),
+                "results": {"type": "array", "maxItems": 0},
+                "server_time_ms": {"type": "number"},
+                "partial": {"type": "boolean", "const": False},
+                "error": {"type": "string"},
+                "errors": {"type": "array", "items": ref("FieldError")},
+            },
+        },
+        "Health": {
+            "type": "object",
+            "description": "Health and readiness: the envelope with empty results (status 0, or 65 when not ready).",
+            "required": ["status", "status_str", "task_id", "model", "results", "server_time_ms", "partial"],
+            "properties": {
+                "status": ref("Status"),
+                "status_str": ref("StatusText"),
+                "task_id": {"type": "string"},
+                "model": ref("ModelIdentity"),
+                "results": {"type": "array", "maxItems": 0},
+                "server_time_ms": {"type": "number"},
+                "partial": {"type": "boolean"},
+                "error": {"type": "string"},
+            },
+        },
+    }
+
+
+def model_components(config: ModelServerConfig, factory: Any) -> dict:
+    """Request, item and envelope schemas of one model, named after its id."""
+    mid = config.id
+    params = dict(factory.params_schema)
+    options = options_schema(tuple(factory.options))
+    image_rule = (
+        "Base64 image (JPEG, PNG, WebP, BMP, GIF, TIFF), standard alphabet, padding optional; a "
+        "`data:<type>;base64,` prefix is accepted."
+        if factory.needs_image
+        else "Any valid base64 string: this model ignores the pixels."
+    )
+    return {
+        f"{mid}_Params": params,
+        f"{mid}_Options": options,
+        f"{mid}_Data": dict(factory.data_schema),
+        f"{mid}_Request": {
+            "type": "object",
+            "additionalProperties": False,
+            "description": "The inference request. Unknown root fields, params at the root, the removed `img_data` "
+            "and the removed `{req_id, code, msg, data}` envelope are rejected with 422 status 66.",
+            "required": ["images"],
+            "properties": {
+                "images": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": config.max_request_items,
+                    "items": {"type": "string", "description": image_rule},
+                    "description": f"One result per image, same order. More than {config.max_request_items} "
+                    "(max_request_items): 413 status 67.",
+                },
+                "req_id": {
+                    "type": "string",
+                    "pattern": r"^[\x21-\x7e]{1,128}$",
+                    "description": f"Client correlation id, echoed as `task_id` and `X-Request-ID`; {REQ_ID_RULE}.",
+                },
+                "params": ref(f"{mid}_Params"),
+                "options": ref(f"{mid}_Options"),
+            },
+        },
+        f"{mid}_Item": {
+            "type": "object",
+            "required": ["status", "data"],
+            "properties": {
+                "status": ref("ItemStatus"),
+                "data": {"oneOf": [ref(f"{mid}_Data"), {"type": "null"}], "description": "null when the item failed."},
+                "error": {"type": "string", "description": "Why the item failed (failed items only)."},
+            },
+        },
+        f"{mid}_Envelope": {
+            "type": "object",
+            "description": "Unified response envelope of an admitted request.",
+            "required": ["status", "status_str", "task_id", "model", "results", "server_time_ms", "partial"],
+            "properties": {
+                "status": ref("Status"),
+                "status_str": ref("StatusText"),
+                "task_id": {"type": "string"},
+                "model": ref("ModelIdentity"),
+                "results": {"type": "array", "items": ref(f"{mid}_Item")},
+                "server_time_ms": {"type": "number"},
+                "partial": {"type": "boolean"},
+            },
+        },
+    }
+
+
+OUTCOME_RULES = (
+    "Outcome of an admitted request: every item succeeded: 200 status 0. Some item timed out (deadline "
+    "`run_timeout_ms`): 200 status 68 with `partial: true` when another item finished, else 504 status 4. "
+    "No timeout and at least one success: 200 status 0 and the failed items carry their own status "
+    "(3 empty image, 5 undecodable image, 1 engine error, 6 contract failure). Every item failed without a "
+    "timeout: 500 with status 1 or 6 when the server failed, else 400 with the status of the first item."
+)
+
+
+def json_reply(description: str, schema: dict, headers: dict | None = None) -> dict:
+    reply: dict[str, Any] = {"description": description, "content": {"application/json": {"schema": schema}}}
+    if headers:
+        reply["headers"] = headers
+    return reply
+
+
+def header_doc(description: str, schema: dict | None = None) -> dict:
+    return {"description": description, "schema": schema or {"type": "string"}}
+
+
+REQUEST_ID_HEADER = header_doc("Echo of the request id (`task_id`).")
+RETRY_AFTER_HEADER = header_doc("Seconds to wait before retrying.", {"type": "integer", "minimum": 1, "maximum": 60})
+
+
+def rejection(description: str, extra_headers: dict | None = None) -> dict:
+    headers = {"X-Request-ID": REQUEST_ID_HEADER, **(extra_headers or {})}
+    return json_reply(description, ref("Rejection"), headers)
+
+
+def infer_operation(config: ModelServerConfig, factory: Any, *, summary: str, auth_note: str) -> dict:
+    """The POST of synchronous inference for one model."""
+    mid = config.id
+    raw_schema = {"type": "string", "format": "binary"}
+    ok_headers = {
+        "X-Request-ID": REQUEST_ID_HEADER,
+        "Cache-Control": header_doc("Always `no-store`.", {"type": "string", "const": "no-store"}),
+    }
+    return {
+        "operationId": f"infer_{mid}",
+        "summary": summary,
+        "description": f"{factory.task} with {mid}. {OUTCOME_RULES} {auth_note}",
+        "parameters": [
+            {
+                "name": "X-Service-Params",
+                "in": "header",
+                "required": False,
+                "description": "Raw-body requests only: `params` as a JSON object (bad JSON: 422, pointer `/params`).",
+                "schema": {"type": "string"},
+            },
+            {
+                "name": "X-Service-Options",
+                "in": "header",
+                "required": False,
+                "description": "Raw-body requests only: `options` as a JSON object (bad JSON: 422, pointer `/options`).",
+                "schema": {"type": "string"},
+            },
+            {
+                "name": "X-Request-ID",
+                "in": "header",
+                "required": False,
+                "description": "Request id used as `task_id` when the body has no `req_id`.",
+                "schema": {"type": "string", "pattern": r"^[\x21-\x7e]{1,128}$"},
+            },
+        ],
+        "requestBody": {
+            "required": True,
+            "description": f"The JSON envelope, or one image's bytes (raw body: one item). Bodies over "
+            f"{config.max_body_bytes} bytes (max_body_bytes) get 413 status 61 before they are read. Other "
+            "content types get 415 status 60.",
+            "content": {
+                "application/json": {"schema": ref(f"{mid}_Request")},
+                "image/*": {"schema": raw_schema},
+                "application/octet-stream": {"schema": raw_schema},
+            },
+        },
+        "responses": {
+            "200": json_reply("Status 0 (success) or 68 (partial results at the deadline).", ref(f"{mid}_Envelope"), ok_headers),
+            "400": {
+                "description": "Status 50: body is not JSON or not an object (a rejection). Or every item failed on "
+                "its input (status 3 or 5, an envelope with results).",
+                "content": {"application/json": {"schema": {"anyOf": [ref("Rejection"), ref(f"{mid}_Envelope")]}}},
+                "headers": {"X-Request-ID": REQUEST_ID_HEADER},
+            },
+            "401": rejection("Status 401: missing or wrong bearer token.", {"WWW-Authenticate": header_doc("Bearer challenge.")}),
+            "413": rejection("Status 61: body over the size limit; status 67: more images than max_request_items."),
+            "415": rejection("Status 60: unsupported content type."),
+            "422": rejection("Status 66: the request breaks the contract; `errors[]` has one `{pointer, message}` per problem."),
+            "429": rejection(
+                "Status 429: per-client rate limit, or the wait queue (max_queue_depth image items) is full.",
+                {"Retry-After": RETRY_AFTER_HEADER},
+            ),
+            "500": {
+                "description": "Every item failed on the server side (status 1 engine error or 6 contract failure), "
+                "or status 500 for an unexpected server error.",
+                "content": {"application/json": {"schema": {"anyOf": [ref("Rejection"), ref(f"{mid}_Envelope")]}}},
+                "headers": {"X-Request-ID": REQUEST_ID_HEADER},
+            },
+            "503": rejection("Status 65: the model is loading or the server is shutting down."),
+            "504": json_reply("Status 4: no item finished before the deadline.", ref(f"{mid}_Envelope"), ok_headers),
+        },
+    }
+
+
+def not_found_405() -> dict:
+    return {
+        "404": rejection("Status 63: not found."),
+        "405": rejection("Status 62: method not allowed.", {"Allow": header_doc("The methods the path accepts.")}),
+    }
+
+
+# -- the model-server document ---------------------------------------------------------
+
+
+def model_server_document(config: ModelServerConfig, factory: Any) -> dict:
+    """The contract of one model-server process (served at /openapi.json)."""
+    mid = config.id
+    auth = (
+        "Needs `Authorization: Bearer <SERVICE_AUTH_TOKEN>` when the process has a token "
+        "(authentication comes before the per-client rate limit)."
+    )
+    simple = {"security": [], "responses": {}}
+    paths: dict[str, Any] = {
+        "/healthz": {
+            "get": {
+                **simple,
+                "operationId": "healthz",
+                "summary": "Liveness: 200 while the process runs.",
+                "responses": {"200": json_reply("Alive.", ref("Health"))},
+            }
+        },
+        "/ready": {
+            "get": {
+                **simple,
+                "operationId": "ready",
+                "summary": "Readiness: 200 once the model is loaded and one warm-up batch at max_batch_size has run.",
+                "responses": {
+                    "200": json_reply("Ready (status 0).", ref("Health")),
+                    "503": json_reply("Status 65: loading, warming up, or shutting down.", ref("Health")),
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics",
+                "summary": "Prometheus metrics (text exposition format). " + auth,
+                "responses": {
+                    "200": {
+                        "description": "Metrics text.",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    "401": rejection("Status 401: missing or wrong bearer token."),
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                **simple,
+                "operationId": "openapi",
+                "summary": "This document.",
+                "responses": {"200": {"description": "OpenAPI 3.1 document.", "content": {"application/json": {"schema": {"type": "object"}}}}},
+            }
+        },
+        config.server_uri: {
+            "post": infer_operation(config, factory, summary=f"Synchronous inference with {mid}.", auth_note=auth),
+        },
+    }
+    for item in paths.values():
+        for op in item.values():
+            op["responses"].update({k: v for k, v in not_found_405().items() if k not in op["responses"]})
+    components = {**status_components(), **model_components(config, factory)}
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": f"Model server {mid}",
+            "version": __version__,
+            "description": f"One loopback model server ({factory.category}: {factory.task}). Every JSON reply is "
+            "`application/json; charset=utf-8`. Unknown paths (including the removed `/welcome` and `/hello_world`) "
+            "answer 404 status 63; a wrong method answers 405 status 62 with `Allow`.",
+        },
+        "servers": [{"url": f"http://127.0.0.1:{config.port}"}],
+        "security": [{"bearer": []}],
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+# -- committed copies ----------------------------------------------------------------------
+
+
+def documents(conf_dir: str = "conf/server") -> dict[str, dict]:
+    """Every committed document by file name, generated from code and shipped configs."""
+    from svc.modelapi import factories
+
+    found = factories()
+    docs: dict[str, dict] = {}
+    for config in model_server_configs(conf_dir):
+        if config.id in found:
+            docs[f"model-{config.id}.json"] = model_server_document(config, found[config.id])
+    return docs
+
+
+def serialise(doc: dict) -> str:
+    return json.dumps(doc, indent=2, sort_keys=False) + "\n"
+
+
+def check(directory: str = OPENAPI_DIR, conf_dir: str = "conf/server") -> list[str]:
+    """Names of committed documents that are missing, stale or extra."""
+    problems = []
+    docs = documents(conf_dir)
+    for name, doc in docs.items():
+        path = os.path.join(directory, name)
+        try:
+            with open(path, encoding="utf-8") as f:
+                committed = f.read()
+        except FileNotFoundError:
+            problems.append(f"{path}: missing")
+            continue
+        if committed != serialise(doc):
+            problems.append(f"{path}: differs from what the code generates")
+    if os.path.isdir(directory):
+        for name in sorted(os.listdir(directory)):
+            if name.endswith(".json") and name not in docs:
+                problems.append(f"{os.path.join(directory, name)}: no longer generated")
+    return problems
+
+
+def write(directory: str = OPENAPI_DIR, conf_dir: str = "conf/server") -> list[str]:
+    os.makedirs(directory, exist_ok=True)
+    written = []
+    for name, doc in documents(conf_dir).items():
+        path = os.path.join(directory, name)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(serialise(doc))
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m svc.openapi", description=__doc__.splitlines()[0])
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--check", action="store_true", help="fail when a committed document is stale")
+    group.add_argument("--write", action="store_true", help="regenerate the committed documents")
+    args = parser.parse_args(argv)
+    if args.write:
+        for path in write():
+            print(f"wrote {path}")
+        return 0
+    problems = check()
+    for p in problems:
+        print(p, file=sys.stderr)
+    if problems:
+        print("run: python -m svc.openapi --write", file=sys.stderr)
+        return 1
+    print("openapi documents are current")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

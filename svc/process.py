@@ -1,0 +1,89 @@
+"""Process-level helpers shared by the twistd plugins: fatal exits, thread pools."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.threads import deferToThreadPool
+from twisted.logger import Logger
+from twisted.python.threadpool import ThreadPool
+
+#: Runs a function somewhere (a thread pool, or inline in unit tests) and
+#: returns a Deferred of its result.
+Runner = Callable[..., Deferred]
+
+log = Logger()
+
+
+def refuse(program: str, message: str) -> SystemExit:
+    """The one-line refusal of a process that cannot start (exit code 1)."""
+    return SystemExit(f"{program}: {message}")
+
+
+def exit_after_shutdown(reactor: Any, program: str, message: str, code: int = 1) -> None:
+    """Log ``message``, stop the reactor cleanly, then exit with ``code``.
+
+    For failures found after the reactor started (a model whose weights do
+    not load): twistd itself would exit 0 after ``reactor.stop()``.
+    """
+    log.critical("{program}: {message}", program=program, message=message)
+
+    def _exit() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    reactor.addSystemEventTrigger("after", "shutdown", _exit)
+    reactor.stop()
+
+
+class ThreadPoolService(Service):
+    """A fixed-size ThreadPool started and stopped with the service tree."""
+
+    def __init__(self, name: str, size: int) -> None:
+        self.setName(name)
+        self.pool = ThreadPool(minthreads=size, maxthreads=size, name=name)
+
+    def startService(self) -> None:
+        super().startService()
+        self.pool.start()
+
+    def stopService(self) -> None:
+        super().stopService()
+        self.pool.stop()
+
+    def runner(self, reactor: Any) -> Runner:
+        """Run a function in this pool; fires with its result."""
+        pool = self.pool
+        return lambda f, *args, **kwargs: deferToThreadPool(reactor, pool, f, *args, **kwargs)
+
+
+def inline_runner(f: Callable, *args: Any, **kwargs: Any) -> Deferred:
+    """Runs the function at once on the calling thread (unit tests)."""
+    return maybeDeferred(f, *args, **kwargs)
+
+
+def exit_zero_on_signals(reactor: Any) -> None:
+    """Make SIGTERM and SIGINT a clean stop that exits 0.
+
+    twistd and twist re-raise the stopping signal after a clean shutdown, so
+    the exit status would say "killed by SIGTERM".  A graceful stop is a
+    normal exit for our processes: once the reactor has installed its own
+    handlers, ours replace them for these two signals.
+    """
+    import signal
+
+    def _stop(signum: int, frame: Any) -> None:
+        log.info("received signal {signum}: shutting down", signum=signum)
+        reactor.callFromThread(reactor.stop)
+
+    def _install() -> None:
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+
+    reactor.callWhenRunning(_install)

@@ -1,0 +1,77 @@
+"""Process-wide torch settings of a model server: device, threads, allocator.
+
+Imported only by the model server when its service is made (never by the
+supervisor or the gateway).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+
+# glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
+
+
+class DeviceError(Exception):
+    """The configured device cannot be used on this machine."""
+
+
+def tune_malloc() -> bool:
+    """Stop glibc from mmapping and trimming large blocks.
+
+    Tensors of a forward pass are large and short-lived: with glibc's
+    defaults each one is an mmap/munmap pair plus page faults, which halves
+    batch throughput on CPU (DESIGN.md).  Same effect as
+    ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=<large>`` in the environment.
+    Returns False where there is no glibc.
+    """
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    ok = mallopt(_M_MMAP_MAX, 0) == 1
+    ok = mallopt(_M_TRIM_THRESHOLD, 1 << 30) == 1 and ok
+    return ok
+
+
+def configure_threads(threads: int, workers: int) -> int:
+    """Torch intra-op threads so that threads x workers fits the cores."""
+    import torch
+
+    n = threads or max(1, (os.cpu_count() or 1) // max(1, workers))
+    torch.set_num_threads(n)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass  # already set in this process
+    return n
+
+
+def select_device(device: str, gpu_mem_limit_mb: int) -> str:
+    """The torch device for ``backend.device``; applies ``gpu_mem_limit_mb``.
+
+    ``gpu`` needs CUDA: without it the server refuses to start.  The memory
+    cap is applied as a per-process memory fraction of GPU 0, so the caching
+    allocator raises an out-of-memory error instead of growing past it.
+    """
+    import torch
+
+    if device == "cpu":
+        return "cpu"
+    if not torch.cuda.is_available():
+        raise DeviceError(
+            f"backend.device is 'gpu' but CUDA is not available on this machine (torch {torch.__version__}); "
+            "set backend.device = \"cpu\", pass --device cpu, or use the cpu profile"
+        )
+    if gpu_mem_limit_mb:
+        total = torch.cuda.get_device_properties(0).total_memory
+        fraction = min(1.0, gpu_mem_limit_mb * 1024 * 1024 / total)
+        torch.cuda.set_per_process_memory_fraction(fraction, 0)
+    return "cuda"

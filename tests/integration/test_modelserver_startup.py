@@ -1,0 +1,128 @@
+"""Fail-closed startup of a real ``service-model`` process, and graceful stop."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+
+from tests.support.http import get, post
+from tests.support.images import image_b64
+from tests.support.processes import (
+    child_env,
+    free_port,
+    model_server_args,
+    run_to_exit,
+    start_model_server,
+    write_config,
+)
+
+TOKEN = {"SERVICE_AUTH_TOKEN": "model-token"}
+
+
+def refused(config, *extra, env=None, port=None):
+    code, output = run_to_exit(model_server_args(config, port or free_port(), *extra), env=child_env(env or TOKEN))
+    assert code != 0, output
+    lines = [line for line in output.splitlines() if line.strip()]
+    return lines
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ({"max_batch_size": "8"}, ": max_batch_size: must be an integer, got string '8'"),
+        ({"speed": 3}, ": speed: unknown key"),
+        ({"backend": {"device": "tpu"}}, ": backend.device: must be one of 'cpu', 'gpu', got 'tpu'"),
+        ({"async_enabled": "yes"}, ": async_enabled: must be a boolean"),
+        ({"model": {"colour": "red"}}, ": model.colour: unknown key 'colour'"),
+        ({"model": {"seed": -1}}, ": model.seed: -1 is less than the minimum of 0"),
+        ({"id": "NOSUCHMODEL"}, "no model plugin serves catalog id 'NOSUCHMODEL'"),
+    ],
+)
+def test_bad_config_refuses_with_one_line(tmp_path, overrides, expected):
+    config = write_config(tmp_path, "MOBILENETV2", **overrides)
+    lines = refused(config)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("service-model: ")
+    assert expected in lines[0]
+    if "NOSUCHMODEL" not in expected:
+        assert str(config) in lines[0]
+
+
+def test_missing_token_refuses_unless_dev_flag(tmp_path):
+    config = write_config(tmp_path, "TESTFAULTS")
+    lines = refused(config, env={"SERVICE_AUTH_TOKEN": ""})
+    assert lines == ["service-model: SERVICE_AUTH_TOKEN is not set: set it (the supervisor injects one) "
+                     "or pass --dev-no-auth for local development"]
+    server = start_model_server(config, token=None, extra_args=("--dev-no-auth",))
+    try:
+        reply = post(server.url + "/testfaults/predict", {"images": [image_b64()]})
+        assert reply.status == 200 and reply.json["status"] == 0
+        assert get(server.url + "/metrics").status == 200
+    finally:
+        server.stop()
+
+
+def test_gpu_without_cuda_refuses_clearly(tmp_path):
+    config = write_config(tmp_path, "TESTFAULTS", backend={"device": "gpu"})
+    lines = refused(config, env={**TOKEN, "CUDA_VISIBLE_DEVICES": ""})
+    assert len(lines) == 1
+    assert "backend.device is 'gpu' but CUDA is not available on this machine" in lines[0]
+    assert str(config) in lines[0]
+    lines = refused(write_config(tmp_path, "TESTFAULTS"), "--device", "gpu", env={**TOKEN, "CUDA_VISIBLE_DEVICES": ""})
+    assert "CUDA is not available" in lines[0]
+
+
+def test_busy_port_refuses_with_one_line(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        lines = refused(write_config(tmp_path, "TESTFAULTS"), port=port)
+    assert any(f"service-model: cannot listen on 127.0.0.1:{port}" in line for line in lines), lines
+
+
+def test_missing_weights_file_refuses(tmp_path):
+    config = write_config(tmp_path, "MOBILENETV2", model={"weights": "nowhere/mobilenet.pth"})
+    lines = refused(config)
+    assert len(lines) == 1 and "weights 'nowhere/mobilenet.pth'" in lines[0] and "no such file" in lines[0]
+
+
+def test_mismatched_weights_stop_the_server_naming_the_tensor(tmp_path):
+    import torch
+    from torchvision.models import mobilenet_v2
+
+    state = mobilenet_v2(weights=None, num_classes=10).state_dict()
+    path = tmp_path / "ten-classes.pth"
+    torch.save(state, path)
+    config = write_config(tmp_path, "MOBILENETV2", model={"weights": str(path)})
+    code, output = run_to_exit(model_server_args(config, free_port()), env=child_env(TOKEN))
+    assert code == 1, output
+    assert f"weights file {path}: tensor 'classifier.1.weight' has shape [10, 1280], the architecture expects [1000, 1280]" in output
+
+
+def test_sigterm_finishes_running_work_refuses_new_and_exits_0(tmp_path):
+    config = write_config(tmp_path, "TESTFAULTS", max_batch_size=1)
+    server = start_model_server(config)
+    url = server.url + "/testfaults/predict"
+    replies = {}
+
+    def slow():
+        replies["slow"] = post(url, {"images": [image_b64()], "params": {"sleep_ms": 1500}}, headers=server.auth)
+
+    worker = threading.Thread(target=slow)
+    worker.start()
+    time.sleep(0.5)
+    server.popen.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    during = post(url, {"images": [image_b64()]}, headers=server.auth)
+    ready = get(server.url + "/ready")
+    worker.join(30)
+    assert server.popen.wait(30) == 0, server.output()
+    assert replies["slow"].status == 200 and replies["slow"].json["status"] == 0
+    assert during.status == 503 and during.json["status"] == 65
+    assert ready.status == 503 and ready.json["status"] == 65

@@ -1,0 +1,248 @@
+"""The batching queue and the request deadline, driven by task.Clock."""
+
+from __future__ import annotations
+
+import pytest
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+
+from svc import status as st
+from svc.envelope import ItemResult, ModelIdentity, result_envelope
+from svc.modelserver.batching import BatchQueue, Item, QueueFull
+from svc.modelserver.inference import Inference
+from svc.process import inline_runner
+from svc.request import InferenceRequest, RequestValidator
+from svc.schema import ObjectSchema, object_schema
+
+
+class Runner:
+    """A batch runner whose batches finish when the test says so."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[Item]] = []
+        self.pending: list[Deferred] = []
+
+    def __call__(self, batch: list[Item]) -> Deferred:
+        self.batches.append(batch)
+        d: Deferred = Deferred()
+        self.pending.append(d)
+        return d
+
+    def finish(self, index: int = 0) -> None:
+        batch = self.batches[len(self.batches) - len(self.pending) + index]
+        self.pending.pop(index).callback([ItemResult(st.SUCCESS, {"v": item.input}) for item in batch])
+
+    def names(self) -> list[list]:
+        return [[item.input for item in batch] for batch in self.batches]
+
+
+def make(clock: Clock, **kw) -> tuple[BatchQueue, Runner]:
+    runner = Runner()
+    kw.setdefault("max_batch_size", 4)
+    kw.setdefault("max_batch_delay_ms", 10)
+    return BatchQueue(clock, runner, **kw), runner
+
+
+def item(name, results: dict, key=None, deadline=None) -> Item:
+    return Item(name, {}, {}, key, deadline, lambda r: results.__setitem__(name, r))
+
+
+def test_idle_worker_runs_a_lone_item_at_once():
+    clock, results = Clock(), {}
+    q, runner = make(clock)
+    q.admit(1).enqueue([item("a", results)])
+    assert runner.names() == [["a"]]
+
+
+def test_batch_composition_at_the_window_edge():
+    clock, results = Clock(), {}
+    q, runner = make(clock)
+    a, b, c = q.admit(1), q.admit(1), q.admit(1)  # three requests still decoding
+    a.enqueue([item("A", results)])
+    assert runner.names() == []  # waits: B and C are on their way
+    clock.advance(0.0099)
+    b.enqueue([item("B", results)])
+    assert runner.names() == []
+    clock.advance(0.0001)  # the window of A closes at exactly 10 ms
+    assert runner.names() == [["A", "B"]]
+    clock.advance(0.0001)
+    c.enqueue([item("C", results)])  # worker busy: C waits
+    assert runner.names() == [["A", "B"]]
+    runner.finish()
+    assert runner.names() == [["A", "B"], ["C"]]
+    assert results["A"].status is st.SUCCESS and "C" not in results
+
+
+def test_full_batch_starts_without_waiting_for_the_window():
+    clock, results = Clock(), {}
+    q, runner = make(clock, max_batch_size=2)
+    first, _other = q.admit(2), q.admit(1)
+    first.enqueue([item("a", results), item("b", results)])
+    assert runner.names() == [["a", "b"]]
+
+
+def test_batches_grow_while_the_worker_is_busy():
+    clock, results = Clock(), {}
+    q, runner = make(clock, max_batch_size=3)
+    q.admit(1).enqueue([item(0, results)])
+    for i in range(1, 6):
+        q.admit(1).enqueue([item(i, results)])
+    assert runner.names() == [[0]]
+    runner.finish()
+    assert runner.names() == [[0], [1, 2, 3]]
+    runner.finish()
+    assert runner.names() == [[0], [1, 2, 3], [4, 5]]
+
+
+def test_different_keys_never_share_a_batch_and_order_is_kept():
+    clock, results = Clock(), {}
+    q, runner = make(clock, max_batch_size=4)
+    q.admit(1).enqueue([item("busy", results)])
+    q.admit(4).enqueue([item("x1", results, "x"), item("y1", results, "y"), item("x2", results, "x"), item("y2", results, "y")])
+    runner.finish()
+    assert runner.names()[1] == ["x1", "x2"]
+    runner.finish()
+    assert runner.names()[2] == ["y1", "y2"]
+
+
+def test_expired_items_never_reach_the_model():
+    clock, results = Clock(), {}
+    q, runner = make(clock, max_batch_size=4)
+    q.admit(1).enqueue([item("busy", results)])
+    q.admit(2).enqueue([item("late", results, deadline=1.0), item("fine", results, deadline=10.0)])
+    clock.advance(2.0)
+    runner.finish()
+    assert runner.names() == [["busy"], ["fine"]]
+    assert results["late"].status is st.RUN_TIMEOUT
+    assert q.waiting == 0
+
+
+def test_a_started_batch_is_not_cancelled_by_its_deadline():
+    clock, results = Clock(), {}
+    q, runner = make(clock)
+    q.admit(1).enqueue([item("a", results, deadline=1.0)])
+    clock.advance(5.0)
+    runner.finish()
+    assert results["a"].status is st.SUCCESS
+
+
+def test_engine_failure_fails_only_that_batch():
+    clock, results = Clock(), {}
+    q, runner = make(clock, max_batch_size=1)
+    q.admit(1).enqueue([item("a", results)])
+    q.admit(1).enqueue([item("b", results)])
+    runner.pending.pop(0).errback(RuntimeError("boom"))
+    runner.finish()
+    assert results["a"].status is st.ENGINE_ERROR and results["b"].status is st.SUCCESS
+
+
+def test_queue_depth_never_exceeds_the_limit_and_retry_after_is_clamped():
+    clock, results = Clock(), {}
+    q, runner = make(clock, max_batch_size=1, max_queue_depth=4)
+    q.observe_throughput(2.0, 1)  # 2 s per item
+    q.admit(1).enqueue([item("running", results)])
+    admitted = []
+    for n in (2, 3, 1, 2, 1, 1):
+        try:
+            admitted.append(q.admit(n))
+        except QueueFull as e:
+            assert 1 <= e.retry_after <= 60
+            assert q.waiting + n > 4
+        assert q.waiting <= 4
+    assert [a.n for a in admitted] == [2, 1, 1]
+    with pytest.raises(QueueFull) as e:
+        q.admit(1)
+    assert e.value.retry_after == 8  # 4 waiting items x 2 s, one worker
+
+
+@pytest.mark.parametrize("per_item, waiting, expected", [(0.0001, 1, 1), (1000.0, 1, 60), (0.4, 5, 2)])
+def test_retry_after_is_the_drain_time_clamped_to_1_60(per_item, waiting, expected):
+    q, _ = make(Clock(), max_queue_depth=100)
+    q.observe_throughput(per_item, 1)
+    q.admit(waiting)
+    assert q.retry_after() == expected
+
+
+def test_released_admission_frees_its_room():
+    q, _ = make(Clock(), max_queue_depth=2)
+    a = q.admit(2)
+    with pytest.raises(QueueFull):
+        q.admit(1)
+    a.release()
+    q.admit(2)
+
+
+# -- a whole request through Inference: 68 versus 4 -----------------------------------
+
+
+class Model:
+    def preprocess(self, image, params):
+        return "input"
+
+    def batch_key(self, params):
+        return None
+
+
+class Factory:
+    needs_image = False
+
+
+def inference(clock: Clock, **kw) -> tuple[Inference, Runner]:
+    q, runner = make(clock, **kw)
+    validator = RequestValidator(ObjectSchema(object_schema({})), ObjectSchema(object_schema({})), 16)
+    inf = Inference(clock=clock, factory=Factory(), validator=validator, queue=q, run_decode=inline_runner,
+                    max_image_pixels=10**6)
+    inf.model = Model()
+    return inf, runner
+
+
+def envelope(results) -> tuple[int, dict]:
+    return result_envelope(task_id="t", model=ModelIdentity("M", "v"), items=results, server_time_ms=0)
+
+
+def test_deadline_with_some_items_done_is_200_status_68_partial():
+    clock = Clock()
+    inf, runner = inference(clock, max_batch_size=1)
+    answered = []
+    inf.run(InferenceRequest(images=["aGk=", "aGk="], req_id=None), deadline=1.0).addCallback(answered.append)
+    runner.finish()  # first item done, second starts
+    clock.advance(1.0)
+    code, body = envelope(answered[0])
+    assert (code, body["status"], body["partial"]) == (200, 68, True)
+    assert [r["status"] for r in body["results"]] == [0, 4]
+    assert body["results"][1]["data"] is None
+
+
+def test_deadline_with_no_item_done_is_504_status_4():
+    clock = Clock()
+    inf, runner = inference(clock, max_batch_size=1)
+    answered = []
+    inf.run(InferenceRequest(images=["aGk=", "aGk="], req_id=None), deadline=1.0).addCallback(answered.append)
+    clock.advance(1.0)
+    code, body = envelope(answered[0])
+    assert (code, body["status"], body["partial"]) == (504, 4, False)
+    assert all(r["status"] == 4 and r["data"] is None for r in body["results"])
+    runner.finish()  # the running batch finishes later: nothing changes
+    assert inf.queue.waiting == 0 and len(runner.batches) == 1  # the second item never ran
+
+
+def test_bad_base64_fails_only_its_item():
+    clock = Clock()
+    inf, runner = inference(clock)
+    answered = []
+    inf.run(InferenceRequest(images=["aGk=", "%%%"], req_id=None), deadline=None).addCallback(answered.append)
+    runner.finish()
+    assert [r.status for r in answered[0]] == [st.SUCCESS, st.INVALID_IMAGE]
+
+
+def test_cancelled_request_leaves_the_queue():
+    clock = Clock()
+    inf, runner = inference(clock, max_batch_size=1)
+    inf.run(InferenceRequest(images=["aGk="], req_id=None), deadline=None)
+    d = inf.run(InferenceRequest(images=["aGk=", "aGk="], req_id=None), deadline=None)
+    assert inf.queue.waiting == 2
+    d.cancel()
+    d.addErrback(lambda f: None)
+    assert inf.queue.waiting == 0
+    runner.finish()
+    assert len(runner.batches) == 1

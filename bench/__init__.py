@@ -1,0 +1,1 @@
+"""Benchmarks: run on demand, print their figures (never part of the tests)."""

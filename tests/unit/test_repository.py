@@ -1,0 +1,66 @@
+"""Standing promises of the repository: README, CI, pins, contract, light imports."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from svc import __version__
+from svc import status as st
+from svc.config import BACKEND_KEYS, MODEL_SERVER_KEYS
+from svc.openapi import check
+from tests.support.processes import REPO, child_env
+
+README = (REPO / "README.md").read_text()
+
+
+def readme_block_after(heading: str) -> str:
+    after = README.split(heading, 1)[1]
+    return re.search(r"```sh\n(.*?)\n```", after, re.S).group(1).strip()
+
+
+def test_ci_runs_the_readme_test_command_and_nothing_else():
+    command = readme_block_after("Test it")
+    ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    assert ci == ["set -eu", 'cd "$(dirname "$0")/.."', command]
+
+
+def test_readme_opens_with_the_two_commands():
+    first_blocks = re.findall(r"```sh\n(.*?)\n```", README, re.S)[:2]
+    assert first_blocks == ["./bin/quickstart", readme_block_after("Test it")]
+
+
+def test_readme_documents_every_config_key_and_status():
+    for key in MODEL_SERVER_KEYS:
+        assert f"| `{key.name}` |" in README, key.name
+    for key in BACKEND_KEYS:
+        assert f"| `backend.{key.name}` |" in README, key.name
+    for status in st.ALL:
+        assert f"| {status.code} | {status.text} | {status.http} |" in README, status
+
+
+def test_changelog_has_the_current_version():
+    assert f"## [{__version__}]" in (REPO / "CHANGELOG.md").read_text()
+
+
+def test_every_runtime_dependency_is_pinned():
+    text = (REPO / "setup.py").read_text()
+    block = re.search(r"RUNTIME = \[(.*?)\]", text, re.S).group(1)
+    pins = re.findall(r'"([^"]+)"', block)
+    assert "torch==2.14.1" in pins and "torchvision==0.29.1" in pins
+    assert all("==" in p for p in pins), pins
+
+
+def test_committed_openapi_documents_are_current():
+    assert check(str(REPO / "openapi"), str(REPO / "conf" / "server")) == []
+
+
+def test_plugin_files_import_no_torch():
+    code = (
+        "import sys; import twisted.plugins.service_plugins, svc.modelserver.tap, svc.modelapi, svc.openapi;"
+        "from svc.modelapi import factories; factories();"
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=child_env(), cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -162,6 +162,8 @@ BACKEND_KEYS: tuple[Key, ...] = (
     Key("threads", int, 0, "Torch intra-op threads; 0 = the number of CPU cores divided by workers.", minimum=0, maximum=1024),
     Key("workers", int, 1, "Inference threads (batches run at once).", minimum=1, maximum=64),
     Key("decode_threads", int, 2, "Threads that parse requests and decode images.", minimum=1, maximum=64),
+    Key("worker_nice", int, 5, "Nice value of the inference threads (0..19): HTTP and decoding win the CPU over batches.",
+        minimum=0, maximum=19),
     Key("tune_malloc", bool, True, "Tune glibc malloc (no mmap churn, no trimming) at startup: about 2x faster batches.") ,
 )
 
@@ -172,6 +174,7 @@ class BackendConfig:
     threads: int
     workers: int
     decode_threads: int
+    worker_nice: int
     tune_malloc: bool
 
 

@@ -89,6 +89,22 @@ class ModelServerMetrics(HttpMetrics):
             "service_queue_depth", "Image items waiting for a worker (admitted, not yet running).", registry=registry
         )
         self.ready = Gauge("service_model_ready", "1 when the model is loaded and warmed up.", registry=registry)
+        self.async_jobs = Counter(
+            "service_async_jobs",
+            "Job transitions by state: a successful job increments submitted, running, done in turn.",
+            ("state",),
+            registry=registry,
+        )
+        self.async_duration = Histogram(
+            "service_async_job_duration_ms",
+            "Job duration from submission to its terminal state, in ms.",
+            buckets=MS_BUCKETS,
+            registry=registry,
+        )
+        self.async_depth = Gauge("service_async_queue_depth", "Pending + running jobs.", registry=registry)
+        self.async_waiters = Gauge(
+            "service_async_waiters", "Requests parked in GET /jobs/{job}/wait.", registry=registry
+        )
         self.info = Gauge(
             "service_model_info", "Model identity (value 1).", ("model", "version", "device"), registry=registry
         )

@@ -123,10 +123,9 @@ def model_components(config: ModelServerConfig, factory: Any) -> dict:
                 "images": {
                     "type": "array",
                     "minItems": 1,
-                    "maxItems": config.max_request_items,
                     "items": {"type": "string", "description": image_rule},
                     "description": f"One result per image, same order. More than {config.max_request_items} "
-                    "(max_request_items): 413 status 67.",
+                    "(max_request_items) is not a contract violation but a limit: 413 status 67.",
                 },
                 "req_id": {
                     "type": "string",
@@ -266,6 +265,145 @@ def infer_operation(config: ModelServerConfig, factory: Any, *, summary: str, au
     }
 
 
+def job_components() -> dict:
+    """Bodies of the job routes."""
+    states = ["pending", "running", "done", "failed", "timeout"]
+    common = {
+        "job_id": {"type": "string", "pattern": "^job_[0-9a-f]+$"},
+        "state": {"type": "string", "enum": states},
+        "task_id": {"type": "string", "description": "The request's `req_id`, or the job id."},
+        "model": ref("ModelIdentity"),
+        "poll_url": {"type": "string", "description": "Status path of the job (the gateway rewrites it onto /v1/models/<id>/jobs/...)."},
+        "result_url": {"type": "string", "description": "Result path of the job."},
+    }
+    return {
+        "JobAccepted": {
+            "type": "object",
+            "description": "202 at admission: the job is pending; nothing has been computed yet.",
+            "required": ["job_id", "state", "poll_url", "result_url"],
+            "properties": {**common, "state": {"type": "string", "const": "pending"}},
+        },
+        "JobStatus": {
+            "type": "object",
+            "description": "Poll and wait body. `elapsed_ms` counts from submission and grows until the job is "
+            "terminal; `error` is present for failed and timeout jobs.",
+            "required": ["job_id", "state", "elapsed_ms", "poll_url", "result_url"],
+            "properties": {**common, "elapsed_ms": {"type": "number", "minimum": 0}, "error": {"type": "string"}},
+        },
+        "JobRejection": {
+            "type": "object",
+            "description": "Error of a job route: the process-level envelope with `error`, plus `job_id` and "
+            "`state` when the job is known (409).",
+            "required": ["status", "status_str", "error"],
+            "properties": {
+                "status": ref("Status"),
+                "status_str": ref("StatusText"),
+                "task_id": {"type": "string"},
+                "model": ref("ModelIdentity"),
+                "results": {"type": "array", "maxItems": 0},
+                "server_time_ms": {"type": "number"},
+                "partial": {"type": "boolean"},
+                "error": {"type": "string"},
+                "errors": {"type": "array", "items": ref("FieldError")},
+                "job_id": {"type": "string"},
+                "state": {"type": "string", "enum": states},
+            },
+        },
+    }
+
+
+def job_paths(config: ModelServerConfig, factory: Any, prefix: str = "") -> dict:
+    """The four job routes (``prefix`` is '' on a model server, /v1/models/<id> on the gateway)."""
+    mid = config.id
+    job_param = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    ids = {"X-Request-ID": REQUEST_ID_HEADER}
+    not_found = json_reply("Status 63: `error` contains `job not found` (unknown, expired or evicted job, or "
+                           "one from before a restart).", ref("JobRejection"), ids)
+    unauthorized = json_reply("Status 401: missing or wrong bearer token.", ref("JobRejection"))
+    timeout_s = f"{config.async_timeout} ms" if config.async_timeout else "no limit"
+    return {
+        f"{prefix}/jobs": {
+            "post": {
+                "operationId": f"submit_job_{mid}",
+                "summary": f"Submit an asynchronous {mid} job (same body as synchronous inference).",
+                "description": "Validated like the synchronous route first: an invalid body is rejected at once with "
+                "422 or 400 and no job. A valid body is admitted while pending + running jobs are below "
+                f"async_max_queue ({config.async_max_queue}); the reply goes out before any inference starts. "
+                f"Budget (async_timeout): {timeout_s}, waiting for a worker included. Finished jobs stay readable "
+                f"{config.async_job_ttl} ms (async_job_ttl), at most {config.async_max_completed} of them "
+                "(async_max_completed, least recently read first out).",
+                "requestBody": infer_operation(config, factory, summary="", auth_note="")["requestBody"],
+                "parameters": infer_operation(config, factory, summary="", auth_note="")["parameters"],
+                "responses": {
+                    "202": json_reply("Admitted (state pending).", ref("JobAccepted"), {
+                        "Location": header_doc("The job's status path."), **ids}),
+                    "400": rejection("Status 50: body is not JSON or not an object."),
+                    "401": unauthorized,
+                    "413": rejection("Status 61 (body size) or 67 (too many images)."),
+                    "415": rejection("Status 60: unsupported content type."),
+                    "422": rejection("Status 66: the request breaks the contract (`errors[]`)."),
+                    "429": json_reply("Status 429: `error` contains `async queue full`. Retry-After: the mean job "
+                                      "duration over the workers, 1 to 60 s.", ref("JobRejection"),
+                                      {"Retry-After": RETRY_AFTER_HEADER}),
+                    "503": rejection("Status 65: loading or shutting down."),
+                },
+            }
+        },
+        f"{prefix}/jobs/{{job_id}}": {
+            "get": {
+                "operationId": f"job_status_{mid}",
+                "summary": "Poll a job.",
+                "parameters": [job_param],
+                "responses": {"200": json_reply("The job's state.", ref("JobStatus"), ids), "401": unauthorized,
+                              "404": not_found},
+            }
+        },
+        f"{prefix}/jobs/{{job_id}}/wait": {
+            "get": {
+                "operationId": f"job_wait_{mid}",
+                "summary": "Wait until the job is terminal or the budget is used up.",
+                "description": "Answers 200 as soon as the job is terminal (at once if it already is) or when the "
+                "budget is used up, then `state` may still be pending or running: not a failure. Every concurrent "
+                "waiter gets the same terminal state. A client that disconnects leaves no waiter behind. The "
+                "client's HTTP timeout must exceed the budget.",
+                "parameters": [
+                    job_param,
+                    {
+                        "name": "timeout",
+                        "in": "query",
+                        "required": False,
+                        "description": "Budget in milliseconds, default 30000. Above 300000 it is clamped to "
+                        "300000; 0 answers at once; a negative or non-integer value is 422 (pointer `/timeout`).",
+                        "schema": {"type": "integer", "minimum": 0},
+                    },
+                ],
+                "responses": {
+                    "200": json_reply("The job's state.", ref("JobStatus"), ids),
+                    "401": unauthorized,
+                    "404": not_found,
+                    "422": json_reply("Status 66: timeout is not a non-negative integer.", ref("JobRejection")),
+                },
+            }
+        },
+        f"{prefix}/jobs/{{job_id}}/result": {
+            "get": {
+                "operationId": f"job_result_{mid}",
+                "summary": "The result of a done job (repeatable within retention).",
+                "parameters": [job_param],
+                "responses": {
+                    "200": json_reply("The unified envelope of the finished job (status 0; items may carry their own "
+                                      "failure status).", ref(f"{mid}_Envelope"), ids),
+                    "401": unauthorized,
+                    "404": not_found,
+                    "409": json_reply("Status 409: the job is pending, running, failed or timeout; `error` states "
+                                      "which. The reason of a failure is in the poll/wait body. failed and timeout "
+                                      "are legal outcomes, not API errors.", ref("JobRejection"), ids),
+                },
+            }
+        },
+    }
+
+
 def not_found_405() -> dict:
     return {
         "404": rejection("Status 63: not found."),
@@ -329,10 +467,14 @@ def model_server_document(config: ModelServerConfig, factory: Any) -> dict:
             "post": infer_operation(config, factory, summary=f"Synchronous inference with {mid}.", auth_note=auth),
         },
     }
+    if config.async_enabled:
+        paths.update(job_paths(config, factory))
     for item in paths.values():
         for op in item.values():
             op["responses"].update({k: v for k, v in not_found_405().items() if k not in op["responses"]})
     components = {**status_components(), **model_components(config, factory)}
+    if config.async_enabled:
+        components.update(job_components())
     return {
         "openapi": "3.1.0",
         "info": {

@@ -80,13 +80,13 @@ class RequestValidator:
         errors = self._root_errors(doc)
         images = doc.get("images")
         errors += self._images_errors(doc)
+        if header_request_id is not None:
+            errors += self._req_id_errors(header_request_id, pointer("req_id"), "X-Request-ID header ")
         if "req_id" in doc:
             req_id = doc["req_id"]
             errors += self._req_id_errors(req_id, pointer("req_id"))
         else:
             req_id = header_request_id
-            if req_id is not None:
-                errors += self._req_id_errors(req_id, pointer("req_id"), "X-Request-ID header ")
         params = self._object(doc, "params", self.params, errors)
         options = self._object(doc, "options", self.options, errors)
         if errors:

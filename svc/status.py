@@ -39,6 +39,7 @@ NOT_READY = Status(65, "NOT_READY", 503, "service not ready")
 INVALID_REQUEST = Status(66, "INVALID_REQUEST", 422, "invalid request (img_data, unknown keys, wrong params)")
 TOO_MANY_ITEMS = Status(67, "TOO_MANY_ITEMS", 413, "too many items in one request")
 PARTIAL = Status(68, "PARTIAL", 200, "deadline reached, partial results (partial: true)")
+JOB_NOT_DONE = Status(409, "JOB_NOT_DONE", 409, "job result not available: the job is pending, running, failed or timed out")
 UNAUTHORIZED = Status(401, "UNAUTHORIZED", 401, "unauthorized")
 RATE_LIMITED = Status(429, "RATE_LIMITED", 429, "rate limited or wait queue full (with Retry-After)")
 INTERNAL_ERROR = Status(500, "INTERNAL_ERROR", 500, "server error")
@@ -61,6 +62,7 @@ ALL: tuple[Status, ...] = (
     INVALID_REQUEST,
     TOO_MANY_ITEMS,
     UNAUTHORIZED,
+    JOB_NOT_DONE,
     RATE_LIMITED,
     INTERNAL_ERROR,
     BAD_GATEWAY,

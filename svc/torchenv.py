@@ -41,6 +41,23 @@ def tune_malloc() -> bool:
     return ok
 
 
+def lower_thread_priority(nice: int) -> bool:
+    """Raise the calling thread's nice value (Linux: per thread).
+
+    The worker thread calls this before its first torch op, so the OpenMP
+    threads torch then starts inherit it: the reactor and the decode threads
+    win the CPU when they need it, which keeps admission and HTTP latency low
+    while batches run (bench/README.md).  False where not supported.
+    """
+    import threading
+
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
 def configure_threads(threads: int, workers: int) -> int:
     """Torch intra-op threads so that threads x workers fits the cores."""
     import torch

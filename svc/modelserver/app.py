@@ -57,6 +57,7 @@ class ModelServerApp:
         self.draining = False
         self.not_ready_reason = "the model is loading"
         self.in_flight = 0
+        self.waiting = 0  # requests parked in /jobs/{job}/wait
         self.app = app = Klein()
 
         app.route("/healthz", methods=["GET"])(self.healthz)

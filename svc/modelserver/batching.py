@@ -53,7 +53,7 @@ class QueueFull(Exception):
 class Item:
     """One image on its way through the queue."""
 
-    __slots__ = ("input", "params", "options", "key", "deadline", "enqueued_at", "state", "on_done")
+    __slots__ = ("input", "params", "options", "key", "deadline", "enqueued_at", "state", "on_done", "on_start")
 
     def __init__(
         self,
@@ -63,6 +63,7 @@ class Item:
         key: Hashable,
         deadline: float | None,
         on_done: Callable[[ItemResult], None],
+        on_start: Callable[[], None] | None = None,
     ) -> None:
         self.input = input
         self.params = params
@@ -72,6 +73,7 @@ class Item:
         self.enqueued_at = 0.0
         self.state = QUEUED
         self.on_done = on_done
+        self.on_start = on_start
 
     def finish(self, result: ItemResult) -> None:
         if self.state in (DONE, DROPPED):
@@ -254,6 +256,8 @@ class BatchQueue:
         self._gauge()
         for item in batch:
             item.state = RUNNING
+            if item.on_start is not None:
+                item.on_start()
         if self.metrics is not None:
             self.metrics.batch_size.observe(len(batch))
             self.metrics.batch_window_wait.observe((now - batch[0].enqueued_at) * 1000.0)

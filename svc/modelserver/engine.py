@@ -12,6 +12,7 @@ schema fails alone with CONTRACT_FAILURE.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import traceback
 from typing import Any
@@ -39,6 +40,7 @@ class Engine:
         metrics: Any = None,
         default_params: dict | None = None,
         default_options: dict | None = None,
+        worker_nice: int = 0,
     ) -> None:
         self.factory = factory
         self.model_config = model_config
@@ -47,6 +49,8 @@ class Engine:
         self.metrics = metrics
         self.default_params = default_params or {}
         self.default_options = default_options or {}
+        self.worker_nice = worker_nice
+        self._thread = threading.local()
         self.model: Any = None
         self._data = compile_schema(factory.data_schema)
 
@@ -61,6 +65,7 @@ class Engine:
         return self.run_worker(self._load_sync, warmup_batch)
 
     def _load_sync(self, warmup_batch: int) -> tuple[float, int]:
+        self._lower_priority()
         model = self.factory.build(self.model_config, self.device)
         verifyObject(IModel, model)
         if self.factory.needs_image:
@@ -93,7 +98,16 @@ class Engine:
             log.error("{problem}", problem=problem)
         return results
 
+    def _lower_priority(self) -> None:
+        """Once per worker thread, before its first torch op (OpenMP threads inherit it)."""
+        if self.worker_nice and not getattr(self._thread, "niced", False):
+            from svc.torchenv import lower_thread_priority
+
+            lower_thread_priority(self.worker_nice)
+            self._thread.niced = True
+
     def _run_sync(self, inputs: list, params: dict, per_item: list[tuple[dict, dict]]) -> tuple[list[ItemResult], str | None]:
+        self._lower_priority()
         n = len(inputs)
         started = time.perf_counter()
         try:

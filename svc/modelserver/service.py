@@ -26,6 +26,8 @@ from svc.modelserver.app import ModelServerApp
 from svc.modelserver.batching import BatchQueue
 from svc.modelserver.engine import Engine
 from svc.modelserver.inference import Inference
+from svc.modelserver.job_routes import JobRoutes
+from svc.modelserver.jobs import JobTable
 from svc.openapi import model_server_document
 from svc.options import options_schema
 from svc.process import ThreadPoolService, exit_after_shutdown, refuse
@@ -56,7 +58,8 @@ class ModelServerService(MultiService):
         params = ObjectSchema(factory.params_schema, "parameter")
         options = ObjectSchema(options_schema(tuple(factory.options)), "option")
         self.engine = Engine(factory, model_config, device, self.workers.runner(reactor), self.metrics,
-                             default_params=params.with_defaults({}), default_options=options.with_defaults({}))
+                             default_params=params.with_defaults({}), default_options=options.with_defaults({}),
+                             worker_nice=backend.worker_nice)
         self.queue = BatchQueue(
             reactor,
             self.engine.run_batch,
@@ -94,6 +97,21 @@ class ModelServerService(MultiService):
         )
         # The listener starts first: a busy port refuses before any thread
         # exists (the pools' threads would keep a refused process alive).
+        self.jobs: JobTable | None = None
+        if config.async_enabled:
+            self.jobs = JobTable(
+                reactor,
+                self.inference.run_job,
+                lambda: self.app.identity,
+                max_queue=config.async_max_queue,
+                timeout_ms=config.async_timeout,
+                ttl_ms=config.async_job_ttl,
+                max_completed=config.async_max_completed,
+                workers=backend.workers,
+                metrics=self.metrics,
+            )
+            JobRoutes(self.app, self.jobs)
+            self.metrics.async_waiters.set_function(lambda: self.app.waiting)
         self.listener = TCPServer(config.port, self.site, interface="127.0.0.1")
         self.listener.setServiceParent(self)
         self.decode.setServiceParent(self)
@@ -147,6 +165,8 @@ class ModelServerService(MultiService):
         self.app.draining = True
         self.app.not_ready_reason = "the server is shutting down"
         self.metrics.ready.set(0)
+        if self.jobs is not None:
+            self.jobs.wake_all()  # parked waiters answer now with the current state
         deadline = self.reactor.seconds() + self.config.shutdown_grace_ms / 1000.0
         while self.busy() and self.reactor.seconds() < deadline:
             await deferLater(self.reactor, 0.05, lambda: None)
@@ -158,4 +178,5 @@ class ModelServerService(MultiService):
 
     def busy(self) -> bool:
         """Requests or jobs still being answered, or batches still running."""
-        return self.app.in_flight > 0 or self.queue.running_batches > 0
+        running_jobs = self.jobs.depth if self.jobs is not None else 0
+        return self.app.in_flight > 0 or self.app.waiting > 0 or self.queue.running_batches > 0 or running_jobs > 0

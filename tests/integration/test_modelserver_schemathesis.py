@@ -1,4 +1,4 @@
-"""Property-based conformance of a real model server to its committed OpenAPI document."""
+"""Property-based conformance of real model servers to their OpenAPI documents."""
 
 from __future__ import annotations
 
@@ -8,10 +8,21 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from tests.support.processes import REPO, start_model_server, write_config
+from svc.config import load_model_server_config
+from svc.modelapi import find_factory
+from svc.openapi import model_server_document
+from tests.support.processes import REPO, SHIPPED_CONF, start_model_server, write_config
 
-DOC = json.loads((REPO / "openapi" / "model-MOBILENETV2.json").read_text())
-schema = schemathesis.openapi.from_dict(DOC)
+SHIPPED = schemathesis.openapi.from_dict(json.loads((REPO / "openapi" / "model-MOBILENETV2.json").read_text()))
+# The same model with jobs enabled: the document the server itself generates and serves.
+ASYNC_CONFIG = load_model_server_config(str(SHIPPED_CONF / "MOBILENETV2.toml")).replace(async_enabled=True)
+ASYNC = schemathesis.openapi.from_dict(model_server_document(ASYNC_CONFIG, find_factory("MOBILENETV2")))
+
+# Schema-valid strings need not be decodable images: every item failing on its
+# input is the documented 400 (status 3/5), so "positive data acceptance" does
+# not apply; every other check does.
+EXCLUDED = [schemathesis.checks.positive_data_acceptance]
+SETTINGS = settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 
 
 @pytest.fixture(scope="module")
@@ -21,14 +32,29 @@ def shipped_mobilenet(tmp_path_factory):
     server.stop()
 
 
-@schema.parametrize()
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@pytest.fixture(scope="module")
+def async_mobilenet(tmp_path_factory):
+    server = start_model_server(write_config(tmp_path_factory.mktemp("sta"), "MOBILENETV2", async_enabled=True))
+    yield server
+    server.stop()
+
+
+@SHIPPED.parametrize()
+@SETTINGS
 def test_model_server_conforms_to_its_openapi_document(case, shipped_mobilenet):
-    # Schema-valid strings need not be decodable images: every item failing on
-    # its input is the documented 400 (status 3/5), so "positive data
-    # acceptance" does not apply; every other check does.
-    case.call_and_validate(
-        base_url=shipped_mobilenet.url,
-        headers=shipped_mobilenet.auth,
-        excluded_checks=[schemathesis.checks.positive_data_acceptance],
-    )
+    case.call_and_validate(base_url=shipped_mobilenet.url, headers=shipped_mobilenet.auth, excluded_checks=EXCLUDED)
+
+
+@ASYNC.parametrize()
+@SETTINGS
+def test_job_routes_conform_to_the_served_document(case, async_mobilenet):
+    case.call_and_validate(base_url=async_mobilenet.url, headers=async_mobilenet.auth, excluded_checks=EXCLUDED,
+                           timeout=30)
+
+
+def test_the_served_document_is_the_generated_one(async_mobilenet):
+    from tests.support.http import get
+
+    served = get(async_mobilenet.url + "/openapi.json").json
+    assert {"/jobs", "/jobs/{job_id}", "/jobs/{job_id}/wait", "/jobs/{job_id}/result"} <= set(served["paths"])
+    assert served["components"]["schemas"]["JobStatus"] == ASYNC.raw_schema["components"]["schemas"]["JobStatus"]

@@ -206,3 +206,7 @@ def test_any_bytes_never_escape_as_another_exception(body):
         parse(body)
     except ApiError as e:
         assert e.status.http in (400, 413, 422)
+
+
+def test_an_invalid_x_request_id_header_is_refused_even_with_a_body_req_id():
+    assert pointers(rejected({"images": ["x"], "req_id": "ok"}, {"x-request-id": ""})) == ["/req_id"]

@@ -1,0 +1,141 @@
+"""HTTP routes of asynchronous jobs on a model server (only when ``async_enabled``).
+
+    POST /jobs                      202 {job_id, state, poll_url, result_url, ...} + Location
+    GET  /jobs/{job}                200 status body
+    GET  /jobs/{job}/wait?timeout=N 200 status body, when terminal or after N ms
+    GET  /jobs/{job}/result         200 envelope (done), 409 otherwise
+
+Choices left open by SPEC and documented in the OpenAPI document: the status
+body also carries ``task_id``, ``model``, ``poll_url`` and ``result_url``;
+error replies are the process-level envelope with ``error`` (plus ``job_id``
+and ``state`` when a job is known); a full queue answers ``Retry-After`` =
+the mean job duration divided by the workers, clamped to 1..60 s; ``wait``
+takes N in milliseconds, default 30000: above 300000 it is clamped to
+300000, 0 answers at once, a negative or non-integer N is 422 (pointer
+``/timeout``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from svc import status as st
+from svc.envelope import rejection
+from svc.errors import ApiError, FieldError
+from svc.http import content_type, header, send_json
+from svc.modelserver.jobs import DONE, FAILED, TIMEOUT, AsyncQueueFull, Job, JobTable
+
+WAIT_DEFAULT_MS = 30000
+WAIT_MAX_MS = 300000
+FORWARDED_HEADERS = ("x-service-params", "x-service-options", "x-request-id")
+
+
+def job_paths(job_id: str) -> dict[str, str]:
+    """Model-port paths of a job (the gateway rewrites them onto /v1/models/<id>/jobs/...)."""
+    return {"poll_url": f"/jobs/{job_id}", "result_url": f"/jobs/{job_id}/result"}
+
+
+def parse_wait_timeout(raw: bytes | None) -> float:
+    """The wait budget in seconds from ``?timeout=N`` (milliseconds)."""
+    if raw is None:
+        return WAIT_DEFAULT_MS / 1000.0
+    text = raw.decode("latin-1").strip()
+    if not text.isdigit():
+        raise ApiError(
+            st.INVALID_REQUEST,
+            "timeout must be a whole number of milliseconds, 0 to 300000",
+            [FieldError("/timeout", f"must be a non-negative integer (milliseconds), got {text[:40]!r}")],
+        )
+    return min(int(text), WAIT_MAX_MS) / 1000.0
+
+
+class JobRoutes:
+    """Registers the /jobs routes on a ModelServerApp."""
+
+    def __init__(self, server: Any, jobs: JobTable) -> None:
+        self.server = server
+        self.jobs = jobs
+        app = server.app
+        app.route("/jobs", methods=["POST"])(self.submit)
+        app.route("/jobs/<string:job_id>", methods=["GET"])(self.status)
+        app.route("/jobs/<string:job_id>/wait", methods=["GET"])(self.wait)
+        app.route("/jobs/<string:job_id>/result", methods=["GET"])(self.result)
+
+    # -- bodies ------------------------------------------------------------------------
+
+    def status_body(self, job: Job) -> dict:
+        body = {
+            "job_id": job.id,
+            "state": job.state,
+            "elapsed_ms": job.elapsed_ms(self.server.clock.seconds()),
+            "task_id": job.task_id,
+            "model": self.server.identity.to_json(),
+            **job_paths(job.id),
+        }
+        if job.state in (FAILED, TIMEOUT):
+            body["error"] = job.error
+        return body
+
+    def reply(self, request: Any, code: int, body: dict, job: Job, extra: dict[str, str] | None = None) -> bytes:
+        return send_json(request, code, body, {"X-Request-ID": job.task_id, "Cache-Control": "no-store", **(extra or {})})
+
+    def job_error(self, request: Any, status: st.Status, message: str, job: Job | None = None, headers: dict | None = None) -> bytes:
+        task_id = job.task_id if job is not None else self.server.task_id(request)
+        body = rejection(status, message, task_id=task_id, model=self.server.identity)
+        if job is not None:
+            body["job_id"] = job.id
+            body["state"] = job.state
+        return send_json(request, status.http, body, {"X-Request-ID": task_id, **(headers or {})})
+
+    def find(self, request: Any, job_id: str) -> Job:
+        self.server.authenticate(request)
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise ApiError(st.NOT_FOUND, f"job not found: {job_id[:80]}")
+        return job
+
+    # -- routes ------------------------------------------------------------------------
+
+    async def submit(self, request: Any) -> bytes:
+        request.service_route = "jobs_submit"
+        server = self.server
+        server.authenticate(request)
+        if not server.ready or server.draining:
+            raise ApiError(st.NOT_READY, server.not_ready_reason)
+        media_type, type_params = content_type(request)
+        headers = {name: header(request, name.encode()) for name in FORWARDED_HEADERS}
+        parsed = await server.inference.parse(request.content.getvalue(), media_type, type_params, headers)
+        try:
+            job = self.jobs.submit(parsed)
+        except AsyncQueueFull as e:
+            return self.job_error(request, st.RATE_LIMITED, str(e), headers={"Retry-After": str(e.retry_after)})
+        body = {"job_id": job.id, "state": job.state, **job_paths(job.id), "task_id": job.task_id,
+                "model": server.identity.to_json()}
+        return self.reply(request, 202, body, job, {"Location": body["poll_url"]})
+
+    def status(self, request: Any, job_id: str) -> bytes:
+        request.service_route = "jobs_status"
+        job = self.find(request, job_id)
+        return self.reply(request, 200, self.status_body(job), job)
+
+    async def wait(self, request: Any, job_id: str) -> bytes:
+        request.service_route = "jobs_wait"
+        job = self.find(request, job_id)
+        budget = parse_wait_timeout((request.args.get(b"timeout") or [None])[0])
+        if self.server.draining:
+            budget = 0.0
+        self.server.waiting += 1
+        try:
+            await self.jobs.wait(job, budget)
+        finally:
+            self.server.waiting -= 1
+        return self.reply(request, 200, self.status_body(job), job)
+
+    def result(self, request: Any, job_id: str) -> bytes:
+        request.service_route = "jobs_result"
+        job = self.find(request, job_id)
+        if job.state != DONE:
+            reason = f" ({job.error})" if job.error else ""
+            return self.job_error(request, st.JOB_NOT_DONE, f"job is {job.state}: no result{reason}", job)
+        code, body = job.result
+        return self.reply(request, code, body, job)

@@ -11,3 +11,10 @@ service_model = ServiceMaker(
     "Serve one catalog model on a loopback port.",
     "service-model",
 )
+
+service_supervisor = ServiceMaker(
+    "inference-service supervisor",
+    "svc.supervisor.tap",
+    "Spawn and watch the gateway and the model servers; management API and web UI.",
+    "service-supervisor",
+)

@@ -1,0 +1,207 @@
+"""The management API under /api/v1/ and the web UI, served by the supervisor.
+
+Every reply of the API is JSON with the ``{ok, error}`` shape; the only
+credential is ``Authorization: Bearer <SERVICE_API_TOKEN>`` (an API key never
+authorizes here).  ``/api/v1/health`` and the UI's files need no credential:
+the page asks for the token and keeps it in the browser.
+
+    GET  /api/v1/health                          liveness (no credential)
+    GET  /api/v1/catalog                         the catalog models
+    GET  /api/v1/status                          gateway and model servers
+    POST /api/v1/servers/{id}/start|stop|restart 200 {ok: true} once done, 500 {ok: false, error}
+    POST /api/v1/servers/__gateway/restart       restarts the gateway (it reloads the key file)
+    GET  /api/v1/servers/{id}/logs?offset=&limit= the child's output, paged by line number
+    GET  /api/v1/metrics                         Prometheus text
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from typing import Any
+
+from klein import Klein
+from twisted.internet.defer import ensureDeferred
+from twisted.logger import Logger
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
+
+from svc import __version__
+from svc.http import bearer_token, send_json
+from svc.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from svc.metrics import render
+from svc.supervisor.child import ChildError
+from svc.supervisor.manager import GATEWAY, ChildManager
+
+log = Logger()
+
+UI_FILES = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/ui/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/ui/style.css": ("style.css", "text/css; charset=utf-8"),
+}
+UI_HEADERS = {
+    "Cache-Control": "no-cache",
+    "X-Content-Type-Options": "nosniff",
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; connect-src *; "
+    "style-src 'self'; script-src 'self'; frame-ancestors 'none'",
+}
+LOG_LIMIT_DEFAULT, LOG_LIMIT_MAX = 200, 2000
+
+
+class ManagementError(Exception):
+    """An API error: HTTP code, message, extra headers."""
+
+    def __init__(self, code: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.headers = code, message, headers or {}
+
+
+class ManagementApi:
+    def __init__(self, *, manager: ChildManager, token: str, registry: Any, metrics: Any, ui_dir: str) -> None:
+        self.manager = manager
+        self.token = token
+        self.registry = registry
+        self.metrics = metrics
+        self.ui = {path: (self._read(ui_dir, name), ctype) for path, (name, ctype) in UI_FILES.items()}
+        self.app = app = Klein()
+        app.route("/api/v1/health", methods=["GET"])(self.health)
+        app.route("/api/v1/catalog", methods=["GET"])(self.catalog)
+        app.route("/api/v1/status", methods=["GET"])(self.status)
+        app.route("/api/v1/servers/<string:name>/<any(start,stop,restart):action>", methods=["POST"])(self.action)
+        app.route("/api/v1/servers/<string:name>/logs", methods=["GET"])(self.logs)
+        app.route("/api/v1/metrics", methods=["GET"])(self.metrics_route)
+        for path in self.ui:
+            app.route(path, methods=["GET"], endpoint=f"ui:{path}")(self.ui_file)
+        app.handle_errors(ManagementError)(self.management_error)
+        app.handle_errors(HTTPException)(self.routing_error)
+        app.handle_errors(Exception)(self.unexpected_error)
+
+    @staticmethod
+    def _read(directory: str, name: str) -> bytes:
+        with open(os.path.join(directory, name), "rb") as f:
+            return f.read()
+
+    def resource(self) -> Any:
+        return self.app.resource()
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def authenticate(self, request: Any) -> None:
+        token = bearer_token(request)
+        if token is None or not hmac.compare_digest(token.encode(), self.token.encode()):
+            raise ManagementError(401, "missing or wrong management token (Authorization: Bearer <SERVICE_API_TOKEN>)",
+                                  {"WWW-Authenticate": 'Bearer realm="supervisor"'})
+
+    def child(self, name: str) -> Any:
+        child = self.manager.children.get(name)
+        if child is None:
+            raise ManagementError(404, f"unknown server {name[:80]!r}")
+        return child
+
+    @staticmethod
+    def ok(request: Any, body: dict | None = None) -> bytes:
+        return send_json(request, 200, {"ok": True, **(body or {})}, {"Cache-Control": "no-store"})
+
+    # -- routes ------------------------------------------------------------------------
+
+    def health(self, request: Any) -> bytes:
+        request.service_route = "health"
+        return self.ok(request, {"version": __version__})
+
+    def catalog(self, request: Any) -> bytes:
+        request.service_route = "catalog"
+        self.authenticate(request)
+        return self.ok(request, {"profile": self.manager.profile.name, "models": self.manager.catalog_view()})
+
+    def status(self, request: Any) -> bytes:
+        request.service_route = "status"
+        self.authenticate(request)
+        return self.ok(request, {"version": __version__, **self.manager.status_view()})
+
+    async def action(self, request: Any, name: str, action: str) -> bytes:
+        request.service_route = "action"
+        self.authenticate(request)
+        child = self.child(name)
+        # The action goes on even if the client disconnects; the reply waits for it.
+        done = ensureDeferred(self._do(child, action))
+        try:
+            await _uncancellable(done)
+        except ChildError as e:
+            raise ManagementError(500, str(e)) from None
+        return self.ok(request)
+
+    async def _do(self, child: Any, action: str) -> None:
+        await getattr(child, action)()
+
+    def logs(self, request: Any, name: str) -> bytes:
+        request.service_route = "logs"
+        self.authenticate(request)
+        child = self.child(name)
+        offset = _int_arg(request, b"offset", None, minimum=0)
+        limit = _int_arg(request, b"limit", LOG_LIMIT_DEFAULT, minimum=1, maximum=LOG_LIMIT_MAX)
+        return self.ok(request, {"id": name, **child.logs.page(offset, limit)})
+
+    def metrics_route(self, request: Any) -> bytes:
+        request.service_route = "metrics"
+        self.authenticate(request)
+        request.setHeader(b"Content-Type", METRICS_CONTENT_TYPE.encode())
+        return render(self.registry)
+
+    def ui_file(self, request: Any) -> bytes:
+        request.service_route = "ui"
+        body, ctype = self.ui[request.path.decode("latin-1")]
+        request.setHeader(b"Content-Type", ctype.encode())
+        for name, value in UI_HEADERS.items():
+            request.setHeader(name.encode(), value.encode())
+        return body
+
+    # -- errors --------------------------------------------------------------------------
+
+    def management_error(self, request: Any, failure: Any) -> bytes:
+        err: ManagementError = failure.value
+        return send_json(request, err.code, {"ok": False, "error": err.message}, err.headers)
+
+    def routing_error(self, request: Any, failure: Any) -> bytes:
+        err = failure.value
+        if isinstance(err, MethodNotAllowed):
+            allowed = ", ".join(sorted(set(err.valid_methods or ()) - {"HEAD"}))
+            return send_json(request, 405, {"ok": False, "error": f"method {request.method.decode()} not allowed; "
+                                            f"allowed: {allowed}"}, {"Allow": allowed})
+        path = request.path.decode("latin-1", "replace")[:200]
+        return send_json(request, 404, {"ok": False, "error": f"no such route: {path}"})
+
+    def unexpected_error(self, request: Any, failure: Any) -> bytes:
+        log.failure("unexpected error answering {path}", failure, path=request.path)
+        return send_json(request, 500, {"ok": False, "error": "internal error"})
+
+    def count(self, request: Any) -> None:
+        route = getattr(request, "service_route", "unmatched")
+        self.metrics.requests.labels(route, request.method.decode("latin-1"), str(request.code)).inc()
+
+    def oversize_reply(self, request: Any) -> tuple[int, dict[str, str], bytes]:
+        from svc.http import dumps
+
+        return 413, {}, dumps({"ok": False, "error": "request body too large"})
+
+
+def _int_arg(request: Any, name: bytes, default: int | None, *, minimum: int, maximum: int | None = None) -> int | None:
+    values = request.args.get(name)
+    if not values:
+        return default
+    text = values[0].decode("latin-1")
+    if not text.isdigit() or int(text) < minimum or (maximum is not None and int(text) > maximum):
+        bounds = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}"
+        raise ManagementError(400, f"{name.decode()} must be an integer {bounds}, got {text[:40]!r}")
+    return int(text)
+
+
+def _uncancellable(d: Any) -> Any:
+    """A Deferred that follows ``d`` but whose cancellation leaves ``d`` running."""
+    from twisted.internet.defer import Deferred
+
+    out: Deferred = Deferred()
+    d.addBoth(lambda r: (out.callback(r) if not out.called else None))
+    return out
+
+
+__all__ = ["ManagementApi", "GATEWAY"]

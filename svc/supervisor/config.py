@@ -1,0 +1,116 @@
+"""The supervisor's configuration: ``[supervisor]`` and ``[servers.<ID>]`` of
+``conf/service.toml``, and the profiles under ``conf/profiles/``.
+
+``[gateway]`` belongs to the gateway, which validates it; the supervisor only
+reads the gateway's address from it.  Keys are declared once (svc.config.Key)
+with strict types; an unknown key is refused with one line.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from svc.config import ConfigError, Key, apply_keys, read_toml, sub_table
+
+POLICIES = ("on-failure", "always", "no")
+
+SUPERVISOR_KEYS: tuple[Key, ...] = (
+    Key("host", str, "127.0.0.1", "Address of the management API and UI (a wildcard needs SERVICE_EXPOSE)."),
+    Key("port", int, 8787, "Port of the management API and UI.", minimum=1, maximum=65535),
+    Key("profile", str, "auto", "cpu, gpu, or auto (gpu when an NVIDIA driver is present).", choices=("auto", "cpu", "gpu")),
+    Key("servers_dir", str, "conf/server", "Directory of the model-server configs (the catalog)."),
+    Key("profiles_dir", str, "conf/profiles", "Directory of the profile files."),
+    Key("log_dir", str, "logs", "Directory of the children's log files (<id>.log)."),
+    Key("log_max_bytes", int, 5 * 1024 * 1024, "Size at which a child's log file is rotated.", minimum=1024),
+    Key("log_backups", int, 3, "Rotated log files kept per child.", minimum=0),
+    Key("log_ring_lines", int, 2000, "Lines per child kept in memory for the logs API.", minimum=10),
+    Key("stop_grace_ms", int, 15000, "After SIGTERM, how long a child may take before SIGKILL.", minimum=0),
+    Key("start_timeout_ms", int, 180000, "How long a start action waits for readiness before answering 500.", minimum=1000),
+    Key("backoff_initial_ms", int, 1000, "First restart delay after a crash; doubles per crash.", minimum=0),
+    Key("backoff_max_ms", int, 30000, "Largest restart delay.", minimum=0),
+    Key("crash_loop_restarts", int, 5, "Restarts within crash_loop_window_ms after which a child is failed.", minimum=1),
+    Key("crash_loop_window_ms", int, 60000, "Window of the crash-loop detection.", minimum=1000),
+    Key("gateway_restart", str, "on-failure", "Restart policy of the gateway child.", choices=POLICIES),
+)
+
+SERVER_KEYS: tuple[Key, ...] = (
+    Key("restart", str, "on-failure", "Restart policy: on-failure, always or no.", choices=POLICIES),
+)
+
+PROFILE_KEYS: tuple[Key, ...] = (
+    Key("device", str, "cpu", "backend.device given to every model server of the profile.", choices=("cpu", "gpu")),
+    Key("models", list, [], "Catalog ids started by the supervisor."),
+)
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    path: str
+    host: str
+    port: int
+    profile: str
+    servers_dir: str
+    profiles_dir: str
+    log_dir: str
+    log_max_bytes: int
+    log_backups: int
+    log_ring_lines: int
+    stop_grace_ms: int
+    start_timeout_ms: int
+    backoff_initial_ms: int
+    backoff_max_ms: int
+    crash_loop_restarts: int
+    crash_loop_window_ms: int
+    gateway_restart: str
+    server_policies: dict
+    gateway_host: str
+    gateway_port: int
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    device: str
+    models: tuple[str, ...]
+
+
+def load_supervisor_config(path: str) -> SupervisorConfig:
+    """``[supervisor]`` and ``[servers.<ID>]`` of the service config (a missing file means defaults)."""
+    data = read_toml(path) if os.path.exists(path) else {}
+    for name in data:
+        if name not in ("gateway", "supervisor", "servers"):
+            raise ConfigError(path, name, "unknown table; known: gateway, supervisor, servers")
+    values = apply_keys(path, sub_table(path, data, "supervisor"), SUPERVISOR_KEYS, prefix="supervisor.")
+    servers = sub_table(path, data, "servers")
+    policies = {}
+    for server_id, table in servers.items():
+        if not isinstance(table, dict):
+            raise ConfigError(path, f"servers.{server_id}", "must be a table")
+        policies[server_id] = apply_keys(path, table, SERVER_KEYS, prefix=f"servers.{server_id}.")["restart"]
+    gateway = sub_table(path, data, "gateway")
+    return SupervisorConfig(
+        path=path,
+        server_policies=policies,
+        gateway_host=str(gateway.get("host", "127.0.0.1")),
+        gateway_port=int(gateway.get("port", 8080)),
+        **values,
+    )
+
+
+def nvidia_present() -> bool:
+    """True when an NVIDIA driver is loaded (checked without importing torch)."""
+    return os.path.exists("/proc/driver/nvidia/version")
+
+
+def load_profile(config: SupervisorConfig, name: str | None = None) -> Profile:
+    """The profile chosen by name (or by the config; ``auto`` looks for a GPU)."""
+    name = name or config.profile
+    if name == "auto":
+        name = "gpu" if nvidia_present() else "cpu"
+    path = os.path.join(config.profiles_dir, f"{name}.toml")
+    values = apply_keys(path, read_toml(path), PROFILE_KEYS)
+    models = values["models"]
+    if not all(isinstance(m, str) for m in models):
+        raise ConfigError(path, "models", "must be an array of catalog ids")
+    return Profile(name, values["device"], tuple(models))

@@ -1,0 +1,178 @@
+"""The children of the supervisor: which to run, how, and in what order.
+
+The gateway starts first, then the model servers of the active profile.
+Each model server gets a ``SERVICE_AUTH_TOKEN`` generated here at startup;
+the gateway gets them all as ``SERVICE_UPSTREAM_TOKENS`` (a JSON object by
+catalog id).  Children inherit the supervisor's environment plus what is
+injected.  The gateway is refused (permanent failure, no retry) when
+``SERVICE_METRICS_TOKEN`` is missing or equal to the inference or the
+management token.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
+from twisted.logger import Logger
+
+from svc.config import ModelServerConfig, model_server_configs
+from svc.supervisor.child import Child, ChildSpec, Timing, kill_group
+from svc.supervisor.config import Profile, SupervisorConfig
+from svc.supervisor.logsink import LogSink
+
+log = Logger()
+
+GATEWAY = "__gateway"
+
+
+def gateway_refusal(env: dict[str, str]) -> str | None:
+    """Why the gateway must not be spawned with this environment (None: fine)."""
+    metrics = env.get("SERVICE_METRICS_TOKEN") or ""
+    if not metrics:
+        return "SERVICE_METRICS_TOKEN is not set: the gateway needs its own metrics token (set it and restart the supervisor)"
+    clashes = [name for name in ("SERVICE_GATEWAY_AUTH_TOKEN", "SERVICE_API_TOKEN") if env.get(name) and env[name] == metrics]
+    if clashes:
+        return f"SERVICE_METRICS_TOKEN equals {clashes[0]}: the metrics token must differ from the inference and management tokens"
+    return None
+
+
+def _twist(*args: str) -> list[str]:
+    """A child command: this interpreter running a twistd plugin of ours (twist runner)."""
+    return [sys.executable, "-m", "twisted", "--log-format", "text", *args]
+
+
+class ChildManager:
+    """Builds, starts and stops every child."""
+
+    def __init__(
+        self,
+        *,
+        reactor: Any,
+        config: SupervisorConfig,
+        profile: Profile,
+        probe: Callable[[int, str], Deferred],
+        env: dict[str, str] | None = None,
+        killer: Callable[[int, int], None] = kill_group,
+        catalog: list[ModelServerConfig] | None = None,
+        describe: Callable[[str], dict] | None = None,
+        cwd: str | None = None,
+    ) -> None:
+        self.reactor = reactor
+        self.config = config
+        self.profile = profile
+        self.env = dict(os.environ if env is None else env)
+        self.catalog = catalog if catalog is not None else model_server_configs(config.servers_dir)
+        self.describe = describe or (lambda model_id: {})
+        unknown = [m for m in profile.models if m not in {c.id for c in self.catalog}]
+        if unknown:
+            raise ValueError(f"profile {profile.name!r} names models without a config in {config.servers_dir}: {unknown}")
+        timing = Timing(
+            stop_grace=config.stop_grace_ms / 1000.0,
+            start_timeout=config.start_timeout_ms / 1000.0,
+            backoff_initial=config.backoff_initial_ms / 1000.0,
+            backoff_max=config.backoff_max_ms / 1000.0,
+            crash_loop_restarts=config.crash_loop_restarts,
+            crash_loop_window=config.crash_loop_window_ms / 1000.0,
+        )
+        self.tokens = {c.id: secrets.token_hex(32) for c in self.catalog}
+        self.children: dict[str, Child] = {}
+        base = {**self.env, "PYTHONUNBUFFERED": "1"}
+        specs = [
+            ChildSpec(
+                name=GATEWAY,
+                argv=_twist("service-gateway", "--config", config.path),
+                env={**base, "SERVICE_UPSTREAM_TOKENS": json.dumps(self.tokens)},
+                port=config.gateway_port,
+                ready_path="/healthz",
+                policy=config.gateway_restart,
+                cwd=cwd,
+                refused=gateway_refusal(self.env),
+            )
+        ]
+        for model in self.catalog:
+            specs.append(
+                ChildSpec(
+                    name=model.id,
+                    argv=_twist("service-model", "--server", model.path, "--device", profile.device),
+                    env={**base, "SERVICE_AUTH_TOKEN": self.tokens[model.id]},
+                    port=model.port,
+                    ready_path="/ready",
+                    policy=config.server_policies.get(model.id, "on-failure"),
+                    cwd=cwd,
+                    info={"config": model},
+                )
+            )
+        for spec in specs:
+            logs = LogSink(spec.name, config.log_dir, max_bytes=config.log_max_bytes,
+                           backups=config.log_backups, ring_lines=config.log_ring_lines)
+            self.children[spec.name] = Child(spec, reactor=reactor, probe=probe, logs=logs, timing=timing,
+                                             killer=killer)
+
+    @property
+    def gateway(self) -> Child:
+        return self.children[GATEWAY]
+
+    def models(self) -> list[Child]:
+        return [c for name, c in self.children.items() if name != GATEWAY]
+
+    def start_all(self) -> Deferred:
+        """The gateway first (until ready or failed), then the profile's models together."""
+        return ensureDeferred(self._start_all())
+
+    async def _start_all(self) -> None:
+        try:
+            await self.gateway.start()
+        except Exception as e:  # noqa: BLE001 - the models start anyway
+            log.warn("gateway not ready: {error}", error=e)
+        starting = [self.children[m].start() for m in self.profile.models]
+        results = await DeferredList(starting, consumeErrors=True)
+        for (ok, value), name in zip(results, self.profile.models):
+            if not ok:
+                log.warn("{name} not ready: {error}", name=name, error=value.getErrorMessage())
+
+    def stop_all(self) -> Deferred:
+        """Every child ends: the models first, then the gateway."""
+        return ensureDeferred(self._stop_all())
+
+    async def _stop_all(self) -> None:
+        await DeferredList([c.shutdown() for c in self.models()], consumeErrors=True)
+        await DeferredList([self.gateway.shutdown()], consumeErrors=True)
+        for child in self.children.values():
+            child.logs.close()
+
+    # -- views --------------------------------------------------------------------------
+
+    def model_info(self, child: Child) -> dict[str, Any]:
+        config: ModelServerConfig = child.spec.info["config"]
+        return {
+            "id": config.id,
+            **self.describe(config.id),
+            "server_uri": config.server_uri,
+            "infer_path": f"/v1/models/{config.id}/infer",
+            "port": config.port,
+            "async": config.async_enabled,
+            "in_profile": config.id in self.profile.models,
+        }
+
+    def catalog_view(self) -> list[dict[str, Any]]:
+        return [self.model_info(c) for c in self.models()]
+
+    def status_view(self) -> dict[str, Any]:
+        gateway = {
+            "id": GATEWAY,
+            "url": f"http://{self.config.gateway_host}:{self.config.gateway_port}",
+            "port": self.config.gateway_port,
+            **self.gateway.snapshot(),
+        }
+        return {
+            "profile": self.profile.name,
+            "device": self.profile.device,
+            "gateway": gateway,
+            "servers": [{**self.model_info(c), **c.snapshot()} for c in self.models()],
+        }

@@ -1,0 +1,28 @@
+"""Readiness probe: GET http://127.0.0.1:<port><path>, true on 200.
+
+One deadline covers the request and the body (STYLE trap 1); connections
+are not kept (a probe every few seconds gains nothing from a pool).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from treq.client import HTTPClient
+from twisted.internet.defer import Deferred
+from twisted.web.client import Agent, HTTPConnectionPool
+
+
+class HttpProbe:
+    def __init__(self, reactor: Any, timeout: float = 2.0) -> None:
+        self.reactor = reactor
+        self.timeout = timeout
+        pool = HTTPConnectionPool(reactor, persistent=False)
+        self.client = HTTPClient(Agent(reactor, pool=pool, connectTimeout=timeout))
+
+    def __call__(self, port: int, path: str) -> Deferred:
+        d = self.client.get(f"http://127.0.0.1:{port}{path}")
+        d.addCallback(lambda response: response.content().addCallback(lambda _: response.code == 200))
+        d.addTimeout(self.timeout, self.reactor)
+        d.addErrback(lambda _: False)
+        return d

@@ -1,0 +1,67 @@
+"""The supervisor's service tree: the management listener and the children.
+
+On start the listener comes up, then the gateway and the profile's model
+servers are started.  On stop (SIGTERM/SIGINT) every child is stopped (TERM
+to its process group, KILL after the grace) before the process exits 0, so
+no child is left behind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.application.internet import TCPServer
+from twisted.application.service import MultiService
+from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.error import CannotListenError
+from twisted.logger import Logger
+
+from svc.http import JsonSite
+from svc.metrics import HttpMetrics, new_registry
+from svc.process import refuse
+from svc.supervisor.api import ManagementApi
+from svc.supervisor.manager import ChildManager
+from svc.supervisor.metrics import ChildCollector
+
+log = Logger()
+
+PROGRAM = "service-supervisor"
+
+
+class SupervisorService(MultiService):
+    def __init__(self, *, reactor: Any, manager: ChildManager, token: str, host: str, port: int, ui_dir: str) -> None:
+        super().__init__()
+        self.reactor = reactor
+        self.manager = manager
+        self.host, self.port = host, port
+        self.registry = new_registry()
+        self.registry.register(ChildCollector(manager))
+        self.api = ManagementApi(manager=manager, token=token, registry=self.registry,
+                                 metrics=HttpMetrics(self.registry), ui_dir=ui_dir)
+        self.site = JsonSite(self.api.resource(), max_body_bytes=64 * 1024, oversize_reply=self.api.oversize_reply,
+                             reactor=reactor, on_logged=self.api.count)
+        self.listener = TCPServer(port, self.site, interface=host)
+        self.listener.setServiceParent(self)
+
+    def privilegedStartService(self) -> None:
+        try:
+            super().privilegedStartService()
+        except CannotListenError as e:
+            raise refuse(PROGRAM, f"cannot listen on {self.host}:{self.port}: {e.socketError}") from None
+
+    def startService(self) -> None:
+        try:
+            super().startService()
+        except CannotListenError as e:
+            raise refuse(PROGRAM, f"cannot listen on {self.host}:{self.port}: {e.socketError}") from None
+        log.info("supervisor on http://{host}:{port}/ (profile {profile}, device {device})",
+                 host=self.host, port=self.port, profile=self.manager.profile.name, device=self.manager.profile.device)
+        self.manager.start_all()
+
+    def stopService(self) -> Deferred:
+        return ensureDeferred(self._stop())
+
+    async def _stop(self) -> None:
+        log.info("stopping every child")
+        await self.manager.stop_all()
+        await super().stopService()

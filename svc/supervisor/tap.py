@@ -1,0 +1,101 @@
+"""``twistd -n service-supervisor [--config conf/service.toml] [--host H] [--port P] [--profile cpu|gpu]``.
+
+Fail-closed: no ``SERVICE_API_TOKEN``, a wildcard bind without
+``SERVICE_EXPOSE`` = docker/unsafe, a bad config or profile: one line, exit 1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from twisted.python import usage
+
+from svc import version_line
+
+PROGRAM = "service-supervisor"
+WILDCARDS = ("0.0.0.0", "::", "", "*", "[::]")
+
+
+def ui_dir() -> str:
+    """The web UI's files: the checkout's ui/, else the installed copy (setup.py data_files)."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for candidate in (os.path.join(here, "ui"), os.path.join(os.getcwd(), "ui"),
+                      os.path.join(sys.prefix, "share", "inference-service", "ui")):
+        if os.path.isfile(os.path.join(candidate, "index.html")):
+            return candidate
+    raise FileNotFoundError("the web UI files (ui/index.html) are missing")
+
+
+class Options(usage.Options):
+    synopsis = "[--config conf/service.toml] [--host H] [--port P] [--profile cpu|gpu|auto]"
+    longdesc = "Spawn and watch the gateway and the model servers; serve the management API and the web UI."
+    optParameters = [
+        ["config", "c", "conf/service.toml", "The service config (its [supervisor] and [servers.<ID>] tables)."],
+        ["host", None, None, "Listen on this address instead of the config's."],
+        ["port", "p", None, "Listen on this port instead of the config's.", int],
+        ["profile", None, None, "cpu, gpu or auto instead of the config's profile."],
+    ]
+
+    def opt_version(self) -> None:
+        """Print the project version and exit."""
+        print(version_line())
+        sys.exit(0)
+
+    def postOptions(self) -> None:
+        if self["profile"] not in (None, "cpu", "gpu", "auto"):
+            raise usage.UsageError(f"--profile must be cpu, gpu or auto, not {self['profile']!r}")
+
+
+def check_bind(host: str, env: dict[str, str]) -> str | None:
+    """Why binding ``host`` is refused (None when allowed)."""
+    if host.strip() in WILDCARDS and env.get("SERVICE_EXPOSE") not in ("docker", "unsafe"):
+        return (f"refusing the wildcard bind {host!r}: set SERVICE_EXPOSE=docker (in a container) or "
+                "SERVICE_EXPOSE=unsafe to expose the management API")
+    return None
+
+
+def makeService(options: Options) -> Any:
+    from dataclasses import replace
+
+    from svc.config import ConfigError
+    from svc.process import exit_zero_on_signals, refuse
+    from svc.supervisor.config import load_profile, load_supervisor_config
+
+    env = dict(os.environ)
+    token = env.get("SERVICE_API_TOKEN") or ""
+    if not token:
+        raise refuse(PROGRAM, "SERVICE_API_TOKEN is not set: the management API needs it (no anonymous mode)")
+    try:
+        config = load_supervisor_config(options["config"])
+        overrides = {k: options[k] for k in ("host", "port") if options[k] is not None}
+        config = replace(config, **overrides)
+        profile = load_profile(config, options["profile"])
+    except ConfigError as e:
+        raise refuse(PROGRAM, str(e)) from None
+    refusal = check_bind(config.host, env)
+    if refusal:
+        raise refuse(PROGRAM, refusal)
+
+    from twisted.internet import reactor
+
+    from svc.modelapi import factories
+    from svc.supervisor.manager import ChildManager
+    from svc.supervisor.probe import HttpProbe
+    from svc.supervisor.service import SupervisorService
+
+    found = factories()
+
+    def describe(model_id: str) -> dict:
+        factory = found.get(model_id)
+        return {"category": factory.category, "task": factory.task} if factory else {"category": None, "task": None}
+
+    try:
+        manager = ChildManager(reactor=reactor, config=config, profile=profile, probe=HttpProbe(reactor), env=env,
+                               describe=describe)
+    except (ConfigError, ValueError) as e:
+        raise refuse(PROGRAM, str(e)) from None
+    exit_zero_on_signals(reactor)
+    return SupervisorService(reactor=reactor, manager=manager, token=token, host=config.host, port=config.port,
+                             ui_dir=ui_dir())

@@ -1,0 +1,150 @@
+"""The child manager: order, injected tokens, the gateway's permanent refusal."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+
+from svc.config import load_model_server_config
+from svc.supervisor.child import FAILED, RUNNING, STARTING, STOPPED, STOPPING
+from svc.supervisor.config import Profile, load_profile, load_supervisor_config
+from svc.supervisor.manager import GATEWAY, ChildManager, gateway_refusal
+from tests.unit.test_supervisor_child import Probe, ProcessReactor
+
+ENV = {"SERVICE_API_TOKEN": "mgmt", "SERVICE_METRICS_TOKEN": "metrics", "PATH": "/usr/bin"}
+
+
+def catalog(tmp_path):
+    configs = []
+    for i, mid in enumerate(("AAA", "BBB", "CCC")):
+        path = tmp_path / f"{mid}.toml"
+        path.write_text(f'id = "{mid}"\nport = {9300 + i}\nserver_uri = "/{mid.lower()}"\n')
+        configs.append(load_model_server_config(str(path)))
+    return configs
+
+
+def manager(tmp_path, env=ENV, models=("AAA", "BBB")):
+    conf = tmp_path / "service.toml"
+    conf.write_text(f'[supervisor]\nlog_dir = "{tmp_path / "logs"}"\n[servers.BBB]\nrestart = "no"\n')
+    reactor, probe = ProcessReactor(), Probe()
+    kills = []
+    m = ChildManager(reactor=reactor, config=load_supervisor_config(str(conf)), profile=Profile("cpu", "cpu", models),
+                     probe=probe, env=env, killer=lambda pid, sig: kills.append((pid, sig)), catalog=catalog(tmp_path),
+                     describe=lambda mid: {"category": "classification", "task": "t"})
+    return m, reactor, probe, kills
+
+
+def spawned_names(reactor):
+    return [args[3:][5] for _, _, args, _, _ in reactor.spawned]  # the twistd plugin name
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"SERVICE_API_TOKEN": "a"}, "SERVICE_METRICS_TOKEN is not set"),
+    ({"SERVICE_API_TOKEN": "a", "SERVICE_METRICS_TOKEN": ""}, "SERVICE_METRICS_TOKEN is not set"),
+    ({"SERVICE_API_TOKEN": "a", "SERVICE_METRICS_TOKEN": "a"}, "equals SERVICE_API_TOKEN"),
+    ({"SERVICE_API_TOKEN": "a", "SERVICE_GATEWAY_AUTH_TOKEN": "g", "SERVICE_METRICS_TOKEN": "g"},
+     "equals SERVICE_GATEWAY_AUTH_TOKEN"),
+    ({"SERVICE_API_TOKEN": "a", "SERVICE_METRICS_TOKEN": "m"}, None),
+])
+def test_gateway_refusal_rules(env, expected):
+    refusal = gateway_refusal(env)
+    assert (refusal is None) if expected is None else (expected in refusal)
+
+
+def test_gateway_first_then_the_profile_models_with_their_tokens(tmp_path):
+    m, reactor, probe, _ = manager(tmp_path)
+    m.start_all()
+    assert spawned_names(reactor) == ["service-gateway"]
+    probe.ok = True
+    reactor.advance(0.5)
+    assert spawned_names(reactor) == ["service-gateway", "service-model", "service-model"]
+    gateway_env = reactor.spawned[0][3]
+    tokens = json.loads(gateway_env["SERVICE_UPSTREAM_TOKENS"])
+    assert set(tokens) == {"AAA", "BBB", "CCC"} and len(set(tokens.values())) == 3
+    for _, _, args, env, _ in reactor.spawned[1:]:
+        model_id = args[args.index("--server") + 1].rsplit("/", 1)[1][:-5]
+        assert env["SERVICE_AUTH_TOKEN"] == tokens[model_id]
+        assert args[args.index("--device") + 1] == "cpu"
+        assert env["SERVICE_API_TOKEN"] == "mgmt"  # children inherit the environment
+    assert m.children["CCC"].state == STOPPED  # not in the profile
+    assert m.children["BBB"].spec.policy == "no"
+
+
+def test_models_start_even_if_the_gateway_is_refused(tmp_path):
+    m, reactor, probe, _ = manager(tmp_path, env={"SERVICE_API_TOKEN": "mgmt"})
+    m.start_all()
+    assert m.gateway.state == FAILED and "SERVICE_METRICS_TOKEN" in m.gateway.last_error
+    assert spawned_names(reactor) == ["service-model", "service-model"]
+    reactor.advance(600)
+    assert m.gateway.state == FAILED and spawned_names(reactor).count("service-gateway") == 0
+
+
+def test_stop_all_stops_models_before_the_gateway(tmp_path):
+    m, reactor, probe, kills = manager(tmp_path)
+    probe.ok = True
+    m.start_all()
+    reactor.advance(0.5)
+    reactor.advance(0.5)
+    assert all(c.state == RUNNING for name, c in m.children.items() if name != "CCC")
+    done = []
+    m.stop_all().addCallback(done.append)
+    gateway_pid = m.gateway.pid
+    assert (gateway_pid, signal.SIGTERM) not in kills and len(kills) == 2
+    protocols = {c.pid: p for p, _, _, _, _ in reactor.spawned for c in m.children.values() if c._protocol is p}
+    from twisted.internet.error import ProcessDone
+    from twisted.python.failure import Failure
+
+    for name in ("AAA", "BBB"):
+        protocols[m.children[name].pid].processEnded(Failure(ProcessDone(0)))
+    assert m.gateway.state == STOPPING and (gateway_pid, signal.SIGTERM) in kills
+    m.gateway._protocol.processEnded(Failure(ProcessDone(0)))
+    assert done == [None] and all(c.state == STOPPED for c in m.children.values())
+
+
+def test_status_view(tmp_path):
+    m, reactor, probe, _ = manager(tmp_path)
+    m.start_all()
+    status = m.status_view()
+    assert status["profile"] == "cpu" and status["gateway"]["id"] == GATEWAY
+    assert status["gateway"]["url"] == "http://127.0.0.1:8080" and status["gateway"]["state"] == STARTING
+    first = status["servers"][0]
+    assert {k: first[k] for k in ("id", "category", "task", "server_uri", "port", "async", "in_profile", "state", "ready",
+                                  "pid", "restarts", "uptime_s", "last_error")} == {
+        "id": "AAA", "category": "classification", "task": "t", "server_uri": "/aaa", "port": 9300, "async": False,
+        "in_profile": True, "state": "stopped", "ready": False, "pid": None, "restarts": 0, "uptime_s": None,
+        "last_error": None}
+
+
+def test_profiles_and_unknown_models(tmp_path):
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "cpu.toml").write_text('device = "cpu"\nmodels = ["AAA"]\n')
+    (profiles / "bad.toml").write_text('device = "tpu"\n')
+    conf = tmp_path / "service.toml"
+    conf.write_text(f'[supervisor]\nprofiles_dir = "{profiles}"\nprofile = "cpu"\n')
+    config = load_supervisor_config(str(conf))
+    assert load_profile(config) == Profile("cpu", "cpu", ("AAA",))
+    from svc.config import ConfigError
+
+    with pytest.raises(ConfigError, match="device: must be one of"):
+        load_profile(config, "bad")
+    with pytest.raises(ValueError, match="ZZZ"):
+        ChildManager(reactor=ProcessReactor(), config=config, profile=Profile("cpu", "cpu", ("ZZZ",)), probe=Probe(),
+                     env=ENV, catalog=catalog(tmp_path))
+
+
+def test_supervisor_config_is_strict(tmp_path):
+    from svc.config import ConfigError
+
+    conf = tmp_path / "service.toml"
+    conf.write_text("[supervisor]\nport = \"8787\"\n")
+    with pytest.raises(ConfigError, match="supervisor.port: must be an integer"):
+        load_supervisor_config(str(conf))
+    conf.write_text("[servers.X]\nrestart = \"sometimes\"\n")
+    with pytest.raises(ConfigError, match="servers.X.restart"):
+        load_supervisor_config(str(conf))
+    conf.write_text("[extra]\n")
+    with pytest.raises(ConfigError, match="extra: unknown table"):
+        load_supervisor_config(str(conf))

@@ -28,6 +28,12 @@ RUNTIME = [
     "Pillow==13.0.0",
     "jsonschema==4.26.0",
     "safetensors==0.8.0",
+    # the model zoo (models/): diffusion, Segment Anything, COCO RLE masks, SAM's small-region filter
+    "diffusers==0.42.1",
+    "huggingface-hub==2.4.0",  # imported by diffusers at import time; pinned so that it cannot drift past it
+    "segment-anything==1.0",
+    "pycocotools==2.0.11",
+    "opencv-python-headless==5.0.0.93",
 ]
 
 TEST = [

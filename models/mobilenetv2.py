@@ -36,6 +36,20 @@ def imagenet_categories() -> list[str]:
     return names
 
 
+PARAMS_SCHEMA = object_schema(
+    {
+        "top_k": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": NUM_CLASSES,
+            "default": 5,
+            "description": "How many classes to return, best first.",
+        }
+    },
+    description="MOBILENETV2 parameters.",
+)
+
+
 @implementer(IModel)
 class MobileNetV2:
     """A built MobileNetV2 on its device."""
@@ -97,18 +111,6 @@ class MobileNetV2Factory:
     task = "image-classification"
     needs_image = True
     options = ("max_results",)
-    params_schema = object_schema(
-        {
-            "top_k": {
-                "type": "integer",
-                "minimum": 1,
-                "maximum": NUM_CLASSES,
-                "default": 5,
-                "description": "How many classes to return, best first.",
-            }
-        },
-        description="MOBILENETV2 parameters.",
-    )
     data_schema = {
         "type": "object",
         "description": "Best class first: `class_id`/`category` are the top class; `scores`, `class_ids` and "
@@ -124,6 +126,9 @@ class MobileNetV2Factory:
         },
     }
     config_schema = object_schema(dict(WEIGHTS_PROPERTIES), description="[model] table of MOBILENETV2.")
+
+    def params_schema(self, config: dict) -> dict:
+        return PARAMS_SCHEMA
 
     def build(self, config: dict, device: str) -> MobileNetV2:
         import torch

@@ -25,10 +25,21 @@ class IModelFactory(Interface):
         "False for models that ignore the input pixels (generative models): the "
         "items are still required to be valid base64 but are not decoded as images."
     )
-    params_schema = Attribute("Closed JSON Schema (an object) of request params.")
     data_schema = Attribute("JSON Schema of results[].data of a successful item.")
     options = Attribute("Names from svc.options.CATALOG that this model honours.")
     config_schema = Attribute("Closed JSON Schema of the [model] table of the server TOML.")
+
+    def params_schema(config: dict) -> dict:
+        """Closed JSON Schema (an object) of request params for this config.
+
+        ``config`` is the [model] table completed with ``config_schema``'s
+        defaults (see :func:`model_config`).  Bounds that depend on the model
+        (for example the schedule length of a diffusion model, which limits
+        ``timesteps``) come from it, so that validation rejects them with 422
+        and the OpenAPI document states them.  Called on the reactor thread
+        and by the OpenAPI generator: reading a small JSON file is fine,
+        importing torch is not.
+        """
 
     def build(config: dict, device: str) -> "IModel":
         """Build the model with its weights on ``device`` ('cpu' or 'cuda').
@@ -81,6 +92,31 @@ class IModel(Interface):
 
 class PluginError(Exception):
     """No plugin, or more than one, serves a catalog id."""
+
+
+def model_config(factory: IModelFactory, table: dict, config_path: str) -> dict:
+    """The [model] table of ``config_path`` checked and completed for ``factory``.
+
+    Checks the table against ``factory.config_schema`` (raising
+    ``svc.config.ConfigError`` naming the first bad key), applies the
+    schema's defaults, and resolves a weights path (raising
+    ``svc.weights.WeightsError`` when it does not exist).  The result is what
+    ``build`` and ``params_schema`` receive.
+    """
+    from svc.config import ConfigError
+    from svc.schema import ObjectSchema
+    from svc.weights import check_path
+
+    schema = ObjectSchema(factory.config_schema, "key")
+    problems = schema.errors(table, "model")
+    if problems:
+        where = problems[0].pointer.strip("/").replace("/", ".")
+        raise ConfigError(config_path, where, problems[0].message)
+    config = schema.with_defaults(table)
+    resolved = check_path(config, config_path)
+    if resolved is not None:
+        config["weights"] = resolved
+    return config
 
 
 def factories() -> dict[str, IModelFactory]:

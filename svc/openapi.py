@@ -98,10 +98,14 @@ def status_components() -> dict:
     }
 
 
-def model_components(config: ModelServerConfig, factory: Any) -> dict:
-    """Request, item and envelope schemas of one model, named after its id."""
+def model_components(config: ModelServerConfig, factory: Any, table: dict) -> dict:
+    """Request, item and envelope schemas of one model, named after its id.
+
+    ``table`` is the [model] table completed by ``svc.modelapi.model_config``:
+    params bounds that depend on the model come from it.
+    """
     mid = config.id
-    params = dict(factory.params_schema)
+    params = dict(factory.params_schema(table))
     options = options_schema(tuple(factory.options))
     image_rule = (
         "Base64 image (JPEG, PNG, WebP, BMP, GIF, TIFF), standard alphabet, padding optional; a "
@@ -414,9 +418,17 @@ def not_found_405() -> dict:
 # -- the model-server document ---------------------------------------------------------
 
 
-def model_server_document(config: ModelServerConfig, factory: Any) -> dict:
-    """The contract of one model-server process (served at /openapi.json)."""
+def model_server_document(config: ModelServerConfig, factory: Any, table: dict | None = None) -> dict:
+    """The contract of one model-server process (served at /openapi.json).
+
+    ``table``: the completed [model] table (``svc.modelapi.model_config``);
+    computed from ``config`` when not given.
+    """
+    from svc.modelapi import model_config
+
     mid = config.id
+    if table is None:
+        table = model_config(factory, config.model, config.path)
     auth = (
         "Needs `Authorization: Bearer <SERVICE_AUTH_TOKEN>` when the process has a token "
         "(authentication comes before the per-client rate limit)."
@@ -472,7 +484,7 @@ def model_server_document(config: ModelServerConfig, factory: Any) -> dict:
     for item in paths.values():
         for op in item.values():
             op["responses"].update({k: v for k, v in not_found_405().items() if k not in op["responses"]})
-    components = {**status_components(), **model_components(config, factory)}
+    components = {**status_components(), **model_components(config, factory, table)}
     if config.async_enabled:
         components.update(job_components())
     return {

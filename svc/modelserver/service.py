@@ -55,7 +55,7 @@ class ModelServerService(MultiService):
         self.decode = ThreadPoolService("decode", backend.decode_threads)
         self.workers = ThreadPoolService("inference", backend.workers)
 
-        params = ObjectSchema(factory.params_schema, "parameter")
+        params = ObjectSchema(factory.params_schema(model_config), "parameter")
         options = ObjectSchema(options_schema(tuple(factory.options)), "option")
         self.engine = Engine(factory, model_config, device, self.workers.runner(reactor), self.metrics,
                              default_params=params.with_defaults({}), default_options=options.with_defaults({}),
@@ -85,7 +85,7 @@ class ModelServerService(MultiService):
             metrics=self.metrics,
             registry=self.registry,
             auth_token=auth_token,
-            openapi=model_server_document(config, factory),
+            openapi=model_server_document(config, factory, model_config),
         )
         self.site = JsonSite(
             self.app.resource(),

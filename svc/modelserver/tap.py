@@ -52,10 +52,10 @@ class Options(usage.Options):
 
 def makeService(options: Options) -> Any:
     from svc.config import ConfigError, load_model_server_config
-    from svc.modelapi import PluginError, find_factory
+    from svc.modelapi import PluginError, find_factory, model_config
     from svc.process import refuse
     from svc.schema import ObjectSchema
-    from svc.weights import WeightsError, check_path
+    from svc.weights import WeightsError
 
     path = options["server"]
     try:
@@ -65,15 +65,9 @@ def makeService(options: Options) -> Any:
         if options["device"] is not None:
             config = config.replace(backend=config.backend.__class__(**{**config.backend.__dict__, "device": options["device"]}))
         factory = find_factory(config.id)
-        schema = ObjectSchema(factory.config_schema, "key")
-        problems = schema.errors(config.model, "model")
-        if problems:
-            where = problems[0].pointer.strip("/").replace("/", ".")
-            raise ConfigError(path, where, problems[0].message)
-        model_config = schema.with_defaults(config.model)
-        resolved = check_path(model_config, path)
-        if resolved is not None:
-            model_config["weights"] = resolved
+        table = model_config(factory, config.model, path)
+        # Params bounds may come from the weights' own config (a diffusers folder's schedule length).
+        ObjectSchema(factory.params_schema(table), "parameter")
     except (ConfigError, PluginError, WeightsError) as e:
         raise refuse(PROGRAM, str(e)) from None
 
@@ -101,5 +95,5 @@ def makeService(options: Options) -> Any:
 
     exit_zero_on_signals(reactor)
     return ModelServerService(
-        reactor=reactor, config=config, factory=factory, model_config=model_config, device=device, auth_token=token
+        reactor=reactor, config=config, factory=factory, model_config=table, device=device, auth_token=token
     )

@@ -20,6 +20,13 @@ from svc.modelapi import IModel, IModelFactory
 from svc.schema import object_schema
 from svc.weights import WEIGHTS_PROPERTIES
 
+PARAMS_SCHEMA = object_schema(
+    {
+        "sleep_ms": {"type": "integer", "minimum": 0, "maximum": 60000, "default": 0},
+        "fail": {"enum": ["none", "engine", "length", "item"], "default": "none"},
+    }
+)
+
 
 @implementer(IModel)
 class FaultModel:
@@ -62,12 +69,6 @@ class FaultFactory:
     task = "test-faults"
     needs_image = True
     options = ("max_results",)
-    params_schema = object_schema(
-        {
-            "sleep_ms": {"type": "integer", "minimum": 0, "maximum": 60000, "default": 0},
-            "fail": {"enum": ["none", "engine", "length", "item"], "default": "none"},
-        }
-    )
     data_schema = {
         "type": "object",
         "required": ["mean", "batch_size"],
@@ -77,6 +78,9 @@ class FaultFactory:
         },
     }
     config_schema = object_schema(dict(WEIGHTS_PROPERTIES))
+
+    def params_schema(self, config: dict) -> dict:
+        return PARAMS_SCHEMA
 
     def build(self, config: dict, device: str) -> FaultModel:
         return FaultModel()

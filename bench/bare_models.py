@@ -1,0 +1,82 @@
+"""The bare library call of one zoo model, in a process of its own.
+
+Builds the model from its shipped config (``conf/server/<ID>.toml``, random
+init) with the model server's thread and allocator settings, and times the
+work one request does without the server (no HTTP, JSON, base64, queue or
+threads), in one thread:
+
+- YOLOV8: one 640x480 JPEG: letterbox, forward pass, box decoding, NMS;
+- SAM_AMG: one 640x480 JPEG: ``SamAutomaticMaskGenerator.generate`` with the
+  shipped defaults, masks encoded as PNG;
+- DDPM, DDIM, CLS_COND_DDIM, LDM: sampling one image (the diffusers
+  scheduler loop), per scheduler step.
+
+Prints one JSON line: {"model": ID, "unit": "image"|"step", "ms": X, "runs": N}.
+
+    python -m bench.bare_models --model YOLOV8 [--seconds 8] [--steps 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import time
+
+from tests.support.images import image_bytes
+
+SHIPPED = "conf/server/{}.toml"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--steps", type=int, default=50, help="sampling steps per diffusion run")
+    args = parser.parse_args()
+
+    from svc import torchenv
+    from svc.config import load_model_server_config
+    from svc.modelapi import find_factory, model_config
+    from svc.options import options_schema
+    from svc.schema import ObjectSchema
+
+    torchenv.tune_malloc()
+    torchenv.configure_threads(0, 1)
+    config = load_model_server_config(SHIPPED.format(args.model))
+    factory = find_factory(config.id)
+    table = model_config(factory, config.model, config.path)
+    model = factory.build(table, "cpu")
+    params = ObjectSchema(factory.params_schema(table)).with_defaults({})
+    options = ObjectSchema(options_schema(tuple(factory.options))).with_defaults({})
+
+    if factory.needs_image:
+        from PIL import Image
+
+        raw = image_bytes(width=640, height=480, fmt="JPEG", seed=3)
+
+        def once() -> None:
+            item = model.preprocess(Image.open(io.BytesIO(raw)), params)
+            model.postprocess(model.predict([item], params)[0], params, options)
+
+        unit, per_run = "image", 1
+    else:
+        params["timesteps"] = args.steps
+
+        def once() -> None:
+            model.sample([7], args.steps, params.get("eta", 0.0), [0] if factory.conditional else None)
+
+        unit, per_run = "step", args.steps
+    once()  # warm-up
+    runs = 0
+    started = time.perf_counter()
+    while runs < 2 or time.perf_counter() - started < args.seconds:
+        once()
+        runs += 1
+    elapsed = time.perf_counter() - started
+    print(json.dumps({"model": config.id, "unit": unit, "ms": elapsed * 1000 / (runs * per_run), "runs": runs}),
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,458 @@
+"""DDPM, DDIM, CLS_COND_DDIM and LDM: diffusion sampling with diffusers.
+
+One module, four factories sharing one sampler:
+
+- DDPM: ``UNet2DModel`` + ``DDPMScheduler`` (ancestral sampling);
+- DDIM: ``UNet2DModel`` + ``DDIMScheduler`` (``eta`` 0 = deterministic DDIM, 1 = DDPM-like);
+- CLS_COND_DDIM: a class-conditioned ``UNet2DModel`` (``num_class_embeds``) + ``DDIMScheduler``;
+- LDM: a latent ``UNet2DModel`` + ``DDIMScheduler``, decoded by a ``VQModel``.
+
+The sampling loop is the one of diffusers' ``DDPMPipeline``, ``DDIMPipeline``
+and ``LDMPipeline`` (same noise draw, same scheduler calls, same conversion
+to 8-bit pixels), so a served image equals the pipeline's for the same seed
+and step count; it differs only in passing the seeded generator to every
+scheduler step (``LDMPipeline`` does not, so its ``eta`` > 0 samples cannot
+be reproduced) and in taking the class labels of CLS_COND_DDIM.
+
+The input image is required by the envelope and ignored.  Params:
+``timesteps`` (1..the schedule length, default the schedule length),
+``seed`` (absent: one is drawn and reported), ``eta`` (DDIM-based models),
+``class_id`` (CLS_COND_DDIM).  Each item is one sample; the items of a
+request share its params, so with a ``seed`` they are the same image.
+Noise is drawn on the CPU from ``torch.Generator(seed)``, so a seed gives the
+same starting noise on any device.
+
+Weights: ``"random"`` builds the architecture of the [model] table from its
+seed; a path names a folder written by ``save_pretrained``: a pipeline's
+(``unet/``, ``scheduler/``, and ``vqvae/`` for LDM) or the same subfolders
+written by each component's ``save_pretrained``.  The folder's own configs
+then define the architecture and the schedule.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from twisted.plugin import IPlugin
+from zope.interface import implementer
+
+from svc.modelapi import IModel, IModelFactory
+from svc.schema import object_schema
+from svc.weights import WEIGHTS_PROPERTIES, WeightsError, load_into, path_of, read_state_dict, version_of
+
+SEED_MAX = 2**32 - 1
+WEIGHTS_NAMES = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin")
+
+UNET_PROPERTIES: dict[str, dict] = {
+    "sample_size": {
+        "type": "integer",
+        "minimum": 8,
+        "maximum": 1024,
+        "default": 32,
+        "description": "Side of the sampled square (pixels; latent cells for LDM). Random init only.",
+    },
+    "channels": {"enum": [1, 3], "default": 3, "description": "Image channels (1 grey, 3 RGB). Random init only."},
+    "block_out_channels": {
+        "type": "array",
+        "items": {"type": "integer", "minimum": 8, "maximum": 2048},
+        "minItems": 1,
+        "maxItems": 6,
+        "default": [32, 64, 64],
+        "description": "UNet channels per resolution level. Random init only.",
+    },
+    "layers_per_block": {"type": "integer", "minimum": 1, "maximum": 4, "default": 1,
+                         "description": "ResNet layers per UNet level. Random init only."},
+    "attention": {"type": "boolean", "default": True,
+                  "description": "Self-attention at the lowest resolution level. Random init only."},
+}
+SCHEDULE_PROPERTIES: dict[str, dict] = {
+    "num_train_timesteps": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": 10000,
+        "default": 1000,
+        "description": "Schedule length: the default and the maximum of params.timesteps. A weights folder "
+        "with scheduler/scheduler_config.json sets it instead.",
+    },
+    "beta_schedule": {
+        "enum": ["linear", "scaled_linear", "squaredcos_cap_v2"],
+        "default": "linear",
+        "description": "Noise schedule (without a scheduler/ folder).",
+    },
+}
+CLASS_PROPERTIES: dict[str, dict] = {
+    "num_classes": {"type": "integer", "minimum": 1, "maximum": 100000, "default": 10,
+                    "description": "Classes of the class-conditioned UNet. Random init only."},
+}
+LATENT_PROPERTIES: dict[str, dict] = {
+    "sample_size": {**UNET_PROPERTIES["sample_size"], "default": 16},
+    "latent_channels": {"type": "integer", "minimum": 1, "maximum": 16, "default": 3,
+                        "description": "Channels of the latent space. Random init only."},
+    "vq_block_out_channels": {
+        "type": "array",
+        "items": {"type": "integer", "minimum": 8, "maximum": 2048},
+        "minItems": 1,
+        "maxItems": 5,
+        "default": [32, 64, 64],
+        "description": "VQModel channels per level; the image side is sample_size * 2^(levels - 1). Random init only.",
+    },
+    "num_vq_embeddings": {"type": "integer", "minimum": 2, "maximum": 65536, "default": 256,
+                          "description": "VQ codebook size. Random init only."},
+}
+
+
+# -- weights folders ---------------------------------------------------------------------------
+
+
+def _read_json(path: str, folder: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise WeightsError(
+            f"weights folder {folder}: missing {os.path.relpath(path, folder)} (expected a folder written by "
+            "save_pretrained)"
+        ) from None
+    except (OSError, ValueError) as e:
+        raise WeightsError(f"weights folder {folder}: {os.path.relpath(path, folder)} cannot be read: {e}") from None
+    if not isinstance(doc, dict):
+        raise WeightsError(f"weights folder {folder}: {os.path.relpath(path, folder)} is not a JSON object")
+    return doc
+
+
+def _folder(path: str) -> str:
+    if not os.path.isdir(path):
+        raise WeightsError(f"weights {path}: the diffusion models load a folder written by save_pretrained, not a file")
+    return path
+
+
+def scheduler_config(config: dict) -> dict | None:
+    """The weights folder's scheduler config, or None (random init, or a folder without one)."""
+    path = path_of(config)
+    if path is None:
+        return None
+    file = os.path.join(_folder(path), "scheduler", "scheduler_config.json")
+    return _read_json(file, path) if os.path.exists(file) else None
+
+
+def component_config(config: dict, sub: str) -> dict | None:
+    """The ``config.json`` of a weights folder's component (``unet``, ``vqvae``), or None for random init."""
+    path = path_of(config)
+    if path is None:
+        return None
+    return _read_json(os.path.join(_folder(path), sub, "config.json"), path)
+
+
+def load_component(cls: Any, folder: str, sub: str) -> Any:
+    """A diffusers model of ``cls`` from ``folder/sub``: its config, then its weights checked tensor by tensor."""
+    directory = os.path.join(folder, sub)
+    config = _read_json(os.path.join(directory, "config.json"), folder)
+    if config.get("_class_name", cls.__name__) != cls.__name__:
+        raise WeightsError(
+            f"weights folder {folder}: {sub}/config.json is a {config['_class_name']}, expected a {cls.__name__}"
+        )
+    model = cls.from_config(config)
+    for name in WEIGHTS_NAMES:
+        file = os.path.join(directory, name)
+        if os.path.exists(file):
+            load_into(model, read_state_dict(file), file)
+            return model
+    raise WeightsError(f"weights folder {folder}: missing {sub}/{WEIGHTS_NAMES[0]} (or {sub}/{WEIGHTS_NAMES[1]})")
+
+
+def _groups(channels: list[int]) -> int:
+    return math.gcd(32, *channels)
+
+
+def random_unet(config: dict, *, in_channels: int, num_classes: int | None = None) -> Any:
+    """The UNet2DModel of a [model] table (random init from the current torch seed)."""
+    from diffusers import UNet2DModel
+
+    channels = list(config["block_out_channels"])
+    n = len(channels)
+    attention = config["attention"]
+    down = ["DownBlock2D"] * (n - 1) + ["AttnDownBlock2D" if attention else "DownBlock2D"]
+    up = ["AttnUpBlock2D" if attention else "UpBlock2D"] + ["UpBlock2D"] * (n - 1)
+    return UNet2DModel(
+        sample_size=config["sample_size"],
+        in_channels=in_channels,
+        out_channels=in_channels,
+        block_out_channels=tuple(channels),
+        layers_per_block=config["layers_per_block"],
+        down_block_types=tuple(down),
+        up_block_types=tuple(up),
+        norm_num_groups=_groups(channels),
+        attention_head_dim=8,
+        num_class_embeds=num_classes,
+    )
+
+
+def random_vqvae(config: dict) -> Any:
+    """The VQModel of an LDM [model] table (random init from the current torch seed)."""
+    from diffusers import VQModel
+
+    channels = list(config["vq_block_out_channels"])
+    n = len(channels)
+    return VQModel(
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * n,
+        up_block_types=("UpDecoderBlock2D",) * n,
+        block_out_channels=tuple(channels),
+        layers_per_block=1,
+        latent_channels=config["latent_channels"],
+        num_vq_embeddings=config["num_vq_embeddings"],
+        norm_num_groups=_groups(channels),
+        sample_size=config["sample_size"] * 2 ** (n - 1),
+    )
+
+
+# -- the sampler ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One item: its seed; the warm-up item runs a single step."""
+
+    seed: int
+    warmup: bool = False
+
+
+def to_pixels(images: Any) -> Any:
+    """Model-space images (B, C, H, W) in [-1, 1] to (B, H, W, C) uint8, as diffusers' pipelines do."""
+    images = (images / 2 + 0.5).clamp(0, 1).cpu().permute(0, 2, 3, 1).float().numpy()
+    return (images * 255).round().astype("uint8")
+
+
+@implementer(IModel)
+class DiffusionModel:
+    """A built UNet (and VQ decoder) with its scheduler."""
+
+    def __init__(self, *, unet: Any, scheduler: Any, vqvae: Any, device: str, version: str, uses_eta: bool,
+                 conditional: bool) -> None:
+        self.unet = unet
+        self.scheduler = scheduler  # the template: every run uses a fresh copy (set_timesteps mutates it)
+        self.vqvae = vqvae
+        self.device = device
+        self.version = version
+        self.uses_eta = uses_eta
+        self.conditional = conditional
+
+    def preprocess(self, image: Any, params: dict) -> Sample:
+        seed = params.get("seed")
+        return Sample(secrets.randbelow(SEED_MAX + 1) if seed is None else seed)
+
+    def batch_key(self, params: dict) -> Any:
+        return (params["timesteps"], params.get("eta"), params.get("class_id"), params.get("seed"))
+
+    def predict(self, inputs: list, params: dict) -> list:
+        steps = 1 if all(i.warmup for i in inputs) else params["timesteps"]
+        classes = [params["class_id"]] * len(inputs) if self.conditional else None
+        pixels = self.sample([i.seed for i in inputs], steps, params.get("eta", 0.0), classes)
+        return [(p, i.seed) for p, i in zip(pixels, inputs)]
+
+    def sample(self, seeds: list[int], steps: int, eta: float = 0.0, classes: list[int] | None = None) -> Any:
+        """Images (B, H, W, C) uint8 from one seed per image, ``steps`` scheduler steps."""
+        import torch
+        from diffusers.utils.torch_utils import randn_tensor
+
+        unet = self.unet
+        scheduler = type(self.scheduler).from_config(self.scheduler.config)
+        generators = [torch.Generator("cpu").manual_seed(s) for s in seeds]
+        generator = generators[0] if len(generators) == 1 else generators
+        size = unet.config.sample_size
+        shape = (len(seeds), unet.config.in_channels, *((size, size) if isinstance(size, int) else size))
+        extra = {"eta": eta} if self.uses_eta else {}
+        labels = None if classes is None else torch.tensor(classes, device=self.device, dtype=torch.long)
+        with torch.inference_mode():
+            x = randn_tensor(shape, generator=generator, device=torch.device(self.device), dtype=unet.dtype)
+            x = x * scheduler.init_noise_sigma
+            scheduler.set_timesteps(steps)
+            for t in scheduler.timesteps:
+                model_input = scheduler.scale_model_input(x, t)
+                if labels is None:
+                    out = unet(model_input, t).sample
+                else:
+                    out = unet(model_input, t, class_labels=labels).sample
+                x = scheduler.step(out, t, x, generator=generator, **extra).prev_sample
+            if self.vqvae is not None:
+                x = self.vqvae.decode(x / self.vqvae.config.scaling_factor).sample
+            return to_pixels(x)
+
+    def postprocess(self, output: Any, params: dict, options: dict) -> dict:
+        from PIL import Image
+
+        from svc.imagecodec import encode_image
+
+        pixels, seed = output
+        image = Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels)
+        data = {
+            "image": encode_image(image, options.get("image_format", "png")),
+            "width": image.width,
+            "height": image.height,
+            "seed": seed,
+        }
+        if self.conditional:
+            data["class_id"] = params["class_id"]
+        return data
+
+    def warmup_input(self) -> Sample:
+        return Sample(0, warmup=True)
+
+
+# -- the factories -------------------------------------------------------------------------------
+
+
+class _DiffusionFactory:
+    """What the four diffusion factories share; subclasses set the class attributes."""
+
+    catalog_id = ""
+    task = ""
+    scheduler = "ddim"  # or "ddpm"
+    conditional = False
+    latent = False
+    category = "generation"
+    needs_image = False
+    options = ("image_format",)
+
+    @property
+    def config_schema(self) -> dict:
+        props = {**WEIGHTS_PROPERTIES, **UNET_PROPERTIES, **SCHEDULE_PROPERTIES}
+        if self.conditional:
+            props.update(CLASS_PROPERTIES)
+        if self.latent:
+            del props["channels"]
+            props.update(LATENT_PROPERTIES)
+        return object_schema(props, description=f"[model] table of {self.catalog_id}.")
+
+    @property
+    def data_schema(self) -> dict:
+        props = {
+            "image": {"type": "string", "description": "The sample, base64 in options.image_format (PNG by default)."},
+            "width": {"type": "integer", "minimum": 1},
+            "height": {"type": "integer", "minimum": 1},
+            "seed": {"type": "integer", "minimum": 0, "maximum": SEED_MAX,
+                     "description": "The seed of this sample: send it as params.seed to get the same image again."},
+        }
+        if self.conditional:
+            props["class_id"] = {"type": "integer", "minimum": 0, "description": "The class sampled."}
+        return {"type": "object", "description": "One generated image.", "required": list(props), "properties": props}
+
+    def schedule_length(self, config: dict) -> int:
+        folder = scheduler_config(config)
+        if folder is not None and isinstance(folder.get("num_train_timesteps"), int):
+            return folder["num_train_timesteps"]
+        return config["num_train_timesteps"]
+
+    def num_classes(self, config: dict) -> int:
+        unet = component_config(config, "unet")
+        if unet is None:
+            return config["num_classes"]
+        n = unet.get("num_class_embeds")
+        if not isinstance(n, int) or n < 1:
+            raise WeightsError(f"weights folder {path_of(config)}: unet/config.json has no num_class_embeds "
+                               f"(CLS_COND_DDIM needs a class-conditioned UNet)")
+        return n
+
+    def params_schema(self, config: dict) -> dict:
+        n = self.schedule_length(config)
+        props: dict[str, dict] = {
+            "timesteps": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": n,
+                "default": n,
+                "description": f"Sampling steps, 1..{n} (the schedule length, also the default).",
+            },
+            "seed": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": SEED_MAX,
+                "description": "Seed of the noise. Absent: one is drawn and reported in data.seed.",
+            },
+        }
+        if self.scheduler == "ddim":
+            props["eta"] = {
+                "type": "number",
+                "minimum": 0,
+                "maximum": 1,
+                "default": 0.0,
+                "description": "DDIM noise: 0 deterministic DDIM, 1 DDPM-like ancestral sampling.",
+            }
+        if self.conditional:
+            k = self.num_classes(config)
+            props["class_id"] = {"type": "integer", "minimum": 0, "maximum": k - 1, "default": 0,
+                                 "description": f"The class to sample, 0..{k - 1}."}
+        return object_schema(props, description=f"{self.catalog_id} parameters.")
+
+    def build(self, config: dict, device: str) -> DiffusionModel:
+        import torch
+        from diffusers import DDIMScheduler, DDPMScheduler, UNet2DModel, VQModel
+
+        scheduler_cls = DDPMScheduler if self.scheduler == "ddpm" else DDIMScheduler
+        path = path_of(config)
+        vqvae = None
+        if path is None:
+            torch.manual_seed(config.get("seed", 0))
+            if self.latent:
+                vqvae = random_vqvae(config)
+                unet = random_unet(config, in_channels=config["latent_channels"])
+            else:
+                classes = config["num_classes"] if self.conditional else None
+                unet = random_unet(config, in_channels=config["channels"], num_classes=classes)
+        else:
+            unet = load_component(UNet2DModel, _folder(path), "unet")
+            if self.latent:
+                vqvae = load_component(VQModel, path, "vqvae")
+            if self.conditional:
+                self.num_classes(config)  # a UNet without class embeddings is refused here
+        folder_schedule = scheduler_config(config)
+        if folder_schedule is not None:
+            scheduler = scheduler_cls.from_config(folder_schedule)
+        else:
+            scheduler = scheduler_cls(num_train_timesteps=config["num_train_timesteps"],
+                                      beta_schedule=config["beta_schedule"])
+        unet.eval().to(device)
+        if vqvae is not None:
+            vqvae.eval().to(device)
+        return DiffusionModel(unet=unet, scheduler=scheduler, vqvae=vqvae, device=device,
+                              version=version_of(config, path), uses_eta=self.scheduler == "ddim",
+                              conditional=self.conditional)
+
+
+@implementer(IPlugin, IModelFactory)
+class DDPMFactory(_DiffusionFactory):
+    catalog_id = "DDPM"
+    task = "unconditional-image-generation (DDPM)"
+    scheduler = "ddpm"
+
+
+@implementer(IPlugin, IModelFactory)
+class DDIMFactory(_DiffusionFactory):
+    catalog_id = "DDIM"
+    task = "unconditional-image-generation (DDIM)"
+
+
+@implementer(IPlugin, IModelFactory)
+class ClassConditionalDDIMFactory(_DiffusionFactory):
+    catalog_id = "CLS_COND_DDIM"
+    task = "class-conditional-image-generation (DDIM)"
+    conditional = True
+
+
+@implementer(IPlugin, IModelFactory)
+class LDMFactory(_DiffusionFactory):
+    catalog_id = "LDM"
+    task = "unconditional-image-generation (latent diffusion, DDIM)"
+    latent = True
+
+
+ddpm = DDPMFactory()
+ddim = DDIMFactory()
+cls_cond_ddim = ClassConditionalDDIMFactory()
+ldm = LDMFactory()

@@ -1,0 +1,263 @@
+"""SAM_AMG: automatic mask generation with Segment Anything (``segment-anything``).
+
+The model is ``segment_anything``'s ``Sam``: ``vit_b``, ``vit_l`` and
+``vit_h`` are built by ``sam_model_registry`` (the official
+``sam_vit_*.pth`` checkpoints load into them as they are), and ``tiny`` is
+our small random-init default for CPUs: the same classes with a 2-layer,
+64-wide ViT encoder on 256-pixel inputs and the standard prompt encoder and
+mask decoder.  ``SamAutomaticMaskGenerator`` prompts a grid of points,
+filters by predicted IoU and stability, and removes duplicates with NMS; its
+parameters are the request's params.
+
+Per item: the image as an RGB uint8 array (Pillow, decode pool); the
+generator runs in the worker (one image at a time: the library has no
+batch API).  ``data`` is the list of masks in the generator's order:
+``segmentation`` (a base64 1-bit PNG of the image's size, or COCO RLE with
+``options.mask_format = "rle"``), ``area`` (pixels), ``bbox`` (``[x, y, w,
+h]`` in pixels, the COCO and SAM convention), ``predicted_iou`` and
+``stability_score``.  ``options.max_results`` keeps the first N.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from twisted.plugin import IPlugin
+from zope.interface import implementer
+
+from svc.modelapi import IModel, IModelFactory
+from svc.schema import object_schema
+from svc.weights import WEIGHTS_PROPERTIES, load_into, path_of, read_state_dict, version_of
+
+ARCHS = ("tiny", "vit_b", "vit_l", "vit_h")
+#: The tiny encoder: (embed dim, depth, heads, global attention layers, input side, window)
+TINY = {"embed_dim": 64, "depth": 2, "num_heads": 2, "global_attn_indexes": (1,), "img_size": 256, "window_size": 8}
+
+PARAMS_SCHEMA = object_schema(
+    {
+        "points_per_side": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 64,
+            "default": 32,
+            "description": "Point prompts per image side (points_per_side^2 prompts).",
+        },
+        "pred_iou_thresh": {
+            "type": "number",
+            "minimum": 0,
+            "maximum": 1,
+            "default": 0.88,
+            "description": "Keep masks whose predicted IoU is above this.",
+        },
+        "stability_score_thresh": {
+            "type": "number",
+            "minimum": 0,
+            "maximum": 1,
+            "default": 0.95,
+            "description": "Keep masks whose stability score is at least this.",
+        },
+        "box_nms_thresh": {
+            "type": "number",
+            "minimum": 0,
+            "maximum": 1,
+            "default": 0.7,
+            "description": "Box IoU above which NMS drops the duplicate mask.",
+        },
+        "min_mask_region_area": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": 1000000,
+            "default": 0,
+            "description": "Above 0: remove holes and islands smaller than this many pixels (OpenCV).",
+        },
+    },
+    description="SAM_AMG parameters (those of SamAutomaticMaskGenerator).",
+)
+
+
+def build_sam(arch: str) -> Any:
+    """A random-init ``Sam`` of ``arch`` (eval mode)."""
+    from segment_anything import sam_model_registry
+
+    if arch != "tiny":
+        return sam_model_registry[arch](checkpoint=None)
+    from functools import partial
+
+    import torch
+    from segment_anything.modeling import ImageEncoderViT, MaskDecoder, PromptEncoder, Sam, TwoWayTransformer
+
+    prompt_dim, size, patch = 256, TINY["img_size"], 16
+    sam = Sam(
+        image_encoder=ImageEncoderViT(
+            depth=TINY["depth"],
+            embed_dim=TINY["embed_dim"],
+            img_size=size,
+            mlp_ratio=4,
+            norm_layer=partial(torch.nn.LayerNorm, eps=1e-6),
+            num_heads=TINY["num_heads"],
+            patch_size=patch,
+            qkv_bias=True,
+            use_rel_pos=True,
+            global_attn_indexes=TINY["global_attn_indexes"],
+            window_size=TINY["window_size"],
+            out_chans=prompt_dim,
+        ),
+        prompt_encoder=PromptEncoder(
+            embed_dim=prompt_dim,
+            image_embedding_size=(size // patch, size // patch),
+            input_image_size=(size, size),
+            mask_in_chans=16,
+        ),
+        mask_decoder=MaskDecoder(
+            num_multimask_outputs=3,
+            transformer=TwoWayTransformer(depth=2, embedding_dim=prompt_dim, mlp_dim=2048, num_heads=8),
+            transformer_dim=prompt_dim,
+            iou_head_depth=3,
+            iou_head_hidden_dim=256,
+        ),
+        pixel_mean=[123.675, 116.28, 103.53],
+        pixel_std=[58.395, 57.12, 57.375],
+    )
+    return sam.eval()
+
+
+def generator_args(params: dict) -> dict:
+    """SamAutomaticMaskGenerator keyword arguments from request params."""
+    return {name: params[name] for name in PARAMS_SCHEMA["properties"]}
+
+
+@implementer(IModel)
+class SamAmgModel:
+    """A built SAM on its device."""
+
+    def __init__(self, sam: Any, device: str, version: str, points_per_batch: int) -> None:
+        self.sam = sam
+        self.device = device
+        self.version = version
+        self.points_per_batch = points_per_batch
+
+    def preprocess(self, image: Any, params: dict) -> Any:
+        import numpy as np
+
+        return np.asarray(image.convert("RGB"))  # H x W x 3 uint8, what the generator takes
+
+    def batch_key(self, params: dict) -> Any:
+        return tuple(sorted(generator_args(params).items()))
+
+    def predict(self, inputs: list, params: dict) -> list:
+        from segment_anything import SamAutomaticMaskGenerator
+
+        generator = SamAutomaticMaskGenerator(self.sam, points_per_batch=self.points_per_batch, **generator_args(params))
+        return [generator.generate(image) for image in inputs]
+
+    def postprocess(self, output: Any, params: dict, options: dict) -> list:
+        from svc.imagecodec import encode_mask
+
+        records = output[: options.get("max_results", len(output))]
+        mask_format = options.get("mask_format", "png")
+        return [
+            {
+                "segmentation": encode_mask(r["segmentation"], mask_format),
+                "area": int(r["area"]),
+                "bbox": [float(v) for v in r["bbox"]],
+                "predicted_iou": float(r["predicted_iou"]),
+                "stability_score": float(r["stability_score"]),
+            }
+            for r in records
+        ]
+
+    def warmup_input(self) -> Any:
+        import numpy as np
+
+        return np.full((64, 64, 3), 128, dtype=np.uint8)
+
+
+@implementer(IPlugin, IModelFactory)
+class SamAmgFactory:
+    catalog_id = "SAM_AMG"
+    category = "segmentation"
+    task = "automatic-mask-generation"
+    needs_image = True
+    options = ("max_results", "mask_format")
+    data_schema = {
+        "type": "array",
+        "description": "Masks in the generator's order (at most options.max_results).",
+        "items": {
+            "type": "object",
+            "required": ["segmentation", "area", "bbox", "predicted_iou", "stability_score"],
+            "properties": {
+                "segmentation": {
+                    "oneOf": [
+                        {"type": "string", "description": "Base64 1-bit PNG of the image's size (mask_format png)."},
+                        {
+                            "type": "object",
+                            "description": "COCO run-length encoding (mask_format rle; pycocotools.mask.decode).",
+                            "required": ["size", "counts"],
+                            "properties": {
+                                "size": {"type": "array", "items": {"type": "integer", "minimum": 1},
+                                         "minItems": 2, "maxItems": 2, "description": "[height, width]"},
+                                "counts": {"type": "string"},
+                            },
+                        },
+                    ]
+                },
+                "area": {"type": "integer", "minimum": 0, "description": "Pixels inside the mask."},
+                "bbox": {
+                    "type": "array",
+                    "items": {"type": "number", "minimum": 0},
+                    "minItems": 4,
+                    "maxItems": 4,
+                    "description": "[x, y, width, height] of the mask's box in image pixels (COCO convention).",
+                },
+                "predicted_iou": {"type": "number", "description": "The model's estimate of the mask's quality."},
+                "stability_score": {"type": "number", "description": "IoU of the mask under threshold changes."},
+            },
+        },
+    }
+    config_schema = object_schema(
+        {
+            **WEIGHTS_PROPERTIES,
+            "arch": {
+                "enum": list(ARCHS),
+                "default": "tiny",
+                "description": "tiny (small random-init CPU default) or the official vit_b, vit_l, vit_h "
+                "(sam_vit_*.pth checkpoints load as they are).",
+            },
+            "points_per_side": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 64,
+                "default": 32,
+                "description": "Default of params.points_per_side (the library's is 32; fewer prompts are faster "
+                "on a CPU).",
+            },
+            "points_per_batch": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 1024,
+                "default": 64,
+                "description": "Point prompts run through the mask decoder at once (memory versus speed).",
+            },
+        },
+        description="[model] table of SAM_AMG.",
+    )
+
+    def params_schema(self, config: dict) -> dict:
+        schema = copy.deepcopy(PARAMS_SCHEMA)
+        schema["properties"]["points_per_side"]["default"] = config["points_per_side"]
+        return schema
+
+    def build(self, config: dict, device: str) -> SamAmgModel:
+        import torch
+
+        path = path_of(config)
+        torch.manual_seed(config.get("seed", 0))
+        sam = build_sam(config["arch"])
+        if path is not None:
+            load_into(sam, read_state_dict(path), path)
+        sam.eval().to(device)
+        return SamAmgModel(sam, device, version_of(config, path), config["points_per_batch"])
+
+
+sam_amg = SamAmgFactory()

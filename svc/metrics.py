@@ -108,3 +108,45 @@ class ModelServerMetrics(HttpMetrics):
         self.info = Gauge(
             "service_model_info", "Model identity (value 1).", ("model", "version", "device"), registry=registry
         )
+
+
+class GatewayMetrics(HttpMetrics):
+    """Everything the gateway exports: its own requests, per-key counters, upstream errors.
+
+    Key names are labels: they come only from the key file and the fixed
+    static-token names, never from a request, so the label set stays bounded.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)
+        self.key_requests = Counter(
+            "service_gateway_key_requests",
+            "Requests that authenticated, by key name (static tokens have fixed names).",
+            ("key",),
+            registry=registry,
+        )
+        self.key_rejections = Counter(
+            "service_gateway_key_rejections",
+            "Requests of a known key that were refused: reason rate_limited or disabled.",
+            ("key", "reason"),
+            registry=registry,
+        )
+        self.auth_failures = Counter(
+            "service_gateway_auth_failures",
+            "Requests refused with 401 without a known key: reason missing or wrong.",
+            ("reason",),
+            registry=registry,
+        )
+        self.upstream_errors = Counter(
+            "service_gateway_upstream_errors",
+            "Failed exchanges with model servers: kind unreachable (503), transport or timeout (502).",
+            ("model", "kind"),
+            registry=registry,
+        )
+        self.upstream_duration = Histogram(
+            "service_gateway_upstream_duration_ms",
+            "Time from forwarding a request to having the model server's whole reply, in ms.",
+            ("model", "route"),
+            buckets=MS_BUCKETS,
+            registry=registry,
+        )

@@ -21,6 +21,7 @@ from typing import Any
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
 from twisted.logger import Logger
 
+from svc.auth import metrics_token_problem
 from svc.config import ModelServerConfig, model_server_configs
 from svc.supervisor.child import Child, ChildSpec, Timing, kill_group
 from svc.supervisor.config import Profile, SupervisorConfig
@@ -32,14 +33,13 @@ GATEWAY = "__gateway"
 
 
 def gateway_refusal(env: dict[str, str]) -> str | None:
-    """Why the gateway must not be spawned with this environment (None: fine)."""
-    metrics = env.get("SERVICE_METRICS_TOKEN") or ""
-    if not metrics:
-        return "SERVICE_METRICS_TOKEN is not set: the gateway needs its own metrics token (set it and restart the supervisor)"
-    clashes = [name for name in ("SERVICE_GATEWAY_AUTH_TOKEN", "SERVICE_API_TOKEN") if env.get(name) and env[name] == metrics]
-    if clashes:
-        return f"SERVICE_METRICS_TOKEN equals {clashes[0]}: the metrics token must differ from the inference and management tokens"
-    return None
+    """Why the gateway must not be spawned with this environment (None: fine).
+
+    The same check the gateway makes at startup (svc.auth), so a refusal is a
+    permanent failure here instead of a crash loop there.
+    """
+    problem = metrics_token_problem(env)
+    return f"{problem} (set it and restart the supervisor)" if problem else None
 
 
 def _twist(*args: str) -> list[str]:

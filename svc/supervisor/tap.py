@@ -15,7 +15,6 @@ from twisted.python import usage
 from svc import version_line
 
 PROGRAM = "service-supervisor"
-WILDCARDS = ("0.0.0.0", "::", "", "*", "[::]")
 
 
 def ui_dir() -> str:
@@ -50,10 +49,9 @@ class Options(usage.Options):
 
 def check_bind(host: str, env: dict[str, str]) -> str | None:
     """Why binding ``host`` is refused (None when allowed)."""
-    if host.strip() in WILDCARDS and env.get("SERVICE_EXPOSE") not in ("docker", "unsafe"):
-        return (f"refusing the wildcard bind {host!r}: set SERVICE_EXPOSE=docker (in a container) or "
-                "SERVICE_EXPOSE=unsafe to expose the management API")
-    return None
+    from svc.auth import bind_problem
+
+    return bind_problem(host, env, "the management API")
 
 
 def makeService(options: Options) -> Any:

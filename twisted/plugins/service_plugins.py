@@ -18,3 +18,10 @@ service_supervisor = ServiceMaker(
     "Spawn and watch the gateway and the model servers; management API and web UI.",
     "service-supervisor",
 )
+
+service_gateway = ServiceMaker(
+    "inference-service gateway",
+    "svc.gateway.tap",
+    "Authenticate, rate-limit and route inference and job requests to the model servers.",
+    "service-gateway",
+)

@@ -1,0 +1,261 @@
+"""Who may call the gateway: API keys, static tokens, scopes, fail-closed startup.
+
+Everything here is decided once at startup (SPEC "Authentication"):
+
+* the key file ``conf/api_keys.toml`` is loaded with tomlkit into
+  :class:`KeyEntry` objects (``[keys.<name>]`` with ``hash``, ``scope``,
+  ``rate_limit_qps``, ``enabled``; anything else is an error);
+* the mode is ``api-keys`` when the file loaded with keys, ``static-token``
+  when no usable file but a token is set; there is no anonymous mode;
+* the metrics token is required and must differ from the other tokens, and a
+  wildcard bind needs ``SERVICE_EXPOSE``.
+
+Per request, :meth:`Authenticator.authenticate` checks the bearer string:
+API keys first (the SHA-256 of the bearer looked up by digest, then compared
+with ``hmac.compare_digest``), then the static tokens that are actually
+configured (each compared in constant time; an empty token never matches).
+The dictionary lookup by digest leaks, through timing, at most whether some
+stored digest shares a hash bucket with the digest of the attacker's guess:
+nothing that helps to find a key, which is a 256-bit random string.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from svc.config import ConfigError, Key, apply_keys, read_toml
+
+SCOPES = ("inference", "admin", "all")
+#: Scopes whose keys the gateway accepts for inference and jobs (SPEC: all three do).
+INFERENCE_SCOPES = frozenset(SCOPES)
+
+#: ``X-Service-Key`` names of the credentials that are not keys of the file.
+STATIC_TOKEN_NAME = "static-token"
+MANAGEMENT_TOKEN_NAME = "management-token"
+METRICS_TOKEN_NAME = "metrics-token"
+RESERVED_KEY_NAMES = frozenset({STATIC_TOKEN_NAME, MANAGEMENT_TOKEN_NAME, METRICS_TOKEN_NAME})
+
+#: Key names: what can appear in a header, a log line and a metrics label.
+KEY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
+HASH_RE = r"[0-9a-f]{64}"
+
+GATEWAY_TOKEN_ENV = "SERVICE_GATEWAY_AUTH_TOKEN"
+API_TOKEN_ENV = "SERVICE_API_TOKEN"
+METRICS_TOKEN_ENV = "SERVICE_METRICS_TOKEN"
+EXPOSE_ENV = "SERVICE_EXPOSE"
+WILDCARDS = ("0.0.0.0", "::", "", "*", "[::]")
+
+KEY_ENTRY_KEYS: tuple[Key, ...] = (
+    Key("hash", str, None, "Lowercase hex SHA-256 of the key string (required).", pattern=HASH_RE),
+    Key("scope", str, "inference", "inference, admin or all.", choices=SCOPES),
+    Key("rate_limit_qps", int, 0, "Requests per second for this key; 0 = unlimited.", minimum=0),
+    Key("enabled", bool, True, "false disables the key without deleting it."),
+)
+
+
+def new_key() -> str:
+    """A new API key: 32 random bytes as 64 lowercase hex characters."""
+    return secrets.token_hex(32)
+
+
+def hash_key(key: str) -> str:
+    """The lowercase hex SHA-256 of a key string, as stored in the key file."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def check_key_name(name: str) -> str | None:
+    """Why ``name`` cannot name a key (None when it can)."""
+    if not KEY_NAME_RE.fullmatch(name):
+        return "must be 1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit"
+    if name in RESERVED_KEY_NAMES:
+        return f"is reserved for a static token ({', '.join(sorted(RESERVED_KEY_NAMES))})"
+    return None
+
+
+@dataclass(frozen=True)
+class KeyEntry:
+    """One ``[keys.<name>]`` of the key file."""
+
+    name: str
+    hash: str
+    scope: str
+    rate_limit_qps: int
+    enabled: bool
+
+
+def load_key_file(path: str) -> list[KeyEntry]:
+    """Every entry of the key file; raises ConfigError naming the key and problem.
+
+    A missing file raises ConfigError with problem ``file not found``; an
+    empty or comment-only file gives an empty list.
+    """
+    data = read_toml(path)
+    for name in data:
+        if name != "keys":
+            raise ConfigError(path, name, "unknown table or key; the file holds only [keys.<name>] tables")
+    keys = data.get("keys", {})
+    if not isinstance(keys, dict):
+        raise ConfigError(path, "keys", "must be a table of [keys.<name>] tables")
+    entries = []
+    seen: dict[str, str] = {}
+    for name, table in keys.items():
+        where = f"keys.{name}"
+        problem = check_key_name(name)
+        if problem:
+            raise ConfigError(path, where, f"key name {problem}")
+        if not isinstance(table, dict):
+            raise ConfigError(path, where, "must be a table")
+        if "hash" not in table:
+            raise ConfigError(path, where + ".hash", "required key is missing")
+        values = apply_keys(path, table, KEY_ENTRY_KEYS, prefix=where + ".")
+        if values["hash"] in seen:
+            raise ConfigError(path, where + ".hash", f"the same hash as keys.{seen[values['hash']]}")
+        seen[values["hash"]] = name
+        entries.append(KeyEntry(name=name, **values))
+    return entries
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request authenticated as: the ``X-Service-Key`` name and its rate."""
+
+    name: str
+    rate_limit_qps: int = 0
+
+
+class Refused(Exception):
+    """A gateway that must not start; ``str()`` is the one-line reason."""
+
+
+@dataclass(frozen=True)
+class AuthSetup:
+    """Credentials of the gateway, decided once at startup."""
+
+    mode: str  # "api-keys" or "static-token"
+    keys: tuple[KeyEntry, ...]
+    gateway_token: str | None
+    api_token: str | None
+    metrics_token: str
+    warnings: tuple[str, ...] = ()
+
+
+def metrics_token_problem(env: Mapping[str, str]) -> str | None:
+    """Why the environment's metrics token is unusable (None when fine).
+
+    Shared with the supervisor, which refuses to spawn the gateway for the
+    same reasons (a permanent failure, not a retry).
+    """
+    metrics = env.get(METRICS_TOKEN_ENV) or ""
+    if not metrics:
+        return f"{METRICS_TOKEN_ENV} is not set: the gateway needs its own metrics token (also on loopback)"
+    for name in (GATEWAY_TOKEN_ENV, API_TOKEN_ENV):
+        if env.get(name) and hmac.compare_digest(env[name].encode(), metrics.encode()):
+            return f"{METRICS_TOKEN_ENV} equals {name}: the metrics token must differ from the inference and management tokens"
+    return None
+
+
+def bind_problem(host: str, env: Mapping[str, str], what: str) -> str | None:
+    """Why binding ``host`` is refused (None when allowed): wildcards need SERVICE_EXPOSE."""
+    if host.strip() in WILDCARDS and env.get(EXPOSE_ENV) not in ("docker", "unsafe"):
+        return (f"refusing the wildcard bind {host!r}: set {EXPOSE_ENV}=docker (in a container) or "
+                f"{EXPOSE_ENV}=unsafe to expose {what}")
+    return None
+
+
+def decide(env: Mapping[str, str], keys_file: str) -> AuthSetup:
+    """The gateway's credentials and mode, or :class:`Refused` with the reason.
+
+    SPEC rules: no anonymous mode; an empty or comment-only key file is zero
+    keys (refused without a static token, a warning with one); a key file
+    that cannot be used stops the gateway when no static token is set.
+    """
+    problem = metrics_token_problem(env)
+    if problem:
+        raise Refused(problem)
+    gateway_token = env.get(GATEWAY_TOKEN_ENV) or None
+    api_token = env.get(API_TOKEN_ENV) or None
+    has_token = gateway_token is not None or api_token is not None
+    tokens = f"{GATEWAY_TOKEN_ENV} or {API_TOKEN_ENV}"
+    try:
+        keys = load_key_file(keys_file)
+    except ConfigError as e:
+        if not has_token:
+            if e.problem == "file not found":
+                raise Refused(f"no API key file at {keys_file} and neither {tokens} is set: "
+                              "no credential would be accepted (there is no anonymous mode)") from None
+            raise Refused(f"the key file cannot be used and no static token is set: {e}") from None
+        note = "no key file" if e.problem == "file not found" else f"the key file cannot be used ({e})"
+        return AuthSetup("static-token", (), gateway_token, api_token, env[METRICS_TOKEN_ENV],
+                         (f"{note}: static-token mode, only {tokens} is accepted",))
+    if not keys:
+        if not has_token:
+            raise Refused(f"the key file {keys_file} has no keys and neither {tokens} is set: "
+                          "no credential would be accepted (there is no anonymous mode)")
+        return AuthSetup("static-token", (), gateway_token, api_token, env[METRICS_TOKEN_ENV],
+                         (f"the key file {keys_file} has no keys: static-token mode, only {tokens} is accepted",))
+    return AuthSetup("api-keys", tuple(keys), gateway_token, api_token, env[METRICS_TOKEN_ENV])
+
+
+class Unauthorized(Exception):
+    """Missing or wrong credentials; ``key`` names a disabled key when one matched."""
+
+    def __init__(self, reason: str, key: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.key = key
+
+
+class Authenticator:
+    """Checks a bearer string against the keys, then the static tokens."""
+
+    def __init__(self, setup: AuthSetup) -> None:
+        self.setup = setup
+        self._by_digest: dict[str, KeyEntry] = {k.hash: k for k in setup.keys}
+        self._static: list[tuple[bytes, Principal]] = [
+            (token.encode("utf-8"), Principal(name))
+            for token, name in ((setup.gateway_token, STATIC_TOKEN_NAME), (setup.api_token, MANAGEMENT_TOKEN_NAME))
+            if token
+        ]
+        self._metrics = setup.metrics_token.encode("utf-8")
+
+    def authenticate(self, bearer: str | None) -> Principal:
+        """The principal of an inference or job request, else :class:`Unauthorized`."""
+        if not bearer:
+            raise Unauthorized("missing bearer token")
+        digest = hash_key(bearer)
+        entry = self._by_digest.get(digest)
+        if entry is not None and hmac.compare_digest(entry.hash, digest):
+            if not entry.enabled:
+                raise Unauthorized("the key is disabled", key=entry.name)
+            if entry.scope not in INFERENCE_SCOPES:
+                raise Unauthorized("the key's scope does not allow inference", key=entry.name)
+            return Principal(entry.name, entry.rate_limit_qps)
+        given = bearer.encode("utf-8")
+        found: Principal | None = None
+        for token, principal in self._static:  # every configured token is compared: no early exit
+            if hmac.compare_digest(given, token):
+                found = principal
+        if found is None:
+            raise Unauthorized("wrong bearer token")
+        return found
+
+    def is_metrics(self, bearer: str | None) -> bool:
+        """True only for the metrics token (the other tokens get 401 on /metrics)."""
+        return bool(bearer) and hmac.compare_digest(bearer.encode("utf-8"), self._metrics)
+
+
+def describe(setup: AuthSetup) -> dict[str, Any]:
+    """What the startup log says about the mode (never a secret)."""
+    return {
+        "mode": setup.mode,
+        "keys": len(setup.keys),
+        "enabled_keys": sum(1 for k in setup.keys if k.enabled),
+        "static_tokens": [n for t, n in ((setup.gateway_token, STATIC_TOKEN_NAME),
+                                         (setup.api_token, MANAGEMENT_TOKEN_NAME)) if t],
+    }

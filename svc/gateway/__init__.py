@@ -1,0 +1,1 @@
+"""The gateway: authentication, per-key rate limits, routing and the treq proxy."""

@@ -1,0 +1,50 @@
+"""CORS for the supervisor's web UI, which calls the gateway from another origin.
+
+Only the configured origins (default: the supervisor's own address on
+127.0.0.1 and localhost) are reflected; any other origin gets no CORS header
+at all, so the browser keeps its same-origin rule.  Every reply carries
+``Vary: Origin`` because it depends on the request's origin.  A preflight
+``OPTIONS`` is answered here, without credentials (browsers never send them
+on a preflight), before the routes and their authentication run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.web.resource import Resource
+
+ALLOWED_METHODS = b"GET, POST, OPTIONS"
+ALLOWED_HEADERS = b"Authorization, Content-Type, Accept, X-Request-ID, X-Service-Params, X-Service-Options"
+EXPOSED_HEADERS = b"X-Service-Key, X-Request-ID, Retry-After, Location"
+MAX_AGE_S = b"600"
+
+
+class CorsResource(Resource):
+    """Wraps the gateway's resource: CORS headers on the way out, preflights answered here."""
+
+    isLeaf = True
+
+    def __init__(self, inner: Any, origins: tuple[str, ...] | list[str]) -> None:
+        super().__init__()
+        self.inner = inner
+        self.origins = frozenset(o.encode("latin-1") for o in origins)
+
+    def render(self, request: Any) -> Any:
+        origin = (request.requestHeaders.getRawHeaders(b"origin") or [None])[0]
+        allowed = origin is not None and origin in self.origins
+        request.responseHeaders.addRawHeader(b"Vary", b"Origin")
+        if allowed:
+            request.setHeader(b"Access-Control-Allow-Origin", origin)
+            request.setHeader(b"Access-Control-Expose-Headers", EXPOSED_HEADERS)
+        if request.method == b"OPTIONS":
+            request.service_route = "preflight"
+            request.setResponseCode(204)
+            request.setHeader(b"Allow", ALLOWED_METHODS)
+            if allowed and request.requestHeaders.hasHeader(b"access-control-request-method"):
+                request.setHeader(b"Access-Control-Allow-Methods", ALLOWED_METHODS)
+                request.setHeader(b"Access-Control-Allow-Headers", ALLOWED_HEADERS)
+                request.setHeader(b"Access-Control-Max-Age", MAX_AGE_S)
+            request.setHeader(b"Content-Length", b"0")
+            return b""
+        return self.inner.render(request)

@@ -1,0 +1,139 @@
+"""Forwarding one request to a model server, with one deadline and no retries.
+
+The agent is ``twisted.web.client.Agent`` over a persistent
+``HTTPConnectionPool`` owned by the gateway.  treq's ``HTTPClient`` is not
+used on this path because it always stacks a cookie jar and a gzip decoder on
+the agent (STYLE trap 11), which a transparent proxy must not have; redirects
+are not followed because a bare ``Agent`` never follows them.
+
+One deadline (``upstream_recv_timeout_ms``) covers connecting, sending, the
+headers and the whole body (STYLE trap 1): on expiry the request Deferred is
+cancelled, which aborts the connection.  A POST is never retried: the pool's
+idle timeout stays below the model servers' own (STYLE trap 2), and the body
+of every reply is read to the end so the connection goes back to the pool.
+
+Failures are classified for the caller:
+
+* :class:`UpstreamUnreachable` - nothing listens (connection refused): 503;
+* :class:`UpstreamFailed` - reset, malformed reply, no reply in time: 502.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from twisted.internet import error as net_error
+from twisted.internet.defer import CancelledError, Deferred, ensureDeferred, succeed
+from twisted.web.client import Agent, HTTPConnectionPool, readBody
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IBodyProducer
+from zope.interface import implementer
+
+
+class UpstreamUnreachable(Exception):
+    """The model server did not accept the connection (not running, wrong port)."""
+
+
+class UpstreamFailed(Exception):
+    """The exchange broke after connecting, or took longer than the deadline."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind  # "transport" or "timeout": the metrics label
+
+
+@dataclass
+class UpstreamReply:
+    code: int
+    headers: Headers
+    body: bytes
+
+
+@implementer(IBodyProducer)
+class BytesProducer:
+    """A request body already in memory, written in one go."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.length = len(data)
+
+    def startProducing(self, consumer: Any) -> Deferred:
+        consumer.write(self.data)
+        return succeed(None)
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
+def make_pool(reactor: Any, *, max_per_host: int, idle_timeout_s: float) -> HTTPConnectionPool:
+    """The gateway's own persistent pool (maxPersistentPerHost defaults to 2: trap 3)."""
+    pool = HTTPConnectionPool(reactor, persistent=True)
+    pool.maxPersistentPerHost = max_per_host
+    pool.cachedConnectionTimeout = idle_timeout_s
+    return pool
+
+
+def make_agent(reactor: Any, pool: HTTPConnectionPool, connect_timeout_s: float) -> Agent:
+    return Agent(reactor, pool=pool, connectTimeout=connect_timeout_s)
+
+
+_UNREACHABLE = (net_error.ConnectionRefusedError, net_error.ConnectError, net_error.NoRouteError,
+                net_error.DNSLookupError, net_error.TCPTimedOutError)
+
+
+class Proxy:
+    """Sends a request upstream and returns the whole reply, or raises a classified failure."""
+
+    def __init__(self, reactor: Any, agent: Any, recv_timeout_s: float) -> None:
+        self.reactor = reactor
+        self.agent = agent
+        self.recv_timeout_s = recv_timeout_s
+
+    def forward(self, method: bytes, url: bytes, headers: Headers, body: bytes | None) -> Deferred:
+        """Fires with an :class:`UpstreamReply`; errbacks with UpstreamUnreachable or UpstreamFailed.
+
+        Cancelling the returned Deferred (a client that went away) aborts the
+        upstream exchange.
+        """
+        d = ensureDeferred(self._exchange(method, url, headers, body))
+        expired = []
+
+        def expire() -> None:
+            expired.append(True)
+            d.cancel()  # aborts the connection, wherever the exchange is
+
+        deadline = self.reactor.callLater(self.recv_timeout_s, expire)
+
+        def settle(result: Any) -> Any:
+            if deadline.active():
+                deadline.cancel()
+            return result
+
+        d.addBoth(settle)
+        d.addErrback(self._classify, expired)
+        return d
+
+    async def _exchange(self, method: bytes, url: bytes, headers: Headers, body: bytes | None) -> UpstreamReply:
+        producer = BytesProducer(body) if body is not None else None
+        response = await self.agent.request(method, url, headers, producer)
+        data = await readBody(response)
+        return UpstreamReply(response.code, response.headers, data)
+
+    def _classify(self, failure: Any, expired: list) -> Any:
+        if expired:
+            raise UpstreamFailed(f"no complete reply within {self.recv_timeout_s * 1000:.0f} ms "
+                                 "(upstream_recv_timeout_ms)", "timeout")
+        if failure.check(CancelledError):
+            return failure  # the client went away: nothing to answer
+        if failure.check(*_UNREACHABLE):
+            raise UpstreamUnreachable(f"connection refused ({failure.type.__name__})")
+        reasons = getattr(failure.value, "reasons", None)  # ResponseFailed and friends wrap the real causes
+        detail = "; ".join(r.getErrorMessage() for r in reasons) if reasons else failure.getErrorMessage()
+        raise UpstreamFailed(f"{failure.type.__name__}: {detail}"[:300], "transport")

@@ -1,0 +1,101 @@
+"""The gateway's service tree: the listener and the upstream connection pool.
+
+The pool is the gateway's own (never the global one) and its cached
+connections are closed when the service stops, so SIGTERM exits promptly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.application.internet import TCPServer
+from twisted.application.service import MultiService
+from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.error import CannotListenError
+from twisted.logger import Logger
+
+from svc.auth import Authenticator, AuthSetup, describe
+from svc.gateway.app import GatewayApp
+from svc.gateway.catalog import Catalog
+from svc.gateway.config import GatewayConfig
+from svc.gateway.cors import CorsResource
+from svc.gateway.proxy import Proxy, make_agent, make_pool
+from svc.http import JsonSite
+from svc.metrics import GatewayMetrics, new_registry
+from svc.process import refuse
+
+log = Logger()
+
+PROGRAM = "service-gateway"
+
+
+class GatewayService(MultiService):
+    def __init__(self, *, reactor: Any, config: GatewayConfig, setup: AuthSetup, catalog: Catalog,
+                 agent: Any = None) -> None:
+        super().__init__()
+        self.reactor = reactor
+        self.config = config
+        self.setup = setup
+        self.registry = new_registry()
+        self.metrics = GatewayMetrics(self.registry)
+        self.pool = None
+        if agent is None:
+            self.pool = make_pool(reactor, max_per_host=config.upstream_max_connections,
+                                  idle_timeout_s=config.upstream_idle_timeout_s)
+            agent = make_agent(reactor, self.pool, config.upstream_connect_timeout_ms / 1000.0)
+        self.app = GatewayApp(
+            clock=reactor,
+            catalog=catalog,
+            authenticator=Authenticator(setup),
+            proxy=Proxy(reactor, agent, config.upstream_recv_timeout_ms / 1000.0),
+            metrics=self.metrics,
+            registry=self.registry,
+            upstream_recv_timeout_ms=config.upstream_recv_timeout_ms,
+            max_body_bytes=config.max_body_bytes,
+        )
+        self.catalog = catalog
+        self.site = JsonSite(
+            CorsResource(self.app.resource(), config.cors_origins),
+            max_body_bytes=config.max_body_bytes,
+            oversize_reply=self.app.oversize_reply,
+            timeout=config.idle_timeout_s,
+            reactor=reactor,
+            on_logged=self.app.count,
+        )
+        self.listener = TCPServer(config.port, self.site, interface=config.host)
+        self.listener.setServiceParent(self)
+
+    def _cannot_listen(self, error: CannotListenError) -> SystemExit:
+        return refuse(PROGRAM, f"cannot listen on {self.config.host}:{self.config.port}: {error.socketError}")
+
+    def privilegedStartService(self) -> None:
+        try:
+            super().privilegedStartService()  # twistd listens here
+        except CannotListenError as e:
+            raise self._cannot_listen(e) from None
+
+    def startService(self) -> None:
+        try:
+            super().startService()  # twist (python -m twisted) listens here
+        except CannotListenError as e:
+            raise self._cannot_listen(e) from None
+        for warning in self.setup.warnings:
+            log.warn("{warning}", warning=warning)
+        info = describe(self.setup)
+        log.info("gateway on http://{host}:{port}/ in {mode} mode ({keys} keys, {enabled} enabled; static tokens: "
+                 "{static}); routing {models} models: {ids}",
+                 host=self.config.host, port=self.config.port, mode=info["mode"], keys=info["keys"],
+                 enabled=info["enabled_keys"], static=", ".join(info["static_tokens"]) or "none",
+                 models=len(self.catalog), ids=", ".join(u.id for u in self.catalog))
+        missing = [u.id for u in self.catalog if not u.token]
+        if missing:
+            log.warn("no upstream token for {ids}: requests to them carry no Authorization "
+                     "(set SERVICE_UPSTREAM_TOKENS or SERVICE_UPSTREAM_TOKEN)", ids=", ".join(missing))
+
+    def stopService(self) -> Deferred:
+        return ensureDeferred(self._stop())
+
+    async def _stop(self) -> None:
+        await super().stopService()
+        if self.pool is not None:
+            await self.pool.closeCachedConnections()

@@ -1,0 +1,77 @@
+"""``twistd -n service-gateway [--config conf/service.toml] [--host H] [--port P] [--keys F] [--servers D]``.
+
+Fail-closed: everything that makes the gateway unsafe or useless is refused
+here, before any socket listens, with one line and exit code 1 - no token or
+key at all, no metrics token or one equal to another token, an unusable key
+file without a static token, a wildcard bind without ``SERVICE_EXPOSE``, a
+bad ``[gateway]`` table or catalog.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from twisted.python import usage
+
+from svc import version_line
+
+PROGRAM = "service-gateway"
+
+
+class Options(usage.Options):
+    synopsis = "[--config conf/service.toml] [--host H] [--port P] [--keys conf/api_keys.toml] [--servers conf/server]"
+    longdesc = "Authenticate, rate-limit and route inference and job requests to the model servers."
+    optParameters = [
+        ["config", "c", "conf/service.toml", "The service config (its [gateway] table; a missing file means defaults)."],
+        ["host", None, None, "Listen on this address instead of the config's."],
+        ["port", "p", None, "Listen on this port instead of the config's.", int],
+        ["keys", "k", None, "The API key file instead of the config's keys_file."],
+        ["servers", None, None, "The model-server config directory instead of the config's servers_dir."],
+    ]
+
+    def opt_version(self) -> None:
+        """Print the project version and exit."""
+        print(version_line())
+        sys.exit(0)
+
+    def postOptions(self) -> None:
+        if self["port"] is not None and not 1 <= self["port"] <= 65535:
+            raise usage.UsageError(f"--port must be 1..65535, not {self['port']}")
+
+
+def makeService(options: Options) -> Any:
+    from svc.auth import Refused, bind_problem, decide
+    from svc.config import ConfigError
+    from svc.gateway.catalog import CatalogError, load_catalog
+    from svc.gateway.config import load_gateway_config
+    from svc.process import refuse
+
+    env = dict(os.environ)
+    try:
+        config = load_gateway_config(options["config"])
+        overrides = {name: options[opt] for opt, name in (("host", "host"), ("port", "port"), ("keys", "keys_file"),
+                                                           ("servers", "servers_dir")) if options[opt] is not None}
+        config = config.replace(**overrides)
+    except ConfigError as e:
+        raise refuse(PROGRAM, str(e)) from None
+    problem = bind_problem(config.host, env, "the gateway")
+    if problem:
+        raise refuse(PROGRAM, problem)
+    try:
+        setup = decide(env, config.keys_file)
+    except Refused as e:
+        raise refuse(PROGRAM, str(e)) from None
+    try:
+        catalog = load_catalog(config.servers_dir, env)
+    except (ConfigError, CatalogError) as e:
+        raise refuse(PROGRAM, str(e)) from None
+
+    from twisted.internet import reactor
+
+    from svc.gateway.service import GatewayService
+    from svc.process import exit_zero_on_signals
+
+    exit_zero_on_signals(reactor)
+    return GatewayService(reactor=reactor, config=config, setup=setup, catalog=catalog)

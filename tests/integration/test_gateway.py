@@ -1,0 +1,354 @@
+"""The gateway as a real process in front of real model servers (and of upstreams that misbehave)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+from tests.support.gateway import GATEWAY_TOKENS, RawUpstream, gateway_args, start_gateway
+from tests.support.http import get, post, request
+from tests.support.images import image_b64, image_bytes
+from tests.support.processes import child_env, free_port, run_to_exit, start_model_server, write_config
+
+KEYS = {name: hashlib.sha256(name.encode()).hexdigest() for name in ("old", "new", "off", "slow")}
+RECV_TIMEOUT_MS = 4000
+
+
+def keys_toml() -> str:
+    def digest(key: str) -> str:
+        return hashlib.sha256(key.encode()).hexdigest()
+
+    return (f'[keys.tenant-old]\nhash = "{digest(KEYS["old"])}"\n'
+            f'[keys.tenant-new]\nhash = "{digest(KEYS["new"])}"\nscope = "all"\n'
+            f'[keys.tenant-off]\nhash = "{digest(KEYS["off"])}"\nenabled = false\n'
+            f'[keys.tenant-slow]\nhash = "{digest(KEYS["slow"])}"\nrate_limit_qps = 1\n')
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """MOBILENETV2 (sync), TESTFAULTS (jobs on), a hanging and a cutting upstream, behind one gateway."""
+    root = tmp_path_factory.mktemp("gateway")
+    servers = root / "server"
+    servers.mkdir()
+    hang, cut = RawUpstream("hang"), RawUpstream("cut")
+    mobilenet_cfg = write_config(servers, "MOBILENETV2", name="MOBILENETV2.toml", port=free_port(), max_request_items=4)
+    faults_cfg = write_config(servers, "TESTFAULTS", name="TESTFAULTS.toml", port=free_port(), async_enabled=True,
+                              max_batch_size=1, async_max_queue=2)
+    write_config(servers, "TESTFAULTS", name="HANG.toml", id="HANG", port=hang.port, server_uri="/hang/predict")
+    write_config(servers, "TESTFAULTS", name="CUT.toml", id="CUT", port=cut.port, server_uri="/cut/predict")
+    write_config(servers, "TESTFAULTS", name="DOWN.toml", id="DOWN", port=free_port(), server_uri="/down/predict")
+    upstream_token = "upstream-secret"
+    mobilenet = start_model_server(mobilenet_cfg, token=upstream_token, port=_port(mobilenet_cfg))
+    faults = start_model_server(faults_cfg, token=upstream_token, port=_port(faults_cfg))
+    gateway = start_gateway(root, servers, keys_toml(), env={"SERVICE_UPSTREAM_TOKEN": upstream_token},
+                            gateway_table=f"upstream_recv_timeout_ms = {RECV_TIMEOUT_MS}\n")
+    yield {"gateway": gateway, "mobilenet": mobilenet, "faults": faults, "hang": hang, "cut": cut, "root": root,
+           "servers": servers}
+    gateway.stop()
+    for proc in (mobilenet, faults):
+        proc.stop()
+    hang.close()
+    cut.close()
+
+
+def _port(config) -> int:
+    return int(re.search(r"^port = (\d+)", config.read_text(), re.M).group(1))
+
+
+def infer(stack, model="MOBILENETV2", key=KEYS["old"], body=None, **kw):
+    return post(stack["gateway"].url + f"/v1/models/{model}/infer", body or {"images": [image_b64()]},
+                headers={**bearer(key), **kw.pop("headers", {})}, **kw)
+
+
+# -- the data path -------------------------------------------------------------------------------------
+
+
+def test_inference_through_the_gateway_equals_the_model_server(stack):
+    body = {"images": [image_b64(seed=3)], "req_id": "same-1"}
+    through = infer(stack, body=body)
+    direct = post(stack["mobilenet"].url + "/mobilenetv2/predict", body, headers=stack["mobilenet"].auth)
+    assert through.status == direct.status == 200
+    assert through.header("X-Service-Key") == "tenant-old"
+    assert through.header("X-Request-ID") == "same-1" and through.header("Cache-Control") == "no-store"
+    assert through.header("Content-Type") == "application/json; charset=utf-8"
+    a, b = through.json, direct.json
+    assert a["results"] == b["results"] and a["model"] == b["model"] and a["task_id"] == "same-1"
+
+
+def test_legacy_server_uri_and_raw_body(stack):
+    reply = post(stack["gateway"].url + "/mobilenetv2/predict", image_bytes(fmt="JPEG"),
+                 headers={**bearer(KEYS["new"]), "Content-Type": "image/jpeg", "X-Request-ID": "raw-1",
+                          "X-Service-Params": '{"top_k": 2}'})
+    assert reply.status == 200 and reply.header("X-Service-Key") == "tenant-new"
+    assert reply.json["task_id"] == "raw-1" and len(reply.json["results"][0]["data"]["scores"]) == 2
+
+
+def test_model_rejections_pass_through_unchanged(stack):
+    too_many = infer(stack, body={"images": [image_b64()] * 5})
+    assert too_many.status == 413 and too_many.json["status"] == 67
+    legacy = infer(stack, body={"img_data": image_b64()})
+    assert legacy.status == 422 and legacy.json["errors"][0]["pointer"] == "/img_data"
+    assert legacy.json["model"]["name"] == "MOBILENETV2"  # the model's own envelope, not the gateway's
+    parse = post(stack["gateway"].url + "/v1/models/MOBILENETV2/infer", b"{nope",
+                 headers={**bearer(KEYS["old"]), "Content-Type": "application/json"})
+    assert parse.status == 400 and parse.json["status"] == 50
+
+
+def test_unknown_model_and_path_are_the_same_404(stack):
+    a = infer(stack, model="NOPE")
+    b = post(stack["gateway"].url + "/nope/predict", {"images": [image_b64()]}, headers=bearer(KEYS["old"]))
+    assert a.status == b.status == 404 and a.json["status"] == b.json["status"] == 63
+    assert a.json["model"] == b.json["model"] == {"name": "gateway", "version": a.json["model"]["version"]}
+    bare = post(stack["gateway"].url + "/jobs", {"images": [image_b64()]}, headers=bearer(KEYS["old"]))
+    assert bare.status == 404 and bare.json["status"] == 63
+
+
+def test_get_on_infer_paths_is_405(stack):
+    for path in ("/v1/models/MOBILENETV2/infer", "/mobilenetv2/predict"):
+        reply = get(stack["gateway"].url + path, headers=bearer(KEYS["old"]))
+        assert reply.status == 405 and reply.json["status"] == 62 and reply.header("Allow") == "POST"
+
+
+# -- keys ----------------------------------------------------------------------------------------------
+
+
+def test_rotation_both_keys_work_while_both_entries_exist(stack):
+    assert infer(stack, key=KEYS["old"]).header("X-Service-Key") == "tenant-old"
+    assert infer(stack, key=KEYS["new"]).header("X-Service-Key") == "tenant-new"
+
+
+def test_static_and_management_tokens_are_accepted(stack):
+    assert infer(stack, key=GATEWAY_TOKENS["SERVICE_GATEWAY_AUTH_TOKEN"]).header("X-Service-Key") == "static-token"
+    assert infer(stack, key=GATEWAY_TOKENS["SERVICE_API_TOKEN"]).header("X-Service-Key") == "management-token"
+
+
+@pytest.mark.parametrize("key", [KEYS["off"], "off", "wrong", GATEWAY_TOKENS["SERVICE_METRICS_TOKEN"], ""])
+def test_disabled_wrong_and_metrics_credentials_are_401(stack, key):
+    reply = infer(stack, key=key)
+    assert reply.status == 401 and reply.json["status"] == 401 and reply.header("X-Service-Key") is None
+
+
+def test_rate_limited_key_gets_429_with_retry_after(stack):
+    replies = [infer(stack, key=KEYS["slow"]) for _ in range(3)]
+    assert replies[0].status == 200
+    limited = [r for r in replies[1:] if r.status == 429]
+    assert limited, [r.status for r in replies]
+    assert limited[0].json["status"] == 429 and limited[0].header("Retry-After") == "1"
+    assert limited[0].header("X-Service-Key") == "tenant-slow"
+    time.sleep(1.1)
+    assert infer(stack, key=KEYS["slow"]).status == 200
+
+
+def test_metrics_need_the_metrics_token(stack):
+    url = stack["gateway"].url + "/metrics"
+    for token in (KEYS["old"], GATEWAY_TOKENS["SERVICE_GATEWAY_AUTH_TOKEN"], GATEWAY_TOKENS["SERVICE_API_TOKEN"]):
+        assert get(url, headers=bearer(token)).status == 401
+    infer(stack)
+    text = get(url, headers=bearer(GATEWAY_TOKENS["SERVICE_METRICS_TOKEN"])).body.decode()
+    assert re.search(r'^service_gateway_key_requests_total\{key="tenant-old"\} [1-9]', text, re.M)
+    assert re.search(r'^service_http_requests_total\{code="200",method="POST",route="infer"\} [1-9]', text, re.M)
+
+
+# -- jobs ----------------------------------------------------------------------------------------------
+
+
+def test_jobs_through_the_gateway(stack):
+    base = stack["gateway"].url + "/v1/models/TESTFAULTS/jobs"
+    submitted = post(base, {"images": [image_b64()], "params": {"sleep_ms": 300}}, headers=bearer(KEYS["old"]))
+    assert submitted.status == 202 and submitted.header("X-Service-Key") == "tenant-old"
+    job = submitted.json
+    job_id = job["job_id"]
+    assert submitted.header("Location") == f"/v1/models/TESTFAULTS/jobs/{job_id}" == job["poll_url"]
+    assert job["result_url"] == f"/v1/models/TESTFAULTS/jobs/{job_id}/result" and job["state"] == "pending"
+    early = get(stack["gateway"].url + job["result_url"], headers=bearer(KEYS["old"]))
+    assert early.status == 409 and early.json["state"] in ("pending", "running")
+    waited = get(stack["gateway"].url + job["poll_url"] + "/wait?timeout=3000", headers=bearer(KEYS["old"]))
+    assert waited.status == 200 and waited.json["state"] == "done"
+    assert waited.json["poll_url"] == job["poll_url"] and waited.json["result_url"] == job["result_url"]
+    polled = get(stack["gateway"].url + job["poll_url"], headers=bearer(KEYS["old"]))
+    assert polled.status == 200 and polled.json["state"] == "done" and polled.json["elapsed_ms"] >= 300
+    result = get(stack["gateway"].url + job["result_url"], headers=bearer(KEYS["old"]))
+    assert result.status == 200 and result.json["status"] == 0 and len(result.json["results"]) == 1
+    assert "/jobs/" not in result.body.decode().replace("/v1/models/TESTFAULTS/jobs/", "")
+
+
+def test_job_errors_through_the_gateway(stack):
+    gw = stack["gateway"].url + "/v1/models/TESTFAULTS/jobs"
+    unknown = get(gw + "/job_ffff", headers=bearer(KEYS["old"]))
+    assert unknown.status == 404 and "job not found" in unknown.json["error"]
+    assert post(gw + "/job_ffff", {}, headers=bearer(KEYS["old"])).status == 405
+    invalid = post(gw, {"images": []}, headers=bearer(KEYS["old"]))
+    assert invalid.status == 422 and "job_id" not in invalid.json
+    disabled = post(stack["gateway"].url + "/v1/models/MOBILENETV2/jobs", {"images": [image_b64()]},
+                    headers=bearer(KEYS["old"]))
+    direct = post(stack["mobilenet"].url + "/jobs", {"images": [image_b64()]}, headers=stack["mobilenet"].auth)
+    assert disabled.status == direct.status == 404 and disabled.json["error"] == direct.json["error"]
+    assert disabled.json["model"]["name"] == "MOBILENETV2"
+
+
+def test_full_async_queue_is_429_through_the_gateway(stack):
+    gw = stack["gateway"].url + "/v1/models/TESTFAULTS/jobs"
+    body = {"images": [image_b64()], "params": {"sleep_ms": 1500}}
+    replies = [post(gw, body, headers=bearer(KEYS["old"])) for _ in range(3)]
+    assert [r.status for r in replies[:2]] == [202, 202]
+    assert replies[2].status == 429 and "async queue full" in replies[2].json["error"]
+    assert int(replies[2].header("Retry-After")) >= 1
+    for r in replies[:2]:
+        get(stack["gateway"].url + r.json["poll_url"] + "/wait?timeout=3500", headers=bearer(KEYS["old"]), timeout=10)
+
+
+def test_wait_budget_at_the_receive_timeout_is_502(stack):
+    job = post(stack["gateway"].url + "/v1/models/TESTFAULTS/jobs", {"images": [image_b64()]},
+               headers=bearer(KEYS["old"])).json
+    started = time.monotonic()
+    reply = get(stack["gateway"].url + job["poll_url"] + f"/wait?timeout={RECV_TIMEOUT_MS}", headers=bearer(KEYS["old"]))
+    assert reply.status == 502 and reply.json["status"] == 502 and "upstream_recv_timeout_ms" in reply.json["error"]
+    assert time.monotonic() - started < 1.0
+    default = get(stack["gateway"].url + job["poll_url"] + "/wait", headers=bearer(KEYS["old"]))  # 30000 ms
+    assert default.status == 502
+
+
+# -- upstream faults -------------------------------------------------------------------------------------
+
+
+def test_upstream_not_running_is_503(stack):
+    reply = infer(stack, model="DOWN", headers={"X-Request-ID": "down-1"})
+    assert reply.status == 503 and reply.json["status"] == 65 and reply.header("X-Request-ID") == "down-1"
+
+
+def test_upstream_that_hangs_is_502_after_the_receive_timeout(stack):
+    started = time.monotonic()
+    reply = infer(stack, model="HANG", headers={"X-Request-ID": "hang-1"})
+    elapsed = time.monotonic() - started
+    assert reply.status == 502 and reply.json["status"] == 502 and reply.header("X-Request-ID") == "hang-1"
+    assert RECV_TIMEOUT_MS / 1000 - 0.2 < elapsed < RECV_TIMEOUT_MS / 1000 + 3
+
+
+def test_upstream_that_closes_mid_reply_is_502(stack):
+    reply = infer(stack, model="CUT")
+    assert reply.status == 502 and reply.json["status"] == 502 and reply.json["model"]["name"] == "gateway"
+    assert infer(stack).status == 200  # the gateway is unharmed
+
+
+def test_model_server_killed_mid_request(stack, tmp_path):
+    """A TESTFAULTS server SIGKILLed while the gateway waits on it: 502 at once, then 503."""
+    servers = tmp_path / "server"
+    servers.mkdir()
+    config = write_config(servers, "TESTFAULTS", name="TESTFAULTS.toml", port=free_port(), max_batch_size=1)
+    model = start_model_server(config, token="t", port=_port(config))
+    gateway = start_gateway(tmp_path, servers, keys_toml(), env={"SERVICE_UPSTREAM_TOKEN": "t"})
+    try:
+        url = gateway.url + "/v1/models/TESTFAULTS/infer"
+        box = {}
+
+        def slow():
+            started = time.monotonic()
+            box["reply"] = post(url, {"images": [image_b64()], "params": {"sleep_ms": 20000}},
+                                headers=bearer(KEYS["old"]), timeout=30)
+            box["elapsed"] = time.monotonic() - started
+
+        caller = threading.Thread(target=slow)
+        caller.start()
+        time.sleep(1.0)
+        os.kill(model.popen.pid, signal.SIGKILL)
+        caller.join(15)
+        assert not caller.is_alive(), "the gateway hung after its upstream died"
+        assert box["reply"].status == 502 and box["reply"].json["status"] == 502 and box["elapsed"] < 10
+        after = post(url, {"images": [image_b64()]}, headers=bearer(KEYS["old"]))
+        assert after.status == 503 and after.json["status"] == 65
+    finally:
+        model.stop(signal.SIGKILL)
+        gateway.stop()
+
+
+# -- startup refusals -------------------------------------------------------------------------------------
+
+
+def refusal(tmp_path, env, *extra, keys_text="ok"):
+    keys = tmp_path / "keys.toml"
+    if keys_text is not None:
+        keys.write_text(keys_toml() if keys_text == "ok" else keys_text)
+    servers = tmp_path / "server"
+    servers.mkdir(exist_ok=True)
+    args = gateway_args("--port", str(free_port()), "--keys", str(keys), "--servers", str(servers), *extra)
+    base = child_env(drop=tuple(GATEWAY_TOKENS) + ("SERVICE_EXPOSE",))
+    code, output = run_to_exit(args, env={**base, **env}, timeout=60)
+    lines = output.strip().splitlines()
+    assert code == 1 and len(lines) == 1, output
+    assert lines[0].startswith("service-gateway: ")
+    return lines[0]
+
+
+@pytest.mark.parametrize("env, keys_text, message", [
+    ({"SERVICE_METRICS_TOKEN": "m"}, None, "neither SERVICE_GATEWAY_AUTH_TOKEN or SERVICE_API_TOKEN is set"),
+    ({"SERVICE_METRICS_TOKEN": "m"}, "# no keys yet\n", "has no keys"),
+    ({"SERVICE_METRICS_TOKEN": "m"}, "[keys.a\n", "not valid TOML"),
+    ({"SERVICE_METRICS_TOKEN": "m"}, '[keys.a]\nhash = "short"\n', "keys.a.hash: must match"),
+    ({"SERVICE_GATEWAY_AUTH_TOKEN": "s"}, "ok", "SERVICE_METRICS_TOKEN is not set"),
+    ({"SERVICE_GATEWAY_AUTH_TOKEN": "s", "SERVICE_METRICS_TOKEN": "s"}, "ok",
+     "SERVICE_METRICS_TOKEN equals SERVICE_GATEWAY_AUTH_TOKEN"),
+    ({"SERVICE_API_TOKEN": "s", "SERVICE_METRICS_TOKEN": "s"}, "ok", "SERVICE_METRICS_TOKEN equals SERVICE_API_TOKEN"),
+])
+def test_refuses_to_start(tmp_path, env, keys_text, message):
+    assert message in refusal(tmp_path, env, keys_text=keys_text)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+def test_refuses_a_wildcard_bind_without_service_expose(tmp_path, host):
+    line = refusal(tmp_path, {"SERVICE_METRICS_TOKEN": "m", "SERVICE_GATEWAY_AUTH_TOKEN": "s"}, "--host", host)
+    assert "refusing the wildcard bind" in line and "SERVICE_EXPOSE" in line
+
+
+def test_refuses_a_bad_catalog_and_a_busy_port(tmp_path):
+    servers = tmp_path / "server"
+    servers.mkdir()
+    (servers / "BAD.toml").write_text('id = "BAD"\nport = "x"\nserver_uri = "/bad"\n')
+    line = refusal(tmp_path, {"SERVICE_METRICS_TOKEN": "m", "SERVICE_GATEWAY_AUTH_TOKEN": "s"})
+    assert "BAD.toml: port: must be an integer" in line
+    (servers / "BAD.toml").unlink()
+    port = free_port()
+
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", port))
+        blocker.listen()
+        keys = tmp_path / "keys.toml"
+        keys.write_text(keys_toml())
+        code, output = run_to_exit(gateway_args("--port", str(port), "--keys", str(keys), "--servers", str(servers)),
+                                   env=child_env({"SERVICE_METRICS_TOKEN": "m", "SERVICE_GATEWAY_AUTH_TOKEN": "s"}))
+    assert code == 1 and f"cannot listen on 127.0.0.1:{port}" in output
+
+
+def test_static_token_mode_warns_about_an_empty_key_file(tmp_path):
+    servers = tmp_path / "server"
+    servers.mkdir()
+    gateway = start_gateway(tmp_path, servers, "# empty\n")
+    try:
+        time.sleep(0.3)
+        assert "has no keys: static-token mode" in gateway.output()
+        assert "in static-token mode" in gateway.output()
+        reply = request("POST", gateway.url + "/v1/models/X/infer", {"images": ["eA=="]},
+                        headers=bearer(GATEWAY_TOKENS["SERVICE_GATEWAY_AUTH_TOKEN"]))
+        assert reply.status == 404 and reply.header("X-Service-Key") == "static-token"
+    finally:
+        assert gateway.stop() == 0
+
+
+def test_sigterm_exits_zero_and_access_log_names_the_key(stack, tmp_path):
+    servers = tmp_path / "server"
+    servers.mkdir()
+    gateway = start_gateway(tmp_path, servers, keys_toml())
+    get(gateway.url + "/v1/models/X/jobs/j", headers={**bearer(KEYS["new"]), "X-Request-ID": "log-me"})
+    assert gateway.stop(signal.SIGTERM) == 0
+    line = next(x for x in gateway.output().splitlines() if "log-me" in x)
+    assert "GET /v1/models/X/jobs/j 404" in line and "key=tenant-new" in line and "rid=log-me" in line

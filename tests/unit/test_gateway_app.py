@@ -1,0 +1,415 @@
+"""The gateway's routes in memory: StubTreq in front, a fake model server behind, a Clock for time."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from klein import Klein
+from treq.testing import RequestTraversalAgent, StubTreq
+from twisted.internet.defer import Deferred, fail
+from twisted.internet.error import ConnectionLost, ConnectionRefusedError
+from twisted.internet.task import Clock
+from twisted.python.failure import Failure
+from twisted.web._newclient import ResponseFailed
+
+from svc.auth import decide, hash_key
+from svc.gateway.app import GatewayApp
+from svc.gateway.catalog import Catalog, Upstream
+from svc.gateway.cors import CorsResource
+from svc.gateway.proxy import Proxy
+from svc.metrics import GatewayMetrics, new_registry, render
+
+pytestmark = pytest.mark.filterwarnings("ignore:Using readBody with a transport:DeprecationWarning")
+
+KEY, SLOW_KEY, OFF_KEY = "1" * 64, "2" * 64, "3" * 64
+TOKENS = {"SERVICE_GATEWAY_AUTH_TOKEN": "static-tok", "SERVICE_API_TOKEN": "mgmt-tok", "SERVICE_METRICS_TOKEN": "metrics-tok"}
+ORIGIN = "http://127.0.0.1:8787"
+RECV_TIMEOUT_MS = 20000
+
+
+class FakeModel:
+    """Answers like a model server and records what reached it."""
+
+    app = Klein()
+
+    def __init__(self) -> None:
+        self.received: list[dict] = []
+        self.hanging: list[Deferred] = []
+
+    def record(self, request):
+        self.received.append({
+            "method": request.method.decode(),
+            "uri": request.uri.decode(),
+            "headers": {k.decode().lower(): [x.decode() for x in v] for k, v in request.requestHeaders.getAllRawHeaders()},
+            "body": request.content.read(),
+        })
+
+    @app.route("/classify", methods=["POST"])
+    def infer(self, request):
+        self.record(request)
+        request.setResponseCode(200)
+        for name, value in (("Content-Type", "application/json; charset=utf-8"), ("X-Request-ID", "t-1"),
+                            ("Cache-Control", "no-store"), ("Set-Cookie", "a=b"), ("Server-Timing", "x;dur=1")):
+            request.setHeader(name, value)
+        return b'{"status":0,"results":[]}'
+
+    @app.route("/busy", methods=["POST"])
+    def busy(self, request):
+        self.record(request)
+        request.setResponseCode(429)
+        request.setHeader("Retry-After", "7")
+        request.setHeader("Content-Type", "application/json; charset=utf-8")
+        return b'{"status":429,"error":"wait queue full"}'
+
+    @app.route("/hang", methods=["POST"])
+    def hang(self, request):
+        self.record(request)
+        d = Deferred()
+        self.hanging.append(d)
+        return d
+
+    @app.route("/jobs", methods=["POST"])
+    def submit(self, request):
+        self.record(request)
+        request.setResponseCode(202)
+        request.setHeader("Location", "/jobs/job_1")
+        request.setHeader("Content-Type", "application/json; charset=utf-8")
+        return json.dumps({"job_id": "job_1", "state": "pending", "poll_url": "/jobs/job_1",
+                           "result_url": "/jobs/job_1/result"}).encode()
+
+    @app.route("/jobs/<job>", methods=["GET"])
+    def status(self, request, job):
+        self.record(request)
+        request.setHeader("Content-Type", "application/json; charset=utf-8")
+        return json.dumps({"job_id": job, "state": "running", "elapsed_ms": 5, "poll_url": f"/jobs/{job}",
+                           "result_url": f"/jobs/{job}/result"}).encode()
+
+    @app.route("/jobs/<job>/wait", methods=["GET"])
+    def wait(self, request, job):
+        return self.status(request, job)
+
+    @app.route("/jobs/<job>/result", methods=["GET"])
+    def result(self, request, job):
+        self.record(request)
+        request.setResponseCode(409)
+        request.setHeader("Content-Type", "application/json; charset=utf-8")
+        return json.dumps({"status": 409, "error": "job is running", "poll_url": "/jobs/x"}).encode()
+
+
+class FailingAgent:
+    def __init__(self, error):
+        self.error = error
+
+    def request(self, *args, **kwargs):
+        return fail(self.error)
+
+    def flush(self):
+        pass
+
+
+class Harness:
+    def __init__(self, tmp_path, agent=None, upstreams=None):
+        keys = tmp_path / "keys.toml"
+        keys.write_text(
+            f'[keys.tenant-a]\nhash = "{hash_key(KEY)}"\n'
+            f'[keys.slow]\nhash = "{hash_key(SLOW_KEY)}"\nrate_limit_qps = 2\n'
+            f'[keys.off]\nhash = "{hash_key(OFF_KEY)}"\nenabled = false\n'
+        )
+        self.clock = Clock()
+        self.model = FakeModel()
+        self.upstream_agent = agent or RequestTraversalAgent(self.model.app.resource())
+        from svc.auth import Authenticator
+
+        self.registry = new_registry()
+        catalog = Catalog(upstreams or [
+            Upstream("CLS", 9001, "/classify", False, "up-token"),
+            Upstream("BUSY", 9002, "/busy", False, "up-token"),
+            Upstream("SLOW", 9003, "/hang", True, "up-token"),
+            Upstream("GEN", 9004, "/generate", True, None),
+        ])
+        self.app = GatewayApp(
+            clock=self.clock, catalog=catalog, authenticator=Authenticator(decide(TOKENS, str(keys))),
+            proxy=Proxy(self.clock, self.upstream_agent, RECV_TIMEOUT_MS / 1000.0),
+            metrics=GatewayMetrics(self.registry), registry=self.registry,
+            upstream_recv_timeout_ms=RECV_TIMEOUT_MS, max_body_bytes=1 << 20,
+        )
+        self.client = StubTreq(CorsResource(self.app.resource(), (ORIGIN, "http://localhost:8787")))
+
+    def call(self, method, path, *, token=KEY, headers=None, body=None, settle=True):
+        headers = dict(headers or {})
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        d = self.client.request(method, "http://gateway" + path, headers=headers, data=body)
+        if settle:
+            return self.settle(d)
+        return d
+
+    def settle(self, d):
+        for _ in range(5):
+            self.upstream_agent.flush()
+            self.client.flush()
+        response = self.result(d)
+        body = self.result(self.client.content(response))
+        response.body = body
+        is_json = (response.headers.getRawHeaders(b"content-type") or [b""])[0].startswith(b"application/json")
+        response.json = json.loads(body) if is_json else None
+        return response
+
+    @staticmethod
+    def result(d):
+        box = []
+        d.addBoth(box.append)
+        assert box, "the request did not finish"
+        if isinstance(box[0], Failure):
+            box[0].raiseException()
+        return box[0]
+
+
+def h(response, name):
+    values = response.headers.getRawHeaders(name.encode())
+    return values[0].decode() if values else None
+
+
+@pytest.fixture
+def gw(tmp_path):
+    return Harness(tmp_path)
+
+
+def assert_envelope(response, http, status):
+    assert response.code == http, response.body
+    assert h(response, "Content-Type") == "application/json; charset=utf-8"
+    body = response.json
+    assert body["status"] == status and body["results"] == [] and body["partial"] is False
+    assert body["model"]["name"] == "gateway" and body["error"]
+    return body
+
+
+# -- authentication, before anything else ----------------------------------------------------------
+
+
+def test_healthz_needs_no_credential(gw):
+    r = gw.call("GET", "/healthz", token=None)
+    assert r.code == 200 and r.json["status"] == 0 and r.json["status_str"] == "SUCCESS" and "error" not in r.json
+
+
+@pytest.mark.parametrize("path, method", [("/v1/models/CLS/infer", "POST"), ("/classify", "POST"),
+                                          ("/v1/models/CLS/jobs", "POST"), ("/v1/models/CLS/jobs/job_1", "GET"),
+                                          ("/v1/models/NOPE/infer", "POST"), ("/nowhere", "GET"), ("/jobs", "POST"),
+                                          ("/v1/models/CLS/infer", "GET")])
+@pytest.mark.parametrize("token", [None, "", "wrong", OFF_KEY, "metrics-tok", KEY[:-1]])
+def test_missing_or_wrong_credentials_are_401_everywhere(gw, path, method, token):
+    r = gw.call(method, path, token=token, body=b"{}" if method == "POST" else None)
+    assert_envelope(r, 401, 401)
+    assert h(r, "WWW-Authenticate") == 'Bearer realm="gateway"'
+    assert h(r, "X-Service-Key") is None
+    assert gw.model.received == []
+
+
+def test_key_and_static_tokens_name_themselves(gw):
+    for token, name in ((KEY, "tenant-a"), ("static-tok", "static-token"), ("mgmt-tok", "management-token")):
+        r = gw.call("POST", "/v1/models/CLS/infer", token=token, body=b'{"images":["x"]}')
+        assert r.code == 200 and h(r, "X-Service-Key") == name
+
+
+# -- forwarding ------------------------------------------------------------------------------------
+
+
+def test_request_forwarding_keeps_the_body_and_only_allowed_headers(gw):
+    body = b'{ "images" : ["aGk="],\n "params":{"top_k": 3}}  '
+    r = gw.call("POST", "/v1/models/CLS/infer", body=body, headers={
+        "Content-Type": "application/json", "Accept": "application/json", "X-Request-ID": "rid-1",
+        "X-Service-Params": '{"top_k":1}', "X-Service-Options": "{}", "Cookie": "s=1", "X-Forwarded-For": "1.2.3.4",
+        "User-Agent": "evil", "X-Other": "no"})
+    assert r.code == 200
+    seen = gw.model.received[-1]
+    assert seen["method"] == "POST" and seen["uri"] == "/classify" and seen["body"] == body
+    forwarded = {k: v for k, v in seen["headers"].items() if k not in ("host", "connection", "content-length")}
+    assert forwarded == {
+        "authorization": ["Bearer up-token"], "content-type": ["application/json"], "accept": ["application/json"],
+        "x-request-id": ["rid-1"], "x-service-params": ['{"top_k":1}'], "x-service-options": ["{}"]}
+
+
+def test_raw_body_content_type_is_forwarded_verbatim(gw):
+    gw.call("POST", "/v1/models/CLS/infer", body=b"\x89PNG...", headers={"Content-Type": "image/png"})
+    assert gw.model.received[-1]["headers"]["content-type"] == ["image/png"]
+    assert gw.model.received[-1]["body"] == b"\x89PNG..."
+
+
+def test_reply_passes_status_body_and_listed_headers_only(gw):
+    r = gw.call("POST", "/v1/models/CLS/infer", body=b"{}")
+    assert (r.code, r.body) == (200, b'{"status":0,"results":[]}')
+    assert (h(r, "X-Request-ID"), h(r, "Cache-Control"), h(r, "Content-Type")) == (
+        "t-1", "no-store", "application/json; charset=utf-8")
+    assert h(r, "Set-Cookie") is None and h(r, "Server-Timing") is None
+    busy = gw.call("POST", "/v1/models/BUSY/infer", body=b"{}")
+    assert (busy.code, h(busy, "Retry-After"), busy.json["error"]) == (429, "7", "wait queue full")
+
+
+def test_legacy_server_uri_and_unknown_paths(gw):
+    assert gw.call("POST", "/classify", body=b"{}").code == 200
+    unknown_id = assert_envelope(gw.call("POST", "/v1/models/NOPE/infer", body=b"{}"), 404, 63)
+    unknown_uri = assert_envelope(gw.call("POST", "/nope/predict", body=b"{}"), 404, 63)
+    assert {k: v for k, v in unknown_id.items() if k not in ("task_id", "error")} == \
+        {k: v for k, v in unknown_uri.items() if k not in ("task_id", "error")}
+    assert_envelope(gw.call("POST", "/jobs", body=b"{}"), 404, 63)
+    assert_envelope(gw.call("GET", "/jobs/job_1"), 404, 63)
+    assert_envelope(gw.call("POST", "/v1/models/CLS/classify", body=b"{}"), 404, 63)
+    assert len(gw.model.received) == 1
+
+
+@pytest.mark.parametrize("method, path, allow", [("GET", "/v1/models/CLS/infer", "POST"), ("GET", "/classify", "POST"),
+                                                 ("POST", "/v1/models/CLS/jobs/job_1", "GET"),
+                                                 ("PUT", "/v1/models/CLS/jobs", "POST"), ("POST", "/healthz", "GET")])
+def test_wrong_method_is_405_with_allow(gw, method, path, allow):
+    r = gw.call(method, path, body=b"{}" if method != "GET" else None)
+    assert_envelope(r, 405, 62)
+    assert h(r, "Allow") == allow and h(r, "X-Service-Key") == "tenant-a"
+
+
+def test_gateway_errors_echo_the_request_id(gw):
+    r = gw.call("POST", "/v1/models/NOPE/infer", body=b"{}", headers={"X-Request-ID": "my-req-7"})
+    assert h(r, "X-Request-ID") == "my-req-7" and r.json["task_id"] == "my-req-7"
+
+
+# -- jobs --------------------------------------------------------------------------------------------
+
+
+def test_job_urls_are_rewritten_onto_the_gateway_prefix(gw):
+    r = gw.call("POST", "/v1/models/SLOW/jobs", body=b'{"images":["x"]}')
+    assert r.code == 202 and h(r, "Location") == "/v1/models/SLOW/jobs/job_1"
+    assert r.json == {"job_id": "job_1", "state": "pending", "poll_url": "/v1/models/SLOW/jobs/job_1",
+                      "result_url": "/v1/models/SLOW/jobs/job_1/result"}
+    for suffix in ("", "/wait?timeout=1500"):
+        s = gw.call("GET", "/v1/models/SLOW/jobs/job_1" + suffix)
+        assert s.code == 200 and s.json["poll_url"] == "/v1/models/SLOW/jobs/job_1"
+        assert s.json["result_url"] == "/v1/models/SLOW/jobs/job_1/result"
+    assert [x["uri"] for x in gw.model.received] == ["/jobs", "/jobs/job_1", "/jobs/job_1/wait?timeout=1500"]
+    result = gw.call("GET", "/v1/models/SLOW/jobs/job_1/result")
+    assert result.code == 409 and result.json["error"] == "job is running"
+
+
+@pytest.mark.parametrize("query, forwarded", [("?timeout=19999", "/jobs/j/wait?timeout=19999"),
+                                              ("?timeout=abc", "/jobs/j/wait?timeout=abc"),
+                                              ("?timeout=-5", "/jobs/j/wait?timeout=-5")])
+def test_waits_below_the_receive_timeout_are_forwarded(gw, query, forwarded):
+    assert gw.call("GET", "/v1/models/SLOW/jobs/j/wait" + query).code == 200
+    assert gw.model.received[-1]["uri"] == forwarded
+
+
+@pytest.mark.parametrize("query", ["?timeout=20000", "?timeout=300000", "?timeout=999999999"])
+def test_waits_at_or_above_the_receive_timeout_are_502(gw, query):
+    body = assert_envelope(gw.call("GET", "/v1/models/SLOW/jobs/j/wait" + query), 502, 502)
+    assert "upstream_recv_timeout_ms" in body["error"]
+    assert gw.model.received == []
+
+
+def test_the_default_wait_budget_counts_too(gw):
+    """Without ?timeout the model waits 30000 ms: above this gateway's 20000 ms receive timeout."""
+    assert_envelope(gw.call("GET", "/v1/models/SLOW/jobs/j/wait"), 502, 502)
+    assert gw.model.received == []
+
+
+# -- upstream failures ---------------------------------------------------------------------------------
+
+
+def test_unreachable_upstream_is_503(tmp_path):
+    gw = Harness(tmp_path, agent=FailingAgent(ConnectionRefusedError()))
+    body = assert_envelope(gw.call("POST", "/v1/models/CLS/infer", body=b"{}", headers={"X-Request-ID": "r-9"}), 503, 65)
+    assert "not reachable" in body["error"] and body["task_id"] == "r-9"
+    assert 'service_gateway_upstream_errors_total{kind="unreachable",model="CLS"} 1.0' in render(gw.registry).decode()
+
+
+def test_broken_reply_is_502(tmp_path):
+    gw = Harness(tmp_path, agent=FailingAgent(ResponseFailed([Failure(ConnectionLost("gone"))])))
+    body = assert_envelope(gw.call("POST", "/v1/models/CLS/infer", body=b"{}"), 502, 502)
+    assert "ResponseFailed" in body["error"] and "gone" in body["error"]
+    assert 'service_gateway_upstream_errors_total{kind="transport",model="CLS"} 1.0' in render(gw.registry).decode()
+
+
+def test_no_reply_within_the_receive_timeout_is_502(gw):
+    d = gw.call("POST", "/v1/models/SLOW/infer", body=b"{}", settle=False)
+    answered = []
+    d.addBoth(lambda r: answered.append(r) or r)
+    gw.upstream_agent.flush()
+    assert len(gw.model.hanging) == 1 and answered == []
+    gw.clock.advance(RECV_TIMEOUT_MS / 1000.0 - 0.01)
+    gw.upstream_agent.flush()
+    gw.client.flush()
+    assert answered == []
+    gw.clock.advance(0.02)
+    body = assert_envelope(gw.settle(d), 502, 502)
+    assert "upstream_recv_timeout_ms" in body["error"]
+    assert 'service_gateway_upstream_errors_total{kind="timeout",model="SLOW"} 1.0' in render(gw.registry).decode()
+
+
+# -- rate limits -----------------------------------------------------------------------------------------
+
+
+def test_token_bucket_per_key(gw):
+    infer = lambda token=SLOW_KEY: gw.call("POST", "/v1/models/CLS/infer", token=token, body=b"{}")  # noqa: E731
+    assert [infer().code, infer().code] == [200, 200]
+    limited = infer()
+    body = assert_envelope(limited, 429, 429)
+    assert h(limited, "Retry-After") == "1" and h(limited, "X-Service-Key") == "slow"
+    assert "rate limit of 2 requests/s for key slow" in body["error"]
+    assert [infer(KEY).code for _ in range(10)] == [200] * 10  # other keys and unlimited keys are unaffected
+    gw.clock.advance(0.5)
+    assert infer().code == 200
+    assert infer().code == 429
+    metrics = render(gw.registry).decode()
+    assert 'service_gateway_key_rejections_total{key="slow",reason="rate_limited"} 2.0' in metrics
+    assert 'service_gateway_key_requests_total{key="slow"} 3.0' in metrics
+    assert 'service_gateway_key_requests_total{key="tenant-a"} 10.0' in metrics
+
+
+def test_rate_limited_requests_never_reach_the_model(gw):
+    for _ in range(5):
+        gw.call("POST", "/v1/models/CLS/infer", token=SLOW_KEY, body=b"{}")
+    assert len(gw.model.received) == 2
+
+
+# -- CORS ------------------------------------------------------------------------------------------------
+
+
+def test_preflight_from_the_ui_origin_needs_no_credentials(gw):
+    r = gw.call("OPTIONS", "/v1/models/CLS/infer", token=None, headers={
+        "Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type"})
+    assert r.code == 204 and r.body == b""
+    assert h(r, "Access-Control-Allow-Origin") == ORIGIN and h(r, "Vary") == "Origin"
+    assert h(r, "Access-Control-Allow-Methods") == "GET, POST, OPTIONS"
+    assert "Authorization" in h(r, "Access-Control-Allow-Headers")
+    assert gw.model.received == []
+
+
+def test_actual_request_from_the_ui_origin_is_reflected(gw):
+    r = gw.call("POST", "/v1/models/CLS/infer", body=b"{}", headers={"Origin": "http://localhost:8787"})
+    assert h(r, "Access-Control-Allow-Origin") == "http://localhost:8787" and h(r, "Vary") == "Origin"
+    assert "X-Service-Key" in h(r, "Access-Control-Expose-Headers")
+
+
+@pytest.mark.parametrize("origin", ["http://evil.example", "http://127.0.0.1:8788", "null"])
+def test_other_origins_get_no_cors_headers(gw, origin):
+    for method in ("OPTIONS", "POST"):
+        r = gw.call(method, "/v1/models/CLS/infer", body=b"{}", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST"})
+        assert h(r, "Access-Control-Allow-Origin") is None and h(r, "Access-Control-Allow-Methods") is None
+        assert h(r, "Vary") == "Origin"
+
+
+# -- metrics ---------------------------------------------------------------------------------------------
+
+
+def test_metrics_need_the_metrics_token(gw):
+    for token in (None, KEY, "static-tok", "mgmt-tok"):
+        assert_envelope(gw.call("GET", "/metrics", token=token), 401, 401)
+    gw.call("POST", "/v1/models/CLS/infer", body=b"{}")
+    r = gw.call("GET", "/metrics", token="metrics-tok")
+    assert r.code == 200 and h(r, "Content-Type").startswith("text/plain") and h(r, "X-Service-Key") == "metrics-token"
+    text = r.body.decode()
+    assert 'service_gateway_key_requests_total{key="tenant-a"} 1.0' in text
+    assert 'service_gateway_auth_failures_total{reason="missing"} 1.0' in text
+    assert 'service_gateway_auth_failures_total{reason="wrong"} 3.0' in text
+    assert 'service_gateway_upstream_duration_ms_count{model="CLS",route="infer"} 1.0' in text
+    assert "service_http_request_duration_ms_count{route=\"infer\"} 1.0" in text

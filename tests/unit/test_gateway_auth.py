@@ -1,0 +1,178 @@
+"""Gateway credentials: the key file, the startup mode and its refusals, the per-request check."""
+
+from __future__ import annotations
+
+import pytest
+
+from svc.auth import (
+    MANAGEMENT_TOKEN_NAME,
+    STATIC_TOKEN_NAME,
+    Authenticator,
+    Principal,
+    Refused,
+    Unauthorized,
+    bind_problem,
+    decide,
+    hash_key,
+    load_key_file,
+)
+from svc.config import ConfigError
+
+KEY_A, KEY_B = "a" * 64, "b" * 64
+ENV = {"SERVICE_METRICS_TOKEN": "metrics-tok"}
+
+
+def keys_file(tmp_path, text):
+    path = tmp_path / "api_keys.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def entry(name, key, extra=""):
+    return f'[keys.{name}]\nhash = "{hash_key(key)}"\n{extra}\n'
+
+
+def test_hash_is_lowercase_sha256_hex():
+    assert hash_key("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+
+
+def test_key_file_defaults_and_fields(tmp_path):
+    path = keys_file(tmp_path, entry("a", KEY_A) + entry("b", KEY_B, 'scope = "all"\nrate_limit_qps = 5\nenabled = false'))
+    a, b = load_key_file(path)
+    assert (a.name, a.hash, a.scope, a.rate_limit_qps, a.enabled) == ("a", hash_key(KEY_A), "inference", 0, True)
+    assert (b.name, b.scope, b.rate_limit_qps, b.enabled) == ("b", "all", 5, False)
+
+
+@pytest.mark.parametrize("text, key, problem", [
+    ('[keys.a]\nscope = "inference"\n', "keys.a.hash", "required key is missing"),
+    ('[keys.a]\nhash = "ABC"\n', "keys.a.hash", "must match [0-9a-f]{64}"),
+    (f'[keys.a]\nhash = "{"A" * 64}"\n', "keys.a.hash", "must match"),
+    (entry("a", KEY_A, 'scope = "root"'), "keys.a.scope", "must be one of 'inference', 'admin', 'all'"),
+    (entry("a", KEY_A, "rate_limit_qps = -1"), "keys.a.rate_limit_qps", "must be at least 0"),
+    (entry("a", KEY_A, 'rate_limit_qps = "5"'), "keys.a.rate_limit_qps", "must be an integer"),
+    (entry("a", KEY_A, 'enabled = "yes"'), "keys.a.enabled", "must be a boolean"),
+    (entry("a", KEY_A, 'owner = "bob"'), "keys.a.owner", "unknown key"),
+    (entry("a", KEY_A) + entry("b", KEY_A), "keys.b.hash", "the same hash as keys.a"),
+    (entry('"static-token"', KEY_A), "keys.static-token", "reserved"),
+    (entry('"bad name"', KEY_A), "keys.bad name", "key name must be"),
+    ('title = "x"\n', "title", "unknown table or key"),
+    ("keys = 3\n", "keys", "must be a table"),
+])
+def test_key_file_errors_name_the_key(tmp_path, text, key, problem):
+    with pytest.raises(ConfigError) as e:
+        load_key_file(keys_file(tmp_path, text))
+    assert e.value.key == key and problem in e.value.problem
+
+
+def test_key_file_parse_error_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_key_file(keys_file(tmp_path, "[keys.a\n"))
+    with pytest.raises(ConfigError, match="file not found"):
+        load_key_file(str(tmp_path / "nope.toml"))
+
+
+def test_comment_only_file_is_zero_keys(tmp_path):
+    assert load_key_file(keys_file(tmp_path, "# nothing yet\n\n")) == []
+
+
+# -- startup mode (SPEC "Authentication", rules 1-3) ----------------------------------------
+
+
+def test_api_keys_mode_when_the_file_has_keys(tmp_path):
+    setup = decide(ENV, keys_file(tmp_path, entry("a", KEY_A)))
+    assert setup.mode == "api-keys" and [k.name for k in setup.keys] == ["a"] and setup.warnings == ()
+    assert setup.gateway_token is None and setup.api_token is None
+
+
+def test_static_token_mode_without_a_key_file(tmp_path):
+    setup = decide({**ENV, "SERVICE_GATEWAY_AUTH_TOKEN": "tok"}, str(tmp_path / "missing.toml"))
+    assert setup.mode == "static-token" and setup.keys == () and "no key file" in setup.warnings[0]
+
+
+def test_management_token_alone_is_a_static_token(tmp_path):
+    setup = decide({**ENV, "SERVICE_API_TOKEN": "mgmt"}, str(tmp_path / "missing.toml"))
+    assert setup.mode == "static-token" and setup.api_token == "mgmt"
+
+
+def test_empty_key_file_with_a_token_warns(tmp_path):
+    setup = decide({**ENV, "SERVICE_GATEWAY_AUTH_TOKEN": "tok"}, keys_file(tmp_path, "# none\n"))
+    assert setup.mode == "static-token" and "has no keys" in setup.warnings[0]
+
+
+def test_broken_key_file_with_a_token_falls_back_with_a_warning(tmp_path):
+    setup = decide({**ENV, "SERVICE_GATEWAY_AUTH_TOKEN": "tok"}, keys_file(tmp_path, "[keys.a\n"))
+    assert setup.mode == "static-token" and "cannot be used" in setup.warnings[0]
+
+
+@pytest.mark.parametrize("env, text, reason", [
+    (ENV, None, "no API key file at"),
+    (ENV, "# comments only\n", "has no keys and neither SERVICE_GATEWAY_AUTH_TOKEN or SERVICE_API_TOKEN is set"),
+    (ENV, "[keys.a\n", "the key file cannot be used and no static token is set"),
+    (ENV, '[keys.a]\nhash = "x"\n', "the key file cannot be used and no static token is set"),
+    ({**ENV, "SERVICE_GATEWAY_AUTH_TOKEN": ""}, None, "no API key file at"),
+    ({}, 'ok', "SERVICE_METRICS_TOKEN is not set"),
+    ({"SERVICE_METRICS_TOKEN": "same", "SERVICE_GATEWAY_AUTH_TOKEN": "same"}, None,
+     "SERVICE_METRICS_TOKEN equals SERVICE_GATEWAY_AUTH_TOKEN"),
+    ({"SERVICE_METRICS_TOKEN": "same", "SERVICE_API_TOKEN": "same"}, None, "SERVICE_METRICS_TOKEN equals SERVICE_API_TOKEN"),
+])
+def test_startup_refusals(tmp_path, env, text, reason):
+    path = keys_file(tmp_path, entry("a", KEY_A) if text == "ok" else text) if text is not None else str(tmp_path / "x.toml")
+    with pytest.raises(Refused) as e:
+        decide(env, path)
+    assert reason in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("host, expose, refused", [
+    ("0.0.0.0", None, True), ("::", None, True), ("0.0.0.0", "yes", True), ("0.0.0.0", "docker", False),
+    ("::", "unsafe", False), ("127.0.0.1", None, False), ("::1", None, False),
+])
+def test_wildcard_bind_needs_service_expose(host, expose, refused):
+    env = {"SERVICE_EXPOSE": expose} if expose else {}
+    assert (bind_problem(host, env, "the gateway") is not None) is refused
+
+
+# -- per request ---------------------------------------------------------------------------------
+
+
+def authenticator(tmp_path, text, **tokens):
+    return Authenticator(decide({**ENV, **tokens}, keys_file(tmp_path, text)))
+
+
+def test_keys_first_then_static_tokens(tmp_path):
+    auth = authenticator(tmp_path, entry("tenant", KEY_A, "rate_limit_qps = 3"),
+                         SERVICE_GATEWAY_AUTH_TOKEN="static", SERVICE_API_TOKEN="mgmt")
+    assert auth.authenticate(KEY_A) == Principal("tenant", 3)
+    assert auth.authenticate("static") == Principal(STATIC_TOKEN_NAME)
+    assert auth.authenticate("mgmt") == Principal(MANAGEMENT_TOKEN_NAME)
+
+
+@pytest.mark.parametrize("scope", ["inference", "admin", "all"])
+def test_every_scope_is_accepted_for_inference(tmp_path, scope):
+    auth = authenticator(tmp_path, entry("k", KEY_A, f'scope = "{scope}"'))
+    assert auth.authenticate(KEY_A).name == "k"
+
+
+def test_wrong_missing_and_disabled_credentials(tmp_path):
+    auth = authenticator(tmp_path, entry("on", KEY_A) + entry("off", KEY_B, "enabled = false"))
+    for bearer, reason in ((None, "missing"), ("", "missing"), ("nope", "wrong"), (KEY_A.upper(), "wrong"),
+                           ("metrics-tok", "wrong")):
+        with pytest.raises(Unauthorized, match=reason) as e:
+            auth.authenticate(bearer)
+        assert e.value.key is None
+    with pytest.raises(Unauthorized, match="disabled") as e:
+        auth.authenticate(KEY_B)
+    assert e.value.key == "off"
+
+
+def test_unset_static_tokens_never_authorize(tmp_path):
+    auth = authenticator(tmp_path, entry("on", KEY_A), SERVICE_GATEWAY_AUTH_TOKEN="")
+    for bearer in ("", " ", "None", "null"):
+        with pytest.raises(Unauthorized):
+            auth.authenticate(bearer)
+
+
+def test_only_the_metrics_token_reads_metrics(tmp_path):
+    auth = authenticator(tmp_path, entry("on", KEY_A), SERVICE_GATEWAY_AUTH_TOKEN="static", SERVICE_API_TOKEN="mgmt")
+    assert auth.is_metrics("metrics-tok")
+    assert not any(auth.is_metrics(t) for t in (None, "", "static", "mgmt", KEY_A, "metrics-to"))

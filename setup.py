@@ -40,6 +40,7 @@ TEST = [
     "pytest==9.2.0",
     "hypothesis==6.170.15",
     "schemathesis==4.32.5",
+    "playwright==1.65.2",
 ]
 
 setup(
@@ -52,6 +53,7 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["svc", "svc.*", "models"]) + ["twisted.plugins"],
     package_data={"models": ["data/*.txt"], "twisted.plugins": ["service_plugins.py"]},
+    data_files=[("share/inference-service/ui", ["ui/index.html", "ui/app.js", "ui/style.css"])],
     install_requires=RUNTIME,
     extras_require={"test": TEST},
     entry_points={"console_scripts": ["svcctl = svc.cli:main"]},

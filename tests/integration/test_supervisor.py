@@ -1,0 +1,225 @@
+"""The supervisor with real children: the gateway and two model servers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+
+import pytest
+
+from tests.support.http import get, post, request
+from tests.support.images import image_b64
+from tests.support.processes import child_env, free_port, run_to_exit
+from tests.support.stack import TOKENS, build_stack, key_entry, stop_stack
+
+MODELS = {"MOBILENETV2": {}, "TESTFAULTS": {"async_enabled": True, "max_batch_size": 1}}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    s = build_stack(tmp_path_factory.mktemp("stack"), MODELS)
+    for name in ("__gateway", *MODELS):
+        s.wait_for(name, lambda c: c["state"] == "running" and c["ready"])
+    yield s
+    code, survivors = stop_stack(s)
+    assert code == 0, s.supervisor.output()[-3000:]
+    assert survivors == [], f"children left behind: {survivors}"
+
+
+def api(stack, method, path, **kw):
+    return request(method, stack.url + path, headers={**stack.auth, **kw.pop("headers", {})}, **kw)
+
+
+def assert_error(reply, code):
+    assert reply.status == code, reply.body
+    assert reply.header("Content-Type") == "application/json; charset=utf-8"
+    assert reply.json["ok"] is False and reply.json["error"]
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+def test_health_needs_no_token(stack):
+    reply = get(stack.url + "/api/v1/health")
+    assert reply.status == 200 and reply.json["ok"] is True and reply.json["version"]
+
+
+def test_catalog_and_status_bodies(stack):
+    catalog = api(stack, "GET", "/api/v1/catalog").json
+    assert catalog["ok"] is True and catalog["profile"] == "cpu"
+    mobilenet = next(m for m in catalog["models"] if m["id"] == "MOBILENETV2")
+    assert mobilenet == {"id": "MOBILENETV2", "category": "classification", "task": "image-classification",
+                         "server_uri": "/mobilenetv2/predict", "infer_path": "/v1/models/MOBILENETV2/infer",
+                         "port": stack.model_ports["MOBILENETV2"], "async": False, "in_profile": True}
+    status = api(stack, "GET", "/api/v1/status").json
+    assert status["ok"] is True and status["profile"] == "cpu" and status["device"] == "cpu"
+    assert status["gateway"]["state"] == "running" and status["gateway"]["port"] == stack.gateway_port
+    faults = next(s for s in status["servers"] if s["id"] == "TESTFAULTS")
+    assert faults["async"] is True and faults["state"] == "running" and faults["ready"] is True
+    assert isinstance(faults["pid"], int) and faults["uptime_s"] > 0 and faults["last_error"] is None
+    assert faults["policy"] == "on-failure"
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic x"}])
+def test_management_routes_need_the_management_token(stack, headers):
+    for method, path in (("GET", "/api/v1/catalog"), ("GET", "/api/v1/status"), ("GET", "/api/v1/metrics"),
+                         ("POST", "/api/v1/servers/MOBILENETV2/restart"), ("GET", "/api/v1/servers/MOBILENETV2/logs")):
+        assert_error(request(method, stack.url + path, headers=headers), 401)
+
+
+def test_an_api_key_never_authorizes_the_management_api(stack):
+    for token in (stack.key, stack.env["SERVICE_GATEWAY_AUTH_TOKEN"], stack.env["SERVICE_METRICS_TOKEN"]):
+        assert_error(get(stack.url + "/api/v1/status", headers={"Authorization": f"Bearer {token}"}), 401)
+
+
+@pytest.mark.parametrize("path", ["/api/v1/infer", "/api/v1/jobs", "/api/v1/jobs/job_1", "/api/v1/pipelines",
+                                  "/api/v1/pipelines/x/run", "/api/v1/keys", "/api/v1/keys/reload", "/api/v2/status",
+                                  "/api/v1/servers/MOBILENETV2/explode", "/nope"])
+def test_removed_and_unknown_paths_are_404(stack, path):
+    assert_error(api(stack, "GET", path), 404)
+    assert_error(api(stack, "POST", path), 404)
+
+
+def test_unknown_server_is_404_and_wrong_method_405(stack):
+    assert_error(api(stack, "POST", "/api/v1/servers/NOSUCH/start"), 404)
+    assert_error(api(stack, "GET", "/api/v1/servers/NOSUCH/logs"), 404)
+    reply = api(stack, "GET", "/api/v1/servers/MOBILENETV2/start")
+    assert_error(reply, 405)
+    assert reply.header("Allow") == "POST"
+    assert_error(api(stack, "DELETE", "/api/v1/status"), 405)
+
+
+def test_logs_are_paged(stack):
+    page = api(stack, "GET", "/api/v1/servers/MOBILENETV2/logs?limit=5").json
+    assert page["ok"] is True and page["id"] == "MOBILENETV2" and 1 <= len(page["lines"]) <= 5
+    assert page["next_offset"] == page["lines"][-1]["seq"] + 1 == page["end_offset"]
+    first = api(stack, "GET", f"/api/v1/servers/MOBILENETV2/logs?offset={page['first_offset']}&limit=3").json
+    assert [line["seq"] for line in first["lines"]] == list(range(page["first_offset"], page["first_offset"] + 3))
+    assert any("ready" in line["line"] for line in api(stack, "GET", "/api/v1/servers/MOBILENETV2/logs?offset=0&limit=2000").json["lines"])
+    for bad in ("limit=0", "limit=99999", "offset=-1", "offset=x"):
+        assert_error(api(stack, "GET", f"/api/v1/servers/MOBILENETV2/logs?{bad}"), 400)
+    assert (stack.root / "logs" / "MOBILENETV2.log").read_text().count("\n") > 3
+
+
+def test_supervisor_metrics(stack):
+    reply = api(stack, "GET", "/api/v1/metrics")
+    assert reply.status == 200 and reply.header("Content-Type").startswith("text/plain")
+    text = reply.body.decode()
+    assert 'service_supervisor_child_state{child="MOBILENETV2",state="running"} 1.0' in text
+    assert 'service_supervisor_child_ready{child="__gateway"} 1.0' in text
+    assert 'service_supervisor_child_restarts_total{child="TESTFAULTS"}' in text
+
+
+# -- actions ------------------------------------------------------------------------------------
+
+
+def test_stop_start_restart_and_their_failures(stack):
+    before = stack.child("MOBILENETV2")
+    assert_error(api(stack, "POST", "/api/v1/servers/MOBILENETV2/start"), 500)
+    assert api(stack, "POST", "/api/v1/servers/MOBILENETV2/stop").json == {"ok": True}
+    stopped = stack.child("MOBILENETV2")
+    assert (stopped["state"], stopped["pid"], stopped["ready"]) == ("stopped", None, False)
+    with pytest.raises(ProcessLookupError):
+        os.kill(before["pid"], 0)
+    assert_error(api(stack, "POST", "/api/v1/servers/MOBILENETV2/stop"), 500)
+    assert api(stack, "POST", "/api/v1/servers/MOBILENETV2/start").json == {"ok": True}
+    started = stack.child("MOBILENETV2")
+    assert started["state"] == "running" and started["ready"] and started["pid"] != before["pid"]
+    assert api(stack, "POST", "/api/v1/servers/MOBILENETV2/restart").json == {"ok": True}
+    restarted = stack.child("MOBILENETV2")
+    assert restarted["restarts"] == started["restarts"] + 1 and restarted["ready"]
+
+
+def test_sigkilled_model_server_is_restarted_and_counted(stack):
+    before = stack.child("TESTFAULTS")
+    os.kill(before["pid"], signal.SIGKILL)
+    after = stack.wait_for("TESTFAULTS", lambda c: c["state"] == "running" and c["ready"] and c["pid"] != before["pid"])
+    assert after["restarts"] == before["restarts"] + 1
+    assert "signal 9" in (after["last_error"] or "") or after["last_error"] is None
+    assert "killed by signal 9" == after["last_exit"]
+
+
+def test_busy_port_gives_start_failed(stack):
+    assert api(stack, "POST", "/api/v1/servers/MOBILENETV2/stop").status == 200
+    with socket.socket() as blocker:
+        blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the port may be in TIME_WAIT
+        blocker.bind(("127.0.0.1", stack.model_ports["MOBILENETV2"]))
+        blocker.listen()
+        reply = api(stack, "POST", "/api/v1/servers/MOBILENETV2/start")
+        assert_error(reply, 500)
+        assert "Address already in use" in reply.json["error"]
+        child = stack.child("MOBILENETV2")
+        assert child["state"] == "start_failed" and "cannot listen" in child["last_error"]
+    assert api(stack, "POST", "/api/v1/servers/MOBILENETV2/start").status == 200
+
+
+# -- through the gateway ---------------------------------------------------------------------------
+
+
+def test_the_gateway_reaches_the_models_with_injected_tokens(stack):
+    reply = post(stack.gateway + "/v1/models/MOBILENETV2/infer", {"images": [image_b64()]},
+                 headers={"Authorization": f"Bearer {stack.key}"})
+    assert reply.status == 200 and reply.json["status"] == 0
+    assert reply.header("X-Service-Key") == "tenant-a"
+
+
+def test_restarting_a_model_loses_its_jobs(stack):
+    headers = {"Authorization": f"Bearer {stack.key}"}
+    job = post(stack.gateway + "/v1/models/TESTFAULTS/jobs", {"images": [image_b64()]}, headers=headers).json
+    done = get(stack.gateway + job["poll_url"] + "/wait?timeout=20000", headers=headers).json
+    assert done["state"] == "done"
+    assert api(stack, "POST", "/api/v1/servers/TESTFAULTS/restart").status == 200
+    for suffix in ("", "/result"):
+        reply = get(stack.gateway + job["poll_url"] + suffix, headers=headers)
+        assert reply.status == 404 and "job not found" in reply.json["error"]
+
+
+def test_gateway_restart_picks_up_a_new_key(stack):
+    new_key = os.urandom(32).hex()
+    headers = {"Authorization": f"Bearer {new_key}"}
+    body = {"images": [image_b64()]}
+    assert post(stack.gateway + "/v1/models/MOBILENETV2/infer", body, headers=headers).status == 401
+    stack.keys_file.write_text(stack.keys_file.read_text() + "\n" + key_entry("tenant-b", new_key))
+    assert post(stack.gateway + "/v1/models/MOBILENETV2/infer", body, headers=headers).status == 401  # no hot reload
+    assert api(stack, "POST", "/api/v1/servers/__gateway/restart").json == {"ok": True}
+    reply = post(stack.gateway + "/v1/models/MOBILENETV2/infer", body, headers=headers)
+    assert reply.status == 200 and reply.header("X-Service-Key") == "tenant-b"
+
+
+# -- startup ---------------------------------------------------------------------------------------
+
+
+def supervisor_args(*extra):
+    return [sys.executable, "-m", "twisted", "--log-format", "text", "service-supervisor", *extra]
+
+
+def test_refuses_without_the_management_token(tmp_path):
+    code, output = run_to_exit(supervisor_args("--port", str(free_port())),
+                               env=child_env({"SERVICE_API_TOKEN": ""}))
+    assert code == 1
+    assert output.strip().splitlines() == [
+        "service-supervisor: SERVICE_API_TOKEN is not set: the management API needs it (no anonymous mode)"]
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+def test_refuses_a_wildcard_bind_without_service_expose(host):
+    code, output = run_to_exit(supervisor_args("--host", host, "--port", str(free_port())),
+                               env=child_env({**TOKENS, "SERVICE_EXPOSE": ""}))
+    assert code == 1 and "refusing the wildcard bind" in output and len(output.strip().splitlines()) == 1
+
+
+def test_missing_metrics_token_fails_the_gateway_permanently(tmp_path):
+    s = build_stack(tmp_path, {"TESTFAULTS": {}}, env_overrides={"SERVICE_METRICS_TOKEN": ""})
+    try:
+        gateway = s.wait_for("__gateway", lambda c: c["state"] == "failed")
+        assert "SERVICE_METRICS_TOKEN is not set" in gateway["last_error"] and gateway["pid"] is None
+        s.wait_for("TESTFAULTS", lambda c: c["ready"])
+        time.sleep(1.0)
+        assert s.child("__gateway")["restarts"] == 0 and s.child("__gateway")["state"] == "failed"
+        assert "SERVICE_METRICS_TOKEN is not set" in s.supervisor.output()
+    finally:
+        code, survivors = stop_stack(s)
+    assert code == 0 and survivors == []

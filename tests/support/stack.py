@@ -1,0 +1,131 @@
+"""A whole service on free ports: supervisor, gateway and model servers, in a temp tree."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.support.http import get
+from tests.support.processes import Proc, child_env, free_port, spawn, write_config
+
+TOKENS = {
+    "SERVICE_API_TOKEN": "management-" + secrets.token_hex(8),
+    "SERVICE_GATEWAY_AUTH_TOKEN": "inference-" + secrets.token_hex(8),
+    "SERVICE_METRICS_TOKEN": "metrics-" + secrets.token_hex(8),
+}
+
+
+def key_entry(name: str, key: str, scope: str = "inference", qps: int = 0, enabled: bool = True) -> str:
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    return (f'[keys.{name}]\nhash = "{digest}"\nscope = "{scope}"\nrate_limit_qps = {qps}\n'
+            f"enabled = {'true' if enabled else 'false'}\n")
+
+
+@dataclass
+class Stack:
+    root: Path
+    supervisor: Proc
+    gateway_port: int
+    model_ports: dict[str, int]
+    keys_file: Path
+    env: dict[str, str]
+    key: str
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return self.supervisor.url
+
+    @property
+    def gateway(self) -> str:
+        return f"http://127.0.0.1:{self.gateway_port}"
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.env['SERVICE_API_TOKEN']}"}
+
+    def status(self) -> dict:
+        return get(self.url + "/api/v1/status", headers=self.auth).json
+
+    def child(self, name: str) -> dict:
+        status = self.status()
+        if name == "__gateway":
+            return status["gateway"]
+        return next(s for s in status["servers"] if s["id"] == name)
+
+    def wait_for(self, name: str, predicate, timeout: float = 120.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            child = self.child(name)
+            if predicate(child):
+                return child
+            time.sleep(0.2)
+        raise AssertionError(f"{name} never reached the expected state: {child}\n{self.supervisor.output()[-3000:]}")
+
+
+def build_stack(root: Path, models: dict[str, dict], *, env_overrides: dict[str, str] | None = None,
+                supervisor_extra: str = "") -> Stack:
+    """Write configs for ``models`` (base config name -> overrides) and start the supervisor."""
+    servers, profiles, logs = root / "server", root / "profiles", root / "logs"
+    for d in (servers, profiles):
+        d.mkdir(parents=True, exist_ok=True)
+    ports = {}
+    for model_id, overrides in models.items():
+        port = free_port()
+        write_config(servers, model_id, name=f"{model_id}.toml", port=port, **overrides)
+        ports[model_id] = port
+    ids = ", ".join(f'"{m}"' for m in models)
+    (profiles / "cpu.toml").write_text(f'device = "cpu"\nmodels = [{ids}]\n')
+    key = secrets.token_hex(32)
+    keys_file = root / "api_keys.toml"
+    keys_file.write_text(key_entry("tenant-a", key))
+    gateway_port, supervisor_port = free_port(), free_port()
+    config = root / "service.toml"
+    config.write_text(
+        f'[gateway]\nhost = "127.0.0.1"\nport = {gateway_port}\nkeys_file = "{keys_file}"\nservers_dir = "{servers}"\n\n'
+        f'[supervisor]\nport = {supervisor_port}\nprofile = "cpu"\nservers_dir = "{servers}"\n'
+        f'profiles_dir = "{profiles}"\nlog_dir = "{logs}"\nstop_grace_ms = 8000\nbackoff_initial_ms = 300\n'
+        f"{supervisor_extra}"
+    )
+    env = {**TOKENS, **(env_overrides or {})}
+    popen, log_path = spawn(
+        [__import__("sys").executable, "-m", "twisted", "--log-format", "text", "service-supervisor",
+         "--config", str(config)],
+        env=child_env(env),
+    )
+    proc = Proc(popen, supervisor_port, log_path, env.get("SERVICE_API_TOKEN"))
+    stack = Stack(root, proc, gateway_port, ports, keys_file, env, key)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if get(stack.url + "/api/v1/health", timeout=5).status == 200:
+                break
+        except OSError:
+            pass
+        if not proc.alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"supervisor did not come up:\n{proc.output()}")
+        time.sleep(0.2)
+    return stack
+
+
+def stop_stack(stack: Stack) -> tuple[int, list[int]]:
+    """SIGTERM the supervisor; its exit code and the child pids that survived it."""
+    try:
+        status = stack.status()
+        pids = [c["pid"] for c in [status["gateway"], *status["servers"]] if c["pid"]]
+    except Exception:  # noqa: BLE001 - the supervisor may already be gone
+        pids = []
+    code = stack.supervisor.stop(signal.SIGTERM, timeout=60)
+    survivors = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+            survivors.append(pid)
+        except ProcessLookupError:
+            pass
+    return code, survivors

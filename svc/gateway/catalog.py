@@ -33,6 +33,7 @@ class Upstream:
     server_uri: str
     async_enabled: bool
     token: str | None
+    peer_resp_timeout: int = 600  # the model server closes idle connections after this many seconds
 
     def url(self, path: str, query: bytes = b"") -> bytes:
         """The absolute URL of ``path`` on this model server (literal 127.0.0.1: no name lookups)."""
@@ -62,6 +63,11 @@ class Catalog:
     def __len__(self) -> int:
         return len(self.by_id)
 
+    def pool_idle_timeout(self, configured_s: float) -> float:
+        """The pool's idle timeout: ``configured_s``, kept below every model's own (STYLE trap 2)."""
+        shortest = min((u.peer_resp_timeout for u in self), default=configured_s + 1)
+        return min(configured_s, shortest * 0.5) if shortest <= configured_s else configured_s
+
 
 def upstream_tokens(env: Mapping[str, str]) -> tuple[dict[str, str], str | None]:
     """Per-model tokens and the one fallback token from the environment."""
@@ -89,5 +95,6 @@ def load_catalog(servers_dir: str, env: Mapping[str, str]) -> Catalog:
         raise CatalogError(f"the model-server config directory {servers_dir} does not exist") from None
     tokens, fallback = upstream_tokens(env)
     return Catalog([
-        Upstream(c.id, c.port, c.server_uri, c.async_enabled, tokens.get(c.id) or fallback) for c in configs
+        Upstream(c.id, c.port, c.server_uri, c.async_enabled, tokens.get(c.id) or fallback, c.peer_resp_timeout)
+        for c in configs
     ])

@@ -41,7 +41,7 @@ class GatewayService(MultiService):
         self.pool = None
         if agent is None:
             self.pool = make_pool(reactor, max_per_host=config.upstream_max_connections,
-                                  idle_timeout_s=config.upstream_idle_timeout_s)
+                                  idle_timeout_s=catalog.pool_idle_timeout(config.upstream_idle_timeout_s))
             agent = make_agent(reactor, self.pool, config.upstream_connect_timeout_ms / 1000.0)
         self.app = GatewayApp(
             clock=reactor,
@@ -87,6 +87,11 @@ class GatewayService(MultiService):
                  host=self.config.host, port=self.config.port, mode=info["mode"], keys=info["keys"],
                  enabled=info["enabled_keys"], static=", ".join(info["static_tokens"]) or "none",
                  models=len(self.catalog), ids=", ".join(u.id for u in self.catalog))
+        idle = self.catalog.pool_idle_timeout(self.config.upstream_idle_timeout_s)
+        if idle < self.config.upstream_idle_timeout_s:
+            log.warn("upstream_idle_timeout_s {configured} is not below every model's peer_resp_timeout: "
+                     "idle upstream connections close after {idle:g} s", configured=self.config.upstream_idle_timeout_s,
+                     idle=idle)
         missing = [u.id for u in self.catalog if not u.token]
         if missing:
             log.warn("no upstream token for {ids}: requests to them carry no Authorization "

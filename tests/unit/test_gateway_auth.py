@@ -176,3 +176,12 @@ def test_only_the_metrics_token_reads_metrics(tmp_path):
     auth = authenticator(tmp_path, entry("on", KEY_A), SERVICE_GATEWAY_AUTH_TOKEN="static", SERVICE_API_TOKEN="mgmt")
     assert auth.is_metrics("metrics-tok")
     assert not any(auth.is_metrics(t) for t in (None, "", "static", "mgmt", KEY_A, "metrics-to"))
+
+
+def test_pool_idle_timeout_stays_below_every_model():
+    from svc.gateway.catalog import Catalog, Upstream
+
+    catalog = Catalog([Upstream("A", 1, "/a", False, None, 600), Upstream("B", 2, "/b", False, None, 20)])
+    assert catalog.pool_idle_timeout(30) == 10.0
+    assert catalog.pool_idle_timeout(5) == 5
+    assert Catalog([]).pool_idle_timeout(30) == 30

@@ -352,3 +352,34 @@ def test_sigterm_exits_zero_and_access_log_names_the_key(stack, tmp_path):
     assert gateway.stop(signal.SIGTERM) == 0
     line = next(x for x in gateway.output().splitlines() if "log-me" in x)
     assert "GET /v1/models/X/jobs/j 404" in line and "key=tenant-new" in line and "rid=log-me" in line
+
+
+# -- the command-line client against the real gateway ---------------------------------------------------
+
+
+def svcctl(stack, *args, key=KEYS["new"]):
+    import json
+    import sys
+
+    env = child_env({"SERVICE_API_KEY": key}, drop=("SERVICE_GATEWAY_AUTH_TOKEN", "SERVICE_API_TOKEN"))
+    code, output = run_to_exit([sys.executable, "-m", "svc.cli", *args, "--gateway", stack["gateway"].url], env=env)
+    start = output.find("{")
+    return code, json.loads(output[start:output.rfind("}") + 1]) if start >= 0 else None, output
+
+
+def test_svcctl_infer_and_jobs_through_the_gateway(stack, tmp_path):
+    picture = tmp_path / "p.png"
+    picture.write_bytes(image_bytes(seed=5))
+    code, reply, output = svcctl(stack, "infer", "MOBILENETV2", str(picture), "--param", "top_k=2")
+    assert code == 0, output
+    assert reply["status"] == 0 and len(reply["results"][0]["data"]["scores"]) == 2
+    code, job, output = svcctl(stack, "jobs", "submit", "TESTFAULTS", str(picture))
+    assert code == 0 and job["state"] == "pending", output
+    code, waited, output = svcctl(stack, "jobs", "wait", "TESTFAULTS", job["job_id"], "--timeout", "3000")
+    assert code == 0 and waited["state"] == "done", output
+    code, result, _ = svcctl(stack, "jobs", "result", "TESTFAULTS", job["job_id"])
+    assert code == 0 and result["status"] == 0
+    code, missing, _ = svcctl(stack, "jobs", "get", "TESTFAULTS", "job_0")
+    assert code == 1 and "job not found" in missing["error"]
+    code, denied, _ = svcctl(stack, "infer", "MOBILENETV2", str(picture), key="not-a-key")
+    assert code == 1 and denied["status"] == 401

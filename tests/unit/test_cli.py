@@ -1,0 +1,368 @@
+"""svcctl: the key tool in-process, the gateway client as a real process against a real HTTP server."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import tomlkit
+
+from svc import cli, version_line
+from svc.auth import hash_key, load_key_file
+from tests.support.fake_gateway import FakeGateway, Reply
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN = "tok-" + "5" * 60
+ENVELOPE = {"status": 0, "status_str": "OK", "task_id": "r-1", "model": {"name": "M", "version": "1"},
+            "results": [{"status": 0, "data": {"class_id": 3, "category": "cat", "scores": [0.9]}}]}
+JOB = {"job_id": "job_1", "state": "pending", "poll_url": "/v1/models/M/jobs/job_1",
+       "result_url": "/v1/models/M/jobs/job_1/result"}
+CLEARED = (*cli.TOKEN_ENVS, cli.GATEWAY_ENV, "OTHER_TOKEN")
+
+
+def start(*args: str, env: dict[str, str] | None = None, token: str | None = TOKEN) -> subprocess.Popen:
+    """Start ``python -m svc.cli`` as the console script would, with only the given credentials."""
+    full = {k: v for k, v in os.environ.items() if k not in CLEARED}
+    full["PYTHONPATH"] = str(REPO)
+    if token is not None:
+        full["SERVICE_API_KEY"] = token
+    full.update(env or {})
+    return subprocess.Popen([sys.executable, "-m", "svc.cli", *args], env=full, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen) -> subprocess.CompletedProcess:
+    out, err = proc.communicate(timeout=30)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def svcctl(*args: str, env: dict[str, str] | None = None, token: str | None = TOKEN) -> subprocess.CompletedProcess:
+    """Run svcctl as a process and wait for it (several at once: start them, then finish each)."""
+    return finish(start(*args, env=env, token=token))
+
+
+@pytest.fixture
+def gateway():
+    with FakeGateway() as gw:
+        yield gw
+
+
+@pytest.fixture
+def images(tmp_path):
+    one, two = tmp_path / "one.jpg", tmp_path / "two.png"
+    one.write_bytes(b"\xff\xd8\xff\xe0 fake jpeg \x00\x01")
+    two.write_bytes(bytes(range(256)))
+    return one, two
+
+
+def b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------- keygen, hash, version
+
+
+def test_keygen_prints_the_key_once_and_an_entry_whose_hash_matches(capsys):
+    assert cli.main(["keygen", "web"]) == 0
+    out, err = capsys.readouterr()
+    first, blank, *entry = out.split("\n")
+    key = first.removeprefix("key: ")
+    assert first == f"key: {key}" and re.fullmatch(r"[0-9a-f]{64}", key)
+    assert blank == ""
+    assert "\n".join(entry) == (f'[keys.web]\nhash = "{hash_key(key)}"\nscope = "inference"\n'
+                                "rate_limit_qps = 0\nenabled = true\n")
+    parsed = tomlkit.parse("\n".join(entry)).unwrap()
+    assert parsed == {"keys": {"web": {"hash": hash_key(key), "scope": "inference", "rate_limit_qps": 0,
+                                       "enabled": True}}}
+    assert "shown once" in err and "conf/api_keys.toml" in err
+    assert "POST /api/v1/servers/__gateway/restart" in err
+    assert key not in err
+
+
+def test_keygen_scope_and_qps_load_with_the_gateway_key_loader(capsys, tmp_path):
+    assert cli.main(["keygen", "batch-1", "--scope", "all", "--qps", "25"]) == 0
+    out = capsys.readouterr().out
+    key = out.split("\n")[0].removeprefix("key: ")
+    entry = out.split("\n", 2)[2]
+    assert entry == f'[keys.batch-1]\nhash = "{hash_key(key)}"\nscope = "all"\nrate_limit_qps = 25\nenabled = true\n'
+    path = tmp_path / "api_keys.toml"
+    path.write_text(entry)
+    [loaded] = load_key_file(str(path))
+    assert (loaded.name, loaded.hash, loaded.scope, loaded.rate_limit_qps, loaded.enabled) == (
+        "batch-1", hash_key(key), "all", 25, True)
+
+
+def test_keygen_quotes_a_dotted_name_so_it_stays_one_table(capsys, tmp_path):
+    assert cli.main(["keygen", "team.a", "--scope", "admin"]) == 0
+    out = capsys.readouterr().out
+    key = out.split("\n")[0].removeprefix("key: ")
+    entry = out.split("\n", 2)[2]
+    assert entry.split("\n")[0] == '[keys."team.a"]'
+    path = tmp_path / "api_keys.toml"
+    path.write_text(entry)
+    [loaded] = load_key_file(str(path))
+    assert (loaded.name, loaded.hash, loaded.scope) == ("team.a", hash_key(key), "admin")
+
+
+@pytest.mark.parametrize("name", ["bad name", "_first", "static-token", "x" * 65, "é"])
+def test_keygen_refuses_a_bad_name_with_status_2(capsys, name):
+    assert cli.main(["keygen", name]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith(f"svcctl: key name {name!r} ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("flags", [["--scope", "root"], ["--qps", "-1"], ["--qps", "1.5"], ["--qps", "x"]])
+def test_keygen_refuses_a_bad_scope_or_qps_with_status_2(capsys, flags):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["keygen", "web", *flags])
+    assert exit_.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and ("--scope" in err or "--qps" in err)
+
+
+def test_hash_prints_the_sha256_of_the_argument_or_of_stdin(capsys, monkeypatch):
+    assert cli.main(["hash", "abc"]) == 0
+    assert capsys.readouterr().out == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad\n"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("abc\n"))
+    assert cli.main(["hash", "-"]) == 0
+    assert capsys.readouterr().out == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad\n"
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == version_line() + "\n"
+
+
+def test_console_entry_as_a_process_runs_version_keygen_and_hash():
+    version = svcctl("--version", token=None)
+    assert (version.returncode, version.stdout) == (0, version_line() + "\n")
+    made = svcctl("keygen", "ops", "--scope", "admin", "--qps", "3", token=None)
+    assert made.returncode == 0
+    key = made.stdout.split("\n")[0].removeprefix("key: ")
+    parsed = tomlkit.parse(made.stdout.split("\n", 2)[2]).unwrap()
+    assert parsed == {"keys": {"ops": {"hash": hash_key(key), "scope": "admin", "rate_limit_qps": 3, "enabled": True}}}
+    assert "__gateway/restart" in made.stderr
+    hashed = svcctl("hash", key, token=None)
+    assert (hashed.returncode, hashed.stdout) == (0, hash_key(key) + "\n")
+
+
+# ---------------------------------------------------------------- client pieces, in-process
+
+
+def test_parse_value_is_json_when_it_parses_else_the_string():
+    assert cli.parse_value("0.5") == 0.5
+    assert cli.parse_value("3") == 3
+    assert cli.parse_value("true") is True
+    assert cli.parse_value("null") is None
+    assert cli.parse_value("[1, 2]") == [1, 2]
+    assert cli.parse_value('{"a": "b"}') == {"a": "b"}
+    assert cli.parse_value('"5"') == "5"
+    assert cli.parse_value("cat") == "cat"
+    assert cli.parse_value("") == ""
+    assert cli.parse_value("NaN") == "NaN"
+    assert cli.parse_value("a=b") == "a=b"
+
+
+def test_token_order_and_token_env():
+    both = {"SERVICE_API_KEY": "k", "SERVICE_GATEWAY_AUTH_TOKEN": "g", "SERVICE_API_TOKEN": "m"}
+    assert cli.find_token(both) == "k"
+    assert cli.find_token({**both, "SERVICE_API_KEY": ""}) == "g"
+    assert cli.find_token({"SERVICE_API_TOKEN": "m"}) == "m"
+    assert cli.find_token({**both, "OTHER_TOKEN": "o"}, "OTHER_TOKEN") == "o"
+    with pytest.raises(cli.CliError, match="^no token: OTHER_TOKEN is not set"):
+        cli.find_token(both, "OTHER_TOKEN")
+
+
+@pytest.mark.parametrize("argv, url, timeout", [
+    (["jobs", "wait", "M", "job_1"], "http://gw:1/v1/models/M/jobs/job_1/wait?timeout=30000", 60.0),
+    (["jobs", "wait", "M", "job_1", "--timeout", "120000"], "http://gw:1/v1/models/M/jobs/job_1/wait?timeout=120000", 150.0),
+    (["jobs", "wait", "M", "job_1", "--timeout", "1000", "--timeout-s", "500"],
+     "http://gw:1/v1/models/M/jobs/job_1/wait?timeout=1000", 500.0),
+    (["jobs", "wait", "M", "job_1", "--timeout", "100000", "--timeout-s", "5"],
+     "http://gw:1/v1/models/M/jobs/job_1/wait?timeout=100000", 130.0),
+    (["jobs", "get", "M", "job_1"], "http://gw:1/v1/models/M/jobs/job_1", 300.0),
+    (["jobs", "result", "a/b", "job 1", "--timeout-s", "7"], "http://gw:1/v1/models/a%2Fb/jobs/job%201/result", 7.0),
+])
+def test_planned_urls_and_timeouts_keep_the_client_above_the_wait_budget(argv, url, timeout):
+    call = cli.plan_call(cli.build_parser().parse_args([*argv, "--gateway", "http://gw:1/"]))
+    assert (call.method, call.url, call.body, call.timeout) == ("GET", url, None, timeout)
+
+
+@pytest.mark.parametrize("flags", [["--param", "novalue"], ["--param", "=1"], ["--timeout-s", "0"],
+                                   ["--timeout-s", "x"]])
+def test_bad_client_flags_exit_2(capsys, flags):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["infer", "M", "img.jpg", *flags])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().out == ""
+
+
+def test_a_gateway_that_is_not_an_http_url_exits_2(capsys, monkeypatch):
+    monkeypatch.setenv("SERVICE_API_KEY", TOKEN)
+    assert cli.main(["jobs", "get", "M", "job_1", "--gateway", "127.0.0.1:8080"]) == 2
+    assert capsys.readouterr().err == "svcctl: --gateway must be an http:// or https:// URL, got '127.0.0.1:8080'\n"
+
+
+# ---------------------------------------------------------------- client against a real HTTP server
+
+
+def test_infer_posts_the_envelope_with_the_bearer_and_prints_the_reply(gateway, images):
+    gateway.reply = Reply(200, ENVELOPE)
+    one, two = images
+    done = svcctl("infer", "MOBILENETV2", str(one), str(two), "--gateway", gateway.url,
+                  "--param", "score_threshold=0.5", "--param", "top_k=3", "--param", "label=cat",
+                  "--option", 'extra={"a": [1, "x"]}', "--req-id", "r-1")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == json.dumps(ENVELOPE, indent=2) + "\n"
+    [seen] = gateway.requests
+    assert (seen.method, seen.path) == ("POST", "/v1/models/MOBILENETV2/infer")
+    assert seen.headers["authorization"] == f"Bearer {TOKEN}"
+    assert seen.headers["content-type"] == "application/json"
+    assert seen.json() == {"images": [b64(one), b64(two)],
+                           "params": {"score_threshold": 0.5, "top_k": 3, "label": "cat"},
+                           "options": {"extra": {"a": [1, "x"]}}, "req_id": "r-1"}
+    assert TOKEN not in done.stdout + done.stderr
+
+
+def test_infer_sends_only_images_when_nothing_else_is_given_and_reads_the_gateway_env(gateway, images):
+    gateway.reply = Reply(200, ENVELOPE)
+    done = svcctl("infer", "M", str(images[0]), env={cli.GATEWAY_ENV: gateway.url + "/"})
+    assert done.returncode == 0
+    [seen] = gateway.requests
+    assert seen.path == "/v1/models/M/infer"
+    assert seen.json() == {"images": [b64(images[0])]}
+
+
+def test_infer_exits_1_on_an_error_status_and_prints_the_error_envelope(images):
+    body = {"status": 16, "status_str": "UNAUTHENTICATED", "task_id": "t", "results": []}
+    cases = [(401, "Unauthorized"), (404, "Not Found"), (503, "Service Unavailable")]
+    with FakeGateway() as g401, FakeGateway() as g404, FakeGateway() as g503:
+        gateways = (g401, g404, g503)
+        for gw, (status, _) in zip(gateways, cases):
+            gw.reply = Reply(status, body)
+        procs = [start("infer", "M", str(images[0]), "--gateway", gw.url) for gw in gateways]
+        for gw, proc, (status, phrase) in zip(gateways, procs, cases):
+            done = finish(proc)
+            assert done.returncode == 1
+            assert done.stdout == json.dumps(body, indent=2) + "\n"
+            assert done.stderr == f"svcctl: HTTP {status} {phrase} from POST {gw.url}/v1/models/M/infer\n"
+            assert len(gw.requests) == 1
+
+
+def test_429_names_retry_after_and_a_non_json_body_is_printed_as_text(gateway, images):
+    gateway.reply = Reply(429, b"slow down\n", {"Retry-After": "2"})
+    done = svcctl("infer", "M", str(images[0]), "--gateway", gateway.url)
+    assert (done.returncode, done.stdout) == (1, "slow down\n")
+    assert done.stderr == f"svcctl: HTTP 429 Too Many Requests (Retry-After: 2) from POST {gateway.url}/v1/models/M/infer\n"
+
+
+def test_jobs_submit_posts_to_jobs_and_202_exits_0(gateway, images):
+    gateway.reply = Reply(202, JOB, {"Location": "/v1/models/M/jobs/job_1"})
+    done = svcctl("jobs", "submit", "M", str(images[1]), "--param", "timesteps=50", "--gateway", gateway.url)
+    assert (done.returncode, done.stdout, done.stderr) == (0, json.dumps(JOB, indent=2) + "\n", "")
+    [seen] = gateway.requests
+    assert (seen.method, seen.path) == ("POST", "/v1/models/M/jobs")
+    assert seen.headers["authorization"] == f"Bearer {TOKEN}"
+    assert seen.json() == {"images": [b64(images[1])], "params": {"timesteps": 50}}
+
+
+def test_jobs_get_wait_result_paths(gateway):
+    reply = {**JOB, "state": "done", "elapsed_ms": 12.5}
+    gateway.reply = Reply(200, reply)
+    cases = {
+        "t-get": (["get", "M", "job_1"], "/v1/models/M/jobs/job_1"),
+        "t-wait": (["wait", "M", "job_1", "--timeout", "1500"], "/v1/models/M/jobs/job_1/wait?timeout=1500"),
+        "t-wait-default": (["wait", "M", "job_1"], "/v1/models/M/jobs/job_1/wait?timeout=30000"),
+        "t-result": (["result", "M", "job_1"], "/v1/models/M/jobs/job_1/result"),
+    }
+    procs = {token: start("jobs", *argv, "--gateway", gateway.url, token=None,
+                          env={"SERVICE_GATEWAY_AUTH_TOKEN": token}) for token, (argv, _) in cases.items()}
+    for proc in procs.values():
+        done = finish(proc)
+        assert (done.returncode, done.stdout, done.stderr) == (0, json.dumps(reply, indent=2) + "\n", "")
+    seen = {r.headers["authorization"]: (r.method, r.path, r.body) for r in gateway.requests}
+    assert seen == {f"Bearer {token}": ("GET", path, b"") for token, (_, path) in cases.items()}
+
+
+def test_jobs_result_not_done_exits_1(gateway):
+    gateway.reply = Reply(409, {"job_id": "job_1", "state": "running", "error": "not done"})
+    done = svcctl("jobs", "result", "M", "job_1", "--gateway", gateway.url)
+    assert done.returncode == 1
+    assert done.stderr == f"svcctl: HTTP 409 Conflict from GET {gateway.url}/v1/models/M/jobs/job_1/result\n"
+
+
+def test_token_env_names_the_variable_to_read(gateway):
+    gateway.reply = Reply(200, JOB)
+    done = svcctl("jobs", "get", "M", "job_1", "--gateway", gateway.url, "--token-env", "OTHER_TOKEN",
+                  env={"OTHER_TOKEN": "other"})
+    assert done.returncode == 0
+    assert gateway.requests[0].headers["authorization"] == "Bearer other"
+
+
+def test_connection_refused_exits_2_with_one_line():
+    url = f"http://127.0.0.1:{free_port()}"
+    done = svcctl("jobs", "get", "M", "job_1", "--gateway", url)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == f"svcctl: GET {url}/v1/models/M/jobs/job_1: connection refused (is the gateway running?)\n"
+
+
+def test_no_token_exits_2_naming_the_variables_and_sends_nothing(gateway, images):
+    done = svcctl("infer", "M", str(images[0]), "--gateway", gateway.url, token=None)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == ("svcctl: no token: set SERVICE_API_KEY, SERVICE_GATEWAY_AUTH_TOKEN or SERVICE_API_TOKEN "
+                           "(or name another variable with --token-env)\n")
+    assert gateway.requests == []
+
+
+def test_missing_image_exits_2_and_sends_nothing(gateway, images, tmp_path):
+    missing = tmp_path / "missing.jpg"
+    done = svcctl("infer", "M", str(images[0]), str(missing), "--gateway", gateway.url)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == f"svcctl: cannot read image {missing}: No such file or directory\n"
+    assert gateway.requests == []
+
+
+def test_one_deadline_covers_the_headers_and_the_body(images):
+    """treq's timeout stops at the headers: a reply stalled in its body must hit the deadline too."""
+    with FakeGateway() as headers, FakeGateway() as body:
+        headers.reply = Reply(200, ENVELOPE, stall="headers")
+        body.reply = Reply(200, ENVELOPE, stall="body")
+        started = time.monotonic()
+        procs = [(gw, start("infer", "M", str(images[0]), "--gateway", gw.url, "--timeout-s", "0.5"))
+                 for gw in (headers, body)]
+        for gw, proc in procs:
+            done = finish(proc)
+            assert (done.returncode, done.stdout) == (2, "")
+            assert done.stderr == f"svcctl: POST {gw.url}/v1/models/M/infer: no complete reply within 0.5 s\n"
+        assert time.monotonic() - started < 8
+
+
+def test_an_interrupted_request_says_so_and_exits_130(gateway):
+    gateway.reply = Reply(200, JOB, stall="body")
+    proc = start("jobs", "get", "M", "job_1", "--gateway", gateway.url)
+    deadline = time.monotonic() + 10
+    while not gateway.requests and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.1)  # the body has started to arrive
+    proc.send_signal(signal.SIGINT)
+    done = finish(proc)
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "svcctl: interrupted\n")

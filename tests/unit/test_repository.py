@@ -64,3 +64,33 @@ def test_plugin_files_import_no_torch():
     )
     done = subprocess.run([sys.executable, "-c", code], env=child_env(), cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_readme_documents_every_service_config_key():
+    from svc.gateway.config import GATEWAY_KEYS
+    from svc.supervisor.config import SUPERVISOR_KEYS
+
+    for key in GATEWAY_KEYS:
+        assert f"| `gateway.{key.name}` |" in README, key.name
+    for key in SUPERVISOR_KEYS:
+        assert f"| `supervisor.{key.name}` |" in README, key.name
+
+
+def test_shipped_service_config_loads():
+    from svc.gateway.config import load_gateway_config
+    from svc.supervisor.config import load_supervisor_config
+
+    path = str(REPO / "conf" / "service.toml")
+    gateway, supervisor = load_gateway_config(path), load_supervisor_config(path)
+    assert (gateway.host, gateway.port, gateway.upstream_recv_timeout_ms) == ("127.0.0.1", 8080, 180000)
+    assert gateway.cors_origins == ("http://127.0.0.1:8787", "http://localhost:8787")
+    assert (supervisor.host, supervisor.port, supervisor.gateway_port) == ("127.0.0.1", 8787, 8080)
+
+
+def test_gateway_and_supervisor_import_no_torch():
+    code = (
+        "import sys; import svc.gateway.tap, svc.gateway.service, svc.supervisor.tap, svc.supervisor.service, svc.cli;"
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=child_env(), cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -1,0 +1,40 @@
+"""The gateway's OpenAPI document: every catalog route, the gateway's own replies, unique operations."""
+
+from __future__ import annotations
+
+import collections
+
+from svc.config import model_server_configs
+from svc.modelapi import factories
+from svc.openapi import gateway_document
+from tests.support.processes import REPO
+
+
+def document() -> tuple[dict, list]:
+    configs = model_server_configs(str(REPO / "conf" / "server"))
+    return gateway_document(configs, factories()), configs
+
+
+def test_every_catalog_model_has_its_routes():
+    doc, configs = document()
+    for config in configs:
+        assert "post" in doc["paths"][f"/v1/models/{config.id}/infer"]
+        assert doc["paths"][config.server_uri]["post"]["operationId"] == f"legacy_infer_{config.id}"
+        jobs = f"/v1/models/{config.id}/jobs"
+        assert (jobs in doc["paths"]) is config.async_enabled
+        if config.async_enabled:
+            for suffix in ("/{job_id}", "/{job_id}/wait", "/{job_id}/result"):
+                assert "get" in doc["paths"][jobs + suffix]
+    assert "/jobs" not in doc["paths"]
+    assert doc["paths"]["/healthz"]["get"]["security"] == []
+
+
+def test_operation_ids_are_unique_and_gateway_replies_documented():
+    doc, _ = document()
+    ops = [op for item in doc["paths"].values() for op in item.values()]
+    counts = collections.Counter(op["operationId"] for op in ops)
+    assert [k for k, v in counts.items() if v > 1] == []
+    infer = doc["paths"]["/v1/models/MOBILENETV2/infer"]["post"]
+    assert {"200", "401", "404", "405", "413", "415", "422", "429", "502", "503", "504"} <= set(infer["responses"])
+    assert all("X-Service-Key" in reply["headers"] for reply in infer["responses"].values())
+    assert "Retry-After" in infer["responses"]["429"]["headers"]

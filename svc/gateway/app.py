@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import quote
 
 from klein import Klein
 from twisted.logger import Logger
@@ -108,6 +109,13 @@ class GatewayApp:
 
     def resource(self) -> Any:
         return self.app.resource()
+
+    def methods(self, path: str) -> set[str]:
+        """The methods the routes accept on ``path`` (empty for an unknown path)."""
+        try:
+            return set(self.app.url_map.bind("gateway").allowed_methods(path))
+        except Exception:  # noqa: BLE001 - a path werkzeug cannot parse has no methods
+            return set()
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -247,7 +255,7 @@ class GatewayApp:
     async def job_status(self, request: Any, model_id: str, job_id: str) -> bytes:
         request.service_route = "jobs_status"
         self.admit(request)
-        return await self.forward(request, self.upstream(model_id), "jobs_status", f"/jobs/{job_id}", rewrite=True)
+        return await self.forward(request, self.upstream(model_id), "jobs_status", "/jobs/" + quote(job_id, safe=""), rewrite=True)
 
     async def job_wait(self, request: Any, model_id: str, job_id: str) -> bytes:
         request.service_route = "jobs_wait"
@@ -260,12 +268,12 @@ class GatewayApp:
                            f"a wait budget of {budget} ms is at or above the gateway's upstream receive timeout "
                            f"({self.recv_timeout_ms} ms, upstream_recv_timeout_ms): ask for less and wait again")
         query = b"timeout=" + raw if raw is not None else b""
-        return await self.forward(request, upstream, "jobs_wait", f"/jobs/{job_id}/wait", query=query, rewrite=True)
+        return await self.forward(request, upstream, "jobs_wait", "/jobs/" + quote(job_id, safe="") + "/wait", query=query, rewrite=True)
 
     async def job_result(self, request: Any, model_id: str, job_id: str) -> bytes:
         request.service_route = "jobs_result"
         self.admit(request)
-        return await self.forward(request, self.upstream(model_id), "jobs_result", f"/jobs/{job_id}/result")
+        return await self.forward(request, self.upstream(model_id), "jobs_result", "/jobs/" + quote(job_id, safe="") + "/result")
 
     # -- errors ----------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from svc.config import model_server_configs
 
@@ -36,8 +37,13 @@ class Upstream:
     peer_resp_timeout: int = 600  # the model server closes idle connections after this many seconds
 
     def url(self, path: str, query: bytes = b"") -> bytes:
-        """The absolute URL of ``path`` on this model server (literal 127.0.0.1: no name lookups)."""
-        return f"http://127.0.0.1:{self.port}{path}".encode("ascii") + (b"?" + query if query else b"")
+        """The absolute URL of ``path`` on this model server (literal 127.0.0.1: no name lookups).
+
+        Characters a URL cannot carry are percent-encoded (existing escapes
+        are kept: the routes quote client-given segments such as job ids);
+        ``query`` is passed as the client sent it.
+        """
+        return f"http://127.0.0.1:{self.port}{quote(path, safe='/%')}".encode("ascii") + (b"?" + query if query else b"")
 
 
 class Catalog:

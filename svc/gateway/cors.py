@@ -10,11 +10,11 @@ on a preflight), before the routes and their authentication run.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from twisted.web.resource import Resource
 
-ALLOWED_METHODS = b"GET, POST, OPTIONS"
 ALLOWED_HEADERS = b"Authorization, Content-Type, Accept, X-Request-ID, X-Service-Params, X-Service-Options"
 EXPOSED_HEADERS = b"X-Service-Key, X-Request-ID, Retry-After, Location"
 MAX_AGE_S = b"600"
@@ -25,10 +25,13 @@ class CorsResource(Resource):
 
     isLeaf = True
 
-    def __init__(self, inner: Any, origins: tuple[str, ...] | list[str]) -> None:
+    def __init__(self, inner: Any, origins: tuple[str, ...] | list[str],
+                 methods: Callable[[str], set[str]] = lambda path: {"GET", "POST"}) -> None:
+        """``methods(path)``: the methods the routes accept on ``path`` (for ``Allow``)."""
         super().__init__()
         self.inner = inner
         self.origins = frozenset(o.encode("latin-1") for o in origins)
+        self.methods = methods
 
     def render(self, request: Any) -> Any:
         origin = (request.requestHeaders.getRawHeaders(b"origin") or [None])[0]
@@ -40,9 +43,11 @@ class CorsResource(Resource):
         if request.method == b"OPTIONS":
             request.service_route = "preflight"
             request.setResponseCode(204)
-            request.setHeader(b"Allow", ALLOWED_METHODS)
+            path = request.path.decode("latin-1", "replace")
+            methods = ", ".join(sorted(self.methods(path) - {"HEAD", "OPTIONS"}) + ["OPTIONS"]).encode()
+            request.setHeader(b"Allow", methods)
             if allowed and request.requestHeaders.hasHeader(b"access-control-request-method"):
-                request.setHeader(b"Access-Control-Allow-Methods", ALLOWED_METHODS)
+                request.setHeader(b"Access-Control-Allow-Methods", methods)
                 request.setHeader(b"Access-Control-Allow-Headers", ALLOWED_HEADERS)
                 request.setHeader(b"Access-Control-Max-Age", MAX_AGE_S)
             request.setHeader(b"Content-Length", b"0")

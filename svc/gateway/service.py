@@ -55,7 +55,7 @@ class GatewayService(MultiService):
         )
         self.catalog = catalog
         self.site = JsonSite(
-            CorsResource(self.app.resource(), config.cors_origins),
+            CorsResource(self.app.resource(), config.cors_origins, self.app.methods),
             max_body_bytes=config.max_body_bytes,
             oversize_reply=self.app.oversize_reply,
             timeout=config.idle_timeout_s,

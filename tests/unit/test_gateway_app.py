@@ -134,7 +134,7 @@ class Harness:
             metrics=GatewayMetrics(self.registry), registry=self.registry,
             upstream_recv_timeout_ms=RECV_TIMEOUT_MS, max_body_bytes=1 << 20,
         )
-        self.client = StubTreq(CorsResource(self.app.resource(), (ORIGIN, "http://localhost:8787")))
+        self.client = StubTreq(CorsResource(self.app.resource(), (ORIGIN, "http://localhost:8787"), self.app.methods))
 
     def call(self, method, path, *, token=KEY, headers=None, body=None, settle=True):
         headers = dict(headers or {})
@@ -378,9 +378,16 @@ def test_preflight_from_the_ui_origin_needs_no_credentials(gw):
         "Access-Control-Request-Headers": "authorization, content-type"})
     assert r.code == 204 and r.body == b""
     assert h(r, "Access-Control-Allow-Origin") == ORIGIN and h(r, "Vary") == "Origin"
-    assert h(r, "Access-Control-Allow-Methods") == "GET, POST, OPTIONS"
+    assert h(r, "Access-Control-Allow-Methods") == "POST, OPTIONS" and h(r, "Allow") == "POST, OPTIONS"
     assert "Authorization" in h(r, "Access-Control-Allow-Headers")
     assert gw.model.received == []
+
+
+@pytest.mark.parametrize("path, allow", [("/healthz", "GET, OPTIONS"), ("/v1/models/CLS/jobs/j", "GET, OPTIONS"),
+                                         ("/classify", "POST, OPTIONS"), ("/nowhere", "OPTIONS")])
+def test_options_lists_the_methods_of_the_path(gw, path, allow):
+    r = gw.call("OPTIONS", path, token=None)
+    assert (r.code, h(r, "Allow"), h(r, "Access-Control-Allow-Origin")) == (204, allow, None)
 
 
 def test_actual_request_from_the_ui_origin_is_reflected(gw):
@@ -413,3 +420,12 @@ def test_metrics_need_the_metrics_token(gw):
     assert 'service_gateway_auth_failures_total{reason="wrong"} 3.0' in text
     assert 'service_gateway_upstream_duration_ms_count{model="CLS",route="infer"} 1.0' in text
     assert "service_http_request_duration_ms_count{route=\"infer\"} 1.0" in text
+
+
+@pytest.mark.parametrize("job, forwarded", [("job_ü", "/jobs/job_%C3%BC"), ("a%2Fb", "/jobs/a%252Fb"),
+                                            ("x y", "/jobs/x%20y")])
+def test_job_ids_are_percent_encoded_upstream(gw, job, forwarded):
+    from urllib.parse import quote
+
+    r = gw.call("GET", "/v1/models/SLOW/jobs/" + quote(job, safe=""))
+    assert r.code == 200 and gw.model.received[-1]["uri"] == forwarded

@@ -7,8 +7,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from twisted.application.service import Service
+from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.error import CannotListenError
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
@@ -87,3 +88,31 @@ def exit_zero_on_signals(reactor: Any) -> None:
         signal.signal(signal.SIGINT, _stop)
 
     reactor.callWhenRunning(_install)
+
+
+class ListeningMultiService(MultiService):
+    """A service tree with a listener whose failure to bind is a one-line refusal.
+
+    twistd binds in ``privilegedStartService``, twist (``python -m twisted``)
+    in ``startService``: both turn ``CannotListenError`` into the process's
+    refusal (exit 1) naming the address.  Subclasses set ``program`` and
+    ``listen_address``.
+    """
+
+    program = "service"
+    listen_address = "?"
+
+    def _refusal(self, error: CannotListenError) -> SystemExit:
+        return refuse(self.program, f"cannot listen on {self.listen_address}: {error.socketError}")
+
+    def privilegedStartService(self) -> None:
+        try:
+            super().privilegedStartService()
+        except CannotListenError as e:
+            raise self._refusal(e) from None
+
+    def startService(self) -> None:
+        try:
+            super().startService()
+        except CannotListenError as e:
+            raise self._refusal(e) from None

@@ -9,9 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.application.internet import TCPServer
-from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, ensureDeferred
-from twisted.internet.error import CannotListenError
 from twisted.logger import Logger
 
 from svc.auth import Authenticator, AuthSetup, describe
@@ -22,14 +20,16 @@ from svc.gateway.cors import CorsResource
 from svc.gateway.proxy import Proxy, make_agent, make_pool
 from svc.http import JsonSite
 from svc.metrics import GatewayMetrics, new_registry
-from svc.process import refuse
+from svc.process import ListeningMultiService
 
 log = Logger()
 
 PROGRAM = "service-gateway"
 
 
-class GatewayService(MultiService):
+class GatewayService(ListeningMultiService):
+    program = PROGRAM
+
     def __init__(self, *, reactor: Any, config: GatewayConfig, setup: AuthSetup, catalog: Catalog,
                  agent: Any = None) -> None:
         super().__init__()
@@ -62,23 +62,12 @@ class GatewayService(MultiService):
             reactor=reactor,
             on_logged=self.app.count,
         )
+        self.listen_address = f"{config.host}:{config.port}"
         self.listener = TCPServer(config.port, self.site, interface=config.host)
         self.listener.setServiceParent(self)
 
-    def _cannot_listen(self, error: CannotListenError) -> SystemExit:
-        return refuse(PROGRAM, f"cannot listen on {self.config.host}:{self.config.port}: {error.socketError}")
-
-    def privilegedStartService(self) -> None:
-        try:
-            super().privilegedStartService()  # twistd listens here
-        except CannotListenError as e:
-            raise self._cannot_listen(e) from None
-
     def startService(self) -> None:
-        try:
-            super().startService()  # twist (python -m twisted) listens here
-        except CannotListenError as e:
-            raise self._cannot_listen(e) from None
+        super().startService()
         for warning in self.setup.warnings:
             log.warn("{warning}", warning=warning)
         info = describe(self.setup)

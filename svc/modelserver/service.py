@@ -13,9 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.application.internet import TCPServer
-from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, ensureDeferred
-from twisted.internet.error import CannotListenError
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
@@ -30,7 +28,7 @@ from svc.modelserver.job_routes import JobRoutes
 from svc.modelserver.jobs import JobTable
 from svc.openapi import model_server_document
 from svc.options import options_schema
-from svc.process import ThreadPoolService, exit_after_shutdown, refuse
+from svc.process import ListeningMultiService, ThreadPoolService, exit_after_shutdown
 from svc.request import RequestValidator
 from svc.schema import ObjectSchema
 from svc.weights import WeightsError
@@ -40,7 +38,7 @@ log = Logger()
 PROGRAM = "service-model"
 
 
-class ModelServerService(MultiService):
+class ModelServerService(ListeningMultiService):
     """One model server: everything hangs off this service."""
 
     def __init__(self, *, reactor: Any, config: Any, factory: IModelFactory, model_config: dict, device: str,
@@ -112,6 +110,8 @@ class ModelServerService(MultiService):
             )
             JobRoutes(self.app, self.jobs)
             self.metrics.async_waiters.set_function(lambda: self.app.waiting)
+        self.program = PROGRAM
+        self.listen_address = f"127.0.0.1:{config.port}"
         self.listener = TCPServer(config.port, self.site, interface="127.0.0.1")
         self.listener.setServiceParent(self)
         self.decode.setServiceParent(self)
@@ -119,24 +119,12 @@ class ModelServerService(MultiService):
         self.metrics.info.labels(config.id, "loading", device).set(1)
         self.device = device
 
-    def privilegedStartService(self) -> None:
-        try:
-            super().privilegedStartService()  # twistd listens here
-        except CannotListenError as e:
-            raise self._cannot_listen(e) from None
-
     def startService(self) -> None:
-        try:
-            super().startService()  # twist (python -m twisted) listens here
-        except CannotListenError as e:
-            raise self._cannot_listen(e) from None
+        super().startService()
         log.info("{id}: listening on 127.0.0.1:{port}; loading the model on {device}",
                  id=self.config.id, port=self.config.port, device=self.device)
         d = self.engine.load(self.config.max_batch_size)
         d.addCallbacks(self._loaded, self._load_failed)
-
-    def _cannot_listen(self, error: CannotListenError) -> SystemExit:
-        return refuse(PROGRAM, f"cannot listen on 127.0.0.1:{self.config.port}: {error.socketError}")
 
     def _loaded(self, warmup: tuple[float, int]) -> None:
         seconds, items = warmup

@@ -11,14 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.application.internet import TCPServer
-from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, ensureDeferred
-from twisted.internet.error import CannotListenError
 from twisted.logger import Logger
 
 from svc.http import JsonSite
 from svc.metrics import HttpMetrics, new_registry
-from svc.process import refuse
+from svc.process import ListeningMultiService
 from svc.supervisor.api import ManagementApi
 from svc.supervisor.manager import ChildManager
 from svc.supervisor.metrics import ChildCollector
@@ -28,7 +26,9 @@ log = Logger()
 PROGRAM = "service-supervisor"
 
 
-class SupervisorService(MultiService):
+class SupervisorService(ListeningMultiService):
+    program = PROGRAM
+
     def __init__(self, *, reactor: Any, manager: ChildManager, token: str, host: str, port: int, ui_dir: str) -> None:
         super().__init__()
         self.reactor = reactor
@@ -40,20 +40,12 @@ class SupervisorService(MultiService):
                                  metrics=HttpMetrics(self.registry), ui_dir=ui_dir)
         self.site = JsonSite(self.api.resource(), max_body_bytes=64 * 1024, oversize_reply=self.api.oversize_reply,
                              reactor=reactor, on_logged=self.api.count)
+        self.listen_address = f"{host}:{port}"
         self.listener = TCPServer(port, self.site, interface=host)
         self.listener.setServiceParent(self)
 
-    def privilegedStartService(self) -> None:
-        try:
-            super().privilegedStartService()
-        except CannotListenError as e:
-            raise refuse(PROGRAM, f"cannot listen on {self.host}:{self.port}: {e.socketError}") from None
-
     def startService(self) -> None:
-        try:
-            super().startService()
-        except CannotListenError as e:
-            raise refuse(PROGRAM, f"cannot listen on {self.host}:{self.port}: {e.socketError}") from None
+        super().startService()
         log.info("supervisor on http://{host}:{port}/ (profile {profile}, device {device})",
                  host=self.host, port=self.port, profile=self.manager.profile.name, device=self.manager.profile.device)
         self.manager.start_all()

@@ -19,6 +19,7 @@ from typing import Any
 from twisted.internet import reactor as _default_reactor
 from twisted.logger import Logger
 from twisted.web import server
+from twisted.web.client import HTTPConnectionPool, _HTTP11ClientFactory
 from twisted.web.http import RESPONSES
 
 JSON_CONTENT_TYPE = b"application/json; charset=utf-8"
@@ -188,3 +189,18 @@ class JsonSite(server.Site):
             key=key,
             request_id=request_id or "-",
         )
+
+
+class _QuietClientFactory(_HTTP11ClientFactory):
+    noisy = False
+
+
+class QuietConnectionPool(HTTPConnectionPool):
+    """A client connection pool that does not log "Starting factory" for every connection.
+
+    The gateway opens connections to model servers and the supervisor probes
+    its children every few seconds: the default factories would fill the logs
+    with two lines per connection.
+    """
+
+    _factory = _QuietClientFactory

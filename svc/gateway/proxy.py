@@ -31,6 +31,8 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
+from svc.http import QuietConnectionPool
+
 
 class UpstreamUnreachable(Exception):
     """The model server did not accept the connection (not running, wrong port)."""
@@ -75,7 +77,7 @@ class BytesProducer:
 
 def make_pool(reactor: Any, *, max_per_host: int, idle_timeout_s: float) -> HTTPConnectionPool:
     """The gateway's own persistent pool (maxPersistentPerHost defaults to 2: trap 3)."""
-    pool = HTTPConnectionPool(reactor, persistent=True)
+    pool = QuietConnectionPool(reactor, persistent=True)
     pool.maxPersistentPerHost = max_per_host
     pool.cachedConnectionTimeout = idle_timeout_s
     return pool

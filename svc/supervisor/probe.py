@@ -10,14 +10,16 @@ from typing import Any
 
 from treq.client import HTTPClient
 from twisted.internet.defer import Deferred
-from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.client import Agent
+
+from svc.http import QuietConnectionPool
 
 
 class HttpProbe:
     def __init__(self, reactor: Any, timeout: float = 2.0) -> None:
         self.reactor = reactor
         self.timeout = timeout
-        pool = HTTPConnectionPool(reactor, persistent=False)
+        pool = QuietConnectionPool(reactor, persistent=False)
         self.client = HTTPClient(Agent(reactor, pool=pool, connectTimeout=timeout))
 
     def __call__(self, port: int, path: str) -> Deferred:

@@ -8,7 +8,8 @@
    and the gateway's CPU time per request (from /proc, user + system).
 2. The same against a trivial upstream (bench/trivial_upstream.py), where
    the gateway's own cost is not hidden behind the model's: added latency,
-   CPU per request, and at 32 clients its maximum request rate.
+   CPU per request, and at 32 clients its maximum request rate; and the
+   same for a minimal Twisted proxy (bench/minimal_proxy.py), the floor.
 
 Goal (issue): added p50 under 2 ms at 32 concurrent clients.
 
@@ -39,10 +40,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def measured(gateway, url, body, headers, concurrency, seconds, tool):
-    before = cpu_seconds(gateway.popen.pid)
+def measured(proxy, url, body, headers, concurrency, seconds, tool):
+    """The load result and the proxy process's CPU ms per request over it."""
+    pid = proxy.popen.pid if hasattr(proxy, "popen") else proxy.pid
+    before = cpu_seconds(pid)
     result = run_load(url, body, headers, concurrency=concurrency, seconds=seconds, tool=tool)
-    cpu = cpu_seconds(gateway.popen.pid) - before
+    cpu = cpu_seconds(pid) - before
     return result, cpu * 1000.0 / max(1, result.requests)
 
 
@@ -64,6 +67,11 @@ def main() -> None:
                           max_queue_depth=0)
     write_config(servers, "TESTFAULTS", name="TRIVIAL.toml", id="TRIVIAL", port=trivial_port,
                  server_uri="/trivial/predict")
+    minimal_port = free_port()
+    minimal = subprocess.Popen([sys.executable, "-m", "bench.minimal_proxy", str(minimal_port),
+                                f"http://127.0.0.1:{trivial_port}/trivial/predict"], cwd=REPO, env=child_env(),
+                               stdout=subprocess.PIPE, text=True)
+    minimal.stdout.readline()  # listening
     model = start_model_server(config, token="bench-upstream", port=model_port)
     gateway = start_gateway(tmp, servers, None, env={"SERVICE_UPSTREAM_TOKEN": "bench-upstream"})
     token = GATEWAY_TOKENS["SERVICE_GATEWAY_AUTH_TOKEN"]
@@ -87,12 +95,15 @@ def main() -> None:
                               concurrency=c, seconds=args.seconds, tool=args.tool)
             through, cpu_ms = measured(gateway, gateway.url + "/v1/models/TRIVIAL/infer", small, gateway_headers,
                                        c, args.seconds, args.tool)
-            trivial_rows.append((c, direct, through, cpu_ms))
+            floor, floor_cpu = measured(minimal, f"http://127.0.0.1:{minimal_port}/", small, gateway_headers,
+                                        c, args.seconds, args.tool)
+            trivial_rows.append((c, direct, through, cpu_ms, floor, floor_cpu))
     finally:
         gateway.stop()
         model.stop()
-        upstream.terminate()
-        upstream.wait(10)
+        for proc in (minimal, upstream):
+            proc.terminate()
+            proc.wait(10)
 
     print("MOBILENETV2 (max_batch_size 8, one 224x224 JPEG per request): straight vs through the gateway")
     print(f"  {'clients':>7} {'tool':>5} {'direct p50':>10} {'gw p50':>8} {'added p50':>9} {'direct p99':>10} "
@@ -106,11 +117,13 @@ def main() -> None:
               f"{through.errors + first.errors + second.errors:6d}")
     print("\nA trivial upstream (tiny JSON body, answered at once): straight vs through the gateway")
     print(f"  {'clients':>7} {'direct p50':>10} {'gw p50':>8} {'added p50':>9} {'direct p99':>10} {'gw p99':>8} "
-          f"{'gw req/s':>8} {'gw CPU/req':>10} {'errors':>6}")
-    for c, direct, through, cpu_ms in trivial_rows:
+          f"{'gw req/s':>8} {'gw CPU/req':>10} {'errors':>6} | {'minimal proxy: p50':>18} {'req/s':>6} {'CPU/req':>8}")
+    for c, direct, through, cpu_ms, floor, floor_cpu in trivial_rows:
         print(f"  {c:7d} {direct.p50:10.2f} {through.p50:8.2f} {through.p50 - direct.p50:9.2f} {direct.p99:10.2f} "
-              f"{through.p99:8.2f} {through.rate:8.0f} {cpu_ms:8.3f}ms {through.errors:6d}")
-    print("  (at 32 clients the gateway is saturated: its req/s is its maximum rate on one core)")
+              f"{through.p99:8.2f} {through.rate:8.0f} {cpu_ms:8.3f}ms {through.errors:6d} | {floor.p50:18.2f} "
+              f"{floor.rate:6.0f} {floor_cpu:6.3f}ms")
+    print("  (at 32 clients the proxies are saturated: their req/s is their maximum rate on one core; the minimal")
+    print("   proxy, bench/minimal_proxy.py, is the floor: Agent + pool + twisted.web, no features, no access log)")
     print("\n(direct figures: mean of the runs before and after the gateway run; all processes share 2 cores)")
 
 

@@ -45,6 +45,11 @@ def main() -> None:
         resp = conn.getresponse()
         return resp.status, json.loads(resp.read())
 
+    def call_text(server, path: str) -> str:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        conn.request("GET", path, headers=server.auth)
+        return conn.getresponse().read().decode()
+
     def keep_busy() -> None:
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
         while not stop.is_set():
@@ -73,6 +78,7 @@ def main() -> None:
         stop.set()
         for w in workers:
             w.join()
+        metrics = call_text(server, "/metrics")
     finally:
         server.stop()
 
@@ -83,6 +89,9 @@ def main() -> None:
     print(f"  p50 {statistics.median(latencies):.2f} ms   p99 {p99:.2f} ms   max {latencies[-1]:.2f} ms   "
           f"refused {refused}")
     print(f"  measured jobs still pending right after their 202: {sum(depth_seen)}/{len(depth_seen)}")
+    gc_lines = [line for line in metrics.splitlines() if line.startswith(("python_gc_collections_total",
+                                                                           "service_gc_frozen_objects"))]
+    print("  server garbage collector: " + ("; ".join(gc_lines) or "no gc metrics"))
 
 
 if __name__ == "__main__":

@@ -6,10 +6,13 @@ The model server's metric set is defined here once, so the names of SPEC
 
 from __future__ import annotations
 
+import gc
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
     ProcessCollector,
     disable_created_metrics,
@@ -27,9 +30,19 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 def new_registry() -> CollectorRegistry:
-    """A process registry with the standard process collector."""
+    """A process registry with the standard process and garbage-collector metrics.
+
+    ``python_gc_collections_total{generation="2"}`` counts the full
+    collections, which stop the reactor for as long as they walk the heap;
+    ``service_gc_frozen_objects`` is what :func:`svc.process.freeze_heap`
+    took out of their reach at startup.
+    """
     registry = CollectorRegistry(auto_describe=True)
     ProcessCollector(registry=registry)
+    GCCollector(registry=registry)
+    frozen = Gauge("service_gc_frozen_objects", "Objects exempted from garbage collection after startup (gc.freeze).",
+                   registry=registry)
+    frozen.set_function(gc.get_freeze_count)
     return registry
 
 

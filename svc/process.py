@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from collections.abc import Callable
@@ -41,6 +42,21 @@ def exit_after_shutdown(reactor: Any, program: str, message: str, code: int = 1)
 
     reactor.addSystemEventTrigger("after", "shutdown", _exit)
     reactor.stop()
+
+
+def freeze_heap() -> int:
+    """Collect once, then exempt every surviving object from later collections.
+
+    A model server holds a few hundred thousand long-lived objects after
+    startup (torch, its modules, the import graph); a full collection walks
+    all of them, 100-300 ms on the reactor thread of a 2-core machine, and
+    every request waiting on that thread waits with it.  Called once the
+    process has built what it keeps for life; what it allocates afterwards is
+    collected as usual.  Returns the number of objects frozen.
+    """
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 class ThreadPoolService(Service):

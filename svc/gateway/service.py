@@ -20,7 +20,7 @@ from svc.gateway.cors import CorsResource
 from svc.gateway.proxy import Proxy, make_agent, make_pool
 from svc.http import JsonSite
 from svc.metrics import GatewayMetrics, new_registry
-from svc.process import ListeningMultiService
+from svc.process import ListeningMultiService, freeze_heap
 
 log = Logger()
 
@@ -85,6 +85,7 @@ class GatewayService(ListeningMultiService):
         if missing:
             log.warn("no upstream token for {ids}: requests to them carry no Authorization "
                      "(set SERVICE_UPSTREAM_TOKENS or SERVICE_UPSTREAM_TOKEN)", ids=", ".join(missing))
+        freeze_heap()  # everything the gateway keeps for life exists now (svc.process.freeze_heap)
 
     def stopService(self) -> Deferred:
         return ensureDeferred(self._stop())

@@ -28,7 +28,7 @@ from svc.modelserver.job_routes import JobRoutes
 from svc.modelserver.jobs import JobTable
 from svc.openapi import model_server_document
 from svc.options import options_schema
-from svc.process import ListeningMultiService, ThreadPoolService, exit_after_shutdown
+from svc.process import ListeningMultiService, ThreadPoolService, exit_after_shutdown, freeze_heap
 from svc.request import RequestValidator
 from svc.schema import ObjectSchema
 from svc.weights import WeightsError
@@ -130,12 +130,14 @@ class ModelServerService(ListeningMultiService):
         seconds, items = warmup
         self.queue.observe_throughput(seconds, items)
         self.inference.model = self.engine.model
+        frozen = freeze_heap()  # the model and the warm-up are built: keep full collections off the reactor
         self.app.set_ready(self.engine.version)
         self.metrics.ready.set(1)
         self.metrics.info.clear()
         self.metrics.info.labels(self.config.id, self.engine.version, self.device).set(1)
-        log.info("{id}: ready (version {version}; warm-up batch of {items} took {ms:.0f} ms)",
-                 id=self.config.id, version=self.engine.version, items=items, ms=seconds * 1000)
+        log.info("{id}: ready (version {version}; warm-up batch of {items} took {ms:.0f} ms; {frozen} objects "
+                 "frozen out of garbage collection)",
+                 id=self.config.id, version=self.engine.version, items=items, ms=seconds * 1000, frozen=frozen)
 
     def _load_failed(self, failure: Any) -> None:
         if failure.check(WeightsError):

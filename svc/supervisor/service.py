@@ -16,7 +16,7 @@ from twisted.logger import Logger
 
 from svc.http import JsonSite
 from svc.metrics import HttpMetrics, new_registry
-from svc.process import ListeningMultiService
+from svc.process import ListeningMultiService, freeze_heap
 from svc.supervisor.api import ManagementApi
 from svc.supervisor.manager import ChildManager
 from svc.supervisor.metrics import ChildCollector
@@ -48,6 +48,7 @@ class SupervisorService(ListeningMultiService):
         super().startService()
         log.info("supervisor on http://{host}:{port}/ (profile {profile}, device {device})",
                  host=self.host, port=self.port, profile=self.manager.profile.name, device=self.manager.profile.device)
+        freeze_heap()  # everything the supervisor keeps for life exists now (svc.process.freeze_heap)
         self.manager.start_all()
 
     def stopService(self) -> Deferred:

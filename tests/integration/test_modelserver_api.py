@@ -7,6 +7,7 @@ succeeds afterwards (the ``assert_still_serving`` at the end of each test).
 from __future__ import annotations
 
 import json
+import re
 import socket
 
 import pytest
@@ -262,6 +263,10 @@ def test_metrics_text(mobilenet):
         assert name in text, name
     assert 'service_http_requests_total{code="200",method="POST",route="infer"}' in text
     assert 'stage="decode"' in text and 'stage="inference"' in text and 'stage="queue_wait"' in text
+    # svc.process.freeze_heap ran once the model was warm: torch and the model are far more than 100k objects
+    frozen = re.search(r"^service_gc_frozen_objects (\S+)$", text, re.M)
+    assert frozen and float(frozen.group(1)) > 100_000, frozen
+    assert re.search(r'^python_gc_collections_total\{generation="2"\} ', text, re.M)
 
 
 @pytest.mark.parametrize("path", ["/welcome", "/hello_world", "/nope", "/v1/models/MOBILENETV2/infer", "/jobs"])

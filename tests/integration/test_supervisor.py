@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import sys
@@ -111,6 +112,8 @@ def test_supervisor_metrics(stack):
     assert 'service_supervisor_child_state{child="MOBILENETV2",state="running"} 1.0' in text
     assert 'service_supervisor_child_ready{child="__gateway"} 1.0' in text
     assert 'service_supervisor_child_restarts_total{child="TESTFAULTS"}' in text
+    frozen = re.search(r"^service_gc_frozen_objects (\S+)$", text, re.M)
+    assert frozen and float(frozen.group(1)) > 10_000  # svc.process.freeze_heap ran at startup
 
 
 # -- actions ------------------------------------------------------------------------------------

@@ -165,6 +165,9 @@ BACKEND_KEYS: tuple[Key, ...] = (
     Key("worker_nice", int, 5, "Nice value of the inference threads (0..19): HTTP and decoding win the CPU over batches.",
         minimum=0, maximum=19),
     Key("tune_malloc", bool, True, "Tune glibc malloc (no mmap churn, no trimming) at startup: about 2x faster batches.") ,
+    Key("decode_in_worker", bool, False,
+        "Decode a batch's images in the inference thread right before its forward pass, not in the decode pool: "
+        "on a small CPU machine no decode thread then preempts torch's threads (bench/README.md)."),
 )
 
 
@@ -176,6 +179,7 @@ class BackendConfig:
     decode_threads: int
     worker_nice: int
     tune_malloc: bool
+    decode_in_worker: bool
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,8 @@ class ModelServerMetrics(HttpMetrics):
         )
         self.stage = Histogram(
             "service_stage_duration_ms",
-            "Per-stage time in ms: parse (body to request), decode (per request), "
+            "Per-stage time in ms: parse (body to request), decode (per request; per batch with "
+            "backend.decode_in_worker), "
             "queue_wait (per item), inference (per batch forward pass), postprocess (per batch).",
             ("stage",),
             buckets=MS_BUCKETS,

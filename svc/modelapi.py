@@ -59,7 +59,9 @@ class IModel(Interface):
         """Turn one input (a lazily opened PIL image, or None when
         ``needs_image`` is false) into the model input of one item.
 
-        Runs in the decode thread pool; an exception fails only this item.
+        Runs in the decode thread pool (in the inference thread, right before
+        ``predict``, with ``backend.decode_in_worker``); an exception fails
+        only this item.
         Do pixel work with Pillow or numpy here and leave tensor arithmetic
         to ``predict``: a torch op that starts OpenMP work on a second thread
         makes the GNU OpenMP runtime throttle its spinning, which made batch-1

@@ -2,6 +2,9 @@
 
 validate (decode pool) -> admit (reactor) -> decode items (decode pool) ->
 batching queue -> worker pool -> per-item results, under one deadline.
+With ``decode_in_worker`` the items enter the queue undecoded
+(:class:`~svc.modelserver.batching.LazyInput`) and the worker decodes a
+batch's images right before its forward pass.
 Synchronous requests and asynchronous jobs both run through
 :meth:`Inference.run`; only their deadline and admission differ.
 """
@@ -18,7 +21,7 @@ from svc import status as st
 from svc.envelope import TIMED_OUT, ItemResult
 from svc.images import ItemInputError, decode_base64, open_image
 from svc.modelapi import IModelFactory
-from svc.modelserver.batching import Admission, BatchQueue, Item
+from svc.modelserver.batching import Admission, BatchQueue, Item, LazyInput
 from svc.request import InferenceRequest, RequestValidator
 
 #: Bodies up to this size are validated on the reactor thread (JSON parsing
@@ -39,8 +42,10 @@ class Inference:
         run_decode: Any,
         max_image_pixels: int,
         metrics: Any = None,
+        decode_in_worker: bool = False,
     ) -> None:
         self.clock = clock
+        self.decode_in_worker = decode_in_worker
         self.factory = factory
         self.validator = validator
         self.queue = queue
@@ -97,25 +102,31 @@ class Inference:
     def decode_items(self, request: InferenceRequest) -> list[Any]:
         """Per item: the model input, or an ItemResult for a bad input (decode pool)."""
         started = time.perf_counter()
-        out: list[Any] = []
-        for raw in request.images:
-            try:
-                data = decode_base64(raw) if isinstance(raw, str) else raw
-                if self.factory.needs_image:
-                    image = open_image(data, self.max_image_pixels)
-                    try:
-                        out.append(self.model.preprocess(image, request.params))
-                    except ItemInputError:
-                        raise
-                    except Exception as e:  # noqa: BLE001 - a bad image fails its own item
-                        raise ItemInputError(st.INVALID_IMAGE, f"image cannot be decoded: {e}") from None
-                else:
-                    out.append(self.model.preprocess(None, request.params))
-            except ItemInputError as e:
-                out.append(ItemResult(e.status, None, e.message))
+        out = [self.decode_item(raw, request.params) for raw in request.images]
         if self.metrics is not None:
             self.metrics.stage.labels("decode").observe((time.perf_counter() - started) * 1000.0)
         return out
+
+    def decode_item(self, raw: str | bytes, params: dict) -> Any:
+        """One item's model input, or its ItemResult when the input is bad (any thread but the reactor)."""
+        try:
+            data = decode_base64(raw) if isinstance(raw, str) else raw
+            if not self.factory.needs_image:
+                return self.model.preprocess(None, params)
+            image = open_image(data, self.max_image_pixels)
+            try:
+                return self.model.preprocess(image, params)
+            except ItemInputError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a bad image fails its own item
+                raise ItemInputError(st.INVALID_IMAGE, f"image cannot be decoded: {e}") from None
+        except ItemInputError as e:
+            return ItemResult(e.status, None, e.message)
+
+    def lazy_items(self, request: InferenceRequest) -> list[LazyInput]:
+        """The items as inputs that the worker decodes (``decode_in_worker``)."""
+        params = request.params
+        return [LazyInput(lambda raw=raw: self.decode_item(raw, params)) for raw in request.images]
 
 
 class _Run:
@@ -146,6 +157,9 @@ class _Run:
         clock = self.inference.clock
         if self.deadline is not None:
             self.timer = clock.callLater(max(0.0, self.deadline - clock.seconds()), self._deadline_passed)
+        if self.inference.decode_in_worker:
+            self._decoded(self.inference.lazy_items(self.request))
+            return self.done
         d = self.inference.run_decode(self.inference.decode_items, self.request)
         d.addCallbacks(self._decoded, self._decode_failed)
         return self.done

@@ -75,6 +75,7 @@ class ModelServerService(ListeningMultiService):
             run_decode=self.decode.runner(reactor),
             max_image_pixels=config.max_image_pixels,
             metrics=self.metrics,
+            decode_in_worker=backend.decode_in_worker,
         )
         self.app = ModelServerApp(
             clock=reactor,

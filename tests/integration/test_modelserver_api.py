@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import socket
 
 import pytest
 
 from tests.support.http import get, post, request
 from tests.support.images import b64, image_b64, image_bytes
+from tests.support.processes import start_model_server, write_config
 
 URI = "/mobilenetv2/predict"
 ENVELOPE_FIELDS = ["status", "status_str", "task_id", "model", "results", "server_time_ms", "partial"]
@@ -281,3 +283,33 @@ def test_wrong_method_is_405_status_62_with_allow(mobilenet, method, path, allow
     reply = request(method, mobilenet.url + path, headers=mobilenet.auth)
     assert_rejection(reply, 405, 62)
     assert reply.header("Allow") == allow
+
+
+# -- backend.decode_in_worker ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def decode_in_worker(conf_dir):
+    """MOBILENETV2 decoding each batch's images in its inference thread."""
+    proc = start_model_server(write_config(conf_dir, "MOBILENETV2", name="MOBILENETV2-in-worker.toml",
+                                           max_request_items=6, backend={"decode_in_worker": True}))
+    yield proc
+    proc.stop(signal.SIGTERM)
+
+
+def test_decode_in_worker_answers_as_the_decode_pool_does(mobilenet, decode_in_worker):
+    images = [image_b64(seed=1), "", "%%%not-base64", b64(b"not an image"), image_b64(seed=2, fmt="JPEG")]
+    pooled = infer(mobilenet, {"images": images, "params": {"top_k": 3}})
+    in_worker = infer(decode_in_worker, {"images": images, "params": {"top_k": 3}})
+    assert (in_worker.status, in_worker.json["status"]) == (pooled.status, pooled.json["status"]) == (200, 0)
+    assert [r["status"] for r in in_worker.json["results"]] == [0, 3, 5, 5, 0]
+    for mine, theirs in zip(in_worker.json["results"], pooled.json["results"]):
+        assert mine["data"] == theirs["data"]  # same classes and scores; None for the bad items
+    assert all(r["error"] for r in in_worker.json["results"][1:4])
+    # Every item bad: nothing reaches the forward pass, the reply is the 400 of the pool path.
+    all_bad = infer(decode_in_worker, {"images": ["", b64(b"junk")]})
+    assert (all_bad.status, all_bad.json["status"]) == (400, 3)
+    assert [r["status"] for r in all_bad.json["results"]] == [3, 5]
+    metrics = get(decode_in_worker.url + "/metrics", headers=decode_in_worker.auth).body.decode()
+    assert re.search(r'^service_stage_duration_ms_count\{stage="decode"\} [1-9]', metrics, re.M)
+    assert_still_serving(decode_in_worker)

@@ -6,6 +6,11 @@
    straight again (the mean of the two direct runs is the reference: this
    machine's speed drifts).  Prints p50/p99 both ways, the added latency,
    and the gateway's CPU time per request (from /proc, user + system).
+   Then the paired point: the same number of clients through the gateway
+   and straight to the model server at the same time (two load generators
+   side by side), so both halves meet the same batches and the same drift;
+   the difference of their p50 is what the gateway adds, free of the
+   run-to-run noise that dwarfs it in the sequential comparison.
 2. The same against a trivial upstream (bench/trivial_upstream.py), where
    the gateway's own cost is not hidden behind the model's: added latency,
    CPU per request, and at 32 clients its maximum request rate; and the
@@ -24,6 +29,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from bench.loadgen import run_load
@@ -47,6 +53,21 @@ def measured(proxy, url, body, headers, concurrency, seconds, tool):
     result = run_load(url, body, headers, concurrency=concurrency, seconds=seconds, tool=tool)
     cpu = cpu_seconds(pid) - before
     return result, cpu * 1000.0 / max(1, result.requests)
+
+
+def side_by_side(proxy, gateway_url, direct_url, body, gateway_headers, direct_headers, concurrency, seconds, tool):
+    """The same load through the gateway and straight to the upstream at the same time."""
+    results = {}
+
+    def straight() -> None:
+        results["direct"] = run_load(direct_url, body, direct_headers, concurrency=concurrency, seconds=seconds,
+                                     tool=tool)
+
+    other = threading.Thread(target=straight)
+    other.start()
+    through, cpu_ms = measured(proxy, gateway_url, body, gateway_headers, concurrency, seconds, tool)
+    other.join()
+    return results["direct"], through, cpu_ms
 
 
 def main() -> None:
@@ -76,7 +97,7 @@ def main() -> None:
     gateway = start_gateway(tmp, servers, None, env={"SERVICE_UPSTREAM_TOKEN": "bench-upstream"})
     token = GATEWAY_TOKENS["SERVICE_GATEWAY_AUTH_TOKEN"]
     body = json.dumps({"images": [image_b64(width=224, height=224, fmt="JPEG", seed=3)]}).encode()
-    rows = []
+    rows, paired_rows = [], []
     try:
         direct_headers = {**model.auth, "Content-Type": "application/json"}
         gateway_headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
@@ -88,6 +109,9 @@ def main() -> None:
             second = run_load(model.url + "/mobilenetv2/predict", body, direct_headers, concurrency=c,
                               seconds=args.seconds, tool=args.tool)
             rows.append((c, first, through, second, cpu_ms))
+            paired_rows.append((c, *side_by_side(gateway, gateway.url + "/v1/models/MOBILENETV2/infer",
+                                                 model.url + "/mobilenetv2/predict", body, gateway_headers,
+                                                 direct_headers, c, args.seconds, args.tool)))
         small = b'{"images":["aGk="]}'
         trivial_rows = []
         for c in args.concurrency:
@@ -115,6 +139,13 @@ def main() -> None:
         print(f"  {c:7d} {through.tool:>5} {p50:10.2f} {through.p50:8.2f} {through.p50 - p50:9.2f} {p99:10.2f} "
               f"{through.p99:8.2f} {through.p99 - p99:9.2f} {rate:8.1f} {through.rate:7.1f} {cpu_ms:8.3f}ms "
               f"{through.errors + first.errors + second.errors:6d}")
+    print("\nMOBILENETV2 side by side: N clients through the gateway and N straight to the model, at the same time")
+    print(f"  {'clients':>7} {'direct p50':>10} {'gw p50':>8} {'added p50':>9} {'direct p99':>10} {'gw p99':>8} "
+          f"{'added p99':>9} {'direct/s':>8} {'gw/s':>7} {'gw CPU/req':>10} {'errors':>6}")
+    for c, direct, through, cpu_ms in paired_rows:
+        print(f"  {c:7d} {direct.p50:10.2f} {through.p50:8.2f} {through.p50 - direct.p50:9.2f} {direct.p99:10.2f} "
+              f"{through.p99:8.2f} {through.p99 - direct.p99:9.2f} {direct.rate:8.1f} {through.rate:7.1f} "
+              f"{cpu_ms:8.3f}ms {through.errors + direct.errors:6d}")
     print("\nA trivial upstream (tiny JSON body, answered at once): straight vs through the gateway")
     print(f"  {'clients':>7} {'direct p50':>10} {'gw p50':>8} {'added p50':>9} {'direct p99':>10} {'gw p99':>8} "
           f"{'gw req/s':>8} {'gw CPU/req':>10} {'errors':>6} | {'minimal proxy: p50':>18} {'req/s':>6} {'CPU/req':>8}")

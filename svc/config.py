@@ -161,13 +161,15 @@ BACKEND_KEYS: tuple[Key, ...] = (
     Key("device", str, "gpu", "'cpu' or 'gpu'.", choices=("cpu", "gpu")),
     Key("threads", int, 0, "Torch intra-op threads; 0 = the number of CPU cores divided by workers.", minimum=0, maximum=1024),
     Key("workers", int, 1, "Inference threads (batches run at once).", minimum=1, maximum=64),
-    Key("decode_threads", int, 2, "Threads that parse requests and decode images.", minimum=1, maximum=64),
+    Key("decode_threads", int, 2, "Threads that parse large bodies and, without decode_in_worker or on a GPU, decode images.",
+        minimum=1, maximum=64),
     Key("worker_nice", int, 5, "Nice value of the inference threads (0..19): HTTP and decoding win the CPU over batches.",
         minimum=0, maximum=19),
     Key("tune_malloc", bool, True, "Tune glibc malloc (no mmap churn, no trimming) at startup: about 2x faster batches.") ,
-    Key("decode_in_worker", bool, False,
-        "Decode a batch's images in the inference thread right before its forward pass, not in the decode pool: "
-        "on a small CPU machine no decode thread then preempts torch's threads (bench/README.md)."),
+    Key("decode_in_worker", bool, True,
+        "CPU only: decode a batch's images in the inference thread right before its forward pass, not in the "
+        "decode pool, so no decode thread preempts torch's threads (bench/README.md). On a GPU images are always "
+        "decoded in the decode pool, overlapping the forward pass."),
 )
 
 

@@ -75,7 +75,8 @@ class ModelServerService(ListeningMultiService):
             run_decode=self.decode.runner(reactor),
             max_image_pixels=config.max_image_pixels,
             metrics=self.metrics,
-            decode_in_worker=backend.decode_in_worker,
+            # On a GPU, decoding in the pool overlaps the forward pass; on a CPU it competes with it.
+            decode_in_worker=backend.decode_in_worker and device == "cpu",
         )
         self.app = ModelServerApp(
             clock=reactor,
@@ -122,8 +123,9 @@ class ModelServerService(ListeningMultiService):
 
     def startService(self) -> None:
         super().startService()
-        log.info("{id}: listening on 127.0.0.1:{port}; loading the model on {device}",
-                 id=self.config.id, port=self.config.port, device=self.device)
+        log.info("{id}: listening on 127.0.0.1:{port}; loading the model on {device}; images decoded {where}",
+                 id=self.config.id, port=self.config.port, device=self.device,
+                 where="in the inference thread" if self.inference.decode_in_worker else "in the decode pool")
         d = self.engine.load(self.config.max_batch_size)
         d.addCallbacks(self._loaded, self._load_failed)
 

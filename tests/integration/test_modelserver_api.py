@@ -289,27 +289,31 @@ def test_wrong_method_is_405_status_62_with_allow(mobilenet, method, path, allow
 
 
 @pytest.fixture(scope="module")
-def decode_in_worker(conf_dir):
-    """MOBILENETV2 decoding each batch's images in its inference thread."""
-    proc = start_model_server(write_config(conf_dir, "MOBILENETV2", name="MOBILENETV2-in-worker.toml",
-                                           max_request_items=6, backend={"decode_in_worker": True}))
+def decode_pool(conf_dir):
+    """MOBILENETV2 with ``decode_in_worker = false``: images decoded in the decode pool."""
+    proc = start_model_server(write_config(conf_dir, "MOBILENETV2", name="MOBILENETV2-decode-pool.toml",
+                                           max_request_items=6, backend={"decode_in_worker": False}))
     yield proc
     proc.stop(signal.SIGTERM)
 
 
-def test_decode_in_worker_answers_as_the_decode_pool_does(mobilenet, decode_in_worker):
+def test_decoding_in_the_worker_answers_as_the_decode_pool_does(mobilenet, decode_pool):
+    assert "images decoded in the inference thread" in mobilenet.output()  # the CPU default
+    assert "images decoded in the decode pool" in decode_pool.output()
     images = [image_b64(seed=1), "", "%%%not-base64", b64(b"not an image"), image_b64(seed=2, fmt="JPEG")]
-    pooled = infer(mobilenet, {"images": images, "params": {"top_k": 3}})
-    in_worker = infer(decode_in_worker, {"images": images, "params": {"top_k": 3}})
-    assert (in_worker.status, in_worker.json["status"]) == (pooled.status, pooled.json["status"]) == (200, 0)
-    assert [r["status"] for r in in_worker.json["results"]] == [0, 3, 5, 5, 0]
+    in_worker = infer(mobilenet, {"images": images, "params": {"top_k": 3}})
+    pooled = infer(decode_pool, {"images": images, "params": {"top_k": 3}})
+    for reply in (in_worker, pooled):
+        assert (reply.status, reply.json["status"]) == (200, 0)
+        assert [r["status"] for r in reply.json["results"]] == [0, 3, 5, 5, 0]
+        assert all(r["error"] for r in reply.json["results"][1:4])
     for mine, theirs in zip(in_worker.json["results"], pooled.json["results"]):
         assert mine["data"] == theirs["data"]  # same classes and scores; None for the bad items
-    assert all(r["error"] for r in in_worker.json["results"][1:4])
-    # Every item bad: nothing reaches the forward pass, the reply is the 400 of the pool path.
-    all_bad = infer(decode_in_worker, {"images": ["", b64(b"junk")]})
-    assert (all_bad.status, all_bad.json["status"]) == (400, 3)
-    assert [r["status"] for r in all_bad.json["results"]] == [3, 5]
-    metrics = get(decode_in_worker.url + "/metrics", headers=decode_in_worker.auth).body.decode()
-    assert re.search(r'^service_stage_duration_ms_count\{stage="decode"\} [1-9]', metrics, re.M)
-    assert_still_serving(decode_in_worker)
+    # Every item bad: nothing reaches the forward pass; both answer 400 with the first item's status.
+    for server in (mobilenet, decode_pool):
+        all_bad = infer(server, {"images": ["", b64(b"junk")]})
+        assert (all_bad.status, all_bad.json["status"]) == (400, 3)
+        assert [r["status"] for r in all_bad.json["results"]] == [3, 5]
+        metrics = get(server.url + "/metrics", headers=server.auth).body.decode()
+        assert re.search(r'^service_stage_duration_ms_count\{stage="decode"\} [1-9]', metrics, re.M)
+        assert_still_serving(server)

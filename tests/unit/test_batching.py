@@ -187,11 +187,11 @@ class Factory:
     needs_image = False
 
 
-def inference(clock: Clock, **kw) -> tuple[Inference, Runner]:
+def inference(clock: Clock, decode_in_worker: bool = False, **kw) -> tuple[Inference, Runner]:
     q, runner = make(clock, **kw)
     validator = RequestValidator(ObjectSchema(object_schema({})), ObjectSchema(object_schema({})), 16)
     inf = Inference(clock=clock, factory=Factory(), validator=validator, queue=q, run_decode=inline_runner,
-                    max_image_pixels=10**6)
+                    max_image_pixels=10**6, decode_in_worker=decode_in_worker)
     inf.model = Model()
     return inf, runner
 

@@ -8,10 +8,9 @@ from svc import status as st
 from svc.envelope import ItemResult
 from svc.modelserver.batching import LazyInput
 from svc.modelserver.engine import Engine
-from svc.modelserver.inference import Inference
 from svc.process import inline_runner
 from svc.request import InferenceRequest
-from tests.unit.test_batching import make
+from tests.unit.test_batching import inference
 
 
 class Model:
@@ -72,31 +71,32 @@ def test_an_engine_failure_fails_the_good_items_and_keeps_the_bad_items_status()
     assert "predict failed for a batch of 1" in problem
 
 
-class DecodingModel:
-    def preprocess(self, image, params):
-        return "decoded"
-
-    def batch_key(self, params):
-        return None
-
-
-class NoImageFactory:
-    needs_image = False
+def no_pool(*args, **kwargs):
+    raise AssertionError("the decode pool is not used with decode_in_worker")
 
 
 def test_inference_queues_lazy_items_without_the_decode_pool():
     clock = Clock()
-    q, runner = make(clock, max_batch_size=4)
-
-    def no_pool(*args, **kwargs):
-        raise AssertionError("the decode pool is not used with decode_in_worker")
-
-    inf = Inference(clock=clock, factory=NoImageFactory(), validator=None, queue=q, run_decode=no_pool,
-                    max_image_pixels=10**6, decode_in_worker=True)
-    inf.model = DecodingModel()
+    inf, runner = inference(clock, decode_in_worker=True, max_batch_size=4)
+    inf.run_decode = no_pool
     inf.run(InferenceRequest(images=["aGk=", "%%%"], req_id=None), deadline=None)
     (batch,) = runner.batches  # both items in one batch, still undecoded
     assert all(isinstance(item.input, LazyInput) for item in batch)
     good, bad = (item.input.make() for item in batch)
-    assert good == "decoded"
+    assert good == "input"
     assert bad.status == st.INVALID_IMAGE and "base64" in bad.error
+
+
+def test_lazy_items_past_their_deadline_are_never_decoded():
+    clock = Clock()
+    inf, runner = inference(clock, decode_in_worker=True, max_batch_size=1)
+    inf.run_decode = no_pool
+    made = []
+    inf.model.preprocess = lambda image, params: made.append(1) or "input"
+    answered = []
+    inf.run(InferenceRequest(images=["aGk=", "aGk="], req_id=None), deadline=1.0).addCallback(answered.append)
+    clock.advance(1.0)  # the first item is running (undecoded), the second expires in the queue
+    runner.finish()
+    assert [r.status for r in answered[0]] == [st.RUN_TIMEOUT, st.RUN_TIMEOUT]
+    assert len(runner.batches) == 1  # the expired item never reached a worker
+    assert made == []  # nothing was decoded outside a worker (the fake runner decodes nothing)

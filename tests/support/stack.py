@@ -69,7 +69,7 @@ class Stack:
 
 
 def build_stack(root: Path, models: dict[str, dict], *, env_overrides: dict[str, str] | None = None,
-                supervisor_extra: str = "") -> Stack:
+                supervisor_extra: str = "", gateway_extra: str = "") -> Stack:
     """Write configs for ``models`` (base config name -> overrides) and start the supervisor."""
     servers, profiles, logs = root / "server", root / "profiles", root / "logs"
     for d in (servers, profiles):
@@ -87,7 +87,7 @@ def build_stack(root: Path, models: dict[str, dict], *, env_overrides: dict[str,
     gateway_port, supervisor_port = free_port(), free_port()
     config = root / "service.toml"
     config.write_text(
-        f'[gateway]\nhost = "127.0.0.1"\nport = {gateway_port}\nkeys_file = "{keys_file}"\nservers_dir = "{servers}"\n\n'
+        f'[gateway]\nhost = "127.0.0.1"\nport = {gateway_port}\nkeys_file = "{keys_file}"\nservers_dir = "{servers}"\n{gateway_extra}\n'
         f'[supervisor]\nport = {supervisor_port}\nprofile = "cpu"\nservers_dir = "{servers}"\n'
         f'profiles_dir = "{profiles}"\nlog_dir = "{logs}"\nstop_grace_ms = 8000\nbackoff_initial_ms = 300\n'
         f"{supervisor_extra}"

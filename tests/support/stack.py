@@ -114,12 +114,14 @@ def build_stack(root: Path, models: dict[str, dict], *, env_overrides: dict[str,
 
 
 def stop_stack(stack: Stack) -> tuple[int, list[int]]:
-    """SIGTERM the supervisor; its exit code and the child pids that survived it."""
-    try:
-        status = stack.status()
-        pids = [c["pid"] for c in [status["gateway"], *status["servers"]] if c["pid"]]
-    except Exception:  # noqa: BLE001 - the supervisor may already be gone
-        pids = []
+    """SIGTERM the supervisor; its exit code and the child pids that survived it.
+
+    The status call must succeed: a supervisor that is already gone would give
+    no pids, and "no children left behind" would then hold vacuously.
+    """
+    status = stack.status()
+    pids = [c["pid"] for c in [status["gateway"], *status["servers"]] if c["pid"]]
+    assert pids, f"no running child to check: {status}"
     code = stack.supervisor.stop(signal.SIGTERM, timeout=60)
     survivors = []
     for pid in pids:

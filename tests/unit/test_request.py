@@ -158,6 +158,7 @@ def test_raw_body_is_one_item_with_header_params():
     "headers, where",
     [
         ({"x-service-params": "{bad"}, "/params"),
+        ({"x-service-params": ""}, "/params"),  # an empty value is not a JSON object: the document says so
         ({"x-service-params": "[1]"}, "/params"),
         ({"x-service-params": '{"nope": 1}'}, "/params/nope"),
         ({"x-service-options": "nope"}, "/options"),

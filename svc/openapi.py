@@ -50,6 +50,8 @@ def status_components() -> dict:
         "Status": {
             "type": "integer",
             "enum": [s.code for s in st.ALL],
+            # Names for the generated clients' enum members (Status.UNAUTHORIZED rather than Status.VALUE_401).
+            "x-enum-varnames": [s.text for s in st.ALL],
             "description": "Top-level or per-item status. Clients read the HTTP status first, then `status`, "
             "then each `results[i].status`. Any other value is a server error (HTTP 500).",
             "x-status-table": table,
@@ -58,6 +60,7 @@ def status_components() -> dict:
         "ItemStatus": {
             "type": "integer",
             "enum": [s.code for s in st.ITEM_STATUSES],
+            "x-enum-varnames": [s.text for s in st.ITEM_STATUSES],
             "description": "Per-item status: " + "; ".join(f"{s.code} {s.text} ({s.meaning})" for s in st.ITEM_STATUSES),
         },
         "FieldError": {

@@ -41,6 +41,9 @@ TEST = [
     "hypothesis==6.170.15",
     "schemathesis==4.32.5",
     "playwright==1.65.2",
+    # tests/integration/test_openapi_clients.py: clients generated from openapi/*.json, which import httpx
+    "openapi-python-client==0.29.1",
+    "httpx==0.28.1",
 ]
 
 setup(

@@ -32,6 +32,16 @@ def ref(name: str) -> dict:
 
 # -- shared components ----------------------------------------------------------------
 
+#: ``results`` of a reply that admitted nothing.  ``items`` is there although the
+#: array is always empty: client generators (openapi-python-client) drop a whole
+#: model whose array has no ``items``, and with it every error reply.
+EMPTY_RESULTS = {
+    "type": "array",
+    "maxItems": 0,
+    "items": {"description": "Never present: a reply that admitted nothing has no results."},
+    "description": "Always empty.",
+}
+
 
 def status_components() -> dict:
     """Schemas of the status table and the envelope."""
@@ -40,6 +50,8 @@ def status_components() -> dict:
         "Status": {
             "type": "integer",
             "enum": [s.code for s in st.ALL],
+            # Names for the generated clients' enum members (Status.UNAUTHORIZED rather than Status.VALUE_401).
+            "x-enum-varnames": [s.text for s in st.ALL],
             "description": "Top-level or per-item status. Clients read the HTTP status first, then `status`, "
             "then each `results[i].status`. Any other value is a server error (HTTP 500).",
             "x-status-table": table,
@@ -48,6 +60,7 @@ def status_components() -> dict:
         "ItemStatus": {
             "type": "integer",
             "enum": [s.code for s in st.ITEM_STATUSES],
+            "x-enum-varnames": [s.text for s in st.ITEM_STATUSES],
             "description": "Per-item status: " + "; ".join(f"{s.code} {s.text} ({s.meaning})" for s in st.ITEM_STATUSES),
         },
         "FieldError": {
@@ -73,7 +86,7 @@ def status_components() -> dict:
                 "status_str": ref("StatusText"),
                 "task_id": {"type": "string"},
                 "model": ref("ModelIdentity"),
-                "results": {"type": "array", "maxItems": 0},
+                "results": EMPTY_RESULTS,
                 "server_time_ms": {"type": "number"},
                 "partial": {"type": "boolean", "const": False},
                 "error": {"type": "string"},
@@ -89,7 +102,7 @@ def status_components() -> dict:
                 "status_str": ref("StatusText"),
                 "task_id": {"type": "string"},
                 "model": ref("ModelIdentity"),
-                "results": {"type": "array", "maxItems": 0},
+                "results": EMPTY_RESULTS,
                 "server_time_ms": {"type": "number"},
                 "partial": {"type": "boolean"},
                 "error": {"type": "string"},
@@ -109,9 +122,11 @@ def model_components(config: ModelServerConfig, factory: Any, table: dict) -> di
     options = options_schema(tuple(factory.options))
     image_rule = (
         "Base64 image (JPEG, PNG, WebP, BMP, GIF, TIFF), standard alphabet, padding optional; a "
-        "`data:<type>;base64,` prefix is accepted."
+        "`data:<type>;base64,` prefix is accepted. Any string is admitted: an empty one fails its own item "
+        "(status 3), one that is not base64 or not a decodable image fails its own item (status 5)."
         if factory.needs_image
-        else "Any valid base64 string: this model ignores the pixels."
+        else "Any valid base64 string (the empty string too): this model ignores the pixels. A string that is "
+        "not base64 fails its own item (status 5)."
     )
     return {
         f"{mid}_Params": params,
@@ -127,9 +142,10 @@ def model_components(config: ModelServerConfig, factory: Any, table: dict) -> di
                 "images": {
                     "type": "array",
                     "minItems": 1,
+                    "maxItems": config.max_request_items,
                     "items": {"type": "string", "description": image_rule},
-                    "description": f"One result per image, same order. More than {config.max_request_items} "
-                    "(max_request_items) is not a contract violation but a limit: 413 status 67.",
+                    "description": f"One result per image, same order. At most {config.max_request_items} "
+                    "(max_request_items); more is rejected with 413 status 67.",
                 },
                 "req_id": {
                     "type": "string",
@@ -186,6 +202,24 @@ def header_doc(description: str, schema: dict | None = None) -> dict:
     return {"description": description, "schema": schema or {"type": "string"}}
 
 
+def json_header(name: str, field: str, schema: dict) -> dict:
+    """A request header whose value is a JSON object (``X-Service-Params``, ``X-Service-Options``).
+
+    Declared with ``content`` rather than ``schema: {type: string}``: the server
+    parses the value as JSON and validates it like the body's ``field``, so an
+    arbitrary string (the empty one included) is not a valid value, and a
+    string schema would promise acceptance of requests that get 422.
+    """
+    return {
+        "name": name,
+        "in": "header",
+        "required": False,
+        "description": f"Raw-body requests only (ignored with a JSON body): `{field}` as a JSON object. A value that "
+        f"is not a JSON object (an empty value included) or breaks the schema is 422, pointer `/{field}`.",
+        "content": {"application/json": {"schema": schema}},
+    }
+
+
 REQUEST_ID_HEADER = header_doc("Echo of the request id (`task_id`).")
 RETRY_AFTER_HEADER = header_doc("Seconds to wait before retrying.", {"type": "integer", "minimum": 1, "maximum": 60})
 
@@ -208,20 +242,8 @@ def infer_operation(config: ModelServerConfig, factory: Any, *, summary: str, au
         "summary": summary,
         "description": f"{factory.task} with {mid}. {OUTCOME_RULES} {auth_note}",
         "parameters": [
-            {
-                "name": "X-Service-Params",
-                "in": "header",
-                "required": False,
-                "description": "Raw-body requests only: `params` as a JSON object (bad JSON: 422, pointer `/params`).",
-                "schema": {"type": "string"},
-            },
-            {
-                "name": "X-Service-Options",
-                "in": "header",
-                "required": False,
-                "description": "Raw-body requests only: `options` as a JSON object (bad JSON: 422, pointer `/options`).",
-                "schema": {"type": "string"},
-            },
+            json_header("X-Service-Params", "params", ref(f"{mid}_Params")),
+            json_header("X-Service-Options", "options", ref(f"{mid}_Options")),
             {
                 "name": "X-Request-ID",
                 "in": "header",
@@ -304,7 +326,7 @@ def job_components() -> dict:
                 "status_str": ref("StatusText"),
                 "task_id": {"type": "string"},
                 "model": ref("ModelIdentity"),
-                "results": {"type": "array", "maxItems": 0},
+                "results": EMPTY_RESULTS,
                 "server_time_ms": {"type": "number"},
                 "partial": {"type": "boolean"},
                 "error": {"type": "string"},

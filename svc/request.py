@@ -46,8 +46,9 @@ class RequestValidator:
     """Validates requests for one model: its params and options schemas."""
 
     def __init__(self, params: ObjectSchema, options: ObjectSchema, max_request_items: int) -> None:
-        self.params = params
-        self.options = options
+        # JSON's integers: the OpenAPI document's `type: integer` admits 3.0 (svc.schema).
+        self.params = params.for_json()
+        self.options = options.for_json()
         self.max_request_items = max_request_items
 
     # -- entry point ---------------------------------------------------------

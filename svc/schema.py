@@ -2,7 +2,12 @@
 
 Param, option and config schemas are plain JSON Schema (draft 2020-12) so the
 same dictionaries validate requests and appear in ``/openapi.json``.
-Integers are strict: ``1.0`` and ``true`` are not integers here.
+Integers are strict by default: ``1.0`` and ``true`` are not integers in a
+config file (TOML tells them apart).  Requests follow JSON's reading instead
+(:meth:`ObjectSchema.for_json`): JSON has one number type and JSON Schema
+counts ``1.0`` as the integer 1, so a document that says ``type: integer``
+promises that a client may send it; the value is handed on as the int 1.
+``true`` is never a number.
 """
 
 from __future__ import annotations
@@ -23,22 +28,39 @@ def _is_strict_number(checker: Any, instance: Any) -> bool:
     return isinstance(instance, (int, float)) and not isinstance(instance, bool)
 
 
+def _is_json_integer(checker: Any, instance: Any) -> bool:
+    return _is_strict_integer(checker, instance) or (isinstance(instance, float) and instance.is_integer())
+
+
 _TYPE_CHECKER = Draft202012Validator.TYPE_CHECKER.redefine_many(
     {"integer": _is_strict_integer, "number": _is_strict_number}
 )
 StrictValidator = validators.extend(Draft202012Validator, type_checker=_TYPE_CHECKER)
+JsonValidator = validators.extend(
+    Draft202012Validator,
+    type_checker=_TYPE_CHECKER.redefine_many({"integer": _is_json_integer, "number": _is_strict_number}),
+)
 
 
 class ObjectSchema:
     """A compiled object schema with pointer-style errors and defaults."""
 
-    def __init__(self, schema: dict, what: str = "field") -> None:
+    def __init__(self, schema: dict, what: str = "field", *, json_numbers: bool = False) -> None:
         StrictValidator.check_schema(schema)
         self.schema = schema
         self.what = what
-        self._validator = StrictValidator(schema)
+        self.json_numbers = json_numbers
+        self._validator = (JsonValidator if json_numbers else StrictValidator)(schema)
         self.properties: dict = schema.get("properties", {})
         self.defaults = {k: v["default"] for k, v in self.properties.items() if "default" in v}
+
+    def for_json(self) -> ObjectSchema:
+        """The same schema with JSON's integers (``1.0`` is 1), for request bodies and headers.
+
+        What ``/openapi.json`` publishes is JSON Schema, under which ``1.0`` is an
+        integer; a request that is valid by the document must not be refused.
+        """
+        return self if self.json_numbers else ObjectSchema(self.schema, self.what, json_numbers=True)
 
     def errors(self, instance: Any, *base: object) -> list[FieldError]:
         """Every problem of ``instance``, each with its JSON pointer."""
@@ -56,8 +78,28 @@ class ObjectSchema:
         return found
 
     def with_defaults(self, instance: dict) -> dict:
-        """``instance`` completed with the schema's top-level defaults."""
+        """``instance`` completed with the schema's top-level defaults (integral floats of integer fields as ints)."""
+        if self.json_numbers:
+            instance = _as_ints(instance, self.schema)
         return {**copy.deepcopy(self.defaults), **instance}
+
+
+def _as_ints(instance: Any, schema: Any) -> Any:
+    """``instance`` (already valid) with every float that ``schema`` types as an integer turned into an int.
+
+    Follows ``properties`` and ``items``, the shapes of params and options; a
+    model plugin then sees ``top_k == 3``, never ``3.0``.
+    """
+    if not isinstance(schema, dict):
+        return instance
+    if isinstance(instance, float) and schema.get("type") == "integer":
+        return int(instance)
+    if isinstance(instance, dict):
+        props = schema.get("properties", {})
+        return {k: _as_ints(v, props.get(k)) for k, v in instance.items()}
+    if isinstance(instance, list):
+        return [_as_ints(v, schema.get("items")) for v in instance]
+    return instance
 
 
 def object_schema(properties: dict, *, description: str = "") -> dict:

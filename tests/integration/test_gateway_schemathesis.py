@@ -11,19 +11,19 @@ from hypothesis import HealthCheck, settings
 from svc.config import load_model_server_config
 from svc.modelapi import find_factory
 from svc.openapi import gateway_document
+from tests.support.conformance import call_and_validate, load
 from tests.support.gateway import GATEWAY_TOKENS, start_gateway
 from tests.support.processes import REPO, SHIPPED_CONF, free_port, start_model_server, write_config
 
 # The committed document, limited to the model this test runs (and the gateway's own routes).
-SHIPPED = schemathesis.openapi.from_dict(json.loads((REPO / "openapi" / "gateway.json").read_text())).include(
+SHIPPED = load(json.loads((REPO / "openapi" / "gateway.json").read_text())).include(
     path_regex=r"^(/healthz|/metrics|/v1/models/MOBILENETV2/infer|/mobilenetv2/predict)$")
 # The document of a gateway whose catalog has MOBILENETV2 with jobs on: the job routes through the gateway.
 ASYNC_CONFIG = load_model_server_config(str(SHIPPED_CONF / "MOBILENETV2.toml")).replace(async_enabled=True)
-ASYNC = schemathesis.openapi.from_dict(gateway_document([ASYNC_CONFIG], {"MOBILENETV2": find_factory("MOBILENETV2")})
-                                       ).include(path_regex=r"/jobs")
+ASYNC = load(gateway_document([ASYNC_CONFIG], {"MOBILENETV2": find_factory("MOBILENETV2")})).include(path_regex=r"/jobs")
 
-# Schema-valid strings need not be decodable images (the documented 400), see the model-server test.
-EXCLUDED = [schemathesis.checks.positive_data_acceptance]
+# Every check runs, "schema-valid request rejected" (positive_data_acceptance) included, on every route
+# (tests/support/conformance.py).
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 AUTH = {"Authorization": f"Bearer {GATEWAY_TOKENS['SERVICE_GATEWAY_AUTH_TOKEN']}"}
 
@@ -45,12 +45,11 @@ def gateway(tmp_path_factory):
 @SHIPPED.parametrize()
 @SETTINGS
 def test_gateway_conforms_to_its_openapi_document(case, gateway):
-    case.call_and_validate(base_url=gateway.url, headers=AUTH, excluded_checks=EXCLUDED, timeout=30)
+    call_and_validate(case, gateway.url, AUTH, timeout=30)
 
 
 @ASYNC.parametrize()
 @SETTINGS
 def test_job_routes_through_the_gateway_conform(case, gateway):
     # A wait budget at or above upstream_recv_timeout_ms is a documented 502 (SPEC), not a server fault.
-    excluded = [*EXCLUDED, schemathesis.checks.not_a_server_error]
-    case.call_and_validate(base_url=gateway.url, headers=AUTH, excluded_checks=excluded, timeout=30)
+    call_and_validate(case, gateway.url, AUTH, excluded_checks=[schemathesis.checks.not_a_server_error], timeout=30)

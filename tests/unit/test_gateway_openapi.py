@@ -38,3 +38,38 @@ def test_operation_ids_are_unique_and_gateway_replies_documented():
     assert {"200", "401", "404", "405", "413", "415", "422", "429", "502", "503", "504"} <= set(infer["responses"])
     assert all("X-Service-Key" in reply["headers"] for reply in infer["responses"].values())
     assert "Retry-After" in infer["responses"]["429"]["headers"]
+
+
+def test_the_document_states_what_the_server_enforces():
+    doc, configs = document()
+    mobilenet = next(c for c in configs if c.id == "MOBILENETV2")
+    images = doc["components"]["schemas"]["MOBILENETV2_Request"]["properties"]["images"]
+    # More images than max_request_items is a 413, so the schema must not allow them; an empty string is
+    # admitted (its item fails with status 3), so the items carry no minLength.
+    assert (images["minItems"], images["maxItems"]) == (1, mobilenet.max_request_items)
+    assert images["items"]["type"] == "string" and "minLength" not in images["items"]
+    headers = {p["name"]: p for p in doc["paths"]["/v1/models/MOBILENETV2/infer"]["post"]["parameters"]}
+    # The headers carry JSON objects validated like the body's params/options: any string (even "") is not valid.
+    assert headers["X-Service-Params"]["content"] == {
+        "application/json": {"schema": {"$ref": "#/components/schemas/MOBILENETV2_Params"}}}
+    assert headers["X-Service-Options"]["content"] == {
+        "application/json": {"schema": {"$ref": "#/components/schemas/MOBILENETV2_Options"}}}
+
+
+def test_every_array_has_items():
+    # Client generators drop a whole model (Rejection, Health, JobRejection) over an array without items.
+    doc, _ = document()
+    arrays = []
+
+    def walk(node: object, where: str) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "array":
+                arrays.append((where, "items" in node or "prefixItems" in node))
+            for key, value in node.items():
+                walk(value, f"{where}/{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{where}/{i}")
+
+    walk(doc, "")
+    assert arrays and [where for where, ok in arrays if not ok] == []

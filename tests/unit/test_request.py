@@ -95,7 +95,7 @@ def test_images_rules(images, where):
     [
         ({"top_q": 1}, "/params/top_q"),
         ({"top_k": "3"}, "/params/top_k"),
-        ({"top_k": 2.0}, "/params/top_k"),
+        ({"top_k": 2.5}, "/params/top_k"),
         ({"top_k": True}, "/params/top_k"),
         ({"top_k": 0}, "/params/top_k"),
         ({"top_k": 11}, "/params/top_k"),
@@ -158,6 +158,7 @@ def test_raw_body_is_one_item_with_header_params():
     "headers, where",
     [
         ({"x-service-params": "{bad"}, "/params"),
+        ({"x-service-params": ""}, "/params"),  # an empty value is not a JSON object: the document says so
         ({"x-service-params": "[1]"}, "/params"),
         ({"x-service-params": '{"nope": 1}'}, "/params/nope"),
         ({"x-service-options": "nope"}, "/options"),
@@ -210,3 +211,14 @@ def test_any_bytes_never_escape_as_another_exception(body):
 
 def test_an_invalid_x_request_id_header_is_refused_even_with_a_body_req_id():
     assert pointers(rejected({"images": ["x"], "req_id": "ok"}, {"x-request-id": ""})) == ["/req_id"]
+
+
+def test_integral_floats_are_json_integers():
+    # The published schema says `type: integer`, under which JSON Schema counts 2.0 as 2: accepted, handed on as an int.
+    req = parse({"images": ["x"], "params": {"top_k": 2.0}, "options": {"max_results": 3.0}})
+    assert req.params["top_k"] == 2 and type(req.params["top_k"]) is int
+    assert req.options["max_results"] == 3 and type(req.options["max_results"]) is int
+    raw = V.parse(b"abc", "image/png", {}, {"x-service-params": '{"top_k": 4.0}'})
+    assert type(raw.params["top_k"]) is int
+    # Config files keep strict integers (TOML tells 2 from 2.0).
+    assert PARAMS.errors({"top_k": 2.0}) and not PARAMS.for_json().errors({"top_k": 2.0})

@@ -108,7 +108,7 @@ def start_supervisor(stack: Stack) -> Stack:
     )
     proc = Proc(popen, supervisor_port, log_path, stack.env.get("SERVICE_API_TOKEN"))
     stack = Stack(stack.root, proc, stack.gateway_port, stack.model_ports, stack.keys_file, stack.env, stack.key,
-                  stack.extra)
+                  {**stack.extra, "spawned_at": time.monotonic()})
     deadline = time.monotonic() + 60
     while True:
         try:

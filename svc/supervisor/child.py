@@ -294,7 +294,7 @@ class Child:
         self.ready = False
         if left <= 0:
             self._port_wait_since = None
-            self.last_error = f"{why}; still in use after waiting {waited:g} s (port_wait_ms)"
+            self.last_error = f"{why}; still in use after waiting {self.timing.port_wait:g} s (port_wait_ms)"
             self._set(START_FAILED, f"could not start: {self.last_error}")
             self._fail_ready_waiters(self.last_error)
             return

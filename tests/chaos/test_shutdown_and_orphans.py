@@ -148,17 +148,19 @@ def test_sigterm_while_the_model_loads_exits_promptly(tmp_path: Path) -> None:
             popen.wait(10)
 
 
-#: From a new supervisor's start to every model `running` again (the old
-#: children are gone within 2 s; the port wait retries on the back-off
-#: schedule; then a cold start of the model server).
-RECOVERY_BOUND_S = 60.0
+#: From the kill to every model `running` and ready under the new supervisor:
+#: the old children are gone within 2 s, the port wait retries on the
+#: back-off schedule (one step after the port is free), the rest is the
+#: normal cold start of the gateway and the model server (27 s measured on a
+#: loaded 2-core machine).
+RECOVERY_BOUND_S = 90.0
 
 
 def test_kill_9_of_the_supervisor_orphans_exit_and_a_new_supervisor_recovers(tmp_path: Path) -> None:
     """kill -9 of the supervisor while a model runs a long batch: every child
     (gateway and model servers) exits within 2 s and frees its port; a new
     supervisor started within 1 s has every model `running` and ready again
-    within 60 s, without a `start_failed` on the way."""
+    within 90 s, without a `start_failed` on the way."""
     stack = build_stack(tmp_path, {"TESTFAULTS": {}})
     new = None
     pids: list[int] = []

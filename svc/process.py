@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,10 @@ from twisted.python.threadpool import ThreadPool
 Runner = Callable[..., Deferred]
 
 log = Logger()
+
+#: Set by the supervisor in every child's environment: the pid the child was
+#: started under, so a child can tell that its supervisor is gone.
+SUPERVISOR_PID_ENV = "SERVICE_SUPERVISOR_PID"
 
 
 def refuse(program: str, message: str) -> SystemExit:
@@ -44,6 +49,53 @@ def exit_after_shutdown(reactor: Any, program: str, message: str, code: int = 1)
     reactor.stop()
 
 
+def hard_exit(code: int) -> None:
+    """Flush our output and end the process now, threads and all.
+
+    Used when a thread we cannot interrupt (a forward pass, a model being
+    built) would otherwise keep the interpreter alive past our promises:
+    Python joins non-daemon threads at exit, and torch cannot be cancelled.
+    """
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def supervisor_gone(env: dict[str, str] | None = None) -> bool:
+    """True when this process was started by a supervisor that no longer exists.
+
+    The supervisor puts its pid in ``SERVICE_SUPERVISOR_PID``; when it dies
+    the kernel re-parents us (to pid 1 or a subreaper) and sends the
+    parent-death signal (SIGTERM).  A process started by hand has no such
+    variable and is never an orphan in this sense.
+    """
+    value = (os.environ if env is None else env).get(SUPERVISOR_PID_ENV, "")
+    if not value.isdigit():
+        return False
+    return os.getppid() != int(value)
+
+
+def start_watchdog(seconds: float, why: str, code: int = 0) -> threading.Timer:
+    """Hard-exit after ``seconds`` of wall time, even if the reactor is stuck.
+
+    The last line of defence of a bounded shutdown: the normal path runs on
+    the reactor (``callLater``) and ends well before; this daemon timer only
+    fires if something blocks the reactor thread, which would stop any
+    reactor-timed exit from ever running.
+    """
+
+    def _fire() -> None:
+        sys.stderr.write(f"{why}: still running after {seconds:g} s; exiting now\n")
+        hard_exit(code)
+
+    timer = threading.Timer(seconds, _fire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 def freeze_heap() -> int:
     """Collect once, then exempt every surviving object from later collections.
 
@@ -60,18 +112,36 @@ def freeze_heap() -> int:
 
 
 class ThreadPoolService(Service):
-    """A fixed-size ThreadPool started and stopped with the service tree."""
+    """A fixed-size ThreadPool started and stopped with the service tree.
+
+    Stopping joins the threads, which blocks the calling thread (the reactor)
+    until their work ends: a pool still running work (a forward pass, a model
+    being built) is therefore left running instead, and ``abandoned`` says so;
+    its owner then ends the process with :func:`hard_exit`.
+    """
 
     def __init__(self, name: str, size: int) -> None:
         self.setName(name)
         self.pool = ThreadPool(minthreads=size, maxthreads=size, name=name)
+        self.abandoned = False
 
     def startService(self) -> None:
         super().startService()
         self.pool.start()
 
+    @property
+    def busy(self) -> int:
+        """Threads of the pool running work right now."""
+        return len(self.pool.working)
+
     def stopService(self) -> None:
         super().stopService()
+        busy = self.busy
+        if busy:
+            self.abandoned = True
+            log.warn("{name} pool: {busy} thread(s) still running work; not joining them (the process exits)",
+                     name=self.name, busy=busy)
+            return
         self.pool.stop()
 
     def runner(self, reactor: Any) -> Runner:

@@ -148,7 +148,10 @@ class BatchQueue:
         self._timer: Any = None
         self._seconds_per_item: float | None = None
         self.running_batches = 0
+        self._running: list[list[Item]] = []  # the batches in the workers now
         self._idle_waiters: list[Deferred] = []
+        self.closed = False
+        self._closed_result: ItemResult | None = None
 
     # -- accounting ------------------------------------------------------------
 
@@ -194,6 +197,11 @@ class BatchQueue:
 
     def _enqueue(self, reserved: int, items: list[Item]) -> None:
         self._expected -= reserved
+        if self._closed_result is not None:  # abandoned: late arrivals are answered at once
+            self._gauge()
+            for item in items:
+                item.finish(self._closed_result)
+            return
         now = self.clock.seconds()
         for item in items:
             item.enqueued_at = now
@@ -213,6 +221,8 @@ class BatchQueue:
     # -- dispatch -------------------------------------------------------------------
 
     def _pump(self) -> None:
+        if self.closed:
+            return
         now = self.clock.seconds()
         while self._free > 0 and self._queued > 0:
             batch = self._collect(now)
@@ -267,6 +277,7 @@ class BatchQueue:
         self._queued -= len(batch)
         self._free -= 1
         self.running_batches += 1
+        self._running.append(batch)
         self._gauge()
         for item in batch:
             item.state = RUNNING
@@ -288,23 +299,50 @@ class BatchQueue:
             results = [broken] * len(batch)
         for item, result in zip(batch, results):
             item.finish(result)
-        self._release_worker()
+        self._release_worker(batch)
 
     def _failed(self, failure: Any, batch: list[Item]) -> None:
         log.failure("batch runner failed", failure)
         error = ItemResult(st.ENGINE_ERROR, None, f"batch failed: {failure.getErrorMessage()}")
         for item in batch:
             item.finish(error)
-        self._release_worker()
+        self._release_worker(batch)
 
-    def _release_worker(self) -> None:
+    def _release_worker(self, batch: list[Item]) -> None:
         self._free += 1
         self.running_batches -= 1
+        self._running = [b for b in self._running if b is not batch]
         self._pump()
         if self.running_batches == 0 and self._queued == 0:
             waiters, self._idle_waiters = self._idle_waiters, []
             for d in waiters:
                 d.callback(None)
+
+    def abandon(self, result: ItemResult) -> int:
+        """Answer every item still held with ``result`` and start no more batches.
+
+        For the end of a shutdown grace: queued items leave the queue, and
+        items of a batch still running in a worker are answered now (a
+        forward pass cannot be cancelled; its late results are ignored, as
+        ``Item.finish`` answers an item once).  Returns the number of items
+        answered.
+        """
+        self.closed = True
+        self._closed_result = result
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        held = [i for i in self._queue if i.state == QUEUED] + [i for b in self._running for i in b]
+        self._queue.clear()
+        self._queued = 0
+        self._gauge()
+        answered = 0
+        for item in held:
+            if item.state in (DONE, DROPPED):
+                continue
+            item.finish(result)
+            answered += 1
+        return answered
 
     def when_idle(self) -> Deferred:
         """Fires when no batch is running and nothing is queued."""

@@ -5,7 +5,16 @@ Start: the listener comes up at once (``/healthz`` answers, ``/ready`` is
 fails to load stops the process with one line and exit code 1.
 Stop (SIGTERM/SIGINT): stop admitting (503 status 65), let running requests
 finish or reach their deadline within ``shutdown_grace_ms``, then close the
-listener and join the pools; twistd exits 0.
+listener and exit 0.  The reactor keeps serving during the whole stop
+(``/healthz`` answers until the port closes).  Work still held when the
+grace ends is answered at once (503 status 65 per item; parked job waiters
+get the current state), the port is closed, and a forward pass or a model
+load still running in a worker is not waited for: the process hard-exits 0
+(a torch call cannot be interrupted, and joining it would block the reactor).
+Bound: exit within ``shutdown_grace_ms`` + 1 s, enforced by a wall-clock
+watchdog.  When the supervisor that started us is gone (its SIGTERM is the
+kernel's parent-death signal), the grace is cut to 0.5 s and the bound is
+1.5 s, so that a new supervisor gets the port back at once.
 """
 
 from __future__ import annotations
@@ -17,6 +26,8 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
+from svc import status as st
+from svc.envelope import ItemResult
 from svc.http import JsonSite
 from svc.metrics import ModelServerMetrics, new_registry
 from svc.modelapi import IModelFactory
@@ -28,7 +39,15 @@ from svc.modelserver.job_routes import JobRoutes
 from svc.modelserver.jobs import JobTable
 from svc.openapi import model_server_document
 from svc.options import options_schema
-from svc.process import ListeningMultiService, ThreadPoolService, exit_after_shutdown, freeze_heap
+from svc.process import (
+    ListeningMultiService,
+    ThreadPoolService,
+    exit_after_shutdown,
+    freeze_heap,
+    hard_exit,
+    start_watchdog,
+    supervisor_gone,
+)
 from svc.request import RequestValidator
 from svc.schema import ObjectSchema
 from svc.weights import WeightsError
@@ -36,6 +55,20 @@ from svc.weights import WeightsError
 log = Logger()
 
 PROGRAM = "service-model"
+
+#: Orphaned (the supervisor is gone): the grace is cut to this, and the
+#: watchdog ends the process this long after the signal whatever happens.
+ORPHAN_GRACE_S = 0.5
+ORPHAN_EXIT_S = 1.5
+#: How long answers written at the end of a stop get to leave before the port closes.
+FLUSH_S = 0.05
+#: The watchdog's margin over the grace (the promise is grace + 1 s).
+WATCHDOG_MARGIN_S = 0.9
+#: While the queue is idle but a request is still being decoded or answered
+#: (no event marks its end), the drain looks again after this long.
+RECHECK_S = 0.01
+
+SHUT_DOWN = ItemResult(st.NOT_READY, None, "the server shut down before this item finished (shutdown_grace_ms)")
 
 
 class ModelServerService(ListeningMultiService):
@@ -120,6 +153,8 @@ class ModelServerService(ListeningMultiService):
         self.workers.setServiceParent(self)
         self.metrics.info.labels(config.id, "loading", device).set(1)
         self.device = device
+        #: Ends the process if a stop overruns its bound (svc.process.start_watchdog); replaceable in tests.
+        self.watchdog = start_watchdog
 
     def startService(self) -> None:
         super().startService()
@@ -155,19 +190,71 @@ class ModelServerService(ListeningMultiService):
         return ensureDeferred(self._drain_and_stop())
 
     async def _drain_and_stop(self) -> None:
+        orphan = supervisor_gone()
+        grace = self.config.shutdown_grace_ms / 1000.0
+        if orphan:
+            grace = min(grace, ORPHAN_GRACE_S)
+            log.warn("{id}: the supervisor is gone: stopping within {bound:g} s", id=self.config.id, bound=ORPHAN_EXIT_S)
+            self.watchdog(ORPHAN_EXIT_S, f"{PROGRAM} {self.config.id} (orphaned)")
+        else:
+            self.watchdog(grace + WATCHDOG_MARGIN_S, f"{PROGRAM} {self.config.id} (shutdown_grace_ms over)")
+        try:
+            await self._drain(grace)
+        except Exception:  # noqa: BLE001 - MultiService would swallow it; the stop goes on
+            log.failure("{id}: draining failed", id=self.config.id)
+        await super().stopService()
+        abandoned = [p.name for p in (self.workers, self.decode) if p.abandoned]
+        if abandoned:
+            log.warn("{id}: {pools} still running: exiting without waiting for them",
+                     id=self.config.id, pools=" and ".join(abandoned))
+            self.reactor.addSystemEventTrigger("after", "shutdown", hard_exit, 0)
+
+    async def _drain(self, grace: float) -> None:
+        """Stop admitting; wait for held work up to ``grace``; answer what is left."""
         self.app.draining = True
         self.app.not_ready_reason = "the server is shutting down"
         self.metrics.ready.set(0)
         if self.jobs is not None:
             self.jobs.wake_all()  # parked waiters answer now with the current state
-        deadline = self.reactor.seconds() + self.config.shutdown_grace_ms / 1000.0
-        while self.busy() and self.reactor.seconds() < deadline:
-            await deferLater(self.reactor, 0.05, lambda: None)
-        if self.busy():
-            log.warn("{id}: shutdown grace over with work still running", id=self.config.id)
-        else:
-            await deferLater(self.reactor, 0.05, lambda: None)  # let the last replies flush
-        await super().stopService()
+        if not await self._until_idle(self.reactor.seconds() + grace):
+            answered = self.queue.abandon(SHUT_DOWN)
+            if self.jobs is not None:
+                self.jobs.wake_all()
+            log.warn("{id}: shutdown grace of {grace:g} s over with work still held: {n} item(s) answered 503 "
+                     "status 65; {batches} batch(es) still running are not waited for",
+                     id=self.config.id, grace=grace, n=answered, batches=self.queue.running_batches)
+        await deferLater(self.reactor, FLUSH_S, lambda: None)  # let the last replies leave
+
+    async def _until_idle(self, deadline: float) -> bool:
+        """Wait until nothing is held (True) or the deadline (False), never blocking the reactor.
+
+        Woken by the queue's idle event; only the last milliseconds of a
+        request (decoding, writing the reply), which have no event, are
+        looked at again every ``RECHECK_S``.
+        """
+        while self.busy():
+            left = deadline - self.reactor.seconds()
+            if left <= 0:
+                return False
+            if self.queue.running_batches or self.queue.waiting:
+                await self._first(self.queue.when_idle(), left)
+            else:
+                await deferLater(self.reactor, min(RECHECK_S, left), lambda: None)
+        return True
+
+    def _first(self, event: Deferred, timeout: float) -> Deferred:
+        """Fires when ``event`` fires or after ``timeout`` seconds, whichever comes first."""
+        done: Deferred = Deferred()
+
+        def fire(_: Any = None) -> None:
+            if timer.active():
+                timer.cancel()
+            if not done.called:
+                done.callback(None)
+
+        timer = self.reactor.callLater(timeout, fire)
+        event.addBoth(fire)
+        return done
 
     def busy(self) -> bool:
         """Requests or jobs still being answered, or batches still running."""

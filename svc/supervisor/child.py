@@ -3,7 +3,9 @@
 States (SPEC "Server process states" leaves the transitions to us):
 
     stopped --start--> starting --first good probe--> running (ready)
-    starting --exit 1 before ever ready--> start_failed    (refused: busy port, bad config)
+    starting --exit 1 before ever ready--> start_failed    (refused: bad config)
+    starting --port busy--> starting (no pid; retried on the back-off schedule)
+             --still busy after port_wait--> start_failed
     starting|running --crash--> backoff --delay--> starting (policy on-failure/always)
     backoff | crash with policy "no" | crash loop --> failed (no more restarts)
     starting|running --stop--> stopping --exit--> stopped  (TERM to the group, KILL after the grace)
@@ -14,6 +16,15 @@ every ``probe_running`` seconds.  A child is started as the leader of its own
 process group (and asks the kernel for SIGTERM if the supervisor dies), so a
 stop signals the whole group; a new process is spawned only after the old
 one has exited, so a port is never reused too early.
+
+A port that is busy when a child is to be spawned (an orphan of a previous
+supervisor still exiting, another program) is not a reason to give up at
+once: the child stays ``starting`` with no pid and ``last_error`` saying
+why, the port is tried again on the back-off schedule (``backoff_initial``
+doubling up to ``backoff_max``), and only after ``port_wait`` seconds of a
+busy port does the child become ``start_failed``.  A child that exits 1
+before it was ever ready saying "Address already in use" (it lost a race for
+the port) is treated the same way.
 
 Everything runs on an injected reactor (``spawnProcess``, ``callLater``,
 ``seconds``) with an injected readiness probe and group-kill function, so the
@@ -44,7 +55,10 @@ STATES = (STOPPED, STARTING, RUNNING, STOPPING, BACKOFF, FAILED, START_FAILED)
 POLICIES = ("on-failure", "always", "no")
 
 #: Runs before the child's own program: become a session (and process group)
-#: leader, ask for SIGTERM when the supervisor dies, then exec the command.
+#: leader, ask for SIGTERM when the supervisor dies, give up if it already
+#: died (the signal would never come), then exec the command.  The child's
+#: program tells a stop by its supervisor's death from a normal stop by
+#: comparing its parent with SERVICE_SUPERVISOR_PID (svc.process.supervisor_gone).
 GROUP_LEADER = (
     "import os, sys\n"
     "os.setsid()\n"
@@ -52,8 +66,14 @@ GROUP_LEADER = (
     "    import ctypes; ctypes.CDLL(None).prctl(1, 15)\n"
     "except Exception:\n"
     "    pass\n"
+    "sup = os.environ.get('SERVICE_SUPERVISOR_PID', '')\n"
+    "if sup.isdigit() and os.getppid() != int(sup):\n"
+    "    os._exit(1)\n"
     "os.execv(sys.argv[1], sys.argv[1:])\n"
 )
+
+#: What a child's refusal says when its port is taken (svc.process.ListeningMultiService).
+PORT_BUSY_TEXT = "Address already in use"
 
 
 class ChildError(Exception):
@@ -72,6 +92,7 @@ class Timing:
     crash_loop_window: float = 60.0
     probe_starting: float = 0.5
     probe_running: float = 2.0
+    port_wait: float = 60.0
 
 
 @dataclass
@@ -86,6 +107,7 @@ class ChildSpec:
     policy: str = "on-failure"
     cwd: str | None = None
     refused: str | None = None  # the supervisor refuses to spawn it (permanent failure)
+    wait_port: bool = True  # a busy port is waited for (port_wait) before start_failed
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -113,6 +135,24 @@ def kill_group(pid: int, sig: int) -> None:
         pass
 
 
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a listener could bind ``host:port`` now.
+
+    SO_REUSEADDR as the children's listeners set it, so connections of a
+    previous owner still in TIME_WAIT do not count as busy; on Linux a
+    listening socket (also one on the wildcard address) does.
+    """
+    import socket
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 class Child:
     """A supervised process: start, stop, restart, and what happened to it."""
 
@@ -125,6 +165,7 @@ class Child:
         logs: LogSink,
         timing: Timing = Timing(),
         killer: Callable[[int, int], None] = kill_group,
+        port_free: Callable[[int], bool] = port_is_free,
     ) -> None:
         self.spec = spec
         self.reactor = reactor
@@ -132,6 +173,7 @@ class Child:
         self.logs = logs
         self.timing = timing
         self.killer = killer
+        self.port_free = port_free
         self.state = STOPPED
         self.ready = False
         self.pid: int | None = None
@@ -148,6 +190,8 @@ class Child:
         self._ready_waiters: list[Deferred] = []
         self._exit_waiters: list[Deferred] = []
         self._was_ready = False
+        self._port_wait_since: float | None = None  # first time the port was found busy
+        self._port_tries = 0
 
     @property
     def name(self) -> str:
@@ -162,6 +206,7 @@ class Child:
         self._cancel_timer()
         self._restart_times.clear()
         self._consecutive = 0
+        self._port_wait_since = None
         d = self._wait_ready()
         self._spawn()
         return d
@@ -174,6 +219,12 @@ class Child:
             return succeed(None)
         if self.state == STOPPING:
             return self._wait_exit()
+        if self.state == STARTING and self._protocol is None:  # waiting for its port: nothing runs
+            self._cancel_timer()
+            self._port_wait_since = None
+            self._set(STOPPED, "stopped while waiting for its port")
+            self._fail_ready_waiters("stopped before it was ready")
+            return succeed(None)
         if self.state not in (STARTING, RUNNING):
             return fail(ChildError(f"{self.name} is {self.state}, not running"))
         d = self._wait_exit()
@@ -211,6 +262,9 @@ class Child:
             self._set(FAILED, f"not started: {self.spec.refused}")
             self._fail_ready_waiters(self.spec.refused)
             return
+        if self.spec.wait_port and not self.port_free(self.spec.port):
+            self._port_busy(f"port {self.spec.port} is in use")
+            return
         self._protocol = protocol = _Protocol(self)
         argv = [sys.executable, "-c", GROUP_LEADER, *self.spec.argv]
         try:
@@ -227,6 +281,34 @@ class Child:
         self._was_ready = False
         self._set(STARTING, f"spawned pid {self.pid}: {' '.join(self.spec.argv[1:4])} ...")
         self._schedule_probe(self.timing.probe_starting)
+
+    def _port_busy(self, why: str) -> None:
+        """The port is taken: try again on the back-off schedule until ``port_wait`` is used up."""
+        now = self.reactor.seconds()
+        if self._port_wait_since is None:
+            self._port_wait_since, self._port_tries = now, 0
+        waited = now - self._port_wait_since
+        left = self.timing.port_wait - waited
+        self.pid = None
+        self.started_at = None
+        self.ready = False
+        if left <= 0:
+            self._port_wait_since = None
+            self.last_error = f"{why}; still in use after waiting {self.timing.port_wait:g} s (port_wait_ms)"
+            self._set(START_FAILED, f"could not start: {self.last_error}")
+            self._fail_ready_waiters(self.last_error)
+            return
+        delay = min(self.timing.backoff_max, self.timing.backoff_initial * 2 ** self._port_tries, left)
+        self._port_tries += 1
+        self.last_error = f"{why}; trying again in {delay:g} s (waiting up to {self.timing.port_wait:g} s)"
+        self._set(STARTING, f"not spawned: {self.last_error}")
+        self._cancel_timer()
+        self._timer = self.reactor.callLater(delay, self._port_retry)
+
+    def _port_retry(self) -> None:
+        self._timer = None
+        if self.state == STARTING and self._protocol is None:
+            self._spawn()
 
     def _signal(self, sig: int) -> None:
         if self.pid is not None:
@@ -264,6 +346,11 @@ class Child:
             self._fire_exit_waiters()
             return
         tail = " | ".join(self.logs.tail(2))
+        if was == STARTING and not self._was_ready and code == 1 and not sig and self.spec.wait_port \
+                and PORT_BUSY_TEXT in tail:
+            self._fire_exit_waiters()
+            self._port_busy(tail)
+            return
         if was == STARTING and not self._was_ready and code == 1 and not sig:
             self.last_error = tail or f"refused to start ({self.last_exit})"
             self._set(START_FAILED, f"could not start: {self.last_error}")
@@ -328,6 +415,9 @@ class Child:
         if ok and not self.ready:
             self.ready = True
             self._was_ready = True
+            if self._port_wait_since is not None:  # the wait is over: its note is no error any more
+                self._port_wait_since = None
+                self.last_error = None
             if self.state == STARTING:
                 self._set(RUNNING, "ready")
             else:

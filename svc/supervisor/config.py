@@ -31,6 +31,9 @@ SUPERVISOR_KEYS: tuple[Key, ...] = (
     Key("backoff_max_ms", int, 30000, "Largest restart delay.", minimum=0),
     Key("crash_loop_restarts", int, 5, "Restarts within crash_loop_window_ms after which a child is failed.", minimum=1),
     Key("crash_loop_window_ms", int, 60000, "Window of the crash-loop detection.", minimum=1000),
+    Key("port_wait_ms", int, 60000,
+        "How long a child whose port is busy at start (an orphan of a previous supervisor still exiting) is retried, "
+        "on the back-off schedule, before it is start_failed.", minimum=0),
     Key("gateway_restart", str, "on-failure", "Restart policy of the gateway child.", choices=POLICIES),
 )
 
@@ -62,6 +65,7 @@ class SupervisorConfig:
     backoff_max_ms: int
     crash_loop_restarts: int
     crash_loop_window_ms: int
+    port_wait_ms: int
     gateway_restart: str
     server_policies: dict
     gateway_host: str

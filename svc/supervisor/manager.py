@@ -23,7 +23,8 @@ from twisted.logger import Logger
 
 from svc.auth import metrics_token_problem
 from svc.config import ModelServerConfig, model_server_configs
-from svc.supervisor.child import Child, ChildSpec, Timing, kill_group
+from svc.process import SUPERVISOR_PID_ENV
+from svc.supervisor.child import Child, ChildSpec, Timing, kill_group, port_is_free
 from svc.supervisor.config import Profile, SupervisorConfig
 from svc.supervisor.logsink import LogSink
 
@@ -62,6 +63,7 @@ class ChildManager:
         catalog: list[ModelServerConfig] | None = None,
         describe: Callable[[str], dict] | None = None,
         cwd: str | None = None,
+        port_free: Callable[[int], bool] = port_is_free,
     ) -> None:
         self.reactor = reactor
         self.config = config
@@ -79,10 +81,12 @@ class ChildManager:
             backoff_max=config.backoff_max_ms / 1000.0,
             crash_loop_restarts=config.crash_loop_restarts,
             crash_loop_window=config.crash_loop_window_ms / 1000.0,
+            port_wait=config.port_wait_ms / 1000.0,
         )
         self.tokens = {c.id: secrets.token_hex(32) for c in self.catalog}
         self.children: dict[str, Child] = {}
-        base = {**self.env, "PYTHONUNBUFFERED": "1"}
+        # SERVICE_SUPERVISOR_PID: a child whose parent is no longer this pid knows it is orphaned.
+        base = {**self.env, "PYTHONUNBUFFERED": "1", SUPERVISOR_PID_ENV: str(os.getpid())}
         specs = [
             ChildSpec(
                 name=GATEWAY,
@@ -112,7 +116,7 @@ class ChildManager:
             logs = LogSink(spec.name, config.log_dir, max_bytes=config.log_max_bytes,
                            backups=config.log_backups, ring_lines=config.log_ring_lines)
             self.children[spec.name] = Child(spec, reactor=reactor, probe=probe, logs=logs, timing=timing,
-                                             killer=killer)
+                                             killer=killer, port_free=port_free)
 
     @property
     def gateway(self) -> Child:

@@ -7,6 +7,7 @@ import re
 import signal
 import socket
 import sys
+import threading
 import time
 
 import pytest
@@ -21,7 +22,7 @@ MODELS = {"MOBILENETV2": {}, "TESTFAULTS": {"async_enabled": True, "max_batch_si
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = build_stack(tmp_path_factory.mktemp("stack"), MODELS)
+    s = build_stack(tmp_path_factory.mktemp("stack"), MODELS, supervisor_extra="port_wait_ms = 2000\n")
     for name in ("__gateway", *MODELS):
         s.wait_for(name, lambda c: c["state"] == "running" and c["ready"])
     yield s
@@ -145,18 +146,37 @@ def test_sigkilled_model_server_is_restarted_and_counted(stack):
     assert "killed by signal 9" == after["last_exit"]
 
 
-def test_busy_port_gives_start_failed(stack):
+def test_busy_port_is_waited_for_then_gives_start_failed(stack):
+    """A port still busy after port_wait_ms (2 s here) is start_failed, shown by the status view."""
     assert api(stack, "POST", "/api/v1/servers/MOBILENETV2/stop").status == 200
+    port = stack.model_ports["MOBILENETV2"]
     with socket.socket() as blocker:
         blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the port may be in TIME_WAIT
-        blocker.bind(("127.0.0.1", stack.model_ports["MOBILENETV2"]))
+        blocker.bind(("127.0.0.1", port))
         blocker.listen()
+        started = time.monotonic()
         reply = api(stack, "POST", "/api/v1/servers/MOBILENETV2/start")
+        assert time.monotonic() - started >= 2.0
         assert_error(reply, 500)
-        assert "Address already in use" in reply.json["error"]
+        assert f"port {port} is in use" in reply.json["error"]
         child = stack.child("MOBILENETV2")
-        assert child["state"] == "start_failed" and "cannot listen" in child["last_error"]
+        assert child["state"] == "start_failed" and "still in use after waiting 2 s" in child["last_error"]
+        assert child["pid"] is None
     assert api(stack, "POST", "/api/v1/servers/MOBILENETV2/start").status == 200
+
+
+def test_busy_port_freed_during_the_wait_starts_the_child(stack):
+    """A port freed within port_wait_ms: the start answers 200 once the child is ready."""
+    assert api(stack, "POST", "/api/v1/servers/MOBILENETV2/stop").status == 200
+    blocker = socket.socket()
+    blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    blocker.bind(("127.0.0.1", stack.model_ports["MOBILENETV2"]))
+    blocker.listen()
+    threading.Timer(0.8, blocker.close).start()
+    reply = api(stack, "POST", "/api/v1/servers/MOBILENETV2/start")
+    assert reply.status == 200, reply.body
+    child = stack.child("MOBILENETV2")
+    assert (child["state"], child["ready"], child["last_error"]) == ("running", True, None)
 
 
 # -- through the gateway ---------------------------------------------------------------------------

@@ -93,13 +93,22 @@ def build_stack(root: Path, models: dict[str, dict], *, env_overrides: dict[str,
         f"{supervisor_extra}"
     )
     env = {**TOKENS, **(env_overrides or {})}
+    stack = Stack(root, None, gateway_port, ports, keys_file, env, key,  # type: ignore[arg-type]
+                  extra={"supervisor_port": supervisor_port})
+    return start_supervisor(stack)
+
+
+def start_supervisor(stack: Stack) -> Stack:
+    """Start a supervisor on ``stack``'s config (again, after the first one died); returns once it answers."""
+    supervisor_port = stack.extra["supervisor_port"]
     popen, log_path = spawn(
         [__import__("sys").executable, "-m", "twisted", "--log-format", "text", "service-supervisor",
-         "--config", str(config)],
-        env=child_env(env),
+         "--config", str(stack.root / "service.toml")],
+        env=child_env(stack.env),
     )
-    proc = Proc(popen, supervisor_port, log_path, env.get("SERVICE_API_TOKEN"))
-    stack = Stack(root, proc, gateway_port, ports, keys_file, env, key)
+    proc = Proc(popen, supervisor_port, log_path, stack.env.get("SERVICE_API_TOKEN"))
+    stack = Stack(stack.root, proc, stack.gateway_port, stack.model_ports, stack.keys_file, stack.env, stack.key,
+                  {**stack.extra, "spawned_at": time.monotonic()})
     deadline = time.monotonic() + 60
     while True:
         try:

@@ -246,3 +246,41 @@ def test_cancelled_request_leaves_the_queue():
     assert inf.queue.waiting == 0
     runner.finish()
     assert len(runner.batches) == 1
+
+
+# -- the end of a shutdown grace ---------------------------------------------------------------
+
+
+SHUT = ItemResult(st.NOT_READY, None, "shut down")
+
+
+def test_abandon_answers_running_and_queued_items_and_starts_no_more_batches():
+    clock, results = Clock(), {}
+    q, runner = make(clock, max_batch_size=1)
+    q.admit(1).enqueue([item("running", results)])
+    q.admit(1).enqueue([item("queued", results)])
+    late = q.admit(1)  # still being decoded
+    assert runner.names() == [["running"]] and q.waiting == 2
+    assert q.abandon(SHUT) == 2
+    assert results == {"running": SHUT, "queued": SHUT} and q.waiting == 1
+    late.enqueue([item("late", results)])  # arrives after: answered at once, never run
+    assert results["late"] is SHUT and q.waiting == 0
+    idle = []
+    q.when_idle().addCallback(idle.append)
+    runner.finish()  # the forward pass that could not be cancelled ends: its result is ignored
+    assert results["running"] is SHUT and runner.names() == [["running"]] and idle == [None]
+    clock.advance(1)
+    assert runner.names() == [["running"]]
+
+
+def test_when_idle_fires_once_the_last_batch_ends():
+    clock, results = Clock(), {}
+    q, runner = make(clock, max_batch_size=1)
+    q.admit(1).enqueue([item("a", results)])
+    q.admit(1).enqueue([item("b", results)])
+    idle = []
+    q.when_idle().addCallback(idle.append)
+    runner.finish()
+    assert idle == [] and runner.names() == [["a"], ["b"]]
+    runner.finish()
+    assert idle == [None] and set(results) == {"a", "b"}

@@ -65,15 +65,27 @@ class Probe:
 
 
 TIMING = Timing(stop_grace=10, start_timeout=60, backoff_initial=1, backoff_max=8, crash_loop_restarts=5,
-                crash_loop_window=60, probe_starting=0.5, probe_running=2)
+                crash_loop_window=60, probe_starting=0.5, probe_running=2, port_wait=20)
 
 
-def make(policy="on-failure", refused=None, timing=TIMING):
+class Port:
+    """The fake port check: free unless a test says otherwise; counts the checks."""
+
+    def __init__(self) -> None:
+        self.free = True
+        self.checks: list[int] = []
+
+    def __call__(self, port: int) -> bool:
+        self.checks.append(port)
+        return self.free
+
+
+def make(policy="on-failure", refused=None, timing=TIMING, port=None):
     reactor, probe, kills = ProcessReactor(), Probe(), []
     spec = ChildSpec("M", ["/usr/bin/python3", "-m", "twisted", "service-model"], {"A": "1"}, 9101, "/ready",
                      policy=policy, refused=refused)
     child = Child(spec, reactor=reactor, probe=probe, logs=LogSink("M", None, max_bytes=1 << 20, backups=1, ring_lines=100),
-                  timing=timing, killer=lambda pid, sig: kills.append((pid, sig)))
+                  timing=timing, killer=lambda pid, sig: kills.append((pid, sig)), port_free=port or Port())
     return child, reactor, probe, kills
 
 
@@ -185,10 +197,10 @@ def test_crash_loop_stops_restarting_and_says_so():
 def test_refusal_while_starting_is_start_failed_without_retry():
     child, reactor, probe, _ = make()
     d = results(child.start())
-    reactor.exit(1, output=b"service-model: cannot listen on 127.0.0.1:9101: [Errno 98] Address already in use\n")
+    reactor.exit(1, output=b"service-model: conf/server/M.toml: port: must be an integer\n")
     assert child.state == START_FAILED
-    assert "Address already in use" in child.last_error
-    assert isinstance(d[0], Failure) and d[0].check(ChildError) and "Address already in use" in str(d[0].value)
+    assert "must be an integer" in child.last_error
+    assert isinstance(d[0], Failure) and d[0].check(ChildError) and "must be an integer" in str(d[0].value)
     reactor.advance(100)
     assert len(reactor.spawned) == 1
     results(child.start())  # an operator may try again
@@ -283,3 +295,101 @@ def test_logs_and_notes_reach_the_ring():
     lines = [(e["stream"], e["line"]) for e in child.logs.page(None, 50)["lines"]]
     assert ("stdout", "hello") in lines and ("stdout", "partial line") in lines
     assert any(stream == "supervisor" and text.startswith("starting:") for stream, text in lines)
+
+
+# -- a busy port at start: waited for on the back-off schedule, up to port_wait ---------------------
+
+
+def test_busy_port_is_retried_on_the_backoff_schedule_then_the_child_starts():
+    port = Port()
+    port.free = False
+    child, reactor, probe, _ = make(port=port)
+    d = results(child.start())
+    assert (child.state, child.pid, reactor.spawned) == (STARTING, None, [])  # nothing spawned on a busy port
+    assert "port 9101 is in use" in child.last_error and "trying again in 1 s" in child.last_error
+    snap = child.snapshot()
+    assert (snap["state"], snap["pid"], snap["uptime_s"]) == ("starting", None, None)
+    reactor.advance(1)  # back-off 1, 2, 4 ...
+    assert len(port.checks) == 2 and reactor.spawned == []
+    reactor.advance(1.9)
+    assert len(port.checks) == 2
+    reactor.advance(0.1)
+    assert len(port.checks) == 3 and "trying again in 4 s" in child.last_error
+    port.free = True  # the orphan has exited
+    reactor.advance(4)
+    assert len(reactor.spawned) == 1 and child.state == STARTING and child.pid == 1001
+    probe.ok = True
+    reactor.advance(0.5)
+    assert (child.state, child.ready, d, child.last_error) == (RUNNING, True, [None], None)
+
+
+def test_port_still_busy_after_port_wait_is_start_failed_and_stays_so():
+    port = Port()
+    port.free = False
+    child, reactor, probe, _ = make(port=port)
+    d = results(child.start())
+    for _ in range(15):  # checks at 0, 1, 3, 7, 15 (the back-off caps at 8)
+        reactor.advance(1)
+    assert child.state == STARTING and d == [] and len(port.checks) == 5
+    assert "trying again in 5 s" in child.last_error  # the last wait ends at port_wait (20 s)
+    reactor.advance(5)
+    assert child.state == START_FAILED and len(port.checks) == 6
+    assert "port 9101 is in use" in child.last_error and "after waiting 20 s" in child.last_error
+    assert isinstance(d[0], Failure) and d[0].check(ChildError) and "port 9101 is in use" in str(d[0].value)
+    reactor.advance(100)
+    assert len(port.checks) == 6 and reactor.spawned == []
+    assert child.snapshot()["state"] == "start_failed"
+    port.free = True
+    running(child, reactor, probe)  # an operator may try again
+
+
+def test_child_losing_the_race_for_its_port_waits_too():
+    child, reactor, probe, _ = make()
+    d = results(child.start())
+    reactor.exit(1, output=b"service-model: cannot listen on 127.0.0.1:9101: [Errno 98] Address already in use\n")
+    assert (child.state, child.pid, d) == (STARTING, None, [])
+    assert "Address already in use" in child.last_error and "trying again in 1 s" in child.last_error
+    reactor.advance(1)
+    assert len(reactor.spawned) == 2
+    probe.ok = True
+    reactor.advance(0.5)
+    assert (child.state, d) == (RUNNING, [None])
+
+
+def test_stop_while_waiting_for_the_port_is_immediate():
+    port = Port()
+    port.free = False
+    child, reactor, probe, kills = make(port=port)
+    started = results(child.start())
+    stopped = results(child.stop())
+    assert (child.state, stopped, kills) == (STOPPED, [None], [])
+    assert isinstance(started[0], Failure) and "stopped before it was ready" in str(started[0].value)
+    reactor.advance(100)
+    assert len(port.checks) == 1 and reactor.spawned == []
+
+
+def test_a_crash_restart_onto_a_busy_port_waits_for_it():
+    port = Port()
+    child, reactor, probe, _ = make(port=port)
+    running(child, reactor, probe)
+    reactor.exit(1, output=b"boom\n")
+    assert child.state == BACKOFF
+    port.free = False
+    reactor.advance(1)  # the back-off delay: the respawn finds the port busy
+    assert child.state == STARTING and child.pid is None and len(reactor.spawned) == 1
+    port.free = True
+    reactor.advance(1)
+    assert len(reactor.spawned) == 2 and child.pid == 1002
+
+
+def test_group_leader_gives_up_when_the_supervisor_is_already_gone():
+    import os
+    import subprocess
+    import sys
+
+    alive = subprocess.run([sys.executable, "-c", GROUP_LEADER, sys.executable, "-c", "print('ran')"],
+                           env={**os.environ, "SERVICE_SUPERVISOR_PID": str(os.getpid())}, capture_output=True)
+    assert (alive.returncode, alive.stdout) == (0, b"ran\n")
+    gone = subprocess.run([sys.executable, "-c", GROUP_LEADER, sys.executable, "-c", "print('ran')"],
+                          env={**os.environ, "SERVICE_SUPERVISOR_PID": "1"}, capture_output=True)
+    assert (gone.returncode, gone.stdout) == (1, b"")

@@ -32,6 +32,7 @@ def manager(tmp_path, env=ENV, models=("AAA", "BBB")):
     kills = []
     m = ChildManager(reactor=reactor, config=load_supervisor_config(str(conf)), profile=Profile("cpu", "cpu", models),
                      probe=probe, env=env, killer=lambda pid, sig: kills.append((pid, sig)), catalog=catalog(tmp_path),
+                     port_free=lambda port: True,
                      describe=lambda mid: {"category": "classification", "task": "t"})
     return m, reactor, probe, kills
 

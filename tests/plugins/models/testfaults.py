@@ -6,6 +6,8 @@ torch and reports the batch size it ran in, so tests can see batching in a
 real process.  Params inject the faults that cannot be caused otherwise:
 a slow forward pass, an exception in ``predict``, a result list of the
 wrong length, a postprocess that breaks the data schema for some items.
+The ``[model]`` key ``load_delay_ms`` makes loading slow (a big checkpoint),
+to test what happens to a process stopped while it loads.
 """
 
 from __future__ import annotations
@@ -77,12 +79,15 @@ class FaultFactory:
             "batch_size": {"type": "integer", "minimum": 1},
         },
     }
-    config_schema = object_schema(dict(WEIGHTS_PROPERTIES))
+    config_schema = object_schema(
+        {**WEIGHTS_PROPERTIES, "load_delay_ms": {"type": "integer", "minimum": 0, "maximum": 600000, "default": 0}}
+    )
 
     def params_schema(self, config: dict) -> dict:
         return PARAMS_SCHEMA
 
     def build(self, config: dict, device: str) -> FaultModel:
+        time.sleep(config.get("load_delay_ms", 0) / 1000.0)  # runs in the worker pool, like a real load
         return FaultModel()
 
 

@@ -1,0 +1,34 @@
+"""Process helpers: telling an orphan from a stop, and pools that never block a stop."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from svc.process import SUPERVISOR_PID_ENV, ThreadPoolService, supervisor_gone
+
+
+def test_supervisor_gone_compares_the_parent_with_the_supervisor_pid():
+    assert supervisor_gone({SUPERVISOR_PID_ENV: str(os.getppid())}) is False
+    assert supervisor_gone({SUPERVISOR_PID_ENV: "1" if os.getppid() != 1 else "2"}) is True
+    assert supervisor_gone({}) is False  # started by hand: never an orphan
+    assert supervisor_gone({SUPERVISOR_PID_ENV: "not a pid"}) is False
+
+
+def test_stopping_a_busy_pool_does_not_join_it():
+    service = ThreadPoolService("work", 1)
+    service.startService()
+    release, started = threading.Event(), threading.Event()
+    service.pool.callInThread(lambda: (started.set(), release.wait(10)))
+    assert started.wait(5)
+    service.stopService()  # returns at once instead of waiting for the work
+    assert service.abandoned and service.busy == 1
+    release.set()
+    service.pool.stop()
+
+
+def test_stopping_an_idle_pool_joins_it():
+    service = ThreadPoolService("idle", 2)
+    service.startService()
+    service.stopService()
+    assert not service.abandoned and service.pool.joined

@@ -16,6 +16,9 @@ Failures are classified for the caller:
 
 * :class:`UpstreamUnreachable` - nothing listens (connection refused): 503;
 * :class:`UpstreamFailed` - reset, malformed reply, no reply in time: 502.
+  A connection lost after it was made (a model server killed under a
+  parked wait) is this kind, for every method: nothing is retried, so a
+  second attempt cannot turn it into "connection refused".
 """
 
 from __future__ import annotations
@@ -76,10 +79,19 @@ class BytesProducer:
 
 
 def make_pool(reactor: Any, *, max_per_host: int, idle_timeout_s: float) -> HTTPConnectionPool:
-    """The gateway's own persistent pool (maxPersistentPerHost defaults to 2: trap 3)."""
+    """The gateway's own persistent pool (maxPersistentPerHost defaults to 2: trap 3).
+
+    ``retryAutomatically`` is off: Twisted's pool otherwise sends a GET once
+    more on a fresh connection when a pooled one is lost before the reply.
+    For a wait parked on a model server that dies, that second try meets a
+    closed port, and the client got 503 "not running" for what was a
+    transport failure (502).  Every request is sent once; the idle timeout
+    below the model servers' own keeps stale pooled connections rare.
+    """
     pool = QuietConnectionPool(reactor, persistent=True)
     pool.maxPersistentPerHost = max_per_host
     pool.cachedConnectionTimeout = idle_timeout_s
+    pool.retryAutomatically = False
     return pool
 
 

@@ -62,13 +62,13 @@ def rewrite_job_path(model_id: str, path: str) -> str | None:
 def wait_query(raw: bytes | None) -> bytes:
     """The query of a forwarded wait: the client's ``timeout`` value percent-encoded again.
 
-    Twisted decoded it; put back as it is, a byte such as ``\xb2`` makes the
-    upstream URL invalid and the agent refuses it (a 502 for the client's
-    mistake).  Re-encoded, the model server reads the same value and gives
-    its own answer: 422 for a bad number, or 404 first when the job is
-    unknown.  A value longer than MAX_DIGITS + 1 bytes is cut there: it is
-    invalid either way (too long, or a non-digit among those bytes), and the
-    upstream request line stays short.
+    Twisted decoded it; put back as it is, a byte such as 0xB2 (``%B2``)
+    makes the upstream URL invalid and the agent refuses it (a 502 for the
+    client's mistake).  Re-encoded, the model server reads the same value
+    and gives its own answer: 422 for a bad number, or 404 first when the
+    job is unknown.  A value longer than MAX_DIGITS + 1 bytes is cut there:
+    it is invalid either way (too long, or a non-digit among those bytes),
+    and the upstream request line stays short.
     """
     if raw is None:
         return b""

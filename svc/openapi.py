@@ -20,10 +20,13 @@ from svc import __version__
 from svc import status as st
 from svc.config import ModelServerConfig, model_server_configs
 from svc.options import options_schema
+from svc.query import MAX_DIGITS
 from svc.request import REQ_ID_RULE
 
 OPENAPI_DIR = "openapi"
 REF = "#/components/schemas/"
+#: The largest query number svc.query accepts (MAX_DIGITS nines).
+MAX_QUERY_NUMBER = 10**MAX_DIGITS - 1
 
 
 def ref(name: str) -> dict:
@@ -398,9 +401,11 @@ def job_paths(config: ModelServerConfig, factory: Any, prefix: str = "") -> dict
                         "name": "timeout",
                         "in": "query",
                         "required": False,
-                        "description": "Budget in milliseconds, default 30000. Above 300000 it is clamped to "
-                        "300000; 0 answers at once; a negative or non-integer value is 422 (pointer `/timeout`).",
-                        "schema": {"type": "integer", "minimum": 0},
+                        "description": "Budget in milliseconds, 1 to 18 ASCII digits, default 30000. Above 300000 "
+                        "it is clamped to 300000; 0 answers at once; anything else (a sign, a fraction, spaces, other "
+                        "scripts' digits, a longer number) is 422 (pointer `/timeout`). Of repeated keys the first "
+                        "counts. An unknown job is 404 whatever the value.",
+                        "schema": {"type": "integer", "minimum": 0, "maximum": MAX_QUERY_NUMBER},
                     },
                 ],
                 "responses": {
@@ -552,7 +557,8 @@ def gateway_responses() -> dict:
         "405": rejection("Status 62: method not allowed.", {"Allow": header_doc("The methods the path accepts.")}),
         "429": rejection("Status 429: the key's `rate_limit_qps` is used up (made by the gateway), or the model's own "
                          "429 (wait queue or async queue full) passed through.", {"Retry-After": RETRY_AFTER_HEADER}),
-        "502": rejection("Status 502 (made by the gateway): the model server's reply broke off, was malformed or "
+        "502": rejection("Status 502 (made by the gateway): the connection to the model server was lost after it "
+                         "was made (a model server that dies under a parked wait too), or the reply was malformed or "
                          "did not complete within `upstream_recv_timeout_ms`; or a job wait budget at or above it."),
         "503": rejection("Status 65: the model server is not running (connection refused; made by the gateway), or "
                          "the model's own 503 (loading, shutting down) passed through."),

@@ -38,7 +38,7 @@ from svc.gateway.proxy import Proxy, UpstreamFailed, UpstreamUnreachable
 from svc.http import bearer_token, dumps, header, send_json
 from svc.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from svc.metrics import GatewayMetrics, render
-from svc.modelserver.job_routes import WAIT_DEFAULT_MS, WAIT_MAX_MS
+from svc.query import MAX_DIGITS, wait_budget_ms
 from svc.ratelimit import KeyedLimiter, retry_after_header
 from svc.request import REQ_ID_RE
 
@@ -59,12 +59,20 @@ def rewrite_job_path(model_id: str, path: str) -> str | None:
     return None
 
 
-def wait_budget_ms(raw: bytes | None) -> int | None:
-    """The budget a model server will use for ``?timeout=`` (None: it will answer 422)."""
+def wait_query(raw: bytes | None) -> bytes:
+    """The query of a forwarded wait: the client's ``timeout`` value percent-encoded again.
+
+    Twisted decoded it; put back as it is, a byte such as 0xB2 (``%B2``)
+    makes the upstream URL invalid and the agent refuses it (a 502 for the
+    client's mistake).  Re-encoded, the model server reads the same value
+    and gives its own answer: 422 for a bad number, or 404 first when the
+    job is unknown.  A value longer than MAX_DIGITS + 1 bytes is cut there:
+    it is invalid either way (too long, or a non-digit among those bytes),
+    and the upstream request line stays short.
+    """
     if raw is None:
-        return WAIT_DEFAULT_MS
-    text = raw.decode("latin-1").strip()
-    return min(int(text), WAIT_MAX_MS) if text.isdigit() else None
+        return b""
+    return b"timeout=" + quote(raw[:MAX_DIGITS + 1], safe="").encode("ascii")
 
 
 class GatewayApp:
@@ -267,8 +275,8 @@ class GatewayApp:
             raise ApiError(st.BAD_GATEWAY,
                            f"a wait budget of {budget} ms is at or above the gateway's upstream receive timeout "
                            f"({self.recv_timeout_ms} ms, upstream_recv_timeout_ms): ask for less and wait again")
-        query = b"timeout=" + raw if raw is not None else b""
-        return await self.forward(request, upstream, "jobs_wait", "/jobs/" + quote(job_id, safe="") + "/wait", query=query, rewrite=True)
+        return await self.forward(request, upstream, "jobs_wait", "/jobs/" + quote(job_id, safe="") + "/wait",
+                                  query=wait_query(raw), rewrite=True)
 
     async def job_result(self, request: Any, model_id: str, job_id: str) -> bytes:
         request.service_route = "jobs_result"

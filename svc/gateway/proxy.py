@@ -3,19 +3,25 @@
 The agent is ``twisted.web.client.Agent`` over a persistent
 ``HTTPConnectionPool`` owned by the gateway.  treq's ``HTTPClient`` is not
 used on this path because it always stacks a cookie jar and a gzip decoder on
-the agent (STYLE trap 11), which a transparent proxy must not have; redirects
+the agent (and its decoder can leave an empty ``Content-Encoding:`` header
+on replies that had none), which a transparent proxy must not have; redirects
 are not followed because a bare ``Agent`` never follows them.
 
 One deadline (``upstream_recv_timeout_ms``) covers connecting, sending, the
-headers and the whole body (STYLE trap 1): on expiry the request Deferred is
-cancelled, which aborts the connection.  A POST is never retried: the pool's
-idle timeout stays below the model servers' own (STYLE trap 2), and the body
-of every reply is read to the end so the connection goes back to the pool.
+headers and the whole body (treq's own ``timeout`` stops when the headers
+arrive): on expiry the request Deferred is cancelled, which aborts the
+connection.  Nothing is retried.  A request on a pooled connection that the
+model server already closed would fail, so the pool's idle timeout stays
+below the model servers' own, and the body of every reply is read to the end
+so the connection goes back to the pool.
 
 Failures are classified for the caller:
 
 * :class:`UpstreamUnreachable` - nothing listens (connection refused): 503;
 * :class:`UpstreamFailed` - reset, malformed reply, no reply in time: 502.
+  A connection lost after it was made (a model server killed under a
+  parked wait) is this kind, for every method: nothing is retried, so a
+  second attempt cannot turn it into "connection refused".
 """
 
 from __future__ import annotations
@@ -76,10 +82,19 @@ class BytesProducer:
 
 
 def make_pool(reactor: Any, *, max_per_host: int, idle_timeout_s: float) -> HTTPConnectionPool:
-    """The gateway's own persistent pool (maxPersistentPerHost defaults to 2: trap 3)."""
+    """The gateway's own persistent pool (maxPersistentPerHost would default to 2).
+
+    ``retryAutomatically`` is off: Twisted's pool otherwise sends a GET once
+    more on a fresh connection when a pooled one is lost before the reply.
+    For a wait parked on a model server that dies, that second try meets a
+    closed port, and the client got 503 "not running" for what was a
+    transport failure (502).  Every request is sent once; the idle timeout
+    below the model servers' own keeps stale pooled connections rare.
+    """
     pool = QuietConnectionPool(reactor, persistent=True)
     pool.maxPersistentPerHost = max_per_host
     pool.cachedConnectionTimeout = idle_timeout_s
+    pool.retryAutomatically = False
     return pool
 
 
@@ -90,7 +105,7 @@ class LoopbackEndpoints:
     Upstream URLs are always ``http://127.0.0.1:<port>``: the agent's default
     ``HostnameEndpoint`` would run IDNA encoding and a resolver step for
     every request (about 6% of the gateway's CPU per request, measured with
-    py-spy), and name lookups would share the reactor's thread pool (trap 6).
+    py-spy), and name lookups would share the reactor's thread pool with everything else.
     """
 
     def __init__(self, reactor: Any, connect_timeout_s: float) -> None:

@@ -11,8 +11,9 @@ error replies are the process-level envelope with ``error`` (plus ``job_id``
 and ``state`` when a job is known); a full queue answers ``Retry-After`` =
 the mean job duration divided by the workers, clamped to 1..60 s; ``wait``
 takes N in milliseconds, default 30000: above 300000 it is clamped to
-300000, 0 answers at once, a negative or non-integer N is 422 (pointer
-``/timeout``).
+300000, 0 answers at once, anything but 1 to 18 ASCII digits (a sign, a
+fraction, another script's digits, a longer number) is 422 (pointer
+``/timeout``), by the rules of svc.query.
 """
 
 from __future__ import annotations
@@ -24,9 +25,8 @@ from svc.envelope import rejection
 from svc.errors import ApiError, FieldError
 from svc.http import content_type, header, send_json
 from svc.modelserver.jobs import DONE, FAILED, TIMEOUT, AsyncQueueFull, Job, JobTable
+from svc.query import MAX_DIGITS, WAIT_MAX_MS, shown, wait_budget_ms
 
-WAIT_DEFAULT_MS = 30000
-WAIT_MAX_MS = 300000
 FORWARDED_HEADERS = ("x-service-params", "x-service-options", "x-request-id")
 
 
@@ -36,17 +36,20 @@ def job_paths(job_id: str) -> dict[str, str]:
 
 
 def parse_wait_timeout(raw: bytes | None) -> float:
-    """The wait budget in seconds from ``?timeout=N`` (milliseconds)."""
-    if raw is None:
-        return WAIT_DEFAULT_MS / 1000.0
-    text = raw.decode("latin-1").strip()
-    if not text.isdigit():
+    """The wait budget in seconds from ``?timeout=N`` (milliseconds); 422 for anything but a number.
+
+    The rules are svc.query's, shared with the gateway, which predicts this
+    budget before forwarding a wait.
+    """
+    budget = wait_budget_ms(raw)
+    if budget is None:
         raise ApiError(
             st.INVALID_REQUEST,
-            "timeout must be a whole number of milliseconds, 0 to 300000",
-            [FieldError("/timeout", f"must be a non-negative integer (milliseconds), got {text[:40]!r}")],
+            f"timeout must be a whole number of milliseconds, 0 to {WAIT_MAX_MS}",
+            [FieldError("/timeout", f"must be a non-negative integer (milliseconds, at most {MAX_DIGITS} "
+                                    f"ASCII digits), got {shown(raw or b'')}")],
         )
-    return min(int(text), WAIT_MAX_MS) / 1000.0
+    return budget / 1000.0
 
 
 class JobRoutes:

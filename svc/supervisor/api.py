@@ -29,6 +29,7 @@ from svc import __version__
 from svc.http import bearer_token, send_json
 from svc.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from svc.metrics import render
+from svc.query import MAX_DIGITS, parse_bounded_int, shown
 from svc.supervisor.child import ChildError
 from svc.supervisor.manager import GATEWAY, ChildManager
 
@@ -185,14 +186,15 @@ class ManagementApi:
 
 
 def _int_arg(request: Any, name: bytes, default: int | None, *, minimum: int, maximum: int | None = None) -> int | None:
+    """A numeric query argument by svc.query's rules (the first of repeated ones); 400 otherwise."""
     values = request.args.get(name)
     if not values:
         return default
-    text = values[0].decode("latin-1")
-    if not text.isdigit() or int(text) < minimum or (maximum is not None and int(text) > maximum):
-        bounds = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}"
-        raise ManagementError(400, f"{name.decode()} must be an integer {bounds}, got {text[:40]!r}")
-    return int(text)
+    value = parse_bounded_int(values[0], minimum=minimum, maximum=maximum)
+    if value is None:
+        bounds = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}, at most {MAX_DIGITS} digits"
+        raise ManagementError(400, f"{name.decode()} must be an integer {bounds}, got {shown(values[0])}")
+    return value
 
 
 def _uncancellable(d: Any) -> Any:

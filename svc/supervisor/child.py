@@ -211,10 +211,9 @@ class Child:
             self._set(FAILED, f"not started: {self.spec.refused}")
             self._fail_ready_waiters(self.spec.refused)
             return
-        self._protocol = protocol = _Protocol(self)
-        argv = [sys.executable, "-c", GROUP_LEADER, *self.spec.argv]
+        self._protocol = protocol = self._new_protocol()
         try:
-            transport = self.reactor.spawnProcess(protocol, sys.executable, argv, env=self.spec.env, path=self.spec.cwd)
+            transport = self._spawn_process(protocol)
         except Exception as e:  # noqa: BLE001 - any spawn failure is a failed start
             self._protocol = None
             self.last_error = f"cannot spawn: {e}"
@@ -227,6 +226,14 @@ class Child:
         self._was_ready = False
         self._set(STARTING, f"spawned pid {self.pid}: {' '.join(self.spec.argv[1:4])} ...")
         self._schedule_probe(self.timing.probe_starting)
+
+    def _new_protocol(self) -> _Protocol:
+        return _Protocol(self)
+
+    def _spawn_process(self, protocol: _Protocol) -> Any:
+        """Spawn the group-leader wrapper running the spec's command (a subclass may add descriptors)."""
+        argv = [sys.executable, "-c", GROUP_LEADER, *self.spec.argv]
+        return self.reactor.spawnProcess(protocol, sys.executable, argv, env=self.spec.env, path=self.spec.cwd)
 
     def _signal(self, sig: int) -> None:
         if self.pid is not None:
@@ -326,20 +333,23 @@ class Child:
         if pid != self.pid or self.state not in (STARTING, RUNNING):
             return
         if ok and not self.ready:
-            self.ready = True
-            self._was_ready = True
-            if self.state == STARTING:
-                self._set(RUNNING, "ready")
-            else:
-                self.logs.note("ready again")
-            waiters, self._ready_waiters = self._ready_waiters, []
-            for d in waiters:
-                d.callback(None)
+            self._became_ready()
         elif not ok and self.ready:
             self.ready = False
             self.logs.note(f"not ready: {self.spec.ready_path} did not answer 200")
         interval = self.timing.probe_running if self.state == RUNNING else self.timing.probe_starting
         self._schedule_probe(interval)
+
+    def _became_ready(self) -> None:
+        self.ready = True
+        self._was_ready = True
+        if self.state == STARTING:
+            self._set(RUNNING, "ready")
+        else:
+            self.logs.note("ready again")
+        waiters, self._ready_waiters = self._ready_waiters, []
+        for d in waiters:
+            d.callback(None)
 
     # -- waiters and bookkeeping -----------------------------------------------------------------
 

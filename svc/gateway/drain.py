@@ -8,7 +8,9 @@ process on the same socket while the old one still accepts, so the kernel's
 backlog always has a process behind it and no connection is refused.  The
 new process says it is accepting by writing one line on ``--ready-fd`` (a
 pipe to the supervisor): a probe through the shared socket could be answered
-by the old process.
+by the old process.  On stop it writes a second line once it no longer
+accepts, so the supervisor knows when every new connection reaches the new
+process.
 
 On SIGTERM the gateway stops accepting, answers what it already received
 with ``Connection: close``, closes keep-alive connections that stay idle,
@@ -73,9 +75,20 @@ class AdoptedListener(Service):
 
 
 def signal_ready(fd: int) -> None:
-    """Tell the supervisor that this process accepts: one line on the ready pipe, then close it."""
+    """Tell the supervisor that this process accepts (``ready <pid>`` on the pipe)."""
+    os.write(fd, f"ready {os.getpid()}\n".encode())
+
+
+def signal_closed(fd: int) -> None:
+    """Tell the supervisor that this process accepts no more (``closed <pid>``), then close the pipe.
+
+    A restart answers only after this line from the old process: from then on
+    every new connection reaches the new process and its key file.
+    """
     try:
-        os.write(fd, f"ready {os.getpid()}\n".encode())
+        os.write(fd, f"closed {os.getpid()}\n".encode())
+    except OSError:
+        pass  # the supervisor is gone: nobody waits for the line
     finally:
         os.close(fd)
 

@@ -20,7 +20,7 @@ from svc.gateway.app import GatewayApp
 from svc.gateway.catalog import Catalog
 from svc.gateway.config import GatewayConfig
 from svc.gateway.cors import CorsResource
-from svc.gateway.drain import AdoptedListener, DrainingSite, signal_ready
+from svc.gateway.drain import AdoptedListener, DrainingSite, signal_closed, signal_ready
 from svc.gateway.proxy import Proxy, make_agent, make_pool
 from svc.metrics import GatewayMetrics, new_registry
 from svc.process import ListeningMultiService, freeze_heap
@@ -106,6 +106,9 @@ class GatewayService(ListeningMultiService):
 
     async def _stop(self) -> None:
         await super().stopService()  # no more accepting
+        if self.ready_fd is not None:
+            signal_closed(self.ready_fd)
+            self.ready_fd = None
         await self.site.drain(self.drain_timeout)
         if self.pool is not None:
             await self.pool.closeCachedConnections()

@@ -1,8 +1,9 @@
 """``twistd -n service-gateway [--config conf/service.toml] [--host H] [--port P] [--keys F] [--servers D]``.
 
 Under the supervisor also ``--listen-fd N --ready-fd M``: accept on the
-listening socket inherited on fd N instead of binding the port, and write one
-line on fd M once accepting (svc.gateway.drain).  Started by hand, the
+listening socket inherited on fd N instead of binding the port, and write a
+line on fd M once accepting and another once no longer accepting
+(svc.gateway.drain).  Started by hand, the
 gateway binds its own port.
 
 Fail-closed: everything that makes the gateway unsafe or useless is refused
@@ -36,7 +37,8 @@ class Options(usage.Options):
         ["servers", None, None, "The model-server config directory instead of the config's servers_dir."],
         ["listen-fd", None, None, "Accept on this inherited listening socket instead of binding (the supervisor's).",
          int],
-        ["ready-fd", None, None, "Write one line on this inherited pipe once accepting (for the supervisor).", int],
+        ["ready-fd", None, None,
+         "Write a line on this inherited pipe once accepting, another once not (for the supervisor).", int],
     ]
 
     def opt_version(self) -> None:

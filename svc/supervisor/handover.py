@@ -12,8 +12,12 @@ starts, and gives the open socket to every gateway process as fd 3
    ``--ready-fd 4``): a probe through the shared socket could be answered by
    the old process, the pipe cannot;
 3. makes the new process the current one (pid, restarts + 1) and sends
-   SIGTERM to the old process group: it stops accepting, finishes the
-   requests it holds, and exits (SIGKILL after ``stop_grace``).
+   SIGTERM to the old process group: it stops accepting, says so on its
+   pipe (``closed``), finishes the requests it holds, and exits (SIGKILL
+   after ``stop_grace``);
+4. answers the restart once the old process said ``closed`` (or exited):
+   from then on every new connection reaches the new process, so a key
+   added before the restart works on the next request.
 
 If the new process exits or stays silent for ``start_timeout``, it is
 stopped, the old one keeps serving, and the restart fails (the API answers
@@ -107,9 +111,11 @@ class _GatewayProtocol(_Protocol):
 
     def _line(self, fd: int, text: str) -> None:
         if fd == READY_FD:
-            if not self._signalled:
+            if text.startswith("ready") and not self._signalled:
                 self._signalled = True
                 self.gateway._ready_signal(self)
+            elif text.startswith("closed"):
+                self.gateway._closed_signal(self)
             return
         self.tail.append(text)
         self.child.logs.line("stdout" if fd == 1 else "stderr", text)
@@ -130,6 +136,15 @@ class _Handover:
     timer: Any
 
 
+@dataclass
+class _Retiring:
+    """An old gateway process after SIGTERM: ``closed`` fires when it accepts no more."""
+
+    pid: int
+    kill_timer: Any
+    closed: list[Deferred]
+
+
 class GatewayChild(Child):
     """The ``__gateway`` child: one status entry, however many processes a handover overlaps."""
 
@@ -148,7 +163,7 @@ class GatewayChild(Child):
         self.binder = binder
         self.listener: Any = None  # the socket held for the gateway, or None
         self._handover: _Handover | None = None
-        self._retiring: dict[_GatewayProtocol, tuple[int, Any]] = {}
+        self._retiring: dict[_GatewayProtocol, _Retiring] = {}
         self._retired_waiters: list[Deferred] = []
         self._keep_listener = False
 
@@ -215,7 +230,7 @@ class GatewayChild(Child):
     def restart(self) -> Deferred:
         """Start the new gateway beside the running one, then retire the old one.
 
-        Fires once the new process accepts; fails (the old one still serving)
+        Fires once the new process accepts and the old one no longer does; fails (the old one still serving)
         if it exits or is not ready within ``start_timeout``.  Without a held
         socket, or when not running, it is a plain stop-then-start.
         """
@@ -256,8 +271,9 @@ class GatewayChild(Child):
         self.started_at = self.reactor.seconds()
         self.restarts += 1
         self.last_error = None
+        closed: Deferred = succeed(None)
         if old_protocol is not None and old_pid is not None:
-            self._retire(old_protocol, old_pid)  # type: ignore[arg-type]
+            closed = self._retire(old_protocol, old_pid)  # type: ignore[arg-type]
             self.logs.note(f"handover: pid {h.pid} accepts; SIGTERM to the previous pid {old_pid}, "
                            "which finishes its requests and exits")
         if self.state == RUNNING:
@@ -266,7 +282,7 @@ class GatewayChild(Child):
             self.state = STARTING
             self._became_ready()
         self._schedule_probe(self.timing.probe_running)
-        h.done.callback(None)
+        closed.chainDeferred(h.done)
 
     def _handover_timed_out(self) -> None:
         h, self._handover = self._handover, None
@@ -290,24 +306,38 @@ class GatewayChild(Child):
 
     # -- old processes ------------------------------------------------------------------------
 
-    def _retire(self, protocol: _GatewayProtocol, pid: int) -> None:
-        """SIGTERM now, SIGKILL after the grace; its exit no longer changes the state."""
+    def _retire(self, protocol: _GatewayProtocol, pid: int) -> Deferred:
+        """SIGTERM now, SIGKILL after the grace; its exit no longer changes the state.
+
+        Fires once the process accepts no more: its ``closed`` line, its exit, or the SIGKILL.
+        """
         self.killer(pid, signal.SIGTERM)
         timer = self.reactor.callLater(self.timing.stop_grace, self._kill_retired, protocol)
-        self._retiring[protocol] = (pid, timer)
+        closed: Deferred = Deferred()
+        self._retiring[protocol] = _Retiring(pid, timer, [closed])
+        return closed
+
+    def _closed_signal(self, protocol: _GatewayProtocol) -> None:
+        retiring = self._retiring.get(protocol)
+        if retiring is not None:
+            waiters, retiring.closed = retiring.closed, []
+            for d in waiters:
+                d.callback(None)
 
     def _kill_retired(self, protocol: _GatewayProtocol) -> None:
-        if protocol in self._retiring:
-            pid, _ = self._retiring[protocol]
-            self.logs.note(f"previous pid {pid} still running after {self.timing.stop_grace:g} s: SIGKILL")
-            self.killer(pid, signal.SIGKILL)
+        retiring = self._retiring.get(protocol)
+        if retiring is not None:
+            self.logs.note(f"previous pid {retiring.pid} still running after {self.timing.stop_grace:g} s: SIGKILL")
+            self.killer(retiring.pid, signal.SIGKILL)
+            self._closed_signal(protocol)
 
     def _ended(self, protocol: Any, reason: Any) -> None:
         if protocol in self._retiring:
-            pid, timer = self._retiring.pop(protocol)
-            if timer.active():
-                timer.cancel()
-            self.logs.note(f"previous pid {pid} exited ({describe_exit(reason)})")
+            self._closed_signal(protocol)
+            retiring = self._retiring.pop(protocol)
+            if retiring.kill_timer.active():
+                retiring.kill_timer.cancel()
+            self.logs.note(f"previous pid {retiring.pid} exited ({describe_exit(reason)})")
             if not self._retiring:
                 waiters, self._retired_waiters = self._retired_waiters, []
                 for d in waiters:

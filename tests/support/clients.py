@@ -21,7 +21,10 @@ class Outcomes:
 
     statuses: dict[int, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    error_times: list[float] = field(default_factory=list)
     latencies_ms: list[float] = field(default_factory=list)
+    #: (monotonic time the reply ended, latency ms, status) per answered request
+    samples: list[tuple[float, float, int]] = field(default_factory=list)
     stale_retries: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -34,12 +37,15 @@ class Outcomes:
         return sum(n for code, n in self.statuses.items() if code >= 500)
 
     def record(self, status: int | None, started: float, error: str | None = None) -> None:
+        now = time.monotonic()
         with self.lock:
             if error is not None:
                 self.errors.append(error)
+                self.error_times.append(now)
             else:
                 self.statuses[status] = self.statuses.get(status, 0) + 1
-                self.latencies_ms.append((time.monotonic() - started) * 1000.0)
+                self.latencies_ms.append((now - started) * 1000.0)
+                self.samples.append((now, (now - started) * 1000.0, status))
 
 
 class ClientLoops:

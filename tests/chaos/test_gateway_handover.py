@@ -12,19 +12,23 @@ Promises checked, under 32 concurrent clients on the gateway's ``/healthz``
   answers 500 ``{ok: false, error}`` naming the refusal, the old process keeps
   serving the clients without an error;
 * kill -9 of the gateway: the supervisor respawns it on the same socket and
-  the connections made meanwhile wait in the backlog instead of being refused.
+  the connections made meanwhile wait in the backlog instead of being refused;
+* requests in flight at a restart (a slow model) finish on the old process,
+  which exits after them.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
 
 from tests.support.clients import ClientLoops
 from tests.support.http import post, request
+from tests.support.images import image_b64
 from tests.support.stack import build_stack, key_entry, stop_stack
 
 RESTARTS = 10
@@ -151,3 +155,34 @@ def test_sigkilled_gateway_is_respawned_on_the_same_socket_and_connections_wait(
     assert refused == [], report(outcomes)
     assert len(outcomes.errors) <= 32, report(outcomes)
     assert outcomes.server_errors == 0, report(outcomes)
+
+
+def test_requests_in_flight_at_a_restart_finish_on_the_old_gateway(tmp_path):
+    s = build_stack(tmp_path, {"TESTFAULTS": {}})
+    try:
+        for name in ("__gateway", "TESTFAULTS"):
+            s.wait_for(name, lambda c: c["state"] == "running" and c["ready"], timeout=120)
+        old = s.child("__gateway")["pid"]
+        statuses: list = []
+
+        def slow() -> None:
+            try:
+                statuses.append(post(s.gateway + "/v1/models/TESTFAULTS/infer",
+                                     {"images": [image_b64()], "params": {"sleep_ms": 3000}},
+                                     headers={"Authorization": f"Bearer {s.key}"}, timeout=60).status)
+            except OSError as e:
+                statuses.append(repr(e))
+
+        threads = [threading.Thread(target=slow) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)  # the four requests are held by the old gateway
+        assert restart(s).status == 200
+        assert alive(old)  # still finishing its requests
+        for t in threads:
+            t.join(60)
+        assert statuses == [200] * 4
+        assert wait_gone([old]) == []
+    finally:
+        code, survivors = stop_stack(s)
+    assert code == 0 and survivors == []

@@ -1,7 +1,10 @@
 """The gateway's service tree: the listener and the upstream connection pool.
 
-The pool is the gateway's own (never the global one) and its cached
-connections are closed when the service stops, so SIGTERM exits promptly.
+The listener binds the configured address, or adopts the listening socket
+the supervisor hands over (``listen_fd``, see svc.gateway.drain).  On stop
+it stops accepting, lets the requests in flight finish (``drain_timeout``),
+then closes the pool's cached connections (the pool is the gateway's own,
+never the global one), so SIGTERM exits promptly once the replies are out.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from svc.gateway.app import GatewayApp
 from svc.gateway.catalog import Catalog
 from svc.gateway.config import GatewayConfig
 from svc.gateway.cors import CorsResource
+from svc.gateway.drain import AdoptedListener, DrainingSite, signal_closed, signal_ready
 from svc.gateway.proxy import Proxy, make_agent, make_pool
-from svc.http import JsonSite
 from svc.metrics import GatewayMetrics, new_registry
 from svc.process import ListeningMultiService, freeze_heap
 
@@ -31,7 +34,7 @@ class GatewayService(ListeningMultiService):
     program = PROGRAM
 
     def __init__(self, *, reactor: Any, config: GatewayConfig, setup: AuthSetup, catalog: Catalog,
-                 agent: Any = None) -> None:
+                 agent: Any = None, listen_fd: int | None = None, ready_fd: int | None = None) -> None:
         super().__init__()
         self.reactor = reactor
         self.config = config
@@ -54,7 +57,7 @@ class GatewayService(ListeningMultiService):
             max_body_bytes=config.max_body_bytes,
         )
         self.catalog = catalog
-        self.site = JsonSite(
+        self.site = DrainingSite(
             CorsResource(self.app.resource(), config.cors_origins, self.app.methods),
             max_body_bytes=config.max_body_bytes,
             oversize_reply=self.app.oversize_reply,
@@ -63,8 +66,15 @@ class GatewayService(ListeningMultiService):
             on_logged=self.app.count,
         )
         self.listen_address = f"{config.host}:{config.port}"
-        self.listener = TCPServer(config.port, self.site, interface=config.host)
+        self.ready_fd = ready_fd
+        if listen_fd is None:
+            self.listener = TCPServer(config.port, self.site, interface=config.host)
+        else:
+            self.listen_address = f"{config.host}:{config.port} (socket on fd {listen_fd} from the supervisor)"
+            self.listener = AdoptedListener(reactor, listen_fd, self.site)
         self.listener.setServiceParent(self)
+        # In-flight requests may wait for a model up to the upstream receive timeout.
+        self.drain_timeout = config.upstream_recv_timeout_ms / 1000.0 + 1.0
 
     def startService(self) -> None:
         super().startService()
@@ -86,11 +96,19 @@ class GatewayService(ListeningMultiService):
             log.warn("no upstream token for {ids}: requests to them carry no Authorization "
                      "(set SERVICE_UPSTREAM_TOKENS or SERVICE_UPSTREAM_TOKEN)", ids=", ".join(missing))
         freeze_heap()  # everything the gateway keeps for life exists now (svc.process.freeze_heap)
+        if self.ready_fd is not None:
+            # Accepting starts with the reactor; the supervisor waits for this line, not for a
+            # probe that the previous gateway on the same socket could answer.
+            self.reactor.callWhenRunning(signal_ready, self.ready_fd)
 
     def stopService(self) -> Deferred:
         return ensureDeferred(self._stop())
 
     async def _stop(self) -> None:
-        await super().stopService()
+        await super().stopService()  # no more accepting
+        if self.ready_fd is not None:
+            signal_closed(self.ready_fd)
+            self.ready_fd = None
+        await self.site.drain(self.drain_timeout)
         if self.pool is not None:
             await self.pool.closeCachedConnections()

@@ -1,5 +1,11 @@
 """``twistd -n service-gateway [--config conf/service.toml] [--host H] [--port P] [--keys F] [--servers D]``.
 
+Under the supervisor also ``--listen-fd N --ready-fd M``: accept on the
+listening socket inherited on fd N instead of binding the port, and write a
+line on fd M once accepting and another once no longer accepting
+(svc.gateway.drain).  Started by hand, the
+gateway binds its own port.
+
 Fail-closed: everything that makes the gateway unsafe or useless is refused
 here, before any socket listens, with one line and exit code 1 - no token or
 key at all, no metrics token or one equal to another token, an unusable key
@@ -29,6 +35,10 @@ class Options(usage.Options):
         ["port", "p", None, "Listen on this port instead of the config's.", int],
         ["keys", "k", None, "The API key file instead of the config's keys_file."],
         ["servers", None, None, "The model-server config directory instead of the config's servers_dir."],
+        ["listen-fd", None, None, "Accept on this inherited listening socket instead of binding (the supervisor's).",
+         int],
+        ["ready-fd", None, None,
+         "Write a line on this inherited pipe once accepting, another once not (for the supervisor).", int],
     ]
 
     def opt_version(self) -> None:
@@ -39,6 +49,9 @@ class Options(usage.Options):
     def postOptions(self) -> None:
         if self["port"] is not None and not 1 <= self["port"] <= 65535:
             raise usage.UsageError(f"--port must be 1..65535, not {self['port']}")
+        for name in ("listen-fd", "ready-fd"):
+            if self[name] is not None and self[name] < 3:
+                raise usage.UsageError(f"--{name} must be an inherited descriptor >= 3, not {self[name]}")
 
 
 def makeService(options: Options) -> Any:
@@ -68,10 +81,19 @@ def makeService(options: Options) -> Any:
     except (ConfigError, CatalogError) as e:
         raise refuse(PROGRAM, str(e)) from None
 
+    if options["listen-fd"] is not None:
+        from svc.gateway.drain import listening_family
+
+        try:
+            listening_family(options["listen-fd"])
+        except OSError as e:
+            raise refuse(PROGRAM, f"--listen-fd {options['listen-fd']}: {e}") from None
+
     from twisted.internet import reactor
 
     from svc.gateway.service import GatewayService
     from svc.process import exit_zero_on_signals
 
     exit_zero_on_signals(reactor)
-    return GatewayService(reactor=reactor, config=config, setup=setup, catalog=catalog)
+    return GatewayService(reactor=reactor, config=config, setup=setup, catalog=catalog,
+                          listen_fd=options["listen-fd"], ready_fd=options["ready-fd"])

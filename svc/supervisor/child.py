@@ -265,10 +265,9 @@ class Child:
         if self.spec.wait_port and not self.port_free(self.spec.port):
             self._port_busy(f"port {self.spec.port} is in use")
             return
-        self._protocol = protocol = _Protocol(self)
-        argv = [sys.executable, "-c", GROUP_LEADER, *self.spec.argv]
+        self._protocol = protocol = self._new_protocol()
         try:
-            transport = self.reactor.spawnProcess(protocol, sys.executable, argv, env=self.spec.env, path=self.spec.cwd)
+            transport = self._spawn_process(protocol)
         except Exception as e:  # noqa: BLE001 - any spawn failure is a failed start
             self._protocol = None
             self.last_error = f"cannot spawn: {e}"
@@ -309,6 +308,14 @@ class Child:
         self._timer = None
         if self.state == STARTING and self._protocol is None:
             self._spawn()
+
+    def _new_protocol(self) -> _Protocol:
+        return _Protocol(self)
+
+    def _spawn_process(self, protocol: _Protocol) -> Any:
+        """Spawn the group-leader wrapper running the spec's command (a subclass may add descriptors)."""
+        argv = [sys.executable, "-c", GROUP_LEADER, *self.spec.argv]
+        return self.reactor.spawnProcess(protocol, sys.executable, argv, env=self.spec.env, path=self.spec.cwd)
 
     def _signal(self, sig: int) -> None:
         if self.pid is not None:
@@ -413,23 +420,26 @@ class Child:
         if pid != self.pid or self.state not in (STARTING, RUNNING):
             return
         if ok and not self.ready:
-            self.ready = True
-            self._was_ready = True
-            if self._port_wait_since is not None:  # the wait is over: its note is no error any more
-                self._port_wait_since = None
-                self.last_error = None
-            if self.state == STARTING:
-                self._set(RUNNING, "ready")
-            else:
-                self.logs.note("ready again")
-            waiters, self._ready_waiters = self._ready_waiters, []
-            for d in waiters:
-                d.callback(None)
+            self._became_ready()
         elif not ok and self.ready:
             self.ready = False
             self.logs.note(f"not ready: {self.spec.ready_path} did not answer 200")
         interval = self.timing.probe_running if self.state == RUNNING else self.timing.probe_starting
         self._schedule_probe(interval)
+
+    def _became_ready(self) -> None:
+        self.ready = True
+        self._was_ready = True
+        if self._port_wait_since is not None:  # the wait is over: its note is no error any more
+            self._port_wait_since = None
+            self.last_error = None
+        if self.state == STARTING:
+            self._set(RUNNING, "ready")
+        else:
+            self.logs.note("ready again")
+        waiters, self._ready_waiters = self._ready_waiters, []
+        for d in waiters:
+            d.callback(None)
 
     # -- waiters and bookkeeping -----------------------------------------------------------------
 

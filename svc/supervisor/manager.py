@@ -6,7 +6,9 @@ the gateway gets them all as ``SERVICE_UPSTREAM_TOKENS`` (a JSON object by
 catalog id).  Children inherit the supervisor's environment plus what is
 injected.  The gateway is refused (permanent failure, no retry) when
 ``SERVICE_METRICS_TOKEN`` is missing or equal to the inference or the
-management token.
+management token.  The gateway is a ``GatewayChild``
+(svc.supervisor.handover): the supervisor holds its listening socket, and a
+restart hands it from the old process to the new one, refusing no connection.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from svc.config import ModelServerConfig, model_server_configs
 from svc.process import SUPERVISOR_PID_ENV
 from svc.supervisor.child import Child, ChildSpec, Timing, kill_group, port_is_free
 from svc.supervisor.config import Profile, SupervisorConfig
+from svc.supervisor.handover import GatewayChild, bind_listening_socket
 from svc.supervisor.logsink import LogSink
 
 log = Logger()
@@ -64,6 +67,7 @@ class ChildManager:
         describe: Callable[[str], dict] | None = None,
         cwd: str | None = None,
         port_free: Callable[[int], bool] = port_is_free,
+        binder: Callable[[str, int], Any] = bind_listening_socket,
     ) -> None:
         self.reactor = reactor
         self.config = config
@@ -115,8 +119,13 @@ class ChildManager:
         for spec in specs:
             logs = LogSink(spec.name, config.log_dir, max_bytes=config.log_max_bytes,
                            backups=config.log_backups, ring_lines=config.log_ring_lines)
-            self.children[spec.name] = Child(spec, reactor=reactor, probe=probe, logs=logs, timing=timing,
-                                             killer=killer, port_free=port_free)
+            if spec.name == GATEWAY:
+                self.children[spec.name] = GatewayChild(spec, host=config.gateway_host, env=self.env, binder=binder,
+                                                        reactor=reactor, probe=probe, logs=logs, timing=timing,
+                                                        killer=killer, port_free=port_free)
+            else:
+                self.children[spec.name] = Child(spec, reactor=reactor, probe=probe, logs=logs, timing=timing,
+                                                 killer=killer, port_free=port_free)
 
     @property
     def gateway(self) -> Child:

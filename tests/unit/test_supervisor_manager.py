@@ -16,6 +16,23 @@ from tests.unit.test_supervisor_child import Probe, ProcessReactor
 ENV = {"SERVICE_API_TOKEN": "mgmt", "SERVICE_METRICS_TOKEN": "metrics", "PATH": "/usr/bin"}
 
 
+class FakeSocket:
+    """A listening socket that is only a descriptor number (no port is bound in unit tests)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.address, self.closed = (host, port), False
+
+    @classmethod
+    def bind(cls, host: str, port: int) -> "FakeSocket":
+        return cls(host, port)
+
+    def fileno(self) -> int:
+        return 77
+
+    def close(self) -> None:
+        self.closed = True
+
+
 def catalog(tmp_path):
     configs = []
     for i, mid in enumerate(("AAA", "BBB", "CCC")):
@@ -33,7 +50,7 @@ def manager(tmp_path, env=ENV, models=("AAA", "BBB")):
     m = ChildManager(reactor=reactor, config=load_supervisor_config(str(conf)), profile=Profile("cpu", "cpu", models),
                      probe=probe, env=env, killer=lambda pid, sig: kills.append((pid, sig)), catalog=catalog(tmp_path),
                      port_free=lambda port: True,
-                     describe=lambda mid: {"category": "classification", "task": "t"})
+                     describe=lambda mid: {"category": "classification", "task": "t"}, binder=FakeSocket.bind)
     return m, reactor, probe, kills
 
 

@@ -1,0 +1,272 @@
+"""The gateway child's handover on a fake reactor: the socket it holds, the
+ready and closed lines, and every way a restart can end."""
+
+from __future__ import annotations
+
+import signal
+
+from twisted.internet.error import ProcessDone, ProcessTerminated
+from twisted.python.failure import Failure
+
+from svc.supervisor.child import BACKOFF, RUNNING, START_FAILED, STARTING, STOPPED, STOPPING, ChildError, ChildSpec
+from svc.supervisor.handover import LISTEN_FD, READY_FD, GatewayChild
+from svc.supervisor.logsink import LogSink
+from tests.unit.test_supervisor_child import TIMING, Probe, ProcessReactor, results
+
+
+class FdReactor(ProcessReactor):
+    """Also records the childFDs of each spawn."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fds: list[dict] = []
+
+    def spawnProcess(self, protocol, executable, args, env=None, path=None, **kw):
+        self.fds.append(kw.get("childFDs"))
+        return super().spawnProcess(protocol, executable, args, env, path)
+
+    def protocol(self, index: int = -1):
+        return self.spawned[index][0]
+
+
+class FakeSocket:
+    def __init__(self) -> None:
+        self.closed = False
+
+    def fileno(self) -> int:
+        return 77
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Binder:
+    def __init__(self, error: OSError | None = None) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.sockets: list[FakeSocket] = []
+        self.error = error
+
+    def __call__(self, host: str, port: int) -> FakeSocket:
+        self.calls.append((host, port))
+        if self.error is not None:
+            raise self.error
+        self.sockets.append(FakeSocket())
+        return self.sockets[-1]
+
+
+def make(host="127.0.0.1", env=None, binder=None, refused=None, port_free=lambda port: True):
+    reactor, probe, kills, binder = FdReactor(), Probe(), [], binder or Binder()
+    spec = ChildSpec("__gateway", ["/usr/bin/python3", "-m", "twisted", "service-gateway"], {}, 8080, "/healthz",
+                     refused=refused)
+    child = GatewayChild(spec, host=host, env=env or {}, binder=binder, reactor=reactor, probe=probe,
+                         logs=LogSink("__gateway", None, max_bytes=1 << 20, backups=1, ring_lines=200), timing=TIMING,
+                         killer=lambda pid, sig: kills.append((pid, sig)), port_free=port_free)
+    return child, reactor, probe, kills, binder
+
+
+def line(reactor, index, text: bytes, fd=READY_FD):
+    reactor.protocol(index).childDataReceived(fd, text)
+
+
+def ended(reactor, index, code=0, sig=None):
+    reason = ProcessDone(0) if code == 0 and sig is None else ProcessTerminated(code, sig)
+    reactor.protocol(index).processEnded(Failure(reason))
+
+
+def running(child, reactor):
+    d = results(child.start())
+    line(reactor, 0, b"ready 1001\n")
+    assert (child.state, child.ready, child.pid, d) == (RUNNING, True, 1001, [None])
+
+
+def notes(child):
+    return [text for _, _, stream, text in child.logs.ring if stream == "supervisor"]
+
+
+def test_the_socket_is_bound_once_and_handed_over_as_fd_3_with_a_ready_pipe_on_fd_4():
+    child, reactor, probe, _, binder = make()
+    d = results(child.start())
+    assert binder.calls == [("127.0.0.1", 8080)]
+    assert reactor.fds[0] == {0: "w", 1: "r", 2: "r", READY_FD: "r", LISTEN_FD: 77}
+    assert reactor.spawned[0][2][-4:] == ["--ready-fd", "4", "--listen-fd", "3"]
+    reactor.advance(0.5)
+    assert child.state == STARTING and d == [] and probe.calls == 1  # the probe says not yet
+    line(reactor, 0, b"rea")
+    line(reactor, 0, b"dy 1001\n")  # the ready line, whole lines only
+    assert (child.state, child.ready, d) == (RUNNING, True, [None])
+
+
+def test_restart_starts_the_new_gateway_beside_the_old_one_then_retires_the_old_one():
+    child, reactor, _, kills, binder = make()
+    running(child, reactor)
+    d = results(child.restart())
+    assert len(reactor.spawned) == 2 and reactor.fds[1][LISTEN_FD] == 77 and len(binder.calls) == 1
+    assert (child.state, child.pid, child.restarts, kills, d) == (RUNNING, 1001, 0, [], [])
+    line(reactor, 1, b"ready 1002\n")
+    assert (child.state, child.pid, child.ready, child.restarts) == (RUNNING, 1002, True, 1)
+    assert kills == [(1001, signal.SIGTERM)] and d == []  # the old one may still accept
+    line(reactor, 0, b"closed 1001\n")
+    assert d == [None]
+    ended(reactor, 0)
+    assert child.state == RUNNING and child.pid == 1002 and "previous pid 1001 exited (exit code 0)" in notes(child)
+    reactor.advance(TIMING.stop_grace)
+    assert kills == [(1001, signal.SIGTERM)]  # no SIGKILL for a process that exited
+    snapshot = child.snapshot()
+    assert (snapshot["state"], snapshot["pid"], snapshot["restarts"]) == (RUNNING, 1002, 1)
+    assert not binder.sockets[0].closed
+
+
+def test_the_restart_also_answers_when_the_old_one_exits_without_its_closed_line():
+    child, reactor, _, kills, _ = make()
+    running(child, reactor)
+    d = results(child.restart())
+    line(reactor, 1, b"ready 1002\n")
+    ended(reactor, 0, code=None, sig=9)
+    assert d == [None] and child.pid == 1002 and child.state == RUNNING
+
+
+def test_an_old_gateway_that_does_not_exit_is_killed_after_the_grace():
+    child, reactor, _, kills, _ = make()
+    running(child, reactor)
+    d = results(child.restart())
+    line(reactor, 1, b"ready 1002\n")
+    reactor.advance(TIMING.stop_grace)
+    assert kills == [(1001, signal.SIGTERM), (1001, signal.SIGKILL)] and d == [None]
+
+
+def test_a_new_gateway_that_exits_before_ready_fails_the_restart_and_the_old_one_stays():
+    child, reactor, _, kills, binder = make()
+    running(child, reactor)
+    d = results(child.restart())
+    line(reactor, 1, b"service-gateway: unknown key gateway.no_such_key\n", fd=2)
+    ended(reactor, 1, code=1)
+    assert isinstance(d[0].value, ChildError)
+    message = str(d[0].value)
+    assert "exited before it was ready (exit code 1)" in message and "no_such_key" in message
+    assert "previous gateway (pid 1001) still serves" in message
+    assert (child.state, child.pid, child.restarts, kills) == (RUNNING, 1001, 0, [])
+    assert not binder.sockets[0].closed
+    assert results(child.restart()) == [] and len(reactor.spawned) == 3  # a later restart may try again
+
+
+def test_a_new_gateway_that_never_says_ready_is_stopped_and_the_restart_fails():
+    child, reactor, _, kills, _ = make()
+    running(child, reactor)
+    d = results(child.restart())
+    reactor.advance(TIMING.start_timeout)
+    assert isinstance(d[0].value, ChildError) and "did not become ready within 60 s" in str(d[0].value)
+    assert kills == [(1002, signal.SIGTERM)] and child.pid == 1001 and child.state == RUNNING
+    reactor.advance(TIMING.stop_grace)
+    assert kills[-1] == (1002, signal.SIGKILL)
+    ended(reactor, 1, code=None, sig=9)
+    assert child.state == RUNNING and child.pid == 1001
+
+
+def test_one_restart_at_a_time():
+    child, reactor, _, _, _ = make()
+    running(child, reactor)
+    first = results(child.restart())
+    second = results(child.restart())
+    assert first == [] and isinstance(second[0].value, ChildError) and "already under way" in str(second[0].value)
+
+
+def test_stop_during_a_handover_ends_both_processes_and_closes_the_socket():
+    child, reactor, _, kills, binder = make()
+    running(child, reactor)
+    d = results(child.restart())
+    stopped = results(child.stop())
+    assert isinstance(d[0].value, ChildError) and "abandoned" in str(d[0].value)
+    assert sorted(kills) == [(1001, signal.SIGTERM), (1002, signal.SIGTERM)] and child.state == STOPPING
+    ended(reactor, 0)
+    assert child.state == STOPPED and stopped == [] and binder.sockets[0].closed  # the new one still exiting
+    ended(reactor, 1)
+    assert stopped == [None]
+
+
+def test_a_crash_respawns_on_the_same_socket():
+    child, reactor, _, _, binder = make()
+    running(child, reactor)
+    ended(reactor, 0, code=None, sig=9)
+    assert child.state == BACKOFF and not binder.sockets[0].closed
+    reactor.advance(TIMING.backoff_initial)
+    assert child.state == STARTING and reactor.fds[1][LISTEN_FD] == 77 and len(binder.calls) == 1
+    line(reactor, 1, b"ready 1002\n")
+    assert (child.state, child.pid, child.restarts) == (RUNNING, 1002, 1)
+
+
+def test_the_old_gateway_crashing_during_a_handover_lets_the_new_one_take_over():
+    child, reactor, _, kills, _ = make()
+    running(child, reactor)
+    d = results(child.restart())
+    ended(reactor, 0, code=None, sig=9)
+    assert child.state == BACKOFF
+    line(reactor, 1, b"ready 1002\n")
+    assert (child.state, child.pid, d, kills) == (RUNNING, 1002, [None], [])
+    reactor.advance(TIMING.backoff_max)
+    assert len(reactor.spawned) == 2  # the back-off respawn was cancelled
+
+
+def test_a_refused_first_start_closes_the_socket_and_the_next_start_binds_again():
+    child, reactor, _, _, binder = make()
+    d = results(child.start())
+    ended(reactor, 0, code=1)
+    assert child.state == START_FAILED and isinstance(d[0].value, ChildError) and binder.sockets[0].closed
+    results(child.start())
+    assert len(binder.calls) == 2 and reactor.fds[1][LISTEN_FD] == 77
+
+
+def test_no_socket_for_a_wildcard_without_service_expose_or_a_busy_port():
+    child, reactor, _, _, binder = make(host="0.0.0.0")
+    results(child.start())
+    assert binder.calls == [] and LISTEN_FD not in reactor.fds[0]  # the gateway refuses the bind itself
+    assert reactor.spawned[0][2][-2:] == ["--ready-fd", "4"]
+    child, reactor, _, _, binder = make(host="0.0.0.0", env={"SERVICE_EXPOSE": "docker"})
+    results(child.start())
+    assert binder.calls == [("0.0.0.0", 8080)] and reactor.fds[0][LISTEN_FD] == 77
+    child, reactor, _, kills, binder = make(binder=Binder(OSError(98, "Address already in use")))
+    running(child, reactor)
+    assert LISTEN_FD not in reactor.fds[0] and any("binds the port itself" in n for n in notes(child))
+    d = results(child.restart())  # without a held socket: stop, then start
+    assert kills == [(1001, signal.SIGTERM)] and len(reactor.spawned) == 1
+    ended(reactor, 0)
+    assert len(reactor.spawned) == 2 and d == []
+
+
+def test_a_refused_gateway_never_binds():
+    child, reactor, _, _, binder = make(refused="SERVICE_METRICS_TOKEN is not set")
+    d = results(child.start())
+    assert binder.calls == [] and reactor.spawned == [] and isinstance(d[0].value, ChildError)
+
+
+def test_shutdown_waits_for_every_gateway_process_and_closes_the_socket():
+    child, reactor, _, kills, binder = make()
+    running(child, reactor)
+    results(child.restart())
+    line(reactor, 1, b"ready 1002\n")
+    done = results(child.shutdown())
+    assert kills == [(1001, signal.SIGTERM), (1002, signal.SIGTERM)]
+    ended(reactor, 1)
+    assert done == [] and binder.sockets[0].closed is True  # stopped: the socket is closed at once
+    ended(reactor, 0)
+    assert done == [None]
+
+
+def test_a_port_held_by_another_process_is_waited_for_then_bound_and_held():
+    """An orphaned gateway of a killed supervisor still holds the port for up to 2 s: the new
+    supervisor waits for it (port_wait) instead of failing, then binds and holds the socket."""
+    busy = [True]
+    child, reactor, _, _, binder = make(port_free=lambda port: not busy[0])
+    d = results(child.start())
+    assert (child.state, child.pid, binder.calls, reactor.spawned) == (STARTING, None, [], [])
+    assert "port 8080 is in use" in child.last_error
+    busy[0] = False
+    reactor.advance(TIMING.backoff_initial)
+    assert binder.calls == [("127.0.0.1", 8080)] and len(reactor.spawned) == 1
+    line(reactor, 0, b"ready 1001\n")
+    assert (child.state, child.ready, child.last_error, d) == (RUNNING, True, None, [None])
+    busy[0] = True  # our own socket now holds the port: a restart never waits for itself
+    r = results(child.restart())
+    assert len(reactor.spawned) == 2 and len(binder.calls) == 1
+    line(reactor, 1, b"ready 1002\n")
+    line(reactor, 0, b"closed 1001\n")
+    assert r == [None] and child.pid == 1002

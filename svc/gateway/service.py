@@ -18,7 +18,7 @@ from svc.gateway.catalog import Catalog
 from svc.gateway.config import GatewayConfig
 from svc.gateway.cors import CorsResource
 from svc.gateway.proxy import Proxy, make_agent, make_pool
-from svc.http import JsonSite
+from svc.http import HttpLimits, JsonSite
 from svc.metrics import GatewayMetrics, new_registry
 from svc.process import ListeningMultiService, freeze_heap
 
@@ -58,12 +58,14 @@ class GatewayService(ListeningMultiService):
             CorsResource(self.app.resource(), config.cors_origins, self.app.methods),
             max_body_bytes=config.max_body_bytes,
             oversize_reply=self.app.oversize_reply,
+            busy_reply=self.app.busy_reply,
+            limits=HttpLimits.from_config(config),
             timeout=config.idle_timeout_s,
             reactor=reactor,
             on_logged=self.app.count,
         )
         self.listen_address = f"{config.host}:{config.port}"
-        self.listener = TCPServer(config.port, self.site, interface=config.host)
+        self.listener = TCPServer(config.port, self.site, backlog=config.listen_backlog, interface=config.host)
         self.listener.setServiceParent(self)
 
     def startService(self) -> None:

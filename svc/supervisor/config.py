@@ -32,6 +32,13 @@ SUPERVISOR_KEYS: tuple[Key, ...] = (
     Key("crash_loop_restarts", int, 5, "Restarts within crash_loop_window_ms after which a child is failed.", minimum=1),
     Key("crash_loop_window_ms", int, 60000, "Window of the crash-loop detection.", minimum=1000),
     Key("gateway_restart", str, "on-failure", "Restart policy of the gateway child.", choices=POLICIES),
+    Key("header_timeout_ms", int, 10000,
+        "A request's headers must be complete this long after its first byte (408 and close after it).", minimum=1),
+    Key("max_connections", int, 128,
+        "Open connections to the management API and UI served at once; the next one gets 503 and is closed.",
+        minimum=1),
+    Key("listen_backlog", int, 1024,
+        "Queue of connections not yet accepted (the kernel caps it at net.core.somaxconn).", minimum=1, maximum=65535),
 )
 
 SERVER_KEYS: tuple[Key, ...] = (
@@ -63,6 +70,9 @@ class SupervisorConfig:
     crash_loop_restarts: int
     crash_loop_window_ms: int
     gateway_restart: str
+    header_timeout_ms: int
+    max_connections: int
+    listen_backlog: int
     server_policies: dict
     gateway_host: str
     gateway_port: int

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.web import resource, server
 
-from svc.config import MODEL_SERVER_KEYS
-from svc.gateway.config import GATEWAY_KEYS
+from svc.config import MODEL_SERVER_KEYS, ConfigError, load_model_server_config
+from svc.gateway.config import GATEWAY_KEYS, load_gateway_config
 from svc.http import PIPELINE_BURST, HttpLimits, JsonSite, dumps
-from svc.supervisor.config import SUPERVISOR_KEYS
+from svc.supervisor.config import SUPERVISOR_KEYS, load_supervisor_config
 
 REQUEST = b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n"
 
@@ -223,3 +224,65 @@ def test_every_process_declares_the_http_limit_keys():
         assert table["header_timeout_ms"].default == 10000 and table["header_timeout_ms"].minimum == 1
         assert table["max_connections"].default == cap and table["max_connections"].minimum == 1
         assert table["listen_backlog"].default == 1024 and table["listen_backlog"].minimum == 1
+
+
+@pytest.mark.parametrize(
+    "loader, table, key, value, problem",
+    [
+        ("model", "", "max_connections", "-1", "must be at least 1, got -1"),
+        ("model", "", "header_timeout_ms", '"10s"', "must be an integer, got string '10s'"),
+        ("model", "", "listen_backlog", "0", "must be at least 1, got 0"),
+        ("gateway", "gateway", "max_connections", "0", "must be at least 1, got 0"),
+        ("gateway", "gateway", "header_timeout_ms", "-5", "must be at least 1, got -5"),
+        ("gateway", "gateway", "listen_backlog", "1.5", "must be an integer, got float 1.5"),
+        ("supervisor", "supervisor", "max_connections", "true", "must be an integer, got boolean True"),
+        ("supervisor", "supervisor", "listen_backlog", "70000", "must be at most 65535, got 70000"),
+        ("supervisor", "supervisor", "header_timeout_ms", "0", "must be at least 1, got 0"),
+    ],
+)
+def test_wrong_http_limits_are_refused_in_one_line(tmp_path, loader, table, key, value, problem):
+    """A wrong type or a non-positive value of an HTTP limit stops the process with one line naming file and key."""
+    path = tmp_path / "c.toml"
+    if loader == "model":
+        path.write_text(f'id = "M1"\nport = 9000\nserver_uri = "/m1/predict"\n{key} = {value}\n')
+        load, name = load_model_server_config, key
+    else:
+        path.write_text(f"[{table}]\n{key} = {value}\n")
+        load = load_gateway_config if loader == "gateway" else load_supervisor_config
+        name = f"{table}.{key}"
+    with pytest.raises(ConfigError) as e:
+        load(str(path))
+    assert str(e.value) == f"{path}: {name}: {problem}"
+
+
+def test_configured_limits_reach_every_process(tmp_path):
+    """The three keys are read from each process's table into its HttpLimits."""
+    service = tmp_path / "service.toml"
+    service.write_text("[gateway]\nheader_timeout_ms = 3000\nmax_connections = 10\nlisten_backlog = 200\n"
+                       "[supervisor]\nheader_timeout_ms = 4000\nmax_connections = 20\nlisten_backlog = 300\n")
+    model = tmp_path / "m.toml"
+    model.write_text('id = "M1"\nport = 9000\nserver_uri = "/m1/predict"\n'
+                     "header_timeout_ms = 5000\nmax_connections = 30\nlisten_backlog = 400\n")
+    assert HttpLimits.from_config(load_gateway_config(str(service))) == HttpLimits(3000, 10, 200)
+    assert HttpLimits.from_config(load_supervisor_config(str(service))) == HttpLimits(4000, 20, 300)
+    assert HttpLimits.from_config(load_model_server_config(str(model))) == HttpLimits(5000, 30, 400)
+
+
+def test_busy_replies_have_each_process_error_shape():
+    """The 503 past max_connections: status 65 envelope on the gateway and model server, {ok:false,error} on the
+    supervisor; all say when to retry."""
+    from types import SimpleNamespace
+
+    from svc.envelope import ModelIdentity
+    from svc.gateway.app import GatewayApp
+    from svc.modelserver.app import ModelServerApp
+    from svc.supervisor.api import ManagementApi
+
+    for code, headers, body in (GatewayApp.busy_reply(None),
+                                ModelServerApp.busy_reply(SimpleNamespace(identity=ModelIdentity("M1", "v1")))):
+        envelope = json.loads(body)
+        assert (code, envelope["status"], envelope["status_str"], envelope["results"]) == (503, 65, "NOT_READY", [])
+        assert headers == {"X-Request-ID": envelope["task_id"], "Retry-After": "1"}
+    code, headers, body = ManagementApi.busy_reply(None)
+    assert (code, headers, json.loads(body)) == (503, {"Retry-After": "1"},
+                                                 {"ok": False, "error": "too many open connections; retry shortly"})

@@ -155,6 +155,12 @@ MODEL_SERVER_KEYS: tuple[Key, ...] = (
     Key("max_image_pixels", int, 40_000_000, "Largest decoded image (width x height); larger images fail their item.", minimum=1),
     Key("rate_limit_qps", float, 0.0, "Per-client-IP request rate limit after authentication; 0 = unlimited.", minimum=0),
     Key("shutdown_grace_ms", int, 10000, "On SIGTERM, how long running work may take to finish.", minimum=0),
+    Key("header_timeout_ms", int, 10000,
+        "A request's headers must be complete this long after its first byte (408 and close after it).", minimum=1),
+    Key("max_connections", int, 1024,
+        "Open HTTP connections served at once; the next one gets 503 status 65 and is closed.", minimum=1),
+    Key("listen_backlog", int, 1024,
+        "Queue of connections not yet accepted (the kernel caps it at net.core.somaxconn).", minimum=1, maximum=65535),
 )
 
 BACKEND_KEYS: tuple[Key, ...] = (
@@ -208,6 +214,9 @@ class ModelServerConfig:
     max_image_pixels: int
     rate_limit_qps: float
     shutdown_grace_ms: int
+    header_timeout_ms: int
+    max_connections: int
+    listen_backlog: int
     backend: BackendConfig
     model: dict = field(default_factory=dict)
 

@@ -1,18 +1,35 @@
-"""HTTP plumbing shared by every process: JSON replies, body limits, access log.
+"""HTTP plumbing shared by every process: JSON replies, body limits, connection limits, access log.
 
 twisted.web buffers a whole request body before any handler runs and has no
-size limit (STYLE trap 4).  :class:`LimitedRequest` enforces the site's
-``max_body_bytes`` while reading: an oversized ``Content-Length`` (or a
-chunked body that grows past the limit) is answered with the site's 413 at
-once, the rest of the body is discarded unread into memory, and the
-connection is closed.  :class:`JsonSite` also replaces twisted's access log
-with one structured line per request.
+size limit.  :class:`LimitedRequest` enforces the site's ``max_body_bytes``
+while reading: an oversized ``Content-Length`` (or a chunked body that grows
+past the limit) is answered with the site's 413 at once, the rest of the body
+is discarded unread into memory, and the connection is closed.
+
+twisted.web's connection handling has three more gaps that
+:class:`LimitedChannel` closes (see :class:`HttpLimits` for the knobs):
+
+* its idle timeout is reset by every byte, so a client that sends one header
+  byte every few seconds holds a connection forever (slowloris): a request's
+  headers must now be complete within ``header_timeout_ms``;
+* it accepts any number of connections: past ``max_connections`` a new one
+  gets the process's 503 and is closed;
+* a client that pipelines requests and never reads the replies grows the
+  process without bound, and the replies are computed in one reactor turn
+  (``HTTPChannel.pauseProducing`` does not stop reading while a request is
+  being handled, and buffered pipelined requests are replayed all at once):
+  now reading stops while a connection's replies are unsent, and at most
+  :data:`PIPELINE_BURST` pipelined requests are answered per reactor turn.
+
+:class:`JsonSite` also replaces twisted's access log with one structured line
+per request.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from io import BytesIO
 from typing import Any
 
@@ -20,12 +37,60 @@ from twisted.internet import reactor as _default_reactor
 from twisted.logger import Logger
 from twisted.web import server
 from twisted.web.client import HTTPConnectionPool, _HTTP11ClientFactory
-from twisted.web.http import RESPONSES
+from twisted.web.http import RESPONSES, HTTPChannel
 
 JSON_CONTENT_TYPE = b"application/json; charset=utf-8"
 
 #: How long a refused upload may keep sending after its 413 before we close.
 LINGER_SECONDS = 5.0
+
+#: How long a connection refused past ``max_connections`` may keep sending
+#: (read and dropped) after its 503, so the client reads the 503 rather than
+#: a reset; short, because such connections come in floods.
+REFUSED_LINGER_SECONDS = 2.0
+
+#: Pipelined requests answered one after another on one connection before
+#: the reactor serves others (the rest wait for the next reactor turn).
+PIPELINE_BURST = 16
+
+#: The reply to a request whose headers did not arrive in time.  No JSON body:
+#: the request was never read, so there is nothing to echo and no envelope
+#: status fits.
+HEADER_TIMEOUT_REPLY = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """Connection-level limits of one process's HTTP listener.
+
+    ``header_timeout_ms``: a request's headers must be complete this long
+    after its first byte (the first request: after the connection opened),
+    else 408 and close.  ``max_connections``: open connections served at
+    once; the next one gets the process's 503 and is closed.
+    ``listen_backlog``: the kernel's queue of connections not yet accepted
+    (capped by ``net.core.somaxconn``), passed to each process's
+    ``TCPServer``; twisted's default of 50 makes the kernel drop SYNs under
+    a burst of new connections (ListenOverflows), and those clients wait a
+    second or more for the retransmission.
+    """
+
+    header_timeout_ms: int = 10000
+    max_connections: int = 1024
+    listen_backlog: int = 1024
+
+    @classmethod
+    def from_config(cls, config: Any) -> "HttpLimits":
+        """The limits from any config object that has the three keys as attributes."""
+        return cls(config.header_timeout_ms, config.max_connections, config.listen_backlog)
+
+
+def raw_reply(code: int, headers: Mapping[str, str], body: bytes) -> bytes:
+    """A whole HTTP/1.1 reply with ``Connection: close``, for answers written before (or without) a Request."""
+    lines = [f"HTTP/1.1 {code} {RESPONSES.get(code, b'').decode()}"]
+    for name, value in {**headers, "Content-Type": JSON_CONTENT_TYPE.decode(), "Content-Length": str(len(body)),
+                        "Connection": "close"}.items():
+        lines.append(f"{name}: {value}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 log = Logger(namespace="svc.access")
 
@@ -40,7 +105,7 @@ def send_json(request: Any, code: int, body: Any, headers: Mapping[str, str] | N
 
     Every JSON reply of every process goes through here, so the content type
     is always ``application/json; charset=utf-8`` (twisted's default is
-    text/html, STYLE trap 5).
+    text/html).
     """
     request.setResponseCode(code)
     request.setHeader(b"Content-Type", JSON_CONTENT_TYPE)
@@ -123,12 +188,8 @@ class LimitedRequest(server.Request):
         self.requestHeaders.removeHeader(b"expect")
         site = self.channel.site
         code, headers, body = site.oversize_reply(self)
-        lines = [f"HTTP/1.1 {code} {RESPONSES.get(code, b'').decode()}"]
-        for name, value in {**headers, "Content-Type": JSON_CONTENT_TYPE.decode(), "Content-Length": str(len(body)),
-                            "Connection": "close"}.items():
-            lines.append(f"{name}: {value}")
         transport = self.channel.transport
-        transport.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+        transport.write(raw_reply(code, headers, body))
         transport.loseWriteConnection()
         self._linger = site.reactor.callLater(LINGER_SECONDS, transport.abortConnection)
         path = getattr(self.channel, "_path", b"?")
@@ -147,8 +208,167 @@ class LimitedRequest(server.Request):
         super().connectionLost(reason)
 
 
+class LimitedChannel(HTTPChannel):
+    """An HTTPChannel with a header deadline, a connection cap and pipelining backpressure.
+
+    The site provides ``max_connections``, ``header_timeout_s``,
+    ``busy_reply() -> (code, headers, body)`` and ``reactor``; it counts its
+    served connections in ``open_connections``.
+    """
+
+    _refused = False  # past max_connections: answered 503, nothing else
+    _counted = False
+    _header_deadline: Any = None
+    _between_requests = False  # the next byte starts a request (and its header deadline)
+    _held = False  # replies unsent or burst used up: pipelined requests wait
+    _burst = 0
+    _release_call: Any = None
+    _linger: Any = None
+
+    def connectionMade(self) -> None:
+        site = self.site
+        if site.open_connections >= site.max_connections:
+            self._refuse_connection()
+            return
+        site.open_connections += 1
+        self._counted = True
+        super().connectionMade()
+        self._start_header_deadline()
+
+    # --- max_connections ---------------------------------------------------
+
+    def _refuse_connection(self) -> None:
+        """Answer the process's 503 at once and close.
+
+        The write side is shut after the reply and whatever the client sends
+        is read and dropped for a moment, so that it reads the 503 instead of
+        a connection reset.
+        """
+        self._refused = True
+        site = self.site
+        site.refused_connections += 1
+        code, headers, body = site.busy_reply()
+        self.transport.write(raw_reply(code, headers, body))
+        lose_write = getattr(self.transport, "loseWriteConnection", None)
+        if lose_write is not None:
+            lose_write()
+            self._linger = site.reactor.callLater(REFUSED_LINGER_SECONDS, self.transport.abortConnection)
+        else:
+            self.transport.loseConnection()
+        site.warn_limit("connections past max_connections ({limit}) refused with {code}: {count} so far",
+                        limit=site.max_connections, code=code, count=site.refused_connections)
+
+    # --- header_timeout_ms -------------------------------------------------
+
+    def _start_header_deadline(self) -> None:
+        self._between_requests = False
+        self._header_deadline = self.site.reactor.callLater(self.site.header_timeout_s, self._headers_too_slow)
+
+    def _stop_header_deadline(self) -> None:
+        if self._header_deadline is not None and self._header_deadline.active():
+            self._header_deadline.cancel()
+        self._header_deadline = None
+
+    def _headers_too_slow(self) -> None:
+        """The request's headers are still incomplete: 408 and close.
+
+        No reply is in progress here (twisted parses a request only after the
+        previous one was answered), so the 408 cannot interleave with one.
+        """
+        self._header_deadline = None
+        site = self.site
+        site.header_timeouts += 1
+        site.log_line(getattr(self, "_command", b"-"), getattr(self, "_path", b"-"), 408, 0.0, None, "-")
+        self.transport.write(HEADER_TIMEOUT_REPLY)
+        self.persistent = False
+        self.loseConnection()
+        if self.abortTimeout is not None:
+            # A client that does not read either would keep the connection.
+            self._abortingCall = site.reactor.callLater(self.abortTimeout, self.forceAbortClient)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._refused:
+            return
+        if self._between_requests and not self._handlingRequest:
+            self._start_header_deadline()
+        super().dataReceived(data)
+
+    def allHeadersReceived(self) -> None:
+        self._stop_header_deadline()
+        super().allHeadersReceived()
+
+    # --- pipelining ----------------------------------------------------------
+
+    def pauseProducing(self) -> None:
+        """The transport's buffer of unsent replies is full: stop reading too.
+
+        twisted stops reading here only between requests; while a request is
+        being handled it keeps reading and buffering pipelined requests
+        without bound, then answers them all at once.
+        """
+        super().pauseProducing()
+        self._networkProducer.pauseProducing()
+
+    def resumeProducing(self) -> None:
+        super().resumeProducing()
+        self._release()
+
+    def requestDone(self, request: Any) -> None:
+        """Answer the next pipelined request now, or later when the client reads (or next turn)."""
+        # Pipelined bytes wait in twisted's buffer (_dataBuffer) or, when the
+        # request was answered at once, in LineReceiver's (_buffer).
+        pipelined = bool(self._dataBuffer or self._buffer)
+        if self.persistent and (self._waitingForTransport or (pipelined and self._burst >= PIPELINE_BURST)):
+            if request is not self.requests[0]:
+                raise TypeError("requestDone for a request that is not the first")
+            del self.requests[0]
+            # _handlingRequest stays True: whatever arrives is buffered, not parsed.
+            self._held = True
+            self._networkProducer.pauseProducing()
+            if self._savedTimeOut:
+                # A client that never reads its replies is closed after the idle timeout.
+                self.setTimeout(self._savedTimeOut)
+            if not self._waitingForTransport:
+                self._release_call = self.site.reactor.callLater(0, self._release)
+            return
+        self._burst = self._burst + 1 if pipelined else 0
+        self._between_requests = True
+        super().requestDone(request)
+
+    def _release(self) -> None:
+        """Go on with the buffered pipelined requests once the replies were sent."""
+        self._release_call = None
+        if not self._held or self._waitingForTransport or self.transport.disconnecting:
+            return
+        self._held = False
+        self._burst = 0
+        self._handlingRequest = False
+        self._between_requests = True
+        self._networkProducer.resumeProducing()
+        data = b"".join(self._dataBuffer)
+        self._dataBuffer = []
+        self.setLineMode(data)
+
+    def connectionLost(self, reason: Any) -> None:
+        self._stop_header_deadline()
+        for call in (self._release_call, self._linger):
+            if call is not None and call.active():
+                call.cancel()
+        self._release_call = self._linger = None
+        if self._counted:
+            self._counted = False
+            self.site.open_connections -= 1
+        super().connectionLost(reason)
+
+
 class JsonSite(server.Site):
-    """A Site with a body limit, an early 413, and a structured access log."""
+    """A Site with a body limit, an early 413, connection limits and a structured access log.
+
+    ``busy_reply() -> (code, headers, body)`` is the process's 503 for a
+    connection past ``limits.max_connections``.
+    """
+
+    protocol = LimitedChannel  # HTTP/1.1 only: the processes speak plain HTTP, never HTTP/2
 
     def __init__(
         self,
@@ -156,17 +376,35 @@ class JsonSite(server.Site):
         *,
         max_body_bytes: int,
         oversize_reply: Callable[[LimitedRequest], tuple[int, dict[str, str], bytes]],
+        busy_reply: Callable[[], tuple[int, dict[str, str], bytes]],
+        limits: HttpLimits,
         timeout: float | None = None,
         reactor: Any = None,
         on_logged: Callable[[Any], None] | None = None,
     ) -> None:
         kwargs = {"timeout": timeout} if timeout is not None else {}
-        super().__init__(resource, requestFactory=LimitedRequest, parsePOSTFormSubmission=False, **kwargs)
+        self.reactor = reactor or _default_reactor
+        # The reactor also drives twisted's idle timeout, so that tests can use a Clock.
+        super().__init__(resource, requestFactory=LimitedRequest, parsePOSTFormSubmission=False,
+                         reactor=self.reactor, **kwargs)
         self.max_body_bytes = max_body_bytes
         self.oversize_reply = oversize_reply
-        self.reactor = reactor or _default_reactor
+        self.busy_reply = busy_reply
+        self.max_connections = limits.max_connections
+        self.header_timeout_s = limits.header_timeout_ms / 1000.0
         self.on_logged = on_logged
         self.noisy = False
+        self.open_connections = 0
+        self.refused_connections = 0
+        self.header_timeouts = 0
+        self._last_limit_warning: float | None = None
+
+    def warn_limit(self, text: str, **fields: Any) -> None:
+        """A warning about a connection limit, at most one per 10 s (they come in floods)."""
+        now = self.reactor.seconds()
+        if self._last_limit_warning is None or now - self._last_limit_warning >= 10.0:
+            self._last_limit_warning = now
+            log.warn(text, **fields)
 
     def log(self, request: Any) -> None:
         started = getattr(request, "started", None)

@@ -330,3 +330,10 @@ class GatewayApp:
                          task_id=task_id, model=GATEWAY_IDENTITY)
         self.metrics.requests.labels("unmatched", "POST", str(status.http)).inc()
         return status.http, {"X-Request-ID": task_id}, dumps(body)
+
+    def busy_reply(self) -> tuple[int, dict[str, str], bytes]:
+        """The 503 status 65 for a connection past ``max_connections`` (svc.http.LimitedChannel)."""
+        task_id = new_task_id()
+        body = rejection(st.NOT_READY, "too many open connections (gateway max_connections); retry shortly",
+                         task_id=task_id, model=GATEWAY_IDENTITY)
+        return st.NOT_READY.http, {"X-Request-ID": task_id, "Retry-After": "1"}, dumps(body)

@@ -34,6 +34,12 @@ GATEWAY_KEYS: tuple[Key, ...] = (
         "Browser origins whose calls the gateway answers with CORS headers; default: the supervisor UI "
         "(http://127.0.0.1:<port> and http://localhost:<port> of [supervisor])."),
     Key("idle_timeout_s", int, 660, "Client connections idle this long are closed.", minimum=1),
+    Key("header_timeout_ms", int, 10000,
+        "A request's headers must be complete this long after its first byte (408 and close after it).", minimum=1),
+    Key("max_connections", int, 1024,
+        "Open client connections served at once; the next one gets 503 status 65 and is closed.", minimum=1),
+    Key("listen_backlog", int, 1024,
+        "Queue of connections not yet accepted (the kernel caps it at net.core.somaxconn).", minimum=1, maximum=65535),
 )
 
 
@@ -51,6 +57,9 @@ class GatewayConfig:
     max_body_bytes: int
     cors_origins: tuple[str, ...]
     idle_timeout_s: int
+    header_timeout_ms: int
+    max_connections: int
+    listen_backlog: int
 
     def replace(self, **changes: object) -> "GatewayConfig":
         from dataclasses import replace

@@ -26,9 +26,8 @@ from typing import Any
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
-from twisted.web.http import HTTPChannel
 
-from svc.http import JsonSite
+from svc.http import JsonSite, LimitedChannel
 
 log = Logger()
 
@@ -93,8 +92,8 @@ def signal_closed(fd: int) -> None:
         os.close(fd)
 
 
-class DrainingChannel(HTTPChannel):
-    """An HTTP channel its site can ask to finish its request and close."""
+class DrainingChannel(LimitedChannel):
+    """An HTTP channel (with the site's limits) that its site can ask to finish its request and close."""
 
     site: Any
     idle_since: float | None = None

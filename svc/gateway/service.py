@@ -22,6 +22,7 @@ from svc.gateway.config import GatewayConfig
 from svc.gateway.cors import CorsResource
 from svc.gateway.drain import AdoptedListener, DrainingSite, signal_closed, signal_ready
 from svc.gateway.proxy import Proxy, make_agent, make_pool
+from svc.http import HttpLimits
 from svc.metrics import GatewayMetrics, new_registry
 from svc.process import ListeningMultiService, freeze_heap
 
@@ -61,6 +62,8 @@ class GatewayService(ListeningMultiService):
             CorsResource(self.app.resource(), config.cors_origins, self.app.methods),
             max_body_bytes=config.max_body_bytes,
             oversize_reply=self.app.oversize_reply,
+            busy_reply=self.app.busy_reply,
+            limits=HttpLimits.from_config(config),
             timeout=config.idle_timeout_s,
             reactor=reactor,
             on_logged=self.app.count,
@@ -68,7 +71,7 @@ class GatewayService(ListeningMultiService):
         self.listen_address = f"{config.host}:{config.port}"
         self.ready_fd = ready_fd
         if listen_fd is None:
-            self.listener = TCPServer(config.port, self.site, interface=config.host)
+            self.listener = TCPServer(config.port, self.site, backlog=config.listen_backlog, interface=config.host)
         else:
             self.listen_address = f"{config.host}:{config.port} (socket on fd {listen_fd} from the supervisor)"
             self.listener = AdoptedListener(reactor, listen_fd, self.site)

@@ -199,3 +199,10 @@ class ModelServerApp:
         )
         self.metrics.requests.labels("unmatched", "POST", str(status.http)).inc()
         return status.http, {"X-Request-ID": task_id}, dumps(body)
+
+    def busy_reply(self) -> tuple[int, dict[str, str], bytes]:
+        """The 503 status 65 for a connection past ``max_connections`` (svc.http.LimitedChannel)."""
+        task_id = new_task_id()
+        body = rejection(st.NOT_READY, "too many open connections (max_connections); retry shortly",
+                         task_id=task_id, model=self.identity)
+        return st.NOT_READY.http, {"X-Request-ID": task_id, "Retry-After": "1"}, dumps(body)

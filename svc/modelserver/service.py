@@ -28,7 +28,7 @@ from twisted.logger import Logger
 
 from svc import status as st
 from svc.envelope import ItemResult
-from svc.http import JsonSite
+from svc.http import HttpLimits, JsonSite
 from svc.metrics import ModelServerMetrics, new_registry
 from svc.modelapi import IModelFactory
 from svc.modelserver.app import ModelServerApp
@@ -124,6 +124,8 @@ class ModelServerService(ListeningMultiService):
             self.app.resource(),
             max_body_bytes=config.max_body_bytes,
             oversize_reply=self.app.oversize_reply,
+            busy_reply=self.app.busy_reply,
+            limits=HttpLimits.from_config(config),
             timeout=config.peer_resp_timeout,
             reactor=reactor,
             on_logged=self.app.count,
@@ -147,7 +149,7 @@ class ModelServerService(ListeningMultiService):
             self.metrics.async_waiters.set_function(lambda: self.app.waiting)
         self.program = PROGRAM
         self.listen_address = f"127.0.0.1:{config.port}"
-        self.listener = TCPServer(config.port, self.site, interface="127.0.0.1")
+        self.listener = TCPServer(config.port, self.site, backlog=config.listen_backlog, interface="127.0.0.1")
         self.listener.setServiceParent(self)
         self.decode.setServiceParent(self)
         self.workers.setServiceParent(self)

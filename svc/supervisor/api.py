@@ -184,6 +184,12 @@ class ManagementApi:
 
         return 413, {}, dumps({"ok": False, "error": "request body too large"})
 
+    def busy_reply(self) -> tuple[int, dict[str, str], bytes]:
+        """The 503 for a connection past the supervisor's ``max_connections`` (svc.http.LimitedChannel)."""
+        from svc.http import dumps
+
+        return 503, {"Retry-After": "1"}, dumps({"ok": False, "error": "too many open connections; retry shortly"})
+
 
 def _int_arg(request: Any, name: bytes, default: int | None, *, minimum: int, maximum: int | None = None) -> int | None:
     """A numeric query argument by svc.query's rules (the first of repeated ones); 400 otherwise."""

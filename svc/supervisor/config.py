@@ -35,6 +35,13 @@ SUPERVISOR_KEYS: tuple[Key, ...] = (
         "How long a child whose port is busy at start (an orphan of a previous supervisor still exiting) is retried, "
         "on the back-off schedule, before it is start_failed.", minimum=0),
     Key("gateway_restart", str, "on-failure", "Restart policy of the gateway child.", choices=POLICIES),
+    Key("header_timeout_ms", int, 10000,
+        "A request's headers must be complete this long after its first byte (408 and close after it).", minimum=1),
+    Key("max_connections", int, 128,
+        "Open connections to the management API and UI served at once; the next one gets 503 and is closed.",
+        minimum=1),
+    Key("listen_backlog", int, 1024,
+        "Queue of connections not yet accepted (the kernel caps it at net.core.somaxconn).", minimum=1, maximum=65535),
 )
 
 SERVER_KEYS: tuple[Key, ...] = (
@@ -67,9 +74,13 @@ class SupervisorConfig:
     crash_loop_window_ms: int
     port_wait_ms: int
     gateway_restart: str
+    header_timeout_ms: int
+    max_connections: int
+    listen_backlog: int
     server_policies: dict
     gateway_host: str
     gateway_port: int
+    gateway_listen_backlog: int = 1024
 
 
 @dataclass(frozen=True)
@@ -98,6 +109,8 @@ def load_supervisor_config(path: str) -> SupervisorConfig:
         server_policies=policies,
         gateway_host=str(gateway.get("host", "127.0.0.1")),
         gateway_port=int(gateway.get("port", 8080)),
+        # The supervisor holds the gateway's listening socket (svc/supervisor/handover.py).
+        gateway_listen_backlog=int(gateway.get("listen_backlog", 1024)),
         **values,
     )
 

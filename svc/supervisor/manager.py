@@ -67,7 +67,7 @@ class ChildManager:
         describe: Callable[[str], dict] | None = None,
         cwd: str | None = None,
         port_free: Callable[[int], bool] = port_is_free,
-        binder: Callable[[str, int], Any] = bind_listening_socket,
+        binder: Callable[[str, int], Any] | None = None,
     ) -> None:
         self.reactor = reactor
         self.config = config
@@ -120,6 +120,9 @@ class ChildManager:
             logs = LogSink(spec.name, config.log_dir, max_bytes=config.log_max_bytes,
                            backups=config.log_backups, ring_lines=config.log_ring_lines)
             if spec.name == GATEWAY:
+                if binder is None:  # the gateway's own listen_backlog, on the socket held for it
+                    def binder(host: str, port: int) -> Any:
+                        return bind_listening_socket(host, port, config.gateway_listen_backlog)
                 self.children[spec.name] = GatewayChild(spec, host=config.gateway_host, env=self.env, binder=binder,
                                                         reactor=reactor, probe=probe, logs=logs, timing=timing,
                                                         killer=killer, port_free=port_free)

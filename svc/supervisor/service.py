@@ -14,7 +14,7 @@ from twisted.application.internet import TCPServer
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.logger import Logger
 
-from svc.http import JsonSite
+from svc.http import HttpLimits, JsonSite
 from svc.metrics import HttpMetrics, new_registry
 from svc.process import ListeningMultiService, freeze_heap
 from svc.supervisor.api import ManagementApi
@@ -29,7 +29,8 @@ PROGRAM = "service-supervisor"
 class SupervisorService(ListeningMultiService):
     program = PROGRAM
 
-    def __init__(self, *, reactor: Any, manager: ChildManager, token: str, host: str, port: int, ui_dir: str) -> None:
+    def __init__(self, *, reactor: Any, manager: ChildManager, token: str, host: str, port: int, ui_dir: str,
+                 limits: HttpLimits | None = None) -> None:
         super().__init__()
         self.reactor = reactor
         self.manager = manager
@@ -38,10 +39,11 @@ class SupervisorService(ListeningMultiService):
         self.registry.register(ChildCollector(manager))
         self.api = ManagementApi(manager=manager, token=token, registry=self.registry,
                                  metrics=HttpMetrics(self.registry), ui_dir=ui_dir)
+        limits = limits or HttpLimits(max_connections=128)
         self.site = JsonSite(self.api.resource(), max_body_bytes=64 * 1024, oversize_reply=self.api.oversize_reply,
-                             reactor=reactor, on_logged=self.api.count)
+                             busy_reply=self.api.busy_reply, limits=limits, reactor=reactor, on_logged=self.api.count)
         self.listen_address = f"{host}:{port}"
-        self.listener = TCPServer(port, self.site, interface=host)
+        self.listener = TCPServer(port, self.site, backlog=limits.listen_backlog, interface=host)
         self.listener.setServiceParent(self)
 
     def startService(self) -> None:

@@ -95,5 +95,7 @@ def makeService(options: Options) -> Any:
     except (ConfigError, ValueError) as e:
         raise refuse(PROGRAM, str(e)) from None
     exit_zero_on_signals(reactor)
+    from svc.http import HttpLimits
+
     return SupervisorService(reactor=reactor, manager=manager, token=token, host=config.host, port=config.port,
-                             ui_dir=ui_dir())
+                             ui_dir=ui_dir(), limits=HttpLimits.from_config(config))

@@ -11,6 +11,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
 from svc.gateway.drain import IDLE_GRACE_S, DrainingSite, listening_family, signal_closed, signal_ready
+from svc.http import HttpLimits
 
 
 class Late(Resource):
@@ -45,7 +46,8 @@ class Transport(StringTransport):
 
 def site_and_reactor():
     reactor, resource = MemoryReactorClock(), Late()
-    site = DrainingSite(resource, max_body_bytes=1024, oversize_reply=lambda r: (413, {}, b"{}"), reactor=reactor)
+    site = DrainingSite(resource, max_body_bytes=1024, oversize_reply=lambda r: (413, {}, b"{}"),
+                        busy_reply=lambda: (503, {}, b"{}"), limits=HttpLimits(), reactor=reactor)
     return site, reactor, resource
 
 

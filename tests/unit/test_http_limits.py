@@ -1,0 +1,288 @@
+"""Connection limits of svc.http (header deadline, connection cap, pipelining), in memory.
+
+A JsonSite on a task.Clock serves a tiny resource; connections are
+StringTransports, so every byte written and every pause of reading is seen.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from twisted.internet.address import IPv4Address
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.web import resource, server
+
+from svc.config import MODEL_SERVER_KEYS, ConfigError, load_model_server_config
+from svc.gateway.config import GATEWAY_KEYS, load_gateway_config
+from svc.http import PIPELINE_BURST, HttpLimits, JsonSite, dumps
+from svc.supervisor.config import SUPERVISOR_KEYS, load_supervisor_config
+
+REQUEST = b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+class Ok(resource.Resource):
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: list[Deferred] = []
+
+    def render_GET(self, request):  # noqa: N802 (twisted's name)
+        if request.path == b"/slow":
+            d = Deferred()
+            d.addCallback(lambda _: (request.write(b"slow"), request.finish()))
+            self.pending.append(d)
+            return server.NOT_DONE_YET
+        return b"ok"
+
+
+class FullingTransport(StringTransport):
+    """A transport whose send buffer is full past ``limit`` bytes until ``drain()``: like a client that does not read."""
+
+    def __init__(self, limit: int = 10**9) -> None:
+        super().__init__(peerAddress=IPv4Address("TCP", "127.0.0.1", 50000))
+        self.limit = limit
+        self.full = False
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        if not self.full and len(self.value()) > self.limit and self.producer is not None:
+            self.full = True
+            self.producer.pauseProducing()
+
+    def drain(self) -> bytes:
+        data = self.value()
+        self.clear()
+        if self.full:
+            self.full = False
+            self.producer.resumeProducing()
+        return data
+
+
+def busy() -> tuple[int, dict[str, str], bytes]:
+    return 503, {"Retry-After": "1"}, dumps({"ok": False, "error": "busy"})
+
+
+def make_site(clock: Clock, **limits: int) -> tuple[JsonSite, Ok]:
+    res = Ok()
+    site = JsonSite(res, max_body_bytes=1024, oversize_reply=lambda r: (413, {}, b"{}"), busy_reply=busy,
+                    limits=HttpLimits(**limits), timeout=660, reactor=clock)
+    return site, res
+
+
+def connect(site: JsonSite, transport: StringTransport | None = None) -> tuple[object, StringTransport]:
+    transport = transport or FullingTransport()
+    channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
+    channel.makeConnection(transport)
+    return channel, transport
+
+
+def lose(channel, transport) -> None:
+    from twisted.internet.error import ConnectionDone
+    from twisted.python.failure import Failure
+
+    channel.connectionLost(Failure(ConnectionDone()))
+
+
+def test_headers_incomplete_after_the_deadline_get_408_and_close_even_while_bytes_trickle():
+    """A request's headers must be complete header_timeout_ms after its first byte, however slowly bytes keep coming."""
+    clock = Clock()
+    site, _ = make_site(clock, header_timeout_ms=10000)
+    channel, transport = connect(site)
+    channel.dataReceived(b"GET /ok HTTP/1.1\r\n")
+    for _ in range(9):  # one header byte a second resets twisted's idle timeout, not this deadline
+        clock.advance(1)
+        channel.dataReceived(b"X")
+    assert not transport.disconnecting
+    clock.advance(1.001)
+    assert transport.value() == b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    assert transport.disconnecting
+    assert site.header_timeouts == 1
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_the_header_deadline():
+    """The first request's deadline runs from the connection's opening."""
+    clock = Clock()
+    site, _ = make_site(clock, header_timeout_ms=2000)
+    channel, transport = connect(site)
+    clock.advance(1.9)
+    assert not transport.disconnecting
+    clock.advance(0.2)
+    assert transport.value().startswith(b"HTTP/1.1 408 ")
+    assert transport.disconnecting
+
+
+def test_idle_keep_alive_between_requests_is_not_cut_by_the_header_deadline():
+    """After a reply, the idle time before the next request is governed by the idle timeout, not the header deadline;
+    the next request gets its own full deadline from its first byte."""
+    clock = Clock()
+    site, _ = make_site(clock, header_timeout_ms=2000)
+    channel, transport = connect(site)
+    channel.dataReceived(REQUEST)
+    assert transport.value().startswith(b"HTTP/1.1 200 OK")
+    transport.clear()
+    clock.advance(100)  # idle keep-alive, well past the header deadline, below the 660 s idle timeout
+    assert not transport.disconnecting
+    channel.dataReceived(b"GET /ok HTTP/1.1\r\n")
+    clock.advance(1.5)
+    channel.dataReceived(b"Host: x\r\n\r\n")
+    assert transport.value().startswith(b"HTTP/1.1 200 OK")
+    clock.advance(1.0)  # past the first deadline: it was cancelled by the complete headers
+    assert not transport.disconnecting
+    clock.advance(660)
+    assert transport.disconnecting  # twisted's idle timeout still applies
+
+
+def test_connections_past_max_connections_get_503_with_connection_close():
+    """Past max_connections a new connection gets the process's 503 and is closed; a freed slot serves again."""
+    clock = Clock()
+    site, _ = make_site(clock, max_connections=2)
+    first = connect(site)
+    connect(site)
+    channel, transport = connect(site)
+    head, _, body = transport.value().partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"HTTP/1.1 503 Service Unavailable"
+    assert b"Connection: close" in lines and b"Retry-After: 1" in lines
+    assert b"Content-Type: application/json; charset=utf-8" in lines
+    assert json.loads(body) == {"ok": False, "error": "busy"}
+    assert transport.disconnecting
+    channel.dataReceived(REQUEST)  # read and dropped
+    assert transport.value().count(b"HTTP/1.1") == 1
+    assert (site.open_connections, site.refused_connections) == (2, 1)
+    lose(channel, transport)
+    assert site.open_connections == 2  # a refused connection never counted
+    lose(*first)
+    again, transport = connect(site)
+    again.dataReceived(REQUEST)
+    assert transport.value().startswith(b"HTTP/1.1 200 OK")
+
+
+def test_a_client_that_does_not_read_stops_being_read_and_gets_no_more_replies():
+    """While a connection's replies are unsent, no further pipelined request is read or answered;
+    they are answered once the client reads."""
+    clock = Clock()
+    site, _ = make_site(clock)
+    channel, transport = connect(site, FullingTransport(limit=300))
+    channel.dataReceived(REQUEST * 200)
+    answered = transport.value().count(b"HTTP/1.1 200")
+    assert 1 <= answered <= 3
+    assert transport.producerState == "paused"
+    assert len(b"".join(channel._dataBuffer)) < len(REQUEST * 200)
+    total = 0
+    for _ in range(400):
+        if total == 200:
+            break
+        total += transport.drain().count(b"HTTP/1.1 200")
+        clock.advance(0)
+    assert total == 200
+    assert transport.producerState == "producing"
+
+
+def test_a_full_send_buffer_during_a_slow_request_stops_reading():
+    """twisted keeps reading while a request is handled even when the client reads nothing; we stop."""
+    clock = Clock()
+    site, res = make_site(clock)
+    channel, transport = connect(site)
+    channel.dataReceived(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+    channel.pauseProducing()  # the transport's buffer is full
+    assert transport.producerState == "paused"
+    channel.dataReceived(REQUEST * 10)  # what was already read
+    res.pending.pop().callback(None)
+    assert transport.value().count(b"HTTP/1.1 200") == 1  # the pipelined ones wait for the client to read
+    channel.resumeProducing()
+    assert transport.value().count(b"HTTP/1.1 200") == 11
+
+
+def test_pipelined_requests_are_answered_in_bursts_so_other_connections_get_the_reactor():
+    """At most PIPELINE_BURST + 1 pipelined requests are answered per reactor turn on one connection."""
+    clock = Clock()
+    site, _ = make_site(clock)
+    channel, transport = connect(site)
+    channel.dataReceived(REQUEST * 100)
+    assert transport.value().count(b"HTTP/1.1 200") == PIPELINE_BURST + 1
+    turns = 0
+    while transport.value().count(b"HTTP/1.1 200") < 100:
+        # One reactor turn: only the calls already due run (Clock.advance would also run those they schedule).
+        due = [c for c in clock.getDelayedCalls() if c.getTime() <= clock.seconds()]
+        assert due, "the rest of the pipelined requests was never scheduled"
+        for call in due:
+            clock.calls.remove(call)
+            call.func(*call.args, **call.kw)
+        turns += 1
+        assert transport.value().count(b"HTTP/1.1 200") <= (turns + 1) * (PIPELINE_BURST + 1)
+    assert turns == 5
+
+
+def test_every_process_declares_the_http_limit_keys():
+    """The model server, the gateway and the supervisor each have the three keys with strict bounds."""
+    for keys, cap in ((MODEL_SERVER_KEYS, 1024), (GATEWAY_KEYS, 1024), (SUPERVISOR_KEYS, 128)):
+        table = {k.name: k for k in keys}
+        assert table["header_timeout_ms"].default == 10000 and table["header_timeout_ms"].minimum == 1
+        assert table["max_connections"].default == cap and table["max_connections"].minimum == 1
+        assert table["listen_backlog"].default == 1024 and table["listen_backlog"].minimum == 1
+
+
+@pytest.mark.parametrize(
+    "loader, table, key, value, problem",
+    [
+        ("model", "", "max_connections", "-1", "must be at least 1, got -1"),
+        ("model", "", "header_timeout_ms", '"10s"', "must be an integer, got string '10s'"),
+        ("model", "", "listen_backlog", "0", "must be at least 1, got 0"),
+        ("gateway", "gateway", "max_connections", "0", "must be at least 1, got 0"),
+        ("gateway", "gateway", "header_timeout_ms", "-5", "must be at least 1, got -5"),
+        ("gateway", "gateway", "listen_backlog", "1.5", "must be an integer, got float 1.5"),
+        ("supervisor", "supervisor", "max_connections", "true", "must be an integer, got boolean True"),
+        ("supervisor", "supervisor", "listen_backlog", "70000", "must be at most 65535, got 70000"),
+        ("supervisor", "supervisor", "header_timeout_ms", "0", "must be at least 1, got 0"),
+    ],
+)
+def test_wrong_http_limits_are_refused_in_one_line(tmp_path, loader, table, key, value, problem):
+    """A wrong type or a non-positive value of an HTTP limit stops the process with one line naming file and key."""
+    path = tmp_path / "c.toml"
+    if loader == "model":
+        path.write_text(f'id = "M1"\nport = 9000\nserver_uri = "/m1/predict"\n{key} = {value}\n')
+        load, name = load_model_server_config, key
+    else:
+        path.write_text(f"[{table}]\n{key} = {value}\n")
+        load = load_gateway_config if loader == "gateway" else load_supervisor_config
+        name = f"{table}.{key}"
+    with pytest.raises(ConfigError) as e:
+        load(str(path))
+    assert str(e.value) == f"{path}: {name}: {problem}"
+
+
+def test_configured_limits_reach_every_process(tmp_path):
+    """The three keys are read from each process's table into its HttpLimits."""
+    service = tmp_path / "service.toml"
+    service.write_text("[gateway]\nheader_timeout_ms = 3000\nmax_connections = 10\nlisten_backlog = 200\n"
+                       "[supervisor]\nheader_timeout_ms = 4000\nmax_connections = 20\nlisten_backlog = 300\n")
+    model = tmp_path / "m.toml"
+    model.write_text('id = "M1"\nport = 9000\nserver_uri = "/m1/predict"\n'
+                     "header_timeout_ms = 5000\nmax_connections = 30\nlisten_backlog = 400\n")
+    assert HttpLimits.from_config(load_gateway_config(str(service))) == HttpLimits(3000, 10, 200)
+    assert HttpLimits.from_config(load_supervisor_config(str(service))) == HttpLimits(4000, 20, 300)
+    assert HttpLimits.from_config(load_model_server_config(str(model))) == HttpLimits(5000, 30, 400)
+
+
+def test_busy_replies_have_each_process_error_shape():
+    """The 503 past max_connections: status 65 envelope on the gateway and model server, {ok:false,error} on the
+    supervisor; all say when to retry."""
+    from types import SimpleNamespace
+
+    from svc.envelope import ModelIdentity
+    from svc.gateway.app import GatewayApp
+    from svc.modelserver.app import ModelServerApp
+    from svc.supervisor.api import ManagementApi
+
+    for code, headers, body in (GatewayApp.busy_reply(None),
+                                ModelServerApp.busy_reply(SimpleNamespace(identity=ModelIdentity("M1", "v1")))):
+        envelope = json.loads(body)
+        assert (code, envelope["status"], envelope["status_str"], envelope["results"]) == (503, 65, "NOT_READY", [])
+        assert headers == {"X-Request-ID": envelope["task_id"], "Retry-After": "1"}
+    code, headers, body = ManagementApi.busy_reply(None)
+    assert (code, headers, json.loads(body)) == (503, {"Retry-After": "1"},
+                                                 {"ok": False, "error": "too many open connections; retry shortly"})

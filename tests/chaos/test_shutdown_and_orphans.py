@@ -194,7 +194,9 @@ def test_kill_9_of_the_supervisor_orphans_exit_and_a_new_supervisor_recovers(tmp
         assert new.extra["spawned_at"] - killed < 1.0  # the new supervisor was started within 1 s of the kill
         watcher.join(30)
         assert sorted(exits) == sorted(pids), (exits, pids)
-        assert max(exits.values()) < 2 + MARGIN_S, exits
+        logs = "\n".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-2000:]
+                         for p in sorted((tmp_path / "logs").glob("*.log")))
+        assert max(exits.values()) < 2 + MARGIN_S, f"{exits}\n{logs}"
 
         new.wait_for("TESTFAULTS", lambda c: c["state"] in ("running", "start_failed", "failed"),
                      timeout=RECOVERY_BOUND_S)

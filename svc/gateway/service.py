@@ -24,11 +24,16 @@ from svc.gateway.drain import AdoptedListener, DrainingSite, signal_closed, sign
 from svc.gateway.proxy import Proxy, make_agent, make_pool
 from svc.http import HttpLimits
 from svc.metrics import GatewayMetrics, new_registry
-from svc.process import ListeningMultiService, freeze_heap
+from svc.process import ListeningMultiService, freeze_heap, start_watchdog, supervisor_gone
 
 log = Logger()
 
 PROGRAM = "service-gateway"
+
+
+#: Orphaned: requests in flight get this long, and a watchdog ends the process this long after the signal.
+ORPHAN_DRAIN_S = 0.5
+ORPHAN_EXIT_S = 1.5
 
 
 class GatewayService(ListeningMultiService):
@@ -108,10 +113,17 @@ class GatewayService(ListeningMultiService):
         return ensureDeferred(self._stop())
 
     async def _stop(self) -> None:
+        drain_timeout = self.drain_timeout
+        if supervisor_gone():
+            # Orphaned (the supervisor died; its SIGTERM is the kernel's parent-death signal): a new
+            # supervisor wants the port back at once, so the requests in flight get little time.
+            drain_timeout = min(drain_timeout, ORPHAN_DRAIN_S)
+            log.warn("the supervisor is gone: stopping within {bound:g} s", bound=ORPHAN_EXIT_S)
+            start_watchdog(ORPHAN_EXIT_S, "service-gateway (orphaned)")
         await super().stopService()  # no more accepting
         if self.ready_fd is not None:
             signal_closed(self.ready_fd)
             self.ready_fd = None
-        await self.site.drain(self.drain_timeout)
+        await self.site.drain(drain_timeout)
         if self.pool is not None:
             await self.pool.closeCachedConnections()

@@ -6,8 +6,9 @@ model-server process per model.  The process's peak resident set (``VmHWM``
 in ``/proc/<pid>/status``) is read after a normal image has been served (the
 model is warm) and again after every extreme image: it may not grow by more
 than ``PEAK_RSS_GROWTH``.  Before the preprocessing was bounded, one 8000x1
-PNG grew MOBILENETV2's peak by 1.76 GB (its short side was resized to 256
-with no bound on the long side).
+PNG (108 bytes) grew MOBILENETV2's peak by 2003 MiB (its short side was
+resized to 256 with no bound on the long side: a 2,048,000x256 intermediate)
+and SAM_AMG answered ENGINE_ERROR (500) for it.
 """
 
 from __future__ import annotations

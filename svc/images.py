@@ -7,10 +7,10 @@ affects the other items of the request.
 
 The image reaches a model upright: an EXIF orientation tag is applied here,
 once, for every model.  Model plugins check every resize with
-:func:`check_resize` (or resize through :func:`resize`) before any pixel is
-allocated: the input's pixel count says little about the cost (a 71-byte PNG
-of 8000x1 pixels, resized to a short side of 256, is 2 million by 256
-pixels), so the size a resize would produce is what is bounded.
+:func:`check_resize` before any pixel is allocated: the input's pixel count
+says little about the cost (a PNG of about 100 bytes and 8000x1 pixels,
+resized to a short side of 256, is 2 million by 256 pixels), so the size a
+resize would produce is what is bounded.
 """
 
 from __future__ import annotations
@@ -89,7 +89,8 @@ def upright(image: Any) -> Any:
     """``image`` with its EXIF orientation applied (``ImageOps.exif_transpose``).
 
     An image without a tag (or with orientation 1) is returned as it is,
-    still lazy; reading the tag decodes no JPEG pixels.  A tagged image is
+    still lazy: reading the tag decodes no JPEG pixels (Pillow does decode a
+    PNG, whose eXIf chunk may follow the pixel data).  A tagged image is
     decoded at full scale and transposed, and the tag is dropped so that
     nothing applies it twice.
     """
@@ -137,13 +138,6 @@ def check_resize(source: tuple[int, int], target: tuple[int, int], max_pixels: i
             f"(resized to the model's input it would be {out_w}x{out_h} = {out_w * out_h} pixels; "
             f"at most {max_pixels} are allowed)",
         )
-
-
-def resize(image: Any, size: tuple[int, int], resample: int, box: tuple[float, float, float, float] | None = None,
-           max_pixels: int = MAX_RESIZED_PIXELS) -> Any:
-    """``image.resize(size, resample, box)`` after :func:`check_resize` of the output size."""
-    check_resize(image.size, size, max_pixels)
-    return image.resize(size, resample, box=box)
 
 
 def short_side_size(width: int, height: int, short_side: int) -> tuple[int, int]:

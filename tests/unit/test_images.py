@@ -10,8 +10,8 @@ import pytest
 from PIL import ExifTags, Image
 
 from svc import status as st
-from svc.images import MAX_RESIZED_PIXELS, ItemInputError, check_resize, open_image, resize, short_side_size
-from tests.support.images import image_bytes, jpeg_with_orientation, stored_pixels
+from svc.images import MAX_RESIZED_PIXELS, ItemInputError, check_resize, open_image, short_side_size
+from tests.support.images import jpeg_with_orientation, stored_pixels
 
 MAX_PIXELS = 40_000_000
 
@@ -35,6 +35,19 @@ def test_exif_orientation_is_applied_once(orientation, method):
     assert image.size == expected.size == ((24, 40) if orientation in (6, 8) else (40, 24))
     assert np.array_equal(np.asarray(image.convert("RGB")), np.asarray(expected.convert("RGB")))
     assert image.getexif().get(ExifTags.Base.Orientation) is None
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "WEBP"])
+def test_exif_orientation_of_lossless_formats(fmt):
+    """The tag is honoured whatever the container (PNG eXIf chunk, WebP EXIF chunk)."""
+    exif = Image.Exif()
+    exif[ExifTags.Base.Orientation] = 6
+    buf = io.BytesIO()
+    stored = noise(30, 20)
+    stored.save(buf, fmt, exif=exif.tobytes(), **({"lossless": True} if fmt == "WEBP" else {}))
+    image = open_image(buf.getvalue(), MAX_PIXELS)
+    assert image.size == (20, 30)
+    assert np.array_equal(np.asarray(image.convert("RGB")), np.asarray(stored.transpose(Image.Transpose.ROTATE_270)))
 
 
 @pytest.mark.parametrize("orientation", [None, 1, 0, 9])
@@ -94,14 +107,6 @@ def test_the_bound_itself_is_allowed():
         check_resize((10, 10), (65537, 256))
     with pytest.raises(ItemInputError):
         check_resize((10, 10), (4, 4), max_pixels=15)
-
-
-def test_resize_checks_before_allocating():
-    """``resize`` refuses an unbounded output and otherwise is Pillow's resize."""
-    image = Image.open(io.BytesIO(image_bytes(width=20, height=10, seed=1)))
-    with pytest.raises(ItemInputError):
-        resize(image, (20, 0), Image.BILINEAR)
-    assert np.array_equal(np.asarray(resize(image, (7, 5), Image.BILINEAR)), np.asarray(image.resize((7, 5), Image.BILINEAR)))
 
 
 def test_short_side_size_is_torchvisions():

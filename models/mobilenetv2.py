@@ -4,7 +4,10 @@ Standard ImageNet preprocessing (resize 256, center crop 224, normalize:
 torchvision's preset for these weights), batched forward pass under
 ``torch.inference_mode()``, softmax, top-k.  Large JPEGs are decoded at a
 reduced DCT scale that still covers 256 px (Pillow ``draft``), which cuts
-decode time by about a third.
+decode time by about a third.  The resize of the short side to 256 is
+checked before decoding (``svc.images.check_resize``): an image whose long
+side would pass 65536 (aspect ratio above 256:1; an 8000x1 PNG would become
+a 2,048,000x256 intermediate of 1.5 GB) fails its item with status 5.
 
 The decode threads only resize and crop with Pillow; the float conversion and
 normalisation run batched in the worker thread with the forward pass, so that
@@ -19,6 +22,7 @@ from typing import Any
 from twisted.plugin import IPlugin
 from zope.interface import implementer
 
+from svc.images import check_resize, short_side_size
 from svc.modelapi import IModel, IModelFactory
 from svc.schema import object_schema
 from svc.weights import WEIGHTS_PROPERTIES, calibrate_batchnorm, load_into, path_of, read_state_dict, version_of
@@ -69,7 +73,10 @@ class MobileNetV2:
         from torchvision.transforms import functional as F
 
         p = self.preset
-        image.draft("RGB", (p.resize_size[0], p.resize_size[0]))
+        side = p.resize_size[0]
+        image.draft("RGB", (side, side))
+        # The short side becomes 256 whatever the long side: check that resize before decoding.
+        check_resize(image.size, short_side_size(image.width, image.height, side))
         image = F.resize(image.convert("RGB"), p.resize_size, interpolation=p.interpolation, antialias=p.antialias)
         return F.pil_to_tensor(F.center_crop(image, p.crop_size))  # uint8 CHW, a view of the pixels
 

@@ -9,8 +9,10 @@ mask decoder.  ``SamAutomaticMaskGenerator`` prompts a grid of points,
 filters by predicted IoU and stability, and removes duplicates with NMS; its
 parameters are the request's params.
 
-Per item: the image as an RGB uint8 array (Pillow, decode pool); the
-generator runs in the worker (one image at a time: the library has no
+Per item: the image as an RGB uint8 array (Pillow, decode pool), after
+checking that the generator's resize of its longest side to the encoder's
+input keeps a pixel along the short side (an 8000x1 image fails its item
+with status 5); the generator runs in the worker (one image at a time: the library has no
 batch API).  ``data`` is the list of masks in the generator's order:
 ``segmentation`` (a base64 1-bit PNG of the image's size, or COCO RLE with
 ``options.mask_format = "rle"``), ``area`` (pixels), ``bbox`` (``[x, y, w,
@@ -26,6 +28,7 @@ from typing import Any
 from twisted.plugin import IPlugin
 from zope.interface import implementer
 
+from svc.images import check_resize
 from svc.modelapi import IModel, IModelFactory
 from svc.schema import object_schema
 from svc.weights import WEIGHTS_PROPERTIES, load_into, path_of, read_state_dict, version_of
@@ -139,7 +142,12 @@ class SamAmgModel:
 
     def preprocess(self, image: Any, params: dict) -> Any:
         import numpy as np
+        from segment_anything.utils.transforms import ResizeLongestSide
 
+        # The generator resizes the longest side to the encoder's input: a side that rounds to 0 would
+        # fail the whole batch in predict (ENGINE_ERROR); here it fails this item, before decoding.
+        height, width = ResizeLongestSide.get_preprocess_shape(image.height, image.width, self.sam.image_encoder.img_size)
+        check_resize(image.size, (width, height))
         return np.asarray(image.convert("RGB"))  # H x W x 3 uint8, what the generator takes
 
     def batch_key(self, params: dict) -> Any:

@@ -15,7 +15,8 @@ Per item: letterbox to ``imgsz`` x ``imgsz`` (aspect kept, grey 114 borders,
 Pillow only, in the decode pool); batched forward pass and box decoding in
 the worker; per item: score threshold, class-aware NMS
 (``torchvision.ops.batched_nms``), ``top_k``, boxes mapped back to the
-original image's pixels.
+original image's pixels.  An image too thin to keep one pixel along its
+short side in the letterbox (8000x1 in 640) fails its item with status 5.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 from twisted.plugin import IPlugin
 from zope.interface import implementer
 
+from svc.images import check_resize
 from svc.modelapi import IModel, IModelFactory
 from svc.schema import object_schema
 from svc.weights import WEIGHTS_PROPERTIES, calibrate_batchnorm, load_into, path_of, read_state_dict, version_of
@@ -92,6 +94,7 @@ def letterbox(image: Any, size: int) -> tuple[Any, Letterbox]:
     from PIL import Image
 
     box, (new_w, new_h) = letterbox_geometry(image.width, image.height, size)
+    check_resize(image.size, (new_w, new_h))  # 8000x1 in a 640 square: 640x0, status 5 before decoding
     image.draft("RGB", (new_w, new_h))  # JPEG: decode at a reduced scale that still covers the target
     rgb = image.convert("RGB")
     if rgb.size != (new_w, new_h):

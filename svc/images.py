@@ -1,8 +1,16 @@
 """Per-item input decoding: base64 text to bytes to a lazily opened image.
 
-Runs in the decode thread pool.  A bad item raises :class:`ItemInputError`
-with its own status (3 for an empty image, 5 for anything undecodable) and
-never affects the other items of the request.
+Runs in the decode thread pool (or the inference thread with
+``decode_in_worker``).  A bad item raises :class:`ItemInputError` with its
+own status (3 for an empty image, 5 for anything undecodable) and never
+affects the other items of the request.
+
+The image reaches a model upright: an EXIF orientation tag is applied here,
+once, for every model.  Model plugins check every resize with
+:func:`check_resize` before any pixel is allocated: the input's pixel count
+says little about the cost (a PNG of about 100 bytes and 8000x1 pixels,
+resized to a short side of 256, is 2 million by 256 pixels), so the size a
+resize would produce is what is bounded.
 """
 
 from __future__ import annotations
@@ -43,7 +51,13 @@ def decode_base64(text: str) -> bytes:
 
 
 def open_image(data: bytes, max_pixels: int) -> Any:
-    """A lazily opened PIL image (header read, pixels not yet decoded)."""
+    """A PIL image, upright, of at most ``max_pixels`` pixels.
+
+    Lazily opened (header read, pixels not yet decoded, so that a model may
+    still ask for a reduced-scale JPEG decode with ``draft``) unless the
+    image carries an EXIF orientation other than 1: then it is decoded and
+    transposed here, so that every model sees what a viewer shows.
+    """
     from PIL import Image, UnidentifiedImageError
 
     if not data:
@@ -64,4 +78,75 @@ def open_image(data: bytes, max_pixels: int) -> Any:
             st.INVALID_IMAGE,
             f"image is {width}x{height} = {width * height} pixels; at most {max_pixels} are accepted (max_image_pixels)",
         )
-    return image
+    return upright(image)
+
+
+#: EXIF orientations that need a transpose (1 is upright; other values are invalid and ignored).
+_TRANSPOSED_ORIENTATIONS = frozenset(range(2, 9))
+
+
+def upright(image: Any) -> Any:
+    """``image`` with its EXIF orientation applied (``ImageOps.exif_transpose``).
+
+    An image without a tag (or with orientation 1) is returned as it is,
+    still lazy: reading the tag decodes no JPEG pixels (Pillow does decode a
+    PNG, whose eXIf chunk may follow the pixel data).  A tagged image is
+    decoded at full scale and transposed, and the tag is dropped so that
+    nothing applies it twice.
+    """
+    from PIL import ExifTags, ImageOps
+
+    try:
+        orientation = image.getexif().get(ExifTags.Base.Orientation, 1)
+        if orientation not in _TRANSPOSED_ORIENTATIONS:
+            return image
+        return ImageOps.exif_transpose(image)
+    except (OSError, ValueError, SyntaxError, TypeError) as e:
+        raise ItemInputError(st.INVALID_IMAGE, f"image cannot be read: {e}") from None
+
+
+# -- bounded resizing (what model plugins call) ---------------------------------------------
+
+#: The most pixels one resize in a model's preprocessing may produce: a
+#: 4096x4096 RGB image is 48 MiB.  For an ImageNet-style resize of the
+#: short side to 256 it allows aspect ratios up to 256:1.
+MAX_RESIZED_PIXELS = 4096 * 4096
+
+
+def check_resize(source: tuple[int, int], target: tuple[int, int], max_pixels: int = MAX_RESIZED_PIXELS) -> None:
+    """Fail the item (status 5) unless resizing ``source`` to ``target`` is bounded.
+
+    ``source`` and ``target`` are (width, height).  A side that rounds to 0
+    pixels (an 8000x1 image fitted into a 640 square) or more than
+    ``max_pixels`` in all (the same image with its short side resized to
+    256) both mean that the aspect ratio is too extreme for the model's
+    preprocessing.  Call it before decoding the pixels, so that a rejected
+    item costs nothing.
+    """
+    width, height = source
+    out_w, out_h = target
+    if out_w < 1 or out_h < 1:
+        raise ItemInputError(
+            st.INVALID_IMAGE,
+            f"image is {width}x{height}: its aspect ratio is too extreme for this model "
+            f"(resized to the model's input it would be {out_w}x{out_h} pixels)",
+        )
+    if out_w * out_h > max_pixels:
+        raise ItemInputError(
+            st.INVALID_IMAGE,
+            f"image is {width}x{height}: its aspect ratio is too extreme for this model "
+            f"(resized to the model's input it would be {out_w}x{out_h} = {out_w * out_h} pixels; "
+            f"at most {max_pixels} are allowed)",
+        )
+
+
+def short_side_size(width: int, height: int, short_side: int) -> tuple[int, int]:
+    """(width, height) scaled so that the short side is ``short_side``.
+
+    The long side is ``int(short_side * long / short)``, the rounding of
+    torchvision's ``Resize(short_side)``, so that a model can check the size
+    of that resize (:func:`check_resize`) before running it.
+    """
+    if width <= height:
+        return short_side, int(short_side * height / width)
+    return int(short_side * width / height), short_side

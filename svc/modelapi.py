@@ -59,6 +59,13 @@ class IModel(Interface):
         """Turn one input (a lazily opened PIL image, or None when
         ``needs_image`` is false) into the model input of one item.
 
+        The image is upright (an EXIF orientation is applied before this
+        call, decoding it; an untagged image is still undecoded) and has at
+        most ``max_image_pixels`` pixels, but any aspect ratio: check the
+        size of every resize with ``svc.images.check_resize`` before
+        decoding, so that an 8000x1 image fails its item with status 5
+        instead of growing into gigabytes (or into an empty side).
+
         Runs in the decode thread pool (in the inference thread, right before
         ``predict``, with ``backend.decode_in_worker``); an exception fails
         only this item.

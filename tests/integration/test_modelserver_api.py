@@ -6,15 +6,18 @@ succeeds afterwards (the ``assert_still_serving`` at the end of each test).
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import signal
 import socket
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from tests.support.http import get, post, request
-from tests.support.images import b64, image_b64, image_bytes
+from tests.support.images import b64, image_b64, image_bytes, jpeg_with_orientation, stored_pixels
 from tests.support.processes import start_model_server, write_config
 
 URI = "/mobilenetv2/predict"
@@ -132,6 +135,27 @@ def test_image_over_the_pixel_limit_fails_its_item(mobilenet):
     assert reply.status == 200
     assert [r["status"] for r in reply.json["results"]] == [5, 0]
     assert "max_image_pixels" in reply.json["results"][0]["error"]
+
+
+@pytest.mark.parametrize(("orientation", "turn"), [(6, Image.Transpose.ROTATE_270), (8, Image.Transpose.ROTATE_90)])
+def test_exif_orientation_is_applied_before_preprocessing(mobilenet, orientation, turn):
+    """A JPEG tagged with EXIF Orientation 6 (or 8) is classified as the
+    image a viewer shows: exactly the result of its stored pixels physically
+    turned and sent without a tag (a lossless PNG), not that of the stored
+    pixels as they are."""
+    stored = Image.fromarray(np.random.default_rng(orientation).integers(0, 256, (96, 160, 3), dtype=np.uint8))
+    tagged = jpeg_with_orientation(stored, orientation)
+    pixels = stored_pixels(tagged)
+    turned, upright = io.BytesIO(), io.BytesIO()
+    pixels.transpose(turn).save(turned, "PNG")
+    pixels.save(upright, "PNG")
+    reply = infer(mobilenet, {"images": [b64(tagged), b64(turned.getvalue()), b64(upright.getvalue())],
+                              "params": {"top_k": 1000}})
+    assert reply.status == 200 and reply.json["status"] == 0
+    assert [r["status"] for r in reply.json["results"]] == [0, 0, 0]
+    served, expected, unturned = (r["data"] for r in reply.json["results"])
+    assert served == expected
+    assert served != unturned
 
 
 # -- request rules -------------------------------------------------------------------------

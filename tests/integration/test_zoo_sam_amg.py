@@ -85,6 +85,20 @@ def test_served_masks_equal_the_generators(sam_server, weights, size):
         assert 0 <= x and 0 <= y and x + w <= size[0] and y + h <= size[1]
 
 
+def test_images_past_the_shipped_pixel_limit_fail_their_item(sam_server):
+    """The shipped config caps SAM_AMG at 2048x2048 pixels (its masks are at
+    the image's size, about 770 bytes per pixel at points_per_batch 64): a
+    few-kilobyte PNG of 2049x2048 fails its own item with status 5, before
+    decoding, and the other item is served."""
+    big = b64(image_bytes(width=2049, height=2048))
+    reply = infer(sam_server, URI, {"images": [big, b64(image_bytes(width=32, height=24))], "params": PARAMS})
+    assert reply.status == 200 and reply.json["status"] == 0
+    first, second = reply.json["results"]
+    assert (first["status"], first["data"]) == (5, None)
+    assert first["error"] == "image is 2049x2048 = 4196352 pixels; at most 4194304 are accepted (max_image_pixels)"
+    assert second["status"] == 0
+
+
 def test_rle_masks_round_trip_to_the_png_masks(sam_server):
     raw = b64(image_bytes(width=80, height=60, seed=4))
     png = assert_ok(infer(sam_server, URI, {"images": [raw], "params": PARAMS}))[0]

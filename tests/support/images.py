@@ -28,3 +28,20 @@ def b64(data: bytes) -> str:
 
 def image_b64(**kw: object) -> str:
     return b64(image_bytes(**kw))
+
+
+def jpeg_with_orientation(image: Image.Image, orientation: int | None) -> bytes:
+    """``image`` as a JPEG whose EXIF Orientation tag is ``orientation`` (None: no tag)."""
+    exif = Image.Exif()
+    if orientation is not None:
+        exif[0x0112] = orientation  # ExifTags.Base.Orientation
+    buf = io.BytesIO()
+    image.save(buf, "JPEG", quality=90, exif=exif.tobytes())
+    return buf.getvalue()
+
+
+def stored_pixels(data: bytes) -> Image.Image:
+    """The pixels of an image file as stored, any orientation tag ignored (loaded)."""
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    return image

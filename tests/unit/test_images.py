@@ -1,0 +1,120 @@
+"""svc.images: the shared decode path (EXIF orientation) and the bounded-resize checks."""
+
+from __future__ import annotations
+
+import io
+import random
+
+import numpy as np
+import pytest
+from PIL import ExifTags, Image
+
+from svc import status as st
+from svc.images import MAX_RESIZED_PIXELS, ItemInputError, check_resize, open_image, short_side_size
+from tests.support.images import jpeg_with_orientation, stored_pixels
+
+MAX_PIXELS = 40_000_000
+
+
+def noise(width: int, height: int, seed: int = 3) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+# -- EXIF orientation ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("orientation", "method"), [(6, Image.Transpose.ROTATE_270), (8, Image.Transpose.ROTATE_90),
+                                                     (3, Image.Transpose.ROTATE_180)])
+def test_exif_orientation_is_applied_once(orientation, method):
+    """A tagged JPEG reaches the model as a viewer shows it: the stored
+    pixels transposed, the size swapped for 90-degree turns, the tag gone
+    (so that nothing downstream turns it again)."""
+    data = jpeg_with_orientation(noise(40, 24), orientation)
+    image = open_image(data, MAX_PIXELS)
+    expected = stored_pixels(data).transpose(method)
+    assert image.size == expected.size == ((24, 40) if orientation in (6, 8) else (40, 24))
+    assert np.array_equal(np.asarray(image.convert("RGB")), np.asarray(expected.convert("RGB")))
+    assert image.getexif().get(ExifTags.Base.Orientation) is None
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "WEBP"])
+def test_exif_orientation_of_lossless_formats(fmt):
+    """The tag is honoured whatever the container (PNG eXIf chunk, WebP EXIF chunk)."""
+    exif = Image.Exif()
+    exif[ExifTags.Base.Orientation] = 6
+    buf = io.BytesIO()
+    stored = noise(30, 20)
+    stored.save(buf, fmt, exif=exif.tobytes(), **({"lossless": True} if fmt == "WEBP" else {}))
+    image = open_image(buf.getvalue(), MAX_PIXELS)
+    assert image.size == (20, 30)
+    assert np.array_equal(np.asarray(image.convert("RGB")), np.asarray(stored.transpose(Image.Transpose.ROTATE_270)))
+
+
+@pytest.mark.parametrize("orientation", [None, 1, 0, 9])
+def test_upright_images_stay_lazy(orientation):
+    """Without a transposing tag (absent, 1, or an invalid value) the image
+    is returned undecoded, so that a model can still ask for a reduced-scale
+    JPEG decode (``draft``)."""
+    data = jpeg_with_orientation(noise(640, 480), orientation)
+    image = open_image(data, MAX_PIXELS)
+    assert image.format == "JPEG" and image.size == (640, 480)
+    image.draft("RGB", (160, 120))
+    assert image.size == (160, 120)
+
+
+def test_pixel_limit_is_checked_before_the_transpose():
+    """``max_image_pixels`` holds for tagged images too, before any pixel is decoded."""
+    with pytest.raises(ItemInputError) as caught:
+        open_image(jpeg_with_orientation(noise(40, 24), 6), max_pixels=40 * 24 - 1)
+    assert caught.value.status == st.INVALID_IMAGE
+    assert caught.value.message == "image is 40x24 = 960 pixels; at most 959 are accepted (max_image_pixels)"
+
+
+# -- bounded resizing ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("source", "target"), [((8000, 1), (640, 0)), ((1, 8000), (0, 256))])
+def test_a_resize_with_an_empty_side_fails_the_item(source, target):
+    """An aspect ratio that leaves no pixel along one side is status 5, with
+    the image's size and the resize in the error text."""
+    with pytest.raises(ItemInputError) as caught:
+        check_resize(source, target)
+    assert caught.value.status == st.INVALID_IMAGE
+    w, h = source
+    assert caught.value.message == (
+        f"image is {w}x{h}: its aspect ratio is too extreme for this model "
+        f"(resized to the model's input it would be {target[0]}x{target[1]} pixels)"
+    )
+
+
+def test_a_resize_past_the_pixel_bound_fails_the_item():
+    """The output size is bounded, not only the input's: an 8000x1 image
+    resized to a short side of 256 would be 524 million pixels."""
+    with pytest.raises(ItemInputError) as caught:
+        check_resize((8000, 1), short_side_size(8000, 1, 256))
+    assert caught.value.status == st.INVALID_IMAGE
+    assert caught.value.message == (
+        "image is 8000x1: its aspect ratio is too extreme for this model "
+        "(resized to the model's input it would be 2048000x256 = 524288000 pixels; at most 16777216 are allowed)"
+    )
+
+
+def test_the_bound_itself_is_allowed():
+    """Exactly MAX_RESIZED_PIXELS passes (256:1 with a short side of 256); one more pixel fails."""
+    check_resize((65536, 256), (65536, 256))
+    assert 65536 * 256 == MAX_RESIZED_PIXELS
+    with pytest.raises(ItemInputError):
+        check_resize((10, 10), (65537, 256))
+    with pytest.raises(ItemInputError):
+        check_resize((10, 10), (4, 4), max_pixels=15)
+
+
+def test_short_side_size_is_torchvisions():
+    """The size checked is the size torchvision's Resize(256) then produces."""
+    from torchvision.transforms import functional as F
+
+    rng = random.Random(5)
+    sizes = [(1, 1), (256, 256), (257, 256), (800, 7), (7, 800), (1920, 1080), (1080, 1920), (640, 427)]
+    sizes += [(rng.randint(100, 1500), rng.randint(100, 1500)) for _ in range(200)]
+    for width, height in sizes:
+        assert short_side_size(width, height, 256) == F.resize(Image.new("L", (width, height)), [256]).size

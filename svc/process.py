@@ -26,6 +26,10 @@ log = Logger()
 #: started under, so a child can tell that its supervisor is gone.
 SUPERVISOR_PID_ENV = "SERVICE_SUPERVISOR_PID"
 
+#: A child whose supervisor is gone ends this long after the stop signal,
+#: whatever it was doing, so that a new supervisor gets its port back.
+ORPHAN_EXIT_S = 1.5
+
 
 def refuse(program: str, message: str) -> SystemExit:
     """The one-line refusal of a process that cannot start (exit code 1)."""
@@ -165,8 +169,17 @@ def exit_zero_on_signals(reactor: Any) -> None:
     """
     import signal
 
+    orphan_watchdog: list[threading.Timer] = []
+
     def _stop(signum: int, frame: Any) -> None:
         log.info("received signal {signum}: shutting down", signum=signum)
+        # The kernel's parent-death signal comes when the thread of the
+        # supervisor that spawned us ends, and again at each re-parenting:
+        # the first one may arrive while another thread of the dying
+        # supervisor is still our parent.  So every signal looks again, and
+        # the first one that finds the supervisor gone bounds the exit.
+        if not orphan_watchdog and supervisor_gone():
+            orphan_watchdog.append(start_watchdog(ORPHAN_EXIT_S, f"pid {os.getpid()} (orphaned: the supervisor is gone)"))
         reactor.callFromThread(reactor.stop)
 
     def _install() -> None:

@@ -24,16 +24,15 @@ from svc.gateway.drain import AdoptedListener, DrainingSite, signal_closed, sign
 from svc.gateway.proxy import Proxy, make_agent, make_pool
 from svc.http import HttpLimits
 from svc.metrics import GatewayMetrics, new_registry
-from svc.process import ListeningMultiService, freeze_heap, start_watchdog, supervisor_gone
+from svc.process import ORPHAN_EXIT_S, ListeningMultiService, freeze_heap, supervisor_gone
 
 log = Logger()
 
 PROGRAM = "service-gateway"
 
 
-#: Orphaned: requests in flight get this long, and a watchdog ends the process this long after the signal.
+#: Orphaned: requests in flight get this long (svc.process.ORPHAN_EXIT_S bounds the exit).
 ORPHAN_DRAIN_S = 0.5
-ORPHAN_EXIT_S = 1.5
 
 
 class GatewayService(ListeningMultiService):
@@ -119,7 +118,6 @@ class GatewayService(ListeningMultiService):
             # supervisor wants the port back at once, so the requests in flight get little time.
             drain_timeout = min(drain_timeout, ORPHAN_DRAIN_S)
             log.warn("the supervisor is gone: stopping within {bound:g} s", bound=ORPHAN_EXIT_S)
-            start_watchdog(ORPHAN_EXIT_S, "service-gateway (orphaned)")
         await super().stopService()  # no more accepting
         if self.ready_fd is not None:
             signal_closed(self.ready_fd)

@@ -40,6 +40,7 @@ from svc.modelserver.jobs import JobTable
 from svc.openapi import model_server_document
 from svc.options import options_schema
 from svc.process import (
+    ORPHAN_EXIT_S,
     ListeningMultiService,
     ThreadPoolService,
     exit_after_shutdown,
@@ -57,9 +58,8 @@ log = Logger()
 PROGRAM = "service-model"
 
 #: Orphaned (the supervisor is gone): the grace is cut to this, and the
-#: watchdog ends the process this long after the signal whatever happens.
+#: watchdog ends the process ``ORPHAN_EXIT_S`` after the signal whatever happens.
 ORPHAN_GRACE_S = 0.5
-ORPHAN_EXIT_S = 1.5
 #: How long answers written at the end of a stop get to leave before the port closes.
 FLUSH_S = 0.05
 #: The watchdog's margin over the grace (the promise is grace + 1 s).

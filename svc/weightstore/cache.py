@@ -1,0 +1,83 @@
+"""The local weights cache: where pulled variants live and the record of each.
+
+Layout, under ``$SERVICE_WEIGHTS_DIR`` (default
+``$XDG_CACHE_HOME/inference-service/weights``, else
+``~/.cache/inference-service/weights``)::
+
+    <MODEL_ID>/<VARIANT>/record.json   what was fetched, from where, its digests
+    <MODEL_ID>/<VARIANT>/<files>       the file or folder ``build`` loads
+
+A variant is cached when its ``record.json`` exists: the record is written
+last, atomically, after every file was checked, so a pull that failed or
+was cut never leaves a variant that looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+WEIGHTS_DIR_ENV = "SERVICE_WEIGHTS_DIR"
+RECORD_NAME = "record.json"
+
+
+def weights_dir(env: dict[str, str] | None = None) -> Path:
+    """The cache root (see the module docstring)."""
+    env = os.environ if env is None else env
+    if env.get(WEIGHTS_DIR_ENV):
+        return Path(env[WEIGHTS_DIR_ENV]).expanduser()
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "inference-service" / "weights"
+
+
+def variant_dir(model_id: str, variant: str, env: dict[str, str] | None = None) -> Path:
+    return weights_dir(env) / model_id / variant
+
+
+@dataclass
+class Record:
+    """What ``record.json`` says of one cached variant."""
+
+    model: str
+    variant: str
+    source: str  # the URL fetched, or hub ``repo_id@revision``
+    weights: str  # path of what ``build`` loads, relative to the variant's directory
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)  # relative path -> {sha256, size}
+    pulled_at: str = ""
+    how: str = "pull"  # pull or import
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def read_record(model_id: str, variant: str, env: dict[str, str] | None = None) -> Record | None:
+    """The record of a cached variant, or None when it is not cached."""
+    path = variant_dir(model_id, variant, env) / RECORD_NAME
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    return Record(**data)
+
+
+def write_record(record: Record, env: dict[str, str] | None = None) -> Path:
+    """Write ``record.json`` atomically (a temporary file renamed into place)."""
+    directory = variant_dir(record.model, record.variant, env)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / RECORD_NAME
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record.to_json(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def cached_weights(model_id: str, variant: str, env: dict[str, str] | None = None) -> Path | None:
+    """The path ``build`` loads for a cached variant, or None when the variant is not cached."""
+    record = read_record(model_id, variant, env)
+    if record is None:
+        return None
+    path = variant_dir(model_id, variant, env) / record.weights
+    return path if path.exists() else None

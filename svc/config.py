@@ -122,6 +122,24 @@ def sub_table(path: str, data: Mapping[str, Any], name: str) -> dict:
 #: Paths a model server answers itself; a ``server_uri`` must not shadow them.
 RESERVED_PATHS = ("/healthz", "/ready", "/metrics", "/openapi.json", "/jobs", "/v1/")
 
+
+def http_limit_keys(*, max_connections: int, refusal: str) -> tuple[Key, ...]:
+    """The listener limits of one process's HTTP server (svc.http.HttpLimits), declared once for all three.
+
+    ``refusal`` names the reply a connection past ``max_connections`` gets.
+    """
+    return (
+        Key("header_timeout_ms", int, 10000,
+            "A request's headers must be complete this long after its first byte (408 and close after it).",
+            minimum=1),
+        Key("max_connections", int, max_connections,
+            f"Open HTTP connections served at once; the next one gets {refusal} and is closed.", minimum=1),
+        Key("listen_backlog", int, 1024,
+            "Queue of connections not yet accepted (the kernel caps it at net.core.somaxconn).", minimum=1,
+            maximum=65535),
+    )
+
+
 MODEL_SERVER_KEYS: tuple[Key, ...] = (
     Key("id", str, REQUIRED, "Catalog id of the model served.", pattern=r"[A-Z][A-Z0-9_]{0,63}"),
     Key("port", int, REQUIRED, "Loopback TCP port of this model server.", minimum=1, maximum=65535),
@@ -155,12 +173,7 @@ MODEL_SERVER_KEYS: tuple[Key, ...] = (
     Key("max_image_pixels", int, 40_000_000, "Largest decoded image (width x height); larger images fail their item.", minimum=1),
     Key("rate_limit_qps", float, 0.0, "Per-client-IP request rate limit after authentication; 0 = unlimited.", minimum=0),
     Key("shutdown_grace_ms", int, 10000, "On SIGTERM, how long running work may take to finish.", minimum=0),
-    Key("header_timeout_ms", int, 10000,
-        "A request's headers must be complete this long after its first byte (408 and close after it).", minimum=1),
-    Key("max_connections", int, 1024,
-        "Open HTTP connections served at once; the next one gets 503 status 65 and is closed.", minimum=1),
-    Key("listen_backlog", int, 1024,
-        "Queue of connections not yet accepted (the kernel caps it at net.core.somaxconn).", minimum=1, maximum=65535),
+    *http_limit_keys(max_connections=1024, refusal="503 status 65"),
 )
 
 BACKEND_KEYS: tuple[Key, ...] = (

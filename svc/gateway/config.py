@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from svc.config import ConfigError, Key, apply_keys, read_toml, sub_table
+from svc.config import ConfigError, Key, apply_keys, http_limit_keys, read_toml, sub_table
 
 GATEWAY_KEYS: tuple[Key, ...] = (
     Key("host", str, "127.0.0.1", "Address the gateway listens on (a wildcard needs SERVICE_EXPOSE)."),
@@ -34,12 +34,7 @@ GATEWAY_KEYS: tuple[Key, ...] = (
         "Browser origins whose calls the gateway answers with CORS headers; default: the supervisor UI "
         "(http://127.0.0.1:<port> and http://localhost:<port> of [supervisor])."),
     Key("idle_timeout_s", int, 660, "Client connections idle this long are closed.", minimum=1),
-    Key("header_timeout_ms", int, 10000,
-        "A request's headers must be complete this long after its first byte (408 and close after it).", minimum=1),
-    Key("max_connections", int, 1024,
-        "Open client connections served at once; the next one gets 503 status 65 and is closed.", minimum=1),
-    Key("listen_backlog", int, 1024,
-        "Queue of connections not yet accepted (the kernel caps it at net.core.somaxconn).", minimum=1, maximum=65535),
+    *http_limit_keys(max_connections=1024, refusal="503 status 65"),
 )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from svc.config import ConfigError, Key, apply_keys, read_toml, sub_table
+from svc.config import ConfigError, Key, apply_keys, http_limit_keys, read_toml, sub_table
 
 POLICIES = ("on-failure", "always", "no")
 
@@ -35,13 +35,7 @@ SUPERVISOR_KEYS: tuple[Key, ...] = (
         "How long a child whose port is busy at start (an orphan of a previous supervisor still exiting) is retried, "
         "on the back-off schedule, before it is start_failed.", minimum=0),
     Key("gateway_restart", str, "on-failure", "Restart policy of the gateway child.", choices=POLICIES),
-    Key("header_timeout_ms", int, 10000,
-        "A request's headers must be complete this long after its first byte (408 and close after it).", minimum=1),
-    Key("max_connections", int, 128,
-        "Open connections to the management API and UI served at once; the next one gets 503 and is closed.",
-        minimum=1),
-    Key("listen_backlog", int, 1024,
-        "Queue of connections not yet accepted (the kernel caps it at net.core.somaxconn).", minimum=1, maximum=65535),
+    *http_limit_keys(max_connections=128, refusal="503 {ok: false, error}"),
 )
 
 SERVER_KEYS: tuple[Key, ...] = (

@@ -74,7 +74,7 @@ def resolve_pretrained(factory: Any, table: dict, config_path: str, env: dict[st
     if not wanted:
         return table
     from svc.config import ConfigError
-    from svc.weightstore.cache import RECORD_NAME, cached_weights, read_record, variant_dir
+    from svc.weightstore.cache import RECORD_NAME, RecordError, cached_weights, read_record, variant_dir
     from svc.weightstore.catalog import FileSource, find_variant
 
     try:
@@ -91,12 +91,15 @@ def resolve_pretrained(factory: Any, table: dict, config_path: str, env: dict[st
     model_id = factory.catalog_id
     directory = variant_dir(model_id, variant.name, env)
     command = f"svcctl weights pull {model_id}" + ("" if variant.default or name is None else f" --variant {variant.name}")
-    path = cached_weights(model_id, variant.name, env)
-    if path is None:
+    try:
+        path = cached_weights(model_id, variant.name, env)
+        record = read_record(model_id, variant.name, env)
+    except RecordError as e:
+        raise WeightsError(f"weights {table['weights']!r} (from {config_path}): {e}: run `{command}` again") from None
+    if path is None or record is None:
         expected = directory / (variant.source.filename if isinstance(variant.source, FileSource) else "hub")
         raise WeightsError(f"weights {table['weights']!r} (from {config_path}): {expected} is missing: {model_id} "
                            f"variant {variant.name} is not in the weights cache; run `{command}` first")
-    record = read_record(model_id, variant.name, env)
     for rel, entry in sorted(record.files.items()):
         file = directory / rel
         size = file.stat().st_size if file.is_file() else None

@@ -53,14 +53,27 @@ class Record:
         return asdict(self)
 
 
+class RecordError(ValueError):
+    """A ``record.json`` that cannot be read as a record; ``str()`` is one line naming it."""
+
+
 def read_record(model_id: str, variant: str, env: dict[str, str] | None = None) -> Record | None:
-    """The record of a cached variant, or None when it is not cached."""
+    """The record of a cached variant, or None when it is not cached.
+
+    Raises :class:`RecordError` for a record that is not one (edited by
+    hand, or a disk fault), so that nothing serves or verifies against it.
+    """
     path = variant_dir(model_id, variant, env) / RECORD_NAME
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+        record = Record(**data)
+        if not isinstance(record.files, dict) or not isinstance(record.weights, str):
+            raise TypeError("files must be an object and weights a string")
+        return record
     except FileNotFoundError:
         return None
-    return Record(**data)
+    except (OSError, ValueError, TypeError) as e:
+        raise RecordError(f"{path}: not a weights record ({type(e).__name__}: {e})") from None
 
 
 def write_record(record: Record, env: dict[str, str] | None = None) -> Path:
@@ -75,7 +88,10 @@ def write_record(record: Record, env: dict[str, str] | None = None) -> Path:
 
 
 def cached_weights(model_id: str, variant: str, env: dict[str, str] | None = None) -> Path | None:
-    """The path ``build`` loads for a cached variant, or None when the variant is not cached."""
+    """The path ``build`` loads for a cached variant, or None when the variant is not cached.
+
+    Raises :class:`RecordError` when its record cannot be read.
+    """
     record = read_record(model_id, variant, env)
     if record is None:
         return None

@@ -75,13 +75,16 @@ def main(args: argparse.Namespace) -> int:
 
 def describe(factory: Any, variant: Any) -> dict[str, Any]:
     """One row of ``weights list --json``: the variant as declared, and its state in the cache."""
-    from svc.weightstore.cache import cached_weights, read_record
+    from svc.weightstore.cache import RecordError, cached_weights, read_record
     from svc.weightstore.catalog import FileSource
     from svc.weightstore.store import source_text
 
     source = variant.source
-    record = read_record(factory.catalog_id, variant.name)
-    path = cached_weights(factory.catalog_id, variant.name)
+    try:
+        record = read_record(factory.catalog_id, variant.name)
+        path = cached_weights(factory.catalog_id, variant.name)
+    except RecordError:  # listed as not cached; verify names the record
+        record, path = None, None
     row: dict[str, Any] = {
         "model": factory.catalog_id,
         "variant": variant.name,

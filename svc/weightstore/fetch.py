@@ -119,6 +119,12 @@ class Progress:
     def finish(self) -> None:
         self._draw(self.clock(), final=True)
 
+    def interrupted(self) -> None:
+        """End a redrawn line before an error is printed under it."""
+        if self.tty and self.last_drawn is not None:
+            self.stream.write("\n")
+            self.stream.flush()
+
     def line(self, now: float | None = None) -> str:
         """The current progress line (what is drawn)."""
         now = self.clock() if now is None else now
@@ -186,10 +192,7 @@ def download(url: str, part: Path, progress: Progress | None = None, *,
     current = first
     for _ in range(MAX_REDIRECTS + 1):
         have = part.stat().st_size if part.exists() else 0
-        try:
-            connection, target = _connect(current, timeout)
-        except FetchError:
-            raise
+        connection, target = _connect(current, timeout)
         headers = {"User-Agent": f"svcctl/{__version__}", "Accept-Encoding": "identity"}
         if have:
             headers["Range"] = f"bytes={have}-"
@@ -230,14 +233,16 @@ def download(url: str, part: Path, progress: Progress | None = None, *,
                         progress.update(done)
                 f.flush()
                 os.fsync(f.fileno())
+            if total is not None and done != total:
+                if progress is not None:
+                    progress.interrupted()
+                raise FetchError(current, f"the connection closed after {done} of {total} bytes")
             if progress is not None:
                 progress.finish()
-            if total is not None and done != total:
-                raise FetchError(current, f"the connection closed after {done} of {total} bytes")
             return
-        except FetchError:
-            raise
         except (OSError, http.client.HTTPException) as e:
+            if progress is not None:
+                progress.interrupted()
             raise FetchError(current, _cause(e)) from None
         finally:
             connection.close()

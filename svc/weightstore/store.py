@@ -21,9 +21,11 @@ those two recorded.  The rules they share:
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,6 +34,7 @@ from typing import IO, Any
 from svc.weightstore.cache import (
     RECORD_NAME,
     Record,
+    RecordError,
     read_record,
     variant_dir,
     weights_dir,
@@ -131,13 +134,39 @@ def record_problems(record: Record, env: Mapping[str, str] | None = None) -> lis
     return problems
 
 
-def cached_records(env: Mapping[str, str] | None = None) -> Iterator[Record]:
-    """Every record in the cache, by model and variant."""
+def cached_records(env: Mapping[str, str] | None = None) -> Iterator[Record | RecordError]:
+    """Every record in the cache, by model and variant (a :class:`RecordError` for one that is unreadable)."""
     root = weights_dir(dict(env) if env is not None else None)
     if not root.is_dir():
         return
     for path in sorted(root.glob(f"*/*/{RECORD_NAME}")):
-        yield read_record(path.parent.parent.name, path.parent.name, dict(env) if env is not None else None)
+        try:
+            yield read_record(path.parent.parent.name, path.parent.name, dict(env) if env is not None else None)
+        except RecordError as e:
+            yield e
+
+
+def _readable_record(model_id: str, name: str, env: dict[str, str] | None) -> Record | None:
+    """The record of a variant about to be (re)stored; an unreadable one counts as none (it is replaced)."""
+    try:
+        return read_record(model_id, name, env)
+    except RecordError:
+        return None
+
+
+@contextmanager
+def _locked(directory: Path, what: str) -> Iterator[None]:
+    """Hold the variant's directory lock: two pulls or imports of one variant would mix their ``.part``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StoreError(f"{what}: another pull or import of this variant is running ({directory})") from None
+        yield
+    finally:
+        os.close(fd)
 
 
 def _now() -> str:
@@ -220,7 +249,7 @@ def _install_tree(factory: Any, variant: Variant, stage: Path, how: str, old: Re
 
 def _already(model_id: str, variant: Variant, env: dict[str, str] | None) -> tuple[Record | None, bool]:
     """The existing record, and whether it is of this source and all its files still match."""
-    old = read_record(model_id, variant.name, env)
+    old = _readable_record(model_id, variant.name, env)
     if old is None:
         return None, False
     return old, old.source == source_text(variant) and not record_problems(old, env)
@@ -234,12 +263,16 @@ def pull(factory: Any, variant: Variant, *, env: Mapping[str, str] | None = None
     download keeps its ``.part`` for the next pull.
     """
     env = dict(os.environ if env is None else env)
+    with _locked(variant_dir(factory.catalog_id, variant.name, env), source_text(variant)):
+        return _pull(factory, variant, env, progress_stream)
+
+
+def _pull(factory: Any, variant: Variant, env: dict[str, str], progress_stream: IO[str] | None) -> Stored:
     model_id = factory.catalog_id
     old, ok = _already(model_id, variant, env)
     if ok:
         return Stored(old, fetched=False)
     directory = variant_dir(model_id, variant.name, env)
-    directory.mkdir(parents=True, exist_ok=True)
     _drop_record(model_id, variant.name, env)
     progress = Progress(f"{model_id} {variant.name}", progress_stream)
     source = variant.source
@@ -268,14 +301,18 @@ def import_path(factory: Any, variant: Variant, path: str, *, env: Mapping[str, 
     ``how`` is ``import`` in the record.
     """
     env = dict(os.environ if env is None else env)
-    model_id = factory.catalog_id
     given = Path(path).expanduser()
-    source = variant.source
     if not given.exists():
         raise StoreError(f"{given}: no such file or directory")
-    old = read_record(model_id, variant.name, env)
+    with _locked(variant_dir(factory.catalog_id, variant.name, env), str(given)):
+        return _import(factory, variant, given, env)
+
+
+def _import(factory: Any, variant: Variant, given: Path, env: dict[str, str]) -> Stored:
+    model_id = factory.catalog_id
+    source = variant.source
+    old = _readable_record(model_id, variant.name, env)
     directory = variant_dir(model_id, variant.name, env)
-    directory.mkdir(parents=True, exist_ok=True)
     if isinstance(source, HubSource):
         if not given.is_dir():
             raise StoreError(f"{given}: {model_id} {variant.name} is a hub repository ({source_text(variant)}): "
@@ -296,8 +333,12 @@ def import_path(factory: Any, variant: Variant, path: str, *, env: Mapping[str, 
 
 def verify(env: Mapping[str, str] | None = None) -> tuple[list[Record], list[str]]:
     """Recheck every cached variant against its record: the records seen and one line per mismatch."""
-    records, problems = [], []
+    records: list[Record] = []
+    problems: list[str] = []
     for record in cached_records(env):
+        if isinstance(record, RecordError):
+            problems.append(str(record))
+            continue
         records.append(record)
         problems.extend(record_problems(record, env))
     return records, problems

@@ -340,3 +340,36 @@ def test_a_variant_not_in_the_cache_names_the_file_and_the_command(tmp_path, mon
         model_config(mobilenetv2, {"weights": "pretrained"}, "m.toml")
     assert str(e.value) == (f"weights 'pretrained' (from m.toml): {path}: 100 bytes, record.json says {len(BODY)}: "
                             "MOBILENETV2 variant IMAGENET1K_V2 is damaged; run `svcctl weights pull MOBILENETV2` again")
+
+
+def test_two_pulls_of_one_variant_do_not_mix(source, capsys):
+    import fcntl
+    import os
+
+    directory = variant_dir("MOBILENETV2", "FIXTURE_V2")
+    directory.mkdir(parents=True)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another pull holds the variant
+        code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
+        assert code == 1 and err == (f"svcctl: MOBILENETV2 FIXTURE_V2: {URL}: another pull or import of this variant "
+                                     f"is running ({directory})\n")
+        assert source.requests == []
+    finally:
+        os.close(fd)
+    assert svcctl(capsys, "pull", "MOBILENETV2")[0] == 0
+
+
+def test_an_unreadable_record_is_reported_and_replaced(source, capsys):
+    assert svcctl(capsys, "pull", "MOBILENETV2")[0] == 0
+    record = variant_dir("MOBILENETV2", "FIXTURE_V2") / "record.json"
+    record.write_text("{not json")
+    code, out, err = svcctl(capsys, "verify")
+    assert code == 1 and len(err.splitlines()) == 1
+    assert err.startswith(f"svcctl: {record}: not a weights record (JSONDecodeError: ")
+    row = {(r["model"], r["variant"]): r for r in json.loads(svcctl(capsys, "list", "--json")[1])}["MOBILENETV2", "FIXTURE_V2"]
+    assert row["cached"] is False
+    with pytest.raises(WeightsError, match=r"not a weights record .*: run `svcctl weights pull MOBILENETV2` again$"):
+        model_config(mobilenetv2, {"weights": "pretrained"}, "m.toml")
+    assert svcctl(capsys, "pull", "MOBILENETV2")[0] == 0
+    assert svcctl(capsys, "verify")[0] == 0

@@ -6,10 +6,23 @@ Layout, under ``$SERVICE_WEIGHTS_DIR`` (default
 
     <MODEL_ID>/<VARIANT>/record.json   what was fetched, from where, its digests
     <MODEL_ID>/<VARIANT>/<files>       the file or folder ``build`` loads
+    <MODEL_ID>/<VARIANT>/<file>.part   a download under way or cut (resumed by the next pull)
+    <MODEL_ID>/<VARIANT>/hub/          a hub repository's files (``hub.part/`` while fetched)
 
 A variant is cached when its ``record.json`` exists: the record is written
 last, atomically, after every file was checked, so a pull that failed or
-was cut never leaves a variant that looks complete.
+was cut never leaves a variant that looks complete.  ``record.json``::
+
+    {"model": "MOBILENETV2", "variant": "IMAGENET1K_V2",
+     "source": "https://download.pytorch.org/models/mobilenet_v2-7ebf99e0.pth",
+     "weights": "mobilenet_v2-7ebf99e0.pth",
+     "files": {"mobilenet_v2-7ebf99e0.pth": {"sha256": "7ebf99e0...", "size": 14258539}},
+     "pulled_at": "2026-11-23T19:40:00Z", "how": "pull"}
+
+``source`` is the official URL (not the mirror's) or hub ``repo_id@revision``;
+``files`` lists every file the variant keeps (a download and what a
+converter made of it), which ``svcctl weights verify`` rechecks; ``how`` is
+``pull`` or ``import``.
 """
 
 from __future__ import annotations

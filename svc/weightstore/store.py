@@ -16,7 +16,8 @@ those two recorded.  The rules they share:
   then), which every later pull, import and verify must match.
 * Re-pulling a cached variant whose files still match its record does
   nothing; one that no longer matches is fetched again (its old record is
-  removed first, so that no record ever describes other files).
+  removed first, so that no record ever describes other files).  An import
+  that fails its check leaves the cached variant as it was.
 """
 
 from __future__ import annotations
@@ -200,6 +201,7 @@ def _install_file(factory: Any, variant: Variant, part: Path, how: str, old: Rec
     if problem:
         part.unlink()
         raise StoreError(f"{where}: {problem} (nothing kept)")
+    _drop_record(model_id, variant.name, env)  # checked: from here the files change
     notes = []
     if not source.sha256 and not source.hash_prefix and not known:
         notes.append(f"{model_id} {variant.name}: {source.url} publishes no checksum: recorded sha256 {digest} "
@@ -232,11 +234,13 @@ def _install_tree(factory: Any, variant: Variant, stage: Path, how: str, old: Re
     if old is not None and old.source == source_text(variant):
         for rel, entry in sorted(old.files.items()):
             if rel in files and files[rel]["sha256"] != entry.get("sha256"):
+                shutil.rmtree(stage)
                 raise StoreError(f"{where}: {rel}: sha256 mismatch: got {files[rel]['sha256']}, "
                                  f"the first pull recorded {entry.get('sha256')}")
     else:
         notes.append(f"{model_id} {variant.name}: {source_text(variant)}: recorded the sha256 of {len(files)} "
                      "files (later pulls, imports and verify check against them)")
+    _drop_record(model_id, variant.name, env)  # checked: from here the files change
     final = directory / HUB_DIR
     if final.exists():
         shutil.rmtree(final)
@@ -321,13 +325,11 @@ def _import(factory: Any, variant: Variant, given: Path, env: dict[str, str]) ->
         if stage.exists():
             shutil.rmtree(stage)
         shutil.copytree(given, stage, ignore=shutil.ignore_patterns(".*"))
-        _drop_record(model_id, variant.name, env)
         return _install_tree(factory, variant, stage, "import", old, env, str(given))
     if not given.is_file():
         raise StoreError(f"{given}: {model_id} {variant.name} is one file ({source.filename}), not a folder")
     part = directory / (source.filename + PART)
     shutil.copyfile(given, part)
-    _drop_record(model_id, variant.name, env)
     return _install_file(factory, variant, part, "import", old, env, str(given))
 
 

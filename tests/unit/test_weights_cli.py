@@ -211,8 +211,8 @@ def test_import_stores_exactly_what_a_pull_stores(source, capsys, tmp_path):
     copied.write_bytes(state_dict_bytes(2))
     code, out, err = svcctl(capsys, "import", "MOBILENETV2", str(copied))
     assert code == 1 and "invalid hash value" in err and out == ""
-    assert read_record("MOBILENETV2", "FIXTURE_V2") is None and cache_files(tmp_path) == [
-        f"MOBILENETV2/FIXTURE_V2/{FILENAME}"]  # the old file, no record: not cached
+    assert read_record("MOBILENETV2", "FIXTURE_V2") == pulled  # a failed import changes nothing
+    assert cache_files(tmp_path) == [f"MOBILENETV2/FIXTURE_V2/{FILENAME}", "MOBILENETV2/FIXTURE_V2/record.json"]
     copied.write_bytes(BODY)
     code, out, err = svcctl(capsys, "import", "MOBILENETV2", str(copied))
     assert code == 0, err
@@ -373,3 +373,63 @@ def test_an_unreadable_record_is_reported_and_replaced(source, capsys):
         model_config(mobilenetv2, {"weights": "pretrained"}, "m.toml")
     assert svcctl(capsys, "pull", "MOBILENETV2")[0] == 0
     assert svcctl(capsys, "verify")[0] == 0
+
+
+def test_a_converted_variant_records_the_download_and_what_build_loads(source, capsys, monkeypatch):
+    calls = []
+
+    def convert(self, name: str, src: str, dst: str) -> str:
+        calls.append((name, src, dst))
+        out = f"{dst}/converted"
+        import os
+
+        os.makedirs(out)
+        with open(f"{out}/model.safetensors", "wb") as f:
+            f.write(b"converted:" + open(src, "rb").read()[:10])
+        return "converted"
+
+    monkeypatch.setattr(MobileNetV2Factory, "convert", convert, raising=False)
+    variant = Variant("CONVERTED", FileSource(url=URL, hash_prefix=PREFIX, convert="fixture"), license="MIT")
+    monkeypatch.setattr(MobileNetV2Factory, "variants", (*FIXTURE_VARIANTS, variant))
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2", "--variant", "CONVERTED")
+    assert code == 0, err
+    directory = variant_dir("MOBILENETV2", "CONVERTED")
+    assert calls == [("fixture", str(directory / FILENAME), str(directory))]
+    record = read_record("MOBILENETV2", "CONVERTED")
+    converted = b"converted:" + BODY[:10]
+    assert record.weights == "converted"
+    assert record.files == {FILENAME: {"sha256": SHA, "size": len(BODY)},
+                            "converted/model.safetensors": {"sha256": hashlib.sha256(converted).hexdigest(),
+                                                            "size": len(converted)}}
+    assert out.endswith(f"cached: {directory / 'converted'}\n")
+    assert svcctl(capsys, "verify")[0] == 0
+
+
+def test_hub_variants_import_a_folder_and_say_when_pull_is_unavailable(source, capsys, monkeypatch, tmp_path):
+    from svc.weightstore.catalog import HubSource
+
+    variant = Variant("HUB", HubSource(repo_id="org/repo", revision="abc123"), license="Apache-2.0")
+    monkeypatch.setattr(MobileNetV2Factory, "variants", (*FIXTURE_VARIANTS, variant))
+    folder = tmp_path / "repo"
+    (folder / "unet").mkdir(parents=True)
+    (folder / "unet" / "config.json").write_text("{}")
+    (folder / "model_index.json").write_text('{"a": 1}')
+    (folder / ".git").mkdir()
+    (folder / ".git" / "HEAD").write_text("x")
+    code, out, err = svcctl(capsys, "import", "MOBILENETV2", str(folder), "--variant", "HUB")
+    assert code == 0, err
+    record = read_record("MOBILENETV2", "HUB")
+    assert (record.source, record.weights, record.how, sorted(record.files)) == (
+        "org/repo@abc123", "hub", "import", ["hub/model_index.json", "hub/unet/config.json"])
+    assert out.splitlines()[0] == ("MOBILENETV2 HUB: org/repo@abc123: recorded the sha256 of 2 files (later pulls, "
+                                   "imports and verify check against them)")
+    assert svcctl(capsys, "verify")[0] == 0
+    (folder / "model_index.json").write_text('{"a": 2}')
+    code, _, err = svcctl(capsys, "import", "MOBILENETV2", str(folder), "--variant", "HUB")
+    assert code == 1 and "hub/model_index.json: sha256 mismatch" in err
+    assert read_record("MOBILENETV2", "HUB") == record and not (variant_dir("MOBILENETV2", "HUB") / "hub.part").exists()
+    assert svcctl(capsys, "pull", "MOBILENETV2", "--variant", "HUB")[:2] == (
+        0, f"MOBILENETV2 HUB: already cached and verified: {variant_dir('MOBILENETV2', 'HUB') / 'hub'}\n")
+    (variant_dir("MOBILENETV2", "HUB") / "hub" / "model_index.json").write_text("damaged")
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2", "--variant", "HUB")
+    assert code == 1 and len(err.splitlines()) == 1 and err.startswith("svcctl: MOBILENETV2 HUB: org/repo@abc123: ")

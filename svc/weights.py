@@ -74,7 +74,7 @@ def resolve_pretrained(factory: Any, table: dict, config_path: str, env: dict[st
     if not wanted:
         return table
     from svc.config import ConfigError
-    from svc.weightstore.cache import RECORD_NAME, RecordError, cached_weights, read_record, variant_dir
+    from svc.weightstore.cache import HUB_DIR, RECORD_NAME, RecordError, cached_weights, read_record, variant_dir
     from svc.weightstore.catalog import FileSource, find_variant
 
     try:
@@ -97,7 +97,7 @@ def resolve_pretrained(factory: Any, table: dict, config_path: str, env: dict[st
     except RecordError as e:
         raise WeightsError(f"weights {table['weights']!r} (from {config_path}): {e}: run `{command}` again") from None
     if path is None or record is None:
-        expected = directory / (variant.source.filename if isinstance(variant.source, FileSource) else "hub")
+        expected = directory / (variant.source.filename if isinstance(variant.source, FileSource) else HUB_DIR)
         raise WeightsError(f"weights {table['weights']!r} (from {config_path}): {expected} is missing: {model_id} "
                            f"variant {variant.name} is not in the weights cache; run `{command}` first")
     for rel, entry in sorted(record.files.items()):

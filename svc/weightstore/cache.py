@@ -35,6 +35,8 @@ from typing import Any
 
 WEIGHTS_DIR_ENV = "SERVICE_WEIGHTS_DIR"
 RECORD_NAME = "record.json"
+#: Where a hub variant's repository lives inside its variant directory.
+HUB_DIR = "hub"
 
 
 def weights_dir(env: dict[str, str] | None = None) -> Path:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from svc.weightstore.cache import (
+    HUB_DIR,
     RECORD_NAME,
     Record,
     RecordError,
@@ -45,8 +46,6 @@ from svc.weightstore.catalog import FileSource, HubSource, Variant
 from svc.weightstore.fetch import FetchError, Progress, download, mirrored, sha256_file
 
 PART = ".part"
-#: Where a hub variant's snapshot lives inside its variant directory.
-HUB_DIR = "hub"
 
 
 class StoreError(Exception):

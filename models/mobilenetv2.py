@@ -1,13 +1,22 @@
 """MOBILENETV2: ImageNet classification with torchvision's ``mobilenet_v2``.
 
-Standard ImageNet preprocessing (resize 256, center crop 224, normalize:
-torchvision's preset for these weights), batched forward pass under
-``torch.inference_mode()``, softmax, top-k.  Large JPEGs are decoded at a
-reduced DCT scale that still covers 256 px (Pillow ``draft``), which cuts
-decode time by about a third.  The resize of the short side to 256 is
-checked before decoding (``svc.images.check_resize``): an image whose long
-side would pass 65536 (aspect ratio above 256:1; an 8000x1 PNG would become
-a 2,048,000x256 intermediate of 1.5 GB) fails its item with status 5.
+Standard ImageNet preprocessing (resize the short side to ``resize``, center
+crop 224, normalize: torchvision's presets), batched forward pass under
+``torch.inference_mode()``, softmax, top-k.  ``resize`` follows the weights:
+torchvision evaluates ``IMAGENET1K_V1`` at 256 and ``IMAGENET1K_V2`` at 232,
+and each pretrained variant implies its value (``[model] resize``; 256 for
+random init and local files).  Large JPEGs are decoded at a reduced DCT
+scale that still covers ``resize`` px (Pillow ``draft``), which cuts decode
+time by about a third.  The resize of the short side is checked before
+decoding (``svc.images.check_resize``): an image whose long side would pass
+65536 (aspect ratio above 256:1; an 8000x1 PNG would become a 2,048,000x256
+intermediate of 1.5 GB) fails its item with status 5.
+
+Pretrained variants (``svcctl weights pull MOBILENETV2``): torchvision's
+``IMAGENET1K_V1`` and ``IMAGENET1K_V2`` state dicts (BSD-3-Clause), checked
+by the hash prefix of their file names as torch.hub checks them.  V2 is the
+default: 72.154 % top-1 against 71.878 % for V1 (torchvision's figures), at
+the same size and cost.
 
 The decode threads only resize and crop with Pillow; the float conversion and
 normalisation run batched in the worker thread with the forward pass, so that
@@ -26,9 +35,37 @@ from svc.images import check_resize, short_side_size
 from svc.modelapi import IModel, IModelFactory
 from svc.schema import object_schema
 from svc.weights import WEIGHTS_PROPERTIES, calibrate_batchnorm, load_into, path_of, read_state_dict, version_of
+from svc.weightstore.catalog import FileSource, Variant
 
 CATEGORIES_FILE = os.path.join(os.path.dirname(__file__), "data", "imagenet_classes.txt")
 NUM_CLASSES = 1000
+CROP = 224
+#: torchvision's evaluation resize of its original weights, used for random init and local files.
+DEFAULT_RESIZE = 256
+LICENSE = "BSD-3-Clause (torchvision)"
+
+#: torchvision's MobileNet_V2_Weights: the same URLs; the hex after the last '-' of each file name is the
+#: prefix of its SHA-256 that torch.hub checks (tests compare these with torchvision's own source).
+VARIANTS = (
+    Variant(
+        name="IMAGENET1K_V1",
+        source=FileSource(url="https://download.pytorch.org/models/mobilenet_v2-b0353104.pth",
+                          hash_prefix="b0353104", size=14_213_447),
+        license=LICENSE,
+        description="torchvision's original recipe: ImageNet-1K top-1 71.878 %, top-5 90.286 % at resize 256 / crop 224.",
+        model={"resize": 256},
+    ),
+    Variant(
+        name="IMAGENET1K_V2",
+        source=FileSource(url="https://download.pytorch.org/models/mobilenet_v2-7ebf99e0.pth",
+                          hash_prefix="7ebf99e0", size=14_258_539),
+        license=LICENSE,
+        description="torchvision's improved recipe: ImageNet-1K top-1 72.154 %, top-5 90.822 % at resize 232 / "
+        "crop 224.",
+        model={"resize": 232},
+        default=True,
+    ),
+)
 
 
 def imagenet_categories() -> list[str]:
@@ -58,26 +95,27 @@ PARAMS_SCHEMA = object_schema(
 class MobileNetV2:
     """A built MobileNetV2 on its device."""
 
-    def __init__(self, net: Any, device: str, version: str) -> None:
+    def __init__(self, net: Any, device: str, version: str, resize: int = DEFAULT_RESIZE) -> None:
         from torchvision.models import MobileNet_V2_Weights
 
         self.net = net
         self.device = device
         self.version = version
         self.categories = imagenet_categories()
-        # The torchvision preset of these weights (constructing it downloads nothing):
-        # its sizes, interpolation, mean and std are applied in two halves below.
+        # torchvision's preset (constructing it downloads nothing): its crop, interpolation, mean and std are
+        # applied in two halves below; the resize is the configured one (232 for IMAGENET1K_V2, else 256).
         self.preset = MobileNet_V2_Weights.IMAGENET1K_V1.transforms()
+        self.resize = [resize]
 
     def preprocess(self, image: Any, params: dict) -> Any:
         from torchvision.transforms import functional as F
 
         p = self.preset
-        side = p.resize_size[0]
+        side = self.resize[0]
         image.draft("RGB", (side, side))
-        # The short side becomes 256 whatever the long side: check that resize before decoding.
+        # The short side becomes `resize` whatever the long side: check that resize before decoding.
         check_resize(image.size, short_side_size(image.width, image.height, side))
-        image = F.resize(image.convert("RGB"), p.resize_size, interpolation=p.interpolation, antialias=p.antialias)
+        image = F.resize(image.convert("RGB"), self.resize, interpolation=p.interpolation, antialias=p.antialias)
         return F.pil_to_tensor(F.center_crop(image, p.crop_size))  # uint8 CHW, a view of the pixels
 
     def batch_key(self, params: dict) -> Any:
@@ -108,7 +146,7 @@ class MobileNetV2:
     def warmup_input(self) -> Any:
         import torch
 
-        return torch.zeros(3, 224, 224, dtype=torch.uint8)
+        return torch.zeros(3, CROP, CROP, dtype=torch.uint8)
 
 
 @implementer(IPlugin, IModelFactory)
@@ -132,7 +170,21 @@ class MobileNetV2Factory:
             "categories": {"type": "array", "items": {"type": "string"}},
         },
     }
-    config_schema = object_schema(dict(WEIGHTS_PROPERTIES), description="[model] table of MOBILENETV2.")
+    config_schema = object_schema(
+        {
+            **WEIGHTS_PROPERTIES,
+            "resize": {
+                "type": "integer",
+                "minimum": CROP,
+                "maximum": 1024,
+                "default": DEFAULT_RESIZE,
+                "description": "Short side of the image before the 224x224 center crop: the weights' evaluation "
+                "preset (IMAGENET1K_V1: 256, IMAGENET1K_V2: 232; a pretrained variant implies its value).",
+            },
+        },
+        description="[model] table of MOBILENETV2.",
+    )
+    variants = VARIANTS
 
     def params_schema(self, config: dict) -> dict:
         return PARAMS_SCHEMA
@@ -149,7 +201,7 @@ class MobileNetV2Factory:
         else:
             calibrate_batchnorm(net, (8, 3, 224, 224), config.get("seed", 0))
         net.eval().to(device)
-        return MobileNetV2(net, device, version_of(config, path))
+        return MobileNetV2(net, device, version_of(config, path), config.get("resize", DEFAULT_RESIZE))
 
 
 mobilenetv2 = MobileNetV2Factory()

@@ -12,7 +12,9 @@ JSON envelope, base64 images and the Bearer header.  It has:
   reply; exit 0 on a 2xx reply, 1 on any other HTTP status, 2 when no request
   could be made or completed (no token, unreadable image, connection failure,
   deadline), 130 when interrupted;
-* ``svcctl openapi check|write``: the committed OpenAPI documents.
+* ``svcctl openapi check|write``: the committed OpenAPI documents;
+* ``svcctl weights list|pull|import|verify``: pretrained weights in the
+  local cache (``svc.weightstore.cli``).
 
 The HTTP client is treq under ``task.react``; one deadline covers the request
 and the body read (STYLE trap 1).  Twisted and treq are imported only by the
@@ -393,6 +395,10 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "wait":
             action.add_argument("--timeout", dest="wait_ms", type=_non_negative_int, default=DEFAULT_WAIT_MS,
                                 metavar="MS", help=f"wait budget in milliseconds (default {DEFAULT_WAIT_MS})")
+
+    from svc.weightstore import cli as weights
+
+    weights.add_parser(sub)
     return parser
 
 
@@ -410,6 +416,10 @@ def main(argv: list[str] | None = None) -> int:
         return _hash(args)
     if args.command in ("infer", "jobs"):
         return _run_client(args)
+    if args.command == "weights":
+        from svc.weightstore import cli as weights
+
+        return weights.main(args)
     parser.print_help()
     return 2
 

@@ -107,20 +107,25 @@ def model_config(factory: IModelFactory, table: dict, config_path: str) -> dict:
     """The [model] table of ``config_path`` checked and completed for ``factory``.
 
     Checks the table against ``factory.config_schema`` (raising
-    ``svc.config.ConfigError`` naming the first bad key), applies the
-    schema's defaults, and resolves a weights path (raising
-    ``svc.weights.WeightsError`` when it does not exist).  The result is what
-    ``build`` and ``params_schema`` receive.
+    ``svc.config.ConfigError`` naming the first bad key), resolves
+    ``weights = "pretrained[:VARIANT]"`` from the weights cache with the keys
+    the variant implies (``svc.weights.resolve_pretrained``; those keys are
+    checked by the same schema), applies the schema's defaults, and resolves
+    a weights path (raising ``svc.weights.WeightsError`` when it does not
+    exist).  The result is what ``build`` and ``params_schema`` receive.
     """
     from svc.config import ConfigError
     from svc.schema import ObjectSchema
-    from svc.weights import check_path
+    from svc.weights import check_path, resolve_pretrained
 
     schema = ObjectSchema(factory.config_schema, "key")
-    problems = schema.errors(table, "model")
-    if problems:
-        where = problems[0].pointer.strip("/").replace("/", ".")
-        raise ConfigError(config_path, where, problems[0].message)
+    for stage in ("as written", "with the variant's keys"):
+        problems = schema.errors(table, "model")
+        if problems:
+            where = problems[0].pointer.strip("/").replace("/", ".")
+            raise ConfigError(config_path, where, problems[0].message)
+        if stage == "as written":
+            table = resolve_pretrained(factory, table, config_path)
     config = schema.with_defaults(table)
     resolved = check_path(config, config_path)
     if resolved is not None:

@@ -1,10 +1,15 @@
-"""Local weights for model plugins: random init with a seed, or a file.
+"""Local weights for model plugins: random init with a seed, a file, or a cached pretrained variant.
 
 Nothing is ever downloaded.  ``weights = "random"`` builds the architecture
 from a seed (the model version says so); a path loads a ``.pth``/``.pt``
-state dict (torch.load with ``weights_only``) or a ``.safetensors`` file.  A
-missing file or the first tensor that does not fit the architecture stops the
-model server with one line naming the file and the tensor.
+state dict (torch.load with ``weights_only``) or a ``.safetensors`` file;
+``"pretrained"`` (the plugin's default variant) or ``"pretrained:<VARIANT>"``
+loads what ``svcctl weights pull`` or ``import`` put in the weights cache
+(``svc.weightstore``), applies the ``[model]`` keys the variant implies and
+reports the variant's name as the version.  A missing file, a variant not in
+the cache, or the first tensor that does not fit the architecture stops the
+model server with one line naming the file and the tensor (or the command
+that fills the cache).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import os
 from typing import Any
 
 RANDOM = "random"
+PRETRAINED = "pretrained"
 
 #: Config properties every plugin accepts in its [model] table.
 WEIGHTS_PROPERTIES: dict[str, dict] = {
@@ -21,14 +27,15 @@ WEIGHTS_PROPERTIES: dict[str, dict] = {
         "type": "string",
         "minLength": 1,
         "default": RANDOM,
-        "description": "'random' (seeded random init) or a local weights path.",
+        "description": "'random' (seeded random init), 'pretrained' (the model's default pretrained variant) or "
+        "'pretrained:<VARIANT>' from the weights cache (svcctl weights pull), or a local weights path.",
     },
     "seed": {"type": "integer", "minimum": 0, "default": 0, "description": "Seed of the random init."},
     "version": {
         "type": "string",
         "minLength": 1,
-        "description": "Model version reported in replies; default: random-init-seed<N>, or the file name and "
-        "the first 12 hex digits of its SHA-256.",
+        "description": "Model version reported in replies; default: random-init-seed<N>, the pretrained variant's "
+        "name, or the file name and the first 12 hex digits of its SHA-256.",
     },
 }
 
@@ -39,6 +46,69 @@ class WeightsError(Exception):
 
 def is_random(config: dict) -> bool:
     return config.get("weights", RANDOM) == RANDOM
+
+
+def pretrained_variant(config: dict) -> tuple[bool, str | None]:
+    """Whether ``weights`` names a pretrained variant, and which (None: the plugin's default)."""
+    value = config.get("weights", RANDOM)
+    if value == PRETRAINED:
+        return True, None
+    if value.startswith(PRETRAINED + ":"):
+        return True, value[len(PRETRAINED) + 1:]
+    return False, None
+
+
+def resolve_pretrained(factory: Any, table: dict, config_path: str, env: dict[str, str] | None = None) -> dict:
+    """The [model] table with ``weights = "pretrained[:VARIANT]"`` resolved from the weights cache.
+
+    The variant's implied keys (its ``model`` mapping, e.g. a preprocessing
+    size) are added where the table does not set them; an explicit key with
+    another value is refused (``svc.config.ConfigError``), since the weights
+    were trained for the variant's value.  ``version`` defaults to the
+    variant's name.  ``weights`` becomes the cached path; a variant not in
+    the cache raises WeightsError naming the file, the variant and the
+    ``svcctl weights pull`` command (startup never downloads).  Any other
+    table is returned unchanged.
+    """
+    wanted, name = pretrained_variant(table)
+    if not wanted:
+        return table
+    from svc.config import ConfigError
+    from svc.weightstore.cache import HUB_DIR, RECORD_NAME, RecordError, cached_weights, read_record, variant_dir
+    from svc.weightstore.catalog import FileSource, find_variant
+
+    try:
+        variant = find_variant(factory, name or None)
+    except KeyError as e:
+        raise ConfigError(config_path, "model.weights", e.args[0]) from None
+    config = dict(table)
+    for key, value in variant.model.items():
+        if key in table and table[key] != value:
+            raise ConfigError(config_path, f"model.{key}", f"{table[key]!r} conflicts with weights = "
+                              f"{table['weights']!r}: the variant {variant.name} implies {key} = {value!r}")
+        config[key] = value
+    config.setdefault("version", variant.name)
+    model_id = factory.catalog_id
+    directory = variant_dir(model_id, variant.name, env)
+    command = f"svcctl weights pull {model_id}" + ("" if variant.default or name is None else f" --variant {variant.name}")
+    try:
+        path = cached_weights(model_id, variant.name, env)
+        record = read_record(model_id, variant.name, env)
+    except RecordError as e:
+        raise WeightsError(f"weights {table['weights']!r} (from {config_path}): {e}: run `{command}` again") from None
+    if path is None or record is None:
+        expected = directory / (variant.source.filename if isinstance(variant.source, FileSource) else HUB_DIR)
+        raise WeightsError(f"weights {table['weights']!r} (from {config_path}): {expected} is missing: {model_id} "
+                           f"variant {variant.name} is not in the weights cache; run `{command}` first")
+    for rel, entry in sorted(record.files.items()):
+        file = directory / rel
+        size = file.stat().st_size if file.is_file() else None
+        if size != entry.get("size"):
+            state = "missing" if size is None else f"{size} bytes, {RECORD_NAME} says {entry.get('size')}"
+            raise WeightsError(f"weights {table['weights']!r} (from {config_path}): {file}: {state}: {model_id} "
+                               f"variant {variant.name} is damaged; run `{command}` again")
+    config["weights"] = str(path)
+    return config
 
 
 def path_of(config: dict) -> str | None:
@@ -54,6 +124,9 @@ def check_path(config: dict, config_path: str) -> str | None:
     """
     if is_random(config):
         return None
+    if pretrained_variant(config)[0]:
+        raise WeightsError(f"weights {config['weights']!r} (from {config_path}): a pretrained variant is resolved "
+                           "by svc.modelapi.model_config")
     path = os.path.expanduser(config["weights"])
     candidates = [path]
     if not os.path.isabs(path):

@@ -6,10 +6,23 @@ Layout, under ``$SERVICE_WEIGHTS_DIR`` (default
 
     <MODEL_ID>/<VARIANT>/record.json   what was fetched, from where, its digests
     <MODEL_ID>/<VARIANT>/<files>       the file or folder ``build`` loads
+    <MODEL_ID>/<VARIANT>/<file>.part   a download under way or cut (resumed by the next pull)
+    <MODEL_ID>/<VARIANT>/hub/          a hub repository's files (``hub.part/`` while fetched)
 
 A variant is cached when its ``record.json`` exists: the record is written
 last, atomically, after every file was checked, so a pull that failed or
-was cut never leaves a variant that looks complete.
+was cut never leaves a variant that looks complete.  ``record.json``::
+
+    {"model": "MOBILENETV2", "variant": "IMAGENET1K_V2",
+     "source": "https://download.pytorch.org/models/mobilenet_v2-7ebf99e0.pth",
+     "weights": "mobilenet_v2-7ebf99e0.pth",
+     "files": {"mobilenet_v2-7ebf99e0.pth": {"sha256": "7ebf99e0...", "size": 14258539}},
+     "pulled_at": "2026-11-23T19:40:00Z", "how": "pull"}
+
+``source`` is the official URL (not the mirror's) or hub ``repo_id@revision``;
+``files`` lists every file the variant keeps (a download and what a
+converter made of it), which ``svcctl weights verify`` rechecks; ``how`` is
+``pull`` or ``import``.
 """
 
 from __future__ import annotations
@@ -22,6 +35,8 @@ from typing import Any
 
 WEIGHTS_DIR_ENV = "SERVICE_WEIGHTS_DIR"
 RECORD_NAME = "record.json"
+#: Where a hub variant's repository lives inside its variant directory.
+HUB_DIR = "hub"
 
 
 def weights_dir(env: dict[str, str] | None = None) -> Path:
@@ -53,14 +68,27 @@ class Record:
         return asdict(self)
 
 
+class RecordError(ValueError):
+    """A ``record.json`` that cannot be read as a record; ``str()`` is one line naming it."""
+
+
 def read_record(model_id: str, variant: str, env: dict[str, str] | None = None) -> Record | None:
-    """The record of a cached variant, or None when it is not cached."""
+    """The record of a cached variant, or None when it is not cached.
+
+    Raises :class:`RecordError` for a record that is not one (edited by
+    hand, or a disk fault), so that nothing serves or verifies against it.
+    """
     path = variant_dir(model_id, variant, env) / RECORD_NAME
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+        record = Record(**data)
+        if not isinstance(record.files, dict) or not isinstance(record.weights, str):
+            raise TypeError("files must be an object and weights a string")
+        return record
     except FileNotFoundError:
         return None
-    return Record(**data)
+    except (OSError, ValueError, TypeError) as e:
+        raise RecordError(f"{path}: not a weights record ({type(e).__name__}: {e})") from None
 
 
 def write_record(record: Record, env: dict[str, str] | None = None) -> Path:
@@ -75,7 +103,10 @@ def write_record(record: Record, env: dict[str, str] | None = None) -> Path:
 
 
 def cached_weights(model_id: str, variant: str, env: dict[str, str] | None = None) -> Path | None:
-    """The path ``build`` loads for a cached variant, or None when the variant is not cached."""
+    """The path ``build`` loads for a cached variant, or None when the variant is not cached.
+
+    Raises :class:`RecordError` when its record cannot be read.
+    """
     record = read_record(model_id, variant, env)
     if record is None:
         return None

@@ -1,0 +1,246 @@
+"""``svcctl weights``: list, pull, import and verify the pretrained weights of the catalog models.
+
+Why a command of its own: a model server never touches the network (its
+``weights = "pretrained[:VARIANT]"`` reads the cache only), so the official
+files are fetched ahead of time, checked, and recorded here:
+
+* ``svcctl weights list [--json]``: every model's variants, their source,
+  size, checksum, licence and whether each is cached;
+* ``svcctl weights pull ID... | --all [--variant NAME]``: download into the
+  cache (``$SERVICE_WEIGHTS_DIR``) with a progress bar on stderr, resumable
+  and atomic (``svc.weightstore.store``); ``$SERVICE_WEIGHTS_MIRROR`` replaces
+  the scheme and host of the official URLs;
+* ``svcctl weights import ID PATH [--variant NAME]``: the air-gapped path,
+  a copied-in file or folder stored exactly as a pull stores it;
+* ``svcctl weights verify``: recheck every cached file against its record.
+
+Exit status: 0 when everything asked for is cached and verified, 1 with one
+line per failure on stderr otherwise, 2 for a usage error (unknown model or
+variant), 130 when interrupted (a download keeps its ``.part`` to resume).
+Runs no reactor and imports no torch: the download uses ``http.client``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _fail(message: str) -> None:
+    print(f"svcctl: {message}", file=sys.stderr)
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``weights`` and its actions to the ``svcctl`` subcommands ``sub``."""
+    from svc.weightstore.cache import WEIGHTS_DIR_ENV
+    from svc.weightstore.fetch import MIRROR_ENV
+
+    weights = sub.add_parser(
+        "weights", help="list, pull, import and verify pretrained weights",
+        description=f"Pretrained weights of the catalog models, in the cache ${WEIGHTS_DIR_ENV} "
+                    f"(downloads through ${MIRROR_ENV} when set).")
+    actions = weights.add_subparsers(dest="action", metavar="ACTION", required=True)
+    listing = actions.add_parser("list", help="every model's variants and whether each is cached")
+    listing.add_argument("--json", action="store_true", help="one JSON array of objects")
+    pull = actions.add_parser("pull", help="download variants into the cache (resumable, checked)")
+    pull.add_argument("ids", metavar="ID", nargs="*", help="catalog model id")
+    pull.add_argument("--all", action="store_true", help="every model that declares variants")
+    pull.add_argument("--variant", metavar="NAME", help="this variant (default: each model's default variant)")
+    importing = actions.add_parser("import", help="store a copied-in file or folder as a pull would")
+    importing.add_argument("id", metavar="ID", help="catalog model id")
+    importing.add_argument("path", metavar="PATH", help="the official file (or hub repository folder)")
+    importing.add_argument("--variant", metavar="NAME", help="default: the model's default variant")
+    actions.add_parser("verify", help="recheck every cached file against its record")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``svcctl weights <action>``; the exit status."""
+    try:
+        if args.action == "list":
+            return _list(args)
+        if args.action == "pull":
+            return _pull(args)
+        if args.action == "import":
+            return _import(args)
+        return _verify()
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        _fail("interrupted (a partial download is kept as .part: pull again to resume)")
+        return EXIT_INTERRUPTED
+
+
+def describe(factory: Any, variant: Any) -> dict[str, Any]:
+    """One row of ``weights list --json``: the variant as declared, and its state in the cache."""
+    from svc.weightstore.cache import RecordError, cached_weights, read_record
+    from svc.weightstore.catalog import FileSource
+    from svc.weightstore.store import source_text
+
+    source = variant.source
+    try:
+        record = read_record(factory.catalog_id, variant.name)
+        path = cached_weights(factory.catalog_id, variant.name)
+    except RecordError:  # listed as not cached; verify names the record
+        record, path = None, None
+    row: dict[str, Any] = {
+        "model": factory.catalog_id,
+        "variant": variant.name,
+        "default": variant.default,
+        "source": source_text(variant),
+        "kind": "file" if isinstance(source, FileSource) else "hub",
+        "size": variant.size,
+        "sha256": getattr(source, "sha256", None),
+        "hash_prefix": getattr(source, "hash_prefix", None),
+        "license": variant.license,
+        "description": variant.description,
+        "model_keys": dict(variant.model),
+        "cached": path is not None,
+        "path": str(path) if path is not None else None,
+        "recorded_sha256": None,
+        "how": record.how if record is not None else None,
+    }
+    if record is not None and isinstance(source, FileSource) and source.filename in record.files:
+        row["recorded_sha256"] = record.files[source.filename].get("sha256")
+    return row
+
+
+def _rows() -> list[dict[str, Any]]:
+    from svc.modelapi import factories
+    from svc.weightstore.catalog import variants_of
+
+    found = factories()
+    return [describe(found[mid], v) for mid in sorted(found) for v in variants_of(found[mid])]
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "?"
+    return f"{n / 1e6:.1f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
+
+
+def _list(args: argparse.Namespace) -> int:
+    from svc.weightstore.cache import weights_dir
+
+    rows = _rows()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return EXIT_OK
+    header = ("MODEL", "VARIANT", "SIZE", "CHECKSUM", "LICENSE", "CACHED", "SOURCE")
+    table = [header]
+    for row in rows:
+        check = (f"sha256:{row['sha256'][:12]}" if row["sha256"] else
+                 f"prefix:{row['hash_prefix']}" if row["hash_prefix"] else
+                 f"recorded:{row['recorded_sha256'][:12]}" if row["recorded_sha256"] else "first pull")
+        table.append((row["model"], row["variant"] + (" (default)" if row["default"] else ""), _size(row["size"]),
+                      check, row["license"], "yes" if row["cached"] else "no", row["source"]))
+    widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
+    for r in table:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    print(f"\ncache: {weights_dir()}")
+    return EXIT_OK
+
+
+def _selected(args: argparse.Namespace) -> list[tuple[Any, Any]] | None:
+    """The (factory, variant) pairs a ``pull`` names; None after a usage error (reported)."""
+    from svc.modelapi import PluginError, factories, find_factory
+    from svc.weightstore.catalog import find_variant, variants_of
+
+    if args.all == bool(args.ids):
+        _fail("weights pull: name model ids or --all (not both)")
+        return None
+    if args.all:
+        found = factories()
+        chosen = []
+        for mid in sorted(found):
+            names = [v.name for v in variants_of(found[mid])]
+            if names and (args.variant is None or args.variant in names):
+                chosen.append((found[mid], find_variant(found[mid], args.variant)))
+        if not chosen:
+            _fail(f"weights pull --all: no model declares a variant {args.variant!r}")
+            return None
+        return chosen
+    chosen = []
+    for mid in dict.fromkeys(args.ids):
+        try:
+            factory = find_factory(mid)
+            chosen.append((factory, find_variant(factory, args.variant)))
+        except PluginError as e:
+            _fail(str(e))
+            return None
+        except KeyError as e:
+            _fail(e.args[0])
+            return None
+    return chosen
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from svc.weightstore.store import StoreError, pull
+
+    chosen = _selected(args)
+    if chosen is None:
+        return EXIT_USAGE
+    failures = 0
+    for factory, variant in chosen:
+        name = f"{factory.catalog_id} {variant.name}"
+        try:
+            stored = pull(factory, variant)
+        except StoreError as e:
+            _fail(f"{name}: {e}")
+            failures += 1
+            continue
+        for note in stored.notes:
+            print(note)
+        state = "cached" if stored.fetched else "already cached and verified"
+        print(f"{name}: {state}: {_weights_path(stored.record)}")
+        sys.stdout.flush()
+    return EXIT_FAILED if failures else EXIT_OK
+
+
+def _weights_path(record: Any) -> str:
+    from svc.weightstore.cache import variant_dir
+
+    return str(variant_dir(record.model, record.variant) / record.weights)
+
+
+def _import(args: argparse.Namespace) -> int:
+    from svc.modelapi import PluginError, find_factory
+    from svc.weightstore.catalog import find_variant
+    from svc.weightstore.store import StoreError, import_path
+
+    try:
+        factory = find_factory(args.id)
+        variant = find_variant(factory, args.variant)
+    except PluginError as e:
+        _fail(str(e))
+        return EXIT_USAGE
+    except KeyError as e:
+        _fail(e.args[0])
+        return EXIT_USAGE
+    try:
+        stored = import_path(factory, variant, args.path)
+    except StoreError as e:
+        _fail(f"{factory.catalog_id} {variant.name}: {e}")
+        return EXIT_FAILED
+    for note in stored.notes:
+        print(note)
+    print(f"{factory.catalog_id} {variant.name}: imported: {_weights_path(stored.record)}")
+    return EXIT_OK
+
+
+def _verify() -> int:
+    from svc.weightstore.cache import weights_dir
+    from svc.weightstore.store import verify
+
+    records, problems = verify()
+    for problem in problems:
+        _fail(problem)
+    bad = {line.split(":", 1)[0] for line in problems}
+    for record in records:
+        if f"{record.model} {record.variant}" not in bad:
+            print(f"{record.model} {record.variant}: ok ({len(record.files)} files)")
+    if not records:
+        print(f"no cached variants in {weights_dir()}")
+    return EXIT_FAILED if problems else EXIT_OK

@@ -1,0 +1,257 @@
+"""Resumable download of one file over HTTP(S), outside any reactor.
+
+``svcctl weights pull`` is a command-line program that runs before any
+server does, so it uses the standard library's ``http.client`` rather than a
+reactor.  A download goes into ``<name>.part``; when that file is already
+there (a pull that was cut), the request asks for the rest with
+``Range: bytes=<size>-`` and appends, or starts again when the server answers
+the whole file.  The caller checks the digest and renames the ``.part`` into
+place: this module never produces a file that looks complete.
+
+``SERVICE_WEIGHTS_MIRROR`` is a base URL that replaces the scheme and host of
+every URL fetched here: ``https://host/path`` is fetched as
+``$SERVICE_WEIGHTS_MIRROR/host/path`` (an internal mirror, or the fake
+sources of the tests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import socket
+import ssl
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import IO
+from urllib.parse import urljoin, urlsplit
+
+from svc import __version__
+
+MIRROR_ENV = "SERVICE_WEIGHTS_MIRROR"
+#: Seconds a connect or a single read may take before the pull gives up (the .part stays for a resume).
+SOCKET_TIMEOUT_S = 60.0
+MAX_REDIRECTS = 5
+CHUNK = 1 << 16
+
+
+class FetchError(Exception):
+    """A download that failed; ``str()`` is one line naming the URL and the cause."""
+
+    def __init__(self, url: str, cause: str) -> None:
+        super().__init__(f"{url}: {cause}")
+        self.url = url
+        self.cause = cause
+
+
+def mirrored(url: str, env: Mapping[str, str] | None = None) -> str:
+    """``url`` as fetched: through ``$SERVICE_WEIGHTS_MIRROR`` when it is set."""
+    env = os.environ if env is None else env
+    base = (env.get(MIRROR_ENV) or "").rstrip("/")
+    if not base:
+        return url
+    parts = urlsplit(url)
+    rest = parts.path + (f"?{parts.query}" if parts.query else "")
+    return f"{base}/{parts.netloc}{rest}"
+
+
+def sha256_file(path: str | os.PathLike, digest: "hashlib._Hash | None" = None) -> str:
+    """The hex SHA-256 of a file (``digest`` continues a running hash)."""
+    digest = digest or hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds + 0.5)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+class Progress:
+    """A progress bar on stderr: bytes done of the size, percent, rate and ETA.
+
+    On a terminal the line is redrawn in place; otherwise (a log, a test) a
+    line is written at most every ``interval`` seconds, plus a final one, so
+    that logs stay short.  The rate counts only the bytes of this run, not
+    those a resumed ``.part`` already held.
+    """
+
+    def __init__(self, label: str, stream: IO[str] | None = None, interval: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.interval = interval if interval is not None else (0.1 if self.tty else 2.0)
+        self.clock = clock
+        self.total: int | None = None
+        self.start_at = 0
+        self.done = 0
+        self.started = clock()
+        self.last_drawn: float | None = None
+
+    def begin(self, total: int | None, already: int = 0) -> None:
+        """A (re)started transfer of ``total`` bytes (None: unknown) of which ``already`` are on disk."""
+        self.total, self.start_at, self.done = total, already, already
+        self.started = self.clock()
+
+    def update(self, done: int) -> None:
+        self.done = done
+        now = self.clock()
+        if self.last_drawn is None or now - self.last_drawn >= self.interval:
+            self._draw(now)
+
+    def finish(self) -> None:
+        self._draw(self.clock(), final=True)
+
+    def interrupted(self) -> None:
+        """End a redrawn line before an error is printed under it."""
+        if self.tty and self.last_drawn is not None:
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def line(self, now: float | None = None) -> str:
+        """The current progress line (what is drawn)."""
+        now = self.clock() if now is None else now
+        elapsed = max(now - self.started, 1e-6)
+        rate = (self.done - self.start_at) / elapsed
+        parts = [self.label]
+        if self.total:
+            parts.append(f"{_size(self.done)} / {_size(self.total)} {100 * self.done / self.total:5.1f}%")
+        else:
+            parts.append(_size(self.done))
+        parts.append(f"{_size(rate)}/s")
+        if self.total and rate > 0:
+            parts.append(f"ETA {_duration(max(self.total - self.done, 0) / rate)}")
+        return "  ".join(parts)
+
+    def _draw(self, now: float, final: bool = False) -> None:
+        self.last_drawn = now
+        text = self.line(now)
+        if self.tty:
+            self.stream.write(f"\r{text}\x1b[K" + ("\n" if final else ""))
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def _connect(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise FetchError(url, "not an http:// or https:// URL")
+    target = parts.path or "/"
+    if parts.query:
+        target += f"?{parts.query}"
+    if parts.scheme == "https":
+        return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout,
+                                           context=ssl.create_default_context()), target
+    return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout), target
+
+
+def _cause(error: BaseException) -> str:
+    if isinstance(error, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(error, socket.timeout | TimeoutError):
+        return "timed out"
+    if isinstance(error, socket.gaierror):
+        return "cannot resolve the host name"
+    if isinstance(error, http.client.IncompleteRead):
+        return "the connection closed before the end of the file"
+    if isinstance(error, ssl.SSLError):
+        return f"TLS error: {error.reason or error}"
+    if isinstance(error, http.client.RemoteDisconnected | ConnectionError):
+        return "the connection closed before the end of the file"
+    return f"{type(error).__name__}: {error}"
+
+
+def download(url: str, part: Path, progress: Progress | None = None, *,
+             env: Mapping[str, str] | None = None, timeout: float = SOCKET_TIMEOUT_S) -> None:
+    """Fetch ``url`` (through the mirror) into ``part``, resuming what ``part`` already holds.
+
+    Returns when the server's whole file is in ``part``; raises
+    :class:`FetchError` (naming the URL as fetched) otherwise, leaving
+    ``part`` for the next attempt.  Redirects are followed (at most
+    ``MAX_REDIRECTS``); a ``Range`` request answered 200 starts over.
+    """
+    first = mirrored(url, env)
+    current = first
+    for _ in range(MAX_REDIRECTS + 1):
+        have = part.stat().st_size if part.exists() else 0
+        connection, target = _connect(current, timeout)
+        headers = {"User-Agent": f"svcctl/{__version__}", "Accept-Encoding": "identity"}
+        if have:
+            headers["Range"] = f"bytes={have}-"
+        try:
+            connection.request("GET", target, headers=headers)
+            response = connection.getresponse()
+            if response.status in (301, 302, 303, 307, 308) and response.getheader("Location"):
+                current = urljoin(current, response.getheader("Location"))
+                connection.close()
+                continue
+            if response.status == 416 and have:
+                # The .part is at least as long as the file: it cannot be resumed; start over.
+                part.unlink()
+                connection.close()
+                continue
+            if response.status == 206 and have:
+                offset = _range_start(response.getheader("Content-Range"))
+                if offset != have:
+                    raise FetchError(current, f"the server resumed at byte {offset}, not {have}")
+                mode = "ab"
+            elif response.status == 200:
+                have, mode = 0, "wb"
+            else:
+                raise FetchError(current, f"HTTP {response.status} {response.reason}")
+            length = response.getheader("Content-Length")
+            total = have + int(length) if length and length.isdigit() else None
+            if progress is not None:
+                progress.begin(total, have)
+            done = have
+            with open(part, mode) as f:
+                while True:
+                    block = response.read(CHUNK)
+                    if not block:
+                        break
+                    f.write(block)
+                    done += len(block)
+                    if progress is not None:
+                        progress.update(done)
+                f.flush()
+                os.fsync(f.fileno())
+            if total is not None and done != total:
+                if progress is not None:
+                    progress.interrupted()
+                raise FetchError(current, f"the connection closed after {done} of {total} bytes")
+            if progress is not None:
+                progress.finish()
+            return
+        except (OSError, http.client.HTTPException) as e:
+            if progress is not None:
+                progress.interrupted()
+            raise FetchError(current, _cause(e)) from None
+        finally:
+            connection.close()
+    raise FetchError(first, f"more than {MAX_REDIRECTS} redirects")
+
+
+def _range_start(header: str | None) -> int | None:
+    # "bytes 100-999/1000"
+    if not header or not header.startswith("bytes "):
+        return None
+    first = header[6:].split("-", 1)[0]
+    return int(first) if first.isdigit() else None

@@ -1,0 +1,435 @@
+"""``svcctl weights``: pull, resume, checks, mirror, import, verify, list against a fake source on loopback.
+
+Test hook: ``MobileNetV2Factory.variants`` is monkeypatched to fixture
+variants whose URLs keep the official host and path shape
+(``https://download.pytorch.org/models/mobilenet_v2-<prefix>.pth``), with a
+small real state dict whose SHA-256 starts with ``<prefix>``; every fetch
+goes through ``SERVICE_WEIGHTS_MIRROR`` to :class:`FakeSource`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import socket
+
+import pytest
+import torch
+
+from models.mobilenetv2 import VARIANTS, MobileNetV2Factory, mobilenetv2
+from svc import cli
+from svc.config import ConfigError
+from svc.modelapi import model_config
+from svc.weights import WeightsError
+from svc.weightstore.cache import read_record, variant_dir
+from svc.weightstore.catalog import FileSource, Variant
+from svc.weightstore.fetch import Progress, mirrored
+from tests.support.weight_source import FakeSource
+
+
+def state_dict_bytes(seed: int, n: int = 60_000) -> bytes:
+    """A small real state dict (torch.save), about 4n bytes."""
+    buf = io.BytesIO()
+    torch.save({"features.weight": torch.randn(n, generator=torch.Generator().manual_seed(seed))}, buf)
+    return buf.getvalue()
+
+
+BODY = state_dict_bytes(1)
+SHA = hashlib.sha256(BODY).hexdigest()
+PREFIX = SHA[:8]
+URL = f"https://download.pytorch.org/models/mobilenet_v2-{PREFIX}.pth"
+FILENAME = URL.rsplit("/", 1)[1]
+TOFU_URL = "https://example.org/weights/mobilenet_v2-unpublished.pth"
+FULL_URL = "https://example.org/weights/mobilenet_v2-full.pth"
+
+FIXTURE_VARIANTS = (
+    Variant("FIXTURE_V2", FileSource(url=URL, hash_prefix=PREFIX, size=len(BODY)), license="BSD-3-Clause",
+            model={"resize": 232}, default=True),
+    Variant("TOFU", FileSource(url=TOFU_URL), license="BSD-3-Clause"),
+    Variant("FULL", FileSource(url=FULL_URL, sha256=SHA), license="BSD-3-Clause"),
+)
+
+
+@pytest.fixture
+def source(monkeypatch, tmp_path):
+    fake = FakeSource()
+    fake.serve(URL, BODY)
+    monkeypatch.setenv("SERVICE_WEIGHTS_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("SERVICE_WEIGHTS_MIRROR", fake.mirror)
+    monkeypatch.setattr(MobileNetV2Factory, "variants", FIXTURE_VARIANTS)
+    yield fake
+    fake.close()
+
+
+def svcctl(capsys, *args: str) -> tuple[int, str, str]:
+    code = cli.main(["weights", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def cache_files(tmp_path) -> list[str]:
+    root = tmp_path / "cache"
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()) if root.exists() else []
+
+
+def test_pull_downloads_through_the_mirror_with_progress_and_records(source, capsys, tmp_path):
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
+    assert code == 0, err
+    assert source.requests == [(f"/download.pytorch.org/models/{FILENAME}", None)]
+    directory = tmp_path / "cache" / "MOBILENETV2" / "FIXTURE_V2"
+    assert out == f"MOBILENETV2 FIXTURE_V2: cached: {directory / FILENAME}\n"
+    # The progress bar: size, percent, rate and ETA, on stderr.
+    last = err.strip().splitlines()[-1]
+    size = f"{len(BODY) / 1000:.1f} kB"
+    assert re.fullmatch(rf"MOBILENETV2 FIXTURE_V2  {size} / {size} 100\.0%  [\d.]+ [kMG]?B/s  ETA 0s", last), err
+    assert (directory / FILENAME).read_bytes() == BODY
+    assert cache_files(tmp_path) == [f"MOBILENETV2/FIXTURE_V2/{FILENAME}", "MOBILENETV2/FIXTURE_V2/record.json"]
+    record = json.loads((directory / "record.json").read_text())
+    assert record == {"model": "MOBILENETV2", "variant": "FIXTURE_V2", "source": URL, "weights": FILENAME,
+                      "files": {FILENAME: {"sha256": SHA, "size": len(BODY)}}, "how": "pull",
+                      "pulled_at": record["pulled_at"]}
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", record["pulled_at"])
+    # Pulling again checks the cached file and fetches nothing.
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
+    assert code == 0 and len(source.requests) == 1
+    assert out == f"MOBILENETV2 FIXTURE_V2: already cached and verified: {directory / FILENAME}\n"
+
+
+def test_mirror_replaces_scheme_and_host():
+    env = {"SERVICE_WEIGHTS_MIRROR": "http://mirror.internal:8000/pytorch/"}
+    assert mirrored("https://download.pytorch.org/models/a-1.pth", env) == \
+        "http://mirror.internal:8000/pytorch/download.pytorch.org/models/a-1.pth"
+    assert mirrored("https://download.pytorch.org/models/a-1.pth", {}) == "https://download.pytorch.org/models/a-1.pth"
+
+
+def test_a_cut_download_resumes_with_range(source, capsys, tmp_path):
+    path = FakeSource.path_of(URL)
+    source.cut_after[path] = 100_000
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
+    assert code == 1 and out == ""
+    failures = [line for line in err.splitlines() if line.startswith("svcctl:")]
+    assert failures == [f"svcctl: MOBILENETV2 FIXTURE_V2: {source.mirror}{path}: the connection closed after "
+                        f"100000 of {len(BODY)} bytes"]
+    # Only a .part is left: nothing that looks complete, no record.
+    assert cache_files(tmp_path) == [f"MOBILENETV2/FIXTURE_V2/{FILENAME}.part"]
+    assert read_record("MOBILENETV2", "FIXTURE_V2") is None
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
+    assert code == 0, err
+    assert source.requests == [(path, None), (path, "bytes=100000-")]
+    assert (variant_dir("MOBILENETV2", "FIXTURE_V2") / FILENAME).read_bytes() == BODY
+    assert cache_files(tmp_path) == [f"MOBILENETV2/FIXTURE_V2/{FILENAME}", "MOBILENETV2/FIXTURE_V2/record.json"]
+
+
+def test_a_server_ignoring_range_restarts_the_file(source, capsys, tmp_path):
+    part = variant_dir("MOBILENETV2", "FIXTURE_V2") / (FILENAME + ".part")
+    part.parent.mkdir(parents=True)
+    part.write_bytes(b"x" * (len(BODY) + 10))  # longer than the file: 416, start over
+    code, _, err = svcctl(capsys, "pull", "MOBILENETV2")
+    assert code == 0, err
+    assert [r for _, r in source.requests] == [f"bytes={len(BODY) + 10}-", None]
+    assert (variant_dir("MOBILENETV2", "FIXTURE_V2") / FILENAME).read_bytes() == BODY
+
+
+def test_checksum_mismatch_leaves_nothing(source, capsys, tmp_path):
+    source.serve(URL, state_dict_bytes(2))  # not the file the name's hash prefix promises
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
+    assert code == 1 and out == ""
+    got = hashlib.sha256(state_dict_bytes(2)).hexdigest()
+    failures = [line for line in err.splitlines() if line.startswith("svcctl:")]
+    assert failures == [f"svcctl: MOBILENETV2 FIXTURE_V2: {source.mirror}{FakeSource.path_of(URL)}: invalid hash "
+                        f'value (expected prefix "{PREFIX}", got "{got}") (nothing kept)']
+    assert cache_files(tmp_path) == []
+
+
+def test_full_published_sha256_is_checked(source, capsys, tmp_path):
+    source.serve(FULL_URL, BODY + b"!")
+    code, _, err = svcctl(capsys, "pull", "MOBILENETV2", "--variant", "FULL")
+    assert code == 1 and f"sha256 mismatch: got {hashlib.sha256(BODY + b'!').hexdigest()}, the source publishes {SHA}" in err
+    assert cache_files(tmp_path) == []
+    source.serve(FULL_URL, BODY)
+    assert svcctl(capsys, "pull", "MOBILENETV2", "--variant", "FULL")[0] == 0
+
+
+def test_offline_is_one_line_naming_the_url(source, capsys, monkeypatch, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setenv("SERVICE_WEIGHTS_MIRROR", closed)
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
+    assert code == 1 and out == ""
+    assert err.splitlines() == [f"svcctl: MOBILENETV2 FIXTURE_V2: {closed}/download.pytorch.org/models/{FILENAME}: "
+                                "connection refused"]
+    assert read_record("MOBILENETV2", "FIXTURE_V2") is None
+
+
+def test_redirects_are_followed(source, capsys):
+    path = FakeSource.path_of(URL)
+    source.files["/elsewhere/file.pth"] = source.files.pop(path)
+    source.redirects[path] = source.mirror + "/elsewhere/file.pth"
+    code, _, err = svcctl(capsys, "pull", "MOBILENETV2")
+    assert code == 0, err
+    assert [p for p, _ in source.requests] == [path, "/elsewhere/file.pth"]
+
+
+def test_no_published_checksum_records_the_first_pull_and_checks_later_ones(source, capsys, tmp_path):
+    source.serve(TOFU_URL, BODY)
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2", "--variant", "TOFU")
+    assert code == 0, err
+    assert out.splitlines()[0] == (f"MOBILENETV2 TOFU: {TOFU_URL} publishes no checksum: recorded sha256 {SHA} "
+                                   "(later pulls, imports and verify check against it)")
+    assert read_record("MOBILENETV2", "TOFU").files == {"mobilenet_v2-unpublished.pth": {"sha256": SHA, "size": len(BODY)}}
+    # The source changes and the cached file is damaged: the new pull is checked against the record.
+    other = state_dict_bytes(3)
+    source.serve(TOFU_URL, other)
+    (variant_dir("MOBILENETV2", "TOFU") / "mobilenet_v2-unpublished.pth").write_bytes(b"damaged")
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2", "--variant", "TOFU")
+    assert code == 1 and out == ""
+    assert f"sha256 mismatch: got {hashlib.sha256(other).hexdigest()}, the first pull recorded {SHA}" in err
+    assert read_record("MOBILENETV2", "TOFU") is None  # nothing claims the variant is cached
+
+
+def test_exit_status_counts_every_failure(source, capsys):
+    source.serve(FULL_URL, BODY)
+    code, out, err = svcctl(capsys, "pull", "--all", "--variant", "FULL")
+    assert code == 0 and "MOBILENETV2 FULL: cached" in out
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2", "--variant", "TOFU")  # not served: 404
+    assert code == 1
+    assert err.splitlines() == [f"svcctl: MOBILENETV2 TOFU: {source.mirror}/example.org/weights/"
+                                "mobilenet_v2-unpublished.pth: HTTP 404 Not Found"]
+    assert svcctl(capsys, "pull", "MOBILENETV2", "--variant", "NOPE")[0] == 2
+    assert svcctl(capsys, "pull", "NOSUCHMODEL")[0] == 2
+    assert svcctl(capsys, "pull")[0] == 2
+
+
+def test_import_stores_exactly_what_a_pull_stores(source, capsys, tmp_path):
+    assert svcctl(capsys, "pull", "MOBILENETV2")[0] == 0
+    pulled = read_record("MOBILENETV2", "FIXTURE_V2")
+    copied = tmp_path / "usb" / "whatever-name.pth"
+    copied.parent.mkdir()
+    copied.write_bytes(state_dict_bytes(2))
+    code, out, err = svcctl(capsys, "import", "MOBILENETV2", str(copied))
+    assert code == 1 and "invalid hash value" in err and out == ""
+    assert read_record("MOBILENETV2", "FIXTURE_V2") == pulled  # a failed import changes nothing
+    assert cache_files(tmp_path) == [f"MOBILENETV2/FIXTURE_V2/{FILENAME}", "MOBILENETV2/FIXTURE_V2/record.json"]
+    copied.write_bytes(BODY)
+    code, out, err = svcctl(capsys, "import", "MOBILENETV2", str(copied))
+    assert code == 0, err
+    directory = variant_dir("MOBILENETV2", "FIXTURE_V2")
+    assert out == f"MOBILENETV2 FIXTURE_V2: imported: {directory / FILENAME}\n"
+    imported = read_record("MOBILENETV2", "FIXTURE_V2")
+    assert imported.how == "import"
+    assert (imported.source, imported.weights, imported.files) == (pulled.source, pulled.weights, pulled.files)
+    assert cache_files(tmp_path) == [f"MOBILENETV2/FIXTURE_V2/{FILENAME}", "MOBILENETV2/FIXTURE_V2/record.json"]
+    assert svcctl(capsys, "import", "MOBILENETV2", str(tmp_path / "nothing"))[0] == 1
+    assert svcctl(capsys, "import", "MOBILENETV2", str(copied.parent))[0] == 1  # a folder for a file variant
+
+
+def test_verify_finds_a_tampered_file(source, capsys, tmp_path):
+    assert svcctl(capsys, "verify") == (0, f"no cached variants in {tmp_path / 'cache'}\n", "")
+    assert svcctl(capsys, "pull", "MOBILENETV2")[0] == 0
+    assert svcctl(capsys, "verify") == (0, "MOBILENETV2 FIXTURE_V2: ok (1 files)\n", "")
+    path = variant_dir("MOBILENETV2", "FIXTURE_V2") / FILENAME
+    tampered = bytearray(BODY)
+    tampered[-100] ^= 1
+    path.write_bytes(bytes(tampered))
+    code, out, err = svcctl(capsys, "verify")
+    assert code == 1 and out == ""
+    assert err.splitlines() == [f"svcctl: MOBILENETV2 FIXTURE_V2: {path}: sha256 "
+                                f"{hashlib.sha256(tampered).hexdigest()}, the record says {SHA}"]
+    # A pull repairs it.
+    assert svcctl(capsys, "pull", "MOBILENETV2")[0] == 0
+    assert svcctl(capsys, "verify")[0] == 0
+    path.unlink()
+    code, _, err = svcctl(capsys, "verify")
+    assert code == 1 and err == f"svcctl: MOBILENETV2 FIXTURE_V2: {path}: missing\n"
+
+
+def test_list_json_says_what_is_cached(source, capsys):
+    code, out, _ = svcctl(capsys, "list", "--json")
+    rows = {(r["model"], r["variant"]): r for r in json.loads(out)}
+    row = rows["MOBILENETV2", "FIXTURE_V2"]
+    assert code == 0 and row["cached"] is False and row["path"] is None
+    assert (row["source"], row["hash_prefix"], row["license"], row["default"], row["size"]) == (
+        URL, PREFIX, "BSD-3-Clause", True, len(BODY))
+    assert row["model_keys"] == {"resize": 232}
+    assert svcctl(capsys, "pull", "MOBILENETV2")[0] == 0
+    row = {(r["model"], r["variant"]): r for r in json.loads(svcctl(capsys, "list", "--json")[1])}["MOBILENETV2", "FIXTURE_V2"]
+    assert row["cached"] is True and row["how"] == "pull" and row["recorded_sha256"] == SHA
+    code, out, _ = svcctl(capsys, "list")
+    line = next(x for x in out.splitlines() if "FIXTURE_V2" in x)
+    assert line.split() == ["MOBILENETV2", "FIXTURE_V2", "(default)", f"{len(BODY) / 1e6:.1f}", "MB",
+                            f"prefix:{PREFIX}", "BSD-3-Clause", "yes", URL]
+
+
+def test_progress_line_has_size_rate_and_eta():
+    now = [0.0]
+    stream = io.StringIO()
+    progress = Progress("M V", stream, interval=1.0, clock=lambda: now[0])
+    progress.begin(10_000_000, already=2_000_000)
+    now[0] = 2.0
+    progress.update(4_000_000)
+    assert stream.getvalue() == "M V  4.0 MB / 10.0 MB  40.0%  1.0 MB/s  ETA 6s\n"
+    now[0] = 2.5
+    progress.update(5_000_000)  # within the interval: not drawn
+    progress.finish()
+    assert stream.getvalue().splitlines()[-1] == "M V  5.0 MB / 10.0 MB  50.0%  1.2 MB/s  ETA 4s"
+
+
+# -- the catalog and serving configuration -------------------------------------------------
+
+
+def test_mobilenetv2_variants_are_torchvisions():
+    from torch.hub import HASH_REGEX
+    from torchvision.models import MobileNet_V2_Weights
+
+    for variant in VARIANTS:
+        weights = MobileNet_V2_Weights[variant.name]
+        assert variant.source.url == weights.url
+        assert variant.source.hash_prefix == HASH_REGEX.search(variant.source.filename).group(1)
+        assert variant.model == {"resize": weights.transforms().resize_size[0]}
+        assert weights.transforms().crop_size == [224]
+    assert [v.name for v in VARIANTS if v.default] == ["IMAGENET1K_V2"]
+    assert [v.model["resize"] for v in VARIANTS] == [256, 232]
+
+
+def pulled(tmp_path, monkeypatch, name: str = "IMAGENET1K_V2"):
+    """A fake cache entry for a real variant name (as a pull leaves it)."""
+    from svc.weightstore.cache import Record, write_record
+
+    monkeypatch.setenv("SERVICE_WEIGHTS_DIR", str(tmp_path / "cache"))
+    directory = variant_dir("MOBILENETV2", name)
+    directory.mkdir(parents=True)
+    (directory / "w.pth").write_bytes(BODY)
+    write_record(Record("MOBILENETV2", name, "u", "w.pth", {"w.pth": {"sha256": SHA, "size": len(BODY)}}))
+    return directory / "w.pth"
+
+
+def test_pretrained_config_resolves_from_the_cache(tmp_path, monkeypatch):
+    path = pulled(tmp_path, monkeypatch)
+    config = model_config(mobilenetv2, {"weights": "pretrained"}, "m.toml")
+    assert (config["weights"], config["resize"], config["version"]) == (str(path), 232, "IMAGENET1K_V2")
+    config = model_config(mobilenetv2, {"weights": "pretrained:IMAGENET1K_V2", "resize": 232, "version": "mine"},
+                          "m.toml")
+    assert (config["resize"], config["version"]) == (232, "mine")
+    with pytest.raises(ConfigError) as e:
+        model_config(mobilenetv2, {"weights": "pretrained:IMAGENET1K_V2", "resize": 256}, "m.toml")
+    assert str(e.value) == ("m.toml: model.resize: 256 conflicts with weights = 'pretrained:IMAGENET1K_V2': "
+                            "the variant IMAGENET1K_V2 implies resize = 232")
+    with pytest.raises(ConfigError) as e:
+        model_config(mobilenetv2, {"weights": "pretrained:V3"}, "m.toml")
+    assert str(e.value) == ("m.toml: model.weights: MOBILENETV2 has no pretrained variant 'V3'; "
+                            "known: IMAGENET1K_V1, IMAGENET1K_V2")
+    with pytest.raises(ConfigError, match="model.resize: 100 is less than the minimum of 224"):
+        model_config(mobilenetv2, {"resize": 100}, "m.toml")
+    assert model_config(mobilenetv2, {}, "m.toml")["resize"] == 256
+
+
+def test_a_variant_not_in_the_cache_names_the_file_and_the_command(tmp_path, monkeypatch):
+    pulled(tmp_path, monkeypatch)
+    directory = tmp_path / "cache" / "MOBILENETV2" / "IMAGENET1K_V1"
+    with pytest.raises(WeightsError) as e:
+        model_config(mobilenetv2, {"weights": "pretrained:IMAGENET1K_V1"}, "m.toml")
+    assert str(e.value) == (f"weights 'pretrained:IMAGENET1K_V1' (from m.toml): {directory}/mobilenet_v2-b0353104.pth "
+                            "is missing: MOBILENETV2 variant IMAGENET1K_V1 is not in the weights cache; run "
+                            "`svcctl weights pull MOBILENETV2 --variant IMAGENET1K_V1` first")
+    path = variant_dir("MOBILENETV2", "IMAGENET1K_V2") / "w.pth"
+    path.write_bytes(BODY[:100])
+    with pytest.raises(WeightsError) as e:
+        model_config(mobilenetv2, {"weights": "pretrained"}, "m.toml")
+    assert str(e.value) == (f"weights 'pretrained' (from m.toml): {path}: 100 bytes, record.json says {len(BODY)}: "
+                            "MOBILENETV2 variant IMAGENET1K_V2 is damaged; run `svcctl weights pull MOBILENETV2` again")
+
+
+def test_two_pulls_of_one_variant_do_not_mix(source, capsys):
+    import fcntl
+    import os
+
+    directory = variant_dir("MOBILENETV2", "FIXTURE_V2")
+    directory.mkdir(parents=True)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another pull holds the variant
+        code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
+        assert code == 1 and err == (f"svcctl: MOBILENETV2 FIXTURE_V2: {URL}: another pull or import of this variant "
+                                     f"is running ({directory})\n")
+        assert source.requests == []
+    finally:
+        os.close(fd)
+    assert svcctl(capsys, "pull", "MOBILENETV2")[0] == 0
+
+
+def test_an_unreadable_record_is_reported_and_replaced(source, capsys):
+    assert svcctl(capsys, "pull", "MOBILENETV2")[0] == 0
+    record = variant_dir("MOBILENETV2", "FIXTURE_V2") / "record.json"
+    record.write_text("{not json")
+    code, out, err = svcctl(capsys, "verify")
+    assert code == 1 and len(err.splitlines()) == 1
+    assert err.startswith(f"svcctl: {record}: not a weights record (JSONDecodeError: ")
+    row = {(r["model"], r["variant"]): r for r in json.loads(svcctl(capsys, "list", "--json")[1])}["MOBILENETV2", "FIXTURE_V2"]
+    assert row["cached"] is False
+    with pytest.raises(WeightsError, match=r"not a weights record .*: run `svcctl weights pull MOBILENETV2` again$"):
+        model_config(mobilenetv2, {"weights": "pretrained"}, "m.toml")
+    assert svcctl(capsys, "pull", "MOBILENETV2")[0] == 0
+    assert svcctl(capsys, "verify")[0] == 0
+
+
+def test_a_converted_variant_records_the_download_and_what_build_loads(source, capsys, monkeypatch):
+    calls = []
+
+    def convert(self, name: str, src: str, dst: str) -> str:
+        calls.append((name, src, dst))
+        out = f"{dst}/converted"
+        import os
+
+        os.makedirs(out)
+        with open(f"{out}/model.safetensors", "wb") as f:
+            f.write(b"converted:" + open(src, "rb").read()[:10])
+        return "converted"
+
+    monkeypatch.setattr(MobileNetV2Factory, "convert", convert, raising=False)
+    variant = Variant("CONVERTED", FileSource(url=URL, hash_prefix=PREFIX, convert="fixture"), license="MIT")
+    monkeypatch.setattr(MobileNetV2Factory, "variants", (*FIXTURE_VARIANTS, variant))
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2", "--variant", "CONVERTED")
+    assert code == 0, err
+    directory = variant_dir("MOBILENETV2", "CONVERTED")
+    assert calls == [("fixture", str(directory / FILENAME), str(directory))]
+    record = read_record("MOBILENETV2", "CONVERTED")
+    converted = b"converted:" + BODY[:10]
+    assert record.weights == "converted"
+    assert record.files == {FILENAME: {"sha256": SHA, "size": len(BODY)},
+                            "converted/model.safetensors": {"sha256": hashlib.sha256(converted).hexdigest(),
+                                                            "size": len(converted)}}
+    assert out.endswith(f"cached: {directory / 'converted'}\n")
+    assert svcctl(capsys, "verify")[0] == 0
+
+
+def test_hub_variants_import_a_folder_and_say_when_pull_is_unavailable(source, capsys, monkeypatch, tmp_path):
+    from svc.weightstore.catalog import HubSource
+
+    variant = Variant("HUB", HubSource(repo_id="org/repo", revision="abc123"), license="Apache-2.0")
+    monkeypatch.setattr(MobileNetV2Factory, "variants", (*FIXTURE_VARIANTS, variant))
+    folder = tmp_path / "repo"
+    (folder / "unet").mkdir(parents=True)
+    (folder / "unet" / "config.json").write_text("{}")
+    (folder / "model_index.json").write_text('{"a": 1}')
+    (folder / ".git").mkdir()
+    (folder / ".git" / "HEAD").write_text("x")
+    code, out, err = svcctl(capsys, "import", "MOBILENETV2", str(folder), "--variant", "HUB")
+    assert code == 0, err
+    record = read_record("MOBILENETV2", "HUB")
+    assert (record.source, record.weights, record.how, sorted(record.files)) == (
+        "org/repo@abc123", "hub", "import", ["hub/model_index.json", "hub/unet/config.json"])
+    assert out.splitlines()[0] == ("MOBILENETV2 HUB: org/repo@abc123: recorded the sha256 of 2 files (later pulls, "
+                                   "imports and verify check against them)")
+    assert svcctl(capsys, "verify")[0] == 0
+    (folder / "model_index.json").write_text('{"a": 2}')
+    code, _, err = svcctl(capsys, "import", "MOBILENETV2", str(folder), "--variant", "HUB")
+    assert code == 1 and "hub/model_index.json: sha256 mismatch" in err
+    assert read_record("MOBILENETV2", "HUB") == record and not (variant_dir("MOBILENETV2", "HUB") / "hub.part").exists()
+    assert svcctl(capsys, "pull", "MOBILENETV2", "--variant", "HUB")[:2] == (
+        0, f"MOBILENETV2 HUB: already cached and verified: {variant_dir('MOBILENETV2', 'HUB') / 'hub'}\n")
+    (variant_dir("MOBILENETV2", "HUB") / "hub" / "model_index.json").write_text("damaged")
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2", "--variant", "HUB")
+    assert code == 1 and len(err.splitlines()) == 1 and err.startswith("svcctl: MOBILENETV2 HUB: org/repo@abc123: ")

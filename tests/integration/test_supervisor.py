@@ -32,6 +32,9 @@ def stack(tmp_path_factory):
 
 
 def api(stack, method, path, **kw):
+    # A start or restart answers once the model is ready: up to start_timeout_ms (180 s), longer than a
+    # cold start on a loaded 2-core machine can take.
+    kw.setdefault("timeout", 200.0)
     return request(method, stack.url + path, headers={**stack.auth, **kw.pop("headers", {})}, **kw)
 
 

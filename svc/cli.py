@@ -7,7 +7,8 @@ JSON envelope, base64 images and the Bearer header.  It has:
 * ``svcctl keygen NAME [--scope S] [--qps N]``: a new key, printed once,
   with the ``[keys.NAME]`` entry to paste into ``conf/api_keys.toml``;
 * ``svcctl hash KEY``: the SHA-256 that the key file stores for a key;
-* ``svcctl infer MODEL IMAGE...`` and ``svcctl jobs submit|get|wait|result``:
+* ``svcctl infer MODEL IMAGE...`` and ``svcctl jobs submit|get|wait|result``
+  (and ``jobs run``, in :mod:`svc.cli_jobs`: all of them plus a progress bar):
   a client of the gateway (SPEC "Gateway (port 8080)") that prints the JSON
   reply; exit 0 on a 2xx reply, 1 on any other HTTP status, 2 when no request
   could be made or completed (no token, unreadable image, connection failure,
@@ -393,6 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "wait":
             action.add_argument("--timeout", dest="wait_ms", type=_non_negative_int, default=DEFAULT_WAIT_MS,
                                 metavar="MS", help=f"wait budget in milliseconds (default {DEFAULT_WAIT_MS})")
+    from svc import cli_jobs
+
+    cli_jobs.add_parser(actions, common)
     return parser
 
 
@@ -400,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``svcctl`` with ``argv`` (default: the command line); the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "handler", None) is not None:  # commands that live in their own modules
+        return args.handler(args)
     if args.command == "openapi":
         from svc import openapi as doc
 

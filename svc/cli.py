@@ -7,6 +7,8 @@ JSON envelope, base64 images and the Bearer header.  It has:
 * ``svcctl keygen NAME [--scope S] [--qps N]``: a new key, printed once,
   with the ``[keys.NAME]`` entry to paste into ``conf/api_keys.toml``;
 * ``svcctl hash KEY``: the SHA-256 that the key file stores for a key;
+* ``svcctl keys add|disable|list`` (:mod:`svc.keyfile`): edit the key file
+  and have the supervisor restart the gateway;
 * ``svcctl infer MODEL IMAGE...`` and ``svcctl jobs submit|get|wait|result``
   (and ``jobs run``, in :mod:`svc.cli_jobs`: all of them plus a progress bar):
   a client of the gateway (SPEC "Gateway (port 8080)") that prints the JSON
@@ -394,9 +396,10 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "wait":
             action.add_argument("--timeout", dest="wait_ms", type=_non_negative_int, default=DEFAULT_WAIT_MS,
                                 metavar="MS", help=f"wait budget in milliseconds (default {DEFAULT_WAIT_MS})")
-    from svc import cli_jobs
+    from svc import cli_jobs, keyfile
 
     cli_jobs.add_parser(actions, common)
+    keyfile.add_parser(sub)
     return parser
 
 

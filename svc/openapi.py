@@ -323,12 +323,12 @@ def job_components() -> dict:
         },
         "JobProgress": {
             "type": ["object", "null"],
-            "description": "How far the forward pass running the job's items has got, as the model last reported "
-            "it (at most 100 ms old while it runs): the sampler step of a diffusion model, the batches of point "
-            "prompts done of SAM_AMG. A batch may hold items of several jobs, and each of them shows the batch's "
-            "progress; a job whose items run in several batches shows each batch in turn. A done job keeps the "
-            "last report, `step` = `steps`. Null while nothing was reported: a pending job, or a model that "
-            "reports no progress.",
+            "description": "How far the forward pass running the job's items has got, in units that the model "
+            "defines (sampler steps of a diffusion model, batches of point prompts of automatic mask generation): "
+            "what it reported last, written at most every 100 ms (the last step always). A batch may hold items "
+            "of several jobs, and each of them shows the batch's progress; a job whose items run in several "
+            "batches shows each batch in turn. A done job keeps the last report, `step` = `steps`. Null while "
+            "nothing was reported: a pending job, or a model that reports no progress.",
             "required": ["step", "steps"],
             "properties": {
                 "step": {"type": "integer", "minimum": 0, "description": "Units done, 0 to `steps`."},

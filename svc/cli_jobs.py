@@ -289,8 +289,6 @@ def run(args: argparse.Namespace) -> int:
     """``svcctl jobs run``: the exit status."""
     try:
         token = find_token(os.environ, args.token_env)
-        if args.images:
-            request_body(args.images)  # an unreadable image: exit 2 before the reactor starts
     except CliError as e:
         _fail(str(e))
         return EXIT_USAGE

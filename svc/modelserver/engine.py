@@ -6,7 +6,10 @@ dedicated worker pool (STYLE trap 6).  Failures are contained per run: an
 exception in ``predict`` fails every item of that batch (ENGINE_ERROR), a
 result list of the wrong length fails them with CONTRACT_FAILURE, and an
 item whose postprocess raises or whose data breaks the model's ``data``
-schema fails alone with CONTRACT_FAILURE.  Inputs still to be decoded
+schema fails alone with CONTRACT_FAILURE.  While ``predict`` runs, the
+model's ``report_progress`` calls go to a throttled reporter that writes
+the progress of every job with an item in the batch
+(:mod:`svc.modelserver.progress`).  Inputs still to be decoded
 (``decode_in_worker``) are made first, in the worker: a bad one fails its
 item alone and the rest of the batch runs without it.
 """

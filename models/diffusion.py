@@ -20,7 +20,9 @@ The input image is required by the envelope and ignored.  Params:
 ``class_id`` (CLS_COND_DDIM).  Each item is one sample; the items of a
 request share its params, so with a ``seed`` they are the same image.
 Noise is drawn on the CPU from ``torch.Generator(seed)``, so a seed gives the
-same starting noise on any device.
+same starting noise on any device.  Each scheduler step is reported as job
+progress (``step`` of ``steps`` = the sampled timesteps; the VQ decoding of
+LDM follows the last step).
 
 Weights: ``"random"`` builds the architecture of the [model] table from its
 seed; a path names a folder written by ``save_pretrained``: a pipeline's
@@ -41,7 +43,7 @@ from typing import Any
 from twisted.plugin import IPlugin
 from zope.interface import implementer
 
-from svc.modelapi import IModel, IModelFactory
+from svc.modelapi import IModel, IModelFactory, report_progress
 from svc.schema import object_schema
 from svc.weights import WEIGHTS_PROPERTIES, WeightsError, load_into, path_of, read_state_dict, version_of
 
@@ -273,13 +275,15 @@ class DiffusionModel:
             x = randn_tensor(shape, generator=generator, device=torch.device(self.device), dtype=unet.dtype)
             x = x * scheduler.init_noise_sigma
             scheduler.set_timesteps(steps)
-            for t in scheduler.timesteps:
+            total = len(scheduler.timesteps)
+            for done, t in enumerate(scheduler.timesteps, start=1):
                 model_input = scheduler.scale_model_input(x, t)
                 if labels is None:
                     out = unet(model_input, t).sample
                 else:
                     out = unet(model_input, t, class_labels=labels).sample
                 x = scheduler.step(out, t, x, generator=generator, **extra).prev_sample
+                report_progress(done, total)
             if self.vqvae is not None:
                 x = self.vqvae.decode(x / self.vqvae.config.scaling_factor).sample
             return to_pixels(x)

@@ -17,7 +17,9 @@ batch API).  ``data`` is the list of masks in the generator's order:
 ``segmentation`` (a base64 1-bit PNG of the image's size, or COCO RLE with
 ``options.mask_format = "rle"``), ``area`` (pixels), ``bbox`` (``[x, y, w,
 h]`` in pixels, the COCO and SAM convention), ``predicted_iou`` and
-``stability_score``.  ``options.max_results`` keeps the first N.
+``stability_score``.  ``options.max_results`` keeps the first N.  Job
+progress counts the batches of ``points_per_batch`` point prompts done, of
+those of every image of the batch.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from twisted.plugin import IPlugin
 from zope.interface import implementer
 
 from svc.images import check_resize
-from svc.modelapi import IModel, IModelFactory
+from svc.modelapi import IModel, IModelFactory, report_progress
 from svc.schema import object_schema
 from svc.weights import WEIGHTS_PROPERTIES, load_into, path_of, read_state_dict, version_of
 
@@ -130,6 +132,39 @@ def generator_args(params: dict) -> dict:
     return {name: params[name] for name in PARAMS_SCHEMA["properties"]}
 
 
+def prompt_batches(generator: Any, size: tuple[int, int]) -> int:
+    """How many batches of point prompts ``generator`` runs on an image of ``size`` (rows, columns).
+
+    The library's own loop: every crop box of every crop layer, each crop
+    prompting its layer's point grid ``points_per_batch`` points at a time.
+    """
+    from segment_anything.utils.amg import generate_crop_boxes
+
+    _, layers = generate_crop_boxes(size, generator.crop_n_layers, generator.crop_overlap_ratio)
+    return sum(-(-len(generator.point_grids[layer]) // generator.points_per_batch) for layer in layers)
+
+
+def count_prompt_batches(generator: Any, sizes: list[tuple[int, int]]) -> None:
+    """Make ``generator`` report job progress: batches of point prompts done of those of all the images.
+
+    The generator has no progress callback, so its per-batch method is
+    wrapped on this instance; the total is counted up front (by
+    :func:`prompt_batches`) so that ``steps`` is right from the first report.
+    """
+    total = sum(prompt_batches(generator, size) for size in sizes)
+    run_batch = generator._process_batch
+    done = 0
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal done
+        data = run_batch(*args, **kwargs)
+        done += 1
+        report_progress(done, total)
+        return data
+
+    generator._process_batch = counted
+
+
 @implementer(IModel)
 class SamAmgModel:
     """A built SAM on its device."""
@@ -157,6 +192,7 @@ class SamAmgModel:
         from segment_anything import SamAutomaticMaskGenerator
 
         generator = SamAutomaticMaskGenerator(self.sam, points_per_batch=self.points_per_batch, **generator_args(params))
+        count_prompt_batches(generator, [image.shape[:2] for image in inputs])
         return [generator.generate(image) for image in inputs]
 
     def postprocess(self, output: Any, params: dict, options: dict) -> list:

@@ -7,7 +7,10 @@ JSON envelope, base64 images and the Bearer header.  It has:
 * ``svcctl keygen NAME [--scope S] [--qps N]``: a new key, printed once,
   with the ``[keys.NAME]`` entry to paste into ``conf/api_keys.toml``;
 * ``svcctl hash KEY``: the SHA-256 that the key file stores for a key;
-* ``svcctl infer MODEL IMAGE...`` and ``svcctl jobs submit|get|wait|result``:
+* ``svcctl keys add|disable|list`` (:mod:`svc.keyfile`): edit the key file
+  and have the supervisor restart the gateway;
+* ``svcctl infer MODEL IMAGE...`` and ``svcctl jobs submit|get|wait|result``
+  (and ``jobs run``, in :mod:`svc.cli_jobs`: all of them plus a progress bar):
   a client of the gateway (SPEC "Gateway (port 8080)") that prints the JSON
   reply; exit 0 on a 2xx reply, 1 on any other HTTP status, 2 when no request
   could be made or completed (no token, unreadable image, connection failure,
@@ -395,9 +398,11 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "wait":
             action.add_argument("--timeout", dest="wait_ms", type=_non_negative_int, default=DEFAULT_WAIT_MS,
                                 metavar="MS", help=f"wait budget in milliseconds (default {DEFAULT_WAIT_MS})")
-
+    from svc import cli_jobs, keyfile
     from svc.weightstore import cli as weights
 
+    cli_jobs.add_parser(actions, common)
+    keyfile.add_parser(sub)
     weights.add_parser(sub)
     return parser
 
@@ -406,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run ``svcctl`` with ``argv`` (default: the command line); the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "handler", None) is not None:  # commands that live in their own modules
+        return args.handler(args)
     if args.command == "openapi":
         from svc import openapi as doc
 
@@ -416,10 +423,6 @@ def main(argv: list[str] | None = None) -> int:
         return _hash(args)
     if args.command in ("infer", "jobs"):
         return _run_client(args)
-    if args.command == "weights":
-        from svc.weightstore import cli as weights
-
-        return weights.main(args)
     parser.print_help()
     return 2
 

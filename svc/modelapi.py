@@ -9,7 +9,9 @@ Nothing in ``svc`` names a model.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import threading
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from zope.interface import Attribute, Interface
@@ -86,6 +88,11 @@ class IModel(Interface):
         (all items of a batch share a batch key).  An exception fails every
         item of the batch (ENGINE_ERROR); a result of another length fails
         every item with CONTRACT_FAILURE.
+
+        A long forward pass may call :func:`report_progress` as it goes (a
+        sampler step, a batch of prompts done): every asynchronous job with
+        an item in this batch shows it as ``progress``.  Models that never
+        call it keep working; their jobs show ``progress: null``.
         """
 
     def postprocess(output: Any, params: dict, options: dict) -> Any:
@@ -97,6 +104,39 @@ class IModel(Interface):
 
     def warmup_input() -> Any:
         """One preprocessed input for the warm-up batch run before /ready."""
+
+
+#: What the engine installs around ``predict``: called as ``reporter(step, steps)``.
+ProgressReporter = Callable[[int, int], None]
+
+_progress = threading.local()
+
+
+def report_progress(step: int, steps: int) -> None:
+    """Say, from inside ``IModel.predict``, that ``step`` of ``steps`` units of the batch are done.
+
+    Why a function rather than a ``predict`` argument: the contract of
+    ``predict`` stays what it was, so plugins that report nothing (and tests
+    that call ``predict`` directly) are unchanged.  The engine installs a
+    reporter for the worker thread while it runs a batch's ``predict``;
+    elsewhere (the warm-up batch, a test, a script) this is a no-op.  Cheap
+    enough to call on every step: the reporter writes at most every 100 ms
+    (always the last step), and never waits for the reactor.
+    """
+    reporter = getattr(_progress, "reporter", None)
+    if reporter is not None:
+        reporter(step, steps)
+
+
+@contextmanager
+def reporting_progress(reporter: ProgressReporter | None) -> Iterator[None]:
+    """Install ``reporter`` for :func:`report_progress` in this thread for the ``with`` block (the engine's side)."""
+    previous = getattr(_progress, "reporter", None)
+    _progress.reporter = reporter
+    try:
+        yield
+    finally:
+        _progress.reporter = previous
 
 
 class PluginError(Exception):

@@ -67,7 +67,8 @@ class LazyInput:
 class Item:
     """One image on its way through the queue."""
 
-    __slots__ = ("input", "params", "options", "key", "deadline", "enqueued_at", "state", "on_done", "on_start")
+    __slots__ = ("input", "params", "options", "key", "deadline", "enqueued_at", "state", "on_done", "on_start",
+                 "progress")
 
     def __init__(
         self,
@@ -78,6 +79,7 @@ class Item:
         deadline: float | None,
         on_done: Callable[[ItemResult], None],
         on_start: Callable[[], None] | None = None,
+        progress: Any = None,
     ) -> None:
         self.input = input
         self.params = params
@@ -88,6 +90,7 @@ class Item:
         self.state = QUEUED
         self.on_done = on_done
         self.on_start = on_start
+        self.progress = progress  # the JobProgress of an asynchronous job's item, else None
 
     def finish(self, result: ItemResult) -> None:
         if self.state in (DONE, DROPPED):

@@ -6,7 +6,10 @@ dedicated worker pool (STYLE trap 6).  Failures are contained per run: an
 exception in ``predict`` fails every item of that batch (ENGINE_ERROR), a
 result list of the wrong length fails them with CONTRACT_FAILURE, and an
 item whose postprocess raises or whose data breaks the model's ``data``
-schema fails alone with CONTRACT_FAILURE.  Inputs still to be decoded
+schema fails alone with CONTRACT_FAILURE.  While ``predict`` runs, the
+model's ``report_progress`` calls go to a throttled reporter that writes
+the progress of every job with an item in the batch
+(:mod:`svc.modelserver.progress`).  Inputs still to be decoded
 (``decode_in_worker``) are made first, in the worker: a bad one fails its
 item alone and the rest of the batch runs without it.
 """
@@ -24,8 +27,9 @@ from zope.interface.verify import verifyObject
 
 from svc import status as st
 from svc.envelope import ItemResult
-from svc.modelapi import IModel, IModelFactory
+from svc.modelapi import IModel, IModelFactory, ProgressReporter, reporting_progress
 from svc.modelserver.batching import LazyInput
+from svc.modelserver.progress import BatchProgress
 from svc.schema import compile_schema
 
 log = Logger()
@@ -44,8 +48,10 @@ class Engine:
         default_params: dict | None = None,
         default_options: dict | None = None,
         worker_nice: int = 0,
+        clock: Any = None,
     ) -> None:
         self.factory = factory
+        self.clock = clock  # the reactor: times the progress reports of batches with job items
         self.model_config = model_config
         self.device = device
         self.run_worker = run_worker  # svc.process.Runner of the worker pool
@@ -91,7 +97,9 @@ class Engine:
         """Run the items' forward pass in a worker thread; fires their results."""
         inputs = [item.input for item in items]
         per_item = [(item.params, item.options) for item in items]
-        d = self.run_worker(self._run_sync, inputs, items[0].params, per_item)
+        targets = [item.progress for item in items if getattr(item, "progress", None) is not None]
+        reporter = BatchProgress(self.clock, targets) if targets and self.clock is not None else None
+        d = self.run_worker(self._run_sync, inputs, items[0].params, per_item, reporter)
         d.addCallback(self._log_problems)
         return d
 
@@ -127,24 +135,30 @@ class Engine:
             self.metrics.stage.labels("decode").observe((time.perf_counter() - started) * 1000.0)
         return made
 
-    def _run_sync(self, inputs: list, params: dict, per_item: list[tuple[dict, dict]]) -> tuple[list[ItemResult], str | None]:
+    def _run_sync(self, inputs: list, params: dict, per_item: list[tuple[dict, dict]],
+                  reporter: ProgressReporter | None = None) -> tuple[list[ItemResult], str | None]:
         self._lower_priority()
         made = self._make_inputs(inputs)
         good = [i for i, x in enumerate(made) if not isinstance(x, ItemResult)]
         results: list[ItemResult] = list(made)
         problem = None
         if good:
-            ran, problem = self._run_inputs([made[i] for i in good], params, [per_item[i] for i in good])
+            ran, problem = self._run_inputs([made[i] for i in good], params, [per_item[i] for i in good], reporter)
             for i, result in zip(good, ran):
                 results[i] = result
         return results, problem
 
-    def _run_inputs(self, inputs: list, params: dict, per_item: list[tuple[dict, dict]]) -> tuple[list[ItemResult], str | None]:
-        """Forward pass and per-item postprocessing of inputs that are all ready."""
+    def _run_inputs(self, inputs: list, params: dict, per_item: list[tuple[dict, dict]],
+                    reporter: ProgressReporter | None = None) -> tuple[list[ItemResult], str | None]:
+        """Forward pass and per-item postprocessing of inputs that are all ready.
+
+        ``reporter`` receives the model's ``report_progress`` calls during ``predict`` only.
+        """
         n = len(inputs)
         started = time.perf_counter()
         try:
-            outputs = self.model.predict(inputs, params)
+            with reporting_progress(reporter):
+                outputs = self.model.predict(inputs, params)
         except Exception as e:  # noqa: BLE001 - an engine failure fails this run only
             error = ItemResult(st.ENGINE_ERROR, None, f"model error: {type(e).__name__}: {e}")
             return [error] * n, f"predict failed for a batch of {n}:\n{traceback.format_exc()}"

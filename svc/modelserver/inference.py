@@ -22,6 +22,7 @@ from svc.envelope import TIMED_OUT, ItemResult
 from svc.images import ItemInputError, decode_base64, open_image
 from svc.modelapi import IModelFactory
 from svc.modelserver.batching import Admission, BatchQueue, Item, LazyInput
+from svc.modelserver.progress import JobProgress
 from svc.request import InferenceRequest, RequestValidator
 
 #: Bodies up to this size are validated on the reactor thread (JSON parsing
@@ -84,20 +85,24 @@ class Inference:
         deadline: float | None,
         enforce_queue_limit: bool = True,
         on_start: Callable[[], None] | None = None,
+        progress: JobProgress | None = None,
     ) -> Deferred:
         """Admit and run every item; fires the per-item results in order.
 
         Raises :class:`~svc.modelserver.batching.QueueFull` synchronously when
         the wait queue has no room.  ``on_start`` is called when an item of
-        the request reaches a worker.  Cancelling the returned Deferred
-        (client gone) takes the request's queued items out of the queue.
+        the request reaches a worker; ``progress`` (a job's) receives the
+        progress that the model reports for the batches of its items.
+        Cancelling the returned Deferred (client gone) takes the request's
+        queued items out of the queue.
         """
         admission = self.queue.admit(len(request.images), enforce_limit=enforce_queue_limit)
-        return _Run(self, request, deadline, admission, on_start).start()
+        return _Run(self, request, deadline, admission, on_start, progress).start()
 
-    def run_job(self, request: InferenceRequest, deadline: float | None, on_start: Callable[[], None]) -> Deferred:
+    def run_job(self, request: InferenceRequest, deadline: float | None, on_start: Callable[[], None],
+                progress: JobProgress | None = None) -> Deferred:
         """A job's run: jobs have their own admission, so no wait-queue limit."""
-        return self.run(request, deadline=deadline, enforce_queue_limit=False, on_start=on_start)
+        return self.run(request, deadline=deadline, enforce_queue_limit=False, on_start=on_start, progress=progress)
 
     def decode_items(self, request: InferenceRequest) -> list[Any]:
         """Per item: the model input, or an ItemResult for a bad input (decode pool)."""
@@ -139,9 +144,11 @@ class _Run:
         deadline: float | None,
         admission: Admission,
         on_start: Callable[[], None] | None = None,
+        progress: JobProgress | None = None,
     ) -> None:
         self.inference = inference
         self.on_start = on_start
+        self.progress = progress
         self.request = request
         self.admission = admission
         self.deadline = deadline
@@ -175,7 +182,8 @@ class _Run:
             if isinstance(entry, ItemResult):
                 self._settle(index, entry)
             else:
-                self.items.append(Item(entry, params, options, key, self.deadline, self._settler(index), self.on_start))
+                self.items.append(Item(entry, params, options, key, self.deadline, self._settler(index), self.on_start,
+                                       self.progress))
         self.admission.enqueue(self.items)
 
     def _decode_failed(self, failure: Any) -> None:

@@ -6,7 +6,10 @@
     GET  /jobs/{job}/result         200 envelope (done), 409 otherwise
 
 Choices left open by SPEC and documented in the OpenAPI document: the status
-body also carries ``task_id``, ``model``, ``poll_url`` and ``result_url``;
+body also carries ``task_id``, ``model``, ``poll_url``, ``result_url`` and
+``progress`` (``{"step", "steps"}`` of the batch running the job's items as
+the model last reported it, at most 100 ms old; null when the model has
+reported nothing);
 error replies are the process-level envelope with ``error`` (plus ``job_id``
 and ``state`` when a job is known); a full queue answers ``Retry-After`` =
 the mean job duration divided by the workers, clamped to 1..60 s; ``wait``
@@ -74,6 +77,7 @@ class JobRoutes:
             "task_id": job.task_id,
             "model": self.server.identity.to_json(),
             **job_paths(job.id),
+            "progress": job.progress.to_json(),
         }
         if job.state in (FAILED, TIMEOUT):
             body["error"] = job.error

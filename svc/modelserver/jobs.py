@@ -13,7 +13,10 @@ a synchronous request (``Inference.run``); this module adds only what SPEC
   is the deadline of the run, so items not yet started leave the queue;
 * waiters that wake on the terminal state or at the end of their budget;
 * retention: terminal jobs stay readable ``async_job_ttl`` ms, at most
-  ``async_max_completed`` of them (least recently used first out).
+  ``async_max_completed`` of them (least recently used first out);
+* progress: each job owns a :class:`~svc.modelserver.progress.JobProgress`
+  that the run hands to the batches of its items; worker threads write it
+  (throttled), the status body reads it.
 
 Time comes only from ``clock``, so every rule is unit-tested with task.Clock.
 """
@@ -31,6 +34,7 @@ from twisted.logger import Logger
 
 from svc import status as st
 from svc.envelope import ItemResult, ModelIdentity, outcome, result_envelope
+from svc.modelserver.progress import JobProgress
 from svc.request import InferenceRequest
 
 log = Logger()
@@ -64,6 +68,7 @@ class Job:
         self.waiters: list[Deferred] = []
         self.run: Deferred | None = None
         self.expiry: Any = None
+        self.progress = JobProgress()  # written by worker threads, read on polls
 
     @property
     def terminal(self) -> bool:
@@ -74,7 +79,8 @@ class Job:
         return round((end - self.created) * 1000.0, 3)
 
 
-RunJob = Callable[[InferenceRequest, float | None, Callable[[], None]], Deferred]
+#: ``run(request, deadline, on_start, progress)``: Inference.run_job.
+RunJob = Callable[[InferenceRequest, float | None, Callable[[], None], JobProgress], Deferred]
 
 
 class JobTable:
@@ -137,7 +143,7 @@ class JobTable:
             return
         deadline = job.created + self.timeout if self.timeout is not None else None
         try:
-            job.run = self._run(job.request, deadline, lambda: self.mark_running(job))
+            job.run = self._run(job.request, deadline, lambda: self.mark_running(job), job.progress)
         except Exception as e:  # noqa: BLE001 - the job fails, the server does not
             self.finish(job, FAILED, error=f"job could not start: {e}")
             return

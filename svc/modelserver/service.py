@@ -90,7 +90,7 @@ class ModelServerService(ListeningMultiService):
         options = ObjectSchema(options_schema(tuple(factory.options)), "option")
         self.engine = Engine(factory, model_config, device, self.workers.runner(reactor), self.metrics,
                              default_params=params.with_defaults({}), default_options=options.with_defaults({}),
-                             worker_nice=backend.worker_nice)
+                             worker_nice=backend.worker_nice, clock=reactor)
         self.queue = BatchQueue(
             reactor,
             self.engine.run_batch,

@@ -43,6 +43,7 @@ def add_parser(sub: Any) -> None:
         "weights", help="list, pull, import and verify pretrained weights",
         description=f"Pretrained weights of the catalog models, in the cache ${WEIGHTS_DIR_ENV} "
                     f"(downloads through ${MIRROR_ENV} when set).")
+    weights.set_defaults(handler=main)
     actions = weights.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = actions.add_parser("list", help="every model's variants and whether each is cached")
     listing.add_argument("--json", action="store_true", help="one JSON array of objects")

@@ -3,6 +3,8 @@
 It records every request (method, path with query, headers, body) and answers
 the canned reply set by the test: a status, a JSON body and extra headers, or a
 stall before the headers or in the middle of the body (to test deadlines).
+``script`` holds replies answered first, one per request in order (a
+conversation such as submit, wait, wait, result); ``reply`` answers the rest.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class FakeGateway:
     def __init__(self) -> None:
         self.requests: list[Recorded] = []
         self.reply = Reply()
+        self.script: list[Reply] = []
         self.release = threading.Event()
         gateway = self
 
@@ -57,7 +60,7 @@ class FakeGateway:
                 body = self.rfile.read(length) if length else b""
                 gateway.requests.append(Recorded(self.command, self.path,
                                                  {k.lower(): v for k, v in self.headers.items()}, body))
-                reply = gateway.reply
+                reply = gateway.script.pop(0) if gateway.script else gateway.reply
                 if reply.stall == "headers":
                     gateway.release.wait(10)
                     return

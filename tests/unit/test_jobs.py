@@ -18,9 +18,9 @@ class FakeRun:
     def __init__(self) -> None:
         self.calls: list[tuple[InferenceRequest, float | None, object, Deferred]] = []
 
-    def __call__(self, request, deadline, on_start):
+    def __call__(self, request, deadline, on_start, progress=None):
         d: Deferred = Deferred()
-        self.calls.append((request, deadline, on_start, d))
+        self.calls.append((request, deadline, on_start, d, progress))
         return d
 
     def start(self, i=-1):
@@ -247,7 +247,7 @@ def test_async_timeout_zero_means_no_deadline():
 def test_a_run_that_raises_fails_the_job_not_the_table():
     clock = Clock()
 
-    def broken(request, deadline, on_start):
+    def broken(request, deadline, on_start, progress):
         raise RuntimeError("no room")
 
     jobs = JobTable(clock, broken, lambda: ModelIdentity("M", "v"), max_queue=2, timeout_ms=0, ttl_ms=1000,

@@ -1,0 +1,351 @@
+"""``svcctl jobs run``: submit a job, show its progress, print and save its result.
+
+Why it exists: ``jobs submit`` + ``jobs wait`` + ``jobs result`` is three
+commands and leaves base64 images inside JSON.  ``jobs run`` does the whole
+round trip in one command: it submits, then repeats ``GET .../wait`` with a
+short budget (``--poll-ms``, far below the gateway's
+``upstream_recv_timeout_ms``, so no wait ever becomes a 502) and draws the
+``progress`` of each reply as a bar on stderr until the job is terminal,
+prints the result envelope on stdout, and with ``--out DIR`` writes the
+images and masks that the results carry into files.
+
+Exit status as the other client commands: 0 when the job is done and its
+result read; 1 when the job ends ``failed`` or ``timeout`` or a reply has an
+error status; 2 when no request could be made or completed (usage, token,
+unreadable image, connection, deadline, an output file that cannot be
+written); 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import re
+import sys
+from typing import Any, TextIO
+from urllib.parse import quote, urljoin
+
+from svc.cli import (
+    DEFAULT_TIMEOUT_S,
+    EXIT_HTTP,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    WAIT_MARGIN_S,
+    CliError,
+    HttpCall,
+    _describe,
+    _exchange,
+    _fail,
+    _name_value,
+    _non_negative_int,
+    find_token,
+    request_body,
+)
+
+#: A 1x1 grey PNG: the item sent for each sample when no IMAGE is given.  ``images`` is required by
+#: the request, and generative models ignore its pixels.
+PLACEHOLDER_PNG = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAAAAAA6fptVAAAACklEQVR42mNgAAAAAgAB5Sfe/AAAAABJRU5ErkJggg==")
+#: Wait budget of each ``GET .../wait`` (ms): how often the bar is redrawn at most, and far below
+#: the gateway's receive timeout (default 180000 ms), at or above which a wait is a 502.
+DEFAULT_POLL_MS = 1000
+TERMINAL = ("done", "failed", "timeout")
+BAR_WIDTH = 30
+#: Magic numbers of the image formats that ``options.image_format`` can ask for, and their suffixes.
+IMAGE_SUFFIXES = ((b"\x89PNG\r\n\x1a\n", ".png"), (b"\xff\xd8\xff", ".jpg"), (b"RIFF", ".webp"))
+
+
+class ProgressBar:
+    """The job's state and progress on one line of ``stream``.
+
+    On a terminal the line is redrawn in place (``\\r``); otherwise (a log
+    file, a pipe, a test) each distinct line is written once, with a newline,
+    so that the output stays readable.
+    """
+
+    def __init__(self, stream: TextIO, job_id: str) -> None:
+        self.stream = stream
+        self.job_id = job_id
+        self.tty = stream.isatty()
+        self.last = ""
+
+    @staticmethod
+    def render(job_id: str, state: str, progress: Any) -> str:
+        """The line for a status body's ``state`` and ``progress`` (null, or ``{step, steps}``)."""
+        if isinstance(progress, dict) and isinstance(progress.get("step"), int) and isinstance(progress.get("steps"), int) \
+                and progress["steps"] > 0:
+            step, steps = max(0, min(progress["step"], progress["steps"])), progress["steps"]
+            filled = BAR_WIDTH * step // steps
+            return f"{job_id} {state} [{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {step}/{steps}"
+        return f"{job_id} {state}"
+
+    def show(self, state: str, progress: Any) -> None:
+        line = self.render(self.job_id, state, progress)
+        if line == self.last:
+            return
+        if self.tty:
+            pad = " " * max(0, len(self.last) - len(line))
+            self.stream.write(f"\r{line}{pad}")
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+        self.last = line
+
+    def close(self) -> None:
+        """End the line on a terminal (once), so that what follows starts on its own line."""
+        if self.tty and self.last:
+            self.stream.write("\n")
+            self.stream.flush()
+        self.last = ""
+
+
+# ---------------------------------------------------------------- output files
+
+
+def safe_name(text: str) -> str:
+    """``text`` usable as a file name prefix: anything but letters, digits, '.', '_' and '-' becomes '_'."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", text)[:100].lstrip(".")
+    return name or "job"
+
+
+def image_suffix(data: bytes) -> str:
+    """The file suffix of encoded image bytes by their magic number (``.bin`` when unknown)."""
+    for magic, suffix in IMAGE_SUFFIXES:
+        if data.startswith(magic):
+            return suffix
+    return ".bin"
+
+
+def result_files(envelope: dict) -> list[tuple[str, bytes]]:
+    """The files of a result envelope: ``(name, content)``, the envelope itself last.
+
+    Per successful result ``i`` (0-based): ``data.image`` (a base64 image) is
+    ``<task>_<i>.png`` (or ``.jpg``/``.webp`` for those formats); each mask
+    ``j`` of a ``data`` list of objects with ``segmentation`` is
+    ``<task>_<i>_mask<j>.png`` (base64 PNG) or ``<task>_<i>_mask<j>.json``
+    (RLE object).  The envelope is ``<task>.json``.  Found by the shape of
+    ``data``, so any model that returns images or masks gets its files.
+    """
+    task = safe_name(str(envelope.get("task_id") or "job"))
+    files: list[tuple[str, bytes]] = []
+    for i, result in enumerate(envelope.get("results") or []):
+        data = result.get("data") if isinstance(result, dict) else None
+        if isinstance(data, dict) and isinstance(data.get("image"), str):
+            raw = _decode(data["image"])
+            if raw is not None:
+                files.append((f"{task}_{i}{image_suffix(raw)}", raw))
+        if isinstance(data, list):
+            for j, entry in enumerate(data):
+                mask = entry.get("segmentation") if isinstance(entry, dict) else None
+                if isinstance(mask, str) and (raw := _decode(mask)) is not None:
+                    files.append((f"{task}_{i}_mask{j}{image_suffix(raw)}", raw))
+                elif isinstance(mask, dict):
+                    files.append((f"{task}_{i}_mask{j}.json", (json.dumps(mask) + "\n").encode("utf-8")))
+    files.append((f"{task}.json", (json.dumps(envelope, indent=2) + "\n").encode("utf-8")))
+    return files
+
+
+def _decode(text: str) -> bytes | None:
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError:
+        return None
+
+
+def write_files(directory: str, files: list[tuple[str, bytes]]) -> list[str]:
+    """Write ``files`` under ``directory`` (created if needed); the paths written.
+
+    Each file is written to a temporary name and renamed, so an interrupted
+    run leaves no half-written image under its final name.
+    """
+    try:
+        os.makedirs(directory, exist_ok=True)
+        written = []
+        for name, content in files:
+            path = os.path.join(directory, name)
+            temporary = f"{path}.tmp-{os.getpid()}"
+            with open(temporary, "wb") as f:
+                f.write(content)
+            os.replace(temporary, path)
+            written.append(path)
+        return written
+    except OSError as e:
+        raise CliError(f"cannot write under {directory}: {e.strerror or e}") from None
+
+
+# ---------------------------------------------------------------- the run
+
+
+class _Interrupted(Exception):
+    pass
+
+
+class JobRun:
+    """One ``jobs run``: the requests in turn, each under its own deadline."""
+
+    def __init__(self, reactor: Any, args: argparse.Namespace, token: str, stderr: TextIO) -> None:
+        self.reactor = reactor
+        self.args = args
+        self.token = token
+        self.stderr = stderr
+        self.current: Any = None
+        self.interrupted = False
+
+    async def call(self, call: HttpCall) -> tuple[int, str, bytes]:
+        """One request; CliError (one line) when it cannot be made or completed."""
+        from twisted.internet.defer import ensureDeferred
+
+        if self.interrupted:
+            raise _Interrupted()
+        d = ensureDeferred(_exchange(self.reactor, call, self.token))
+        d.addTimeout(call.timeout, self.reactor)
+        self.current = d
+        try:
+            status, phrase, content, _ = await d
+        except Exception as e:
+            if self.interrupted:
+                raise _Interrupted() from None
+            raise CliError(_describe(e, call)) from None
+        finally:
+            self.current = None
+        return status, phrase, content
+
+    def interrupt(self) -> None:
+        self.interrupted = True
+        if self.current is not None and not self.current.called:
+            self.current.cancel()
+
+    async def run(self) -> int:
+        args = self.args
+        base = args.gateway.rstrip("/")
+        model = f"{base}/v1/models/{quote(args.model, safe='')}"
+        timeout = args.timeout_s if args.timeout_s is not None else DEFAULT_TIMEOUT_S
+        status, phrase, content = await self.call(HttpCall("POST", f"{model}/jobs", self.body(), timeout))
+        submitted = _json(content)
+        if status != 202 or not isinstance(submitted, dict) or not isinstance(submitted.get("job_id"), str):
+            return self.http_error(status, phrase, content, "POST", f"{model}/jobs")
+        job_id = submitted["job_id"]
+        poll = urljoin(base + "/", submitted.get("poll_url") or f"/v1/models/{quote(args.model, safe='')}/jobs/{job_id}")
+        bar = ProgressBar(self.stderr, job_id)
+        body = submitted
+        wait_timeout = max(args.poll_ms / 1000 + WAIT_MARGIN_S, args.timeout_s or 0.0)
+        try:
+            bar.show(body.get("state", "pending"), body.get("progress"))
+            while body.get("state") not in TERMINAL:
+                url = f"{poll}/wait?timeout={args.poll_ms}"
+                status, phrase, content = await self.call(HttpCall("GET", url, None, wait_timeout))
+                body = _json(content)
+                if status != 200 or not isinstance(body, dict):
+                    bar.close()
+                    return self.http_error(status, phrase, content, "GET", url)
+                bar.show(body.get("state", "?"), body.get("progress"))
+        finally:
+            bar.close()
+        if body["state"] != "done":
+            print(json.dumps(body, indent=2))
+            _fail(f"job {job_id} ended {body['state']}: {body.get('error') or 'no reason given'}")
+            return EXIT_HTTP
+        result_url = urljoin(base + "/", body.get("result_url") or f"{poll}/result")
+        status, phrase, content = await self.call(HttpCall("GET", result_url, None, timeout))
+        envelope = _json(content)
+        if not 200 <= status < 300 or not isinstance(envelope, dict):
+            return self.http_error(status, phrase, content, "GET", result_url)
+        print(json.dumps(envelope, indent=2))
+        sys.stdout.flush()
+        if args.out is not None:
+            written = write_files(args.out, result_files(envelope))
+            _fail(f"wrote {len(written)} file{'s' if len(written) != 1 else ''} under {args.out}")
+        return EXIT_OK
+
+    def body(self) -> bytes:
+        """The request: the image files, or one placeholder PNG when none is given."""
+        args = self.args
+        raw = request_body(args.images, args.param, args.option, args.req_id)
+        if args.images:
+            return raw
+        body = json.loads(raw)
+        body["images"] = [PLACEHOLDER_PNG]
+        return json.dumps(body).encode("utf-8")
+
+    @staticmethod
+    def http_error(status: int, phrase: str, content: bytes, method: str, url: str) -> int:
+        from svc.cli import _print_reply
+
+        _print_reply(content)
+        _fail(f"HTTP {status} {phrase} from {method} {url}")
+        return EXIT_HTTP
+
+
+def _json(content: bytes) -> Any:
+    try:
+        return json.loads(content)
+    except ValueError:
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    """``svcctl jobs run``: the exit status."""
+    try:
+        token = find_token(os.environ, args.token_env)
+    except CliError as e:
+        _fail(str(e))
+        return EXIT_USAGE
+    from twisted.internet import task
+
+    codes: list[int] = []
+
+    async def main(reactor: Any) -> None:
+        job = JobRun(reactor, args, token, sys.stderr)
+        trigger = reactor.addSystemEventTrigger("before", "shutdown", job.interrupt)
+        try:
+            codes.append(await job.run())
+        except _Interrupted:
+            _fail("interrupted")
+            codes.append(EXIT_INTERRUPTED)
+        except CliError as e:
+            _fail(str(e))
+            codes.append(EXIT_USAGE)
+        finally:
+            reactor.removeSystemEventTrigger(trigger)
+
+    try:
+        task.react(main)
+    except SystemExit as e:
+        if not codes:
+            _fail("interrupted")
+            return e.code if isinstance(e.code, int) and e.code else EXIT_INTERRUPTED
+    return codes[0]
+
+
+def add_parser(actions: Any, common: argparse.ArgumentParser) -> None:
+    """Register ``jobs run`` under the ``jobs`` subcommand (``common``: --gateway, --timeout-s, --token-env)."""
+    parser = actions.add_parser(
+        "run", parents=[common], help="submit a job, show its progress, print and save its result",
+        description="Submit a job, draw its progress on stderr until it is terminal, print the result envelope "
+                    "on stdout, and with --out write its images (<task>_<i>.png), masks (<task>_<i>_mask<j>.png, "
+                    "or .json for RLE) and the envelope (<task>.json). Exit 0 when done, 1 when the job fails or "
+                    "times out or a reply is an HTTP error, 2 when no request could be made.")
+    parser.add_argument("model", metavar="MODEL", help="catalog model id")
+    parser.add_argument("images", metavar="IMAGE", nargs="*",
+                        help="image file, sent base64-encoded; for generative models it may be omitted: one 1x1 "
+                             "PNG placeholder is sent instead (images are required, and those models ignore the "
+                             "pixels; send N files for N samples)")
+    parser.add_argument("--param", type=_name_value, action="append", metavar="NAME=VALUE",
+                        help="a model parameter; VALUE is JSON when it parses, else a string (repeatable)")
+    parser.add_argument("--option", type=_name_value, action="append", metavar="NAME=VALUE",
+                        help="a request option, like --param (repeatable)")
+    parser.add_argument("--req-id", metavar="ID", help="client correlation id (echoed as task_id)")
+    parser.add_argument("--out", metavar="DIR", help="write the result's images, masks and envelope under DIR")
+    parser.add_argument("--poll-ms", type=_positive_ms, default=DEFAULT_POLL_MS, metavar="MS",
+                        help=f"wait budget of each progress request in milliseconds (default {DEFAULT_POLL_MS}); "
+                             "keep it below the gateway's upstream_recv_timeout_ms")
+    parser.set_defaults(handler=run)
+
+
+def _positive_ms(text: str) -> int:
+    value = _non_negative_int(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("expected a number of milliseconds > 0, got 0")
+    return value

@@ -1,0 +1,291 @@
+"""``svcctl keys add|disable|list``: edit the gateway's key file, then have the gateway reload it.
+
+Why it exists: issuing a key used to be ``svcctl keygen``, pasting its entry
+into ``conf/api_keys.toml`` by hand, and a ``curl`` to the supervisor.  These
+commands do the three steps:
+
+* the file is edited with tomlkit, so its comments, order and layout stay as
+  they were; the new entry is the one ``svcctl keygen`` prints
+  (:func:`svc.cli.key_entry`, with :func:`svc.auth.new_key` and
+  :func:`svc.auth.hash_key`), and the name is checked by
+  :func:`svc.auth.check_key_name`;
+* the file is checked with the gateway's own loader before it is changed,
+  and written atomically (a temporary file in the same folder, flushed,
+  then renamed over it) with mode 0600, so the gateway never reads half a
+  file and other users never read the hashes;
+* then the supervisor restarts the gateway (``POST
+  /api/v1/servers/__gateway/restart`` with the management token
+  ``SERVICE_API_TOKEN``), which loads the file at startup.  With
+  ``--no-restart`` the change waits for the next restart.
+
+Exit status: 0 on success; 1 when the supervisor answers the restart with an
+error status; 2 for a refused change (bad or duplicate name, unknown key,
+unreadable or invalid file) and when the restart cannot be asked for (no
+token, supervisor unreachable): the file then stays changed, and one line
+says so.  ``keys list`` prints name, scope, qps and enabled, never a hash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from typing import Any
+from urllib.parse import urlsplit
+
+import tomlkit
+from tomlkit.exceptions import TOMLKitError
+
+from svc.auth import API_TOKEN_ENV, SCOPES, KeyEntry, check_key_name, hash_key, load_key_file, new_key
+from svc.cli import EXIT_HTTP, EXIT_OK, EXIT_USAGE, CliError, HttpCall, _describe, _exchange, _fail, key_entry
+from svc.config import ConfigError
+
+SERVICE_CONFIG = "conf/service.toml"
+DEFAULT_KEYS_FILE = "conf/api_keys.toml"
+DEFAULT_SUPERVISOR = "http://127.0.0.1:8787"
+SUPERVISOR_ENV = "SERVICE_SUPERVISOR_URL"
+RESTART_PATH = "/api/v1/servers/__gateway/restart"
+RESTART_TIMEOUT_S = 60.0
+#: The first lines of a key file that ``keys add`` creates.
+NEW_FILE_HEADER = ("The gateway's API keys, one [keys.<name>] table per key (svcctl keys add|disable|list).",
+                   "Changes take effect when the gateway restarts: POST /api/v1/servers/__gateway/restart.")
+
+
+def default_keys_file(service_config: str = SERVICE_CONFIG) -> str:
+    """The gateway's ``keys_file`` from ``[gateway]`` of the service configuration, else ``conf/api_keys.toml``.
+
+    The same file the gateway loads when started from the same folder; an
+    unreadable service configuration falls back to the default (the
+    gateway would refuse to start with it anyway).
+    """
+    try:
+        with open(service_config, encoding="utf-8") as f:
+            gateway = tomlkit.parse(f.read()).unwrap().get("gateway", {})
+    except (OSError, UnicodeDecodeError, TOMLKitError):
+        return DEFAULT_KEYS_FILE
+    value = gateway.get("keys_file") if isinstance(gateway, dict) else None
+    return value if isinstance(value, str) and value else DEFAULT_KEYS_FILE
+
+
+# ---------------------------------------------------------------- the file
+
+
+def read_document(path: str, *, missing_ok: bool = False) -> tomlkit.TOMLDocument:
+    """The key file as a tomlkit document, checked with the gateway's loader.
+
+    Raises :class:`CliError` for a file that the gateway would refuse (so
+    that no edit builds on it).  A missing file is an empty document when
+    ``missing_ok`` (``keys add`` creates the file).
+    """
+    if missing_ok and not os.path.exists(path):
+        doc = tomlkit.document()
+        for line in NEW_FILE_HEADER:
+            doc.add(tomlkit.comment(line))
+        return doc
+    try:
+        load_key_file(path)
+    except ConfigError as e:
+        raise CliError(str(e)) from None
+    with open(path, encoding="utf-8") as f:
+        return tomlkit.parse(f.read())
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Replace ``path`` by ``text`` in one rename, mode 0600.
+
+    The temporary file is created in the same folder (so the rename stays
+    on one file system), with mode 0600 from its creation, flushed to disk
+    before the rename; on any failure it is removed and the old file is
+    left as it was.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    except OSError as e:
+        raise CliError(f"cannot write {path}: {e.strerror or e}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except OSError as e:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise CliError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def add_key(doc: tomlkit.TOMLDocument, name: str, scope: str, qps: int) -> str:
+    """Append ``[keys.<name>]`` for a new key to ``doc``; the plaintext key.
+
+    The entry is :func:`svc.cli.key_entry`'s text, parsed, so that it reads
+    exactly as ``svcctl keygen`` prints it.  Raises :class:`CliError` for a
+    bad or taken name.
+    """
+    problem = check_key_name(name)
+    if problem:
+        raise CliError(f"key name {name!r} {problem}")
+    keys = doc.get("keys")
+    if keys is not None and name in keys:
+        raise CliError(f"a key named {name!r} already exists (disable it, or choose another name)")
+    key = new_key()
+    entry = tomlkit.parse(key_entry(name, hash_key(key), scope, qps))["keys"][name]
+    if keys is None:
+        doc["keys"] = keys = tomlkit.table(is_super_table=True)
+    keys[name] = entry
+    return key
+
+
+def disable_key(doc: tomlkit.TOMLDocument, name: str) -> bool:
+    """Set ``enabled = false`` on ``[keys.<name>]``; False when it already was (CliError: no such key)."""
+    keys = doc.get("keys")
+    if keys is None or name not in keys:
+        raise CliError(f"no key named {name!r}")
+    table = keys[name]
+    if table.get("enabled", True) is False:
+        return False
+    if "enabled" in table:
+        table["enabled"] = False  # replaced in place, its comment kept
+        return True
+    # A key appended to a table goes after its trailing comments and blank lines, which belong to
+    # what follows (the next table's comment): insert it right after the table's last key instead.
+    last = [key for key, _ in table.value.body if key is not None]
+    try:
+        table.value._insert_after(last[-1], "enabled", tomlkit.item(False))
+    except (AttributeError, IndexError):  # another tomlkit, or an empty table: append
+        table["enabled"] = False
+    return True
+
+
+def list_lines(entries: list[KeyEntry]) -> list[str]:
+    """The ``keys list`` table: NAME, SCOPE, QPS (``unlimited`` for 0), ENABLED; no hash, ever."""
+    rows = [("NAME", "SCOPE", "QPS", "ENABLED")]
+    rows += [(e.name, e.scope, str(e.rate_limit_qps) if e.rate_limit_qps else "unlimited",
+              "yes" if e.enabled else "no") for e in entries]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    return [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}" for r in rows]
+
+
+# ---------------------------------------------------------------- the restart
+
+
+def restart_call(supervisor: str) -> HttpCall:
+    """The supervisor request that restarts the gateway."""
+    parts = urlsplit(supervisor)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise CliError(f"--supervisor must be an http:// or https:// URL, got {supervisor!r}")
+    return HttpCall("POST", supervisor.rstrip("/") + RESTART_PATH, None, RESTART_TIMEOUT_S)
+
+
+def restart_gateway(supervisor: str, token: str) -> int:
+    """Ask the supervisor to restart the gateway; the exit status (one line on stderr when it fails)."""
+    call = restart_call(supervisor)
+    from twisted.internet import task
+
+    codes: list[int] = []
+
+    async def main(reactor: Any) -> None:
+        try:
+            status, phrase, _, _ = await _exchange(reactor, call, token)
+        except Exception as e:
+            codes.append(EXIT_USAGE)
+            _fail(f"the key file is changed but the gateway was not restarted: {_describe(e, call)}"
+                  .replace("(is the gateway running?)", "(is the supervisor running?)"))
+            return
+        if 200 <= status < 300:
+            codes.append(EXIT_OK)
+        else:
+            codes.append(EXIT_HTTP)
+            _fail(f"the key file is changed but the gateway was not restarted: HTTP {status} {phrase} "
+                  f"from {call.method} {call.url}")
+
+    try:
+        task.react(main)
+    except SystemExit:
+        pass
+    if not codes:
+        _fail("interrupted: the key file is changed; the gateway restart may not have happened")
+        return EXIT_USAGE
+    return codes[0]
+
+
+# ---------------------------------------------------------------- the commands
+
+
+def run(args: argparse.Namespace) -> int:
+    """``svcctl keys ...``: the exit status."""
+    path = args.keys_file or default_keys_file()
+    try:
+        if args.keys_action == "list":
+            try:
+                entries = load_key_file(path)
+            except ConfigError as e:
+                raise CliError(str(e)) from None
+            print("\n".join(list_lines(entries)))
+            return EXIT_OK
+        token = None
+        if not args.no_restart:
+            restart_call(args.supervisor)  # a bad URL is refused before the file changes
+            token = os.environ.get(API_TOKEN_ENV)
+            if not token:
+                raise CliError(f"no management token: set {API_TOKEN_ENV} to restart the gateway, or pass "
+                               "--no-restart (the file is not changed)")
+        doc = read_document(path, missing_ok=args.keys_action == "add")
+        if args.keys_action == "add":
+            key = add_key(doc, args.name, args.scope, args.qps)
+            write_atomically(path, tomlkit.dumps(doc))
+            print(key)
+            sys.stdout.flush()
+            _fail(f"added key {args.name!r} to {path}; it is shown once and cannot be recovered: give it to the "
+                  "client now")
+        else:
+            if not disable_key(doc, args.name):
+                _fail(f"key {args.name!r} is already disabled in {path}: nothing changed")
+                return EXIT_OK
+            write_atomically(path, tomlkit.dumps(doc))
+            _fail(f"disabled key {args.name!r} in {path}")
+    except CliError as e:
+        _fail(str(e))
+        return EXIT_USAGE
+    if token is None:
+        _fail("not restarted (--no-restart): the gateway applies the change when it next starts")
+        return EXIT_OK
+    code = restart_gateway(args.supervisor, token)
+    if code == EXIT_OK:
+        _fail("the gateway restarted and applies the change")
+    return code
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``keys add|disable|list`` on the ``svcctl`` subcommands."""
+    keys = sub.add_parser("keys", help="add, disable and list the gateway's API keys (edits the key file)",
+                          description="Edit the gateway's key file (comments and order are kept; written "
+                                      "atomically, mode 0600), then restart the gateway through the supervisor "
+                                      f"with the management token ${API_TOKEN_ENV} so that the change applies.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--keys-file", metavar="PATH",
+                        help=f"the key file (default: keys_file of [gateway] in {SERVICE_CONFIG}, else "
+                             f"{DEFAULT_KEYS_FILE})")
+    changing = argparse.ArgumentParser(add_help=False)
+    changing.add_argument("--supervisor", metavar="URL",
+                          default=os.environ.get(SUPERVISOR_ENV) or DEFAULT_SUPERVISOR,
+                          help=f"supervisor base URL (default: ${SUPERVISOR_ENV}, else {DEFAULT_SUPERVISOR})")
+    changing.add_argument("--no-restart", action="store_true",
+                          help="only edit the file; the gateway applies it when it next starts")
+    actions = keys.add_subparsers(dest="keys_action", metavar="ACTION", required=True)
+    add = actions.add_parser("add", parents=[common, changing], help="issue a key: print it once, store its hash")
+    add.add_argument("name", metavar="NAME", help="key name (the X-Service-Key header of its replies)")
+    add.add_argument("--scope", choices=SCOPES, default="inference", help="default: inference")
+    from svc.cli import _non_negative_int
+
+    add.add_argument("--qps", type=_non_negative_int, default=0, metavar="N",
+                     help="requests per second for this key; 0 = unlimited (default)")
+    disable = actions.add_parser("disable", parents=[common, changing], help="set enabled = false on a key")
+    disable.add_argument("name", metavar="NAME", help="key name")
+    actions.add_parser("list", parents=[common], help="name, scope, qps and enabled of every key (no hashes)")
+    keys.set_defaults(handler=run)

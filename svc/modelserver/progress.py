@@ -1,0 +1,74 @@
+"""Progress of asynchronous jobs: written by a worker thread, read by the reactor.
+
+A model reports progress from inside ``predict`` with
+``svc.modelapi.report_progress(step, steps)``.  The engine installs a
+:class:`BatchProgress` for the batch it runs; that reporter writes the value
+into the :class:`JobProgress` of every job with an item in the batch (a
+batch may hold items of several jobs: each sees the batch's progress), at
+most once per :data:`MIN_INTERVAL_S` and always for the last step.  The
+reactor only reads the value when it answers a poll or a wait, so a model
+that reports on every sampler step costs the reactor nothing and never
+waits for it: the worker thread replaces one tuple reference, which is
+atomic in CPython, and takes no lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+#: Writes closer together than this are dropped (the last step is always written).
+MIN_INTERVAL_S = 0.1
+
+
+class JobProgress:
+    """The last progress written for one job: ``(step, steps)`` or None before the first report."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value: tuple[int, int] | None = None
+
+    def to_json(self) -> dict[str, int] | None:
+        """The ``progress`` field of the job status body (null when nothing was reported)."""
+        value = self.value  # one read: the worker may replace it meanwhile
+        if value is None:
+            return None
+        return {"step": value[0], "steps": value[1]}
+
+
+class BatchProgress:
+    """The reporter of one running batch: throttled writes into the progress of its jobs.
+
+    Called in the worker thread.  Time comes from ``clock`` (the reactor's
+    ``seconds``, safe to read from any thread; ``task.Clock`` in tests).
+    A report that is not two whole numbers with ``0 <= step`` and
+    ``1 <= steps`` is ignored rather than failing the forward pass; a step
+    past ``steps`` is shown as ``steps``.
+    """
+
+    def __init__(self, clock: Any, targets: Iterable[JobProgress], min_interval: float = MIN_INTERVAL_S) -> None:
+        self.clock = clock
+        self.targets = tuple({id(t): t for t in targets}.values())
+        self.min_interval = min_interval
+        self.last: float | None = None
+        self.written: tuple[int, int] | None = None
+
+    def __call__(self, step: int, steps: int) -> None:
+        if isinstance(step, bool) or isinstance(steps, bool):
+            return
+        try:
+            step, steps = int(step), int(steps)
+        except (TypeError, ValueError, OverflowError):
+            return
+        if steps < 1 or step < 0:
+            return
+        step = min(step, steps)
+        now = self.clock.seconds()
+        if step < steps and self.last is not None and now - self.last < self.min_interval:
+            return
+        self.last = now
+        value = (step, steps)
+        self.written = value
+        for target in self.targets:
+            target.value = value

@@ -1,0 +1,95 @@
+"""Job progress end to end: a real DDPM model server behind a real gateway, polled while it samples."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+from PIL import Image
+
+from svc.cli import GATEWAY_ENV, TOKEN_ENVS
+from tests.support.gateway import GATEWAY_TOKENS, start_gateway
+from tests.support.http import get, post
+from tests.support.processes import REPO, free_port, start_model_server, write_config
+from tests.support.zoo import IGNORED_IMAGE
+
+UPSTREAM_TOKEN = "upstream-secret"
+STEPS = 30  # 20 ms or more a step for this UNet: at least 0.6 s of sampling, several 100 ms reports to poll
+#: A small random-init DDPM (16x16 RGB): the shipped config with a smaller UNet.
+MODEL = {"weights": "random", "sample_size": 16, "block_out_channels": [16, 32]}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    root = tmp_path_factory.mktemp("progress")
+    servers = root / "server"
+    servers.mkdir()
+    config = write_config(servers, "DDPM", name="DDPM.toml", port=free_port(), model=MODEL)
+    port = int(re.search(r"^port = (\d+)", config.read_text(), re.M).group(1))
+    server = start_model_server(config, token=UPSTREAM_TOKEN, port=port)
+    gateway = start_gateway(root, servers, None, env={"SERVICE_UPSTREAM_TOKEN": UPSTREAM_TOKEN})
+    yield {"gateway": gateway, "server": server}
+    gateway.stop()
+    server.stop()
+
+
+def auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {GATEWAY_TOKENS['SERVICE_GATEWAY_AUTH_TOKEN']}"}
+
+
+def test_polling_a_sampling_job_shows_increasing_steps_and_the_done_job_the_last_step(stack):
+    base = stack["gateway"].url + "/v1/models/DDPM"
+    submitted = post(base + "/jobs", {"images": [IGNORED_IMAGE], "params": {"timesteps": STEPS, "seed": 7}},
+                     headers=auth())
+    assert submitted.status == 202, submitted.body[:300]
+    poll_url = submitted.json["poll_url"]
+    assert poll_url.startswith("/v1/models/DDPM/jobs/")
+    polls = []
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        reply = get(stack["gateway"].url + poll_url, headers=auth())
+        assert reply.status == 200, reply.body[:300]
+        polls.append(reply.json)
+        if reply.json["state"] in ("done", "failed", "timeout"):
+            break
+        time.sleep(0.02)
+    final = polls[-1]
+    assert final["state"] == "done", final
+    assert final["progress"] == {"step": STEPS, "steps": STEPS}
+    assert final["poll_url"] == poll_url  # the gateway rewrote only the URLs; progress passed through
+    running = [p["progress"] for p in polls if p["state"] == "running" and p["progress"] is not None]
+    assert all(p["steps"] == STEPS and 1 <= p["step"] <= STEPS for p in running)
+    steps = [p["step"] for p in running]
+    assert steps == sorted(steps)  # never goes back
+    assert len({s for s in steps if s < STEPS}) >= 2, polls  # seen moving while it sampled
+    assert all(p["progress"] is None for p in polls if p["state"] == "pending")
+
+    waited = get(stack["gateway"].url + poll_url + "/wait?timeout=0", headers=auth()).json
+    assert waited["state"] == "done" and waited["progress"] == {"step": STEPS, "steps": STEPS}
+
+
+def test_svcctl_jobs_run_shows_the_bar_and_writes_the_sample_and_the_envelope(stack, tmp_path):
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k not in (*TOKEN_ENVS, GATEWAY_ENV)}
+    env.update(PYTHONPATH=str(REPO), SERVICE_GATEWAY_AUTH_TOKEN=GATEWAY_TOKENS["SERVICE_GATEWAY_AUTH_TOKEN"])
+    done = subprocess.run([sys.executable, "-m", "svc.cli", "jobs", "run", "DDPM", "--param", "timesteps=5",
+                           "--param", "seed=3", "--req-id", "r1", "--out", str(out), "--poll-ms", "200",
+                           "--gateway", stack["gateway"].url], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    envelope = json.loads(done.stdout)
+    assert envelope["status"] == 0 and envelope["task_id"] == "r1" and envelope["results"][0]["data"]["seed"] == 3
+    assert sorted(p.name for p in out.iterdir()) == ["r1.json", "r1_0.png"]
+    assert json.loads((out / "r1.json").read_text()) == envelope
+    image = Image.open(out / "r1_0.png")
+    assert (image.format, image.size) == ("PNG", (16, 16))
+    assert (out / "r1_0.png").read_bytes() == base64.b64decode(envelope["results"][0]["data"]["image"])
+    lines = done.stderr.splitlines()
+    assert re.fullmatch(r"job_[0-9a-f]{24} pending", lines[0])
+    assert re.fullmatch(r"job_[0-9a-f]{24} done \[#{30}\] 5/5", lines[-2])
+    assert lines[-1] == f"svcctl: wrote 2 files under {out}"

@@ -1,0 +1,172 @@
+"""Job progress on task.Clock: the throttled reporter, the engine's hook, the status field."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+
+from svc.envelope import ModelIdentity
+from svc.modelapi import report_progress, reporting_progress
+from svc.modelserver.batching import BatchQueue
+from svc.modelserver.engine import Engine
+from svc.modelserver.inference import Inference
+from svc.modelserver.job_routes import JobRoutes
+from svc.modelserver.jobs import DONE, RUNNING, JobTable
+from svc.modelserver.progress import BatchProgress, JobProgress
+from svc.process import inline_runner
+from svc.request import InferenceRequest, RequestValidator
+from svc.schema import ObjectSchema, object_schema
+
+# -- the reporter -----------------------------------------------------------------------------
+
+
+def test_reports_closer_than_100_ms_are_dropped_but_the_last_step_is_always_written():
+    clock = Clock()
+    a, b = JobProgress(), JobProgress()
+    reporter = BatchProgress(clock, [a, b, a])  # two items of job a, one of job b
+    shown = []
+    for step in range(1, 7):
+        reporter(step, 6)
+        shown.append(a.value)
+        clock.advance(0.03)
+    # written at 0 ms (first), 120 ms (>= 100 ms after 0), 150 ms (the last step); dropped in between
+    assert shown == [(1, 6), (1, 6), (1, 6), (1, 6), (5, 6), (6, 6)]
+    assert b.value == (6, 6) and len(reporter.targets) == 2
+
+
+def test_a_report_exactly_100_ms_after_the_last_write_is_written():
+    clock = Clock()
+    target = JobProgress()
+    reporter = BatchProgress(clock, [target])
+    reporter(1, 10)
+    clock.advance(0.1)
+    reporter(2, 10)
+    assert target.value == (2, 10)
+
+
+def test_reports_that_are_not_progress_are_ignored_and_a_step_past_the_end_is_the_end():
+    clock = Clock()
+    target = JobProgress()
+    reporter = BatchProgress(clock, [target])
+    for step, steps in ((1, 0), (-1, 5), ("x", 5), (True, 5), (None, 5)):
+        reporter(step, steps)
+    assert target.value is None and target.to_json() is None
+    reporter(9, 4)
+    assert target.to_json() == {"step": 4, "steps": 4}
+
+
+def test_report_progress_is_a_no_op_without_a_reporter_and_the_reporter_is_scoped():
+    seen = []
+    report_progress(1, 2)  # outside a batch: nothing happens
+    with reporting_progress(lambda step, steps: seen.append(("outer", step, steps))):
+        with reporting_progress(lambda step, steps: seen.append(("inner", step, steps))):
+            report_progress(1, 3)
+        report_progress(2, 3)
+    report_progress(3, 3)
+    assert seen == [("inner", 1, 3), ("outer", 2, 3)]
+
+
+# -- through the job table, the batching queue and the engine ----------------------------------------
+
+
+class HeldRunner:
+    """The worker pool: a call runs when the test says (in the test's thread, standing in for a worker)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __call__(self, f, *args):
+        d: Deferred = Deferred()
+        self.calls.append((f, args, d))
+        return d
+
+    def run_next(self) -> None:
+        f, args, d = self.calls.pop(0)
+        d.callback(f(*args))
+
+
+class SteppingModel:
+    """Reports ``plan`` (step, steps) during ``predict``, the clock advancing 40 ms before each report."""
+
+    def __init__(self, clock: Clock, jobs: list) -> None:
+        self.clock = clock
+        self.jobs = jobs
+        self.plan: list[tuple[int, int]] = []
+        self.seen: list[list] = []  # what a poll would show for each job after each report
+
+    def preprocess(self, image, params):
+        return "input"
+
+    def batch_key(self, params):
+        return None
+
+    def predict(self, inputs, params):
+        for step, steps in self.plan:
+            self.clock.advance(0.04)
+            report_progress(step, steps)
+            self.seen.append([job.progress.to_json() for job in self.jobs])
+        return ["out"] * len(inputs)
+
+    def postprocess(self, output, params, options):
+        report_progress(99, 99)  # outside predict: no reporter, ignored
+        return {"v": output}
+
+
+class Factory:
+    needs_image = False
+    data_schema = {"type": "object"}
+
+
+def setup(clock: Clock):
+    runner = HeldRunner()
+    engine = Engine(Factory(), {}, "cpu", runner, clock=clock)
+    queue = BatchQueue(clock, engine.run_batch, workers=1, max_batch_size=2, max_batch_delay_ms=10)
+    validator = RequestValidator(ObjectSchema(object_schema({})), ObjectSchema(object_schema({})), 16)
+    inference = Inference(clock=clock, factory=Factory(), validator=validator, queue=queue, run_decode=inline_runner,
+                          max_image_pixels=10**6)
+    jobs = JobTable(clock, inference.run_job, lambda: ModelIdentity("M", "v"), max_queue=8, timeout_ms=0,
+                    ttl_ms=60_000, max_completed=10)
+    model = SteppingModel(clock, [])
+    engine.model = inference.model = model
+    routes = SimpleNamespace(server=SimpleNamespace(clock=clock, identity=ModelIdentity("M", "v")))
+    return jobs, runner, model, lambda job: JobRoutes.status_body(routes, job), inference
+
+
+def test_every_job_of_a_batch_sees_the_batch_progress_throttled_and_the_final_poll_shows_the_last_step():
+    clock = Clock()
+    jobs, runner, model, status, _ = setup(clock)
+    first = jobs.submit(InferenceRequest(images=["aGk="], req_id=None))
+    a = jobs.submit(InferenceRequest(images=["aGk="], req_id=None))
+    b = jobs.submit(InferenceRequest(images=["aGk="], req_id=None))
+    model.jobs = [first, a, b]
+    clock.advance(0)
+    assert first.state == RUNNING and len(runner.calls) == 1  # a and b wait for the worker
+    assert status(a)["progress"] is None and status(first)["progress"] is None
+
+    runner.run_next()  # the first job's batch reports nothing: its progress stays null
+    assert first.state == DONE and status(first)["progress"] is None
+    assert a.state == RUNNING and b.state == RUNNING and len(runner.calls) == 1  # a and b share the next batch
+
+    model.plan = [(step, 5) for step in range(1, 6)]
+    runner.run_next()
+    one, four, five = {"step": 1, "steps": 5}, {"step": 4, "steps": 5}, {"step": 5, "steps": 5}
+    # 40 ms between reports: written at 40 ms and 160 ms, and the last step at 200 ms
+    assert model.seen == [[None, one, one], [None, one, one], [None, one, one], [None, four, four],
+                          [None, five, five]]
+    assert a.state == DONE and b.state == DONE
+    assert status(a)["progress"] == five and status(b)["progress"] == five
+    assert status(first)["progress"] is None
+
+
+def test_a_synchronous_request_gets_no_reporter_and_its_reports_go_nowhere():
+    clock = Clock()
+    _, runner, model, _, inference = setup(clock)
+    model.plan = [(1, 2), (2, 2)]
+    answered = []
+    inference.run(InferenceRequest(images=["aGk="], req_id=None), deadline=None).addCallback(answered.append)
+    _, args, _ = runner.calls[0]
+    assert args[-1] is None  # no JobProgress in the batch: no reporter
+    runner.run_next()
+    assert answered[0][0].data == {"v": "out"} and len(model.seen) == 2

@@ -1,0 +1,201 @@
+"""``svcctl keys add|disable|list``: exact file edits, mode 0600, atomic writes, the gateway restart."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from svc import cli, keyfile
+from svc.auth import hash_key, load_key_file
+from tests.support.fake_gateway import FakeGateway, Reply
+from tests.unit.test_cli import free_port, svcctl
+
+ORIGINAL = """\
+# The gateway's API keys.
+# Keep this comment.
+
+[keys.tenant-a]   # the first tenant
+hash = "{a}"
+scope = "admin"     # it manages too
+rate_limit_qps = 10
+
+# a retired one, kept for the record
+[keys.old]
+hash = "{b}"
+enabled = false
+""".format(a="a" * 64, b="b" * 64)
+MANAGEMENT = "management-" + "7" * 40
+RESTART = "/api/v1/servers/__gateway/restart"
+
+
+@pytest.fixture
+def keys(tmp_path):
+    path = tmp_path / "conf" / "api_keys.toml"
+    path.parent.mkdir()
+    path.write_text(ORIGINAL)
+    path.chmod(0o644)
+    return path
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_add_appends_the_keygen_entry_keeps_comments_and_order_and_prints_the_key_once(keys, capsys):
+    code = cli.main(["keys", "add", "tenant-b", "--scope", "all", "--qps", "3", "--keys-file", str(keys),
+                     "--no-restart"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    key = out.strip()
+    assert out == key + "\n" and len(key) == 64
+    assert keys.read_text() == ORIGINAL + "\n" + cli.key_entry("tenant-b", hash_key(key), "all", 3)
+    assert key not in keys.read_text() and key not in err
+    assert err == (f"svcctl: added key 'tenant-b' to {keys}; it is shown once and cannot be recovered: give it "
+                   "to the client now\n"
+                   "svcctl: not restarted (--no-restart): the gateway applies the change when it next starts\n")
+    assert mode(keys) == 0o600
+    assert [e.name for e in load_key_file(str(keys))] == ["tenant-a", "old", "tenant-b"]
+    assert sorted(os.listdir(keys.parent)) == ["api_keys.toml"]  # no temporary file left
+
+
+def test_add_creates_a_missing_file_with_mode_0600(tmp_path, capsys):
+    path = tmp_path / "new" / "keys.toml"
+    assert cli.main(["keys", "add", "a.b", "--keys-file", str(path), "--no-restart"]) == 0
+    key = capsys.readouterr().out.strip()
+    text = path.read_text()
+    assert text.startswith("# The gateway's API keys") and text.endswith(cli.key_entry("a.b", hash_key(key)))
+    assert '[keys."a.b"]' in text and mode(path) == 0o600
+    [entry] = load_key_file(str(path))
+    assert (entry.name, entry.hash, entry.scope, entry.rate_limit_qps, entry.enabled) == \
+        ("a.b", hash_key(key), "inference", 0, True)
+
+
+@pytest.mark.parametrize("name, message", [
+    ("tenant-a", "svcctl: a key named 'tenant-a' already exists (disable it, or choose another name)\n"),
+    ("no spaces", "svcctl: key name 'no spaces' must be 1 to 64 letters, digits, '_', '.' or '-', starting with a "
+                  "letter or digit\n"),
+    ("static-token", "svcctl: key name 'static-token' is reserved for a static token (management-token, "
+                     "metrics-token, static-token)\n"),
+])
+def test_add_refuses_a_duplicate_or_invalid_name_in_one_line_and_changes_nothing(keys, capsys, name, message):
+    assert cli.main(["keys", "add", name, "--keys-file", str(keys), "--no-restart"]) == 2
+    assert capsys.readouterr() == ("", message)
+    assert keys.read_text() == ORIGINAL and mode(keys) == 0o644
+
+
+def test_disable_sets_enabled_false_in_place(keys, capsys):
+    assert cli.main(["keys", "disable", "tenant-a", "--keys-file", str(keys), "--no-restart"]) == 0
+    assert keys.read_text() == ORIGINAL.replace("rate_limit_qps = 10\n", "rate_limit_qps = 10\nenabled = false\n")
+    assert mode(keys) == 0o600
+    assert capsys.readouterr().err.startswith(f"svcctl: disabled key 'tenant-a' in {keys}\n")
+
+
+def test_disable_of_a_disabled_key_changes_nothing_and_of_an_unknown_key_is_refused(keys, capsys):
+    assert cli.main(["keys", "disable", "old", "--keys-file", str(keys), "--no-restart"]) == 0
+    assert capsys.readouterr().err == f"svcctl: key 'old' is already disabled in {keys}: nothing changed\n"
+    assert cli.main(["keys", "disable", "nobody", "--keys-file", str(keys), "--no-restart"]) == 2
+    assert capsys.readouterr().err == "svcctl: no key named 'nobody'\n"
+    assert keys.read_text() == ORIGINAL and mode(keys) == 0o644
+
+
+def test_list_prints_name_scope_qps_enabled_and_never_a_hash(keys, capsys):
+    assert cli.main(["keys", "list", "--keys-file", str(keys)]) == 0
+    out, err = capsys.readouterr()
+    assert out == ("NAME      SCOPE      QPS        ENABLED\n"
+                   "tenant-a  admin      10         yes\n"
+                   "old       inference  unlimited  no\n")
+    assert err == "" and "a" * 64 not in out
+
+
+def test_the_default_key_file_is_the_gateway_keys_file_of_the_service_config(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert keyfile.default_keys_file() == "conf/api_keys.toml"
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "service.toml").write_text('[gateway]\nkeys_file = "conf/other.toml"\n')
+    (tmp_path / "conf" / "other.toml").write_text('[keys.x]\nhash = "' + "c" * 64 + '"\n')
+    assert keyfile.default_keys_file() == "conf/other.toml"
+    assert cli.main(["keys", "list"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == "x     inference  unlimited  yes"
+
+
+def test_an_invalid_key_file_is_refused_before_any_change(keys, capsys):
+    keys.write_text(ORIGINAL + "[keys.bad]\nscope = \"inference\"\n")
+    broken = keys.read_text()
+    assert cli.main(["keys", "add", "new", "--keys-file", str(keys), "--no-restart"]) == 2
+    assert capsys.readouterr().err == f"svcctl: {keys}: keys.bad.hash: required key is missing\n"
+    assert keys.read_text() == broken
+
+
+def test_the_write_is_a_rename_of_a_0600_temporary_in_the_same_folder(keys, monkeypatch):
+    renames = []
+    real_replace = os.replace
+
+    def replace(source, target):
+        renames.append((os.path.dirname(source), os.path.basename(source), mode(source), target))
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", replace)
+    keyfile.write_atomically(str(keys), "# new\n")
+    [(folder, name, temporary_mode, target)] = renames
+    assert folder == str(keys.parent) and name.startswith(".api_keys.toml.") and name.endswith(".tmp")
+    assert temporary_mode == 0o600 and target == str(keys)
+    assert keys.read_text() == "# new\n"
+
+
+def test_a_failed_rename_leaves_the_old_file_and_no_temporary(keys, monkeypatch, capsys):
+    def broken(source, target):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken)
+    assert cli.main(["keys", "disable", "tenant-a", "--keys-file", str(keys), "--no-restart"]) == 2
+    assert capsys.readouterr().err == f"svcctl: cannot write {keys}: No space left on device\n"
+    assert keys.read_text() == ORIGINAL and sorted(os.listdir(keys.parent)) == ["api_keys.toml"]
+
+
+def test_without_the_management_token_nothing_changes(keys, capsys, monkeypatch):
+    monkeypatch.delenv("SERVICE_API_TOKEN", raising=False)
+    assert cli.main(["keys", "add", "new", "--keys-file", str(keys)]) == 2
+    assert capsys.readouterr() == ("", "svcctl: no management token: set SERVICE_API_TOKEN to restart the gateway, "
+                                       "or pass --no-restart (the file is not changed)\n")
+    assert keys.read_text() == ORIGINAL
+
+
+# -- the restart, through a process (the reactor runs once per process) --------------------------------------
+
+
+def test_add_then_restarts_the_gateway_with_the_management_token(keys):
+    with FakeGateway() as supervisor:
+        supervisor.reply = Reply(200, {"ok": True})
+        done = svcctl("keys", "add", "tenant-b", "--keys-file", str(keys), "--supervisor", supervisor.url,
+                      env={"SERVICE_API_TOKEN": MANAGEMENT})
+        [seen] = supervisor.requests
+    assert done.returncode == 0, done.stderr
+    assert (seen.method, seen.path, seen.body) == ("POST", RESTART, b"")
+    assert seen.headers["authorization"] == f"Bearer {MANAGEMENT}"
+    key = done.stdout.strip()
+    assert keys.read_text() == ORIGINAL + "\n" + cli.key_entry("tenant-b", hash_key(key))
+    assert done.stderr.endswith("svcctl: the gateway restarted and applies the change\n")
+
+
+def test_a_restart_refused_by_the_supervisor_exits_1_and_the_file_stays_changed(keys):
+    with FakeGateway() as supervisor:
+        supervisor.reply = Reply(500, {"error": "restart failed"})
+        done = svcctl("keys", "disable", "tenant-a", "--keys-file", str(keys), "--supervisor", supervisor.url,
+                      env={"SERVICE_API_TOKEN": MANAGEMENT})
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == ("svcctl: the key file is changed but the gateway was not restarted: "
+                                            f"HTTP 500 Internal Server Error from POST {supervisor.url}{RESTART}")
+    assert "enabled = false\n\n# a retired one" in keys.read_text()
+
+
+def test_an_unreachable_supervisor_is_one_line_exit_2_and_the_file_stays_changed(keys):
+    url = f"http://127.0.0.1:{free_port()}"
+    done = svcctl("keys", "disable", "tenant-a", "--keys-file", str(keys), "--supervisor", url,
+                  env={"SERVICE_API_TOKEN": MANAGEMENT})
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (f"svcctl: disabled key 'tenant-a' in {keys}\n"
+                           "svcctl: the key file is changed but the gateway was not restarted: "
+                           f"POST {url}{RESTART}: connection refused (is the supervisor running?)\n")
+    assert "enabled = false\n\n# a retired one" in keys.read_text() and mode(keys) == 0o600

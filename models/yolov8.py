@@ -383,15 +383,18 @@ def read_ultralytics_checkpoint(path: str) -> dict:
 
     try:
         checkpoint = safepickle.load_torch_file(path, CHECKPOINT_TORCH_CLASSES, CHECKPOINT_STAND_INS)
+        if not isinstance(checkpoint, dict):
+            raise WeightsError(f"weights file {path}: not an ultralytics checkpoint (a dict with 'model' or 'ema')")
+        for key in ("model", "ema"):
+            module = checkpoint.get(key)
+            state = safepickle.module_tensors(module) if isinstance(module, torch.nn.Module) else {}
+            if state:
+                return dict(state)
+    except WeightsError:
+        raise
     except Exception as e:  # noqa: BLE001 - any reader error is a bad file; the refusal message is one line
-        raise WeightsError(f"weights file {path}: cannot be read as an ultralytics checkpoint: {e}") from None
-    if not isinstance(checkpoint, dict):
-        raise WeightsError(f"weights file {path}: not an ultralytics checkpoint (a dict with 'model' or 'ema')")
-    for key in ("model", "ema"):
-        module = checkpoint.get(key)
-        state = safepickle.module_tensors(module) if isinstance(module, torch.nn.Module) else {}
-        if state:
-            return dict(state)
+        message = " ".join(str(e).split())  # one line, whatever the reader said
+        raise WeightsError(f"weights file {path}: cannot be read as an ultralytics checkpoint: {message}") from None
     raise WeightsError(f"weights file {path}: neither 'model' nor 'ema' of the checkpoint holds a network")
 
 

@@ -1,9 +1,9 @@
 """Reading pickled torch files without running the code they name.
 
 A pickle is a program: every ``GLOBAL`` opcode imports whatever module and
-name the file says, and ``REDUCE`` calls it, so ``torch.load`` of a file
-from the internet with ``weights_only=False`` runs code of the file's
-choosing.  Some official checkpoints are such pickles of whole model
+name the file says, and ``REDUCE`` calls it, so unpickling a file from the
+internet with the standard unpickler (or torch.load outside its
+weights-only mode) runs code of the file's choosing.  Some official checkpoints are such pickles of whole model
 objects (classes of a training library we do not install), so the state
 dict has to be dug out of them.
 
@@ -26,8 +26,8 @@ the only way to a global, and it answers only from an allow-list:
 Anything else raises :class:`RefusedGlobal`, an ``UnpicklingError`` whose
 message is one line naming the global, before it is imported.  Storages
 come from the zip archive ``torch.save`` writes (read with ``zipfile``;
-no pickle module of torch is involved), so neither ``torch.load`` with
-``weights_only=False`` nor ``pickle.load`` is used anywhere.
+no pickle module of torch is involved): nothing here calls torch.load or
+the standard unpickler's module-level loader.
 
 Nothing here names a model: model plugins pass their allow-lists.
 """
@@ -249,14 +249,21 @@ def module_tensors(module: Any) -> OrderedDict:
     def walk(node: Any, prefix: str, depth: int) -> None:
         if depth > 64:
             raise pickle.UnpicklingError("module tree deeper than 64 levels")
-        attrs = getattr(node, "__dict__", {})
+        if not isinstance(node, torch.nn.Module):
+            raise pickle.UnpicklingError(f"{prefix or 'the root'}: not a module but {type(node).__name__}")
+        attrs = vars(node)
         skip = attrs.get("_non_persistent_buffers_set") or set()
+        if not isinstance(skip, set):
+            raise pickle.UnpicklingError(f"{prefix}_non_persistent_buffers_set: not a set")
+        for table in ("_parameters", "_buffers", "_modules"):
+            if not isinstance(attrs.get(table) or {}, dict):
+                raise pickle.UnpicklingError(f"{prefix}{table}: not a dict")
         for table in ("_parameters", "_buffers"):
             for name, tensor in (attrs.get(table) or {}).items():
                 if tensor is not None and not (table == "_buffers" and name in skip):
                     if not isinstance(tensor, torch.Tensor):
                         raise pickle.UnpicklingError(f"{prefix}{name}: not a tensor")
-                    out[prefix + name] = tensor.detach()
+                    out[f"{prefix}{name}"] = tensor.detach()
         for name, child in (attrs.get("_modules") or {}).items():
             if child is not None:
                 walk(child, f"{prefix}{name}.", depth + 1)

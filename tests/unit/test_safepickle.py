@@ -129,6 +129,17 @@ def test_module_tensors_leaves_out_non_persistent_buffers(tmp_path):
     assert list(module_tensors(got)) == list(net.state_dict())
 
 
+def test_module_tensors_checks_the_tables_it_walks(tmp_path):
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    net.__dict__["_modules"] = ["not", "a", "dict"]
+    path = tmp_path / "odd.pt"
+    torch.save(net, path)
+    with pytest.raises(pickle.UnpicklingError, match="^_modules: not a dict$"):
+        module_tensors(load_torch_file(str(path), NN))
+    with pytest.raises(pickle.UnpicklingError, match="^the root: not a module but dict$"):
+        module_tensors({"weight": torch.ones(1)})
+
+
 def test_files_that_are_not_torch_save_archives_say_so(tmp_path):
     legacy = tmp_path / "legacy.pt"
     torch.save({"w": torch.ones(2)}, legacy, _use_new_zipfile_serialization=False)

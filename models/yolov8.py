@@ -429,6 +429,7 @@ def convert_ultralytics(src_path: str, dst_dir: str) -> str:
                            f"yolov8{named.group(1)}")
     load_into(build_network(scale), state, src_path)
     name = f"yolov8{scale}.safetensors"
+    os.makedirs(dst_dir, exist_ok=True)
     save_file(state, os.path.join(dst_dir, name), metadata={"converted_from": os.path.basename(src_path)})
     return name
 
@@ -441,9 +442,9 @@ VARIANTS = tuple(
         name=f"yolov8{scale}",
         source=FileSource(url=f"{ULTRALYTICS_ASSETS}/yolov8{scale}.pt", convert=ULTRALYTICS_CONVERTER),
         license="AGPL-3.0",
-        description=f"Ultralytics YOLOv8{scale} trained on COCO ({params}M parameters, mAP50-95 {ap} at 640). "
-        "The weights are under AGPL-3.0, Ultralytics' licence for them (a commercial licence is theirs to "
-        "sell). The pickled .pt is converted to a float32 .safetensors at pull without running its code.",
+        description=f"Ultralytics YOLOv8{scale}, COCO (80 classes), {params}M parameters, mAP50-95 {ap} at 640. "
+        "Licence: AGPL-3.0, Ultralytics' licence for its YOLOv8 weights (unless you hold its commercial "
+        "licence). The pickled .pt is converted to a float32 .safetensors at pull, without running its code.",
         model={"scale": scale},
         default=scale == "n",
     )

@@ -129,8 +129,20 @@ class _StorageType:
         self.dtype = dtype
 
 
-class RestrictedUnpickler(pickle.Unpickler):
-    """``pickle.Unpickler`` whose globals come from an allow-list (see the module docstring)."""
+class RestrictedUnpickler(pickle._Unpickler):
+    """An unpickler whose globals come from an allow-list (see the module docstring).
+
+    It is the pure-Python implementation (``pickle._Unpickler``) because
+    ``find_class`` alone does not close every door: ``BUILD`` would set
+    attributes on any object on the stack, classes included (a pickle could
+    replace a method of an allowed torch class for the rest of the
+    process), and ``REDUCE``/``NEWOBJ`` would call any callable it built.
+    Here those opcodes are checked: calls only of what ``find_class``
+    returned, ``BUILD`` only on module instances.  The files it reads are
+    small (the tensors are separate records of the archive).
+    """
+
+    dispatch = dict(pickle._Unpickler.dispatch)
 
     def __init__(
         self,
@@ -140,11 +152,17 @@ class RestrictedUnpickler(pickle.Unpickler):
         storages: Any = None,
     ) -> None:
         super().__init__(file)
+        self.found: dict[int, Any] = {}  # id -> every object find_class returned (kept alive: ids stay unique)
         self.allowed = frozenset(allowed)
         self.stand_in_prefixes = tuple(p.rstrip(".") + "." for p in stand_in_prefixes)
         self.storages = storages  # persistent id -> storage, or None: a pickle with storages is refused
 
     def find_class(self, module: str, name: str) -> Any:
+        found = self._find_class(module, name)
+        self.found[id(found)] = found
+        return found
+
+    def _find_class(self, module: str, name: str) -> Any:
         if module == "__builtin__":  # protocol 2 (torch.save's) writes Python 2's name of builtins
             module = "builtins"
         qualified = f"{module}.{name}"
@@ -167,6 +185,39 @@ class RestrictedUnpickler(pickle.Unpickler):
         if self.storages is None:
             raise pickle.UnpicklingError("refused persistent id: a plain pickle has no storages")
         return self.storages(pid)
+
+    def _callable(self, target: Any, opcode: str) -> None:
+        if id(target) not in self.found:
+            raise pickle.UnpicklingError(f"refused {opcode} of a {type(target).__name__}: only globals can be called")
+
+    def load_reduce(self) -> None:
+        self._callable(self.stack[-2], "REDUCE")
+        super().load_reduce()
+
+    def load_newobj(self) -> None:
+        self._callable(self.stack[-2], "NEWOBJ")
+        super().load_newobj()
+
+    def load_newobj_ex(self) -> None:
+        self._callable(self.stack[-3], "NEWOBJ_EX")
+        super().load_newobj_ex()
+
+    def load_obj(self) -> None:
+        raise pickle.UnpicklingError("refused OBJ: protocol 1 instances are not read")
+
+    def load_build(self) -> None:
+        import torch
+
+        target = self.stack[-2]
+        if isinstance(target, type) or not isinstance(target, torch.nn.Module):
+            raise pickle.UnpicklingError(f"refused BUILD of a {type(target).__name__}: only module instances take state")
+        super().load_build()
+
+    dispatch[pickle.REDUCE[0]] = load_reduce
+    dispatch[pickle.NEWOBJ[0]] = load_newobj
+    dispatch[pickle.NEWOBJ_EX[0]] = load_newobj_ex
+    dispatch[pickle.OBJ[0]] = load_obj
+    dispatch[pickle.BUILD[0]] = load_build
 
 
 def _resolve(module: str, name: str) -> Any:

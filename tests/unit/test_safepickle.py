@@ -72,6 +72,24 @@ def test_globals_outside_the_allow_list_are_refused(tmp_path, target, message):
     assert str(refused.value) == message
 
 
+def test_state_cannot_be_set_on_a_class_and_only_globals_are_called(tmp_path):
+    """Hand-written opcodes: BUILD on the Conv2d class itself (it would replace its forward for the
+    whole process), and REDUCE calling a module instance the pickle made (running its forward)."""
+    build_on_class = b"\x80\x02ctorch.nn.modules.conv\nConv2d\nN}X\x07\x00\x00\x00forwardNs\x86b."
+    call_an_instance = b"\x80\x02ctorch.nn.modules.linear\nLinear\nK\x02K\x02\x86R)R."
+    allowed = NN + ("torch.nn.modules.conv.Conv2d",)
+    forward = torch.nn.Conv2d.forward
+    for raw, message in [
+        (build_on_class, "^refused BUILD of a type: only module instances take state$"),
+        (call_an_instance, "^refused REDUCE of a Linear: only globals can be called$"),
+    ]:
+        path = tmp_path / "crafted.pkl"
+        path.write_bytes(raw)
+        with pytest.raises(pickle.UnpicklingError, match=message):
+            load_torch_file(str(path), allowed)
+    assert torch.nn.Conv2d.forward is forward
+
+
 def test_tensors_parameters_and_allowed_modules_come_back_equal(tmp_path):
     torch.manual_seed(1)
     net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)).half()

@@ -3,9 +3,9 @@
 A pickle is a program: every ``GLOBAL`` opcode imports whatever module and
 name the file says, and ``REDUCE`` calls it, so unpickling a file from the
 internet with the standard unpickler (or torch.load outside its
-weights-only mode) runs code of the file's choosing.  Some official checkpoints are such pickles of whole model
-objects (classes of a training library we do not install), so the state
-dict has to be dug out of them.
+weights-only mode) runs code of the file's choosing.  Some official
+checkpoints are such pickles of whole model objects (classes of a training
+library we do not install), so the state dict has to be dug out of them.
 
 :func:`load_torch_file` does it with an unpickler whose ``find_class`` is
 the only way to a global, and it answers only from an allow-list:
@@ -24,7 +24,10 @@ the only way to a global, and it answers only from an allow-list:
   imported.
 
 Anything else raises :class:`RefusedGlobal`, an ``UnpicklingError`` whose
-message is one line naming the global, before it is imported.  Storages
+message is one line naming the global, before it is imported.  The
+opcodes that call or mutate are checked as well (see
+:class:`RestrictedUnpickler`): only what ``find_class`` returned is
+called, and only module instances take pickled state.  Storages
 come from the zip archive ``torch.save`` writes (read with ``zipfile``;
 no pickle module of torch is involved): nothing here calls torch.load or
 the standard unpickler's module-level loader.

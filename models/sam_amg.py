@@ -2,7 +2,9 @@
 
 The model is ``segment_anything``'s ``Sam``: ``vit_b``, ``vit_l`` and
 ``vit_h`` are built by ``sam_model_registry`` (the official
-``sam_vit_*.pth`` checkpoints load into them as they are), and ``tiny`` is
+``sam_vit_*.pth`` checkpoints load into them as they are; ``VARIANTS``
+declares them as the pretrained variants ``sam_vit_b``, the default,
+``sam_vit_l`` and ``sam_vit_h``), and ``tiny`` is
 our small random-init default for CPUs: the same classes with a 2-layer,
 64-wide ViT encoder on 256-pixel inputs and the standard prompt encoder and
 mask decoder.  ``SamAutomaticMaskGenerator`` prompts a grid of points,
@@ -34,10 +36,33 @@ from svc.images import check_resize
 from svc.modelapi import IModel, IModelFactory, report_progress
 from svc.schema import object_schema
 from svc.weights import WEIGHTS_PROPERTIES, load_into, path_of, read_state_dict, version_of
+from svc.weightstore.catalog import FileSource, Variant
 
 ARCHS = ("tiny", "vit_b", "vit_l", "vit_h")
 #: The tiny encoder: (embed dim, depth, heads, global attention layers, input side, window)
 TINY = {"embed_dim": 64, "depth": 2, "num_heads": 2, "global_attn_indexes": (1,), "img_size": 256, "window_size": 8}
+
+#: The official checkpoints (segment-anything's README): plain state dicts, loaded with
+#: torch.load(weights_only=True).  The hex in each file name is the start of the file's MD5
+#: (01ec64d2..., 0b319550..., 4b8939a8...), not of its SHA-256, so there is no hash_prefix: the
+#: SHA-256 is recorded at the first pull and checked from then on.
+SAM_RELEASE = "https://dl.fbaipublicfiles.com/segment_anything"
+_OFFICIAL = (
+    ("vit_b", "sam_vit_b_01ec64.pth", 375042383, "ViT-B image encoder, 91M parameters"),
+    ("vit_l", "sam_vit_l_0b3195.pth", 1249524607, "ViT-L image encoder, 308M parameters"),
+    ("vit_h", "sam_vit_h_4b8939.pth", 2564550879, "ViT-H image encoder, 636M parameters (needs a GPU)"),
+)
+VARIANTS = tuple(
+    Variant(
+        name=f"sam_{arch}",
+        source=FileSource(url=f"{SAM_RELEASE}/{filename}", size=size),
+        license="Apache-2.0",
+        description=f"Segment Anything (Meta AI), {text}; the weights are Apache-2.0.",
+        model={"arch": arch},
+        default=arch == "vit_b",
+    )
+    for arch, filename, size, text in _OFFICIAL
+)
 
 PARAMS_SCHEMA = object_schema(
     {
@@ -286,6 +311,8 @@ class SamAmgFactory:
         },
         description="[model] table of SAM_AMG.",
     )
+
+    variants = VARIANTS
 
     def params_schema(self, config: dict) -> dict:
         schema = copy.deepcopy(PARAMS_SCHEMA)

@@ -9,7 +9,16 @@ the state dict of an upstream YOLOv8 detection model loads as it is:
 
     torch.save(YOLO("yolov8n.pt").model.state_dict(), "yolov8n.pth")
 
-(an upstream ``.pt`` is a pickled model object, which we do not unpickle).
+The official ``yolov8{n,s,m,l,x}.pt`` release files are pickled model
+objects of the ultralytics library (AGPL-3.0, not a dependency).  The
+pretrained variants (``variants``) point at them, and the factory's
+``convert("ultralytics", src, dst_dir)`` turns one into a float32
+``.safetensors`` state dict once, at pull or import time: the pickle is read
+by ``svc.safepickle`` with the torch.nn classes in
+``CHECKPOINT_TORCH_CLASSES`` allowed and every ``ultralytics.*`` class
+replaced by an inert stand-in, so no code of the file (or of ultralytics)
+runs; the detection model's tensors (``model``, else ``ema``) are checked
+name by name and shape by shape against this architecture.
 
 Per item: letterbox to ``imgsz`` x ``imgsz`` (aspect kept, grey 114 borders,
 Pillow only, in the decode pool); batched forward pass and box decoding in
@@ -23,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +42,16 @@ from zope.interface import implementer
 from svc.images import check_resize
 from svc.modelapi import IModel, IModelFactory
 from svc.schema import object_schema
-from svc.weights import WEIGHTS_PROPERTIES, calibrate_batchnorm, load_into, path_of, read_state_dict, version_of
+from svc.weights import (
+    WEIGHTS_PROPERTIES,
+    WeightsError,
+    calibrate_batchnorm,
+    load_into,
+    path_of,
+    read_state_dict,
+    version_of,
+)
+from svc.weightstore.catalog import FileSource, Variant
 
 CATEGORIES_FILE = os.path.join(os.path.dirname(__file__), "data", "coco_classes.txt")
 NUM_CLASSES = 80
@@ -203,10 +222,10 @@ def _layers() -> Any:
 
         def __init__(self, scale: str, nc: int) -> None:
             super().__init__()
-            depth, width, cap = SCALES[scale]
+            depth = SCALES[scale][0]
 
-            def ch(c: int) -> int:  # upstream make_divisible(min(c, cap) * width, 8)
-                return int(-(-min(c, cap) * width // 8) * 8)
+            def ch(c: int) -> int:
+                return channels(scale, c)
 
             def n(k: int) -> int:
                 return max(round(k * depth), 1)
@@ -254,6 +273,12 @@ def _layers() -> Any:
             return m[22]([p3, p4, p5])
 
     return YOLOv8
+
+
+def channels(scale: str, c: int) -> int:
+    """The channels of a layer that has ``c`` at width 1: upstream ``make_divisible(min(c, cap) * width, 8)``."""
+    _, width, cap = SCALES[scale]
+    return int(-(-min(c, cap) * width // 8) * 8)
 
 
 def build_network(scale: str = "n", num_classes: int = NUM_CLASSES) -> Any:
@@ -320,6 +345,111 @@ def select(pred: Any, box: Letterbox, score_threshold: float, nms_threshold: flo
     boxes[:, 0::2] = boxes[:, 0::2].clamp(0, box.width)
     boxes[:, 1::2] = boxes[:, 1::2].clamp(0, box.height)
     return boxes, scores, classes
+
+
+# -- ultralytics checkpoints -------------------------------------------------------------------
+
+#: The torch.nn classes an ultralytics YOLOv8 detection checkpoint pickles: the layers of the
+#: network, ``Identity`` (a Conv without activation) and ``BCEWithLogitsLoss`` (the loss criterion
+#: a training checkpoint keeps; the release files have it stripped).  Tensors, storages,
+#: OrderedDict and set come with svc.safepickle's base set.
+CHECKPOINT_TORCH_CLASSES = (
+    "torch.nn.modules.container.Sequential",
+    "torch.nn.modules.container.ModuleList",
+    "torch.nn.modules.conv.Conv2d",
+    "torch.nn.modules.batchnorm.BatchNorm2d",
+    "torch.nn.modules.activation.SiLU",
+    "torch.nn.modules.pooling.MaxPool2d",
+    "torch.nn.modules.upsampling.Upsample",
+    "torch.nn.modules.linear.Identity",
+    "torch.nn.modules.loss.BCEWithLogitsLoss",
+)
+#: Every class of these packages becomes an inert stand-in (the library is never imported).
+CHECKPOINT_STAND_INS = ("ultralytics",)
+ULTRALYTICS_CONVERTER = "ultralytics"
+
+
+def read_ultralytics_checkpoint(path: str) -> dict:
+    """The detection model's tensors in an ultralytics ``.pt`` (as pickled: half precision).
+
+    The file is a pickled dict (``model``, ``ema``, ``epoch``, ``train_args``,
+    ...): ``model`` is the network, or None in a checkpoint that keeps only
+    ``ema``.  Raises WeightsError with one line, naming the refused global
+    for a pickle that names anything outside the allow-list.
+    """
+    import torch
+
+    from svc import safepickle
+
+    try:
+        checkpoint = safepickle.load_torch_file(path, CHECKPOINT_TORCH_CLASSES, CHECKPOINT_STAND_INS)
+        if not isinstance(checkpoint, dict):
+            raise WeightsError(f"weights file {path}: not an ultralytics checkpoint (a dict with 'model' or 'ema')")
+        for key in ("model", "ema"):
+            module = checkpoint.get(key)
+            state = safepickle.module_tensors(module) if isinstance(module, torch.nn.Module) else {}
+            if state:
+                return dict(state)
+    except WeightsError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any reader error is a bad file; the refusal message is one line
+        message = " ".join(str(e).split())  # one line, whatever the reader said
+        raise WeightsError(f"weights file {path}: cannot be read as an ultralytics checkpoint: {message}") from None
+    raise WeightsError(f"weights file {path}: neither 'model' nor 'ema' of the checkpoint holds a network")
+
+
+def scale_of(state: dict, path: str) -> str:
+    """The scale whose first layer has the channels of ``state`` (16 n, 32 s, 48 m, 64 l, 80 x)."""
+    first = state.get("model.0.conv.weight")
+    if first is None:
+        raise WeightsError(f"weights file {path}: missing tensor 'model.0.conv.weight' (not a YOLOv8 detection model)")
+    for scale in SCALES:
+        if first.shape[0] == channels(scale, 64):
+            return scale
+    raise WeightsError(f"weights file {path}: tensor 'model.0.conv.weight' has shape {list(first.shape)}, "
+                       f"no YOLOv8 scale ({', '.join(SCALES)}) has it")
+
+
+def convert_ultralytics(src_path: str, dst_dir: str) -> str:
+    """Turn an ultralytics YOLOv8 ``.pt`` into ``yolov8<scale>.safetensors`` in ``dst_dir``; its name.
+
+    Tensors are stored in float32 (what ``build`` runs in) after the whole
+    state dict was checked against the architecture of its scale; a source
+    named ``yolov8<scale>...`` must hold that scale.
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    state = read_ultralytics_checkpoint(src_path)
+    state = {k: v.to(torch.float32 if v.is_floating_point() else v.dtype, copy=True).contiguous() for k, v in state.items()}
+    scale = scale_of(state, src_path)
+    named = re.match(r"yolov8([nslmx])\b", os.path.basename(src_path))
+    if named and named.group(1) != scale:
+        raise WeightsError(f"weights file {src_path}: holds a YOLOv8{scale} network, the file name says "
+                           f"yolov8{named.group(1)}")
+    load_into(build_network(scale), state, src_path)
+    name = f"yolov8{scale}.safetensors"
+    os.makedirs(dst_dir, exist_ok=True)
+    save_file(state, os.path.join(dst_dir, name), metadata={"converted_from": os.path.basename(src_path)})
+    return name
+
+
+#: The official weights: ultralytics release assets (COCO, 80 classes; mAP50-95 at 640, params).
+ULTRALYTICS_ASSETS = "https://github.com/ultralytics/assets/releases/download/v8.1.0"
+_UPSTREAM = {"n": (37.3, 3.2), "s": (44.9, 11.2), "m": (50.2, 25.9), "l": (52.9, 43.7), "x": (53.9, 68.2)}
+VARIANTS = tuple(
+    Variant(
+        name=f"yolov8{scale}",
+        source=FileSource(url=f"{ULTRALYTICS_ASSETS}/yolov8{scale}.pt", convert=ULTRALYTICS_CONVERTER),
+        license="AGPL-3.0",
+        description=f"Ultralytics YOLOv8{scale}, COCO (80 classes), {params}M parameters, mAP50-95 {ap} at 640. "
+        "Licence: AGPL-3.0, Ultralytics' licence for its YOLOv8 weights (unless you hold its commercial "
+        "licence). The pickled .pt is converted to a float32 .safetensors at pull, without running its code.",
+        model={"scale": scale},
+        default=scale == "n",
+    )
+    for scale, (ap, params) in _UPSTREAM.items()
+)
 
 
 # -- the plugin ------------------------------------------------------------------------------
@@ -451,8 +581,20 @@ class YOLOv8Factory:
         description="[model] table of YOLOV8.",
     )
 
+    variants = VARIANTS
+
     def params_schema(self, config: dict) -> dict:
         return PARAMS_SCHEMA
+
+    def convert(self, converter_name: str, src_path: str, dst_dir: str) -> str:
+        """Turn a downloaded official file into what ``build`` loads (see ``convert_ultralytics``).
+
+        Called by the weights cache for a variant whose FileSource names a
+        converter; returns the path, relative to ``dst_dir``, of the result.
+        """
+        if converter_name != ULTRALYTICS_CONVERTER:
+            raise WeightsError(f"YOLOV8 has no converter {converter_name!r}; known: {ULTRALYTICS_CONVERTER}")
+        return convert_ultralytics(src_path, dst_dir)
 
     def build(self, config: dict, device: str) -> YOLOv8Model:
         import torch

@@ -7,6 +7,7 @@ float32.  Pickles that name code are refused with one line and run nothing."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import subprocess
@@ -165,3 +166,43 @@ def test_the_variants_are_the_official_release_files(tmp_path):
         assert dict(variant.model) == {"scale": scale}
         config = model_config(yolov8, dict(variant.model), str(tmp_path / "YOLOV8.toml"))
         assert config["scale"] == scale
+
+
+def test_pulled_official_file_is_converted_and_served_as_pretrained(yolo, checkpoint, tmp_path):
+    """The documented path end to end: `svcctl weights pull YOLOV8` fetches the release file (here from a fake
+    source under its official URL, through SERVICE_WEIGHTS_MIRROR), converts it without ultralytics, records it,
+    `weights verify` agrees, and a model server with `weights = "pretrained"` serves it as version `yolov8n` with
+    the same detections as the converted file served directly."""
+    from tests.support.weight_source import FakeSource
+
+    src, _ = checkpoint
+    cache = tmp_path / "cache"
+    source = FakeSource()
+    try:
+        source.serve("https://github.com/ultralytics/assets/releases/download/v8.1.0/yolov8n.pt", src.read_bytes())
+        env = child_env({"SERVICE_WEIGHTS_DIR": str(cache), "SERVICE_WEIGHTS_MIRROR": source.mirror})
+        pull = subprocess.run([sys.executable, "-m", "svc.cli", "weights", "pull", "YOLOV8"], env=env, cwd=REPO,
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        source.close()
+    assert pull.returncode == 0, pull.stderr
+    assert not tripwire_of(src).exists()
+    record = json.loads((cache / "YOLOV8" / "yolov8n" / "record.json").read_text())
+    assert (record["model"], record["variant"], record["weights"], record["how"]) == (
+        "YOLOV8", "yolov8n", "yolov8n.safetensors", "pull")
+    assert record["source"] == "https://github.com/ultralytics/assets/releases/download/v8.1.0/yolov8n.pt"
+    verify = subprocess.run([sys.executable, "-m", "svc.cli", "weights", "verify"], env=env, cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert verify.returncode == 0 and "YOLOV8 yolov8n: ok" in verify.stdout, verify.stdout + verify.stderr
+
+    config = write_config(tmp_path, "YOLOV8", max_queue_depth=0, model={"weights": "pretrained", "imgsz": IMGSZ})
+    server = start_model_server(config, env={"SERVICE_WEIGHTS_DIR": str(cache)})
+    try:
+        raw = image_bytes(width=320, height=240, seed=5)
+        params = {"score_threshold": 0.3, "nms_threshold": 0.5, "top_k": 25}
+        pretrained = infer(server, URI, {"images": [b64(raw)], "params": params})
+        direct_file = infer(yolo, URI, {"images": [b64(raw)], "params": params})
+    finally:
+        server.stop()
+    assert pretrained.json["model"]["version"] == "yolov8n"
+    assert assert_ok(pretrained)[0] == assert_ok(direct_file)[0]

@@ -25,8 +25,23 @@ same starting noise on any device.
 Weights: ``"random"`` builds the architecture of the [model] table from its
 seed; a path names a folder written by ``save_pretrained``: a pipeline's
 (``unet/``, ``scheduler/``, and ``vqvae/`` for LDM) or the same subfolders
-written by each component's ``save_pretrained``.  The folder's own configs
-then define the architecture and the schedule.
+written by each component's ``save_pretrained``.  A hub snapshot loads as it
+is: like diffusers' ``load_sub_model``, a component without its subfolder is
+read from the folder's root (``google/ddpm-*`` keep the UNet's
+``config.json`` and weights and ``scheduler_config.json`` there), and the
+attention tensors of checkpoints written before diffusers renamed them
+(``query``/``key``/``value``/``proj_attn``) are renamed as diffusers'
+``from_pretrained`` does.  The folder's own configs then define the
+architecture and the schedule.
+
+Pretrained variants (``variants``, fetched by ``svcctl weights pull`` with
+``svc.weightstore.hub``): the DDPM checkpoints of Ho et al. for DDPM and DDIM
+(DDIM samples the same UNets with ``DDIMScheduler``, as diffusers' docs do),
+CompVis' CelebA-HQ latent diffusion model for LDM.  CLS_COND_DDIM declares
+none: no class-conditional ``UNet2DModel`` checkpoint is published for
+diffusers, and the class-conditional models that are (DiT) are a
+transformer denoiser with a KL autoencoder and classifier-free guidance,
+another sampler than this one.
 """
 
 from __future__ import annotations
@@ -44,6 +59,7 @@ from zope.interface import implementer
 from svc.modelapi import IModel, IModelFactory
 from svc.schema import object_schema
 from svc.weights import WEIGHTS_PROPERTIES, WeightsError, load_into, path_of, read_state_dict, version_of
+from svc.weightstore.catalog import HubSource, Variant
 
 SEED_MAX = 2**32 - 1
 WEIGHTS_NAMES = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin")
@@ -131,13 +147,29 @@ def _folder(path: str) -> str:
     return path
 
 
+def component_dir(folder: str, sub: str) -> str:
+    """Where a component lives: ``folder/sub``, else the folder's root when it holds a ``config.json`` (the
+    flat layout of single-model hub repositories, which diffusers' ``load_sub_model`` also accepts)."""
+    directory = os.path.join(folder, sub)
+    if not os.path.isdir(directory) and os.path.isfile(os.path.join(folder, "config.json")):
+        return folder
+    return directory
+
+
+def _shown(path: str, folder: str) -> str:
+    return os.path.relpath(path, folder)
+
+
 def scheduler_config(config: dict) -> dict | None:
     """The weights folder's scheduler config, or None (random init, or a folder without one)."""
     path = path_of(config)
     if path is None:
         return None
-    file = os.path.join(_folder(path), "scheduler", "scheduler_config.json")
-    return _read_json(file, path) if os.path.exists(file) else None
+    for file in (os.path.join(_folder(path), "scheduler", "scheduler_config.json"),
+                 os.path.join(path, "scheduler_config.json")):
+        if os.path.exists(file):
+            return _read_json(file, path)
+    return None
 
 
 def component_config(config: dict, sub: str) -> dict | None:
@@ -145,24 +177,34 @@ def component_config(config: dict, sub: str) -> dict | None:
     path = path_of(config)
     if path is None:
         return None
-    return _read_json(os.path.join(_folder(path), sub, "config.json"), path)
+    return _read_json(os.path.join(component_dir(_folder(path), sub), "config.json"), path)
 
 
 def load_component(cls: Any, folder: str, sub: str) -> Any:
-    """A diffusers model of ``cls`` from ``folder/sub``: its config, then its weights checked tensor by tensor."""
-    directory = os.path.join(folder, sub)
-    config = _read_json(os.path.join(directory, "config.json"), folder)
+    """A diffusers model of ``cls`` from ``folder/sub`` (or the root, see :func:`component_dir`): its config,
+    then its weights checked tensor by tensor."""
+    directory = component_dir(folder, sub)
+    config_file = os.path.join(directory, "config.json")
+    config = _read_json(config_file, folder)
     if config.get("_class_name", cls.__name__) != cls.__name__:
         raise WeightsError(
-            f"weights folder {folder}: {sub}/config.json is a {config['_class_name']}, expected a {cls.__name__}"
+            f"weights folder {folder}: {_shown(config_file, folder)} is a {config['_class_name']}, "
+            f"expected a {cls.__name__}"
         )
     model = cls.from_config(config)
     for name in WEIGHTS_NAMES:
         file = os.path.join(directory, name)
         if os.path.exists(file):
-            load_into(model, read_state_dict(file), file)
+            state = read_state_dict(file)
+            # Checkpoints from before diffusers renamed its attention tensors (the hub's DDPM and LDM ones):
+            # the same renaming diffusers' from_pretrained applies; a no-op on current names.
+            fix = getattr(model, "_fix_state_dict_keys_on_load", None)
+            if fix is not None:
+                state = fix(dict(state)) or state
+            load_into(model, state, file)
             return model
-    raise WeightsError(f"weights folder {folder}: missing {sub}/{WEIGHTS_NAMES[0]} (or {sub}/{WEIGHTS_NAMES[1]})")
+    shown = _shown(os.path.join(directory, WEIGHTS_NAMES[0]), folder)
+    raise WeightsError(f"weights folder {folder}: missing {shown} (or {WEIGHTS_NAMES[1]} next to it)")
 
 
 def _groups(channels: list[int]) -> int:
@@ -305,6 +347,35 @@ class DiffusionModel:
         return Sample(0, warmup=True)
 
 
+# -- pretrained variants ------------------------------------------------------------------------
+
+#: What a diffusers repository snapshot needs: the configs and one weights file per component.
+HUB_PATTERNS = ("*.json", "*.safetensors", "*.bin")
+DDPM_CIFAR10 = HubSource("google/ddpm-cifar10-32", allow_patterns=HUB_PATTERNS, size=143_000_000)
+DDPM_CELEBAHQ = HubSource("google/ddpm-celebahq-256", allow_patterns=HUB_PATTERNS, size=455_000_000)
+
+
+def _ddpm_variants(sampler: str) -> tuple[Variant, ...]:
+    return (
+        Variant("cifar10-32", DDPM_CIFAR10, "apache-2.0",
+                f"Ho et al.'s DDPM on CIFAR-10, 32x32 ({sampler}); about 36M parameters, fine on a CPU.",
+                default=True),
+        Variant("celebahq-256", DDPM_CELEBAHQ, "apache-2.0",
+                f"Ho et al.'s DDPM on CelebA-HQ faces, 256x256 ({sampler}); about 114M parameters, "
+                "minutes per sample on a CPU: for the gpu profile."),
+    )
+
+
+LDM_VARIANTS = (
+    Variant("celebahq-256",
+            HubSource("CompVis/ldm-celebahq-256", allow_patterns=HUB_PATTERNS, size=1_300_000_000),
+            "apache-2.0",
+            "CompVis' latent diffusion on CelebA-HQ faces: 64x64x3 latents decoded to 256x256 by its VQModel; "
+            "about 330M parameters, for the gpu profile.",
+            default=True),
+)
+
+
 # -- the factories -------------------------------------------------------------------------------
 
 
@@ -319,6 +390,7 @@ class _DiffusionFactory:
     category = "generation"
     needs_image = False
     options = ("image_format",)
+    variants: tuple[Variant, ...] = ()  # see "Pretrained variants" in the module docstring
 
     @property
     def config_schema(self) -> dict:
@@ -430,12 +502,14 @@ class DDPMFactory(_DiffusionFactory):
     catalog_id = "DDPM"
     task = "unconditional-image-generation (DDPM)"
     scheduler = "ddpm"
+    variants = _ddpm_variants("ancestral DDPM sampling")
 
 
 @implementer(IPlugin, IModelFactory)
 class DDIMFactory(_DiffusionFactory):
     catalog_id = "DDIM"
     task = "unconditional-image-generation (DDIM)"
+    variants = _ddpm_variants("the same UNet sampled with DDIMScheduler")
 
 
 @implementer(IPlugin, IModelFactory)
@@ -450,6 +524,7 @@ class LDMFactory(_DiffusionFactory):
     catalog_id = "LDM"
     task = "unconditional-image-generation (latent diffusion, DDIM)"
     latent = True
+    variants = LDM_VARIANTS
 
 
 ddpm = DDPMFactory()

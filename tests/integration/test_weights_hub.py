@@ -5,8 +5,10 @@ serves small diffusers repositories under the real repository ids, in the
 layouts the hub has them: ``google/ddpm-*`` flat (the UNet's ``config.json``
 and weights and ``scheduler_config.json`` at the root, attention tensors under
 their pre-rename names, a ``.bin`` twin next to the safetensors file), and
-``CompVis/ldm-celebahq-256`` as a pipeline's ``save_pretrained`` writes it
-(``unet/``, ``vqvae/``, ``scheduler/``).  ``svc.weightstore.hub.fetch_hub``
+``CompVis/ldm-celebahq-256`` and ``facebook/DiT-XL-2-256`` as a pipeline's
+``save_pretrained`` writes them (``unet/``, ``vqvae/``, ``scheduler/``;
+``transformer/`` under its pre-split class name ``Transformer2DModel``,
+``vae/``, ``scheduler/``).  ``svc.weightstore.hub.fetch_hub``
 downloads them, and model servers sample from what it fetched.
 """
 
@@ -18,13 +20,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from diffusers import DDIMScheduler, DDPMPipeline, DDPMScheduler, LDMPipeline, UNet2DModel, VQModel
+from diffusers import (
+    AutoencoderKL,
+    DDIMScheduler,
+    DDPMPipeline,
+    DDPMScheduler,
+    DiTPipeline,
+    DiTTransformer2DModel,
+    LDMPipeline,
+    UNet2DModel,
+    VQModel,
+)
 from safetensors.torch import save_file
 
-from models.diffusion import ddim, ddpm, ldm
+from models.diffusion import cls_cond_ddim, ddim, ddpm, ldm
 from svc.weightstore.catalog import find_variant
 from svc.weightstore.hub import HubError, fetch_hub, select_files
 from tests.support.fakehub import FakeHub
+from tests.support.http import post
 from tests.support.processes import free_port, start_model_server, write_config
 from tests.support.zoo import IGNORED_IMAGE, decode_image, run_job
 
@@ -74,14 +87,29 @@ def write_compvis_ldm(root: Path) -> None:
     LDMPipeline(vqvae, tiny_unet(8), DDIMScheduler(num_train_timesteps=SCHEDULE)).save_pretrained(root)
 
 
+def write_facebook_dit(root: Path) -> None:
+    """A tiny DiT with ImageNet's 1000 classes (DiTPipeline's null class is 1000)."""
+    torch.manual_seed(13)
+    transformer = DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=8,
+                                        num_layers=1, sample_size=8, patch_size=2, num_embeds_ada_norm=1000)
+    vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+                        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(16, 32), latent_channels=4,
+                        norm_num_groups=8, sample_size=16)
+    DiTPipeline(transformer, vae, DDIMScheduler(num_train_timesteps=SCHEDULE)).save_pretrained(root)
+    config = root / "transformer" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "_class_name": "Transformer2DModel"}))
+
+
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     base = tmp_path_factory.mktemp("hub")
-    repos = {"google/ddpm-cifar10-32": base / "ddpm", "CompVis/ldm-celebahq-256": base / "ldm"}
+    repos = {"google/ddpm-cifar10-32": base / "ddpm", "CompVis/ldm-celebahq-256": base / "ldm",
+             "facebook/DiT-XL-2-256": base / "dit"}
     for folder in repos.values():
         folder.mkdir()
     write_google_ddpm(repos["google/ddpm-cifar10-32"])
     write_compvis_ldm(repos["CompVis/ldm-celebahq-256"])
+    write_facebook_dit(repos["facebook/DiT-XL-2-256"])
     fake = FakeHub(repos)
     yield fake
     fake.close()
@@ -105,7 +133,7 @@ def fetched(hub, tmp_path_factory):
     os.environ["HF_ENDPOINT"] = hub.url
     try:
         out = {}
-        for factory in (ddpm, ldm):
+        for factory in (ddpm, ldm, cls_cond_ddim):
             dest = cache / factory.catalog_id / find_variant(factory, None).name
             out[factory.catalog_id] = dest / fetch_hub(find_variant(factory, None), dest)
     finally:
@@ -130,9 +158,8 @@ def test_the_diffusion_variants_name_the_official_repositories():
     assert [(v.name, v.source.repo_id) for v in ddim.variants] == [(v.name, v.source.repo_id) for v in ddpm.variants]
     assert [(v.name, v.source.repo_id, v.license, v.default) for v in ldm.variants] == [
         ("celebahq-256", "CompVis/ldm-celebahq-256", "apache-2.0", True)]
-    from models.diffusion import cls_cond_ddim
-
-    assert cls_cond_ddim.variants == ()
+    assert [(v.name, v.source.repo_id, v.license, v.default) for v in cls_cond_ddim.variants] == [
+        ("dit-xl-2-256", "facebook/DiT-XL-2-256", "cc-by-nc-4.0", True)]
 
 
 def test_select_files_prefers_safetensors_and_keeps_the_patterns():
@@ -222,18 +249,66 @@ def test_ddim_builds_the_google_layout_with_its_own_scheduler(fetched):
         assert torch.equal(tensor, model.unet.state_dict()[name]), name
 
 
-@pytest.mark.parametrize("model_id, size", [("DDPM", 16), ("LDM", 32)])
+@pytest.mark.parametrize("model_id, size", [("DDPM", 16), ("LDM", 32), ("CLS_COND_DDIM", 16)])
 def test_a_model_server_samples_from_a_fetched_snapshot(fetched, tmp_path, model_id, size):
+    """The image is diffusers' own pipeline's for the seed (DiTPipeline's for the class and guidance)."""
     folder = fetched[model_id]
     config = write_config(tmp_path, model_id, max_queue_depth=0, model={"weights": str(folder)})
+    params = {"timesteps": 3, "seed": 7}
+    if model_id == "CLS_COND_DDIM":
+        params.update(class_id=207, guidance_scale=3.0)
     server = start_model_server(config)
     try:
-        result = run_job(server, {"images": [IGNORED_IMAGE], "params": {"timesteps": 3, "seed": 7}})
+        result = run_job(server, {"images": [IGNORED_IMAGE], "params": params})
+        if model_id == "CLS_COND_DDIM":
+            refused = post(server.url + "/cls_cond_ddim/predict",
+                           {"images": [IGNORED_IMAGE], "params": {**params, "class_id": 1000}}, headers=server.auth)
+            assert refused.status == 422 and refused.json["errors"][0]["pointer"] == "/params/class_id"
     finally:
         server.stop()
     assert result["status"] == 0 and result["model"]["version"].startswith(f"{folder.name}@")
     data = result["results"][0]["data"]
     assert (data["width"], data["height"], data["seed"]) == (size, size, 7)
-    pipeline = (DDPMPipeline if model_id == "DDPM" else LDMPipeline).from_pretrained(folder)
-    images = pipeline(generator=torch.Generator().manual_seed(7), num_inference_steps=3, output_type="np").images
+    generator = torch.Generator().manual_seed(7)
+    if model_id == "CLS_COND_DDIM":
+        assert data["class_id"] == 207
+        images = dit_pipeline(folder)(class_labels=[207], guidance_scale=3.0, generator=generator,
+                                      num_inference_steps=3, output_type="np").images
+    else:
+        pipeline = (DDPMPipeline if model_id == "DDPM" else LDMPipeline).from_pretrained(folder)
+        images = pipeline(generator=generator, num_inference_steps=3, output_type="np").images
     assert np.array_equal(np.asarray(decode_image(data["image"])), (images[0] * 255).round().astype("uint8"))
+
+
+def dit_pipeline(folder: Path) -> DiTPipeline:
+    """diffusers' DiTPipeline on the components CLS_COND_DDIM builds from ``folder``.
+
+    Not ``DiTPipeline.from_pretrained``: its loader keeps the tensors where
+    it read them, and the transformer's matrix products then round a few
+    values differently in the last bit (2e-7 here, one 8-bit level in a few
+    pixels) although every tensor is equal; the tensors are compared with
+    that loader's exactly below.
+    """
+    model = cls_cond_ddim.build({"weights": str(folder), "version": "v"}, "cpu")
+    return DiTPipeline(model.unet, model.vqvae, DDIMScheduler.from_config(model.scheduler.config))
+
+
+def test_the_dit_params_come_from_the_folder(fetched):
+    table = {"weights": str(fetched["CLS_COND_DDIM"]), "num_train_timesteps": 1000, "num_classes": 10}
+    props = cls_cond_ddim.params_schema(table)["properties"]
+    assert props["class_id"]["maximum"] == 999 and props["timesteps"]["maximum"] == SCHEDULE
+    assert props["guidance_scale"] == {
+        "type": "number", "minimum": 1, "maximum": 20, "default": 4.0,
+        "description": "Classifier-free guidance of the DiT weights (1: none; DiTPipeline's default 4)."}
+    model = cls_cond_ddim.build({**table, "version": "v"}, "cpu")
+    assert type(model.unet) is DiTTransformer2DModel and model.dit and type(model.scheduler) is DDIMScheduler
+    reference = DiTPipeline.from_pretrained(fetched["CLS_COND_DDIM"])  # reads transformer/ as Transformer2DModel
+    for mine, theirs in ((model.unet, reference.transformer), (model.vqvae, reference.vae)):
+        ours = mine.state_dict()
+        assert all(torch.equal(tensor, ours[name]) for name, tensor in theirs.state_dict().items())
+        assert set(ours) == set(theirs.state_dict())
+    assert dict(model.scheduler.config) == dict(reference.scheduler.config)
+    unguided = DiTPipeline(model.unet, model.vqvae, DDIMScheduler.from_config(model.scheduler.config))(
+        class_labels=[3], guidance_scale=1.0, generator=torch.Generator().manual_seed(1), num_inference_steps=2,
+        output_type="np").images
+    assert np.array_equal(model.sample([1], 2, 0.0, [3], 1.0)[0], (unguided[0] * 255).round().astype("uint8"))

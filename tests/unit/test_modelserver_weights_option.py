@@ -6,7 +6,7 @@ import pytest
 from twisted.logger import capturedLogs
 from twisted.python import usage
 
-from models.diffusion import cls_cond_ddim, ddpm
+from models.diffusion import ddpm
 from svc.modelserver.tap import Options, weights_override
 
 
@@ -29,8 +29,12 @@ def test_demo_is_random_init_and_pretrained_is_passed_on():
     assert weights_override(ddpm, "pretrained:celebahq-256") == "pretrained:celebahq-256"
 
 
+class NoVariants:
+    catalog_id = "PLAIN"
+
+
 def test_a_model_without_variants_stays_on_demo_and_says_so():
     with capturedLogs() as events:
-        assert weights_override(cls_cond_ddim, "pretrained") == "random"
+        assert weights_override(NoVariants(), "pretrained") == "random"
     assert [e["log_format"].format(**e) for e in events] == [
-        "CLS_COND_DDIM: no pretrained variants are declared for this model: demo weights (random init)"]
+        "PLAIN: no pretrained variants are declared for this model: demo weights (random init)"]

@@ -44,6 +44,7 @@ def test_the_pulls_of_the_shipped_profile_are_its_default_variants():
     pulls = [(spec, variant.source.repo_id) for spec, variant in pretrained_pulls(".")
              if spec.split(":")[0] in ("DDPM", "DDIM", "CLS_COND_DDIM", "LDM")]
     assert pulls == [("DDPM:cifar10-32", "google/ddpm-cifar10-32"), ("DDIM:cifar10-32", "google/ddpm-cifar10-32"),
+                     ("CLS_COND_DDIM:dit-xl-2-256", "facebook/DiT-XL-2-256"),
                      ("LDM:celebahq-256", "CompVis/ldm-celebahq-256")]
 
 

@@ -9,6 +9,10 @@ injected.  The gateway is refused (permanent failure, no retry) when
 management token.  The gateway is a ``GatewayChild``
 (svc.supervisor.handover): the supervisor holds its listening socket, and a
 restart hands it from the old process to the new one, refusing no connection.
+Each model server gets the profile's weights choice as ``--weights``
+(``svc.supervisor.config.weights_choice``), and the catalog and status views
+say per model whether it runs on demo, pretrained or file weights, read from
+the configs only (the supervisor never imports torch).
 """
 
 from __future__ import annotations

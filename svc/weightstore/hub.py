@@ -76,6 +76,27 @@ def _size_under(path: Path) -> int:
     return total
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_leftovers(dest_dir: Path) -> None:
+    """Remove the temporary siblings of ``dest_dir`` that a killed fetch left (their pid is gone)."""
+    if not dest_dir.parent.is_dir():
+        return
+    for prefix in (f".{dest_dir.name}.partial-", f".{dest_dir.name}.old-"):
+        for path in dest_dir.parent.glob(prefix + "*"):
+            pid = path.name[len(prefix):].split("-", 1)[0]
+            if prefix.endswith("old-") or (pid.isdigit() and not _alive(int(pid))):
+                shutil.rmtree(path, ignore_errors=True)
+
+
 def fetch_hub(variant: Variant, dest_dir: Path, progress: Progress | None = None) -> str:
     """Download the variant's hub repository into ``dest_dir``; the path ``build`` loads, relative to ``dest_dir``.
 
@@ -95,6 +116,7 @@ def fetch_hub(variant: Variant, dest_dir: Path, progress: Progress | None = None
     endpoint = (env.get("HF_ENDPOINT") or "").rstrip("/") or None
     dest_dir = Path(dest_dir)
     dest_dir.parent.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(dest_dir)
     tmp = dest_dir.parent / f".{dest_dir.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
     name = folder_name(source)
     try:

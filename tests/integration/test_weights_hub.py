@@ -175,6 +175,8 @@ def test_select_files_prefers_safetensors_and_keeps_the_patterns():
 def test_fetch_hub_downloads_the_snapshot_into_place(hub, endpoint, tmp_path):
     variant = find_variant(ddpm, None)
     dest = tmp_path / "DDPM" / "cifar10-32"
+    leftover = tmp_path / "DDPM" / ".cifar10-32.partial-999999999-0bad"  # of a fetch that was killed
+    (leftover / "ddpm-cifar10-32").mkdir(parents=True)
     seen = []
     assert fetch_hub(variant, dest, lambda done, total: seen.append((done, total))) == "ddpm-cifar10-32"
     root = hub.repos["google/ddpm-cifar10-32"]
@@ -184,7 +186,7 @@ def test_fetch_hub_downloads_the_snapshot_into_place(hub, endpoint, tmp_path):
         assert (dest / "ddpm-cifar10-32" / name).read_bytes() == (root / name).read_bytes()
     total = sum((root / name).stat().st_size for name in expected)
     assert seen[-1] == (total, total) and all(t == total and 0 <= d <= total for d, t in seen)
-    assert [p.name for p in dest.parent.iterdir()] == ["cifar10-32"]  # no temporary sibling left
+    assert [p.name for p in dest.parent.iterdir()] == ["cifar10-32"]  # no temporary sibling left, nor the old one
     fetched = {path.rsplit("/", 1)[-1] for method, path in hub.requests if method == "GET" and "/resolve/" in path}
     assert "diffusion_pytorch_model.bin" not in fetched and "README.md" not in fetched
 

@@ -4,7 +4,9 @@ One module, four factories sharing one sampler:
 
 - DDPM: ``UNet2DModel`` + ``DDPMScheduler`` (ancestral sampling);
 - DDIM: ``UNet2DModel`` + ``DDIMScheduler`` (``eta`` 0 = deterministic DDIM, 1 = DDPM-like);
-- CLS_COND_DDIM: a class-conditioned ``UNet2DModel`` (``num_class_embeds``) + ``DDIMScheduler``;
+- CLS_COND_DDIM: a class-conditioned ``UNet2DModel`` (``num_class_embeds``) + ``DDIMScheduler``, or, from a
+  DiT folder (``transformer/``, ``vae/``, ``scheduler/``), diffusers' ``DiTTransformer2DModel`` with
+  classifier-free guidance, decoded by its ``AutoencoderKL`` (``DiTPipeline``'s sampling);
 - LDM: a latent ``UNet2DModel`` + ``DDIMScheduler``, decoded by a ``VQModel``.
 
 The sampling loop is the one of diffusers' ``DDPMPipeline``, ``DDIMPipeline``
@@ -27,8 +29,22 @@ LDM follows the last step).
 Weights: ``"random"`` builds the architecture of the [model] table from its
 seed; a path names a folder written by ``save_pretrained``: a pipeline's
 (``unet/``, ``scheduler/``, and ``vqvae/`` for LDM) or the same subfolders
-written by each component's ``save_pretrained``.  The folder's own configs
-then define the architecture and the schedule.
+written by each component's ``save_pretrained``.  A hub snapshot loads as it
+is: like diffusers' ``load_sub_model``, a component without its subfolder is
+read from the folder's root (``google/ddpm-*`` keep the UNet's
+``config.json`` and weights and ``scheduler_config.json`` there), and the
+attention tensors of checkpoints written before diffusers renamed them
+(``query``/``key``/``value``/``proj_attn``) are renamed as diffusers'
+``from_pretrained`` does.  The folder's own configs then define the
+architecture and the schedule.
+
+Pretrained variants (``variants``, fetched by ``svcctl weights pull`` with
+``svc.weightstore.hub``): the DDPM checkpoints of Ho et al. for DDPM and DDIM
+(DDIM samples the same UNets with ``DDIMScheduler``, as diffusers' docs do),
+CompVis' CelebA-HQ latent diffusion model for LDM, and for CLS_COND_DDIM
+Facebook's DiT-XL/2 on ImageNet: no class-conditional ``UNet2DModel``
+checkpoint is published for diffusers, so the class-conditional model is a
+DiT, sampled as ``DiTPipeline`` does (with the same ``DDIMScheduler``).
 """
 
 from __future__ import annotations
@@ -46,8 +62,12 @@ from zope.interface import implementer
 from svc.modelapi import IModel, IModelFactory, report_progress
 from svc.schema import object_schema
 from svc.weights import WEIGHTS_PROPERTIES, WeightsError, load_into, path_of, read_state_dict, version_of
+from svc.weightstore.catalog import HubSource, Variant
 
 SEED_MAX = 2**32 - 1
+DIT_GUIDANCE = 4.0  # DiTPipeline's default classifier-free guidance
+#: facebook/DiT-* were saved before diffusers split Transformer2DModel: the same model, the same tensor names.
+LEGACY_CLASS_NAMES = ("Transformer2DModel",)
 WEIGHTS_NAMES = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin")
 
 UNET_PROPERTIES: dict[str, dict] = {
@@ -133,13 +153,29 @@ def _folder(path: str) -> str:
     return path
 
 
+def component_dir(folder: str, sub: str) -> str:
+    """Where a component lives: ``folder/sub``, else the folder's root when it holds a ``config.json`` (the
+    flat layout of single-model hub repositories, which diffusers' ``load_sub_model`` also accepts)."""
+    directory = os.path.join(folder, sub)
+    if not os.path.isdir(directory) and os.path.isfile(os.path.join(folder, "config.json")):
+        return folder
+    return directory
+
+
+def _shown(path: str, folder: str) -> str:
+    return os.path.relpath(path, folder)
+
+
 def scheduler_config(config: dict) -> dict | None:
     """The weights folder's scheduler config, or None (random init, or a folder without one)."""
     path = path_of(config)
     if path is None:
         return None
-    file = os.path.join(_folder(path), "scheduler", "scheduler_config.json")
-    return _read_json(file, path) if os.path.exists(file) else None
+    for file in (os.path.join(_folder(path), "scheduler", "scheduler_config.json"),
+                 os.path.join(path, "scheduler_config.json")):
+        if os.path.exists(file):
+            return _read_json(file, path)
+    return None
 
 
 def component_config(config: dict, sub: str) -> dict | None:
@@ -147,24 +183,34 @@ def component_config(config: dict, sub: str) -> dict | None:
     path = path_of(config)
     if path is None:
         return None
-    return _read_json(os.path.join(_folder(path), sub, "config.json"), path)
+    return _read_json(os.path.join(component_dir(_folder(path), sub), "config.json"), path)
 
 
-def load_component(cls: Any, folder: str, sub: str) -> Any:
-    """A diffusers model of ``cls`` from ``folder/sub``: its config, then its weights checked tensor by tensor."""
-    directory = os.path.join(folder, sub)
-    config = _read_json(os.path.join(directory, "config.json"), folder)
-    if config.get("_class_name", cls.__name__) != cls.__name__:
+def load_component(cls: Any, folder: str, sub: str, aliases: tuple[str, ...] = ()) -> Any:
+    """A diffusers model of ``cls`` from ``folder/sub`` (or the root, see :func:`component_dir`): its config,
+    then its weights checked tensor by tensor.  ``aliases``: older class names of the same model."""
+    directory = component_dir(folder, sub)
+    config_file = os.path.join(directory, "config.json")
+    config = _read_json(config_file, folder)
+    if config.get("_class_name", cls.__name__) not in (cls.__name__, *aliases):
         raise WeightsError(
-            f"weights folder {folder}: {sub}/config.json is a {config['_class_name']}, expected a {cls.__name__}"
+            f"weights folder {folder}: {_shown(config_file, folder)} is a {config['_class_name']}, "
+            f"expected a {cls.__name__}"
         )
     model = cls.from_config(config)
     for name in WEIGHTS_NAMES:
         file = os.path.join(directory, name)
         if os.path.exists(file):
-            load_into(model, read_state_dict(file), file)
+            state = read_state_dict(file)
+            # Checkpoints from before diffusers renamed its attention tensors (the hub's DDPM and LDM ones):
+            # the same renaming diffusers' from_pretrained applies; a no-op on current names.
+            fix = getattr(model, "_fix_state_dict_keys_on_load", None)
+            if fix is not None:
+                state = fix(dict(state)) or state
+            load_into(model, state, file)
             return model
-    raise WeightsError(f"weights folder {folder}: missing {sub}/{WEIGHTS_NAMES[0]} (or {sub}/{WEIGHTS_NAMES[1]})")
+    shown = _shown(os.path.join(directory, WEIGHTS_NAMES[0]), folder)
+    raise WeightsError(f"weights folder {folder}: missing {shown} (or {WEIGHTS_NAMES[1]} next to it)")
 
 
 def _groups(channels: list[int]) -> int:
@@ -233,11 +279,12 @@ def to_pixels(images: Any) -> Any:
 
 @implementer(IModel)
 class DiffusionModel:
-    """A built UNet (and VQ decoder) with its scheduler."""
+    """A built denoiser (a UNet, or CLS_COND_DDIM's DiT transformer) with its scheduler and latent decoder."""
 
     def __init__(self, *, unet: Any, scheduler: Any, vqvae: Any, device: str, version: str, uses_eta: bool,
-                 conditional: bool) -> None:
-        self.unet = unet
+                 conditional: bool, dit: bool = False) -> None:
+        self.unet = unet  # a UNet2DModel, or a DiTTransformer2DModel when ``dit``
+        self.dit = dit  # DiTPipeline's sampling: classifier-free guidance, learned sigma dropped, KL decoder
         self.scheduler = scheduler  # the template: every run uses a fresh copy (set_timesteps mutates it)
         self.vqvae = vqvae
         self.device = device
@@ -250,19 +297,24 @@ class DiffusionModel:
         return Sample(secrets.randbelow(SEED_MAX + 1) if seed is None else seed)
 
     def batch_key(self, params: dict) -> Any:
-        return (params["timesteps"], params.get("eta"), params.get("class_id"), params.get("seed"))
+        return (params["timesteps"], params.get("eta"), params.get("class_id"), params.get("seed"),
+                params.get("guidance_scale"))
 
     def predict(self, inputs: list, params: dict) -> list:
         steps = 1 if all(i.warmup for i in inputs) else params["timesteps"]
         classes = [params["class_id"]] * len(inputs) if self.conditional else None
-        pixels = self.sample([i.seed for i in inputs], steps, params.get("eta", 0.0), classes)
+        pixels = self.sample([i.seed for i in inputs], steps, params.get("eta", 0.0), classes,
+                             params.get("guidance_scale", DIT_GUIDANCE))
         return [(p, i.seed) for p, i in zip(pixels, inputs)]
 
-    def sample(self, seeds: list[int], steps: int, eta: float = 0.0, classes: list[int] | None = None) -> Any:
+    def sample(self, seeds: list[int], steps: int, eta: float = 0.0, classes: list[int] | None = None,
+               guidance: float = DIT_GUIDANCE) -> Any:
         """Images (B, H, W, C) uint8 from one seed per image, ``steps`` scheduler steps."""
         import torch
         from diffusers.utils.torch_utils import randn_tensor
 
+        if self.dit:
+            return self.sample_dit(seeds, steps, eta, classes or [0] * len(seeds), guidance)
         unet = self.unet
         scheduler = type(self.scheduler).from_config(self.scheduler.config)
         generators = [torch.Generator("cpu").manual_seed(s) for s in seeds]
@@ -288,6 +340,54 @@ class DiffusionModel:
                 x = self.vqvae.decode(x / self.vqvae.config.scaling_factor).sample
             return to_pixels(x)
 
+    def sample_dit(self, seeds: list[int], steps: int, eta: float, classes: list[int], guidance: float) -> Any:
+        """DiTPipeline's loop: the conditional and the null-class halves of one batch, mixed by ``guidance``.
+
+        The same noise draw, calls and arithmetic as diffusers' ``DiTPipeline``
+        (so the image is the pipeline's for a seed, a class and a step count),
+        plus the seeded generators in every scheduler step for ``eta`` > 0.
+        """
+        import torch
+        from diffusers.utils.torch_utils import randn_tensor
+
+        net = self.unet
+        scheduler = type(self.scheduler).from_config(self.scheduler.config)
+        n = len(seeds)
+        generators = [torch.Generator("cpu").manual_seed(s) for s in seeds]
+        generator = generators[0] if n == 1 else generators
+        channels, size = net.config.in_channels, net.config.sample_size
+        device = torch.device(self.device)
+        guided = guidance > 1
+        # The doubled batch draws step noise (eta > 0) from the same seeded generators.
+        step_generator = generator if n == 1 or not guided else generators + generators
+        extra = {"eta": eta} if eta else {}
+        with torch.inference_mode():
+            latents = randn_tensor((n, channels, size, size), generator=generator, device=device, dtype=net.dtype)
+            x = torch.cat([latents] * 2) if guided else latents
+            labels = torch.tensor(classes, device=device).reshape(-1)
+            if guided:
+                labels = torch.cat([labels, torch.tensor([net.config.num_embeds_ada_norm] * n, device=device)], 0)
+            scheduler.set_timesteps(steps)
+            for t in scheduler.timesteps:
+                if guided:
+                    half = x[: len(x) // 2]
+                    x = torch.cat([half, half], dim=0)
+                x = scheduler.scale_model_input(x, t)
+                timesteps = t[None].to(device) if len(t.shape) == 0 else t
+                out = net(x, timestep=timesteps.expand(x.shape[0]), class_labels=labels).sample
+                if guided:
+                    eps, rest = out[:, :channels], out[:, channels:]
+                    cond_eps, uncond_eps = torch.split(eps, len(eps) // 2, dim=0)
+                    half_eps = uncond_eps + guidance * (cond_eps - uncond_eps)
+                    eps = torch.cat([half_eps, half_eps], dim=0)
+                    out = torch.cat([eps, rest], dim=1)
+                if net.config.out_channels // 2 == channels:  # a learned variance: only eps drives the step
+                    out, _ = torch.split(out, channels, dim=1)
+                x = scheduler.step(out, t, x, generator=step_generator, **extra).prev_sample
+            latents = x.chunk(2, dim=0)[0] if guided else x
+            latents = 1 / self.vqvae.config.scaling_factor * latents
+            return to_pixels(self.vqvae.decode(latents).sample)
+
     def postprocess(self, output: Any, params: dict, options: dict) -> dict:
         from PIL import Image
 
@@ -309,6 +409,44 @@ class DiffusionModel:
         return Sample(0, warmup=True)
 
 
+# -- pretrained variants ------------------------------------------------------------------------
+
+#: What a diffusers repository snapshot needs: the configs and one weights file per component.
+HUB_PATTERNS = ("*.json", "*.safetensors", "*.bin")
+DDPM_CIFAR10 = HubSource("google/ddpm-cifar10-32", allow_patterns=HUB_PATTERNS, size=143_000_000)
+DDPM_CELEBAHQ = HubSource("google/ddpm-celebahq-256", allow_patterns=HUB_PATTERNS, size=455_000_000)
+
+
+def _ddpm_variants(sampler: str) -> tuple[Variant, ...]:
+    return (
+        Variant("cifar10-32", DDPM_CIFAR10, "apache-2.0",
+                f"Ho et al.'s DDPM on CIFAR-10, 32x32 ({sampler}); about 36M parameters, fine on a CPU.",
+                default=True),
+        Variant("celebahq-256", DDPM_CELEBAHQ, "apache-2.0",
+                f"Ho et al.'s DDPM on CelebA-HQ faces, 256x256 ({sampler}); about 114M parameters, "
+                "minutes per sample on a CPU: for the gpu profile."),
+    )
+
+
+CLS_COND_VARIANTS = (
+    Variant("dit-xl-2-256",
+            HubSource("facebook/DiT-XL-2-256", allow_patterns=HUB_PATTERNS, size=3_050_000_000),
+            "cc-by-nc-4.0",
+            "Facebook's DiT-XL/2 on ImageNet (1000 classes), 256x256, classifier-free guidance; a transformer "
+            "denoiser with a KL autoencoder, about 760M parameters: for the gpu profile. Non-commercial licence.",
+            default=True),
+)
+
+LDM_VARIANTS = (
+    Variant("celebahq-256",
+            HubSource("CompVis/ldm-celebahq-256", allow_patterns=HUB_PATTERNS, size=1_300_000_000),
+            "apache-2.0",
+            "CompVis' latent diffusion on CelebA-HQ faces: 64x64x3 latents decoded to 256x256 by its VQModel; "
+            "about 330M parameters, for the gpu profile.",
+            default=True),
+)
+
+
 # -- the factories -------------------------------------------------------------------------------
 
 
@@ -323,6 +461,7 @@ class _DiffusionFactory:
     category = "generation"
     needs_image = False
     options = ("image_format",)
+    variants: tuple[Variant, ...] = ()  # see "Pretrained variants" in the module docstring
 
     @property
     def config_schema(self) -> dict:
@@ -353,7 +492,20 @@ class _DiffusionFactory:
             return folder["num_train_timesteps"]
         return config["num_train_timesteps"]
 
+    def is_dit(self, config: dict) -> bool:
+        """CLS_COND_DDIM on a DiT folder (``transformer/``, ``vae/``, ``scheduler/``: DiTPipeline's layout)."""
+        path = path_of(config)
+        return (self.conditional and path is not None
+                and os.path.isfile(os.path.join(_folder(path), "transformer", "config.json")))
+
     def num_classes(self, config: dict) -> int:
+        if self.is_dit(config):
+            dit = component_config(config, "transformer") or {}
+            n = dit.get("num_embeds_ada_norm")
+            if not isinstance(n, int) or n < 1:
+                raise WeightsError(f"weights folder {path_of(config)}: transformer/config.json has no "
+                                   "num_embeds_ada_norm (CLS_COND_DDIM needs a class-conditioned DiT)")
+            return n
         unet = component_config(config, "unet")
         if unet is None:
             return config["num_classes"]
@@ -392,6 +544,11 @@ class _DiffusionFactory:
             k = self.num_classes(config)
             props["class_id"] = {"type": "integer", "minimum": 0, "maximum": k - 1, "default": 0,
                                  "description": f"The class to sample, 0..{k - 1}."}
+            if self.is_dit(config):
+                props["guidance_scale"] = {
+                    "type": "number", "minimum": 1, "maximum": 20, "default": DIT_GUIDANCE,
+                    "description": "Classifier-free guidance of the DiT weights (1: none; DiTPipeline's default 4).",
+                }
         return object_schema(props, description=f"{self.catalog_id} parameters.")
 
     def build(self, config: dict, device: str) -> DiffusionModel:
@@ -409,6 +566,12 @@ class _DiffusionFactory:
             else:
                 classes = config["num_classes"] if self.conditional else None
                 unet = random_unet(config, in_channels=config["channels"], num_classes=classes)
+        elif self.is_dit(config):
+            from diffusers import AutoencoderKL, DiTTransformer2DModel
+
+            self.num_classes(config)
+            unet = load_component(DiTTransformer2DModel, path, "transformer", LEGACY_CLASS_NAMES)
+            vqvae = load_component(AutoencoderKL, path, "vae")
         else:
             unet = load_component(UNet2DModel, _folder(path), "unet")
             if self.latent:
@@ -426,7 +589,7 @@ class _DiffusionFactory:
             vqvae.eval().to(device)
         return DiffusionModel(unet=unet, scheduler=scheduler, vqvae=vqvae, device=device,
                               version=version_of(config, path), uses_eta=self.scheduler == "ddim",
-                              conditional=self.conditional)
+                              conditional=self.conditional, dit=self.is_dit(config))
 
 
 @implementer(IPlugin, IModelFactory)
@@ -434,12 +597,14 @@ class DDPMFactory(_DiffusionFactory):
     catalog_id = "DDPM"
     task = "unconditional-image-generation (DDPM)"
     scheduler = "ddpm"
+    variants = _ddpm_variants("ancestral DDPM sampling")
 
 
 @implementer(IPlugin, IModelFactory)
 class DDIMFactory(_DiffusionFactory):
     catalog_id = "DDIM"
     task = "unconditional-image-generation (DDIM)"
+    variants = _ddpm_variants("the same UNet sampled with DDIMScheduler")
 
 
 @implementer(IPlugin, IModelFactory)
@@ -447,6 +612,7 @@ class ClassConditionalDDIMFactory(_DiffusionFactory):
     catalog_id = "CLS_COND_DDIM"
     task = "class-conditional-image-generation (DDIM)"
     conditional = True
+    variants = CLS_COND_VARIANTS
 
 
 @implementer(IPlugin, IModelFactory)
@@ -454,6 +620,7 @@ class LDMFactory(_DiffusionFactory):
     catalog_id = "LDM"
     task = "unconditional-image-generation (latent diffusion, DDIM)"
     latent = True
+    variants = LDM_VARIANTS
 
 
 ddpm = DDPMFactory()

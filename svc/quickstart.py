@@ -7,20 +7,36 @@ missing).  The key is printed once, with the path of the secrets file; later
 runs keep what exists.  Then the supervisor runs in the foreground with those
 secrets in its environment (profile ``auto``: cpu on a machine without CUDA).
 
-    python -m svc.quickstart [--root DIR] [--prepare-only]
+Weights: the profile's ``weights`` (or ``--weights``) says demo or pretrained.
+For pretrained, the profile's pretrained variants are pulled first with
+``svcctl weights pull`` (``svc.weightstore.cli``, in a child process, which
+prints its progress) when their sources answer; when they do not (an offline
+machine), or the pull fails, one line says so and the service starts on demo
+weights, so a first run never ends without a running service.
+
+    python -m svc.quickstart [--root DIR] [--prepare-only] [--weights demo|pretrained]
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import os
 import secrets
+import socket
+import subprocess
 import sys
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
 
 SECRETS = os.path.join("secrets", "local.env")
 KEY_FILE = os.path.join("conf", "api_keys.toml")
 FIRST_KEY_NAME = "local"
+HUB = "https://huggingface.co"
+CONNECT_TIMEOUT_S = 3.0
+PULL_CLI = "svc.weightstore.cli"
 
 
 def _write_private(path: str, text: str, mode: str = "w") -> None:
@@ -70,20 +86,128 @@ def prepare(root: str = ".", out=sys.stdout) -> dict[str, str]:
     return values
 
 
+def pretrained_pulls(root: str = ".") -> list[tuple[str, Any]]:
+    """``(MODEL:VARIANT, Variant)`` of every pretrained variant the active profile would run, in profile order.
+
+    Read from the configs and the plugins' declarations (no torch): the same
+    choice the supervisor makes (``svc.supervisor.config.weights_choice``).
+    """
+    from svc.config import model_server_configs
+    from svc.modelapi import factories
+    from svc.supervisor.config import PRETRAINED, load_profile, load_supervisor_config, weights_choice
+    from svc.weightstore.catalog import find_variant, variants_of
+
+    config = load_supervisor_config(os.path.join(root, "conf", "service.toml"))
+    config = _rooted(config, root)
+    profile = load_profile(config)
+    servers = {c.id: c for c in model_server_configs(config.servers_dir)}
+    found = factories()
+    pulls = []
+    for model_id in profile.models:
+        factory = found.get(model_id)
+        if factory is None or model_id not in servers or not variants_of(factory):
+            continue
+        flag, _ = weights_choice(PRETRAINED, servers[model_id].model.get("weights"), find_variant(factory, None).name)
+        if flag and flag.startswith(PRETRAINED + ":"):
+            name = flag.partition(":")[2]
+            pulls.append((f"{model_id}:{name}", find_variant(factory, name)))
+    return pulls
+
+
+def _rooted(config: Any, root: str) -> Any:
+    from dataclasses import replace
+
+    def at(path: str) -> str:
+        return path if os.path.isabs(path) else os.path.join(root, path)
+
+    return replace(config, servers_dir=at(config.servers_dir), profiles_dir=at(config.profiles_dir))
+
+
+def source_hosts(variants: list[Any], env: dict[str, str]) -> list[tuple[str, int]]:
+    """The (host, port) every variant is fetched from: the hub (``HF_ENDPOINT``) or the file's URL."""
+    from svc.weightstore.catalog import HubSource
+
+    hosts: list[tuple[str, int]] = []
+    for variant in variants:
+        url = (env.get("HF_ENDPOINT") or HUB) if isinstance(variant.source, HubSource) else variant.source.url
+        parts = urlsplit(url)
+        host = (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
+        if host not in hosts:
+            hosts.append(host)
+    return hosts
+
+
+def can_connect(host: str, port: int) -> bool:
+    """True when a TCP connection to ``host:port`` opens within ``CONNECT_TIMEOUT_S`` (DNS included)."""
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
+            return True
+    except OSError:
+        return False
+
+
+def run_pull(specs: list[str]) -> int:
+    """``svcctl weights pull SPEC...`` in a child process of this interpreter (its output goes to ours)."""
+    return subprocess.call([sys.executable, "-m", "svc.cli", "weights", "pull", *specs])
+
+
+def choose_weights(
+    wanted: str,
+    pulls: list[tuple[str, Any]],
+    env: dict[str, str],
+    out: Any = sys.stdout,
+    *,
+    connect: Callable[[str, int], bool] = can_connect,
+    pull: Callable[[list[str]], int] = run_pull,
+    pull_available: Callable[[], bool] = lambda: importlib.util.find_spec(PULL_CLI) is not None,
+) -> str:
+    """``demo`` or ``pretrained``: what the supervisor runs after trying to pull ``pulls`` for ``wanted``."""
+    if wanted != "pretrained":
+        return "demo"
+    if not pulls:  # no model of the profile has a pretrained variant to run
+        return "pretrained"
+    fallback = "starting on demo weights (svcctl weights pull, then restart, to switch)"
+    if not pull_available():
+        print(f"Pretrained weights: svcctl weights pull is not available in this installation; {fallback}.",
+              file=out, flush=True)
+        return "demo"
+    if any(env.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+           for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
+        print(f"Pretrained weights: HF_HUB_OFFLINE is set; {fallback}.", file=out, flush=True)
+        return "demo"
+    unreachable = [f"{h}:{p}" for h, p in source_hosts([v for _, v in pulls], env) if not connect(h, p)]
+    if unreachable:
+        print(f"Pretrained weights: {', '.join(unreachable)} not reachable; {fallback}.", file=out, flush=True)
+        return "demo"
+    specs = [spec for spec, _ in pulls]
+    print(f"Pulling the pretrained weights of the profile: {' '.join(specs)}", file=out, flush=True)
+    code = pull(specs)
+    if code != 0:
+        print(f"Pretrained weights: svcctl weights pull exited with {code}; {fallback}.", file=out, flush=True)
+        return "demo"
+    return "pretrained"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m svc.quickstart", description=__doc__.splitlines()[0])
     parser.add_argument("--root", default=".", help="the checkout (default: the current directory)")
     parser.add_argument("--prepare-only", action="store_true", help="create the secrets, do not run the service")
+    parser.add_argument("--weights", choices=("demo", "pretrained"), default=None,
+                        help="demo or pretrained instead of the profile's weights")
     args = parser.parse_args(argv)
     values = prepare(args.root)
     if args.prepare_only:
         return 0
     os.chdir(args.root)
     env = {**os.environ, **{k: v for k, v in values.items() if k != "SERVICE_API_KEY"}}
-    print("Starting the supervisor: UI and management API on http://127.0.0.1:8787/, gateway on http://127.0.0.1:8080/",
-          flush=True)
+    from svc.supervisor.config import load_profile, load_supervisor_config
+
+    wanted = args.weights or load_profile(load_supervisor_config(os.path.join("conf", "service.toml"))).weights
+    weights = choose_weights(wanted, pretrained_pulls() if wanted == "pretrained" else [], env)
+    print(f"Starting the supervisor ({weights} weights): UI and management API on http://127.0.0.1:8787/, "
+          "gateway on http://127.0.0.1:8080/", flush=True)
     twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
-    os.execve(twistd, [twistd, "-n", "--pidfile=", "service-supervisor"], env)
+    os.execve(twistd, [twistd, "-n", "--pidfile=", "service-supervisor", "--weights", weights], env)
     return 0  # not reached
 
 

@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Any
 
+from twisted.logger import Logger
 from twisted.python import usage
 
 from svc import version_line
@@ -19,14 +20,19 @@ from svc import version_line
 PROGRAM = "service-model"
 AUTH_ENV = "SERVICE_AUTH_TOKEN"
 
+log = Logger()
+
 
 class Options(usage.Options):
-    synopsis = "--server conf/server/<ID>.toml [--port N] [--device cpu|gpu] [--dev-no-auth]"
+    synopsis = ("--server conf/server/<ID>.toml [--port N] [--device cpu|gpu] [--weights demo|pretrained[:VARIANT]] "
+                "[--dev-no-auth]")
     longdesc = "Serve one catalog model on 127.0.0.1 (loopback only)."
     optParameters = [
         ["server", "s", None, "The model-server TOML file (conf/server/<ID>.toml)."],
         ["port", "p", None, "Listen on this port instead of the file's.", int],
         ["device", None, None, "Override backend.device: cpu or gpu."],
+        ["weights", None, None, "Override [model] weights: demo (random init) or pretrained[:VARIANT] (the default "
+         "or named pretrained variant, from the weights cache); the supervisor passes its profile's choice."],
     ]
     optFlags = [
         [
@@ -46,8 +52,31 @@ class Options(usage.Options):
             raise usage.UsageError("--server is required (for example --server conf/server/MOBILENETV2.toml)")
         if self["device"] not in (None, "cpu", "gpu"):
             raise usage.UsageError(f"--device must be cpu or gpu, not {self['device']!r}")
+        weights = self["weights"]
+        if weights is not None and weights != "demo" and not (weights == "pretrained" or weights.startswith("pretrained:")):
+            raise usage.UsageError(f"--weights must be demo, pretrained or pretrained:VARIANT, not {weights!r}")
         if self["port"] is not None and not 1 <= self["port"] <= 65535:
             raise usage.UsageError(f"--port must be 1..65535, not {self['port']}")
+
+
+def weights_override(factory: Any, choice: str) -> str:
+    """The ``[model] weights`` value a ``--weights`` choice means for this plugin.
+
+    ``demo`` is random init; ``pretrained[:VARIANT]`` is passed on as it is
+    (the cache lookup resolves it), except for a plugin that declares no
+    pretrained variants: it stays on random init, and the log says why, so a
+    ``pretrained`` profile still starts every model.
+    """
+    from svc.weights import RANDOM
+    from svc.weightstore.catalog import variants_of
+
+    if choice == "demo":
+        return RANDOM
+    if not variants_of(factory):
+        log.info("{id}: no pretrained variants are declared for this model: demo weights (random init)",
+                 id=factory.catalog_id)
+        return RANDOM
+    return choice
 
 
 def makeService(options: Options) -> Any:
@@ -65,6 +94,8 @@ def makeService(options: Options) -> Any:
         if options["device"] is not None:
             config = config.replace(backend=config.backend.__class__(**{**config.backend.__dict__, "device": options["device"]}))
         factory = find_factory(config.id)
+        if options["weights"] is not None and "weights" in factory.config_schema.get("properties", {}):
+            config = config.replace(model={**config.model, "weights": weights_override(factory, options["weights"])})
         table = model_config(factory, config.model, path)
         # Params bounds may come from the weights' own config (a diffusers folder's schedule length).
         ObjectSchema(factory.params_schema(table), "parameter")

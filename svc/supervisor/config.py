@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from svc.config import ConfigError, Key, apply_keys, http_limit_keys, read_toml, sub_table
 
 POLICIES = ("on-failure", "always", "no")
+WEIGHTS_CHOICES = ("demo", "pretrained")
+PRETRAINED = "pretrained"
 
 SUPERVISOR_KEYS: tuple[Key, ...] = (
     Key("host", str, "127.0.0.1", "Address of the management API and UI (a wildcard needs SERVICE_EXPOSE)."),
@@ -45,6 +48,10 @@ SERVER_KEYS: tuple[Key, ...] = (
 PROFILE_KEYS: tuple[Key, ...] = (
     Key("device", str, "cpu", "backend.device given to every model server of the profile.", choices=("cpu", "gpu")),
     Key("models", list, [], "Catalog ids started by the supervisor."),
+    Key("weights", str, "demo",
+        "demo (random-init weights, nothing to download) or pretrained (each model's default pretrained variant, "
+        "from the weights cache filled by svcctl weights pull). A model whose [model] weights names a local file "
+        "keeps its file; a model without pretrained variants stays on demo.", choices=WEIGHTS_CHOICES),
 )
 
 
@@ -82,6 +89,29 @@ class Profile:
     name: str
     device: str
     models: tuple[str, ...]
+    weights: str = "demo"
+
+
+def weights_choice(profile_weights: str, table_weights: Any, default_variant: str | None) -> tuple[str | None, dict]:
+    """What a model server runs on: its ``--weights`` argument (None: none given) and the status API's
+    ``{"kind", "variant"}``, from the profile's ``weights``, the server config's ``[model] weights`` and the
+    plugin's default variant (None when it declares none).
+
+    Derived from the configs alone (the supervisor never imports torch nor reads weights): a local path in
+    the server config is the user's explicit choice and is kept under either profile; otherwise the profile
+    decides.  Under ``pretrained``, ``pretrained:VARIANT`` in the server config picks that variant, anything
+    else the plugin's default; a plugin without variants stays on demo (the model server says so in its log).
+    """
+    table = table_weights if isinstance(table_weights, str) else "random"
+    is_pretrained = table == PRETRAINED or table.startswith(PRETRAINED + ":")
+    if table != "random" and not is_pretrained:
+        return None, {"kind": "file", "variant": None}
+    if profile_weights != PRETRAINED:
+        return "demo", {"kind": "demo", "variant": None}
+    if default_variant is None:
+        return PRETRAINED, {"kind": "demo", "variant": None}
+    chosen = table.partition(":")[2] if table.startswith(PRETRAINED + ":") else default_variant
+    return f"{PRETRAINED}:{chosen}", {"kind": "pretrained", "variant": chosen}
 
 
 def load_supervisor_config(path: str) -> SupervisorConfig:
@@ -124,4 +154,4 @@ def load_profile(config: SupervisorConfig, name: str | None = None) -> Profile:
     models = values["models"]
     if not all(isinstance(m, str) for m in models):
         raise ConfigError(path, "models", "must be an array of catalog ids")
-    return Profile(name, values["device"], tuple(models))
+    return Profile(name, values["device"], tuple(models), values["weights"])

@@ -9,6 +9,10 @@ injected.  The gateway is refused (permanent failure, no retry) when
 management token.  The gateway is a ``GatewayChild``
 (svc.supervisor.handover): the supervisor holds its listening socket, and a
 restart hands it from the old process to the new one, refusing no connection.
+Each model server gets the profile's weights choice as ``--weights``
+(``svc.supervisor.config.weights_choice``), and the catalog and status views
+say per model whether it runs on demo, pretrained or file weights, read from
+the configs only (the supervisor never imports torch).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from svc.auth import metrics_token_problem
 from svc.config import ModelServerConfig, model_server_configs
 from svc.process import SUPERVISOR_PID_ENV
 from svc.supervisor.child import Child, ChildSpec, Timing, kill_group, port_is_free
-from svc.supervisor.config import Profile, SupervisorConfig
+from svc.supervisor.config import Profile, SupervisorConfig, weights_choice
 from svc.supervisor.handover import GatewayChild, bind_listening_socket
 from svc.supervisor.logsink import LogSink
 
@@ -68,6 +72,7 @@ class ChildManager:
         cwd: str | None = None,
         port_free: Callable[[int], bool] = port_is_free,
         binder: Callable[[str, int], Any] | None = None,
+        default_variant: Callable[[str], str | None] | None = None,
     ) -> None:
         self.reactor = reactor
         self.config = config
@@ -75,6 +80,10 @@ class ChildManager:
         self.env = dict(os.environ if env is None else env)
         self.catalog = catalog if catalog is not None else model_server_configs(config.servers_dir)
         self.describe = describe or (lambda model_id: {})
+        variant_of = default_variant or (lambda model_id: None)
+        # Per model: the --weights argument of its server and what the status API says of its weights.
+        self.weights = {c.id: weights_choice(profile.weights, c.model.get("weights"), variant_of(c.id))
+                        for c in self.catalog}
         unknown = [m for m in profile.models if m not in {c.id for c in self.catalog}]
         if unknown:
             raise ValueError(f"profile {profile.name!r} names models without a config in {config.servers_dir}: {unknown}")
@@ -104,10 +113,12 @@ class ChildManager:
             )
         ]
         for model in self.catalog:
+            flag = self.weights[model.id][0]
             specs.append(
                 ChildSpec(
                     name=model.id,
-                    argv=_twist("service-model", "--server", model.path, "--device", profile.device),
+                    argv=_twist("service-model", "--server", model.path, "--device", profile.device,
+                                *(("--weights", flag) if flag else ())),
                     env={**base, "SERVICE_AUTH_TOKEN": self.tokens[model.id]},
                     port=model.port,
                     ready_path="/ready",
@@ -174,6 +185,7 @@ class ChildManager:
             "port": config.port,
             "async": config.async_enabled,
             "in_profile": config.id in self.profile.models,
+            "weights": dict(self.weights[config.id][1]),
         }
 
     def catalog_view(self) -> list[dict[str, Any]]:
@@ -189,6 +201,7 @@ class ChildManager:
         return {
             "profile": self.profile.name,
             "device": self.profile.device,
+            "weights": self.profile.weights,
             "gateway": gateway,
             "servers": [{**self.model_info(c), **c.snapshot()} for c in self.models()],
         }

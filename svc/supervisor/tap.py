@@ -1,4 +1,5 @@
-"""``twistd -n service-supervisor [--config conf/service.toml] [--host H] [--port P] [--profile cpu|gpu]``.
+"""``twistd -n service-supervisor [--config conf/service.toml] [--host H] [--port P] [--profile cpu|gpu]
+[--weights demo|pretrained]``.
 
 Fail-closed: no ``SERVICE_API_TOKEN``, a wildcard bind without
 ``SERVICE_EXPOSE`` = docker/unsafe, a bad config or profile: one line, exit 1.
@@ -28,13 +29,15 @@ def ui_dir() -> str:
 
 
 class Options(usage.Options):
-    synopsis = "[--config conf/service.toml] [--host H] [--port P] [--profile cpu|gpu|auto]"
+    synopsis = "[--config conf/service.toml] [--host H] [--port P] [--profile cpu|gpu|auto] [--weights demo|pretrained]"
     longdesc = "Spawn and watch the gateway and the model servers; serve the management API and the web UI."
     optParameters = [
         ["config", "c", "conf/service.toml", "The service config (its [supervisor] and [servers.<ID>] tables)."],
         ["host", None, None, "Listen on this address instead of the config's."],
         ["port", "p", None, "Listen on this port instead of the config's.", int],
         ["profile", None, None, "cpu, gpu or auto instead of the config's profile."],
+        ["weights", None, None, "demo or pretrained instead of the profile's weights (bin/quickstart falls back "
+         "to demo with it when the pretrained weights cannot be pulled)."],
     ]
 
     def opt_version(self) -> None:
@@ -45,6 +48,8 @@ class Options(usage.Options):
     def postOptions(self) -> None:
         if self["profile"] not in (None, "cpu", "gpu", "auto"):
             raise usage.UsageError(f"--profile must be cpu, gpu or auto, not {self['profile']!r}")
+        if self["weights"] not in (None, "demo", "pretrained"):
+            raise usage.UsageError(f"--weights must be demo or pretrained, not {self['weights']!r}")
 
 
 def check_bind(host: str, env: dict[str, str]) -> str | None:
@@ -70,6 +75,8 @@ def makeService(options: Options) -> Any:
         overrides = {k: options[k] for k in ("host", "port") if options[k] is not None}
         config = replace(config, **overrides)
         profile = load_profile(config, options["profile"])
+        if options["weights"] is not None:
+            profile = replace(profile, weights=options["weights"])
     except ConfigError as e:
         raise refuse(PROGRAM, str(e)) from None
     refusal = check_bind(config.host, env)
@@ -89,9 +96,15 @@ def makeService(options: Options) -> Any:
         factory = found.get(model_id)
         return {"category": factory.category, "task": factory.task} if factory else {"category": None, "task": None}
 
+    def default_variant(model_id: str) -> str | None:
+        from svc.weightstore.catalog import find_variant, variants_of
+
+        factory = found.get(model_id)
+        return find_variant(factory, None).name if factory is not None and variants_of(factory) else None
+
     try:
         manager = ChildManager(reactor=reactor, config=config, profile=profile, probe=HttpProbe(reactor), env=env,
-                               describe=describe)
+                               describe=describe, default_variant=default_variant)
     except (ConfigError, ValueError) as e:
         raise refuse(PROGRAM, str(e)) from None
     exit_zero_on_signals(reactor)

@@ -6,7 +6,7 @@ files are fetched ahead of time, checked, and recorded here:
 
 * ``svcctl weights list [--json]``: every model's variants, their source,
   size, checksum, licence and whether each is cached;
-* ``svcctl weights pull ID... | --all [--variant NAME]``: download into the
+* ``svcctl weights pull ID[:VARIANT]... | --all [--variant NAME]``: download into the
   cache (``$SERVICE_WEIGHTS_DIR``) with a progress bar on stderr, resumable
   and atomic (``svc.weightstore.store``); ``$SERVICE_WEIGHTS_MIRROR`` replaces
   the scheme and host of the official URLs;
@@ -48,7 +48,8 @@ def add_parser(sub: Any) -> None:
     listing = actions.add_parser("list", help="every model's variants and whether each is cached")
     listing.add_argument("--json", action="store_true", help="one JSON array of objects")
     pull = actions.add_parser("pull", help="download variants into the cache (resumable, checked)")
-    pull.add_argument("ids", metavar="ID", nargs="*", help="catalog model id")
+    pull.add_argument("ids", metavar="ID[:VARIANT]", nargs="*",
+                      help="catalog model id, optionally with a variant (ID:VARIANT overrides --variant)")
     pull.add_argument("--all", action="store_true", help="every model that declares variants")
     pull.add_argument("--variant", metavar="NAME", help="this variant (default: each model's default variant)")
     importing = actions.add_parser("import", help="store a copied-in file or folder as a pull would")
@@ -164,10 +165,11 @@ def _selected(args: argparse.Namespace) -> list[tuple[Any, Any]] | None:
             return None
         return chosen
     chosen = []
-    for mid in dict.fromkeys(args.ids):
+    for spec in dict.fromkeys(args.ids):
+        mid, _, named = spec.partition(":")
         try:
             factory = find_factory(mid)
-            chosen.append((factory, find_variant(factory, args.variant)))
+            chosen.append((factory, find_variant(factory, named or args.variant)))
         except PluginError as e:
             _fail(str(e))
             return None

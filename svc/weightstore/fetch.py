@@ -119,6 +119,14 @@ class Progress:
     def finish(self) -> None:
         self._draw(self.clock(), final=True)
 
+    def __call__(self, done: int, total: int | None) -> None:
+        """The ``progress(done_bytes, total_bytes)`` callback of the hub fetcher (svc.weightstore.hub)."""
+        if self.total != total:
+            self.begin(total)
+        self.update(done)
+        if total is not None and done >= total:
+            self.finish()
+
     def interrupted(self) -> None:
         """End a redrawn line before an error is printed under it."""
         if self.tty and self.last_drawn is not None:

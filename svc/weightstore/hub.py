@@ -1,24 +1,187 @@
-"""Hugging Face hub variants (``HubSource``): the fetcher ``svcctl weights pull`` calls.
+"""Fetch a pretrained variant that lives in a Hugging Face hub repository.
 
-Placeholder until the hub fetcher (``huggingface_hub.snapshot_download``
-into ``dest_dir``, honouring ``HF_ENDPOINT``) lands: a hub variant fails its
-pull with one line that says so, and ``svcctl weights import`` of a folder
-already works for it.
+``fetch_hub`` is what ``svcctl weights pull`` calls for a variant whose
+source is a :class:`~svc.weightstore.catalog.HubSource`.  It uses
+``huggingface_hub`` (``repo_info``, ``list_repo_tree``, ``snapshot_download``)
+and honours ``HF_ENDPOINT`` (a mirror, or the fake hub of the tests) and
+``HF_HUB_OFFLINE``, both read at call time: huggingface_hub itself reads them
+once at import, which would ignore a value set later in the same process.
+
+Nothing goes to huggingface's own cache in the user's home: the snapshot is
+written with ``local_dir`` (and a ``cache_dir``) inside a temporary sibling of
+``dest_dir``, checked file by file against the listing, and only then renamed
+into place, so a failed or interrupted fetch never leaves a folder that looks
+complete.  huggingface_hub's bookkeeping (``.cache/huggingface``) is removed
+before the rename: the model version is a digest of the folder's files.
+
+Of a folder holding both ``X.safetensors`` and ``X.bin`` (the hub's older
+diffusers repositories often carry both), only the safetensors file is
+fetched: same tensors, half the download.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import os
+import secrets
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from svc.weightstore.catalog import HubSource, Variant
 
-class HubUnavailable(Exception):
-    """Hub repositories cannot be pulled by this build."""
+Progress = Callable[[int, "int | None"], None]
+POLL_S = 0.25
 
 
-def fetch_hub(variant: Any, dest_dir: str, progress: Any) -> None:
-    """Download the hub repository of ``variant`` into ``dest_dir`` (not implemented in this build)."""
+class HubError(Exception):
+    """A hub fetch that failed; ``str()`` is one line naming the repository and the cause."""
+
+
+def _offline(env: dict[str, str] | os._Environ) -> bool:
+    value = (env.get("HF_HUB_OFFLINE") or env.get("TRANSFORMERS_OFFLINE") or "").strip().upper()
+    return value in ("1", "ON", "YES", "TRUE")
+
+
+def _cause(error: BaseException) -> str:
+    """One line saying why: the exception's class and the first line of its message."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+def select_files(sizes: dict[str, int | None], allow_patterns: tuple[str, ...]) -> dict[str, int | None]:
+    """The repository files to fetch: those matching ``allow_patterns`` (all when empty), without a ``.bin``
+    whose ``.safetensors`` twin is also selected."""
+    chosen = {path: size for path, size in sizes.items()
+              if not allow_patterns or any(fnmatch.fnmatch(path, p) for p in allow_patterns)}
+    return {path: size for path, size in chosen.items()
+            if not (path.endswith(".bin") and path[: -len(".bin")] + ".safetensors" in chosen)}
+
+
+def folder_name(source: HubSource) -> str:
+    """The folder ``build`` loads, inside ``dest_dir``: the repository's name (it appears in the model version)."""
+    return source.repo_id.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _size_under(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass  # a temporary file renamed meanwhile
+    return total
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_leftovers(dest_dir: Path) -> None:
+    """Remove the temporary siblings of ``dest_dir`` that a killed fetch left (their pid is gone)."""
+    if not dest_dir.parent.is_dir():
+        return
+    for prefix in (f".{dest_dir.name}.partial-", f".{dest_dir.name}.old-"):
+        for path in dest_dir.parent.glob(prefix + "*"):
+            pid = path.name[len(prefix):].split("-", 1)[0]
+            if prefix.endswith("old-") or (pid.isdigit() and not _alive(int(pid))):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def fetch_hub(variant: Variant, dest_dir: Path, progress: Progress | None = None) -> str:
+    """Download the variant's hub repository into ``dest_dir``; the path ``build`` loads, relative to ``dest_dir``.
+
+    ``dest_dir`` is replaced only once every selected file arrived with the
+    size the hub listed.  ``progress(done_bytes, total_bytes)`` is called from
+    the calling thread about four times a second and once at the end.
+    Raises :class:`HubError` (one line: repository and cause) on any failure,
+    leaving ``dest_dir`` as it was.
+    """
     source = variant.source
-    raise HubUnavailable(
-        f"pulling hub repositories ({source.repo_id}) is not implemented in this build: download the repository "
-        f"elsewhere and use `svcctl weights import <ID> <FOLDER> --variant {variant.name}`"
-    )
+    if not isinstance(source, HubSource):
+        raise TypeError(f"variant {variant.name!r} is not a hub variant")
+    where = f"hub repository {source.repo_id}@{source.revision}"
+    env = os.environ
+    if _offline(env):
+        raise HubError(f"{where}: HF_HUB_OFFLINE is set, nothing downloaded (unset it to pull)")
+    endpoint = (env.get("HF_ENDPOINT") or "").rstrip("/") or None
+    dest_dir = Path(dest_dir)
+    dest_dir.parent.mkdir(parents=True, exist_ok=True)
+    remove_leftovers(dest_dir)
+    tmp = dest_dir.parent / f".{dest_dir.name}.partial-{os.getpid()}-{secrets.token_hex(4)}"
+    name = folder_name(source)
+    try:
+        files = _download(source, endpoint, tmp, name, progress)
+        target = tmp / name
+        shutil.rmtree(target / ".cache", ignore_errors=True)
+        shutil.rmtree(tmp / ".hf-cache", ignore_errors=True)
+        for path, size in files.items():
+            file = target / path
+            if not file.is_file():
+                raise HubError(f"{where}: {path} is missing after the download")
+            if size is not None and file.stat().st_size != size:
+                raise HubError(f"{where}: {path} has {file.stat().st_size} bytes, the hub listed {size}")
+        if dest_dir.exists():
+            old = dest_dir.parent / f".{dest_dir.name}.old-{secrets.token_hex(4)}"
+            os.replace(dest_dir, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(tmp, dest_dir)
+    except HubError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    except Exception as e:  # noqa: BLE001 - every cause becomes one line naming the repository
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise HubError(f"{where}: {_cause(e)}") from None
+    return name
+
+
+def _download(source: HubSource, endpoint: str | None, tmp: Path, name: str,
+              progress: Progress | None) -> dict[str, int | None]:
+    """The listing, then the snapshot of the selected files under ``tmp/name``; the selected files and sizes."""
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.hf_api import RepoFile
+    from huggingface_hub.utils import disable_progress_bars
+
+    where = f"hub repository {source.repo_id}@{source.revision}"
+    api = HfApi(endpoint=endpoint)
+    commit = api.repo_info(source.repo_id, revision=source.revision).sha
+    if not commit:
+        raise HubError(f"{where}: the hub gave no commit for the revision")
+    listing = {f.path: f.size for f in api.list_repo_tree(source.repo_id, revision=commit, recursive=True)
+               if isinstance(f, RepoFile)}
+    files = select_files(listing, source.allow_patterns)
+    if not files:
+        raise HubError(f"{where}: no file matches {', '.join(source.allow_patterns) or '*'}")
+    total = sum(s for s in files.values() if s is not None) if all(s is not None for s in files.values()) else None
+    tmp.mkdir(parents=True)
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            snapshot_download(source.repo_id, revision=commit, allow_patterns=sorted(files), local_dir=tmp / name,
+                              cache_dir=tmp / ".hf-cache", endpoint=endpoint, max_workers=4)
+        except BaseException as e:  # noqa: BLE001 - handed to the calling thread
+            outcome["error"] = e
+
+    # Our caller reports progress (the callback): huggingface_hub's own bars stay off meanwhile.
+    with disable_progress_bars():
+        worker = threading.Thread(target=run, name=f"fetch {source.repo_id}", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            worker.join(POLL_S)
+            if progress is not None and worker.is_alive():
+                progress(min(_size_under(tmp), total) if total is not None else _size_under(tmp), total)
+    if "error" in outcome:
+        raise outcome["error"]
+    if progress is not None:
+        progress(total if total is not None else _size_under(tmp / name), total)
+    return files

@@ -222,8 +222,13 @@ def _install_file(factory: Any, variant: Variant, part: Path, how: str, old: Rec
 
 
 def _install_tree(factory: Any, variant: Variant, stage: Path, how: str, old: Record | None,
-                  env: dict[str, str] | None, where: str) -> Stored:
-    """Check a complete hub snapshot in ``stage`` against an earlier record, move it into place, record it."""
+                  env: dict[str, str] | None, where: str, loads: str = ".") -> Stored:
+    """Check a complete hub snapshot in ``stage`` against an earlier record, move it into place, record it.
+
+    ``loads`` is the folder ``build`` loads, relative to the snapshot (the hub
+    fetcher puts the repository in a folder named after it, so that the name
+    shows in a version computed from the folder).
+    """
     model_id = factory.catalog_id
     directory = variant_dir(model_id, variant.name, env)
     files = _tree_entries(stage, HUB_DIR)
@@ -244,7 +249,8 @@ def _install_tree(factory: Any, variant: Variant, stage: Path, how: str, old: Re
     if final.exists():
         shutil.rmtree(final)
     os.replace(stage, final)
-    record = Record(model=model_id, variant=variant.name, source=source_text(variant), weights=HUB_DIR,
+    weights = HUB_DIR if loads in ("", ".") else f"{HUB_DIR}/{loads}"
+    record = Record(model=model_id, variant=variant.name, source=source_text(variant), weights=weights,
                     files=files, pulled_at=_now(), how=how)
     write_record(record, env)
     return Stored(record, tuple(notes))
@@ -284,10 +290,10 @@ def _pull(factory: Any, variant: Variant, env: dict[str, str], progress_stream: 
 
         stage = directory / (HUB_DIR + PART)
         try:
-            fetch_hub(variant, str(stage), progress)
+            loads = fetch_hub(variant, stage, progress)  # the folder build loads, relative to the snapshot
         except Exception as e:  # noqa: BLE001 - one line per failure, whatever the hub client raised
             raise StoreError(f"{source_text(variant)}: {type(e).__name__}: {e}") from None
-        return _install_tree(factory, variant, stage, "pull", old, env, source_text(variant))
+        return _install_tree(factory, variant, stage, "pull", old, env, source_text(variant), loads=loads)
     part = directory / (source.filename + PART)
     try:
         download(source.url, part, progress, env=env)

@@ -58,7 +58,8 @@ def test_catalog_and_status_bodies(stack):
     mobilenet = next(m for m in catalog["models"] if m["id"] == "MOBILENETV2")
     assert mobilenet == {"id": "MOBILENETV2", "category": "classification", "task": "image-classification",
                          "server_uri": "/mobilenetv2/predict", "infer_path": "/v1/models/MOBILENETV2/infer",
-                         "port": stack.model_ports["MOBILENETV2"], "async": False, "in_profile": True}
+                         "port": stack.model_ports["MOBILENETV2"], "async": False, "in_profile": True,
+                         "weights": {"kind": "demo", "variant": None}}
     status = api(stack, "GET", "/api/v1/status").json
     assert status["ok"] is True and status["profile"] == "cpu" and status["device"] == "cpu"
     assert status["gateway"]["state"] == "running" and status["gateway"]["port"] == stack.gateway_port
@@ -66,6 +67,7 @@ def test_catalog_and_status_bodies(stack):
     assert faults["async"] is True and faults["state"] == "running" and faults["ready"] is True
     assert isinstance(faults["pid"], int) and faults["uptime_s"] > 0 and faults["last_error"] is None
     assert faults["policy"] == "on-failure"
+    assert status["weights"] == "demo" and faults["weights"] == {"kind": "demo", "variant": None}
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic x"}])

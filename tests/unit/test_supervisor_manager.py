@@ -9,7 +9,7 @@ import pytest
 
 from svc.config import load_model_server_config
 from svc.supervisor.child import FAILED, RUNNING, STARTING, STOPPED, STOPPING
-from svc.supervisor.config import Profile, load_profile, load_supervisor_config
+from svc.supervisor.config import Profile, load_profile, load_supervisor_config, weights_choice
 from svc.supervisor.manager import GATEWAY, ChildManager, gateway_refusal
 from tests.unit.test_supervisor_child import Probe, ProcessReactor
 
@@ -127,12 +127,75 @@ def test_status_view(tmp_path):
     status = m.status_view()
     assert status["profile"] == "cpu" and status["gateway"]["id"] == GATEWAY
     assert status["gateway"]["url"] == "http://127.0.0.1:8080" and status["gateway"]["state"] == STARTING
+    assert status["weights"] == "demo"
     first = status["servers"][0]
-    assert {k: first[k] for k in ("id", "category", "task", "server_uri", "port", "async", "in_profile", "state", "ready",
-                                  "pid", "restarts", "uptime_s", "last_error")} == {
+    assert {k: first[k] for k in ("id", "category", "task", "server_uri", "port", "async", "in_profile", "weights",
+                                  "state", "ready", "pid", "restarts", "uptime_s", "last_error")} == {
         "id": "AAA", "category": "classification", "task": "t", "server_uri": "/aaa", "port": 9300, "async": False,
-        "in_profile": True, "state": "stopped", "ready": False, "pid": None, "restarts": 0, "uptime_s": None,
-        "last_error": None}
+        "in_profile": True, "weights": {"kind": "demo", "variant": None}, "state": "stopped", "ready": False,
+        "pid": None, "restarts": 0, "uptime_s": None, "last_error": None}
+    assert [s["weights"] for s in status["servers"]] == [{"kind": "demo", "variant": None}] * 3
+    assert m.catalog_view()[0]["weights"] == {"kind": "demo", "variant": None}
+
+
+def weights_manager(tmp_path, profile_weights):
+    """Three servers: AAA's config says random, BBB's pretrained:large, CCC's a local file; AAA and BBB
+    declare variants (default "small"), CCC none."""
+    configs = []
+    for i, (mid, weights) in enumerate((("AAA", "random"), ("BBB", "pretrained:large"), ("CCC", "w.pth"))):
+        path = tmp_path / f"{mid}.toml"
+        path.write_text(f'id = "{mid}"\nport = {9300 + i}\nserver_uri = "/{mid.lower()}"\n[model]\nweights = "{weights}"\n')
+        configs.append(load_model_server_config(str(path)))
+    conf = tmp_path / "service.toml"
+    conf.write_text(f'[supervisor]\nlog_dir = "{tmp_path / "logs"}"\n')
+    reactor, probe = ProcessReactor(), Probe()
+    probe.ok = True
+    m = ChildManager(reactor=reactor, config=load_supervisor_config(str(conf)),
+                     profile=Profile("cpu", "cpu", ("AAA", "BBB", "CCC"), profile_weights), probe=probe, env=ENV,
+                     killer=lambda pid, sig: None, catalog=configs, port_free=lambda port: True,
+                     default_variant=lambda mid: None if mid == "CCC" else "small", binder=FakeSocket.bind)
+    m.start_all()
+    reactor.advance(0.5)
+    arguments = {}
+    for _, _, args, _, _ in reactor.spawned[1:]:
+        model_id = args[args.index("--server") + 1].rsplit("/", 1)[1][:-5]
+        arguments[model_id] = args[args.index("--weights") + 1] if "--weights" in args else None
+    return m, arguments
+
+
+def test_a_demo_profile_runs_every_model_but_a_local_file_on_demo_weights(tmp_path):
+    m, arguments = weights_manager(tmp_path, "demo")
+    status = m.status_view()
+    assert status["weights"] == "demo"
+    assert {s["id"]: s["weights"] for s in status["servers"]} == {
+        "AAA": {"kind": "demo", "variant": None}, "BBB": {"kind": "demo", "variant": None},
+        "CCC": {"kind": "file", "variant": None}}
+    assert arguments == {"AAA": "demo", "BBB": "demo", "CCC": None}
+
+
+def test_a_pretrained_profile_runs_the_default_or_configured_variants(tmp_path):
+    m, arguments = weights_manager(tmp_path, "pretrained")
+    status = m.status_view()
+    assert status["weights"] == "pretrained"
+    assert {s["id"]: s["weights"] for s in status["servers"]} == {
+        "AAA": {"kind": "pretrained", "variant": "small"}, "BBB": {"kind": "pretrained", "variant": "large"},
+        "CCC": {"kind": "file", "variant": None}}
+    assert {c["id"]: c["weights"] for c in m.catalog_view()} == {s["id"]: s["weights"] for s in status["servers"]}
+    assert arguments == {"AAA": "pretrained:small", "BBB": "pretrained:large", "CCC": None}
+
+
+@pytest.mark.parametrize("profile, table, default, expected", [
+    ("demo", "random", "v", ("demo", {"kind": "demo", "variant": None})),
+    ("demo", None, None, ("demo", {"kind": "demo", "variant": None})),
+    ("pretrained", "random", "v", ("pretrained:v", {"kind": "pretrained", "variant": "v"})),
+    ("pretrained", "pretrained", "v", ("pretrained:v", {"kind": "pretrained", "variant": "v"})),
+    ("pretrained", "pretrained:w", "v", ("pretrained:w", {"kind": "pretrained", "variant": "w"})),
+    ("pretrained", "random", None, ("pretrained", {"kind": "demo", "variant": None})),
+    ("pretrained", "/x/y.pth", "v", (None, {"kind": "file", "variant": None})),
+    ("demo", "weights", None, (None, {"kind": "file", "variant": None})),
+])
+def test_weights_choice(profile, table, default, expected):
+    assert weights_choice(profile, table, default) == expected
 
 
 def test_profiles_and_unknown_models(tmp_path):
@@ -140,14 +203,19 @@ def test_profiles_and_unknown_models(tmp_path):
     profiles.mkdir()
     (profiles / "cpu.toml").write_text('device = "cpu"\nmodels = ["AAA"]\n')
     (profiles / "bad.toml").write_text('device = "tpu"\n')
+    (profiles / "real.toml").write_text('device = "gpu"\nmodels = ["AAA"]\nweights = "pretrained"\n')
+    (profiles / "worse.toml").write_text('weights = "best"\n')
     conf = tmp_path / "service.toml"
     conf.write_text(f'[supervisor]\nprofiles_dir = "{profiles}"\nprofile = "cpu"\n')
     config = load_supervisor_config(str(conf))
-    assert load_profile(config) == Profile("cpu", "cpu", ("AAA",))
+    assert load_profile(config) == Profile("cpu", "cpu", ("AAA",), "demo")
     from svc.config import ConfigError
 
     with pytest.raises(ConfigError, match="device: must be one of"):
         load_profile(config, "bad")
+    assert load_profile(config, "real") == Profile("real", "gpu", ("AAA",), "pretrained")
+    with pytest.raises(ConfigError, match="weights: must be one of"):
+        load_profile(config, "worse")
     with pytest.raises(ValueError, match="ZZZ"):
         ChildManager(reactor=ProcessReactor(), config=config, profile=Profile("cpu", "cpu", ("ZZZ",)), probe=Probe(),
                      env=ENV, catalog=catalog(tmp_path))

@@ -405,7 +405,7 @@ def test_a_converted_variant_records_the_download_and_what_build_loads(source, c
     assert svcctl(capsys, "verify")[0] == 0
 
 
-def test_hub_variants_import_a_folder_and_say_when_pull_is_unavailable(source, capsys, monkeypatch, tmp_path):
+def test_hub_variants_import_a_folder_and_a_failed_hub_pull_is_one_line(source, capsys, monkeypatch, tmp_path):
     from svc.weightstore.catalog import HubSource
 
     variant = Variant("HUB", HubSource(repo_id="org/repo", revision="abc123"), license="Apache-2.0")
@@ -433,3 +433,16 @@ def test_hub_variants_import_a_folder_and_say_when_pull_is_unavailable(source, c
     (variant_dir("MOBILENETV2", "HUB") / "hub" / "model_index.json").write_text("damaged")
     code, out, err = svcctl(capsys, "pull", "MOBILENETV2", "--variant", "HUB")
     assert code == 1 and len(err.splitlines()) == 1 and err.startswith("svcctl: MOBILENETV2 HUB: org/repo@abc123: ")
+
+
+def test_pull_takes_id_colon_variant_specs(source, capsys, tmp_path):
+    """`pull ID:VARIANT` (what the quick start passes for a profile) names the variant per model; an unknown
+    variant is one usage line and nothing is fetched."""
+    source.serve(FULL_URL, BODY)
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2:FULL")
+    assert code == 0, err
+    assert out == f"MOBILENETV2 FULL: cached: {tmp_path / 'cache' / 'MOBILENETV2' / 'FULL' / 'mobilenet_v2-full.pth'}\n"
+    assert read_record("MOBILENETV2", "FIXTURE_V2") is None
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2:NOPE")
+    assert (code, out) == (2, "")
+    assert err == ("svcctl: MOBILENETV2 has no pretrained variant 'NOPE'; known: FIXTURE_V2, TOFU, FULL\n")

@@ -1,0 +1,40 @@
+"""``service-model --weights``: the supervisor's profile choice overriding ``[model] weights``."""
+
+from __future__ import annotations
+
+import pytest
+from twisted.logger import capturedLogs
+from twisted.python import usage
+
+from models.diffusion import ddpm
+from svc.modelserver.tap import Options, weights_override
+
+
+@pytest.mark.parametrize("value", ["demo", "pretrained", "pretrained:cifar10-32"])
+def test_the_accepted_values(value):
+    options = Options()
+    options.parseOptions(["--server", "x.toml", "--weights", value])
+    assert options["weights"] == value
+
+
+@pytest.mark.parametrize("value", ["random", "pretrainedx", "file.pth"])
+def test_other_values_are_refused(value):
+    with pytest.raises(usage.UsageError, match="--weights must be demo, pretrained or pretrained:VARIANT"):
+        Options().parseOptions(["--server", "x.toml", "--weights", value])
+
+
+def test_demo_is_random_init_and_pretrained_is_passed_on():
+    assert weights_override(ddpm, "demo") == "random"
+    assert weights_override(ddpm, "pretrained") == "pretrained"
+    assert weights_override(ddpm, "pretrained:celebahq-256") == "pretrained:celebahq-256"
+
+
+class NoVariants:
+    catalog_id = "PLAIN"
+
+
+def test_a_model_without_variants_stays_on_demo_and_says_so():
+    with capturedLogs() as events:
+        assert weights_override(NoVariants(), "pretrained") == "random"
+    assert [e["log_format"].format(**e) for e in events] == [
+        "PLAIN: no pretrained variants are declared for this model: demo weights (random init)"]

@@ -45,6 +45,9 @@ class Options(usage.Options):
     def postOptions(self) -> None:
         if self["profile"] not in (None, "cpu", "gpu", "auto"):
             raise usage.UsageError(f"--profile must be cpu, gpu or auto, not {self['profile']!r}")
+        from svc.process import own_pidfile
+
+        own_pidfile(self, PROGRAM)
 
 
 def check_bind(host: str, env: dict[str, str]) -> str | None:

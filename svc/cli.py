@@ -15,7 +15,7 @@ JSON envelope, base64 images and the Bearer header.  It has:
 * ``svcctl openapi check|write``: the committed OpenAPI documents.
 
 The HTTP client is treq under ``task.react``; one deadline covers the request
-and the body read (STYLE trap 1).  Twisted and treq are imported only by the
+and the body read (a slow body cannot outlive it).  Twisted and treq are imported only by the
 client commands, so ``--version``, ``keygen`` and ``hash`` start fast.  The
 token comes from the environment, never from the command line, and is never
 printed.

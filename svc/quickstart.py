@@ -109,6 +109,10 @@ def next_steps(status: dict, *, ui_url: str, gateway_url: str, api_key: str | No
             if not s.get("ready"):
                 why = f": {s['last_error']}" if s.get("last_error") else ""
                 lines.append(f"     {s['id']} ({s.get('state')}{why}; its log: logs/{s['id']}.log)")
+    gateway = status.get("gateway", {})
+    if not gateway.get("ready"):
+        why = f": {gateway['last_error']}" if gateway.get("last_error") else ""
+        lines.append(f"   The gateway is not ready ({gateway.get('state')}{why}; its log: logs/__gateway.log)")
     key = api_key if api_key else f"SERVICE_API_KEY in {secrets_path}"
     lines += [
         f"   Web UI:            {ui_url}  (paste the management token)",

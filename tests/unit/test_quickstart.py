@@ -54,6 +54,14 @@ def test_later_runs_say_where_the_key_is_and_name_the_models_that_are_not_ready(
     assert f"   First API key:     SERVICE_API_KEY in {SECRETS}" in lines
 
 
+def test_a_gateway_that_is_not_ready_is_named():
+    down = status(("MOBILENETV2", "running", True, None), gateway_ready=False)
+    down["gateway"].update(state="failed", last_error="SERVICE_METRICS_TOKEN is not set")
+    lines = next_steps(down, ui_url="u", gateway_url="g", api_key=None).splitlines()
+    assert lines[1] == ("   The gateway is not ready (failed: SERVICE_METRICS_TOKEN is not set; "
+                        "its log: logs/__gateway.log)")
+
+
 def test_the_block_waits_until_every_child_has_settled():
     assert not settled(status(("MOBILENETV2", "starting", False, None)))
     assert not settled(status(("MOBILENETV2", "running", False, None)))  # loading, not ready yet

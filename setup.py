@@ -1,7 +1,7 @@
 """Packaging of the inference service.
 
 Every dependency is pinned: torch and torchvision as the decided pair
-(DESIGN.md; an unpinned torch pulls a newer multi-GB build that torchvision
+(an unpinned torch pulls a newer multi-GB build that torchvision
 does not match), the rest at the versions the test suite runs with.
 """
 

@@ -17,7 +17,8 @@ scheduler step (``LDMPipeline`` does not, so its ``eta`` > 0 samples cannot
 be reproduced) and in taking the class labels of CLS_COND_DDIM.
 
 The input image is required by the envelope and ignored.  Params:
-``timesteps`` (1..the schedule length, default the schedule length),
+``timesteps`` (1..the schedule length; default the configured schedule length:
+the ``[model]`` key ``timesteps``, else the whole schedule),
 ``seed`` (absent: one is drawn and reported), ``eta`` (DDIM-based models),
 ``class_id`` (CLS_COND_DDIM).  Each item is one sample; the items of a
 request share its params, so with a ``seed`` they are the same image.
@@ -100,6 +101,14 @@ SCHEDULE_PROPERTIES: dict[str, dict] = {
         "default": 1000,
         "description": "Schedule length: the default and the maximum of params.timesteps. A weights folder "
         "with scheduler/scheduler_config.json sets it instead.",
+    },
+    "timesteps": {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": 10000,
+        "description": "The configured schedule length: the sampling steps used when params.timesteps is absent "
+        "(capped at num_train_timesteps). Absent: num_train_timesteps itself, the whole training schedule "
+        "(DDPM's way); DDIM samplers are made for few steps (the shipped DDIM-based configs say 50).",
     },
     "beta_schedule": {
         "enum": ["linear", "scaled_linear", "squaredcos_cap_v2"],
@@ -498,6 +507,18 @@ class _DiffusionFactory:
         return (self.conditional and path is not None
                 and os.path.isfile(os.path.join(_folder(path), "transformer", "config.json")))
 
+    def default_steps(self, config: dict) -> int:
+        """The steps of a request without ``params.timesteps`` (SPEC: "the configured schedule length").
+
+        The ``[model]`` key ``timesteps`` when set, capped at the schedule
+        length (a weights folder may bring a shorter schedule); else the whole
+        schedule.  A DDIM sampler runs a 50-step subsequence of a 1000-step
+        schedule in seconds on a CPU, where the whole schedule takes minutes.
+        """
+        n = self.schedule_length(config)
+        configured = config.get("timesteps")
+        return n if configured is None else min(configured, n)
+
     def num_classes(self, config: dict) -> int:
         if self.is_dit(config):
             dit = component_config(config, "transformer") or {}
@@ -517,13 +538,15 @@ class _DiffusionFactory:
 
     def params_schema(self, config: dict) -> dict:
         n = self.schedule_length(config)
+        steps = self.default_steps(config)
         props: dict[str, dict] = {
             "timesteps": {
                 "type": "integer",
                 "minimum": 1,
                 "maximum": n,
-                "default": n,
-                "description": f"Sampling steps, 1..{n} (the schedule length, also the default).",
+                "default": steps,
+                "description": f"Sampling steps, 1..{n} (the schedule length); default {steps}, the configured "
+                "schedule length.",
             },
             "seed": {
                 "type": "integer",

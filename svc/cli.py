@@ -20,7 +20,7 @@ JSON envelope, base64 images and the Bearer header.  It has:
   local cache (``svc.weightstore.cli``).
 
 The HTTP client is treq under ``task.react``; one deadline covers the request
-and the body read (STYLE trap 1).  Twisted and treq are imported only by the
+and the body read (a slow body cannot outlive it).  Twisted and treq are imported only by the
 client commands, so ``--version``, ``keygen`` and ``hash`` start fast.  The
 token comes from the environment, never from the command line, and is never
 printed.
@@ -51,6 +51,11 @@ DEFAULT_TIMEOUT_S = 300.0
 #: client timeout keeps above the budget.
 DEFAULT_WAIT_MS = 30000
 WAIT_MARGIN_S = 30.0
+#: The gateway's ``upstream_recv_timeout_ms`` (SPEC's limit table: 180000).  A
+#: model server takes waits up to 300000 ms, but the gateway answers a budget
+#: at or above this with 502, so ``jobs wait`` refuses such a budget before
+#: sending it: the one number a wait through the gateway must stay below.
+GATEWAY_RECV_TIMEOUT_MS = 180000
 GATEWAY_RESTART = "POST /api/v1/servers/__gateway/restart"
 
 #: TOML bare keys; other key names (those with a '.') are written quoted.
@@ -208,7 +213,9 @@ def plan_call(args: argparse.Namespace) -> HttpCall:
     """The request that an ``infer`` or ``jobs`` command makes (reads the image files).
 
     ``jobs wait`` sends ``?timeout=MS`` and keeps the client timeout above the
-    wait budget: MS/1000 + 30 s, or ``--timeout-s`` when that is larger.
+    wait budget: MS/1000 + 30 s, or ``--timeout-s`` when that is larger.  A
+    budget at or above the gateway's receive timeout is refused here (the
+    gateway would answer 502 without waiting).
     """
     base = args.gateway.rstrip("/")
     parts = urlsplit(base)
@@ -225,6 +232,10 @@ def plan_call(args: argparse.Namespace) -> HttpCall:
         return HttpCall("GET", job, None, timeout)
     if action == "result":
         return HttpCall("GET", f"{job}/result", None, timeout)
+    if args.wait_ms >= GATEWAY_RECV_TIMEOUT_MS:
+        raise CliError(f"--timeout {args.wait_ms}: a wait through the gateway must stay below its "
+                       f"upstream_recv_timeout_ms ({GATEWAY_RECV_TIMEOUT_MS} ms); use at most "
+                       f"{GATEWAY_RECV_TIMEOUT_MS - 1} and wait again to wait longer")
     budget = args.wait_ms / 1000 + WAIT_MARGIN_S
     return HttpCall("GET", f"{job}/wait?timeout={args.wait_ms}", None, max(budget, args.timeout_s or 0.0))
 
@@ -397,7 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
         action.add_argument("job", metavar="JOB", help="job id (job_...)")
         if name == "wait":
             action.add_argument("--timeout", dest="wait_ms", type=_non_negative_int, default=DEFAULT_WAIT_MS,
-                                metavar="MS", help=f"wait budget in milliseconds (default {DEFAULT_WAIT_MS})")
+                                metavar="MS", help=f"wait budget in milliseconds (default {DEFAULT_WAIT_MS}; below "
+                                f"{GATEWAY_RECV_TIMEOUT_MS}, the gateway's upstream_recv_timeout_ms)")
     from svc import cli_jobs, keyfile
     from svc.weightstore import cli as weights
 

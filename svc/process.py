@@ -31,6 +31,29 @@ SUPERVISOR_PID_ENV = "SERVICE_SUPERVISOR_PID"
 ORPHAN_EXIT_S = 1.5
 
 
+#: twistd's default pidfile: every twistd program started from one folder
+#: writes it, so a second one exits with "Another twistd server is running".
+TWISTD_DEFAULT_PIDFILE = "twistd.pid"
+
+
+def own_pidfile(options: Any, name: str) -> None:
+    """Give a process of ours its own pidfile, so that several run side by side from one folder.
+
+    Called from a tap's ``postOptions``, which runs while twistd parses its
+    command line and before it checks the pidfile: ``options.parent`` is then
+    twistd's ServerOptions.  Only twistd's default ``twistd.pid`` is changed
+    (an explicit ``--pidfile`` other than that is kept): in the foreground
+    (``-n``) no pidfile is written at all (the process is stopped with Ctrl-C
+    or a signal to the pid it prints), as a daemon it is
+    ``twistd-<name>.pid``, which ``kill $(cat ...)`` needs.  ``python -m
+    twisted`` (twist) has no pidfile option and is left alone.
+    """
+    parent = getattr(options, "parent", None)
+    if parent is None or "pidfile" not in parent or parent["pidfile"] != TWISTD_DEFAULT_PIDFILE:
+        return
+    parent["pidfile"] = "" if parent.get("nodaemon") else f"twistd-{name}.pid"
+
+
 def refuse(program: str, message: str) -> SystemExit:
     """The one-line refusal of a process that cannot start (exit code 1)."""
     return SystemExit(f"{program}: {message}")

@@ -5,7 +5,9 @@ and metrics tokens (all different) and a first API key, and appends that key's
 hash to the gateway's key file (``conf/api_keys.toml``, created mode 0600 if
 missing).  The key is printed once, with the path of the secrets file; later
 runs keep what exists.  Then the supervisor runs in the foreground with those
-secrets in its environment (profile ``auto``: cpu on a machine without CUDA).
+secrets in its environment (profile ``auto``: cpu on a machine without CUDA),
+and once every model is ready (or has failed) one block says where the UI,
+the management token and the first API key are, and what to run first.
 
 Weights: the profile's ``weights`` (or ``--weights``) says demo or pretrained.
 For pretrained, the profile's pretrained variants are pulled first with
@@ -21,9 +23,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import http.client
 import importlib.util
+import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -37,6 +42,7 @@ FIRST_KEY_NAME = "local"
 HUB = "https://huggingface.co"
 CONNECT_TIMEOUT_S = 3.0
 PULL_CLI = "svc.weightstore.cli"
+SERVICE_CONFIG = os.path.join("conf", "service.toml")
 
 
 def _write_private(path: str, text: str, mode: str = "w") -> None:
@@ -188,27 +194,123 @@ def choose_weights(
     return "pretrained"
 
 
+def service_addresses(root: str = ".") -> tuple[str, str]:
+    """The supervisor's (UI) and the gateway's base URLs, from ``conf/service.toml`` or the defaults."""
+    import tomllib
+
+    try:
+        with open(os.path.join(root, SERVICE_CONFIG), "rb") as f:
+            doc = tomllib.load(f)
+    except (OSError, ValueError):
+        doc = {}
+    sup, gw = doc.get("supervisor", {}), doc.get("gateway", {})
+    return (f"http://{sup.get('host', '127.0.0.1')}:{sup.get('port', 8787)}/",
+            f"http://{gw.get('host', '127.0.0.1')}:{gw.get('port', 8080)}")
+
+
+def next_steps(status: dict, *, ui_url: str, gateway_url: str, api_key: str | None,
+               secrets_path: str = SECRETS) -> str:
+    """The block printed once every model has settled: what runs, and what to do next.
+
+    ``status`` is the supervisor's ``GET /api/v1/status``; ``api_key`` the
+    first API key when this run generated it (on later runs the block says
+    where it is instead of printing it again).
+    """
+    servers = status.get("servers", [])
+    ready = [s["id"] for s in servers if s.get("ready")]
+    if len(ready) == len(servers):
+        lines = [f"== All models ready: {len(ready)} on the {status.get('profile')} profile "
+                 f"({status.get('device')}), gateway {gateway_url}"]
+    else:
+        lines = [f"== {len(ready)} of {len(servers)} models ready on the {status.get('profile')} profile; not ready:"]
+        for s in servers:
+            if not s.get("ready"):
+                why = f": {s['last_error']}" if s.get("last_error") else ""
+                lines.append(f"     {s['id']} ({s.get('state')}{why}; its log: logs/{s['id']}.log)")
+    gateway = status.get("gateway", {})
+    if not gateway.get("ready"):
+        why = f": {gateway['last_error']}" if gateway.get("last_error") else ""
+        lines.append(f"   The gateway is not ready ({gateway.get('state')}{why}; its log: logs/__gateway.log)")
+    key = api_key if api_key else f"SERVICE_API_KEY in {secrets_path}"
+    lines += [
+        f"   Web UI:            {ui_url}  (paste the management token)",
+        f"   Management token:  SERVICE_API_TOKEN in {secrets_path} (mode 0600)",
+        f"   First API key:     {key}",
+        "   Try it from another shell in this folder (some.jpg: any photo of yours):",
+        f"     set -a; . {secrets_path}; set +a; .venv/bin/svcctl infer MOBILENETV2 some.jpg --param top_k=3",
+        "   More in README.md, \"Try it\". Ctrl-C stops everything.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def settled(status: dict) -> bool:
+    """True once no child is still on its way: each is ready, or stopped trying (failed, start_failed, ...)."""
+    children = [status.get("gateway", {}), *status.get("servers", [])]
+    return all(c.get("ready") or c.get("state") not in ("starting", "backoff", "running") for c in children)
+
+
+def fetch_status(ui_url: str, token: str, timeout: float = 5.0) -> dict | None:
+    """The supervisor's status, or None while it does not answer yet."""
+    parts = urlsplit(ui_url)
+    connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout)
+    try:
+        connection.request("GET", "/api/v1/status", headers={"Authorization": f"Bearer {token}"})
+        reply = connection.getresponse()
+        body = reply.read()
+        return json.loads(body) if reply.status == 200 else None
+    except (OSError, ValueError, http.client.HTTPException):
+        return None
+    finally:
+        connection.close()
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Prepare the secrets, run the supervisor, and say what to do once the models are up.
+
+    The supervisor runs as a child (its output goes to this terminal) rather
+    than replacing this process, so that this process can watch the status
+    and print the next-steps block once, after the last model settled.
+    """
     parser = argparse.ArgumentParser(prog="python -m svc.quickstart", description=__doc__.splitlines()[0])
     parser.add_argument("--root", default=".", help="the checkout (default: the current directory)")
     parser.add_argument("--prepare-only", action="store_true", help="create the secrets, do not run the service")
     parser.add_argument("--weights", choices=("demo", "pretrained"), default=None,
                         help="demo or pretrained instead of the profile's weights")
     args = parser.parse_args(argv)
+    first_run = not os.path.exists(os.path.join(args.root, SECRETS))
     values = prepare(args.root)
     if args.prepare_only:
         return 0
     os.chdir(args.root)
+    ui_url, gateway_url = service_addresses()
     env = {**os.environ, **{k: v for k, v in values.items() if k != "SERVICE_API_KEY"}}
     from svc.supervisor.config import load_profile, load_supervisor_config
 
-    wanted = args.weights or load_profile(load_supervisor_config(os.path.join("conf", "service.toml"))).weights
+    wanted = args.weights or load_profile(load_supervisor_config(SERVICE_CONFIG)).weights
     weights = choose_weights(wanted, pretrained_pulls() if wanted == "pretrained" else [], env)
-    print(f"Starting the supervisor ({weights} weights): UI and management API on http://127.0.0.1:8787/, "
-          "gateway on http://127.0.0.1:8080/", flush=True)
+    print(f"Starting the supervisor ({weights} weights): UI and management API on {ui_url}, gateway on "
+          f"{gateway_url}; the models load for a minute or two (logs below)...", flush=True)
     twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
-    os.execve(twistd, [twistd, "-n", "--pidfile=", "service-supervisor", "--weights", weights], env)
-    return 0  # not reached
+    child = subprocess.Popen([twistd, "-n", "--pidfile=", "service-supervisor", "--weights", weights], env=env)
+
+    def forward(signum: int, frame: object) -> None:
+        child.send_signal(signal.SIGTERM)
+
+    # Ctrl-C reaches the supervisor from the terminal (same process group): only wait for it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGHUP, forward)
+    while child.poll() is None:
+        status = fetch_status(ui_url, values["SERVICE_API_TOKEN"])
+        if status is not None and settled(status):
+            print(next_steps(status, ui_url=ui_url, gateway_url=gateway_url,
+                             api_key=values["SERVICE_API_KEY"] if first_run else None), flush=True)
+            break
+        try:
+            child.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            pass
+    return child.wait()
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ def tune_malloc() -> bool:
 
     Tensors of a forward pass are large and short-lived: with glibc's
     defaults each one is an mmap/munmap pair plus page faults, which halves
-    batch throughput on CPU (DESIGN.md).  Same effect as
+    batch throughput on CPU (bench/README.md).  Same effect as
     ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=<large>`` in the environment.
     Returns False where there is no glibc.
     """

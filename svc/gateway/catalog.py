@@ -70,7 +70,8 @@ class Catalog:
         return len(self.by_id)
 
     def pool_idle_timeout(self, configured_s: float) -> float:
-        """The pool's idle timeout: ``configured_s``, kept below every model's own (STYLE trap 2)."""
+        """The pool's idle timeout: ``configured_s``, kept below every model's own
+        ``peer_resp_timeout`` (a model closing a pooled connection first would fail the next request on it)."""
         shortest = min((u.peer_resp_timeout for u in self), default=configured_s + 1)
         return min(configured_s, shortest * 0.5) if shortest <= configured_s else configured_s
 

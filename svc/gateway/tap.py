@@ -52,6 +52,9 @@ class Options(usage.Options):
         for name in ("listen-fd", "ready-fd"):
             if self[name] is not None and self[name] < 3:
                 raise usage.UsageError(f"--{name} must be an inherited descriptor >= 3, not {self[name]}")
+        from svc.process import own_pidfile
+
+        own_pidfile(self, PROGRAM)
 
 
 def makeService(options: Options) -> Any:

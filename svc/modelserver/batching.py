@@ -1,7 +1,7 @@
 """The batching queue: one item per image, batches of compatible items.
 
-Policy (measured in DESIGN.md: waiting out a batch window at low load costs
-2-3x latency):
+Policy (measured: waiting out a batch window at low load costs 2-3x
+latency):
 
 * A batch starts as soon as a worker is free and either ``max_batch_size``
   compatible items wait, or the window of the oldest waiting item

@@ -2,7 +2,7 @@
 
 The reactor thread never runs model code: building the model, the warm-up
 batch and every forward pass go through ``deferToThreadPool`` on the
-dedicated worker pool (STYLE trap 6).  Failures are contained per run: an
+dedicated worker pool (never the reactor's shared one).  Failures are contained per run: an
 exception in ``predict`` fails every item of that batch (ENGINE_ERROR), a
 result list of the wrong length fails them with CONTRACT_FAILURE, and an
 item whose postprocess raises or whose data breaks the model's ``data``

@@ -57,6 +57,9 @@ class Options(usage.Options):
             raise usage.UsageError(f"--weights must be demo, pretrained or pretrained:VARIANT, not {weights!r}")
         if self["port"] is not None and not 1 <= self["port"] <= 65535:
             raise usage.UsageError(f"--port must be 1..65535, not {self['port']}")
+        from svc.process import own_pidfile
+
+        own_pidfile(self, f"{PROGRAM}-{os.path.splitext(os.path.basename(self['server']))[0]}")
 
 
 def weights_override(factory: Any, choice: str) -> str:

@@ -1,6 +1,6 @@
 """Readiness probe: GET http://127.0.0.1:<port><path>, true on 200.
 
-One deadline covers the request and the body (STYLE trap 1); connections
+One deadline covers the request and the body (a slow body cannot outlive it); connections
 are not kept (a probe every few seconds gains nothing from a pool).
 """
 

@@ -50,6 +50,9 @@ class Options(usage.Options):
             raise usage.UsageError(f"--profile must be cpu, gpu or auto, not {self['profile']!r}")
         if self["weights"] not in (None, "demo", "pretrained"):
             raise usage.UsageError(f"--weights must be demo or pretrained, not {self['weights']!r}")
+        from svc.process import own_pidfile
+
+        own_pidfile(self, PROGRAM)
 
 
 def check_bind(host: str, env: dict[str, str]) -> str | None:

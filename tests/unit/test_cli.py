@@ -207,6 +207,18 @@ def test_planned_urls_and_timeouts_keep_the_client_above_the_wait_budget(argv, u
     assert (call.method, call.url, call.body, call.timeout) == ("GET", url, None, timeout)
 
 
+@pytest.mark.parametrize("wait_ms", ["180000", "300000", "999999"])
+def test_a_wait_at_or_above_the_gateway_receive_timeout_is_refused_before_sending(capsys, monkeypatch, wait_ms):
+    monkeypatch.setenv("SERVICE_API_KEY", "k")
+    # SPEC: the gateway answers 502 to a wait budget at or above upstream_recv_timeout_ms (180000).
+    argv = ["jobs", "wait", "M", "job_1", "--timeout", wait_ms, "--gateway", "http://127.0.0.1:9/"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--timeout {wait_ms}:" in err and "179999" in err
+    call = cli.plan_call(cli.build_parser().parse_args([*argv[:4], "--timeout", "179999"]))
+    assert call.url.endswith("/wait?timeout=179999")
+
+
 @pytest.mark.parametrize("flags", [["--param", "novalue"], ["--param", "=1"], ["--timeout-s", "0"],
                                    ["--timeout-s", "x"]])
 def test_bad_client_flags_exit_2(capsys, flags):

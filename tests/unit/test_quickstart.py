@@ -5,7 +5,7 @@ import io
 import os
 import stat
 
-from svc.quickstart import KEY_FILE, SECRETS, prepare, read_env_file
+from svc.quickstart import KEY_FILE, SECRETS, next_steps, prepare, read_env_file, service_addresses, settled
 
 
 def test_prepare_creates_private_distinct_secrets_and_a_first_key_once(tmp_path):
@@ -112,3 +112,54 @@ def test_on_this_machine_the_hub_is_not_reachable_and_demo_it_is():
     weights = choose_weights("pretrained", _pulls()[:2], {"HF_ENDPOINT": "http://127.0.0.1:9"}, out,
                              pull=pytest_fail, pull_available=lambda: True)
     assert (weights, out.getvalue()) == ("demo", f"Pretrained weights: 127.0.0.1:9 not reachable; {FALLBACK}")
+
+
+def status(*servers, gateway_ready=True):
+    return {"profile": "cpu", "device": "cpu", "gateway": {"id": "__gateway", "state": "running", "ready": gateway_ready},
+            "servers": [{"id": i, "state": state, "ready": ready, "last_error": err} for i, state, ready, err in servers]}
+
+
+def test_the_next_steps_block_after_the_first_run_shows_the_key_and_what_to_run():
+    ready = status(("MOBILENETV2", "running", True, None), ("DDPM", "running", True, None))
+    block = next_steps(ready, ui_url="http://127.0.0.1:8787/", gateway_url="http://127.0.0.1:8080", api_key="k" * 64)
+    assert block == (
+        "== All models ready: 2 on the cpu profile (cpu), gateway http://127.0.0.1:8080\n"
+        "   Web UI:            http://127.0.0.1:8787/  (paste the management token)\n"
+        f"   Management token:  SERVICE_API_TOKEN in {SECRETS} (mode 0600)\n"
+        f"   First API key:     {'k' * 64}\n"
+        "   Try it from another shell in this folder (some.jpg: any photo of yours):\n"
+        f"     set -a; . {SECRETS}; set +a; .venv/bin/svcctl infer MOBILENETV2 some.jpg --param top_k=3\n"
+        '   More in README.md, "Try it". Ctrl-C stops everything.\n'
+    )
+
+
+def test_later_runs_say_where_the_key_is_and_name_the_models_that_are_not_ready():
+    mixed = status(("MOBILENETV2", "running", True, None), ("SAM_AMG", "start_failed", False, "port 9107 busy"))
+    block = next_steps(mixed, ui_url="http://127.0.0.1:8787/", gateway_url="http://127.0.0.1:8080", api_key=None)
+    lines = block.splitlines()
+    assert lines[0] == "== 1 of 2 models ready on the cpu profile; not ready:"
+    assert lines[1] == "     SAM_AMG (start_failed: port 9107 busy; its log: logs/SAM_AMG.log)"
+    assert f"   First API key:     SERVICE_API_KEY in {SECRETS}" in lines
+
+
+def test_a_gateway_that_is_not_ready_is_named():
+    down = status(("MOBILENETV2", "running", True, None), gateway_ready=False)
+    down["gateway"].update(state="failed", last_error="SERVICE_METRICS_TOKEN is not set")
+    lines = next_steps(down, ui_url="u", gateway_url="g", api_key=None).splitlines()
+    assert lines[1] == ("   The gateway is not ready (failed: SERVICE_METRICS_TOKEN is not set; "
+                        "its log: logs/__gateway.log)")
+
+
+def test_the_block_waits_until_every_child_has_settled():
+    assert not settled(status(("MOBILENETV2", "starting", False, None)))
+    assert not settled(status(("MOBILENETV2", "running", False, None)))  # loading, not ready yet
+    assert not settled(status(("MOBILENETV2", "backoff", False, "exit 1")))
+    assert not settled(status(("MOBILENETV2", "running", True, None), gateway_ready=False))
+    assert settled(status(("MOBILENETV2", "running", True, None), ("DDPM", "failed", False, "crash loop")))
+
+
+def test_service_addresses_come_from_the_service_config(tmp_path):
+    assert service_addresses(str(tmp_path)) == ("http://127.0.0.1:8787/", "http://127.0.0.1:8080")
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "service.toml").write_text("[gateway]\nport = 18080\n[supervisor]\nport = 18787\n")
+    assert service_addresses(str(tmp_path)) == ("http://127.0.0.1:18787/", "http://127.0.0.1:18080")

@@ -1,0 +1,38 @@
+"""``python -m svc.quickstart`` for real: the supervisor runs, and one next-steps block follows the models' readiness."""
+
+import signal
+import sys
+import time
+
+from tests.support.processes import child_env, free_port, spawn, write_config
+
+
+def test_the_block_comes_once_the_models_are_ready_and_sigterm_stops_everything(tmp_path):
+    conf = tmp_path / "conf"
+    (conf / "server").mkdir(parents=True)
+    (conf / "profiles").mkdir()
+    write_config(conf / "server", "MOBILENETV2", name="MOBILENETV2.toml", port=free_port())
+    (conf / "profiles" / "cpu.toml").write_text('device = "cpu"\nmodels = ["MOBILENETV2"]\n')
+    gateway_port, supervisor_port = free_port(), free_port()
+    (conf / "service.toml").write_text(f'[gateway]\nport = {gateway_port}\n[supervisor]\nport = {supervisor_port}\n'
+                                       'profile = "cpu"\n')
+    env = child_env(drop=("SERVICE_API_TOKEN", "SERVICE_GATEWAY_AUTH_TOKEN", "SERVICE_METRICS_TOKEN", "SERVICE_API_KEY"))
+    popen, log = spawn([sys.executable, "-m", "svc.quickstart", "--root", str(tmp_path)], env=env, log_dir=tmp_path)
+    try:
+        deadline = time.monotonic() + 240
+        while "Ctrl-C stops everything." not in log.read_text() and time.monotonic() < deadline:
+            assert popen.poll() is None, log.read_text()
+            time.sleep(0.5)
+        out = log.read_text()
+        block = out[out.index("== All models ready"):].splitlines()[:7]
+        key = (tmp_path / "secrets" / "local.env").read_text().split("SERVICE_API_KEY=")[1].split()[0]
+        assert block[0] == (f"== All models ready: 1 on the cpu profile (cpu), gateway http://127.0.0.1:{gateway_port}")
+        assert block[1].split() == ["Web", "UI:", f"http://127.0.0.1:{supervisor_port}/", "(paste", "the",
+                                    "management", "token)"]
+        assert block[3].split() == ["First", "API", "key:", key]
+        assert "svcctl infer MOBILENETV2" in block[5]
+        assert out.count("== All models ready") == 1
+    finally:
+        popen.send_signal(signal.SIGTERM)
+        code = popen.wait(60)
+    assert code == 0, log.read_text()[-3000:]

@@ -90,7 +90,8 @@ def makeService(options: Options) -> Any:
         return {"category": factory.category, "task": factory.task} if factory else {"category": None, "task": None}
 
     try:
-        manager = ChildManager(reactor=reactor, config=config, profile=profile, probe=HttpProbe(reactor), env=env,
+        probe = HttpProbe(reactor)
+        manager = ChildManager(reactor=reactor, config=config, profile=profile, probe=probe, env=env,
                                describe=describe)
     except (ConfigError, ValueError) as e:
         raise refuse(PROGRAM, str(e)) from None
@@ -98,4 +99,4 @@ def makeService(options: Options) -> Any:
     from svc.http import HttpLimits
 
     return SupervisorService(reactor=reactor, manager=manager, token=token, host=config.host, port=config.port,
-                             ui_dir=ui_dir(), limits=HttpLimits.from_config(config))
+                             ui_dir=ui_dir(), fetch=probe.fetch, limits=HttpLimits.from_config(config))

@@ -129,7 +129,9 @@ def model_raw(samples: Samples, at: float) -> _Raw:
     return _Raw(
         at=at,
         counters={
-            "requests": total(samples, "service_http_requests_total", lambda labels: labels.get("route") not in NOT_TRAFFIC),
+            # A labelled counter has no sample before its first increment: absent is zero.
+            "requests": total(samples, "service_http_requests_total",
+                              lambda labels: labels.get("route") not in NOT_TRAFFIC) or 0.0,
             "batch_sum": total(samples, "service_batch_size_sum"),
             "batch_count": total(samples, "service_batch_size_count"),
             "queue_depth": total(samples, "service_queue_depth"),

@@ -185,11 +185,11 @@ function drawModelCharts(id, s, all) {
   const m = state.catalog.find((c) => c.id === id);
   const span = { t: s.t, now: all.now, window: all.window_s };
   chart(holder, "rps", "requests/s", span, [{ name: "req/s", values: s.rps }], (v) => v.toFixed(2));
-  chart(holder, "latency", "latency p50 / p99", span, [{ name: "p50", values: s.p50_ms }, { name: "p99", values: s.p99_ms }], ms);
-  chart(holder, "batch", "mean batch size", span, [{ name: "items", values: s.batch_mean }], (v) => v.toFixed(1));
+  chart(holder, "latency", "latency", span, [{ name: "p50", values: s.p50_ms }, { name: "p99", values: s.p99_ms }], ms);
+  chart(holder, "batch", "batch size (mean)", span, [{ name: "items", values: s.batch_mean }], (v) => v.toFixed(1));
   chart(holder, "queue", "queue depth", span, [{ name: "items", values: s.queue_depth }], (v) => v.toFixed(0));
   if (m && m.async) {
-    chart(holder, "jobs", "jobs pending / running", span,
+    chart(holder, "jobs", "jobs", span,
           [{ name: "pending", values: s.jobs_pending }, { name: "running", values: s.jobs_running }], (v) => v.toFixed(0));
   }
 }
@@ -241,6 +241,16 @@ function chart(holder, key, title, span, lines, format) {
       d += `${pen ? "L" : "M"}${x(span.t[j]).toFixed(1)},${y(v).toFixed(1)}`;
       pen = true;
       last = v;
+    });
+    line.values.forEach((v, j) => { // a point between two gaps is a dot (a line needs two)
+      const gap = (k) => k < 0 || k >= line.values.length || line.values[k] === null || line.values[k] === undefined;
+      if (gap(j) || !gap(j - 1) || !gap(j + 1)) return;
+      const dot = document.createElementNS(NS, "circle");
+      dot.setAttribute("cx", x(span.t[j]).toFixed(1));
+      dot.setAttribute("cy", y(v).toFixed(1));
+      dot.setAttribute("r", "1.8");
+      dot.setAttribute("fill", colour);
+      svg.appendChild(dot);
     });
     if (d) {
       const path = document.createElementNS(NS, "path");
@@ -508,6 +518,11 @@ async function runJob(m, body, params) {
     showProgress(current);
   }
   if (current.state !== "done") { $("#try-error").textContent = `Job ${current.state}: ${current.error || ""}`; return; }
+  const bar = $("#job-progress progress");
+  if (!$("#job-progress").hidden) { // done: every step is
+    bar.value = bar.max;
+    $("#job-eta").textContent = `all ${bar.max} steps`;
+  }
   show(m, await gateway(job.result_url), params);
 }
 

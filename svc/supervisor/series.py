@@ -35,8 +35,9 @@ log = Logger()
 INTERVAL_S = 5.0
 WINDOW_S = 600.0
 
-#: Routes of a model server that are not traffic: probes, scrapes, the contract.
-NOT_TRAFFIC = frozenset({"healthz", "ready", "metrics", "openapi", "preflight", "unmatched"})
+#: Routes of a model server whose requests are work asked for: synchronous inference and job submissions
+#: (not probes, scrapes, job polls or waits).
+TRAFFIC = frozenset({"infer", "jobs_submit"})
 
 #: Figures of a model server, in the order the UI draws them.
 MODEL_FIGURES = ("rps", "p50_ms", "p99_ms", "batch_mean", "queue_depth", "jobs_pending", "jobs_running")
@@ -131,7 +132,7 @@ def model_raw(samples: Samples, at: float) -> _Raw:
         counters={
             # A labelled counter has no sample before its first increment: absent is zero.
             "requests": total(samples, "service_http_requests_total",
-                              lambda labels: labels.get("route") not in NOT_TRAFFIC) or 0.0,
+                              lambda labels: labels.get("route") in TRAFFIC) or 0.0,
             "batch_sum": total(samples, "service_batch_size_sum"),
             "batch_count": total(samples, "service_batch_size_count"),
             "queue_depth": total(samples, "service_queue_depth"),

@@ -272,6 +272,8 @@ def test_a_job_shows_its_progress_bar_and_eta(page, stack):
         release["done"] = True
         expect(page.locator("#job-state")).to_have_text("done", timeout=60000)
         expect(page.locator("#try-raw pre")).to_contain_text('"status": 0')
+        expect(page.locator("#job-eta")).to_have_text("all 12 steps")
+        assert page.locator("#job-progress progress").evaluate("p => p.value") == 12
     finally:
         page.unroute("**/v1/models/TESTFAULTS/jobs/*/wait*")
 
@@ -296,7 +298,20 @@ def test_under_load_the_charts_show_traffic(page, stack, picture):
     series = get(stack.url + "/api/v1/series", headers=stack.auth).json
     assert max(v or 0 for v in series["servers"]["MOBILENETV2"]["rps"]) > 0
     assert series["servers"]["MOBILENETV2"]["version"] == "random-init-seed0"
+    one = get(stack.url + "/api/v1/servers/MOBILENETV2/series", headers=stack.auth).json
+    assert one["id"] == "MOBILENETV2" and one["interval_s"] == 5.0 and one["window_s"] == 600.0
+    assert len(one["t"]) == len(one["rps"]) == len(one["p99_ms"]) == len(one["queue_depth"]) > 0
     shot(page, "charts")
+
+
+def test_the_openapi_document_of_a_model_comes_from_its_running_server(stack):
+    reply = get(stack.url + "/api/v1/servers/DDPM/openapi", headers=stack.auth)
+    assert reply.status == 200
+    params = reply.json["openapi"]["components"]["schemas"]["DDPM_Params"]["properties"]
+    assert params["timesteps"]["default"] == 50 and params["timesteps"]["maximum"] == 50  # this config, not the shipped
+    gateway = get(stack.url + "/api/v1/servers/__gateway/openapi", headers=stack.auth)
+    assert gateway.status == 404 and gateway.json["ok"] is False
+    assert get(stack.url + "/api/v1/servers/DDPM/openapi").status == 401
 
 
 def test_no_console_errors(page):

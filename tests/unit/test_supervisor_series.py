@@ -61,9 +61,10 @@ def model_traffic(stage: Stage, requests: int, latency_ms: float, batches: list[
         stage.model.duration.labels("infer").observe(latency_ms)
     for size in batches:
         stage.model.batch_size.observe(size)
-    for _ in range(50):  # probes and scrapes: not traffic
+    for _ in range(50):  # probes, scrapes and job polls: not traffic
         stage.model.requests.labels("ready", "GET", "200").inc()
         stage.model.requests.labels("metrics", "GET", "200").inc()
+        stage.model.requests.labels("jobs_wait", "GET", "200").inc()
 
 
 def test_rates_quantiles_and_gauges_of_a_model_every_interval():
@@ -93,6 +94,9 @@ def test_jobs_pending_and_running_come_from_the_async_gauges():
     clock, stage = Clock(), Stage()
     collector = stage.collector(clock)
     collector.start()
+    for _ in range(5):
+        stage.model.requests.labels("jobs_submit", "POST", "202").inc()
+    stage.model.requests.labels("jobs_submit", "POST", "429").inc()  # refused, but asked for: traffic too
     stage.model.async_depth.set(5)
     stage.model.async_running.set(2)
     for _ in range(4):
@@ -100,6 +104,7 @@ def test_jobs_pending_and_running_come_from_the_async_gauges():
     clock.advance(5)
     view = collector.view()["servers"]["M"]
     assert view["jobs_pending"][-1] == 3.0 and view["jobs_running"][-1] == 2.0
+    assert view["rps"][-1] == 6 / 5
     assert view["p50_ms"][-1] == 750.0
 
 

@@ -56,7 +56,7 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["svc", "svc.*", "models"]) + ["twisted.plugins"],
     package_data={"models": ["data/*.txt"], "twisted.plugins": ["service_plugins.py"]},
-    data_files=[("share/inference-service/ui", ["ui/index.html", "ui/app.js", "ui/style.css"])],
+    data_files=[("share/inference-service/ui", ["ui/index.html", "ui/app.js", "ui/style.css", "ui/favicon.svg"])],
     install_requires=RUNTIME,
     extras_require={"test": TEST},
     entry_points={"console_scripts": ["svcctl = svc.cli:main"]},

@@ -22,7 +22,11 @@ twisted.web's connection handling has three more gaps that
   :data:`PIPELINE_BURST` pipelined requests are answered per reactor turn.
 
 :class:`JsonSite` also replaces twisted's access log with one structured line
-per request.
+per request.  The supervisor's own polling (its readiness probe every 2 s and
+its metrics scrape every 5 s, :func:`is_supervisor_probe`) is logged at debug
+level, below the default level of every process, so a model's log holds the
+requests people made rather than 90 % probes; the probes are still counted
+in ``service_http_requests_total`` (routes ``ready``, ``healthz``, ``metrics``).
 """
 
 from __future__ import annotations
@@ -56,6 +60,15 @@ PIPELINE_BURST = 16
 #: The reply to a request whose headers did not arrive in time.  No JSON body:
 #: the request was never read, so there is nothing to echo and no envelope
 #: status fits.
+#: The User-Agent of the supervisor's readiness probe and metrics scrape (svc.supervisor.probe).
+SUPERVISOR_USER_AGENT = "service-supervisor-probe"
+
+#: The only paths the supervisor polls; anything else is a real request, whatever its User-Agent.
+PROBE_PATHS = frozenset({b"/healthz", b"/ready", b"/metrics"})
+
+#: Client addresses the supervisor polls from: its children listen on loopback only.
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "::ffff:127.0.0.1"})
+
 HEADER_TIMEOUT_REPLY = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
 
@@ -361,6 +374,24 @@ class LimitedChannel(HTTPChannel):
         super().connectionLost(reason)
 
 
+def is_supervisor_probe(request: Any) -> bool:
+    """Whether ``request`` is the supervisor polling: a GET of a probe path, from loopback, with its User-Agent.
+
+    All three must hold, so a real client is never hidden by accident; a
+    client that imitates all three only hides its own probe-like GET.
+    """
+    if request.method != b"GET" or request.path not in PROBE_PATHS:
+        return False
+    agent = request.requestHeaders.getRawHeaders(b"user-agent") or []
+    if [a.decode("latin-1", "replace") for a in agent] != [SUPERVISOR_USER_AGENT]:
+        return False
+    try:
+        host = request.getClientAddress().host
+    except AttributeError:
+        return False
+    return host in LOOPBACK_HOSTS
+
+
 class JsonSite(server.Site):
     """A Site with a body limit, an early 413, connection limits and a structured access log.
 
@@ -413,12 +444,15 @@ class JsonSite(server.Site):
             b"x-request-id"
         )
         key = getattr(request, "service_key", None) or "-"
-        self.log_line(request.method, request.uri, request.code, duration, rid[0].decode("latin-1") if rid else None, key)
+        self.log_line(request.method, request.uri, request.code, duration, rid[0].decode("latin-1") if rid else None, key,
+                      debug=is_supervisor_probe(request))
         if self.on_logged is not None:
             self.on_logged(request)
 
-    def log_line(self, method: bytes, path: bytes, code: int, duration_ms: float, request_id: str | None, key: str) -> None:
-        log.info(
+    def log_line(self, method: bytes, path: bytes, code: int, duration_ms: float, request_id: str | None, key: str,
+                 *, debug: bool = False) -> None:
+        """One access-log line; ``debug`` for the supervisor's probes (dropped at the default info level)."""
+        (log.debug if debug else log.info)(
             "{method} {path} {code} {duration_ms:.1f}ms key={key} rid={request_id}",
             method=method.decode("latin-1", "replace"),
             path=path.decode("latin-1", "replace")[:300],

@@ -116,6 +116,8 @@ class ModelServerMetrics(HttpMetrics):
             registry=registry,
         )
         self.async_depth = Gauge("service_async_queue_depth", "Pending + running jobs.", registry=registry)
+        self.async_running = Gauge("service_async_running_jobs", "Running jobs (of service_async_queue_depth).",
+                                   registry=registry)
         self.async_waiters = Gauge(
             "service_async_waiters", "Requests parked in GET /jobs/{job}/wait.", registry=registry
         )

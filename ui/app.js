@@ -8,8 +8,12 @@ const PLACEHOLDER_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR
 const TERMINAL = ["done", "failed", "timeout"];
 const $ = (sel) => document.querySelector(sel);
 
+const DETECTION_MAX_RESULTS = 20; // options.max_results the page sends to detection and segmentation models
+const LEVELS = ["debug", "info", "warn", "error", "critical"];
+
 const state = { token: localStorage.getItem(TOKEN_KEY) || "", status: null, catalog: [], busy: new Set(),
-                logServer: null, logOffset: null, image: null, imageB64: null, refreshTimer: null, logTimer: null };
+                logServer: null, logOffset: null, logLines: [], image: null, imageB64: null,
+                refreshTimer: null, logTimer: null, seriesTimer: null, series: null, defaults: {}, versions: {} };
 
 // -- API ---------------------------------------------------------------------------------
 
@@ -46,6 +50,7 @@ async function gateway(path, options = {}) {
 function showLogin(message) {
   clearInterval(state.refreshTimer);
   clearInterval(state.logTimer);
+  clearInterval(state.seriesTimer);
   $("#console").hidden = true;
   $("#login").hidden = false;
   $("#forget").hidden = true;
@@ -67,6 +72,8 @@ async function connect() {
   fillSelects();
   state.refreshTimer = setInterval(() => refresh().catch(() => {}), 2000);
   state.logTimer = setInterval(() => followLogs().catch(() => {}), 1500);
+  refreshSeries().catch(() => {});
+  state.seriesTimer = setInterval(() => refreshSeries().catch(() => {}), 5000);
 }
 
 // -- status ----------------------------------------------------------------------------------
@@ -87,6 +94,7 @@ async function refresh() {
   $("#gateway-url").textContent = gatewayBase();
   $("#gateway-error").textContent = gw.last_error || "";
   renderServers(status.servers);
+  updateDemoBanner();
   return status;
 }
 
@@ -103,8 +111,22 @@ function renderServers(servers) {
         <button data-action="restart">Restart</button></td>`;
       for (const button of row.querySelectorAll("button")) button.dataset.target = s.id;
       tbody.appendChild(row);
+      const figures = document.createElement("tr");
+      figures.className = "figures";
+      figures.dataset.for = s.id;
+      figures.innerHTML = `<td colspan="8"><div class="charts"></div></td>`;
+      tbody.appendChild(figures);
     }
-    row.querySelector(".id").textContent = s.id + (s.in_profile ? "" : " (not in profile)");
+    const idCell = row.querySelector(".id");
+    idCell.textContent = s.id + (s.in_profile ? "" : " (not in profile)");
+    const weights = weightsLabel(s.id);
+    if (weights) {
+      const tag = document.createElement("span");
+      tag.className = `weights badge${weights.demo ? " demo" : ""}`;
+      tag.textContent = weights.text;
+      tag.title = weights.demo ? "random-init weights: the outputs mean nothing" : "";
+      idCell.appendChild(tag);
+    }
     row.querySelector(".task").textContent = `${s.task || ""}${s.async ? " · async" : ""}`;
     badge(row.querySelector(".state"), s.state);
     row.dataset.state = s.state;
@@ -121,6 +143,138 @@ function renderServers(servers) {
     row.querySelector('[data-action="stop"]').disabled = busy || !["starting", "running", "backoff"].includes(s.state);
     row.querySelector('[data-action="restart"]').disabled = busy || s.state === "stopping";
   }
+}
+
+// -- weights ---------------------------------------------------------------------------------
+
+function serverStatus(id) {
+  return state.status ? state.status.servers.find((s) => s.id === id) : null;
+}
+
+// What the page knows about a model's weights: the status's `weights` field when the supervisor
+// reports it, else the version the model server reports (random-init-seed<N> for demo weights).
+function weightsLabel(id) {
+  const s = serverStatus(id);
+  if (s && s.weights && s.weights.kind) {
+    const w = s.weights;
+    if (w.kind === "demo") return { demo: true, text: "demo weights" };
+    return { demo: false, text: w.variant ? `${w.kind}: ${w.variant}` : w.kind };
+  }
+  const version = state.versions[id] || "";
+  if (version.startsWith("random-init")) return { demo: true, text: "demo weights" };
+  return null;
+}
+
+// -- charts ------------------------------------------------------------------------------------
+
+const COLOURS = ["#2f7ed8", "#e4572e", "#17a398", "#9c59d1", "#f0a202", "#6c757d"];
+
+async function refreshSeries() {
+  const series = await api("/api/v1/series");
+  state.series = series;
+  for (const [id, s] of Object.entries(series.servers)) if (s.version) state.versions[id] = s.version;
+  drawGatewayCharts(series);
+  for (const [id, s] of Object.entries(series.servers)) drawModelCharts(id, s, series);
+  if (state.status) renderServers(state.status.servers);
+  updateDemoBanner();
+}
+
+function drawModelCharts(id, s, all) {
+  const holder = document.querySelector(`tr.figures[data-for="${id}"] .charts`);
+  if (!holder) return;
+  const m = state.catalog.find((c) => c.id === id);
+  const span = { t: s.t, now: all.now, window: all.window_s };
+  chart(holder, "rps", "requests/s", span, [{ name: "req/s", values: s.rps }], (v) => v.toFixed(2));
+  chart(holder, "latency", "latency", span, [{ name: "p50", values: s.p50_ms }, { name: "p99", values: s.p99_ms }], ms);
+  chart(holder, "batch", "batch size (mean)", span, [{ name: "items", values: s.batch_mean }], (v) => v.toFixed(1));
+  chart(holder, "queue", "queue depth", span, [{ name: "items", values: s.queue_depth }], (v) => v.toFixed(0));
+  if (m && m.async) {
+    chart(holder, "jobs", "jobs", span,
+          [{ name: "pending", values: s.jobs_pending }, { name: "running", values: s.jobs_running }], (v) => v.toFixed(0));
+  }
+}
+
+function drawGatewayCharts(all) {
+  const g = all.gateway;
+  const holder = $("#gateway-charts");
+  const span = { t: g.t, now: all.now, window: all.window_s };
+  const labelled = (map) => Object.entries(map).map(([name, values]) => ({ name, values }));
+  chart(holder, "rps_by_key", "requests/s by key", span, labelled(g.rps_by_key), (v) => v.toFixed(2));
+  chart(holder, "rejections", "rejections/s by reason", span, labelled(g.rejections_by_reason), (v) => v.toFixed(2));
+  chart(holder, "upstream_errors", "upstream errors/s", span, [{ name: "errors", values: g.upstream_errors }], (v) => v.toFixed(2));
+}
+
+function ms(v) {
+  return v >= 1000 ? `${(v / 1000).toFixed(2)} s` : `${v.toFixed(v < 10 ? 1 : 0)} ms`;
+}
+
+// One small chart: an inline SVG with a line per series over the window, breaks where a sample is null
+// (a failed scrape), and the newest value of each line in the title.
+function chart(holder, key, title, span, lines, format) {
+  const W = 190, H = 46, PAD = 3;
+  let box = holder.querySelector(`.chart[data-figure="${key}"]`);
+  if (!box) {
+    box = document.createElement("div");
+    box.className = "chart";
+    box.dataset.figure = key;
+    box.innerHTML = `<div class="title"><span class="name"></span><span class="value"></span></div>
+      <svg viewBox="0 0 ${W} ${H}" preserveAspectRatio="none" role="img"></svg><div class="legend"></div>`;
+    holder.appendChild(box);
+  }
+  box.querySelector(".name").textContent = title;
+  let max = 0;
+  for (const line of lines) for (const v of line.values) if (v !== null && v > max) max = v;
+  const top = max > 0 ? max * 1.1 : 1;
+  const x = (t) => PAD + (W - 2 * PAD) * (1 - (span.now - t) / span.window);
+  const y = (v) => H - PAD - (H - 2 * PAD) * (v / top);
+  const svg = box.querySelector("svg");
+  svg.replaceChildren();
+  const NS = "http://www.w3.org/2000/svg";
+  const latest = [];
+  lines.forEach((line, i) => {
+    const colour = COLOURS[i % COLOURS.length];
+    let d = "";
+    let pen = false;
+    let last = null;
+    line.values.forEach((v, j) => {
+      if (v === null || v === undefined) { pen = false; return; }
+      d += `${pen ? "L" : "M"}${x(span.t[j]).toFixed(1)},${y(v).toFixed(1)}`;
+      pen = true;
+      last = v;
+    });
+    line.values.forEach((v, j) => { // a point between two gaps is a dot (a line needs two)
+      const gap = (k) => k < 0 || k >= line.values.length || line.values[k] === null || line.values[k] === undefined;
+      if (gap(j) || !gap(j - 1) || !gap(j + 1)) return;
+      const dot = document.createElementNS(NS, "circle");
+      dot.setAttribute("cx", x(span.t[j]).toFixed(1));
+      dot.setAttribute("cy", y(v).toFixed(1));
+      dot.setAttribute("r", "1.8");
+      dot.setAttribute("fill", colour);
+      svg.appendChild(dot);
+    });
+    if (d) {
+      const path = document.createElementNS(NS, "path");
+      path.setAttribute("d", d);
+      path.setAttribute("fill", "none");
+      path.setAttribute("stroke", colour);
+      path.setAttribute("stroke-width", "1.5");
+      path.setAttribute("vector-effect", "non-scaling-stroke");
+      svg.appendChild(path);
+    }
+    latest.push({ name: line.name, colour, last });
+  });
+  const now = latest.map((l) => (l.last === null ? "–" : format(l.last))).join(" / ");
+  box.querySelector(".value").textContent = lines.length ? now : "–";
+  box.querySelector(".legend").innerHTML = "";
+  for (const l of latest) {
+    const item = document.createElement("span");
+    const swatch = document.createElement("i");
+    swatch.style.background = l.colour;
+    item.append(swatch, l.name);
+    box.querySelector(".legend").appendChild(item);
+  }
+  box.dataset.max = String(max);
+  box.dataset.points = String(lines.reduce((n, l) => n + l.values.filter((v) => v !== null && v !== undefined).length, 0));
 }
 
 async function act(target, action, button) {
@@ -155,24 +309,62 @@ function fillSelects() {
   const trySelect = $("#try-model");
   trySelect.innerHTML = "";
   for (const m of state.catalog) trySelect.add(new Option(`${m.id} (${m.task || m.category || "?"}${m.async ? ", async" : ""})`, m.id));
+  const classifier = state.catalog.find((m) => m.category === "classification");
+  if (classifier) trySelect.value = classifier.id;
   $("#try-run").disabled = false;
-  suggestParams();
+  modelChosen();
+}
+
+// The level of a line as `twist --log-format text` writes it ("... [namespace#warn] ..."); a line
+// without one (a traceback, a print) takes the level of the line before it on the same stream.
+function lineLevel(line, previous) {
+  const match = /\[[^\]\s]*#(debug|info|warn|error|critical)\]/.exec(line.line);
+  if (match) return match[1];
+  if (line.stream === "supervisor") return "info";
+  return previous[line.stream] || (line.stream === "stderr" ? "error" : "info");
+}
+
+function logVisible(entry) {
+  const floor = LEVELS.indexOf($("#log-level").value);
+  const text = $("#log-filter").value.trim().toLowerCase();
+  return LEVELS.indexOf(entry.level) >= floor && (!text || entry.line.toLowerCase().includes(text));
+}
+
+function applyLogFilters() {
+  const pre = $("#log-lines");
+  let shown = 0;
+  for (const span of pre.children) {
+    const visible = logVisible(span.entry);
+    span.classList.toggle("hidden", !visible);
+    if (visible) shown += 1;
+  }
+  $("#log-count").textContent = `${shown} of ${pre.children.length} lines`;
+  pre.scrollTop = pre.scrollHeight;
 }
 
 async function followLogs() {
   if (!$("#log-follow").checked || !state.logServer) return;
-  const query = state.logOffset === null ? "limit=200" : `offset=${state.logOffset}&limit=500`;
+  const query = state.logOffset === null ? "limit=500" : `offset=${state.logOffset}&limit=500`;
   const page = await api(`/api/v1/servers/${encodeURIComponent(state.logServer)}/logs?${query}`);
   const pre = $("#log-lines");
   const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+  state.logLevels = state.logLevels || {};
   for (const line of page.lines) {
+    const level = lineLevel(line, state.logLevels);
+    state.logLevels[line.stream] = level;
     const span = document.createElement("span");
-    span.className = line.stream;
+    span.className = `${line.stream} level-${level}`;
     span.textContent = line.line + "\n";
+    span.entry = { level, line: line.line };
+    span.classList.toggle("hidden", !logVisible(span.entry));
     pre.appendChild(span);
   }
   while (pre.childNodes.length > 2000) pre.removeChild(pre.firstChild);
   state.logOffset = page.next_offset;
+  if (page.lines.length) {
+    const shown = [...pre.children].filter((c) => !c.classList.contains("hidden")).length;
+    $("#log-count").textContent = `${shown} of ${pre.children.length} lines`;
+  }
   if (atBottom) pre.scrollTop = pre.scrollHeight;
 }
 
@@ -182,11 +374,66 @@ function selectedModel() {
   return state.catalog.find((m) => m.id === $("#try-model").value);
 }
 
-function suggestParams() {
+function clearResult() {
+  $("#try-error").textContent = "";
+  $("#try-result").innerHTML = "";
+  $("#try-raw").hidden = true;
+  $("#job").hidden = true;
+  $("#job-progress").hidden = true;
+}
+
+function clearImage() {
+  state.image = null;
+  state.imageB64 = null;
+  $("#try-file").value = "";
+  const preview = $("#try-preview");
+  preview.removeAttribute("src");
+  preview.hidden = true;
+}
+
+// A new model starts from a clean form: its own defaults, no result; a generation model needs no photo.
+function modelChosen() {
   const m = selectedModel();
-  const examples = { classification: '{"top_k": 5}', detection: '{"score_threshold": 0.25}',
-                     generation: '{"timesteps": 20, "seed": 1}', segmentation: '{"points_per_side": 8}' };
-  $("#try-params").placeholder = (m && examples[m.category]) || "{}";
+  clearResult();
+  $("#try-params").value = "";
+  const note = $("#try-note");
+  if (m && m.category === "generation") {
+    clearImage();
+    note.textContent = `${m.id} generates an image from noise: the pixels of a photo are ignored, so none is needed.`;
+    note.hidden = false;
+    $("#drop").hidden = true;
+  } else {
+    note.hidden = true;
+    $("#drop").hidden = false;
+  }
+  updateDemoBanner();
+  if (m) loadDefaults(m).catch(() => {});
+}
+
+function updateDemoBanner() {
+  const m = selectedModel();
+  const weights = m ? weightsLabel(m.id) : null;
+  $("#try-demo").hidden = !(weights && weights.demo);
+}
+
+// The params' defaults as the running model server states them in its OpenAPI document.
+async function loadDefaults(m) {
+  const input = $("#try-params");
+  if (!state.defaults[m.id]) {
+    input.placeholder = "loading the defaults…";
+    const reply = await api(`/api/v1/servers/${encodeURIComponent(m.id)}/openapi`).catch(() => null);
+    const schema = reply && reply.openapi.components && reply.openapi.components.schemas[`${m.id}_Params`];
+    if (!schema) {
+      if (selectedModel() === m) input.placeholder = "{} (the model's defaults: it is not running)";
+      return;
+    }
+    const defaults = {};
+    for (const [name, prop] of Object.entries(schema.properties || {})) {
+      if (prop.default !== undefined && prop.default !== null) defaults[name] = prop.default;
+    }
+    state.defaults[m.id] = defaults;
+  }
+  if (selectedModel() === m) input.placeholder = JSON.stringify(state.defaults[m.id]);
 }
 
 function takeFile(file) {
@@ -206,22 +453,29 @@ function requestBody() {
   const m = selectedModel();
   const body = { images: [state.imageB64 || PLACEHOLDER_PNG] };
   const text = $("#try-params").value.trim();
-  if (text) body.params = JSON.parse(text);
+  if (text) {
+    try { body.params = JSON.parse(text); } catch (e) { throw new Error(`params are not JSON: ${e.message}`); }
+  }
+  if (m && (m.category === "detection" || m.category === "segmentation")) body.options = { max_results: DETECTION_MAX_RESULTS };
   if (!state.imageB64 && m && m.category !== "generation") throw new Error("choose or drop an image first");
   return body;
 }
 
+// The params in force: the box's, else the defaults the placeholder shows.
+function effectiveParams(m, body) {
+  return { ...(state.defaults[m.id] || {}), ...(body.params || {}) };
+}
+
 async function run() {
   const m = selectedModel();
-  $("#try-error").textContent = "";
-  $("#try-result").innerHTML = "";
-  $("#try-raw").hidden = true;
-  $("#job").hidden = true;
+  clearResult();
   let body;
   try { body = requestBody(); } catch (e) { $("#try-error").textContent = e.message; return; }
   $("#try-run").disabled = true;
   try {
-    if (m.async) await runJob(m, body); else show(m, await gateway(`/v1/models/${m.id}/infer`, { method: "POST", body: JSON.stringify(body) }));
+    const params = effectiveParams(m, body);
+    if (m.async) await runJob(m, body, params);
+    else show(m, await gateway(`/v1/models/${m.id}/infer`, { method: "POST", body: JSON.stringify(body) }), params);
   } catch (e) {
     $("#try-error").textContent = `Request failed: ${e.message} (is the gateway running, and does it allow this page's origin?)`;
   } finally {
@@ -229,26 +483,50 @@ async function run() {
   }
 }
 
-async function runJob(m, body) {
+function showProgress(current) {
+  const p = current.progress;
+  if (!p || !p.steps) return;
+  const done = Math.min(p.step, p.steps);
+  $("#job-progress").hidden = false;
+  const bar = $("#job-progress progress");
+  bar.max = p.steps;
+  bar.value = done;
+  let eta = "";
+  if (TERMINAL.includes(current.state)) eta = "";
+  else if (done > 0 && current.elapsed_ms) {
+    const left = (current.elapsed_ms / done) * (p.steps - done) / 1000;
+    eta = ` · about ${left < 10 ? left.toFixed(1) : Math.round(left)} s left`;
+  }
+  $("#job-eta").textContent = `step ${done} of ${p.steps}${eta}`;
+}
+
+async function runJob(m, body, params) {
   const submitted = await gateway(`/v1/models/${m.id}/jobs`, { method: "POST", body: JSON.stringify(body) });
-  if (submitted.status !== 202) { show(m, submitted); return; }
+  if (submitted.status !== 202) { show(m, submitted, params); return; }
   const job = submitted.body;
   $("#job").hidden = false;
   $("#job-id").textContent = job.job_id;
+  $("#job-elapsed").textContent = "";
   badge($("#job-state"), job.state);
   let current = job;
   while (!TERMINAL.includes(current.state)) {
     const polled = await gateway(`${job.poll_url}/wait?timeout=1000`);
-    if (polled.status !== 200) { show(m, polled); return; }
+    if (polled.status !== 200) { show(m, polled, params); return; }
     current = polled.body;
     badge($("#job-state"), current.state);
     $("#job-elapsed").textContent = `${(current.elapsed_ms / 1000).toFixed(1)} s`;
+    showProgress(current);
   }
   if (current.state !== "done") { $("#try-error").textContent = `Job ${current.state}: ${current.error || ""}`; return; }
-  show(m, await gateway(job.result_url));
+  const bar = $("#job-progress progress");
+  if (!$("#job-progress").hidden) { // done: every step is
+    bar.value = bar.max;
+    $("#job-eta").textContent = `all ${bar.max} steps`;
+  }
+  show(m, await gateway(job.result_url), params);
 }
 
-function show(m, reply) {
+function show(m, reply, params) {
   const raw = $("#try-raw");
   raw.hidden = false;
   raw.querySelector("pre").textContent = JSON.stringify(reply.body, null, 2);
@@ -256,6 +534,10 @@ function show(m, reply) {
   if (reply.status !== 200 || !env.results) {
     $("#try-error").textContent = `HTTP ${reply.status}: ${env.status_str || ""} ${env.error || ""}`;
     return;
+  }
+  if (env.model && env.model.version) {
+    state.versions[m.id] = env.model.version;
+    updateDemoBanner();
   }
   const out = $("#try-result");
   env.results.forEach((item, i) => {
@@ -267,7 +549,7 @@ function show(m, reply) {
       return;
     }
     const render = { classification: showClasses, detection: showBoxes, generation: showImage, segmentation: showMasks }[m.category];
-    (render || (() => {}))(out, item.data);
+    (render || (() => {}))(out, item.data, params || {});
   });
 }
 
@@ -299,67 +581,128 @@ function withImage(callback) {
   img.src = state.image;
 }
 
-function showBoxes(out, detections) {
+function colour(i) {
+  return `hsl(${(i * 67) % 360} 85% 45%)`;
+}
+
+function caption(text, className) {
+  const p = document.createElement("p");
+  p.className = className || "muted caption";
+  p.textContent = text;
+  return p;
+}
+
+// Boxes above the score threshold in force, at most DETECTION_MAX_RESULTS, each labelled, with a table beside.
+function showBoxes(out, detections, params) {
   if (!state.image) return;
+  const threshold = typeof params.score_threshold === "number" ? params.score_threshold : 0;
+  const kept = (detections || []).filter((d) => d.score > threshold)
+    .slice(0, DETECTION_MAX_RESULTS);
+  const holder = document.createElement("div");
+  holder.className = "result-row";
+  out.appendChild(holder);
+  out.appendChild(caption(`${kept.length} detection${kept.length === 1 ? "" : "s"} above score ${threshold}` +
+    ` (at most ${DETECTION_MAX_RESULTS} shown)`));
   withImage((img) => {
     const canvas = document.createElement("canvas");
     canvas.width = img.naturalWidth;
     canvas.height = img.naturalHeight;
+    canvas.className = "detections overlay";
+    canvas.dataset.count = String(kept.length);
     const ctx = canvas.getContext("2d");
     ctx.drawImage(img, 0, 0);
-    ctx.lineWidth = Math.max(2, img.naturalWidth / 300);
-    ctx.font = `${Math.max(12, img.naturalWidth / 50)}px sans-serif`;
-    (detections || []).forEach((d, i) => {
+    const line = Math.max(2, img.naturalWidth / 300);
+    const size = Math.max(12, Math.round(img.naturalWidth / 45));
+    ctx.lineWidth = line;
+    ctx.font = `${size}px sans-serif`;
+    ctx.textBaseline = "top";
+    kept.forEach((d, i) => {
       const [x1, y1, x2, y2] = d.bbox;
-      ctx.strokeStyle = ctx.fillStyle = `hsl(${(i * 67) % 360} 85% 50%)`;
+      ctx.strokeStyle = colour(i);
       ctx.strokeRect(x1, y1, x2 - x1, y2 - y1);
-      ctx.fillText(`${d.category} ${(d.score * 100).toFixed(0)}%`, x1 + 2, Math.max(12, y1 - 4));
+      const label = `${i + 1} ${d.category} ${d.score.toFixed(2)}`;
+      const w = ctx.measureText(label).width + 6;
+      const ty = y1 - size - 4 >= 0 ? y1 - size - 4 : y1;
+      ctx.fillStyle = colour(i);
+      ctx.fillRect(x1, ty, w, size + 4);
+      ctx.fillStyle = "#fff";
+      ctx.fillText(label, x1 + 3, ty + 2);
     });
-    canvas.className = "detections";
-    out.appendChild(canvas);
+    holder.appendChild(canvas);
+    const table = document.createElement("table");
+    table.className = "detections-table";
+    table.innerHTML = "<thead><tr><th></th><th>#</th><th>class</th><th>score</th><th>box (x1, y1, x2, y2)</th></tr></thead><tbody></tbody>";
+    kept.forEach((d, i) => {
+      const tr = document.createElement("tr");
+      const swatch = document.createElement("i");
+      swatch.style.background = colour(i);
+      const cells = [swatch, String(i + 1), d.category, d.score.toFixed(3), d.bbox.map((v) => Math.round(v)).join(", ")];
+      for (const c of cells) {
+        const td = document.createElement("td");
+        if (typeof c === "string") td.textContent = c; else td.appendChild(c);
+        tr.appendChild(td);
+      }
+      table.tBodies[0].appendChild(tr);
+    });
+    holder.appendChild(table);
   });
 }
 
+// Generated images are small (16 to 64 pixels): scaled up by a whole factor, pixels kept sharp.
 function showImage(out, data) {
   const img = document.createElement("img");
   const format = (data.format || "png").toLowerCase();
+  const factor = Math.max(1, Math.floor(256 / Math.max(data.width || 256, data.height || 256)));
   img.src = `data:image/${format === "jpg" ? "jpeg" : format};base64,${data.image}`;
   img.alt = `generated ${data.width}x${data.height}, seed ${data.seed}`;
   img.className = "generated";
+  img.width = data.width * factor;
+  img.height = data.height * factor;
   out.appendChild(img);
-  const caption = document.createElement("p");
-  caption.className = "muted";
-  caption.textContent = `${data.width}×${data.height}, seed ${data.seed}`;
-  out.appendChild(caption);
+  out.appendChild(caption(`${data.width}×${data.height} px, shown ×${factor}; seed ${data.seed}`));
 }
 
+// Each mask: a translucent fill in its own colour and an opaque outline; or a plain message when none.
 function showMasks(out, masks) {
   if (!state.image) return;
+  const pngs = (masks || []).filter((m) => typeof m.segmentation === "string"); // RLE: the raw JSON shows it
+  if (!pngs.length) {
+    out.appendChild(caption(`${(masks || []).length} masks at these thresholds`, "masks-none"));
+    return;
+  }
+  out.appendChild(caption(`${pngs.length} mask${pngs.length === 1 ? "" : "s"}`, "muted caption masks-count"));
   withImage((img) => {
     const canvas = document.createElement("canvas");
     canvas.width = img.naturalWidth;
     canvas.height = img.naturalHeight;
+    canvas.className = "masks overlay";
+    canvas.dataset.count = String(pngs.length);
     const ctx = canvas.getContext("2d");
     ctx.drawImage(img, 0, 0);
-    out.appendChild(canvas);
-    (masks || []).forEach((m, i) => {
-      if (typeof m.segmentation !== "string") return; // RLE: shown in the raw JSON only
+    out.insertBefore(canvas, out.querySelector(".masks-count"));
+    pngs.forEach((m, i) => {
       const mask = new Image();
       mask.onload = () => {
         const layer = document.createElement("canvas");
-        layer.width = canvas.width;
-        layer.height = canvas.height;
+        const w = (layer.width = canvas.width);
+        const h = (layer.height = canvas.height);
         const lctx = layer.getContext("2d");
-        lctx.drawImage(mask, 0, 0, layer.width, layer.height);
-        const pixels = lctx.getImageData(0, 0, layer.width, layer.height);
-        const hue = (i * 67) % 360;
-        const [r, g, b] = hslToRgb(hue / 360, 0.85, 0.5);
-        for (let p = 0; p < pixels.data.length; p += 4) {
-          const on = pixels.data[p] > 127;
-          pixels.data[p] = r; pixels.data[p + 1] = g; pixels.data[p + 2] = b; pixels.data[p + 3] = on ? 110 : 0;
+        lctx.drawImage(mask, 0, 0, w, h);
+        const pixels = lctx.getImageData(0, 0, w, h);
+        const on = new Uint8Array(w * h);
+        for (let p = 0; p < on.length; p += 1) on[p] = pixels.data[p * 4] > 127 ? 1 : 0;
+        const [r, g, b] = hslToRgb(((i * 67) % 360) / 360, 0.85, 0.5);
+        for (let p = 0; p < on.length; p += 1) {
+          const x = p % w, y = (p - x) / w;
+          const edge = on[p] && (x === 0 || y === 0 || x === w - 1 || y === h - 1 ||
+                                 !on[p - 1] || !on[p + 1] || !on[p - w] || !on[p + w]);
+          const q = p * 4;
+          pixels.data[q] = r; pixels.data[q + 1] = g; pixels.data[q + 2] = b;
+          pixels.data[q + 3] = edge ? 255 : on[p] ? 100 : 0;
         }
         lctx.putImageData(pixels, 0, 0);
         ctx.drawImage(layer, 0, 0);
+        canvas.dataset.drawn = String(Number(canvas.dataset.drawn || 0) + 1);
       };
       mask.src = `data:image/png;base64,${m.segmentation}`;
     });
@@ -388,10 +731,13 @@ document.addEventListener("DOMContentLoaded", () => {
   $("#log-server").addEventListener("change", (event) => {
     state.logServer = event.target.value;
     state.logOffset = null;
+    state.logLevels = {};
     $("#log-lines").textContent = "";
     followLogs().catch(() => {});
   });
-  $("#try-model").addEventListener("change", suggestParams);
+  $("#try-model").addEventListener("change", modelChosen);
+  $("#log-level").addEventListener("change", applyLogFilters);
+  $("#log-filter").addEventListener("input", applyLogFilters);
   $("#try-file").addEventListener("change", (event) => takeFile(event.target.files[0]));
   const drop = $("#drop");
   drop.addEventListener("dragover", (event) => { event.preventDefault(); drop.classList.add("over"); });

@@ -111,6 +111,7 @@ class JobTable:
         self.jobs: dict[str, Job] = {}
         self._completed: OrderedDict[str, None] = OrderedDict()
         self.depth = 0  # pending + running
+        self.running = 0  # of which running (the supervisor's charts split the depth by it)
         self._mean_duration: float | None = None
 
     # -- admission -------------------------------------------------------------------
@@ -155,7 +156,9 @@ class JobTable:
             return
         job.state = RUNNING
         job.started = self.clock.seconds()
+        self.running += 1
         self._count("running")
+        self._gauge()
 
     def _ran(self, job: Job, results: list[ItemResult]) -> None:
         if any(r.status is st.RUN_TIMEOUT for r in results):
@@ -184,6 +187,8 @@ class JobTable:
         if state not in TERMINAL:
             raise ValueError(f"{state!r} is not a terminal state")
         now = self.clock.seconds()
+        if job.state == RUNNING:
+            self.running -= 1
         job.state = state
         job.finished = now
         job.error = error
@@ -266,3 +271,4 @@ class JobTable:
     def _gauge(self) -> None:
         if self.metrics is not None:
             self.metrics.async_depth.set(self.depth)
+            self.metrics.async_running.set(self.running)

@@ -11,17 +11,22 @@ the page asks for the token and keeps it in the browser.
     POST /api/v1/servers/{id}/start|stop|restart 200 {ok: true} once done, 500 {ok: false, error}
     POST /api/v1/servers/__gateway/restart       restarts the gateway (it reloads the key file)
     GET  /api/v1/servers/{id}/logs?offset=&limit= the child's output, paged by line number
+    GET  /api/v1/servers/{id}/openapi            the running model server's /openapi.json, relayed
+    GET  /api/v1/series                          every child's live figures (svc.supervisor.series)
+    GET  /api/v1/servers/{id}/series             one child's
     GET  /api/v1/metrics                         Prometheus text
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from klein import Klein
-from twisted.internet.defer import ensureDeferred
+from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.logger import Logger
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
@@ -37,6 +42,7 @@ log = Logger()
 
 UI_FILES = {
     "/": ("index.html", "text/html; charset=utf-8"),
+    "/ui/favicon.svg": ("favicon.svg", "image/svg+xml"),
     "/ui/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/ui/style.css": ("style.css", "text/css; charset=utf-8"),
 }
@@ -58,8 +64,11 @@ class ManagementError(Exception):
 
 
 class ManagementApi:
-    def __init__(self, *, manager: ChildManager, token: str, registry: Any, metrics: Any, ui_dir: str) -> None:
+    def __init__(self, *, manager: ChildManager, token: str, registry: Any, metrics: Any, ui_dir: str,
+                 series: Any = None, fetch: Callable[[int, str, str | None], Deferred] | None = None) -> None:
         self.manager = manager
+        self.series = series
+        self.fetch = fetch
         self.token = token
         self.registry = registry
         self.metrics = metrics
@@ -70,6 +79,9 @@ class ManagementApi:
         app.route("/api/v1/status", methods=["GET"])(self.status)
         app.route("/api/v1/servers/<string:name>/<any(start,stop,restart):action>", methods=["POST"])(self.action)
         app.route("/api/v1/servers/<string:name>/logs", methods=["GET"])(self.logs)
+        app.route("/api/v1/servers/<string:name>/openapi", methods=["GET"])(self.openapi)
+        app.route("/api/v1/series", methods=["GET"])(self.all_series)
+        app.route("/api/v1/servers/<string:name>/series", methods=["GET"])(self.one_series)
         app.route("/api/v1/metrics", methods=["GET"])(self.metrics_route)
         for path in self.ui:
             app.route(path, methods=["GET"], endpoint=f"ui:{path}")(self.ui_file)
@@ -141,6 +153,41 @@ class ManagementApi:
         offset = _int_arg(request, b"offset", None, minimum=0)
         limit = _int_arg(request, b"limit", LOG_LIMIT_DEFAULT, minimum=1, maximum=LOG_LIMIT_MAX)
         return self.ok(request, {"id": name, **child.logs.page(offset, limit)})
+
+    async def openapi(self, request: Any, name: str) -> bytes:
+        """The model's contract as its running server states it (params' defaults and bounds follow its config).
+
+        The UI reads the params' defaults from it; the gateway serves no
+        OpenAPI document of the models, and the committed ones under
+        ``openapi/`` describe the shipped configs, not necessarily this one.
+        """
+        request.service_route = "openapi"
+        self.authenticate(request)
+        child = self.child(name)
+        if name == GATEWAY:
+            raise ManagementError(404, "the gateway serves no OpenAPI document (it is committed as openapi/gateway.json)")
+        if child.snapshot()["state"] != "running" or self.fetch is None:
+            raise ManagementError(503, f"{name} is not running: its OpenAPI document comes from the running server")
+        body = await self.fetch(child.spec.port, "/openapi.json", None)
+        if body is None:
+            raise ManagementError(503, f"{name} did not answer GET /openapi.json")
+        try:
+            document = json.loads(body)
+        except ValueError:
+            raise ManagementError(502, f"{name} answered GET /openapi.json with something other than JSON") from None
+        return self.ok(request, {"id": name, "openapi": document})
+
+    def all_series(self, request: Any) -> bytes:
+        request.service_route = "series"
+        self.authenticate(request)
+        return self.ok(request, self.series.view())
+
+    def one_series(self, request: Any, name: str) -> bytes:
+        request.service_route = "series"
+        self.authenticate(request)
+        self.child(name)
+        return self.ok(request, {"id": name, "interval_s": self.series.interval, "window_s": self.series.window,
+                                 "now": round(self.manager.reactor.seconds(), 3), **self.series.child_view(name)})
 
     def metrics_route(self, request: Any) -> bytes:
         request.service_route = "metrics"

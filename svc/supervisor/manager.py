@@ -145,6 +145,12 @@ class ChildManager:
     def gateway(self) -> Child:
         return self.children[GATEWAY]
 
+    def metrics_token(self, name: str) -> str | None:
+        """The Bearer that child ``name``'s ``/metrics`` wants: its generated token, or the gateway's metrics token."""
+        if name == GATEWAY:
+            return self.env.get("SERVICE_METRICS_TOKEN") or None
+        return self.tokens.get(name)
+
     def models(self) -> list[Child]:
         return [c for name, c in self.children.items() if name != GATEWAY]
 

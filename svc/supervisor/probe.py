@@ -1,7 +1,11 @@
-"""Readiness probe: GET http://127.0.0.1:<port><path>, true on 200.
+"""The supervisor's HTTP client for its children: readiness probe, metrics scrape, OpenAPI document.
 
-One deadline covers the request and the body (a slow body cannot outlive it); connections
-are not kept (a probe every few seconds gains nothing from a pool).
+Every request is a GET to http://127.0.0.1:<port><path> with the
+``User-Agent`` :data:`svc.http.SUPERVISOR_USER_AGENT`, which the children's
+access log recognises (with the path and the loopback address) and writes at
+debug level: the probes every 2 s and the scrapes every 5 s would otherwise be
+most of every log.  One deadline covers the request and the body; connections
+are not kept (a request every few seconds gains nothing from a pool).
 """
 
 from __future__ import annotations
@@ -12,10 +16,15 @@ from treq.client import HTTPClient
 from twisted.internet.defer import Deferred
 from twisted.web.client import Agent
 
-from svc.http import QuietConnectionPool
+from svc.http import SUPERVISOR_USER_AGENT, QuietConnectionPool
+
+#: The most of a reply kept by :meth:`HttpProbe.fetch` (a model's /metrics is a few tens of KiB).
+MAX_FETCH_BYTES = 4 * 1024 * 1024
 
 
 class HttpProbe:
+    """Readiness probe (``probe(port, path)`` -> Deferred[bool]) and a small GET client (:meth:`fetch`)."""
+
     def __init__(self, reactor: Any, timeout: float = 2.0) -> None:
         self.reactor = reactor
         self.timeout = timeout
@@ -23,8 +32,28 @@ class HttpProbe:
         self.client = HTTPClient(Agent(reactor, pool=pool, connectTimeout=timeout))
 
     def __call__(self, port: int, path: str) -> Deferred:
-        d = self.client.get(f"http://127.0.0.1:{port}{path}")
+        d = self.client.get(f"http://127.0.0.1:{port}{path}", headers={"User-Agent": SUPERVISOR_USER_AGENT})
         d.addCallback(lambda response: response.content().addCallback(lambda _: response.code == 200))
         d.addTimeout(self.timeout, self.reactor)
         d.addErrback(lambda _: False)
+        return d
+
+    def fetch(self, port: int, path: str, token: str | None = None) -> Deferred:
+        """The body of a 200 reply to GET ``path`` (bytes), or None on any other status, error or timeout.
+
+        None rather than a failure: a scrape that fails leaves a gap in the
+        series, and callers need no errback.
+        """
+        headers = {"User-Agent": SUPERVISOR_USER_AGENT}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        d = self.client.get(f"http://127.0.0.1:{port}{path}", headers=headers)
+
+        def read(response: Any) -> Any:
+            body = response.content()
+            return body.addCallback(lambda data: data if response.code == 200 and len(data) <= MAX_FETCH_BYTES else None)
+
+        d.addCallback(read)
+        d.addTimeout(self.timeout, self.reactor)
+        d.addErrback(lambda _: None)
         return d

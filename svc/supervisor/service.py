@@ -8,6 +8,7 @@ no child is left behind.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from twisted.application.internet import TCPServer
@@ -18,8 +19,9 @@ from svc.http import HttpLimits, JsonSite
 from svc.metrics import HttpMetrics, new_registry
 from svc.process import ListeningMultiService, freeze_heap
 from svc.supervisor.api import ManagementApi
-from svc.supervisor.manager import ChildManager
+from svc.supervisor.manager import GATEWAY, ChildManager
 from svc.supervisor.metrics import ChildCollector
+from svc.supervisor.series import SeriesCollector
 
 log = Logger()
 
@@ -30,15 +32,17 @@ class SupervisorService(ListeningMultiService):
     program = PROGRAM
 
     def __init__(self, *, reactor: Any, manager: ChildManager, token: str, host: str, port: int, ui_dir: str,
-                 limits: HttpLimits | None = None) -> None:
+                 fetch: Callable[[int, str, str | None], Deferred], limits: HttpLimits | None = None) -> None:
         super().__init__()
         self.reactor = reactor
         self.manager = manager
         self.host, self.port = host, port
         self.registry = new_registry()
         self.registry.register(ChildCollector(manager))
+        self.series = SeriesCollector(reactor=reactor, children=lambda: manager.children, tokens=manager.metrics_token,
+                                      fetch=fetch, gateway=GATEWAY)
         self.api = ManagementApi(manager=manager, token=token, registry=self.registry,
-                                 metrics=HttpMetrics(self.registry), ui_dir=ui_dir)
+                                 metrics=HttpMetrics(self.registry), ui_dir=ui_dir, series=self.series, fetch=fetch)
         limits = limits or HttpLimits(max_connections=128)
         self.site = JsonSite(self.api.resource(), max_body_bytes=64 * 1024, oversize_reply=self.api.oversize_reply,
                              busy_reply=self.api.busy_reply, limits=limits, reactor=reactor, on_logged=self.api.count)
@@ -52,11 +56,13 @@ class SupervisorService(ListeningMultiService):
                  host=self.host, port=self.port, profile=self.manager.profile.name, device=self.manager.profile.device)
         freeze_heap()  # everything the supervisor keeps for life exists now (svc.process.freeze_heap)
         self.manager.start_all()
+        self.series.start()
 
     def stopService(self) -> Deferred:
         return ensureDeferred(self._stop())
 
     async def _stop(self) -> None:
         log.info("stopping every child")
+        self.series.stop()
         await self.manager.stop_all()
         await super().stopService()

@@ -106,7 +106,8 @@ def makeService(options: Options) -> Any:
         return find_variant(factory, None).name if factory is not None and variants_of(factory) else None
 
     try:
-        manager = ChildManager(reactor=reactor, config=config, profile=profile, probe=HttpProbe(reactor), env=env,
+        probe = HttpProbe(reactor)
+        manager = ChildManager(reactor=reactor, config=config, profile=profile, probe=probe, env=env,
                                describe=describe, default_variant=default_variant)
     except (ConfigError, ValueError) as e:
         raise refuse(PROGRAM, str(e)) from None
@@ -114,4 +115,4 @@ def makeService(options: Options) -> Any:
     from svc.http import HttpLimits
 
     return SupervisorService(reactor=reactor, manager=manager, token=token, host=config.host, port=config.port,
-                             ui_dir=ui_dir(), limits=HttpLimits.from_config(config))
+                             ui_dir=ui_dir(), fetch=probe.fetch, limits=HttpLimits.from_config(config))

@@ -1,11 +1,23 @@
-"""The supervisor's web page in a real browser (Playwright driving Debian's chromium)."""
+"""The supervisor's web page in a real browser (Playwright driving Debian's chromium) against a real stack.
+
+The models are the real plugins with small random-init configs (demo
+weights): MOBILENETV2, YOLOV8 at a 64-pixel input, a 16x16 DDPM with a
+50-step schedule, SAM_AMG's tiny architecture with 4x4 point prompts, and
+the test-only TESTFAULTS (async) for the job view.  Every test saves a
+screenshot under ``test-artifacts/``; the last one checks that the page
+logged no console error and raised no exception after the login.
+"""
 
 from __future__ import annotations
+
+import json
+import time
 
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
-from tests.support.images import image_bytes
+from tests.support.http import get, post
+from tests.support.images import b64, image_bytes
 from tests.support.processes import REPO
 from tests.support.stack import build_stack, stop_stack
 
@@ -14,24 +26,44 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-
         "--disable-component-update", "--disable-sync", "--disable-quic"]
 ARTIFACTS = REPO / "test-artifacts"
 
+MODELS = {
+    "MOBILENETV2": {},
+    "YOLOV8": {"model": {"imgsz": 64}},
+    "DDPM": {"model": {"sample_size": 16, "block_out_channels": [16, 32], "num_train_timesteps": 50, "attention": False}},
+    "SAM_AMG": {"model": {"points_per_side": 4}},
+    "TESTFAULTS": {"async_enabled": True},
+}
+#: SAM_AMG params under which the demo weights give masks (the defaults filter every one out).
+SAM_LOW = {"pred_iou_thresh": 0, "stability_score_thresh": 0, "box_nms_thresh": 1}
+
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = build_stack(tmp_path_factory.mktemp("ui"), {"MOBILENETV2": {}, "TESTFAULTS": {"async_enabled": True}})
-    for name in ("__gateway", "MOBILENETV2", "TESTFAULTS"):
-        s.wait_for(name, lambda c: c["state"] == "running" and c["ready"])
+    s = build_stack(tmp_path_factory.mktemp("ui"), MODELS)
+    for name in ("__gateway", *MODELS):
+        s.wait_for(name, lambda c: c["state"] == "running" and c["ready"], timeout=240)
     yield s
     code, survivors = stop_stack(s)
     assert code == 0 and survivors == []
 
 
 @pytest.fixture(scope="module")
-def page(stack, tmp_path_factory):
+def picture(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pictures") / "picture.png"
+    path.write_bytes(image_bytes(width=300, height=200, seed=11))
+    return path
+
+
+@pytest.fixture(scope="module")
+def page(stack):
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         context = browser.new_context(viewport={"width": 1280, "height": 1400})
         page = context.new_page()
         page.set_default_timeout(30000)
+        page.problems = []  # console errors and uncaught exceptions
+        page.on("console", lambda m: page.problems.append(f"console: {m.text}") if m.type == "error" else None)
+        page.on("pageerror", lambda e: page.problems.append(f"exception: {e}"))
         yield page
         context.close()
         browser.close()
@@ -39,6 +71,27 @@ def page(stack, tmp_path_factory):
 
 def row(page, model_id):
     return page.locator(f'#catalog tr[data-id="{model_id}"]')
+
+
+def charts(page, model_id):
+    return page.locator(f'#catalog tr.figures[data-for="{model_id}"] .chart')
+
+
+def shot(page, name):
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"ui-{name}.png"), full_page=True)
+
+
+def through_gateway(stack, model_id, body):
+    reply = post(f"{stack.gateway}/v1/models/{model_id}/infer", body, headers={"Authorization": f"Bearer {stack.key}"},
+                 timeout=120)
+    assert reply.status == 200, reply.body[:300]
+    return reply.json["results"][0]["data"]
+
+
+def choose(page, model_id):
+    page.select_option("#try-model", model_id)
+    expect(page.locator("#try-params")).to_have_value("")
 
 
 def test_asks_for_the_token_then_lists_the_catalog(page, stack):
@@ -50,13 +103,35 @@ def test_asks_for_the_token_then_lists_the_catalog(page, stack):
     page.fill("#token-input", stack.env["SERVICE_API_TOKEN"])
     page.click("#token-form button")
     expect(page.locator("#console")).to_be_visible()
-    for model_id in ("MOBILENETV2", "TESTFAULTS"):
+    for model_id in MODELS:
         expect(row(page, model_id).locator(".state")).to_have_text("running")
         expect(row(page, model_id).locator(".ready")).to_have_text("yes")
     expect(row(page, "MOBILENETV2").locator(".port")).to_have_text(str(stack.model_ports["MOBILENETV2"]))
     expect(page.locator("#gateway-state")).to_contain_text("running")
     page.reload()  # the token stays in the browser
     expect(page.locator("#console")).to_be_visible()
+    page.problems.clear()  # the refused token's 401 was the browser's console error; none from here on
+    expect(page.locator('link[rel="icon"]')).to_have_attribute("href", "/ui/favicon.svg")
+    assert get(stack.url + "/ui/favicon.svg").headers.get("content-type") == "image/svg+xml"
+
+
+def test_try_it_starts_on_the_first_classifier_with_its_defaults_and_names_demo_weights(page, stack):
+    assert page.eval_on_selector_all("#try-model option", "os => os.map(o => o.value)")[0] == "DDPM"
+    expect(page.locator("#try-model")).to_have_value("MOBILENETV2")
+    expect(page.locator("#try-params")).to_have_attribute("placeholder", '{"top_k":5}')
+    # Every model here runs on random-init weights: named on its row, and "Try it" says so.
+    for model_id in MODELS:
+        if model_id != "TESTFAULTS":
+            expect(row(page, model_id).locator(".weights")).to_have_text("demo weights", timeout=20000)
+    expect(page.locator("#try-demo")).to_be_visible()
+    expect(page.locator("#try-demo")).to_have_text("demo weights: outputs are random")
+    # Each model row has its charts; the async ones also the jobs.
+    names = charts(page, "MOBILENETV2").evaluate_all("cs => cs.map(c => c.dataset.figure)")
+    assert names == ["rps", "latency", "batch", "queue"]
+    expect(charts(page, "DDPM")).to_have_count(5)
+    expect(charts(page, "DDPM").last).to_have_attribute("data-figure", "jobs")
+    gateway = page.locator("#gateway-charts .chart").evaluate_all("cs => cs.map(c => c.dataset.figure)")
+    assert gateway == ["rps_by_key", "rejections", "upstream_errors"]
 
 
 def test_stop_and_start_with_the_buttons(page, stack):
@@ -71,35 +146,174 @@ def test_stop_and_start_with_the_buttons(page, stack):
     expect(target.locator(".ready")).to_have_text("yes")
 
 
-def test_follows_the_logs_of_a_server(page, stack):
-    page.select_option("#log-server", "MOBILENETV2")
-    expect(page.locator("#log-lines")).to_contain_text("ready", timeout=15000)
-
-
-def test_sends_an_image_to_mobilenetv2_and_shows_its_top_class(page, stack, tmp_path):
-    from tests.support.http import post
-    from tests.support.images import b64
-
-    picture = tmp_path / "picture.png"
-    picture.write_bytes(image_bytes(width=300, height=200, seed=11))
-    expected = post(stack.gateway + "/v1/models/MOBILENETV2/infer", {"images": [b64(picture.read_bytes())]},
-                    headers={"Authorization": f"Bearer {stack.key}"}).json["results"][0]["data"]["category"]
-    page.select_option("#try-model", "MOBILENETV2")
+def test_sends_an_image_to_mobilenetv2_and_shows_its_top_class(page, stack, picture):
+    expected = through_gateway(stack, "MOBILENETV2", {"images": [b64(picture.read_bytes())]})["category"]
+    choose(page, "MOBILENETV2")
     page.set_input_files("#try-file", str(picture))
     expect(page.locator("#try-preview")).to_be_visible()
     page.click("#try-run")
     expect(page.locator("#try-result .top-class")).to_have_text(expected, timeout=30000)
     expect(page.locator("#try-result .classes li")).to_have_count(5)
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "ui-classification.png"), full_page=True)
+    expect(page.locator("#try-demo")).to_be_visible()
+    shot(page, "classification")
 
 
-def test_runs_an_async_job_to_completion(page, stack):
-    page.select_option("#try-model", "TESTFAULTS")
-    page.fill("#try-params", '{"sleep_ms": 1500}')
+def test_the_log_view_has_no_probes_and_filters_by_level_and_text(page, stack):
+    page.select_option("#log-server", "MOBILENETV2")
+    lines = page.locator("#log-lines")
+    expect(lines).to_contain_text("POST /mobilenetv2/predict 200", timeout=15000)
+    # The supervisor probes /ready every 2 s and scrapes /metrics every 5 s: none of it is in the log.
+    text = lines.inner_text()
+    assert "GET /ready" not in text and "GET /metrics" not in text and "GET /healthz" not in text
+    visible = page.locator("#log-lines span:not(.hidden)")
+    page.fill("#log-filter", "POST /mobilenetv2/predict")
+    expect(visible).to_have_count(2)  # the test's own request and the page's, one line each
+    for i in range(2):
+        expect(visible.nth(i)).to_contain_text("POST /mobilenetv2/predict 200")
+    expect(page.locator("#log-count")).to_contain_text("2 of ")
+    page.select_option("#log-level", "warn")  # the access line is info: hidden too
+    expect(visible).to_have_count(0)
+    page.fill("#log-filter", "")
+    levels = visible.evaluate_all("spans => spans.map(s => s.entry.level)")
+    assert set(levels) <= {"warn", "error", "critical"}
+    page.select_option("#log-level", "debug")
+    expect(page.locator("#log-lines span.hidden")).to_have_count(0)
+    shot(page, "logs")
+
+
+def test_detections_are_boxes_above_the_threshold_with_a_table(page, stack, picture):
+    choose(page, "YOLOV8")
+    expect(page.locator("#try-params")).to_have_attribute(
+        "placeholder", '{"score_threshold":0.25,"nms_threshold":0.7,"top_k":300}')
+    expect(page.locator("#try-preview")).to_be_visible()  # a detector keeps the photo
+    params = {"score_threshold": 0.05}
+    detections = through_gateway(stack, "YOLOV8", {"images": [b64(picture.read_bytes())], "params": params,
+                                                   "options": {"max_results": 20}})
+    shown = [d for d in detections if d["score"] > 0.05][:20]
+    assert shown, "the demo weights give no detection above 0.05 on this picture: choose another"
+    page.fill("#try-params", json.dumps(params))
     page.click("#try-run")
-    expect(page.locator("#job")).to_be_visible()
+    canvas = page.locator("#try-result canvas.detections")
+    expect(canvas).to_have_attribute("data-count", str(len(shown)))
+    table = page.locator("#try-result table.detections-table tbody tr")
+    expect(table).to_have_count(len(shown))
+    for i, d in enumerate(shown):
+        cells = table.nth(i).locator("td")
+        expect(cells.nth(2)).to_have_text(d["category"])
+        expect(cells.nth(3)).to_have_text(f"{d['score']:.3f}")
+    expect(page.locator("#try-result .caption")).to_have_text(
+        f"{len(shown)} detection{'' if len(shown) == 1 else 's'} above score 0.05 (at most 20 shown)")
+    shot(page, "detection")
+
+
+def test_a_generation_model_drops_the_photo_and_shows_its_image_scaled_up(page, stack):
+    choose(page, "DDPM")
+    expect(page.locator("#try-preview")).to_be_hidden()
+    expect(page.locator("#drop")).to_be_hidden()
+    expect(page.locator("#try-note")).to_contain_text("the pixels of a photo are ignored")
+    expect(page.locator("#try-result")).to_be_empty()  # the previous result went with the model
+    expect(page.locator("#try-params")).to_have_attribute("placeholder", '{"timesteps":50}')
+    page.fill("#try-params", '{"timesteps": 5, "seed": 1}')
+    page.click("#try-run")
     expect(page.locator("#job-state")).to_have_text("done", timeout=60000)
-    expect(page.locator("#job-elapsed")).to_contain_text(" s")
-    expect(page.locator("#try-raw pre")).to_contain_text('"status": 0')
-    page.screenshot(path=str(ARTIFACTS / "ui-job.png"), full_page=True)
+    image = page.locator("#try-result img.generated")
+    expect(image).to_be_visible()
+    assert image.evaluate("i => [i.naturalWidth, i.naturalHeight, i.width, i.height]") == [16, 16, 256, 256]
+    assert image.evaluate("i => getComputedStyle(i).imageRendering") == "pixelated"
+    expect(page.locator("#try-result .caption")).to_have_text("16×16 px, shown ×16; seed 1")
+    shot(page, "generation")
+
+
+def test_sam_masks_or_a_plain_zero(page, stack, picture):
+    choose(page, "SAM_AMG")
+    expect(page.locator("#try-note")).to_be_hidden()
+    page.set_input_files("#try-file", str(picture))
+    expect(page.locator("#try-preview")).to_be_visible()
+    page.click("#try-run")  # the defaults: the demo weights' masks are all filtered out
+    expect(page.locator("#job-state")).to_have_text("done", timeout=60000)
+    expect(page.locator("#try-result .masks-none")).to_have_text("0 masks at these thresholds")
+    expect(page.locator("#try-result canvas")).to_have_count(0)
+    shot(page, "masks-none")
+    masks = through_gateway(stack, "SAM_AMG", {"images": [b64(picture.read_bytes())], "params": SAM_LOW,
+                                               "options": {"max_results": 20}})
+    assert masks
+    page.fill("#try-params", json.dumps(SAM_LOW))
+    page.click("#try-run")
+    expect(page.locator("#job-state")).to_have_text("done", timeout=60000)
+    expect(page.locator("#try-result .masks-count")).to_have_text(f"{len(masks)} mask{'' if len(masks) == 1 else 's'}")
+    canvas = page.locator("#try-result canvas.masks")
+    expect(canvas).to_have_attribute("data-count", str(len(masks)))
+    expect(canvas).to_have_attribute("data-drawn", str(len(masks)))
+    shot(page, "masks")
+
+
+def test_a_job_shows_its_progress_bar_and_eta(page, stack):
+    """The wait replies are given a ``progress`` field here (TESTFAULTS reports none): how the page draws one."""
+    release = {"done": False}
+
+    def with_progress(route):
+        if release["done"]:
+            route.continue_()
+            return
+        job_id = route.request.url.split("/jobs/")[1].split("/")[0]
+        body = {"job_id": job_id, "state": "running", "elapsed_ms": 3000.0, "progress": {"step": 3, "steps": 12}}
+        route.fulfill(status=200, content_type="application/json", body=json.dumps(body),
+                      headers={"Access-Control-Allow-Origin": "*"})
+
+    page.route("**/v1/models/TESTFAULTS/jobs/*/wait*", with_progress)
+    try:
+        choose(page, "TESTFAULTS")
+        page.fill("#try-params", '{"sleep_ms": 200}')
+        page.click("#try-run")
+        expect(page.locator("#job-progress")).to_be_visible()
+        expect(page.locator("#job-eta")).to_have_text("step 3 of 12 · about 9.0 s left")
+        assert page.locator("#job-progress progress").evaluate("p => [p.value, p.max]") == [3, 12]
+        shot(page, "job-progress")
+        release["done"] = True
+        expect(page.locator("#job-state")).to_have_text("done", timeout=60000)
+        expect(page.locator("#try-raw pre")).to_contain_text('"status": 0')
+        expect(page.locator("#job-eta")).to_have_text("all 12 steps")
+        assert page.locator("#job-progress progress").evaluate("p => p.value") == 12
+    finally:
+        page.unroute("**/v1/models/TESTFAULTS/jobs/*/wait*")
+
+
+def test_under_load_the_charts_show_traffic(page, stack, picture):
+    body = {"images": [b64(image_bytes(width=32, height=32, seed=3))]}
+    deadline = time.monotonic() + 60
+    rps = charts(page, "MOBILENETV2").and_(page.locator('[data-figure="rps"]'))
+    by_key = page.locator('#gateway-charts .chart[data-figure="rps_by_key"]')
+    while time.monotonic() < deadline:
+        for _ in range(10):
+            through_gateway(stack, "MOBILENETV2", body)
+        if float(rps.get_attribute("data-max")) > 0 and float(by_key.get_attribute("data-max")) > 0:
+            break
+        page.wait_for_timeout(1000)
+    assert float(rps.get_attribute("data-max")) > 0
+    assert float(by_key.get_attribute("data-max")) > 0
+    expect(by_key.locator(".legend")).to_contain_text("tenant-a")
+    latency = charts(page, "MOBILENETV2").and_(page.locator('[data-figure="latency"]'))
+    assert float(latency.get_attribute("data-max")) > 0
+    assert rps.locator("svg path").count() == 1
+    series = get(stack.url + "/api/v1/series", headers=stack.auth).json
+    assert max(v or 0 for v in series["servers"]["MOBILENETV2"]["rps"]) > 0
+    assert series["servers"]["MOBILENETV2"]["version"] == "random-init-seed0"
+    one = get(stack.url + "/api/v1/servers/MOBILENETV2/series", headers=stack.auth).json
+    assert one["id"] == "MOBILENETV2" and one["interval_s"] == 5.0 and one["window_s"] == 600.0
+    assert len(one["t"]) == len(one["rps"]) == len(one["p99_ms"]) == len(one["queue_depth"]) > 0
+    shot(page, "charts")
+
+
+def test_the_openapi_document_of_a_model_comes_from_its_running_server(stack):
+    reply = get(stack.url + "/api/v1/servers/DDPM/openapi", headers=stack.auth)
+    assert reply.status == 200
+    params = reply.json["openapi"]["components"]["schemas"]["DDPM_Params"]["properties"]
+    assert params["timesteps"]["default"] == 50 and params["timesteps"]["maximum"] == 50  # this config, not the shipped
+    gateway = get(stack.url + "/api/v1/servers/__gateway/openapi", headers=stack.auth)
+    assert gateway.status == 404 and gateway.json["ok"] is False
+    assert get(stack.url + "/api/v1/servers/DDPM/openapi").status == 401
+
+
+def test_no_console_errors(page):
+    page.wait_for_timeout(500)
+    assert page.problems == []

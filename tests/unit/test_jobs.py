@@ -35,6 +35,7 @@ class Metrics:
         self.counts: dict[str, int] = {}
         self.depth = []
         self.durations = []
+        self.running = []
         outer = self
 
         class Counter:
@@ -52,7 +53,12 @@ class Metrics:
             def observe(self, v):
                 outer.durations.append(v)
 
+        class Running:
+            def set(self, v):
+                outer.running.append(v)
+
         self.async_jobs, self.async_depth, self.async_duration = Counter(), Gauge(), Hist()
+        self.async_running = Running()
 
 
 def table(clock, **kw):
@@ -87,6 +93,7 @@ def test_successful_job_goes_pending_running_done_and_counts_each_once():
     assert code == 200 and body["task_id"] == "r1" and body["results"] == [{"status": 0, "data": {"ok": 1}}]
     assert metrics.counts == {"submitted": 1, "running": 1, "done": 1}
     assert metrics.durations == [2000.0]
+    assert metrics.running[-2:] == [1, 0]  # service_async_running_jobs: up when it ran, down when it ended
     assert job.elapsed_ms(clock.seconds() + 50) == 2000.0  # frozen once terminal
 
 

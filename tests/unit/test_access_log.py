@@ -1,0 +1,57 @@
+"""The access log: one line per real request; the supervisor's probes and scrapes only at debug level."""
+
+from __future__ import annotations
+
+import pytest
+from twisted.internet.address import IPv4Address, IPv6Address
+from twisted.internet.task import Clock
+from twisted.logger import LogLevel, capturedLogs
+from twisted.web.resource import Resource
+from twisted.web.test.requesthelper import DummyRequest
+
+from svc.http import SUPERVISOR_USER_AGENT, HttpLimits, JsonSite, is_supervisor_probe
+
+
+def request(path: bytes, *, method: bytes = b"GET", agent: str | None = SUPERVISOR_USER_AGENT,
+            host: str = "127.0.0.1") -> DummyRequest:
+    req = DummyRequest(path.lstrip(b"/").split(b"/"))
+    req.method, req.path, req.uri, req.code = method, path, path, 200
+    req.client = IPv6Address("TCP", host, 5000) if ":" in host else IPv4Address("TCP", host, 5000)
+    if agent is not None:
+        req.requestHeaders.setRawHeaders(b"user-agent", [agent])
+    return req
+
+
+def site() -> JsonSite:
+    return JsonSite(Resource(), max_body_bytes=1024, oversize_reply=lambda r: (413, {}, b""),
+                    busy_reply=lambda: (503, {}, b""), limits=HttpLimits(), reactor=Clock())
+
+
+@pytest.mark.parametrize("path", [b"/ready", b"/healthz", b"/metrics"])
+def test_the_supervisors_probes_are_logged_at_debug_level(path):
+    with capturedLogs() as events:
+        site().log(request(path))
+    assert [(e["log_level"], e["path"]) for e in events] == [(LogLevel.debug, path.decode())]
+
+
+@pytest.mark.parametrize(
+    "req",
+    [
+        request(b"/ready", agent=None),  # a person's curl, or another monitor
+        request(b"/ready", agent="curl/8.5.0"),
+        request(b"/ready", host="10.1.2.3"),  # not from loopback: not the supervisor
+        request(b"/mobilenetv2/predict", method=b"POST"),  # a real request never hides behind the User-Agent
+        request(b"/jobs/job_1", ),
+        request(b"/ready", method=b"POST"),
+    ],
+    ids=["no-agent", "curl", "remote", "infer", "jobs", "post"],
+)
+def test_every_other_request_gets_its_info_line(req):
+    assert not is_supervisor_probe(req)
+    with capturedLogs() as events:
+        site().log(req)
+    assert [e["log_level"] for e in events] == [LogLevel.info]
+
+
+def test_the_ipv6_loopback_counts_as_loopback():
+    assert is_supervisor_probe(request(b"/healthz", host="::1"))

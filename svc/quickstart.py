@@ -130,12 +130,15 @@ def _rooted(config: Any, root: str) -> Any:
 
 
 def source_hosts(variants: list[Any], env: dict[str, str]) -> list[tuple[str, int]]:
-    """The (host, port) every variant is fetched from: the hub (``HF_ENDPOINT``) or the file's URL."""
+    """The (host, port) every variant is fetched from: the hub (``HF_ENDPOINT``), or the file's URL as a pull
+    fetches it (through ``SERVICE_WEIGHTS_MIRROR`` when set)."""
     from svc.weightstore.catalog import HubSource
+    from svc.weightstore.fetch import mirrored
 
     hosts: list[tuple[str, int]] = []
     for variant in variants:
-        url = (env.get("HF_ENDPOINT") or HUB) if isinstance(variant.source, HubSource) else variant.source.url
+        source = variant.source
+        url = (env.get("HF_ENDPOINT") or HUB) if isinstance(source, HubSource) else mirrored(source.url, env)
         parts = urlsplit(url)
         host = (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
         if host not in hosts:

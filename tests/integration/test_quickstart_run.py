@@ -36,3 +36,55 @@ def test_the_block_comes_once_the_models_are_ready_and_sigterm_stops_everything(
         popen.send_signal(signal.SIGTERM)
         code = popen.wait(60)
     assert code == 0, log.read_text()[-3000:]
+
+
+def test_pretrained_profile_pulls_then_serves_the_variant(tmp_path):
+    """The documented path to real models, end to end on loopback: a profile saying `weights = "pretrained"`
+    makes the quick start pull the profile's variants (here TESTFAULTS's test-only `tiny`, from a fake source
+    through SERVICE_WEIGHTS_MIRROR) into the cache, then run every model on them: the status names the variant
+    and replies carry it as `model.version`."""
+    import json
+
+    from tests.support.http import get, post
+    from tests.support.images import image_b64
+    from tests.support.weight_source import FakeSource
+
+    conf = tmp_path / "conf"
+    (conf / "server").mkdir(parents=True)
+    (conf / "profiles").mkdir()
+    write_config(conf / "server", "TESTFAULTS", name="TESTFAULTS.toml", port=free_port())
+    (conf / "profiles" / "cpu.toml").write_text('device = "cpu"\nmodels = ["TESTFAULTS"]\nweights = "pretrained"\n')
+    gateway_port, supervisor_port = free_port(), free_port()
+    (conf / "service.toml").write_text(f'[gateway]\nport = {gateway_port}\n[supervisor]\nport = {supervisor_port}\n'
+                                       'profile = "cpu"\n')
+    source = FakeSource()
+    source.serve("https://weights.example.org/testfaults/tiny.bin", bytes(range(64)))
+    cache = tmp_path / "cache"
+    env = child_env({"SERVICE_WEIGHTS_DIR": str(cache), "SERVICE_WEIGHTS_MIRROR": source.mirror},
+                    drop=("SERVICE_API_TOKEN", "SERVICE_GATEWAY_AUTH_TOKEN", "SERVICE_METRICS_TOKEN", "SERVICE_API_KEY"))
+    popen, log = spawn([sys.executable, "-m", "svc.quickstart", "--root", str(tmp_path)], env=env, log_dir=tmp_path)
+    try:
+        deadline = time.monotonic() + 240
+        while "Ctrl-C stops everything." not in log.read_text() and time.monotonic() < deadline:
+            assert popen.poll() is None, log.read_text()
+            time.sleep(0.5)
+        out = log.read_text()
+        assert "Pulling the pretrained weights of the profile: TESTFAULTS:tiny" in out, out[-3000:]
+        assert "Starting the supervisor (pretrained weights)" in out
+        assert "== All models ready: 1 on the cpu profile" in out
+        record = json.loads((cache / "TESTFAULTS" / "tiny" / "record.json").read_text())
+        assert (record["source"], record["weights"], record["how"]) == (
+            "https://weights.example.org/testfaults/tiny.bin", "tiny.bin", "pull")
+        secrets = dict(line.split("=", 1) for line in (tmp_path / "secrets" / "local.env").read_text().split()
+                       if "=" in line)
+        status = get(f"http://127.0.0.1:{supervisor_port}/api/v1/status",
+                     headers={"Authorization": f"Bearer {secrets['SERVICE_API_TOKEN']}"}).json
+        assert status["servers"][0]["weights"] == {"kind": "pretrained", "variant": "tiny"}
+        reply = post(f"http://127.0.0.1:{gateway_port}/v1/models/TESTFAULTS/infer", {"images": [image_b64()]},
+                     headers={"Authorization": f"Bearer {secrets['SERVICE_API_KEY']}"})
+        assert (reply.status, reply.json["status"], reply.json["model"]["version"]) == (200, 0, "tiny")
+    finally:
+        source.close()
+        popen.send_signal(signal.SIGTERM)
+        code = popen.wait(60)
+    assert code == 0, log.read_text()[-3000:]

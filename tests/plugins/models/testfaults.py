@@ -21,6 +21,7 @@ from zope.interface import implementer
 from svc.modelapi import IModel, IModelFactory
 from svc.schema import object_schema
 from svc.weights import WEIGHTS_PROPERTIES
+from svc.weightstore.catalog import FileSource, Variant
 
 PARAMS_SCHEMA = object_schema(
     {
@@ -79,6 +80,14 @@ class FaultFactory:
             "batch_size": {"type": "integer", "minimum": 1},
         },
     }
+    #: One pretrained variant, so that the pull-then-serve path (svcctl weights pull, profiles with
+    #: weights = "pretrained", the quick start) runs end to end in tests with a cheap model: its file is
+    #: served by the tests' fake source through SERVICE_WEIGHTS_MIRROR; build ignores its contents.
+    variants = (
+        Variant("tiny", FileSource(url="https://weights.example.org/testfaults/tiny.bin", size=64),
+                license="test-only", description="test fixture (tests/integration/test_quickstart_run.py)",
+                default=True),
+    )
     config_schema = object_schema(
         {**WEIGHTS_PROPERTIES, "load_delay_ms": {"type": "integer", "minimum": 0, "maximum": 600000, "default": 0}}
     )
@@ -88,7 +97,9 @@ class FaultFactory:
 
     def build(self, config: dict, device: str) -> FaultModel:
         time.sleep(config.get("load_delay_ms", 0) / 1000.0)  # runs in the worker pool, like a real load
-        return FaultModel()
+        model = FaultModel()
+        model.version = config.get("version") or FaultModel.version  # a pretrained variant names itself
+        return model
 
 
 testfaults = FaultFactory()

@@ -6,23 +6,35 @@ import time
 
 from tests.support.processes import child_env, free_port, spawn, write_config
 
+TOKENS = ("SERVICE_API_TOKEN", "SERVICE_GATEWAY_AUTH_TOKEN", "SERVICE_METRICS_TOKEN", "SERVICE_API_KEY")
 
-def test_the_block_comes_once_the_models_are_ready_and_sigterm_stops_everything(tmp_path):
-    conf = tmp_path / "conf"
+
+def start_quickstart(root, model: str, profile_extra: str = "", env: dict | None = None):
+    """A checkout-like tree under ``root`` with one model, and the quick start run in it, once it printed its block.
+
+    Returns (process, log path, gateway port, supervisor port).
+    """
+    conf = root / "conf"
     (conf / "server").mkdir(parents=True)
     (conf / "profiles").mkdir()
-    write_config(conf / "server", "MOBILENETV2", name="MOBILENETV2.toml", port=free_port())
-    (conf / "profiles" / "cpu.toml").write_text('device = "cpu"\nmodels = ["MOBILENETV2"]\n')
+    write_config(conf / "server", model, name=f"{model}.toml", port=free_port())
+    (conf / "profiles" / "cpu.toml").write_text(f'device = "cpu"\nmodels = ["{model}"]\n{profile_extra}')
     gateway_port, supervisor_port = free_port(), free_port()
     (conf / "service.toml").write_text(f'[gateway]\nport = {gateway_port}\n[supervisor]\nport = {supervisor_port}\n'
                                        'profile = "cpu"\n')
-    env = child_env(drop=("SERVICE_API_TOKEN", "SERVICE_GATEWAY_AUTH_TOKEN", "SERVICE_METRICS_TOKEN", "SERVICE_API_KEY"))
-    popen, log = spawn([sys.executable, "-m", "svc.quickstart", "--root", str(tmp_path)], env=env, log_dir=tmp_path)
+    popen, log = spawn([sys.executable, "-m", "svc.quickstart", "--root", str(root)],
+                       env=child_env(env, drop=TOKENS), log_dir=root)
+    deadline = time.monotonic() + 240
+    while "Ctrl-C stops everything." not in log.read_text() and time.monotonic() < deadline:
+        if popen.poll() is not None:
+            raise AssertionError(log.read_text())
+        time.sleep(0.5)
+    return popen, log, gateway_port, supervisor_port
+
+
+def test_the_block_comes_once_the_models_are_ready_and_sigterm_stops_everything(tmp_path):
+    popen, log, gateway_port, supervisor_port = start_quickstart(tmp_path, "MOBILENETV2")
     try:
-        deadline = time.monotonic() + 240
-        while "Ctrl-C stops everything." not in log.read_text() and time.monotonic() < deadline:
-            assert popen.poll() is None, log.read_text()
-            time.sleep(0.5)
         out = log.read_text()
         block = out[out.index("== All models ready"):].splitlines()[:7]
         key = (tmp_path / "secrets" / "local.env").read_text().split("SERVICE_API_KEY=")[1].split()[0]
@@ -49,25 +61,17 @@ def test_pretrained_profile_pulls_then_serves_the_variant(tmp_path):
     from tests.support.images import image_b64
     from tests.support.weight_source import FakeSource
 
-    conf = tmp_path / "conf"
-    (conf / "server").mkdir(parents=True)
-    (conf / "profiles").mkdir()
-    write_config(conf / "server", "TESTFAULTS", name="TESTFAULTS.toml", port=free_port())
-    (conf / "profiles" / "cpu.toml").write_text('device = "cpu"\nmodels = ["TESTFAULTS"]\nweights = "pretrained"\n')
-    gateway_port, supervisor_port = free_port(), free_port()
-    (conf / "service.toml").write_text(f'[gateway]\nport = {gateway_port}\n[supervisor]\nport = {supervisor_port}\n'
-                                       'profile = "cpu"\n')
     source = FakeSource()
     source.serve("https://weights.example.org/testfaults/tiny.bin", bytes(range(64)))
     cache = tmp_path / "cache"
-    env = child_env({"SERVICE_WEIGHTS_DIR": str(cache), "SERVICE_WEIGHTS_MIRROR": source.mirror},
-                    drop=("SERVICE_API_TOKEN", "SERVICE_GATEWAY_AUTH_TOKEN", "SERVICE_METRICS_TOKEN", "SERVICE_API_KEY"))
-    popen, log = spawn([sys.executable, "-m", "svc.quickstart", "--root", str(tmp_path)], env=env, log_dir=tmp_path)
     try:
-        deadline = time.monotonic() + 240
-        while "Ctrl-C stops everything." not in log.read_text() and time.monotonic() < deadline:
-            assert popen.poll() is None, log.read_text()
-            time.sleep(0.5)
+        popen, log, gateway_port, supervisor_port = start_quickstart(
+            tmp_path, "TESTFAULTS", 'weights = "pretrained"\n',
+            env={"SERVICE_WEIGHTS_DIR": str(cache), "SERVICE_WEIGHTS_MIRROR": source.mirror})
+    except BaseException:
+        source.close()
+        raise
+    try:
         out = log.read_text()
         assert "Pulling the pretrained weights of the profile: TESTFAULTS:tiny" in out, out[-3000:]
         assert "Starting the supervisor (pretrained weights)" in out

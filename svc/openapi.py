@@ -319,16 +319,17 @@ def job_components() -> dict:
             "the model reports progress, and for models that report none).",
             "required": ["job_id", "state", "elapsed_ms", "poll_url", "result_url", "progress"],
             "properties": {**common, "elapsed_ms": {"type": "number", "minimum": 0}, "error": {"type": "string"},
-                           "progress": ref("JobProgress")},
+                           # null or the object: anyOf, so that generated clients keep JobProgress a class
+                           "progress": {"anyOf": [ref("JobProgress"), {"type": "null"}]}},
         },
         "JobProgress": {
-            "type": ["object", "null"],
+            "type": "object",
             "description": "How far the forward pass running the job's items has got, in units that the model "
             "defines (sampler steps of a diffusion model, batches of point prompts of automatic mask generation): "
             "what it reported last, written at most every 100 ms (the last step always). A batch may hold items "
             "of several jobs, and each of them shows the batch's progress; a job whose items run in several "
-            "batches shows each batch in turn. A done job keeps the last report, `step` = `steps`. Null while "
-            "nothing was reported: a pending job, or a model that reports no progress.",
+            "batches shows each batch in turn. A done job keeps the last report, `step` = `steps`. The status "
+            "body's `progress` is null while nothing was reported: a pending job, or a model that reports none.",
             "required": ["step", "steps"],
             "properties": {
                 "step": {"type": "integer", "minimum": 0, "description": "Units done, 0 to `steps`."},

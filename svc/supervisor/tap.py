@@ -1,4 +1,4 @@
-"""``twistd -n service-supervisor [--config conf/service.toml] [--host H] [--port P] [--profile cpu|gpu]
+"""``twistd -n service-supervisor [--config conf/service.toml] [--host H] [--port P] [--profile cpu|gpu|auto]
 [--weights demo|pretrained]``.
 
 Fail-closed: no ``SERVICE_API_TOKEN``, a wildcard bind without

@@ -147,7 +147,7 @@ def _list(args: argparse.Namespace) -> int:
 
 def _selected(args: argparse.Namespace) -> list[tuple[Any, Any]] | None:
     """The (factory, variant) pairs a ``pull`` names; None after a usage error (reported)."""
-    from svc.modelapi import PluginError, factories, find_factory
+    from svc.modelapi import factories
     from svc.weightstore.catalog import find_variant, variants_of
 
     if args.all == bool(args.ids):
@@ -167,16 +167,26 @@ def _selected(args: argparse.Namespace) -> list[tuple[Any, Any]] | None:
     chosen = []
     for spec in dict.fromkeys(args.ids):
         mid, _, named = spec.partition(":")
-        try:
-            factory = find_factory(mid)
-            chosen.append((factory, find_variant(factory, named or args.variant)))
-        except PluginError as e:
-            _fail(str(e))
+        found = _model_variant(mid, named or args.variant)
+        if found is None:
             return None
-        except KeyError as e:
-            _fail(e.args[0])
-            return None
+        chosen.append(found)
     return chosen
+
+
+def _model_variant(model_id: str, name: str | None) -> tuple[Any, Any] | None:
+    """The factory of ``model_id`` and its variant ``name`` (None: the default); None after a reported usage error."""
+    from svc.modelapi import PluginError, find_factory
+    from svc.weightstore.catalog import find_variant
+
+    try:
+        factory = find_factory(model_id)
+        return factory, find_variant(factory, name)
+    except PluginError as e:
+        _fail(str(e))
+    except KeyError as e:
+        _fail(e.args[0])
+    return None
 
 
 def _pull(args: argparse.Namespace) -> int:
@@ -209,19 +219,12 @@ def _weights_path(record: Any) -> str:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from svc.modelapi import PluginError, find_factory
-    from svc.weightstore.catalog import find_variant
     from svc.weightstore.store import StoreError, import_path
 
-    try:
-        factory = find_factory(args.id)
-        variant = find_variant(factory, args.variant)
-    except PluginError as e:
-        _fail(str(e))
+    found = _model_variant(args.id, args.variant)
+    if found is None:
         return EXIT_USAGE
-    except KeyError as e:
-        _fail(e.args[0])
-        return EXIT_USAGE
+    factory, variant = found
     try:
         stored = import_path(factory, variant, args.path)
     except StoreError as e:

@@ -446,3 +446,15 @@ def test_pull_takes_id_colon_variant_specs(source, capsys, tmp_path):
     code, out, err = svcctl(capsys, "pull", "MOBILENETV2:NOPE")
     assert (code, out) == (2, "")
     assert err == ("svcctl: MOBILENETV2 has no pretrained variant 'NOPE'; known: FIXTURE_V2, TOFU, FULL\n")
+
+
+def test_an_unknown_model_or_variant_is_one_usage_line_for_pull_and_import(source, capsys, tmp_path):
+    """pull and import resolve a model and its variant the same way: an unknown one is one line, exit 2, no file."""
+    code, out, err = svcctl(capsys, "pull", "NOPE")
+    assert (code, out, len(err.splitlines())) == (2, "", 1) and "NOPE" in err
+    code, out, err = svcctl(capsys, "import", "NOPE", str(tmp_path / "x.pth"))
+    assert (code, out, len(err.splitlines())) == (2, "", 1) and "NOPE" in err
+    code, out, err = svcctl(capsys, "import", "MOBILENETV2", str(tmp_path / "x.pth"), "--variant", "NOPE")
+    assert (code, out) == (2, "")
+    assert err == "svcctl: MOBILENETV2 has no pretrained variant 'NOPE'; known: FIXTURE_V2, TOFU, FULL\n"
+    assert cache_files(tmp_path) == []

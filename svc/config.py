@@ -124,7 +124,7 @@ RESERVED_PATHS = ("/healthz", "/ready", "/metrics", "/openapi.json", "/jobs", "/
 
 
 def http_limit_keys(*, max_connections: int, refusal: str) -> tuple[Key, ...]:
-    """The listener limits of one process's HTTP server (svc.http.HttpLimits), declared once for all three.
+    """The listener limits of one process's HTTP server (svc.web.limits.HttpLimits), declared once for all three.
 
     ``refusal`` names the reply a connection past ``max_connections`` gets.
     """

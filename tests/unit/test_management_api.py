@@ -14,7 +14,6 @@ from types import SimpleNamespace
 import pytest
 from treq.testing import StubTreq
 from twisted.internet.defer import fail, succeed
-from twisted.python.failure import Failure
 
 from svc import __version__
 from svc.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -24,6 +23,8 @@ from svc.supervisor.child import ChildError
 from svc.supervisor.manager import GATEWAY
 from svc.supervisor.metrics import ChildCollector
 from svc.supervisor.series import SeriesCollector
+from tests.unit.test_gateway_app import Harness as GatewayHarness
+from tests.unit.test_gateway_app import h
 from tests.unit.test_supervisor_manager import manager as child_manager
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using readBody with a transport:DeprecationWarning")
@@ -53,23 +54,9 @@ class Harness:
         headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
         d = self.client.request(method, "http://supervisor" + path, headers=headers, data=body)
         self.client.flush()
-        response = result(d)
-        response.body = result(self.client.content(response))
+        response = GatewayHarness.result(d)
+        response.body = GatewayHarness.result(self.client.content(response))
         return response
-
-
-def result(d):
-    box = []
-    d.addBoth(box.append)
-    assert box, "the request did not finish"
-    if isinstance(box[0], Failure):
-        box[0].raiseException()
-    return box[0]
-
-
-def h(response, name):
-    values = response.headers.getRawHeaders(name.encode())
-    return values[0].decode() if values else None
 
 
 def assert_error(response, code, error, **headers):

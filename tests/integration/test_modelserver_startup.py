@@ -24,7 +24,7 @@ TOKEN = {"SERVICE_AUTH_TOKEN": "model-token"}
 
 def refused(config, *extra, env=None, port=None):
     code, output = run_to_exit(model_server_args(config, port or free_port(), *extra), env=child_env(env or TOKEN))
-    assert code != 0, output
+    assert code == 1, output  # README: one line naming the file, the key and the problem, and exit 1
     lines = [line for line in output.splitlines() if line.strip()]
     return lines
 
@@ -83,7 +83,8 @@ def test_busy_port_refuses_with_one_line(tmp_path):
         s.listen()
         port = s.getsockname()[1]
         lines = refused(write_config(tmp_path, "TESTFAULTS"), port=port)
-    assert any(f"service-model: cannot listen on 127.0.0.1:{port}" in line for line in lines), lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"service-model: cannot listen on 127.0.0.1:{port}"), lines
 
 
 def test_missing_weights_file_refuses(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import socket
 import sys
 import threading
@@ -90,3 +91,34 @@ class RawUpstream:
                 conn.close()
             except OSError:
                 pass
+
+
+class Blackhole:
+    """A loopback port whose SYNs the kernel drops: a listening socket that never
+    accepts, with its accept queue filled.
+
+    Linux drops a SYN to a listener whose accept queue is full (the client's
+    connect then hangs, retransmitting), so a connect to ``port`` does not
+    complete until the socket is closed: an upstream that "accepts no
+    connection in time", with no timing involved.
+    """
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(0)
+        self.port = self.sock.getsockname()[1]
+        self.fillers: list[socket.socket] = []
+        while True:  # fill the accept queue until a connect no longer completes
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", self.port))
+            self.fillers.append(filler)
+            _, writable, _ = select.select([], [filler], [], 0.5)
+            if not writable:
+                break
+            assert len(self.fillers) < 64, "the kernel accepted every connection: no blackhole"
+
+    def close(self) -> None:
+        for s in (*self.fillers, self.sock):
+            s.close()

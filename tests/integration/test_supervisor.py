@@ -111,8 +111,20 @@ def test_logs_are_paged(stack):
     assert (stack.root / "logs" / "MOBILENETV2.log").read_text().count("\n") > 3
 
 
+def uptimes(stack) -> dict[str, float]:
+    status = api(stack, "GET", "/api/v1/status").json
+    return {c["id"] if "id" in c else "__gateway": c["uptime_s"] for c in [status["gateway"], *status["servers"]]}
+
+
 def test_supervisor_metrics(stack):
+    before = uptimes(stack)
     reply = api(stack, "GET", "/api/v1/metrics")
+    after = uptimes(stack)
+    gauge = {m.group(1): float(m.group(2)) for m in re.finditer(
+        r'^service_supervisor_child_uptime_seconds\{child="([^"]+)"\} (\S+)$', reply.body.decode(), re.M)}
+    assert set(gauge) == {"__gateway", *MODELS} == set(before)
+    for child, value in gauge.items():  # read between two status calls: the same clock, in between
+        assert 0 < before[child] <= value <= after[child], (child, before, value, after)
     assert reply.status == 200 and reply.header("Content-Type").startswith("text/plain")
     text = reply.body.decode()
     assert 'service_supervisor_child_state{child="MOBILENETV2",state="running"} 1.0' in text

@@ -130,9 +130,24 @@ def test_a_job_gives_the_same_masks_and_max_results_caps_them(sam_server):
     assert capped == sync[:2]
 
 
-def test_default_thresholds_filter_random_masks(sam_server):
-    """Random-init SAM predicts low IoUs: the library's default thresholds keep (almost) nothing."""
-    data = assert_ok(infer(sam_server, URI, {"images": [b64(image_bytes(width=64, height=48, seed=1))]}))[0]
+def test_default_thresholds_filter_random_masks(sam_server, weights):
+    """Random-init SAM predicts low IoUs: the library's default thresholds keep (almost) nothing.
+
+    Without thresholds the same image gives masks below them, so the defaults had something to remove;
+    with them the served masks are the library's own (possibly none).
+    """
+    sam, _ = weights
+    raw = image_bytes(width=64, height=48, seed=1)
+    unfiltered = assert_ok(infer(sam_server, URI, {"images": [b64(raw)],
+                                                   "params": {"pred_iou_thresh": 0.0, "stability_score_thresh": 0.0}}))[0]
+    below = [d for d in unfiltered if not (d["predicted_iou"] > 0.88 and d["stability_score"] >= 0.95)]
+    assert below, "no mask below the default thresholds: the test would not show that they filter"
+    data = assert_ok(infer(sam_server, URI, {"images": [b64(raw)]}))[0]
+    expected = direct(sam, raw, {})
+    assert len(data) == len(expected) < len(unfiltered)
+    for served, library in zip(data, expected):
+        assert np.array_equal(png_mask(served["segmentation"]), library["segmentation"])
+        assert served["predicted_iou"] == pytest.approx(library["predicted_iou"], abs=1e-6)
     assert all(d["predicted_iou"] > 0.88 and d["stability_score"] >= 0.95 for d in data)
 
 

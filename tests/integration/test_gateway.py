@@ -15,7 +15,15 @@ import pytest
 from tests.support.gateway import GATEWAY_TOKENS, Blackhole, RawUpstream, gateway_args, start_gateway
 from tests.support.http import get, post, request
 from tests.support.images import image_b64, image_bytes
-from tests.support.processes import child_env, free_port, run_to_exit, start_model_server, write_config
+from tests.support.processes import (
+    child_env,
+    free_port,
+    metric,
+    run_to_exit,
+    start_model_server,
+    wait_until,
+    write_config,
+)
 
 KEYS = {name: hashlib.sha256(name.encode()).hexdigest() for name in ("old", "new", "off", "slow")}
 RECV_TIMEOUT_MS = 4000
@@ -201,8 +209,11 @@ def test_rate_limited_key_gets_429_with_retry_after(stack):
     assert limited, [r.status for r in replies]
     assert limited[0].json["status"] == 429 and limited[0].header("Retry-After") == "1"
     assert limited[0].header("X-Service-Key") == "tenant-slow"
-    time.sleep(1.1)
-    assert infer(stack, key=KEYS["slow"]).status == 200
+    # The bucket refills (1 qps): the next request that is not 429 is a 200.
+    later = []
+    wait_until(lambda: later.append(infer(stack, key=KEYS["slow"])) or later[-1].status != 429,
+               "the rate-limited key admitted again")
+    assert later[-1].status == 200
 
 
 def test_metrics_need_the_metrics_token(stack):
@@ -269,10 +280,12 @@ def test_full_async_queue_is_429_through_the_gateway(stack):
 def test_wait_budget_at_the_receive_timeout_is_502(stack):
     job = post(stack["gateway"].url + "/v1/models/TESTFAULTS/jobs", {"images": [image_b64()]},
                headers=bearer(KEYS["old"])).json
-    started = time.monotonic()
     reply = get(stack["gateway"].url + job["poll_url"] + f"/wait?timeout={RECV_TIMEOUT_MS}", headers=bearer(KEYS["old"]))
-    assert reply.status == 502 and reply.json["status"] == 502 and "upstream_recv_timeout_ms" in reply.json["error"]
-    assert time.monotonic() - started < 1.0
+    assert reply.status == 502 and reply.json["status"] == 502
+    # Refused before forwarding (not the receive timeout's "no complete reply within ..."):
+    assert reply.json["error"] == (f"a wait budget of {RECV_TIMEOUT_MS} ms is at or above the gateway's upstream "
+                                   f"receive timeout ({RECV_TIMEOUT_MS} ms, upstream_recv_timeout_ms): ask for less "
+                                   "and wait again")
     default = get(stack["gateway"].url + job["poll_url"] + "/wait", headers=bearer(KEYS["old"]))  # 30000 ms
     assert default.status == 502
 
@@ -306,7 +319,8 @@ def test_upstream_that_hangs_is_502_after_the_receive_timeout(stack):
     reply = infer(stack, model="HANG", headers={"X-Request-ID": "hang-1"})
     elapsed = time.monotonic() - started
     assert reply.status == 502 and reply.json["status"] == 502 and reply.header("X-Request-ID") == "hang-1"
-    assert RECV_TIMEOUT_MS / 1000 - 0.2 < elapsed < RECV_TIMEOUT_MS / 1000 + 3
+    assert reply.json["error"] == f"no complete reply within {RECV_TIMEOUT_MS} ms (upstream_recv_timeout_ms)"
+    assert elapsed >= RECV_TIMEOUT_MS / 1000 - 0.2  # not before the deadline (no upper bound: a loaded machine)
 
 
 def test_upstream_that_accepts_no_connection_is_503_after_the_connect_timeout(stack):
@@ -345,11 +359,11 @@ def test_model_server_killed_mid_request(stack, tmp_path):
 
         caller = threading.Thread(target=slow)
         caller.start()
-        time.sleep(1.0)
+        wait_until(lambda: metric(model, "service_batch_size_count") == 1, "the 20 s batch started")
         os.kill(model.popen.pid, signal.SIGKILL)
-        caller.join(15)
+        caller.join(15)  # the batch would take 20 s, the receive timeout 180 s: this is the lost connection
         assert not caller.is_alive(), "the gateway hung after its upstream died"
-        assert box["reply"].status == 502 and box["reply"].json["status"] == 502 and box["elapsed"] < 10
+        assert box["reply"].status == 502 and box["reply"].json["status"] == 502
         after = post(url, {"images": [image_b64()]}, headers=bearer(KEYS["old"]))
         assert after.status == 503 and after.json["status"] == 65
     finally:
@@ -421,8 +435,7 @@ def test_static_token_mode_warns_about_an_empty_key_file(tmp_path):
     servers.mkdir()
     gateway = start_gateway(tmp_path, servers, "# empty\n")
     try:
-        time.sleep(0.3)
-        assert "has no keys: static-token mode" in gateway.output()
+        wait_until(lambda: "has no keys: static-token mode" in gateway.output(), "the empty-key-file warning")
         assert "in static-token mode" in gateway.output()
         reply = request("POST", gateway.url + "/v1/models/X/infer", {"images": ["eA=="]},
                         headers=bearer(GATEWAY_TOKENS["SERVICE_GATEWAY_AUTH_TOKEN"]))

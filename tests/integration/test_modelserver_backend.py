@@ -11,13 +11,12 @@ from __future__ import annotations
 import os
 import re
 import threading
-import time
 
 import pytest
 
 from tests.support.http import get, post
 from tests.support.images import b64, image_b64
-from tests.support.processes import start_model_server, write_config
+from tests.support.processes import start_model_server, wait_until, write_config
 
 FAULTS_URI = "/testfaults/predict"
 
@@ -33,16 +32,6 @@ def thread_nices(pid: int) -> list[int]:
             continue
         nices.append(int(stat[stat.rindex(")") + 2:].split()[16]))  # field 19 of proc(5): nice
     return nices
-
-
-def until(predicate, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"never: {what}")
 
 
 def metric_samples(server, name: str) -> dict[str, float]:
@@ -80,8 +69,8 @@ def test_two_workers_run_two_batches_at_once_at_worker_nice(faults):
     for caller in callers:
         caller.start()
     # Two batches run while the third request's item waits: both inference threads are busy, at nice 7.
-    until(lambda: metric_samples(faults, "service_queue_depth") == {"": 1.0} and thread_nices(pid).count(7) == 2,
-          "two batches running and one item waiting")
+    wait_until(lambda: metric_samples(faults, "service_queue_depth") == {"": 1.0} and thread_nices(pid).count(7) == 2,
+               "two batches running and one item waiting")
     assert replies == []
     for caller in callers:
         caller.join(60)

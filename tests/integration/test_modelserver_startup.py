@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 
 import pytest
 
@@ -12,10 +11,11 @@ from tests.support.http import get, post
 from tests.support.images import image_b64
 from tests.support.processes import (
     child_env,
-    free_port,
+    metric,
     model_server_args,
     run_to_exit,
     start_model_server,
+    wait_until,
     write_config,
 )
 
@@ -23,7 +23,7 @@ TOKEN = {"SERVICE_AUTH_TOKEN": "model-token"}
 
 
 def refused(config, *extra, env=None, port=None):
-    code, output = run_to_exit(model_server_args(config, port or free_port(), *extra), env=child_env(env or TOKEN))
+    code, output = run_to_exit(model_server_args(config, port or 0, *extra), env=child_env(env or TOKEN))
     assert code == 1, output  # README: one line naming the file, the key and the problem, and exit 1
     lines = [line for line in output.splitlines() if line.strip()]
     return lines
@@ -105,7 +105,7 @@ def test_mismatched_weights_stop_the_server_naming_the_tensor(tmp_path):
     path = tmp_path / "ten-classes.pth"
     torch.save(state, path)
     config = write_config(tmp_path, "MOBILENETV2", model={"weights": str(path)})
-    code, output = run_to_exit(model_server_args(config, free_port()), env=child_env(TOKEN))
+    code, output = run_to_exit(model_server_args(config, 0), env=child_env(TOKEN))
     assert code == 1, output
     assert f"weights file {path}: tensor 'classifier.1.weight' has shape [10, 1280], the architecture expects [1000, 1280]" in output
 
@@ -121,9 +121,9 @@ def test_sigterm_finishes_running_work_refuses_new_and_exits_0(tmp_path):
 
     worker = threading.Thread(target=slow)
     worker.start()
-    time.sleep(0.5)
+    wait_until(lambda: metric(server, "service_batch_size_count") == 1, "the slow batch started")
     server.popen.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    wait_until(lambda: get(server.url + "/ready").status == 503, "/ready says 503 after SIGTERM")
     during = post(url, {"images": [image_b64()]}, headers=server.auth)
     ready = get(server.url + "/ready")
     worker.join(30)

@@ -257,8 +257,9 @@ def test_missing_metrics_token_fails_the_gateway_permanently(tmp_path):
     try:
         gateway = s.wait_for("__gateway", lambda c: c["state"] == "failed")
         assert "SERVICE_METRICS_TOKEN is not set" in gateway["last_error"] and gateway["pid"] is None
-        s.wait_for("TESTFAULTS", lambda c: c["ready"])
-        time.sleep(1.0)
+        # The gateway is started (and refused) before the models: once TESTFAULTS has been up for 1 s by the
+        # supervisor's own clock, three back-offs (backoff_initial_ms = 300) have passed with no retry.
+        s.wait_for("TESTFAULTS", lambda c: c["ready"] and c["uptime_s"] >= 1.0)
         assert s.child("__gateway")["restarts"] == 0 and s.child("__gateway")["state"] == "failed"
         assert "SERVICE_METRICS_TOKEN is not set" in s.supervisor.output()
     finally:

@@ -26,8 +26,8 @@ from tests.support.processes import (
 )
 
 KEYS = {name: hashlib.sha256(name.encode()).hexdigest() for name in ("old", "new", "off", "slow")}
-RECV_TIMEOUT_MS = 4000
-CONNECT_TIMEOUT_MS = 1000  # below RECV_TIMEOUT_MS: an upstream that never accepts is refused by this one
+RECV_TIMEOUT_MS = 10000  # above a MOBILENETV2 request on a loaded 2-core machine (4.5 s seen)
+CONNECT_TIMEOUT_MS = 1000  # far below RECV_TIMEOUT_MS: an upstream that never accepts is refused by this one
 GATEWAY_MAX_BODY = 67108864  # the default gateway.max_body_bytes
 
 
@@ -203,12 +203,16 @@ def test_a_body_over_max_body_bytes_is_413_before_authentication(stack, credenti
 
 
 def test_rate_limited_key_gets_429_with_retry_after(stack):
-    replies = [infer(stack, key=KEYS["slow"]) for _ in range(3)]
-    assert replies[0].status == 200
-    limited = [r for r in replies[1:] if r.status == 429]
-    assert limited, [r.status for r in replies]
-    assert limited[0].json["status"] == 429 and limited[0].header("Retry-After") == "1"
-    assert limited[0].header("X-Service-Key") == "tenant-slow"
+    assert infer(stack, key=KEYS["slow"]).status == 200
+    # Admission (and its rate limit) comes before routing: requests for an unknown model are quick 404s that
+    # spend the key's budget, so a 429 comes within a few of them however slow inference is on this machine.
+    replies = []
+    while len(replies) < 20 and not (replies and replies[-1].status == 429):
+        replies.append(infer(stack, model="NOPE", key=KEYS["slow"]))
+    assert {r.status for r in replies[:-1]} <= {404} and replies[-1].status == 429, [r.status for r in replies]
+    limited = replies[-1]
+    assert limited.json["status"] == 429 and limited.header("Retry-After") == "1"
+    assert limited.header("X-Service-Key") == "tenant-slow"
     # The bucket refills (1 qps): the next request that is not 429 is a 200.
     later = []
     wait_until(lambda: later.append(infer(stack, key=KEYS["slow"])) or later[-1].status != 429,
@@ -319,12 +323,12 @@ def test_upstream_that_hangs_is_502_after_the_receive_timeout(stack):
     reply = infer(stack, model="HANG", headers={"X-Request-ID": "hang-1"})
     elapsed = time.monotonic() - started
     assert reply.status == 502 and reply.json["status"] == 502 and reply.header("X-Request-ID") == "hang-1"
-    assert reply.json["error"] == f"no complete reply within {RECV_TIMEOUT_MS} ms (upstream_recv_timeout_ms)"
+    assert reply.json["error"] == f"model server HANG: no complete reply within {RECV_TIMEOUT_MS} ms (upstream_recv_timeout_ms)"
     assert elapsed >= RECV_TIMEOUT_MS / 1000 - 0.2  # not before the deadline (no upper bound: a loaded machine)
 
 
 def test_upstream_that_accepts_no_connection_is_503_after_the_connect_timeout(stack):
-    """The connect timeout (1 s) ends it as unreachable: without it the receive deadline (4 s) would give 502."""
+    """The connect timeout (1 s) ends it as unreachable: without it the receive deadline (10 s) would give 502."""
     before = samples(gateway_metrics(stack), "service_gateway_upstream_errors_total")
     reply = infer(stack, model="BLACKHOLE", headers={"X-Request-ID": "blackhole-1"})
     assert (reply.status, reply.json["status"], reply.header("X-Request-ID")) == (503, 65, "blackhole-1")

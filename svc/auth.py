@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from svc.config import ConfigError, Key, apply_keys, read_toml
+from svc.config import ConfigError, Key, apply_keys, keys_of, read_toml, setting
 
 SCOPES = ("inference", "admin", "all")
 #: Scopes whose keys the gateway accepts for inference and jobs (SPEC: all three do).
@@ -50,14 +50,6 @@ API_TOKEN_ENV = "SERVICE_API_TOKEN"
 METRICS_TOKEN_ENV = "SERVICE_METRICS_TOKEN"
 EXPOSE_ENV = "SERVICE_EXPOSE"
 WILDCARDS = ("0.0.0.0", "::", "", "*", "[::]")
-
-KEY_ENTRY_KEYS: tuple[Key, ...] = (
-    Key("hash", str, None, "Lowercase hex SHA-256 of the key string (required).", pattern=HASH_RE),
-    Key("scope", str, "inference", "inference, admin or all.", choices=SCOPES),
-    Key("rate_limit_qps", int, 0, "Requests per second for this key; 0 = unlimited.", minimum=0),
-    Key("enabled", bool, True, "false disables the key without deleting it."),
-)
-
 
 def new_key() -> str:
     """A new API key: 32 random bytes as 64 lowercase hex characters."""
@@ -80,13 +72,16 @@ def check_key_name(name: str) -> str | None:
 
 @dataclass(frozen=True)
 class KeyEntry:
-    """One ``[keys.<name>]`` of the key file."""
+    """One ``[keys.<name>]`` of the key file; each :func:`svc.config.setting` field is one key of the table."""
 
     name: str
-    hash: str
-    scope: str
-    rate_limit_qps: int
-    enabled: bool
+    hash: str = setting(None, "Lowercase hex SHA-256 of the key string (required).", pattern=HASH_RE)
+    scope: str = setting("inference", "inference, admin or all.", choices=SCOPES)
+    rate_limit_qps: int = setting(0, "Requests per second for this key; 0 = unlimited.", minimum=0)
+    enabled: bool = setting(True, "false disables the key without deleting it.")
+
+
+KEY_ENTRY_KEYS: tuple[Key, ...] = keys_of(KeyEntry)
 
 
 def load_key_file(path: str) -> list[KeyEntry]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import re
 import secrets
 from collections.abc import Mapping
@@ -44,6 +45,8 @@ RESERVED_KEY_NAMES = frozenset({STATIC_TOKEN_NAME, MANAGEMENT_TOKEN_NAME, METRIC
 #: Key names: what can appear in a header, a log line and a metrics label.
 KEY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
 HASH_RE = r"[0-9a-f]{64}"
+#: TOML bare keys; other key names (those with a '.') are written quoted.
+_BARE_KEY = re.compile(r"[A-Za-z0-9_\-]+")
 
 GATEWAY_TOKEN_ENV = "SERVICE_GATEWAY_AUTH_TOKEN"
 API_TOKEN_ENV = "SERVICE_API_TOKEN"
@@ -59,6 +62,28 @@ def new_key() -> str:
 def hash_key(key: str) -> str:
     """The lowercase hex SHA-256 of a key string, as stored in the key file."""
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def key_entry(name: str, digest: str, scope: str = "inference", qps: int = 0) -> str:
+    """The ``[keys.<name>]`` table of ``conf/api_keys.toml`` for one key, as TOML text.
+
+    The one writer of a key-file entry (``svcctl keygen`` prints it, ``svcctl
+    keys add`` and the quick start append it), so that every entry reads the
+    same.  A name that is not a TOML bare key (one with a '.') is quoted, so
+    that it stays one table name rather than nested tables.
+    """
+    table = name if _BARE_KEY.fullmatch(name) else json.dumps(name)
+    return (f"[keys.{table}]\n"
+            f'hash = "{digest}"\n'
+            f'scope = "{scope}"\n'
+            f"rate_limit_qps = {qps}\n"
+            "enabled = true\n")
+
+
+def issue_key(name: str, scope: str = "inference", qps: int = 0) -> tuple[str, str]:
+    """A new key and its key-file entry (:func:`key_entry` of its hash); the key itself is stored nowhere."""
+    key = new_key()
+    return key, key_entry(name, hash_key(key), scope, qps)
 
 
 def check_key_name(name: str) -> str | None:

@@ -32,7 +32,6 @@ import argparse
 import base64
 import json
 import os
-import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from svc import __version__, version_line
-from svc.auth import SCOPES, check_key_name, hash_key, new_key
+from svc.auth import SCOPES, check_key_name, hash_key, issue_key
 
 DEFAULT_GATEWAY = "http://127.0.0.1:8080"
 GATEWAY_ENV = "SERVICE_GATEWAY_URL"
@@ -58,9 +57,6 @@ WAIT_MARGIN_S = 30.0
 GATEWAY_RECV_TIMEOUT_MS = 180000
 GATEWAY_RESTART = "POST /api/v1/servers/__gateway/restart"
 
-#: TOML bare keys; other key names (those with a '.') are written quoted.
-_BARE_KEY = re.compile(r"[A-Za-z0-9_\-]+")
-
 EXIT_OK, EXIT_HTTP, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -75,28 +71,14 @@ def _fail(message: str) -> None:
 # ---------------------------------------------------------------- keys
 
 
-def key_entry(name: str, digest: str, scope: str = "inference", qps: int = 0) -> str:
-    """The ``[keys.<name>]`` table of ``conf/api_keys.toml`` for one key, as TOML text.
-
-    A name that is not a TOML bare key (one with a '.') is quoted, so that it
-    stays one table name rather than nested tables.
-    """
-    table = name if _BARE_KEY.fullmatch(name) else json.dumps(name)
-    return (f"[keys.{table}]\n"
-            f'hash = "{digest}"\n'
-            f'scope = "{scope}"\n'
-            f"rate_limit_qps = {qps}\n"
-            "enabled = true\n")
-
-
 def _keygen(args: argparse.Namespace) -> int:
     problem = check_key_name(args.name)
     if problem:
         _fail(f"key name {args.name!r} {problem}")
         return EXIT_USAGE
-    key = new_key()
+    key, entry = issue_key(args.name, args.scope, args.qps)
     print(f"key: {key}\n")
-    print(key_entry(args.name, hash_key(key), args.scope, args.qps), end="")
+    print(entry, end="")
     sys.stdout.flush()
     print("\nThe key is shown once and cannot be recovered from its hash: give it to the client now.\n"
           "Paste the entry into conf/api_keys.toml, then restart the gateway so that it reloads the file:\n"

@@ -6,8 +6,7 @@ commands do the three steps:
 
 * the file is edited with tomlkit, so its comments, order and layout stay as
   they were; the new entry is the one ``svcctl keygen`` prints
-  (:func:`svc.cli.key_entry`, with :func:`svc.auth.new_key` and
-  :func:`svc.auth.hash_key`), and the name is checked by
+  (:func:`svc.auth.issue_key`), and the name is checked by
   :func:`svc.auth.check_key_name`;
 * the file is checked with the gateway's own loader before it is changed,
   and written atomically (a temporary file in the same folder, flushed,
@@ -37,8 +36,8 @@ from urllib.parse import urlsplit
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
-from svc.auth import API_TOKEN_ENV, SCOPES, KeyEntry, check_key_name, hash_key, load_key_file, new_key
-from svc.cli import EXIT_HTTP, EXIT_OK, EXIT_USAGE, CliError, HttpCall, _describe, _exchange, _fail, key_entry
+from svc.auth import API_TOKEN_ENV, SCOPES, KeyEntry, check_key_name, issue_key, load_key_file
+from svc.cli import EXIT_HTTP, EXIT_OK, EXIT_USAGE, CliError, HttpCall, _describe, _exchange, _fail
 from svc.config import ConfigError
 
 SERVICE_CONFIG = "conf/service.toml"
@@ -123,7 +122,7 @@ def write_atomically(path: str, text: str) -> None:
 def add_key(doc: tomlkit.TOMLDocument, name: str, scope: str, qps: int) -> str:
     """Append ``[keys.<name>]`` for a new key to ``doc``; the plaintext key.
 
-    The entry is :func:`svc.cli.key_entry`'s text, parsed, so that it reads
+    The entry is :func:`svc.auth.issue_key`'s text, parsed, so that it reads
     exactly as ``svcctl keygen`` prints it.  Raises :class:`CliError` for a
     bad or taken name.
     """
@@ -133,8 +132,8 @@ def add_key(doc: tomlkit.TOMLDocument, name: str, scope: str, qps: int) -> str:
     keys = doc.get("keys")
     if keys is not None and name in keys:
         raise CliError(f"a key named {name!r} already exists (disable it, or choose another name)")
-    key = new_key()
-    entry = tomlkit.parse(key_entry(name, hash_key(key), scope, qps))["keys"][name]
+    key, text = issue_key(name, scope, qps)
+    entry = tomlkit.parse(text)["keys"][name]
     if keys is None:
         doc["keys"] = keys = tomlkit.table(is_super_table=True)
     keys[name] = entry

@@ -8,7 +8,7 @@ import stat
 import pytest
 
 from svc import cli, keyfile
-from svc.auth import hash_key, load_key_file
+from svc.auth import hash_key, key_entry, load_key_file
 from tests.support.fake_gateway import FakeGateway, Reply
 from tests.unit.test_cli import free_port, svcctl
 
@@ -50,7 +50,7 @@ def test_add_appends_the_keygen_entry_keeps_comments_and_order_and_prints_the_ke
     assert code == 0
     key = out.strip()
     assert out == key + "\n" and len(key) == 64
-    assert keys.read_text() == ORIGINAL + "\n" + cli.key_entry("tenant-b", hash_key(key), "all", 3)
+    assert keys.read_text() == ORIGINAL + "\n" + key_entry("tenant-b", hash_key(key), "all", 3)
     assert key not in keys.read_text() and key not in err
     assert err == (f"svcctl: added key 'tenant-b' to {keys}; it is shown once and cannot be recovered: give it "
                    "to the client now\n"
@@ -65,7 +65,7 @@ def test_add_creates_a_missing_file_with_mode_0600(tmp_path, capsys):
     assert cli.main(["keys", "add", "a.b", "--keys-file", str(path), "--no-restart"]) == 0
     key = capsys.readouterr().out.strip()
     text = path.read_text()
-    assert text.startswith("# The gateway's API keys") and text.endswith(cli.key_entry("a.b", hash_key(key)))
+    assert text.startswith("# The gateway's API keys") and text.endswith(key_entry("a.b", hash_key(key)))
     assert '[keys."a.b"]' in text and mode(path) == 0o600
     [entry] = load_key_file(str(path))
     assert (entry.name, entry.hash, entry.scope, entry.rate_limit_qps, entry.enabled) == \
@@ -175,7 +175,7 @@ def test_add_then_restarts_the_gateway_with_the_management_token(keys):
     assert (seen.method, seen.path, seen.body) == ("POST", RESTART, b"")
     assert seen.headers["authorization"] == f"Bearer {MANAGEMENT}"
     key = done.stdout.strip()
-    assert keys.read_text() == ORIGINAL + "\n" + cli.key_entry("tenant-b", hash_key(key))
+    assert keys.read_text() == ORIGINAL + "\n" + key_entry("tenant-b", hash_key(key))
     assert done.stderr.endswith("svcctl: the gateway restarted and applies the change\n")
 
 

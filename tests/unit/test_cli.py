@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import tomlkit
 
-from svc import cli, version_line
+from svc import cli, cli_gateway, version_line
 from svc.auth import hash_key, load_key_file
 from tests.support.fake_gateway import FakeGateway, Reply
 
@@ -27,7 +27,7 @@ ENVELOPE = {"status": 0, "status_str": "OK", "task_id": "r-1", "model": {"name":
             "results": [{"status": 0, "data": {"class_id": 3, "category": "cat", "scores": [0.9]}}]}
 JOB = {"job_id": "job_1", "state": "pending", "poll_url": "/v1/models/M/jobs/job_1",
        "result_url": "/v1/models/M/jobs/job_1/result"}
-CLEARED = (*cli.TOKEN_ENVS, cli.GATEWAY_ENV, "OTHER_TOKEN")
+CLEARED = (*cli_gateway.TOKEN_ENVS, cli_gateway.GATEWAY_ENV, "OTHER_TOKEN")
 
 
 def start(*args: str, env: dict[str, str] | None = None, token: str | None = TOKEN) -> subprocess.Popen:
@@ -169,27 +169,27 @@ def test_console_entry_as_a_process_runs_version_keygen_and_hash():
 
 
 def test_parse_value_is_json_when_it_parses_else_the_string():
-    assert cli.parse_value("0.5") == 0.5
-    assert cli.parse_value("3") == 3
-    assert cli.parse_value("true") is True
-    assert cli.parse_value("null") is None
-    assert cli.parse_value("[1, 2]") == [1, 2]
-    assert cli.parse_value('{"a": "b"}') == {"a": "b"}
-    assert cli.parse_value('"5"') == "5"
-    assert cli.parse_value("cat") == "cat"
-    assert cli.parse_value("") == ""
-    assert cli.parse_value("NaN") == "NaN"
-    assert cli.parse_value("a=b") == "a=b"
+    assert cli_gateway.parse_value("0.5") == 0.5
+    assert cli_gateway.parse_value("3") == 3
+    assert cli_gateway.parse_value("true") is True
+    assert cli_gateway.parse_value("null") is None
+    assert cli_gateway.parse_value("[1, 2]") == [1, 2]
+    assert cli_gateway.parse_value('{"a": "b"}') == {"a": "b"}
+    assert cli_gateway.parse_value('"5"') == "5"
+    assert cli_gateway.parse_value("cat") == "cat"
+    assert cli_gateway.parse_value("") == ""
+    assert cli_gateway.parse_value("NaN") == "NaN"
+    assert cli_gateway.parse_value("a=b") == "a=b"
 
 
 def test_token_order_and_token_env():
     both = {"SERVICE_API_KEY": "k", "SERVICE_GATEWAY_AUTH_TOKEN": "g", "SERVICE_API_TOKEN": "m"}
-    assert cli.find_token(both) == "k"
-    assert cli.find_token({**both, "SERVICE_API_KEY": ""}) == "g"
-    assert cli.find_token({"SERVICE_API_TOKEN": "m"}) == "m"
-    assert cli.find_token({**both, "OTHER_TOKEN": "o"}, "OTHER_TOKEN") == "o"
-    with pytest.raises(cli.CliError, match="^no token: OTHER_TOKEN is not set"):
-        cli.find_token(both, "OTHER_TOKEN")
+    assert cli_gateway.find_token(both) == "k"
+    assert cli_gateway.find_token({**both, "SERVICE_API_KEY": ""}) == "g"
+    assert cli_gateway.find_token({"SERVICE_API_TOKEN": "m"}) == "m"
+    assert cli_gateway.find_token({**both, "OTHER_TOKEN": "o"}, "OTHER_TOKEN") == "o"
+    with pytest.raises(cli_gateway.CliError, match="^no token: OTHER_TOKEN is not set"):
+        cli_gateway.find_token(both, "OTHER_TOKEN")
 
 
 @pytest.mark.parametrize("argv, url, timeout", [
@@ -203,7 +203,7 @@ def test_token_order_and_token_env():
     (["jobs", "result", "a/b", "job 1", "--timeout-s", "7"], "http://gw:1/v1/models/a%2Fb/jobs/job%201/result", 7.0),
 ])
 def test_planned_urls_and_timeouts_keep_the_client_above_the_wait_budget(argv, url, timeout):
-    call = cli.plan_call(cli.build_parser().parse_args([*argv, "--gateway", "http://gw:1/"]))
+    call = cli_gateway.plan_call(cli.build_parser().parse_args([*argv, "--gateway", "http://gw:1/"]))
     assert (call.method, call.url, call.body, call.timeout) == ("GET", url, None, timeout)
 
 
@@ -215,7 +215,7 @@ def test_a_wait_at_or_above_the_gateway_receive_timeout_is_refused_before_sendin
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"--timeout {wait_ms}:" in err and "179999" in err
-    call = cli.plan_call(cli.build_parser().parse_args([*argv[:4], "--timeout", "179999"]))
+    call = cli_gateway.plan_call(cli.build_parser().parse_args([*argv[:4], "--timeout", "179999"]))
     assert call.url.endswith("/wait?timeout=179999")
 
 
@@ -257,7 +257,7 @@ def test_infer_posts_the_envelope_with_the_bearer_and_prints_the_reply(gateway, 
 
 def test_infer_sends_only_images_when_nothing_else_is_given_and_reads_the_gateway_env(gateway, images):
     gateway.reply = Reply(200, ENVELOPE)
-    done = svcctl("infer", "M", str(images[0]), env={cli.GATEWAY_ENV: gateway.url + "/"})
+    done = svcctl("infer", "M", str(images[0]), env={cli_gateway.GATEWAY_ENV: gateway.url + "/"})
     assert done.returncode == 0
     [seen] = gateway.requests
     assert seen.path == "/v1/models/M/infer"

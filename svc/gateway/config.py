@@ -11,18 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from svc.config import (
-    ConfigError,
-    Key,
-    apply_keys,
-    header_timeout_setting,
-    keys_of,
-    listen_backlog_setting,
-    max_connections_setting,
-    read_toml,
-    setting,
-    sub_table,
-)
+from svc import config as base
+from svc.config import ConfigError, Key, apply_keys, keys_of, read_toml, setting, sub_table
 
 
 @dataclass(frozen=True)
@@ -55,9 +45,9 @@ class GatewayConfig:
         "Browser origins whose calls the gateway answers with CORS headers; default: the supervisor UI "
         "(http://127.0.0.1:<port> and http://localhost:<port> of [supervisor]).", type=list)
     idle_timeout_s: int = setting(660, "Client connections idle this long are closed.", minimum=1)
-    header_timeout_ms: int = header_timeout_setting()
-    max_connections: int = max_connections_setting(1024, "503 status 65")
-    listen_backlog: int = listen_backlog_setting()
+    header_timeout_ms: int = base.header_timeout_setting()
+    max_connections: int = base.max_connections_setting(1024, "503 status 65")
+    listen_backlog: int = base.listen_backlog_setting()
 
     def replace(self, **changes: object) -> "GatewayConfig":
         from dataclasses import replace

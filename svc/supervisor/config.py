@@ -12,18 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from svc.config import (
-    ConfigError,
-    Key,
-    apply_keys,
-    header_timeout_setting,
-    keys_of,
-    listen_backlog_setting,
-    max_connections_setting,
-    read_toml,
-    setting,
-    sub_table,
-)
+from svc import config as base
+from svc.config import ConfigError, Key, apply_keys, keys_of, read_toml, setting, sub_table
 
 POLICIES = ("on-failure", "always", "no")
 WEIGHTS_CHOICES = ("demo", "pretrained")
@@ -59,9 +49,9 @@ class SupervisorConfig:
         "How long a child whose port is busy at start (an orphan of a previous supervisor still exiting) is retried, "
         "on the back-off schedule, before it is start_failed.", minimum=0)
     gateway_restart: str = setting("on-failure", "Restart policy of the gateway child.", choices=POLICIES)
-    header_timeout_ms: int = header_timeout_setting()
-    max_connections: int = max_connections_setting(128, "503 {ok: false, error}")
-    listen_backlog: int = listen_backlog_setting()
+    header_timeout_ms: int = base.header_timeout_setting()
+    max_connections: int = base.max_connections_setting(128, "503 {ok: false, error}")
+    listen_backlog: int = base.listen_backlog_setting()
     server_policies: dict
     gateway_host: str
     gateway_port: int

@@ -164,18 +164,6 @@ def test_gateway_refusals(gateway_config, environment, tmp_path):
         f"service-gateway: the model-server config directory {tmp_path / 'nowhere'} does not exist")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--port", "0"], "--port must be 1..65535, not 0"),
-    (["--port", "65536"], "--port must be 1..65535, not 65536"),
-    (["--listen-fd", "2"], "--listen-fd must be an inherited descriptor >= 3, not 2"),
-    (["--ready-fd", "1"], "--ready-fd must be an inherited descriptor >= 3, not 1"),
-])
-def test_gateway_bad_options(argv, message):
-    with pytest.raises(usage.UsageError) as error:
-        gateway_tap.Options().parseOptions(argv)
-    assert str(error.value) == message
-
-
 # ---------------------------------------------------------------- supervisor
 
 
@@ -231,16 +219,6 @@ def test_supervisor_refusals(supervisor_config, environment, tmp_path):
     environment.delenv("SERVICE_API_TOKEN")
     assert refusal(supervisor_tap, ["--config", config]) == (
         "service-supervisor: SERVICE_API_TOKEN is not set: the management API needs it (no anonymous mode)")
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--profile", "tpu"], "--profile must be cpu, gpu or auto, not 'tpu'"),
-    (["--weights", "random"], "--weights must be demo or pretrained, not 'random'"),
-])
-def test_supervisor_bad_options(argv, message):
-    with pytest.raises(usage.UsageError) as error:
-        supervisor_tap.Options().parseOptions(argv)
-    assert str(error.value) == message
 
 
 # ---------------------------------------------------------------- model server
@@ -305,12 +283,19 @@ def test_model_server_device_refusal_names_the_file(environment, monkeypatch):
         f"service-model: {server}: backend.device is 'gpu' but CUDA is not available")
 
 
-@pytest.mark.parametrize("argv, message", [
-    ([], "--server is required (for example --server conf/server/MOBILENETV2.toml)"),
-    (["--server", "x.toml", "--device", "tpu"], "--device must be cpu or gpu, not 'tpu'"),
-    (["--server", "x.toml", "--port", "70000"], "--port must be 1..65535, not 70000"),
+@pytest.mark.parametrize("tap, argv, message", [
+    (gateway_tap, ["--port", "0"], "--port must be 1..65535, not 0"),
+    (gateway_tap, ["--port", "65536"], "--port must be 1..65535, not 65536"),
+    (gateway_tap, ["--listen-fd", "2"], "--listen-fd must be an inherited descriptor >= 3, not 2"),
+    (gateway_tap, ["--ready-fd", "1"], "--ready-fd must be an inherited descriptor >= 3, not 1"),
+    (supervisor_tap, ["--profile", "tpu"], "--profile must be cpu, gpu or auto, not 'tpu'"),
+    (supervisor_tap, ["--weights", "random"], "--weights must be demo or pretrained, not 'random'"),
+    (model_tap, [], "--server is required (for example --server conf/server/MOBILENETV2.toml)"),
+    (model_tap, ["--server", "x.toml", "--device", "tpu"], "--device must be cpu or gpu, not 'tpu'"),
+    (model_tap, ["--server", "x.toml", "--port", "70000"], "--port must be 1..65535, not 70000"),
 ])
-def test_model_server_bad_options(argv, message):
+def test_bad_options_are_refused_by_the_option_parser(tap, argv, message):
+    """twistd prints these usage errors with the synopsis and exits before makeService runs."""
     with pytest.raises(usage.UsageError) as error:
-        model_tap.Options().parseOptions(argv)
+        tap.Options().parseOptions(argv)
     assert str(error.value) == message

@@ -52,7 +52,6 @@ STOPPED, STARTING, RUNNING, STOPPING, BACKOFF, FAILED, START_FAILED = (
     "stopped", "starting", "running", "stopping", "backoff", "failed", "start_failed",
 )
 STATES = (STOPPED, STARTING, RUNNING, STOPPING, BACKOFF, FAILED, START_FAILED)
-POLICIES = ("on-failure", "always", "no")
 
 #: Runs before the child's own program: become a session (and process group)
 #: leader, ask for SIGTERM when the supervisor dies, give up if it already

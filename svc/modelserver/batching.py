@@ -50,20 +50,6 @@ class QueueFull(Exception):
         self.limit = limit
 
 
-class LazyInput:
-    """A model input that the worker running its batch makes, right before the forward pass.
-
-    ``make()`` returns the input, or the :class:`ItemResult` of an item that
-    cannot be made (a bad image): that item fails alone.  Used with
-    ``backend.decode_in_worker``; the queue treats it like any input.
-    """
-
-    __slots__ = ("make",)
-
-    def __init__(self, make: Callable[[], Any]) -> None:
-        self.make = make
-
-
 class Item:
     """One image on its way through the queue."""
 

@@ -102,7 +102,7 @@ class ModelServerService(ListeningMultiService):
         )
         self.inference = Inference(
             clock=reactor,
-            factory=factory,
+            engine=self.engine,
             validator=RequestValidator(params, options, config.max_request_items),
             queue=self.queue,
             run_decode=self.decode.runner(reactor),
@@ -169,7 +169,6 @@ class ModelServerService(ListeningMultiService):
     def _loaded(self, warmup: tuple[float, int]) -> None:
         seconds, items = warmup
         self.queue.observe_throughput(seconds, items)
-        self.inference.model = self.engine.model
         frozen = freeze_heap()  # the model and the warm-up are built: keep full collections off the reactor
         self.app.set_ready(self.engine.version)
         self.metrics.ready.set(1)

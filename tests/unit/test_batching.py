@@ -9,6 +9,7 @@ from twisted.internet.task import Clock
 from svc import status as st
 from svc.envelope import ItemResult, ModelIdentity, result_envelope
 from svc.modelserver.batching import BatchQueue, Item, QueueFull
+from svc.modelserver.engine import Engine
 from svc.modelserver.inference import Inference
 from svc.process import inline_runner
 from svc.request import InferenceRequest, RequestValidator
@@ -185,14 +186,17 @@ class Model:
 
 class Factory:
     needs_image = False
+    data_schema = {"type": "object"}
 
 
 def inference(clock: Clock, decode_in_worker: bool = False, **kw) -> tuple[Inference, Runner]:
+    """An Inference over a loaded engine whose batches go to the test's Runner (the engine runs none)."""
     q, runner = make(clock, **kw)
+    engine = Engine(Factory(), {}, "cpu", inline_runner)
+    engine.model = Model()
     validator = RequestValidator(ObjectSchema(object_schema({})), ObjectSchema(object_schema({})), 16)
-    inf = Inference(clock=clock, factory=Factory(), validator=validator, queue=q, run_decode=inline_runner,
+    inf = Inference(clock=clock, engine=engine, validator=validator, queue=q, run_decode=inline_runner,
                     max_image_pixels=10**6, decode_in_worker=decode_in_worker)
-    inf.model = Model()
     return inf, runner
 
 

@@ -288,3 +288,35 @@ def test_when_idle_fires_once_the_last_batch_ends():
     assert idle == [] and runner.names() == [["a"], ["b"]]
     runner.finish()
     assert idle == [None] and set(results) == {"a", "b"}
+
+
+def test_when_idle_waits_for_a_request_still_being_decoded():
+    clock = Clock()
+    q, runner = make(clock)
+    decoding = q.admit(2)
+    idle = []
+    q.when_idle().addCallback(idle.append)
+    assert idle == [] and not q.idle  # nothing queued or running, but two items are on their way
+    decoding.release()
+    assert idle == [None] and q.idle and runner.batches == []
+
+
+def test_when_idle_fires_when_the_last_waiting_item_is_dropped():
+    clock, results = Clock(), {}
+    q, runner = make(clock)
+    first, second = q.admit(1), q.admit(1)
+    x = item("x", results)
+    first.enqueue([x])  # waits for its window: the second request may join the batch
+    idle = []
+    q.when_idle().addCallback(idle.append)
+    q.drop(x)  # its request ended (client gone)
+    assert idle == [] and q.waiting == 1
+    second.release()
+    assert idle == [None] and runner.batches == [] and results == {}
+
+
+def test_when_idle_is_already_fired_on_an_idle_queue():
+    q, _ = make(Clock())
+    idle = []
+    q.when_idle().addCallback(idle.append)
+    assert idle == [None]

@@ -332,7 +332,7 @@ class Child:
         if protocol is not self._protocol:
             return
         self._protocol = None
-        self.logs.flush()
+        self.logs.ended()
         if self._kill_timer is not None and self._kill_timer.active():
             self._kill_timer.cancel()
         self._kill_timer = None

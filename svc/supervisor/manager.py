@@ -128,7 +128,7 @@ class ChildManager:
                 )
             )
         for spec in specs:
-            logs = LogSink(spec.name, config.log_dir, max_bytes=config.log_max_bytes,
+            logs = LogSink(spec.name, config.log_dir, clock=reactor, max_bytes=config.log_max_bytes,
                            backups=config.log_backups, ring_lines=config.log_ring_lines)
             if spec.name == GATEWAY:
                 if binder is None:  # the gateway's own listen_backlog, on the socket held for it

@@ -30,10 +30,12 @@ from twisted.logger import Logger
 from svc.auth import metrics_token_problem
 from svc.config import ModelServerConfig, model_server_configs
 from svc.process import SUPERVISOR_PID_ENV
-from svc.supervisor.child import Child, ChildSpec, Timing, kill_group, port_is_free
+from svc.supervisor.backoff import Timing
+from svc.supervisor.child import Child, ChildSpec
 from svc.supervisor.config import Profile, SupervisorConfig, weights_choice
 from svc.supervisor.handover import GatewayChild, bind_listening_socket
 from svc.supervisor.logsink import LogSink
+from svc.supervisor.spawn import kill_group, port_is_free
 
 log = Logger()
 

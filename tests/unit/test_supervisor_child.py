@@ -10,10 +10,10 @@ from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
 
+from svc.supervisor.backoff import Timing
 from svc.supervisor.child import (
     BACKOFF,
     FAILED,
-    GROUP_LEADER,
     RUNNING,
     START_FAILED,
     STARTING,
@@ -22,9 +22,9 @@ from svc.supervisor.child import (
     Child,
     ChildError,
     ChildSpec,
-    Timing,
 )
 from svc.supervisor.logsink import LogSink
+from svc.supervisor.spawn import GROUP_LEADER
 
 
 class FakeTransport:

@@ -92,9 +92,9 @@ class _GatewayProtocol(ChildProtocol):
         if fd == READY_FD:
             if text.startswith("ready") and not self._signalled:
                 self._signalled = True
-                self.gateway._ready_signal(self)
+                self.gateway.ready_line(self)
             elif text.startswith("closed"):
-                self.gateway._closed_signal(self)
+                self.gateway.closed_line(self)
             return
         self.tail.append(text)
         self.child.logs.line("stdout" if fd == 1 else "stderr", text)
@@ -200,7 +200,7 @@ class GatewayChild(Child):
         protocol.pid = transport.pid
         return transport
 
-    def _ready_signal(self, protocol: _GatewayProtocol) -> None:
+    def ready_line(self, protocol: _GatewayProtocol) -> None:
         """A gateway process wrote its ready line: it accepts on the socket now."""
         if self._handover is not None and protocol is self._handover.protocol:
             self._promote()
@@ -300,7 +300,8 @@ class GatewayChild(Child):
         self._retiring[protocol] = _Retiring(pid, timer, [closed])
         return closed
 
-    def _closed_signal(self, protocol: _GatewayProtocol) -> None:
+    def closed_line(self, protocol: _GatewayProtocol) -> None:
+        """A retiring gateway process accepts no more (its ``closed`` line, exit or SIGKILL)."""
         retiring = self._retiring.get(protocol)
         if retiring is not None:
             waiters, retiring.closed = retiring.closed, []
@@ -312,11 +313,11 @@ class GatewayChild(Child):
         if retiring is not None:
             self.logs.note(f"previous pid {retiring.pid} still running after {self.timing.stop_grace:g} s: SIGKILL")
             self.killer(retiring.pid, signal.SIGKILL)
-            self._closed_signal(protocol)
+            self.closed_line(protocol)
 
     def process_ended(self, protocol: Any, reason: Any) -> None:
         if protocol in self._retiring:
-            self._closed_signal(protocol)
+            self.closed_line(protocol)
             retiring = self._retiring.pop(protocol)
             if retiring.kill_timer.active():
                 retiring.kill_timer.cancel()

@@ -57,7 +57,6 @@ class LogSink:
         flush_delay: float = FLUSH_DELAY_S,
         flush_size: int = FLUSH_SIZE,
     ) -> None:
-        self.name = name
         self.clock = clock  # IReactorTime: line times and the write timer
         self.ring: deque[tuple[int, float, str, str]] = deque(maxlen=ring_lines)
         self.next_seq = 0

@@ -30,10 +30,12 @@ from twisted.logger import Logger
 from svc.auth import metrics_token_problem
 from svc.config import ModelServerConfig, model_server_configs
 from svc.process import SUPERVISOR_PID_ENV
-from svc.supervisor.child import Child, ChildSpec, Timing, kill_group, port_is_free
+from svc.supervisor.backoff import Timing
+from svc.supervisor.child import Child, ChildSpec
 from svc.supervisor.config import Profile, SupervisorConfig, weights_choice
 from svc.supervisor.handover import GatewayChild, bind_listening_socket
 from svc.supervisor.logsink import LogSink
+from svc.supervisor.spawn import kill_group, port_is_free
 
 log = Logger()
 
@@ -128,7 +130,7 @@ class ChildManager:
                 )
             )
         for spec in specs:
-            logs = LogSink(spec.name, config.log_dir, max_bytes=config.log_max_bytes,
+            logs = LogSink(spec.name, config.log_dir, clock=reactor, max_bytes=config.log_max_bytes,
                            backups=config.log_backups, ring_lines=config.log_ring_lines)
             if spec.name == GATEWAY:
                 if binder is None:  # the gateway's own listen_backlog, on the socket held for it

@@ -32,7 +32,8 @@ class Options(usage.Options):
     optParameters = [
         ["config", "c", "conf/service.toml", "The service config (its [gateway] table; a missing file means defaults)."],
         ["host", None, None, "Listen on this address instead of the config's."],
-        ["port", "p", None, "Listen on this port instead of the config's.", int],
+        ["port", "p", None, "Listen on this port instead of the config's; 0 takes a free port, named in the "
+         "'gateway on http://HOST:N/' log line (for tests: no window between choosing a port and binding it).", int],
         ["keys", "k", None, "The API key file instead of the config's keys_file."],
         ["servers", None, None, "The model-server config directory instead of the config's servers_dir."],
         ["listen-fd", None, None, "Accept on this inherited listening socket instead of binding (the supervisor's).",
@@ -47,8 +48,8 @@ class Options(usage.Options):
         sys.exit(0)
 
     def postOptions(self) -> None:
-        if self["port"] is not None and not 1 <= self["port"] <= 65535:
-            raise usage.UsageError(f"--port must be 1..65535, not {self['port']}")
+        if self["port"] is not None and not 0 <= self["port"] <= 65535:
+            raise usage.UsageError(f"--port must be 0..65535, not {self['port']}")
         for name in ("listen-fd", "ready-fd"):
             if self[name] is not None and self[name] < 3:
                 raise usage.UsageError(f"--{name} must be an inherited descriptor >= 3, not {self[name]}")

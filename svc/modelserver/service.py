@@ -161,7 +161,7 @@ class ModelServerService(ListeningMultiService):
     def startService(self) -> None:
         super().startService()
         log.info("{id}: listening on 127.0.0.1:{port}; loading the model on {device}; images decoded {where}",
-                 id=self.config.id, port=self.config.port, device=self.device,
+                 id=self.config.id, port=self.listener._port.getHost().port, device=self.device,  # the bound one
                  where="in the inference thread" if self.inference.decode_in_worker else "in the decode pool")
         d = self.engine.load(self.config.max_batch_size)
         d.addCallbacks(self._loaded, self._load_failed)

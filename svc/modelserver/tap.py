@@ -29,7 +29,8 @@ class Options(usage.Options):
     longdesc = "Serve one catalog model on 127.0.0.1 (loopback only)."
     optParameters = [
         ["server", "s", None, "The model-server TOML file (conf/server/<ID>.toml)."],
-        ["port", "p", None, "Listen on this port instead of the file's.", int],
+        ["port", "p", None, "Listen on this port instead of the file's; 0 takes a free port, named in the "
+         "'listening on 127.0.0.1:N' log line (for tests: no window between choosing a port and binding it).", int],
         ["device", None, None, "Override backend.device: cpu or gpu."],
         ["weights", None, None, "Override [model] weights: demo (random init) or pretrained[:VARIANT] (the default "
          "or named pretrained variant, from the weights cache); the supervisor passes its profile's choice."],
@@ -55,8 +56,8 @@ class Options(usage.Options):
         weights = self["weights"]
         if weights is not None and weights != "demo" and not (weights == "pretrained" or weights.startswith("pretrained:")):
             raise usage.UsageError(f"--weights must be demo, pretrained or pretrained:VARIANT, not {weights!r}")
-        if self["port"] is not None and not 1 <= self["port"] <= 65535:
-            raise usage.UsageError(f"--port must be 1..65535, not {self['port']}")
+        if self["port"] is not None and not 0 <= self["port"] <= 65535:
+            raise usage.UsageError(f"--port must be 0..65535, not {self['port']}")
         from svc.process import own_pidfile
 
         own_pidfile(self, f"{PROGRAM}-{os.path.splitext(os.path.basename(self['server']))[0]}")

@@ -284,15 +284,15 @@ def test_model_server_device_refusal_names_the_file(environment, monkeypatch):
 
 
 @pytest.mark.parametrize("tap, argv, message", [
-    (gateway_tap, ["--port", "0"], "--port must be 1..65535, not 0"),
-    (gateway_tap, ["--port", "65536"], "--port must be 1..65535, not 65536"),
+    (gateway_tap, ["--port", "-1"], "--port must be 0..65535, not -1"),  # 0: a free port (tests/support)
+    (gateway_tap, ["--port", "65536"], "--port must be 0..65535, not 65536"),
     (gateway_tap, ["--listen-fd", "2"], "--listen-fd must be an inherited descriptor >= 3, not 2"),
     (gateway_tap, ["--ready-fd", "1"], "--ready-fd must be an inherited descriptor >= 3, not 1"),
     (supervisor_tap, ["--profile", "tpu"], "--profile must be cpu, gpu or auto, not 'tpu'"),
     (supervisor_tap, ["--weights", "random"], "--weights must be demo or pretrained, not 'random'"),
     (model_tap, [], "--server is required (for example --server conf/server/MOBILENETV2.toml)"),
     (model_tap, ["--server", "x.toml", "--device", "tpu"], "--device must be cpu or gpu, not 'tpu'"),
-    (model_tap, ["--server", "x.toml", "--port", "70000"], "--port must be 1..65535, not 70000"),
+    (model_tap, ["--server", "x.toml", "--port", "70000"], "--port must be 0..65535, not 70000"),
 ])
 def test_bad_options_are_refused_by_the_option_parser(tap, argv, message):
     """twistd prints these usage errors with the synopsis and exits before makeService runs."""

@@ -41,22 +41,24 @@ from urllib.parse import quote, urlsplit
 
 from svc import __version__, version_line
 from svc.auth import SCOPES, check_key_name, hash_key, new_key
+from svc.protocol import GATEWAY_PORT, GATEWAY_RESTART_PATH, SUPERVISOR_PORT, UPSTREAM_RECV_TIMEOUT_MS, local_url
+from svc.query import WAIT_DEFAULT_MS
 
-DEFAULT_GATEWAY = "http://127.0.0.1:8080"
+DEFAULT_GATEWAY = local_url(GATEWAY_PORT)
 GATEWAY_ENV = "SERVICE_GATEWAY_URL"
 #: Variables holding the Bearer token, in the order they are consulted.
 TOKEN_ENVS = ("SERVICE_API_KEY", "SERVICE_GATEWAY_AUTH_TOKEN", "SERVICE_API_TOKEN")
 DEFAULT_TIMEOUT_S = 300.0
-#: ``jobs wait``: the gateway's default wait budget (SPEC) and the margin the
+#: ``jobs wait``: the default wait budget (svc.query) and the margin the
 #: client timeout keeps above the budget.
-DEFAULT_WAIT_MS = 30000
+DEFAULT_WAIT_MS = WAIT_DEFAULT_MS
 WAIT_MARGIN_S = 30.0
-#: The gateway's ``upstream_recv_timeout_ms`` (SPEC's limit table: 180000).  A
+#: The gateway's default ``upstream_recv_timeout_ms`` (svc.protocol).  A
 #: model server takes waits up to 300000 ms, but the gateway answers a budget
 #: at or above this with 502, so ``jobs wait`` refuses such a budget before
 #: sending it: the one number a wait through the gateway must stay below.
-GATEWAY_RECV_TIMEOUT_MS = 180000
-GATEWAY_RESTART = "POST /api/v1/servers/__gateway/restart"
+GATEWAY_RECV_TIMEOUT_MS = UPSTREAM_RECV_TIMEOUT_MS
+GATEWAY_RESTART = f"POST {GATEWAY_RESTART_PATH}"
 
 #: TOML bare keys; other key names (those with a '.') are written quoted.
 _BARE_KEY = re.compile(r"[A-Za-z0-9_\-]+")
@@ -102,7 +104,7 @@ def _keygen(args: argparse.Namespace) -> int:
           "Paste the entry into conf/api_keys.toml, then restart the gateway so that it reloads the file:\n"
           f"  {GATEWAY_RESTART} on the supervisor (Bearer SERVICE_API_TOKEN), e.g.\n"
           '  curl -X POST -H "Authorization: Bearer $SERVICE_API_TOKEN" '
-          "http://127.0.0.1:8787/api/v1/servers/__gateway/restart",
+          f"{local_url(SUPERVISOR_PORT)}{GATEWAY_RESTART_PATH}",
           file=sys.stderr)
     return EXIT_OK
 

@@ -40,12 +40,13 @@ from tomlkit.exceptions import TOMLKitError
 from svc.auth import API_TOKEN_ENV, SCOPES, KeyEntry, check_key_name, hash_key, load_key_file, new_key
 from svc.cli import EXIT_HTTP, EXIT_OK, EXIT_USAGE, CliError, HttpCall, _describe, _exchange, _fail, key_entry
 from svc.config import ConfigError
+from svc.protocol import GATEWAY_RESTART_PATH, SUPERVISOR_PORT, local_url
 
 SERVICE_CONFIG = "conf/service.toml"
 DEFAULT_KEYS_FILE = "conf/api_keys.toml"
-DEFAULT_SUPERVISOR = "http://127.0.0.1:8787"
+DEFAULT_SUPERVISOR = local_url(SUPERVISOR_PORT)
 SUPERVISOR_ENV = "SERVICE_SUPERVISOR_URL"
-RESTART_PATH = "/api/v1/servers/__gateway/restart"
+RESTART_PATH = GATEWAY_RESTART_PATH
 RESTART_TIMEOUT_S = 60.0
 #: The first lines of a key file that ``keys add`` creates.
 NEW_FILE_HEADER = ("The gateway's API keys, one [keys.<name>] table per key (svcctl keys add|disable|list).",

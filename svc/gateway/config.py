@@ -12,13 +12,14 @@ import os
 from dataclasses import dataclass
 
 from svc.config import ConfigError, Key, apply_keys, http_limit_keys, read_toml, sub_table
+from svc.protocol import GATEWAY_PORT, LOOPBACK, SUPERVISOR_PORT, UPSTREAM_RECV_TIMEOUT_MS, local_url
 
 GATEWAY_KEYS: tuple[Key, ...] = (
-    Key("host", str, "127.0.0.1", "Address the gateway listens on (a wildcard needs SERVICE_EXPOSE)."),
-    Key("port", int, 8080, "Port of the gateway.", minimum=1, maximum=65535),
+    Key("host", str, LOOPBACK, "Address the gateway listens on (a wildcard needs SERVICE_EXPOSE)."),
+    Key("port", int, GATEWAY_PORT, "Port of the gateway.", minimum=1, maximum=65535),
     Key("keys_file", str, "conf/api_keys.toml", "The API key file ([keys.<name>] tables)."),
     Key("servers_dir", str, "conf/server", "Directory of the model-server configs: the catalog the gateway routes to."),
-    Key("upstream_recv_timeout_ms", int, 180000,
+    Key("upstream_recv_timeout_ms", int, UPSTREAM_RECV_TIMEOUT_MS,
         "Longest wait for a model server's whole reply (502 after it); a job wait budget at or above it is 502.",
         minimum=1),
     Key("upstream_connect_timeout_ms", int, 5000, "Longest wait for a connection to a model server.", minimum=1),
@@ -69,8 +70,8 @@ def load_gateway_config(path: str) -> GatewayConfig:
     origins = values.pop("cors_origins")
     if origins is None:
         supervisor = sub_table(path, data, "supervisor")
-        port = supervisor.get("port", 8787)
-        origins = [f"http://127.0.0.1:{port}", f"http://localhost:{port}"]
+        port = supervisor.get("port", SUPERVISOR_PORT)
+        origins = [local_url(port), f"http://localhost:{port}"]
     for origin in origins:
         if not isinstance(origin, str) or not origin.startswith(("http://", "https://")) or origin.endswith("/"):
             raise ConfigError(path, "gateway.cors_origins",

@@ -13,14 +13,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from svc.config import ConfigError, Key, apply_keys, http_limit_keys, read_toml, sub_table
+from svc.protocol import GATEWAY_PORT, LOOPBACK, SUPERVISOR_PORT
 
 POLICIES = ("on-failure", "always", "no")
 WEIGHTS_CHOICES = ("demo", "pretrained")
 PRETRAINED = "pretrained"
 
 SUPERVISOR_KEYS: tuple[Key, ...] = (
-    Key("host", str, "127.0.0.1", "Address of the management API and UI (a wildcard needs SERVICE_EXPOSE)."),
-    Key("port", int, 8787, "Port of the management API and UI.", minimum=1, maximum=65535),
+    Key("host", str, LOOPBACK, "Address of the management API and UI (a wildcard needs SERVICE_EXPOSE)."),
+    Key("port", int, SUPERVISOR_PORT, "Port of the management API and UI.", minimum=1, maximum=65535),
     Key("profile", str, "auto", "cpu, gpu, or auto (gpu when an NVIDIA driver is present).", choices=("auto", "cpu", "gpu")),
     Key("servers_dir", str, "conf/server", "Directory of the model-server configs (the catalog)."),
     Key("profiles_dir", str, "conf/profiles", "Directory of the profile files."),
@@ -131,8 +132,8 @@ def load_supervisor_config(path: str) -> SupervisorConfig:
     return SupervisorConfig(
         path=path,
         server_policies=policies,
-        gateway_host=str(gateway.get("host", "127.0.0.1")),
-        gateway_port=int(gateway.get("port", 8080)),
+        gateway_host=str(gateway.get("host", LOOPBACK)),
+        gateway_port=int(gateway.get("port", GATEWAY_PORT)),
         # The supervisor holds the gateway's listening socket (svc/supervisor/handover.py).
         gateway_listen_backlog=int(gateway.get("listen_backlog", 1024)),
         **values,

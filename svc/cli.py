@@ -428,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "handler", None) is not None:  # commands that live in their own modules
         return args.handler(args)
     if args.command == "openapi":
-        from svc import openapi as doc
+        from svc.openapi import committed as doc
 
         return doc.main([f"--{args.mode}"])
     if args.command == "keygen":

@@ -37,7 +37,7 @@ from svc.modelserver.engine import Engine
 from svc.modelserver.inference import Inference
 from svc.modelserver.job_routes import JobRoutes
 from svc.modelserver.jobs import JobTable
-from svc.openapi import model_server_document
+from svc.openapi.modelserver import model_server_document
 from svc.options import options_schema
 from svc.process import (
     ORPHAN_EXIT_S,

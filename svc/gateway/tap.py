@@ -56,7 +56,12 @@ class Options(usage.Options):
         own_pidfile(self, PROGRAM)
 
 
-def makeService(options: Options) -> Any:
+def makeService(options: Options, reactor: Any = None) -> Any:
+    """The gateway's service, or a refusal (SystemExit, exit 1) before anything listens.
+
+    twistd passes ``options`` only; ``reactor`` (default: the global one) lets
+    tests build the service tree in-process without running a reactor.
+    """
     from svc.auth import Refused, bind_problem, decide
     from svc.config import ConfigError
     from svc.gateway.catalog import CatalogError, load_catalog
@@ -91,7 +96,8 @@ def makeService(options: Options) -> Any:
         except OSError as e:
             raise refuse(PROGRAM, f"--listen-fd {options['listen-fd']}: {e}") from None
 
-    from twisted.internet import reactor
+    if reactor is None:
+        from twisted.internet import reactor
 
     from svc.gateway.service import GatewayService
     from svc.process import exit_zero_on_signals

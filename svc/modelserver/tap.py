@@ -81,7 +81,30 @@ def weights_override(factory: Any, choice: str) -> str:
     return choice
 
 
-def makeService(options: Options) -> Any:
+def prepare_torch(config: Any) -> str:
+    """The process's torch settings from ``[backend]``: malloc tuning, threads, device; the torch device.
+
+    A device that cannot be had (``gpu`` without CUDA) is refused with one line.
+    Process-wide, so it is its own step: tests of the service tree replace it.
+    """
+    from svc import torchenv
+    from svc.process import refuse
+
+    try:
+        if config.backend.tune_malloc:
+            torchenv.tune_malloc()
+        torchenv.configure_threads(config.backend.threads, config.backend.workers)
+        return torchenv.select_device(config.backend.device, config.gpu_mem_limit_mb)
+    except torchenv.DeviceError as e:
+        raise refuse(PROGRAM, f"{config.path}: {e}") from None
+
+
+def makeService(options: Options, reactor: Any = None) -> Any:
+    """The model server's service, or a refusal (SystemExit, exit 1) before the reactor runs.
+
+    twistd passes ``options`` only; ``reactor`` (default: the global one) lets
+    tests build the service tree in-process without running a reactor.
+    """
     from svc.config import ConfigError, load_model_server_config
     from svc.modelapi import PluginError, find_factory, model_config
     from svc.process import refuse
@@ -111,17 +134,10 @@ def makeService(options: Options) -> Any:
             f"{AUTH_ENV} is not set: set it (the supervisor injects one) or pass --dev-no-auth for local development",
         )
 
-    from twisted.internet import reactor
+    if reactor is None:
+        from twisted.internet import reactor
 
-    from svc import torchenv
-
-    try:
-        if config.backend.tune_malloc:
-            torchenv.tune_malloc()
-        torchenv.configure_threads(config.backend.threads, config.backend.workers)
-        device = torchenv.select_device(config.backend.device, config.gpu_mem_limit_mb)
-    except torchenv.DeviceError as e:
-        raise refuse(PROGRAM, f"{path}: {e}") from None
+    device = prepare_torch(config)
 
     from svc.modelserver.service import ModelServerService
     from svc.process import exit_zero_on_signals

@@ -40,10 +40,12 @@ from svc.protocol import (
     READY_PATH,
     UPSTREAM_TOKENS_ENV,
 )
-from svc.supervisor.child import Child, ChildSpec, Timing, kill_group, port_is_free
+from svc.supervisor.backoff import Timing
+from svc.supervisor.child import Child, ChildSpec
 from svc.supervisor.config import Profile, SupervisorConfig, weights_choice
 from svc.supervisor.handover import GatewayChild, bind_listening_socket
 from svc.supervisor.logsink import LogSink
+from svc.supervisor.spawn import kill_group, port_is_free
 
 log = Logger()
 
@@ -138,7 +140,7 @@ class ChildManager:
                 )
             )
         for spec in specs:
-            logs = LogSink(spec.name, config.log_dir, max_bytes=config.log_max_bytes,
+            logs = LogSink(spec.name, config.log_dir, clock=reactor, max_bytes=config.log_max_bytes,
                            backups=config.log_backups, ring_lines=config.log_ring_lines)
             if spec.name == GATEWAY:
                 if binder is None:  # the gateway's own listen_backlog, on the socket held for it

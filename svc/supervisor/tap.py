@@ -61,7 +61,12 @@ def check_bind(host: str, env: dict[str, str]) -> str | None:
     return bind_problem(host, env, "the management API")
 
 
-def makeService(options: Options) -> Any:
+def makeService(options: Options, reactor: Any = None) -> Any:
+    """The supervisor's service, or a refusal (SystemExit, exit 1) before anything listens or is spawned.
+
+    twistd passes ``options`` only; ``reactor`` (default: the global one) lets
+    tests build the service tree in-process without running a reactor.
+    """
     from dataclasses import replace
 
     from svc.config import ConfigError
@@ -85,7 +90,8 @@ def makeService(options: Options) -> Any:
     if refusal:
         raise refuse(PROGRAM, refusal)
 
-    from twisted.internet import reactor
+    if reactor is None:
+        from twisted.internet import reactor
 
     from svc.modelapi import factories
     from svc.supervisor.manager import ChildManager

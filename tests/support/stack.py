@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 import signal
@@ -10,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from svc import auth
 from tests.support.http import get
 from tests.support.processes import Proc, child_env, free_port, spawn, write_config
 
@@ -20,10 +20,9 @@ TOKENS = {
 }
 
 
-def key_entry(name: str, key: str, scope: str = "inference", qps: int = 0, enabled: bool = True) -> str:
-    digest = hashlib.sha256(key.encode()).hexdigest()
-    return (f'[keys.{name}]\nhash = "{digest}"\nscope = "{scope}"\nrate_limit_qps = {qps}\n'
-            f"enabled = {'true' if enabled else 'false'}\n")
+def key_entry(name: str, key: str, scope: str = "inference", qps: int = 0) -> str:
+    """The key file's entry for the plaintext ``key`` (svc.auth writes every entry)."""
+    return auth.key_entry(name, auth.hash_key(key), scope, qps)
 
 
 @dataclass

@@ -42,6 +42,8 @@ def local_url(port: int) -> str:
 #: Liveness (every process) and readiness (a model server) probed by the supervisor.
 HEALTH_PATH = "/healthz"
 READY_PATH = "/ready"
+#: Prometheus text of every process, read by the supervisor's series.
+METRICS_PATH = "/metrics"
 #: A model server's own OpenAPI document, relayed by the supervisor's API.
 OPENAPI_PATH = "/openapi.json"
 

@@ -38,7 +38,18 @@ from svc.gateway.proxy import Proxy, UpstreamFailed, UpstreamUnreachable
 from svc.http import bearer_token, dumps, header, send_json
 from svc.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from svc.metrics import GatewayMetrics, render
-from svc.protocol import HEALTH_PATH, JOB, JOB_RESULT, JOB_WAIT, JOBS, MODEL_INFER, MODEL_PREFIX, klein_rule, model_path
+from svc.protocol import (
+    HEALTH_PATH,
+    JOB,
+    JOB_RESULT,
+    JOB_WAIT,
+    JOBS,
+    METRICS_PATH,
+    MODEL_INFER,
+    MODEL_PREFIX,
+    klein_rule,
+    model_path,
+)
 from svc.query import MAX_DIGITS, wait_budget_ms
 from svc.ratelimit import KeyedLimiter, retry_after_header
 from svc.request import REQ_ID_RE
@@ -103,7 +114,7 @@ class GatewayApp:
         self.app = app = Klein()
 
         app.route(HEALTH_PATH, methods=["GET"])(self.healthz)
-        app.route("/metrics", methods=["GET"])(self.metrics_route)
+        app.route(METRICS_PATH, methods=["GET"])(self.metrics_route)
         app.route(klein_rule(MODEL_INFER), methods=["POST"])(self.infer)
         app.route(klein_rule(MODEL_PREFIX + JOBS), methods=["POST"])(self.submit)
         app.route(klein_rule(MODEL_PREFIX + JOB), methods=["GET"])(self.job_status)

@@ -22,7 +22,7 @@ from svc.http import bearer_token, content_type, dumps, header, send_json
 from svc.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from svc.metrics import render
 from svc.modelserver.batching import QueueFull
-from svc.protocol import HEALTH_PATH, OPENAPI_PATH, READY_PATH, SERVICE_REQUEST_HEADERS
+from svc.protocol import HEALTH_PATH, METRICS_PATH, OPENAPI_PATH, READY_PATH, SERVICE_REQUEST_HEADERS
 from svc.ratelimit import KeyedLimiter, retry_after_header
 from svc.request import REQ_ID_RE
 
@@ -61,7 +61,7 @@ class ModelServerApp:
 
         app.route(HEALTH_PATH, methods=["GET"])(self.healthz)
         app.route(READY_PATH, methods=["GET"])(self.ready_route)
-        app.route("/metrics", methods=["GET"])(self.metrics_route)
+        app.route(METRICS_PATH, methods=["GET"])(self.metrics_route)
         app.route(OPENAPI_PATH, methods=["GET"])(self.openapi_route)
         app.route(config.server_uri, methods=["POST"])(self.infer)
         app.handle_errors(ApiError)(self.api_error)

@@ -22,7 +22,7 @@ from svc.openapi.operations import (
     json_reply,
     rejection,
 )
-from svc.protocol import GATEWAY_PORT, HEALTH_PATH, MODEL_INFER, MODEL_PREFIX, local_url
+from svc.protocol import GATEWAY_PORT, HEALTH_PATH, METRICS_PATH, MODEL_INFER, MODEL_PREFIX, local_url
 
 GATEWAY_AUTH = (
     "Needs `Authorization: Bearer <credential>`: an API key of the key file (any scope), the static token "
@@ -76,7 +76,7 @@ def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any]) ->
                 "responses": {"200": json_reply("Alive (status 0, `model.name` gateway).", ref("Health"))},
             }
         },
-        "/metrics": {
+        METRICS_PATH: {
             "get": {
                 "operationId": "metrics",
                 "summary": "Prometheus metrics: only `Authorization: Bearer <SERVICE_METRICS_TOKEN>`; API keys, the "

@@ -13,7 +13,7 @@ from svc.config import ModelServerConfig
 from svc.modelapi import model_config
 from svc.openapi.components import job_components, model_components, ref, status_components
 from svc.openapi.operations import infer_operation, job_paths, json_reply, not_found_405, rejection
-from svc.protocol import HEALTH_PATH, OPENAPI_PATH, READY_PATH
+from svc.protocol import HEALTH_PATH, METRICS_PATH, OPENAPI_PATH, READY_PATH
 
 
 def model_server_document(config: ModelServerConfig, factory: Any, table: dict | None = None) -> dict:
@@ -50,7 +50,7 @@ def model_server_document(config: ModelServerConfig, factory: Any, table: dict |
                 },
             }
         },
-        "/metrics": {
+        METRICS_PATH: {
             "get": {
                 "operationId": "metrics",
                 "summary": "Prometheus metrics (text exposition format). " + auth,

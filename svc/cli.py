@@ -36,8 +36,9 @@ import sys
 from svc import cli_gateway, version_line
 from svc.auth import SCOPES, check_key_name, hash_key, issue_key
 from svc.cli_http import EXIT_OK, EXIT_USAGE, Client, HttpClient, fail
+from svc.protocol import GATEWAY_RESTART_PATH, SUPERVISOR_PORT, local_url
 
-GATEWAY_RESTART = "POST /api/v1/servers/__gateway/restart"
+GATEWAY_RESTART = f"POST {GATEWAY_RESTART_PATH}"
 
 
 # ---------------------------------------------------------------- keys
@@ -56,13 +57,13 @@ def _keygen(args: argparse.Namespace) -> int:
           "Paste the entry into conf/api_keys.toml, then restart the gateway so that it reloads the file:\n"
           f"  {GATEWAY_RESTART} on the supervisor (Bearer SERVICE_API_TOKEN), e.g.\n"
           '  curl -X POST -H "Authorization: Bearer $SERVICE_API_TOKEN" '
-          "http://127.0.0.1:8787/api/v1/servers/__gateway/restart",
+          f"{local_url(SUPERVISOR_PORT)}{GATEWAY_RESTART_PATH}",
           file=sys.stderr)
     return EXIT_OK
 
 
 def _openapi(args: argparse.Namespace) -> int:
-    from svc import openapi as doc
+    from svc.openapi import committed as doc
 
     return doc.main([f"--{args.mode}"])
 

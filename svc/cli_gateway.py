@@ -21,21 +21,23 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from svc.cli_http import EXIT_INTERRUPTED, EXIT_USAGE, Client, CliError, HttpCall, call_gateway, fail, react
+from svc.protocol import GATEWAY_PORT, UPSTREAM_RECV_TIMEOUT_MS, local_url
+from svc.query import WAIT_DEFAULT_MS
 
-DEFAULT_GATEWAY = "http://127.0.0.1:8080"
+DEFAULT_GATEWAY = local_url(GATEWAY_PORT)
 GATEWAY_ENV = "SERVICE_GATEWAY_URL"
 #: Variables holding the Bearer token, in the order they are consulted.
 TOKEN_ENVS = ("SERVICE_API_KEY", "SERVICE_GATEWAY_AUTH_TOKEN", "SERVICE_API_TOKEN")
 DEFAULT_TIMEOUT_S = 300.0
-#: ``jobs wait``: the gateway's default wait budget (SPEC) and the margin the
+#: ``jobs wait``: the default wait budget (svc.query) and the margin the
 #: client timeout keeps above the budget.
-DEFAULT_WAIT_MS = 30000
+DEFAULT_WAIT_MS = WAIT_DEFAULT_MS
 WAIT_MARGIN_S = 30.0
-#: The gateway's ``upstream_recv_timeout_ms`` (SPEC's limit table: 180000).  A
+#: The gateway's default ``upstream_recv_timeout_ms`` (svc.protocol).  A
 #: model server takes waits up to 300000 ms, but the gateway answers a budget
 #: at or above this with 502, so ``jobs wait`` refuses such a budget before
 #: sending it: the one number a wait through the gateway must stay below.
-GATEWAY_RECV_TIMEOUT_MS = 180000
+GATEWAY_RECV_TIMEOUT_MS = UPSTREAM_RECV_TIMEOUT_MS
 
 
 def parse_value(text: str) -> Any:

@@ -41,6 +41,7 @@ from svc.cli_http import (
     print_reply,
     react,
 )
+from svc.protocol import JOB, JOBS, MODEL_PREFIX
 
 #: A 1x1 grey PNG: the item sent for each sample when no IMAGE is given.  ``images`` is required by
 #: the request, and generative models ignore its pixels.
@@ -218,14 +219,15 @@ class JobRun:
     async def run(self) -> int:
         args = self.args
         base = args.gateway.rstrip("/")
-        model = f"{base}/v1/models/{quote(args.model, safe='')}"
+        model_prefix = MODEL_PREFIX.format(model_id=quote(args.model, safe=""))
+        model = base + model_prefix
         timeout = args.timeout_s if args.timeout_s is not None else DEFAULT_TIMEOUT_S
-        status, phrase, content = await self.call(HttpCall("POST", f"{model}/jobs", self.body(), timeout))
+        status, phrase, content = await self.call(HttpCall("POST", model + JOBS, self.body(), timeout))
         submitted = _json(content)
         if status != 202 or not isinstance(submitted, dict) or not isinstance(submitted.get("job_id"), str):
-            return self.http_error(status, phrase, content, "POST", f"{model}/jobs")
+            return self.http_error(status, phrase, content, "POST", model + JOBS)
         job_id = submitted["job_id"]
-        poll = urljoin(base + "/", submitted.get("poll_url") or f"/v1/models/{quote(args.model, safe='')}/jobs/{job_id}")
+        poll = urljoin(base + "/", submitted.get("poll_url") or model_prefix + JOB.format(job_id=job_id))
         bar = ProgressBar(self.stderr, job_id)
         body = submitted
         wait_timeout = max(args.poll_ms / 1000 + WAIT_MARGIN_S, args.timeout_s or 0.0)

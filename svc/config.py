@@ -21,6 +21,8 @@ from typing import Any
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
+from svc.protocol import HEALTH_PATH, JOBS, METRICS_PATH, OPENAPI_PATH, READY_PATH
+
 REQUIRED = object()
 
 
@@ -162,7 +164,7 @@ def sub_table(path: str, data: Mapping[str, Any], name: str) -> dict:
 # --- model-server configuration ------------------------------------------------
 
 #: Paths a model server answers itself; a ``server_uri`` must not shadow them.
-RESERVED_PATHS = ("/healthz", "/ready", "/metrics", "/openapi.json", "/jobs", "/v1/")
+RESERVED_PATHS = (HEALTH_PATH, READY_PATH, METRICS_PATH, OPENAPI_PATH, JOBS, "/v1/")
 
 
 # The listener limits of one process's HTTP server (svc.http.HttpLimits), declared once for all three

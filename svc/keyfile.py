@@ -40,12 +40,13 @@ from svc.auth import API_TOKEN_ENV, SCOPES, KeyEntry, check_key_name, issue_key,
 from svc.cli_gateway import non_negative_int
 from svc.cli_http import EXIT_HTTP, EXIT_OK, EXIT_USAGE, Client, CliError, HttpCall, describe_failure, fail, react
 from svc.config import ConfigError
+from svc.protocol import GATEWAY_RESTART_PATH, SUPERVISOR_PORT, local_url
 
 SERVICE_CONFIG = "conf/service.toml"
 DEFAULT_KEYS_FILE = "conf/api_keys.toml"
-DEFAULT_SUPERVISOR = "http://127.0.0.1:8787"
+DEFAULT_SUPERVISOR = local_url(SUPERVISOR_PORT)
 SUPERVISOR_ENV = "SERVICE_SUPERVISOR_URL"
-RESTART_PATH = "/api/v1/servers/__gateway/restart"
+RESTART_PATH = GATEWAY_RESTART_PATH
 RESTART_TIMEOUT_S = 60.0
 #: The first lines of a key file that ``keys add`` creates.
 NEW_FILE_HEADER = ("The gateway's API keys, one [keys.<name>] table per key (svcctl keys add|disable|list).",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from svc import config as base
 from svc.config import ConfigError, Key, apply_keys, keys_of, read_toml, setting, sub_table
+from svc.protocol import GATEWAY_PORT, LOOPBACK, SUPERVISOR_PORT, UPSTREAM_RECV_TIMEOUT_MS, local_url
 
 
 @dataclass(frozen=True)
@@ -20,13 +21,13 @@ class GatewayConfig:
     """A validated ``[gateway]`` table; each :func:`svc.config.setting` field is one key."""
 
     path: str
-    host: str = setting("127.0.0.1", "Address the gateway listens on (a wildcard needs SERVICE_EXPOSE).")
-    port: int = setting(8080, "Port of the gateway.", minimum=1, maximum=65535)
+    host: str = setting(LOOPBACK, "Address the gateway listens on (a wildcard needs SERVICE_EXPOSE).")
+    port: int = setting(GATEWAY_PORT, "Port of the gateway.", minimum=1, maximum=65535)
     keys_file: str = setting("conf/api_keys.toml", "The API key file ([keys.<name>] tables).")
     servers_dir: str = setting("conf/server",
                                "Directory of the model-server configs: the catalog the gateway routes to.")
     upstream_recv_timeout_ms: int = setting(
-        180000,
+        UPSTREAM_RECV_TIMEOUT_MS,
         "Longest wait for a model server's whole reply (502 after it); a job wait budget at or above it is 502.",
         minimum=1)
     upstream_connect_timeout_ms: int = setting(5000, "Longest wait for a connection to a model server.", minimum=1)
@@ -65,8 +66,8 @@ def load_gateway_config(path: str) -> GatewayConfig:
     origins = values.pop("cors_origins")
     if origins is None:
         supervisor = sub_table(path, data, "supervisor")
-        port = supervisor.get("port", 8787)
-        origins = [f"http://127.0.0.1:{port}", f"http://localhost:{port}"]
+        port = supervisor.get("port", SUPERVISOR_PORT)
+        origins = [local_url(port), f"http://localhost:{port}"]
     for origin in origins:
         if not isinstance(origin, str) or not origin.startswith(("http://", "https://")) or origin.endswith("/"):
             raise ConfigError(path, "gateway.cors_origins",

@@ -25,10 +25,9 @@ from svc.gateway.proxy import Proxy, make_agent, make_pool
 from svc.http import HttpLimits
 from svc.metrics import GatewayMetrics, new_registry
 from svc.process import ORPHAN_EXIT_S, ListeningMultiService, freeze_heap, supervisor_gone
+from svc.protocol import GATEWAY_PROGRAM as PROGRAM
 
 log = Logger()
-
-PROGRAM = "service-gateway"
 
 
 #: Orphaned: requests in flight get this long (svc.process.ORPHAN_EXIT_S bounds the exit).

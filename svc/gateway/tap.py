@@ -22,8 +22,7 @@ from typing import Any
 from twisted.python import usage
 
 from svc import version_line
-
-PROGRAM = "service-gateway"
+from svc.protocol import GATEWAY_PROGRAM as PROGRAM
 
 
 class Options(usage.Options):

@@ -22,12 +22,11 @@ from svc.http import bearer_token, content_type, dumps, header, send_json
 from svc.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from svc.metrics import render
 from svc.modelserver.batching import QueueFull
+from svc.protocol import HEALTH_PATH, METRICS_PATH, OPENAPI_PATH, READY_PATH, SERVICE_REQUEST_HEADERS
 from svc.ratelimit import KeyedLimiter, retry_after_header
 from svc.request import REQ_ID_RE
 
 log = Logger()
-
-FORWARDED_HEADERS = ("x-service-params", "x-service-options", "x-request-id")
 
 
 class ModelServerApp:
@@ -60,10 +59,10 @@ class ModelServerApp:
         self.waiting = 0  # requests parked in /jobs/{job}/wait
         self.app = app = Klein()
 
-        app.route("/healthz", methods=["GET"])(self.healthz)
-        app.route("/ready", methods=["GET"])(self.ready_route)
-        app.route("/metrics", methods=["GET"])(self.metrics_route)
-        app.route("/openapi.json", methods=["GET"])(self.openapi_route)
+        app.route(HEALTH_PATH, methods=["GET"])(self.healthz)
+        app.route(READY_PATH, methods=["GET"])(self.ready_route)
+        app.route(METRICS_PATH, methods=["GET"])(self.metrics_route)
+        app.route(OPENAPI_PATH, methods=["GET"])(self.openapi_route)
         app.route(config.server_uri, methods=["POST"])(self.infer)
         app.handle_errors(ApiError)(self.api_error)
         app.handle_errors(HTTPException)(self.routing_error)
@@ -142,7 +141,7 @@ class ModelServerApp:
         self.in_flight += 1
         try:
             media_type, type_params = content_type(request)
-            headers = {name: header(request, name.encode()) for name in FORWARDED_HEADERS}
+            headers = {name: header(request, name.encode()) for name in SERVICE_REQUEST_HEADERS}
             parsed = await self.inference.parse(request.content.getvalue(), media_type, type_params, headers)
             task_id = request.service_task_id = parsed.req_id or new_task_id()
             try:

@@ -28,14 +28,8 @@ from svc.envelope import rejection
 from svc.errors import ApiError, FieldError
 from svc.http import content_type, header, send_json
 from svc.modelserver.jobs import DONE, FAILED, TIMEOUT, AsyncQueueFull, Job, JobTable
+from svc.protocol import JOB, JOB_RESULT, JOB_WAIT, JOBS, SERVICE_REQUEST_HEADERS, job_urls, klein_rule
 from svc.query import MAX_DIGITS, WAIT_MAX_MS, shown, wait_budget_ms
-
-FORWARDED_HEADERS = ("x-service-params", "x-service-options", "x-request-id")
-
-
-def job_paths(job_id: str) -> dict[str, str]:
-    """Model-port paths of a job (the gateway rewrites them onto /v1/models/<id>/jobs/...)."""
-    return {"poll_url": f"/jobs/{job_id}", "result_url": f"/jobs/{job_id}/result"}
 
 
 def parse_wait_timeout(raw: bytes | None) -> float:
@@ -62,10 +56,10 @@ class JobRoutes:
         self.server = server
         self.jobs = jobs
         app = server.app
-        app.route("/jobs", methods=["POST"])(self.submit)
-        app.route("/jobs/<string:job_id>", methods=["GET"])(self.status)
-        app.route("/jobs/<string:job_id>/wait", methods=["GET"])(self.wait)
-        app.route("/jobs/<string:job_id>/result", methods=["GET"])(self.result)
+        app.route(JOBS, methods=["POST"])(self.submit)
+        app.route(klein_rule(JOB), methods=["GET"])(self.status)
+        app.route(klein_rule(JOB_WAIT), methods=["GET"])(self.wait)
+        app.route(klein_rule(JOB_RESULT), methods=["GET"])(self.result)
 
     # -- bodies ------------------------------------------------------------------------
 
@@ -76,7 +70,7 @@ class JobRoutes:
             "elapsed_ms": job.elapsed_ms(self.server.clock.seconds()),
             "task_id": job.task_id,
             "model": self.server.identity.to_json(),
-            **job_paths(job.id),
+            **job_urls(job.id),
             "progress": job.progress.to_json(),
         }
         if job.state in (FAILED, TIMEOUT):
@@ -110,13 +104,13 @@ class JobRoutes:
         if not server.ready or server.draining:
             raise ApiError(st.NOT_READY, server.not_ready_reason)
         media_type, type_params = content_type(request)
-        headers = {name: header(request, name.encode()) for name in FORWARDED_HEADERS}
+        headers = {name: header(request, name.encode()) for name in SERVICE_REQUEST_HEADERS}
         parsed = await server.inference.parse(request.content.getvalue(), media_type, type_params, headers)
         try:
             job = self.jobs.submit(parsed)
         except AsyncQueueFull as e:
             return self.job_error(request, st.RATE_LIMITED, str(e), headers={"Retry-After": str(e.retry_after)})
-        body = {"job_id": job.id, "state": job.state, **job_paths(job.id), "task_id": job.task_id,
+        body = {"job_id": job.id, "state": job.state, **job_urls(job.id), "task_id": job.task_id,
                 "model": server.identity.to_json()}
         return self.reply(request, 202, body, job, {"Location": body["poll_url"]})
 

@@ -37,7 +37,7 @@ from svc.modelserver.engine import Engine
 from svc.modelserver.inference import Inference
 from svc.modelserver.job_routes import JobRoutes
 from svc.modelserver.jobs import JobTable
-from svc.openapi import model_server_document
+from svc.openapi.modelserver import model_server_document
 from svc.options import options_schema
 from svc.process import (
     ORPHAN_EXIT_S,
@@ -49,13 +49,13 @@ from svc.process import (
     start_watchdog,
     supervisor_gone,
 )
+from svc.protocol import MODEL_PROGRAM as PROGRAM
 from svc.request import RequestValidator
 from svc.schema import ObjectSchema
 from svc.weights import WeightsError
 
 log = Logger()
 
-PROGRAM = "service-model"
 
 #: Orphaned (the supervisor is gone): the grace is cut to this, and the
 #: watchdog ends the process ``ORPHAN_EXIT_S`` after the signal whatever happens.

@@ -16,9 +16,8 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from svc import version_line
-
-PROGRAM = "service-model"
-AUTH_ENV = "SERVICE_AUTH_TOKEN"
+from svc.protocol import MODEL_PROGRAM as PROGRAM
+from svc.protocol import MODEL_TOKEN_ENV as AUTH_ENV
 
 log = Logger()
 

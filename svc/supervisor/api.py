@@ -34,6 +34,7 @@ from svc import __version__
 from svc.http import bearer_token, send_json
 from svc.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from svc.metrics import render
+from svc.protocol import OPENAPI_PATH
 from svc.query import MAX_DIGITS, parse_bounded_int, shown
 from svc.supervisor.child import ChildError
 from svc.supervisor.manager import GATEWAY, ChildManager
@@ -168,7 +169,7 @@ class ManagementApi:
             raise ManagementError(404, "the gateway serves no OpenAPI document (it is committed as openapi/gateway.json)")
         if child.snapshot()["state"] != "running" or self.fetch is None:
             raise ManagementError(503, f"{name} is not running: its OpenAPI document comes from the running server")
-        body = await self.fetch(child.spec.port, "/openapi.json", None)
+        body = await self.fetch(child.spec.port, OPENAPI_PATH, None)
         if body is None:
             raise ManagementError(503, f"{name} did not answer GET /openapi.json")
         try:

@@ -14,6 +14,7 @@ from typing import Any
 
 from svc import config as base
 from svc.config import ConfigError, Key, apply_keys, keys_of, read_toml, setting, sub_table
+from svc.protocol import GATEWAY_PORT, LOOPBACK, SUPERVISOR_PORT
 
 POLICIES = ("on-failure", "always", "no")
 WEIGHTS_CHOICES = ("demo", "pretrained")
@@ -26,8 +27,8 @@ class SupervisorConfig:
     gateway's address."""
 
     path: str
-    host: str = setting("127.0.0.1", "Address of the management API and UI (a wildcard needs SERVICE_EXPOSE).")
-    port: int = setting(8787, "Port of the management API and UI.", minimum=1, maximum=65535)
+    host: str = setting(LOOPBACK, "Address of the management API and UI (a wildcard needs SERVICE_EXPOSE).")
+    port: int = setting(SUPERVISOR_PORT, "Port of the management API and UI.", minimum=1, maximum=65535)
     profile: str = setting("auto", "cpu, gpu, or auto (gpu when an NVIDIA driver is present).",
                            choices=("auto", "cpu", "gpu"))
     servers_dir: str = setting("conf/server", "Directory of the model-server configs (the catalog).")
@@ -124,8 +125,8 @@ def load_supervisor_config(path: str) -> SupervisorConfig:
     return SupervisorConfig(
         path=path,
         server_policies=policies,
-        gateway_host=str(gateway.get("host", "127.0.0.1")),
-        gateway_port=int(gateway.get("port", 8080)),
+        gateway_host=str(gateway.get("host", LOOPBACK)),
+        gateway_port=int(gateway.get("port", GATEWAY_PORT)),
         # The supervisor holds the gateway's listening socket (svc/supervisor/handover.py).
         gateway_listen_backlog=int(gateway.get("listen_backlog", 1024)),
         **values,

@@ -18,14 +18,13 @@ from twisted.logger import Logger
 from svc.http import HttpLimits, JsonSite
 from svc.metrics import HttpMetrics, new_registry
 from svc.process import ListeningMultiService, freeze_heap
+from svc.protocol import SUPERVISOR_PROGRAM as PROGRAM
 from svc.supervisor.api import ManagementApi
 from svc.supervisor.manager import GATEWAY, ChildManager
 from svc.supervisor.metrics import ChildCollector
 from svc.supervisor.series import SeriesCollector
 
 log = Logger()
-
-PROGRAM = "service-supervisor"
 
 
 class SupervisorService(ListeningMultiService):

@@ -14,8 +14,7 @@ from typing import Any
 from twisted.python import usage
 
 from svc import version_line
-
-PROGRAM = "service-supervisor"
+from svc.protocol import SUPERVISOR_PROGRAM as PROGRAM
 
 
 def ui_dir() -> str:

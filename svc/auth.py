@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from svc.config import ConfigError, Key, apply_keys, read_toml
+from svc.config import ConfigError, Key, apply_keys, keys_of, read_toml, setting
 
 SCOPES = ("inference", "admin", "all")
 #: Scopes whose keys the gateway accepts for inference and jobs (SPEC: all three do).
@@ -44,20 +45,14 @@ RESERVED_KEY_NAMES = frozenset({STATIC_TOKEN_NAME, MANAGEMENT_TOKEN_NAME, METRIC
 #: Key names: what can appear in a header, a log line and a metrics label.
 KEY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
 HASH_RE = r"[0-9a-f]{64}"
+#: TOML bare keys; other key names (those with a '.') are written quoted.
+_BARE_KEY = re.compile(r"[A-Za-z0-9_\-]+")
 
 GATEWAY_TOKEN_ENV = "SERVICE_GATEWAY_AUTH_TOKEN"
 API_TOKEN_ENV = "SERVICE_API_TOKEN"
 METRICS_TOKEN_ENV = "SERVICE_METRICS_TOKEN"
 EXPOSE_ENV = "SERVICE_EXPOSE"
 WILDCARDS = ("0.0.0.0", "::", "", "*", "[::]")
-
-KEY_ENTRY_KEYS: tuple[Key, ...] = (
-    Key("hash", str, None, "Lowercase hex SHA-256 of the key string (required).", pattern=HASH_RE),
-    Key("scope", str, "inference", "inference, admin or all.", choices=SCOPES),
-    Key("rate_limit_qps", int, 0, "Requests per second for this key; 0 = unlimited.", minimum=0),
-    Key("enabled", bool, True, "false disables the key without deleting it."),
-)
-
 
 def new_key() -> str:
     """A new API key: 32 random bytes as 64 lowercase hex characters."""
@@ -67,6 +62,28 @@ def new_key() -> str:
 def hash_key(key: str) -> str:
     """The lowercase hex SHA-256 of a key string, as stored in the key file."""
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def key_entry(name: str, digest: str, scope: str = "inference", qps: int = 0) -> str:
+    """The ``[keys.<name>]`` table of ``conf/api_keys.toml`` for one key, as TOML text.
+
+    The one writer of a key-file entry (``svcctl keygen`` prints it, ``svcctl
+    keys add`` and the quick start append it), so that every entry reads the
+    same.  A name that is not a TOML bare key (one with a '.') is quoted, so
+    that it stays one table name rather than nested tables.
+    """
+    table = name if _BARE_KEY.fullmatch(name) else json.dumps(name)
+    return (f"[keys.{table}]\n"
+            f'hash = "{digest}"\n'
+            f'scope = "{scope}"\n'
+            f"rate_limit_qps = {qps}\n"
+            "enabled = true\n")
+
+
+def issue_key(name: str, scope: str = "inference", qps: int = 0) -> tuple[str, str]:
+    """A new key and its key-file entry (:func:`key_entry` of its hash); the key itself is stored nowhere."""
+    key = new_key()
+    return key, key_entry(name, hash_key(key), scope, qps)
 
 
 def check_key_name(name: str) -> str | None:
@@ -80,13 +97,16 @@ def check_key_name(name: str) -> str | None:
 
 @dataclass(frozen=True)
 class KeyEntry:
-    """One ``[keys.<name>]`` of the key file."""
+    """One ``[keys.<name>]`` of the key file; each :func:`svc.config.setting` field is one key of the table."""
 
     name: str
-    hash: str
-    scope: str
-    rate_limit_qps: int
-    enabled: bool
+    hash: str = setting(None, "Lowercase hex SHA-256 of the key string (required).", pattern=HASH_RE)
+    scope: str = setting("inference", "inference, admin or all.", choices=SCOPES)
+    rate_limit_qps: int = setting(0, "Requests per second for this key; 0 = unlimited.", minimum=0)
+    enabled: bool = setting(True, "false disables the key without deleting it.")
+
+
+KEY_ENTRY_KEYS: tuple[Key, ...] = keys_of(KeyEntry)
 
 
 def load_key_file(path: str) -> list[KeyEntry]:

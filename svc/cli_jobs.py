@@ -27,23 +27,21 @@ import sys
 from typing import Any, TextIO
 from urllib.parse import quote, urljoin
 
-from svc.cli import (
-    DEFAULT_TIMEOUT_S,
+from svc.cli_gateway import DEFAULT_TIMEOUT_S, WAIT_MARGIN_S, find_token, name_value, non_negative_int, request_body
+from svc.cli_http import (
     EXIT_HTTP,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
-    WAIT_MARGIN_S,
+    Client,
     CliError,
     HttpCall,
-    _describe,
-    _exchange,
-    _fail,
-    _name_value,
-    _non_negative_int,
-    find_token,
-    request_body,
+    describe_failure,
+    fail,
+    print_reply,
+    react,
 )
+from svc.protocol import JOB, JOBS, MODEL_PREFIX
 
 #: A 1x1 grey PNG: the item sent for each sample when no IMAGE is given.  ``images`` is required by
 #: the request, and generative models ignore its pixels.
@@ -185,8 +183,9 @@ class _Interrupted(Exception):
 class JobRun:
     """One ``jobs run``: the requests in turn, each under its own deadline."""
 
-    def __init__(self, reactor: Any, args: argparse.Namespace, token: str, stderr: TextIO) -> None:
+    def __init__(self, reactor: Any, args: argparse.Namespace, token: str, stderr: TextIO, client: Client) -> None:
         self.reactor = reactor
+        self.client = client
         self.args = args
         self.token = token
         self.stderr = stderr
@@ -199,7 +198,7 @@ class JobRun:
 
         if self.interrupted:
             raise _Interrupted()
-        d = ensureDeferred(_exchange(self.reactor, call, self.token))
+        d = ensureDeferred(self.client.exchange(self.reactor, call, self.token))
         d.addTimeout(call.timeout, self.reactor)
         self.current = d
         try:
@@ -207,7 +206,7 @@ class JobRun:
         except Exception as e:
             if self.interrupted:
                 raise _Interrupted() from None
-            raise CliError(_describe(e, call)) from None
+            raise CliError(describe_failure(e, call)) from None
         finally:
             self.current = None
         return status, phrase, content
@@ -220,14 +219,15 @@ class JobRun:
     async def run(self) -> int:
         args = self.args
         base = args.gateway.rstrip("/")
-        model = f"{base}/v1/models/{quote(args.model, safe='')}"
+        model_prefix = MODEL_PREFIX.format(model_id=quote(args.model, safe=""))
+        model = base + model_prefix
         timeout = args.timeout_s if args.timeout_s is not None else DEFAULT_TIMEOUT_S
-        status, phrase, content = await self.call(HttpCall("POST", f"{model}/jobs", self.body(), timeout))
+        status, phrase, content = await self.call(HttpCall("POST", model + JOBS, self.body(), timeout))
         submitted = _json(content)
         if status != 202 or not isinstance(submitted, dict) or not isinstance(submitted.get("job_id"), str):
-            return self.http_error(status, phrase, content, "POST", f"{model}/jobs")
+            return self.http_error(status, phrase, content, "POST", model + JOBS)
         job_id = submitted["job_id"]
-        poll = urljoin(base + "/", submitted.get("poll_url") or f"/v1/models/{quote(args.model, safe='')}/jobs/{job_id}")
+        poll = urljoin(base + "/", submitted.get("poll_url") or model_prefix + JOB.format(job_id=job_id))
         bar = ProgressBar(self.stderr, job_id)
         body = submitted
         wait_timeout = max(args.poll_ms / 1000 + WAIT_MARGIN_S, args.timeout_s or 0.0)
@@ -245,7 +245,7 @@ class JobRun:
             bar.close()
         if body["state"] != "done":
             print(json.dumps(body, indent=2))
-            _fail(f"job {job_id} ended {body['state']}: {body.get('error') or 'no reason given'}")
+            fail(f"job {job_id} ended {body['state']}: {body.get('error') or 'no reason given'}")
             return EXIT_HTTP
         result_url = urljoin(base + "/", body.get("result_url") or f"{poll}/result")
         status, phrase, content = await self.call(HttpCall("GET", result_url, None, timeout))
@@ -256,7 +256,7 @@ class JobRun:
         sys.stdout.flush()
         if args.out is not None:
             written = write_files(args.out, result_files(envelope))
-            _fail(f"wrote {len(written)} file{'s' if len(written) != 1 else ''} under {args.out}")
+            fail(f"wrote {len(written)} file{'s' if len(written) != 1 else ''} under {args.out}")
         return EXIT_OK
 
     def body(self) -> bytes:
@@ -271,10 +271,8 @@ class JobRun:
 
     @staticmethod
     def http_error(status: int, phrase: str, content: bytes, method: str, url: str) -> int:
-        from svc.cli import _print_reply
-
-        _print_reply(content)
-        _fail(f"HTTP {status} {phrase} from {method} {url}")
+        print_reply(content)
+        fail(f"HTTP {status} {phrase} from {method} {url}")
         return EXIT_HTTP
 
 
@@ -285,38 +283,33 @@ def _json(content: bytes) -> Any:
         return None
 
 
-def run(args: argparse.Namespace) -> int:
-    """``svcctl jobs run``: the exit status."""
+def run(args: argparse.Namespace, client: Client) -> int:
+    """``svcctl jobs run``: the exit status (``client`` makes the requests)."""
     try:
         token = find_token(os.environ, args.token_env)
     except CliError as e:
-        _fail(str(e))
+        fail(str(e))
         return EXIT_USAGE
-    from twisted.internet import task
 
-    codes: list[int] = []
-
-    async def main(reactor: Any) -> None:
-        job = JobRun(reactor, args, token, sys.stderr)
+    async def main(reactor: Any) -> int:
+        job = JobRun(reactor, args, token, sys.stderr, client)
         trigger = reactor.addSystemEventTrigger("before", "shutdown", job.interrupt)
         try:
-            codes.append(await job.run())
+            return await job.run()
         except _Interrupted:
-            _fail("interrupted")
-            codes.append(EXIT_INTERRUPTED)
+            fail("interrupted")
+            return EXIT_INTERRUPTED
         except CliError as e:
-            _fail(str(e))
-            codes.append(EXIT_USAGE)
+            fail(str(e))
+            return EXIT_USAGE
         finally:
             reactor.removeSystemEventTrigger(trigger)
 
-    try:
-        task.react(main)
-    except SystemExit as e:
-        if not codes:
-            _fail("interrupted")
-            return e.code if isinstance(e.code, int) and e.code else EXIT_INTERRUPTED
-    return codes[0]
+    code, stopped = react(client, main)
+    if code is None:
+        fail("interrupted")
+        return stopped or EXIT_INTERRUPTED
+    return code
 
 
 def add_parser(actions: Any, common: argparse.ArgumentParser) -> None:
@@ -332,20 +325,20 @@ def add_parser(actions: Any, common: argparse.ArgumentParser) -> None:
                         help="image file, sent base64-encoded; for generative models it may be omitted: one 1x1 "
                              "PNG placeholder is sent instead (images are required, and those models ignore the "
                              "pixels; send N files for N samples)")
-    parser.add_argument("--param", type=_name_value, action="append", metavar="NAME=VALUE",
+    parser.add_argument("--param", type=name_value, action="append", metavar="NAME=VALUE",
                         help="a model parameter; VALUE is JSON when it parses, else a string (repeatable)")
-    parser.add_argument("--option", type=_name_value, action="append", metavar="NAME=VALUE",
+    parser.add_argument("--option", type=name_value, action="append", metavar="NAME=VALUE",
                         help="a request option, like --param (repeatable)")
     parser.add_argument("--req-id", metavar="ID", help="client correlation id (echoed as task_id)")
     parser.add_argument("--out", metavar="DIR", help="write the result's images, masks and envelope under DIR")
     parser.add_argument("--poll-ms", type=_positive_ms, default=DEFAULT_POLL_MS, metavar="MS",
                         help=f"wait budget of each progress request in milliseconds (default {DEFAULT_POLL_MS}); "
                              "keep it below the gateway's upstream_recv_timeout_ms")
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, uses_client=True)
 
 
 def _positive_ms(text: str) -> int:
-    value = _non_negative_int(text)
+    value = non_negative_int(text)
     if value == 0:
         raise argparse.ArgumentTypeError("expected a number of milliseconds > 0, got 0")
     return value

@@ -1,21 +1,27 @@
 """Loading and validating the TOML configuration under ``conf/``.
 
-Every key is declared once in a table (name, type, default, bounds, meaning);
-the loader checks types strictly, refuses unknown keys and reports the first
-problem as one line naming the file, the key and the problem.  The same
-tables document the keys in the README.
+Every key is declared once, as a field of the dataclass that holds its value
+(:func:`setting`: type, default, bounds, meaning); :func:`keys_of` derives the
+table of :class:`Key` from those fields, in field order.  The loader checks
+types strictly, refuses unknown keys and reports the first problem as one
+line naming the file, the key and the problem.  The same tables document the
+keys in the README.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
+
+from svc.protocol import HEALTH_PATH, JOBS, METRICS_PATH, OPENAPI_PATH, READY_PATH
 
 REQUIRED = object()
 
@@ -74,6 +80,44 @@ class Key:
         return float(value) if self.type is float else value
 
 
+#: Where :func:`setting` keeps a field's :class:`Key` (its name and type are filled in by :func:`keys_of`).
+_KEY_METADATA = "svc.config.key"
+
+
+def setting(default: Any, doc: str, *, type: type | None = None, minimum: float | None = None,
+            maximum: float | None = None, choices: tuple | None = None, pattern: str | None = None,
+            dataclass_default: bool = False) -> Any:
+    """A dataclass field that is also a configuration key: the key's one declaration.
+
+    Why: the table that validates a file and the dataclass that carries its
+    values used to list every key twice.  The key's name is the field's name
+    and its type the field's annotation, unless ``type`` says otherwise (an
+    array checked as ``list`` and kept as a tuple).  ``default`` is the
+    config default (:data:`REQUIRED`: none); the field itself has no default,
+    so the loader passes every value, unless ``dataclass_default`` makes the
+    config default also the constructor's.
+    """
+    key = Key("", type, default, doc, minimum, maximum, choices, pattern)  # type: ignore[arg-type]
+    if dataclass_default:
+        return field(default=default, metadata={_KEY_METADATA: key})
+    return field(metadata={_KEY_METADATA: key})
+
+
+def keys_of(cls: type) -> tuple[Key, ...]:
+    """The configuration keys declared by the :func:`setting` fields of dataclass ``cls``, in field order.
+
+    The order is the order in which :func:`apply_keys` checks them, so the
+    first problem of a file is reported first.
+    """
+    hints = typing.get_type_hints(cls)
+    keys = []
+    for f in dataclasses.fields(cls):
+        key = f.metadata.get(_KEY_METADATA)
+        if key is not None:
+            keys.append(dataclasses.replace(key, name=f.name, type=key.type or hints[f.name]))
+    return tuple(keys)
+
+
 def read_toml(path: str) -> dict:
     """The file parsed with tomlkit as plain Python values."""
     try:
@@ -120,87 +164,52 @@ def sub_table(path: str, data: Mapping[str, Any], name: str) -> dict:
 # --- model-server configuration ------------------------------------------------
 
 #: Paths a model server answers itself; a ``server_uri`` must not shadow them.
-RESERVED_PATHS = ("/healthz", "/ready", "/metrics", "/openapi.json", "/jobs", "/v1/")
+RESERVED_PATHS = (HEALTH_PATH, READY_PATH, METRICS_PATH, OPENAPI_PATH, JOBS, "/v1/")
 
 
-def http_limit_keys(*, max_connections: int, refusal: str) -> tuple[Key, ...]:
-    """The listener limits of one process's HTTP server (svc.web.limits.HttpLimits), declared once for all three.
+# The listener limits of one process's HTTP server (svc.web.limits.HttpLimits), declared once for all three
+# processes: each config dataclass ends with these three fields.
 
-    ``refusal`` names the reply a connection past ``max_connections`` gets.
-    """
-    return (
-        Key("header_timeout_ms", int, 10000,
-            "A request's headers must be complete this long after its first byte (408 and close after it).",
-            minimum=1),
-        Key("max_connections", int, max_connections,
-            f"Open HTTP connections served at once; the next one gets {refusal} and is closed.", minimum=1),
-        Key("listen_backlog", int, 1024,
-            "Queue of connections not yet accepted (the kernel caps it at net.core.somaxconn).", minimum=1,
-            maximum=65535),
-    )
+def header_timeout_setting() -> Any:
+    """The ``header_timeout_ms`` key of every process."""
+    return setting(10000,
+                   "A request's headers must be complete this long after its first byte (408 and close after it).",
+                   minimum=1)
 
 
-MODEL_SERVER_KEYS: tuple[Key, ...] = (
-    Key("id", str, REQUIRED, "Catalog id of the model served.", pattern=r"[A-Z][A-Z0-9_]{0,63}"),
-    Key("port", int, REQUIRED, "Loopback TCP port of this model server.", minimum=1, maximum=65535),
-    Key(
-        "server_uri",
-        str,
-        REQUIRED,
-        "Legacy path of synchronous inference (the gateway also routes it).",
-        pattern=r"/[A-Za-z0-9._~\-/]{1,200}",
-    ),
-    Key("async_enabled", bool, False, "When false, all /jobs routes answer 404."),
-    Key("async_timeout", int, 600000, "Job budget in ms (wait for a worker plus inference); 0 = none.", minimum=0),
-    Key("async_max_queue", int, 8, "Admission limit on pending + running jobs.", minimum=1),
-    Key("async_job_ttl", int, 300000, "How long finished jobs stay readable, in ms.", minimum=0),
-    Key("async_max_completed", int, 100, "LRU cap on finished jobs kept.", minimum=1),
-    Key("max_queue_depth", int, 0, "Sync wait-queue limit in image items; 0 = unlimited.", minimum=0),
-    Key("max_batch_size", int, 1, "Above 1, items are collected into batches of up to this size.", minimum=1, maximum=1024),
-    Key(
-        "max_batch_delay_ms",
-        int,
-        5,
-        "Batch collection window in ms: how long a batch may wait for items still being decoded.",
-        minimum=0,
-        maximum=10000,
-    ),
-    Key("max_request_items", int, 16, "Maximum entries of images per request.", minimum=1, maximum=4096),
-    Key("peer_resp_timeout", int, 600, "Peer I/O timeout in seconds (idle HTTP connections are closed after it).", minimum=1),
-    Key("gpu_mem_limit_mb", int, 2048, "Per-process GPU memory cap in MiB (0 = unlimited); GPU only.", minimum=0),
-    Key("run_timeout_ms", int, 30000, "Deadline of a synchronous request in ms (504 or partial 68 after it).", minimum=1),
-    Key("max_body_bytes", int, 32 * 1024 * 1024, "Largest request body in bytes (413 status 61 above).", minimum=1024),
-    Key("max_image_pixels", int, 40_000_000, "Largest decoded image (width x height); larger images fail their item.", minimum=1),
-    Key("rate_limit_qps", float, 0.0, "Per-client-IP request rate limit after authentication; 0 = unlimited.", minimum=0),
-    Key("shutdown_grace_ms", int, 10000, "On SIGTERM, how long running work may take to finish.", minimum=0),
-    *http_limit_keys(max_connections=1024, refusal="503 status 65"),
-)
+def max_connections_setting(default: int, refusal: str) -> Any:
+    """The ``max_connections`` key; ``refusal`` names the reply a connection past it gets."""
+    return setting(default, f"Open HTTP connections served at once; the next one gets {refusal} and is closed.",
+                   minimum=1)
 
-BACKEND_KEYS: tuple[Key, ...] = (
-    Key("device", str, "gpu", "'cpu' or 'gpu'.", choices=("cpu", "gpu")),
-    Key("threads", int, 0, "Torch intra-op threads; 0 = the number of CPU cores divided by workers.", minimum=0, maximum=1024),
-    Key("workers", int, 1, "Inference threads (batches run at once).", minimum=1, maximum=64),
-    Key("decode_threads", int, 2, "Threads that parse large bodies and, without decode_in_worker or on a GPU, decode images.",
-        minimum=1, maximum=64),
-    Key("worker_nice", int, 5, "Nice value of the inference threads (0..19): HTTP and decoding win the CPU over batches.",
-        minimum=0, maximum=19),
-    Key("tune_malloc", bool, True, "Tune glibc malloc (no mmap churn, no trimming) at startup: about 2x faster batches.") ,
-    Key("decode_in_worker", bool, True,
-        "CPU only: decode a batch's images in the inference thread right before its forward pass, not in the "
-        "decode pool, so no decode thread preempts torch's threads (bench/README.md). On a GPU images are always "
-        "decoded in the decode pool, overlapping the forward pass."),
-)
+
+def listen_backlog_setting() -> Any:
+    """The ``listen_backlog`` key of every process."""
+    return setting(1024, "Queue of connections not yet accepted (the kernel caps it at net.core.somaxconn).",
+                   minimum=1, maximum=65535)
 
 
 @dataclass(frozen=True)
 class BackendConfig:
-    device: str
-    threads: int
-    workers: int
-    decode_threads: int
-    worker_nice: int
-    tune_malloc: bool
-    decode_in_worker: bool
+    """The ``[backend]`` table of a model-server config."""
+
+    device: str = setting("gpu", "'cpu' or 'gpu'.", choices=("cpu", "gpu"))
+    threads: int = setting(0, "Torch intra-op threads; 0 = the number of CPU cores divided by workers.",
+                           minimum=0, maximum=1024)
+    workers: int = setting(1, "Inference threads (batches run at once).", minimum=1, maximum=64)
+    decode_threads: int = setting(
+        2, "Threads that parse large bodies and, without decode_in_worker or on a GPU, decode images.",
+        minimum=1, maximum=64)
+    worker_nice: int = setting(
+        5, "Nice value of the inference threads (0..19): HTTP and decoding win the CPU over batches.",
+        minimum=0, maximum=19)
+    tune_malloc: bool = setting(
+        True, "Tune glibc malloc (no mmap churn, no trimming) at startup: about 2x faster batches.")
+    decode_in_worker: bool = setting(
+        True,
+        "CPU only: decode a batch's images in the inference thread right before its forward pass, not in the "
+        "decode pool, so no decode thread preempts torch's threads (bench/README.md). On a GPU images are always "
+        "decoded in the decode pool, overlapping the forward pass.")
 
 
 @dataclass(frozen=True)
@@ -208,28 +217,37 @@ class ModelServerConfig:
     """A validated ``conf/server/<ID>.toml`` (the ``[model]`` table unchecked)."""
 
     path: str
-    id: str
-    port: int
-    server_uri: str
-    async_enabled: bool
-    async_timeout: int
-    async_max_queue: int
-    async_job_ttl: int
-    async_max_completed: int
-    max_queue_depth: int
-    max_batch_size: int
-    max_batch_delay_ms: int
-    max_request_items: int
-    peer_resp_timeout: int
-    gpu_mem_limit_mb: int
-    run_timeout_ms: int
-    max_body_bytes: int
-    max_image_pixels: int
-    rate_limit_qps: float
-    shutdown_grace_ms: int
-    header_timeout_ms: int
-    max_connections: int
-    listen_backlog: int
+    id: str = setting(REQUIRED, "Catalog id of the model served.", pattern=r"[A-Z][A-Z0-9_]{0,63}")
+    port: int = setting(REQUIRED, "Loopback TCP port of this model server.", minimum=1, maximum=65535)
+    server_uri: str = setting(REQUIRED, "Legacy path of synchronous inference (the gateway also routes it).",
+                              pattern=r"/[A-Za-z0-9._~\-/]{1,200}")
+    async_enabled: bool = setting(False, "When false, all /jobs routes answer 404.")
+    async_timeout: int = setting(600000, "Job budget in ms (wait for a worker plus inference); 0 = none.", minimum=0)
+    async_max_queue: int = setting(8, "Admission limit on pending + running jobs.", minimum=1)
+    async_job_ttl: int = setting(300000, "How long finished jobs stay readable, in ms.", minimum=0)
+    async_max_completed: int = setting(100, "LRU cap on finished jobs kept.", minimum=1)
+    max_queue_depth: int = setting(0, "Sync wait-queue limit in image items; 0 = unlimited.", minimum=0)
+    max_batch_size: int = setting(1, "Above 1, items are collected into batches of up to this size.",
+                                  minimum=1, maximum=1024)
+    max_batch_delay_ms: int = setting(
+        5, "Batch collection window in ms: how long a batch may wait for items still being decoded.",
+        minimum=0, maximum=10000)
+    max_request_items: int = setting(16, "Maximum entries of images per request.", minimum=1, maximum=4096)
+    peer_resp_timeout: int = setting(600, "Peer I/O timeout in seconds (idle HTTP connections are closed after it).",
+                                     minimum=1)
+    gpu_mem_limit_mb: int = setting(2048, "Per-process GPU memory cap in MiB (0 = unlimited); GPU only.", minimum=0)
+    run_timeout_ms: int = setting(30000, "Deadline of a synchronous request in ms (504 or partial 68 after it).",
+                                  minimum=1)
+    max_body_bytes: int = setting(32 * 1024 * 1024, "Largest request body in bytes (413 status 61 above).",
+                                  minimum=1024)
+    max_image_pixels: int = setting(
+        40_000_000, "Largest decoded image (width x height); larger images fail their item.", minimum=1)
+    rate_limit_qps: float = setting(
+        0.0, "Per-client-IP request rate limit after authentication; 0 = unlimited.", minimum=0)
+    shutdown_grace_ms: int = setting(10000, "On SIGTERM, how long running work may take to finish.", minimum=0)
+    header_timeout_ms: int = header_timeout_setting()
+    max_connections: int = max_connections_setting(1024, "503 status 65")
+    listen_backlog: int = listen_backlog_setting()
     backend: BackendConfig
     model: dict = field(default_factory=dict)
 
@@ -237,6 +255,10 @@ class ModelServerConfig:
         from dataclasses import replace
 
         return replace(self, **changes)
+
+
+MODEL_SERVER_KEYS: tuple[Key, ...] = keys_of(ModelServerConfig)
+BACKEND_KEYS: tuple[Key, ...] = keys_of(BackendConfig)
 
 
 def load_model_server_config(path: str) -> ModelServerConfig:

@@ -6,8 +6,7 @@ commands do the three steps:
 
 * the file is edited with tomlkit, so its comments, order and layout stay as
   they were; the new entry is the one ``svcctl keygen`` prints
-  (:func:`svc.cli.key_entry`, with :func:`svc.auth.new_key` and
-  :func:`svc.auth.hash_key`), and the name is checked by
+  (:func:`svc.auth.issue_key`), and the name is checked by
   :func:`svc.auth.check_key_name`;
 * the file is checked with the gateway's own loader before it is changed,
   and written atomically (a temporary file in the same folder, flushed,
@@ -37,15 +36,17 @@ from urllib.parse import urlsplit
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
-from svc.auth import API_TOKEN_ENV, SCOPES, KeyEntry, check_key_name, hash_key, load_key_file, new_key
-from svc.cli import EXIT_HTTP, EXIT_OK, EXIT_USAGE, CliError, HttpCall, _describe, _exchange, _fail, key_entry
+from svc.auth import API_TOKEN_ENV, SCOPES, KeyEntry, check_key_name, issue_key, load_key_file
+from svc.cli_gateway import non_negative_int
+from svc.cli_http import EXIT_HTTP, EXIT_OK, EXIT_USAGE, Client, CliError, HttpCall, describe_failure, fail, react
 from svc.config import ConfigError
+from svc.protocol import GATEWAY_RESTART_PATH, SUPERVISOR_PORT, local_url
 
 SERVICE_CONFIG = "conf/service.toml"
 DEFAULT_KEYS_FILE = "conf/api_keys.toml"
-DEFAULT_SUPERVISOR = "http://127.0.0.1:8787"
+DEFAULT_SUPERVISOR = local_url(SUPERVISOR_PORT)
 SUPERVISOR_ENV = "SERVICE_SUPERVISOR_URL"
-RESTART_PATH = "/api/v1/servers/__gateway/restart"
+RESTART_PATH = GATEWAY_RESTART_PATH
 RESTART_TIMEOUT_S = 60.0
 #: The first lines of a key file that ``keys add`` creates.
 NEW_FILE_HEADER = ("The gateway's API keys, one [keys.<name>] table per key (svcctl keys add|disable|list).",
@@ -123,7 +124,7 @@ def write_atomically(path: str, text: str) -> None:
 def add_key(doc: tomlkit.TOMLDocument, name: str, scope: str, qps: int) -> str:
     """Append ``[keys.<name>]`` for a new key to ``doc``; the plaintext key.
 
-    The entry is :func:`svc.cli.key_entry`'s text, parsed, so that it reads
+    The entry is :func:`svc.auth.issue_key`'s text, parsed, so that it reads
     exactly as ``svcctl keygen`` prints it.  Raises :class:`CliError` for a
     bad or taken name.
     """
@@ -133,8 +134,8 @@ def add_key(doc: tomlkit.TOMLDocument, name: str, scope: str, qps: int) -> str:
     keys = doc.get("keys")
     if keys is not None and name in keys:
         raise CliError(f"a key named {name!r} already exists (disable it, or choose another name)")
-    key = new_key()
-    entry = tomlkit.parse(key_entry(name, hash_key(key), scope, qps))["keys"][name]
+    key, text = issue_key(name, scope, qps)
+    entry = tomlkit.parse(text)["keys"][name]
     if keys is None:
         doc["keys"] = keys = tomlkit.table(is_super_table=True)
     keys[name] = entry
@@ -182,43 +183,35 @@ def restart_call(supervisor: str) -> HttpCall:
     return HttpCall("POST", supervisor.rstrip("/") + RESTART_PATH, None, RESTART_TIMEOUT_S)
 
 
-def restart_gateway(supervisor: str, token: str) -> int:
+def restart_gateway(supervisor: str, token: str, client: Client) -> int:
     """Ask the supervisor to restart the gateway; the exit status (one line on stderr when it fails)."""
     call = restart_call(supervisor)
-    from twisted.internet import task
 
-    codes: list[int] = []
-
-    async def main(reactor: Any) -> None:
+    async def main(reactor: Any) -> int:
         try:
-            status, phrase, _, _ = await _exchange(reactor, call, token)
+            status, phrase, _, _ = await client.exchange(reactor, call, token)
         except Exception as e:
-            codes.append(EXIT_USAGE)
-            _fail(f"the key file is changed but the gateway was not restarted: {_describe(e, call)}"
-                  .replace("(is the gateway running?)", "(is the supervisor running?)"))
-            return
+            fail(f"the key file is changed but the gateway was not restarted: {describe_failure(e, call)}"
+                 .replace("(is the gateway running?)", "(is the supervisor running?)"))
+            return EXIT_USAGE
         if 200 <= status < 300:
-            codes.append(EXIT_OK)
-        else:
-            codes.append(EXIT_HTTP)
-            _fail(f"the key file is changed but the gateway was not restarted: HTTP {status} {phrase} "
-                  f"from {call.method} {call.url}")
+            return EXIT_OK
+        fail(f"the key file is changed but the gateway was not restarted: HTTP {status} {phrase} "
+             f"from {call.method} {call.url}")
+        return EXIT_HTTP
 
-    try:
-        task.react(main)
-    except SystemExit:
-        pass
-    if not codes:
-        _fail("interrupted: the key file is changed; the gateway restart may not have happened")
+    code, _ = react(client, main)
+    if code is None:
+        fail("interrupted: the key file is changed; the gateway restart may not have happened")
         return EXIT_USAGE
-    return codes[0]
+    return code
 
 
 # ---------------------------------------------------------------- the commands
 
 
-def run(args: argparse.Namespace) -> int:
-    """``svcctl keys ...``: the exit status."""
+def run(args: argparse.Namespace, client: Client) -> int:
+    """``svcctl keys ...``: the exit status (``client`` makes the restart request)."""
     path = args.keys_file or default_keys_file()
     try:
         if args.keys_action == "list":
@@ -241,23 +234,23 @@ def run(args: argparse.Namespace) -> int:
             write_atomically(path, tomlkit.dumps(doc))
             print(key)
             sys.stdout.flush()
-            _fail(f"added key {args.name!r} to {path}; it is shown once and cannot be recovered: give it to the "
+            fail(f"added key {args.name!r} to {path}; it is shown once and cannot be recovered: give it to the "
                   "client now")
         else:
             if not disable_key(doc, args.name):
-                _fail(f"key {args.name!r} is already disabled in {path}: nothing changed")
+                fail(f"key {args.name!r} is already disabled in {path}: nothing changed")
                 return EXIT_OK
             write_atomically(path, tomlkit.dumps(doc))
-            _fail(f"disabled key {args.name!r} in {path}")
+            fail(f"disabled key {args.name!r} in {path}")
     except CliError as e:
-        _fail(str(e))
+        fail(str(e))
         return EXIT_USAGE
     if token is None:
-        _fail("not restarted (--no-restart): the gateway applies the change when it next starts")
+        fail("not restarted (--no-restart): the gateway applies the change when it next starts")
         return EXIT_OK
-    code = restart_gateway(args.supervisor, token)
+    code = restart_gateway(args.supervisor, token, client)
     if code == EXIT_OK:
-        _fail("the gateway restarted and applies the change")
+        fail("the gateway restarted and applies the change")
     return code
 
 
@@ -281,11 +274,9 @@ def add_parser(sub: Any) -> None:
     add = actions.add_parser("add", parents=[common, changing], help="issue a key: print it once, store its hash")
     add.add_argument("name", metavar="NAME", help="key name (the X-Service-Key header of its replies)")
     add.add_argument("--scope", choices=SCOPES, default="inference", help="default: inference")
-    from svc.cli import _non_negative_int
-
-    add.add_argument("--qps", type=_non_negative_int, default=0, metavar="N",
+    add.add_argument("--qps", type=non_negative_int, default=0, metavar="N",
                      help="requests per second for this key; 0 = unlimited (default)")
     disable = actions.add_parser("disable", parents=[common, changing], help="set enabled = false on a key")
     disable.add_argument("name", metavar="NAME", help="key name")
     actions.add_parser("list", parents=[common], help="name, scope, qps and enabled of every key (no hashes)")
-    keys.set_defaults(handler=run)
+    keys.set_defaults(handler=run, uses_client=True)

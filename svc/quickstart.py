@@ -22,7 +22,6 @@ weights, so a first run never ends without a running service.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import http.client
 import importlib.util
 import json
@@ -69,15 +68,17 @@ def prepare(root: str = ".", out=sys.stdout) -> dict[str, str]:
     secrets_path = os.path.join(root, SECRETS)
     if os.path.exists(secrets_path):
         return read_env_file(secrets_path)
+    from svc.auth import issue_key
+
+    api_key, entry = issue_key(FIRST_KEY_NAME)
     values = {
         "SERVICE_API_TOKEN": secrets.token_hex(32),
         "SERVICE_GATEWAY_AUTH_TOKEN": secrets.token_hex(32),
         "SERVICE_METRICS_TOKEN": secrets.token_hex(32),
-        "SERVICE_API_KEY": secrets.token_hex(32),
+        "SERVICE_API_KEY": api_key,
     }
-    digest = hashlib.sha256(values["SERVICE_API_KEY"].encode()).hexdigest()
     key_path = os.path.join(root, KEY_FILE)
-    entry = (f'\n[keys.{FIRST_KEY_NAME}]\nhash = "{digest}"\nscope = "inference"\nrate_limit_qps = 0\nenabled = true\n')
+    entry = "\n" + entry
     if not os.path.exists(key_path):
         entry = "# API keys of the gateway: [keys.<name>] with the SHA-256 of the key (svcctl keygen NAME).\n" + entry
     _write_private(key_path, entry, mode="a")

@@ -18,11 +18,6 @@ class Status:
     http: int
     meaning: str
 
-    @property
-    def ok(self) -> bool:
-        """True for the statuses of a reply that carries results (0 and 68)."""
-        return self.http == 200
-
 
 SUCCESS = Status(0, "SUCCESS", 200, "success")
 ENGINE_ERROR = Status(1, "ENGINE_ERROR", 500, "the model raised an error while running the batch this item was in")

@@ -34,7 +34,7 @@ from klein import Klein
 from twisted.logger import Logger
 from twisted.web.http_headers import Headers
 
-from svc import __version__
+from svc import __version__, protocol
 from svc import status as st
 from svc.auth import METRICS_TOKEN_NAME, Authenticator, Principal, Unauthorized
 from svc.envelope import ModelIdentity, new_task_id, rejection
@@ -42,6 +42,18 @@ from svc.errors import ApiError
 from svc.gateway.catalog import Catalog, Upstream
 from svc.gateway.proxy import Proxy, UpstreamFailed, UpstreamUnreachable
 from svc.metrics import GatewayMetrics
+from svc.protocol import (
+    HEALTH_PATH,
+    JOB,
+    JOB_RESULT,
+    JOB_WAIT,
+    JOBS,
+    METRICS_PATH,
+    MODEL_INFER,
+    MODEL_PREFIX,
+    klein_rule,
+    model_path,
+)
 from svc.query import MAX_DIGITS, wait_budget_ms
 from svc.ratelimit import KeyedLimiter, retry_after_header
 from svc.request import REQ_ID_RE
@@ -51,17 +63,17 @@ from svc.web.replies import bearer_token, dumps, header, send_json
 log = Logger()
 
 #: Client request headers passed to the model server; every other one is dropped.
-FORWARDED_REQUEST_HEADERS = (b"content-type", b"accept", b"x-service-params", b"x-service-options", b"x-request-id")
-#: Model reply headers passed back (SPEC "Response headers", plus Allow of a 405); Location is rewritten.
-PASSED_REPLY_HEADERS = (b"content-type", b"x-request-id", b"cache-control", b"retry-after", b"allow")
+FORWARDED_REQUEST_HEADERS = tuple(n.encode() for n in ("content-type", "accept", *protocol.SERVICE_REQUEST_HEADERS))
+#: Model reply headers passed back (svc.protocol); Location is rewritten.
+PASSED_REPLY_HEADERS = tuple(n.encode() for n in protocol.PASSED_REPLY_HEADERS)
 
 GATEWAY_IDENTITY = ModelIdentity("gateway", __version__)
 
 
 def rewrite_job_path(model_id: str, path: str) -> str | None:
     """A model-port job path as the gateway path of the same job (None: not a job path)."""
-    if path.startswith("/jobs/"):
-        return f"/v1/models/{model_id}{path}"
+    if path.startswith(JOBS + "/"):
+        return model_path(model_id, path)
     return None
 
 
@@ -221,14 +233,14 @@ class GatewayApp(routes.JsonApp):
 
     # -- routes --------------------------------------------------------------------------
 
-    @app.route("/healthz", methods=["GET"])
+    @app.route(HEALTH_PATH, methods=["GET"])
     def healthz(self, request: Any) -> bytes:
         request.service_route = "healthz"
         body = rejection(st.SUCCESS, "", task_id=self.task_id(request), model=GATEWAY_IDENTITY)
         del body["error"]
         return send_json(request, 200, body)
 
-    @app.route("/metrics", methods=["GET"])
+    @app.route(METRICS_PATH, methods=["GET"])
     def metrics_route(self, request: Any) -> bytes:
         return self.metrics_reply(request, self.admit_metrics)
 
@@ -241,7 +253,7 @@ class GatewayApp(routes.JsonApp):
         request.service_key = METRICS_TOKEN_NAME
         request.setHeader(b"X-Service-Key", METRICS_TOKEN_NAME.encode())
 
-    @app.route("/v1/models/<string:model_id>/infer", methods=["POST"])
+    @app.route(klein_rule(MODEL_INFER), methods=["POST"])
     async def infer(self, request: Any, model_id: str) -> bytes:
         request.service_route = "infer"
         self.admit(request)
@@ -254,19 +266,19 @@ class GatewayApp(routes.JsonApp):
         self.admit(request)
         return await self.forward(request, upstream, "infer", upstream.server_uri)
 
-    @app.route("/v1/models/<string:model_id>/jobs", methods=["POST"])
+    @app.route(klein_rule(MODEL_PREFIX + JOBS), methods=["POST"])
     async def submit(self, request: Any, model_id: str) -> bytes:
         request.service_route = "jobs_submit"
         self.admit(request)
-        return await self.forward(request, self.upstream(model_id), "jobs_submit", "/jobs", rewrite=True)
+        return await self.forward(request, self.upstream(model_id), "jobs_submit", JOBS, rewrite=True)
 
-    @app.route("/v1/models/<string:model_id>/jobs/<string:job_id>", methods=["GET"])
+    @app.route(klein_rule(MODEL_PREFIX + JOB), methods=["GET"])
     async def job_status(self, request: Any, model_id: str, job_id: str) -> bytes:
         request.service_route = "jobs_status"
         self.admit(request)
-        return await self.forward(request, self.upstream(model_id), "jobs_status", "/jobs/" + quote(job_id, safe=""), rewrite=True)
+        return await self.forward(request, self.upstream(model_id), "jobs_status", JOB.format(job_id=quote(job_id, safe="")), rewrite=True)
 
-    @app.route("/v1/models/<string:model_id>/jobs/<string:job_id>/wait", methods=["GET"])
+    @app.route(klein_rule(MODEL_PREFIX + JOB_WAIT), methods=["GET"])
     async def job_wait(self, request: Any, model_id: str, job_id: str) -> bytes:
         request.service_route = "jobs_wait"
         self.admit(request)
@@ -277,14 +289,14 @@ class GatewayApp(routes.JsonApp):
             raise ApiError(st.BAD_GATEWAY,
                            f"a wait budget of {budget} ms is at or above the gateway's upstream receive timeout "
                            f"({self.recv_timeout_ms} ms, upstream_recv_timeout_ms): ask for less and wait again")
-        return await self.forward(request, upstream, "jobs_wait", "/jobs/" + quote(job_id, safe="") + "/wait",
+        return await self.forward(request, upstream, "jobs_wait", JOB_WAIT.format(job_id=quote(job_id, safe="")),
                                   query=wait_query(raw), rewrite=True)
 
-    @app.route("/v1/models/<string:model_id>/jobs/<string:job_id>/result", methods=["GET"])
+    @app.route(klein_rule(MODEL_PREFIX + JOB_RESULT), methods=["GET"])
     async def job_result(self, request: Any, model_id: str, job_id: str) -> bytes:
         request.service_route = "jobs_result"
         self.admit(request)
-        return await self.forward(request, self.upstream(model_id), "jobs_result", "/jobs/" + quote(job_id, safe="") + "/result")
+        return await self.forward(request, self.upstream(model_id), "jobs_result", JOB_RESULT.format(job_id=quote(job_id, safe="")))
 
     # -- errors and accounting ----------------------------------------------------------------
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from svc.config import model_server_configs
+from svc.protocol import UPSTREAM_TOKENS_ENV as TOKENS_ENV
 
-TOKENS_ENV = "SERVICE_UPSTREAM_TOKENS"
 TOKEN_ENV = "SERVICE_UPSTREAM_TOKEN"
 
 

@@ -24,11 +24,10 @@ from svc.gateway.drain import AdoptedListener, DrainingSite, signal_closed, sign
 from svc.gateway.proxy import Proxy, make_agent, make_pool
 from svc.metrics import GatewayMetrics, new_registry
 from svc.process import ORPHAN_EXIT_S, ListeningMultiService, freeze_heap, supervisor_gone
+from svc.protocol import GATEWAY_PROGRAM as PROGRAM
 from svc.web.limits import HttpLimits
 
 log = Logger()
-
-PROGRAM = "service-gateway"
 
 
 #: Orphaned: requests in flight get this long (svc.process.ORPHAN_EXIT_S bounds the exit).
@@ -88,7 +87,7 @@ class GatewayService(ListeningMultiService):
         info = describe(self.setup)
         log.info("gateway on http://{host}:{port}/ in {mode} mode ({keys} keys, {enabled} enabled; static tokens: "
                  "{static}); routing {models} models: {ids}",
-                 host=self.config.host, port=self.config.port, mode=info["mode"], keys=info["keys"],
+                 host=self.config.host, port=self.bound_port(), mode=info["mode"], keys=info["keys"],
                  enabled=info["enabled_keys"], static=", ".join(info["static_tokens"]) or "none",
                  models=len(self.catalog), ids=", ".join(u.id for u in self.catalog))
         idle = self.catalog.pool_idle_timeout(self.config.upstream_idle_timeout_s)
@@ -105,6 +104,12 @@ class GatewayService(ListeningMultiService):
             # Accepting starts with the reactor; the supervisor waits for this line, not for a
             # probe that the previous gateway on the same socket could answer.
             self.reactor.callWhenRunning(signal_ready, self.ready_fd)
+
+    def bound_port(self) -> int:
+        """The port accepted on: the configured one, or the kernel's choice for ``--port 0``."""
+        if isinstance(self.listener, TCPServer):
+            return self.listener._port.getHost().port
+        return self.config.port
 
     def stopService(self) -> Deferred:
         return ensureDeferred(self._stop())

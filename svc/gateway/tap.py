@@ -22,8 +22,7 @@ from typing import Any
 from twisted.python import usage
 
 from svc import version_line
-
-PROGRAM = "service-gateway"
+from svc.protocol import GATEWAY_PROGRAM as PROGRAM
 
 
 class Options(usage.Options):
@@ -32,7 +31,8 @@ class Options(usage.Options):
     optParameters = [
         ["config", "c", "conf/service.toml", "The service config (its [gateway] table; a missing file means defaults)."],
         ["host", None, None, "Listen on this address instead of the config's."],
-        ["port", "p", None, "Listen on this port instead of the config's.", int],
+        ["port", "p", None, "Listen on this port instead of the config's; 0 takes a free port, named in the "
+         "'gateway on http://HOST:N/' log line (for tests: no window between choosing a port and binding it).", int],
         ["keys", "k", None, "The API key file instead of the config's keys_file."],
         ["servers", None, None, "The model-server config directory instead of the config's servers_dir."],
         ["listen-fd", None, None, "Accept on this inherited listening socket instead of binding (the supervisor's).",
@@ -47,8 +47,8 @@ class Options(usage.Options):
         sys.exit(0)
 
     def postOptions(self) -> None:
-        if self["port"] is not None and not 1 <= self["port"] <= 65535:
-            raise usage.UsageError(f"--port must be 1..65535, not {self['port']}")
+        if self["port"] is not None and not 0 <= self["port"] <= 65535:
+            raise usage.UsageError(f"--port must be 0..65535, not {self['port']}")
         for name in ("listen-fd", "ready-fd"):
             if self[name] is not None and self[name] < 3:
                 raise usage.UsageError(f"--{name} must be an inherited descriptor >= 3, not {self[name]}")
@@ -57,7 +57,12 @@ class Options(usage.Options):
         own_pidfile(self, PROGRAM)
 
 
-def makeService(options: Options) -> Any:
+def makeService(options: Options, reactor: Any = None) -> Any:
+    """The gateway's service, or a refusal (SystemExit, exit 1) before anything listens.
+
+    twistd passes ``options`` only; ``reactor`` (default: the global one) lets
+    tests build the service tree in-process without running a reactor.
+    """
     from svc.auth import Refused, bind_problem, decide
     from svc.config import ConfigError
     from svc.gateway.catalog import CatalogError, load_catalog
@@ -92,7 +97,8 @@ def makeService(options: Options) -> Any:
         except OSError as e:
             raise refuse(PROGRAM, f"--listen-fd {options['listen-fd']}: {e}") from None
 
-    from twisted.internet import reactor
+    if reactor is None:
+        from twisted.internet import reactor
 
     from svc.gateway.service import GatewayService
     from svc.process import exit_zero_on_signals

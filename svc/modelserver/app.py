@@ -28,12 +28,11 @@ from svc.errors import ApiError
 from svc.modelserver.batching import QueueFull
 from svc.modelserver.job_routes import JobRoutes
 from svc.modelserver.jobs import JobTable
+from svc.protocol import HEALTH_PATH, METRICS_PATH, OPENAPI_PATH, READY_PATH, SERVICE_REQUEST_HEADERS
 from svc.ratelimit import KeyedLimiter, retry_after_header
 from svc.request import REQ_ID_RE
 from svc.web import routes
 from svc.web.replies import bearer_token, content_type, dumps, header, send_json
-
-FORWARDED_HEADERS = ("x-service-params", "x-service-options", "x-request-id")
 
 
 class ModelServerApp(routes.JsonApp):
@@ -128,23 +127,23 @@ class ModelServerApp(routes.JsonApp):
 
     # -- routes ----------------------------------------------------------------------
 
-    @app.route("/healthz", methods=["GET"])
+    @app.route(HEALTH_PATH, methods=["GET"])
     def healthz(self, request: Any) -> bytes:
         request.service_route = "healthz"
         return self.reply(request, st.SUCCESS)
 
-    @app.route("/ready", methods=["GET"])
+    @app.route(READY_PATH, methods=["GET"])
     def ready_route(self, request: Any) -> bytes:
         request.service_route = "ready"
         if self.ready and not self.draining:
             return self.reply(request, st.SUCCESS)
         return self.reply(request, st.NOT_READY, self.not_ready_reason)
 
-    @app.route("/metrics", methods=["GET"])
+    @app.route(METRICS_PATH, methods=["GET"])
     def metrics_route(self, request: Any) -> bytes:
         return self.metrics_reply(request, self.authenticate)
 
-    @app.route("/openapi.json", methods=["GET"])
+    @app.route(OPENAPI_PATH, methods=["GET"])
     def openapi_route(self, request: Any) -> bytes:
         request.service_route = "openapi"
         request.setHeader(b"Content-Type", b"application/json; charset=utf-8")
@@ -159,7 +158,7 @@ class ModelServerApp(routes.JsonApp):
         self.in_flight += 1
         try:
             media_type, type_params = content_type(request)
-            headers = {name: header(request, name.encode()) for name in FORWARDED_HEADERS}
+            headers = {name: header(request, name.encode()) for name in SERVICE_REQUEST_HEADERS}
             parsed = await self.inference.parse(request.content.getvalue(), media_type, type_params, headers)
             task_id = request.service_task_id = parsed.req_id or new_task_id()
             try:

@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.defer import Deferred, maybeDeferred, succeed
 from twisted.logger import Logger
 
 from svc import status as st
@@ -48,20 +48,6 @@ class QueueFull(Exception):
         self.retry_after = retry_after
         self.waiting = waiting
         self.limit = limit
-
-
-class LazyInput:
-    """A model input that the worker running its batch makes, right before the forward pass.
-
-    ``make()`` returns the input, or the :class:`ItemResult` of an item that
-    cannot be made (a bad image): that item fails alone.  Used with
-    ``backend.decode_in_worker``; the queue treats it like any input.
-    """
-
-    __slots__ = ("make",)
-
-    def __init__(self, make: Callable[[], Any]) -> None:
-        self.make = make
 
 
 class Item:
@@ -111,13 +97,13 @@ class Admission:
         """The decoded items enter the queue; the reservation ends."""
         if self.open:
             self.open = False
-            self._queue._enqueue(self.n, items)
+            self._queue.enqueue(self.n, items)
 
     def release(self) -> None:
         """The request ended before its items were queued."""
         if self.open:
             self.open = False
-            self._queue._enqueue(self.n, [])
+            self._queue.release(self.n)
 
 
 RunBatch = Callable[[list[Item]], "Deferred[list[ItemResult]]"]
@@ -198,12 +184,18 @@ class BatchQueue:
         self._gauge()
         return Admission(self, n)
 
-    def _enqueue(self, reserved: int, items: list[Item]) -> None:
+    def enqueue(self, reserved: int, items: list[Item]) -> None:
+        """An admission's decoded ``items`` enter the queue and its reservation of ``reserved`` ends.
+
+        Called through :meth:`Admission.enqueue`, which makes sure a
+        reservation ends once.
+        """
         self._expected -= reserved
         if self._closed_result is not None:  # abandoned: late arrivals are answered at once
             self._gauge()
             for item in items:
                 item.finish(self._closed_result)
+            self._check_idle()
             return
         now = self.clock.seconds()
         for item in items:
@@ -213,6 +205,11 @@ class BatchQueue:
         self._queued += len(items)
         self._gauge()
         self._pump()
+        self._check_idle()
+
+    def release(self, reserved: int) -> None:
+        """An admission's reservation of ``reserved`` ends with nothing queued (through :meth:`Admission.release`)."""
+        self.enqueue(reserved, [])
 
     def drop(self, item: Item) -> None:
         """Take a queued item out (its request ended: deadline, disconnect)."""
@@ -220,6 +217,7 @@ class BatchQueue:
             item.state = DROPPED
             self._queued -= 1
             self._gauge()
+            self._check_idle()
 
     # -- dispatch -------------------------------------------------------------------
 
@@ -273,6 +271,7 @@ class BatchQueue:
     def _on_timer(self) -> None:
         self._timer = None
         self._pump()
+        self._check_idle()  # items past their deadline may have left
 
     def _start(self, batch: list[Item], now: float) -> None:
         chosen = set(map(id, batch))
@@ -316,10 +315,7 @@ class BatchQueue:
         self.running_batches -= 1
         self._running = [b for b in self._running if b is not batch]
         self._pump()
-        if self.running_batches == 0 and self._queued == 0:
-            waiters, self._idle_waiters = self._idle_waiters, []
-            for d in waiters:
-                d.callback(None)
+        self._check_idle()
 
     def abandon(self, result: ItemResult) -> int:
         """Answer every item still held with ``result`` and start no more batches.
@@ -345,14 +341,28 @@ class BatchQueue:
                 continue
             item.finish(result)
             answered += 1
+        self._check_idle()
         return answered
 
-    def when_idle(self) -> Deferred:
-        """Fires when no batch is running and nothing is queued."""
-        if self.running_batches == 0 and self._queued == 0:
-            from twisted.internet.defer import succeed
+    @property
+    def idle(self) -> bool:
+        """Nothing admitted (decoding or queued) and no batch in a worker."""
+        return self.running_batches == 0 and self.waiting == 0
 
+    def when_idle(self) -> Deferred:
+        """A Deferred that fires once the queue is :attr:`idle` (at once if it is now).
+
+        The graceful stop waits on it instead of polling the queue.
+        """
+        if self.idle:
             return succeed(None)
         d: Deferred = Deferred()
         self._idle_waiters.append(d)
         return d
+
+    def _check_idle(self) -> None:
+        """Fire the idle waiters; called at the end of every step that can leave the queue idle."""
+        if self._idle_waiters and self.idle:
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for d in waiters:
+                d.callback(None)

@@ -20,6 +20,7 @@ import json
 import threading
 import time
 import traceback
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from twisted.logger import Logger
@@ -28,15 +29,33 @@ from zope.interface.verify import verifyObject
 from svc import status as st
 from svc.envelope import ItemResult
 from svc.modelapi import IModel, IModelFactory, ProgressReporter, reporting_progress
-from svc.modelserver.batching import LazyInput
 from svc.modelserver.progress import BatchProgress
 from svc.schema import compile_schema
 
 log = Logger()
 
 
+class LazyInput:
+    """A model input that the worker running its batch makes, right before the forward pass.
+
+    ``make()`` returns the input, or the :class:`ItemResult` of an item that
+    cannot be made (a bad image): that item fails alone.  Used with
+    ``backend.decode_in_worker``; the batching queue carries it like any input.
+    """
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
+
+
 class Engine:
-    """Owns the model; ``run_batch`` is the batching queue's runner."""
+    """The one holder of the model; ``run_batch`` is the batching queue's runner.
+
+    Everything else reaches the model through it (``preprocess``,
+    ``batch_key``), so there is no second reference that could be read
+    before the load has finished.
+    """
 
     def __init__(
         self,
@@ -66,6 +85,19 @@ class Engine:
     @property
     def version(self) -> str:
         return self.model.version if self.model is not None else "loading"
+
+    @property
+    def needs_image(self) -> bool:
+        """Whether items are images to open before ``preprocess`` (false for generative models)."""
+        return bool(self.factory.needs_image)
+
+    def preprocess(self, image: Any, params: dict) -> Any:
+        """One item's model input (decode pool or worker thread, never the reactor)."""
+        return self.model.preprocess(image, params)
+
+    def batch_key(self, params: dict) -> Hashable:
+        """The model's batch key of these params (cheap: runs on the reactor)."""
+        return self.model.batch_key(params)
 
     # -- loading ---------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 validate (decode pool) -> admit (reactor) -> decode items (decode pool) ->
 batching queue -> worker pool -> per-item results, under one deadline.
 With ``decode_in_worker`` the items enter the queue undecoded
-(:class:`~svc.modelserver.batching.LazyInput`) and the worker decodes a
+(:class:`~svc.modelserver.engine.LazyInput`) and the worker decodes a
 batch's images right before its forward pass.
 Synchronous requests and asynchronous jobs both run through
 :meth:`Inference.run`; only their deadline and admission differ.
@@ -20,8 +20,8 @@ from twisted.internet.defer import Deferred, maybeDeferred
 from svc import status as st
 from svc.envelope import TIMED_OUT, ItemResult
 from svc.images import ItemInputError, decode_base64, open_image
-from svc.modelapi import IModelFactory
-from svc.modelserver.batching import Admission, BatchQueue, Item, LazyInput
+from svc.modelserver.batching import Admission, BatchQueue, Item
+from svc.modelserver.engine import Engine, LazyInput
 from svc.modelserver.progress import JobProgress
 from svc.request import InferenceRequest, RequestValidator
 
@@ -31,13 +31,17 @@ INLINE_PARSE_BYTES = 64 * 1024
 
 
 class Inference:
-    """Validates, admits, decodes and batches the items of one request."""
+    """Validates, admits, decodes and batches the items of one request.
+
+    The model is reached through ``engine`` only (its preprocess and batch
+    key), so requests see the model the engine loaded and nothing else.
+    """
 
     def __init__(
         self,
         *,
         clock: Any,
-        factory: IModelFactory,
+        engine: Engine,
         validator: RequestValidator,
         queue: BatchQueue,
         run_decode: Any,
@@ -47,13 +51,12 @@ class Inference:
     ) -> None:
         self.clock = clock
         self.decode_in_worker = decode_in_worker
-        self.factory = factory
+        self.engine = engine
         self.validator = validator
         self.queue = queue
         self.run_decode = run_decode  # svc.process.Runner of the decode pool
         self.max_image_pixels = max_image_pixels
         self.metrics = metrics
-        self.model: Any = None  # set once the engine has loaded
 
     # -- step 1: the request ---------------------------------------------------------
 
@@ -116,11 +119,11 @@ class Inference:
         """One item's model input, or its ItemResult when the input is bad (any thread but the reactor)."""
         try:
             data = decode_base64(raw) if isinstance(raw, str) else raw
-            if not self.factory.needs_image:
-                return self.model.preprocess(None, params)
+            if not self.engine.needs_image:
+                return self.engine.preprocess(None, params)
             image = open_image(data, self.max_image_pixels)
             try:
-                return self.model.preprocess(image, params)
+                return self.engine.preprocess(image, params)
             except ItemInputError:
                 raise
             except Exception as e:  # noqa: BLE001 - a bad image fails its own item
@@ -175,9 +178,8 @@ class _Run:
         if self.finished:
             self.admission.release()
             return
-        model = self.inference.model
         params, options = self.request.params, self.request.options
-        key = model.batch_key(params)
+        key = self.inference.engine.batch_key(params)
         for index, entry in enumerate(decoded):
             if isinstance(entry, ItemResult):
                 self._settle(index, entry)

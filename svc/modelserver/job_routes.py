@@ -34,15 +34,9 @@ from svc import status as st
 from svc.envelope import ModelIdentity, rejection
 from svc.errors import ApiError, FieldError
 from svc.modelserver.jobs import DONE, FAILED, TIMEOUT, AsyncQueueFull, Job, JobTable
+from svc.protocol import JOB, JOB_RESULT, JOB_WAIT, JOBS, SERVICE_REQUEST_HEADERS, job_urls, klein_rule
 from svc.query import MAX_DIGITS, WAIT_MAX_MS, shown, wait_budget_ms
 from svc.web.replies import content_type, header, send_json
-
-FORWARDED_HEADERS = ("x-service-params", "x-service-options", "x-request-id")
-
-
-def job_paths(job_id: str) -> dict[str, str]:
-    """Model-port paths of a job (the gateway rewrites them onto /v1/models/<id>/jobs/...)."""
-    return {"poll_url": f"/jobs/{job_id}", "result_url": f"/jobs/{job_id}/result"}
 
 
 def parse_wait_timeout(raw: bytes | None) -> float:
@@ -108,7 +102,7 @@ class JobRoutes:
             "elapsed_ms": job.elapsed_ms(self.clock.seconds()),
             "task_id": job.task_id,
             "model": self.identity().to_json(),
-            **job_paths(job.id),
+            **job_urls(job.id),
             "progress": job.progress.to_json(),
         }
         if job.state in (FAILED, TIMEOUT):
@@ -135,29 +129,29 @@ class JobRoutes:
 
     # -- routes ------------------------------------------------------------------------
 
-    @app.route("/jobs", methods=["POST"])
+    @app.route(JOBS, methods=["POST"])
     async def submit(self, request: Any) -> bytes:
         request.service_route = "jobs_submit"
         self.authenticate(request)
         self.check_admitting()
         media_type, type_params = content_type(request)
-        headers = {name: header(request, name.encode()) for name in FORWARDED_HEADERS}
+        headers = {name: header(request, name.encode()) for name in SERVICE_REQUEST_HEADERS}
         parsed = await self.parse(request.content.getvalue(), media_type, type_params, headers)
         try:
             job = self.jobs.submit(parsed)
         except AsyncQueueFull as e:
             return self.job_error(request, st.RATE_LIMITED, str(e), headers={"Retry-After": str(e.retry_after)})
-        body = {"job_id": job.id, "state": job.state, **job_paths(job.id), "task_id": job.task_id,
+        body = {"job_id": job.id, "state": job.state, **job_urls(job.id), "task_id": job.task_id,
                 "model": self.identity().to_json()}
         return self.reply(request, 202, body, job, {"Location": body["poll_url"]})
 
-    @app.route("/jobs/<string:job_id>", methods=["GET"])
+    @app.route(klein_rule(JOB), methods=["GET"])
     def status(self, request: Any, job_id: str) -> bytes:
         request.service_route = "jobs_status"
         job = self.find(request, job_id)
         return self.reply(request, 200, self.status_body(job), job)
 
-    @app.route("/jobs/<string:job_id>/wait", methods=["GET"])
+    @app.route(klein_rule(JOB_WAIT), methods=["GET"])
     async def wait(self, request: Any, job_id: str) -> bytes:
         request.service_route = "jobs_wait"
         job = self.find(request, job_id)
@@ -171,7 +165,7 @@ class JobRoutes:
             self.waiting -= 1
         return self.reply(request, 200, self.status_body(job), job)
 
-    @app.route("/jobs/<string:job_id>/result", methods=["GET"])
+    @app.route(klein_rule(JOB_RESULT), methods=["GET"])
     def result(self, request: Any, job_id: str) -> bytes:
         request.service_route = "jobs_result"
         job = self.find(request, job_id)

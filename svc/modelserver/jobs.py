@@ -41,6 +41,7 @@ log = Logger()
 
 PENDING, RUNNING, DONE, FAILED, TIMEOUT = "pending", "running", "done", "failed", "timeout"
 TERMINAL = frozenset({DONE, FAILED, TIMEOUT})
+#: Every state in its order of life: the OpenAPI documents (svc.openapi.components) list them from here.
 STATES = (PENDING, RUNNING, DONE, FAILED, TIMEOUT)
 
 

@@ -35,7 +35,7 @@ from svc.modelserver.batching import BatchQueue
 from svc.modelserver.engine import Engine
 from svc.modelserver.inference import Inference
 from svc.modelserver.jobs import JobTable
-from svc.openapi import model_server_document
+from svc.openapi.modelserver import model_server_document
 from svc.options import options_schema
 from svc.process import (
     ORPHAN_EXIT_S,
@@ -47,6 +47,7 @@ from svc.process import (
     start_watchdog,
     supervisor_gone,
 )
+from svc.protocol import MODEL_PROGRAM as PROGRAM
 from svc.request import RequestValidator
 from svc.schema import ObjectSchema
 from svc.web.limits import HttpLimits
@@ -55,7 +56,6 @@ from svc.weights import WeightsError
 
 log = Logger()
 
-PROGRAM = "service-model"
 
 #: Orphaned (the supervisor is gone): the grace is cut to this, and the
 #: watchdog ends the process ``ORPHAN_EXIT_S`` after the signal whatever happens.
@@ -64,7 +64,7 @@ ORPHAN_GRACE_S = 0.5
 FLUSH_S = 0.05
 #: The watchdog's margin over the grace (the promise is grace + 1 s).
 WATCHDOG_MARGIN_S = 0.9
-#: While the queue is idle but a request is still being decoded or answered
+#: While the queue is idle but a request is still being parsed or answered
 #: (no event marks its end), the drain looks again after this long.
 RECHECK_S = 0.01
 
@@ -102,7 +102,7 @@ class ModelServerService(ListeningMultiService):
         )
         self.inference = Inference(
             clock=reactor,
-            factory=factory,
+            engine=self.engine,
             validator=RequestValidator(params, options, config.max_request_items),
             queue=self.queue,
             run_decode=self.decode.runner(reactor),
@@ -159,7 +159,7 @@ class ModelServerService(ListeningMultiService):
     def startService(self) -> None:
         super().startService()
         log.info("{id}: listening on 127.0.0.1:{port}; loading the model on {device}; images decoded {where}",
-                 id=self.config.id, port=self.config.port, device=self.device,
+                 id=self.config.id, port=self.listener._port.getHost().port, device=self.device,  # the bound one
                  where="in the inference thread" if self.inference.decode_in_worker else "in the decode pool")
         d = self.engine.load(self.config.max_batch_size)
         d.addCallbacks(self._loaded, self._load_failed)
@@ -167,7 +167,6 @@ class ModelServerService(ListeningMultiService):
     def _loaded(self, warmup: tuple[float, int]) -> None:
         seconds, items = warmup
         self.queue.observe_throughput(seconds, items)
-        self.inference.model = self.engine.model
         frozen = freeze_heap()  # the model and the warm-up are built: keep full collections off the reactor
         self.app.set_ready(self.engine.version)
         self.metrics.ready.set(1)
@@ -228,33 +227,23 @@ class ModelServerService(ListeningMultiService):
     async def _until_idle(self, deadline: float) -> bool:
         """Wait until nothing is held (True) or the deadline (False), never blocking the reactor.
 
-        Woken by the queue's idle event; only the last milliseconds of a
-        request (decoding, writing the reply), which have no event, are
+        While the batching queue holds work, this waits on its idle event
+        (``BatchQueue.when_idle``: nothing decoding, queued or running).
+        Only what happens outside the queue (parsing a body before its
+        admission, a job waiter writing its reply) has no event; that is
         looked at again every ``RECHECK_S``.
         """
         while self.busy():
             left = deadline - self.reactor.seconds()
             if left <= 0:
                 return False
-            if self.queue.running_batches or self.queue.waiting:
-                await self._first(self.queue.when_idle(), left)
-            else:
+            if self.queue.idle:
                 await deferLater(self.reactor, min(RECHECK_S, left), lambda: None)
+            else:
+                idle = self.queue.when_idle()
+                idle.addTimeout(left, self.reactor, onTimeoutCancel=lambda result, timeout: None)
+                await idle
         return True
-
-    def _first(self, event: Deferred, timeout: float) -> Deferred:
-        """Fires when ``event`` fires or after ``timeout`` seconds, whichever comes first."""
-        done: Deferred = Deferred()
-
-        def fire(_: Any = None) -> None:
-            if timer.active():
-                timer.cancel()
-            if not done.called:
-                done.callback(None)
-
-        timer = self.reactor.callLater(timeout, fire)
-        event.addBoth(fire)
-        return done
 
     def busy(self) -> bool:
         """Requests or jobs still being answered, or batches still running."""

@@ -16,9 +16,8 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from svc import version_line
-
-PROGRAM = "service-model"
-AUTH_ENV = "SERVICE_AUTH_TOKEN"
+from svc.protocol import MODEL_PROGRAM as PROGRAM
+from svc.protocol import MODEL_TOKEN_ENV as AUTH_ENV
 
 log = Logger()
 
@@ -29,7 +28,8 @@ class Options(usage.Options):
     longdesc = "Serve one catalog model on 127.0.0.1 (loopback only)."
     optParameters = [
         ["server", "s", None, "The model-server TOML file (conf/server/<ID>.toml)."],
-        ["port", "p", None, "Listen on this port instead of the file's.", int],
+        ["port", "p", None, "Listen on this port instead of the file's; 0 takes a free port, named in the "
+         "'listening on 127.0.0.1:N' log line (for tests: no window between choosing a port and binding it).", int],
         ["device", None, None, "Override backend.device: cpu or gpu."],
         ["weights", None, None, "Override [model] weights: demo (random init) or pretrained[:VARIANT] (the default "
          "or named pretrained variant, from the weights cache); the supervisor passes its profile's choice."],
@@ -55,8 +55,8 @@ class Options(usage.Options):
         weights = self["weights"]
         if weights is not None and weights != "demo" and not (weights == "pretrained" or weights.startswith("pretrained:")):
             raise usage.UsageError(f"--weights must be demo, pretrained or pretrained:VARIANT, not {weights!r}")
-        if self["port"] is not None and not 1 <= self["port"] <= 65535:
-            raise usage.UsageError(f"--port must be 1..65535, not {self['port']}")
+        if self["port"] is not None and not 0 <= self["port"] <= 65535:
+            raise usage.UsageError(f"--port must be 0..65535, not {self['port']}")
         from svc.process import own_pidfile
 
         own_pidfile(self, f"{PROGRAM}-{os.path.splitext(os.path.basename(self['server']))[0]}")
@@ -82,7 +82,30 @@ def weights_override(factory: Any, choice: str) -> str:
     return choice
 
 
-def makeService(options: Options) -> Any:
+def prepare_torch(config: Any) -> str:
+    """The process's torch settings from ``[backend]``: malloc tuning, threads, device; the torch device.
+
+    A device that cannot be had (``gpu`` without CUDA) is refused with one line.
+    Process-wide, so it is its own step: tests of the service tree replace it.
+    """
+    from svc import torchenv
+    from svc.process import refuse
+
+    try:
+        if config.backend.tune_malloc:
+            torchenv.tune_malloc()
+        torchenv.configure_threads(config.backend.threads, config.backend.workers)
+        return torchenv.select_device(config.backend.device, config.gpu_mem_limit_mb)
+    except torchenv.DeviceError as e:
+        raise refuse(PROGRAM, f"{config.path}: {e}") from None
+
+
+def makeService(options: Options, reactor: Any = None) -> Any:
+    """The model server's service, or a refusal (SystemExit, exit 1) before the reactor runs.
+
+    twistd passes ``options`` only; ``reactor`` (default: the global one) lets
+    tests build the service tree in-process without running a reactor.
+    """
     from svc.config import ConfigError, load_model_server_config
     from svc.modelapi import PluginError, find_factory, model_config
     from svc.process import refuse
@@ -112,17 +135,10 @@ def makeService(options: Options) -> Any:
             f"{AUTH_ENV} is not set: set it (the supervisor injects one) or pass --dev-no-auth for local development",
         )
 
-    from twisted.internet import reactor
+    if reactor is None:
+        from twisted.internet import reactor
 
-    from svc import torchenv
-
-    try:
-        if config.backend.tune_malloc:
-            torchenv.tune_malloc()
-        torchenv.configure_threads(config.backend.threads, config.backend.workers)
-        device = torchenv.select_device(config.backend.device, config.gpu_mem_limit_mb)
-    except torchenv.DeviceError as e:
-        raise refuse(PROGRAM, f"{path}: {e}") from None
+    device = prepare_torch(config)
 
     from svc.modelserver.service import ModelServerService
     from svc.process import exit_zero_on_signals

@@ -37,6 +37,7 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from svc import __version__
 from svc import status as st
 from svc.errors import ApiError
+from svc.protocol import OPENAPI_PATH
 from svc.query import MAX_DIGITS, parse_bounded_int, shown
 from svc.supervisor.child import ChildError
 from svc.supervisor.manager import GATEWAY, ChildManager
@@ -157,7 +158,7 @@ class ManagementApi(routes.JsonApp):
             raise ApiError(st.NOT_FOUND, "the gateway serves no OpenAPI document (it is committed as openapi/gateway.json)")
         if child.snapshot()["state"] != "running" or self.fetch is None:
             raise ApiError(st.NOT_READY, f"{name} is not running: its OpenAPI document comes from the running server")
-        body = await self.fetch(child.spec.port, "/openapi.json", None)
+        body = await self.fetch(child.spec.port, OPENAPI_PATH, None)
         if body is None:
             raise ApiError(st.NOT_READY, f"{name} did not answer GET /openapi.json")
         try:

@@ -12,19 +12,17 @@ States (SPEC "Server process states" leaves the transitions to us):
     (a child that cannot be spawned at all, or is refused by the supervisor: failed)
 
 ``running`` carries a ``ready`` flag from the child's readiness route, probed
-every ``probe_running`` seconds.  A child is started as the leader of its own
-process group (and asks the kernel for SIGTERM if the supervisor dies), so a
-stop signals the whole group; a new process is spawned only after the old
-one has exited, so a port is never reused too early.
+every ``probe_running`` seconds.  A new process is spawned only after the old
+one has exited, so a port is never reused too early; how a process is
+spawned and signalled (its own process group) is :mod:`svc.supervisor.spawn`.
 
 A port that is busy when a child is to be spawned (an orphan of a previous
-supervisor still exiting, another program) is not a reason to give up at
-once: the child stays ``starting`` with no pid and ``last_error`` saying
-why, the port is tried again on the back-off schedule (``backoff_initial``
-doubling up to ``backoff_max``), and only after ``port_wait`` seconds of a
-busy port does the child become ``start_failed``.  A child that exits 1
-before it was ever ready saying "Address already in use" (it lost a race for
-the port) is treated the same way.
+supervisor still exiting, another program) keeps the child ``starting``
+with no pid and ``last_error`` saying why; it is tried again on the back-off
+schedule until ``port_wait`` is used up (:mod:`svc.supervisor.backoff`, which
+also holds the crash-loop limit).  A child that exits 1 before it was ever
+ready saying "Address already in use" (it lost a race for the port) is
+treated the same way.
 
 Everything runs on an injected reactor (``spawnProcess``, ``callLater``,
 ``seconds``) with an injected readiness probe and group-kill function, so the
@@ -34,17 +32,24 @@ unit tests drive it with a fake reactor and ``task.Clock``.
 from __future__ import annotations
 
 import signal
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ProcessDone
-from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import Logger
 
+from svc.supervisor.backoff import Backoff, Timing
 from svc.supervisor.logsink import LogSink
+from svc.supervisor.spawn import (
+    PORT_BUSY_TEXT,
+    ChildProtocol,
+    describe_exit,
+    group_leader_argv,
+    kill_group,
+    port_is_free,
+)
 
 log = Logger()
 
@@ -52,47 +57,10 @@ STOPPED, STARTING, RUNNING, STOPPING, BACKOFF, FAILED, START_FAILED = (
     "stopped", "starting", "running", "stopping", "backoff", "failed", "start_failed",
 )
 STATES = (STOPPED, STARTING, RUNNING, STOPPING, BACKOFF, FAILED, START_FAILED)
-POLICIES = ("on-failure", "always", "no")
-
-#: Runs before the child's own program: become a session (and process group)
-#: leader, ask for SIGTERM when the supervisor dies, give up if it already
-#: died (the signal would never come), then exec the command.  The child's
-#: program tells a stop by its supervisor's death from a normal stop by
-#: comparing its parent with SERVICE_SUPERVISOR_PID (svc.process.supervisor_gone).
-GROUP_LEADER = (
-    "import os, sys\n"
-    "os.setsid()\n"
-    "try:\n"
-    "    import ctypes; ctypes.CDLL(None).prctl(1, 15)\n"
-    "except Exception:\n"
-    "    pass\n"
-    "sup = os.environ.get('SERVICE_SUPERVISOR_PID', '')\n"
-    "if sup.isdigit() and os.getppid() != int(sup):\n"
-    "    os._exit(1)\n"
-    "os.execv(sys.argv[1], sys.argv[1:])\n"
-)
-
-#: What a child's refusal says when its port is taken (svc.process.ListeningMultiService).
-PORT_BUSY_TEXT = "Address already in use"
 
 
 class ChildError(Exception):
     """An action on a child that cannot be done (answered 500 by the API)."""
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Timers of the process manager, in seconds."""
-
-    stop_grace: float = 15.0
-    start_timeout: float = 120.0
-    backoff_initial: float = 1.0
-    backoff_max: float = 30.0
-    crash_loop_restarts: int = 5
-    crash_loop_window: float = 60.0
-    probe_starting: float = 0.5
-    probe_running: float = 2.0
-    port_wait: float = 60.0
 
 
 @dataclass
@@ -109,48 +77,6 @@ class ChildSpec:
     refused: str | None = None  # the supervisor refuses to spawn it (permanent failure)
     wait_port: bool = True  # a busy port is waited for (port_wait) before start_failed
     info: dict[str, Any] = field(default_factory=dict)
-
-
-class _Protocol(ProcessProtocol):
-    def __init__(self, child: Child) -> None:
-        self.child = child
-
-    def outReceived(self, data: bytes) -> None:
-        self.child.logs.feed("stdout", data)
-
-    def errReceived(self, data: bytes) -> None:
-        self.child.logs.feed("stderr", data)
-
-    def processEnded(self, reason: Any) -> None:
-        self.child._ended(self, reason.value)
-
-
-def kill_group(pid: int, sig: int) -> None:
-    """Signal the child's whole process group (it is the group leader)."""
-    import os
-
-    try:
-        os.killpg(pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether a listener could bind ``host:port`` now.
-
-    SO_REUSEADDR as the children's listeners set it, so connections of a
-    previous owner still in TIME_WAIT do not count as busy; on Linux a
-    listening socket (also one on the wildcard address) does.
-    """
-    import socket
-
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 class Child:
@@ -181,17 +107,14 @@ class Child:
         self.started_at: float | None = None
         self.last_error: str | None = None
         self.last_exit: str | None = None
-        self._protocol: _Protocol | None = None
-        self._restart_times: list[float] = []
-        self._consecutive = 0
+        self._protocol: ChildProtocol | None = None
+        self.backoff = Backoff(timing)
         self._timer: Any = None  # backoff restart or probe
         self._kill_timer: Any = None
         self._probing = False
         self._ready_waiters: list[Deferred] = []
         self._exit_waiters: list[Deferred] = []
         self._was_ready = False
-        self._port_wait_since: float | None = None  # first time the port was found busy
-        self._port_tries = 0
 
     @property
     def name(self) -> str:
@@ -204,9 +127,7 @@ class Child:
         if self.state in (STARTING, RUNNING, STOPPING):
             return fail(ChildError(f"{self.name} is {self.state}: stop it first or restart it"))
         self._cancel_timer()
-        self._restart_times.clear()
-        self._consecutive = 0
-        self._port_wait_since = None
+        self.backoff.reset()
         d = self._wait_ready()
         self._spawn()
         return d
@@ -221,7 +142,7 @@ class Child:
             return self._wait_exit()
         if self.state == STARTING and self._protocol is None:  # waiting for its port: nothing runs
             self._cancel_timer()
-            self._port_wait_since = None
+            self.backoff.end_port_wait()
             self._set(STOPPED, "stopped while waiting for its port")
             self._fail_ready_waiters("stopped before it was ready")
             return succeed(None)
@@ -258,9 +179,7 @@ class Child:
 
     def _spawn(self) -> None:
         if self.spec.refused:
-            self.last_error = self.spec.refused
-            self._set(FAILED, f"not started: {self.spec.refused}")
-            self._fail_ready_waiters(self.spec.refused)
+            self._give_up(FAILED, self.spec.refused, "not started: ")
             return
         if self.spec.wait_port and not self.port_free(self.spec.port):
             self._port_busy(f"port {self.spec.port} is in use")
@@ -270,9 +189,7 @@ class Child:
             transport = self._spawn_process(protocol)
         except Exception as e:  # noqa: BLE001 - any spawn failure is a failed start
             self._protocol = None
-            self.last_error = f"cannot spawn: {e}"
-            self._set(START_FAILED, self.last_error)
-            self._fail_ready_waiters(self.last_error)
+            self._give_up(START_FAILED, f"cannot spawn: {e}")
             return
         self.pid = transport.pid
         self.started_at = self.reactor.seconds()
@@ -283,22 +200,14 @@ class Child:
 
     def _port_busy(self, why: str) -> None:
         """The port is taken: try again on the back-off schedule until ``port_wait`` is used up."""
-        now = self.reactor.seconds()
-        if self._port_wait_since is None:
-            self._port_wait_since, self._port_tries = now, 0
-        waited = now - self._port_wait_since
-        left = self.timing.port_wait - waited
+        delay = self.backoff.next_port_try(self.reactor.seconds())
         self.pid = None
         self.started_at = None
         self.ready = False
-        if left <= 0:
-            self._port_wait_since = None
-            self.last_error = f"{why}; still in use after waiting {self.timing.port_wait:g} s (port_wait_ms)"
-            self._set(START_FAILED, f"could not start: {self.last_error}")
-            self._fail_ready_waiters(self.last_error)
+        if delay is None:
+            self._give_up(START_FAILED, f"{why}; still in use after waiting {self.timing.port_wait:g} s (port_wait_ms)",
+                          "could not start: ")
             return
-        delay = min(self.timing.backoff_max, self.timing.backoff_initial * 2 ** self._port_tries, left)
-        self._port_tries += 1
         self.last_error = f"{why}; trying again in {delay:g} s (waiting up to {self.timing.port_wait:g} s)"
         self._set(STARTING, f"not spawned: {self.last_error}")
         self._cancel_timer()
@@ -309,13 +218,13 @@ class Child:
         if self.state == STARTING and self._protocol is None:
             self._spawn()
 
-    def _new_protocol(self) -> _Protocol:
-        return _Protocol(self)
+    def _new_protocol(self) -> ChildProtocol:
+        return ChildProtocol(self)
 
-    def _spawn_process(self, protocol: _Protocol) -> Any:
+    def _spawn_process(self, protocol: ChildProtocol) -> Any:
         """Spawn the group-leader wrapper running the spec's command (a subclass may add descriptors)."""
-        argv = [sys.executable, "-c", GROUP_LEADER, *self.spec.argv]
-        return self.reactor.spawnProcess(protocol, sys.executable, argv, env=self.spec.env, path=self.spec.cwd)
+        argv = group_leader_argv(self.spec.argv)
+        return self.reactor.spawnProcess(protocol, argv[0], argv, env=self.spec.env, path=self.spec.cwd)
 
     def _signal(self, sig: int) -> None:
         if self.pid is not None:
@@ -329,19 +238,18 @@ class Child:
 
     # -- exits ------------------------------------------------------------------------------
 
-    def _ended(self, protocol: _Protocol, reason: Any) -> None:
+    def process_ended(self, protocol: ChildProtocol, reason: Any) -> None:
+        """The protocol's process exited (``reason`` from processEnded): decide what comes next."""
         if protocol is not self._protocol:
             return
         self._protocol = None
-        self.logs.flush()
+        self.logs.ended()
         if self._kill_timer is not None and self._kill_timer.active():
             self._kill_timer.cancel()
         self._kill_timer = None
-        code = getattr(reason, "exitCode", None)
-        sig = getattr(reason, "signal", None)
-        if isinstance(reason, ProcessDone):
-            code, sig = 0, None
-        self.last_exit = f"killed by signal {sig}" if sig else f"exit code {code}"
+        code = 0 if isinstance(reason, ProcessDone) else getattr(reason, "exitCode", None)
+        sig = None if isinstance(reason, ProcessDone) else getattr(reason, "signal", None)
+        self.last_exit = describe_exit(reason)
         ran = self.reactor.seconds() - (self.started_at or self.reactor.seconds())
         self.pid = None
         self.ready = False
@@ -359,9 +267,7 @@ class Child:
             self._port_busy(tail)
             return
         if was == STARTING and not self._was_ready and code == 1 and not sig:
-            self.last_error = tail or f"refused to start ({self.last_exit})"
-            self._set(START_FAILED, f"could not start: {self.last_error}")
-            self._fail_ready_waiters(self.last_error)
+            self._give_up(START_FAILED, tail or f"refused to start ({self.last_exit})", "could not start: ")
             self._fire_exit_waiters()
             return
         clean = code == 0 and not sig
@@ -375,19 +281,13 @@ class Child:
         self._schedule_restart(ran)
 
     def _schedule_restart(self, ran: float) -> None:
-        now = self.reactor.seconds()
-        window = self.timing.crash_loop_window
-        self._restart_times = [t for t in self._restart_times if now - t < window]
-        if len(self._restart_times) >= self.timing.crash_loop_restarts:
-            self.last_error = (
-                f"crash loop: restarted {len(self._restart_times)} times in {window:g} s; not restarting"
-                + (f" (last: {self.last_error})" if self.last_error else "")
-            )
-            self._set(FAILED, self.last_error)
-            self._fail_ready_waiters(self.last_error)
+        restarts = self.backoff.recent_restarts(self.reactor.seconds())
+        if restarts >= self.timing.crash_loop_restarts:
+            last = f" (last: {self.last_error})" if self.last_error else ""
+            self._give_up(FAILED, f"crash loop: restarted {restarts} times in {self.timing.crash_loop_window:g} s; "
+                                  f"not restarting{last}")
             return
-        self._consecutive = 1 if ran >= window else self._consecutive + 1
-        delay = min(self.timing.backoff_max, self.timing.backoff_initial * 2 ** (self._consecutive - 1))
+        delay = self.backoff.crash_delay(ran)
         self._set(BACKOFF, f"exited ({self.last_exit}); restarting in {delay:g} s")
         self._fail_ready_waiters(f"{self.last_error or self.last_exit}; restarting in {delay:g} s")
         self._timer = self.reactor.callLater(delay, self._respawn)
@@ -396,7 +296,7 @@ class Child:
         self._timer = None
         if self.state != BACKOFF:
             return
-        self._restart_times.append(self.reactor.seconds())
+        self.backoff.restarted(self.reactor.seconds())
         self.restarts += 1
         self._spawn()
 
@@ -430,8 +330,7 @@ class Child:
     def _became_ready(self) -> None:
         self.ready = True
         self._was_ready = True
-        if self._port_wait_since is not None:  # the wait is over: its note is no error any more
-            self._port_wait_since = None
+        if self.backoff.end_port_wait():  # the wait is over: its note is no error any more
             self.last_error = None
         if self.state == STARTING:
             self._set(RUNNING, "ready")
@@ -455,6 +354,12 @@ class Child:
             self._ready_waiters.remove(d)
             d.errback(ChildError(f"{self.name} did not become ready within {self.timing.start_timeout:g} s "
                                  f"(state {self.state})"))
+
+    def _give_up(self, state: str, error: str, note: str = "") -> None:
+        """A start that cannot succeed: ``error`` becomes ``last_error``, the log note and the waiters' failure."""
+        self.last_error = error
+        self._set(state, note + error)
+        self._fail_ready_waiters(error)
 
     def _fail_ready_waiters(self, why: str) -> None:
         waiters, self._ready_waiters = self._ready_waiters, []

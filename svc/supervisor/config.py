@@ -2,7 +2,7 @@
 ``conf/service.toml``, and the profiles under ``conf/profiles/``.
 
 ``[gateway]`` belongs to the gateway, which validates it; the supervisor only
-reads the gateway's address from it.  Keys are declared once (svc.config.Key)
+reads the gateway's address from it.  Keys are declared once (svc.config.setting fields)
 with strict types; an unknown key is refused with one line.
 """
 
@@ -12,72 +12,47 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from svc.config import ConfigError, Key, apply_keys, http_limit_keys, read_toml, sub_table
+from svc import config as base
+from svc.config import ConfigError, Key, apply_keys, keys_of, read_toml, setting, sub_table
+from svc.protocol import GATEWAY_PORT, LOOPBACK, SUPERVISOR_PORT
 
 POLICIES = ("on-failure", "always", "no")
 WEIGHTS_CHOICES = ("demo", "pretrained")
 PRETRAINED = "pretrained"
 
-SUPERVISOR_KEYS: tuple[Key, ...] = (
-    Key("host", str, "127.0.0.1", "Address of the management API and UI (a wildcard needs SERVICE_EXPOSE)."),
-    Key("port", int, 8787, "Port of the management API and UI.", minimum=1, maximum=65535),
-    Key("profile", str, "auto", "cpu, gpu, or auto (gpu when an NVIDIA driver is present).", choices=("auto", "cpu", "gpu")),
-    Key("servers_dir", str, "conf/server", "Directory of the model-server configs (the catalog)."),
-    Key("profiles_dir", str, "conf/profiles", "Directory of the profile files."),
-    Key("log_dir", str, "logs", "Directory of the children's log files (<id>.log)."),
-    Key("log_max_bytes", int, 5 * 1024 * 1024, "Size at which a child's log file is rotated.", minimum=1024),
-    Key("log_backups", int, 3, "Rotated log files kept per child.", minimum=0),
-    Key("log_ring_lines", int, 2000, "Lines per child kept in memory for the logs API.", minimum=10),
-    Key("stop_grace_ms", int, 15000, "After SIGTERM, how long a child may take before SIGKILL.", minimum=0),
-    Key("start_timeout_ms", int, 180000, "How long a start action waits for readiness before answering 500.", minimum=1000),
-    Key("backoff_initial_ms", int, 1000, "First restart delay after a crash; doubles per crash.", minimum=0),
-    Key("backoff_max_ms", int, 30000, "Largest restart delay.", minimum=0),
-    Key("crash_loop_restarts", int, 5, "Restarts within crash_loop_window_ms after which a child is failed.", minimum=1),
-    Key("crash_loop_window_ms", int, 60000, "Window of the crash-loop detection.", minimum=1000),
-    Key("port_wait_ms", int, 60000,
-        "How long a child whose port is busy at start (an orphan of a previous supervisor still exiting) is retried, "
-        "on the back-off schedule, before it is start_failed.", minimum=0),
-    Key("gateway_restart", str, "on-failure", "Restart policy of the gateway child.", choices=POLICIES),
-    *http_limit_keys(max_connections=128, refusal="503 {ok: false, error}"),
-)
-
-SERVER_KEYS: tuple[Key, ...] = (
-    Key("restart", str, "on-failure", "Restart policy: on-failure, always or no.", choices=POLICIES),
-)
-
-PROFILE_KEYS: tuple[Key, ...] = (
-    Key("device", str, "cpu", "backend.device given to every model server of the profile.", choices=("cpu", "gpu")),
-    Key("models", list, [], "Catalog ids started by the supervisor."),
-    Key("weights", str, "demo",
-        "demo (random-init weights, nothing to download) or pretrained (each model's default pretrained variant, "
-        "from the weights cache filled by svcctl weights pull). A model whose [model] weights names a local file "
-        "keeps its file; a model without pretrained variants stays on demo.", choices=WEIGHTS_CHOICES),
-)
-
 
 @dataclass(frozen=True)
 class SupervisorConfig:
+    """``[supervisor]`` (each :func:`svc.config.setting` field is one key), the servers' policies and the
+    gateway's address."""
+
     path: str
-    host: str
-    port: int
-    profile: str
-    servers_dir: str
-    profiles_dir: str
-    log_dir: str
-    log_max_bytes: int
-    log_backups: int
-    log_ring_lines: int
-    stop_grace_ms: int
-    start_timeout_ms: int
-    backoff_initial_ms: int
-    backoff_max_ms: int
-    crash_loop_restarts: int
-    crash_loop_window_ms: int
-    port_wait_ms: int
-    gateway_restart: str
-    header_timeout_ms: int
-    max_connections: int
-    listen_backlog: int
+    host: str = setting(LOOPBACK, "Address of the management API and UI (a wildcard needs SERVICE_EXPOSE).")
+    port: int = setting(SUPERVISOR_PORT, "Port of the management API and UI.", minimum=1, maximum=65535)
+    profile: str = setting("auto", "cpu, gpu, or auto (gpu when an NVIDIA driver is present).",
+                           choices=("auto", "cpu", "gpu"))
+    servers_dir: str = setting("conf/server", "Directory of the model-server configs (the catalog).")
+    profiles_dir: str = setting("conf/profiles", "Directory of the profile files.")
+    log_dir: str = setting("logs", "Directory of the children's log files (<id>.log).")
+    log_max_bytes: int = setting(5 * 1024 * 1024, "Size at which a child's log file is rotated.", minimum=1024)
+    log_backups: int = setting(3, "Rotated log files kept per child (0 keeps none).", minimum=0)
+    log_ring_lines: int = setting(2000, "Lines per child kept in memory for the logs API.", minimum=10)
+    stop_grace_ms: int = setting(15000, "After SIGTERM, how long a child may take before SIGKILL.", minimum=0)
+    start_timeout_ms: int = setting(180000, "How long a start action waits for readiness before answering 500.",
+                                    minimum=1000)
+    backoff_initial_ms: int = setting(1000, "First restart delay after a crash; doubles per crash.", minimum=0)
+    backoff_max_ms: int = setting(30000, "Largest restart delay.", minimum=0)
+    crash_loop_restarts: int = setting(5, "Restarts within crash_loop_window_ms after which a child is failed.",
+                                       minimum=1)
+    crash_loop_window_ms: int = setting(60000, "Window of the crash-loop detection.", minimum=1000)
+    port_wait_ms: int = setting(
+        60000,
+        "How long a child whose port is busy at start (an orphan of a previous supervisor still exiting) is retried, "
+        "on the back-off schedule, before it is start_failed.", minimum=0)
+    gateway_restart: str = setting("on-failure", "Restart policy of the gateway child.", choices=POLICIES)
+    header_timeout_ms: int = base.header_timeout_setting()
+    max_connections: int = base.max_connections_setting(128, "503 {ok: false, error}")
+    listen_backlog: int = base.listen_backlog_setting()
     server_policies: dict
     gateway_host: str
     gateway_port: int
@@ -85,11 +60,30 @@ class SupervisorConfig:
 
 
 @dataclass(frozen=True)
+class ServerSettings:
+    """One ``[servers.<ID>]`` table."""
+
+    restart: str = setting("on-failure", "Restart policy: on-failure, always or no.", choices=POLICIES)
+
+
+@dataclass(frozen=True)
 class Profile:
+    """A profile file ``conf/profiles/<name>.toml``; each :func:`svc.config.setting` field is one key."""
+
     name: str
-    device: str
-    models: tuple[str, ...]
-    weights: str = "demo"
+    device: str = setting("cpu", "backend.device given to every model server of the profile.", choices=("cpu", "gpu"))
+    models: tuple[str, ...] = setting([], "Catalog ids started by the supervisor.", type=list)
+    weights: str = setting(
+        "demo",
+        "demo (random-init weights, nothing to download) or pretrained (each model's default pretrained variant, "
+        "from the weights cache filled by svcctl weights pull). A model whose [model] weights names a local file "
+        "keeps its file; a model without pretrained variants stays on demo.", choices=WEIGHTS_CHOICES,
+        dataclass_default=True)
+
+
+SUPERVISOR_KEYS: tuple[Key, ...] = keys_of(SupervisorConfig)
+SERVER_KEYS: tuple[Key, ...] = keys_of(ServerSettings)
+PROFILE_KEYS: tuple[Key, ...] = keys_of(Profile)
 
 
 def weights_choice(profile_weights: str, table_weights: Any, default_variant: str | None) -> tuple[str | None, dict]:
@@ -131,8 +125,8 @@ def load_supervisor_config(path: str) -> SupervisorConfig:
     return SupervisorConfig(
         path=path,
         server_policies=policies,
-        gateway_host=str(gateway.get("host", "127.0.0.1")),
-        gateway_port=int(gateway.get("port", 8080)),
+        gateway_host=str(gateway.get("host", LOOPBACK)),
+        gateway_port=int(gateway.get("port", GATEWAY_PORT)),
         # The supervisor holds the gateway's listening socket (svc/supervisor/handover.py).
         gateway_listen_backlog=int(gateway.get("listen_backlog", 1024)),
         **values,

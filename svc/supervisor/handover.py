@@ -36,29 +36,16 @@ from __future__ import annotations
 
 import signal
 import socket
-import sys
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.error import ProcessDone
 
 from svc.auth import bind_problem
-from svc.supervisor.child import (
-    BACKOFF,
-    FAILED,
-    GROUP_LEADER,
-    RUNNING,
-    START_FAILED,
-    STARTING,
-    STOPPED,
-    Child,
-    ChildError,
-    ChildSpec,
-    _Protocol,
-)
+from svc.supervisor.child import BACKOFF, FAILED, RUNNING, START_FAILED, STARTING, STOPPED, Child, ChildError, ChildSpec
+from svc.supervisor.spawn import ChildProtocol, describe_exit, group_leader_argv
 
 #: Descriptors of the gateway process: the listening socket and the ready pipe.
 LISTEN_FD, READY_FD = 3, 4
@@ -82,15 +69,7 @@ def bind_listening_socket(host: str, port: int, backlog: int = BACKLOG) -> socke
     return sock
 
 
-def describe_exit(reason: Any) -> str:
-    """``exit code N`` or ``killed by signal N`` from a processEnded reason."""
-    if isinstance(reason, ProcessDone):
-        return "exit code 0"
-    sig = getattr(reason, "signal", None)
-    return f"killed by signal {sig}" if sig else f"exit code {getattr(reason, 'exitCode', None)}"
-
-
-class _GatewayProtocol(_Protocol):
+class _GatewayProtocol(ChildProtocol):
     """One gateway process: whole lines to the log (two processes may write at
     once during a handover), its own last lines, and the ready pipe."""
 
@@ -113,9 +92,9 @@ class _GatewayProtocol(_Protocol):
         if fd == READY_FD:
             if text.startswith("ready") and not self._signalled:
                 self._signalled = True
-                self.gateway._ready_signal(self)
+                self.gateway.ready_line(self)
             elif text.startswith("closed"):
-                self.gateway._closed_signal(self)
+                self.gateway.closed_line(self)
             return
         self.tail.append(text)
         self.child.logs.line("stdout" if fd == 1 else "stderr", text)
@@ -203,7 +182,7 @@ class GatewayChild(Child):
     def _new_protocol(self) -> _GatewayProtocol:
         return _GatewayProtocol(self)
 
-    def _spawn_process(self, protocol: _Protocol) -> Any:
+    def _spawn_process(self, protocol: ChildProtocol) -> Any:
         """The gateway with the ready pipe on fd 4 and, when held, the socket on fd 3.
 
         childFDs are dup2'd into place, which makes them inheritable, so they
@@ -215,13 +194,13 @@ class GatewayChild(Child):
         if sock is not None:
             fds[LISTEN_FD] = sock.fileno()
             extra += ["--listen-fd", str(LISTEN_FD)]
-        argv = [sys.executable, "-c", GROUP_LEADER, *self.spec.argv, *extra]
-        transport = self.reactor.spawnProcess(protocol, sys.executable, argv, env=self.spec.env,
+        argv = group_leader_argv([*self.spec.argv, *extra])
+        transport = self.reactor.spawnProcess(protocol, argv[0], argv, env=self.spec.env,
                                               path=self.spec.cwd, childFDs=fds)
         protocol.pid = transport.pid
         return transport
 
-    def _ready_signal(self, protocol: _GatewayProtocol) -> None:
+    def ready_line(self, protocol: _GatewayProtocol) -> None:
         """A gateway process wrote its ready line: it accepts on the socket now."""
         if self._handover is not None and protocol is self._handover.protocol:
             self._promote()
@@ -321,7 +300,8 @@ class GatewayChild(Child):
         self._retiring[protocol] = _Retiring(pid, timer, [closed])
         return closed
 
-    def _closed_signal(self, protocol: _GatewayProtocol) -> None:
+    def closed_line(self, protocol: _GatewayProtocol) -> None:
+        """A retiring gateway process accepts no more (its ``closed`` line, exit or SIGKILL)."""
         retiring = self._retiring.get(protocol)
         if retiring is not None:
             waiters, retiring.closed = retiring.closed, []
@@ -333,11 +313,11 @@ class GatewayChild(Child):
         if retiring is not None:
             self.logs.note(f"previous pid {retiring.pid} still running after {self.timing.stop_grace:g} s: SIGKILL")
             self.killer(retiring.pid, signal.SIGKILL)
-            self._closed_signal(protocol)
+            self.closed_line(protocol)
 
-    def _ended(self, protocol: Any, reason: Any) -> None:
+    def process_ended(self, protocol: Any, reason: Any) -> None:
         if protocol in self._retiring:
-            self._closed_signal(protocol)
+            self.closed_line(protocol)
             retiring = self._retiring.pop(protocol)
             if retiring.kill_timer.active():
                 retiring.kill_timer.cancel()
@@ -358,7 +338,7 @@ class GatewayChild(Child):
             self.logs.note(f"handover failed: {why}; the previous one (pid {self.pid}) still serves")
             h.done.errback(ChildError(f"{self.name}: {why}; the previous gateway (pid {self.pid}) still serves"))
             return
-        super()._ended(protocol, reason)
+        super().process_ended(protocol, reason)
 
     def _retired_gone(self) -> Deferred:
         if not self._retiring:

@@ -4,30 +4,72 @@ and a bounded in-memory ring of numbered lines served by the API.
 Lines are numbered from 0 for the life of the supervisor; the ring keeps the
 newest ``ring_lines`` of them, so a reader pages with ``offset`` (the number
 of the first line wanted) and learns where the ring starts now.
+
+The sink runs on the reactor thread, so the file is not written once per
+line: lines wait in memory and go to the file together, ``flush_delay``
+seconds after the first of them (a timer of the injected clock), at once
+when ``flush_size`` are waiting, when the process ends and when the sink is
+closed.  Rotation happens at the same line boundaries as with one write per
+line: a file is rotated before the first line that finds it at
+``max_bytes`` or more, and at most ``backups`` rotated files are kept.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections import deque
 from typing import Any
 
 from twisted.python.logfile import LogFile
 
+#: Lines wait at most this long (seconds) before they are written to the file...
+FLUSH_DELAY_S = 0.2
+#: ...or until this many characters wait.
+FLUSH_SIZE = 64 * 1024
+
+
+class RotatingFile(LogFile):
+    """Twisted's size-rotated file, keeping at most ``maxRotatedFiles`` backups.
+
+    ``LogFile`` keeps one backup when asked for none; ``log_backups = 0``
+    means none.
+    """
+
+    def rotate(self) -> None:
+        super().rotate()
+        backup = f"{self.path}.1"
+        if self.maxRotatedFiles == 0 and os.path.exists(backup):
+            os.remove(backup)
+
 
 class LogSink:
     """Collects one child's stdout/stderr (and the supervisor's notes on it)."""
 
-    def __init__(self, name: str, directory: str | None, *, max_bytes: int, backups: int, ring_lines: int) -> None:
-        self.name = name
+    def __init__(
+        self,
+        name: str,
+        directory: str | None,
+        *,
+        clock: Any,
+        max_bytes: int,
+        backups: int,
+        ring_lines: int,
+        flush_delay: float = FLUSH_DELAY_S,
+        flush_size: int = FLUSH_SIZE,
+    ) -> None:
+        self.clock = clock  # IReactorTime: line times and the write timer
         self.ring: deque[tuple[int, float, str, str]] = deque(maxlen=ring_lines)
         self.next_seq = 0
+        self.flush_delay = flush_delay
+        self.flush_size = flush_size
         self._partial: dict[str, bytes] = {}
-        self.file: LogFile | None = None
+        self._pending: list[str] = []  # lines for the file, not yet written
+        self._pending_size = 0
+        self._timer: Any = None
+        self.file: RotatingFile | None = None
         if directory is not None:
             os.makedirs(directory, exist_ok=True)
-            self.file = LogFile(f"{name}.log", directory, rotateLength=max_bytes, maxRotatedFiles=backups)
+            self.file = RotatingFile(f"{name}.log", directory, rotateLength=max_bytes, maxRotatedFiles=backups)
 
     def feed(self, stream: str, data: bytes) -> None:
         """Bytes from a pipe: complete lines go to the file and the ring."""
@@ -37,21 +79,58 @@ class LogSink:
         for raw in lines:
             self.line(stream, raw.decode("utf-8", "replace").rstrip("\r"))
 
-    def flush(self) -> None:
-        """The process ended: keep what is left without a newline."""
+    def ended(self) -> None:
+        """The process ended: keep what is left without a newline, and write everything out."""
         for stream, rest in list(self._partial.items()):
             if rest:
                 self.line(stream, rest.decode("utf-8", "replace"))
         self._partial.clear()
+        self.write_pending()
 
     def line(self, stream: str, text: str) -> None:
-        now = time.time()
-        self.ring.append((self.next_seq, now, stream, text))
+        """One whole line: numbered into the ring now, written to the file with the next batch."""
+        self.ring.append((self.next_seq, self.clock.seconds(), stream, text))
         self.next_seq += 1
-        if self.file is not None:
-            prefix = "" if stream in ("stdout", "stderr") else f"[{stream}] "
-            self.file.write(prefix + text + "\n")
-            self.file.flush()
+        if self.file is None:
+            return
+        prefix = "" if stream in ("stdout", "stderr") else f"[{stream}] "
+        entry = prefix + text + "\n"
+        self._pending.append(entry)
+        self._pending_size += len(entry)
+        if self._pending_size >= self.flush_size:
+            self.write_pending()
+        elif self._timer is None:
+            self._timer = self.clock.callLater(self.flush_delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.write_pending()
+
+    def write_pending(self) -> None:
+        """Write the waiting lines: one write per stretch between two rotations.
+
+        ``LogFile.write`` rotates before a write that finds the file at its
+        limit, so a stretch ends where one write per line would have rotated.
+        """
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        if self.file is None or not self._pending:
+            return
+        pending, self._pending, self._pending_size = self._pending, [], 0
+        limit = self.file.rotateLength
+        size = self.file.size
+        stretch: list[str] = []
+        for entry in pending:
+            if limit and size >= limit:
+                if stretch:
+                    self.file.write("".join(stretch))
+                    stretch = []
+                size = 0  # the next write rotates first
+            stretch.append(entry)
+            size += len(entry)
+        self.file.write("".join(stretch))
+        self.file.flush()
 
     def note(self, text: str) -> None:
         """A line from the supervisor about this child (state changes)."""
@@ -80,5 +159,8 @@ class LogSink:
         return [text for _, _, stream, text in list(self.ring)[-50:] if stream != "supervisor" and text.strip()][-n:]
 
     def close(self) -> None:
+        """Write what waits and close the file; later lines go to the ring only."""
+        self.write_pending()
         if self.file is not None:
             self.file.close()
+            self.file = None

@@ -27,17 +27,29 @@ from typing import Any
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
 from twisted.logger import Logger
 
-from svc.auth import metrics_token_problem
+from svc.auth import METRICS_TOKEN_ENV, metrics_token_problem
 from svc.config import ModelServerConfig, model_server_configs
 from svc.process import SUPERVISOR_PID_ENV
-from svc.supervisor.child import Child, ChildSpec, Timing, kill_group, port_is_free
+from svc.protocol import (
+    GATEWAY_CHILD,
+    GATEWAY_PROGRAM,
+    HEALTH_PATH,
+    MODEL_INFER,
+    MODEL_PROGRAM,
+    MODEL_TOKEN_ENV,
+    READY_PATH,
+    UPSTREAM_TOKENS_ENV,
+)
+from svc.supervisor.backoff import Timing
+from svc.supervisor.child import Child, ChildSpec
 from svc.supervisor.config import Profile, SupervisorConfig, weights_choice
 from svc.supervisor.handover import GatewayChild, bind_listening_socket
 from svc.supervisor.logsink import LogSink
+from svc.supervisor.spawn import kill_group, port_is_free
 
 log = Logger()
 
-GATEWAY = "__gateway"
+GATEWAY = GATEWAY_CHILD
 
 
 def gateway_refusal(env: dict[str, str]) -> str | None:
@@ -103,10 +115,10 @@ class ChildManager:
         specs = [
             ChildSpec(
                 name=GATEWAY,
-                argv=_twist("service-gateway", "--config", config.path),
-                env={**base, "SERVICE_UPSTREAM_TOKENS": json.dumps(self.tokens)},
+                argv=_twist(GATEWAY_PROGRAM, "--config", config.path),
+                env={**base, UPSTREAM_TOKENS_ENV: json.dumps(self.tokens)},
                 port=config.gateway_port,
-                ready_path="/healthz",
+                ready_path=HEALTH_PATH,
                 policy=config.gateway_restart,
                 cwd=cwd,
                 refused=gateway_refusal(self.env),
@@ -117,18 +129,18 @@ class ChildManager:
             specs.append(
                 ChildSpec(
                     name=model.id,
-                    argv=_twist("service-model", "--server", model.path, "--device", profile.device,
+                    argv=_twist(MODEL_PROGRAM, "--server", model.path, "--device", profile.device,
                                 *(("--weights", flag) if flag else ())),
-                    env={**base, "SERVICE_AUTH_TOKEN": self.tokens[model.id]},
+                    env={**base, MODEL_TOKEN_ENV: self.tokens[model.id]},
                     port=model.port,
-                    ready_path="/ready",
+                    ready_path=READY_PATH,
                     policy=config.server_policies.get(model.id, "on-failure"),
                     cwd=cwd,
                     info={"config": model},
                 )
             )
         for spec in specs:
-            logs = LogSink(spec.name, config.log_dir, max_bytes=config.log_max_bytes,
+            logs = LogSink(spec.name, config.log_dir, clock=reactor, max_bytes=config.log_max_bytes,
                            backups=config.log_backups, ring_lines=config.log_ring_lines)
             if spec.name == GATEWAY:
                 if binder is None:  # the gateway's own listen_backlog, on the socket held for it
@@ -148,7 +160,7 @@ class ChildManager:
     def metrics_token(self, name: str) -> str | None:
         """The Bearer that child ``name``'s ``/metrics`` wants: its generated token, or the gateway's metrics token."""
         if name == GATEWAY:
-            return self.env.get("SERVICE_METRICS_TOKEN") or None
+            return self.env.get(METRICS_TOKEN_ENV) or None
         return self.tokens.get(name)
 
     def models(self) -> list[Child]:
@@ -187,7 +199,7 @@ class ChildManager:
             "id": config.id,
             **self.describe(config.id),
             "server_uri": config.server_uri,
-            "infer_path": f"/v1/models/{config.id}/infer",
+            "infer_path": MODEL_INFER.format(model_id=config.id),
             "port": config.port,
             "async": config.async_enabled,
             "in_profile": config.id in self.profile.models,

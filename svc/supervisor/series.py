@@ -30,6 +30,8 @@ from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
+from svc.protocol import METRICS_PATH
+
 log = Logger()
 
 INTERVAL_S = 5.0
@@ -265,7 +267,7 @@ class SeriesCollector:
             if child.snapshot()["state"] != "running":
                 self._record(name, ring, at, None)
                 continue
-            d = self.fetch(child.spec.port, "/metrics", self.tokens(name))
+            d = self.fetch(child.spec.port, METRICS_PATH, self.tokens(name))
             d.addCallback(self._scraped, name, ring, at)
             d.addErrback(self._failed, name, ring, at)
             rounds.append(d)

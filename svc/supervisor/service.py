@@ -17,6 +17,7 @@ from twisted.logger import Logger
 
 from svc.metrics import HttpMetrics, new_registry
 from svc.process import ListeningMultiService, freeze_heap
+from svc.protocol import SUPERVISOR_PROGRAM as PROGRAM
 from svc.supervisor.api import ManagementApi
 from svc.supervisor.manager import GATEWAY, ChildManager
 from svc.supervisor.metrics import ChildCollector
@@ -25,8 +26,6 @@ from svc.web.limits import HttpLimits
 from svc.web.site import JsonSite
 
 log = Logger()
-
-PROGRAM = "service-supervisor"
 
 
 class SupervisorService(ListeningMultiService):

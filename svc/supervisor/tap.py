@@ -14,8 +14,7 @@ from typing import Any
 from twisted.python import usage
 
 from svc import version_line
-
-PROGRAM = "service-supervisor"
+from svc.protocol import SUPERVISOR_PROGRAM as PROGRAM
 
 
 def ui_dir() -> str:
@@ -62,7 +61,12 @@ def check_bind(host: str, env: dict[str, str]) -> str | None:
     return bind_problem(host, env, "the management API")
 
 
-def makeService(options: Options) -> Any:
+def makeService(options: Options, reactor: Any = None) -> Any:
+    """The supervisor's service, or a refusal (SystemExit, exit 1) before anything listens or is spawned.
+
+    twistd passes ``options`` only; ``reactor`` (default: the global one) lets
+    tests build the service tree in-process without running a reactor.
+    """
     from dataclasses import replace
 
     from svc.config import ConfigError
@@ -86,7 +90,8 @@ def makeService(options: Options) -> Any:
     if refusal:
         raise refuse(PROGRAM, refusal)
 
-    from twisted.internet import reactor
+    if reactor is None:
+        from twisted.internet import reactor
 
     from svc.modelapi import factories
     from svc.supervisor.manager import ChildManager

@@ -10,10 +10,14 @@ logged no console error and raised no exception after the login.
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import time
 
+import numpy as np
 import pytest
+from PIL import Image
 from playwright.sync_api import expect, sync_playwright
 
 from tests.support.http import get, post
@@ -87,6 +91,43 @@ def through_gateway(stack, model_id, body):
                  timeout=120)
     assert reply.status == 200, reply.body[:300]
     return reply.json["results"][0]["data"]
+
+
+#: The pixels of a result canvas next to those of the photo drawn alone (the page's preview image):
+#: ``changed[y][x]`` is 1 where the canvas differs from the photo; ``at`` the canvas RGB at ``points``.
+CANVAS_VS_PHOTO = """
+async ({selector, points}) => {
+  const canvas = document.querySelector(selector);
+  const photo = await new Promise((ok) => {
+    const i = new Image(); i.onload = () => ok(i); i.src = document.querySelector("#try-preview").src; });
+  const w = canvas.width, h = canvas.height;
+  const ref = document.createElement("canvas"); ref.width = w; ref.height = h;
+  ref.getContext("2d").drawImage(photo, 0, 0);
+  const a = canvas.getContext("2d").getImageData(0, 0, w, h).data;
+  const b = ref.getContext("2d").getImageData(0, 0, w, h).data;
+  const changed = [];
+  for (let y = 0; y < h; y += 1) {
+    const line = [];
+    for (let x = 0; x < w; x += 1) {
+      const q = 4 * (y * w + x);
+      line.push(a[q] !== b[q] || a[q + 1] !== b[q + 1] || a[q + 2] !== b[q + 2] ? 1 : 0);
+    }
+    changed.push(line);
+  }
+  const at = points.map(([x, y]) => Array.from(a.slice(4 * (y * w + x), 4 * (y * w + x) + 3)));
+  return {width: w, height: h, changed, at};
+}
+"""
+
+
+def canvas_vs_photo(page, selector, points=()):
+    got = page.evaluate(CANVAS_VS_PHOTO, {"selector": selector, "points": [list(p) for p in points]})
+    return np.array(got["changed"], dtype=bool), [tuple(rgb) for rgb in got["at"]]
+
+
+def css_rgb(text):
+    """``rgb(r, g, b)`` as a tuple."""
+    return tuple(int(v) for v in text[text.index("(") + 1:text.index(")")].split(","))[:3]
 
 
 def choose(page, model_id):
@@ -203,6 +244,25 @@ def test_detections_are_boxes_above_the_threshold_with_a_table(page, stack, pict
         expect(cells.nth(3)).to_have_text(f"{d['score']:.3f}")
     expect(page.locator("#try-result .caption")).to_have_text(
         f"{len(shown)} detection{'' if len(shown) == 1 else 's'} above score 0.05 (at most 20 shown)")
+    # The boxes are drawn on the photo: the bottom edge of each box is painted (the last one, drawn on top
+    # of the others, in its own colour, that of its table swatch), and nothing is painted away from the
+    # boxes and their labels (a label is at most 200 px wide and its band above the box or inside it).
+    width, height = 300, 200
+
+    def bottom_middle(d):
+        x1, _, x2, y2 = d["bbox"]
+        return min(int((x1 + x2) / 2), width - 1), min(int(y2), height - 1)
+
+    changed, at = canvas_vs_photo(page, "#try-result canvas.detections", [bottom_middle(d) for d in shown])
+    assert changed.shape == (height, width)
+    assert all(changed[y, x] for x, y in map(bottom_middle, shown))
+    swatch = css_rgb(table.nth(len(shown) - 1).locator("td i").evaluate("i => getComputedStyle(i).backgroundColor"))
+    assert max(abs(a - b) for a, b in zip(at[-1], swatch)) <= 2, (at[-1], swatch)
+    near = np.zeros_like(changed)
+    for d in shown:
+        x1, y1, x2, y2 = d["bbox"]
+        near[max(0, int(y1) - 22):int(y2) + 3, max(0, int(x1) - 2):max(int(x2), int(x1) + 200) + 3] = True
+    assert changed.any() and not (changed & ~near).any()
     shot(page, "detection")
 
 
@@ -221,6 +281,16 @@ def test_a_generation_model_drops_the_photo_and_shows_its_image_scaled_up(page, 
     assert image.evaluate("i => [i.naturalWidth, i.naturalHeight, i.width, i.height]") == [16, 16, 256, 256]
     assert image.evaluate("i => getComputedStyle(i).imageRendering") == "pixelated"
     expect(page.locator("#try-result .caption")).to_have_text("16×16 px, shown ×16; seed 1")
+    # The image shown is the sample itself: the same seed and steps through the gateway give the same PNG,
+    # and the pixels the browser decoded from it are those pixels.
+    expected = through_gateway(stack, "DDPM", {"images": [b64(image_bytes(width=8, height=8))],
+                                               "params": {"timesteps": 5, "seed": 1}})
+    assert image.get_attribute("src") == f"data:image/png;base64,{expected['image']}"
+    drawn = image.evaluate("""i => { const c = document.createElement("canvas"); c.width = 16; c.height = 16;
+        const x = c.getContext("2d"); x.drawImage(i, 0, 0); return Array.from(x.getImageData(0, 0, 16, 16).data); }""")
+    pixels = np.asarray(Image.open(io.BytesIO(base64.b64decode(expected["image"]))).convert("RGBA"))
+    assert np.array_equal(np.array(drawn, dtype=np.uint8).reshape(16, 16, 4), pixels)
+    assert len(np.unique(pixels.reshape(-1, 4), axis=0)) > 1  # not a blank square
     shot(page, "generation")
 
 
@@ -244,6 +314,13 @@ def test_sam_masks_or_a_plain_zero(page, stack, picture):
     canvas = page.locator("#try-result canvas.masks")
     expect(canvas).to_have_attribute("data-count", str(len(masks)))
     expect(canvas).to_have_attribute("data-drawn", str(len(masks)))
+    # Every mask is painted on the photo, and nothing outside the masks is.
+    changed, _ = canvas_vs_photo(page, "#try-result canvas.masks")
+    bitmaps = [np.asarray(Image.open(io.BytesIO(base64.b64decode(m["segmentation"]))).convert("L")) > 127
+               for m in masks]
+    assert all(b.shape == changed.shape == (200, 300) for b in bitmaps)
+    assert all((changed & b).any() for b in bitmaps)
+    assert not (changed & ~np.logical_or.reduce(bitmaps)).any()
     shot(page, "masks")
 
 

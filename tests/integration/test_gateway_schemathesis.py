@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, settings
 
 from svc.config import load_model_server_config
 from svc.modelapi import find_factory
-from svc.openapi import gateway_document
+from svc.openapi.gateway import gateway_document
 from tests.support.conformance import call_and_validate, load
 from tests.support.gateway import GATEWAY_TOKENS, start_gateway
 from tests.support.processes import REPO, SHIPPED_CONF, free_port, start_model_server, write_config

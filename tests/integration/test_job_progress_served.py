@@ -13,7 +13,7 @@ import time
 import pytest
 from PIL import Image
 
-from svc.cli import GATEWAY_ENV, TOKEN_ENVS
+from svc.cli_gateway import GATEWAY_ENV, TOKEN_ENVS
 from tests.support.gateway import GATEWAY_TOKENS, start_gateway
 from tests.support.http import get, post
 from tests.support.processes import REPO, free_port, start_model_server, write_config

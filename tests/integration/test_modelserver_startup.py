@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 
 import pytest
 
@@ -12,10 +11,11 @@ from tests.support.http import get, post
 from tests.support.images import image_b64
 from tests.support.processes import (
     child_env,
-    free_port,
+    metric,
     model_server_args,
     run_to_exit,
     start_model_server,
+    wait_until,
     write_config,
 )
 
@@ -23,8 +23,8 @@ TOKEN = {"SERVICE_AUTH_TOKEN": "model-token"}
 
 
 def refused(config, *extra, env=None, port=None):
-    code, output = run_to_exit(model_server_args(config, port or free_port(), *extra), env=child_env(env or TOKEN))
-    assert code != 0, output
+    code, output = run_to_exit(model_server_args(config, port or 0, *extra), env=child_env(env or TOKEN))
+    assert code == 1, output  # README: one line naming the file, the key and the problem, and exit 1
     lines = [line for line in output.splitlines() if line.strip()]
     return lines
 
@@ -36,6 +36,10 @@ def refused(config, *extra, env=None, port=None):
         ({"speed": 3}, ": speed: unknown key"),
         ({"backend": {"device": "tpu"}}, ": backend.device: must be one of 'cpu', 'gpu', got 'tpu'"),
         ({"async_enabled": "yes"}, ": async_enabled: must be a boolean"),
+        ({"gpu_mem_limit_mb": -1}, ": gpu_mem_limit_mb: must be at least 0, got -1"),
+        ({"gpu_mem_limit_mb": 1.5}, ": gpu_mem_limit_mb: must be an integer, got float 1.5"),
+        ({"backend": {"worker_nice": 20}}, ": backend.worker_nice: must be at most 19, got 20"),
+        ({"backend": {"workers": 0}}, ": backend.workers: must be at least 1, got 0"),
         ({"model": {"colour": "red"}}, ": model.colour: unknown key 'colour'"),
         ({"model": {"seed": -1}}, ": model.seed: -1 is less than the minimum of 0"),
         ({"id": "NOSUCHMODEL"}, "no model plugin serves catalog id 'NOSUCHMODEL'"),
@@ -83,7 +87,8 @@ def test_busy_port_refuses_with_one_line(tmp_path):
         s.listen()
         port = s.getsockname()[1]
         lines = refused(write_config(tmp_path, "TESTFAULTS"), port=port)
-    assert any(f"service-model: cannot listen on 127.0.0.1:{port}" in line for line in lines), lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"service-model: cannot listen on 127.0.0.1:{port}"), lines
 
 
 def test_missing_weights_file_refuses(tmp_path):
@@ -100,7 +105,7 @@ def test_mismatched_weights_stop_the_server_naming_the_tensor(tmp_path):
     path = tmp_path / "ten-classes.pth"
     torch.save(state, path)
     config = write_config(tmp_path, "MOBILENETV2", model={"weights": str(path)})
-    code, output = run_to_exit(model_server_args(config, free_port()), env=child_env(TOKEN))
+    code, output = run_to_exit(model_server_args(config, 0), env=child_env(TOKEN))
     assert code == 1, output
     assert f"weights file {path}: tensor 'classifier.1.weight' has shape [10, 1280], the architecture expects [1000, 1280]" in output
 
@@ -116,9 +121,9 @@ def test_sigterm_finishes_running_work_refuses_new_and_exits_0(tmp_path):
 
     worker = threading.Thread(target=slow)
     worker.start()
-    time.sleep(0.5)
+    wait_until(lambda: metric(server, "service_batch_size_count") == 1, "the slow batch started")
     server.popen.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    wait_until(lambda: get(server.url + "/ready").status == 503, "/ready says 503 after SIGTERM")
     during = post(url, {"images": [image_b64()]}, headers=server.auth)
     ready = get(server.url + "/ready")
     worker.join(30)

@@ -25,7 +25,6 @@ from tests.support.http import post
 from tests.support.images import b64, image_bytes
 from tests.support.processes import (
     child_env,
-    free_port,
     model_server_args,
     run_to_exit,
     start_model_server,
@@ -83,7 +82,7 @@ def test_served_pretrained_variant_equals_torchvision_with_the_v2_preset(tmp_pat
 def test_a_variant_missing_from_the_cache_stops_the_server_with_one_line(tmp_path):
     config = write_config(tmp_path, "MOBILENETV2", model={"weights": "pretrained"})
     cache = tmp_path / "empty-cache"
-    code, output = run_to_exit(model_server_args(config, free_port()),
+    code, output = run_to_exit(model_server_args(config, 0),
                                env=child_env({"SERVICE_AUTH_TOKEN": "t", "SERVICE_WEIGHTS_DIR": str(cache)}))
     assert code == 1, output
     assert [line for line in output.splitlines() if line.strip()] == [

@@ -23,7 +23,6 @@ from diffusers import (
 from tests.support.http import post
 from tests.support.processes import (
     child_env,
-    free_port,
     model_server_args,
     run_to_exit,
     start_model_server,
@@ -220,7 +219,7 @@ def test_the_image_must_still_be_valid_base64(diffusion):
 
 def refusal(tmp_path, model_id, folder) -> str:
     config = write_config(tmp_path, model_id, model={"weights": str(folder)})
-    code, output = run_to_exit(model_server_args(config, free_port()), env=child_env({"SERVICE_AUTH_TOKEN": "t"}))
+    code, output = run_to_exit(model_server_args(config, 0), env=child_env({"SERVICE_AUTH_TOKEN": "t"}))
     assert code == 1, output
     return output
 

@@ -17,7 +17,6 @@ from models.sam_amg import build_sam
 from tests.support.images import b64, image_bytes
 from tests.support.processes import (
     child_env,
-    free_port,
     model_server_args,
     run_to_exit,
     start_model_server,
@@ -130,9 +129,25 @@ def test_a_job_gives_the_same_masks_and_max_results_caps_them(sam_server):
     assert capped == sync[:2]
 
 
-def test_default_thresholds_filter_random_masks(sam_server):
-    """Random-init SAM predicts low IoUs: the library's default thresholds keep (almost) nothing."""
-    data = assert_ok(infer(sam_server, URI, {"images": [b64(image_bytes(width=64, height=48, seed=1))]}))[0]
+def test_default_thresholds_filter_random_masks(sam_server, weights):
+    """Random-init SAM predicts low IoUs: the library's default thresholds keep (almost) nothing.
+
+    Without thresholds the same image gives masks below them, so the defaults had something to remove;
+    with them the served masks are the library's own (possibly none).  An 8x8 grid of prompts keeps it quick.
+    """
+    sam, _ = weights
+    raw = image_bytes(width=64, height=48, seed=1)
+    grid = {"points_per_side": 8}
+    unfiltered = assert_ok(infer(sam_server, URI, {"images": [b64(raw)], "params": {
+        **grid, "pred_iou_thresh": 0.0, "stability_score_thresh": 0.0}}))[0]
+    below = [d for d in unfiltered if not (d["predicted_iou"] > 0.88 and d["stability_score"] >= 0.95)]
+    assert below, "no mask below the default thresholds: the test would not show that they filter"
+    data = assert_ok(infer(sam_server, URI, {"images": [b64(raw)], "params": grid}))[0]
+    expected = direct(sam, raw, grid)
+    assert len(data) == len(expected) < len(unfiltered)
+    for served, library in zip(data, expected):
+        assert np.array_equal(png_mask(served["segmentation"]), library["segmentation"])
+        assert served["predicted_iou"] == pytest.approx(library["predicted_iou"], abs=1e-6)
     assert all(d["predicted_iou"] > 0.88 and d["stability_score"] >= 0.95 for d in data)
 
 
@@ -168,6 +183,6 @@ def test_mismatched_weights_stop_the_server_naming_the_tensor(tmp_path, weights)
     path = tmp_path / "broken.pth"
     torch.save(state, path)
     config = write_config(tmp_path, "SAM_AMG", model={"weights": str(path)})
-    code, output = run_to_exit(model_server_args(config, free_port()), env=child_env({"SERVICE_AUTH_TOKEN": "t"}))
+    code, output = run_to_exit(model_server_args(config, 0), env=child_env({"SERVICE_AUTH_TOKEN": "t"}))
     assert code == 1, output
     assert f"weights file {path}: tensor '{name}' has shape [2, 256], the architecture expects [4, 256]" in output

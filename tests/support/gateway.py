@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
+import select
 import socket
 import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.processes import Proc, child_env, free_port, spawn, wait_ready
+from tests.support.processes import Proc, child_env, spawn, wait_bound_port, wait_ready
 
 GATEWAY_TOKENS = {
     "SERVICE_GATEWAY_AUTH_TOKEN": "gw-static-token",
@@ -23,17 +25,23 @@ def gateway_args(*extra: str) -> list[str]:
 
 def start_gateway(root: Path, servers: Path, keys_text: str | None, *, env: dict[str, str] | None = None,
                   gateway_table: str = "") -> Proc:
-    """A gateway routing to the configs in ``servers``, once ``/healthz`` answers."""
+    """A gateway routing to the configs in ``servers`` on a port of its own choosing (``--port 0``, named
+    in its "gateway on" line), once ``/healthz`` answers."""
     keys = root / "api_keys.toml"
     if keys_text is not None:
         keys.write_text(keys_text)
-    port = free_port()
     config = root / "service.toml"
-    config.write_text(f'[gateway]\nport = {port}\nkeys_file = "{keys}"\nservers_dir = "{servers}"\n{gateway_table}')
-    popen, log_path = spawn(gateway_args("--config", str(config)), env=child_env({**GATEWAY_TOKENS, **(env or {})}))
-    proc = Proc(popen, port, log_path, GATEWAY_TOKENS["SERVICE_GATEWAY_AUTH_TOKEN"])
+    config.write_text(f'[gateway]\nkeys_file = "{keys}"\nservers_dir = "{servers}"\n{gateway_table}')
+    popen, log_path = spawn(gateway_args("--config", str(config), "--port", "0"),
+                            env=child_env({**GATEWAY_TOKENS, **(env or {})}))
+    proc = Proc(popen, 0, log_path, GATEWAY_TOKENS["SERVICE_GATEWAY_AUTH_TOKEN"])
+    proc.port = wait_bound_port(proc, 60, LISTENING)
     wait_ready(proc, 60, path="/healthz")
     return proc
+
+
+#: The gateway's startup line: with ``--port 0`` it names the port the kernel gave.
+LISTENING = re.compile(r"gateway on http://127\.0\.0\.1:(\d+)/")
 
 
 @dataclass
@@ -90,3 +98,34 @@ class RawUpstream:
                 conn.close()
             except OSError:
                 pass
+
+
+class Blackhole:
+    """A loopback port whose SYNs the kernel drops: a listening socket that never
+    accepts, with its accept queue filled.
+
+    Linux drops a SYN to a listener whose accept queue is full (the client's
+    connect then hangs, retransmitting), so a connect to ``port`` does not
+    complete until the socket is closed: an upstream that "accepts no
+    connection in time", with no timing involved.
+    """
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(0)
+        self.port = self.sock.getsockname()[1]
+        self.fillers: list[socket.socket] = []
+        while True:  # fill the accept queue until a connect no longer completes
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", self.port))
+            self.fillers.append(filler)
+            _, writable, _ = select.select([], [filler], [], 0.5)
+            if not writable:
+                break
+            assert len(self.fillers) < 64, "the kernel accepted every connection: no blackhole"
+
+    def close(self) -> None:
+        for s in (*self.fillers, self.sock):
+            s.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -24,9 +25,20 @@ SHIPPED_CONF = REPO / "conf" / "server"
 
 
 def free_port() -> int:
+    """A port that was free a moment ago.
+
+    Racy: the port is released before the child binds it, and another process
+    may take it meanwhile.  Only for ports that must be known before a child
+    starts (the configs of a gateway's catalog or a supervisor's stack); a model
+    server started alone binds port 0 instead (:func:`start_model_server`).
+    """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+#: The model server's first line once bound: with ``--port 0`` it names the port the kernel gave.
+LISTENING = re.compile(r": listening on 127\.0\.0\.1:(\d+);")
 
 
 def child_env(extra: dict[str, str] | None = None, drop: tuple[str, ...] = ()) -> dict[str, str]:
@@ -127,16 +139,31 @@ def start_model_server(
     ready_timeout: float = 120.0,
     port: int | None = None,
 ) -> Proc:
-    """A model server on a free port, returned once ``/ready`` says 200."""
-    port = port or free_port()
+    """A model server on ``port``, or on a port of its own choosing (``--port 0``), once ``/ready`` says 200."""
     extra_env = {"SERVICE_AUTH_TOKEN": token} if token else {}
     popen, log_path = spawn(
-        model_server_args(config, port, *extra_args),
+        model_server_args(config, port or 0, *extra_args),
         env=child_env({**extra_env, **(env or {})}, drop=() if token else ("SERVICE_AUTH_TOKEN",)),
     )
-    proc = Proc(popen, port, log_path, token)
+    proc = Proc(popen, port or 0, log_path, token)
+    if not port:
+        proc.port = wait_bound_port(proc, ready_timeout)
     wait_ready(proc, ready_timeout)
     return proc
+
+
+def wait_bound_port(proc: Proc, timeout: float, line: re.Pattern = LISTENING) -> int:
+    """The port a process started with ``--port 0`` bound, from its log ``line`` (a model server's by default)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = line.search(proc.output())
+        if found:
+            return int(found.group(1))
+        if not proc.alive():
+            raise RuntimeError(f"process exited with {proc.popen.returncode}:\n{proc.output()}")
+        time.sleep(0.05)
+    proc.stop(signal.SIGKILL)
+    raise RuntimeError(f"no {line.pattern!r} line after {timeout}s:\n{proc.output()}")
 
 
 def wait_ready(proc: Proc, timeout: float, path: str = "/ready") -> None:
@@ -152,6 +179,24 @@ def wait_ready(proc: Proc, timeout: float, path: str = "/ready") -> None:
         time.sleep(0.1)
     proc.stop(signal.SIGKILL)
     raise RuntimeError(f"not ready after {timeout}s:\n{proc.output()}")
+
+
+def wait_until(predicate: Any, what: str, timeout: float = 60.0) -> Any:
+    """Poll ``predicate`` until it returns something true (returned); fail naming ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+def metric(proc: Proc, sample: str) -> float:
+    """One sample of a process's ``/metrics`` (``name`` or ``name{labels}`` as written), 0 when absent."""
+    text = get(proc.url + "/metrics", headers=proc.auth).body.decode()
+    found = re.search(rf"^{re.escape(sample)} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
 
 
 def run_to_exit(args: list[str], *, env: dict[str, str], timeout: float = 120.0) -> tuple[int, str]:

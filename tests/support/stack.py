@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 import signal
@@ -10,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from svc import auth
 from tests.support.http import get
 from tests.support.processes import Proc, child_env, free_port, spawn, write_config
 
@@ -20,10 +20,9 @@ TOKENS = {
 }
 
 
-def key_entry(name: str, key: str, scope: str = "inference", qps: int = 0, enabled: bool = True) -> str:
-    digest = hashlib.sha256(key.encode()).hexdigest()
-    return (f'[keys.{name}]\nhash = "{digest}"\nscope = "{scope}"\nrate_limit_qps = {qps}\n'
-            f"enabled = {'true' if enabled else 'false'}\n")
+def key_entry(name: str, key: str, scope: str = "inference", qps: int = 0) -> str:
+    """The key file's entry for the plaintext ``key`` (svc.auth writes every entry)."""
+    return auth.key_entry(name, auth.hash_key(key), scope, qps)
 
 
 @dataclass
@@ -69,8 +68,11 @@ class Stack:
 
 
 def build_stack(root: Path, models: dict[str, dict], *, env_overrides: dict[str, str] | None = None,
-                supervisor_extra: str = "", gateway_extra: str = "") -> Stack:
-    """Write configs for ``models`` (base config name -> overrides) and start the supervisor."""
+                supervisor_extra: str = "", gateway_extra: str = "", profile: str = "cpu") -> Stack:
+    """Write configs for ``models`` (base config name -> overrides) and start the supervisor.
+
+    ``profiles/cpu.toml`` lists ``models``; ``profile`` is the config's ``supervisor.profile``.
+    """
     servers, profiles, logs = root / "server", root / "profiles", root / "logs"
     for d in (servers, profiles):
         d.mkdir(parents=True, exist_ok=True)
@@ -88,7 +90,7 @@ def build_stack(root: Path, models: dict[str, dict], *, env_overrides: dict[str,
     config = root / "service.toml"
     config.write_text(
         f'[gateway]\nhost = "127.0.0.1"\nport = {gateway_port}\nkeys_file = "{keys_file}"\nservers_dir = "{servers}"\n{gateway_extra}\n'
-        f'[supervisor]\nport = {supervisor_port}\nprofile = "cpu"\nservers_dir = "{servers}"\n'
+        f'[supervisor]\nport = {supervisor_port}\nprofile = "{profile}"\nservers_dir = "{servers}"\n'
         f'profiles_dir = "{profiles}"\nlog_dir = "{logs}"\nstop_grace_ms = 8000\nbackoff_initial_ms = 300\n'
         f"{supervisor_extra}"
     )

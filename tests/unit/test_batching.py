@@ -9,6 +9,7 @@ from twisted.internet.task import Clock
 from svc import status as st
 from svc.envelope import ItemResult, ModelIdentity, result_envelope
 from svc.modelserver.batching import BatchQueue, Item, QueueFull
+from svc.modelserver.engine import Engine
 from svc.modelserver.inference import Inference
 from svc.process import inline_runner
 from svc.request import InferenceRequest, RequestValidator
@@ -185,14 +186,17 @@ class Model:
 
 class Factory:
     needs_image = False
+    data_schema = {"type": "object"}
 
 
 def inference(clock: Clock, decode_in_worker: bool = False, **kw) -> tuple[Inference, Runner]:
+    """An Inference over a loaded engine whose batches go to the test's Runner (the engine runs none)."""
     q, runner = make(clock, **kw)
+    engine = Engine(Factory(), {}, "cpu", inline_runner)
+    engine.model = Model()
     validator = RequestValidator(ObjectSchema(object_schema({})), ObjectSchema(object_schema({})), 16)
-    inf = Inference(clock=clock, factory=Factory(), validator=validator, queue=q, run_decode=inline_runner,
+    inf = Inference(clock=clock, engine=engine, validator=validator, queue=q, run_decode=inline_runner,
                     max_image_pixels=10**6, decode_in_worker=decode_in_worker)
-    inf.model = Model()
     return inf, runner
 
 
@@ -284,3 +288,35 @@ def test_when_idle_fires_once_the_last_batch_ends():
     assert idle == [] and runner.names() == [["a"], ["b"]]
     runner.finish()
     assert idle == [None] and set(results) == {"a", "b"}
+
+
+def test_when_idle_waits_for_a_request_still_being_decoded():
+    clock = Clock()
+    q, runner = make(clock)
+    decoding = q.admit(2)
+    idle = []
+    q.when_idle().addCallback(idle.append)
+    assert idle == [] and not q.idle  # nothing queued or running, but two items are on their way
+    decoding.release()
+    assert idle == [None] and q.idle and runner.batches == []
+
+
+def test_when_idle_fires_when_the_last_waiting_item_is_dropped():
+    clock, results = Clock(), {}
+    q, runner = make(clock)
+    first, second = q.admit(1), q.admit(1)
+    x = item("x", results)
+    first.enqueue([x])  # waits for its window: the second request may join the batch
+    idle = []
+    q.when_idle().addCallback(idle.append)
+    q.drop(x)  # its request ended (client gone)
+    assert idle == [] and q.waiting == 1
+    second.release()
+    assert idle == [None] and runner.batches == [] and results == {}
+
+
+def test_when_idle_is_already_fired_on_an_idle_queue():
+    q, _ = make(Clock())
+    idle = []
+    q.when_idle().addCallback(idle.append)
+    assert idle == [None]

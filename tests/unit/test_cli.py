@@ -1,4 +1,5 @@
-"""svcctl: the key tool in-process, the gateway client as a real process against a real HTTP server."""
+"""svcctl: the key tool and the gateway client in-process (an in-memory client on a fake clock), and the real
+client as a process against real listeners: refused, silent and stalled."""
 
 from __future__ import annotations
 
@@ -11,15 +12,15 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import tomlkit
 
-from svc import cli, version_line
+from svc import cli, cli_gateway, version_line
 from svc.auth import hash_key, load_key_file
-from tests.support.fake_gateway import FakeGateway, Reply
+from tests.support.fake_client import FakeClient, Reply
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "tok-" + "5" * 60
@@ -27,7 +28,7 @@ ENVELOPE = {"status": 0, "status_str": "OK", "task_id": "r-1", "model": {"name":
             "results": [{"status": 0, "data": {"class_id": 3, "category": "cat", "scores": [0.9]}}]}
 JOB = {"job_id": "job_1", "state": "pending", "poll_url": "/v1/models/M/jobs/job_1",
        "result_url": "/v1/models/M/jobs/job_1/result"}
-CLEARED = (*cli.TOKEN_ENVS, cli.GATEWAY_ENV, "OTHER_TOKEN")
+CLEARED = (*cli_gateway.TOKEN_ENVS, cli_gateway.GATEWAY_ENV, "OTHER_TOKEN")
 
 
 def start(*args: str, env: dict[str, str] | None = None, token: str | None = TOKEN) -> subprocess.Popen:
@@ -51,10 +52,25 @@ def svcctl(*args: str, env: dict[str, str] | None = None, token: str | None = TO
     return finish(start(*args, env=env, token=token))
 
 
+GATEWAY = "http://gw.test:8080"
+
+
+def fake_client(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
+    """The in-memory client; the token in SERVICE_API_KEY, no other credential or gateway URL set."""
+    for name in CLEARED:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SERVICE_API_KEY", TOKEN)
+    return FakeClient()
+
+
 @pytest.fixture
-def gateway():
-    with FakeGateway() as gw:
-        yield gw
+def gateway(monkeypatch):
+    return fake_client(monkeypatch)
+
+
+def run(client: FakeClient, *argv: str) -> int:
+    """svcctl in-process with the in-memory client."""
+    return cli.main(list(argv), client=client)
 
 
 @pytest.fixture
@@ -169,27 +185,27 @@ def test_console_entry_as_a_process_runs_version_keygen_and_hash():
 
 
 def test_parse_value_is_json_when_it_parses_else_the_string():
-    assert cli.parse_value("0.5") == 0.5
-    assert cli.parse_value("3") == 3
-    assert cli.parse_value("true") is True
-    assert cli.parse_value("null") is None
-    assert cli.parse_value("[1, 2]") == [1, 2]
-    assert cli.parse_value('{"a": "b"}') == {"a": "b"}
-    assert cli.parse_value('"5"') == "5"
-    assert cli.parse_value("cat") == "cat"
-    assert cli.parse_value("") == ""
-    assert cli.parse_value("NaN") == "NaN"
-    assert cli.parse_value("a=b") == "a=b"
+    assert cli_gateway.parse_value("0.5") == 0.5
+    assert cli_gateway.parse_value("3") == 3
+    assert cli_gateway.parse_value("true") is True
+    assert cli_gateway.parse_value("null") is None
+    assert cli_gateway.parse_value("[1, 2]") == [1, 2]
+    assert cli_gateway.parse_value('{"a": "b"}') == {"a": "b"}
+    assert cli_gateway.parse_value('"5"') == "5"
+    assert cli_gateway.parse_value("cat") == "cat"
+    assert cli_gateway.parse_value("") == ""
+    assert cli_gateway.parse_value("NaN") == "NaN"
+    assert cli_gateway.parse_value("a=b") == "a=b"
 
 
 def test_token_order_and_token_env():
     both = {"SERVICE_API_KEY": "k", "SERVICE_GATEWAY_AUTH_TOKEN": "g", "SERVICE_API_TOKEN": "m"}
-    assert cli.find_token(both) == "k"
-    assert cli.find_token({**both, "SERVICE_API_KEY": ""}) == "g"
-    assert cli.find_token({"SERVICE_API_TOKEN": "m"}) == "m"
-    assert cli.find_token({**both, "OTHER_TOKEN": "o"}, "OTHER_TOKEN") == "o"
-    with pytest.raises(cli.CliError, match="^no token: OTHER_TOKEN is not set"):
-        cli.find_token(both, "OTHER_TOKEN")
+    assert cli_gateway.find_token(both) == "k"
+    assert cli_gateway.find_token({**both, "SERVICE_API_KEY": ""}) == "g"
+    assert cli_gateway.find_token({"SERVICE_API_TOKEN": "m"}) == "m"
+    assert cli_gateway.find_token({**both, "OTHER_TOKEN": "o"}, "OTHER_TOKEN") == "o"
+    with pytest.raises(cli_gateway.CliError, match="^no token: OTHER_TOKEN is not set"):
+        cli_gateway.find_token(both, "OTHER_TOKEN")
 
 
 @pytest.mark.parametrize("argv, url, timeout", [
@@ -203,7 +219,7 @@ def test_token_order_and_token_env():
     (["jobs", "result", "a/b", "job 1", "--timeout-s", "7"], "http://gw:1/v1/models/a%2Fb/jobs/job%201/result", 7.0),
 ])
 def test_planned_urls_and_timeouts_keep_the_client_above_the_wait_budget(argv, url, timeout):
-    call = cli.plan_call(cli.build_parser().parse_args([*argv, "--gateway", "http://gw:1/"]))
+    call = cli_gateway.plan_call(cli.build_parser().parse_args([*argv, "--gateway", "http://gw:1/"]))
     assert (call.method, call.url, call.body, call.timeout) == ("GET", url, None, timeout)
 
 
@@ -215,7 +231,7 @@ def test_a_wait_at_or_above_the_gateway_receive_timeout_is_refused_before_sendin
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"--timeout {wait_ms}:" in err and "179999" in err
-    call = cli.plan_call(cli.build_parser().parse_args([*argv[:4], "--timeout", "179999"]))
+    call = cli_gateway.plan_call(cli.build_parser().parse_args([*argv[:4], "--timeout", "179999"]))
     assert call.url.endswith("/wait?timeout=179999")
 
 
@@ -234,100 +250,156 @@ def test_a_gateway_that_is_not_an_http_url_exits_2(capsys, monkeypatch):
     assert capsys.readouterr().err == "svcctl: --gateway must be an http:// or https:// URL, got '127.0.0.1:8080'\n"
 
 
-# ---------------------------------------------------------------- client against a real HTTP server
+# ---------------------------------------------------------------- the commands, in-process
 
 
-def test_infer_posts_the_envelope_with_the_bearer_and_prints_the_reply(gateway, images):
+def test_infer_posts_the_envelope_with_the_bearer_and_prints_the_reply(gateway, images, capsys):
     gateway.reply = Reply(200, ENVELOPE)
     one, two = images
-    done = svcctl("infer", "MOBILENETV2", str(one), str(two), "--gateway", gateway.url,
-                  "--param", "score_threshold=0.5", "--param", "top_k=3", "--param", "label=cat",
-                  "--option", 'extra={"a": [1, "x"]}', "--req-id", "r-1")
-    assert (done.returncode, done.stderr) == (0, "")
-    assert done.stdout == json.dumps(ENVELOPE, indent=2) + "\n"
+    code = run(gateway, "infer", "MOBILENETV2", str(one), str(two), "--gateway", GATEWAY,
+               "--param", "score_threshold=0.5", "--param", "top_k=3", "--param", "label=cat",
+               "--option", 'extra={"a": [1, "x"]}', "--req-id", "r-1")
+    out, err = capsys.readouterr()
+    assert (code, err) == (0, "")
+    assert out == json.dumps(ENVELOPE, indent=2) + "\n"
     [seen] = gateway.requests
-    assert (seen.method, seen.path) == ("POST", "/v1/models/MOBILENETV2/infer")
-    assert seen.headers["authorization"] == f"Bearer {TOKEN}"
-    assert seen.headers["content-type"] == "application/json"
+    assert (seen.method, seen.url, seen.token, seen.timeout) == (
+        "POST", f"{GATEWAY}/v1/models/MOBILENETV2/infer", TOKEN, 300.0)
     assert seen.json() == {"images": [b64(one), b64(two)],
                            "params": {"score_threshold": 0.5, "top_k": 3, "label": "cat"},
                            "options": {"extra": {"a": [1, "x"]}}, "req_id": "r-1"}
-    assert TOKEN not in done.stdout + done.stderr
+    assert TOKEN not in out + err
 
 
-def test_infer_sends_only_images_when_nothing_else_is_given_and_reads_the_gateway_env(gateway, images):
+def test_infer_sends_only_images_when_nothing_else_is_given_and_reads_the_gateway_env(gateway, images,
+                                                                                      monkeypatch):
+    monkeypatch.setenv(cli_gateway.GATEWAY_ENV, GATEWAY + "/")
     gateway.reply = Reply(200, ENVELOPE)
-    done = svcctl("infer", "M", str(images[0]), env={cli.GATEWAY_ENV: gateway.url + "/"})
-    assert done.returncode == 0
+    assert run(gateway, "infer", "M", str(images[0])) == 0
     [seen] = gateway.requests
-    assert seen.path == "/v1/models/M/infer"
+    assert seen.url == f"{GATEWAY}/v1/models/M/infer"
     assert seen.json() == {"images": [b64(images[0])]}
 
 
-def test_infer_exits_1_on_an_error_status_and_prints_the_error_envelope(images):
+@pytest.mark.parametrize("status, phrase", [(401, "Unauthorized"), (404, "Not Found"),
+                                            (503, "Service Unavailable")])
+def test_infer_exits_1_on_an_error_status_and_prints_the_error_envelope(gateway, images, capsys, status, phrase):
     body = {"status": 16, "status_str": "UNAUTHENTICATED", "task_id": "t", "results": []}
-    cases = [(401, "Unauthorized"), (404, "Not Found"), (503, "Service Unavailable")]
-    with FakeGateway() as g401, FakeGateway() as g404, FakeGateway() as g503:
-        gateways = (g401, g404, g503)
-        for gw, (status, _) in zip(gateways, cases):
-            gw.reply = Reply(status, body)
-        procs = [start("infer", "M", str(images[0]), "--gateway", gw.url) for gw in gateways]
-        for gw, proc, (status, phrase) in zip(gateways, procs, cases):
-            done = finish(proc)
-            assert done.returncode == 1
-            assert done.stdout == json.dumps(body, indent=2) + "\n"
-            assert done.stderr == f"svcctl: HTTP {status} {phrase} from POST {gw.url}/v1/models/M/infer\n"
-            assert len(gw.requests) == 1
+    gateway.reply = Reply(status, body)
+    assert run(gateway, "infer", "M", str(images[0]), "--gateway", GATEWAY) == 1
+    assert capsys.readouterr() == (json.dumps(body, indent=2) + "\n",
+                                   f"svcctl: HTTP {status} {phrase} from POST {GATEWAY}/v1/models/M/infer\n")
+    assert len(gateway.requests) == 1
 
 
-def test_429_names_retry_after_and_a_non_json_body_is_printed_as_text(gateway, images):
-    gateway.reply = Reply(429, b"slow down\n", {"Retry-After": "2"})
-    done = svcctl("infer", "M", str(images[0]), "--gateway", gateway.url)
-    assert (done.returncode, done.stdout) == (1, "slow down\n")
-    assert done.stderr == f"svcctl: HTTP 429 Too Many Requests (Retry-After: 2) from POST {gateway.url}/v1/models/M/infer\n"
+def test_429_names_retry_after_and_a_non_json_body_is_printed_as_text(gateway, images, capsys):
+    gateway.reply = Reply(429, b"slow down\n", retry_after="2")
+    assert run(gateway, "infer", "M", str(images[0]), "--gateway", GATEWAY) == 1
+    assert capsys.readouterr() == (
+        "slow down\n", f"svcctl: HTTP 429 Too Many Requests (Retry-After: 2) from POST {GATEWAY}/v1/models/M/infer\n")
 
 
-def test_jobs_submit_posts_to_jobs_and_202_exits_0(gateway, images):
-    gateway.reply = Reply(202, JOB, {"Location": "/v1/models/M/jobs/job_1"})
-    done = svcctl("jobs", "submit", "M", str(images[1]), "--param", "timesteps=50", "--gateway", gateway.url)
-    assert (done.returncode, done.stdout, done.stderr) == (0, json.dumps(JOB, indent=2) + "\n", "")
+def test_jobs_submit_posts_to_jobs_and_202_exits_0(gateway, images, capsys):
+    gateway.reply = Reply(202, JOB)
+    assert run(gateway, "jobs", "submit", "M", str(images[1]), "--param", "timesteps=50", "--gateway", GATEWAY) == 0
+    assert capsys.readouterr() == (json.dumps(JOB, indent=2) + "\n", "")
     [seen] = gateway.requests
-    assert (seen.method, seen.path) == ("POST", "/v1/models/M/jobs")
-    assert seen.headers["authorization"] == f"Bearer {TOKEN}"
+    assert (seen.method, seen.path, seen.token) == ("POST", "/v1/models/M/jobs", TOKEN)
     assert seen.json() == {"images": [b64(images[1])], "params": {"timesteps": 50}}
 
 
-def test_jobs_get_wait_result_paths(gateway):
+@pytest.mark.parametrize("argv, path", [
+    (["get", "M", "job_1"], "/v1/models/M/jobs/job_1"),
+    (["wait", "M", "job_1", "--timeout", "1500"], "/v1/models/M/jobs/job_1/wait?timeout=1500"),
+    (["wait", "M", "job_1"], "/v1/models/M/jobs/job_1/wait?timeout=30000"),
+    (["result", "M", "job_1"], "/v1/models/M/jobs/job_1/result"),
+])
+def test_jobs_get_wait_result_paths(gateway, capsys, monkeypatch, argv, path):
+    monkeypatch.delenv("SERVICE_API_KEY")
+    monkeypatch.setenv("SERVICE_GATEWAY_AUTH_TOKEN", "t-gateway")
     reply = {**JOB, "state": "done", "elapsed_ms": 12.5}
     gateway.reply = Reply(200, reply)
-    cases = {
-        "t-get": (["get", "M", "job_1"], "/v1/models/M/jobs/job_1"),
-        "t-wait": (["wait", "M", "job_1", "--timeout", "1500"], "/v1/models/M/jobs/job_1/wait?timeout=1500"),
-        "t-wait-default": (["wait", "M", "job_1"], "/v1/models/M/jobs/job_1/wait?timeout=30000"),
-        "t-result": (["result", "M", "job_1"], "/v1/models/M/jobs/job_1/result"),
-    }
-    procs = {token: start("jobs", *argv, "--gateway", gateway.url, token=None,
-                          env={"SERVICE_GATEWAY_AUTH_TOKEN": token}) for token, (argv, _) in cases.items()}
-    for proc in procs.values():
-        done = finish(proc)
-        assert (done.returncode, done.stdout, done.stderr) == (0, json.dumps(reply, indent=2) + "\n", "")
-    seen = {r.headers["authorization"]: (r.method, r.path, r.body) for r in gateway.requests}
-    assert seen == {f"Bearer {token}": ("GET", path, b"") for token, (_, path) in cases.items()}
+    assert run(gateway, "jobs", *argv, "--gateway", GATEWAY) == 0
+    assert capsys.readouterr() == (json.dumps(reply, indent=2) + "\n", "")
+    assert [(r.method, r.path, r.body, r.token) for r in gateway.requests] == [("GET", path, None, "t-gateway")]
 
 
-def test_jobs_result_not_done_exits_1(gateway):
+def test_jobs_result_not_done_exits_1(gateway, capsys):
     gateway.reply = Reply(409, {"job_id": "job_1", "state": "running", "error": "not done"})
-    done = svcctl("jobs", "result", "M", "job_1", "--gateway", gateway.url)
-    assert done.returncode == 1
-    assert done.stderr == f"svcctl: HTTP 409 Conflict from GET {gateway.url}/v1/models/M/jobs/job_1/result\n"
+    assert run(gateway, "jobs", "result", "M", "job_1", "--gateway", GATEWAY) == 1
+    assert capsys.readouterr().err == f"svcctl: HTTP 409 Conflict from GET {GATEWAY}/v1/models/M/jobs/job_1/result\n"
 
 
-def test_token_env_names_the_variable_to_read(gateway):
+def test_token_env_names_the_variable_to_read(gateway, monkeypatch):
+    monkeypatch.setenv("OTHER_TOKEN", "other")
     gateway.reply = Reply(200, JOB)
-    done = svcctl("jobs", "get", "M", "job_1", "--gateway", gateway.url, "--token-env", "OTHER_TOKEN",
-                  env={"OTHER_TOKEN": "other"})
-    assert done.returncode == 0
-    assert gateway.requests[0].headers["authorization"] == "Bearer other"
+    assert run(gateway, "jobs", "get", "M", "job_1", "--gateway", GATEWAY, "--token-env", "OTHER_TOKEN") == 0
+    assert gateway.requests[0].token == "other"
+
+
+def test_a_transport_failure_exits_2_with_one_line(gateway, capsys):
+    from twisted.internet.error import ConnectionRefusedError, DNSLookupError
+
+    gateway.script = [Reply(error=ConnectionRefusedError()), Reply(error=DNSLookupError())]
+    assert run(gateway, "jobs", "get", "M", "job_1", "--gateway", GATEWAY) == 2
+    assert run(gateway, "jobs", "get", "M", "job_2", "--gateway", GATEWAY) == 2
+    assert capsys.readouterr() == ("", f"svcctl: GET {GATEWAY}/v1/models/M/jobs/job_1: connection refused (is the "
+                                       "gateway running?)\n"
+                                       f"svcctl: GET {GATEWAY}/v1/models/M/jobs/job_2: cannot resolve the host name\n")
+
+
+def test_no_token_exits_2_naming_the_variables_and_sends_nothing(gateway, images, capsys, monkeypatch):
+    monkeypatch.delenv("SERVICE_API_KEY")
+    assert run(gateway, "infer", "M", str(images[0]), "--gateway", GATEWAY) == 2
+    assert capsys.readouterr() == ("", "svcctl: no token: set SERVICE_API_KEY, SERVICE_GATEWAY_AUTH_TOKEN or "
+                                       "SERVICE_API_TOKEN (or name another variable with --token-env)\n")
+    assert gateway.requests == []
+
+
+def test_missing_image_exits_2_and_sends_nothing(gateway, images, tmp_path, capsys):
+    missing = tmp_path / "missing.jpg"
+    assert run(gateway, "infer", "M", str(images[0]), str(missing), "--gateway", GATEWAY) == 2
+    assert capsys.readouterr() == ("", f"svcctl: cannot read image {missing}: No such file or directory\n")
+    assert gateway.requests == []
+
+
+def test_a_reply_that_never_comes_ends_at_the_deadline(gateway, images, capsys):
+    gateway.reply = Reply(stall="forever")
+    assert run(gateway, "infer", "M", str(images[0]), "--gateway", GATEWAY, "--timeout-s", "0.5") == 2
+    assert capsys.readouterr() == ("", f"svcctl: POST {GATEWAY}/v1/models/M/infer: no complete reply within 0.5 s\n")
+    assert gateway.reactor.seconds() == 0.5
+
+
+def test_an_interrupted_request_says_so_and_exits_130(gateway, capsys):
+    gateway.reply = Reply(stall="interrupt")
+    assert run(gateway, "jobs", "get", "M", "job_1", "--gateway", GATEWAY) == 130
+    assert capsys.readouterr() == ("", "svcctl: interrupted\n")
+    assert gateway.reactor.triggers == {}
+
+
+# ---------------------------------------------------------------- the real client, as a process
+
+
+@contextmanager
+def listener():
+    """A real listening socket on loopback (the kernel completes connections; the test answers by hand)."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        server.settimeout(10)
+        yield server, f"http://127.0.0.1:{server.getsockname()[1]}"
+
+
+def read_request_head(server: socket.socket) -> socket.socket:
+    """Accept one connection and read its request line and headers; the connection."""
+    conn, _ = server.accept()
+    conn.settimeout(10)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = conn.recv(4096)
+        assert chunk, head
+        head += chunk
+    return conn
 
 
 def test_connection_refused_exits_2_with_one_line():
@@ -337,44 +409,24 @@ def test_connection_refused_exits_2_with_one_line():
     assert done.stderr == f"svcctl: GET {url}/v1/models/M/jobs/job_1: connection refused (is the gateway running?)\n"
 
 
-def test_no_token_exits_2_naming_the_variables_and_sends_nothing(gateway, images):
-    done = svcctl("infer", "M", str(images[0]), "--gateway", gateway.url, token=None)
-    assert (done.returncode, done.stdout) == (2, "")
-    assert done.stderr == ("svcctl: no token: set SERVICE_API_KEY, SERVICE_GATEWAY_AUTH_TOKEN or SERVICE_API_TOKEN "
-                           "(or name another variable with --token-env)\n")
-    assert gateway.requests == []
-
-
-def test_missing_image_exits_2_and_sends_nothing(gateway, images, tmp_path):
-    missing = tmp_path / "missing.jpg"
-    done = svcctl("infer", "M", str(images[0]), str(missing), "--gateway", gateway.url)
-    assert (done.returncode, done.stdout) == (2, "")
-    assert done.stderr == f"svcctl: cannot read image {missing}: No such file or directory\n"
-    assert gateway.requests == []
-
-
-def test_one_deadline_covers_the_headers_and_the_body(images):
+def test_one_deadline_covers_the_headers_and_the_body():
     """treq's timeout stops at the headers: a reply stalled in its body must hit the deadline too."""
-    with FakeGateway() as headers, FakeGateway() as body:
-        headers.reply = Reply(200, ENVELOPE, stall="headers")
-        body.reply = Reply(200, ENVELOPE, stall="body")
-        started = time.monotonic()
-        procs = [(gw, start("infer", "M", str(images[0]), "--gateway", gw.url, "--timeout-s", "0.5"))
-                 for gw in (headers, body)]
-        for gw, proc in procs:
+    with listener() as (silent, silent_url), listener() as (halting, halting_url):
+        procs = [(url, start("jobs", "get", "M", "job_1", "--gateway", url, "--timeout-s", "0.5"))
+                 for url in (silent_url, halting_url)]
+        conn = read_request_head(halting)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"job")
+        with conn:
+            for url, proc in procs:
+                done = finish(proc)
+                assert (done.returncode, done.stdout) == (2, "")
+                assert done.stderr == f"svcctl: GET {url}/v1/models/M/jobs/job_1: no complete reply within 0.5 s\n"
+
+
+def test_an_interrupted_process_says_so_and_exits_130():
+    with listener() as (server, url):
+        proc = start("jobs", "get", "M", "job_1", "--gateway", url)
+        with read_request_head(server):  # sent from the running reactor, whose signal handlers are installed
+            proc.send_signal(signal.SIGINT)
             done = finish(proc)
-            assert (done.returncode, done.stdout) == (2, "")
-            assert done.stderr == f"svcctl: POST {gw.url}/v1/models/M/infer: no complete reply within 0.5 s\n"
-        assert time.monotonic() - started < 8
-
-
-def test_an_interrupted_request_says_so_and_exits_130(gateway):
-    gateway.reply = Reply(200, JOB, stall="body")
-    proc = start("jobs", "get", "M", "job_1", "--gateway", gateway.url)
-    deadline = time.monotonic() + 10
-    while not gateway.requests and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.1)  # the body has started to arrive
-    proc.send_signal(signal.SIGINT)
-    done = finish(proc)
     assert (done.returncode, done.stdout, done.stderr) == (130, "", "svcctl: interrupted\n")

@@ -6,8 +6,7 @@ from twisted.internet.task import Clock
 
 from svc import status as st
 from svc.envelope import ItemResult
-from svc.modelserver.batching import LazyInput
-from svc.modelserver.engine import Engine
+from svc.modelserver.engine import Engine, LazyInput
 from svc.process import inline_runner
 from svc.request import InferenceRequest
 from tests.unit.test_batching import inference
@@ -92,7 +91,7 @@ def test_lazy_items_past_their_deadline_are_never_decoded():
     inf, runner = inference(clock, decode_in_worker=True, max_batch_size=1)
     inf.run_decode = no_pool
     made = []
-    inf.model.preprocess = lambda image, params: made.append(1) or "input"
+    inf.engine.model.preprocess = lambda image, params: made.append(1) or "input"
     answered = []
     inf.run(InferenceRequest(images=["aGk=", "aGk="], req_id=None), deadline=1.0).addCallback(answered.append)
     clock.advance(1.0)  # the first item is running (undecoded), the second expires in the queue

@@ -6,7 +6,7 @@ import collections
 
 from svc.config import model_server_configs
 from svc.modelapi import factories
-from svc.openapi import gateway_document
+from svc.openapi.gateway import gateway_document
 from tests.support.processes import REPO
 
 

@@ -122,12 +122,12 @@ def setup(clock: Clock):
     engine = Engine(Factory(), {}, "cpu", runner, clock=clock)
     queue = BatchQueue(clock, engine.run_batch, workers=1, max_batch_size=2, max_batch_delay_ms=10)
     validator = RequestValidator(ObjectSchema(object_schema({})), ObjectSchema(object_schema({})), 16)
-    inference = Inference(clock=clock, factory=Factory(), validator=validator, queue=queue, run_decode=inline_runner,
+    inference = Inference(clock=clock, engine=engine, validator=validator, queue=queue, run_decode=inline_runner,
                           max_image_pixels=10**6)
     jobs = JobTable(clock, inference.run_job, lambda: ModelIdentity("M", "v"), max_queue=8, timeout_ms=0,
                     ttl_ms=60_000, max_completed=10)
     model = SteppingModel(clock, [])
-    engine.model = inference.model = model
+    engine.model = model
     routes = JobRoutes(jobs, clock=clock, identity=lambda: ModelIdentity("M", "v"), task_id=None, authenticate=None,
                        check_admitting=None, draining=None, parse=inference.parse)
     return jobs, runner, model, routes.status_body, inference

@@ -161,6 +161,44 @@ def test_admission_is_atomic_under_interleaved_submits():
     assert len(admitted) == 4 and len(refused) == 8
 
 
+def test_queue_full_retry_after_is_the_mean_job_duration_over_the_workers_clamped_to_1_60():
+    """README: Retry-After = mean job duration / workers, clamped to 1..60 s (the mean weighs new jobs 0.2)."""
+    clock = Clock()
+    jobs, run, _ = table(clock, max_queue=1, workers=2)
+
+    def retry_after_of_a_full_queue() -> int:
+        with pytest.raises(AsyncQueueFull) as e:
+            jobs.submit(request())
+        return e.value.retry_after
+
+    seen = []
+    for seconds in (10.0, 20.0, 13.0, 1000.0):
+        job = jobs.submit(request())
+        clock.advance(0)
+        run.start()
+        seen.append(retry_after_of_a_full_queue())  # the mean of the jobs finished before this one
+        clock.advance(seconds)
+        run.finish()
+        assert job.state == DONE
+    jobs.submit(request())
+    seen.append(retry_after_of_a_full_queue())
+    # no job yet: 1 s / 2 -> 1; 10 s / 2 = 5; (0.8*10 + 0.2*20) / 2 = 6; (0.8*12 + 0.2*13) / 2 = 6.1 -> 7;
+    # (0.8*12.2 + 0.2*1000) / 2 = 104.88 -> 60
+    assert seen == [1, 5, 6, 7, 60]
+
+
+def test_queue_full_retry_after_is_at_least_one_second():
+    clock = Clock()
+    jobs, run, _ = table(clock, max_queue=1)
+    jobs.submit(request())
+    clock.advance(0.25)
+    run.finish()
+    jobs.submit(request())
+    with pytest.raises(AsyncQueueFull) as e:
+        jobs.submit(request())
+    assert (e.value.retry_after, str(e.value).count("async queue full")) == (1, 1)
+
+
 def test_waiters_wake_on_the_terminal_state_all_with_the_same_state():
     clock = Clock()
     jobs, run, _ = table(clock)
@@ -204,11 +242,14 @@ def test_a_cancelled_waiter_leaves_nothing_behind():
     clock = Clock()
     jobs, run, _ = table(clock)
     job = jobs.submit(request())
+    before = list(clock.getDelayedCalls())
     d = jobs.wait(job, 30)
+    timers = [c for c in clock.getDelayedCalls() if c not in before]
+    assert [c.getTime() for c in timers] == [30.0] and job.waiters == [d]
     d.addErrback(lambda f: None)
     d.cancel()
-    assert job.waiters == [] and clock.getDelayedCalls() == [c for c in clock.getDelayedCalls() if c.active()]
-    assert not any(c.getTime() == 30 for c in clock.getDelayedCalls())
+    assert job.waiters == [] and not timers[0].active()
+    assert clock.getDelayedCalls() == before  # the wait's timer is gone; the job's own start call stays
 
 
 def test_finished_jobs_expire_after_the_ttl():

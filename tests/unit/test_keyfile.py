@@ -8,8 +8,8 @@ import stat
 import pytest
 
 from svc import cli, keyfile
-from svc.auth import hash_key, load_key_file
-from tests.support.fake_gateway import FakeGateway, Reply
+from svc.auth import hash_key, key_entry, load_key_file
+from tests.support.fake_client import FakeClient, Reply
 from tests.unit.test_cli import free_port, svcctl
 
 ORIGINAL = """\
@@ -50,7 +50,7 @@ def test_add_appends_the_keygen_entry_keeps_comments_and_order_and_prints_the_ke
     assert code == 0
     key = out.strip()
     assert out == key + "\n" and len(key) == 64
-    assert keys.read_text() == ORIGINAL + "\n" + cli.key_entry("tenant-b", hash_key(key), "all", 3)
+    assert keys.read_text() == ORIGINAL + "\n" + key_entry("tenant-b", hash_key(key), "all", 3)
     assert key not in keys.read_text() and key not in err
     assert err == (f"svcctl: added key 'tenant-b' to {keys}; it is shown once and cannot be recovered: give it "
                    "to the client now\n"
@@ -65,7 +65,7 @@ def test_add_creates_a_missing_file_with_mode_0600(tmp_path, capsys):
     assert cli.main(["keys", "add", "a.b", "--keys-file", str(path), "--no-restart"]) == 0
     key = capsys.readouterr().out.strip()
     text = path.read_text()
-    assert text.startswith("# The gateway's API keys") and text.endswith(cli.key_entry("a.b", hash_key(key)))
+    assert text.startswith("# The gateway's API keys") and text.endswith(key_entry("a.b", hash_key(key)))
     assert '[keys."a.b"]' in text and mode(path) == 0o600
     [entry] = load_key_file(str(path))
     assert (entry.name, entry.hash, entry.scope, entry.rate_limit_qps, entry.enabled) == \
@@ -162,32 +162,52 @@ def test_without_the_management_token_nothing_changes(keys, capsys, monkeypatch)
     assert keys.read_text() == ORIGINAL
 
 
-# -- the restart, through a process (the reactor runs once per process) --------------------------------------
+# -- the restart: in-process with the in-memory client, and one real process ----------------------------------
 
 
-def test_add_then_restarts_the_gateway_with_the_management_token(keys):
-    with FakeGateway() as supervisor:
-        supervisor.reply = Reply(200, {"ok": True})
-        done = svcctl("keys", "add", "tenant-b", "--keys-file", str(keys), "--supervisor", supervisor.url,
-                      env={"SERVICE_API_TOKEN": MANAGEMENT})
-        [seen] = supervisor.requests
-    assert done.returncode == 0, done.stderr
-    assert (seen.method, seen.path, seen.body) == ("POST", RESTART, b"")
-    assert seen.headers["authorization"] == f"Bearer {MANAGEMENT}"
-    key = done.stdout.strip()
-    assert keys.read_text() == ORIGINAL + "\n" + cli.key_entry("tenant-b", hash_key(key))
-    assert done.stderr.endswith("svcctl: the gateway restarted and applies the change\n")
+SUPERVISOR = "http://supervisor.test:8787"
 
 
-def test_a_restart_refused_by_the_supervisor_exits_1_and_the_file_stays_changed(keys):
-    with FakeGateway() as supervisor:
-        supervisor.reply = Reply(500, {"error": "restart failed"})
-        done = svcctl("keys", "disable", "tenant-a", "--keys-file", str(keys), "--supervisor", supervisor.url,
-                      env={"SERVICE_API_TOKEN": MANAGEMENT})
-    assert done.returncode == 1
-    assert done.stderr.splitlines()[-1] == ("svcctl: the key file is changed but the gateway was not restarted: "
-                                            f"HTTP 500 Internal Server Error from POST {supervisor.url}{RESTART}")
+def test_add_then_restarts_the_gateway_with_the_management_token(keys, capsys, monkeypatch):
+    monkeypatch.setenv("SERVICE_API_TOKEN", MANAGEMENT)
+    supervisor = FakeClient()
+    supervisor.reply = Reply(200, {"ok": True})
+    code = cli.main(["keys", "add", "tenant-b", "--keys-file", str(keys), "--supervisor", SUPERVISOR],
+                    client=supervisor)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    [seen] = supervisor.requests
+    assert (seen.method, seen.url, seen.body, seen.token, seen.timeout) == (
+        "POST", SUPERVISOR + RESTART, None, MANAGEMENT, 60.0)
+    key = out.strip()
+    assert keys.read_text() == ORIGINAL + "\n" + key_entry("tenant-b", hash_key(key))
+    assert err.endswith("svcctl: the gateway restarted and applies the change\n")
+
+
+def test_a_restart_refused_by_the_supervisor_exits_1_and_the_file_stays_changed(keys, capsys, monkeypatch):
+    monkeypatch.setenv("SERVICE_API_TOKEN", MANAGEMENT)
+    supervisor = FakeClient()
+    supervisor.reply = Reply(500, {"error": "restart failed"})
+    code = cli.main(["keys", "disable", "tenant-a", "--keys-file", str(keys), "--supervisor", SUPERVISOR],
+                    client=supervisor)
+    assert code == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "svcctl: the key file is changed but the gateway was not restarted: "
+        f"HTTP 500 Internal Server Error from POST {SUPERVISOR}{RESTART}")
     assert "enabled = false\n\n# a retired one" in keys.read_text()
+
+
+def test_an_interrupted_restart_says_the_file_is_changed(keys, capsys, monkeypatch):
+    monkeypatch.setenv("SERVICE_API_TOKEN", MANAGEMENT)
+    supervisor = FakeClient()
+    supervisor.react = lambda main: None  # the reactor stopped before the request was made
+    code = cli.main(["keys", "disable", "tenant-a", "--keys-file", str(keys), "--supervisor", SUPERVISOR],
+                    client=supervisor)
+    assert code == 2
+    assert capsys.readouterr().err == (f"svcctl: disabled key 'tenant-a' in {keys}\n"
+                                       "svcctl: interrupted: the key file is changed; the gateway restart may not "
+                                       "have happened\n")
+    assert supervisor.requests == []
 
 
 def test_an_unreachable_supervisor_is_one_line_exit_2_and_the_file_stays_changed(keys):

@@ -238,7 +238,7 @@ class Manager:
     """What the logs route needs of the child manager: children with a log sink."""
 
     def __init__(self, tmp_path: Path) -> None:
-        sink = LogSink("M", str(tmp_path), max_bytes=1 << 20, backups=1, ring_lines=50)
+        sink = LogSink("M", str(tmp_path), clock=Clock(), max_bytes=1 << 20, backups=1, ring_lines=50)
         sink.feed("stdout", b"".join(b"line %d\n" % i for i in range(30)))
         self.children = {"M": SimpleNamespace(logs=sink)}
 

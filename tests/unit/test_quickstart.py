@@ -18,7 +18,9 @@ def test_prepare_creates_private_distinct_secrets_and_a_first_key_once(tmp_path)
     tokens = [values[k] for k in ("SERVICE_API_TOKEN", "SERVICE_GATEWAY_AUTH_TOKEN", "SERVICE_METRICS_TOKEN", "SERVICE_API_KEY")]
     assert len(set(tokens)) == 4 and all(len(t) == 64 for t in tokens)
     digest = hashlib.sha256(values["SERVICE_API_KEY"].encode()).hexdigest()
-    assert f'hash = "{digest}"' in key_path.read_text()
+    assert key_path.read_text() == (
+        "# API keys of the gateway: [keys.<name>] with the SHA-256 of the key (svcctl keygen NAME).\n\n"
+        f'[keys.local]\nhash = "{digest}"\nscope = "inference"\nrate_limit_qps = 0\nenabled = true\n')
     printed = out.getvalue()
     assert values["SERVICE_API_KEY"] in printed and str(secrets_path) in printed
     again = io.StringIO()

@@ -9,7 +9,7 @@ import sys
 from svc import __version__
 from svc import status as st
 from svc.config import BACKEND_KEYS, MODEL_SERVER_KEYS
-from svc.openapi import check
+from svc.openapi.committed import check
 from tests.support.processes import REPO, child_env
 
 README = (REPO / "README.md").read_text()
@@ -58,7 +58,7 @@ def test_committed_openapi_documents_are_current():
 
 def test_plugin_files_import_no_torch():
     code = (
-        "import sys; import twisted.plugins.service_plugins, svc.modelserver.tap, svc.modelapi, svc.openapi;"
+        "import sys; import twisted.plugins.service_plugins, svc.modelserver.tap, svc.modelapi, svc.openapi.committed;"
         "from svc.modelapi import factories; factories();"
         "assert 'torch' not in sys.modules, 'torch imported'"
     )

@@ -10,10 +10,10 @@ from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
 
+from svc.supervisor.backoff import Timing
 from svc.supervisor.child import (
     BACKOFF,
     FAILED,
-    GROUP_LEADER,
     RUNNING,
     START_FAILED,
     STARTING,
@@ -22,9 +22,9 @@ from svc.supervisor.child import (
     Child,
     ChildError,
     ChildSpec,
-    Timing,
 )
 from svc.supervisor.logsink import LogSink
+from svc.supervisor.spawn import GROUP_LEADER
 
 
 class FakeTransport:
@@ -84,7 +84,7 @@ def make(policy="on-failure", refused=None, timing=TIMING, port=None):
     reactor, probe, kills = ProcessReactor(), Probe(), []
     spec = ChildSpec("M", ["/usr/bin/python3", "-m", "twisted", "service-model"], {"A": "1"}, 9101, "/ready",
                      policy=policy, refused=refused)
-    child = Child(spec, reactor=reactor, probe=probe, logs=LogSink("M", None, max_bytes=1 << 20, backups=1, ring_lines=100),
+    child = Child(spec, reactor=reactor, probe=probe, logs=LogSink("M", None, clock=reactor, max_bytes=1 << 20, backups=1, ring_lines=100),
                   timing=timing, killer=lambda pid, sig: kills.append((pid, sig)), port_free=port or Port())
     return child, reactor, probe, kills
 

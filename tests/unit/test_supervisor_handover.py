@@ -59,7 +59,7 @@ def make(host="127.0.0.1", env=None, binder=None, refused=None, port_free=lambda
     spec = ChildSpec("__gateway", ["/usr/bin/python3", "-m", "twisted", "service-gateway"], {}, 8080, "/healthz",
                      refused=refused)
     child = GatewayChild(spec, host=host, env=env or {}, binder=binder, reactor=reactor, probe=probe,
-                         logs=LogSink("__gateway", None, max_bytes=1 << 20, backups=1, ring_lines=200), timing=TIMING,
+                         logs=LogSink("__gateway", None, clock=reactor, max_bytes=1 << 20, backups=1, ring_lines=200), timing=TIMING,
                          killer=lambda pid, sig: kills.append((pid, sig)), port_free=port_free)
     return child, reactor, probe, kills, binder
 

@@ -1,10 +1,36 @@
-"""The log sink: numbered lines, bounded ring, paging, file rotation."""
+"""The log sink: numbered lines, bounded ring, paging, batched file writes, rotation (on task.Clock)."""
 
-from svc.supervisor.logsink import LogSink
+from __future__ import annotations
+
+import pytest
+from twisted.internet.task import Clock
+from twisted.python.logfile import LogFile
+
+from svc.supervisor.logsink import FLUSH_DELAY_S, LogSink
+
+
+def sink_in(tmp_path, clock=None, **kw) -> LogSink:
+    kw.setdefault("max_bytes", 1 << 20)
+    kw.setdefault("backups", 1)
+    kw.setdefault("ring_lines", 10)
+    return LogSink("M", str(tmp_path), clock=clock or Clock(), **kw)
+
+
+def count_writes(sink: LogSink) -> list[str]:
+    """Records every write that reaches the file."""
+    writes: list[str] = []
+    write = sink.file.write
+
+    def recording(data):
+        writes.append(data)
+        write(data)
+
+    sink.file.write = recording
+    return writes
 
 
 def test_paging_by_offset_and_a_bounded_ring(tmp_path):
-    sink = LogSink("M", str(tmp_path), max_bytes=1 << 20, backups=1, ring_lines=5)
+    sink = sink_in(tmp_path, ring_lines=5)
     sink.feed("stdout", b"".join(b"line %d\n" % i for i in range(8)))
     page = sink.page(None, 3)
     assert [e["line"] for e in page["lines"]] == ["line 5", "line 6", "line 7"]
@@ -16,12 +42,109 @@ def test_paging_by_offset_and_a_bounded_ring(tmp_path):
     assert [e["line"] for e in sink.page(8, 10)["lines"]] == ["late"]
 
 
+def test_line_times_come_from_the_clock(tmp_path):
+    clock = Clock()
+    clock.advance(1700000000.1234)
+    sink = sink_in(tmp_path, clock)
+    sink.note("started")
+    (entry,) = sink.page(None, 10)["lines"]
+    assert entry == {"seq": 0, "time": 1700000000.123, "stream": "supervisor", "line": "started"}
+
+
+def test_lines_are_written_together_after_the_flush_delay(tmp_path):
+    clock = Clock()
+    sink = sink_in(tmp_path, clock)
+    writes = count_writes(sink)
+    sink.feed("stdout", b"one\ntwo\n")
+    sink.note("three")
+    assert writes == [] and (tmp_path / "M.log").read_text() == ""
+    assert [e["line"] for e in sink.page(None, 10)["lines"]] == ["one", "two", "three"]  # the API sees them at once
+    clock.advance(FLUSH_DELAY_S - 0.01)
+    assert writes == []
+    clock.advance(0.01)
+    assert writes == ["one\ntwo\n[supervisor] three\n"]
+    assert (tmp_path / "M.log").read_text() == "one\ntwo\n[supervisor] three\n"
+    assert clock.getDelayedCalls() == []  # nothing waits: no timer
+    sink.feed("stderr", b"four\n")
+    clock.advance(FLUSH_DELAY_S)
+    assert writes[1:] == ["four\n"]
+
+
+def test_enough_waiting_lines_are_written_at_once(tmp_path):
+    clock = Clock()
+    sink = sink_in(tmp_path, clock, flush_size=20)
+    writes = count_writes(sink)
+    sink.feed("stdout", b"0123456789\n")
+    assert writes == []
+    sink.feed("stdout", b"abcdefghij\n")  # 22 characters wait: written now, no timer left
+    assert writes == ["0123456789\nabcdefghij\n"] and clock.getDelayedCalls() == []
+
+
+def test_the_end_of_the_process_and_close_write_everything(tmp_path):
+    clock = Clock()
+    sink = sink_in(tmp_path, clock)
+    sink.feed("stdout", b"whole\nno newline")
+    sink.ended()  # the last line without its newline is kept, and written now
+    assert (tmp_path / "M.log").read_text() == "whole\nno newline\n"
+    sink.note("stopped")
+    sink.close()
+    assert (tmp_path / "M.log").read_text() == "whole\nno newline\n[supervisor] stopped\n"
+    assert clock.getDelayedCalls() == []
+    sink.note("after close")  # the ring only
+    assert sink.page(None, 1)["lines"][0]["line"] == "after close"
+
+
 def test_file_rotation_by_size(tmp_path):
-    sink = LogSink("M", str(tmp_path), max_bytes=2048, backups=2, ring_lines=10)
+    sink = sink_in(tmp_path, max_bytes=2048, backups=2)
     for i in range(200):
         sink.feed("stdout", b"x" * 60 + b" %d\n" % i)
     sink.close()
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names[0] == "M.log" and "M.log.1" in names
+    assert names == ["M.log", "M.log.1", "M.log.2"]
     assert all(p.stat().st_size <= 2048 + 80 for p in tmp_path.iterdir())
     assert "199" in (tmp_path / "M.log").read_text()
+
+
+@pytest.mark.parametrize("backups", [1, 2, 3])
+def test_batched_rotation_matches_one_write_per_line(tmp_path, backups):
+    """The same files, split at the same lines, as Twisted's LogFile written line by line."""
+    lines = [("y" * (i % 70)) + f" {i}\n" for i in range(400)]
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    plain = LogFile("M.log", str(reference), rotateLength=1024, maxRotatedFiles=backups)
+    for line in lines:
+        plain.write(line)
+    plain.close()
+
+    clock = Clock()
+    sink = sink_in(tmp_path / "batched", clock, max_bytes=1024, backups=backups, flush_size=3000)
+    for n, line in enumerate(lines):
+        sink.feed("stdout", line.encode())
+        if n % 37 == 0:
+            clock.advance(FLUSH_DELAY_S)
+    sink.close()
+    ours = {p.name: p.read_text() for p in (tmp_path / "batched").iterdir()}
+    theirs = {p.name: p.read_text() for p in reference.iterdir()}
+    assert ours == theirs and len(ours) == backups + 1
+
+
+@pytest.mark.parametrize("backups", [0, 1, 4])
+def test_rotated_files_never_exceed_log_backups(tmp_path, backups):
+    clock = Clock()
+    sink = sink_in(tmp_path, clock, max_bytes=1024, backups=backups)
+    for _ in range(100):  # about ten rotations
+        sink.feed("stdout", b"z" * 100 + b"\n")
+        clock.advance(FLUSH_DELAY_S)
+        assert len([p for p in tmp_path.iterdir() if p.name != "M.log"]) <= backups
+    sink.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["M.log"] + [f"M.log.{n}" for n in range(1, backups + 1)]
+
+
+def test_backups_of_an_earlier_run_beyond_the_cap_go_at_the_first_rotation(tmp_path):
+    for n in range(1, 7):
+        (tmp_path / f"M.log.{n}").write_text("from an earlier run with more backups\n")
+    sink = sink_in(tmp_path, max_bytes=1024, backups=2)
+    sink.feed("stdout", b"z" * 1100 + b"\n" + b"next\n")
+    sink.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["M.log", "M.log.1", "M.log.2"]
+    assert (tmp_path / "M.log").read_text() == "next\n" and (tmp_path / "M.log.1").read_text() == "z" * 1100 + "\n"

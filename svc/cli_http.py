@@ -1,0 +1,180 @@
+"""svcctl's HTTP client: one request under one deadline, and how a command's exit status comes of it.
+
+Why it is its own module: the client commands (``infer``, ``jobs ...``,
+``jobs run``, the gateway restart of ``keys add|disable``) all make their
+requests through a :class:`Client`, which they take as an argument.  The real
+one, :class:`HttpClient`, is treq on the global reactor run once with
+``task.react``; tests give the commands an in-memory client and a clock
+instead, so they run in-process without a server.
+
+One deadline covers the request and the body read (treq's own timeout ends
+when the headers arrive, so a slow body could outlive it).  Twisted and treq
+are imported only when a request is made, so ``svcctl --version``,
+``keygen`` and ``hash`` start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+from svc import __version__
+
+EXIT_OK, EXIT_HTTP, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class CliError(Exception):
+    """A failure reported as one line on stderr and exit status 2."""
+
+
+def fail(message: str) -> None:
+    """One ``svcctl: ...`` line on stderr."""
+    print(f"svcctl: {message}", file=sys.stderr)
+
+
+@dataclass(frozen=True)
+class HttpCall:
+    """One request, decided before the reactor starts."""
+
+    method: str
+    url: str
+    body: bytes | None
+    timeout: float
+
+
+class Reply(NamedTuple):
+    """What came back: the status, its reason phrase, the whole body, the ``Retry-After`` header if any."""
+
+    status: int
+    phrase: str
+    content: bytes
+    retry_after: str | None
+
+
+class Client(Protocol):
+    """How a command reaches HTTP: the reactor it runs on and the exchange of one request."""
+
+    def react(self, main: Callable[[Any], Awaitable[None]]) -> None:
+        """Run ``main(reactor)`` to its end (``task.react`` raises SystemExit when done)."""
+
+    def exchange(self, reactor: Any, call: HttpCall, token: str) -> Awaitable[Reply]:
+        """Make ``call`` with the Bearer ``token``; the reply, or the transport's exception."""
+
+
+class HttpClient:
+    """The real client: treq over a non-persistent pool, on the global reactor."""
+
+    def react(self, main: Callable[[Any], Awaitable[None]]) -> None:
+        from twisted.internet import task
+
+        task.react(main)
+
+    async def exchange(self, reactor: Any, call: HttpCall, token: str) -> Reply:
+        from treq.client import HTTPClient
+        from twisted.web.client import Agent, HTTPConnectionPool
+
+        pool = HTTPConnectionPool(reactor, persistent=False)
+        client = HTTPClient(Agent(reactor, connectTimeout=call.timeout, pool=pool))
+        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json",
+                   "User-Agent": f"svcctl/{__version__}"}
+        if call.body is not None:
+            headers["Content-Type"] = "application/json"
+        # treq's timeout ends when the headers arrive; the caller's deadline also covers the body.
+        response = await client.request(call.method, call.url, headers=headers, data=call.body, timeout=call.timeout)
+        content = await response.content()
+        retry_after = response.headers.getRawHeaders("retry-after", [None])[0]
+        phrase = response.phrase.decode("latin-1") if isinstance(response.phrase, bytes) else str(response.phrase)
+        return Reply(response.code, phrase, content, retry_after)
+
+
+def react(client: Client, main: Callable[[Any], Awaitable[int]]) -> tuple[int | None, int]:
+    """Run ``main`` on the client's reactor: ``(its exit status, the reactor's)``.
+
+    The first is None when the reactor stopped before ``main`` ended (Ctrl-C
+    before the request began); the second is the status ``task.react``
+    exited with (0 when it stopped cleanly).
+    """
+    codes: list[int] = []
+
+    async def run(reactor: Any) -> None:
+        codes.append(await main(reactor))
+
+    stopped = 0
+    try:
+        client.react(run)
+    except SystemExit as e:
+        stopped = e.code if isinstance(e.code, int) else 0
+    return (codes[0] if codes else None), stopped
+
+
+def describe_failure(error: BaseException, call: HttpCall) -> str:
+    """One line for a request that could not be made or completed."""
+    from twisted.internet import defer
+    from twisted.internet import error as net
+    from twisted.web.client import RequestTransmissionFailed, ResponseFailed, ResponseNeverReceived
+
+    where = f"{call.method} {call.url}"
+    timeouts = (defer.TimeoutError, defer.CancelledError, net.TimeoutError)
+    # treq's own timeout cancels the request: the agent reports the cancellation as the reason.
+    wrapped = isinstance(error, ResponseFailed | ResponseNeverReceived | RequestTransmissionFailed)
+    if isinstance(error, timeouts) or (wrapped and any(r.check(*timeouts) for r in error.reasons)):
+        return f"{where}: no complete reply within {call.timeout:g} s"
+    if isinstance(error, net.ConnectionRefusedError):
+        return f"{where}: connection refused (is the gateway running?)"
+    if isinstance(error, net.DNSLookupError):
+        return f"{where}: cannot resolve the host name"
+    if wrapped:
+        reasons = "; ".join(r.getErrorMessage() or r.type.__name__ for r in error.reasons) or "connection lost"
+        return f"{where}: the connection failed ({reasons})"
+    return f"{where}: {type(error).__name__}: {error}"
+
+
+def print_reply(content: bytes) -> None:
+    """A reply body on stdout: JSON indented by 2, anything else as text."""
+    if not content:
+        return
+    try:
+        print(json.dumps(json.loads(content), indent=2))
+    except ValueError:
+        text = content.decode("utf-8", errors="replace")
+        print(text, end="" if text.endswith("\n") else "\n")
+
+
+async def call_gateway(client: Client, reactor: Any, call: HttpCall, token: str) -> int:
+    """Make ``call`` with the Bearer token, print the reply; the exit status.
+
+    One deadline of ``call.timeout`` covers connecting, the headers and the
+    body.  The reply body is printed to stdout (JSON indented by 2); a
+    non-2xx status also gets one line on stderr.
+    """
+    from twisted.internet.defer import ensureDeferred
+
+    d = ensureDeferred(client.exchange(reactor, call, token))
+    d.addTimeout(call.timeout, reactor)
+    interrupted: list[bool] = []
+
+    def on_shutdown() -> None:  # Ctrl-C or SIGTERM: say so, not "connection lost"
+        if not d.called:
+            interrupted.append(True)
+            d.cancel()
+
+    trigger = reactor.addSystemEventTrigger("before", "shutdown", on_shutdown)
+    try:
+        status, phrase, content, retry_after = await d
+    except Exception as e:
+        if interrupted:
+            fail("interrupted")
+            return EXIT_INTERRUPTED
+        fail(describe_failure(e, call))
+        return EXIT_USAGE
+    finally:
+        reactor.removeSystemEventTrigger(trigger)
+    print_reply(content)
+    if 200 <= status < 300:
+        return EXIT_OK
+    more = f" (Retry-After: {retry_after})" if retry_after else ""
+    fail(f"HTTP {status} {phrase}{more} from {call.method} {call.url}")
+    return EXIT_HTTP

@@ -1,0 +1,131 @@
+"""The document of the gateway: every catalog model's routes under ``/v1/models/<id>``.
+
+The operations are the model servers' own (``svc.openapi.operations``) with
+the gateway's authentication and the replies it makes itself added.  It is
+committed as ``openapi/gateway.json``; the gateway does not serve it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from svc import __version__
+from svc.config import ModelServerConfig
+from svc.modelapi import model_config
+from svc.openapi.components import job_components, model_components, ref, status_components
+from svc.openapi.operations import (
+    RETRY_AFTER_HEADER,
+    header_doc,
+    infer_operation,
+    job_paths,
+    json_reply,
+    rejection,
+)
+from svc.protocol import GATEWAY_PORT, HEALTH_PATH, METRICS_PATH, MODEL_INFER, MODEL_PREFIX, local_url
+
+GATEWAY_AUTH = (
+    "Needs `Authorization: Bearer <credential>`: an API key of the key file (any scope), the static token "
+    "`SERVICE_GATEWAY_AUTH_TOKEN` or the management token `SERVICE_API_TOKEN`. Authentication comes first (401 on "
+    "every path without it), then the key's token bucket (429), then routing (404, 405)."
+)
+SERVICE_KEY_HEADER = header_doc(
+    "Name of the credential that authenticated: the key's name in the key file, `static-token` "
+    "(SERVICE_GATEWAY_AUTH_TOKEN), `management-token` (SERVICE_API_TOKEN) or `metrics-token` (GET /metrics)."
+)
+
+
+def gateway_responses() -> dict:
+    """Replies the gateway itself makes on every authenticated route."""
+    return {
+        "401": rejection("Status 401 (made by the gateway): missing, wrong or disabled credential.",
+                         {"WWW-Authenticate": header_doc("Bearer challenge.")}),
+        "404": rejection("Status 63: unknown catalog id or path (the same envelope for both), or the model's own "
+                         "404 passed through (unknown job, async disabled)."),
+        "405": rejection("Status 62: method not allowed.", {"Allow": header_doc("The methods the path accepts.")}),
+        "429": rejection("Status 429: the key's `rate_limit_qps` is used up (made by the gateway), or the model's own "
+                         "429 (wait queue or async queue full) passed through.", {"Retry-After": RETRY_AFTER_HEADER}),
+        "502": rejection("Status 502 (made by the gateway): the connection to the model server was lost after it "
+                         "was made (a model server that dies under a parked wait too), or the reply was malformed or "
+                         "did not complete within `upstream_recv_timeout_ms`; or a job wait budget at or above it."),
+        "503": rejection("Status 65: the model server is not running (connection refused; made by the gateway), or "
+                         "the model's own 503 (loading, shutting down) passed through."),
+    }
+
+
+def _with_gateway_replies(operation: dict, operation_id: str) -> dict:
+    """A model server's operation as the gateway serves it: its id, the gateway's auth note and replies."""
+    op = json.loads(json.dumps(operation))  # a deep copy: the model-server document shares the builders
+    op["operationId"] = operation_id
+    op["description"] = (op.get("description", "") + " " + GATEWAY_AUTH).strip()
+    for code, reply in gateway_responses().items():
+        op["responses"].setdefault(code, reply)
+    for reply in op["responses"].values():
+        reply.setdefault("headers", {})["X-Service-Key"] = SERVICE_KEY_HEADER
+    return op
+
+
+def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any]) -> dict:
+    """The contract of the gateway: every catalog model's routes under /v1/models/{id}."""
+    paths: dict[str, Any] = {
+        HEALTH_PATH: {
+            "get": {
+                "security": [],
+                "operationId": "healthz",
+                "summary": "Liveness of the gateway; no credential.",
+                "responses": {"200": json_reply("Alive (status 0, `model.name` gateway).", ref("Health"))},
+            }
+        },
+        METRICS_PATH: {
+            "get": {
+                "operationId": "metrics",
+                "summary": "Prometheus metrics: only `Authorization: Bearer <SERVICE_METRICS_TOKEN>`; API keys, the "
+                "static and the management token get 401.",
+                "responses": {
+                    "200": {"description": "Metrics text.", "content": {"text/plain": {"schema": {"type": "string"}}}},
+                    "401": rejection("Status 401: not the metrics token."),
+                },
+            }
+        },
+    }
+    components = status_components()
+    any_async = False
+    for config in configs:
+        factory = found.get(config.id)
+        if factory is None:
+            continue
+        mid = config.id
+        table = model_config(factory, config.model, config.path)
+        components.update(model_components(config, factory, table))
+        infer = infer_operation(config, factory, summary=f"Synchronous inference with {mid}.", auth_note="")
+        paths[MODEL_INFER.format(model_id=mid)] = {"post": _with_gateway_replies(infer, f"infer_{mid}")}
+        paths[config.server_uri] = {"post": _with_gateway_replies(
+            {**infer, "summary": f"Legacy path of {mid} (exact match; synchronous inference only)."},
+            f"legacy_infer_{mid}")}
+        if config.async_enabled:
+            any_async = True
+            for path, item in job_paths(config, factory, prefix=MODEL_PREFIX.format(model_id=mid)).items():
+                paths[path] = {method: _with_gateway_replies(op, op["operationId"]) for method, op in item.items()}
+    if any_async:
+        components.update(job_components())
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Gateway",
+            "version": __version__,
+            "description": "The public entry point: authenticates, rate-limits per key and forwards to the loopback "
+            "model servers. The model's status, body and the headers `Content-Type`, `X-Request-ID`, "
+            "`Cache-Control`, `Retry-After` and `Allow` pass through unchanged; `Location`, `poll_url` and "
+            "`result_url` are rewritten onto `/v1/models/<id>/jobs/...`. Replies made by the gateway itself carry "
+            "`model.name` `gateway`. A bare `/jobs` is not a route. CORS: the configured origins (default the "
+            "supervisor UI) are reflected with `Vary: Origin`, and a preflight `OPTIONS` needs no credential. "
+            "Models with async disabled answer 404 on their job routes (passed through). " + GATEWAY_AUTH,
+        },
+        "servers": [{"url": local_url(GATEWAY_PORT)}],
+        "security": [{"bearer": []}],
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }

@@ -1,0 +1,102 @@
+"""The document of one model-server process, served at ``GET /openapi.json``.
+
+Built from the server's config and its plugin's factory when the model
+server starts, and for the committed ``openapi/model-<ID>.json``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from svc import __version__
+from svc.config import ModelServerConfig
+from svc.modelapi import model_config
+from svc.openapi.components import job_components, model_components, ref, status_components
+from svc.openapi.operations import infer_operation, job_paths, json_reply, not_found_405, rejection
+from svc.protocol import HEALTH_PATH, METRICS_PATH, OPENAPI_PATH, READY_PATH
+
+
+def model_server_document(config: ModelServerConfig, factory: Any, table: dict | None = None) -> dict:
+    """The contract of one model-server process (served at /openapi.json).
+
+    ``table``: the completed [model] table (``svc.modelapi.model_config``);
+    computed from ``config`` when not given.
+    """
+    mid = config.id
+    if table is None:
+        table = model_config(factory, config.model, config.path)
+    auth = (
+        "Needs `Authorization: Bearer <SERVICE_AUTH_TOKEN>` when the process has a token "
+        "(authentication comes before the per-client rate limit)."
+    )
+    simple = {"security": [], "responses": {}}
+    paths: dict[str, Any] = {
+        HEALTH_PATH: {
+            "get": {
+                **simple,
+                "operationId": "healthz",
+                "summary": "Liveness: 200 while the process runs.",
+                "responses": {"200": json_reply("Alive.", ref("Health"))},
+            }
+        },
+        READY_PATH: {
+            "get": {
+                **simple,
+                "operationId": "ready",
+                "summary": "Readiness: 200 once the model is loaded and one warm-up batch at max_batch_size has run.",
+                "responses": {
+                    "200": json_reply("Ready (status 0).", ref("Health")),
+                    "503": json_reply("Status 65: loading, warming up, or shutting down.", ref("Health")),
+                },
+            }
+        },
+        METRICS_PATH: {
+            "get": {
+                "operationId": "metrics",
+                "summary": "Prometheus metrics (text exposition format). " + auth,
+                "responses": {
+                    "200": {
+                        "description": "Metrics text.",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    "401": rejection("Status 401: missing or wrong bearer token."),
+                },
+            }
+        },
+        OPENAPI_PATH: {
+            "get": {
+                **simple,
+                "operationId": "openapi",
+                "summary": "This document.",
+                "responses": {"200": {"description": "OpenAPI 3.1 document.", "content": {"application/json": {"schema": {"type": "object"}}}}},
+            }
+        },
+        config.server_uri: {
+            "post": infer_operation(config, factory, summary=f"Synchronous inference with {mid}.", auth_note=auth),
+        },
+    }
+    if config.async_enabled:
+        paths.update(job_paths(config, factory))
+    for item in paths.values():
+        for op in item.values():
+            op["responses"].update({k: v for k, v in not_found_405().items() if k not in op["responses"]})
+    components = {**status_components(), **model_components(config, factory, table)}
+    if config.async_enabled:
+        components.update(job_components())
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": f"Model server {mid}",
+            "version": __version__,
+            "description": f"One loopback model server ({factory.category}: {factory.task}). Every JSON reply is "
+            "`application/json; charset=utf-8`. Unknown paths (including the removed `/welcome` and `/hello_world`) "
+            "answer 404 status 63; a wrong method answers 405 status 62 with `Allow`.",
+        },
+        "servers": [{"url": f"http://127.0.0.1:{config.port}"}],
+        "security": [{"bearer": []}],
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }

@@ -1,0 +1,91 @@
+"""What the processes agree on, declared once.
+
+The gateway, the model servers, the supervisor and ``svcctl`` never import
+one another's packages (each runs alone, and the gateway and the supervisor
+must not load the model server's code), yet they must agree on program
+names, default ports, paths, headers and the environment a child is given.
+Those names live here, as plain constants with no imports, so each side
+reads the same value instead of spelling it again.
+
+Owned elsewhere, because the code that applies them lives there: the job
+wait bounds (``svc.query``: ``WAIT_DEFAULT_MS``, ``WAIT_MAX_MS``,
+``MAX_DIGITS``), the request-id rule (``svc.request.REQ_ID_RE``), job states
+(``svc.modelserver.jobs.STATES``) and envelope statuses (``svc.status``).
+"""
+
+from __future__ import annotations
+
+# -- programs and addresses -------------------------------------------------------------
+
+#: The twistd plugin names (``twisted/plugins/service_plugins.py``), also the
+#: prefix of each process's refusal lines and pid files.
+MODEL_PROGRAM = "service-model"
+GATEWAY_PROGRAM = "service-gateway"
+SUPERVISOR_PROGRAM = "service-supervisor"
+
+LOOPBACK = "127.0.0.1"
+#: Default ports of the gateway (the public entry point) and of the supervisor's API and UI.
+GATEWAY_PORT = 8080
+SUPERVISOR_PORT = 8787
+#: Default ``[gateway] upstream_recv_timeout_ms``: ``svcctl jobs wait`` keeps a budget below it,
+#: since the gateway answers 502 to a wait budget at or above it.
+UPSTREAM_RECV_TIMEOUT_MS = 180000
+
+
+def local_url(port: int) -> str:
+    """``http://127.0.0.1:<port>``: where a default-configured process listens."""
+    return f"http://{LOOPBACK}:{port}"
+
+
+# -- paths ----------------------------------------------------------------------------------
+
+#: Liveness (every process) and readiness (a model server) probed by the supervisor.
+HEALTH_PATH = "/healthz"
+READY_PATH = "/ready"
+#: Prometheus text of every process, read by the supervisor's series.
+METRICS_PATH = "/metrics"
+#: A model server's own OpenAPI document, relayed by the supervisor's API.
+OPENAPI_PATH = "/openapi.json"
+
+#: The job routes of a model server, as OpenAPI path templates (``{job_id}``).
+JOBS = "/jobs"
+JOB = "/jobs/{job_id}"
+JOB_WAIT = "/jobs/{job_id}/wait"
+JOB_RESULT = "/jobs/{job_id}/result"
+#: The gateway's prefix of one model's routes: its ``infer`` and the job routes above.
+MODEL_PREFIX = "/v1/models/{model_id}"
+MODEL_INFER = MODEL_PREFIX + "/infer"
+
+#: The supervisor's id of its gateway child and the restart that reloads the key file.
+GATEWAY_CHILD = "__gateway"
+GATEWAY_RESTART_PATH = f"/api/v1/servers/{GATEWAY_CHILD}/restart"
+
+
+def job_urls(job_id: str) -> dict[str, str]:
+    """``poll_url`` and ``result_url`` of a job as its model server gives them."""
+    return {"poll_url": JOB.format(job_id=job_id), "result_url": JOB_RESULT.format(job_id=job_id)}
+
+
+def model_path(model_id: str, path: str) -> str:
+    """A model server's ``path`` (``/jobs/...``) as the gateway path of the same model."""
+    return MODEL_PREFIX.format(model_id=model_id) + path
+
+
+def klein_rule(template: str) -> str:
+    """A path template as a Klein (werkzeug) rule: ``{job_id}`` becomes ``<string:job_id>``."""
+    return template.replace("{", "<string:").replace("}", ">")
+
+
+# -- headers ------------------------------------------------------------------------------
+
+#: Request headers the model server reads beside the body; the gateway forwards them.
+SERVICE_REQUEST_HEADERS = ("x-service-params", "x-service-options", "x-request-id")
+#: Model-server reply headers the gateway passes back unchanged (``Location`` is rewritten).
+PASSED_REPLY_HEADERS = ("content-type", "x-request-id", "cache-control", "retry-after", "allow")
+
+# -- the environment the supervisor gives its children ----------------------------------------
+
+#: A model server's bearer token.
+MODEL_TOKEN_ENV = "SERVICE_AUTH_TOKEN"
+#: The gateway's tokens of every model server: JSON, id -> token.
+UPSTREAM_TOKENS_ENV = "SERVICE_UPSTREAM_TOKENS"

@@ -1,0 +1,59 @@
+"""``svcctl openapi check|write`` on a copy of the committed documents and shipped configs."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from svc.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+NAMES = sorted(p.name for p in (REPO / "openapi").glob("*.json"))
+
+
+@pytest.fixture
+def checkout(tmp_path, monkeypatch):
+    """A folder with openapi/ and conf/server/ as committed; the command works from the current directory."""
+    shutil.copytree(REPO / "openapi", tmp_path / "openapi")
+    shutil.copytree(REPO / "conf" / "server", tmp_path / "conf" / "server")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run(capsys, mode: str) -> tuple[int, list[str], list[str]]:
+    code = main(["openapi", mode])
+    out, err = capsys.readouterr()
+    return code, out.splitlines(), err.splitlines()
+
+
+def test_check_passes_on_the_committed_documents(checkout, capsys):
+    assert len(NAMES) == 8
+    assert run(capsys, "check") == (0, ["openapi documents are current"], [])
+
+
+def test_check_names_every_stale_missing_and_extra_document_and_exits_1(checkout, capsys):
+    gateway = checkout / "openapi" / "gateway.json"
+    gateway.write_text(gateway.read_text().replace('"openapi"', '"openapi" ', 1))
+    (checkout / "openapi" / "model-DDPM.json").unlink()
+    (checkout / "openapi" / "model-OLD.json").write_text("{}\n")
+    assert run(capsys, "check") == (1, [], [
+        "openapi/gateway.json: differs from what the code generates",
+        "openapi/model-DDPM.json: missing",
+        "openapi/model-OLD.json: no longer generated",
+        "run: python -m svc.openapi --write",
+    ])
+
+
+def test_write_regenerates_the_committed_bytes(checkout, capsys):
+    for name in NAMES[:3]:
+        (checkout / "openapi" / name).write_text("stale\n")
+    (checkout / "openapi" / "model-YOLOV8.json").unlink()
+    code, out, err = run(capsys, "write")
+    assert (code, err) == (0, [])
+    assert sorted(out) == [f"wrote openapi/{name}" for name in NAMES]  # every document, each once
+    for name in NAMES:
+        assert (checkout / "openapi" / name).read_bytes() == (REPO / "openapi" / name).read_bytes(), name
+    assert run(capsys, "check") == (0, ["openapi documents are current"], [])
+

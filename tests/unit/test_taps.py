@@ -1,0 +1,301 @@
+"""The twistd taps' wiring: each ``makeService`` built in-process from its Options on a memory reactor.
+
+Nothing is started: the tests read the service tree (children, the listener's
+port, backlog and interface, the config values that reached it) and check
+that bad options and environments are refused with their one line (exit 1,
+``svc.process.refuse``) before anything listens.  The processes themselves
+are started for real by the integration tests.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+from twisted.application.internet import TCPServer
+from twisted.application.service import IServiceMaker
+from twisted.internet.testing import MemoryReactorClock
+from twisted.plugin import getPlugins
+from twisted.python import usage
+
+from svc.gateway import tap as gateway_tap
+from svc.modelserver import tap as model_tap
+from svc.supervisor import tap as supervisor_tap
+
+REPO = Path(__file__).resolve().parents[2]
+SERVERS = REPO / "conf" / "server"
+PROFILES = REPO / "conf" / "profiles"
+CATALOG = ["CLS_COND_DDIM", "DDIM", "DDPM", "LDM", "MOBILENETV2", "SAM_AMG", "YOLOV8"]
+METRICS, INFERENCE, MANAGEMENT = "metrics-" + "1" * 20, "inference-" + "2" * 20, "management-" + "3" * 20
+CREDENTIALS = ("SERVICE_METRICS_TOKEN", "SERVICE_GATEWAY_AUTH_TOKEN", "SERVICE_API_TOKEN", "SERVICE_EXPOSE",
+               "SERVICE_AUTH_TOKEN", "SERVICE_UPSTREAM_TOKENS", "SERVICE_UPSTREAM_TOKEN")
+
+
+@pytest.fixture(autouse=True)
+def environment(monkeypatch):
+    """No credential but those a test sets."""
+    for name in CREDENTIALS:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def build(tap, argv: list[str]):
+    """``makeService`` of ``tap`` for ``argv`` on a memory reactor: (service, reactor)."""
+    options = tap.Options()
+    options.parseOptions(argv)
+    reactor = MemoryReactorClock()
+    return tap.makeService(options, reactor=reactor), reactor
+
+
+def refusal(tap, argv: list[str]) -> str:
+    """The one line ``makeService`` refuses with (a SystemExit whose message twistd prints; exit 1)."""
+    with pytest.raises(SystemExit) as exit_:
+        build(tap, argv)
+    assert isinstance(exit_.value.code, str) and "\n" not in exit_.value.code
+    return exit_.value.code
+
+
+def listener_of(service) -> TCPServer:
+    [listener] = [child for child in service if isinstance(child, TCPServer)]
+    assert listener is service.listener
+    return listener
+
+
+def test_the_plugins_name_the_three_taps():
+    makers = {maker.tapname: maker for maker in getPlugins(IServiceMaker)
+              if maker.tapname in ("service-model", "service-gateway", "service-supervisor")}
+    assert {name: maker.module for name, maker in makers.items()} == {
+        "service-model": "svc.modelserver.tap", "service-gateway": "svc.gateway.tap",
+        "service-supervisor": "svc.supervisor.tap"}
+    assert makers["service-gateway"].options is gateway_tap.Options
+    assert makers["service-model"].options is model_tap.Options
+    assert makers["service-supervisor"].options is supervisor_tap.Options
+
+
+# ---------------------------------------------------------------- gateway
+
+
+@pytest.fixture
+def gateway_config(tmp_path, environment):
+    environment.setenv("SERVICE_METRICS_TOKEN", METRICS)
+    environment.setenv("SERVICE_GATEWAY_AUTH_TOKEN", INFERENCE)
+    config = tmp_path / "service.toml"
+    config.write_text(f'[gateway]\nport = 18080\nservers_dir = "{SERVERS}"\nkeys_file = "{tmp_path / "none.toml"}"\n'
+                      "listen_backlog = 77\nmax_body_bytes = 2048\n[supervisor]\nport = 18787\n")
+    return config
+
+
+def test_gateway_tree_from_the_config(gateway_config):
+    service, reactor = build(gateway_tap, ["--config", str(gateway_config)])
+    assert [type(child).__name__ for child in service] == ["TCPServer"]
+    listener = listener_of(service)
+    assert listener.args == (18080, service.site)
+    assert listener.kwargs == {"backlog": 77, "interface": "127.0.0.1"}
+    assert (service.config.port, service.config.max_body_bytes, service.config.cors_origins) == (
+        18080, 2048, ("http://127.0.0.1:18787", "http://localhost:18787"))
+    assert service.reactor is reactor and service.program == "service-gateway" and not service.running
+    assert (service.setup.mode, service.setup.gateway_token, service.setup.metrics_token) == (
+        "static-token", INFERENCE, METRICS)
+    assert [u.id for u in service.catalog] == CATALOG
+    assert service.drain_timeout == 181.0
+    assert (service.site.max_body_bytes, service.site.max_connections) == (2048, 1024)
+    assert reactor.tcpServers == []  # nothing listens before the service starts
+
+
+def test_gateway_options_override_the_config(gateway_config, tmp_path):
+    keys = tmp_path / "keys.toml"
+    keys.write_text(f'[keys.a]\nhash = "{"a" * 64}"\n')
+    servers = tmp_path / "servers"
+    servers.mkdir()
+    (servers / "M.toml").write_text('id = "M"\nport = 9999\nserver_uri = "/m"\n')
+    service, _ = build(gateway_tap, ["--config", str(gateway_config), "--host", "127.0.0.2", "--port", "18081",
+                                     "--keys", str(keys), "--servers", str(servers)])
+    assert listener_of(service).args[0] == 18081
+    assert listener_of(service).kwargs["interface"] == "127.0.0.2"
+    assert (service.config.keys_file, service.config.servers_dir) == (str(keys), str(servers))
+    assert (service.setup.mode, [k.name for k in service.setup.keys]) == ("api-keys", ["a"])
+    assert [u.id for u in service.catalog] == ["M"]
+    assert service.listen_address == "127.0.0.2:18081"
+
+
+def test_gateway_adopts_the_supervisors_socket(gateway_config):
+    from svc.gateway.drain import AdoptedListener
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        fd = os.dup(held.fileno())
+        try:
+            service, _ = build(gateway_tap, ["--config", str(gateway_config), "--listen-fd", str(fd),
+                                             "--ready-fd", "9"])
+        finally:
+            os.close(fd)
+    assert [type(child) for child in service] == [AdoptedListener]
+    assert service.ready_fd == 9
+    assert service.listen_address == f"127.0.0.1:18080 (socket on fd {fd} from the supervisor)"
+
+
+def test_gateway_refusals(gateway_config, environment, tmp_path):
+    config = str(gateway_config)
+    environment.setenv("SERVICE_EXPOSE", "no")
+    assert refusal(gateway_tap, ["--config", config, "--host", "0.0.0.0"]) == (
+        "service-gateway: refusing the wildcard bind '0.0.0.0': set SERVICE_EXPOSE=docker (in a container) or "
+        "SERVICE_EXPOSE=unsafe to expose the gateway")
+    environment.setenv("SERVICE_METRICS_TOKEN", INFERENCE)
+    assert refusal(gateway_tap, ["--config", config]) == (
+        "service-gateway: SERVICE_METRICS_TOKEN equals SERVICE_GATEWAY_AUTH_TOKEN: the metrics token must differ "
+        "from the inference and management tokens")
+    environment.delenv("SERVICE_METRICS_TOKEN")
+    assert refusal(gateway_tap, ["--config", config]) == (
+        "service-gateway: SERVICE_METRICS_TOKEN is not set: the gateway needs its own metrics token (also on loopback)")
+    environment.setenv("SERVICE_METRICS_TOKEN", METRICS)
+    environment.delenv("SERVICE_GATEWAY_AUTH_TOKEN")
+    assert refusal(gateway_tap, ["--config", config]) == (
+        f"service-gateway: no API key file at {tmp_path / 'none.toml'} and neither SERVICE_GATEWAY_AUTH_TOKEN or "
+        "SERVICE_API_TOKEN is set: no credential would be accepted (there is no anonymous mode)")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[gateway]\nport = 0\n")
+    assert refusal(gateway_tap, ["--config", str(bad)]) == (
+        f"service-gateway: {bad}: gateway.port: must be at least 1, got 0")
+    environment.setenv("SERVICE_GATEWAY_AUTH_TOKEN", INFERENCE)
+    assert refusal(gateway_tap, ["--config", config, "--servers", str(tmp_path / "nowhere")]) == (
+        f"service-gateway: the model-server config directory {tmp_path / 'nowhere'} does not exist")
+
+
+# ---------------------------------------------------------------- supervisor
+
+
+@pytest.fixture
+def supervisor_config(tmp_path, environment):
+    environment.setenv("SERVICE_API_TOKEN", MANAGEMENT)
+    config = tmp_path / "service.toml"
+    config.write_text(f'[supervisor]\nport = 18787\nservers_dir = "{SERVERS}"\nprofiles_dir = "{PROFILES}"\n'
+                      f'log_dir = "{tmp_path / "logs"}"\nmax_connections = 12\nlisten_backlog = 33\n'
+                      "[gateway]\nport = 18080\n[servers.DDPM]\nrestart = \"always\"\n")
+    return config
+
+
+def test_supervisor_tree_from_the_config(supervisor_config):
+    service, reactor = build(supervisor_tap, ["--config", str(supervisor_config), "--profile", "cpu"])
+    assert [type(child).__name__ for child in service] == ["TCPServer"]
+    listener = listener_of(service)
+    assert listener.args == (18787, service.site)
+    assert listener.kwargs == {"backlog": 33, "interface": "127.0.0.1"}
+    assert (service.site.max_connections, service.site.max_body_bytes) == (12, 64 * 1024)
+    manager = service.manager
+    assert (manager.profile.name, manager.profile.device, manager.profile.weights) == ("cpu", "cpu", "demo")
+    assert (manager.config.gateway_port, manager.config.server_policies) == (18080, {"DDPM": "always"})
+    assert sorted(c.id for c in manager.catalog) == CATALOG
+    assert service.reactor is reactor and manager.reactor is reactor and not service.running
+    assert reactor.tcpServers == []
+    # The gateway and the profile's models, none spawned yet (a memory reactor cannot spawn).
+    assert list(manager.children) == ["__gateway", *CATALOG]
+    assert {(child.state, child.pid) for child in manager.children.values()} == {("stopped", None)}
+
+
+def test_supervisor_options_override_the_config_and_the_profile(supervisor_config):
+    service, _ = build(supervisor_tap, ["--config", str(supervisor_config), "--host", "127.0.0.3", "--port", "18788",
+                                        "--profile", "gpu", "--weights", "pretrained"])
+    assert listener_of(service).args[0] == 18788 and listener_of(service).kwargs["interface"] == "127.0.0.3"
+    assert (service.manager.profile.name, service.manager.profile.device, service.manager.profile.weights) == (
+        "gpu", "gpu", "pretrained")
+
+
+def test_supervisor_refusals(supervisor_config, environment, tmp_path):
+    config = str(supervisor_config)
+    assert refusal(supervisor_tap, ["--config", config, "--host", "::"]) == (
+        "service-supervisor: refusing the wildcard bind '::': set SERVICE_EXPOSE=docker (in a container) or "
+        "SERVICE_EXPOSE=unsafe to expose the management API")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[supervisor]\nbackoff_max_ms = -1\n")
+    assert refusal(supervisor_tap, ["--config", str(bad)]) == (
+        f"service-supervisor: {bad}: supervisor.backoff_max_ms: must be at least 0, got -1")
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("[supervisors]\n")
+    assert refusal(supervisor_tap, ["--config", str(unknown)]) == (
+        f"service-supervisor: {unknown}: supervisors: unknown table; known: gateway, supervisor, servers")
+    environment.delenv("SERVICE_API_TOKEN")
+    assert refusal(supervisor_tap, ["--config", config]) == (
+        "service-supervisor: SERVICE_API_TOKEN is not set: the management API needs it (no anonymous mode)")
+
+
+# ---------------------------------------------------------------- model server
+
+
+@pytest.fixture
+def torch_setup(monkeypatch):
+    """``prepare_torch`` recorded instead of applied: it changes the whole test process."""
+    seen = []
+
+    def prepare(config):
+        seen.append(config)
+        return config.backend.device
+
+    monkeypatch.setattr(model_tap, "prepare_torch", prepare)
+    return seen
+
+
+def test_model_server_tree_from_the_config_and_options(torch_setup, environment):
+    environment.setenv("SERVICE_AUTH_TOKEN", "model-token")
+    service, reactor = build(model_tap, ["--server", str(SERVERS / "MOBILENETV2.toml"), "--port", "19101",
+                                         "--device", "cpu", "--weights", "demo"])
+    assert [type(child).__name__ for child in service] == ["TCPServer", "ThreadPoolService", "ThreadPoolService"]
+    assert list(service)[1:] == [service.decode, service.workers]
+    listener = listener_of(service)
+    assert listener.args == (19101, service.site)
+    assert listener.kwargs == {"backlog": 1024, "interface": "127.0.0.1"}
+    [config] = torch_setup
+    assert config is service.config
+    assert (config.id, config.port, config.backend.device, config.model["weights"]) == (
+        "MOBILENETV2", 19101, "cpu", "random")
+    assert (service.device, service.app.auth_token, service.jobs is None) == ("cpu", "model-token", True)
+    assert service.reactor is reactor and not service.running
+    assert reactor.tcpServers == []
+
+
+def test_model_server_refusals(torch_setup, environment, tmp_path):
+    server = str(SERVERS / "MOBILENETV2.toml")
+    assert refusal(model_tap, ["--server", server]) == (
+        "service-model: SERVICE_AUTH_TOKEN is not set: set it (the supervisor injects one) or pass --dev-no-auth "
+        "for local development")
+    bad = tmp_path / "bad.toml"
+    bad.write_text('id = "MOBILENETV2"\nport = 9101\nserver_uri = "/healthz"\n')
+    assert refusal(model_tap, ["--server", str(bad), "--dev-no-auth"]) == (
+        f"service-model: {bad}: server_uri: '/healthz' collides with a path the server answers itself")
+    assert refusal(model_tap, ["--server", str(tmp_path / "missing.toml"), "--dev-no-auth"]) == (
+        f"service-model: {tmp_path / 'missing.toml'}: file not found")
+    assert torch_setup == []  # refused before any process-wide setting
+
+
+def test_model_server_device_refusal_names_the_file(environment, monkeypatch):
+    from svc import torchenv
+
+    def no_cuda(device, limit):
+        raise torchenv.DeviceError("backend.device is 'gpu' but CUDA is not available")
+
+    monkeypatch.setattr(torchenv, "tune_malloc", lambda: True)
+    monkeypatch.setattr(torchenv, "configure_threads", lambda threads, workers: 1)
+    monkeypatch.setattr(torchenv, "select_device", no_cuda)
+    server = str(SERVERS / "MOBILENETV2.toml")
+    assert refusal(model_tap, ["--server", server, "--device", "gpu", "--dev-no-auth"]) == (
+        f"service-model: {server}: backend.device is 'gpu' but CUDA is not available")
+
+
+@pytest.mark.parametrize("tap, argv, message", [
+    (gateway_tap, ["--port", "-1"], "--port must be 0..65535, not -1"),  # 0: a free port (tests/support)
+    (gateway_tap, ["--port", "65536"], "--port must be 0..65535, not 65536"),
+    (gateway_tap, ["--listen-fd", "2"], "--listen-fd must be an inherited descriptor >= 3, not 2"),
+    (gateway_tap, ["--ready-fd", "1"], "--ready-fd must be an inherited descriptor >= 3, not 1"),
+    (supervisor_tap, ["--profile", "tpu"], "--profile must be cpu, gpu or auto, not 'tpu'"),
+    (supervisor_tap, ["--weights", "random"], "--weights must be demo or pretrained, not 'random'"),
+    (model_tap, [], "--server is required (for example --server conf/server/MOBILENETV2.toml)"),
+    (model_tap, ["--server", "x.toml", "--device", "tpu"], "--device must be cpu or gpu, not 'tpu'"),
+    (model_tap, ["--server", "x.toml", "--port", "70000"], "--port must be 0..65535, not 70000"),
+])
+def test_bad_options_are_refused_by_the_option_parser(tap, argv, message):
+    """twistd prints these usage errors with the synopsis and exits before makeService runs."""
+    with pytest.raises(usage.UsageError) as error:
+        tap.Options().parseOptions(argv)
+    assert str(error.value) == message

@@ -19,7 +19,7 @@ from twisted.web.client import Agent, readBody
 from twisted.web.http_headers import Headers
 
 from svc.gateway.proxy import BytesProducer
-from svc.http import QuietConnectionPool
+from svc.web.client import QuietConnectionPool
 
 
 class MinimalProxy(resource.Resource):

@@ -167,7 +167,7 @@ def sub_table(path: str, data: Mapping[str, Any], name: str) -> dict:
 RESERVED_PATHS = (HEALTH_PATH, READY_PATH, METRICS_PATH, OPENAPI_PATH, JOBS, "/v1/")
 
 
-# The listener limits of one process's HTTP server (svc.http.HttpLimits), declared once for all three
+# The listener limits of one process's HTTP server (svc.web.limits.HttpLimits), declared once for all three
 # processes: each config dataclass ends with these three fields.
 
 def header_timeout_setting() -> Any:

@@ -2,7 +2,7 @@
 
 Handlers raise :class:`ApiError`; one error handler per process turns it into
 the process's reply shape (the unified envelope on the data plane, ``{ok,
-error}`` on the management API).
+error}`` on the management API; see svc.web.routes).
 """
 
 from __future__ import annotations
@@ -25,16 +25,25 @@ class FieldError:
 
 @dataclass
 class ApiError(Exception):
-    """A request that is answered with an error envelope.
+    """A request that is answered with an error reply in the process's shape.
 
     ``headers`` are added to the reply (for example ``Retry-After`` or
-    ``Allow``).
+    ``Allow``).  ``http`` overrides the status's HTTP code, for a reply that
+    carries no envelope status: the management API answers a bad query
+    argument 400, where the data plane's envelope would say 422
+    (INVALID_REQUEST); without it the code is ``status.http``.
     """
 
     status: Status
     message: str
     errors: list[FieldError] = field(default_factory=list)
     headers: dict[str, str] = field(default_factory=dict)
+    http: int | None = None
+
+    @property
+    def code(self) -> int:
+        """The reply's HTTP code."""
+        return self.http if self.http is not None else self.status.http
 
     def __str__(self) -> str:
         return f"{self.status.text}: {self.message}"

@@ -15,18 +15,24 @@ Order on every other route: authentication (401), the key's token bucket
 about the catalog.  The model's status, body and the headers SPEC lists
 pass through unchanged; job URLs are rewritten onto ``/v1/models/<id>/jobs``.
 Errors made here use the unified envelope with ``model.name`` ``gateway``.
+
+The routes are declared once in the class body; the legacy ``{server_uri}``
+routes come from the catalog, so each instance adds them to its
+:class:`svc.web.routes.ConfiguredRoutes`, which the class's catch-all asks
+when no declared route matches (404 and 405 stay as if they were declared,
+and come only after authentication, ``before_routing_error``).
 """
 
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 from urllib.parse import quote
 
 from klein import Klein
 from twisted.logger import Logger
 from twisted.web.http_headers import Headers
-from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from svc import __version__, protocol
 from svc import status as st
@@ -35,9 +41,7 @@ from svc.envelope import ModelIdentity, new_task_id, rejection
 from svc.errors import ApiError
 from svc.gateway.catalog import Catalog, Upstream
 from svc.gateway.proxy import Proxy, UpstreamFailed, UpstreamUnreachable
-from svc.http import bearer_token, dumps, header, send_json
-from svc.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from svc.metrics import GatewayMetrics, render
+from svc.metrics import GatewayMetrics
 from svc.protocol import (
     HEALTH_PATH,
     JOB,
@@ -53,6 +57,8 @@ from svc.protocol import (
 from svc.query import MAX_DIGITS, wait_budget_ms
 from svc.ratelimit import KeyedLimiter, retry_after_header
 from svc.request import REQ_ID_RE
+from svc.web import routes
+from svc.web.replies import bearer_token, dumps, header, send_json
 
 log = Logger()
 
@@ -87,8 +93,22 @@ def wait_query(raw: bytes | None) -> bytes:
     return b"timeout=" + quote(raw[:MAX_DIGITS + 1], safe="").encode("ascii")
 
 
-class GatewayApp:
+def task_id_of(request: Any) -> str:
+    """The request's ``X-Request-ID`` when it is a valid one, else a new task id."""
+    rid = header(request, b"x-request-id")
+    return rid if rid is not None and REQ_ID_RE.fullmatch(rid) else new_task_id()
+
+
+#: The gateway's error replies: the unified envelope with the gateway's identity.
+REPLIES = routes.EnvelopeReplies(lambda: GATEWAY_IDENTITY, task_id_of,
+                                 not_found="no route for {path}: unknown model or path")
+
+
+class GatewayApp(routes.JsonApp):
     """Routes of the gateway; ``resource()`` is served by a JsonSite."""
+
+    app = Klein()
+    replies = REPLIES
 
     def __init__(
         self,
@@ -111,37 +131,14 @@ class GatewayApp:
         self.recv_timeout_ms = upstream_recv_timeout_ms
         self.max_body_bytes = max_body_bytes
         self.limiter = KeyedLimiter(clock, 0)
-        self.app = app = Klein()
-
-        app.route(HEALTH_PATH, methods=["GET"])(self.healthz)
-        app.route(METRICS_PATH, methods=["GET"])(self.metrics_route)
-        app.route(klein_rule(MODEL_INFER), methods=["POST"])(self.infer)
-        app.route(klein_rule(MODEL_PREFIX + JOBS), methods=["POST"])(self.submit)
-        app.route(klein_rule(MODEL_PREFIX + JOB), methods=["GET"])(self.job_status)
-        app.route(klein_rule(MODEL_PREFIX + JOB_WAIT), methods=["GET"])(self.job_wait)
-        app.route(klein_rule(MODEL_PREFIX + JOB_RESULT), methods=["GET"])(self.job_result)
+        self.configured = routes.ConfiguredRoutes()
         for upstream in catalog:
-            app.route(upstream.server_uri, methods=["POST"], endpoint=f"legacy_{upstream.id}")(
-                self._legacy(upstream))
-        app.handle_errors(ApiError)(self.api_error)
-        app.handle_errors(HTTPException)(self.routing_error)
-        app.handle_errors(Exception)(self.unexpected_error)
-
-    def resource(self) -> Any:
-        return self.app.resource()
-
-    def methods(self, path: str) -> set[str]:
-        """The methods the routes accept on ``path`` (empty for an unknown path)."""
-        try:
-            return set(self.app.url_map.bind("gateway").allowed_methods(path))
-        except Exception:  # noqa: BLE001 - a path werkzeug cannot parse has no methods
-            return set()
+            self.configured.add(upstream.server_uri, ["POST"], partial(self.legacy_infer, upstream=upstream))
 
     # -- helpers -------------------------------------------------------------------------
 
     def task_id(self, request: Any) -> str:
-        rid = header(request, b"x-request-id")
-        return rid if rid is not None and REQ_ID_RE.fullmatch(rid) else new_task_id()
+        return task_id_of(request)
 
     def admit(self, request: Any) -> Principal:
         """Authenticate, then spend one token of the key's bucket; 401 or 429 otherwise."""
@@ -236,47 +233,52 @@ class GatewayApp:
 
     # -- routes --------------------------------------------------------------------------
 
+    @app.route(HEALTH_PATH, methods=["GET"])
     def healthz(self, request: Any) -> bytes:
         request.service_route = "healthz"
         body = rejection(st.SUCCESS, "", task_id=self.task_id(request), model=GATEWAY_IDENTITY)
         del body["error"]
         return send_json(request, 200, body)
 
+    @app.route(METRICS_PATH, methods=["GET"])
     def metrics_route(self, request: Any) -> bytes:
-        request.service_route = "metrics"
+        return self.metrics_reply(request, self.admit_metrics)
+
+    def admit_metrics(self, request: Any) -> None:
+        """The metrics token only (an API key is refused); 401 otherwise."""
         if not self.auth.is_metrics(bearer_token(request)):
             self.metrics.auth_failures.labels("wrong" if bearer_token(request) else "missing").inc()
             raise ApiError(st.UNAUTHORIZED, "GET /metrics needs Authorization: Bearer <SERVICE_METRICS_TOKEN>",
                            headers={"WWW-Authenticate": 'Bearer realm="gateway-metrics"'})
         request.service_key = METRICS_TOKEN_NAME
         request.setHeader(b"X-Service-Key", METRICS_TOKEN_NAME.encode())
-        request.setHeader(b"Content-Type", METRICS_CONTENT_TYPE.encode())
-        return render(self.registry)
 
+    @app.route(klein_rule(MODEL_INFER), methods=["POST"])
     async def infer(self, request: Any, model_id: str) -> bytes:
         request.service_route = "infer"
         self.admit(request)
         upstream = self.upstream(model_id)
         return await self.forward(request, upstream, "infer", upstream.server_uri)
 
-    def _legacy(self, upstream: Upstream) -> Any:
-        async def legacy_infer(request: Any) -> bytes:
-            request.service_route = "infer"
-            self.admit(request)
-            return await self.forward(request, upstream, "infer", upstream.server_uri)
+    async def legacy_infer(self, request: Any, upstream: Upstream) -> bytes:
+        """``POST {server_uri}`` of a catalog model (a configured route, see the module docstring)."""
+        request.service_route = "infer"
+        self.admit(request)
+        return await self.forward(request, upstream, "infer", upstream.server_uri)
 
-        return legacy_infer
-
+    @app.route(klein_rule(MODEL_PREFIX + JOBS), methods=["POST"])
     async def submit(self, request: Any, model_id: str) -> bytes:
         request.service_route = "jobs_submit"
         self.admit(request)
         return await self.forward(request, self.upstream(model_id), "jobs_submit", JOBS, rewrite=True)
 
+    @app.route(klein_rule(MODEL_PREFIX + JOB), methods=["GET"])
     async def job_status(self, request: Any, model_id: str, job_id: str) -> bytes:
         request.service_route = "jobs_status"
         self.admit(request)
         return await self.forward(request, self.upstream(model_id), "jobs_status", JOB.format(job_id=quote(job_id, safe="")), rewrite=True)
 
+    @app.route(klein_rule(MODEL_PREFIX + JOB_WAIT), methods=["GET"])
     async def job_wait(self, request: Any, model_id: str, job_id: str) -> bytes:
         request.service_route = "jobs_wait"
         self.admit(request)
@@ -290,62 +292,27 @@ class GatewayApp:
         return await self.forward(request, upstream, "jobs_wait", JOB_WAIT.format(job_id=quote(job_id, safe="")),
                                   query=wait_query(raw), rewrite=True)
 
+    @app.route(klein_rule(MODEL_PREFIX + JOB_RESULT), methods=["GET"])
     async def job_result(self, request: Any, model_id: str, job_id: str) -> bytes:
         request.service_route = "jobs_result"
         self.admit(request)
         return await self.forward(request, self.upstream(model_id), "jobs_result", JOB_RESULT.format(job_id=quote(job_id, safe="")))
 
-    # -- errors ----------------------------------------------------------------------------
+    # -- errors and accounting ----------------------------------------------------------------
 
-    def error_reply(self, request: Any, status: st.Status, message: str, headers: dict[str, str] | None = None,
-                    errors: list | None = None) -> bytes:
-        task_id = self.task_id(request)
-        body = rejection(status, message, task_id=task_id, model=GATEWAY_IDENTITY, errors=errors or ())
-        return send_json(request, status.http, body, {"X-Request-ID": task_id, **(headers or {})})
-
-    def api_error(self, request: Any, failure: Any) -> bytes:
-        err: ApiError = failure.value
-        return self.error_reply(request, err.status, err.message, err.headers, err.errors)
-
-    def routing_error(self, request: Any, failure: Any) -> bytes:
-        """404 and 405, after authentication: an unauthenticated caller gets 401 on every path."""
-        request.service_route = "unmatched"
-        try:
-            self.admit(request)
-        except ApiError as e:
-            return self.error_reply(request, e.status, e.message, e.headers)
-        err = failure.value
-        if isinstance(err, MethodNotAllowed):
-            allowed = ", ".join(sorted(set(err.valid_methods or ()) - {"HEAD"}))
-            return self.error_reply(request, st.METHOD_NOT_ALLOWED,
-                                    f"method {request.method.decode('latin-1')} not allowed; allowed: {allowed}",
-                                    {"Allow": allowed})
-        return self.error_reply(request, st.NOT_FOUND,
-                                f"no route for {request.path.decode('latin-1', 'replace')[:200]}: unknown model or path")
-
-    def unexpected_error(self, request: Any, failure: Any) -> bytes:
-        log.failure("unexpected error answering {path}", failure, path=request.path)
-        return self.error_reply(request, st.INTERNAL_ERROR, "internal server error")
-
-    # -- accounting ------------------------------------------------------------------------
-
-    def count(self, request: Any) -> None:
-        """Called by the site for every finished request."""
-        route = getattr(request, "service_route", "unmatched")
-        self.metrics.requests.labels(route, request.method.decode("latin-1"), str(request.code)).inc()
+    def before_routing_error(self, request: Any) -> None:
+        """404 and 405 only after authentication: an unauthenticated caller gets 401 on every path."""
+        self.admit(request)
 
     def oversize_reply(self, request: Any) -> tuple[int, dict[str, str], bytes]:
-        """The early 413 of the gateway's body limit (svc.http.LimitedRequest)."""
-        status = st.ENTITY_TOO_LARGE
-        task_id = self.task_id(request)
-        body = rejection(status, f"request body larger than {self.max_body_bytes} bytes (gateway max_body_bytes)",
-                         task_id=task_id, model=GATEWAY_IDENTITY)
-        self.metrics.requests.labels("unmatched", "POST", str(status.http)).inc()
-        return status.http, {"X-Request-ID": task_id}, dumps(body)
+        """The early 413 of the gateway's body limit (svc.web.limits.LimitedRequest)."""
+        self.count_as("unmatched", "POST", st.ENTITY_TOO_LARGE.http)
+        return REPLIES.raw(request, ApiError(
+            st.ENTITY_TOO_LARGE, f"request body larger than {self.max_body_bytes} bytes (gateway max_body_bytes)"))
 
     def busy_reply(self) -> tuple[int, dict[str, str], bytes]:
-        """The 503 status 65 for a connection past ``max_connections`` (svc.http.LimitedChannel)."""
-        task_id = new_task_id()
-        body = rejection(st.NOT_READY, "too many open connections (gateway max_connections); retry shortly",
-                         task_id=task_id, model=GATEWAY_IDENTITY)
-        return st.NOT_READY.http, {"X-Request-ID": task_id, "Retry-After": "1"}, dumps(body)
+        """The 503 status 65 for a connection past ``max_connections`` (svc.web.limits.LimitedChannel)."""
+        return REPLIES.raw(None, ApiError(st.NOT_READY, "too many open connections (gateway max_connections); "
+                                          "retry shortly", headers={"Retry-After": "1"}))
+
+    routes.install(app, configured=True)

@@ -27,7 +27,8 @@ from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 
-from svc.http import JsonSite, LimitedChannel
+from svc.web.limits import LimitedChannel
+from svc.web.site import JsonSite
 
 log = Logger()
 

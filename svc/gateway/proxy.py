@@ -37,7 +37,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
-from svc.http import QuietConnectionPool
+from svc.web.client import QuietConnectionPool
 
 
 class UpstreamUnreachable(Exception):

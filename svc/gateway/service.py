@@ -22,10 +22,10 @@ from svc.gateway.config import GatewayConfig
 from svc.gateway.cors import CorsResource
 from svc.gateway.drain import AdoptedListener, DrainingSite, signal_closed, signal_ready
 from svc.gateway.proxy import Proxy, make_agent, make_pool
-from svc.http import HttpLimits
 from svc.metrics import GatewayMetrics, new_registry
 from svc.process import ORPHAN_EXIT_S, ListeningMultiService, freeze_heap, supervisor_gone
 from svc.protocol import GATEWAY_PROGRAM as PROGRAM
+from svc.web.limits import HttpLimits
 
 log = Logger()
 
@@ -61,15 +61,13 @@ class GatewayService(ListeningMultiService):
             max_body_bytes=config.max_body_bytes,
         )
         self.catalog = catalog
-        self.site = DrainingSite(
+        self.site = DrainingSite.for_app(
+            self.app,
             CorsResource(self.app.resource(), config.cors_origins, self.app.methods),
             max_body_bytes=config.max_body_bytes,
-            oversize_reply=self.app.oversize_reply,
-            busy_reply=self.app.busy_reply,
             limits=HttpLimits.from_config(config),
             timeout=config.idle_timeout_s,
             reactor=reactor,
-            on_logged=self.app.count,
         )
         self.listen_address = f"{config.host}:{config.port}"
         self.ready_fd = ready_fd

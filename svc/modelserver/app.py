@@ -4,6 +4,15 @@ Authentication (``SERVICE_AUTH_TOKEN``) comes before the per-IP rate limit,
 so unauthenticated callers get 401 and spend no budget.  ``/healthz``,
 ``/ready`` and ``/openapi.json`` are exempt.  Every reply is JSON with the
 unified envelope except ``/metrics`` (Prometheus text).
+
+The fixed routes are declared once in the class body.  The inference route's
+path is the config's ``server_uri`` and the job routes exist only with
+``async_enabled``: each instance adds those to its
+:class:`svc.web.routes.ConfiguredRoutes` (``enable_jobs`` mounts the routes
+:class:`svc.modelserver.job_routes.JobRoutes` declares), which the class's
+catch-all asks when no declared route matches.  So ``GET {server_uri}`` is
+405 with ``Allow: POST``, ``GET /jobs`` is 405 with jobs enabled and 404
+without, and an unknown path is 404, as if every route were declared.
 """
 
 from __future__ import annotations
@@ -12,25 +21,24 @@ import hmac
 from typing import Any
 
 from klein import Klein
-from twisted.logger import Logger
-from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from svc import status as st
 from svc.envelope import ModelIdentity, new_task_id, rejection, result_envelope
 from svc.errors import ApiError
-from svc.http import bearer_token, content_type, dumps, header, send_json
-from svc.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from svc.metrics import render
 from svc.modelserver.batching import QueueFull
+from svc.modelserver.job_routes import JobRoutes
+from svc.modelserver.jobs import JobTable
 from svc.protocol import HEALTH_PATH, METRICS_PATH, OPENAPI_PATH, READY_PATH, SERVICE_REQUEST_HEADERS
 from svc.ratelimit import KeyedLimiter, retry_after_header
 from svc.request import REQ_ID_RE
+from svc.web import routes
+from svc.web.replies import bearer_token, content_type, dumps, header, send_json
 
-log = Logger()
 
-
-class ModelServerApp:
+class ModelServerApp(routes.JsonApp):
     """Routes of one model server; ``resource()`` is served by a JsonSite."""
+
+    app = Klein()
 
     def __init__(
         self,
@@ -56,20 +64,23 @@ class ModelServerApp:
         self.draining = False
         self.not_ready_reason = "the model is loading"
         self.in_flight = 0
-        self.waiting = 0  # requests parked in /jobs/{job}/wait
-        self.app = app = Klein()
+        self.job_routes: JobRoutes | None = None
+        self.replies = routes.EnvelopeReplies(lambda: self.identity, self.task_id)
+        self.configured = routes.ConfiguredRoutes()
+        self.configured.add(config.server_uri, ["POST"], self.infer)
 
-        app.route(HEALTH_PATH, methods=["GET"])(self.healthz)
-        app.route(READY_PATH, methods=["GET"])(self.ready_route)
-        app.route(METRICS_PATH, methods=["GET"])(self.metrics_route)
-        app.route(OPENAPI_PATH, methods=["GET"])(self.openapi_route)
-        app.route(config.server_uri, methods=["POST"])(self.infer)
-        app.handle_errors(ApiError)(self.api_error)
-        app.handle_errors(HTTPException)(self.routing_error)
-        app.handle_errors(Exception)(self.unexpected_error)
+    def enable_jobs(self, jobs: JobTable) -> JobRoutes:
+        """Serve the /jobs routes over ``jobs`` (only with ``async_enabled``; without, /jobs... is 404)."""
+        self.job_routes = JobRoutes(jobs, clock=self.clock, identity=lambda: self.identity, task_id=self.task_id,
+                                    authenticate=self.authenticate, check_admitting=self.check_admitting,
+                                    draining=lambda: self.draining, parse=self.inference.parse)
+        self.configured.mount(self.job_routes.app)
+        return self.job_routes
 
-    def resource(self) -> Any:
-        return self.app.resource()
+    @property
+    def waiting(self) -> int:
+        """Requests parked in /jobs/{job}/wait."""
+        return self.job_routes.waiting if self.job_routes is not None else 0
 
     def set_ready(self, version: str) -> None:
         self.identity = ModelIdentity(self.config.id, version)
@@ -102,6 +113,11 @@ class ModelServerApp:
                 headers={"Retry-After": retry_after_header(wait)},
             )
 
+    def check_admitting(self) -> None:
+        """503 status 65 while the model loads or the server stops."""
+        if not self.ready or self.draining:
+            raise ApiError(st.NOT_READY, self.not_ready_reason)
+
     def reply(self, request: Any, status: st.Status, message: str | None = None, *, code: int | None = None) -> bytes:
         """An envelope with empty results (health, readiness, rejections)."""
         body = rejection(status, message or status.meaning, task_id=self.task_id(request), model=self.identity)
@@ -111,33 +127,34 @@ class ModelServerApp:
 
     # -- routes ----------------------------------------------------------------------
 
+    @app.route(HEALTH_PATH, methods=["GET"])
     def healthz(self, request: Any) -> bytes:
         request.service_route = "healthz"
         return self.reply(request, st.SUCCESS)
 
+    @app.route(READY_PATH, methods=["GET"])
     def ready_route(self, request: Any) -> bytes:
         request.service_route = "ready"
         if self.ready and not self.draining:
             return self.reply(request, st.SUCCESS)
         return self.reply(request, st.NOT_READY, self.not_ready_reason)
 
+    @app.route(METRICS_PATH, methods=["GET"])
     def metrics_route(self, request: Any) -> bytes:
-        request.service_route = "metrics"
-        self.authenticate(request)
-        request.setHeader(b"Content-Type", METRICS_CONTENT_TYPE.encode())
-        return render(self.registry)
+        return self.metrics_reply(request, self.authenticate)
 
+    @app.route(OPENAPI_PATH, methods=["GET"])
     def openapi_route(self, request: Any) -> bytes:
         request.service_route = "openapi"
         request.setHeader(b"Content-Type", b"application/json; charset=utf-8")
         return self.openapi_bytes
 
     async def infer(self, request: Any) -> bytes:
+        """``POST {server_uri}`` (a configured route, see the module docstring)."""
         request.service_route = "infer"
         started = self.clock.seconds()
         self.authenticate(request)
-        if not self.ready or self.draining:
-            raise ApiError(st.NOT_READY, self.not_ready_reason)
+        self.check_admitting()
         self.in_flight += 1
         try:
             media_type, type_params = content_type(request)
@@ -159,49 +176,17 @@ class ModelServerApp:
         finally:
             self.in_flight -= 1
 
-    # -- errors ------------------------------------------------------------------------
-
-    def api_error(self, request: Any, failure: Any) -> bytes:
-        err: ApiError = failure.value
-        task_id = self.task_id(request)
-        body = rejection(err.status, err.message, task_id=task_id, model=self.identity, errors=err.errors)
-        return send_json(request, err.status.http, body, {"X-Request-ID": task_id, **err.headers})
-
-    def routing_error(self, request: Any, failure: Any) -> bytes:
-        err = failure.value
-        if isinstance(err, MethodNotAllowed):
-            allowed = ", ".join(sorted(set(err.valid_methods or ()) - {"HEAD"}))
-            request.setHeader(b"Allow", allowed.encode())
-            return self.reply(request, st.METHOD_NOT_ALLOWED, f"method {request.method.decode()} not allowed; allowed: {allowed}")
-        return self.reply(request, st.NOT_FOUND, f"no route for {request.path.decode('latin-1', 'replace')[:200]}")
-
-    def unexpected_error(self, request: Any, failure: Any) -> bytes:
-        log.failure("unexpected error answering {path}", failure, path=request.path)
-        return self.reply(request, st.INTERNAL_ERROR, "internal server error")
-
     # -- accounting ----------------------------------------------------------------------
 
-    def count(self, request: Any) -> None:
-        """Called by the site for every finished request."""
-        route = getattr(request, "service_route", "unmatched")
-        self.metrics.requests.labels(route, request.method.decode("latin-1"), str(request.code)).inc()
-
     def oversize_reply(self, request: Any) -> tuple[int, dict[str, str], bytes]:
-        """The early 413 of the body limit (see svc.http.LimitedRequest)."""
-        status = st.ENTITY_TOO_LARGE
-        task_id = self.task_id(request)
-        body = rejection(
-            status,
-            f"request body larger than {self.config.max_body_bytes} bytes (max_body_bytes)",
-            task_id=task_id,
-            model=self.identity,
-        )
-        self.metrics.requests.labels("unmatched", "POST", str(status.http)).inc()
-        return status.http, {"X-Request-ID": task_id}, dumps(body)
+        """The early 413 of the body limit (see svc.web.limits.LimitedRequest)."""
+        self.count_as("unmatched", "POST", st.ENTITY_TOO_LARGE.http)
+        return self.replies.raw(request, ApiError(
+            st.ENTITY_TOO_LARGE, f"request body larger than {self.config.max_body_bytes} bytes (max_body_bytes)"))
 
     def busy_reply(self) -> tuple[int, dict[str, str], bytes]:
-        """The 503 status 65 for a connection past ``max_connections`` (svc.http.LimitedChannel)."""
-        task_id = new_task_id()
-        body = rejection(st.NOT_READY, "too many open connections (max_connections); retry shortly",
-                         task_id=task_id, model=self.identity)
-        return st.NOT_READY.http, {"X-Request-ID": task_id, "Retry-After": "1"}, dumps(body)
+        """The 503 status 65 for a connection past ``max_connections`` (svc.web.limits.LimitedChannel)."""
+        return routes.envelope_reply(ApiError(st.NOT_READY, "too many open connections (max_connections); retry "
+                                              "shortly", headers={"Retry-After": "1"}), new_task_id(), self.identity)
+
+    routes.install(app, configured=True)

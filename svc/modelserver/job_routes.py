@@ -17,19 +17,26 @@ takes N in milliseconds, default 30000: above 300000 it is clamped to
 300000, 0 answers at once, anything but 1 to 18 ASCII digits (a sign, a
 fraction, another script's digits, a longer number) is 422 (pointer
 ``/timeout``), by the rules of svc.query.
+
+The routes are declared once in the class body; the model server mounts
+them (``ModelServerApp.enable_jobs``) only when jobs are enabled, and its
+error handlers answer what these raise.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from klein import Klein
+
 from svc import status as st
-from svc.envelope import rejection
+from svc.envelope import ModelIdentity, rejection
 from svc.errors import ApiError, FieldError
-from svc.http import content_type, header, send_json
 from svc.modelserver.jobs import DONE, FAILED, TIMEOUT, AsyncQueueFull, Job, JobTable
 from svc.protocol import JOB, JOB_RESULT, JOB_WAIT, JOBS, SERVICE_REQUEST_HEADERS, job_urls, klein_rule
 from svc.query import MAX_DIGITS, WAIT_MAX_MS, shown, wait_budget_ms
+from svc.web.replies import content_type, header, send_json
 
 
 def parse_wait_timeout(raw: bytes | None) -> float:
@@ -50,16 +57,41 @@ def parse_wait_timeout(raw: bytes | None) -> float:
 
 
 class JobRoutes:
-    """Registers the /jobs routes on a ModelServerApp."""
+    """The /jobs routes over one job table, with what they need of the server passed in.
 
-    def __init__(self, server: Any, jobs: JobTable) -> None:
-        self.server = server
+    ``identity()``: the model's current identity (its version is known once
+    loaded); ``task_id(request)``: the id of a request that names no job;
+    ``authenticate(request)``: the server's bearer token and per-IP limit
+    (raises ApiError); ``check_admitting()``: 503 while loading or stopping;
+    ``draining()``: whether the server is stopping (a wait then answers at
+    once); ``parse``: the server's request validation
+    (svc.modelserver.inference.Inference.parse).  ``waiting`` counts the
+    requests parked in a wait.
+    """
+
+    app = Klein()
+
+    def __init__(
+        self,
+        jobs: JobTable,
+        *,
+        clock: Any,
+        identity: Callable[[], ModelIdentity],
+        task_id: Callable[[Any], str],
+        authenticate: Callable[[Any], None],
+        check_admitting: Callable[[], None],
+        draining: Callable[[], bool],
+        parse: Callable[..., Awaitable[Any]],
+    ) -> None:
         self.jobs = jobs
-        app = server.app
-        app.route(JOBS, methods=["POST"])(self.submit)
-        app.route(klein_rule(JOB), methods=["GET"])(self.status)
-        app.route(klein_rule(JOB_WAIT), methods=["GET"])(self.wait)
-        app.route(klein_rule(JOB_RESULT), methods=["GET"])(self.result)
+        self.clock = clock
+        self.identity = identity
+        self.task_id = task_id
+        self.authenticate = authenticate
+        self.check_admitting = check_admitting
+        self.draining = draining
+        self.parse = parse
+        self.waiting = 0
 
     # -- bodies ------------------------------------------------------------------------
 
@@ -67,9 +99,9 @@ class JobRoutes:
         body = {
             "job_id": job.id,
             "state": job.state,
-            "elapsed_ms": job.elapsed_ms(self.server.clock.seconds()),
+            "elapsed_ms": job.elapsed_ms(self.clock.seconds()),
             "task_id": job.task_id,
-            "model": self.server.identity.to_json(),
+            "model": self.identity().to_json(),
             **job_urls(job.id),
             "progress": job.progress.to_json(),
         }
@@ -81,15 +113,15 @@ class JobRoutes:
         return send_json(request, code, body, {"X-Request-ID": job.task_id, "Cache-Control": "no-store", **(extra or {})})
 
     def job_error(self, request: Any, status: st.Status, message: str, job: Job | None = None, headers: dict | None = None) -> bytes:
-        task_id = job.task_id if job is not None else self.server.task_id(request)
-        body = rejection(status, message, task_id=task_id, model=self.server.identity)
+        task_id = job.task_id if job is not None else self.task_id(request)
+        body = rejection(status, message, task_id=task_id, model=self.identity())
         if job is not None:
             body["job_id"] = job.id
             body["state"] = job.state
         return send_json(request, status.http, body, {"X-Request-ID": task_id, **(headers or {})})
 
     def find(self, request: Any, job_id: str) -> Job:
-        self.server.authenticate(request)
+        self.authenticate(request)
         job = self.jobs.get(job_id)
         if job is None:
             raise ApiError(st.NOT_FOUND, f"job not found: {job_id[:80]}")
@@ -97,41 +129,43 @@ class JobRoutes:
 
     # -- routes ------------------------------------------------------------------------
 
+    @app.route(JOBS, methods=["POST"])
     async def submit(self, request: Any) -> bytes:
         request.service_route = "jobs_submit"
-        server = self.server
-        server.authenticate(request)
-        if not server.ready or server.draining:
-            raise ApiError(st.NOT_READY, server.not_ready_reason)
+        self.authenticate(request)
+        self.check_admitting()
         media_type, type_params = content_type(request)
         headers = {name: header(request, name.encode()) for name in SERVICE_REQUEST_HEADERS}
-        parsed = await server.inference.parse(request.content.getvalue(), media_type, type_params, headers)
+        parsed = await self.parse(request.content.getvalue(), media_type, type_params, headers)
         try:
             job = self.jobs.submit(parsed)
         except AsyncQueueFull as e:
             return self.job_error(request, st.RATE_LIMITED, str(e), headers={"Retry-After": str(e.retry_after)})
         body = {"job_id": job.id, "state": job.state, **job_urls(job.id), "task_id": job.task_id,
-                "model": server.identity.to_json()}
+                "model": self.identity().to_json()}
         return self.reply(request, 202, body, job, {"Location": body["poll_url"]})
 
+    @app.route(klein_rule(JOB), methods=["GET"])
     def status(self, request: Any, job_id: str) -> bytes:
         request.service_route = "jobs_status"
         job = self.find(request, job_id)
         return self.reply(request, 200, self.status_body(job), job)
 
+    @app.route(klein_rule(JOB_WAIT), methods=["GET"])
     async def wait(self, request: Any, job_id: str) -> bytes:
         request.service_route = "jobs_wait"
         job = self.find(request, job_id)
         budget = parse_wait_timeout((request.args.get(b"timeout") or [None])[0])
-        if self.server.draining:
+        if self.draining():
             budget = 0.0
-        self.server.waiting += 1
+        self.waiting += 1
         try:
             await self.jobs.wait(job, budget)
         finally:
-            self.server.waiting -= 1
+            self.waiting -= 1
         return self.reply(request, 200, self.status_body(job), job)
 
+    @app.route(klein_rule(JOB_RESULT), methods=["GET"])
     def result(self, request: Any, job_id: str) -> bytes:
         request.service_route = "jobs_result"
         job = self.find(request, job_id)

@@ -28,14 +28,12 @@ from twisted.logger import Logger
 
 from svc import status as st
 from svc.envelope import ItemResult
-from svc.http import HttpLimits, JsonSite
 from svc.metrics import ModelServerMetrics, new_registry
 from svc.modelapi import IModelFactory
 from svc.modelserver.app import ModelServerApp
 from svc.modelserver.batching import BatchQueue
 from svc.modelserver.engine import Engine
 from svc.modelserver.inference import Inference
-from svc.modelserver.job_routes import JobRoutes
 from svc.modelserver.jobs import JobTable
 from svc.openapi.modelserver import model_server_document
 from svc.options import options_schema
@@ -52,6 +50,8 @@ from svc.process import (
 from svc.protocol import MODEL_PROGRAM as PROGRAM
 from svc.request import RequestValidator
 from svc.schema import ObjectSchema
+from svc.web.limits import HttpLimits
+from svc.web.site import JsonSite
 from svc.weights import WeightsError
 
 log = Logger()
@@ -120,15 +120,13 @@ class ModelServerService(ListeningMultiService):
             auth_token=auth_token,
             openapi=model_server_document(config, factory, model_config),
         )
-        self.site = JsonSite(
+        self.site = JsonSite.for_app(
+            self.app,
             self.app.resource(),
             max_body_bytes=config.max_body_bytes,
-            oversize_reply=self.app.oversize_reply,
-            busy_reply=self.app.busy_reply,
             limits=HttpLimits.from_config(config),
             timeout=config.peer_resp_timeout,
             reactor=reactor,
-            on_logged=self.app.count,
         )
         # The listener starts first: a busy port refuses before any thread
         # exists (the pools' threads would keep a refused process alive).
@@ -145,7 +143,7 @@ class ModelServerService(ListeningMultiService):
                 workers=backend.workers,
                 metrics=self.metrics,
             )
-            JobRoutes(self.app, self.jobs)
+            self.app.enable_jobs(self.jobs)
             self.metrics.async_waiters.set_function(lambda: self.app.waiting)
         self.program = PROGRAM
         self.listen_address = f"127.0.0.1:{config.port}"

@@ -15,6 +15,12 @@ the page asks for the token and keeps it in the browser.
     GET  /api/v1/series                          every child's live figures (svc.supervisor.series)
     GET  /api/v1/servers/{id}/series             one child's
     GET  /api/v1/metrics                         Prometheus text
+
+Errors are :class:`svc.errors.ApiError` like everywhere, answered in the
+``{ok: false, error}`` shape (svc.web.routes.OkErrorReplies) with the
+status's HTTP code, or ``http`` where no status has the code (400).  The
+UI's paths are constants, so their routes are declared in the class body
+like the others.
 """
 
 from __future__ import annotations
@@ -27,19 +33,16 @@ from typing import Any
 
 from klein import Klein
 from twisted.internet.defer import Deferred, ensureDeferred
-from twisted.logger import Logger
-from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from svc import __version__
-from svc.http import bearer_token, send_json
-from svc.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from svc.metrics import render
+from svc import status as st
+from svc.errors import ApiError
 from svc.protocol import OPENAPI_PATH
 from svc.query import MAX_DIGITS, parse_bounded_int, shown
 from svc.supervisor.child import ChildError
 from svc.supervisor.manager import GATEWAY, ChildManager
-
-log = Logger()
+from svc.web import routes
+from svc.web.replies import bearer_token, send_json
 
 UI_FILES = {
     "/": ("index.html", "text/html; charset=utf-8"),
@@ -56,15 +59,12 @@ UI_HEADERS = {
 LOG_LIMIT_DEFAULT, LOG_LIMIT_MAX = 200, 2000
 
 
-class ManagementError(Exception):
-    """An API error: HTTP code, message, extra headers."""
+class ManagementApi(routes.JsonApp):
+    """The management API and the UI's files; ``resource()`` is served by a JsonSite."""
 
-    def __init__(self, code: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.code, self.message, self.headers = code, message, headers or {}
+    app = Klein()
+    replies = routes.OkErrorReplies()
 
-
-class ManagementApi:
     def __init__(self, *, manager: ChildManager, token: str, registry: Any, metrics: Any, ui_dir: str,
                  series: Any = None, fetch: Callable[[int, str, str | None], Deferred] | None = None) -> None:
         self.manager = manager
@@ -74,42 +74,25 @@ class ManagementApi:
         self.registry = registry
         self.metrics = metrics
         self.ui = {path: (self._read(ui_dir, name), ctype) for path, (name, ctype) in UI_FILES.items()}
-        self.app = app = Klein()
-        app.route("/api/v1/health", methods=["GET"])(self.health)
-        app.route("/api/v1/catalog", methods=["GET"])(self.catalog)
-        app.route("/api/v1/status", methods=["GET"])(self.status)
-        app.route("/api/v1/servers/<string:name>/<any(start,stop,restart):action>", methods=["POST"])(self.action)
-        app.route("/api/v1/servers/<string:name>/logs", methods=["GET"])(self.logs)
-        app.route("/api/v1/servers/<string:name>/openapi", methods=["GET"])(self.openapi)
-        app.route("/api/v1/series", methods=["GET"])(self.all_series)
-        app.route("/api/v1/servers/<string:name>/series", methods=["GET"])(self.one_series)
-        app.route("/api/v1/metrics", methods=["GET"])(self.metrics_route)
-        for path in self.ui:
-            app.route(path, methods=["GET"], endpoint=f"ui:{path}")(self.ui_file)
-        app.handle_errors(ManagementError)(self.management_error)
-        app.handle_errors(HTTPException)(self.routing_error)
-        app.handle_errors(Exception)(self.unexpected_error)
 
     @staticmethod
     def _read(directory: str, name: str) -> bytes:
         with open(os.path.join(directory, name), "rb") as f:
             return f.read()
 
-    def resource(self) -> Any:
-        return self.app.resource()
-
     # -- helpers ---------------------------------------------------------------------
 
     def authenticate(self, request: Any) -> None:
         token = bearer_token(request)
         if token is None or not hmac.compare_digest(token.encode(), self.token.encode()):
-            raise ManagementError(401, "missing or wrong management token (Authorization: Bearer <SERVICE_API_TOKEN>)",
-                                  {"WWW-Authenticate": 'Bearer realm="supervisor"'})
+            raise ApiError(st.UNAUTHORIZED,
+                           "missing or wrong management token (Authorization: Bearer <SERVICE_API_TOKEN>)",
+                           headers={"WWW-Authenticate": 'Bearer realm="supervisor"'})
 
     def child(self, name: str) -> Any:
         child = self.manager.children.get(name)
         if child is None:
-            raise ManagementError(404, f"unknown server {name[:80]!r}")
+            raise ApiError(st.NOT_FOUND, f"unknown server {name[:80]!r}")
         return child
 
     @staticmethod
@@ -118,20 +101,24 @@ class ManagementApi:
 
     # -- routes ------------------------------------------------------------------------
 
+    @app.route("/api/v1/health", methods=["GET"])
     def health(self, request: Any) -> bytes:
         request.service_route = "health"
         return self.ok(request, {"version": __version__})
 
+    @app.route("/api/v1/catalog", methods=["GET"])
     def catalog(self, request: Any) -> bytes:
         request.service_route = "catalog"
         self.authenticate(request)
         return self.ok(request, {"profile": self.manager.profile.name, "models": self.manager.catalog_view()})
 
+    @app.route("/api/v1/status", methods=["GET"])
     def status(self, request: Any) -> bytes:
         request.service_route = "status"
         self.authenticate(request)
         return self.ok(request, {"version": __version__, **self.manager.status_view()})
 
+    @app.route("/api/v1/servers/<string:name>/<any(start,stop,restart):action>", methods=["POST"])
     async def action(self, request: Any, name: str, action: str) -> bytes:
         request.service_route = "action"
         self.authenticate(request)
@@ -141,12 +128,13 @@ class ManagementApi:
         try:
             await _uncancellable(done)
         except ChildError as e:
-            raise ManagementError(500, str(e)) from None
+            raise ApiError(st.INTERNAL_ERROR, str(e)) from None
         return self.ok(request)
 
     async def _do(self, child: Any, action: str) -> None:
         await getattr(child, action)()
 
+    @app.route("/api/v1/servers/<string:name>/logs", methods=["GET"])
     def logs(self, request: Any, name: str) -> bytes:
         request.service_route = "logs"
         self.authenticate(request)
@@ -155,6 +143,7 @@ class ManagementApi:
         limit = _int_arg(request, b"limit", LOG_LIMIT_DEFAULT, minimum=1, maximum=LOG_LIMIT_MAX)
         return self.ok(request, {"id": name, **child.logs.page(offset, limit)})
 
+    @app.route("/api/v1/servers/<string:name>/openapi", methods=["GET"])
     async def openapi(self, request: Any, name: str) -> bytes:
         """The model's contract as its running server states it (params' defaults and bounds follow its config).
 
@@ -166,23 +155,25 @@ class ManagementApi:
         self.authenticate(request)
         child = self.child(name)
         if name == GATEWAY:
-            raise ManagementError(404, "the gateway serves no OpenAPI document (it is committed as openapi/gateway.json)")
+            raise ApiError(st.NOT_FOUND, "the gateway serves no OpenAPI document (it is committed as openapi/gateway.json)")
         if child.snapshot()["state"] != "running" or self.fetch is None:
-            raise ManagementError(503, f"{name} is not running: its OpenAPI document comes from the running server")
+            raise ApiError(st.NOT_READY, f"{name} is not running: its OpenAPI document comes from the running server")
         body = await self.fetch(child.spec.port, OPENAPI_PATH, None)
         if body is None:
-            raise ManagementError(503, f"{name} did not answer GET /openapi.json")
+            raise ApiError(st.NOT_READY, f"{name} did not answer GET /openapi.json")
         try:
             document = json.loads(body)
         except ValueError:
-            raise ManagementError(502, f"{name} answered GET /openapi.json with something other than JSON") from None
+            raise ApiError(st.BAD_GATEWAY, f"{name} answered GET /openapi.json with something other than JSON") from None
         return self.ok(request, {"id": name, "openapi": document})
 
+    @app.route("/api/v1/series", methods=["GET"])
     def all_series(self, request: Any) -> bytes:
         request.service_route = "series"
         self.authenticate(request)
         return self.ok(request, self.series.view())
 
+    @app.route("/api/v1/servers/<string:name>/series", methods=["GET"])
     def one_series(self, request: Any, name: str) -> bytes:
         request.service_route = "series"
         self.authenticate(request)
@@ -190,11 +181,9 @@ class ManagementApi:
         return self.ok(request, {"id": name, "interval_s": self.series.interval, "window_s": self.series.window,
                                  "now": round(self.manager.reactor.seconds(), 3), **self.series.child_view(name)})
 
+    @app.route("/api/v1/metrics", methods=["GET"])
     def metrics_route(self, request: Any) -> bytes:
-        request.service_route = "metrics"
-        self.authenticate(request)
-        request.setHeader(b"Content-Type", METRICS_CONTENT_TYPE.encode())
-        return render(self.registry)
+        return self.metrics_reply(request, self.authenticate)
 
     def ui_file(self, request: Any) -> bytes:
         request.service_route = "ui"
@@ -204,39 +193,22 @@ class ManagementApi:
             request.setHeader(name.encode(), value.encode())
         return body
 
-    # -- errors --------------------------------------------------------------------------
+    for _path in UI_FILES:
+        app.route(_path, methods=["GET"], endpoint=f"ui:{_path}")(ui_file)
+    del _path
 
-    def management_error(self, request: Any, failure: Any) -> bytes:
-        err: ManagementError = failure.value
-        return send_json(request, err.code, {"ok": False, "error": err.message}, err.headers)
-
-    def routing_error(self, request: Any, failure: Any) -> bytes:
-        err = failure.value
-        if isinstance(err, MethodNotAllowed):
-            allowed = ", ".join(sorted(set(err.valid_methods or ()) - {"HEAD"}))
-            return send_json(request, 405, {"ok": False, "error": f"method {request.method.decode()} not allowed; "
-                                            f"allowed: {allowed}"}, {"Allow": allowed})
-        path = request.path.decode("latin-1", "replace")[:200]
-        return send_json(request, 404, {"ok": False, "error": f"no such route: {path}"})
-
-    def unexpected_error(self, request: Any, failure: Any) -> bytes:
-        log.failure("unexpected error answering {path}", failure, path=request.path)
-        return send_json(request, 500, {"ok": False, "error": "internal error"})
-
-    def count(self, request: Any) -> None:
-        route = getattr(request, "service_route", "unmatched")
-        self.metrics.requests.labels(route, request.method.decode("latin-1"), str(request.code)).inc()
+    # -- the listener's own replies ----------------------------------------------------------
 
     def oversize_reply(self, request: Any) -> tuple[int, dict[str, str], bytes]:
-        from svc.http import dumps
-
-        return 413, {}, dumps({"ok": False, "error": "request body too large"})
+        """The early 413 of the 64 KiB body limit (svc.web.limits.LimitedRequest)."""
+        return routes.ok_error_reply(ApiError(st.ENTITY_TOO_LARGE, "request body too large"))
 
     def busy_reply(self) -> tuple[int, dict[str, str], bytes]:
-        """The 503 for a connection past the supervisor's ``max_connections`` (svc.http.LimitedChannel)."""
-        from svc.http import dumps
+        """The 503 for a connection past the supervisor's ``max_connections`` (svc.web.limits.LimitedChannel)."""
+        return routes.ok_error_reply(ApiError(st.NOT_READY, "too many open connections; retry shortly",
+                                              headers={"Retry-After": "1"}))
 
-        return 503, {"Retry-After": "1"}, dumps({"ok": False, "error": "too many open connections; retry shortly"})
+    routes.install(app)
 
 
 def _int_arg(request: Any, name: bytes, default: int | None, *, minimum: int, maximum: int | None = None) -> int | None:
@@ -247,7 +219,8 @@ def _int_arg(request: Any, name: bytes, default: int | None, *, minimum: int, ma
     value = parse_bounded_int(values[0], minimum=minimum, maximum=maximum)
     if value is None:
         bounds = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}, at most {MAX_DIGITS} digits"
-        raise ManagementError(400, f"{name.decode()} must be an integer {bounds}, got {shown(values[0])}")
+        raise ApiError(st.INVALID_REQUEST, f"{name.decode()} must be an integer {bounds}, got {shown(values[0])}",
+                       http=400)
     return value
 
 

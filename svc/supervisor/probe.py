@@ -1,7 +1,7 @@
 """The supervisor's HTTP client for its children: readiness probe, metrics scrape, OpenAPI document.
 
 Every request is a GET to http://127.0.0.1:<port><path> with the
-``User-Agent`` :data:`svc.http.SUPERVISOR_USER_AGENT`, which the children's
+``User-Agent`` :data:`svc.web.site.SUPERVISOR_USER_AGENT`, which the children's
 access log recognises (with the path and the loopback address) and writes at
 debug level: the probes every 2 s and the scrapes every 5 s would otherwise be
 most of every log.  One deadline covers the request and the body; connections
@@ -16,7 +16,8 @@ from treq.client import HTTPClient
 from twisted.internet.defer import Deferred
 from twisted.web.client import Agent
 
-from svc.http import SUPERVISOR_USER_AGENT, QuietConnectionPool
+from svc.web.client import QuietConnectionPool
+from svc.web.site import SUPERVISOR_USER_AGENT
 
 #: The most of a reply kept by :meth:`HttpProbe.fetch` (a model's /metrics is a few tens of KiB).
 MAX_FETCH_BYTES = 4 * 1024 * 1024

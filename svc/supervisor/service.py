@@ -15,7 +15,6 @@ from twisted.application.internet import TCPServer
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.logger import Logger
 
-from svc.http import HttpLimits, JsonSite
 from svc.metrics import HttpMetrics, new_registry
 from svc.process import ListeningMultiService, freeze_heap
 from svc.protocol import SUPERVISOR_PROGRAM as PROGRAM
@@ -23,6 +22,8 @@ from svc.supervisor.api import ManagementApi
 from svc.supervisor.manager import GATEWAY, ChildManager
 from svc.supervisor.metrics import ChildCollector
 from svc.supervisor.series import SeriesCollector
+from svc.web.limits import HttpLimits
+from svc.web.site import JsonSite
 
 log = Logger()
 
@@ -43,8 +44,8 @@ class SupervisorService(ListeningMultiService):
         self.api = ManagementApi(manager=manager, token=token, registry=self.registry,
                                  metrics=HttpMetrics(self.registry), ui_dir=ui_dir, series=self.series, fetch=fetch)
         limits = limits or HttpLimits(max_connections=128)
-        self.site = JsonSite(self.api.resource(), max_body_bytes=64 * 1024, oversize_reply=self.api.oversize_reply,
-                             busy_reply=self.api.busy_reply, limits=limits, reactor=reactor, on_logged=self.api.count)
+        self.site = JsonSite.for_app(self.api, self.api.resource(), max_body_bytes=64 * 1024, limits=limits,
+                                     reactor=reactor)
         self.listen_address = f"{host}:{port}"
         self.listener = TCPServer(port, self.site, backlog=limits.listen_backlog, interface=host)
         self.listener.setServiceParent(self)

@@ -117,7 +117,7 @@ def makeService(options: Options, reactor: Any = None) -> Any:
     except (ConfigError, ValueError) as e:
         raise refuse(PROGRAM, str(e)) from None
     exit_zero_on_signals(reactor)
-    from svc.http import HttpLimits
+    from svc.web.limits import HttpLimits
 
     return SupervisorService(reactor=reactor, manager=manager, token=token, host=config.host, port=config.port,
                              ui_dir=ui_dir(), fetch=probe.fetch, limits=HttpLimits.from_config(config))

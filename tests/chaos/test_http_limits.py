@@ -2,7 +2,7 @@
 pipelining without reading, a burst of new connections.
 
 The gateway routes to no model (an empty catalog): every promise here is about
-its HTTP listener (svc.http.LimitedChannel), which the model server and the
+its HTTP listener (svc.web.limits.LimitedChannel), which the model server and the
 supervisor share.
 """
 

@@ -9,7 +9,8 @@ from twisted.logger import LogLevel, capturedLogs
 from twisted.web.resource import Resource
 from twisted.web.test.requesthelper import DummyRequest
 
-from svc.http import SUPERVISOR_USER_AGENT, HttpLimits, JsonSite, is_supervisor_probe
+from svc.web.limits import HttpLimits
+from svc.web.site import SUPERVISOR_USER_AGENT, JsonSite, is_supervisor_probe
 
 
 def request(path: bytes, *, method: bytes = b"GET", agent: str | None = SUPERVISOR_USER_AGENT,

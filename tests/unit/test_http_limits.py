@@ -1,4 +1,4 @@
-"""Connection limits of svc.http (header deadline, connection cap, pipelining), in memory.
+"""Connection limits of svc.web (header deadline, connection cap, pipelining), in memory.
 
 A JsonSite on a task.Clock serves a tiny resource; connections are
 StringTransports, so every byte written and every pause of reading is seen.
@@ -17,8 +17,10 @@ from twisted.web import resource, server
 
 from svc.config import MODEL_SERVER_KEYS, ConfigError, load_model_server_config
 from svc.gateway.config import GATEWAY_KEYS, load_gateway_config
-from svc.http import PIPELINE_BURST, HttpLimits, JsonSite, dumps
 from svc.supervisor.config import SUPERVISOR_KEYS, load_supervisor_config
+from svc.web.limits import PIPELINE_BURST, HttpLimits
+from svc.web.replies import dumps
+from svc.web.site import JsonSite
 
 REQUEST = b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n"
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
@@ -130,8 +128,9 @@ def setup(clock: Clock):
                     ttl_ms=60_000, max_completed=10)
     model = SteppingModel(clock, [])
     engine.model = model
-    routes = SimpleNamespace(server=SimpleNamespace(clock=clock, identity=ModelIdentity("M", "v")))
-    return jobs, runner, model, lambda job: JobRoutes.status_body(routes, job), inference
+    routes = JobRoutes(jobs, clock=clock, identity=lambda: ModelIdentity("M", "v"), task_id=None, authenticate=None,
+                       check_admitting=None, draining=None, parse=inference.parse)
+    return jobs, runner, model, routes.status_body, inference
 
 
 def test_every_job_of_a_batch_sees_the_batch_progress_throttled_and_the_final_poll_shows_the_last_step():

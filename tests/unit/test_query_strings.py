@@ -25,7 +25,6 @@ from twisted.web.http import parse_qs
 
 from svc.gateway.catalog import Upstream
 from svc.modelserver.app import ModelServerApp
-from svc.modelserver.job_routes import JobRoutes
 from svc.query import MAX_DIGITS, WAIT_MAX_MS, parse_bounded_int, wait_budget_ms
 from svc.supervisor.api import LOG_LIMIT_DEFAULT, LOG_LIMIT_MAX, ManagementApi
 from svc.supervisor.logsink import LogSink
@@ -129,11 +128,11 @@ class ModelServer:
         self.clock = Clock()
         config = SimpleNamespace(id=MODEL_ID, server_uri="/testfaults/predict", rate_limit_qps=0.0,
                                  max_body_bytes=1 << 20)
-        self.server = ModelServerApp(clock=self.clock, config=config, inference=None, metrics=None, registry=None,
-                                     auth_token=None, openapi={})
+        self.server = ModelServerApp(clock=self.clock, config=config, inference=SimpleNamespace(parse=None),
+                                     metrics=None, registry=None, auth_token=None, openapi={})
         self.server.set_ready("v1")
         self.jobs, run, _ = table(self.clock)
-        JobRoutes(self.server, self.jobs)
+        self.server.enable_jobs(self.jobs)
         self.job = self.jobs.submit(job_request("r-1"))
         self.clock.advance(0)  # the run starts on the next reactor turn
         run.start()

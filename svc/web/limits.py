@@ -1,4 +1,4 @@
-"""HTTP plumbing shared by every process: JSON replies, body limits, connection limits, access log.
+"""Body limits and connection limits of every process's HTTP listener.
 
 twisted.web buffers a whole request body before any handler runs and has no
 size limit.  :class:`LimitedRequest` enforces the site's ``max_body_bytes``
@@ -21,29 +21,19 @@ twisted.web's connection handling has three more gaps that
   now reading stops while a connection's replies are unsent, and at most
   :data:`PIPELINE_BURST` pipelined requests are answered per reactor turn.
 
-:class:`JsonSite` also replaces twisted's access log with one structured line
-per request.  The supervisor's own polling (its readiness probe every 2 s and
-its metrics scrape every 5 s, :func:`is_supervisor_probe`) is logged at debug
-level, below the default level of every process, so a model's log holds the
-requests people made rather than 90 % probes; the probes are still counted
-in ``service_http_requests_total`` (routes ``ready``, ``healthz``, ``metrics``).
+The site these work for is :class:`svc.web.site.JsonSite`.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from io import BytesIO
 from typing import Any
 
-from twisted.internet import reactor as _default_reactor
-from twisted.logger import Logger
 from twisted.web import server
-from twisted.web.client import HTTPConnectionPool, _HTTP11ClientFactory
-from twisted.web.http import RESPONSES, HTTPChannel
+from twisted.web.http import HTTPChannel
 
-JSON_CONTENT_TYPE = b"application/json; charset=utf-8"
+from svc.web.replies import header, raw_reply
 
 #: How long a refused upload may keep sending after its 413 before we close.
 LINGER_SECONDS = 5.0
@@ -60,15 +50,6 @@ PIPELINE_BURST = 16
 #: The reply to a request whose headers did not arrive in time.  No JSON body:
 #: the request was never read, so there is nothing to echo and no envelope
 #: status fits.
-#: The User-Agent of the supervisor's readiness probe and metrics scrape (svc.supervisor.probe).
-SUPERVISOR_USER_AGENT = "service-supervisor-probe"
-
-#: The only paths the supervisor polls; anything else is a real request, whatever its User-Agent.
-PROBE_PATHS = frozenset({b"/healthz", b"/ready", b"/metrics"})
-
-#: Client addresses the supervisor polls from: its children listen on loopback only.
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "::ffff:127.0.0.1"})
-
 HEADER_TIMEOUT_REPLY = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 
 
@@ -95,70 +76,6 @@ class HttpLimits:
     def from_config(cls, config: Any) -> "HttpLimits":
         """The limits from any config object that has the three keys as attributes."""
         return cls(config.header_timeout_ms, config.max_connections, config.listen_backlog)
-
-
-def raw_reply(code: int, headers: Mapping[str, str], body: bytes) -> bytes:
-    """A whole HTTP/1.1 reply with ``Connection: close``, for answers written before (or without) a Request."""
-    lines = [f"HTTP/1.1 {code} {RESPONSES.get(code, b'').decode()}"]
-    for name, value in {**headers, "Content-Type": JSON_CONTENT_TYPE.decode(), "Content-Length": str(len(body)),
-                        "Connection": "close"}.items():
-        lines.append(f"{name}: {value}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-
-log = Logger(namespace="svc.access")
-
-
-def dumps(body: Any) -> bytes:
-    """Compact JSON, never NaN (which is not JSON)."""
-    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
-
-
-def send_json(request: Any, code: int, body: Any, headers: Mapping[str, str] | None = None) -> bytes:
-    """Set code and headers of a JSON reply and return its bytes.
-
-    Every JSON reply of every process goes through here, so the content type
-    is always ``application/json; charset=utf-8`` (twisted's default is
-    text/html).
-    """
-    request.setResponseCode(code)
-    request.setHeader(b"Content-Type", JSON_CONTENT_TYPE)
-    for name, value in (headers or {}).items():
-        request.setHeader(name.encode("latin-1"), value.encode("latin-1"))
-    data = dumps(body)
-    request.setHeader(b"Content-Length", str(len(data)).encode())
-    return data
-
-
-def header(request: Any, name: bytes) -> str | None:
-    """A request header as text (latin-1), or None."""
-    value = request.requestHeaders.getRawHeaders(name)
-    return value[0].decode("latin-1") if value else None
-
-
-def bearer_token(request: Any) -> str | None:
-    """The token of ``Authorization: Bearer <token>``, or None."""
-    value = header(request, b"authorization")
-    if not value:
-        return None
-    scheme, _, token = value.strip().partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    token = token.strip()
-    return token or None
-
-
-def content_type(request: Any) -> tuple[str, dict[str, str]]:
-    """The media type (lowercase) and its parameters; ('', {}) when absent."""
-    value = header(request, b"content-type")
-    if not value:
-        return "", {}
-    parts = [p.strip() for p in value.split(";")]
-    params: dict[str, str] = {}
-    for p in parts[1:]:
-        k, _, v = p.partition("=")
-        if k:
-            params[k.strip().lower()] = v.strip().strip('"')
-    return parts[0].lower(), params
 
 
 class LimitedRequest(server.Request):
@@ -373,106 +290,3 @@ class LimitedChannel(HTTPChannel):
             self.site.open_connections -= 1
         super().connectionLost(reason)
 
-
-def is_supervisor_probe(request: Any) -> bool:
-    """Whether ``request`` is the supervisor polling: a GET of a probe path, from loopback, with its User-Agent.
-
-    All three must hold, so a real client is never hidden by accident; a
-    client that imitates all three only hides its own probe-like GET.
-    """
-    if request.method != b"GET" or request.path not in PROBE_PATHS:
-        return False
-    agent = request.requestHeaders.getRawHeaders(b"user-agent") or []
-    if [a.decode("latin-1", "replace") for a in agent] != [SUPERVISOR_USER_AGENT]:
-        return False
-    try:
-        host = request.getClientAddress().host
-    except AttributeError:
-        return False
-    return host in LOOPBACK_HOSTS
-
-
-class JsonSite(server.Site):
-    """A Site with a body limit, an early 413, connection limits and a structured access log.
-
-    ``busy_reply() -> (code, headers, body)`` is the process's 503 for a
-    connection past ``limits.max_connections``.
-    """
-
-    protocol = LimitedChannel  # HTTP/1.1 only: the processes speak plain HTTP, never HTTP/2
-
-    def __init__(
-        self,
-        resource: Any,
-        *,
-        max_body_bytes: int,
-        oversize_reply: Callable[[LimitedRequest], tuple[int, dict[str, str], bytes]],
-        busy_reply: Callable[[], tuple[int, dict[str, str], bytes]],
-        limits: HttpLimits,
-        timeout: float | None = None,
-        reactor: Any = None,
-        on_logged: Callable[[Any], None] | None = None,
-    ) -> None:
-        kwargs = {"timeout": timeout} if timeout is not None else {}
-        self.reactor = reactor or _default_reactor
-        # The reactor also drives twisted's idle timeout, so that tests can use a Clock.
-        super().__init__(resource, requestFactory=LimitedRequest, parsePOSTFormSubmission=False,
-                         reactor=self.reactor, **kwargs)
-        self.max_body_bytes = max_body_bytes
-        self.oversize_reply = oversize_reply
-        self.busy_reply = busy_reply
-        self.max_connections = limits.max_connections
-        self.header_timeout_s = limits.header_timeout_ms / 1000.0
-        self.on_logged = on_logged
-        self.noisy = False
-        self.open_connections = 0
-        self.refused_connections = 0
-        self.header_timeouts = 0
-        self._last_limit_warning: float | None = None
-
-    def warn_limit(self, text: str, **fields: Any) -> None:
-        """A warning about a connection limit, at most one per 10 s (they come in floods)."""
-        now = self.reactor.seconds()
-        if self._last_limit_warning is None or now - self._last_limit_warning >= 10.0:
-            self._last_limit_warning = now
-            log.warn(text, **fields)
-
-    def log(self, request: Any) -> None:
-        started = getattr(request, "started", None)
-        duration = (self.reactor.seconds() - started) * 1000.0 if started is not None else 0.0
-        rid = request.responseHeaders.getRawHeaders(b"x-request-id") or request.requestHeaders.getRawHeaders(
-            b"x-request-id"
-        )
-        key = getattr(request, "service_key", None) or "-"
-        self.log_line(request.method, request.uri, request.code, duration, rid[0].decode("latin-1") if rid else None, key,
-                      debug=is_supervisor_probe(request))
-        if self.on_logged is not None:
-            self.on_logged(request)
-
-    def log_line(self, method: bytes, path: bytes, code: int, duration_ms: float, request_id: str | None, key: str,
-                 *, debug: bool = False) -> None:
-        """One access-log line; ``debug`` for the supervisor's probes (dropped at the default info level)."""
-        (log.debug if debug else log.info)(
-            "{method} {path} {code} {duration_ms:.1f}ms key={key} rid={request_id}",
-            method=method.decode("latin-1", "replace"),
-            path=path.decode("latin-1", "replace")[:300],
-            code=code,
-            duration_ms=duration_ms,
-            key=key,
-            request_id=request_id or "-",
-        )
-
-
-class _QuietClientFactory(_HTTP11ClientFactory):
-    noisy = False
-
-
-class QuietConnectionPool(HTTPConnectionPool):
-    """A client connection pool that does not log "Starting factory" for every connection.
-
-    The gateway opens connections to model servers and the supervisor probes
-    its children every few seconds: the default factories would fill the logs
-    with two lines per connection.
-    """
-
-    _factory = _QuietClientFactory

@@ -1,0 +1,82 @@
+"""JSON replies and the small readers of request headers, shared by every process.
+
+Every JSON reply of every process goes through :func:`send_json` (or, for an
+answer written before or without a Request, :func:`raw_reply`), so the
+content type is always ``application/json; charset=utf-8``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from twisted.web.http import RESPONSES
+
+JSON_CONTENT_TYPE = b"application/json; charset=utf-8"
+
+
+def raw_reply(code: int, headers: Mapping[str, str], body: bytes) -> bytes:
+    """A whole HTTP/1.1 reply with ``Connection: close``, for answers written before (or without) a Request."""
+    lines = [f"HTTP/1.1 {code} {RESPONSES.get(code, b'').decode()}"]
+    for name, value in {**headers, "Content-Type": JSON_CONTENT_TYPE.decode(), "Content-Length": str(len(body)),
+                        "Connection": "close"}.items():
+        lines.append(f"{name}: {value}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+def dumps(body: Any) -> bytes:
+    """Compact JSON, never NaN (which is not JSON)."""
+    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def send_json(request: Any, code: int, body: Any, headers: Mapping[str, str] | None = None) -> bytes:
+    """Set code and headers of a JSON reply and return its bytes.
+
+    Every JSON reply of every process goes through here (or
+    :func:`send_encoded`), so the content type is always
+    ``application/json; charset=utf-8`` (twisted's default is text/html).
+    """
+    return send_encoded(request, code, dumps(body), headers)
+
+
+def send_encoded(request: Any, code: int, data: bytes, headers: Mapping[str, str] | None = None) -> bytes:
+    """:func:`send_json` for a body already encoded by :func:`dumps`."""
+    request.setResponseCode(code)
+    request.setHeader(b"Content-Type", JSON_CONTENT_TYPE)
+    for name, value in (headers or {}).items():
+        request.setHeader(name.encode("latin-1"), value.encode("latin-1"))
+    request.setHeader(b"Content-Length", str(len(data)).encode())
+    return data
+
+
+def header(request: Any, name: bytes) -> str | None:
+    """A request header as text (latin-1), or None."""
+    value = request.requestHeaders.getRawHeaders(name)
+    return value[0].decode("latin-1") if value else None
+
+
+def bearer_token(request: Any) -> str | None:
+    """The token of ``Authorization: Bearer <token>``, or None."""
+    value = header(request, b"authorization")
+    if not value:
+        return None
+    scheme, _, token = value.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    token = token.strip()
+    return token or None
+
+
+def content_type(request: Any) -> tuple[str, dict[str, str]]:
+    """The media type (lowercase) and its parameters; ('', {}) when absent."""
+    value = header(request, b"content-type")
+    if not value:
+        return "", {}
+    parts = [p.strip() for p in value.split(";")]
+    params: dict[str, str] = {}
+    for p in parts[1:]:
+        k, _, v = p.partition("=")
+        if k:
+            params[k.strip().lower()] = v.strip().strip('"')
+    return parts[0].lower(), params
+

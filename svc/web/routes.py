@@ -1,0 +1,298 @@
+"""What the three Klein apps share: error replies, configured routes, request counting, metrics.
+
+Every app class declares its routes once, as in Klein's own example:
+``app = Klein()`` in the class body, ``@app.route(...)`` on methods, and
+``self.app.resource()`` binds the instance.  Each class derives from
+:class:`JsonApp` and ends its body with :func:`install`, which adds, in this
+order, the handlers every process answers errors with:
+
+1. :class:`svc.errors.ApiError` -> the instance's reply shape
+   (``self.replies``): the unified envelope (gateway and model server, each
+   with its own identity and task id, :class:`EnvelopeReplies`) or the
+   supervisor's ``{ok: false, error}`` (:class:`OkErrorReplies`), with the
+   error's HTTP code and headers;
+2. werkzeug's routing errors -> ``before_routing_error`` (the gateway
+   authenticates there: an unauthenticated caller gets 401 on every path),
+   then one method-not-allowed answer (405 with ``Allow``, HEAD left out) or
+   404 in the same shape;
+3. any other exception -> logged, 500 in the same shape.
+
+Paths that come from configuration (a model server's ``server_uri``, the
+gateway's legacy ``{server_uri}`` route per catalog model, the job routes
+of a model server with ``async_enabled``) cannot be class-level rules: the
+class is one, the configurations many.  ``install(app, configured=True)``
+adds one catch-all route of lowest priority; werkzeug tries every declared
+route first (static parts before converters, and a ``path`` converter
+last), so the catch-all only sees a request no declared route accepts.  It
+asks the instance's :class:`ConfiguredRoutes` (a werkzeug map of its own),
+and when that has nothing either, it raises the declared routes' own
+verdict, matched again without the catch-all: a path known with another
+method is 405 with that method in ``Allow``, anything else 404, exactly as if
+every route had been one map.  The routes it finds run inside the
+catch-all's own Deferred, so a client that goes away cancels them like any
+other route.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from inspect import iscoroutine
+from typing import Any
+
+from klein import Klein
+from klein.interfaces import IKleinRequest
+from twisted.internet.defer import ensureDeferred
+from twisted.logger import Logger
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
+from werkzeug.routing import Map, MapAdapter, Rule
+
+from svc import status as st
+from svc.envelope import ModelIdentity, new_task_id, rejection
+from svc.errors import ApiError
+from svc.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from svc.metrics import render
+from svc.web.replies import dumps, send_encoded
+
+#: Endpoints of the catch-all routes added by ``install(app, configured=True)``.
+CATCH_ALL = ("configured_root", "configured")
+
+
+def allowed_header(methods: Any) -> str:
+    """The ``Allow`` value of a 405: the route's methods without the HEAD werkzeug adds to every GET."""
+    return ", ".join(sorted(set(methods or ()) - {"HEAD"}))
+
+
+# -- reply shapes ------------------------------------------------------------------------------
+
+
+def envelope_reply(error: ApiError, task_id: str, identity: ModelIdentity) -> tuple[int, dict[str, str], bytes]:
+    """An error as the unified envelope: code, headers (``X-Request-ID`` first), body."""
+    body = rejection(error.status, error.message, task_id=task_id, model=identity, errors=error.errors)
+    return error.code, {"X-Request-ID": task_id, **error.headers}, dumps(body)
+
+
+def ok_error_reply(error: ApiError) -> tuple[int, dict[str, str], bytes]:
+    """An error as the management API's ``{ok: false, error}``: code, headers, body."""
+    return error.code, dict(error.headers), dumps({"ok": False, "error": error.message})
+
+
+class Replies:
+    """A process's error reply shape; ``not_found`` and ``internal`` are its 404 and 500 texts."""
+
+    not_found = "no route for {path}"
+    internal = "internal server error"
+
+    def raw(self, request: Any | None, error: ApiError) -> tuple[int, dict[str, str], bytes]:
+        """Code, headers and body of ``error`` (``request`` is None for a reply before any request)."""
+        raise NotImplementedError
+
+    def error(self, request: Any, error: ApiError) -> bytes:
+        """Answer ``request`` with ``error``: code and headers set, the body returned."""
+        code, headers, body = self.raw(request, error)
+        return send_encoded(request, code, body, headers)
+
+
+class EnvelopeReplies(Replies):
+    """The unified envelope of the data plane; the app supplies its identity and how it names a request."""
+
+    def __init__(self, identity: Callable[[], ModelIdentity], task_id: Callable[[Any], str], *,
+                 not_found: str = Replies.not_found) -> None:
+        self.identity = identity
+        self.task_id = task_id
+        self.not_found = not_found
+
+    def raw(self, request: Any | None, error: ApiError) -> tuple[int, dict[str, str], bytes]:
+        task_id = self.task_id(request) if request is not None else new_task_id()
+        return envelope_reply(error, task_id, self.identity())
+
+
+class OkErrorReplies(Replies):
+    """The management API's ``{ok: false, error}``."""
+
+    not_found = "no such route: {path}"
+    internal = "internal error"
+
+    def raw(self, request: Any | None, error: ApiError) -> tuple[int, dict[str, str], bytes]:
+        return ok_error_reply(error)
+
+
+# -- routes from configuration ----------------------------------------------------------------
+
+
+class ConfiguredRoutes:
+    """The routes of one app instance whose paths come from its configuration.
+
+    ``add`` takes one path and its handler; ``mount`` takes every route
+    another class declares (its bound Klein, e.g. the job routes of a model
+    server with jobs enabled).  Matched with werkzeug's own rules, like the
+    declared routes.
+    """
+
+    def __init__(self) -> None:
+        self._map = Map()
+        self._handlers: dict[str, Callable[..., Any]] = {}
+        self._mounted: list[Klein] = []
+
+    def add(self, path: str, methods: list[str], handler: Callable[..., Any]) -> None:
+        endpoint = f"configured:{len(self._handlers)}"
+        self._map.add(Rule(path, methods=methods, endpoint=endpoint))
+        self._handlers[endpoint] = handler
+
+    def mount(self, app: Klein) -> None:
+        self._mounted.append(app)
+
+    def _run(self, endpoint: str, request: Any, **kwargs: Any) -> Any:
+        result = self._handlers[endpoint](request, **kwargs)
+        return ensureDeferred(result) if iscoroutine(result) else result
+
+    def _tables(self) -> Iterator[tuple[Map, Callable[..., Any]]]:
+        yield self._map, self._run
+        for app in self._mounted:
+            yield app.url_map, app.execute_endpoint
+
+    def allowed_methods(self, path: str) -> set[str]:
+        """The methods these routes accept on ``path``."""
+        methods: set[str] = set()
+        for url_map, _ in self._tables():
+            methods.update(url_map.bind("configured").allowed_methods(path))
+        return methods
+
+    def dispatch(self, request: Any, mapper: MapAdapter) -> Any:
+        """Run the route matching the request (as ``mapper`` saw it); else raise werkzeug's verdict."""
+        allowed: set[str] = set()
+        other: HTTPException | None = None
+        for url_map, run in self._tables():
+            adapter = url_map.bind(mapper.server_name, mapper.script_name, path_info=mapper.path_info,
+                                   default_method=mapper.default_method, url_scheme=mapper.url_scheme)
+            try:
+                endpoint, kwargs = adapter.match()
+            except MethodNotAllowed as e:
+                allowed.update(e.valid_methods or ())
+                continue
+            except NotFound:
+                continue
+            except HTTPException as e:  # a redirect (merged slashes): answered 404 like any routing error
+                other = other or e
+                continue
+            return run(endpoint, request, **kwargs)
+        if allowed:
+            raise MethodNotAllowed(sorted(allowed))
+        raise other or NotFound()
+
+
+_DECLARED: dict[int, Map] = {}
+
+
+def declared_map(app: Klein) -> Map:
+    """``app``'s declared routes without the catch-all (built once per class)."""
+    found = _DECLARED.get(id(app.url_map))
+    if found is None:
+        found = _DECLARED[id(app.url_map)] = Map([r.empty() for r in app.url_map.iter_rules()
+                                                  if r.endpoint not in CATCH_ALL])
+    return found
+
+
+# -- the base of the three apps ----------------------------------------------------------------
+
+
+class JsonApp:
+    """Routes, error handling, counting and metrics shared by the gateway, model server and supervisor apps.
+
+    A subclass sets ``app`` (its class-level Klein, finished by
+    :func:`install`) and, per instance, ``replies`` (its reply shape),
+    ``metrics`` (with a ``requests`` counter) and ``registry``;
+    ``configured`` when it has routes from configuration.
+    """
+
+    app: Klein
+    replies: Replies
+    metrics: Any
+    registry: Any
+    configured: ConfiguredRoutes | None = None
+
+    def resource(self) -> Any:
+        """The twisted resource of this instance's routes."""
+        return self.app.resource()
+
+    def methods(self, path: str) -> set[str]:
+        """The methods the routes accept on ``path`` (empty for an unknown path); CORS answers with them."""
+        try:
+            methods = set(declared_map(self.app).bind("app").allowed_methods(path))
+            if self.configured is not None:
+                methods |= self.configured.allowed_methods(path)
+        except Exception:  # noqa: BLE001 - a path werkzeug cannot parse has no methods
+            return set()
+        return methods
+
+    def before_routing_error(self, request: Any) -> None:
+        """Runs before a 404 or 405 is answered; may raise ApiError instead (the gateway authenticates here)."""
+
+    def count(self, request: Any) -> None:
+        """Called by the site for every finished request: ``service_http_requests_total``."""
+        route = getattr(request, "service_route", "unmatched")
+        self.count_as(route, request.method.decode("latin-1"), request.code)
+
+    def count_as(self, route: str, method: str, code: int) -> None:
+        """Count one request by route, method and code (also for a 413 answered before routing)."""
+        self.metrics.requests.labels(route, method, str(code)).inc()
+
+    def metrics_reply(self, request: Any, authenticate: Callable[[Any], None]) -> bytes:
+        """``GET /metrics``: ``authenticate`` (raises ApiError), then the registry as Prometheus text."""
+        request.service_route = "metrics"
+        authenticate(request)
+        request.setHeader(b"Content-Type", METRICS_CONTENT_TYPE.encode())
+        return render(self.registry)
+
+    # -- what install() registers ------------------------------------------------------------
+
+    def configured_route(self, request: Any, path: str = "") -> Any:
+        """The catch-all: a route from configuration, else the declared routes' own 404 or 405."""
+        mapper = IKleinRequest(request).mapper
+        if self.configured is not None:
+            try:
+                return self.configured.dispatch(request, mapper)
+            except MethodNotAllowed:
+                raise
+            except HTTPException:
+                pass
+        declared = declared_map(self.app).bind(mapper.server_name, mapper.script_name, path_info=mapper.path_info,
+                                               default_method=mapper.default_method, url_scheme=mapper.url_scheme)
+        declared.match()  # raises: a declared route that matched would have been chosen before the catch-all
+        raise NotFound()
+
+    def api_error(self, request: Any, failure: Any) -> bytes:
+        return self.replies.error(request, failure.value)
+
+    def routing_error(self, request: Any, failure: Any) -> bytes:
+        """404 and 405 (every other werkzeug routing answer, a redirect for merged slashes, is 404 too)."""
+        request.service_route = "unmatched"
+        try:
+            self.before_routing_error(request)
+        except ApiError as e:
+            return self.replies.error(request, e)
+        err = failure.value
+        if isinstance(err, MethodNotAllowed):
+            allowed = allowed_header(err.valid_methods)
+            return self.replies.error(request, ApiError(
+                st.METHOD_NOT_ALLOWED, f"method {request.method.decode('latin-1')} not allowed; allowed: {allowed}",
+                headers={"Allow": allowed}))
+        path = request.path.decode("latin-1", "replace")[:200]
+        return self.replies.error(request, ApiError(st.NOT_FOUND, self.replies.not_found.format(path=path)))
+
+    def unexpected_error(self, request: Any, failure: Any) -> bytes:
+        Logger(namespace=type(self).__module__).failure("unexpected error answering {path}", failure,
+                                                        path=request.path)
+        return self.replies.error(request, ApiError(st.INTERNAL_ERROR, self.replies.internal))
+
+
+def install(app: Klein, *, configured: bool = False) -> None:
+    """Finish a :class:`JsonApp` subclass's Klein: the error handlers, and the catch-all when it has configured routes.
+
+    Called once at the end of the class body, after every ``@app.route``.
+    """
+    if configured:
+        app.route("/", endpoint=CATCH_ALL[0])(JsonApp.configured_route)
+        app.route("/<path:path>", endpoint=CATCH_ALL[1])(JsonApp.configured_route)
+    app.handle_errors(ApiError)(JsonApp.api_error)
+    app.handle_errors(HTTPException)(JsonApp.routing_error)
+    app.handle_errors(Exception)(JsonApp.unexpected_error)

@@ -1,0 +1,143 @@
+"""The site of every process's listener: the limits of svc.web.limits and one access-log line per request.
+
+:class:`JsonSite` replaces twisted's access log with one structured line
+per request.  The supervisor's own polling (its readiness probe every 2 s and
+its metrics scrape every 5 s, :func:`is_supervisor_probe`) is logged at debug
+level, below the default level of every process, so a model's log holds the
+requests people made rather than 90 % probes; the probes are still counted
+in ``service_http_requests_total`` (routes ``ready``, ``healthz``, ``metrics``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from twisted.internet import reactor as _default_reactor
+from twisted.logger import Logger
+from twisted.web import server
+
+from svc.web.limits import HttpLimits, LimitedChannel, LimitedRequest
+
+#: The User-Agent of the supervisor's readiness probe and metrics scrape (svc.supervisor.probe).
+SUPERVISOR_USER_AGENT = "service-supervisor-probe"
+
+#: The only paths the supervisor polls; anything else is a real request, whatever its User-Agent.
+PROBE_PATHS = frozenset({b"/healthz", b"/ready", b"/metrics"})
+
+#: Client addresses the supervisor polls from: its children listen on loopback only.
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "::ffff:127.0.0.1"})
+
+log = Logger(namespace="svc.access")
+
+
+class SiteApp(Protocol):
+    """What a site needs of the app it serves (every app of svc.web.routes.JsonApp provides it)."""
+
+    def oversize_reply(self, request: LimitedRequest) -> tuple[int, dict[str, str], bytes]: ...
+
+    def busy_reply(self) -> tuple[int, dict[str, str], bytes]: ...
+
+    def count(self, request: Any) -> None: ...
+
+
+def is_supervisor_probe(request: Any) -> bool:
+    """Whether ``request`` is the supervisor polling: a GET of a probe path, from loopback, with its User-Agent.
+
+    All three must hold, so a real client is never hidden by accident; a
+    client that imitates all three only hides its own probe-like GET.
+    """
+    if request.method != b"GET" or request.path not in PROBE_PATHS:
+        return False
+    agent = request.requestHeaders.getRawHeaders(b"user-agent") or []
+    if [a.decode("latin-1", "replace") for a in agent] != [SUPERVISOR_USER_AGENT]:
+        return False
+    try:
+        host = request.getClientAddress().host
+    except AttributeError:
+        return False
+    return host in LOOPBACK_HOSTS
+
+
+class JsonSite(server.Site):
+    """A Site with a body limit, an early 413, connection limits and a structured access log.
+
+    ``busy_reply() -> (code, headers, body)`` is the process's 503 for a
+    connection past ``limits.max_connections``.
+    """
+
+    protocol = LimitedChannel  # HTTP/1.1 only: the processes speak plain HTTP, never HTTP/2
+
+    def __init__(
+        self,
+        resource: Any,
+        *,
+        max_body_bytes: int,
+        oversize_reply: Callable[[LimitedRequest], tuple[int, dict[str, str], bytes]],
+        busy_reply: Callable[[], tuple[int, dict[str, str], bytes]],
+        limits: HttpLimits,
+        timeout: float | None = None,
+        reactor: Any = None,
+        on_logged: Callable[[Any], None] | None = None,
+    ) -> None:
+        kwargs = {"timeout": timeout} if timeout is not None else {}
+        self.reactor = reactor or _default_reactor
+        # The reactor also drives twisted's idle timeout, so that tests can use a Clock.
+        super().__init__(resource, requestFactory=LimitedRequest, parsePOSTFormSubmission=False,
+                         reactor=self.reactor, **kwargs)
+        self.max_body_bytes = max_body_bytes
+        self.oversize_reply = oversize_reply
+        self.busy_reply = busy_reply
+        self.max_connections = limits.max_connections
+        self.header_timeout_s = limits.header_timeout_ms / 1000.0
+        self.on_logged = on_logged
+        self.noisy = False
+        self.open_connections = 0
+        self.refused_connections = 0
+        self.header_timeouts = 0
+        self._last_limit_warning: float | None = None
+
+    @classmethod
+    def for_app(cls, app: SiteApp, resource: Any, *, max_body_bytes: int, limits: HttpLimits, reactor: Any,
+                timeout: float | None = None) -> "JsonSite":
+        """The site serving ``resource`` with ``app``'s 413 and 503 replies, counting every request in ``app``.
+
+        One place for the wiring every process does the same way; ``cls`` is
+        the site class (the gateway's is svc.gateway.drain.DrainingSite).
+        """
+        return cls(resource, max_body_bytes=max_body_bytes, oversize_reply=app.oversize_reply,
+                   busy_reply=app.busy_reply, limits=limits, timeout=timeout, reactor=reactor, on_logged=app.count)
+
+    def warn_limit(self, text: str, **fields: Any) -> None:
+        """A warning about a connection limit, at most one per 10 s (they come in floods)."""
+        now = self.reactor.seconds()
+        if self._last_limit_warning is None or now - self._last_limit_warning >= 10.0:
+            self._last_limit_warning = now
+            log.warn(text, **fields)
+
+    def log(self, request: Any) -> None:
+        started = getattr(request, "started", None)
+        duration = (self.reactor.seconds() - started) * 1000.0 if started is not None else 0.0
+        rid = request.responseHeaders.getRawHeaders(b"x-request-id") or request.requestHeaders.getRawHeaders(
+            b"x-request-id"
+        )
+        key = getattr(request, "service_key", None) or "-"
+        self.log_line(request.method, request.uri, request.code, duration, rid[0].decode("latin-1") if rid else None, key,
+                      debug=is_supervisor_probe(request))
+        if self.on_logged is not None:
+            self.on_logged(request)
+
+    def log_line(self, method: bytes, path: bytes, code: int, duration_ms: float, request_id: str | None, key: str,
+                 *, debug: bool = False) -> None:
+        """One access-log line; ``debug`` for the supervisor's probes (dropped at the default info level)."""
+        (log.debug if debug else log.info)(
+            "{method} {path} {code} {duration_ms:.1f}ms key={key} rid={request_id}",
+            method=method.decode("latin-1", "replace"),
+            path=path.decode("latin-1", "replace")[:300],
+            code=code,
+            duration_ms=duration_ms,
+            key=key,
+            request_id=request_id or "-",
+        )
+
+

@@ -1,0 +1,240 @@
+"""The supervisor's management API in memory: StubTreq in front of a real ChildManager (no process started).
+
+Every error reply is ``{ok: false, error}`` with the HTTP code the README
+promises; the exact bodies are asserted, since they are the UI's and
+svcctl's contract.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from treq.testing import StubTreq
+from twisted.internet.defer import fail, succeed
+
+from svc import __version__
+from svc.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from svc.metrics import HttpMetrics, new_registry
+from svc.supervisor.api import UI_HEADERS, ManagementApi
+from svc.supervisor.child import ChildError
+from svc.supervisor.manager import GATEWAY
+from svc.supervisor.metrics import ChildCollector
+from svc.supervisor.series import SeriesCollector
+from tests.unit.test_gateway_app import Harness as GatewayHarness
+from tests.unit.test_gateway_app import h
+from tests.unit.test_supervisor_manager import manager as child_manager
+
+pytestmark = pytest.mark.filterwarnings("ignore:Using readBody with a transport:DeprecationWarning")
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN = "mgmt-token"
+JSON = "application/json; charset=utf-8"
+
+
+class Harness:
+    """ManagementApi over ``manager`` (a real ChildManager unless given), driven through StubTreq."""
+
+    def __init__(self, tmp_path, manager=None, fetch=None) -> None:
+        if manager is None:
+            manager, self.reactor, _, _ = child_manager(tmp_path)
+        self.manager = manager
+        self.registry = new_registry()
+        self.registry.register(ChildCollector(manager))
+        self.series = SeriesCollector(reactor=manager.reactor, children=lambda: manager.children,
+                                      tokens=lambda name: None, fetch=fetch, gateway=GATEWAY)
+        self.api = ManagementApi(manager=manager, token=TOKEN, registry=self.registry,
+                                 metrics=HttpMetrics(self.registry), ui_dir=str(REPO / "ui"), series=self.series,
+                                 fetch=fetch)
+        self.client = StubTreq(self.api.resource())
+
+    def call(self, method, path, *, token=TOKEN, body=None):
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        d = self.client.request(method, "http://supervisor" + path, headers=headers, data=body)
+        self.client.flush()
+        response = GatewayHarness.result(d)
+        response.body = GatewayHarness.result(self.client.content(response))
+        return response
+
+
+def assert_error(response, code, error, **headers):
+    assert (response.code, h(response, "Content-Type"), json.loads(response.body)) == (
+        code, JSON, {"ok": False, "error": error}), response.body
+    for name, value in headers.items():
+        assert h(response, name.replace("_", "-")) == value
+
+
+@pytest.fixture
+def sup(tmp_path):
+    return Harness(tmp_path)
+
+
+def test_health_needs_no_credential(sup):
+    r = sup.call("GET", "/api/v1/health", token=None)
+    assert (r.code, h(r, "Content-Type"), h(r, "Cache-Control")) == (200, JSON, "no-store")
+    assert json.loads(r.body) == {"ok": True, "version": __version__}
+
+
+@pytest.mark.parametrize("token", [None, "", "wrong", TOKEN[:-1], TOKEN + "x"])
+@pytest.mark.parametrize("method, path", [("GET", "/api/v1/status"), ("GET", "/api/v1/catalog"),
+                                          ("POST", "/api/v1/servers/AAA/restart"), ("GET", "/api/v1/servers/AAA/logs"),
+                                          ("GET", "/api/v1/metrics"), ("GET", "/api/v1/series"),
+                                          ("GET", "/api/v1/servers/NOPE/series")])
+def test_a_missing_or_wrong_token_is_401_with_www_authenticate(sup, token, method, path):
+    r = sup.call(method, path, token=token)
+    assert_error(r, 401, "missing or wrong management token (Authorization: Bearer <SERVICE_API_TOKEN>)",
+                 WWW_Authenticate='Bearer realm="supervisor"')
+
+
+def test_status_and_catalog_with_the_token(sup):
+    r = sup.call("GET", "/api/v1/status")
+    body = json.loads(r.body)
+    assert (r.code, body["ok"], body["version"], body["profile"]) == (200, True, __version__, "cpu")
+    assert body["gateway"]["id"] == GATEWAY and [s["id"] for s in body["servers"]] == ["AAA", "BBB", "CCC"]
+    r = sup.call("GET", "/api/v1/catalog")
+    body = json.loads(r.body)
+    assert (r.code, body["ok"], body["profile"]) == (200, True, "cpu")
+    assert [m["id"] for m in body["models"]] == ["AAA", "BBB", "CCC"]
+
+
+@pytest.mark.parametrize("method, path", [("GET", "/api/v1/servers/NOPE/logs"), ("POST", "/api/v1/servers/NOPE/stop"),
+                                          ("GET", "/api/v1/servers/NOPE/openapi"),
+                                          ("GET", "/api/v1/servers/NOPE/series")])
+def test_an_unknown_server_is_404(sup, method, path):
+    assert_error(sup.call(method, path), 404, "unknown server 'NOPE'")
+
+
+@pytest.mark.parametrize("method, path, allowed", [
+    ("GET", "/api/v1/servers/AAA/start", "POST"),
+    ("DELETE", "/api/v1/servers/AAA/restart", "POST"),
+    ("POST", "/api/v1/health", "GET"),
+    ("PUT", "/api/v1/status", "GET"),
+    ("POST", "/api/v1/servers/AAA/logs", "GET"),
+    ("POST", "/api/v1/metrics", "GET"),
+    ("POST", "/", "GET"),
+    ("POST", "/ui/app.js", "GET"),
+])
+def test_a_wrong_method_is_405_with_allow_without_head(sup, method, path, allowed):
+    r = sup.call(method, path)
+    assert_error(r, 405, f"method {method} not allowed; allowed: {allowed}", Allow=allowed)
+
+
+@pytest.mark.parametrize("method, path", [("GET", "/api/v1/nope"), ("POST", "/api/v1/servers/AAA/pause"),
+                                          ("GET", "/ui/other.js"), ("GET", "/api/v1/health/"),
+                                          ("GET", "/index.html")])
+def test_an_unknown_route_is_404(sup, method, path):
+    assert_error(sup.call(method, path, token=None), 404, f"no such route: {path}")
+
+
+@pytest.mark.parametrize("query, error", [
+    ("offset=-1", "offset must be an integer >= 0, at most 18 digits, got '-1'"),
+    ("offset=x", "offset must be an integer >= 0, at most 18 digits, got 'x'"),
+    ("limit=0", "limit must be an integer 1..2000, got '0'"),
+    ("limit=2001", "limit must be an integer 1..2000, got '2001'"),
+    ("limit=1.5", "limit must be an integer 1..2000, got '1.5'"),
+    ("offset=0&limit=", "limit must be an integer 1..2000, got ''"),
+])
+def test_logs_offset_and_limit_out_of_bounds_are_400(sup, query, error):
+    assert_error(sup.call("GET", f"/api/v1/servers/AAA/logs?{query}"), 400, error)
+
+
+def test_logs_pages_by_line_number(sup):
+    sup.manager.children["AAA"].logs.feed("stdout", b"".join(b"line %d\n" % i for i in range(5)))
+    r = sup.call("GET", "/api/v1/servers/AAA/logs?offset=1&limit=2")
+    body = json.loads(r.body)
+    assert (r.code, body["ok"], body["id"]) == (200, True, "AAA")
+    assert [(line["seq"], line["line"]) for line in body["lines"]] == [(1, "line 1"), (2, "line 2")]
+
+
+def test_series_of_every_child_and_of_one(sup):
+    r = sup.call("GET", "/api/v1/series")
+    body = json.loads(r.body)
+    assert (r.code, h(r, "Cache-Control"), body["ok"]) == (200, "no-store", True)
+    assert (body["interval_s"], body["window_s"]) == (sup.series.interval, sup.series.window)
+    r = sup.call("GET", "/api/v1/servers/AAA/series")
+    body = json.loads(r.body)
+    assert (r.code, body["ok"], body["id"], body["t"]) == (200, True, "AAA", [])
+    assert (body["interval_s"], body["window_s"], body["now"]) == (sup.series.interval, sup.series.window, 0.0)
+
+
+def test_metrics_are_prometheus_text(sup):
+    r = sup.call("GET", "/api/v1/metrics")
+    assert (r.code, h(r, "Content-Type")) == (200, METRICS_CONTENT_TYPE)
+    assert b'service_supervisor_child_state{child="AAA",state="stopped"} 1.0' in r.body
+
+
+@pytest.mark.parametrize("path, name, ctype", [("/", "index.html", "text/html; charset=utf-8"),
+                                               ("/ui/app.js", "app.js", "text/javascript; charset=utf-8"),
+                                               ("/ui/style.css", "style.css", "text/css; charset=utf-8"),
+                                               ("/ui/favicon.svg", "favicon.svg", "image/svg+xml")])
+def test_ui_files_need_no_credential_and_carry_their_headers(sup, path, name, ctype):
+    r = sup.call("GET", path, token=None)
+    assert (r.code, h(r, "Content-Type"), r.body) == (200, ctype, (REPO / "ui" / name).read_bytes())
+    assert h(r, "X-Content-Type-Options") == "nosniff" and h(r, "Cache-Control") == "no-cache"
+    assert h(r, "Content-Security-Policy") == UI_HEADERS["Content-Security-Policy"]
+    assert "frame-ancestors 'none'" in h(r, "Content-Security-Policy")
+
+
+def test_the_gateway_has_no_openapi_document_and_a_stopped_server_is_503(sup):
+    assert_error(sup.call("GET", f"/api/v1/servers/{GATEWAY}/openapi"), 404,
+                 "the gateway serves no OpenAPI document (it is committed as openapi/gateway.json)")
+    assert_error(sup.call("GET", "/api/v1/servers/AAA/openapi"), 503,
+                 "AAA is not running: its OpenAPI document comes from the running server")
+
+
+class FakeManager:
+    """One running model server, for what a real manager would need a process for."""
+
+    def __init__(self, reactor, action_error=None) -> None:
+        self.reactor = reactor
+
+        async def act():
+            if action_error is not None:
+                raise action_error
+
+        child = SimpleNamespace(snapshot=lambda: {"state": "running"}, spec=SimpleNamespace(port=9300),
+                                start=act, stop=act, restart=act)
+        self.children = {"M": child}
+
+
+@pytest.mark.parametrize("answer, code, expected", [
+    (succeed(b'{"openapi":"3.1.0"}'), 200, {"ok": True, "id": "M", "openapi": {"openapi": "3.1.0"}}),
+    (succeed(None), 503, {"ok": False, "error": "M did not answer GET /openapi.json"}),
+    (succeed(b"<html>"), 502, {"ok": False, "error": "M answered GET /openapi.json with something other than JSON"}),
+])
+def test_openapi_is_relayed_from_the_running_server(tmp_path, answer, code, expected):
+    asked = []
+
+    def fetch(port, path, token):
+        asked.append((port, path, token))
+        return answer
+
+    _, reactor, _, _ = child_manager(tmp_path)
+    sup = Harness(tmp_path, FakeManager(reactor), fetch=fetch)
+    r = sup.call("GET", "/api/v1/servers/M/openapi")
+    assert (r.code, h(r, "Content-Type"), json.loads(r.body)) == (code, JSON, expected)
+    assert asked == [(9300, "/openapi.json", None)]
+
+
+def test_an_action_that_fails_is_500_with_its_reason_and_one_that_succeeds_is_ok(tmp_path):
+    _, reactor, _, _ = child_manager(tmp_path)
+    sup = Harness(tmp_path, FakeManager(reactor, ChildError("M did not become ready within 60 s")))
+    assert_error(sup.call("POST", "/api/v1/servers/M/restart"), 500, "M did not become ready within 60 s")
+    sup = Harness(tmp_path, FakeManager(reactor))
+    r = sup.call("POST", "/api/v1/servers/M/stop")
+    assert (r.code, json.loads(r.body)) == (200, {"ok": True})
+
+
+def test_an_unexpected_exception_is_500_internal_error(tmp_path):
+    _, reactor, _, _ = child_manager(tmp_path)
+    sup = Harness(tmp_path, FakeManager(reactor), fetch=lambda port, path, token: fail(RuntimeError("boom")))
+    assert_error(sup.call("GET", "/api/v1/servers/M/openapi"), 500, "internal error")
+
+
+def test_oversize_and_busy_replies_are_ok_false_bytes(sup):
+    assert sup.api.oversize_reply(None) == (413, {}, b'{"ok":false,"error":"request body too large"}')
+    assert sup.api.busy_reply() == (503, {"Retry-After": "1"},
+                                    b'{"ok":false,"error":"too many open connections; retry shortly"}')
+

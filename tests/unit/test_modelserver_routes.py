@@ -173,22 +173,18 @@ def test_engine_failure_fails_every_item_of_its_run_and_no_other():
     assert server.model.batches == [2, 2]
 
 
-def test_wrong_number_of_outputs_is_a_contract_failure_for_the_run():
+@pytest.mark.parametrize("fault, code, top, items, error", [
+    ("length", 500, 6, [6, 6], "model returned 1 outputs for 2 inputs"),  # the whole run fails
+    ("item", 200, 0, [6, 0], "model output contract failure: data breaks its schema at ['mean']: "
+                             "'not numbers' is not of type 'array'"),  # only that item fails
+])
+def test_contract_failures_of_the_run_or_of_one_item(fault, code, top, items, error):
     server = build_model_server()
-    d = server.infer([RED, BLUE], fail="length")
+    d = server.infer([RED, BLUE], fail=fault)
     server.workers.release()
     reply = server.settle(d)
-    assert reply.code == 500 and reply.json["status"] == 6 and statuses(reply) == [6, 6]
-    assert reply.json["results"][0]["error"] == "model returned 1 outputs for 2 inputs"
-
-
-def test_data_breaking_its_schema_fails_only_that_item():
-    server = build_model_server()
-    d = server.infer([RED, BLUE], fail="item")
-    server.workers.release()
-    reply = server.settle(d)
-    assert reply.code == 200 and reply.json["status"] == 0 and statuses(reply) == [6, 0]
-    assert reply.json["results"][0]["error"].startswith("model output contract failure: data breaks its schema")
+    assert (reply.code, reply.json["status"], statuses(reply)) == (code, top, items)
+    assert reply.json["results"][0]["error"] == error
     d = server.infer([RED])
     server.workers.release()
     assert server.settle(d).json["status"] == 0
@@ -270,10 +266,14 @@ def test_metrics_route_serves_the_registry_with_request_and_item_counts():
     server.settle(d)
     reply = server.call("GET", "/metrics")
     assert reply.code == 200 and reply.headers["content-type"] == METRICS_CONTENT_TYPE
-    text = reply.body.decode()
-    assert 'service_http_requests_total{code="200",method="POST",route="infer"} 1.0' in text
-    assert 'service_items_total{status="SUCCESS"} 1.0' in text
-    assert 'service_items_total{status="CONTRACT_FAILURE"} 1.0' in text
-    assert 'service_http_request_duration_ms_count{route="infer"} 1.0' in text
-    assert "service_model_ready 1.0" in text
-    assert 'service_model_info{device="cpu",model="TESTFAULTS",version="test-faults"} 1.0' in text
+    samples = dict(line.rsplit(" ", 1) for line in reply.body.decode().splitlines() if not line.startswith("#"))
+    expected = {
+        'service_http_requests_total{code="200",method="POST",route="infer"}': "1.0",
+        'service_http_request_duration_ms_count{route="infer"}': "1.0",
+        'service_items_total{status="SUCCESS"}': "1.0",
+        'service_items_total{status="CONTRACT_FAILURE"}': "1.0",
+        'service_batch_size_count': "1.0",
+        "service_model_ready": "1.0",
+        'service_model_info{device="cpu",model="TESTFAULTS",version="test-faults"}': "1.0",
+    }
+    assert {name: samples.get(name) for name in expected} == expected

@@ -40,6 +40,7 @@ from tests.support.processes import TEST_CONF
 
 TOKEN = "in-memory-token"
 URI = "/testfaults/predict"  # server_uri of tests/conf/TESTFAULTS.toml
+OWN_TOKEN = object()  # send(): the server's own token
 
 
 class GatedWorkers:
@@ -127,18 +128,14 @@ class InMemoryModelServer:
         self.client._agent._serverFactory = service.site
 
     @property
-    def app(self) -> Any:
-        return self.service.app
-
-    @property
     def jobs(self) -> Any:
         return self.service.jobs
 
-    def send(self, method: str, path: str, *, token: str | None = "default", body: Any = None,
+    def send(self, method: str, path: str, *, token: Any = OWN_TOKEN, body: Any = None,
              headers: dict[str, str] | None = None) -> Deferred:
-        """Start a request; ``body`` a dict is sent as JSON, bytes as they are."""
+        """Start a request with the server's token (or ``token``; None sends none); ``body`` a dict is JSON."""
         headers = dict(headers or {})
-        token = self.token if token == "default" else token
+        token = self.token if token is OWN_TOKEN else token
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         if isinstance(body, dict):

@@ -24,15 +24,8 @@ PASSES = ("service_stage_duration_ms_count", '{stage="inference"}')
 
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory):
-    server = start_model_server(write_config(tmp_path_factory.mktemp("faults"), "TESTFAULTS", max_batch_size=4))
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def tight(tmp_path_factory):
-    """One item per batch and a 1 s deadline."""
-    config = write_config(tmp_path_factory.mktemp("tight"), "TESTFAULTS", max_batch_size=1, run_timeout_ms=1000)
+    """Batches of up to four and a 1 s deadline: one process for both tests."""
+    config = write_config(tmp_path_factory.mktemp("faults"), "TESTFAULTS", max_batch_size=4, run_timeout_ms=1000)
     server = start_model_server(config)
     yield server
     server.stop()
@@ -51,14 +44,14 @@ def test_a_multi_image_request_is_one_batch(faults):
     assert reply.json["results"][0]["data"]["mean"][0] > 200 and reply.json["results"][1]["data"]["mean"][2] > 200
 
 
-def test_deadline_with_nothing_done_is_504_status_4_and_the_late_pass_is_harmless(tight):
+def test_deadline_with_nothing_done_is_504_status_4_and_the_late_pass_is_harmless(faults):
     # A real forward pass outlives its request in a worker thread; the server answers on time and goes on.
-    before = metric(tight, *PASSES)
-    reply = infer(tight, [RED], sleep_ms=1500)
+    before = metric(faults, *PASSES)
+    reply = infer(faults, [RED], sleep_ms=1500)
     assert reply.status == 504
     assert (reply.json["status"], reply.json["partial"]) == (4, False)
     assert reply.json["results"] == [{"status": 4, "data": None, "error": reply.json["results"][0]["error"]}]
-    until(lambda: metric(tight, *PASSES) == before + 1, "the late forward pass ends")
-    assert infer(tight, [RED]).json["status"] == 0
+    until(lambda: metric(faults, *PASSES) == before + 1, "the late forward pass ends")
+    assert infer(faults, [RED]).json["status"] == 0
 
 

@@ -40,6 +40,7 @@ from svc.options import options_schema
 from svc.process import (
     ORPHAN_EXIT_S,
     ListeningMultiService,
+    Runner,
     ThreadPoolService,
     exit_after_shutdown,
     freeze_heap,
@@ -75,7 +76,8 @@ class ModelServerService(ListeningMultiService):
     """One model server: everything hangs off this service."""
 
     def __init__(self, *, reactor: Any, config: Any, factory: IModelFactory, model_config: dict, device: str,
-                 auth_token: str | None) -> None:
+                 auth_token: str | None, run_worker: Runner | None = None, run_decode: Runner | None = None) -> None:
+        """``run_worker``/``run_decode``: None runs batches and decoding in the pools (tests pass their own)."""
         super().__init__()
         self.reactor = reactor
         self.config = config
@@ -85,10 +87,12 @@ class ModelServerService(ListeningMultiService):
 
         self.decode = ThreadPoolService("decode", backend.decode_threads)
         self.workers = ThreadPoolService("inference", backend.workers)
+        run_worker = run_worker or self.workers.runner(reactor)
+        run_decode = run_decode or self.decode.runner(reactor)
 
         params = ObjectSchema(factory.params_schema(model_config), "parameter")
         options = ObjectSchema(options_schema(tuple(factory.options)), "option")
-        self.engine = Engine(factory, model_config, device, self.workers.runner(reactor), self.metrics,
+        self.engine = Engine(factory, model_config, device, run_worker, self.metrics,
                              default_params=params.with_defaults({}), default_options=options.with_defaults({}),
                              worker_nice=backend.worker_nice, clock=reactor)
         self.queue = BatchQueue(
@@ -105,7 +109,7 @@ class ModelServerService(ListeningMultiService):
             engine=self.engine,
             validator=RequestValidator(params, options, config.max_request_items),
             queue=self.queue,
-            run_decode=self.decode.runner(reactor),
+            run_decode=run_decode,
             max_image_pixels=config.max_image_pixels,
             metrics=self.metrics,
             # On a GPU, decoding in the pool overlaps the forward pass; on a CPU it competes with it.

@@ -13,13 +13,13 @@ import pytest
 
 from tests.support.http import post
 from tests.support.images import image_b64
-from tests.support.processes import metric, start_model_server, until, write_config
+from tests.support.processes import metric, start_model_server, wait_until, write_config
 
 URI = "/testfaults/predict"
 RED = image_b64(color=(250, 10, 10))
 BLUE = image_b64(color=(10, 10, 250))
 #: Forward passes that finished (``predict`` returned), from /metrics.
-PASSES = ("service_stage_duration_ms_count", '{stage="inference"}')
+PASSES = 'service_stage_duration_ms_count{stage="inference"}'
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +46,12 @@ def test_a_multi_image_request_is_one_batch(faults):
 
 def test_deadline_with_nothing_done_is_504_status_4_and_the_late_pass_is_harmless(faults):
     # A real forward pass outlives its request in a worker thread; the server answers on time and goes on.
-    before = metric(faults, *PASSES)
+    before = metric(faults, PASSES)
     reply = infer(faults, [RED], sleep_ms=1500)
     assert reply.status == 504
     assert (reply.json["status"], reply.json["partial"]) == (4, False)
     assert reply.json["results"] == [{"status": 4, "data": None, "error": reply.json["results"][0]["error"]}]
-    until(lambda: metric(faults, *PASSES) == before + 1, "the late forward pass ends")
+    wait_until(lambda: metric(faults, PASSES) == before + 1, "the late forward pass ends")
     assert infer(faults, [RED]).json["status"] == 0
 
 

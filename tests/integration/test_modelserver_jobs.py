@@ -15,7 +15,7 @@ import time
 
 from tests.support.http import get, post
 from tests.support.images import image_b64
-from tests.support.processes import metric, start_model_server, until, write_config
+from tests.support.processes import metric, start_model_server, wait_until, write_config
 
 RED = image_b64(color=(250, 10, 10))
 
@@ -60,14 +60,14 @@ def test_sigterm_answers_parked_waiters_and_exits_0(tmp_path):
     config = write_config(tmp_path, "TESTFAULTS", async_enabled=True, max_batch_size=1)
     server = start_model_server(config)
     job_id = submit(server, sleep_ms=5000).json["job_id"]  # long enough for every step below
-    until(lambda: poll(server, job_id).json["state"] == "running", "the job reaches the worker")
+    wait_until(lambda: poll(server, job_id).json["state"] == "running", "the job reaches the worker")
     # The forward pass runs in a worker thread: the reactor still admits and answers.
     other = submit(server)
     assert other.status == 202 and poll(server, job_id).json["state"] == "running"
     replies = {}
     thread = threading.Thread(target=lambda: replies.setdefault("wait", poll(server, job_id, "/wait?timeout=60000")))
     thread.start()
-    until(lambda: metric(server, "service_async_waiters") == 1.0, "the wait is parked")
+    wait_until(lambda: metric(server, "service_async_waiters") == 1.0, "the wait is parked")
     started = time.monotonic()
     server.popen.terminate()
     thread.join(30)

@@ -203,19 +203,3 @@ def run_to_exit(args: list[str], *, env: dict[str, str], timeout: float = 120.0)
     """Run a process that is expected to exit by itself; its code and output."""
     done = subprocess.run(args, env=env, cwd=REPO, capture_output=True, timeout=timeout)
     return done.returncode, (done.stdout + done.stderr).decode(errors="replace")
-
-
-def metric(proc: Proc, name: str, labels: str = "") -> float:
-    """One sample of the process's /metrics (0.0 when absent)."""
-    text = get(proc.url + "/metrics", headers=proc.auth).body.decode()
-    found = re.search(rf"^{re.escape(name + labels)} (\S+)$", text, re.M)
-    return float(found.group(1)) if found else 0.0
-
-
-def until(condition: Any, what: str, timeout: float = 30.0) -> None:
-    """Wait for ``condition()`` to hold (instead of sleeping a fixed time); fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        time.sleep(0.02)

@@ -50,26 +50,25 @@ DiT, sampled as ``DiTPipeline`` does (with the same ``DDIMScheduler``).
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import secrets
-from dataclasses import dataclass
-from typing import Any
 
 from twisted.plugin import IPlugin
 from zope.interface import implementer
 
-from svc.modelapi import IModel, IModelFactory, report_progress
+from models.diffusion_sampler import DIT_GUIDANCE, SEED_MAX, DiffusionModel
+from models.diffusion_weights import (
+    LEGACY_CLASS_NAMES,
+    component_config,
+    load_component,
+    random_unet,
+    random_vqvae,
+    scheduler_config,
+    weights_folder,
+)
+from svc.modelapi import IModelFactory
 from svc.schema import object_schema
-from svc.weights import WEIGHTS_PROPERTIES, WeightsError, load_into, path_of, read_state_dict, version_of
+from svc.weights import WEIGHTS_PROPERTIES, WeightsError, path_of, version_of
 from svc.weightstore.catalog import HubSource, Variant
-
-SEED_MAX = 2**32 - 1
-DIT_GUIDANCE = 4.0  # DiTPipeline's default classifier-free guidance
-#: facebook/DiT-* were saved before diffusers split Transformer2DModel: the same model, the same tensor names.
-LEGACY_CLASS_NAMES = ("Transformer2DModel",)
-WEIGHTS_NAMES = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.bin")
 
 UNET_PROPERTIES: dict[str, dict] = {
     "sample_size": {
@@ -135,287 +134,6 @@ LATENT_PROPERTIES: dict[str, dict] = {
     "num_vq_embeddings": {"type": "integer", "minimum": 2, "maximum": 65536, "default": 256,
                           "description": "VQ codebook size. Random init only."},
 }
-
-
-# -- weights folders ---------------------------------------------------------------------------
-
-
-def _read_json(path: str, folder: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        raise WeightsError(
-            f"weights folder {folder}: missing {os.path.relpath(path, folder)} (expected a folder written by "
-            "save_pretrained)"
-        ) from None
-    except (OSError, ValueError) as e:
-        raise WeightsError(f"weights folder {folder}: {os.path.relpath(path, folder)} cannot be read: {e}") from None
-    if not isinstance(doc, dict):
-        raise WeightsError(f"weights folder {folder}: {os.path.relpath(path, folder)} is not a JSON object")
-    return doc
-
-
-def _folder(path: str) -> str:
-    if not os.path.isdir(path):
-        raise WeightsError(f"weights {path}: the diffusion models load a folder written by save_pretrained, not a file")
-    return path
-
-
-def component_dir(folder: str, sub: str) -> str:
-    """Where a component lives: ``folder/sub``, else the folder's root when it holds a ``config.json`` (the
-    flat layout of single-model hub repositories, which diffusers' ``load_sub_model`` also accepts)."""
-    directory = os.path.join(folder, sub)
-    if not os.path.isdir(directory) and os.path.isfile(os.path.join(folder, "config.json")):
-        return folder
-    return directory
-
-
-def _shown(path: str, folder: str) -> str:
-    return os.path.relpath(path, folder)
-
-
-def scheduler_config(config: dict) -> dict | None:
-    """The weights folder's scheduler config, or None (random init, or a folder without one)."""
-    path = path_of(config)
-    if path is None:
-        return None
-    for file in (os.path.join(_folder(path), "scheduler", "scheduler_config.json"),
-                 os.path.join(path, "scheduler_config.json")):
-        if os.path.exists(file):
-            return _read_json(file, path)
-    return None
-
-
-def component_config(config: dict, sub: str) -> dict | None:
-    """The ``config.json`` of a weights folder's component (``unet``, ``vqvae``), or None for random init."""
-    path = path_of(config)
-    if path is None:
-        return None
-    return _read_json(os.path.join(component_dir(_folder(path), sub), "config.json"), path)
-
-
-def load_component(cls: Any, folder: str, sub: str, aliases: tuple[str, ...] = ()) -> Any:
-    """A diffusers model of ``cls`` from ``folder/sub`` (or the root, see :func:`component_dir`): its config,
-    then its weights checked tensor by tensor.  ``aliases``: older class names of the same model."""
-    directory = component_dir(folder, sub)
-    config_file = os.path.join(directory, "config.json")
-    config = _read_json(config_file, folder)
-    if config.get("_class_name", cls.__name__) not in (cls.__name__, *aliases):
-        raise WeightsError(
-            f"weights folder {folder}: {_shown(config_file, folder)} is a {config['_class_name']}, "
-            f"expected a {cls.__name__}"
-        )
-    model = cls.from_config(config)
-    for name in WEIGHTS_NAMES:
-        file = os.path.join(directory, name)
-        if os.path.exists(file):
-            state = read_state_dict(file)
-            # Checkpoints from before diffusers renamed its attention tensors (the hub's DDPM and LDM ones):
-            # the same renaming diffusers' from_pretrained applies; a no-op on current names.
-            fix = getattr(model, "_fix_state_dict_keys_on_load", None)
-            if fix is not None:
-                state = fix(dict(state)) or state
-            load_into(model, state, file)
-            return model
-    shown = _shown(os.path.join(directory, WEIGHTS_NAMES[0]), folder)
-    raise WeightsError(f"weights folder {folder}: missing {shown} (or {WEIGHTS_NAMES[1]} next to it)")
-
-
-def _groups(channels: list[int]) -> int:
-    return math.gcd(32, *channels)
-
-
-def random_unet(config: dict, *, in_channels: int, num_classes: int | None = None) -> Any:
-    """The UNet2DModel of a [model] table (random init from the current torch seed)."""
-    from diffusers import UNet2DModel
-
-    channels = list(config["block_out_channels"])
-    n = len(channels)
-    attention = config["attention"]
-    down = ["DownBlock2D"] * (n - 1) + ["AttnDownBlock2D" if attention else "DownBlock2D"]
-    up = ["AttnUpBlock2D" if attention else "UpBlock2D"] + ["UpBlock2D"] * (n - 1)
-    return UNet2DModel(
-        sample_size=config["sample_size"],
-        in_channels=in_channels,
-        out_channels=in_channels,
-        block_out_channels=tuple(channels),
-        layers_per_block=config["layers_per_block"],
-        down_block_types=tuple(down),
-        up_block_types=tuple(up),
-        norm_num_groups=_groups(channels),
-        attention_head_dim=8,
-        num_class_embeds=num_classes,
-    )
-
-
-def random_vqvae(config: dict) -> Any:
-    """The VQModel of an LDM [model] table (random init from the current torch seed)."""
-    from diffusers import VQModel
-
-    channels = list(config["vq_block_out_channels"])
-    n = len(channels)
-    return VQModel(
-        in_channels=3,
-        out_channels=3,
-        down_block_types=("DownEncoderBlock2D",) * n,
-        up_block_types=("UpDecoderBlock2D",) * n,
-        block_out_channels=tuple(channels),
-        layers_per_block=1,
-        latent_channels=config["latent_channels"],
-        num_vq_embeddings=config["num_vq_embeddings"],
-        norm_num_groups=_groups(channels),
-        sample_size=config["sample_size"] * 2 ** (n - 1),
-    )
-
-
-# -- the sampler ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One item: its seed; the warm-up item runs a single step."""
-
-    seed: int
-    warmup: bool = False
-
-
-def to_pixels(images: Any) -> Any:
-    """Model-space images (B, C, H, W) in [-1, 1] to (B, H, W, C) uint8, as diffusers' pipelines do."""
-    images = (images / 2 + 0.5).clamp(0, 1).cpu().permute(0, 2, 3, 1).float().numpy()
-    return (images * 255).round().astype("uint8")
-
-
-@implementer(IModel)
-class DiffusionModel:
-    """A built denoiser (a UNet, or CLS_COND_DDIM's DiT transformer) with its scheduler and latent decoder."""
-
-    def __init__(self, *, unet: Any, scheduler: Any, vqvae: Any, device: str, version: str, uses_eta: bool,
-                 conditional: bool, dit: bool = False) -> None:
-        self.unet = unet  # a UNet2DModel, or a DiTTransformer2DModel when ``dit``
-        self.dit = dit  # DiTPipeline's sampling: classifier-free guidance, learned sigma dropped, KL decoder
-        self.scheduler = scheduler  # the template: every run uses a fresh copy (set_timesteps mutates it)
-        self.vqvae = vqvae
-        self.device = device
-        self.version = version
-        self.uses_eta = uses_eta
-        self.conditional = conditional
-
-    def preprocess(self, image: Any, params: dict) -> Sample:
-        seed = params.get("seed")
-        return Sample(secrets.randbelow(SEED_MAX + 1) if seed is None else seed)
-
-    def batch_key(self, params: dict) -> Any:
-        return (params["timesteps"], params.get("eta"), params.get("class_id"), params.get("seed"),
-                params.get("guidance_scale"))
-
-    def predict(self, inputs: list, params: dict) -> list:
-        steps = 1 if all(i.warmup for i in inputs) else params["timesteps"]
-        classes = [params["class_id"]] * len(inputs) if self.conditional else None
-        pixels = self.sample([i.seed for i in inputs], steps, params.get("eta", 0.0), classes,
-                             params.get("guidance_scale", DIT_GUIDANCE))
-        return [(p, i.seed) for p, i in zip(pixels, inputs)]
-
-    def sample(self, seeds: list[int], steps: int, eta: float = 0.0, classes: list[int] | None = None,
-               guidance: float = DIT_GUIDANCE) -> Any:
-        """Images (B, H, W, C) uint8 from one seed per image, ``steps`` scheduler steps."""
-        import torch
-        from diffusers.utils.torch_utils import randn_tensor
-
-        if self.dit:
-            return self.sample_dit(seeds, steps, eta, classes or [0] * len(seeds), guidance)
-        unet = self.unet
-        scheduler = type(self.scheduler).from_config(self.scheduler.config)
-        generators = [torch.Generator("cpu").manual_seed(s) for s in seeds]
-        generator = generators[0] if len(generators) == 1 else generators
-        size = unet.config.sample_size
-        shape = (len(seeds), unet.config.in_channels, *((size, size) if isinstance(size, int) else size))
-        extra = {"eta": eta} if self.uses_eta else {}
-        labels = None if classes is None else torch.tensor(classes, device=self.device, dtype=torch.long)
-        with torch.inference_mode():
-            x = randn_tensor(shape, generator=generator, device=torch.device(self.device), dtype=unet.dtype)
-            x = x * scheduler.init_noise_sigma
-            scheduler.set_timesteps(steps)
-            total = len(scheduler.timesteps)
-            for done, t in enumerate(scheduler.timesteps, start=1):
-                model_input = scheduler.scale_model_input(x, t)
-                if labels is None:
-                    out = unet(model_input, t).sample
-                else:
-                    out = unet(model_input, t, class_labels=labels).sample
-                x = scheduler.step(out, t, x, generator=generator, **extra).prev_sample
-                report_progress(done, total)
-            if self.vqvae is not None:
-                x = self.vqvae.decode(x / self.vqvae.config.scaling_factor).sample
-            return to_pixels(x)
-
-    def sample_dit(self, seeds: list[int], steps: int, eta: float, classes: list[int], guidance: float) -> Any:
-        """DiTPipeline's loop: the conditional and the null-class halves of one batch, mixed by ``guidance``.
-
-        The same noise draw, calls and arithmetic as diffusers' ``DiTPipeline``
-        (so the image is the pipeline's for a seed, a class and a step count),
-        plus the seeded generators in every scheduler step for ``eta`` > 0.
-        """
-        import torch
-        from diffusers.utils.torch_utils import randn_tensor
-
-        net = self.unet
-        scheduler = type(self.scheduler).from_config(self.scheduler.config)
-        n = len(seeds)
-        generators = [torch.Generator("cpu").manual_seed(s) for s in seeds]
-        generator = generators[0] if n == 1 else generators
-        channels, size = net.config.in_channels, net.config.sample_size
-        device = torch.device(self.device)
-        guided = guidance > 1
-        # The doubled batch draws step noise (eta > 0) from the same seeded generators.
-        step_generator = generator if n == 1 or not guided else generators + generators
-        extra = {"eta": eta} if eta else {}
-        with torch.inference_mode():
-            latents = randn_tensor((n, channels, size, size), generator=generator, device=device, dtype=net.dtype)
-            x = torch.cat([latents] * 2) if guided else latents
-            labels = torch.tensor(classes, device=device).reshape(-1)
-            if guided:
-                labels = torch.cat([labels, torch.tensor([net.config.num_embeds_ada_norm] * n, device=device)], 0)
-            scheduler.set_timesteps(steps)
-            for t in scheduler.timesteps:
-                if guided:
-                    half = x[: len(x) // 2]
-                    x = torch.cat([half, half], dim=0)
-                x = scheduler.scale_model_input(x, t)
-                timesteps = t[None].to(device) if len(t.shape) == 0 else t
-                out = net(x, timestep=timesteps.expand(x.shape[0]), class_labels=labels).sample
-                if guided:
-                    eps, rest = out[:, :channels], out[:, channels:]
-                    cond_eps, uncond_eps = torch.split(eps, len(eps) // 2, dim=0)
-                    half_eps = uncond_eps + guidance * (cond_eps - uncond_eps)
-                    eps = torch.cat([half_eps, half_eps], dim=0)
-                    out = torch.cat([eps, rest], dim=1)
-                if net.config.out_channels // 2 == channels:  # a learned variance: only eps drives the step
-                    out, _ = torch.split(out, channels, dim=1)
-                x = scheduler.step(out, t, x, generator=step_generator, **extra).prev_sample
-            latents = x.chunk(2, dim=0)[0] if guided else x
-            latents = 1 / self.vqvae.config.scaling_factor * latents
-            return to_pixels(self.vqvae.decode(latents).sample)
-
-    def postprocess(self, output: Any, params: dict, options: dict) -> dict:
-        from PIL import Image
-
-        from svc.imagecodec import encode_image
-
-        pixels, seed = output
-        image = Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels)
-        data = {
-            "image": encode_image(image, options.get("image_format", "png")),
-            "width": image.width,
-            "height": image.height,
-            "seed": seed,
-        }
-        if self.conditional:
-            data["class_id"] = params["class_id"]
-        return data
-
-    def warmup_input(self) -> Sample:
-        return Sample(0, warmup=True)
 
 
 # -- pretrained variants ------------------------------------------------------------------------
@@ -505,7 +223,7 @@ class _DiffusionFactory:
         """CLS_COND_DDIM on a DiT folder (``transformer/``, ``vae/``, ``scheduler/``: DiTPipeline's layout)."""
         path = path_of(config)
         return (self.conditional and path is not None
-                and os.path.isfile(os.path.join(_folder(path), "transformer", "config.json")))
+                and os.path.isfile(os.path.join(weights_folder(path), "transformer", "config.json")))
 
     def default_steps(self, config: dict) -> int:
         """The steps of a request without ``params.timesteps`` (SPEC: "the configured schedule length").
@@ -596,7 +314,7 @@ class _DiffusionFactory:
             unet = load_component(DiTTransformer2DModel, path, "transformer", LEGACY_CLASS_NAMES)
             vqvae = load_component(AutoencoderKL, path, "vae")
         else:
-            unet = load_component(UNet2DModel, _folder(path), "unet")
+            unet = load_component(UNet2DModel, weights_folder(path), "unet")
             if self.latent:
                 vqvae = load_component(VQModel, path, "vqvae")
             if self.conditional:

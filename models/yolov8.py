@@ -26,19 +26,22 @@ the worker; per item: score threshold, class-aware NMS
 (``torchvision.ops.batched_nms``), ``top_k``, boxes mapped back to the
 original image's pixels.  An image too thin to keep one pixel along its
 short side in the letterbox (8000x1 in 640) fails its item with status 5.
+
+The network is ``models/yolov8_net.py``; reading and converting the
+ultralytics checkpoints is ``models/yolov8_checkpoint.py``.
 """
 
 from __future__ import annotations
 
-import functools
 import os
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from twisted.plugin import IPlugin
 from zope.interface import implementer
 
+from models.yolov8_checkpoint import ULTRALYTICS_CONVERTER, convert_ultralytics
+from models.yolov8_net import NUM_CLASSES, SCALES, build_network, decode_head
 from svc.images import check_resize
 from svc.modelapi import IModel, IModelFactory
 from svc.schema import object_schema
@@ -54,17 +57,6 @@ from svc.weights import (
 from svc.weightstore.catalog import FileSource, Variant
 
 CATEGORIES_FILE = os.path.join(os.path.dirname(__file__), "data", "coco_classes.txt")
-NUM_CLASSES = 80
-#: scale -> (depth multiple, width multiple, channel cap), as in the upstream yolov8.yaml
-SCALES: dict[str, tuple[float, float, int]] = {
-    "n": (0.33, 0.25, 1024),
-    "s": (0.33, 0.50, 1024),
-    "m": (0.67, 0.75, 768),
-    "l": (1.00, 1.00, 512),
-    "x": (1.00, 1.25, 512),
-}
-STRIDES = (8, 16, 32)
-REG_MAX = 16  # DFL bins per box side
 PAD_VALUE = 114  # letterbox border grey
 MAX_NMS = 30000  # candidates kept for NMS, best first
 
@@ -123,205 +115,6 @@ def letterbox(image: Any, size: int) -> tuple[Any, Letterbox]:
     return np.asarray(canvas), box
 
 
-# -- the network (torch is imported only when it is built) ---------------------------------------
-
-
-@functools.cache
-def _layers() -> Any:
-    """The torch modules of YOLOv8, with the upstream attribute names."""
-    import torch
-    from torch import nn
-
-    class Conv(nn.Module):
-        """Conv2d (no bias) + BatchNorm (eps 1e-3 as upstream) + SiLU."""
-
-        def __init__(self, c1: int, c2: int, k: int = 1, s: int = 1) -> None:
-            super().__init__()
-            self.conv = nn.Conv2d(c1, c2, k, s, k // 2, bias=False)
-            self.bn = nn.BatchNorm2d(c2, eps=1e-3, momentum=0.03)
-            self.act = nn.SiLU()
-
-        def forward(self, x: Any) -> Any:
-            return self.act(self.bn(self.conv(x)))
-
-    class Bottleneck(nn.Module):
-        def __init__(self, c1: int, c2: int, shortcut: bool) -> None:
-            super().__init__()
-            self.cv1 = Conv(c1, c2, 3)
-            self.cv2 = Conv(c2, c2, 3)
-            self.add = shortcut and c1 == c2
-
-        def forward(self, x: Any) -> Any:
-            y = self.cv2(self.cv1(x))
-            return x + y if self.add else y
-
-    class C2f(nn.Module):
-        """Split, n bottlenecks each feeding the next, concatenate every stage."""
-
-        def __init__(self, c1: int, c2: int, n: int, shortcut: bool) -> None:
-            super().__init__()
-            self.c = c2 // 2
-            self.cv1 = Conv(c1, 2 * self.c, 1)
-            self.cv2 = Conv((2 + n) * self.c, c2, 1)
-            self.m = nn.ModuleList(Bottleneck(self.c, self.c, shortcut) for _ in range(n))
-
-        def forward(self, x: Any) -> Any:
-            y = list(self.cv1(x).chunk(2, 1))
-            for m in self.m:
-                y.append(m(y[-1]))
-            return self.cv2(torch.cat(y, 1))
-
-    class SPPF(nn.Module):
-        def __init__(self, c1: int, c2: int, k: int = 5) -> None:
-            super().__init__()
-            c_ = c1 // 2
-            self.cv1 = Conv(c1, c_, 1)
-            self.cv2 = Conv(c_ * 4, c2, 1)
-            self.m = nn.MaxPool2d(kernel_size=k, stride=1, padding=k // 2)
-
-        def forward(self, x: Any) -> Any:
-            y = [self.cv1(x)]
-            for _ in range(3):
-                y.append(self.m(y[-1]))
-            return self.cv2(torch.cat(y, 1))
-
-    class DFL(nn.Module):
-        """Distribution focal loss integral: a fixed 1x1 conv holding 0..reg_max-1."""
-
-        def __init__(self, c1: int = REG_MAX) -> None:
-            super().__init__()
-            self.conv = nn.Conv2d(c1, 1, 1, bias=False).requires_grad_(False)
-            self.conv.weight.data[:] = torch.arange(c1, dtype=torch.float).view(1, c1, 1, 1)
-
-    class Detect(nn.Module):
-        """Decoupled head: per level a box branch (cv2) and a class branch (cv3)."""
-
-        def __init__(self, nc: int, ch: tuple[int, ...]) -> None:
-            super().__init__()
-            self.nc = nc
-            c2, c3 = max(16, ch[0] // 4, REG_MAX * 4), max(ch[0], min(nc, 100))
-            self.cv2 = nn.ModuleList(
-                nn.Sequential(Conv(x, c2, 3), Conv(c2, c2, 3), nn.Conv2d(c2, 4 * REG_MAX, 1)) for x in ch
-            )
-            self.cv3 = nn.ModuleList(nn.Sequential(Conv(x, c3, 3), Conv(c3, c3, 3), nn.Conv2d(c3, nc, 1)) for x in ch)
-            self.dfl = DFL(REG_MAX)
-
-        def forward(self, feats: list) -> list:
-            """Raw head outputs per level: (B, 4 * reg_max + nc, H, W)."""
-            return [torch.cat((self.cv2[i](x), self.cv3[i](x)), 1) for i, x in enumerate(feats)]
-
-    class Upsample(nn.Upsample):
-        pass
-
-    class Concat(nn.Module):
-        def forward(self, xs: list) -> Any:
-            return torch.cat(xs, 1)
-
-    class YOLOv8(nn.Module):
-        """``self.model`` is the upstream layer list (indices 0..22, the names of the state dict)."""
-
-        def __init__(self, scale: str, nc: int) -> None:
-            super().__init__()
-            depth = SCALES[scale][0]
-
-            def ch(c: int) -> int:
-                return channels(scale, c)
-
-            def n(k: int) -> int:
-                return max(round(k * depth), 1)
-
-            c64, c128, c256, c512, c1024 = ch(64), ch(128), ch(256), ch(512), ch(1024)
-            layers = [
-                Conv(3, c64, 3, 2),  # 0 P1/2
-                Conv(c64, c128, 3, 2),  # 1 P2/4
-                C2f(c128, c128, n(3), True),  # 2
-                Conv(c128, c256, 3, 2),  # 3 P3/8
-                C2f(c256, c256, n(6), True),  # 4
-                Conv(c256, c512, 3, 2),  # 5 P4/16
-                C2f(c512, c512, n(6), True),  # 6
-                Conv(c512, c1024, 3, 2),  # 7 P5/32
-                C2f(c1024, c1024, n(3), True),  # 8
-                SPPF(c1024, c1024, 5),  # 9
-                Upsample(scale_factor=2, mode="nearest"),  # 10
-                Concat(),  # 11 [-1, 6]
-                C2f(c1024 + c512, c512, n(3), False),  # 12
-                Upsample(scale_factor=2, mode="nearest"),  # 13
-                Concat(),  # 14 [-1, 4]
-                C2f(c512 + c256, c256, n(3), False),  # 15 (P3/8 out)
-                Conv(c256, c256, 3, 2),  # 16
-                Concat(),  # 17 [-1, 12]
-                C2f(c256 + c512, c512, n(3), False),  # 18 (P4/16 out)
-                Conv(c512, c512, 3, 2),  # 19
-                Concat(),  # 20 [-1, 9]
-                C2f(c512 + c1024, c1024, n(3), False),  # 21 (P5/32 out)
-                Detect(nc, (c256, c512, c1024)),  # 22
-            ]
-            self.model = nn.Sequential(*layers)
-
-        def forward(self, x: Any) -> list:
-            m = self.model
-            saved = {}
-            for i in range(10):
-                x = m[i](x)
-                if i in (4, 6, 9):
-                    saved[i] = x
-            x = m[12](m[11]([m[10](x), saved[6]]))
-            p4_in = x
-            p3 = m[15](m[14]([m[13](x), saved[4]]))
-            p4 = m[18](m[17]([m[16](p3), p4_in]))
-            p5 = m[21](m[20]([m[19](p4), saved[9]]))
-            return m[22]([p3, p4, p5])
-
-    return YOLOv8
-
-
-def channels(scale: str, c: int) -> int:
-    """The channels of a layer that has ``c`` at width 1: upstream ``make_divisible(min(c, cap) * width, 8)``."""
-    _, width, cap = SCALES[scale]
-    return int(-(-min(c, cap) * width // 8) * 8)
-
-
-def build_network(scale: str = "n", num_classes: int = NUM_CLASSES) -> Any:
-    """A YOLOv8 detection network of ``scale`` (random init, train mode)."""
-    if scale not in SCALES:
-        raise ValueError(f"unknown YOLOv8 scale {scale!r}; known: {', '.join(SCALES)}")
-    return _layers()(scale, num_classes)
-
-
-def decode_head(feats: list, dfl_weight: Any = None) -> Any:
-    """Raw head outputs to (B, anchors, 4 + nc): xyxy boxes in network pixels, class probabilities.
-
-    Anchors are the cell centres of each level (stride 8, 16, 32); each box
-    side is the expectation of a softmax over ``REG_MAX`` bins (the DFL
-    weights, 0..15 unless given), in units of the level's stride.
-    """
-    import torch
-
-    b = feats[0].shape[0]
-    x = torch.cat([f.reshape(b, f.shape[1], -1) for f in feats], 2)
-    nc = x.shape[1] - 4 * REG_MAX
-    box, cls = x.split((4 * REG_MAX, nc), 1)
-    points, strides = [], []
-    for f, stride in zip(feats, STRIDES):
-        h, w = f.shape[2:]
-        sy, sx = torch.meshgrid(
-            torch.arange(h, device=f.device, dtype=x.dtype) + 0.5,
-            torch.arange(w, device=f.device, dtype=x.dtype) + 0.5,
-            indexing="ij",
-        )
-        points.append(torch.stack((sx, sy), -1).view(-1, 2))
-        strides.append(torch.full((h * w, 1), float(stride), device=f.device, dtype=x.dtype))
-    anchors, stride = torch.cat(points).T.unsqueeze(0), torch.cat(strides).T.unsqueeze(0)  # (1, 2, A), (1, 1, A)
-    if dfl_weight is None:
-        dfl_weight = torch.arange(REG_MAX, dtype=x.dtype, device=x.device).view(1, REG_MAX, 1, 1)
-    a = box.shape[2]
-    bins = box.view(b, 4, REG_MAX, a).transpose(2, 1).softmax(1)  # (B, REG_MAX, 4, A)
-    dist = torch.nn.functional.conv2d(bins, dfl_weight).view(b, 4, a)
-    lt, rb = dist.chunk(2, 1)
-    xyxy = torch.cat((anchors - lt, anchors + rb), 1) * stride
-    return torch.cat((xyxy, cls.sigmoid()), 1).transpose(1, 2)
-
-
 def select(pred: Any, box: Letterbox, score_threshold: float, nms_threshold: float, top_k: int) -> tuple:
     """One image's decoded predictions to (boxes in original pixels, scores, class ids), best first.
 
@@ -345,93 +138,6 @@ def select(pred: Any, box: Letterbox, score_threshold: float, nms_threshold: flo
     boxes[:, 0::2] = boxes[:, 0::2].clamp(0, box.width)
     boxes[:, 1::2] = boxes[:, 1::2].clamp(0, box.height)
     return boxes, scores, classes
-
-
-# -- ultralytics checkpoints -------------------------------------------------------------------
-
-#: The torch.nn classes an ultralytics YOLOv8 detection checkpoint pickles: the layers of the
-#: network, ``Identity`` (a Conv without activation) and ``BCEWithLogitsLoss`` (the loss criterion
-#: a training checkpoint keeps; the release files have it stripped).  Tensors, storages,
-#: OrderedDict and set come with svc.safepickle's base set.
-CHECKPOINT_TORCH_CLASSES = (
-    "torch.nn.modules.container.Sequential",
-    "torch.nn.modules.container.ModuleList",
-    "torch.nn.modules.conv.Conv2d",
-    "torch.nn.modules.batchnorm.BatchNorm2d",
-    "torch.nn.modules.activation.SiLU",
-    "torch.nn.modules.pooling.MaxPool2d",
-    "torch.nn.modules.upsampling.Upsample",
-    "torch.nn.modules.linear.Identity",
-    "torch.nn.modules.loss.BCEWithLogitsLoss",
-)
-#: Every class of these packages becomes an inert stand-in (the library is never imported).
-CHECKPOINT_STAND_INS = ("ultralytics",)
-ULTRALYTICS_CONVERTER = "ultralytics"
-
-
-def read_ultralytics_checkpoint(path: str) -> dict:
-    """The detection model's tensors in an ultralytics ``.pt`` (as pickled: half precision).
-
-    The file is a pickled dict (``model``, ``ema``, ``epoch``, ``train_args``,
-    ...): ``model`` is the network, or None in a checkpoint that keeps only
-    ``ema``.  Raises WeightsError with one line, naming the refused global
-    for a pickle that names anything outside the allow-list.
-    """
-    import torch
-
-    from svc import safepickle
-
-    try:
-        checkpoint = safepickle.load_torch_file(path, CHECKPOINT_TORCH_CLASSES, CHECKPOINT_STAND_INS)
-        if not isinstance(checkpoint, dict):
-            raise WeightsError(f"weights file {path}: not an ultralytics checkpoint (a dict with 'model' or 'ema')")
-        for key in ("model", "ema"):
-            module = checkpoint.get(key)
-            state = safepickle.module_tensors(module) if isinstance(module, torch.nn.Module) else {}
-            if state:
-                return dict(state)
-    except WeightsError:
-        raise
-    except Exception as e:  # noqa: BLE001 - any reader error is a bad file; the refusal message is one line
-        message = " ".join(str(e).split())  # one line, whatever the reader said
-        raise WeightsError(f"weights file {path}: cannot be read as an ultralytics checkpoint: {message}") from None
-    raise WeightsError(f"weights file {path}: neither 'model' nor 'ema' of the checkpoint holds a network")
-
-
-def scale_of(state: dict, path: str) -> str:
-    """The scale whose first layer has the channels of ``state`` (16 n, 32 s, 48 m, 64 l, 80 x)."""
-    first = state.get("model.0.conv.weight")
-    if first is None:
-        raise WeightsError(f"weights file {path}: missing tensor 'model.0.conv.weight' (not a YOLOv8 detection model)")
-    for scale in SCALES:
-        if first.shape[0] == channels(scale, 64):
-            return scale
-    raise WeightsError(f"weights file {path}: tensor 'model.0.conv.weight' has shape {list(first.shape)}, "
-                       f"no YOLOv8 scale ({', '.join(SCALES)}) has it")
-
-
-def convert_ultralytics(src_path: str, dst_dir: str) -> str:
-    """Turn an ultralytics YOLOv8 ``.pt`` into ``yolov8<scale>.safetensors`` in ``dst_dir``; its name.
-
-    Tensors are stored in float32 (what ``build`` runs in) after the whole
-    state dict was checked against the architecture of its scale; a source
-    named ``yolov8<scale>...`` must hold that scale.
-    """
-    import torch
-    from safetensors.torch import save_file
-
-    state = read_ultralytics_checkpoint(src_path)
-    state = {k: v.to(torch.float32 if v.is_floating_point() else v.dtype, copy=True).contiguous() for k, v in state.items()}
-    scale = scale_of(state, src_path)
-    named = re.match(r"yolov8([nslmx])\b", os.path.basename(src_path))
-    if named and named.group(1) != scale:
-        raise WeightsError(f"weights file {src_path}: holds a YOLOv8{scale} network, the file name says "
-                           f"yolov8{named.group(1)}")
-    load_into(build_network(scale), state, src_path)
-    name = f"yolov8{scale}.safetensors"
-    os.makedirs(dst_dir, exist_ok=True)
-    save_file(state, os.path.join(dst_dir, name), metadata={"converted_from": os.path.basename(src_path)})
-    return name
 
 
 #: The official weights: ultralytics release assets (COCO, 80 classes; mAP50-95 at 640, params).

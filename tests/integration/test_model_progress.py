@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 from segment_anything import SamAutomaticMaskGenerator
 
-from models.diffusion import Sample, ddpm
+from models.diffusion import ddpm
+from models.diffusion_sampler import Sample
 from models.sam_amg import PARAMS_SCHEMA, SamAmgModel, build_sam, generator_args, prompt_batches
 from svc.modelapi import reporting_progress
 from svc.schema import ObjectSchema

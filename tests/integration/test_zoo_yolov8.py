@@ -10,7 +10,8 @@ import torch
 from PIL import Image
 from torchvision.ops import batched_nms
 
-from models.yolov8 import build_network, coco_categories, decode_head
+from models.yolov8 import coco_categories
+from models.yolov8_net import build_network, decode_head
 from svc.weights import calibrate_batchnorm
 from tests.support.images import b64, image_bytes
 from tests.support.processes import (

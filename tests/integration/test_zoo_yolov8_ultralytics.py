@@ -17,7 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from models.yolov8 import VARIANTS, build_network, yolov8
+from models.yolov8 import VARIANTS, yolov8
+from models.yolov8_net import build_network
 from svc.modelapi import model_config
 from svc.weights import WeightsError, load_into
 from svc.weightstore.catalog import find_variant

@@ -7,7 +7,8 @@ import pytest
 import torch
 from PIL import Image
 
-from models.yolov8 import REG_MAX, STRIDES, build_network, decode_head, letterbox, letterbox_geometry, select
+from models.yolov8 import letterbox, letterbox_geometry, select
+from models.yolov8_net import REG_MAX, STRIDES, build_network, decode_head
 from tests.support.processes import REPO
 
 NC = 80

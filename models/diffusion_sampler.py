@@ -1,0 +1,168 @@
+"""The sampling loop of the diffusion models (``DiffusionModel``), shared by the four factories.
+
+The loop is the one of diffusers' ``DDPMPipeline``, ``DDIMPipeline``,
+``LDMPipeline`` and ``DiTPipeline``; see ``models/diffusion.py`` for what it
+serves and how it differs from them.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from zope.interface import implementer
+
+from svc.modelapi import IModel, report_progress
+
+SEED_MAX = 2**32 - 1
+DIT_GUIDANCE = 4.0  # DiTPipeline's default classifier-free guidance
+
+
+# -- the sampler ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One item: its seed; the warm-up item runs a single step."""
+
+    seed: int
+    warmup: bool = False
+
+
+def to_pixels(images: Any) -> Any:
+    """Model-space images (B, C, H, W) in [-1, 1] to (B, H, W, C) uint8, as diffusers' pipelines do."""
+    images = (images / 2 + 0.5).clamp(0, 1).cpu().permute(0, 2, 3, 1).float().numpy()
+    return (images * 255).round().astype("uint8")
+
+
+@implementer(IModel)
+class DiffusionModel:
+    """A built denoiser (a UNet, or CLS_COND_DDIM's DiT transformer) with its scheduler and latent decoder."""
+
+    def __init__(self, *, unet: Any, scheduler: Any, vqvae: Any, device: str, version: str, uses_eta: bool,
+                 conditional: bool, dit: bool = False) -> None:
+        self.unet = unet  # a UNet2DModel, or a DiTTransformer2DModel when ``dit``
+        self.dit = dit  # DiTPipeline's sampling: classifier-free guidance, learned sigma dropped, KL decoder
+        self.scheduler = scheduler  # the template: every run uses a fresh copy (set_timesteps mutates it)
+        self.vqvae = vqvae
+        self.device = device
+        self.version = version
+        self.uses_eta = uses_eta
+        self.conditional = conditional
+
+    def preprocess(self, image: Any, params: dict) -> Sample:
+        seed = params.get("seed")
+        return Sample(secrets.randbelow(SEED_MAX + 1) if seed is None else seed)
+
+    def batch_key(self, params: dict) -> Any:
+        return (params["timesteps"], params.get("eta"), params.get("class_id"), params.get("seed"),
+                params.get("guidance_scale"))
+
+    def predict(self, inputs: list, params: dict) -> list:
+        steps = 1 if all(i.warmup for i in inputs) else params["timesteps"]
+        classes = [params["class_id"]] * len(inputs) if self.conditional else None
+        pixels = self.sample([i.seed for i in inputs], steps, params.get("eta", 0.0), classes,
+                             params.get("guidance_scale", DIT_GUIDANCE))
+        return [(p, i.seed) for p, i in zip(pixels, inputs)]
+
+    def sample(self, seeds: list[int], steps: int, eta: float = 0.0, classes: list[int] | None = None,
+               guidance: float = DIT_GUIDANCE) -> Any:
+        """Images (B, H, W, C) uint8 from one seed per image, ``steps`` scheduler steps."""
+        import torch
+        from diffusers.utils.torch_utils import randn_tensor
+
+        if self.dit:
+            return self.sample_dit(seeds, steps, eta, classes or [0] * len(seeds), guidance)
+        unet = self.unet
+        scheduler = type(self.scheduler).from_config(self.scheduler.config)
+        generators = [torch.Generator("cpu").manual_seed(s) for s in seeds]
+        generator = generators[0] if len(generators) == 1 else generators
+        size = unet.config.sample_size
+        shape = (len(seeds), unet.config.in_channels, *((size, size) if isinstance(size, int) else size))
+        extra = {"eta": eta} if self.uses_eta else {}
+        labels = None if classes is None else torch.tensor(classes, device=self.device, dtype=torch.long)
+        with torch.inference_mode():
+            x = randn_tensor(shape, generator=generator, device=torch.device(self.device), dtype=unet.dtype)
+            x = x * scheduler.init_noise_sigma
+            scheduler.set_timesteps(steps)
+            total = len(scheduler.timesteps)
+            for done, t in enumerate(scheduler.timesteps, start=1):
+                model_input = scheduler.scale_model_input(x, t)
+                if labels is None:
+                    out = unet(model_input, t).sample
+                else:
+                    out = unet(model_input, t, class_labels=labels).sample
+                x = scheduler.step(out, t, x, generator=generator, **extra).prev_sample
+                report_progress(done, total)
+            if self.vqvae is not None:
+                x = self.vqvae.decode(x / self.vqvae.config.scaling_factor).sample
+            return to_pixels(x)
+
+    def sample_dit(self, seeds: list[int], steps: int, eta: float, classes: list[int], guidance: float) -> Any:
+        """DiTPipeline's loop: the conditional and the null-class halves of one batch, mixed by ``guidance``.
+
+        The same noise draw, calls and arithmetic as diffusers' ``DiTPipeline``
+        (so the image is the pipeline's for a seed, a class and a step count),
+        plus the seeded generators in every scheduler step for ``eta`` > 0.
+        """
+        import torch
+        from diffusers.utils.torch_utils import randn_tensor
+
+        net = self.unet
+        scheduler = type(self.scheduler).from_config(self.scheduler.config)
+        n = len(seeds)
+        generators = [torch.Generator("cpu").manual_seed(s) for s in seeds]
+        generator = generators[0] if n == 1 else generators
+        channels, size = net.config.in_channels, net.config.sample_size
+        device = torch.device(self.device)
+        guided = guidance > 1
+        # The doubled batch draws step noise (eta > 0) from the same seeded generators.
+        step_generator = generator if n == 1 or not guided else generators + generators
+        extra = {"eta": eta} if eta else {}
+        with torch.inference_mode():
+            latents = randn_tensor((n, channels, size, size), generator=generator, device=device, dtype=net.dtype)
+            x = torch.cat([latents] * 2) if guided else latents
+            labels = torch.tensor(classes, device=device).reshape(-1)
+            if guided:
+                labels = torch.cat([labels, torch.tensor([net.config.num_embeds_ada_norm] * n, device=device)], 0)
+            scheduler.set_timesteps(steps)
+            for t in scheduler.timesteps:
+                if guided:
+                    half = x[: len(x) // 2]
+                    x = torch.cat([half, half], dim=0)
+                x = scheduler.scale_model_input(x, t)
+                timesteps = t[None].to(device) if len(t.shape) == 0 else t
+                out = net(x, timestep=timesteps.expand(x.shape[0]), class_labels=labels).sample
+                if guided:
+                    eps, rest = out[:, :channels], out[:, channels:]
+                    cond_eps, uncond_eps = torch.split(eps, len(eps) // 2, dim=0)
+                    half_eps = uncond_eps + guidance * (cond_eps - uncond_eps)
+                    eps = torch.cat([half_eps, half_eps], dim=0)
+                    out = torch.cat([eps, rest], dim=1)
+                if net.config.out_channels // 2 == channels:  # a learned variance: only eps drives the step
+                    out, _ = torch.split(out, channels, dim=1)
+                x = scheduler.step(out, t, x, generator=step_generator, **extra).prev_sample
+            latents = x.chunk(2, dim=0)[0] if guided else x
+            latents = 1 / self.vqvae.config.scaling_factor * latents
+            return to_pixels(self.vqvae.decode(latents).sample)
+
+    def postprocess(self, output: Any, params: dict, options: dict) -> dict:
+        from PIL import Image
+
+        from svc.imagecodec import encode_image
+
+        pixels, seed = output
+        image = Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels)
+        data = {
+            "image": encode_image(image, options.get("image_format", "png")),
+            "width": image.width,
+            "height": image.height,
+            "seed": seed,
+        }
+        if self.conditional:
+            data["class_id"] = params["class_id"]
+        return data
+
+    def warmup_input(self) -> Sample:
+        return Sample(0, warmup=True)

@@ -89,3 +89,10 @@ PASSED_REPLY_HEADERS = ("content-type", "x-request-id", "cache-control", "retry-
 MODEL_TOKEN_ENV = "SERVICE_AUTH_TOKEN"
 #: The gateway's tokens of every model server: JSON, id -> token.
 UPSTREAM_TOKENS_ENV = "SERVICE_UPSTREAM_TOKENS"
+#: The secret that signs job ids (svc.jobid): the supervisor passes its own to the gateway
+#: and every model server; every host of a cluster must be given the same one.
+JOB_SECRET_ENV = "SERVICE_JOB_SECRET"
+#: A model server's replica index (0 when its model runs one process).
+REPLICA_ENV = "SERVICE_REPLICA"
+#: The host id of a cluster member (``[cluster] host_id``; "" on a single host).
+HOST_ID_ENV = "SERVICE_HOST_ID"

@@ -24,7 +24,6 @@ Time comes only from ``clock``, so every rule is unit-tested with task.Clock.
 from __future__ import annotations
 
 import math
-import secrets
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.logger import Logger
 
+from svc import jobid
 from svc import status as st
 from svc.envelope import ItemResult, ModelIdentity, outcome, result_envelope
 from svc.modelserver.progress import JobProgress
@@ -99,8 +99,13 @@ class JobTable:
         max_completed: int,
         workers: int = 1,
         metrics: Any = None,
+        owner: jobid.JobOwner | None = None,
+        secret: str | None = None,
     ) -> None:
+        """``owner``/``secret``: what new job ids name and are signed with (svc.jobid)."""
         self.clock = clock
+        self.owner = owner or jobid.JobOwner()
+        self.secret = secret or jobid.new_secret()
         self._run = run
         self._model = model
         self.max_queue = max_queue
@@ -126,7 +131,7 @@ class JobTable:
         if self.depth >= self.max_queue:
             raise AsyncQueueFull(self.depth, self.max_queue, self.retry_after())
         self.depth += 1
-        job = Job("job_" + secrets.token_hex(12), request, self.clock.seconds())
+        job = Job(jobid.mint(self.owner, self.secret), request, self.clock.seconds())
         self.jobs[job.id] = job
         self._count("submitted")
         self._gauge()

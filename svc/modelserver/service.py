@@ -28,6 +28,7 @@ from twisted.logger import Logger
 
 from svc import status as st
 from svc.envelope import ItemResult
+from svc.jobid import JobOwner
 from svc.metrics import ModelServerMetrics, new_registry
 from svc.modelapi import IModelFactory
 from svc.modelserver.app import ModelServerApp
@@ -76,8 +77,13 @@ class ModelServerService(ListeningMultiService):
     """One model server: everything hangs off this service."""
 
     def __init__(self, *, reactor: Any, config: Any, factory: IModelFactory, model_config: dict, device: str,
-                 auth_token: str | None, run_worker: Runner | None = None, run_decode: Runner | None = None) -> None:
-        """``run_worker``/``run_decode``: None runs batches and decoding in the pools (tests pass their own)."""
+                 auth_token: str | None, run_worker: Runner | None = None, run_decode: Runner | None = None,
+                 job_owner: JobOwner | None = None, job_secret: str | None = None) -> None:
+        """``run_worker``/``run_decode``: None runs batches and decoding in the pools (tests pass their own).
+
+        ``job_owner``/``job_secret``: the replica and host this process's job ids name, and the
+        deployment's secret that signs them (svc.jobid; the supervisor passes them in the environment).
+        """
         super().__init__()
         self.reactor = reactor
         self.config = config
@@ -146,6 +152,8 @@ class ModelServerService(ListeningMultiService):
                 max_completed=config.async_max_completed,
                 workers=backend.workers,
                 metrics=self.metrics,
+                owner=job_owner,
+                secret=job_secret,
             )
             self.app.enable_jobs(self.jobs)
             self.metrics.async_waiters.set_function(lambda: self.app.waiting)

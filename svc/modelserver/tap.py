@@ -15,7 +15,7 @@ from typing import Any
 from twisted.logger import Logger
 from twisted.python import usage
 
-from svc import version_line
+from svc import jobid, version_line
 from svc.protocol import MODEL_PROGRAM as PROGRAM
 from svc.protocol import MODEL_TOKEN_ENV as AUTH_ENV
 
@@ -135,6 +135,11 @@ def makeService(options: Options, reactor: Any = None) -> Any:
             f"{AUTH_ENV} is not set: set it (the supervisor injects one) or pass --dev-no-auth for local development",
         )
 
+    try:
+        job_owner, job_secret = jobid.from_environment()
+    except ValueError as e:
+        raise refuse(PROGRAM, str(e)) from None
+
     if reactor is None:
         from twisted.internet import reactor
 
@@ -145,5 +150,6 @@ def makeService(options: Options, reactor: Any = None) -> Any:
 
     exit_zero_on_signals(reactor)
     return ModelServerService(
-        reactor=reactor, config=config, factory=factory, model_config=table, device=device, auth_token=token
+        reactor=reactor, config=config, factory=factory, model_config=table, device=device, auth_token=token,
+        job_owner=job_owner, job_secret=job_secret,
     )

@@ -29,11 +29,13 @@ from twisted.logger import Logger
 
 from svc.auth import METRICS_TOKEN_ENV, metrics_token_problem
 from svc.config import ModelServerConfig, model_server_configs
+from svc.jobid import new_secret
 from svc.process import SUPERVISOR_PID_ENV
 from svc.protocol import (
     GATEWAY_CHILD,
     GATEWAY_PROGRAM,
     HEALTH_PATH,
+    JOB_SECRET_ENV,
     MODEL_INFER,
     MODEL_PROGRAM,
     MODEL_TOKEN_ENV,
@@ -110,8 +112,12 @@ class ChildManager:
         )
         self.tokens = {c.id: secrets.token_hex(32) for c in self.catalog}
         self.children: dict[str, Child] = {}
+        # The job secret signs job ids (svc.jobid): the gateway checks what the model servers mint.
+        # Taken from the environment when given (every host of a cluster shares one), else made here.
+        self.job_secret = self.env.get(JOB_SECRET_ENV) or new_secret()
         # SERVICE_SUPERVISOR_PID: a child whose parent is no longer this pid knows it is orphaned.
-        base = {**self.env, "PYTHONUNBUFFERED": "1", SUPERVISOR_PID_ENV: str(os.getpid())}
+        base = {**self.env, "PYTHONUNBUFFERED": "1", SUPERVISOR_PID_ENV: str(os.getpid()),
+                JOB_SECRET_ENV: self.job_secret}
         specs = [
             ChildSpec(
                 name=GATEWAY,

@@ -90,6 +90,6 @@ def test_svcctl_jobs_run_shows_the_bar_and_writes_the_sample_and_the_envelope(st
     assert (image.format, image.size) == ("PNG", (16, 16))
     assert (out / "r1_0.png").read_bytes() == base64.b64decode(envelope["results"][0]["data"]["image"])
     lines = done.stderr.splitlines()
-    assert re.fullmatch(r"job_[0-9a-f]{24} pending", lines[0])
-    assert re.fullmatch(r"job_[0-9a-f]{24} done \[#{30}\] 5/5", lines[-2])
+    assert re.fullmatch(r"job_[0-9a-f]{42} pending", lines[0])
+    assert re.fullmatch(r"job_[0-9a-f]{42} done \[#{30}\] 5/5", lines[-2])
     assert lines[-1] == f"svcctl: wrote 2 files under {out}"

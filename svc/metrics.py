@@ -122,7 +122,8 @@ class ModelServerMetrics(HttpMetrics):
             "service_async_waiters", "Requests parked in GET /jobs/{job}/wait.", registry=registry
         )
         self.info = Gauge(
-            "service_model_info", "Model identity (value 1).", ("model", "version", "device"), registry=registry
+            "service_model_info", "Model identity (value 1); replica: the process's SERVICE_REPLICA index.",
+            ("model", "version", "device", "replica"), registry=registry
         )
 
 
@@ -155,14 +156,22 @@ class GatewayMetrics(HttpMetrics):
         )
         self.upstream_errors = Counter(
             "service_gateway_upstream_errors",
-            "Failed exchanges with model servers: kind unreachable (503), transport or timeout (502).",
-            ("model", "kind"),
+            "Failed exchanges with model servers: kind unreachable (503, or tried on another replica), "
+            "transport or timeout (502).",
+            ("model", "replica", "kind"),
             registry=registry,
         )
         self.upstream_duration = Histogram(
             "service_gateway_upstream_duration_ms",
             "Time from forwarding a request to having the model server's whole reply, in ms.",
-            ("model", "route"),
+            ("model", "replica", "route"),
             buckets=MS_BUCKETS,
+            registry=registry,
+        )
+        self.upstream_retries = Counter(
+            "service_gateway_upstream_retries",
+            "Requests sent to another replica because the first did not take them: reason refused (connection "
+            "refused) or not_admitted (503 status 65 with no results: loading, stopping or full).",
+            ("model", "reason"),
             registry=registry,
         )

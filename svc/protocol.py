@@ -87,12 +87,19 @@ PASSED_REPLY_HEADERS = ("content-type", "x-request-id", "cache-control", "retry-
 
 #: A model server's bearer token.
 MODEL_TOKEN_ENV = "SERVICE_AUTH_TOKEN"
-#: The gateway's tokens of every model server: JSON, id -> token.
+#: The gateway's tokens of every model server: JSON, id -> [token of each replica] (or id -> one token).
 UPSTREAM_TOKENS_ENV = "SERVICE_UPSTREAM_TOKENS"
+#: The gateway's replica layout: JSON, id -> [port of each replica] (svc.replicas).
+UPSTREAM_PORTS_ENV = "SERVICE_UPSTREAM_PORTS"
 #: The secret that signs job ids (svc.jobid): the supervisor passes its own to the gateway
 #: and every model server; every host of a cluster must be given the same one.
 JOB_SECRET_ENV = "SERVICE_JOB_SECRET"
 #: A model server's replica index (0 when its model runs one process).
 REPLICA_ENV = "SERVICE_REPLICA"
+#: How many model-server processes share a replica's CPUs (its model's replicas on the same CPU list):
+#: ``backend.threads = 0`` divides the cores it may run on by this.
+CPU_SHARE_ENV = "SERVICE_CPU_SHARE"
+#: The CPUs a replica is pinned to (``[servers.<ID>] cpus``), comma-separated; applied before its program runs.
+CPU_AFFINITY_ENV = "SERVICE_CPU_AFFINITY"
 #: The host id of a cluster member (``[cluster] host_id``; "" on a single host).
 HOST_ID_ENV = "SERVICE_HOST_ID"

@@ -58,11 +58,25 @@ def lower_thread_priority(nice: int) -> bool:
     return True
 
 
-def configure_threads(threads: int, workers: int) -> int:
-    """Torch intra-op threads so that threads x workers fits the cores."""
+def usable_cores() -> int:
+    """The CPUs this process may run on: its affinity (a replica's ``cpus``), else every core."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # no sched_getaffinity on this platform
+        return os.cpu_count() or 1
+
+
+def configure_threads(threads: int, workers: int, share: int = 1) -> int:
+    """Torch intra-op threads so that threads x workers fits the cores this process may use.
+
+    ``threads`` 0 divides the usable cores (the CPU affinity, so a replica
+    pinned with ``cpus`` counts only its own) by ``workers`` and by
+    ``share``, the number of replicas of the model that run on the same CPUs
+    (``SERVICE_CPU_SHARE``, given by the supervisor).
+    """
     import torch
 
-    n = threads or max(1, (os.cpu_count() or 1) // max(1, workers))
+    n = threads or max(1, usable_cores() // max(1, workers) // max(1, share))
     torch.set_num_threads(n)
     try:
         torch.set_num_interop_threads(1)

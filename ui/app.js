@@ -101,21 +101,18 @@ async function refresh() {
 function renderServers(servers) {
   const tbody = $("#catalog tbody");
   for (const s of servers) {
-    let row = tbody.querySelector(`tr[data-id="${s.id}"]`);
+    const replicas = s.replicas || [];
+    const several = replicas.length > 1;
+    let row = tbody.querySelector(`tr.model[data-id="${s.id}"]`);
     if (!row) {
-      row = document.createElement("tr");
-      row.dataset.id = s.id;
-      row.innerHTML = `<td class="id"></td><td class="task"></td><td><span class="state badge"></span></td>
-        <td class="ready"></td><td class="restarts"></td><td class="port"></td><td class="last-error"></td>
-        <td class="actions"><button data-action="start">Start</button> <button data-action="stop">Stop</button>
-        <button data-action="restart">Restart</button></td>`;
-      for (const button of row.querySelectorAll("button")) button.dataset.target = s.id;
+      row = serverRow(s.id, null);
       tbody.appendChild(row);
-      const figures = document.createElement("tr");
-      figures.className = "figures";
-      figures.dataset.for = s.id;
-      figures.innerHTML = `<td colspan="8"><div class="charts"></div></td>`;
-      tbody.appendChild(figures);
+      // Charts are per process: the model's own when it runs one, each replica's otherwise.
+      if (!several) tbody.appendChild(figuresRow(s.id));
+      for (const r of several ? replicas : []) {
+        tbody.appendChild(serverRow(s.id, r.index));
+        tbody.appendChild(figuresRow(r.name));
+      }
     }
     const idCell = row.querySelector(".id");
     idCell.textContent = s.id + (s.in_profile ? "" : " (not in profile)");
@@ -127,28 +124,82 @@ function renderServers(servers) {
       tag.title = weights.demo ? "random-init weights: the outputs mean nothing" : "";
       idCell.appendChild(tag);
     }
+    if (several) {
+      const count = document.createElement("span");
+      count.className = "replica-count muted small";
+      const ready = replicas.filter((r) => r.ready).length;
+      count.textContent = ` ${replicas.length} replicas, ${ready} ready`;
+      idCell.appendChild(count);
+    }
     row.querySelector(".task").textContent = `${s.task || ""}${s.async ? " · async" : ""}`;
-    badge(row.querySelector(".state"), s.state);
-    row.dataset.state = s.state;
-    row.dataset.ready = String(s.ready);
-    row.querySelector(".ready").textContent = s.ready ? "yes" : "no";
-    row.querySelector(".restarts").textContent = s.restarts;
-    row.querySelector(".port").textContent = s.port;
-    const err = row.querySelector(".last-error");
-    err.textContent = s.last_error || "";
-    err.title = s.last_error || "";
-    const busy = state.busy.has(s.id);
-    const active = ["starting", "running", "stopping"].includes(s.state);
-    row.querySelector('[data-action="start"]').disabled = busy || active;
-    row.querySelector('[data-action="stop"]').disabled = busy || !["starting", "running", "backoff"].includes(s.state);
-    row.querySelector('[data-action="restart"]').disabled = busy || s.state === "stopping";
+    fillRow(row, s, several ? replicas.map((r) => r.port).join(", ") : s.port, several ? replicas : [s]);
+    for (const r of several ? replicas : []) {
+      const sub = tbody.querySelector(`tr.replica[data-id="${s.id}"][data-replica="${r.index}"]`);
+      if (!sub) continue;
+      const pinned = [r.gpu !== null && r.gpu !== undefined ? `GPU ${r.gpu}` : "", r.cpus ? `CPUs ${r.cpus.join(",")}` : ""];
+      sub.querySelector(".task").textContent = pinned.filter(Boolean).join(" · ");
+      fillRow(sub, r, r.port, [r]);
+    }
   }
+}
+
+// A row of the table: a model (replica null) or one replica of a model, with its buttons.
+function serverRow(id, replica) {
+  const row = document.createElement("tr");
+  row.className = replica === null ? "model" : "replica";
+  row.dataset.id = id;
+  if (replica !== null) row.dataset.replica = String(replica);
+  row.innerHTML = `<td class="id"></td><td class="task"></td><td><span class="state badge"></span></td>
+    <td class="ready"></td><td class="restarts"></td><td class="port"></td><td class="last-error"></td>
+    <td class="actions"><button data-action="start">Start</button> <button data-action="stop">Stop</button>
+    <button data-action="restart">Restart</button></td>`;
+  if (replica !== null) row.querySelector(".id").textContent = `replica ${replica}`;
+  for (const button of row.querySelectorAll("button")) {
+    button.dataset.target = id;
+    if (replica !== null) button.dataset.replica = String(replica);
+  }
+  return row;
+}
+
+function figuresRow(name) {
+  const figures = document.createElement("tr");
+  figures.className = "figures";
+  figures.dataset.for = name;
+  figures.innerHTML = `<td colspan="8"><div class="charts"></div></td>`;
+  return figures;
+}
+
+// State, readiness, restarts, port, last error and which buttons apply; `members` are the processes the
+// row's actions act on (the replicas of a model, or the row's own process).
+function fillRow(row, s, port, members) {
+  badge(row.querySelector(".state"), s.state);
+  row.dataset.state = s.state;
+  row.dataset.ready = String(s.ready);
+  row.querySelector(".ready").textContent = s.ready ? "yes" : "no";
+  row.querySelector(".restarts").textContent = s.restarts;
+  row.querySelector(".port").textContent = port;
+  const err = row.querySelector(".last-error");
+  err.textContent = s.last_error || "";
+  err.title = s.last_error || "";
+  const replica = row.dataset.replica;
+  const busy = state.busy.has(row.dataset.id) || (replica !== undefined && state.busy.has(`${row.dataset.id}/${replica}`));
+  const active = (m) => ["starting", "running", "stopping"].includes(m.state);
+  row.querySelector('[data-action="start"]').disabled = busy || members.every(active);
+  row.querySelector('[data-action="stop"]').disabled = busy || !members.some((m) => ["starting", "running", "backoff"].includes(m.state));
+  row.querySelector('[data-action="restart"]').disabled = busy || members.some((m) => m.state === "stopping");
 }
 
 // -- weights ---------------------------------------------------------------------------------
 
 function serverStatus(id) {
   return state.status ? state.status.servers.find((s) => s.id === id) : null;
+}
+
+// The model a process belongs to: the series name a process by its supervisor name (the model's id, or
+// "<ID>.<n>" for replica n of a model that runs several).
+function modelOf(name) {
+  const s = state.status && state.status.servers.find((x) => (x.replicas || []).some((r) => r.name === name));
+  return s ? s.id : name;
 }
 
 // What the page knows about a model's weights: the status's `weights` field when the supervisor
@@ -172,7 +223,7 @@ const COLOURS = ["#2f7ed8", "#e4572e", "#17a398", "#9c59d1", "#f0a202", "#6c757d
 async function refreshSeries() {
   const series = await api("/api/v1/series");
   state.series = series;
-  for (const [id, s] of Object.entries(series.servers)) if (s.version) state.versions[id] = s.version;
+  for (const [id, s] of Object.entries(series.servers)) if (s.version) state.versions[modelOf(id)] = s.version;
   drawGatewayCharts(series);
   for (const [id, s] of Object.entries(series.servers)) drawModelCharts(id, s, series);
   if (state.status) renderServers(state.status.servers);
@@ -182,7 +233,7 @@ async function refreshSeries() {
 function drawModelCharts(id, s, all) {
   const holder = document.querySelector(`tr.figures[data-for="${id}"] .charts`);
   if (!holder) return;
-  const m = state.catalog.find((c) => c.id === id);
+  const m = state.catalog.find((c) => c.id === modelOf(id));
   const span = { t: s.t, now: all.now, window: all.window_s };
   chart(holder, "rps", "requests/s", span, [{ name: "req/s", values: s.rps }], (v) => v.toFixed(2));
   chart(holder, "latency", "latency", span, [{ name: "p50", values: s.p50_ms }, { name: "p99", values: s.p99_ms }], ms);
@@ -277,21 +328,25 @@ function chart(holder, key, title, span, lines, format) {
   box.dataset.points = String(lines.reduce((n, l) => n + l.values.filter((v) => v !== null && v !== undefined).length, 0));
 }
 
-async function act(target, action, button) {
-  const label = target === "__gateway" ? "gateway" : target;
-  state.busy.add(target);
+// A model's restart is rolling (one replica at a time); a replica's acts on that process alone.
+async function act(target, action, button, replica) {
+  const one = replica !== undefined;
+  const label = (target === "__gateway" ? "gateway" : target) + (one ? ` replica ${replica}` : "");
+  const key = one ? `${target}/${replica}` : target;
+  state.busy.add(key);
   button.disabled = true;
   const message = $("#action-message");
   message.className = "muted";
   message.textContent = `${label}: ${action} requested…`;
+  const path = `/api/v1/servers/${encodeURIComponent(target)}${one ? `/replicas/${replica}` : ""}/${action}`;
   try {
-    await api(`/api/v1/servers/${encodeURIComponent(target)}/${action}`, { method: "POST" });
+    await api(path, { method: "POST" });
     message.textContent = `${label}: ${action} done`;
   } catch (e) {
     message.className = "error";
     message.textContent = `${label}: ${action} failed: ${e.message}`;
   } finally {
-    state.busy.delete(target);
+    state.busy.delete(key);
     button.disabled = false;
     refresh().catch(() => {});
   }
@@ -302,8 +357,12 @@ async function act(target, action, button) {
 function fillSelects() {
   const logSelect = $("#log-server");
   logSelect.innerHTML = "";
-  for (const id of ["__gateway", ...state.catalog.map((m) => m.id)]) {
-    logSelect.add(new Option(id === "__gateway" ? "gateway" : id, id));
+  logSelect.add(new Option("gateway", "__gateway"));
+  for (const m of state.catalog) {
+    const s = serverStatus(m.id);
+    const replicas = s && s.replicas && s.replicas.length > 1 ? s.replicas : [];
+    if (!replicas.length) logSelect.add(new Option(m.id, m.id));
+    for (const r of replicas) logSelect.add(new Option(`${m.id} replica ${r.index}`, `${m.id}/${r.index}`));
   }
   state.logServer = logSelect.value;
   const trySelect = $("#try-model");
@@ -345,7 +404,10 @@ function applyLogFilters() {
 async function followLogs() {
   if (!$("#log-follow").checked || !state.logServer) return;
   const query = state.logOffset === null ? "limit=500" : `offset=${state.logOffset}&limit=500`;
-  const page = await api(`/api/v1/servers/${encodeURIComponent(state.logServer)}/logs?${query}`);
+  // A model's replica is "ID/n" in the select: its own log (replicas/n/logs).
+  const [id, replica] = state.logServer.split("/");
+  const where = `/api/v1/servers/${encodeURIComponent(id)}${replica === undefined ? "" : `/replicas/${replica}`}`;
+  const page = await api(`${where}/logs?${query}`);
   const pre = $("#log-lines");
   const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
   state.logLevels = state.logLevels || {};
@@ -726,7 +788,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("#forget").addEventListener("click", () => { localStorage.removeItem(TOKEN_KEY); state.token = ""; showLogin(); });
   document.body.addEventListener("click", (event) => {
     const button = event.target.closest("button[data-action]");
-    if (button) act(button.dataset.target, button.dataset.action, button);
+    if (button) act(button.dataset.target, button.dataset.action, button, button.dataset.replica);
   });
   $("#log-server").addEventListener("change", (event) => {
     state.logServer = event.target.value;

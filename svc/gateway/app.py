@@ -16,6 +16,14 @@ about the catalog.  The model's status, body and the headers SPEC lists
 pass through unchanged; job URLs are rewritten onto ``/v1/models/<id>/jobs``.
 Errors made here use the unified envelope with ``model.name`` ``gateway``.
 
+A model may run as several replicas (svc.replicas): inference and job
+submissions go to the one :class:`svc.gateway.balancer.Balancer` picks, and
+are sent to a second one only when the first did not take them: the
+connection was refused (nothing was sent), or it answered 503 status 65 with
+no results (it admitted nothing: loading, stopping, too many connections).
+Nothing else is retried.  A job's poll, wait and result go to the replica
+its id names (svc.gateway.owners, :meth:`GatewayApp.to_job`).
+
 The routes are declared once in the class body; the legacy ``{server_uri}``
 routes come from the catalog, so each instance adds them to its
 :class:`svc.web.routes.ConfiguredRoutes`, which the class's catch-all asks
@@ -39,8 +47,10 @@ from svc import status as st
 from svc.auth import METRICS_TOKEN_NAME, Authenticator, Principal, Unauthorized
 from svc.envelope import ModelIdentity, new_task_id, rejection
 from svc.errors import ApiError
-from svc.gateway.catalog import Catalog, Upstream
-from svc.gateway.proxy import Proxy, UpstreamFailed, UpstreamUnreachable
+from svc.gateway.balancer import Balancer
+from svc.gateway.catalog import Catalog, Replica, Upstream
+from svc.gateway.owners import OtherHost, locate
+from svc.gateway.proxy import Proxy, UpstreamFailed, UpstreamReply, UpstreamUnreachable, not_admitted
 from svc.metrics import GatewayMetrics
 from svc.protocol import (
     HEALTH_PATH,
@@ -121,8 +131,16 @@ class GatewayApp(routes.JsonApp):
         registry: Any,
         upstream_recv_timeout_ms: int,
         max_body_bytes: int,
+        balancer: Balancer | None = None,
+        job_secret: str | None = None,
+        host_id: str = "",
     ) -> None:
+        """``job_secret``: the deployment's secret that job ids are signed with (None: a gateway started by
+        hand, which trusts the owner an id claims); ``host_id``: this host's id in a cluster ("" alone)."""
         self.clock = clock
+        self.balancer = balancer or Balancer()
+        self.job_secret = job_secret
+        self.host_id = host_id
         self.catalog = catalog
         self.auth = authenticator
         self.proxy = proxy
@@ -169,29 +187,41 @@ class GatewayApp(routes.JsonApp):
         return found
 
     async def forward(self, request: Any, upstream: Upstream, route: str, path: str, *, query: bytes = b"",
-                      rewrite: bool = False) -> bytes:
-        """Send the request to ``upstream`` and answer with its reply."""
+                      rewrite: bool = False, replica: Replica | None = None) -> bytes:
+        """Send the request to ``replica``, or to the replica the balancer picks, and answer with its reply.
+
+        Picked (``replica`` None): the request counts as outstanding on its
+        replica while it is out; a replica that refuses the connection or does
+        not admit the request (:func:`not_admitted`) is marked not ready and
+        the request goes to another replica not tried yet.  With no replica
+        left, a refusal is 503 status 65 and a not-admitted reply is passed
+        through, as with one process.
+        """
         request.service_route = route
         headers = Headers()
         for name in FORWARDED_REQUEST_HEADERS:
             values = request.requestHeaders.getRawHeaders(name)
             if values:
                 headers.setRawHeaders(name, values)
-        if upstream.token:
-            headers.setRawHeaders(b"authorization", [b"Bearer " + upstream.token.encode("latin-1")])
         body = request.content.getvalue() if request.method == b"POST" else None
         started = self.clock.seconds()
-        try:
-            reply = await self.proxy.forward(request.method, upstream.url(path, query), headers, body)
-        except UpstreamUnreachable as e:
-            self.metrics.upstream_errors.labels(upstream.id, "unreachable").inc()
-            raise ApiError(st.NOT_READY, f"model server {upstream.id} is not reachable ({e}): it is not running") from None
-        except UpstreamFailed as e:
-            self.metrics.upstream_errors.labels(upstream.id, e.kind).inc()
-            log.warn("{model}: upstream failure on {path}: {error}", model=upstream.id, path=path, error=str(e))
-            raise ApiError(st.BAD_GATEWAY, f"model server {upstream.id}: {e}") from None
-        elapsed_ms = (self.clock.seconds() - started) * 1000.0
-        self.metrics.upstream_duration.labels(upstream.id, route).observe(elapsed_ms)
+        tried: list[Replica] = []
+        several = replica is None and len(upstream.replicas) > 1
+        while True:
+            target = replica if replica is not None else self.balancer.pick(upstream, tried)
+            tried.append(target)
+            last = not several or len(tried) == len(upstream.replicas)
+            reply = await self._exchange(request, upstream, target, route, path, query, headers, body,
+                                         counted=replica is None, last=last)
+            if reply is None:
+                self.metrics.upstream_retries.labels(upstream.id, "refused").inc()
+                continue
+            if several and not_admitted(reply):
+                self.balancer.mark_down(target)
+                if not last:
+                    self.metrics.upstream_retries.labels(upstream.id, "not_admitted").inc()
+                    continue
+            break
         if reply.code == 401:
             log.error("{model} refused the gateway's token: is SERVICE_UPSTREAM_TOKENS right?", model=upstream.id)
         request.setResponseCode(reply.code)
@@ -211,6 +241,55 @@ class GatewayApp(routes.JsonApp):
         if route == "infer":
             self.metrics.duration.labels(route).observe((self.clock.seconds() - started) * 1000.0)
         return data
+
+    async def _exchange(self, request: Any, upstream: Upstream, target: Replica, route: str, path: str,
+                        query: bytes, headers: Headers, body: bytes | None, *, counted: bool,
+                        last: bool) -> UpstreamReply | None:
+        """One attempt on ``target``: its reply, None when it refused and another replica may be tried, or the
+        gateway's own error (503 refused, 502 transport failure or timeout) as an ApiError."""
+        attempt = headers.copy()
+        if target.token:
+            attempt.setRawHeaders(b"authorization", [b"Bearer " + target.token.encode("latin-1")])
+        replica = str(target.index)
+        if counted:
+            self.balancer.started(target)
+        started = self.clock.seconds()
+        try:
+            reply = await self.proxy.forward(request.method, target.url(path, query), attempt, body)
+        except UpstreamUnreachable as e:
+            self.balancer.mark_down(target)
+            self.metrics.upstream_errors.labels(upstream.id, replica, "unreachable").inc()
+            if not last:
+                return None
+            what = upstream.id if len(upstream.replicas) == 1 else f"{upstream.id} (no replica took the request)"
+            raise ApiError(st.NOT_READY, f"model server {what} is not reachable ({e}): it is not running") from None
+        except UpstreamFailed as e:
+            self.metrics.upstream_errors.labels(upstream.id, replica, e.kind).inc()
+            log.warn("{model} replica {replica}: upstream failure on {path}: {error}", model=upstream.id,
+                     replica=replica, path=path, error=str(e))
+            raise ApiError(st.BAD_GATEWAY, f"model server {upstream.id}: {e}") from None
+        finally:
+            if counted:
+                self.balancer.finished(target)
+        self.metrics.upstream_duration.labels(upstream.id, replica, route).observe(
+            (self.clock.seconds() - started) * 1000.0)
+        return reply
+
+    async def to_job(self, request: Any, upstream: Upstream, route: str, job_id: str, template: str, *,
+                     query: bytes = b"", rewrite: bool = True) -> bytes:
+        """A poll, wait or result, forwarded to the process that holds the job (svc.gateway.owners).
+
+        The one place that decides where a job is: a replica of this host, or
+        404 "job not found" (an id that does not verify, a replica that is
+        gone, or another host of a cluster).
+        """
+        where = locate(upstream, job_id, secret=self.job_secret, host=self.host_id)
+        if isinstance(where, OtherHost):
+            where = None  # another host's job: not reachable from here
+        if where is None:
+            raise ApiError(st.NOT_FOUND, f"job not found: {job_id[:80]}")
+        path = template.format(job_id=quote(job_id, safe=""))
+        return await self.forward(request, upstream, route, path, query=query, rewrite=rewrite, replica=where)
 
     @staticmethod
     def _rewrite_job_body(model_id: str, data: bytes) -> bytes:
@@ -276,7 +355,7 @@ class GatewayApp(routes.JsonApp):
     async def job_status(self, request: Any, model_id: str, job_id: str) -> bytes:
         request.service_route = "jobs_status"
         self.admit(request)
-        return await self.forward(request, self.upstream(model_id), "jobs_status", JOB.format(job_id=quote(job_id, safe="")), rewrite=True)
+        return await self.to_job(request, self.upstream(model_id), "jobs_status", job_id, JOB)
 
     @app.route(klein_rule(MODEL_PREFIX + JOB_WAIT), methods=["GET"])
     async def job_wait(self, request: Any, model_id: str, job_id: str) -> bytes:
@@ -289,14 +368,13 @@ class GatewayApp(routes.JsonApp):
             raise ApiError(st.BAD_GATEWAY,
                            f"a wait budget of {budget} ms is at or above the gateway's upstream receive timeout "
                            f"({self.recv_timeout_ms} ms, upstream_recv_timeout_ms): ask for less and wait again")
-        return await self.forward(request, upstream, "jobs_wait", JOB_WAIT.format(job_id=quote(job_id, safe="")),
-                                  query=wait_query(raw), rewrite=True)
+        return await self.to_job(request, upstream, "jobs_wait", job_id, JOB_WAIT, query=wait_query(raw))
 
     @app.route(klein_rule(MODEL_PREFIX + JOB_RESULT), methods=["GET"])
     async def job_result(self, request: Any, model_id: str, job_id: str) -> bytes:
         request.service_route = "jobs_result"
         self.admit(request)
-        return await self.forward(request, self.upstream(model_id), "jobs_result", JOB_RESULT.format(job_id=quote(job_id, safe="")))
+        return await self.to_job(request, self.upstream(model_id), "jobs_result", job_id, JOB_RESULT, rewrite=False)
 
     # -- errors and accounting ----------------------------------------------------------------
 

@@ -1,22 +1,26 @@
-"""The catalog the gateway routes to: id, loopback port, ``server_uri``, token.
+"""The catalog the gateway routes to: id, ``server_uri``, and each replica's loopback port and token.
 
 It comes from the same ``conf/server/*.toml`` files the model servers read,
-so a model's port and legacy path are spelled once.  The token the gateway
-presents to each model server comes from the environment: the supervisor
-injects ``SERVICE_UPSTREAM_TOKENS`` (a JSON object, catalog id -> token);
-``SERVICE_UPSTREAM_TOKEN`` is one token for every model (a gateway started by
-hand in front of model servers started by hand).
+so a model's port and legacy path are spelled once.  A model runs as one or
+more replicas (svc.replicas): the supervisor injects their ports as
+``SERVICE_UPSTREAM_PORTS`` and their tokens as ``SERVICE_UPSTREAM_TOKENS``
+(JSON by catalog id, a list per replica; a model it does not name runs one
+replica on its config's port).  ``SERVICE_UPSTREAM_TOKENS`` may also give one
+token per model (id -> token, the shape before replicas), and
+``SERVICE_UPSTREAM_TOKEN`` is one token for every model (a gateway started
+by hand in front of model servers started by hand).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import quote
 
 from svc.config import model_server_configs
+from svc.protocol import UPSTREAM_PORTS_ENV as PORTS_ENV
 from svc.protocol import UPSTREAM_TOKENS_ENV as TOKENS_ENV
+from svc.replicas import LayoutError, decode_ports, decode_tokens, find_clash
 
 TOKEN_ENV = "SERVICE_UPSTREAM_TOKEN"
 
@@ -26,18 +30,20 @@ class CatalogError(Exception):
 
 
 @dataclass(frozen=True)
-class Upstream:
-    """One model server as the gateway sees it."""
+class Replica:
+    """One model-server process: replica ``index`` of model ``model``."""
 
-    id: str
+    model: str
+    index: int
     port: int
-    server_uri: str
-    async_enabled: bool
     token: str | None
-    peer_resp_timeout: int = 600  # the model server closes idle connections after this many seconds
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.model, self.index
 
     def url(self, path: str, query: bytes = b"") -> bytes:
-        """The absolute URL of ``path`` on this model server (literal 127.0.0.1: no name lookups).
+        """The absolute URL of ``path`` on this process (literal 127.0.0.1: no name lookups).
 
         Characters a URL cannot carry are percent-encoded (existing escapes
         are kept: the routes quote client-given segments such as job ids);
@@ -46,22 +52,43 @@ class Upstream:
         return f"http://127.0.0.1:{self.port}{quote(path, safe='/%')}".encode("ascii") + (b"?" + query if query else b"")
 
 
+@dataclass(frozen=True)
+class Upstream:
+    """One catalog model as the gateway sees it: ``port`` and ``token`` are replica 0's."""
+
+    id: str
+    port: int
+    server_uri: str
+    async_enabled: bool
+    token: str | None
+    peer_resp_timeout: int = 600  # the model server closes idle connections after this many seconds
+    replicas: tuple[Replica, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not self.replicas:  # one process on the config's port
+            object.__setattr__(self, "replicas", (Replica(self.id, 0, self.port, self.token),))
+
+    def url(self, path: str, query: bytes = b"") -> bytes:
+        """``path`` on replica 0."""
+        return self.replicas[0].url(path, query)
+
+
 class Catalog:
     """Upstreams by catalog id and by exact legacy ``server_uri``."""
 
     def __init__(self, upstreams: list[Upstream]) -> None:
         self.by_id: dict[str, Upstream] = {}
         self.by_uri: dict[str, Upstream] = {}
-        ports: dict[int, str] = {}
         for up in upstreams:
-            for table, key, what in ((self.by_id, up.id, "catalog id"), (self.by_uri, up.server_uri, "server_uri"),
-                                     (ports, up.port, "port")):
+            for table, key, what in ((self.by_id, up.id, "catalog id"), (self.by_uri, up.server_uri, "server_uri")):
                 if key in table:
-                    other = table[key] if isinstance(table[key], str) else table[key].id
-                    raise CatalogError(f"{up.id} and {other} have the same {what} {key!r}")
+                    raise CatalogError(f"{up.id} and {table[key].id} have the same {what} {key!r}")
             self.by_id[up.id] = up
             self.by_uri[up.server_uri] = up
-            ports[up.port] = up.id
+        clash = find_clash((r.port, r.model if len(up.replicas) == 1 else f"{r.model} replica {r.index}")
+                           for up in upstreams for r in up.replicas)
+        if clash:
+            raise CatalogError(clash)
 
     def __iter__(self):
         return iter(self.by_id.values())
@@ -76,22 +103,17 @@ class Catalog:
         return min(configured_s, shortest * 0.5) if shortest <= configured_s else configured_s
 
 
-def upstream_tokens(env: Mapping[str, str]) -> tuple[dict[str, str], str | None]:
-    """Per-model tokens and the one fallback token from the environment."""
-    raw = env.get(TOKENS_ENV) or ""
-    tokens: dict[str, str] = {}
-    if raw:
-        try:
-            tokens = json.loads(raw)
-        except ValueError as e:
-            raise CatalogError(f"{TOKENS_ENV} is not valid JSON: {e}") from None
-        if not isinstance(tokens, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in tokens.items()):
-            raise CatalogError(f"{TOKENS_ENV} must be a JSON object of catalog id -> token string")
+def upstream_tokens(env: Mapping[str, str]) -> tuple[dict[str, tuple[str, ...] | str], str | None]:
+    """Per-model tokens (a tuple per replica, or one string) and the one fallback token from the environment."""
+    try:
+        tokens = decode_tokens(TOKENS_ENV, env.get(TOKENS_ENV) or "")
+    except LayoutError as e:
+        raise CatalogError(str(e)) from None
     return tokens, env.get(TOKEN_ENV) or None
 
 
 def load_catalog(servers_dir: str, env: Mapping[str, str]) -> Catalog:
-    """The catalog of ``servers_dir`` with each model's upstream token.
+    """The catalog of ``servers_dir`` with each model's replicas (ports and tokens) from the environment.
 
     Raises ``svc.config.ConfigError`` for a bad model config and
     :class:`CatalogError` for a catalog that cannot be routed.
@@ -101,7 +123,19 @@ def load_catalog(servers_dir: str, env: Mapping[str, str]) -> Catalog:
     except FileNotFoundError:
         raise CatalogError(f"the model-server config directory {servers_dir} does not exist") from None
     tokens, fallback = upstream_tokens(env)
-    return Catalog([
-        Upstream(c.id, c.port, c.server_uri, c.async_enabled, tokens.get(c.id) or fallback, c.peer_resp_timeout)
-        for c in configs
-    ])
+    try:
+        layout = decode_ports(PORTS_ENV, env.get(PORTS_ENV) or "")
+    except LayoutError as e:
+        raise CatalogError(str(e)) from None
+    upstreams = []
+    for c in configs:
+        ports = layout.get(c.id, (c.port,))
+        given = tokens.get(c.id)
+        if isinstance(given, tuple) and len(given) != len(ports):
+            raise CatalogError(f"{TOKENS_ENV} has {len(given)} token(s) for {c.id}, which runs {len(ports)} "
+                               f"replica(s) ({PORTS_ENV})")
+        per_replica = given if isinstance(given, tuple) else (given,) * len(ports)
+        replicas = tuple(Replica(c.id, i, port, per_replica[i] or fallback) for i, port in enumerate(ports))
+        upstreams.append(Upstream(c.id, ports[0], c.server_uri, c.async_enabled, replicas[0].token,
+                                  c.peer_resp_timeout, replicas))
+    return Catalog(upstreams)

@@ -46,6 +46,9 @@ class GatewayConfig:
         "Browser origins whose calls the gateway answers with CORS headers; default: the supervisor UI "
         "(http://127.0.0.1:<port> and http://localhost:<port> of [supervisor]).", type=list)
     idle_timeout_s: int = setting(660, "Client connections idle this long are closed.", minimum=1)
+    replica_probe_interval_ms: int = setting(
+        1000, "How often the /ready of each replica of a model with several is probed; a replica that refused a "
+        "connection or failed its probe gets requests again once a probe answers 200.", minimum=100, maximum=60000)
     header_timeout_ms: int = base.header_timeout_setting()
     max_connections: int = base.max_connections_setting(1024, "503 status 65")
     listen_backlog: int = base.listen_backlog_setting()

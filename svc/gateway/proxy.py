@@ -22,10 +22,16 @@ Failures are classified for the caller:
   A connection lost after it was made (a model server killed under a
   parked wait) is this kind, for every method: nothing is retried, so a
   second attempt cannot turn it into "connection refused".
+
+Only two outcomes leave a request untouched by the model server, and only
+those may be sent to another replica of the model (svc.gateway.app): a
+refused connection (nothing was sent) and a reply that :func:`not_admitted`
+recognises.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +43,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
+from svc.status import NOT_READY
 from svc.web.client import QuietConnectionPool
 
 
@@ -57,6 +64,23 @@ class UpstreamReply:
     code: int
     headers: Headers
     body: bytes
+
+
+def not_admitted(reply: UpstreamReply) -> bool:
+    """Whether a model server took nothing of the request: 503 status 65 with no results.
+
+    That is the reply of a process that admits nothing (loading, stopping,
+    past ``max_connections``); an admitted request always has one result per
+    image, also when it is cut short by a shutdown.
+    """
+    if reply.code != NOT_READY.http:
+        return False
+    try:
+        body = json.loads(reply.body)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("status") == NOT_READY.code and body.get("results") == []
+
 
 
 @implementer(IBodyProducer)

@@ -1,4 +1,4 @@
-"""The gateway's service tree: the listener and the upstream connection pool.
+"""The gateway's service tree: the listener, the upstream connection pool and the replicas' probe.
 
 The listener binds the configured address, or adopts the listening socket
 the supervisor hands over (``listen_fd``, see svc.gateway.drain).  On stop
@@ -17,11 +17,13 @@ from twisted.logger import Logger
 
 from svc.auth import Authenticator, AuthSetup, describe
 from svc.gateway.app import GatewayApp
+from svc.gateway.balancer import Balancer
 from svc.gateway.catalog import Catalog
 from svc.gateway.config import GatewayConfig
 from svc.gateway.cors import CorsResource
 from svc.gateway.drain import AdoptedListener, DrainingSite, signal_closed, signal_ready
 from svc.gateway.proxy import Proxy, make_agent, make_pool
+from svc.gateway.readiness import ReplicaProbe
 from svc.metrics import GatewayMetrics, new_registry
 from svc.process import ORPHAN_EXIT_S, ListeningMultiService, freeze_heap, supervisor_gone
 from svc.protocol import GATEWAY_PROGRAM as PROGRAM
@@ -38,7 +40,8 @@ class GatewayService(ListeningMultiService):
     program = PROGRAM
 
     def __init__(self, *, reactor: Any, config: GatewayConfig, setup: AuthSetup, catalog: Catalog,
-                 agent: Any = None, listen_fd: int | None = None, ready_fd: int | None = None) -> None:
+                 agent: Any = None, listen_fd: int | None = None, ready_fd: int | None = None,
+                 job_secret: str | None = None, host_id: str = "") -> None:
         super().__init__()
         self.reactor = reactor
         self.config = config
@@ -50,6 +53,7 @@ class GatewayService(ListeningMultiService):
             self.pool = make_pool(reactor, max_per_host=config.upstream_max_connections,
                                   idle_timeout_s=catalog.pool_idle_timeout(config.upstream_idle_timeout_s))
             agent = make_agent(reactor, self.pool, config.upstream_connect_timeout_ms / 1000.0)
+        self.balancer = Balancer()
         self.app = GatewayApp(
             clock=reactor,
             catalog=catalog,
@@ -59,8 +63,14 @@ class GatewayService(ListeningMultiService):
             registry=self.registry,
             upstream_recv_timeout_ms=config.upstream_recv_timeout_ms,
             max_body_bytes=config.max_body_bytes,
+            balancer=self.balancer,
+            job_secret=job_secret,
+            host_id=host_id,
         )
         self.catalog = catalog
+        # Probes the replicas of the models that have several (svc.gateway.readiness); stopped first.
+        self.probe = ReplicaProbe(clock=reactor, agent=agent, catalog=catalog, balancer=self.balancer,
+                                  interval_s=config.replica_probe_interval_ms / 1000.0)
         self.site = DrainingSite.for_app(
             self.app,
             CorsResource(self.app.resource(), config.cors_origins, self.app.methods),
@@ -77,6 +87,7 @@ class GatewayService(ListeningMultiService):
             self.listen_address = f"{config.host}:{config.port} (socket on fd {listen_fd} from the supervisor)"
             self.listener = AdoptedListener(reactor, listen_fd, self.site)
         self.listener.setServiceParent(self)
+        self.probe.setServiceParent(self)
         # In-flight requests may wait for a model up to the upstream receive timeout.
         self.drain_timeout = config.upstream_recv_timeout_ms / 1000.0 + 1.0
 
@@ -89,13 +100,14 @@ class GatewayService(ListeningMultiService):
                  "{static}); routing {models} models: {ids}",
                  host=self.config.host, port=self.bound_port(), mode=info["mode"], keys=info["keys"],
                  enabled=info["enabled_keys"], static=", ".join(info["static_tokens"]) or "none",
-                 models=len(self.catalog), ids=", ".join(u.id for u in self.catalog))
+                 models=len(self.catalog), ids=", ".join(u.id if len(u.replicas) == 1 else f"{u.id} x{len(u.replicas)}"
+                                                          for u in self.catalog))
         idle = self.catalog.pool_idle_timeout(self.config.upstream_idle_timeout_s)
         if idle < self.config.upstream_idle_timeout_s:
             log.warn("upstream_idle_timeout_s {configured} is not below every model's peer_resp_timeout: "
                      "idle upstream connections close after {idle:g} s", configured=self.config.upstream_idle_timeout_s,
                      idle=idle)
-        missing = [u.id for u in self.catalog if not u.token]
+        missing = [u.id for u in self.catalog if not all(r.token for r in u.replicas)]
         if missing:
             log.warn("no upstream token for {ids}: requests to them carry no Authorization "
                      "(set SERVICE_UPSTREAM_TOKENS or SERVICE_UPSTREAM_TOKEN)", ids=", ".join(missing))

@@ -23,6 +23,7 @@ from twisted.python import usage
 
 from svc import version_line
 from svc.protocol import GATEWAY_PROGRAM as PROGRAM
+from svc.protocol import HOST_ID_ENV, JOB_SECRET_ENV
 
 
 class Options(usage.Options):
@@ -104,5 +105,7 @@ def makeService(options: Options, reactor: Any = None) -> Any:
     from svc.process import exit_zero_on_signals
 
     exit_zero_on_signals(reactor)
+    # Job ids name their replica and host under the deployment's secret (svc.gateway.owners).
     return GatewayService(reactor=reactor, config=config, setup=setup, catalog=catalog,
-                          listen_fd=options["listen-fd"], ready_fd=options["ready-fd"])
+                          listen_fd=options["listen-fd"], ready_fd=options["ready-fd"],
+                          job_secret=env.get(JOB_SECRET_ENV) or None, host_id=env.get(HOST_ID_ENV) or "")

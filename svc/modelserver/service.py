@@ -163,7 +163,8 @@ class ModelServerService(ListeningMultiService):
         self.listener.setServiceParent(self)
         self.decode.setServiceParent(self)
         self.workers.setServiceParent(self)
-        self.metrics.info.labels(config.id, "loading", device).set(1)
+        self.replica = str(job_owner.replica if job_owner is not None else 0)
+        self.metrics.info.labels(config.id, "loading", device, self.replica).set(1)
         self.device = device
         #: Ends the process if a stop overruns its bound (svc.process.start_watchdog); replaceable in tests.
         self.watchdog = start_watchdog
@@ -183,7 +184,7 @@ class ModelServerService(ListeningMultiService):
         self.app.set_ready(self.engine.version)
         self.metrics.ready.set(1)
         self.metrics.info.clear()
-        self.metrics.info.labels(self.config.id, self.engine.version, self.device).set(1)
+        self.metrics.info.labels(self.config.id, self.engine.version, self.device, self.replica).set(1)
         log.info("{id}: ready (version {version}; warm-up batch of {items} took {ms:.0f} ms; {frozen} objects "
                  "frozen out of garbage collection)",
                  id=self.config.id, version=self.engine.version, items=items, ms=seconds * 1000, frozen=frozen)

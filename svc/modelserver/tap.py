@@ -16,6 +16,7 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from svc import jobid, version_line
+from svc.protocol import CPU_SHARE_ENV
 from svc.protocol import MODEL_PROGRAM as PROGRAM
 from svc.protocol import MODEL_TOKEN_ENV as AUTH_ENV
 
@@ -82,11 +83,22 @@ def weights_override(factory: Any, choice: str) -> str:
     return choice
 
 
-def prepare_torch(config: Any) -> str:
+def cpu_share(env: Any) -> int:
+    """How many replicas of this model share this process's CPUs (``SERVICE_CPU_SHARE``, set by the
+    supervisor; 1 when unset); ValueError with one line for anything but a positive integer."""
+    raw = env.get(CPU_SHARE_ENV) or "1"
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{CPU_SHARE_ENV} must be a positive integer (replicas sharing these CPUs), not {raw!r}")
+    return int(raw)
+
+
+def prepare_torch(config: Any, share: int = 1) -> str:
     """The process's torch settings from ``[backend]``: malloc tuning, threads, device; the torch device.
 
-    A device that cannot be had (``gpu`` without CUDA) is refused with one line.
-    Process-wide, so it is its own step: tests of the service tree replace it.
+    ``backend.threads = 0`` divides the usable cores among ``share`` replicas
+    and the workers (svc.torchenv.configure_threads).  A device that cannot
+    be had (``gpu`` without CUDA) is refused with one line.  Process-wide, so
+    it is its own step: tests of the service tree replace it.
     """
     from svc import torchenv
     from svc.process import refuse
@@ -94,7 +106,7 @@ def prepare_torch(config: Any) -> str:
     try:
         if config.backend.tune_malloc:
             torchenv.tune_malloc()
-        torchenv.configure_threads(config.backend.threads, config.backend.workers)
+        torchenv.configure_threads(config.backend.threads, config.backend.workers, share)
         return torchenv.select_device(config.backend.device, config.gpu_mem_limit_mb)
     except torchenv.DeviceError as e:
         raise refuse(PROGRAM, f"{config.path}: {e}") from None
@@ -137,13 +149,14 @@ def makeService(options: Options, reactor: Any = None) -> Any:
 
     try:
         job_owner, job_secret = jobid.from_environment()
+        share = cpu_share(os.environ)
     except ValueError as e:
         raise refuse(PROGRAM, str(e)) from None
 
     if reactor is None:
         from twisted.internet import reactor
 
-    device = prepare_torch(config)
+    device = prepare_torch(config, share)
 
     from svc.modelserver.service import ModelServerService
     from svc.process import exit_zero_on_signals

@@ -7,13 +7,17 @@ the page asks for the token and keeps it in the browser.
 
     GET  /api/v1/health                          liveness (no credential)
     GET  /api/v1/catalog                         the catalog models
-    GET  /api/v1/status                          gateway and model servers
-    POST /api/v1/servers/{id}/start|stop|restart 200 {ok: true} once done, 500 {ok: false, error}
+    GET  /api/v1/status                          gateway and model servers (each with its replicas)
+    POST /api/v1/servers/{id}/start|stop|restart 200 {ok: true} once done, 500 {ok: false, error};
+                                                 a model's restart is rolling, one replica at a time
+    POST /api/v1/servers/{id}/replicas/{n}/start|stop|restart   one replica
     POST /api/v1/servers/__gateway/restart       restarts the gateway (it reloads the key file)
-    GET  /api/v1/servers/{id}/logs?offset=&limit= the child's output, paged by line number
+    GET  /api/v1/servers/{id}/logs?offset=&limit= the child's output (a model's replica 0), paged by line number
+    GET  /api/v1/servers/{id}/replicas/{n}/logs  replica n's
     GET  /api/v1/servers/{id}/openapi            the running model server's /openapi.json, relayed
     GET  /api/v1/series                          every child's live figures (svc.supervisor.series)
-    GET  /api/v1/servers/{id}/series             one child's
+    GET  /api/v1/servers/{id}/series             one child's (a model's replica 0)
+    GET  /api/v1/servers/{id}/replicas/{n}/series replica n's
     GET  /api/v1/metrics                         Prometheus text
 
 Errors are :class:`svc.errors.ApiError` like everywhere, answered in the
@@ -89,11 +93,19 @@ class ManagementApi(routes.JsonApp):
                            "missing or wrong management token (Authorization: Bearer <SERVICE_API_TOKEN>)",
                            headers={"WWW-Authenticate": 'Bearer realm="supervisor"'})
 
-    def child(self, name: str) -> Any:
-        child = self.manager.children.get(name)
-        if child is None:
-            raise ApiError(st.NOT_FOUND, f"unknown server {name[:80]!r}")
-        return child
+    def child(self, name: str, replica: int | None = None) -> Any:
+        """One process: the gateway or a model's replica (0 unless named); 404 otherwise."""
+        try:
+            return self.manager.process(name, replica)
+        except ChildError as e:
+            raise ApiError(st.NOT_FOUND, str(e)) from None
+
+    def target(self, name: str) -> Any:
+        """What a server-level action acts on: the gateway, or a model (all its replicas); 404 otherwise."""
+        try:
+            return self.manager.target(name)
+        except ChildError as e:
+            raise ApiError(st.NOT_FOUND, str(e)) from None
 
     @staticmethod
     def ok(request: Any, body: dict | None = None) -> bytes:
@@ -122,9 +134,18 @@ class ManagementApi(routes.JsonApp):
     async def action(self, request: Any, name: str, action: str) -> bytes:
         request.service_route = "action"
         self.authenticate(request)
-        child = self.child(name)
+        return await self._act(request, self.target(name), action)
+
+    @app.route("/api/v1/servers/<string:name>/replicas/<int:replica>/<any(start,stop,restart):action>",
+               methods=["POST"])
+    async def replica_action(self, request: Any, name: str, replica: int, action: str) -> bytes:
+        request.service_route = "action"
+        self.authenticate(request)
+        return await self._act(request, self.child(name, replica), action)
+
+    async def _act(self, request: Any, target: Any, action: str) -> bytes:
         # The action goes on even if the client disconnects; the reply waits for it.
-        done = ensureDeferred(self._do(child, action))
+        done = ensureDeferred(self._do(target, action))
         try:
             await _uncancellable(done)
         except ChildError as e:
@@ -138,10 +159,19 @@ class ManagementApi(routes.JsonApp):
     def logs(self, request: Any, name: str) -> bytes:
         request.service_route = "logs"
         self.authenticate(request)
-        child = self.child(name)
+        return self._logs(request, name, self.child(name))
+
+    @app.route("/api/v1/servers/<string:name>/replicas/<int:replica>/logs", methods=["GET"])
+    def replica_logs(self, request: Any, name: str, replica: int) -> bytes:
+        request.service_route = "logs"
+        self.authenticate(request)
+        return self._logs(request, name, self.child(name, replica), replica)
+
+    def _logs(self, request: Any, name: str, child: Any, replica: int | None = None) -> bytes:
         offset = _int_arg(request, b"offset", None, minimum=0)
         limit = _int_arg(request, b"limit", LOG_LIMIT_DEFAULT, minimum=1, maximum=LOG_LIMIT_MAX)
-        return self.ok(request, {"id": name, **child.logs.page(offset, limit)})
+        where = {} if replica is None else {"replica": replica}
+        return self.ok(request, {"id": name, **where, **child.logs.page(offset, limit)})
 
     @app.route("/api/v1/servers/<string:name>/openapi", methods=["GET"])
     async def openapi(self, request: Any, name: str) -> bytes:
@@ -153,9 +183,11 @@ class ManagementApi(routes.JsonApp):
         """
         request.service_route = "openapi"
         self.authenticate(request)
-        child = self.child(name)
+        target = self.target(name)
         if name == GATEWAY:
             raise ApiError(st.NOT_FOUND, "the gateway serves no OpenAPI document (it is committed as openapi/gateway.json)")
+        # Any running replica: they all run the same config.
+        child = next((c for c in target.children if c.snapshot()["state"] == "running"), target.children[0])
         if child.snapshot()["state"] != "running" or self.fetch is None:
             raise ApiError(st.NOT_READY, f"{name} is not running: its OpenAPI document comes from the running server")
         body = await self.fetch(child.spec.port, OPENAPI_PATH, None)
@@ -177,9 +209,19 @@ class ManagementApi(routes.JsonApp):
     def one_series(self, request: Any, name: str) -> bytes:
         request.service_route = "series"
         self.authenticate(request)
-        self.child(name)
-        return self.ok(request, {"id": name, "interval_s": self.series.interval, "window_s": self.series.window,
-                                 "now": round(self.manager.reactor.seconds(), 3), **self.series.child_view(name)})
+        return self._series(request, name, self.child(name))
+
+    @app.route("/api/v1/servers/<string:name>/replicas/<int:replica>/series", methods=["GET"])
+    def replica_series(self, request: Any, name: str, replica: int) -> bytes:
+        request.service_route = "series"
+        self.authenticate(request)
+        return self._series(request, name, self.child(name, replica), replica)
+
+    def _series(self, request: Any, name: str, child: Any, replica: int | None = None) -> bytes:
+        where = {} if replica is None else {"replica": replica}
+        return self.ok(request, {"id": name, **where, "interval_s": self.series.interval,
+                                 "window_s": self.series.window, "now": round(self.manager.reactor.seconds(), 3),
+                                 **self.series.child_view(child.name)})
 
     @app.route("/api/v1/metrics", methods=["GET"])
     def metrics_route(self, request: Any) -> bytes:

@@ -15,6 +15,7 @@ from typing import Any
 from svc import config as base
 from svc.config import ConfigError, Key, apply_keys, keys_of, read_toml, setting, sub_table
 from svc.protocol import GATEWAY_PORT, LOOPBACK, SUPERVISOR_PORT
+from svc.replicas import MAX_REPLICAS, PORT_STRIDE
 
 POLICIES = ("on-failure", "always", "no")
 WEIGHTS_CHOICES = ("demo", "pretrained")
@@ -53,17 +54,53 @@ class SupervisorConfig:
     header_timeout_ms: int = base.header_timeout_setting()
     max_connections: int = base.max_connections_setting(128, "503 {ok: false, error}")
     listen_backlog: int = base.listen_backlog_setting()
-    server_policies: dict
+    servers: dict  # catalog id -> ServerSettings, for the ids that have a [servers.<ID>] table
     gateway_host: str
     gateway_port: int
     gateway_listen_backlog: int = 1024
+    gateway_probe_interval_ms: int = 1000
+
+    def server(self, server_id: str) -> ServerSettings:
+        """``[servers.<ID>]`` of a model (the defaults when the file has no such table)."""
+        return self.servers.get(server_id) or ServerSettings()
+
+    @property
+    def server_policies(self) -> dict[str, str]:
+        """The restart policy of every model that has a ``[servers.<ID>]`` table."""
+        return {server_id: settings.restart for server_id, settings in self.servers.items()}
 
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """One ``[servers.<ID>]`` table."""
+    """One ``[servers.<ID>]`` table: how the supervisor runs that model (svc.replicas for the port layout)."""
 
-    restart: str = setting("on-failure", "Restart policy: on-failure, always or no.", choices=POLICIES)
+    restart: str = setting("on-failure", "Restart policy: on-failure, always or no.", choices=POLICIES,
+                           dataclass_default=True)
+    replicas: int = setting(
+        1, f"Processes of this model on this host (1 to {MAX_REPLICAS}); the gateway spreads requests over the "
+        "ready ones.", minimum=1, maximum=MAX_REPLICAS, dataclass_default=True)
+    ports: tuple[int, ...] = setting(
+        (), f"The port of each replica; default: the config's port, then port + {PORT_STRIDE} per replica "
+        f"(9101, 9201, 9301 ...).", type=list, dataclass_default=True)
+    devices: tuple[int, ...] = setting(
+        (), "GPU indices: replica i gets CUDA_VISIBLE_DEVICES = devices[i % len(devices)]; default: not set.",
+        type=list, dataclass_default=True)
+    cpus: tuple[tuple[int, ...], ...] = setting(
+        (), "CPU lists, for example [[0, 1], [2, 3]]: replica i runs on cpus[i % len(cpus)] (its CPU affinity); "
+        "default: every CPU.", type=list, dataclass_default=True)
+
+    def cpus_of(self, index: int) -> tuple[int, ...]:
+        """Replica ``index``'s CPU list (empty: not pinned)."""
+        return self.cpus[index % len(self.cpus)] if self.cpus else ()
+
+    def gpu_of(self, index: int) -> int | None:
+        """Replica ``index``'s GPU (None: CUDA_VISIBLE_DEVICES is not set)."""
+        return self.devices[index % len(self.devices)] if self.devices else None
+
+    def cpu_share(self, index: int) -> int:
+        """How many replicas of this model run on replica ``index``'s CPUs (the same list, or all when not pinned)."""
+        mine = self.cpus_of(index)
+        return sum(1 for i in range(self.replicas) if self.cpus_of(i) == mine)
 
 
 @dataclass(frozen=True)
@@ -115,22 +152,67 @@ def load_supervisor_config(path: str) -> SupervisorConfig:
         if name not in ("gateway", "supervisor", "servers"):
             raise ConfigError(path, name, "unknown table; known: gateway, supervisor, servers")
     values = apply_keys(path, sub_table(path, data, "supervisor"), SUPERVISOR_KEYS, prefix="supervisor.")
-    servers = sub_table(path, data, "servers")
-    policies = {}
-    for server_id, table in servers.items():
+    servers = {}
+    for server_id, table in sub_table(path, data, "servers").items():
         if not isinstance(table, dict):
             raise ConfigError(path, f"servers.{server_id}", "must be a table")
-        policies[server_id] = apply_keys(path, table, SERVER_KEYS, prefix=f"servers.{server_id}.")["restart"]
+        servers[server_id] = server_settings(path, server_id, table)
     gateway = sub_table(path, data, "gateway")
     return SupervisorConfig(
         path=path,
-        server_policies=policies,
+        servers=servers,
         gateway_host=str(gateway.get("host", LOOPBACK)),
         gateway_port=int(gateway.get("port", GATEWAY_PORT)),
         # The supervisor holds the gateway's listening socket (svc/supervisor/handover.py).
         gateway_listen_backlog=int(gateway.get("listen_backlog", 1024)),
+        # A rolling restart lets the gateway see a restarted replica ready before it stops the next one.
+        gateway_probe_interval_ms=int(gateway.get("replica_probe_interval_ms", 1000)),
         **values,
     )
+
+
+def _ints(path: str, key: str, values: list, minimum: int, maximum: int | None = None) -> tuple[int, ...]:
+    for value in values:
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum \
+                or (maximum is not None and value > maximum):
+            bounds = f"{minimum} to {maximum}" if maximum is not None else f"at least {minimum}"
+            raise ConfigError(path, key, f"must be an array of integers ({bounds}), got {value!r} in it")
+    return tuple(values)
+
+
+def server_settings(path: str, server_id: str, table: dict) -> ServerSettings:
+    """One ``[servers.<ID>]`` table, checked: the arrays' items, one port per replica, CPUs this host has."""
+    prefix = f"servers.{server_id}."
+    values = apply_keys(path, table, SERVER_KEYS, prefix=prefix)
+    ports = _ints(path, prefix + "ports", values["ports"], 1, 65535)
+    if ports and len(ports) != values["replicas"]:
+        raise ConfigError(path, prefix + "ports", f"lists {len(ports)} port(s) for {values['replicas']} replica(s) "
+                                                  "(replicas): give one port per replica")
+    if len(set(ports)) != len(ports):
+        raise ConfigError(path, prefix + "ports", "names a port twice")
+    devices = _ints(path, prefix + "devices", values["devices"], 0)
+    cpus = []
+    available = available_cpus()
+    for entry in values["cpus"]:
+        if not isinstance(entry, list) or not entry:
+            raise ConfigError(path, prefix + "cpus", f"must be an array of CPU lists such as [[0, 1], [2, 3]], "
+                                                     f"got {entry!r} in it")
+        listed = _ints(path, prefix + "cpus", entry, 0)
+        missing = sorted(set(listed) - available)
+        if missing:
+            raise ConfigError(path, prefix + "cpus", f"CPU {missing[0]} is not available on this host "
+                                                     f"(available: {', '.join(map(str, sorted(available)))})")
+        cpus.append(listed)
+    return ServerSettings(restart=values["restart"], replicas=values["replicas"], ports=ports, devices=devices,
+                          cpus=tuple(cpus))
+
+
+def available_cpus() -> set[int]:
+    """The CPUs this process may run on (its affinity; every CPU where affinity is not supported)."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except AttributeError:
+        return set(range(os.cpu_count() or 1))
 
 
 def nvidia_present() -> bool:

@@ -1,10 +1,18 @@
 """The children of the supervisor: which to run, how, and in what order.
 
 The gateway starts first, then the model servers of the active profile.
-Each model server gets a ``SERVICE_AUTH_TOKEN`` generated here at startup;
-the gateway gets them all as ``SERVICE_UPSTREAM_TOKENS`` (a JSON object by
-catalog id).  Children inherit the supervisor's environment plus what is
-injected.  The gateway is refused (permanent failure, no retry) when
+A model runs as ``[servers.<ID>] replicas`` processes (default 1), each a
+child of its own (:class:`svc.supervisor.replicaset.ReplicaSet` groups them)
+on the port the layout gives it (:mod:`svc.replicas`).  Each replica gets a
+``SERVICE_AUTH_TOKEN`` generated here at startup, its ``SERVICE_REPLICA``
+index, ``SERVICE_CPU_SHARE`` (how many replicas share its CPUs: torch's
+threads are divided by it), and with ``devices``/``cpus`` its
+``CUDA_VISIBLE_DEVICES`` and CPU affinity; the gateway gets the layout and
+the tokens as ``SERVICE_UPSTREAM_PORTS`` and ``SERVICE_UPSTREAM_TOKENS``
+(JSON by catalog id, a list per replica).  A port used twice (two models,
+two replicas, a replica and the gateway or the supervisor) refuses to start,
+one line naming both.  Children inherit the supervisor's environment plus
+what is injected.  The gateway is refused (permanent failure, no retry) when
 ``SERVICE_METRICS_TOKEN`` is missing or equal to the inference or the
 management token.  The gateway is a ``GatewayChild``
 (svc.supervisor.handover): the supervisor holds its listening socket, and a
@@ -17,7 +25,6 @@ the configs only (the supervisor never imports torch).
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import sys
@@ -32,6 +39,8 @@ from svc.config import ModelServerConfig, model_server_configs
 from svc.jobid import new_secret
 from svc.process import SUPERVISOR_PID_ENV
 from svc.protocol import (
+    CPU_AFFINITY_ENV,
+    CPU_SHARE_ENV,
     GATEWAY_CHILD,
     GATEWAY_PROGRAM,
     HEALTH_PATH,
@@ -40,13 +49,17 @@ from svc.protocol import (
     MODEL_PROGRAM,
     MODEL_TOKEN_ENV,
     READY_PATH,
+    REPLICA_ENV,
+    UPSTREAM_PORTS_ENV,
     UPSTREAM_TOKENS_ENV,
 )
+from svc.replicas import LayoutError, encode, find_clash, replica_name, replica_ports
 from svc.supervisor.backoff import Timing
-from svc.supervisor.child import Child, ChildSpec
+from svc.supervisor.child import Child, ChildError, ChildSpec
 from svc.supervisor.config import Profile, SupervisorConfig, weights_choice
 from svc.supervisor.handover import GatewayChild, bind_listening_socket
 from svc.supervisor.logsink import LogSink
+from svc.supervisor.replicaset import ReplicaSet
 from svc.supervisor.spawn import kill_group, port_is_free
 
 log = Logger()
@@ -110,19 +123,24 @@ class ChildManager:
             crash_loop_window=config.crash_loop_window_ms / 1000.0,
             port_wait=config.port_wait_ms / 1000.0,
         )
-        self.tokens = {c.id: secrets.token_hex(32) for c in self.catalog}
+        self.ports = self._layout()
+        # One token per replica: a model server accepts only its own (svc.modelserver.app).
+        self.tokens = {c.id: [secrets.token_hex(32) for _ in self.ports[c.id]] for c in self.catalog}
         self.children: dict[str, Child] = {}
+        self.sets: dict[str, ReplicaSet] = {}
         # The job secret signs job ids (svc.jobid): the gateway checks what the model servers mint.
         # Taken from the environment when given (every host of a cluster shares one), else made here.
         self.job_secret = self.env.get(JOB_SECRET_ENV) or new_secret()
         # SERVICE_SUPERVISOR_PID: a child whose parent is no longer this pid knows it is orphaned.
         base = {**self.env, "PYTHONUNBUFFERED": "1", SUPERVISOR_PID_ENV: str(os.getpid()),
                 JOB_SECRET_ENV: self.job_secret}
+        for name in (REPLICA_ENV, CPU_SHARE_ENV, CPU_AFFINITY_ENV):  # set per replica below, never inherited
+            base.pop(name, None)
         specs = [
             ChildSpec(
                 name=GATEWAY,
                 argv=_twist(GATEWAY_PROGRAM, "--config", config.path),
-                env={**base, UPSTREAM_TOKENS_ENV: json.dumps(self.tokens)},
+                env={**base, UPSTREAM_TOKENS_ENV: encode(self.tokens), UPSTREAM_PORTS_ENV: encode(self.ports)},
                 port=config.gateway_port,
                 ready_path=HEALTH_PATH,
                 policy=config.gateway_restart,
@@ -130,21 +148,10 @@ class ChildManager:
                 refused=gateway_refusal(self.env),
             )
         ]
+        replicas_of: dict[str, list[str]] = {}
         for model in self.catalog:
-            flag = self.weights[model.id][0]
-            specs.append(
-                ChildSpec(
-                    name=model.id,
-                    argv=_twist(MODEL_PROGRAM, "--server", model.path, "--device", profile.device,
-                                *(("--weights", flag) if flag else ())),
-                    env={**base, MODEL_TOKEN_ENV: self.tokens[model.id]},
-                    port=model.port,
-                    ready_path=READY_PATH,
-                    policy=config.server_policies.get(model.id, "on-failure"),
-                    cwd=cwd,
-                    info={"config": model},
-                )
-            )
+            specs.extend(self._replica_specs(model, base, cwd))
+            replicas_of[model.id] = [spec.name for spec in specs[-len(self.ports[model.id]):]]
         for spec in specs:
             logs = LogSink(spec.name, config.log_dir, clock=reactor, max_bytes=config.log_max_bytes,
                            backups=config.log_backups, ring_lines=config.log_ring_lines)
@@ -158,6 +165,62 @@ class ChildManager:
             else:
                 self.children[spec.name] = Child(spec, reactor=reactor, probe=probe, logs=logs, timing=timing,
                                                  killer=killer, port_free=port_free)
+        # A rolling restart waits one gateway probe interval (and a little) between two replicas.
+        settle = config.gateway_probe_interval_ms / 1000.0 + 0.5
+        for model_id, names in replicas_of.items():
+            self.sets[model_id] = ReplicaSet(model_id, [self.children[n] for n in names], reactor=reactor,
+                                             settle=settle)
+
+    def _layout(self) -> dict[str, tuple[int, ...]]:
+        """Every model's replica ports; ValueError (one line) for a port used twice."""
+        unknown = sorted(set(self.config.servers) - {c.id for c in self.catalog})
+        if unknown:
+            raise ValueError(f"{self.config.path}: servers.{unknown[0]}: no model-server config has this id in "
+                             f"{self.config.servers_dir}")
+        ports = {}
+        uses = [(self.config.port, "the supervisor ([supervisor] port)"),
+                (self.config.gateway_port, "the gateway ([gateway] port)")]
+        for model in self.catalog:
+            settings = self.config.server(model.id)
+            try:
+                ports[model.id] = replica_ports(model.port, settings.replicas, settings.ports)
+            except LayoutError as e:
+                raise ValueError(f"{self.config.path}: servers.{model.id}: {e}") from None
+            for i, port in enumerate(ports[model.id]):
+                where = model.path if i == 0 and not settings.ports else f"[servers.{model.id}] of {self.config.path}"
+                uses.append((port, f"{model.id} replica {i} ({where})" if len(ports[model.id]) > 1
+                             else f"{model.id} ({where})"))
+        clash = find_clash(uses)
+        if clash:
+            raise ValueError(clash)
+        return ports
+
+    def _replica_specs(self, model: ModelServerConfig, base: dict[str, str], cwd: str | None) -> list[ChildSpec]:
+        """One child per replica of ``model``: its port, token, index, devices and CPUs."""
+        settings = self.config.server(model.id)
+        flag = self.weights[model.id][0]
+        ports = self.ports[model.id]
+        specs = []
+        for i, port in enumerate(ports):
+            env = {**base, MODEL_TOKEN_ENV: self.tokens[model.id][i], REPLICA_ENV: str(i),
+                   CPU_SHARE_ENV: str(settings.cpu_share(i))}
+            gpu, cpus = settings.gpu_of(i), settings.cpus_of(i)
+            if gpu is not None:
+                env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+            if cpus:
+                env[CPU_AFFINITY_ENV] = ",".join(map(str, cpus))
+            specs.append(ChildSpec(
+                name=replica_name(model.id, i, len(ports)),
+                argv=_twist(MODEL_PROGRAM, "--server", model.path, "--device", self.profile.device,
+                            *(("--weights", flag) if flag else ()), *(("--port", str(port)) if port != model.port else ())),
+                env=env,
+                port=port,
+                ready_path=READY_PATH,
+                policy=settings.restart,
+                cwd=cwd,
+                info={"config": model, "model": model.id, "replica": i, "gpu": gpu, "cpus": cpus},
+            ))
+        return specs
 
     @property
     def gateway(self) -> Child:
@@ -167,10 +230,32 @@ class ChildManager:
         """The Bearer that child ``name``'s ``/metrics`` wants: its generated token, or the gateway's metrics token."""
         if name == GATEWAY:
             return self.env.get(METRICS_TOKEN_ENV) or None
-        return self.tokens.get(name)
+        child = self.children.get(name)
+        if child is None:
+            return None
+        return self.tokens[child.spec.info["model"]][child.spec.info["replica"]]
 
-    def models(self) -> list[Child]:
-        return [c for name, c in self.children.items() if name != GATEWAY]
+    def models(self) -> list[ReplicaSet]:
+        """Every catalog model, in catalog order."""
+        return list(self.sets.values())
+
+    def target(self, name: str) -> Child | ReplicaSet:
+        """What ``/api/v1/servers/{name}/...`` acts on: the gateway or a model; ChildError when unknown."""
+        if name == GATEWAY:
+            return self.gateway
+        found = self.sets.get(name)
+        if found is None:
+            raise ChildError(f"unknown server {name[:80]!r}")
+        return found
+
+    def process(self, name: str, replica: int | None = None) -> Child:
+        """One process: the gateway, or replica ``replica`` (default 0) of model ``name``; ChildError otherwise."""
+        target = self.target(name)
+        if isinstance(target, ReplicaSet):
+            return target.replica(replica or 0)
+        if replica is not None:
+            raise ChildError("the gateway has no replicas")
+        return target
 
     def start_all(self) -> Deferred:
         """The gateway first (until ready or failed), then the profile's models together."""
@@ -181,7 +266,7 @@ class ChildManager:
             await self.gateway.start()
         except Exception as e:  # noqa: BLE001 - the models start anyway
             log.warn("gateway not ready: {error}", error=e)
-        starting = [self.children[m].start() for m in self.profile.models]
+        starting = [self.sets[m].start() for m in self.profile.models]
         results = await DeferredList(starting, consumeErrors=True)
         for (ok, value), name in zip(results, self.profile.models):
             if not ok:
@@ -192,28 +277,28 @@ class ChildManager:
         return ensureDeferred(self._stop_all())
 
     async def _stop_all(self) -> None:
-        await DeferredList([c.shutdown() for c in self.models()], consumeErrors=True)
+        await DeferredList([s.shutdown() for s in self.models()], consumeErrors=True)
         await DeferredList([self.gateway.shutdown()], consumeErrors=True)
         for child in self.children.values():
             child.logs.close()
 
     # -- views --------------------------------------------------------------------------
 
-    def model_info(self, child: Child) -> dict[str, Any]:
-        config: ModelServerConfig = child.spec.info["config"]
+    def model_info(self, model: ReplicaSet) -> dict[str, Any]:
+        config: ModelServerConfig = model.spec.info["config"]
         return {
             "id": config.id,
             **self.describe(config.id),
             "server_uri": config.server_uri,
             "infer_path": MODEL_INFER.format(model_id=config.id),
-            "port": config.port,
+            "port": model.children[0].spec.port,
             "async": config.async_enabled,
             "in_profile": config.id in self.profile.models,
             "weights": dict(self.weights[config.id][1]),
         }
 
     def catalog_view(self) -> list[dict[str, Any]]:
-        return [self.model_info(c) for c in self.models()]
+        return [self.model_info(m) for m in self.models()]
 
     def status_view(self) -> dict[str, Any]:
         gateway = {
@@ -227,5 +312,5 @@ class ChildManager:
             "device": self.profile.device,
             "weights": self.profile.weights,
             "gateway": gateway,
-            "servers": [{**self.model_info(c), **c.snapshot()} for c in self.models()],
+            "servers": [{**self.model_info(m), **m.snapshot(), "replicas": m.replica_views()} for m in self.models()],
         }

@@ -17,13 +17,17 @@ from typing import Any, Protocol
 from twisted.internet.error import ProcessDone
 from twisted.internet.protocol import ProcessProtocol
 
+from svc.protocol import CPU_AFFINITY_ENV
 from svc.supervisor.logsink import LogSink
 
 #: Runs before the child's own program: become a session (and process group)
 #: leader, ask for SIGTERM when the supervisor dies, give up if it already
-#: died (the signal would never come), then exec the command.  The child's
-#: program tells a stop by its supervisor's death from a normal stop by
-#: comparing its parent with SERVICE_SUPERVISOR_PID (svc.process.supervisor_gone).
+#: died (the signal would never come), pin the process to the CPUs of
+#: SERVICE_CPU_AFFINITY when given (a replica's ``cpus``; inherited by every
+#: thread it starts), then exec the command.  The child's program tells a
+#: stop by its supervisor's death from a normal stop by comparing its parent
+#: with SERVICE_SUPERVISOR_PID (svc.process.supervisor_gone).  A CPU list
+#: that cannot be applied is one line on stderr and exit 1: a refused start.
 GROUP_LEADER = (
     "import os, sys\n"
     "os.setsid()\n"
@@ -34,6 +38,13 @@ GROUP_LEADER = (
     "sup = os.environ.get('SERVICE_SUPERVISOR_PID', '')\n"
     "if sup.isdigit() and os.getppid() != int(sup):\n"
     "    os._exit(1)\n"
+    f"cpus = os.environ.get('{CPU_AFFINITY_ENV}', '')\n"
+    "if cpus:\n"
+    "    try:\n"
+    "        os.sched_setaffinity(0, [int(c) for c in cpus.split(',')])\n"
+    "    except (OSError, ValueError, AttributeError) as e:\n"
+    f"        sys.stderr.write('{CPU_AFFINITY_ENV}=%s cannot be applied: %s\\n' % (cpus, e))\n"
+    "        os._exit(1)\n"
     "os.execv(sys.argv[1], sys.argv[1:])\n"
 )
 

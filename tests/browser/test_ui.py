@@ -41,11 +41,16 @@ MODELS = {
 SAM_LOW = {"pred_iou_thresh": 0, "stability_score_thresh": 0, "box_nms_thresh": 1}
 
 
+#: TESTFAULTS runs two replicas: their rows, buttons, charts and logs, and its jobs through the gateway.
+REPLICAS = {"TESTFAULTS": 2}
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = build_stack(tmp_path_factory.mktemp("ui"), MODELS)
+    s = build_stack(tmp_path_factory.mktemp("ui"), MODELS, replicas=REPLICAS)
     for name in ("__gateway", *MODELS):
-        s.wait_for(name, lambda c: c["state"] == "running" and c["ready"], timeout=240)
+        s.wait_for(name, lambda c: all(r["state"] == "running" and r["ready"] for r in c.get("replicas", [c])),
+                   timeout=240)
     yield s
     code, survivors = stop_stack(s)
     assert code == 0 and survivors == []
@@ -74,7 +79,11 @@ def page(stack):
 
 
 def row(page, model_id):
-    return page.locator(f'#catalog tr[data-id="{model_id}"]')
+    return page.locator(f'#catalog tr.model[data-id="{model_id}"]')
+
+
+def replica_row(page, model_id, index):
+    return page.locator(f'#catalog tr.replica[data-id="{model_id}"][data-replica="{index}"]')
 
 
 def charts(page, model_id):
@@ -379,6 +388,39 @@ def test_under_load_the_charts_show_traffic(page, stack, picture):
     assert one["id"] == "MOBILENETV2" and one["interval_s"] == 5.0 and one["window_s"] == 600.0
     assert len(one["t"]) == len(one["rps"]) == len(one["p99_ms"]) == len(one["queue_depth"]) > 0
     shot(page, "charts")
+
+
+def test_replicas_are_listed_under_their_model_with_their_own_buttons_charts_and_logs(page, stack):
+    ports = stack.extra["replica_ports"]["TESTFAULTS"]
+    model = row(page, "TESTFAULTS")
+    expect(model.locator(".port")).to_have_text(f"{ports[0]}, {ports[1]}")
+    expect(model.locator(".replica-count")).to_have_text(" 2 replicas, 2 ready")
+    expect(model.locator(".state")).to_have_text("running")
+    for i, port in enumerate(ports):
+        sub = replica_row(page, "TESTFAULTS", i)
+        expect(sub.locator(".id")).to_have_text(f"replica {i}")
+        expect(sub.locator(".port")).to_have_text(str(port))
+        expect(sub.locator(".state")).to_have_text("running")
+        expect(sub.locator(".ready")).to_have_text("yes")
+        expect(page.locator(f'#catalog tr.figures[data-for="TESTFAULTS.{i}"] .chart')).to_have_count(5)
+    expect(page.locator('#catalog tr.figures[data-for="TESTFAULTS"]')).to_have_count(0)
+    # Replica 1's own restart: replica 0 keeps its process.
+    before = stack.child("TESTFAULTS")["replicas"]
+    replica_row(page, "TESTFAULTS", 1).locator('button[data-action="restart"]').click()
+    expect(page.locator("#action-message")).to_have_text("TESTFAULTS replica 1: restart done", timeout=120000)
+    after = stack.child("TESTFAULTS")["replicas"]
+    assert after[0]["pid"] == before[0]["pid"] and after[0]["restarts"] == before[0]["restarts"]
+    assert after[1]["pid"] != before[1]["pid"] and after[1]["restarts"] == before[1]["restarts"] + 1
+    expect(replica_row(page, "TESTFAULTS", 1).locator(".restarts")).to_have_text(str(after[1]["restarts"]))
+    expect(model.locator(".restarts")).to_have_text(str(after[0]["restarts"] + after[1]["restarts"]))
+    # Each replica's log is its own choice in the log view.
+    options = page.eval_on_selector_all("#log-server option", "os => os.map(o => [o.value, o.textContent])")
+    assert ["TESTFAULTS/1", "TESTFAULTS replica 1"] in options and ["TESTFAULTS/0", "TESTFAULTS replica 0"] in options
+    assert "TESTFAULTS" not in [value for value, _ in options]
+    page.select_option("#log-server", "TESTFAULTS/1")
+    expect(page.locator("#log-lines")).to_contain_text(f"listening on 127.0.0.1:{ports[1]};", timeout=15000)
+    assert f"listening on 127.0.0.1:{ports[0]};" not in page.locator("#log-lines").inner_text()
+    shot(page, "replicas")
 
 
 def test_the_openapi_document_of_a_model_comes_from_its_running_server(stack):

@@ -167,8 +167,8 @@ def test_a_wait_parked_at_the_gateway_gets_502_when_its_model_server_is_killed(t
         assert after.status == 503 and after.json["status"] == 65 and "not running" in after.json["error"]
         metrics = get(gateway.url + "/metrics",
                       headers={"Authorization": f"Bearer {GATEWAY_TOKENS['SERVICE_METRICS_TOKEN']}"}).body.decode()
-        assert 'service_gateway_upstream_errors_total{kind="transport",model="TESTFAULTS"} 1.0' in metrics
-        assert 'service_gateway_upstream_errors_total{kind="unreachable",model="TESTFAULTS"} 1.0' in metrics
+        assert 'service_gateway_upstream_errors_total{kind="transport",model="TESTFAULTS",replica="0"} 1.0' in metrics
+        assert 'service_gateway_upstream_errors_total{kind="unreachable",model="TESTFAULTS",replica="0"} 1.0' in metrics
     finally:
         gateway.stop()
         model.stop(signal.SIGKILL)

@@ -334,7 +334,7 @@ def test_upstream_that_accepts_no_connection_is_503_after_the_connect_timeout(st
     assert (reply.status, reply.json["status"], reply.header("X-Request-ID")) == (503, 65, "blackhole-1")
     assert reply.json["model"]["name"] == "gateway"
     after = samples(gateway_metrics(stack), "service_gateway_upstream_errors_total")
-    label = '{kind="unreachable",model="BLACKHOLE"}'
+    label = '{kind="unreachable",model="BLACKHOLE",replica="0"}'
     assert after[label] == before.get(label, 0.0) + 1
 
 

@@ -121,15 +121,15 @@ def test_supervisor_metrics(stack):
     reply = api(stack, "GET", "/api/v1/metrics")
     after = uptimes(stack)
     gauge = {m.group(1): float(m.group(2)) for m in re.finditer(
-        r'^service_supervisor_child_uptime_seconds\{child="([^"]+)"\} (\S+)$', reply.body.decode(), re.M)}
+        r'^service_supervisor_child_uptime_seconds\{child="([^"]+)",replica="0"\} (\S+)$', reply.body.decode(), re.M)}
     assert set(gauge) == {"__gateway", *MODELS} == set(before)
     for child, value in gauge.items():  # read between two status calls: the same clock, in between
         assert 0 < before[child] <= value <= after[child], (child, before, value, after)
     assert reply.status == 200 and reply.header("Content-Type").startswith("text/plain")
     text = reply.body.decode()
-    assert 'service_supervisor_child_state{child="MOBILENETV2",state="running"} 1.0' in text
-    assert 'service_supervisor_child_ready{child="__gateway"} 1.0' in text
-    assert 'service_supervisor_child_restarts_total{child="TESTFAULTS"}' in text
+    assert 'service_supervisor_child_state{child="MOBILENETV2",replica="0",state="running"} 1.0' in text
+    assert 'service_supervisor_child_ready{child="__gateway",replica="0"} 1.0' in text
+    assert 'service_supervisor_child_restarts_total{child="TESTFAULTS",replica="0"}' in text
     frozen = re.search(r"^service_gc_frozen_objects (\S+)$", text, re.M)
     assert frozen and float(frozen.group(1)) > 10_000  # svc.process.freeze_heap ran at startup
 

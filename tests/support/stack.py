@@ -68,10 +68,14 @@ class Stack:
 
 
 def build_stack(root: Path, models: dict[str, dict], *, env_overrides: dict[str, str] | None = None,
-                supervisor_extra: str = "", gateway_extra: str = "", profile: str = "cpu") -> Stack:
+                supervisor_extra: str = "", gateway_extra: str = "", profile: str = "cpu",
+                replicas: dict[str, int] | None = None, server_extra: dict[str, str] | None = None) -> Stack:
     """Write configs for ``models`` (base config name -> overrides) and start the supervisor.
 
     ``profiles/cpu.toml`` lists ``models``; ``profile`` is the config's ``supervisor.profile``.
+    ``replicas``: model id -> replica count, each replica on a free port (``[servers.<ID>] ports``,
+    in ``extra["replica_ports"]``: the stride's ports may be anyone's on a shared machine);
+    ``server_extra``: model id -> more lines of its ``[servers.<ID>]`` table.
     """
     servers, profiles, logs = root / "server", root / "profiles", root / "logs"
     for d in (servers, profiles):
@@ -87,16 +91,20 @@ def build_stack(root: Path, models: dict[str, dict], *, env_overrides: dict[str,
     keys_file = root / "api_keys.toml"
     keys_file.write_text(key_entry("tenant-a", key))
     gateway_port, supervisor_port = free_port(), free_port()
+    replica_ports = {m: [ports[m], *(free_port() for _ in range(n - 1))] for m, n in (replicas or {}).items()}
+    tables = "".join(f"\n[servers.{m}]\n" + (f"replicas = {len(replica_ports[m])}\nports = {replica_ports[m]}\n"
+                                              if m in replica_ports else "") + (server_extra or {}).get(m, "")
+                     for m in {**replica_ports, **(server_extra or {})})
     config = root / "service.toml"
     config.write_text(
         f'[gateway]\nhost = "127.0.0.1"\nport = {gateway_port}\nkeys_file = "{keys_file}"\nservers_dir = "{servers}"\n{gateway_extra}\n'
         f'[supervisor]\nport = {supervisor_port}\nprofile = "{profile}"\nservers_dir = "{servers}"\n'
         f'profiles_dir = "{profiles}"\nlog_dir = "{logs}"\nstop_grace_ms = 8000\nbackoff_initial_ms = 300\n'
-        f"{supervisor_extra}"
+        f"{supervisor_extra}{tables}"
     )
     env = {**TOKENS, **(env_overrides or {})}
     stack = Stack(root, None, gateway_port, ports, keys_file, env, key,  # type: ignore[arg-type]
-                  extra={"supervisor_port": supervisor_port})
+                  extra={"supervisor_port": supervisor_port, "replica_ports": replica_ports})
     return start_supervisor(stack)
 
 
@@ -131,7 +139,8 @@ def stop_stack(stack: Stack) -> tuple[int, list[int]]:
     no pids, and "no children left behind" would then hold vacuously.
     """
     status = stack.status()
-    pids = [c["pid"] for c in [status["gateway"], *status["servers"]] if c["pid"]]
+    replicas = [r for s in status["servers"] for r in s["replicas"]]
+    pids = [c["pid"] for c in [status["gateway"], *replicas] if c["pid"]]
     assert pids, f"no running child to check: {status}"
     code = stack.supervisor.stop(signal.SIGTERM, timeout=60)
     survivors = []

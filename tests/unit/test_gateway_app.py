@@ -324,14 +324,14 @@ def test_unreachable_upstream_is_503(tmp_path):
     gw = Harness(tmp_path, agent=FailingAgent(ConnectionRefusedError()))
     body = assert_envelope(gw.call("POST", "/v1/models/CLS/infer", body=b"{}", headers={"X-Request-ID": "r-9"}), 503, 65)
     assert "not reachable" in body["error"] and body["task_id"] == "r-9"
-    assert 'service_gateway_upstream_errors_total{kind="unreachable",model="CLS"} 1.0' in render(gw.registry).decode()
+    assert 'service_gateway_upstream_errors_total{kind="unreachable",model="CLS",replica="0"} 1.0' in render(gw.registry).decode()
 
 
 def test_broken_reply_is_502(tmp_path):
     gw = Harness(tmp_path, agent=FailingAgent(ResponseFailed([Failure(ConnectionLost("gone"))])))
     body = assert_envelope(gw.call("POST", "/v1/models/CLS/infer", body=b"{}"), 502, 502)
     assert "ResponseFailed" in body["error"] and "gone" in body["error"]
-    assert 'service_gateway_upstream_errors_total{kind="transport",model="CLS"} 1.0' in render(gw.registry).decode()
+    assert 'service_gateway_upstream_errors_total{kind="transport",model="CLS",replica="0"} 1.0' in render(gw.registry).decode()
 
 
 def test_no_reply_within_the_receive_timeout_is_502(gw):
@@ -347,7 +347,7 @@ def test_no_reply_within_the_receive_timeout_is_502(gw):
     gw.clock.advance(0.02)
     body = assert_envelope(gw.settle(d), 502, 502)
     assert "upstream_recv_timeout_ms" in body["error"]
-    assert 'service_gateway_upstream_errors_total{kind="timeout",model="SLOW"} 1.0' in render(gw.registry).decode()
+    assert 'service_gateway_upstream_errors_total{kind="timeout",model="SLOW",replica="0"} 1.0' in render(gw.registry).decode()
 
 
 # -- rate limits -----------------------------------------------------------------------------------------
@@ -425,7 +425,7 @@ def test_metrics_need_the_metrics_token(gw):
     assert 'service_gateway_key_requests_total{key="tenant-a"} 1.0' in text
     assert 'service_gateway_auth_failures_total{reason="missing"} 1.0' in text
     assert 'service_gateway_auth_failures_total{reason="wrong"} 3.0' in text
-    assert 'service_gateway_upstream_duration_ms_count{model="CLS",route="infer"} 1.0' in text
+    assert 'service_gateway_upstream_duration_ms_count{model="CLS",replica="0",route="infer"} 1.0' in text
     assert "service_http_request_duration_ms_count{route=\"infer\"} 1.0" in text
 
 

@@ -162,7 +162,7 @@ def test_series_of_every_child_and_of_one(sup):
 def test_metrics_are_prometheus_text(sup):
     r = sup.call("GET", "/api/v1/metrics")
     assert (r.code, h(r, "Content-Type")) == (200, METRICS_CONTENT_TYPE)
-    assert b'service_supervisor_child_state{child="AAA",state="stopped"} 1.0' in r.body
+    assert b'service_supervisor_child_state{child="AAA",replica="0",state="stopped"} 1.0' in r.body
 
 
 @pytest.mark.parametrize("path, name, ctype", [("/", "index.html", "text/html; charset=utf-8"),
@@ -197,6 +197,15 @@ class FakeManager:
         child = SimpleNamespace(snapshot=lambda: {"state": "running"}, spec=SimpleNamespace(port=9300),
                                 start=act, stop=act, restart=act)
         self.children = {"M": child}
+        self.model = SimpleNamespace(children=[child], start=act, stop=act, restart=act)
+
+    def target(self, name):
+        if name != "M":
+            raise ChildError(f"unknown server {name!r}")
+        return self.model
+
+    def process(self, name, replica=None):
+        return self.target(name).children[replica or 0]
 
 
 @pytest.mark.parametrize("answer, code, expected", [
@@ -238,3 +247,97 @@ def test_oversize_and_busy_replies_are_ok_false_bytes(sup):
     assert sup.api.busy_reply() == (503, {"Retry-After": "1"},
                                     b'{"ok":false,"error":"too many open connections; retry shortly"}')
 
+
+
+# -- replicas ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def two(tmp_path):
+    """AAA runs two replicas, both running and ready; BBB one."""
+    from tests.unit.test_supervisor_replicas import start_two
+
+    m, reactor, probe, kills = start_two(tmp_path)
+    harness = Harness(tmp_path, manager=m)
+    harness.reactor, harness.probe, harness.kills = reactor, probe, kills
+    return harness
+
+
+def test_status_shows_the_replicas_of_a_model(two):
+    body = json.loads(two.call("GET", "/api/v1/status").body)
+    aaa = next(s for s in body["servers"] if s["id"] == "AAA")
+    assert [(r["index"], r["name"], r["port"], r["state"], r["ready"]) for r in aaa["replicas"]] == [
+        (0, "AAA.0", 9300, "running", True), (1, "AAA.1", 9400, "running", True)]
+    assert set(aaa["replicas"][0]) == {"index", "name", "port", "gpu", "cpus", "state", "ready", "pid", "restarts",
+                                       "uptime_s", "last_error", "last_exit"}
+    assert (aaa["state"], aaa["ready"], aaa["pid"], aaa["port"]) == ("running", True, None, 9300)
+
+
+def test_a_replica_action_acts_on_that_replica_alone(two):
+    from tests.unit.test_supervisor_replicas import end
+
+    first, second = two.manager.sets["AAA"].children
+    d = two.client.request("POST", "http://supervisor/api/v1/servers/AAA/replicas/1/restart",
+                           headers={"Authorization": f"Bearer {TOKEN}"})
+    two.client.flush()
+    assert (first.state, second.state) == ("running", "stopping")
+    end(second)
+    two.reactor.advance(0.5)
+    two.client.flush()
+    response = GatewayHarness.result(d)
+    assert (response.code, json.loads(GatewayHarness.result(two.client.content(response)))) == (200, {"ok": True})
+    assert (first.restarts, second.restarts) == (0, 1)
+
+
+@pytest.mark.parametrize("method, path, error", [
+    ("POST", "/api/v1/servers/AAA/replicas/2/stop", "AAA has no replica 2 (it runs 2)"),
+    ("GET", "/api/v1/servers/AAA/replicas/2/logs", "AAA has no replica 2 (it runs 2)"),
+    ("GET", "/api/v1/servers/BBB/replicas/1/series", "BBB has no replica 1 (it runs 1)"),
+    ("POST", f"/api/v1/servers/{GATEWAY}/replicas/0/restart", "the gateway has no replicas"),
+    ("GET", "/api/v1/servers/NOPE/replicas/0/logs", "unknown server 'NOPE'"),
+])
+def test_an_unknown_replica_is_404(two, method, path, error):
+    assert_error(two.call(method, path), 404, error)
+
+
+def test_a_replica_index_that_is_not_a_number_is_no_route(two):
+    assert_error(two.call("POST", "/api/v1/servers/AAA/replicas/x/stop"), 404,
+                 "no such route: /api/v1/servers/AAA/replicas/x/stop")
+
+
+def test_each_replica_has_its_logs_and_series(two):
+    two.manager.children["AAA.1"].logs.feed("stdout", b"from one\n")
+    body = json.loads(two.call("GET", "/api/v1/servers/AAA/replicas/1/logs?limit=1").body)
+    assert (body["id"], body["replica"], [line["line"] for line in body["lines"]]) == ("AAA", 1, ["from one"])
+    first = json.loads(two.call("GET", "/api/v1/servers/AAA/logs?limit=50").body)
+    assert "replica" not in first and "from one" not in [line["line"] for line in first["lines"]]
+    assert any("spawned pid" in line["line"] for line in first["lines"])  # replica 0's own notes
+    series = json.loads(two.call("GET", "/api/v1/servers/AAA/replicas/1/series").body)
+    assert (series["ok"], series["id"], series["replica"], series["t"]) == (True, "AAA", 1, [])
+
+
+def test_a_rolling_restart_answers_once_every_replica_is_back(two):
+    from tests.unit.test_supervisor_replicas import end
+
+    first, second = two.manager.sets["AAA"].children
+    d = two.client.request("POST", "http://supervisor/api/v1/servers/AAA/restart",
+                           headers={"Authorization": f"Bearer {TOKEN}"})
+    answered = []
+    d.addCallback(lambda r: answered.append(r.code) or r)
+    two.client.flush()
+    end(first)
+    two.reactor.advance(0.5)
+    two.client.flush()
+    assert (first.state, second.state) == ("running", "running") and answered == []
+    two.reactor.advance(1.5)  # one gateway probe interval + 0.5 s: now replica 1
+    assert second.state == "stopping"
+    end(second)
+    two.reactor.advance(0.5)
+    two.client.flush()
+    assert answered == [200] and (first.restarts, second.restarts) == (1, 1)
+
+
+def test_metrics_name_model_and_replica(two):
+    r = two.call("GET", "/api/v1/metrics")
+    assert b'service_supervisor_child_state{child="AAA",replica="1",state="running"} 1.0' in r.body
+    assert b'service_supervisor_child_ready{child="AAA",replica="0"} 1.0' in r.body

@@ -242,6 +242,9 @@ class Manager:
         sink.feed("stdout", b"".join(b"line %d\n" % i for i in range(30)))
         self.children = {"M": SimpleNamespace(logs=sink)}
 
+    def process(self, name: str, replica: int | None = None):
+        return self.children[name]
+
 
 @pytest.fixture
 def supervisor(tmp_path):

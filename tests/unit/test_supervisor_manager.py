@@ -80,10 +80,13 @@ def test_gateway_first_then_the_profile_models_with_their_tokens(tmp_path):
     assert spawned_names(reactor) == ["service-gateway", "service-model", "service-model"]
     gateway_env = reactor.spawned[0][3]
     tokens = json.loads(gateway_env["SERVICE_UPSTREAM_TOKENS"])
-    assert set(tokens) == {"AAA", "BBB", "CCC"} and len(set(tokens.values())) == 3
+    assert set(tokens) == {"AAA", "BBB", "CCC"} and len({t for ts in tokens.values() for t in ts}) == 3
+    assert json.loads(gateway_env["SERVICE_UPSTREAM_PORTS"]) == {"AAA": [9300], "BBB": [9301], "CCC": [9302]}
     for _, _, args, env, _ in reactor.spawned[1:]:
         model_id = args[args.index("--server") + 1].rsplit("/", 1)[1][:-5]
-        assert env["SERVICE_AUTH_TOKEN"] == tokens[model_id]
+        assert [env["SERVICE_AUTH_TOKEN"]] == tokens[model_id]
+        assert (env["SERVICE_REPLICA"], env["SERVICE_CPU_SHARE"]) == ("0", "1")
+        assert "--port" not in args and "CUDA_VISIBLE_DEVICES" not in env and "SERVICE_CPU_AFFINITY" not in env
         assert args[args.index("--device") + 1] == "cpu"
         assert env["SERVICE_API_TOKEN"] == "mgmt"  # children inherit the environment
     assert m.children["CCC"].state == STOPPED  # not in the profile

@@ -32,7 +32,7 @@ class Stage:
 
         self.model_registry = CollectorRegistry()
         self.model = ModelServerMetrics(self.model_registry, "M")
-        self.model.info.labels("M", "random-init-seed0", "cpu").set(1)
+        self.model.info.labels("M", "random-init-seed0", "cpu", "0").set(1)
         self.gateway_registry = CollectorRegistry()
         self.gateway = GatewayMetrics(self.gateway_registry)
         self.children = {GATEWAY: FakeChild(8080), "M": FakeChild(9001)}
@@ -192,8 +192,8 @@ def test_gateway_rates_by_key_rejections_by_reason_and_upstream_errors():
     stage.gateway.key_requests.labels("metrics").inc(1)  # the scraper's own token: not traffic
     stage.gateway.key_rejections.labels("tenant-a", "rate_limited").inc(20)
     stage.gateway.auth_failures.labels("wrong").inc(5)
-    stage.gateway.upstream_errors.labels("M", "unreachable").inc(2)
-    stage.gateway.upstream_errors.labels("M", "transport").inc(3)
+    stage.gateway.upstream_errors.labels("M", "0", "unreachable").inc(2)
+    stage.gateway.upstream_errors.labels("M", "1", "transport").inc(3)
     clock.advance(5)
     clock.advance(5)
     view = collector.view()["gateway"]

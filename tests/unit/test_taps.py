@@ -30,7 +30,8 @@ PROFILES = REPO / "conf" / "profiles"
 CATALOG = ["CLS_COND_DDIM", "DDIM", "DDPM", "LDM", "MOBILENETV2", "SAM_AMG", "YOLOV8"]
 METRICS, INFERENCE, MANAGEMENT = "metrics-" + "1" * 20, "inference-" + "2" * 20, "management-" + "3" * 20
 CREDENTIALS = ("SERVICE_METRICS_TOKEN", "SERVICE_GATEWAY_AUTH_TOKEN", "SERVICE_API_TOKEN", "SERVICE_EXPOSE",
-               "SERVICE_AUTH_TOKEN", "SERVICE_UPSTREAM_TOKENS", "SERVICE_UPSTREAM_TOKEN")
+               "SERVICE_AUTH_TOKEN", "SERVICE_UPSTREAM_TOKENS", "SERVICE_UPSTREAM_TOKEN", "SERVICE_UPSTREAM_PORTS",
+               "SERVICE_JOB_SECRET", "SERVICE_HOST_ID", "SERVICE_REPLICA", "SERVICE_CPU_SHARE")
 
 
 @pytest.fixture(autouse=True)
@@ -89,7 +90,9 @@ def gateway_config(tmp_path, environment):
 
 def test_gateway_tree_from_the_config(gateway_config):
     service, reactor = build(gateway_tap, ["--config", str(gateway_config)])
-    assert [type(child).__name__ for child in service] == ["TCPServer"]
+    assert [type(child).__name__ for child in service] == ["TCPServer", "ReplicaProbe"]
+    assert (service.probe.interval, service.probe.replicas) == (1.0, [])  # one replica each: nothing to probe
+    assert (service.app.job_secret, service.app.host_id) == (None, "")
     listener = listener_of(service)
     assert listener.args == (18080, service.site)
     assert listener.kwargs == {"backlog": 77, "interface": "127.0.0.1"}
@@ -120,6 +123,37 @@ def test_gateway_options_override_the_config(gateway_config, tmp_path):
     assert service.listen_address == "127.0.0.2:18081"
 
 
+def test_gateway_replicas_job_secret_and_host_from_the_environment(gateway_config, environment):
+    environment.setenv("SERVICE_UPSTREAM_PORTS", '{"MOBILENETV2": [9101, 9201, 9301]}')
+    environment.setenv("SERVICE_UPSTREAM_TOKENS", '{"MOBILENETV2": ["a", "b", "c"], "YOLOV8": "y"}')
+    environment.setenv("SERVICE_JOB_SECRET", "s" * 64)
+    environment.setenv("SERVICE_HOST_ID", "host-2")
+    gateway_config.write_text(gateway_config.read_text().replace("[supervisor]", "replica_probe_interval_ms = 250\n"
+                                                                                 "[supervisor]"))
+    service, _ = build(gateway_tap, ["--config", str(gateway_config)])
+    mobilenet = service.catalog.by_id["MOBILENETV2"]
+    assert [(r.index, r.port, r.token) for r in mobilenet.replicas] == [(0, 9101, "a"), (1, 9201, "b"), (2, 9301, "c")]
+    assert [(r.port, r.token) for r in service.catalog.by_id["YOLOV8"].replicas] == [(9102, "y")]
+    assert (service.app.job_secret, service.app.host_id) == ("s" * 64, "host-2")
+    assert service.probe.interval == 0.25 and service.probe.replicas == list(mobilenet.replicas)
+    assert service.app.balancer is service.balancer is service.probe.balancer
+
+
+@pytest.mark.parametrize("ports, tokens, message", [
+    ('{"MOBILENETV2": [9101, 9102]}', "", "port 9102 is used twice: by MOBILENETV2 replica 1 and by YOLOV8"),
+    ('{"MOBILENETV2": [9101, 9201]}', '{"MOBILENETV2": ["a"]}',
+     "SERVICE_UPSTREAM_TOKENS has 1 token(s) for MOBILENETV2, which runs 2 replica(s) (SERVICE_UPSTREAM_PORTS)"),
+    ('{"MOBILENETV2": []}', "", "SERVICE_UPSTREAM_PORTS: MOBILENETV2 must have a list of 1 to 64 ports (1-65535)"),
+    ("[9101]", "", "SERVICE_UPSTREAM_PORTS must be a JSON object by catalog id"),
+    ("", '{"MOBILENETV2": 7}', "SERVICE_UPSTREAM_TOKENS: MOBILENETV2 must have a token string or a list of token "
+                               "strings"),
+])
+def test_gateway_refuses_a_layout_it_cannot_route(gateway_config, environment, ports, tokens, message):
+    environment.setenv("SERVICE_UPSTREAM_PORTS", ports)
+    environment.setenv("SERVICE_UPSTREAM_TOKENS", tokens)
+    assert refusal(gateway_tap, ["--config", str(gateway_config)]) == f"service-gateway: {message}"
+
+
 def test_gateway_adopts_the_supervisors_socket(gateway_config):
     from svc.gateway.drain import AdoptedListener
 
@@ -132,7 +166,7 @@ def test_gateway_adopts_the_supervisors_socket(gateway_config):
                                              "--ready-fd", "9"])
         finally:
             os.close(fd)
-    assert [type(child) for child in service] == [AdoptedListener]
+    assert [type(child).__name__ for child in service] == [AdoptedListener.__name__, "ReplicaProbe"]
     assert service.ready_fd == 9
     assert service.listen_address == f"127.0.0.1:18080 (socket on fd {fd} from the supervisor)"
 
@@ -229,8 +263,8 @@ def torch_setup(monkeypatch):
     """``prepare_torch`` recorded instead of applied: it changes the whole test process."""
     seen = []
 
-    def prepare(config):
-        seen.append(config)
+    def prepare(config, share):
+        seen.append((config, share))
         return config.backend.device
 
     monkeypatch.setattr(model_tap, "prepare_torch", prepare)
@@ -246,8 +280,8 @@ def test_model_server_tree_from_the_config_and_options(torch_setup, environment)
     listener = listener_of(service)
     assert listener.args == (19101, service.site)
     assert listener.kwargs == {"backlog": 1024, "interface": "127.0.0.1"}
-    [config] = torch_setup
-    assert config is service.config
+    [(config, share)] = torch_setup
+    assert config is service.config and share == 1  # SERVICE_CPU_SHARE unset: one process on these CPUs
     assert (config.id, config.port, config.backend.device, config.model["weights"]) == (
         "MOBILENETV2", 19101, "cpu", "random")
     assert (service.device, service.app.auth_token, service.jobs is None) == ("cpu", "model-token", True)
@@ -269,6 +303,23 @@ def test_model_server_refusals(torch_setup, environment, tmp_path):
     assert torch_setup == []  # refused before any process-wide setting
 
 
+def test_model_server_replica_environment(torch_setup, environment):
+    environment.setenv("SERVICE_AUTH_TOKEN", "model-token")
+    environment.setenv("SERVICE_REPLICA", "3")
+    environment.setenv("SERVICE_CPU_SHARE", "2")
+    service, _ = build(model_tap, ["--server", str(SERVERS / "MOBILENETV2.toml"), "--port", "19401"])
+    [(_, share)] = torch_setup
+    assert share == 2 and service.replica == "3" and listener_of(service).args[0] == 19401
+    from svc.metrics import render
+
+    assert 'service_model_info{device="cpu",model="MOBILENETV2",replica="3",version="loading"} 1.0' in \
+        render(service.registry).decode()
+    for bad in ("0", "two", "-1"):
+        environment.setenv("SERVICE_CPU_SHARE", bad)
+        assert refusal(model_tap, ["--server", str(SERVERS / "MOBILENETV2.toml")]) == (
+            f"service-model: SERVICE_CPU_SHARE must be a positive integer (replicas sharing these CPUs), not {bad!r}")
+
+
 def test_model_server_device_refusal_names_the_file(environment, monkeypatch):
     from svc import torchenv
 
@@ -276,7 +327,7 @@ def test_model_server_device_refusal_names_the_file(environment, monkeypatch):
         raise torchenv.DeviceError("backend.device is 'gpu' but CUDA is not available")
 
     monkeypatch.setattr(torchenv, "tune_malloc", lambda: True)
-    monkeypatch.setattr(torchenv, "configure_threads", lambda threads, workers: 1)
+    monkeypatch.setattr(torchenv, "configure_threads", lambda threads, workers, share: 1)
     monkeypatch.setattr(torchenv, "select_device", no_cuda)
     server = str(SERVERS / "MOBILENETV2.toml")
     assert refusal(model_tap, ["--server", server, "--device", "gpu", "--dev-no-auth"]) == (

@@ -1,0 +1,51 @@
+"""Which process holds a job: the one place the gateway reads a job id's owner (svc.jobid).
+
+A job lives in one model-server process, and its id names that process (the
+replica index and the host id) under an HMAC tag keyed by the deployment's
+job secret.  :func:`locate` gives, for a model and a job id:
+
+* a :class:`svc.gateway.catalog.Replica` of this host: the poll, wait or
+  result goes there;
+* :class:`OtherHost`: the job belongs to another host of a cluster;
+* None: no such job here (an id whose tag does not verify, or that names a
+  replica the model does not have: the replica is gone, as a restart loses
+  its jobs): the gateway answers 404 "job not found".
+
+With a secret (under the supervisor, which passes ``SERVICE_JOB_SECRET``) an
+id that does not verify is unknown, so a client cannot steer a request to
+another replica or host.  Without one (a gateway started by hand) the owner
+the id claims is trusted for routing only, and an id of another shape goes
+to replica 0: the model server answers for it, as it did before replicas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from svc import jobid
+from svc.gateway.catalog import Replica, Upstream
+
+
+@dataclass(frozen=True)
+class OtherHost:
+    """A job owned by host ``host`` of a cluster."""
+
+    host: str
+    replica: int
+
+
+def locate(upstream: Upstream, job_id: str, *, secret: str | None, host: str) -> Replica | OtherHost | None:
+    """Where ``job_id`` of model ``upstream`` lives (see the module docstring)."""
+    if secret:
+        owner = jobid.parse(job_id, secret)
+        if owner is None:
+            return None
+    else:
+        owner = jobid.parse_unverified(job_id)
+        if owner is None:
+            return upstream.replicas[0]
+    if owner.host != host:
+        return OtherHost(owner.host, owner.replica)
+    if owner.replica >= len(upstream.replicas):
+        return None
+    return upstream.replicas[owner.replica]

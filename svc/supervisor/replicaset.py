@@ -1,0 +1,162 @@
+"""A model's processes on this host: one :class:`Child` per replica, acted on as one model.
+
+Each replica is a whole :class:`svc.supervisor.child.Child` (its own port,
+token, log file, state, restarts and back-off); this class only says what a
+model-level action means (``/api/v1/servers/{id}/start|stop|restart``):
+
+* ``start``: every replica that is not already starting, running or stopping
+  starts, all at once; it answers when all of them are ready (the first
+  failure fails it, naming the replica);
+* ``stop``: every replica that runs (or waits to) stops, all at once;
+* ``restart``: rolling, one replica at a time: stop it, start it, wait until
+  it is ready, then wait ``settle`` seconds (the gateway's probe interval,
+  so the gateway has seen it ready) before the next one, so the model keeps
+  serving.  A replica that does not come back stops the roll (500 naming
+  it), leaving the others running.
+
+A model of one replica acts exactly as its one child did before replicas
+existed (same messages, same status fields).  With several, the status
+fields of the model are an aggregate (:meth:`snapshot`) and ``replicas``
+lists each one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.defer import Deferred, DeferredList, ensureDeferred, fail
+from twisted.internet.task import deferLater
+
+from svc.supervisor.child import (
+    BACKOFF,
+    FAILED,
+    RUNNING,
+    START_FAILED,
+    STARTING,
+    STOPPED,
+    STOPPING,
+    Child,
+    ChildError,
+)
+
+#: The model's ``state`` when its replicas differ: the first of these that any replica is in.
+AGGREGATE_ORDER = (RUNNING, STARTING, STOPPING, BACKOFF, FAILED, START_FAILED, STOPPED)
+ACTIVE = (STARTING, RUNNING, STOPPING)
+
+
+class ReplicaSet:
+    """The replicas of one catalog model, in index order."""
+
+    def __init__(self, model_id: str, children: list[Child], *, reactor: Any, settle: float = 0.0) -> None:
+        if not children:
+            raise ValueError(f"{model_id}: a model has at least one replica")
+        self.id = model_id
+        self.children = children
+        self.reactor = reactor
+        self.settle = settle
+
+    @property
+    def name(self) -> str:
+        return self.id
+
+    @property
+    def spec(self) -> Any:
+        """Replica 0's spec (its ``info`` holds the model's config)."""
+        return self.children[0].spec
+
+    def replica(self, index: int) -> Child:
+        """Replica ``index``; ChildError when the model has no such replica."""
+        if not 0 <= index < len(self.children):
+            raise ChildError(f"{self.id} has no replica {index} (it runs {len(self.children)})")
+        return self.children[index]
+
+    # -- actions ------------------------------------------------------------------------------
+
+    def start(self) -> Deferred:
+        if len(self.children) == 1:
+            return self.children[0].start()
+        idle = [c for c in self.children if c.state not in ACTIVE]
+        if not idle:
+            return fail(ChildError(f"{self.id} is {self.snapshot()['state']}: stop it first or restart it"))
+        return self._together([(c, c.start()) for c in idle])
+
+    def stop(self) -> Deferred:
+        if len(self.children) == 1:
+            return self.children[0].stop()
+        running = [c for c in self.children if c.state in (STARTING, RUNNING, STOPPING, BACKOFF)]
+        if not running:
+            return fail(ChildError(f"{self.id} is {self.snapshot()['state']}, not running"))
+        return self._together([(c, c.stop()) for c in running])
+
+    def restart(self) -> Deferred:
+        if len(self.children) == 1:
+            return self.children[0].restart()
+        return ensureDeferred(self._rolling())
+
+    async def _rolling(self) -> None:
+        for i, child in enumerate(self.children):
+            if i > 0 and self.settle > 0:
+                await deferLater(self.reactor, self.settle, lambda: None)
+            try:
+                await child.restart()
+            except ChildError as e:
+                raise ChildError(f"{self.id}: the rolling restart stopped at replica {i} (the others keep "
+                                 f"running): {e}") from None
+
+    def shutdown(self) -> Deferred:
+        return DeferredList([c.shutdown() for c in self.children], consumeErrors=True)
+
+    def _together(self, actions: list[tuple[Child, Deferred]]) -> Deferred:
+        """Wait for every action; fail with the first failure, named by its replica."""
+        async def wait() -> None:
+            results = await DeferredList([d for _, d in actions], consumeErrors=True)
+            for (child, _), (ok, value) in zip(actions, results):
+                if not ok:
+                    raise ChildError(f"{self.id} replica {self.children.index(child)}: {value.getErrorMessage()}")
+        return ensureDeferred(wait())
+
+    # -- views --------------------------------------------------------------------------------
+
+    def replica_views(self) -> list[dict[str, Any]]:
+        """Each replica as the status API lists it."""
+        out = []
+        for i, child in enumerate(self.children):
+            snap = child.snapshot()
+            info = child.spec.info
+            out.append({"index": i, "name": child.name, "port": child.spec.port, "gpu": info.get("gpu"),
+                        "cpus": list(info["cpus"]) if info.get("cpus") else None,
+                        **{k: snap[k] for k in ("state", "ready", "pid", "restarts", "uptime_s", "last_error",
+                                                "last_exit")}})
+        return out
+
+    def snapshot(self) -> dict[str, Any]:
+        """The model's status fields: its one child's, or an aggregate of its replicas.
+
+        Aggregate (several replicas): ``state`` is the common state, else the
+        first of AGGREGATE_ORDER any replica is in (``running`` while any
+        runs); ``ready`` is true when any replica is ready (the model serves);
+        ``pid`` is null (each replica has its own); ``restarts`` is the sum;
+        ``uptime_s`` is the shortest among the replicas that are up;
+        ``last_error`` and ``last_exit`` are the first replica's that has one,
+        prefixed ``replica <n>:``.
+        """
+        snaps = [c.snapshot() for c in self.children]
+        if len(snaps) == 1:
+            return dict(snaps[0])
+        states = {s["state"] for s in snaps}
+        state = states.pop() if len(states) == 1 else next(s for s in AGGREGATE_ORDER if s in states)
+        uptimes = [s["uptime_s"] for s in snaps if s["uptime_s"] is not None]
+
+        def first(field: str) -> str | None:
+            return next((f"replica {i}: {s[field]}" for i, s in enumerate(snaps) if s[field]), None)
+
+        return {
+            "state": state,
+            "ready": any(s["ready"] for s in snaps),
+            "pid": None,
+            "restarts": sum(s["restarts"] for s in snaps),
+            "uptime_s": min(uptimes) if uptimes else None,
+            "last_error": first("last_error"),
+            "last_exit": first("last_exit"),
+            "policy": snaps[0]["policy"],
+        }

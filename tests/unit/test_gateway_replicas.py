@@ -1,0 +1,510 @@
+"""The gateway in front of a model of several replicas, in memory: balancing, retries, readiness, jobs.
+
+Each replica is a small Klein app answering like a model server, reached by
+its port through an in-memory agent (or refusing the connection); the real
+GatewayApp, Balancer, ReplicaProbe and job-id owners run on a Clock.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from klein import Klein
+from treq.testing import RequestTraversalAgent, StubTreq
+from twisted.internet.defer import Deferred, fail
+from twisted.internet.error import ConnectionLost, ConnectionRefusedError
+from twisted.internet.task import Clock
+from twisted.python.failure import Failure
+from twisted.web._newclient import ResponseFailed
+from twisted.web.client import URI
+
+from svc import jobid
+from svc.auth import Authenticator, decide
+from svc.gateway.app import GatewayApp
+from svc.gateway.balancer import Balancer
+from svc.gateway.catalog import Catalog, CatalogError, Replica, Upstream, load_catalog
+from svc.gateway.owners import OtherHost, locate
+from svc.gateway.proxy import Proxy, UpstreamReply, not_admitted
+from svc.gateway.readiness import ReplicaProbe
+from svc.metrics import GatewayMetrics, new_registry, render
+from tests.unit.test_gateway_app import TOKENS, h
+
+pytestmark = pytest.mark.filterwarnings("ignore:Using readBody with a transport:DeprecationWarning")
+
+SECRET = "s" * 64
+PORTS = (9301, 9401, 9501)
+ENVELOPE = {"Content-Type": "application/json; charset=utf-8"}
+
+
+class FakeReplica:
+    """One model-server process: answers by ``mode`` and records what reached it."""
+
+    app = Klein()
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.mode = "ok"
+        self.received: list[tuple[str, str]] = []
+        self.hanging: list[Deferred] = []
+        self.ready = True
+
+    def reply(self, request, code, body):
+        request.setResponseCode(code)
+        for name, value in ENVELOPE.items():
+            request.setHeader(name, value)
+        return json.dumps(body).encode()
+
+    @app.route("/classify", methods=["POST"])
+    @app.route("/one", methods=["POST"])
+    def infer(self, request):
+        self.received.append(("POST", request.uri.decode()))
+        if self.mode == "hang":
+            d = Deferred()
+            self.hanging.append(d)
+            return d
+        if self.mode == "not_admitted":  # loading, stopping: a process-level rejection, nothing admitted
+            return self.reply(request, 503, {"status": 65, "results": [], "error": "the server is shutting down"})
+        if self.mode == "cut_short":  # admitted, then cut by the end of a shutdown grace: one result per image
+            return self.reply(request, 503, {"status": 65, "results": [{"status": 65, "data": None}]})
+        return self.reply(request, 200, {"status": 0, "results": [{"status": 0, "data": {"replica": self.index}}]})
+
+    @app.route("/jobs", methods=["POST"])
+    def submit(self, request):
+        self.received.append(("POST", request.uri.decode()))
+        job = jobid.mint(jobid.JobOwner("", self.index), SECRET)
+        request.setHeader("Location", f"/jobs/{job}")
+        return self.reply(request, 202, {"job_id": job, "state": "pending", "poll_url": f"/jobs/{job}",
+                                         "result_url": f"/jobs/{job}/result"})
+
+    @app.route("/jobs/<job>", methods=["GET"])
+    def status(self, request, job):
+        self.received.append(("GET", request.uri.decode()))
+        return self.reply(request, 200, {"job_id": job, "state": "running", "replica": self.index})
+
+    @app.route("/jobs/<job>/wait", methods=["GET"])
+    def wait(self, request, job):
+        return self.status(request, job)
+
+    @app.route("/jobs/<job>/result", methods=["GET"])
+    def result(self, request, job):
+        self.received.append(("GET", request.uri.decode()))
+        return self.reply(request, 409, {"status": 409, "error": "job is running"})
+
+    @app.route("/ready", methods=["GET"])
+    def ready_route(self, request):
+        self.received.append(("GET", request.uri.decode()))
+        return self.reply(request, 200 if self.ready else 503, {"status": 0 if self.ready else 65})
+
+
+class PortAgent:
+    """The upstream agent: each port reaches its replica, or refuses / breaks as a test says."""
+
+    def __init__(self, replicas: dict[int, FakeReplica]) -> None:
+        self.replicas = replicas
+        self.agents = {port: RequestTraversalAgent(r.app.resource()) for port, r in replicas.items()}
+        self.failures: dict[int, Exception] = {}
+        self.requests: list[tuple[int, bytes]] = []
+
+    def request(self, method, uri, headers=None, bodyProducer=None):
+        port = URI.fromBytes(uri).port
+        self.requests.append((port, method))
+        if port in self.failures:
+            return fail(self.failures[port])
+        return self.agents[port].request(method, uri, headers, bodyProducer)
+
+    def flush(self) -> None:
+        for agent in self.agents.values():
+            agent.flush()
+
+
+class Gateway:
+    """GatewayApp over a model CLS of ``len(ports)`` replicas (and ONE of one replica), in memory."""
+
+    def __init__(self, tmp_path, ports=PORTS[:2], *, secret: str | None = SECRET, host: str = "", seed: int = 7):
+        self.clock = Clock()
+        self.replicas = [FakeReplica(i) for i in range(len(ports))]
+        self.agent = PortAgent(dict(zip(ports, self.replicas)))
+        self.one = FakeReplica(0)
+        self.agent.replicas[9901] = self.one
+        self.agent.agents[9901] = RequestTraversalAgent(self.one.app.resource())
+        cls = tuple(Replica("CLS", i, port, f"token-{i}") for i, port in enumerate(ports))
+        self.catalog = Catalog([Upstream("CLS", ports[0], "/classify", True, "token-0", replicas=cls),
+                                Upstream("ONE", 9901, "/one", False, "token-one")])
+        self.balancer = Balancer(random.Random(seed))
+        self.registry = new_registry()
+        keys = tmp_path / "none.toml"
+        self.app = GatewayApp(
+            clock=self.clock, catalog=self.catalog, authenticator=Authenticator(decide(TOKENS, str(keys))),
+            proxy=Proxy(self.clock, self.agent, 20.0), metrics=GatewayMetrics(self.registry), registry=self.registry,
+            upstream_recv_timeout_ms=20000, max_body_bytes=1 << 20, balancer=self.balancer, job_secret=secret,
+            host_id=host)
+        self.client = StubTreq(self.app.resource())
+
+    def call(self, method, path, *, body=None, settle=True):
+        d = self.client.request(method, "http://gateway" + path, headers={"Authorization": "Bearer static-tok"},
+                                data=body)
+        return self.settle(d) if settle else d
+
+    def settle(self, d):
+        for _ in range(5):
+            self.agent.flush()
+            self.client.flush()
+        box = []
+        d.addBoth(box.append)
+        assert box, "the request did not finish"
+        if isinstance(box[0], Failure):
+            box[0].raiseException()
+        response = box[0]
+        body = []
+        self.client.content(response).addBoth(body.append)
+        response.body = body[0]
+        response.json = json.loads(body[0]) if body[0][:1] == b"{" else None
+        return response
+
+    def infer(self, model="CLS"):
+        return self.call("POST", f"/v1/models/{model}/infer", body=b'{"images":["x"]}')
+
+    def metrics(self) -> str:
+        return render(self.registry).decode()
+
+
+@pytest.fixture
+def gw(tmp_path):
+    return Gateway(tmp_path)
+
+
+# -- the balancer alone ----------------------------------------------------------------------------------
+
+
+def up(n: int) -> Upstream:
+    return Upstream("M", 9000, "/m", False, None, replicas=tuple(Replica("M", i, 9000 + i, None) for i in range(n)))
+
+
+def test_the_fewest_outstanding_wins_and_ties_are_random():
+    model, b = up(3), Balancer(random.Random(1))
+    first, second, third = model.replicas
+    b.started(first)
+    b.started(first)
+    b.started(second)
+    assert {b.pick(model) for _ in range(20)} == {third}
+    b.started(third)
+    assert {b.pick(model) for _ in range(20)} == {second, third}  # one each: a random one of the two
+    b.finished(first)
+    b.finished(first)
+    assert b.outstanding == {second.key: 1, third.key: 1}
+    assert {b.pick(model) for _ in range(20)} == {first}
+
+
+def test_replicas_that_are_not_ready_are_skipped_until_a_probe_says_ready():
+    model, b = up(3), Balancer(random.Random(2))
+    first, second, third = model.replicas
+    b.mark_down(first)
+    b.probed(second, False)
+    assert {b.pick(model) for _ in range(20)} == {third}
+    b.started(third)
+    b.started(third)
+    assert {b.pick(model) for _ in range(20)} == {third}  # busy but the only ready one
+    b.probed(first, True)
+    assert {b.pick(model) for _ in range(20)} == {first}
+    # Tried replicas are never picked again for the same request; with none ready, the untried ones are.
+    assert b.pick(model, tried=[first]) == third
+    b.mark_down(first)
+    b.mark_down(third)
+    assert {b.pick(model, tried=[third]) for _ in range(20)} == {first, second}
+    assert b.pick(model, tried=model.replicas) is None
+
+
+def test_a_model_of_one_replica_always_gets_it():
+    model, b = up(1), Balancer()
+    b.mark_down(model.replicas[0])
+    assert b.pick(model) is model.replicas[0] and b.pick(model, tried=model.replicas) is None
+
+
+# -- spreading ---------------------------------------------------------------------------------------------
+
+
+def test_requests_in_flight_spread_over_the_replicas(gw):
+    for r in gw.replicas:
+        r.mode = "hang"
+    pending = [gw.call("POST", "/v1/models/CLS/infer", body=b"{}", settle=False) for _ in range(4)]
+    gw.agent.flush()
+    assert [len(r.hanging) for r in gw.replicas] == [2, 2]
+    assert gw.balancer.outstanding == {("CLS", 0): 2, ("CLS", 1): 2}
+    for r in gw.replicas:
+        for d in r.hanging:
+            d.callback(b'{"status":0,"results":[]}')
+    assert [gw.settle(d).code for d in pending] == [200] * 4
+    assert gw.balancer.outstanding == {}
+
+
+def test_sequential_requests_reach_both_replicas_with_their_own_tokens(gw):
+    seen = [gw.infer().json["results"][0]["data"]["replica"] for _ in range(40)]
+    assert set(seen) == {0, 1} and 10 <= seen.count(0) <= 30
+    metrics = gw.metrics()
+    for i in (0, 1):
+        count = f'service_gateway_upstream_duration_ms_count{{model="CLS",replica="{i}",route="infer"}} {seen.count(i)}.0'
+        assert count in metrics
+
+
+# -- retries -------------------------------------------------------------------------------------------------
+
+
+def test_a_refused_connection_goes_to_the_other_replica_which_takes_all_traffic_until_a_probe(gw):
+    gw.agent.failures[PORTS[0]] = ConnectionRefusedError()
+    replies = [gw.infer() for _ in range(10)]
+    assert [(r.code, r.json["results"][0]["data"]["replica"]) for r in replies] == [(200, 1)] * 10
+    refused = [port for port, method in gw.agent.requests if port == PORTS[0]]
+    assert len(refused) == 1  # marked not ready at once: skipped from then on
+    metrics = gw.metrics()
+    assert 'service_gateway_upstream_retries_total{model="CLS",reason="refused"} 1.0' in metrics
+    assert 'service_gateway_upstream_errors_total{kind="unreachable",model="CLS",replica="0"} 1.0' in metrics
+    del gw.agent.failures[PORTS[0]]
+    gw.balancer.probed(gw.catalog.by_id["CLS"].replicas[0], True)
+    assert {gw.infer().json["results"][0]["data"]["replica"] for _ in range(20)} == {0, 1}
+
+
+def test_a_replica_that_admits_nothing_is_skipped_and_the_request_served_by_another(gw):
+    gw.replicas[0].mode = "not_admitted"
+    replies = [gw.infer() for _ in range(6)]
+    assert [(r.code, r.json["status"]) for r in replies] == [(200, 0)] * 6
+    assert len(gw.replicas[0].received) == 1 and len(gw.replicas[1].received) == 6
+    assert 'service_gateway_upstream_retries_total{model="CLS",reason="not_admitted"} 1.0' in gw.metrics()
+
+
+def test_job_submissions_are_retried_like_inference(gw):
+    gw.agent.failures[PORTS[1]] = ConnectionRefusedError()
+    gw.balancer.started(gw.catalog.by_id["CLS"].replicas[0])  # replica 1 looks less busy: it is picked first
+    r = gw.call("POST", "/v1/models/CLS/jobs", body=b'{"images":["x"]}')
+    assert r.code == 202 and jobid.parse(r.json["job_id"], SECRET) == jobid.JobOwner("", 0)
+    assert [port for port, _ in gw.agent.requests] == [PORTS[1], PORTS[0]]
+
+
+def test_an_admitted_request_cut_short_is_passed_through_not_retried(gw):
+    for r in gw.replicas:
+        r.mode = "cut_short"
+    reply = gw.infer()
+    assert (reply.code, reply.json["status"], len(reply.json["results"])) == (503, 65, 1)
+    assert sum(len(r.received) for r in gw.replicas) == 1
+
+
+def test_a_transport_failure_is_502_and_never_retried(gw):
+    for port in PORTS[:2]:
+        gw.agent.failures[port] = ResponseFailed([Failure(ConnectionLost("gone"))])
+    reply = gw.infer()
+    assert (reply.code, reply.json["status"]) == (502, 502)
+    assert len(gw.agent.requests) == 1
+    assert "upstream_retries_total{" not in gw.metrics()
+
+
+def test_when_every_replica_refuses_it_is_503_not_running(gw):
+    for port in PORTS[:2]:
+        gw.agent.failures[port] = ConnectionRefusedError()
+    reply = gw.infer()
+    assert (reply.code, reply.json["status"]) == (503, 65)
+    assert "no replica took the request" in reply.json["error"] and "not running" in reply.json["error"]
+    assert sorted(port for port, _ in gw.agent.requests) == sorted(PORTS[:2])
+    # Both are now marked not ready; the next request still tries both (the page the user sees is the same).
+    gw.agent.requests.clear()
+    assert gw.infer().code == 503 and len(gw.agent.requests) == 2
+
+
+def test_when_every_replica_admits_nothing_the_last_answer_is_passed_through(gw):
+    for r in gw.replicas:
+        r.mode = "not_admitted"
+    reply = gw.infer()
+    assert (reply.code, reply.json) == (503, {"status": 65, "results": [], "error": "the server is shutting down"})
+    assert [len(r.received) for r in gw.replicas] == [1, 1]
+
+
+def test_a_model_of_one_replica_behaves_as_before(gw):
+    gw.one.mode = "not_admitted"
+    reply = gw.infer("ONE")
+    assert (reply.code, reply.json["status"]) == (503, 65) and len(gw.one.received) == 1
+    gw.agent.failures[9901] = ConnectionRefusedError()
+    for _ in range(2):
+        reply = gw.infer("ONE")
+        assert (reply.code, reply.json["status"]) == (503, 65)
+        assert reply.json["error"].startswith("model server ONE is not reachable")
+    assert [port for port, _ in gw.agent.requests].count(9901) == 3  # each request tried once, never skipped
+    assert "upstream_retries_total{" not in gw.metrics()
+
+
+@pytest.mark.parametrize("code, body, expected", [
+    (503, b'{"status":65,"results":[]}', True),
+    (503, b'{"status":65,"results":[{"status":65}]}', False),
+    (503, b'{"status":65}', False),
+    (503, b"<html>", False),
+    (503, b'[65]', False),
+    (500, b'{"status":65,"results":[]}', False),
+    (429, b'{"status":429,"results":[]}', False),
+])
+def test_not_admitted_is_only_a_process_level_503_status_65(code, body, expected):
+    from twisted.web.http_headers import Headers
+
+    assert not_admitted(UpstreamReply(code, Headers(), body)) is expected
+
+
+# -- jobs go to their replica ---------------------------------------------------------------------------------
+
+
+def job_of(replica: int, host: str = "", secret: str = SECRET) -> str:
+    return jobid.mint(jobid.JobOwner(host, replica), secret)
+
+
+@pytest.mark.parametrize("suffix, route", [("", "/jobs/{job}"), ("/wait?timeout=1000", "/jobs/{job}/wait?timeout=1000"),
+                                           ("/result", "/jobs/{job}/result")])
+def test_poll_wait_and_result_go_to_the_replica_that_owns_the_job(gw, suffix, route):
+    for owner in (1, 0, 1):
+        job = job_of(owner)
+        reply = gw.call("GET", f"/v1/models/CLS/jobs/{job}{suffix}")
+        assert reply.code == (409 if suffix == "/result" else 200)
+        assert gw.replicas[owner].received[-1] == ("GET", route.format(job=job))
+    assert [len(r.received) for r in gw.replicas] == [1, 2]
+    assert gw.balancer.outstanding == {}  # polls are not counted as work
+
+
+def test_submitted_jobs_come_back_to_their_replica(gw):
+    for _ in range(10):
+        submitted = gw.call("POST", "/v1/models/CLS/jobs", body=b'{"images":["x"]}')
+        owner = jobid.parse(submitted.json["job_id"], SECRET).replica
+        assert h(submitted, "Location") == f"/v1/models/CLS/jobs/{submitted.json['job_id']}"
+        polled = gw.call("GET", submitted.json["poll_url"])
+        assert (polled.code, polled.json["replica"]) == (200, owner)
+
+
+def test_a_replica_that_refuses_a_poll_is_503_never_another_replica(gw):
+    gw.agent.failures[PORTS[1]] = ConnectionRefusedError()
+    reply = gw.call("GET", f"/v1/models/CLS/jobs/{job_of(1)}")
+    assert (reply.code, reply.json["status"]) == (503, 65)
+    assert gw.replicas[0].received == []
+
+
+@pytest.mark.parametrize("make", [
+    lambda: job_of(1, secret="t" * 64),  # signed with another secret: forged
+    lambda: job_of(1)[:-2] + ("00" if job_of(1)[-2:] != "00" else "11"),  # tag edited
+    lambda: (lambda raw: "job_" + (raw[:24] + "00" + raw[26:]))(job_of(1)[4:]),  # replica byte edited to 0
+    lambda: job_of(2),  # a replica this model does not run (gone)
+    lambda: job_of(0, host="other-host"),  # another host of a cluster
+    lambda: "job_1",
+    lambda: "nope",
+])
+def test_an_unknown_forged_or_gone_job_is_404_job_not_found_without_asking_a_replica(gw, make):
+    job = make()
+    for suffix in ("", "/wait?timeout=10", "/result"):
+        reply = gw.call("GET", f"/v1/models/CLS/jobs/{job}{suffix}")
+        assert (reply.code, reply.json["status"], reply.json["results"]) == (404, 63, [])
+        assert reply.json["error"] == f"job not found: {job[:80]}" and reply.json["model"]["name"] == "gateway"
+    assert [len(r.received) for r in gw.replicas] == [0, 0]
+
+
+def test_without_a_secret_the_claimed_owner_routes_and_the_model_answers(tmp_path):
+    gw = Gateway(tmp_path, secret=None)
+    assert gw.call("GET", f"/v1/models/CLS/jobs/{job_of(1, secret='any')}").code == 200
+    assert len(gw.replicas[1].received) == 1
+    assert gw.call("GET", "/v1/models/CLS/jobs/job_1").code == 200  # not this layout: replica 0 answers
+    assert gw.replicas[0].received == [("GET", "/jobs/job_1")]
+    assert gw.call("GET", f"/v1/models/CLS/jobs/{job_of(5, secret='any')}").code == 404
+
+
+def test_locate_decides_this_replica_another_host_or_nothing():
+    model = up(2)
+    assert locate(model, job_of(1, "h1"), secret=SECRET, host="h1") == model.replicas[1]
+    assert locate(model, job_of(1, "h2"), secret=SECRET, host="h1") == OtherHost("h2", 1)
+    assert locate(model, job_of(1, "h2"), secret="x", host="h1") is None
+    assert locate(model, job_of(3), secret=SECRET, host="") is None
+    assert locate(model, "job_zz", secret=None, host="") == model.replicas[0]
+
+
+def test_a_gateway_of_another_host_id_finds_its_own_jobs(tmp_path):
+    gw = Gateway(tmp_path, host="host-b")
+    assert gw.call("GET", f"/v1/models/CLS/jobs/{job_of(1, 'host-b')}").code == 200
+    assert gw.call("GET", f"/v1/models/CLS/jobs/{job_of(1)}").code == 404  # the single-host id is another host's
+
+
+# -- the readiness probe ------------------------------------------------------------------------------------------
+
+
+def test_the_probe_asks_every_replica_of_models_with_several_each_interval(gw):
+    probe = ReplicaProbe(clock=gw.clock, agent=gw.agent, catalog=gw.catalog, balancer=gw.balancer, interval_s=0.5)
+    probe.startService()
+    gw.agent.flush()
+    assert sorted(port for port, _ in gw.agent.requests) == sorted(PORTS[:2])  # not ONE: it has one replica
+    cls = gw.catalog.by_id["CLS"].replicas
+    assert all(gw.balancer.is_ready(r) for r in cls) and probe.out == {}
+    gw.replicas[1].ready = False
+    gw.clock.advance(0.5)
+    gw.agent.flush()
+    assert (gw.balancer.is_ready(cls[0]), gw.balancer.is_ready(cls[1])) == (True, False)
+    assert {gw.infer().json["results"][0]["data"]["replica"] for _ in range(10)} == {0}
+    gw.replicas[1].ready = True
+    gw.agent.failures[PORTS[0]] = ConnectionRefusedError()
+    gw.clock.advance(0.5)
+    gw.agent.flush()
+    assert (gw.balancer.is_ready(cls[0]), gw.balancer.is_ready(cls[1])) == (False, True)
+    probe.stopService()
+    gw.clock.advance(5)
+    assert len(gw.agent.requests) == 6 + 10  # three rounds of two probes, ten requests; none after the stop
+
+
+def test_a_probe_without_an_answer_within_the_interval_is_not_ready_and_not_doubled(gw):
+    class Silent:
+        def __init__(self):
+            self.asked = []
+
+        def request(self, method, uri, headers=None, body=None):
+            d = Deferred()
+            self.asked.append(d)
+            return d
+
+    silent = Silent()
+    probe = ReplicaProbe(clock=gw.clock, agent=silent, catalog=gw.catalog, balancer=gw.balancer, interval_s=1.0)
+    probe.startService()
+    assert len(silent.asked) == 2
+    gw.clock.advance(0.99)
+    assert len(silent.asked) == 2 and all(gw.balancer.is_ready(r) for r in gw.catalog.by_id["CLS"].replicas)
+    gw.clock.advance(0.01)  # the deadline and the next round at once: timed out first, then asked again
+    assert not any(gw.balancer.is_ready(r) for r in gw.catalog.by_id["CLS"].replicas)
+    assert len(silent.asked) == 4 and all(d.called for d in silent.asked[:2])
+    probe.stopService()
+    assert all(d.called for d in silent.asked) and probe.out == {}
+
+
+def test_a_probe_that_raises_does_not_stop_the_timer(gw):
+    class Broken:
+        calls = 0
+
+        def request(self, *args):
+            Broken.calls += 1
+            raise RuntimeError("boom")
+
+    probe = ReplicaProbe(clock=gw.clock, agent=Broken(), catalog=gw.catalog, balancer=gw.balancer, interval_s=1.0)
+    probe.startService()
+    gw.clock.advance(1)
+    assert Broken.calls == 4
+    probe.stopService()
+
+
+# -- the catalog's replicas from the environment -----------------------------------------------------------------
+
+
+def test_catalog_replicas_from_the_environment(tmp_path):
+    (tmp_path / "A.toml").write_text('id = "A"\nport = 9300\nserver_uri = "/a"\n')
+    (tmp_path / "B.toml").write_text('id = "B"\nport = 9301\nserver_uri = "/b"\n')
+    env = {"SERVICE_UPSTREAM_PORTS": '{"A": [9300, 9400]}', "SERVICE_UPSTREAM_TOKENS": '{"A": ["t0", "t1"]}',
+           "SERVICE_UPSTREAM_TOKEN": "fallback"}
+    catalog = load_catalog(str(tmp_path), env)
+    assert [(r.index, r.port, r.token) for r in catalog.by_id["A"].replicas] == [(0, 9300, "t0"), (1, 9400, "t1")]
+    assert [(r.port, r.token) for r in catalog.by_id["B"].replicas] == [(9301, "fallback")]
+    old_shape = load_catalog(str(tmp_path), {"SERVICE_UPSTREAM_PORTS": '{"A": [9300, 9400]}',
+                                             "SERVICE_UPSTREAM_TOKENS": '{"A": "one", "B": "two"}'})
+    assert [r.token for r in old_shape.by_id["A"].replicas] == ["one", "one"]
+    assert old_shape.by_id["A"].url("/x") == b"http://127.0.0.1:9300/x"
+    with pytest.raises(CatalogError, match="port 9301 is used twice: by A replica 1 and by B"):
+        load_catalog(str(tmp_path), {"SERVICE_UPSTREAM_PORTS": '{"A": [9300, 9301]}'})
+
+
+def test_an_upstream_without_replicas_has_one_on_its_port():
+    one = Upstream("M", 9000, "/m", False, "t")
+    assert one.replicas == (Replica("M", 0, 9000, "t"),)

@@ -1,7 +1,7 @@
 """How long a DDPM job takes, alone and beside a CPU-bound neighbour, per thread and nice setting.
 
     python -m bench.ddpm_job [--steps 1000] [--rounds 1] [--limit 240]
-                             [--server NAME=JSON ...] [--neighbours 0 1]
+                             [--server NAME=JSON ...] [--neighbours 0 1] [--no-shipped]
 
 For each server (the shipped ``conf/server/DDPM.toml``, and each
 ``--server NAME=JSON`` variant of it, e.g. ``'t2n5={"backend": {"threads": 2,
@@ -62,10 +62,11 @@ def main() -> None:
     parser.add_argument("--limit", type=float, default=240.0, help="seconds before a job is given up")
     parser.add_argument("--server", action="append", default=[], metavar="NAME=JSON")
     parser.add_argument("--neighbours", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--no-shipped", dest="shipped", action="store_false", help="only the --server variants")
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-ddpm-"))
-    plans = {"shipped": write_config(tmp, "DDPM")}
+    plans = {"shipped": write_config(tmp, "DDPM")} if args.shipped else {}
     for spec in args.server:
         name, _, overrides = spec.partition("=")
         plans[name] = write_config(tmp, "DDPM", **json.loads(overrides or "{}"))

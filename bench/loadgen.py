@@ -53,9 +53,15 @@ def run_wrk(url: str, body: bytes, headers: dict[str, str], *, concurrency: int,
     def lua_string(text: str) -> str:
         return "[==[" + text + "]==]"
 
-    lines = [f"wrk.method = {lua_string(method)}", f"wrk.body = {lua_string(body.decode('latin-1'))}"]
-    lines += [f"wrk.headers[ {lua_string(k)} ] = {lua_string(v)}" for k, v in headers.items()]
     with tempfile.TemporaryDirectory() as tmp:
+        # The body is read from a file: a Lua string literal would turn the CR LF pairs of a binary body
+        # (a raw JPEG) into LF.
+        body_file = Path(tmp) / "body"
+        body_file.write_bytes(body)
+        lines = [f"wrk.method = {lua_string(method)}",
+                 f"local f = assert(io.open({lua_string(str(body_file))}, 'rb'))",
+                 "wrk.body = f:read('*a')", "f:close()"]
+        lines += [f"wrk.headers[ {lua_string(k)} ] = {lua_string(v)}" for k, v in headers.items()]
         script = Path(tmp) / "request.lua"
         script.write_text("\n".join(lines) + "\n", encoding="latin-1")
         out = subprocess.run(

@@ -1,98 +1,188 @@
-"""Model-server throughput and latency against bare torch, in one run.
+"""MOBILENETV2 served by our model server and by TorchServe 0.12, against bare torch, in one run.
 
-Starts a real MOBILENETV2 model server (max_batch_size 1, then 8) and drives
-it with single-image requests (a 224x224 JPEG) at concurrency 1, 8 and 32;
-measures bare torch forward throughput at batch 1 and 8 in a separate process
-with the same settings, before and after each server (the mean is the
-reference: this machine's speed drifts); prints images/s, p50/p99 latency,
-the ratio served / bare, and the server's own per-batch forward time.
+    python -m bench.modelserver [--seconds 10] [--rounds 2] [--concurrency 1 8 32] [--body raw|json]
+                                [--server NAME=JSON ...] [--tree NAME=PATH ...] [--no-torchserve]
 
-    python -m bench.modelserver [--seconds 15] [--tool wrk|python]
+Each round starts every server in turn (A/B/A/B: our shipped config, any
+``--server`` variant of it, the shipped config of any ``--tree``, then
+TorchServe) and drives each with single-image requests (one 224x224 JPEG of
+noise; by default as the raw body, ``--body json`` sends the base64 envelope)
+at every concurrency, with ``wrk`` (``apt-get install -y wrk``; Python
+clients without it).  Bare torch (``bench/bare_forward.py``, eager, float32,
+the server's allocator tuning) is measured before the first round and after
+each one, at 2 threads (R(8), R-ms(1): the issue's reference) and at 1 (what
+each of two workers runs on 2 cores).
+
+Per point: images/s, p50 and p99, the ratio to bare R(8) and to TorchServe
+in the same round, and the CPU each image cost by thread role (our server:
+``reactor``, ``torch`` = the inference workers and their OpenMP threads,
+``other``; TorchServe: its Java ``frontend`` and its Python ``worker``), the
+cores kept busy, the server's mean batch and forward ms per batch, and the
+1-minute load average before and after (this machine is shared: a point
+taken under load says so).  The summary gives the median over the rounds.
+
+``--server NAME=JSON`` adds a variant of the shipped config, e.g.
+``--server 'w1={"backend": {"workers": 1}}'``; ``--tree NAME=PATH`` runs the
+shipped config of another checkout with that checkout's code (A/B of two
+branches).  TorchServe runs in its own virtual environment, made on first
+use (``bench/torchserve/``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench.loadgen import run_load
-from tests.support.http import get
-from tests.support.images import image_b64
-from tests.support.processes import REPO, child_env, start_model_server, write_config
+from bench.served import Point, measure_model_server, measure_torchserve
+from tests.support.images import image_b64, image_bytes
+from tests.support.processes import REPO, SHIPPED_CONF, child_env, start_model_server, write_config
+
+URI = "/mobilenetv2/predict"
 
 
-def bare(batches: list[int], seconds: float, tune: bool = True) -> dict[int, float]:
-    args = [sys.executable, "-m", "bench.bare_forward", "--seconds", str(seconds), "--batch", *map(str, batches)]
-    if not tune:
-        args.append("--no-tune-malloc")
+def bare(threads: int, seconds: float) -> dict[int, dict]:
+    """Bare eager forward at batch 1 and 8 in a process of its own: {batch: row of bench/bare_forward.py}."""
+    args = [sys.executable, "-m", "bench.bare_forward", "--seconds", str(seconds), "--threads", str(threads),
+            "--batch", "1", "8"]
     out = subprocess.run(args, env=child_env(), cwd=REPO, capture_output=True, check=True, text=True).stdout
-    return {row["batch"]: row["images_per_s"] for row in map(json.loads, out.splitlines())}
+    return {row["batch"]: row for row in map(json.loads, out.splitlines())}
 
 
-def forward_ms(server) -> tuple[float, float]:
-    """Mean forward time per batch and mean batch size, from the server's metrics."""
-    text = get(server.url + "/metrics", headers=server.auth).body.decode()
+class Servers:
+    """The servers of a run: name -> how to start it."""
 
-    def value(pattern: str) -> float:
-        return float(re.search(pattern, text, re.M).group(1))
+    def __init__(self, tmp: Path, variants: list[str], trees: list[str]) -> None:
+        self.tmp = tmp
+        self.plans: dict[str, tuple[Path, dict]] = {"shipped": (write_config(tmp, "MOBILENETV2"), {})}
+        for spec in variants:
+            name, _, overrides = spec.partition("=")
+            self.plans[name] = (write_config(tmp, "MOBILENETV2", **json.loads(overrides or "{}")), {})
+        for spec in trees:
+            name, _, path = spec.partition("=")
+            tree = Path(path).resolve()
+            config = write_config(tmp, tree / "conf" / "server" / "MOBILENETV2.toml")
+            self.plans[name] = (config, {"PYTHONPATH": f"{tree}:{tree / 'tests' / 'plugins'}"})
 
-    inference = value(r'^service_stage_duration_ms_sum\{stage="inference"\} (\S+)') / value(
-        r'^service_stage_duration_ms_count\{stage="inference"\} (\S+)')
-    batch = value(r"^service_batch_size_sum (\S+)") / value(r"^service_batch_size_count (\S+)")
-    return inference, batch
+    def start(self, name: str):  # noqa: ANN201 - tests.support.processes.Proc
+        config, env = self.plans[name]
+        return start_model_server(config, env=env, ready_timeout=300)
+
+
+def run_round(round_: int, servers: Servers, args: argparse.Namespace, raw: bytes, body: bytes,
+              content_type: str) -> list[Point]:
+    points: list[Point] = []
+    for name in servers.plans:
+        server = servers.start(name)
+        try:
+            headers = {**server.auth, "Content-Type": content_type}
+            for c in args.concurrency:
+                points.append(measure_model_server(name, round_, server, server.url + URI, body, headers, clients=c,
+                                                   seconds=args.seconds, tool=args.tool))
+                print(f"  {row(points[-1])}", flush=True)
+        finally:
+            server.stop()
+    if args.torchserve:
+        from bench.torchserve.server import TorchServe
+
+        with TorchServe().start(raw) as peer:
+            for c in args.concurrency:
+                points.append(measure_torchserve(round_, peer, raw, {"Content-Type": "image/jpeg"}, clients=c,
+                                                 seconds=args.seconds, tool=args.tool))
+                print(f"  {row(points[-1])}", flush=True)
+    return points
+
+
+HEADER = (f"{'round':>5} {'server':<12} {'clients':>7} {'img/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'err':>4} "
+          f"{'core-ms per image by thread':<40} {'total':>6} {'cores':>5} {'batch':>5} {'fwd ms':>6} {'load':>9}")
+
+
+def row(p: Point) -> str:
+    roles = "  ".join(f"{k} {v / p.images:.2f}" for k, v in p.cpu_ms.items())
+    batch = p.stages.get("batch", float("nan"))
+    forward = p.stages.get("inference", float("nan"))
+    return (f"{p.round:5d} {p.server:<12} {p.clients:7d} {p.load.rate:7.1f} {p.load.p50:7.1f} {p.load.p99:7.1f} "
+            f"{p.load.errors:4d} {roles:<40} {p.total_per_image:6.2f} {p.cores_busy:5.2f} {batch:5.2f} "
+            f"{forward:6.1f} {p.load_avg[0]:4.1f}/{p.load_avg[1]:<4.1f}")
+
+
+def summary(points: list[Point], refs: dict[int, list[dict]], servers: list[str]) -> None:
+    r8 = statistics.median(r[8]["images_per_s"] for r in refs[2]) if 2 in refs else float("nan")
+    print("\nsummary, median over the rounds (R(8): bare eager batch 8 at 2 threads, "
+          f"{r8:.1f} img/s; /TS: our img/s over TorchServe's in the same round):")
+    print(f"  {'server':<12} {'clients':>7} {'img/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'p99/p50':>7} "
+          f"{'/R(8)':>6} {'/TS':>6} {'core-ms/img':>11} {'cores':>5}")
+    for name in servers:
+        for c in sorted({p.clients for p in points}):
+            mine = [p for p in points if p.server == name and p.clients == c]
+            if not mine:
+                continue
+            ts = {p.round: p.load.rate for p in points if p.server == "torchserve" and p.clients == c}
+            vs_ts = [p.load.rate / ts[p.round] for p in mine if ts.get(p.round)]
+            med = statistics.median
+            print(f"  {name:<12} {c:7d} {med(p.load.rate for p in mine):7.1f} {med(p.load.p50 for p in mine):7.1f} "
+                  f"{med(p.load.p99 for p in mine):7.1f} {med(p.load.p99 / p.load.p50 for p in mine):7.2f} "
+                  f"{med(p.load.rate for p in mine) / r8:6.2f} {(med(vs_ts) if vs_ts else float('nan')):6.2f} "
+                  f"{med(p.total_per_image for p in mine):11.2f} {med(p.cores_busy for p in mine):5.2f}")
+    for threads, rows in sorted(refs.items()):
+        ms1 = statistics.median(r[1]["ms_per_batch"] for r in rows)
+        print(f"  bare eager at {threads} thread(s): R-ms(1) {ms1:.1f} ms, R(8) "
+              f"{statistics.median(r[8]['images_per_s'] for r in rows):.1f} img/s, "
+              f"{statistics.median(r[8]['core_ms_per_image'] for r in rows):.2f} core-ms per image at batch 8")
+    for name in servers:
+        ones = [p for p in points if p.server == name and p.clients == 1]
+        if ones and ones[0].stages:
+            decode = statistics.median(p.stages["decode"] for p in ones)
+            p50 = statistics.median(p.load.p50 for p in ones)
+            parts = ", ".join(f"{p50 / (statistics.median(r[1]['ms_per_batch'] for r in rows) + decode):.2f} "
+                              f"against {t} thread(s)" for t, rows in sorted(refs.items()))
+            print(f"  {name}: c=1 p50 / (R-ms(1) + decode {decode:.2f} ms): {parts}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=15.0, help="measured seconds per point")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per point")
+    parser.add_argument("--rounds", type=int, default=2, help="A/B rounds over all servers")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--body", choices=("raw", "json"), default="raw")
+    parser.add_argument("--server", action="append", default=[], metavar="NAME=JSON",
+                        help="a variant of the shipped config (top-level keys and tables to override)")
+    parser.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
+                        help="the shipped config of another checkout, run with its code")
+    parser.add_argument("--no-torchserve", dest="torchserve", action="store_false")
+    parser.add_argument("--bare-threads", type=int, nargs="+", default=[2, 1])
+    parser.add_argument("--bare-seconds", type=float, default=4.0)
     parser.add_argument("--tool", choices=("auto", "wrk", "python"), default="auto")
     args = parser.parse_args()
 
-    untuned = bare(args.batch_sizes, 4, tune=False)
-    body = json.dumps({"images": [image_b64(width=224, height=224, fmt="JPEG", seed=3)]}).encode()
-    tmp = Path(tempfile.mkdtemp(prefix="bench-"))
-    rows = []
-    for batch in args.batch_sizes:
-        before = bare([batch], 4)[batch]
-        config = write_config(tmp, "MOBILENETV2", max_batch_size=batch, max_queue_depth=0)
-        server = start_model_server(config)
-        points = []
-        try:
-            headers = {**server.auth, "Content-Type": "application/json"}
-            for c in args.concurrency:
-                result = run_load(server.url + "/mobilenetv2/predict", body, headers, concurrency=c,
-                                  seconds=args.seconds, tool=args.tool)
-                points.append((c, result))
-            fwd, mean_batch = forward_ms(server)
-        finally:
-            server.stop()
-        after = bare([batch], 4)[batch]
-        reference = statistics.mean([before, after])
-        for c, result in points:
-            rows.append((batch, c, result, reference, result.rate / reference))
-        rows.append((batch, None, (fwd, mean_batch), reference, None))
-
-    print("bare torch MobileNetV2 (CPU, float32, 224x224, 2 intra-op threads):")
-    for b in args.batch_sizes:
-        refs = {r[3] for r in rows if r[0] == b}
-        print(f"  batch {b:2d}: {statistics.mean(refs):7.1f} img/s   (glibc malloc defaults: {untuned[b]:6.1f} img/s)")
-    print("\nserved (single-image requests, closed loop):")
-    print(f"  {'max_batch':>9} {'clients':>7} {'tool':>6} {'img/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6} {'served/bare':>11}")
-    for batch, c, r, _ref, ratio in rows:
-        if c is None:
-            fwd, mean_batch = r
-            print(f"  {batch:9d}   server forward pass: {fwd:.1f} ms per batch, mean batch {mean_batch:.2f}")
-            continue
-        print(f"  {batch:9d} {c:7d} {r.tool:>6} {r.rate:8.1f} {r.p50:8.1f} {r.p99:8.1f} {r.errors:6d} {ratio:11.2f}")
-    print("\n(served/bare: served images/s over bare torch at the same batch size, measured around that server)")
+    raw = image_bytes(width=224, height=224, fmt="JPEG", seed=3)
+    if args.body == "raw":
+        body, content_type = raw, "image/jpeg"
+    else:
+        body, content_type = json.dumps({"images": [image_b64(width=224, height=224, fmt="JPEG", seed=3)]}).encode(), \
+            "application/json"
+    servers = Servers(Path(tempfile.mkdtemp(prefix="bench-")), args.server, args.tree)
+    print(f"MOBILENETV2 served ({SHIPPED_CONF / 'MOBILENETV2.toml'} and variants: {', '.join(servers.plans)}) and "
+          f"{'TorchServe 0.12' if args.torchserve else 'no peer'}; one 224x224 JPEG per request ({args.body} body, "
+          f"{len(body)} bytes), {args.seconds:g} s per point, {args.rounds} round(s)\n")
+    refs: dict[int, list[dict]] = {t: [bare(t, args.bare_seconds)] for t in args.bare_threads}
+    points: list[Point] = []
+    print(f"  {HEADER}")
+    for round_ in range(1, args.rounds + 1):
+        points += run_round(round_, servers, args, raw, body, content_type)
+        for t in args.bare_threads:
+            refs[t].append(bare(t, args.bare_seconds))
+    print("\nbare torch MobileNetV2, eager float32 224x224 (bench/bare_forward.py), before and after each round:")
+    for t, rows in sorted(refs.items()):
+        for b in (1, 8):
+            print(f"  {t} thread(s) batch {b}: " + ", ".join(
+                f"{r[b]['images_per_s']:.1f} img/s ({r[b]['ms_per_batch']:.1f} ms, {r[b]['core_ms_per_image']:.2f} "
+                "core-ms/img)" for r in rows))
+    summary(points, refs, [*servers.plans, *(["torchserve"] if args.torchserve else [])])
 
 
 if __name__ == "__main__":

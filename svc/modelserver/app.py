@@ -55,6 +55,7 @@ class ModelServerApp(routes.JsonApp):
         self.config = config
         self.inference = inference
         self.metrics = metrics
+        self.infer_duration = metrics.duration.labels("infer")
         self.registry = registry
         self.auth_token = auth_token
         self.openapi_bytes = dumps(openapi)
@@ -171,7 +172,7 @@ class ModelServerApp(routes.JsonApp):
                 ) from None
             elapsed_ms = (self.clock.seconds() - started) * 1000.0
             code, body = result_envelope(task_id=task_id, model=self.identity, items=results, server_time_ms=elapsed_ms)
-            self.metrics.duration.labels("infer").observe(elapsed_ms)
+            self.infer_duration.observe(elapsed_ms)
             return send_json(request, code, body, {"X-Request-ID": task_id, "Cache-Control": "no-store"})
         finally:
             self.in_flight -= 1

@@ -288,8 +288,9 @@ class BatchQueue:
         if self.metrics is not None:
             self.metrics.batch_size.observe(len(batch))
             self.metrics.batch_window_wait.observe((now - batch[0].enqueued_at) * 1000.0)
+            queue_wait = self.metrics.stage.labels("queue_wait")
             for item in batch:
-                self.metrics.stage.labels("queue_wait").observe((now - item.enqueued_at) * 1000.0)
+                queue_wait.observe((now - item.enqueued_at) * 1000.0)
         started = self.clock.seconds()
         d = maybeDeferred(self._run_batch, batch)
         d.addCallbacks(self._finished, self._failed, callbackArgs=(batch, started), errbackArgs=(batch,))

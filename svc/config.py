@@ -194,7 +194,7 @@ class BackendConfig:
     """The ``[backend]`` table of a model-server config."""
 
     device: str = setting("gpu", "'cpu' or 'gpu'.", choices=("cpu", "gpu"))
-    threads: int = setting(0, "Torch intra-op threads; 0 = the number of CPU cores divided by workers.",
+    threads: int = setting(0, "Torch intra-op threads; 0 = the CPUs this process may run on (its affinity) / workers / the replicas sharing them (SERVICE_CPU_SHARE).",
                            minimum=0, maximum=1024)
     workers: int = setting(1, "Inference threads (batches run at once).", minimum=1, maximum=64)
     decode_threads: int = setting(

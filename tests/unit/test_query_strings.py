@@ -24,6 +24,7 @@ from twisted.internet.task import Clock
 from twisted.web.http import parse_qs
 
 from svc.gateway.catalog import Upstream
+from svc.metrics import ModelServerMetrics, new_registry
 from svc.modelserver.app import ModelServerApp
 from svc.query import MAX_DIGITS, WAIT_MAX_MS, parse_bounded_int, wait_budget_ms
 from svc.supervisor.api import LOG_LIMIT_DEFAULT, LOG_LIMIT_MAX, ManagementApi
@@ -129,7 +130,7 @@ class ModelServer:
         config = SimpleNamespace(id=MODEL_ID, server_uri="/testfaults/predict", rate_limit_qps=0.0,
                                  max_body_bytes=1 << 20)
         self.server = ModelServerApp(clock=self.clock, config=config, inference=SimpleNamespace(parse=None),
-                                     metrics=None, registry=None, auth_token=None, openapi={})
+                                     metrics=ModelServerMetrics(new_registry(), config.id), registry=None, auth_token=None, openapi={})
         self.server.set_ready("v1")
         self.jobs, run, _ = table(self.clock)
         self.server.enable_jobs(self.jobs)

@@ -2,17 +2,20 @@
 ``conf/service.toml``, and the profiles under ``conf/profiles/``.
 
 ``[gateway]`` belongs to the gateway, which validates it; the supervisor only
-reads the gateway's address from it.  Keys are declared once (svc.config.setting fields)
+reads the gateway's address from it.  ``[cluster]`` (svc.cluster_config) gives
+the children their host id and decides whether the gateway needs a cluster
+token.  Keys are declared once (svc.config.setting fields)
 with strict types; an unknown key is refused with one line.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from svc import config as base
+from svc.cluster_config import ClusterConfig, cluster_from_table
 from svc.config import ConfigError, Key, apply_keys, keys_of, read_toml, setting, sub_table
 from svc.protocol import GATEWAY_PORT, LOOPBACK, SUPERVISOR_PORT
 
@@ -57,6 +60,7 @@ class SupervisorConfig:
     gateway_host: str
     gateway_port: int
     gateway_listen_backlog: int = 1024
+    cluster: ClusterConfig = field(default_factory=ClusterConfig.single_host)
 
 
 @dataclass(frozen=True)
@@ -112,8 +116,8 @@ def load_supervisor_config(path: str) -> SupervisorConfig:
     """``[supervisor]`` and ``[servers.<ID>]`` of the service config (a missing file means defaults)."""
     data = read_toml(path) if os.path.exists(path) else {}
     for name in data:
-        if name not in ("gateway", "supervisor", "servers"):
-            raise ConfigError(path, name, "unknown table; known: gateway, supervisor, servers")
+        if name not in ("gateway", "supervisor", "servers", "cluster"):
+            raise ConfigError(path, name, "unknown table; known: gateway, supervisor, servers, cluster")
     values = apply_keys(path, sub_table(path, data, "supervisor"), SUPERVISOR_KEYS, prefix="supervisor.")
     servers = sub_table(path, data, "servers")
     policies = {}
@@ -129,6 +133,7 @@ def load_supervisor_config(path: str) -> SupervisorConfig:
         gateway_port=int(gateway.get("port", GATEWAY_PORT)),
         # The supervisor holds the gateway's listening socket (svc/supervisor/handover.py).
         gateway_listen_backlog=int(gateway.get("listen_backlog", 1024)),
+        cluster=cluster_from_table(path, sub_table(path, data, "cluster")),
         **values,
     )
 

@@ -30,7 +30,8 @@ PROFILES = REPO / "conf" / "profiles"
 CATALOG = ["CLS_COND_DDIM", "DDIM", "DDPM", "LDM", "MOBILENETV2", "SAM_AMG", "YOLOV8"]
 METRICS, INFERENCE, MANAGEMENT = "metrics-" + "1" * 20, "inference-" + "2" * 20, "management-" + "3" * 20
 CREDENTIALS = ("SERVICE_METRICS_TOKEN", "SERVICE_GATEWAY_AUTH_TOKEN", "SERVICE_API_TOKEN", "SERVICE_EXPOSE",
-               "SERVICE_AUTH_TOKEN", "SERVICE_UPSTREAM_TOKENS", "SERVICE_UPSTREAM_TOKEN")
+               "SERVICE_AUTH_TOKEN", "SERVICE_UPSTREAM_TOKENS", "SERVICE_UPSTREAM_TOKEN", "SERVICE_CLUSTER_TOKEN",
+               "SERVICE_JOB_SECRET", "SERVICE_HOST_ID")
 
 
 @pytest.fixture(autouse=True)
@@ -215,7 +216,7 @@ def test_supervisor_refusals(supervisor_config, environment, tmp_path):
     unknown = tmp_path / "unknown.toml"
     unknown.write_text("[supervisors]\n")
     assert refusal(supervisor_tap, ["--config", str(unknown)]) == (
-        f"service-supervisor: {unknown}: supervisors: unknown table; known: gateway, supervisor, servers")
+        f"service-supervisor: {unknown}: supervisors: unknown table; known: gateway, supervisor, servers, cluster")
     environment.delenv("SERVICE_API_TOKEN")
     assert refusal(supervisor_tap, ["--config", config]) == (
         "service-supervisor: SERVICE_API_TOKEN is not set: the management API needs it (no anonymous mode)")

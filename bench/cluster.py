@@ -206,14 +206,15 @@ def main() -> None:
 
 def print_overhead(overhead: list) -> None:
     print("Overhead, tiny JSON to a trivial upstream (the key limited to 10^6/s: every request runs its bucket)")
-    print(f"  {'path':<30} {'clients':>7} {'p50 ms':>7} {'p99 ms':>7} {'added p50':>9} {'req/s':>7} "
+    print(f"  {'path':<30} {'clients':>7} {'p50 ms':>7} {'p99 ms':>7} {'added p50':>9} {'added p99':>9} {'req/s':>7} "
           f"{'gateways CPU/req':>16} {'HAProxy CPU/req':>15} {'Redis CPU/req':>13} {'errors':>6}")
-    base = {c: r.p50 for label, c, r, _ in overhead if label == "direct"}
+    base = {c: r for label, c, r, _ in overhead if label == "direct"}
     for label, c, r, cpu in overhead:
         def ms(name: str, cpu: dict = cpu) -> str:
             return f"{cpu[name]:.3f} ms" if name in cpu else "-"
 
-        print(f"  {label:<30} {c:7d} {r.p50:7.2f} {r.p99:7.2f} {r.p50 - base[c]:9.2f} {r.rate:7.0f} "
+        print(f"  {label:<30} {c:7d} {r.p50:7.2f} {r.p99:7.2f} {r.p50 - base[c].p50:9.2f} {r.p99 - base[c].p99:9.2f} "
+              f"{r.rate:7.0f} "
               f"{ms('gateways'):>16} {ms('haproxy'):>15} {ms('redis'):>13} {r.errors:6d}")
 
 

@@ -86,6 +86,12 @@ def test_a_key_gets_its_rate_in_total_across_the_gateways_with_redis(cluster):
     assert all(a + r >= len(replies) / 6 for a, r in per_gateway.values()), per_gateway
     assert sum(a for a, _ in per_gateway.values()) == admitted
     assert sum(r for _, r in per_gateway.values()) == statuses.count(429)
+    # A refusal names the key and its limit, with Retry-After from the shared bucket (a wait under 1/3 s).
+    headers = {"Authorization": f"Bearer {KEYS['limited']}", "Content-Type": "application/json"}
+    limited = wait_until(lambda: (r := cluster.call(post, cluster.url + PROBE_PATH, b"{}", headers=headers))
+                         .status == 429 and r, "a 429 once the bucket's refill is spent", timeout=10)
+    assert (limited.json["status"], limited.header("Retry-After")) == (429, "1")
+    assert limited.header("X-Service-Key") == "limited" and "3 requests/s for key limited" in limited.json["error"]
 
 
 def test_without_redis_each_gateway_limits_alone_then_they_share_again(cluster):

@@ -245,3 +245,17 @@ def test_the_shipped_haproxy_config_is_valid_and_makes_the_tests_config(tmp_path
     (tmp_path / "haproxy.cfg").write_text(text)
     made = subprocess.run([HAPROXY, "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True)
     assert made.returncode == 0, made.stdout + made.stderr
+
+
+def test_without_root_or_the_debian_programs_the_scale_out_tests_fail_in_one_line(monkeypatch):
+    from tests.support import netns
+
+    monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
+    with pytest.raises(pytest.fail.Exception) as no_root:
+        netns.require_root()
+    assert str(no_root.value) == ("the multi-host tests need root for network namespaces (ip netns): run tox as "
+                                  "root")
+    with pytest.raises(pytest.fail.Exception) as missing:
+        require("/usr/sbin/no-such-haproxy")
+    assert str(missing.value) == ("missing /usr/sbin/no-such-haproxy: run bin/ensure-scaleout as root (tox does) to "
+                                  "install Debian's redis-server and haproxy")

@@ -71,6 +71,8 @@ def peer_url_problem(url: Any) -> str | None:
         return f"must be http://ADDRESS:PORT (gateways speak plain HTTP on the private network), got {url!r}"
     if port is None:
         return f"must name the gateway's port (http://ADDRESS:PORT), got {url!r}"
+    if ":" in parts.hostname:
+        return f"must be an IPv4 address or a host name (peers are reached over IPv4), got {url!r}"
     if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username or parts.password:
         return f"must be only http://ADDRESS:PORT, without a path, query or user, got {url!r}"
     return None

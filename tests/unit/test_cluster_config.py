@@ -58,6 +58,7 @@ def test_a_cluster_table(tmp_path):
     ('host_id = "a"\npeers = { b = "http://10.0.0.2:8080/v1" }\n', "cluster.peers.b", "without a path"),
     ('host_id = "a"\npeers = { b = "http://u:p@10.0.0.2:8080" }\n', "cluster.peers.b", "without a path, query or user"),
     ('host_id = "a"\npeers = { b = 8080 }\n', "cluster.peers.b", "must be a string"),
+    ('host_id = "a"\npeers = { b = "http://[fd00::2]:8080" }\n', "cluster.peers.b", "an IPv4 address or a host name"),
     ('peers = { b = "http://10.0.0.2:8080" }\n', "cluster.host_id", "required when cluster.peers is set"),
     ('host_id = "a"\npeer_timeout_ms = 0\n', "cluster.peer_timeout_ms", "must be at least 1"),
     ('hosts = 3\n', "cluster.hosts", "unknown key"),

@@ -15,8 +15,9 @@ then routing (404 for an unknown id or path, 405 for a wrong method), so
 that an unauthenticated caller learns nothing about the catalog.  A path
 that matches no route is authenticated, then 404 or 405 without a token
 spent (nothing reaches a model).  A job GET for another host's job is
-answered by that host's gateway (svc.gateway.cluster).  The model's status, body and the headers SPEC lists
-pass through unchanged; job URLs are rewritten onto ``/v1/models/<id>/jobs``.
+answered by that host's gateway (svc.gateway.cluster).  The model's status,
+body and the headers SPEC lists pass through unchanged; job URLs are
+rewritten onto ``/v1/models/<id>/jobs``.
 Errors made here use the unified envelope with ``model.name`` ``gateway``.
 
 The routes are declared once in the class body; the legacy ``{server_uri}``

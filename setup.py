@@ -34,6 +34,9 @@ RUNTIME = [
     "segment-anything==1.0",
     "pycocotools==2.0.11",
     "opencv-python-headless==5.0.0.93",
+    # the gateway's rate limits in Redis (svc/gateway/ratestore.py): a Twisted-native client; it pulls in
+    # twisted[tls] (pyOpenSSL, service-identity, idna), which the service already has
+    "txredisapi==1.6.0",
 ]
 
 TEST = [

@@ -8,7 +8,13 @@ Everything here is decided once at startup (SPEC "Authentication"):
 * the mode is ``api-keys`` when the file loaded with keys, ``static-token``
   when no usable file but a token is set; there is no anonymous mode;
 * the metrics token is required and must differ from the other tokens, and a
-  wildcard bind needs ``SERVICE_EXPOSE``.
+  wildcard bind needs ``SERVICE_EXPOSE``;
+* on a host of a cluster (``[cluster] peers``), the cluster token
+  ``SERVICE_CLUSTER_TOKEN`` that the gateways present to one another is
+  required, must differ from every other token and key, and every host must
+  share the job secret (:func:`cluster_problem`).  The gateway accepts it only
+  on a job poll, wait or result forwarded by a peer for a job of its own host
+  (svc.gateway.cluster), never in place of a key.
 
 Per request, :meth:`Authenticator.authenticate` checks the bearer string:
 API keys first (the SHA-256 of the bearer looked up by digest, then compared
@@ -31,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from svc.config import ConfigError, Key, apply_keys, keys_of, read_toml, setting
+from svc.protocol import JOB_SECRET_ENV
 
 SCOPES = ("inference", "admin", "all")
 #: Scopes whose keys the gateway accepts for inference and jobs (SPEC: all three do).
@@ -40,7 +47,8 @@ INFERENCE_SCOPES = frozenset(SCOPES)
 STATIC_TOKEN_NAME = "static-token"
 MANAGEMENT_TOKEN_NAME = "management-token"
 METRICS_TOKEN_NAME = "metrics-token"
-RESERVED_KEY_NAMES = frozenset({STATIC_TOKEN_NAME, MANAGEMENT_TOKEN_NAME, METRICS_TOKEN_NAME})
+CLUSTER_TOKEN_NAME = "cluster-token"
+RESERVED_KEY_NAMES = frozenset({STATIC_TOKEN_NAME, MANAGEMENT_TOKEN_NAME, METRICS_TOKEN_NAME, CLUSTER_TOKEN_NAME})
 
 #: Key names: what can appear in a header, a log line and a metrics label.
 KEY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
@@ -51,6 +59,8 @@ _BARE_KEY = re.compile(r"[A-Za-z0-9_\-]+")
 GATEWAY_TOKEN_ENV = "SERVICE_GATEWAY_AUTH_TOKEN"
 API_TOKEN_ENV = "SERVICE_API_TOKEN"
 METRICS_TOKEN_ENV = "SERVICE_METRICS_TOKEN"
+#: What one gateway of a cluster presents to another when it forwards a job request (svc.gateway.cluster).
+CLUSTER_TOKEN_ENV = "SERVICE_CLUSTER_TOKEN"
 EXPOSE_ENV = "SERVICE_EXPOSE"
 WILDCARDS = ("0.0.0.0", "::", "", "*", "[::]")
 
@@ -163,6 +173,7 @@ class AuthSetup:
     api_token: str | None
     metrics_token: str
     warnings: tuple[str, ...] = ()
+    cluster_token: str | None = None
 
 
 def metrics_token_problem(env: Mapping[str, str]) -> str | None:
@@ -177,6 +188,30 @@ def metrics_token_problem(env: Mapping[str, str]) -> str | None:
     for name in (GATEWAY_TOKEN_ENV, API_TOKEN_ENV):
         if env.get(name) and hmac.compare_digest(env[name].encode(), metrics.encode()):
             return f"{METRICS_TOKEN_ENV} equals {name}: the metrics token must differ from the inference and management tokens"
+    return None
+
+
+def cluster_problem(env: Mapping[str, str], has_peers: bool) -> str | None:
+    """Why the cluster settings of the environment are unusable (None when fine).
+
+    ``SERVICE_CLUSTER_TOKEN``, when set, must differ from every other token
+    and from the job secret.  With peers configured it is required (a peer's
+    forwarded request could not be told from a client's, nor could this host
+    forward), and so is ``SERVICE_JOB_SECRET`` (a secret made up per host
+    would make every other host's job ids unverifiable).  Shared with the
+    supervisor, which refuses to spawn the gateway for the same reasons.
+    """
+    token = env.get(CLUSTER_TOKEN_ENV) or ""
+    if token:
+        for name in (GATEWAY_TOKEN_ENV, API_TOKEN_ENV, METRICS_TOKEN_ENV, JOB_SECRET_ENV):
+            if env.get(name) and hmac.compare_digest(env[name].encode(), token.encode()):
+                return f"{CLUSTER_TOKEN_ENV} equals {name}: the cluster token must differ from every other token"
+    if has_peers and not token:
+        return (f"[cluster] peers is set but {CLUSTER_TOKEN_ENV} is not: the gateways of a cluster authenticate "
+                "to one another with it (the same value on every host)")
+    if has_peers and not env.get(JOB_SECRET_ENV):
+        return (f"[cluster] peers is set but {JOB_SECRET_ENV} is not: every host of a cluster must sign job ids "
+                "with the same secret")
     return None
 
 
@@ -198,6 +233,7 @@ def decide(env: Mapping[str, str], keys_file: str) -> AuthSetup:
     problem = metrics_token_problem(env)
     if problem:
         raise Refused(problem)
+    cluster_token = env.get(CLUSTER_TOKEN_ENV) or None
     gateway_token = env.get(GATEWAY_TOKEN_ENV) or None
     api_token = env.get(API_TOKEN_ENV) or None
     has_token = gateway_token is not None or api_token is not None
@@ -212,14 +248,22 @@ def decide(env: Mapping[str, str], keys_file: str) -> AuthSetup:
             raise Refused(f"the key file cannot be used and no static token is set: {e}") from None
         note = "no key file" if e.problem == "file not found" else f"the key file cannot be used ({e})"
         return AuthSetup("static-token", (), gateway_token, api_token, env[METRICS_TOKEN_ENV],
-                         (f"{note}: static-token mode, only {tokens} is accepted",))
+                         (f"{note}: static-token mode, only {tokens} is accepted",), cluster_token)
     if not keys:
         if not has_token:
             raise Refused(f"the key file {keys_file} has no keys and neither {tokens} is set: "
                           "no credential would be accepted (there is no anonymous mode)")
         return AuthSetup("static-token", (), gateway_token, api_token, env[METRICS_TOKEN_ENV],
-                         (f"the key file {keys_file} has no keys: static-token mode, only {tokens} is accepted",))
-    return AuthSetup("api-keys", tuple(keys), gateway_token, api_token, env[METRICS_TOKEN_ENV])
+                         (f"the key file {keys_file} has no keys: static-token mode, only {tokens} is accepted",),
+                         cluster_token)
+    if cluster_token is not None:
+        digest = hash_key(cluster_token)
+        for key in keys:
+            if hmac.compare_digest(key.hash, digest):
+                raise Refused(f"{CLUSTER_TOKEN_ENV} is the API key {key.name} of {keys_file}: the cluster token "
+                              "must differ from every key")
+    return AuthSetup("api-keys", tuple(keys), gateway_token, api_token, env[METRICS_TOKEN_ENV],
+                     cluster_token=cluster_token)
 
 
 class Unauthorized(Exception):
@@ -243,6 +287,7 @@ class Authenticator:
             if token
         ]
         self._metrics = setup.metrics_token.encode("utf-8")
+        self._cluster = setup.cluster_token.encode("utf-8") if setup.cluster_token else None
 
     def authenticate(self, bearer: str | None) -> Principal:
         """The principal of an inference or job request, else :class:`Unauthorized`."""
@@ -268,6 +313,11 @@ class Authenticator:
     def is_metrics(self, bearer: str | None) -> bool:
         """True only for the metrics token (the other tokens get 401 on /metrics)."""
         return bool(bearer) and hmac.compare_digest(bearer.encode("utf-8"), self._metrics)
+
+    def is_cluster(self, bearer: str | None) -> bool:
+        """True only for the cluster token (svc.gateway.cluster decides where it is accepted)."""
+        return self._cluster is not None and bool(bearer) and hmac.compare_digest(bearer.encode("utf-8"),
+                                                                                 self._cluster)
 
 
 def describe(setup: AuthSetup) -> dict[str, Any]:

@@ -175,3 +175,18 @@ class GatewayMetrics(HttpMetrics):
             ("model", "reason"),
             registry=registry,
         )
+        self.ratelimit_store_up = Gauge(
+            "service_gateway_ratelimit_store_up",
+            "1 while per-key rate limits are checked in the configured store (always, for local buckets); "
+            "0 while Redis is unreachable and this gateway's local buckets stand in at each key's full rate.",
+            registry=registry,
+        )
+        self.ratelimit_store_up.set(1)
+        self.forwarded = Counter(
+            "service_gateway_forwarded",
+            "Job requests forwarded to the gateway of the host that owns the job, by peer host id and outcome: "
+            "answered, or unreachable, timeout, transport (those three answered 404 job not found here), "
+            "refused (the peer refused the cluster token: 502).",
+            ("peer", "outcome"),
+            registry=registry,
+        )

@@ -10,10 +10,14 @@
     GET  /v1/models/{id}/jobs/{job}/result        -> /jobs/{job}/result
 
 Order on every other route: authentication (401), the key's token bucket
-(429 with ``Retry-After``), then routing (404 for an unknown id or path,
-405 for a wrong method), so that an unauthenticated caller learns nothing
-about the catalog.  The model's status, body and the headers SPEC lists
-pass through unchanged; job URLs are rewritten onto ``/v1/models/<id>/jobs``.
+(429 with ``Retry-After``; in the configured store, svc.gateway.ratestore),
+then routing (404 for an unknown id or path, 405 for a wrong method), so
+that an unauthenticated caller learns nothing about the catalog.  A path
+that matches no route is authenticated, then 404 or 405 without a token
+spent (nothing reaches a model).  A job GET for another host's job is
+answered by that host's gateway (svc.gateway.cluster).  The model's status,
+body and the headers SPEC lists pass through unchanged; job URLs are
+rewritten onto ``/v1/models/<id>/jobs``.
 Errors made here use the unified envelope with ``model.name`` ``gateway``.
 
 A model may run as several replicas (svc.replicas): inference and job
@@ -45,12 +49,15 @@ from twisted.web.http_headers import Headers
 from svc import __version__, protocol
 from svc import status as st
 from svc.auth import METRICS_TOKEN_NAME, Authenticator, Principal, Unauthorized
+from svc.cluster_config import ClusterConfig
 from svc.envelope import ModelIdentity, new_task_id, rejection
 from svc.errors import ApiError
 from svc.gateway.balancer import Balancer
 from svc.gateway.catalog import Catalog, Replica, Upstream
+from svc.gateway.cluster import Cluster
 from svc.gateway.owners import OtherHost, locate
 from svc.gateway.proxy import Proxy, UpstreamFailed, UpstreamReply, UpstreamUnreachable, not_admitted
+from svc.gateway.ratestore import LocalRates
 from svc.metrics import GatewayMetrics
 from svc.protocol import (
     HEALTH_PATH,
@@ -132,15 +139,15 @@ class GatewayApp(routes.JsonApp):
         upstream_recv_timeout_ms: int,
         max_body_bytes: int,
         balancer: Balancer | None = None,
-        job_secret: str | None = None,
-        host_id: str = "",
+        rates: Any = None,
+        cluster: Cluster | None = None,
     ) -> None:
-        """``job_secret``: the deployment's secret that job ids are signed with (None: a gateway started by
-        hand, which trusts the owner an id claims); ``host_id``: this host's id in a cluster ("" alone)."""
+        """``balancer``: the replicas' outstanding requests and readiness (svc.gateway.balancer);
+        ``rates``: the per-key buckets (svc.gateway.ratestore); ``cluster``: this host among its peers,
+        with the job secret that job ids are signed with (svc.gateway.cluster; default: a single host
+        without a secret, which trusts the owner an id claims)."""
         self.clock = clock
         self.balancer = balancer or Balancer()
-        self.job_secret = job_secret
-        self.host_id = host_id
         self.catalog = catalog
         self.auth = authenticator
         self.proxy = proxy
@@ -148,7 +155,11 @@ class GatewayApp(routes.JsonApp):
         self.registry = registry
         self.recv_timeout_ms = upstream_recv_timeout_ms
         self.max_body_bytes = max_body_bytes
-        self.limiter = KeyedLimiter(clock, 0)
+        #: The per-key buckets: this process's, or Redis (svc.gateway.ratestore); ``take`` returns a Deferred.
+        self.rates = rates if rates is not None else LocalRates(KeyedLimiter(clock, 0))
+        self.cluster = cluster if cluster is not None else Cluster(
+            reactor=clock, config=ClusterConfig.single_host(), authenticator=authenticator, secret=None, metrics=metrics,
+            recv_timeout_s=upstream_recv_timeout_ms / 1000.0)
         self.configured = routes.ConfiguredRoutes()
         for upstream in catalog:
             self.configured.add(upstream.server_uri, ["POST"], partial(self.legacy_infer, upstream=upstream))
@@ -158,8 +169,30 @@ class GatewayApp(routes.JsonApp):
     def task_id(self, request: Any) -> str:
         return task_id_of(request)
 
-    def admit(self, request: Any) -> Principal:
-        """Authenticate, then spend one token of the key's bucket; 401 or 429 otherwise."""
+    async def admit(self, request: Any, job_id: str | None = None) -> Principal:
+        """Authenticate, then spend one token of the key's bucket; 401 or 429 otherwise.
+
+        ``job_id``: a job GET, which a peer gateway also makes with the cluster
+        token for a job of this host (svc.gateway.cluster; no bucket: the
+        first gateway spent the client's).
+        """
+        forwarded = self.cluster.admits(request, job_id) if job_id is not None else None
+        principal = forwarded or self.authenticate(request)
+        if forwarded is not None:
+            request.service_key = forwarded.name
+            request.setHeader(b"X-Service-Key", forwarded.name.encode("latin-1"))
+            return forwarded
+        wait = await self.rates.take(principal.name, principal.rate_limit_qps)
+        if wait:
+            self.metrics.key_rejections.labels(principal.name, "rate_limited").inc()
+            raise ApiError(st.RATE_LIMITED,
+                           f"rate limit of {principal.rate_limit_qps} requests/s for key {principal.name} exceeded",
+                           headers={"Retry-After": retry_after_header(wait)})
+        self.metrics.key_requests.labels(principal.name).inc()
+        return principal
+
+    def authenticate(self, request: Any) -> Principal:
+        """The request's principal (``X-Service-Key`` set), or 401."""
         try:
             principal = self.auth.authenticate(bearer_token(request))
         except Unauthorized as e:
@@ -171,13 +204,6 @@ class GatewayApp(routes.JsonApp):
                            headers={"WWW-Authenticate": 'Bearer realm="gateway"'}) from None
         request.service_key = principal.name
         request.setHeader(b"X-Service-Key", principal.name.encode("latin-1"))
-        wait = self.limiter.take(principal.name, principal.rate_limit_qps)
-        if wait:
-            self.metrics.key_rejections.labels(principal.name, "rate_limited").inc()
-            raise ApiError(st.RATE_LIMITED,
-                           f"rate limit of {principal.rate_limit_qps} requests/s for key {principal.name} exceeded",
-                           headers={"Retry-After": retry_after_header(wait)})
-        self.metrics.key_requests.labels(principal.name).inc()
         return principal
 
     def upstream(self, model_id: str) -> Upstream:
@@ -276,19 +302,22 @@ class GatewayApp(routes.JsonApp):
         return reply
 
     async def to_job(self, request: Any, upstream: Upstream, route: str, job_id: str, template: str, *,
-                     query: bytes = b"", rewrite: bool = True) -> bytes:
-        """A poll, wait or result, forwarded to the process that holds the job (svc.gateway.owners).
+                     query: bytes = b"", budget_ms: int | None = None, rewrite: bool = True) -> bytes:
+        """A poll, wait or result, answered by the process that holds the job.
 
-        The one place that decides where a job is: a replica of this host, or
-        404 "job not found" (an id that does not verify, a replica that is
-        gone, or another host of a cluster).
+        The one place that decides where a job is (svc.gateway.owners): a
+        replica of this host, another host's gateway (svc.gateway.cluster;
+        ``budget_ms``, a wait's budget, lengthens its deadline), or 404 "job
+        not found" (an id that does not verify, a replica that is gone).
         """
-        where = locate(upstream, job_id, secret=self.job_secret, host=self.host_id)
+        where = locate(upstream, job_id, secret=self.cluster.secret, host=self.cluster.host_id)
+        path = template.format(job_id=quote(job_id, safe=""))
         if isinstance(where, OtherHost):
-            where = None  # another host's job: not reachable from here
+            host = self.cluster.peer_for(request, job_id, where.host)
+            return await self.cluster.forward(request, host, job_id, route, model_path(upstream.id, path), query,
+                                              budget_ms)
         if where is None:
             raise ApiError(st.NOT_FOUND, f"job not found: {job_id[:80]}")
-        path = template.format(job_id=quote(job_id, safe=""))
         return await self.forward(request, upstream, route, path, query=query, rewrite=rewrite, replica=where)
 
     @staticmethod
@@ -335,32 +364,32 @@ class GatewayApp(routes.JsonApp):
     @app.route(klein_rule(MODEL_INFER), methods=["POST"])
     async def infer(self, request: Any, model_id: str) -> bytes:
         request.service_route = "infer"
-        self.admit(request)
+        await self.admit(request)
         upstream = self.upstream(model_id)
         return await self.forward(request, upstream, "infer", upstream.server_uri)
 
     async def legacy_infer(self, request: Any, upstream: Upstream) -> bytes:
         """``POST {server_uri}`` of a catalog model (a configured route, see the module docstring)."""
         request.service_route = "infer"
-        self.admit(request)
+        await self.admit(request)
         return await self.forward(request, upstream, "infer", upstream.server_uri)
 
     @app.route(klein_rule(MODEL_PREFIX + JOBS), methods=["POST"])
     async def submit(self, request: Any, model_id: str) -> bytes:
         request.service_route = "jobs_submit"
-        self.admit(request)
+        await self.admit(request)
         return await self.forward(request, self.upstream(model_id), "jobs_submit", JOBS, rewrite=True)
 
     @app.route(klein_rule(MODEL_PREFIX + JOB), methods=["GET"])
     async def job_status(self, request: Any, model_id: str, job_id: str) -> bytes:
         request.service_route = "jobs_status"
-        self.admit(request)
+        await self.admit(request, job_id)
         return await self.to_job(request, self.upstream(model_id), "jobs_status", job_id, JOB)
 
     @app.route(klein_rule(MODEL_PREFIX + JOB_WAIT), methods=["GET"])
     async def job_wait(self, request: Any, model_id: str, job_id: str) -> bytes:
         request.service_route = "jobs_wait"
-        self.admit(request)
+        await self.admit(request, job_id)
         upstream = self.upstream(model_id)
         raw = (request.args.get(b"timeout") or [None])[0]
         budget = wait_budget_ms(raw)
@@ -368,19 +397,21 @@ class GatewayApp(routes.JsonApp):
             raise ApiError(st.BAD_GATEWAY,
                            f"a wait budget of {budget} ms is at or above the gateway's upstream receive timeout "
                            f"({self.recv_timeout_ms} ms, upstream_recv_timeout_ms): ask for less and wait again")
-        return await self.to_job(request, upstream, "jobs_wait", job_id, JOB_WAIT, query=wait_query(raw))
+        return await self.to_job(request, upstream, "jobs_wait", job_id, JOB_WAIT, query=wait_query(raw),
+                                 budget_ms=budget)
 
     @app.route(klein_rule(MODEL_PREFIX + JOB_RESULT), methods=["GET"])
     async def job_result(self, request: Any, model_id: str, job_id: str) -> bytes:
         request.service_route = "jobs_result"
-        self.admit(request)
-        return await self.to_job(request, self.upstream(model_id), "jobs_result", job_id, JOB_RESULT, rewrite=False)
+        await self.admit(request, job_id)
+        return await self.to_job(request, self.upstream(model_id), "jobs_result", job_id, JOB_RESULT,
+                                 rewrite=False)
 
     # -- errors and accounting ----------------------------------------------------------------
 
     def before_routing_error(self, request: Any) -> None:
         """404 and 405 only after authentication: an unauthenticated caller gets 401 on every path."""
-        self.admit(request)
+        self.authenticate(request)
 
     def oversize_reply(self, request: Any) -> tuple[int, dict[str, str], bytes]:
         """The early 413 of the gateway's body limit (svc.web.limits.LimitedRequest)."""

@@ -1,19 +1,25 @@
-"""The gateway's ``[gateway]`` table of ``conf/service.toml``.
+"""The gateway's ``[gateway]`` table of ``conf/service.toml``, and the ``[cluster]`` table it routes jobs with.
 
 Keys are declared once (``svc.config.setting`` fields of :class:`GatewayConfig`) with strict types; an unknown key
-is refused with one line naming the file and the key.  The other tables of
-the file (``[supervisor]``, ``[servers.<ID>]``) belong to the supervisor and
-are not read here.  A missing file means every default.
+is refused with one line naming the file and the key.  ``[cluster]`` is
+declared in svc.cluster_config (the supervisor reads it too).  The other
+tables of the file (``[supervisor]``, ``[servers.<ID>]``) belong to the
+supervisor and are not read here.  A missing file means every default.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from svc import config as base
+from svc.cluster_config import ClusterConfig, cluster_from_table
 from svc.config import ConfigError, Key, apply_keys, keys_of, read_toml, setting, sub_table
 from svc.protocol import GATEWAY_PORT, LOOPBACK, SUPERVISOR_PORT, UPSTREAM_RECV_TIMEOUT_MS, local_url
+
+#: ``rate_limit_store`` of in-process buckets.
+LOCAL_STORE = "local"
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,16 @@ class GatewayConfig:
     header_timeout_ms: int = base.header_timeout_setting()
     max_connections: int = base.max_connections_setting(1024, "503 status 65")
     listen_backlog: int = base.listen_backlog_setting()
+    rate_limit_store: str = setting(
+        LOCAL_STORE,
+        'Where the per-key token buckets live: "local" (this process) or "redis://HOST:PORT/DB" (shared by every '
+        "gateway using that Redis; this gateway falls back to local buckets while it is unreachable).")
+    rate_limit_timeout_ms: int = setting(
+        100, "Longest wait for Redis's answer to one request's rate-limit check; past it that request is checked "
+        "against the local bucket and Redis is retried in the background.", minimum=1, maximum=10000)
+    rate_limit_retry_ms: int = setting(
+        1000, "While Redis is unreachable, how often the gateway tries to reconnect.", minimum=10)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig.single_host)
 
     def replace(self, **changes: object) -> "GatewayConfig":
         from dataclasses import replace
@@ -60,6 +76,37 @@ class GatewayConfig:
 
 
 GATEWAY_KEYS: tuple[Key, ...] = keys_of(GatewayConfig)
+
+
+@dataclass(frozen=True)
+class RedisAddress:
+    """``redis://HOST:PORT/DB`` of ``rate_limit_store``."""
+
+    host: str
+    port: int
+    db: int
+
+    def __str__(self) -> str:
+        return f"redis://{self.host}:{self.port}/{self.db}"
+
+
+def redis_address(value: str) -> RedisAddress | None:
+    """The Redis of a ``rate_limit_store`` value (None: ``local``); ValueError naming the problem."""
+    if value == LOCAL_STORE:
+        return None
+    try:
+        parts = urlsplit(value)
+        port = parts.port or 6379
+    except ValueError as e:
+        raise ValueError(f"{value!r} is not a URL: {e}") from None
+    db = parts.path.lstrip("/") or "0"
+    if parts.scheme != "redis" or not parts.hostname:
+        raise ValueError(f'must be "local" or "redis://HOST:PORT/DB", got {value!r}')
+    if parts.username or parts.password or parts.query or parts.fragment:
+        raise ValueError(f'must be "redis://HOST:PORT/DB" without a user, password or query, got {value!r}')
+    if not db.isdigit() or not 0 <= int(db) <= 15:
+        raise ValueError(f"the database must be a number 0-15, got {db!r} in {value!r}")
+    return RedisAddress(parts.hostname, port, int(db))
 
 
 def load_gateway_config(path: str) -> GatewayConfig:
@@ -75,4 +122,9 @@ def load_gateway_config(path: str) -> GatewayConfig:
         if not isinstance(origin, str) or not origin.startswith(("http://", "https://")) or origin.endswith("/"):
             raise ConfigError(path, "gateway.cors_origins",
                               f"each origin must be scheme://host[:port] without a path, got {origin!r}")
-    return GatewayConfig(path=path, cors_origins=tuple(origins), **values)
+    try:
+        redis_address(values["rate_limit_store"])
+    except ValueError as e:
+        raise ConfigError(path, "gateway.rate_limit_store", str(e)) from None
+    cluster = cluster_from_table(path, sub_table(path, data, "cluster"))
+    return GatewayConfig(path=path, cors_origins=tuple(origins), cluster=cluster, **values)

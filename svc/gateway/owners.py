@@ -13,9 +13,11 @@ job secret.  :func:`locate` gives, for a model and a job id:
 
 With a secret (under the supervisor, which passes ``SERVICE_JOB_SECRET``) an
 id that does not verify is unknown, so a client cannot steer a request to
-another replica or host.  Without one (a gateway started by hand) the owner
-the id claims is trusted for routing only, and an id of another shape goes
-to replica 0: the model server answers for it, as it did before replicas.
+another replica or host.  Without one (a gateway started by hand, which
+has no peers: a cluster needs the secret) the replica the id claims is
+trusted for routing only, its host is taken as this one, and an id of
+another shape goes to replica 0: the model server answers for it, as it did
+before replicas.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ def locate(upstream: Upstream, job_id: str, *, secret: str | None, host: str) ->
         owner = jobid.parse_unverified(job_id)
         if owner is None:
             return upstream.replicas[0]
+        owner = jobid.JobOwner(host, owner.replica)  # no secret, no peers: every job is this host's
     if owner.host != host:
         return OtherHost(owner.host, owner.replica)
     if owner.replica >= len(upstream.replicas):

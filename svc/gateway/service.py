@@ -1,10 +1,15 @@
-"""The gateway's service tree: the listener, the upstream connection pool and the replicas' probe.
+"""The gateway's service tree: the listener, the upstream connection pool, the replicas' probe and the
+rate-limit store.
 
 The listener binds the configured address, or adopts the listening socket
-the supervisor hands over (``listen_fd``, see svc.gateway.drain).  On stop
-it stops accepting, lets the requests in flight finish (``drain_timeout``),
-then closes the pool's cached connections (the pool is the gateway's own,
-never the global one), so SIGTERM exits promptly once the replies are out.
+the supervisor hands over (``listen_fd``, see svc.gateway.drain).  The
+per-key buckets are local or in Redis (``rate_limit_store``,
+svc.gateway.ratestore: a child service that connects on start); job
+requests for other hosts' jobs go to their gateways (``[cluster]``,
+svc.gateway.cluster).  On stop it stops accepting, lets the requests in
+flight finish (``drain_timeout``), then closes the pools' cached
+connections (the pools are the gateway's own, never the global one) and
+the Redis connection, so SIGTERM exits promptly once the replies are out.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ from svc.auth import Authenticator, AuthSetup, describe
 from svc.gateway.app import GatewayApp
 from svc.gateway.balancer import Balancer
 from svc.gateway.catalog import Catalog
+from svc.gateway.cluster import Cluster
 from svc.gateway.config import GatewayConfig
 from svc.gateway.cors import CorsResource
 from svc.gateway.drain import AdoptedListener, DrainingSite, signal_closed, signal_ready
 from svc.gateway.proxy import Proxy, make_agent, make_pool
+from svc.gateway.ratestore import RedisRates, make_rates
 from svc.gateway.readiness import ReplicaProbe
 from svc.metrics import GatewayMetrics, new_registry
 from svc.process import ORPHAN_EXIT_S, ListeningMultiService, freeze_heap, supervisor_gone
@@ -41,7 +48,7 @@ class GatewayService(ListeningMultiService):
 
     def __init__(self, *, reactor: Any, config: GatewayConfig, setup: AuthSetup, catalog: Catalog,
                  agent: Any = None, listen_fd: int | None = None, ready_fd: int | None = None,
-                 job_secret: str | None = None, host_id: str = "") -> None:
+                 job_secret: str | None = None, peer_agent: Any = None) -> None:
         super().__init__()
         self.reactor = reactor
         self.config = config
@@ -54,18 +61,25 @@ class GatewayService(ListeningMultiService):
                                   idle_timeout_s=catalog.pool_idle_timeout(config.upstream_idle_timeout_s))
             agent = make_agent(reactor, self.pool, config.upstream_connect_timeout_ms / 1000.0)
         self.balancer = Balancer()
+        authenticator = Authenticator(setup)
+        self.rates = make_rates(reactor, config, self.metrics.ratelimit_store_up)
+        if isinstance(self.rates, RedisRates):
+            self.rates.setServiceParent(self)  # connects on start, closes on stop
+        self.cluster = Cluster(reactor=reactor, config=config.cluster, authenticator=authenticator,
+                               secret=job_secret, metrics=self.metrics,
+                               recv_timeout_s=config.upstream_recv_timeout_ms / 1000.0, agent=peer_agent)
         self.app = GatewayApp(
             clock=reactor,
             catalog=catalog,
-            authenticator=Authenticator(setup),
+            authenticator=authenticator,
             proxy=Proxy(reactor, agent, config.upstream_recv_timeout_ms / 1000.0),
             metrics=self.metrics,
             registry=self.registry,
             upstream_recv_timeout_ms=config.upstream_recv_timeout_ms,
             max_body_bytes=config.max_body_bytes,
             balancer=self.balancer,
-            job_secret=job_secret,
-            host_id=host_id,
+            rates=self.rates,
+            cluster=self.cluster,
         )
         self.catalog = catalog
         # Probes the replicas of the models that have several (svc.gateway.readiness); stopped first.
@@ -102,6 +116,8 @@ class GatewayService(ListeningMultiService):
                  enabled=info["enabled_keys"], static=", ".join(info["static_tokens"]) or "none",
                  models=len(self.catalog), ids=", ".join(u.id if len(u.replicas) == 1 else f"{u.id} x{len(u.replicas)}"
                                                           for u in self.catalog))
+        log.info("rate limits: {store}; cluster: {cluster}", store=self.config.rate_limit_store,
+                 cluster=self.cluster.describe())
         idle = self.catalog.pool_idle_timeout(self.config.upstream_idle_timeout_s)
         if idle < self.config.upstream_idle_timeout_s:
             log.warn("upstream_idle_timeout_s {configured} is not below every model's peer_resp_timeout: "
@@ -140,3 +156,5 @@ class GatewayService(ListeningMultiService):
         await self.site.drain(drain_timeout)
         if self.pool is not None:
             await self.pool.closeCachedConnections()
+        if self.cluster.pool is not None:
+            await self.cluster.pool.closeCachedConnections()

@@ -10,7 +10,9 @@ Fail-closed: everything that makes the gateway unsafe or useless is refused
 here, before any socket listens, with one line and exit code 1 - no token or
 key at all, no metrics token or one equal to another token, an unusable key
 file without a static token, a wildcard bind without ``SERVICE_EXPOSE``, a
-bad ``[gateway]`` table or catalog.
+bad ``[gateway]`` or ``[cluster]`` table or catalog, a cluster token equal to
+another token or key, peers without a cluster token or job secret, and a
+``SERVICE_HOST_ID`` other than ``[cluster] host_id``.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def makeService(options: Options, reactor: Any = None) -> Any:
     twistd passes ``options`` only; ``reactor`` (default: the global one) lets
     tests build the service tree in-process without running a reactor.
     """
-    from svc.auth import Refused, bind_problem, decide
+    from svc.auth import Refused, bind_problem, cluster_problem, decide
     from svc.config import ConfigError
     from svc.gateway.catalog import CatalogError, load_catalog
     from svc.gateway.config import load_gateway_config
@@ -79,6 +81,9 @@ def makeService(options: Options, reactor: Any = None) -> Any:
     except ConfigError as e:
         raise refuse(PROGRAM, str(e)) from None
     problem = bind_problem(config.host, env, "the gateway")
+    if problem:
+        raise refuse(PROGRAM, problem)
+    problem = cluster_problem(env, config.cluster.enabled) or host_id_problem(env, config.cluster.host_id)
     if problem:
         raise refuse(PROGRAM, problem)
     try:
@@ -108,4 +113,18 @@ def makeService(options: Options, reactor: Any = None) -> Any:
     # Job ids name their replica and host under the deployment's secret (svc.gateway.owners).
     return GatewayService(reactor=reactor, config=config, setup=setup, catalog=catalog,
                           listen_fd=options["listen-fd"], ready_fd=options["ready-fd"],
-                          job_secret=env.get(JOB_SECRET_ENV) or None, host_id=env.get(HOST_ID_ENV) or "")
+                          job_secret=env.get(JOB_SECRET_ENV) or None)
+
+
+def host_id_problem(env: dict[str, str], host_id: str) -> str | None:
+    """Why the environment's host id contradicts the config's (None when they agree or none is given).
+
+    The model servers mint job ids with ``SERVICE_HOST_ID`` and the gateway
+    routes them by ``[cluster] host_id``: under the supervisor both come from
+    the config; started by hand, a mismatch would send this host's jobs away.
+    """
+    given = env.get(HOST_ID_ENV)
+    if given is not None and given != host_id:
+        return (f"{HOST_ID_ENV}={given!r} differs from [cluster] host_id {host_id!r}: the model servers would "
+                "mint job ids this gateway does not take for its own")
+    return None

@@ -31,7 +31,8 @@ GATEWAY_AUTH = (
 )
 SERVICE_KEY_HEADER = header_doc(
     "Name of the credential that authenticated: the key's name in the key file, `static-token` "
-    "(SERVICE_GATEWAY_AUTH_TOKEN), `management-token` (SERVICE_API_TOKEN) or `metrics-token` (GET /metrics)."
+    "(SERVICE_GATEWAY_AUTH_TOKEN), `management-token` (SERVICE_API_TOKEN), `metrics-token` (GET /metrics) or "
+    "`cluster-token` (a job request forwarded by another host's gateway)."
 )
 
 
@@ -41,13 +42,15 @@ def gateway_responses() -> dict:
         "401": rejection("Status 401 (made by the gateway): missing, wrong or disabled credential.",
                          {"WWW-Authenticate": header_doc("Bearer challenge.")}),
         "404": rejection("Status 63: unknown catalog id or path (the same envelope for both), or the model's own "
-                         "404 passed through (unknown job, async disabled)."),
+                         "404 passed through (unknown job, async disabled); on a job route also `job not found` "
+                         "made by the gateway for a job whose host is gone or not among its peers."),
         "405": rejection("Status 62: method not allowed.", {"Allow": header_doc("The methods the path accepts.")}),
         "429": rejection("Status 429: the key's `rate_limit_qps` is used up (made by the gateway), or the model's own "
                          "429 (wait queue or async queue full) passed through.", {"Retry-After": RETRY_AFTER_HEADER}),
         "502": rejection("Status 502 (made by the gateway): the connection to the model server was lost after it "
                          "was made (a model server that dies under a parked wait too), or the reply was malformed or "
-                         "did not complete within `upstream_recv_timeout_ms`; or a job wait budget at or above it."),
+                         "did not complete within `upstream_recv_timeout_ms`; or a job wait budget at or above it; or "
+                         "the gateway of the host holding a job refused this host's cluster token."),
         "503": rejection("Status 65: the model server is not running (connection refused; made by the gateway), or "
                          "the model's own 503 (loading, shutting down) passed through."),
     }
@@ -119,7 +122,9 @@ def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any]) ->
             "`result_url` are rewritten onto `/v1/models/<id>/jobs/...`. Replies made by the gateway itself carry "
             "`model.name` `gateway`. A bare `/jobs` is not a route. CORS: the configured origins (default the "
             "supervisor UI) are reflected with `Vary: Origin`, and a preflight `OPTIONS` needs no credential. "
-            "Models with async disabled answer 404 on their job routes (passed through). " + GATEWAY_AUTH,
+            "Models with async disabled answer 404 on their job routes (passed through). On a host of several "
+            "behind a load balancer, a poll, wait or result of another host's job is answered by that host's "
+            "gateway. " + GATEWAY_AUTH,
         },
         "servers": [{"url": local_url(GATEWAY_PORT)}],
         "security": [{"bearer": []}],

@@ -2,17 +2,20 @@
 ``conf/service.toml``, and the profiles under ``conf/profiles/``.
 
 ``[gateway]`` belongs to the gateway, which validates it; the supervisor only
-reads the gateway's address from it.  Keys are declared once (svc.config.setting fields)
+reads the gateway's address from it.  ``[cluster]`` (svc.cluster_config) gives
+the children their host id and decides whether the gateway needs a cluster
+token.  Keys are declared once (svc.config.setting fields)
 with strict types; an unknown key is refused with one line.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from svc import config as base
+from svc.cluster_config import ClusterConfig, cluster_from_table
 from svc.config import ConfigError, Key, apply_keys, keys_of, read_toml, setting, sub_table
 from svc.protocol import GATEWAY_PORT, LOOPBACK, SUPERVISOR_PORT
 from svc.replicas import MAX_REPLICAS, PORT_STRIDE
@@ -59,6 +62,7 @@ class SupervisorConfig:
     gateway_port: int
     gateway_listen_backlog: int = 1024
     gateway_probe_interval_ms: int = 1000
+    cluster: ClusterConfig = field(default_factory=ClusterConfig.single_host)
 
     def server(self, server_id: str) -> ServerSettings:
         """``[servers.<ID>]`` of a model (the defaults when the file has no such table)."""
@@ -149,8 +153,8 @@ def load_supervisor_config(path: str) -> SupervisorConfig:
     """``[supervisor]`` and ``[servers.<ID>]`` of the service config (a missing file means defaults)."""
     data = read_toml(path) if os.path.exists(path) else {}
     for name in data:
-        if name not in ("gateway", "supervisor", "servers"):
-            raise ConfigError(path, name, "unknown table; known: gateway, supervisor, servers")
+        if name not in ("gateway", "supervisor", "servers", "cluster"):
+            raise ConfigError(path, name, "unknown table; known: gateway, supervisor, servers, cluster")
     values = apply_keys(path, sub_table(path, data, "supervisor"), SUPERVISOR_KEYS, prefix="supervisor.")
     servers = {}
     for server_id, table in sub_table(path, data, "servers").items():
@@ -167,6 +171,7 @@ def load_supervisor_config(path: str) -> SupervisorConfig:
         gateway_listen_backlog=int(gateway.get("listen_backlog", 1024)),
         # A rolling restart lets the gateway see a restarted replica ready before it stops the next one.
         gateway_probe_interval_ms=int(gateway.get("replica_probe_interval_ms", 1000)),
+        cluster=cluster_from_table(path, sub_table(path, data, "cluster")),
         **values,
     )
 

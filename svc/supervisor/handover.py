@@ -350,8 +350,16 @@ class GatewayChild(Child):
     # -- stopping ------------------------------------------------------------------------------
 
     def stop(self) -> Deferred:
-        """Stop the current process, a new one being handed over, and the old ones still finishing."""
+        """Stop the current process, a new one being handed over, and the old ones still finishing.
+
+        The held socket is let go at once (not when the process has exited):
+        the socket closes as soon as the gateway stops accepting, so new
+        connections are refused (a load balancer sends them elsewhere)
+        instead of waiting in a backlog nobody will accept from, to be reset.
+        """
         self._abort_handover("the gateway is being stopped")
+        if not self._keep_listener:
+            self._close_listener()
         return super().stop().addCallback(lambda _: self._retired_gone())
 
     def shutdown(self) -> Deferred:

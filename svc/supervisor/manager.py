@@ -12,9 +12,11 @@ the tokens as ``SERVICE_UPSTREAM_PORTS`` and ``SERVICE_UPSTREAM_TOKENS``
 (JSON by catalog id, a list per replica).  A port used twice (two models,
 two replicas, a replica and the gateway or the supervisor) refuses to start,
 one line naming both.  Children inherit the supervisor's environment plus
-what is injected.  The gateway is refused (permanent failure, no retry) when
-``SERVICE_METRICS_TOKEN`` is missing or equal to the inference or the
-management token.  The gateway is a ``GatewayChild``
+what is injected, and ``SERVICE_HOST_ID`` is ``[cluster] host_id`` for all of
+them (job ids name the host).  The gateway is refused (permanent failure, no
+retry) when ``SERVICE_METRICS_TOKEN`` is missing or equal to the inference or
+the management token, and for the cluster settings it would refuse
+(svc.auth.cluster_problem).  The gateway is a ``GatewayChild``
 (svc.supervisor.handover): the supervisor holds its listening socket, and a
 restart hands it from the old process to the new one, refusing no connection.
 Each model server gets the profile's weights choice as ``--weights``
@@ -34,7 +36,7 @@ from typing import Any
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
 from twisted.logger import Logger
 
-from svc.auth import METRICS_TOKEN_ENV, metrics_token_problem
+from svc.auth import METRICS_TOKEN_ENV, cluster_problem, metrics_token_problem
 from svc.config import ModelServerConfig, model_server_configs
 from svc.jobid import new_secret
 from svc.process import SUPERVISOR_PID_ENV
@@ -44,6 +46,7 @@ from svc.protocol import (
     GATEWAY_CHILD,
     GATEWAY_PROGRAM,
     HEALTH_PATH,
+    HOST_ID_ENV,
     JOB_SECRET_ENV,
     MODEL_INFER,
     MODEL_PROGRAM,
@@ -67,13 +70,14 @@ log = Logger()
 GATEWAY = GATEWAY_CHILD
 
 
-def gateway_refusal(env: dict[str, str]) -> str | None:
+def gateway_refusal(env: dict[str, str], has_peers: bool = False) -> str | None:
     """Why the gateway must not be spawned with this environment (None: fine).
 
-    The same check the gateway makes at startup (svc.auth), so a refusal is a
-    permanent failure here instead of a crash loop there.
+    The same checks the gateway makes at startup (svc.auth), so a refusal is a
+    permanent failure here instead of a crash loop there.  ``has_peers``:
+    ``[cluster] peers`` is configured.
     """
-    problem = metrics_token_problem(env)
+    problem = metrics_token_problem(env) or cluster_problem(env, has_peers)
     return f"{problem} (set it and restart the supervisor)" if problem else None
 
 
@@ -132,8 +136,9 @@ class ChildManager:
         # Taken from the environment when given (every host of a cluster shares one), else made here.
         self.job_secret = self.env.get(JOB_SECRET_ENV) or new_secret()
         # SERVICE_SUPERVISOR_PID: a child whose parent is no longer this pid knows it is orphaned.
+        # SERVICE_HOST_ID: the model servers mint job ids naming this host, which the gateway routes by.
         base = {**self.env, "PYTHONUNBUFFERED": "1", SUPERVISOR_PID_ENV: str(os.getpid()),
-                JOB_SECRET_ENV: self.job_secret}
+                JOB_SECRET_ENV: self.job_secret, HOST_ID_ENV: config.cluster.host_id}
         for name in (REPLICA_ENV, CPU_SHARE_ENV, CPU_AFFINITY_ENV):  # set per replica below, never inherited
             base.pop(name, None)
         specs = [
@@ -145,7 +150,7 @@ class ChildManager:
                 ready_path=HEALTH_PATH,
                 policy=config.gateway_restart,
                 cwd=cwd,
-                refused=gateway_refusal(self.env),
+                refused=gateway_refusal(self.env, config.cluster.enabled),
             )
         ]
         replicas_of: dict[str, list[str]] = {}

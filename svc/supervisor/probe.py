@@ -1,6 +1,8 @@
 """The supervisor's HTTP client for its children: readiness probe, metrics scrape, OpenAPI document.
 
-Every request is a GET to http://127.0.0.1:<port><path> with the
+Every request is a GET to http://127.0.0.1:<port><path> (or, for a port
+listed in ``hosts``, that address: a gateway bound to a host's own address
+on a cluster, which loopback does not reach) with the
 ``User-Agent`` :data:`svc.web.site.SUPERVISOR_USER_AGENT`, which the children's
 access log recognises (with the path and the loopback address) and writes at
 debug level: the probes every 2 s and the scrapes every 5 s would otherwise be
@@ -26,18 +28,23 @@ MAX_FETCH_BYTES = 4 * 1024 * 1024
 class HttpProbe:
     """Readiness probe (``probe(port, path)`` -> Deferred[bool]) and a small GET client (:meth:`fetch`)."""
 
-    def __init__(self, reactor: Any, timeout: float = 2.0) -> None:
+    def __init__(self, reactor: Any, timeout: float = 2.0, hosts: dict[int, str] | None = None) -> None:
         self.reactor = reactor
         self.timeout = timeout
+        self.hosts = hosts or {}
         pool = QuietConnectionPool(reactor, persistent=False)
         self.client = HTTPClient(Agent(reactor, pool=pool, connectTimeout=timeout))
 
     def __call__(self, port: int, path: str) -> Deferred:
-        d = self.client.get(f"http://127.0.0.1:{port}{path}", headers={"User-Agent": SUPERVISOR_USER_AGENT})
+        d = self.client.get(self.url(port, path), headers={"User-Agent": SUPERVISOR_USER_AGENT})
         d.addCallback(lambda response: response.content().addCallback(lambda _: response.code == 200))
         d.addTimeout(self.timeout, self.reactor)
         d.addErrback(lambda _: False)
         return d
+
+    def url(self, port: int, path: str) -> str:
+        """Where a child on ``port`` answers ``path``: loopback, unless ``hosts`` names its address."""
+        return f"http://{self.hosts.get(port, '127.0.0.1')}:{port}{path}"
 
     def fetch(self, port: int, path: str, token: str | None = None) -> Deferred:
         """The body of a 200 reply to GET ``path`` (bytes), or None on any other status, error or timeout.
@@ -48,7 +55,7 @@ class HttpProbe:
         headers = {"User-Agent": SUPERVISOR_USER_AGENT}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        d = self.client.get(f"http://127.0.0.1:{port}{path}", headers=headers)
+        d = self.client.get(self.url(port, path), headers=headers)
 
         def read(response: Any) -> Any:
             body = response.content()

@@ -111,7 +111,7 @@ def makeService(options: Options, reactor: Any = None) -> Any:
         return find_variant(factory, None).name if factory is not None and variants_of(factory) else None
 
     try:
-        probe = HttpProbe(reactor)
+        probe = HttpProbe(reactor, hosts=probe_hosts(config))
         manager = ChildManager(reactor=reactor, config=config, profile=profile, probe=probe, env=env,
                                describe=describe, default_variant=default_variant)
     except (ConfigError, ValueError) as e:
@@ -121,3 +121,16 @@ def makeService(options: Options, reactor: Any = None) -> Any:
 
     return SupervisorService(reactor=reactor, manager=manager, token=token, host=config.host, port=config.port,
                              ui_dir=ui_dir(), fetch=probe.fetch, limits=HttpLimits.from_config(config))
+
+
+def probe_hosts(config: Any) -> dict[int, str]:
+    """The gateway's address for the probe when it is bound to one other than 127.0.0.1 (a cluster host's own).
+
+    A wildcard bind answers on 127.0.0.1 too; an IPv6 address is written in brackets.
+    """
+    from svc.auth import WILDCARDS
+
+    host = config.gateway_host.strip()
+    if host in WILDCARDS or host in ("127.0.0.1", "localhost"):
+        return {}
+    return {config.gateway_port: f"[{host}]" if ":" in host and not host.startswith("[") else host}

@@ -370,6 +370,16 @@ def test_token_bucket_per_key(gw):
     assert 'service_gateway_key_requests_total{key="tenant-a"} 10.0' in metrics
 
 
+def test_a_path_that_matches_no_route_is_authenticated_but_spends_no_token(gw):
+    """The bucket may live in Redis (svc.gateway.ratestore): the routing-error answer cannot wait for it."""
+    for _ in range(4):
+        r = gw.call("GET", "/nowhere", token=SLOW_KEY)
+        assert_envelope(r, 404, 63)
+        assert h(r, "X-Service-Key") == "slow"
+    assert [gw.call("POST", "/v1/models/CLS/infer", token=SLOW_KEY, body=b"{}").code for _ in range(3)] == [
+        200, 200, 429]
+
+
 def test_rate_limited_requests_never_reach_the_model(gw):
     for _ in range(5):
         gw.call("POST", "/v1/models/CLS/infer", token=SLOW_KEY, body=b"{}")

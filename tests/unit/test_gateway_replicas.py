@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 from klein import Klein
@@ -22,9 +23,11 @@ from twisted.web.client import URI
 
 from svc import jobid
 from svc.auth import Authenticator, decide
+from svc.cluster_config import ClusterConfig
 from svc.gateway.app import GatewayApp
 from svc.gateway.balancer import Balancer
 from svc.gateway.catalog import Catalog, CatalogError, Replica, Upstream, load_catalog
+from svc.gateway.cluster import Cluster
 from svc.gateway.owners import OtherHost, locate
 from svc.gateway.proxy import Proxy, UpstreamReply, not_admitted
 from svc.gateway.readiness import ReplicaProbe
@@ -135,11 +138,14 @@ class Gateway:
         self.balancer = Balancer(random.Random(seed))
         self.registry = new_registry()
         keys = tmp_path / "none.toml"
+        authenticator = Authenticator(decide(TOKENS, str(keys)))
+        metrics = GatewayMetrics(self.registry)
+        cluster = Cluster(reactor=self.clock, config=replace(ClusterConfig.single_host(), host_id=host),
+                          authenticator=authenticator, secret=secret, metrics=metrics, recv_timeout_s=20.0)
         self.app = GatewayApp(
-            clock=self.clock, catalog=self.catalog, authenticator=Authenticator(decide(TOKENS, str(keys))),
-            proxy=Proxy(self.clock, self.agent, 20.0), metrics=GatewayMetrics(self.registry), registry=self.registry,
-            upstream_recv_timeout_ms=20000, max_body_bytes=1 << 20, balancer=self.balancer, job_secret=secret,
-            host_id=host)
+            clock=self.clock, catalog=self.catalog, authenticator=authenticator,
+            proxy=Proxy(self.clock, self.agent, 20.0), metrics=metrics, registry=self.registry,
+            upstream_recv_timeout_ms=20000, max_body_bytes=1 << 20, balancer=self.balancer, cluster=cluster)
         self.client = StubTreq(self.app.resource())
 
     def call(self, method, path, *, body=None, settle=True):
@@ -395,7 +401,8 @@ def test_an_unknown_forged_or_gone_job_is_404_job_not_found_without_asking_a_rep
     for suffix in ("", "/wait?timeout=10", "/result"):
         reply = gw.call("GET", f"/v1/models/CLS/jobs/{job}{suffix}")
         assert (reply.code, reply.json["status"], reply.json["results"]) == (404, 63, [])
-        assert reply.json["error"] == f"job not found: {job[:80]}" and reply.json["model"]["name"] == "gateway"
+        why = " (host other-host is not among this host's [cluster] peers)" if b"other-host".hex() in job else ""
+        assert reply.json["error"] == f"job not found: {job[:80]}{why}" and reply.json["model"]["name"] == "gateway"
     assert [len(r.received) for r in gw.replicas] == [0, 0]
 
 

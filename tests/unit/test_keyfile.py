@@ -76,8 +76,10 @@ def test_add_creates_a_missing_file_with_mode_0600(tmp_path, capsys):
     ("tenant-a", "svcctl: a key named 'tenant-a' already exists (disable it, or choose another name)\n"),
     ("no spaces", "svcctl: key name 'no spaces' must be 1 to 64 letters, digits, '_', '.' or '-', starting with a "
                   "letter or digit\n"),
-    ("static-token", "svcctl: key name 'static-token' is reserved for a static token (management-token, "
-                     "metrics-token, static-token)\n"),
+    ("static-token", "svcctl: key name 'static-token' is reserved for a static token (cluster-token, "
+                     "management-token, metrics-token, static-token)\n"),
+    ("cluster-token", "svcctl: key name 'cluster-token' is reserved for a static token (cluster-token, "
+                      "management-token, metrics-token, static-token)\n"),
 ])
 def test_add_refuses_a_duplicate_or_invalid_name_in_one_line_and_changes_nothing(keys, capsys, name, message):
     assert cli.main(["keys", "add", name, "--keys-file", str(keys), "--no-restart"]) == 2

@@ -67,6 +67,7 @@ def test_plugin_files_import_no_torch():
 
 
 def test_readme_documents_every_service_config_key():
+    from svc.cluster_config import CLUSTER_KEYS
     from svc.gateway.config import GATEWAY_KEYS
     from svc.supervisor.config import SUPERVISOR_KEYS
 
@@ -74,6 +75,8 @@ def test_readme_documents_every_service_config_key():
         assert f"| `gateway.{key.name}` |" in README, key.name
     for key in SUPERVISOR_KEYS:
         assert f"| `supervisor.{key.name}` |" in README, key.name
+    for key in CLUSTER_KEYS:
+        assert f"| `cluster.{key.name}` |" in README, key.name
 
 
 def test_shipped_service_config_loads():

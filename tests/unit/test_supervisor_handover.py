@@ -183,6 +183,18 @@ def test_stop_during_a_handover_ends_both_processes_and_closes_the_socket():
     assert stopped == [None]
 
 
+def test_a_stop_lets_the_socket_go_before_the_process_exits():
+    """New connections are refused once the stopping gateway stops accepting, not queued for nobody and reset."""
+    child, reactor, _, kills, binder = make()
+    running(child, reactor)
+    stopped = results(child.stop())
+    assert kills == [(1001, signal.SIGTERM)] and child.state == STOPPING and binder.sockets[0].closed
+    ended(reactor, 0)
+    assert child.state == STOPPED and stopped == [None]
+    results(child.start())
+    assert len(binder.sockets) == 2 and reactor.fds[1][LISTEN_FD] == 77  # a start binds again
+
+
 def test_a_crash_respawns_on_the_same_socket():
     child, reactor, _, _, binder = make()
     running(child, reactor)

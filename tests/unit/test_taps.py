@@ -31,7 +31,7 @@ CATALOG = ["CLS_COND_DDIM", "DDIM", "DDPM", "LDM", "MOBILENETV2", "SAM_AMG", "YO
 METRICS, INFERENCE, MANAGEMENT = "metrics-" + "1" * 20, "inference-" + "2" * 20, "management-" + "3" * 20
 CREDENTIALS = ("SERVICE_METRICS_TOKEN", "SERVICE_GATEWAY_AUTH_TOKEN", "SERVICE_API_TOKEN", "SERVICE_EXPOSE",
                "SERVICE_AUTH_TOKEN", "SERVICE_UPSTREAM_TOKENS", "SERVICE_UPSTREAM_TOKEN", "SERVICE_UPSTREAM_PORTS",
-               "SERVICE_JOB_SECRET", "SERVICE_HOST_ID", "SERVICE_REPLICA", "SERVICE_CPU_SHARE")
+               "SERVICE_CLUSTER_TOKEN", "SERVICE_JOB_SECRET", "SERVICE_HOST_ID", "SERVICE_REPLICA", "SERVICE_CPU_SHARE")
 
 
 @pytest.fixture(autouse=True)
@@ -92,7 +92,7 @@ def test_gateway_tree_from_the_config(gateway_config):
     service, reactor = build(gateway_tap, ["--config", str(gateway_config)])
     assert [type(child).__name__ for child in service] == ["TCPServer", "ReplicaProbe"]
     assert (service.probe.interval, service.probe.replicas) == (1.0, [])  # one replica each: nothing to probe
-    assert (service.app.job_secret, service.app.host_id) == (None, "")
+    assert (service.app.cluster.secret, service.app.cluster.host_id) == (None, "")
     listener = listener_of(service)
     assert listener.args == (18080, service.site)
     assert listener.kwargs == {"backlog": 77, "interface": "127.0.0.1"}
@@ -129,12 +129,13 @@ def test_gateway_replicas_job_secret_and_host_from_the_environment(gateway_confi
     environment.setenv("SERVICE_JOB_SECRET", "s" * 64)
     environment.setenv("SERVICE_HOST_ID", "host-2")
     gateway_config.write_text(gateway_config.read_text().replace("[supervisor]", "replica_probe_interval_ms = 250\n"
-                                                                                 "[supervisor]"))
+                                                                                 "[supervisor]")
+                              + '\n[cluster]\nhost_id = "host-2"\n')
     service, _ = build(gateway_tap, ["--config", str(gateway_config)])
     mobilenet = service.catalog.by_id["MOBILENETV2"]
     assert [(r.index, r.port, r.token) for r in mobilenet.replicas] == [(0, 9101, "a"), (1, 9201, "b"), (2, 9301, "c")]
     assert [(r.port, r.token) for r in service.catalog.by_id["YOLOV8"].replicas] == [(9102, "y")]
-    assert (service.app.job_secret, service.app.host_id) == ("s" * 64, "host-2")
+    assert (service.app.cluster.secret, service.app.cluster.host_id) == ("s" * 64, "host-2")
     assert service.probe.interval == 0.25 and service.probe.replicas == list(mobilenet.replicas)
     assert service.app.balancer is service.balancer is service.probe.balancer
 
@@ -249,7 +250,7 @@ def test_supervisor_refusals(supervisor_config, environment, tmp_path):
     unknown = tmp_path / "unknown.toml"
     unknown.write_text("[supervisors]\n")
     assert refusal(supervisor_tap, ["--config", str(unknown)]) == (
-        f"service-supervisor: {unknown}: supervisors: unknown table; known: gateway, supervisor, servers")
+        f"service-supervisor: {unknown}: supervisors: unknown table; known: gateway, supervisor, servers, cluster")
     environment.delenv("SERVICE_API_TOKEN")
     assert refusal(supervisor_tap, ["--config", config]) == (
         "service-supervisor: SERVICE_API_TOKEN is not set: the management API needs it (no anonymous mode)")

@@ -1,0 +1,118 @@
+"""SAM_AMG's optimised execution (``backend.optimize``): its targets and its accuracy gate.
+
+Two targets of a ``Sam``:
+
+- ``image_encoder``: the ViT, one image at a time (a fixed shape);
+- ``mask_decoder``: the two-way transformer and mask heads, called once per
+  batch of point prompts.  ``SamPredictor`` calls it with keyword arguments
+  and a ``multimask_output`` flag, so the target is an adapter with
+  positional tensors (multimask on, as the generator asks), and what is
+  installed is :func:`decoder_shim`, which sends the generator's calls to
+  the optimised callable and any other call to the original.
+
+The gate (segmentation): ``SamPredictor`` on one seeded image with
+``GATE_POINTS`` fixed point prompts, multimask; the masks are compared by
+IoU.  The plugin is ``models/sam_amg.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from svc.modelapi import OptimizationTarget
+
+GATE_SEED = 1234
+#: Fixed point prompts of the gate, as fractions of the image side (x, y).
+GATE_POINTS = ((0.25, 0.25), (0.75, 0.3), (0.5, 0.5), (0.3, 0.8))
+#: What ``backend.optimize = "auto"`` measures, per device (README "Optimised execution" has the figures).
+AUTO_CANDIDATES = {
+    "cpu": ("jit", "bf16"),
+    "cuda": ("fp16", "bf16"),
+}
+
+
+@functools.cache
+def _shim_class() -> Any:
+    from torch import nn
+
+    class DecoderShim(nn.Module):
+        """Stands in for ``Sam.mask_decoder``: multimask calls go to ``fast``, the others to the original."""
+
+        def __init__(self, original: Any, fast: Any) -> None:
+            super().__init__()
+            self.original = original
+            self.fast = fast
+
+        def forward(self, image_embeddings: Any, image_pe: Any, sparse_prompt_embeddings: Any,
+                    dense_prompt_embeddings: Any, multimask_output: bool) -> Any:
+            if not multimask_output:
+                return self.original(image_embeddings, image_pe, sparse_prompt_embeddings, dense_prompt_embeddings,
+                                     multimask_output)
+            return self.fast(image_embeddings, image_pe, sparse_prompt_embeddings, dense_prompt_embeddings)
+
+    return DecoderShim
+
+
+def _multimask(decoder: Any, embeddings: Any, pe: Any, sparse: Any, dense: Any) -> Any:
+    return decoder(embeddings, pe, sparse, dense, True)
+
+
+def sam_targets(sam: Any, points_per_batch: int) -> list:
+    """The image encoder and the mask decoder of ``sam`` as optimisation targets."""
+    import torch
+
+    from svc.optimize.apply import adapter
+
+    encoder, decoder = sam.image_encoder, sam.mask_decoder
+    device = next(sam.parameters()).device
+    side = encoder.img_size
+    embedding_side = side // 16  # the ViT's patch size
+    dim = sam.prompt_encoder.embed_dim
+
+    def seeded(*shape: int) -> Any:
+        return torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(device)
+
+    def image(batch: int) -> tuple:
+        return (seeded(1, 3, side, side),)
+
+    def install_encoder(fn: Any) -> None:
+        sam.image_encoder = fn
+
+    decoder_call = adapter(decoder, _multimask)
+
+    def prompts(batch: int) -> tuple:
+        points = max(batch, points_per_batch)  # the generator's batches of point prompts
+        return (seeded(1, dim, embedding_side, embedding_side), seeded(1, dim, embedding_side, embedding_side),
+                seeded(points, 2, dim), seeded(points, dim, embedding_side, embedding_side))
+
+    def install_decoder(fn: Any) -> None:
+        sam.mask_decoder = decoder if fn is decoder_call else _shim_class()(decoder, fn)
+
+    return [OptimizationTarget("image_encoder", encoder, image, install_encoder, batched=False),
+            OptimizationTarget("mask_decoder", decoder_call, prompts, install_decoder, batched=False)]
+
+
+def gate_image(side: int, seed: int = GATE_SEED) -> Any:
+    """A seeded side x side x 3 uint8 image of smooth blobs (something to segment)."""
+    import torch
+
+    coarse = torch.randint(0, 256, (1, 3, 8, 8), generator=torch.Generator().manual_seed(seed)).float()
+    smooth = torch.nn.functional.interpolate(coarse, size=(side, side), mode="bilinear")
+    return smooth[0].round().to(torch.uint8).permute(1, 2, 0).numpy()
+
+
+def gate_masks(sam: Any) -> Any:
+    """Masks (len(GATE_POINTS) x 3, H, W) of the gate's point prompts on the gate image, as installed."""
+    import torch
+    from segment_anything import SamPredictor
+
+    side = sam.image_encoder.img_size
+    predictor = SamPredictor(sam)
+    with torch.inference_mode():
+        predictor.set_image(gate_image(side))
+        coords = torch.tensor([[[x * side, y * side]] for x, y in GATE_POINTS], device=predictor.device)
+        coords = predictor.transform.apply_coords_torch(coords, (side, side))
+        labels = torch.ones(coords.shape[:2], dtype=torch.int, device=predictor.device)
+        masks, _, _ = predictor.predict_torch(coords, labels, multimask_output=True)
+    return masks.reshape(-1, *masks.shape[-2:]).cpu()

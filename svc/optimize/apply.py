@@ -16,10 +16,12 @@ Steps, in the order they wrap each other:
 - ``jit``: ``torch.jit.trace`` on the example inputs, ``torch.jit.freeze``
   (weights become constants, conv+batchnorm folded), and on a CPU
   ``torch.jit.optimize_for_inference`` (oneDNN weight layouts);
-- ``compile``: ``torch.compile`` (inductor; on a CPU with freezing), run once
+- ``compile``: ``torch.compile`` (inductor; on a CPU with freezing), run
   here so that the warm-up pays the compilation, never a request.  With a
   batch dimension, that dimension is compiled dynamic (one graph for every
-  batch size) and a batch of one is padded to two (torch specialises size 1);
+  batch size from two) and a batch of one is compiled too (torch specialises
+  size 1: its own graph, rather than padding it to two and paying twice the
+  work for the most common batch of a quiet server);
 - ``cuda_graphs``: see :mod:`svc.optimize.cudagraphs`.
 
 torch is imported inside the functions: this module is imported by the
@@ -35,7 +37,7 @@ from typing import Any
 from svc.modelapi import OptimizationTarget
 from svc.optimize.modes import Mode
 
-#: The smallest batch a compiled target with a batch dimension runs (torch specialises size 1).
+#: The smallest batch of a compiled target's dynamic graph (torch specialises size 1: a graph of its own).
 COMPILE_MIN_BATCH = 2
 
 
@@ -111,18 +113,20 @@ def apply_mode(target: OptimizationTarget, mode: Mode, device: str, batch_size: 
                                         else max(batch_size, COMPILE_MIN_BATCH))
     if mode.has("channels_last"):
         example = to_channels_last(example)
-    pad_to = None
     if mode.has("jit"):
         inner = _traced(inner, example, device)
     elif mode.has("compile"):
-        inner = _compiled(inner, example, device, target.batched)
-        pad_to = COMPILE_MIN_BATCH if target.batched else None
+        examples = [example]
+        if target.batched:
+            with inference_context():
+                single = target.example_inputs(1)
+            examples.append(to_channels_last(single) if mode.has("channels_last") else single)
+        inner = _compiled(inner, examples, device, target.batched)
     if mode.has("cuda_graphs"):
         from svc.optimize.cudagraphs import GraphedCallable
 
         inner = GraphedCallable(inner, target, batch_size, mode.has("channels_last"))
-    return StandIn(module, inner, channels_last=mode.has("channels_last"), pad_to=pad_to,
-                   batched=target.batched)
+    return StandIn(module, inner, channels_last=mode.has("channels_last"))
 
 
 def _traced(inner: Any, example: tuple, device: str) -> Any:
@@ -140,19 +144,21 @@ def _traced(inner: Any, example: tuple, device: str) -> Any:
     return frozen
 
 
-def _compiled(inner: Any, example: tuple, device: str, batched: bool) -> Any:
+def _compiled(inner: Any, examples: list[tuple], device: str, batched: bool) -> Any:
+    """``inner`` compiled by calling it on each example (a dynamic batch, then a batch of one)."""
     torch = _torch()
     import torch._inductor.config as inductor_config
 
     on_cpu = torch.device(device).type == "cpu"
     if batched:
-        for value in example:
+        for value in examples[0]:
             if isinstance(value, torch.Tensor) and value.dim() >= 1:
                 torch._dynamo.mark_dynamic(value, 0)
     compiled = torch.compile(inner, dynamic=False if not batched else None, fullgraph=False)
-    # Freezing (weights as constants, conv+batchnorm folded, oneDNN weight packing) is read when the first
-    # call compiles; inference only, which is all a model server does.
+    # Freezing (weights as constants, conv+batchnorm folded, oneDNN weight packing) is read when a call
+    # compiles; inference only, which is all a model server does.
     patch = inductor_config.patch(freezing=True) if on_cpu else contextlib.nullcontext()
     with patch, inference_context():
-        compiled(*example)
+        for example in examples:
+            compiled(*example)
     return compiled

@@ -1,9 +1,9 @@
-"""Batch-shape buckets: the fixed batch sizes a graph is captured for, padding up to them and slicing back.
+"""Batch-shape buckets: the fixed batch sizes a CUDA graph is captured for, padding up to them and slicing back.
 
-CUDA graphs replay fixed shapes, and a compiled graph on a CPU does not take
-a batch of one: a batch of ``n`` runs in the smallest captured size
-``>= n`` (the bucket), padded with copies of its first item, and the
-outputs are cut back to ``n`` rows.  Pure functions of sizes and tensors, so
+CUDA graphs replay fixed shapes: a batch of ``n`` runs in the smallest
+captured size ``>= n`` (the bucket): its arguments are copied into the
+first ``n`` rows of the graph's static buffers, and the outputs are cut
+back to ``n`` rows.  Pure functions of sizes and tensors, so
 they are tested on a CPU.
 
 The arguments of a target are positional; every tensor argument with at
@@ -52,25 +52,33 @@ def batch_size_of(args: tuple) -> int | None:
     return None
 
 
-def pad_batch(args: tuple, size: int) -> tuple:
-    """Every batched tensor of ``args`` grown to ``size`` rows with copies of its first row."""
-    import torch
+def copy_into(static: tuple, args: tuple, exact: bool = False) -> int | None:
+    """Copy a call's ``args`` into the static buffers of a captured graph; the batch size (None: no batch).
 
-    padded = []
-    for value in args:
-        if _is_batched(value) and value.shape[0] < size:
-            filler = value[:1].expand(size - value.shape[0], *value.shape[1:])
-            value = torch.cat([value, filler]).contiguous(memory_format=_memory_format(value))
-        padded.append(value)
-    return tuple(padded)
-
-
-def _memory_format(value: Any) -> Any:
-    import torch
-
-    if value.dim() == 4 and value.is_contiguous(memory_format=torch.channels_last) and not value.is_contiguous():
-        return torch.channels_last
-    return torch.contiguous_format
+    A batched tensor fills the first rows of its buffer (the rows past the
+    batch keep what an earlier call left: finite data that nothing reads
+    back); a 0-d tensor, such as a timestep, replaces its buffer's value.
+    The buffers must be of the bucket's size, the arguments' shapes
+    otherwise the same (``exact``: the same shapes, for a target without a
+    batch dimension); a ValueError says which differs, before anything is copied.
+    """
+    n = batch_size_of(args)
+    if len(static) != len(args):
+        raise ValueError(f"{len(args)} arguments for a graph captured with {len(static)}")
+    for i, (buffer, value) in enumerate(zip(static, args)):
+        if not hasattr(buffer, "copy_"):
+            continue
+        fits = tuple(buffer.shape) == tuple(value.shape)
+        if not exact and _is_batched(buffer):
+            fits = tuple(buffer.shape[1:]) == tuple(value.shape[1:]) and value.shape[0] <= buffer.shape[0]
+        if not fits:
+            raise ValueError(f"argument {i} of shape {tuple(value.shape)} does not fit the captured "
+                             f"{tuple(buffer.shape)}")
+    for buffer, value in zip(static, args):
+        if hasattr(buffer, "copy_"):
+            rows = buffer[: value.shape[0]] if _is_batched(buffer) else buffer
+            rows.copy_(value, non_blocking=True)
+    return n
 
 
 def slice_batch(outputs: Any, n: int) -> Any:

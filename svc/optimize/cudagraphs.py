@@ -7,7 +7,8 @@ buffers and its kernels are captured into one ``torch.cuda.CUDAGraph``
 buffers of the smallest bucket that holds the batch (rows past the batch
 keep earlier, finite data: nothing reads them), replays the graph and
 returns copies of the first ``n`` rows of the static outputs.  A batch
-larger than every bucket runs the callable directly.  Replaying removes the
+larger than every bucket, or arguments of another shape than captured, run
+the callable directly.  Replaying removes the
 CPU cost of launching hundreds of small kernels, which is what limits a
 small model such as MobileNetV2 on a fast GPU.
 
@@ -21,7 +22,7 @@ from typing import Any
 
 from svc.modelapi import OptimizationTarget
 from svc.optimize.apply import inference_context, map_tensors, to_channels_last
-from svc.optimize.buckets import batch_size_of, bucket_for, capture_sizes, slice_batch
+from svc.optimize.buckets import batch_size_of, bucket_for, capture_sizes, copy_into, slice_batch
 
 #: Runs before each capture, on a side stream (cuDNN autotuning and lazy initialisation happen outside the graph).
 WARMUP_RUNS = 3
@@ -58,14 +59,12 @@ class GraphedCallable:
         n = batch_size_of(args) if self.batched else None
         size = bucket_for(n, self.sizes) if n is not None else self.sizes[0]
         if size is None:
-            return self.inner(*args)
+            return self.inner(*args)  # larger than every graph
         graph, static, out = self.graphs[size]
-        for buffer, value in zip(static, args):
-            if hasattr(buffer, "copy_"):
-                if self.batched and buffer.dim() >= 1:
-                    buffer[: value.shape[0]].copy_(value, non_blocking=True)
-                else:
-                    buffer.copy_(value, non_blocking=True)
+        try:
+            copy_into(static, args, exact=not self.batched)
+        except ValueError:
+            return self.inner(*args)  # another shape than the one captured (a fixed-shape target called otherwise)
         graph.replay()
         result = map_tensors(out, lambda t: t.clone())  # the next replay overwrites the static outputs
         return slice_batch(result, n) if n is not None else result

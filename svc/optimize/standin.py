@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from svc.optimize.apply import to_channels_last, to_float
-from svc.optimize.buckets import batch_size_of, pad_batch, slice_batch
 
 
 class CallModule(nn.Module):
@@ -36,25 +35,18 @@ class CallModule(nn.Module):
 class StandIn(nn.Module):
     """Runs the optimised callable in place of ``original``; other attributes are the original's.
 
-    ``channels_last`` converts 4-D inputs on each call; ``pad_to`` pads a
-    smaller batch (of a ``batched`` target) to that size and slices the
-    outputs back, for compiled graphs that do not take a batch of one.
+    ``channels_last`` converts 4-D inputs on each call.
     """
 
-    def __init__(self, original: Any, optimised: Any, *, channels_last: bool, pad_to: int | None,
-                 batched: bool) -> None:
+    def __init__(self, original: Any, optimised: Any, *, channels_last: bool) -> None:
         super().__init__()
         self.optimised = optimised
         object.__setattr__(self, "_original", original)  # not a submodule: its parameters are not ours twice
         self.channels_last = channels_last
-        self.pad_to = pad_to if batched else None
 
     def forward(self, *args: Any) -> Any:
         if self.channels_last:
             args = to_channels_last(args)
-        n = batch_size_of(args) if self.pad_to else None
-        if n is not None and n < self.pad_to:
-            return slice_batch(self.optimised(*pad_batch(args, self.pad_to)), n)
         return self.optimised(*args)
 
     def __getattr__(self, name: str) -> Any:

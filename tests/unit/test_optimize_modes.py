@@ -7,7 +7,7 @@ import torch
 
 from svc.modelserver import tap as model_tap
 from svc.optimize import cache, support
-from svc.optimize.buckets import batch_size_of, bucket_for, capture_sizes, pad_batch, slice_batch
+from svc.optimize.buckets import batch_size_of, bucket_for, capture_sizes, copy_into, slice_batch
 from svc.optimize.modes import EAGER_MODE, Mode, ModeError, known_names, mode, parse_mode
 from svc.optimize.transfer import HostStaging
 from tests.support.processes import SHIPPED_CONF, write_config
@@ -151,20 +151,28 @@ def test_capture_sizes_and_buckets():
         capture_sizes(0)
 
 
-def test_pad_to_a_bucket_and_slice_back():
-    images = torch.arange(3 * 2 * 2 * 2, dtype=torch.float).view(3, 2, 2, 2).contiguous(memory_format=torch.channels_last)
-    t = torch.tensor(500)  # a 0-d argument (a timestep) is shared by the batch
-    labels = torch.tensor([7, 8, 9])
-    padded = pad_batch((images, t, labels), 4)
-    assert batch_size_of(padded) == 4 and batch_size_of((t,)) is None
-    assert torch.equal(padded[0][:3], images) and torch.equal(padded[0][3], images[0])
-    assert padded[0].is_contiguous(memory_format=torch.channels_last)
-    assert padded[1] is t and padded[2].tolist() == [7, 8, 9, 7]
-    outputs = (padded[0] * 2, [padded[2]], {"n": padded[2]}, t)
+def test_copy_into_a_bucket_and_slice_back():
+    sizes = capture_sizes(8)
+    static = (torch.full((4, 2, 2, 2), -1.0).contiguous(memory_format=torch.channels_last), torch.tensor(0),
+              torch.zeros(4, dtype=torch.long))  # a graph's buffers for bucket 4: images, a timestep, labels
+    images = torch.arange(3 * 2 * 2 * 2, dtype=torch.float).view(3, 2, 2, 2)
+    args = (images, torch.tensor(500), torch.tensor([7, 8, 9]))
+    assert batch_size_of(args) == 3 and bucket_for(3, sizes) == 4 and batch_size_of((args[1],)) is None
+    assert copy_into(static, args) == 3
+    assert torch.equal(static[0][:3], images) and torch.equal(static[0][3], torch.full((2, 2, 2), -1.0))
+    assert static[0].is_contiguous(memory_format=torch.channels_last)  # the captured buffer, filled in place
+    assert int(static[1]) == 500 and static[2].tolist() == [7, 8, 9, 0]
+    outputs = (static[0] * 2, [static[2]], {"n": static[2]}, static[1])
     sliced = slice_batch(outputs, 3)
     assert torch.equal(sliced[0], images * 2) and sliced[1][0].tolist() == [7, 8, 9]
-    assert sliced[2]["n"].tolist() == [7, 8, 9] and sliced[3] is t
-    assert pad_batch((images,), 3)[0] is images  # already that size
+    assert sliced[2]["n"].tolist() == [7, 8, 9] and int(sliced[3]) == 500
+    with pytest.raises(ValueError, match=r"argument 0 of shape \(3, 2, 4, 4\) does not fit the captured \(4, 2, 2, 2\)"):
+        copy_into(static, (torch.zeros(3, 2, 4, 4), args[1], args[2]))
+    with pytest.raises(ValueError, match="2 arguments for a graph captured with 3"):
+        copy_into(static, args[:2])
+    with pytest.raises(ValueError, match=r"argument 0 of shape \(3, 2, 2, 2\) does not fit"):
+        copy_into(static, args, exact=True)  # a target without a batch dimension: the captured shapes only
+    assert copy_into(static, (images[:1].expand(4, 2, 2, 2), args[1], torch.arange(4)), exact=True) == 4
 
 
 def test_host_staging_on_cpu_is_a_stack():

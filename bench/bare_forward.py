@@ -2,14 +2,21 @@
 
 Same settings as the model server: torch threads = cores, float32, 224x224,
 ``torch.inference_mode()``, and the glibc allocator tuning the server applies
-(``--no-tune-malloc`` shows the difference).  Prints one JSON line per batch
-size: {"batch": B, "images_per_s": X, "ms_per_batch": Y}.
+(``--no-tune-malloc`` shows the difference).  The network is the served one:
+the MOBILENETV2 plugin's build (random init with seeded BatchNorm
+statistics), and ``--optimize MODE`` (default ``eager``) applies
+``backend.optimize`` as the model server does (``svc.optimize.select``,
+accuracy gate included; ``auto`` measures and chooses at batch 8, the
+shipped ``max_batch_size``, or the largest ``--batch``); its line goes to
+stderr.  ``--device gpu`` runs on CUDA (bench/gpu_mobilenet.py).  Prints one
+JSON line per batch size: {"batch": B, "images_per_s": X, "ms_per_batch": Y, "optimize": MODE}.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 
@@ -18,31 +25,44 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--no-tune-malloc", action="store_true")
+    parser.add_argument("--optimize", default="eager", help="backend.optimize to apply: auto, eager or a mode")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     args = parser.parse_args()
 
     from svc import torchenv
+    from svc.optimize.support import check_setting
 
     if not args.no_tune_malloc:
         torchenv.tune_malloc()
     torchenv.configure_threads(0, 1)
+    device = torchenv.select_device(args.device, 0)
+    check_setting(args.optimize, device)
+    torchenv.configure_compile_cache()
     import torch
-    from torchvision.models import mobilenet_v2
 
-    torch.manual_seed(0)
-    net = mobilenet_v2(weights=None).eval()
+    from models.mobilenetv2 import mobilenetv2
+    from svc.optimize.select import optimize_model
+
+    model = mobilenetv2.build({"weights": "random", "seed": 0}, device)
+    batch_for_auto = 8 if device == "cpu" else max(args.batch)
+    report = optimize_model(model, mobilenetv2.category, device, args.optimize, batch_for_auto, mobilenetv2.catalog_id)
+    print(report.line, file=sys.stderr, flush=True)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for batch in args.batch:
-        x = torch.randn(batch, 3, 224, 224)
+        x = torch.randn(batch, 3, 224, 224).to(device)
         with torch.inference_mode():
             for _ in range(3):
-                net(x)
+                model.run_net(x)
+            sync()
             n = 0
             started = time.perf_counter()
             while time.perf_counter() - started < args.seconds:
-                net(x)
+                model.run_net(x)
                 n += 1
+            sync()
             elapsed = time.perf_counter() - started
-        print(json.dumps({"batch": batch, "images_per_s": n * batch / elapsed, "ms_per_batch": elapsed / n * 1000}),
-              flush=True)
+        print(json.dumps({"batch": batch, "images_per_s": n * batch / elapsed, "ms_per_batch": elapsed / n * 1000,
+                          "optimize": report.mode}), flush=True)
 
 
 if __name__ == "__main__":

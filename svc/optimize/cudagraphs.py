@@ -40,9 +40,10 @@ class GraphedCallable:
         self.graphs: dict[int, tuple[Any, tuple, Any]] = {}
         pool = None
         for size in sorted(self.sizes, reverse=True):  # the largest first: smaller graphs reuse its pool
-            static = target.example_inputs(size)
-            if channels_last:
-                static = to_channels_last(static)
+            with inference_context():  # the buffers are made as the plugins' inputs are
+                static = target.example_inputs(size)
+                if channels_last:
+                    static = to_channels_last(static)
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream), inference_context():

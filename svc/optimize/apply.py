@@ -16,12 +16,10 @@ Steps, in the order they wrap each other:
 - ``jit``: ``torch.jit.trace`` on the example inputs, ``torch.jit.freeze``
   (weights become constants, conv+batchnorm folded), and on a CPU
   ``torch.jit.optimize_for_inference`` (oneDNN weight layouts);
-- ``compile``: ``torch.compile`` (inductor; on a CPU with freezing), run
-  here so that the warm-up pays the compilation, never a request.  With a
-  batch dimension, that dimension is compiled dynamic (one graph for every
-  batch size from two) and a batch of one is compiled too (torch specialises
-  size 1: its own graph, rather than padding it to two and paying twice the
-  work for the most common batch of a quiet server);
+- ``compile``: exported and compiled ahead of time by inductor (freezing),
+  the batch dimension dynamic, the package cached on disk
+  (:mod:`svc.optimize.aot`): the warm-up pays the compilation once, a
+  restart loads it, and no request ever compiles;
 - ``cuda_graphs``: see :mod:`svc.optimize.cudagraphs`.
 
 torch is imported inside the functions: this module is imported by the
@@ -30,15 +28,11 @@ engine, which is imported before torch is configured.
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from typing import Any
 
 from svc.modelapi import OptimizationTarget
 from svc.optimize.modes import Mode
-
-#: The smallest batch of a compiled target's dynamic graph (torch specialises size 1: a graph of its own).
-COMPILE_MIN_BATCH = 2
 
 
 def _torch() -> Any:
@@ -108,25 +102,26 @@ def apply_mode(target: OptimizationTarget, mode: Mode, device: str, batch_size: 
     inner: Any = module
     if mode.autocast:
         inner = CallModule(inner, autocast=(torch.device(device).type, getattr(torch, mode.autocast)))
-    with inference_context():  # what the plugins' calls pass: compiled graphs guard on it
-        example = target.example_inputs(batch_size if not (mode.has("compile") and target.batched)
-                                        else max(batch_size, COMPILE_MIN_BATCH))
-    if mode.has("channels_last"):
-        example = to_channels_last(example)
+    def example_of(n: int) -> tuple:
+        with inference_context():  # as the plugins' own calls make them
+            made = target.example_inputs(n)
+        return to_channels_last(made) if mode.has("channels_last") else made
+
+    example = example_of(batch_size)
     if mode.has("jit"):
         inner = _traced(inner, example, device)
     elif mode.has("compile"):
-        examples = [example]
-        if target.batched:
-            with inference_context():
-                single = target.example_inputs(1)
-            examples.append(to_channels_last(single) if mode.has("channels_last") else single)
-        inner = _compiled(inner, examples, device, target.batched)
+        from svc.optimize.aot import compiled
+        from svc.optimize.cache import compiled_dir
+
+        inner = compiled(inner, example_of, batch_size, torch.device(device).type, target.batched, mode.name,
+                         target.name, compiled_dir())
     if mode.has("cuda_graphs"):
         from svc.optimize.cudagraphs import GraphedCallable
 
         inner = GraphedCallable(inner, target, batch_size, mode.has("channels_last"))
-    return StandIn(module, inner, channels_last=mode.has("channels_last"))
+    shapes = None if target.batched else [tuple(v.shape) if hasattr(v, "shape") else None for v in example]
+    return StandIn(module, inner, channels_last=mode.has("channels_last"), shapes=shapes)
 
 
 def _traced(inner: Any, example: tuple, device: str) -> Any:
@@ -142,23 +137,3 @@ def _traced(inner: Any, example: tuple, device: str) -> Any:
             for _ in range(2):  # the profiling executor specialises on the first calls
                 frozen(*example)
     return frozen
-
-
-def _compiled(inner: Any, examples: list[tuple], device: str, batched: bool) -> Any:
-    """``inner`` compiled by calling it on each example (a dynamic batch, then a batch of one)."""
-    torch = _torch()
-    import torch._inductor.config as inductor_config
-
-    on_cpu = torch.device(device).type == "cpu"
-    if batched:
-        for value in examples[0]:
-            if isinstance(value, torch.Tensor) and value.dim() >= 1:
-                torch._dynamo.mark_dynamic(value, 0)
-    compiled = torch.compile(inner, dynamic=False if not batched else None, fullgraph=False)
-    # Freezing (weights as constants, conv+batchnorm folded, oneDNN weight packing) is read when a call
-    # compiles; inference only, which is all a model server does.
-    patch = inductor_config.patch(freezing=True) if on_cpu else contextlib.nullcontext()
-    with patch, inference_context():
-        for example in examples:
-            compiled(*example)
-    return compiled

@@ -3,10 +3,10 @@
 ``$SERVICE_STATE_DIR``, default ``$XDG_STATE_HOME/inference-service``, else
 ``~/.local/state/inference-service``: what the service writes for itself and
 keeps across restarts (unlike the weights cache, ``$SERVICE_WEIGHTS_DIR``,
-nothing in it is downloaded).  ``torch.compile`` keeps its kernels and
-graphs in ``<state>/inductor`` (``TORCHINDUCTOR_CACHE_DIR``), so a restart
-reuses what the first start compiled.  A ``TORCHINDUCTOR_CACHE_DIR`` already
-in the environment is kept.
+nothing in it is downloaded).  ``compile`` keeps its compiled packages in
+``<state>/compiled`` (:mod:`svc.optimize.aot`), so a restart loads what the
+first start compiled, and inductor its kernel cache in ``<state>/inductor``
+(``TORCHINDUCTOR_CACHE_DIR``; one already in the environment is kept).
 
 Torch-free; :func:`use_inductor_cache` must run before torch compiles
 anything (``svc.torchenv.configure_compile_cache`` calls it at startup).
@@ -45,6 +45,11 @@ def use_inductor_cache(env: dict[str, str] | None = None) -> Path:
     path = inductor_cache_dir(env)
     env[INDUCTOR_CACHE_ENV] = str(path)
     return path
+
+
+def compiled_dir(env: dict[str, str] | None = None) -> Path:
+    """Where ``compile`` keeps its packages (``svc.optimize.aot``): ``<state>/compiled``."""
+    return state_dir(env) / "compiled"
 
 
 def count_files(path: Path, suffixes: tuple[str, ...] = (".so", ".py", ".json")) -> int:

@@ -74,7 +74,7 @@ class Report:
     seconds: float = 0.0
     line: str = ""
     fell_back: bool = False  # an explicit mode failed: running eager
-    cache: dict[str, int] = field(default_factory=dict)  # inductor cache counters of this load
+    cache: dict[str, int] = field(default_factory=dict)  # compiled packages built and loaded by this load
 
     @property
     def mode(self) -> str:
@@ -249,24 +249,12 @@ class Optimizer:
 
 
 def _cache_counters(compiling: bool) -> dict[str, int]:
-    """What the inductor cache did so far: torch's FX-graph cache counters and the C++ kernels on disk.
-
-    The FX-graph cache skips whole graphs; on a CPU, graphs with oneDNN-packed
-    weights bypass it (torch cannot pickle them) and the reuse is in the
-    kernel layer: a kernel whose ``.so`` is already in the cache is loaded,
-    not built.  ``kernels`` counts those files, so that the line says how many
-    a load had to build.
-    """
+    """Compiled packages this process built and loaded so far (``svc.optimize.aot``), when a candidate compiles."""
     if not compiling:
         return {}
-    from torch._dynamo.utils import counters
+    from svc.optimize.aot import STATS
 
-    from svc.optimize.cache import count_files, inductor_cache_dir
-
-    inductor = counters["inductor"]
-    found = {f"fx graph {name}": int(inductor[f"fxgraph_cache_{name}"]) for name in ("hit", "miss", "bypass")}
-    found["kernels built"] = count_files(inductor_cache_dir(), (".so",))
-    return found
+    return {"built": STATS["built"], "loaded": STATS["loaded"]}
 
 
 def _cache_delta(before: dict[str, int], compiling: bool) -> dict[str, int]:
@@ -277,7 +265,7 @@ def _cache_delta(before: dict[str, int], compiling: bool) -> dict[str, int]:
 def _describe_cache(delta: dict[str, int]) -> str:
     if not delta:
         return ""
-    return "; inductor cache: " + ", ".join(f"{k} {v}" for k, v in delta.items())
+    return f"; compiled packages: {delta['built']} built, {delta['loaded']} loaded from the cache"
 
 
 def optimize_model(model: Any, category: str, device: str, setting: str, batch: int, model_id: str = "") -> Report:

@@ -35,16 +35,22 @@ class CallModule(nn.Module):
 class StandIn(nn.Module):
     """Runs the optimised callable in place of ``original``; other attributes are the original's.
 
-    ``channels_last`` converts 4-D inputs on each call.
+    ``channels_last`` converts 4-D inputs on each call.  ``shapes``: a target
+    without a batch dimension was traced or compiled for these argument
+    shapes only; a call with others (SAM's last, smaller batch of point
+    prompts) runs the original.
     """
 
-    def __init__(self, original: Any, optimised: Any, *, channels_last: bool) -> None:
+    def __init__(self, original: Any, optimised: Any, *, channels_last: bool, shapes: list | None = None) -> None:
         super().__init__()
         self.optimised = optimised
         object.__setattr__(self, "_original", original)  # not a submodule: its parameters are not ours twice
         self.channels_last = channels_last
+        self.shapes = shapes
 
     def forward(self, *args: Any) -> Any:
+        if self.shapes is not None and [tuple(v.shape) if hasattr(v, "shape") else None for v in args] != self.shapes:
+            return object.__getattribute__(self, "_original")(*args)
         if self.channels_last:
             args = to_channels_last(args)
         return self.optimised(*args)

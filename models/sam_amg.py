@@ -252,7 +252,7 @@ class SamAmgModel:
         return sam_targets(self.sam, self.points_per_batch)
 
     def gate_outputs(self) -> Any:
-        return gate_masks(self.sam)
+        return gate_masks(self.sam, self.points_per_batch)
 
     def optimize_candidates(self, device: str) -> tuple:
         return AUTO_CANDIDATES.get(device, ())

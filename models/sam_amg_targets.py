@@ -10,9 +10,14 @@ Two targets of a ``Sam``:
   installed is :func:`decoder_shim`, which sends the generator's calls to
   the optimised callable and any other call to the original.
 
-The gate (segmentation): ``SamPredictor`` on one seeded image with
-``GATE_POINTS`` fixed point prompts, multimask; the masks are compared by
-IoU.  The plugin is ``models/sam_amg.py``.
+Both are fixed-shape targets (one image; ``points_per_batch`` prompts, the
+generator's full batches): a call of another shape, such as the last,
+smaller batch of an image's prompts, runs the original module.
+
+The gate (segmentation): ``SamPredictor`` on one seeded ``GATE_SIDE``-pixel
+image with one full batch of seeded point prompts (``points_per_batch``, the
+shape the decoder runs optimised), multimask; the masks are compared by IoU.
+The plugin is ``models/sam_amg.py``.
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ from typing import Any
 from svc.modelapi import OptimizationTarget
 
 GATE_SEED = 1234
-#: Fixed point prompts of the gate, as fractions of the image side (x, y).
-GATE_POINTS = ((0.25, 0.25), (0.75, 0.3), (0.5, 0.5), (0.3, 0.8))
+#: Side of the gate's image in pixels (the predictor resizes it to the encoder's input).
+GATE_SIDE = 256
 #: What ``backend.optimize = "auto"`` measures, per device (README "Optimised execution" has the figures).
 AUTO_CANDIDATES = {
     "cpu": ("jit", "bf16"),
@@ -102,17 +107,17 @@ def gate_image(side: int, seed: int = GATE_SEED) -> Any:
     return smooth[0].round().to(torch.uint8).permute(1, 2, 0).numpy()
 
 
-def gate_masks(sam: Any) -> Any:
-    """Masks (len(GATE_POINTS) x 3, H, W) of the gate's point prompts on the gate image, as installed."""
+def gate_masks(sam: Any, points: int) -> Any:
+    """Masks (points x 3, GATE_SIDE, GATE_SIDE) of ``points`` seeded point prompts on the gate image, as installed."""
     import torch
     from segment_anything import SamPredictor
 
-    side = sam.image_encoder.img_size
     predictor = SamPredictor(sam)
+    generator = torch.Generator().manual_seed(GATE_SEED)
     with torch.inference_mode():
-        predictor.set_image(gate_image(side))
-        coords = torch.tensor([[[x * side, y * side]] for x, y in GATE_POINTS], device=predictor.device)
-        coords = predictor.transform.apply_coords_torch(coords, (side, side))
+        predictor.set_image(gate_image(GATE_SIDE))
+        coords = (torch.rand(points, 1, 2, generator=generator) * GATE_SIDE).to(predictor.device)
+        coords = predictor.transform.apply_coords_torch(coords, (GATE_SIDE, GATE_SIDE))
         labels = torch.ones(coords.shape[:2], dtype=torch.int, device=predictor.device)
         masks, _, _ = predictor.predict_torch(coords, labels, multimask_output=True)
     return masks.reshape(-1, *masks.shape[-2:]).cpu()

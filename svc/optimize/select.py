@@ -156,6 +156,8 @@ class Optimizer:
 
         gate = gate_for(getattr(self.model, "gate_category", None) or self.category)
         targets = list(self.model.optimization_targets())
+        self._install(targets, [t.module for t in targets])  # the reference is eager, whatever ran before
+        self.apply_layout(targets, EAGER_MODE)
         candidates = [explicit] if explicit is not None else self.candidates()
         compiling = any(c.has("compile") for c in candidates)
         cache_before = _cache_counters(compiling)

@@ -148,6 +148,23 @@ def test_auto_with_every_mode_failing_serves_eager():
     assert model.net[0].weight.is_contiguous()
 
 
+def test_a_second_optimisation_compares_with_eager_not_with_what_ran_before():
+    model = TinyClassifier()
+    run(model, "jit", apply=named_apply())
+    assert model.run.mode_name == "jit"
+    references = []
+    gate_outputs = model.gate_outputs
+
+    def recorded() -> Any:
+        out = gate_outputs()
+        references.append(model.run is model.net)
+        return out
+
+    model.gate_outputs = recorded
+    report = run(model, "channels_last", apply=named_apply(corrupt=("channels_last",)))
+    assert references[0] is True and report.fell_back and model.run is model.net
+
+
 def test_an_explicit_mode_is_gated_and_falls_back_to_eager_with_one_line():
     model = TinyClassifier()
     report = run(model, "jit", apply=named_apply(corrupt=("jit",)))

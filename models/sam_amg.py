@@ -201,6 +201,7 @@ class SamAmgModel:
 
     def __init__(self, sam: Any, device: str, version: str, points_per_batch: int) -> None:
         self.sam = sam
+        self.encoder, self.decoder = sam.image_encoder, sam.mask_decoder  # as built (svc.optimize installs others)
         self.device = device
         self.version = version
         self.points_per_batch = points_per_batch
@@ -249,7 +250,7 @@ class SamAmgModel:
         return np.full((64, 64, 3), 128, dtype=np.uint8)
 
     def optimization_targets(self) -> list:
-        return sam_targets(self.sam, self.points_per_batch)
+        return sam_targets(self.sam, self.encoder, self.decoder, self.points_per_batch)
 
     def gate_outputs(self) -> Any:
         return gate_masks(self.sam, self.points_per_batch)

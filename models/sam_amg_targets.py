@@ -63,14 +63,18 @@ def _multimask(decoder: Any, embeddings: Any, pe: Any, sparse: Any, dense: Any) 
     return decoder(embeddings, pe, sparse, dense, True)
 
 
-def sam_targets(sam: Any, points_per_batch: int) -> list:
-    """The image encoder and the mask decoder of ``sam`` as optimisation targets."""
+def sam_targets(sam: Any, encoder: Any, decoder: Any, points_per_batch: int) -> list:
+    """The image encoder and the mask decoder of ``sam`` as optimisation targets.
+
+    ``encoder`` and ``decoder`` are the modules ``sam`` was built with: what
+    is installed in their place (an optimised stand-in, the shim) is never
+    a target itself.
+    """
     import torch
 
     from svc.optimize.apply import adapter
 
-    encoder, decoder = sam.image_encoder, sam.mask_decoder
-    device = next(sam.parameters()).device
+    device = sam.device
     side = encoder.img_size
     embedding_side = side // 16  # the ViT's patch size
     dim = sam.prompt_encoder.embed_dim

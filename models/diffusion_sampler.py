@@ -29,7 +29,7 @@ GATE_SEED = 1234
 GATE_STEPS = 3
 #: What ``backend.optimize = "auto"`` measures, per device (README "Optimised execution" has the figures).
 AUTO_CANDIDATES = {
-    "cpu": ("channels_last", "channels_last+jit"),
+    "cpu": ("jit", "compile"),
     "cuda": ("fp16", "fp16+cuda_graphs"),
 }
 

@@ -32,7 +32,7 @@ GATE_SEED = 1234
 GATE_SIDE = 256
 #: What ``backend.optimize = "auto"`` measures, per device (README "Optimised execution" has the figures).
 AUTO_CANDIDATES = {
-    "cpu": ("jit", "bf16"),
+    "cpu": ("bf16", "compile"),
     "cuda": ("fp16", "bf16"),
 }
 

@@ -33,7 +33,7 @@ from svc.optimize.modes import EAGER_MODE, Mode, mode, parse_mode
 
 #: What ``auto`` tries when a model names no candidates of its own, per torch device type.
 DEFAULT_CANDIDATES: dict[str, tuple[str, ...]] = {
-    "cpu": ("channels_last", "channels_last+jit"),
+    "cpu": ("jit", "channels_last+jit"),
     "cuda": ("channels_last+fp16", "channels_last+fp16+cuda_graphs"),
 }
 #: ``auto`` keeps eager unless a candidate is at least this much faster (noise is not a speed-up).

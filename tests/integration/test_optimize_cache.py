@@ -41,7 +41,7 @@ def start(tmp_path, optimize: str):
     return start_model_server(config, env={"SERVICE_STATE_DIR": str(tmp_path / "state")}, ready_timeout=300)
 
 
-def test_a_restart_reuses_the_compiled_graph_from_the_state_directory(tmp_path):
+def test_a_restart_reuses_the_compiled_package_from_the_state_directory(tmp_path):
     first = start(tmp_path, "compile")
     try:
         assert served_means(first) == [[10.0, 20.0, 30.0], [200.0, 0.0, 7.0]]

@@ -71,6 +71,7 @@ class Engine:
         worker_nice: int = 0,
         clock: Any = None,
         optimize: str = "eager",
+        workers: int = 1,
     ) -> None:
         self.factory = factory
         self.clock = clock  # the reactor: times the progress reports of batches with job items
@@ -85,6 +86,7 @@ class Engine:
         self.model: Any = None
         self._data = compile_schema(factory.data_schema)
         self.optimize = optimize  # backend.optimize, checked at startup
+        self.workers = workers  # backend.workers: the threads that call the optimised model at once
         self.optimization: Any = None  # the svc.optimize.select.Report of the load (None: eager, not run)
 
     @property
@@ -118,7 +120,7 @@ class Engine:
             from svc.optimize.select import optimize_model
 
             self.optimization = optimize_model(model, self.factory.category, self.device, self.optimize,
-                                               warmup_batch, self.factory.catalog_id)
+                                               warmup_batch, self.factory.catalog_id, self.workers)
         if self.factory.needs_image:
             # Exercise the decode path too, so the first request pays no lazy imports.
             from PIL import Image

@@ -100,7 +100,8 @@ class ModelServerService(ListeningMultiService):
         options = ObjectSchema(options_schema(tuple(factory.options)), "option")
         self.engine = Engine(factory, model_config, device, run_worker, self.metrics,
                              default_params=params.with_defaults({}), default_options=options.with_defaults({}),
-                             worker_nice=backend.worker_nice, clock=reactor, optimize=backend.optimize)
+                             worker_nice=backend.worker_nice, clock=reactor, optimize=backend.optimize,
+                             workers=backend.workers)
         self.queue = BatchQueue(
             reactor,
             self.engine.run_batch,

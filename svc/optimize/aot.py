@@ -43,6 +43,9 @@ BATCH_MARGIN = 2
 COMPILE_MIN_BATCH = 2
 #: Packages built and loaded by this process (``built``, ``loaded``).
 STATS: Counter = Counter()
+#: Runners per loaded package: calls run at once up to this many (the server's inference workers; set by
+#: ``svc.optimize.select``).  A package's runner serialises calls, and releases the GIL while it runs.
+RUNNERS = 1
 
 
 def _tensor_bytes(tensor: Any) -> memoryview:
@@ -155,8 +158,10 @@ def compiled(module: Any, make_example: Any, batch: int, device: str, batched: b
         meta.write_text(json.dumps({"batches": batches}))
         STATS["built"] += 1
     layouts = [_layout(v) if isinstance(v, torch.Tensor) else "" for v in example]
-    return Package(torch._inductor.aoti_load_package(str(path)), layouts, tuple(batches) if batches else None,
-                   module, path)
+    from torch._inductor.package.package import load_package
+
+    return Package(load_package(str(path), num_runners=max(1, RUNNERS)), layouts,
+                   tuple(batches) if batches else None, module, path)
 
 
 def _build(module: Any, example: tuple, example_of: Any, batch: int, batched: bool, path: Path) -> tuple:

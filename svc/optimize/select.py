@@ -115,10 +115,16 @@ class Optimizer:
     """The optimisation step for one built model (the worker thread calls :meth:`run` once)."""
 
     def __init__(self, model: Any, category: str, device: str, setting: str, batch: int, model_id: str = "",
-                 apply: Callable[..., Any] | None = None, timer: Callable[..., float] = timed_ms) -> None:
-        """``apply``/``timer``: the functions that apply a mode and time targets (tests inject failures)."""
+                 apply: Callable[..., Any] | None = None, timer: Callable[..., float] = timed_ms,
+                 workers: int = 1) -> None:
+        """``apply``/``timer``: the functions that apply a mode and time targets (tests inject failures).
+
+        ``workers``: the inference threads that will call the targets at once (a compiled package gets
+        as many runners).
+        """
         from svc.optimize.apply import apply_mode
 
+        self.workers = workers
         self.model = model
         self.category = category
         self.device = device
@@ -160,6 +166,10 @@ class Optimizer:
         self.apply_layout(targets, EAGER_MODE)
         candidates = [explicit] if explicit is not None else self.candidates()
         compiling = any(c.has("compile") for c in candidates)
+        if compiling:
+            from svc.optimize import aot
+
+            aot.RUNNERS = self.workers
         cache_before = _cache_counters(compiling)
         reference = self.model.gate_outputs()
         passed: list[tuple[Outcome, list]] = []
@@ -270,6 +280,10 @@ def _describe_cache(delta: dict[str, int]) -> str:
     return f"; compiled packages: {delta['built']} built, {delta['loaded']} loaded from the cache"
 
 
-def optimize_model(model: Any, category: str, device: str, setting: str, batch: int, model_id: str = "") -> Report:
-    """Apply ``setting`` (``backend.optimize``) to a built model; the report of what runs now."""
-    return Optimizer(model, category, device, setting, batch, model_id).run()
+def optimize_model(model: Any, category: str, device: str, setting: str, batch: int, model_id: str = "",
+                   workers: int = 1) -> Report:
+    """Apply ``setting`` (``backend.optimize``) to a built model; the report of what runs now.
+
+    ``workers``: the inference threads that will run batches at once.
+    """
+    return Optimizer(model, category, device, setting, batch, model_id, workers=workers).run()

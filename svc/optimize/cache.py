@@ -50,10 +50,3 @@ def use_inductor_cache(env: dict[str, str] | None = None) -> Path:
 def compiled_dir(env: dict[str, str] | None = None) -> Path:
     """Where ``compile`` keeps its packages (``svc.optimize.aot``): ``<state>/compiled``."""
     return state_dir(env) / "compiled"
-
-
-def count_files(path: Path, suffixes: tuple[str, ...] = (".so", ".py", ".json")) -> int:
-    """Files with these suffixes under ``path``: artefacts a compile wrote (0 when absent)."""
-    if not path.is_dir():
-        return 0
-    return sum(1 for p in path.rglob("*") if p.suffix in suffixes and p.is_file())

@@ -124,17 +124,10 @@ def test_state_dir_and_inductor_cache_locations():
     assert cache.use_inductor_cache(env) == cache.Path("/s/inductor") and env["TORCHINDUCTOR_CACHE_DIR"] == "/s/inductor"
     env = {"SERVICE_STATE_DIR": "/s", "TORCHINDUCTOR_CACHE_DIR": "/mine"}
     assert cache.use_inductor_cache(env) == cache.Path("/mine")  # an explicit one is kept
+    assert cache.compiled_dir({"SERVICE_STATE_DIR": "/s"}) == cache.Path("/s/compiled")
 
 
-def test_count_files(tmp_path):
-    assert cache.count_files(tmp_path / "absent") == 0
-    (tmp_path / "ab").mkdir()
-    for name in ("k.so", "g.py", "x.lock", "ab/m.so"):
-        (tmp_path / name).write_text("")
-    assert cache.count_files(tmp_path, (".so",)) == 2 and cache.count_files(tmp_path) == 3
-
-
-# -- batch buckets (CUDA graphs, compiled graphs) --------------------------------------------------
+# -- batch buckets (CUDA graphs) --------------------------------------------------
 
 
 def test_capture_sizes_and_buckets():

@@ -2,8 +2,8 @@
 
 A mode is a set of steps applied to a model's optimisation targets
 (:mod:`svc.optimize.apply`): ``channels_last``, ``jit`` (``torch.jit.trace``
-+ ``torch.jit.freeze``), ``compile`` (``torch.compile`` with inductor; on a
-CPU with freezing), ``bf16`` / ``fp16`` (autocast), ``cuda_graphs`` (replay
++ ``torch.jit.freeze``), ``compile`` (``torch.export`` + AOTInductor with
+freezing, the package cached on disk), ``bf16`` / ``fp16`` (autocast), ``cuda_graphs`` (replay
 captured graphs for fixed batch shapes).  Steps combine with ``+``, in any
 order (``"channels_last+jit"``); ``eager`` is the empty set and ``auto``
 lets :mod:`svc.optimize.select` measure candidates at warm-up.
@@ -37,7 +37,7 @@ STEPS: tuple[Step, ...] = (
     Step("bf16", ("cpu", "cuda"), "bfloat16 autocast (a CPU needs native bf16: AVX-512 BF16 or AMX)"),
     Step("fp16", ("cuda",), "float16 autocast"),
     Step("jit", ("cpu", "cuda"), "torch.jit.trace + torch.jit.freeze (+ optimize_for_inference on a CPU)"),
-    Step("compile", ("cpu", "cuda"), "torch.compile with inductor (freezing on a CPU), cached on disk"),
+    Step("compile", ("cpu", "cuda"), "torch.export + AOTInductor with freezing, the package cached on disk"),
     Step("cuda_graphs", ("cuda",), "CUDA graphs captured per batch size, batches padded to the next size"),
 )
 _BY_NAME = {s.name: s for s in STEPS}

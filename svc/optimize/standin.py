@@ -17,7 +17,7 @@ from svc.optimize.apply import to_channels_last, to_float
 class CallModule(nn.Module):
     """``inner`` called under ``torch.autocast``, its outputs cast back to float32.
 
-    A module (not a closure) so that ``torch.jit.trace`` and ``torch.compile``
+    A module (not a closure) so that ``torch.jit.trace`` and ``torch.export``
     see the casts and fold them (a frozen graph keeps half-precision weights).
     """
 

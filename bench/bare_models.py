@@ -11,9 +11,16 @@ threads), in one thread:
 - DDPM, DDIM, CLS_COND_DDIM, LDM: sampling one image (the diffusers
   scheduler loop), per scheduler step.
 
-Prints one JSON line: {"model": ID, "unit": "image"|"step", "ms": X, "runs": N}.
+``--optimize MODE`` (default ``eager``) applies ``backend.optimize`` the way
+the model server does between build and warm-up (``svc.optimize.select``:
+the model's accuracy gate included; ``auto`` measures and chooses), so that
+the bare figure of a mode is comparable with the server running it; the
+optimisation's line goes to stderr.
 
-    python -m bench.bare_models --model YOLOV8 [--seconds 8] [--steps 50]
+Prints one JSON line: {"model": ID, "unit": "image"|"step", "ms": X, "runs": N, "optimize": MODE}
+(MODE: the mode that ran, eager when the asked one fell back).
+
+    python -m bench.bare_models --model YOLOV8 [--seconds 8] [--steps 50] [--optimize channels_last+jit]
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import sys
 import time
 
 from tests.support.images import image_bytes
@@ -33,20 +41,27 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--steps", type=int, default=50, help="sampling steps per diffusion run")
+    parser.add_argument("--optimize", default="eager", help="backend.optimize to apply: auto, eager or a mode")
     args = parser.parse_args()
 
     from svc import torchenv
     from svc.config import load_model_server_config
     from svc.modelapi import find_factory, model_config
+    from svc.optimize.select import optimize_model
+    from svc.optimize.support import check_setting
     from svc.options import options_schema
     from svc.schema import ObjectSchema
 
     torchenv.tune_malloc()
     torchenv.configure_threads(0, 1)
+    check_setting(args.optimize, "cpu")
+    torchenv.configure_compile_cache()
     config = load_model_server_config(SHIPPED.format(args.model))
     factory = find_factory(config.id)
     table = model_config(factory, config.model, config.path)
     model = factory.build(table, "cpu")
+    report = optimize_model(model, factory.category, "cpu", args.optimize, config.max_batch_size, config.id)
+    print(report.line, file=sys.stderr, flush=True)
     params = ObjectSchema(factory.params_schema(table)).with_defaults({})
     options = ObjectSchema(options_schema(tuple(factory.options))).with_defaults({})
 
@@ -74,8 +89,8 @@ def main() -> None:
         once()
         runs += 1
     elapsed = time.perf_counter() - started
-    print(json.dumps({"model": config.id, "unit": unit, "ms": elapsed * 1000 / (runs * per_run), "runs": runs}),
-          flush=True)
+    print(json.dumps({"model": config.id, "unit": unit, "ms": elapsed * 1000 / (runs * per_run), "runs": runs,
+                      "optimize": report.mode}), flush=True)
 
 
 if __name__ == "__main__":

@@ -8,13 +8,21 @@ image (YOLOV8, SAM_AMG: synchronous requests of one 640x480 JPEG) or per
 sampling step (diffusion: async jobs of ``--steps`` steps, from submit to the
 terminal state of ``/wait``), and the ratio served / bare.
 
-    python -m bench.models [--models YOLOV8 DDIM ...] [--seconds 10] [--steps 50]
+Each model runs twice: with ``backend.optimize = "eager"``, then with
+``--optimize`` (default ``auto``).  The mode the server ran is read from its
+``ready`` line, and the bare side applies the same mode
+(``bench/bare_models.py --optimize``).  The table adds the start-up time
+(spawn to ``/ready``: build, optimisation, warm-up) and the optimised bare
+figure's speed-up over eager bare.
+
+    python -m bench.models [--models YOLOV8 DDIM ...] [--seconds 10] [--steps 50] [--optimize auto]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -29,9 +37,13 @@ MODELS = ["YOLOV8", "SAM_AMG", "DDPM", "DDIM", "CLS_COND_DDIM", "LDM"]
 GENERATIVE = {"DDPM", "DDIM", "CLS_COND_DDIM", "LDM"}
 
 
-def bare(model: str, seconds: float, steps: int) -> dict:
+#: The model server's ready line names the mode it runs.
+READY_MODE = re.compile(r": ready \(version [^;]*; optimize (\S+);")
+
+
+def bare(model: str, seconds: float, steps: int, optimize: str = "eager") -> dict:
     args = [sys.executable, "-m", "bench.bare_models", "--model", model, "--seconds", str(seconds),
-            "--steps", str(steps)]
+            "--steps", str(steps), "--optimize", optimize]
     out = subprocess.run(args, env=child_env(), cwd=REPO, capture_output=True, check=True, text=True).stdout
     return json.loads(out.splitlines()[-1])
 
@@ -71,31 +83,42 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per figure")
     parser.add_argument("--steps", type=int, default=50, help="sampling steps per diffusion job")
+    parser.add_argument("--optimize", default="auto", help="backend.optimize of the second run (auto or a mode)")
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-zoo-"))
     image = image_b64(width=640, height=480, fmt="JPEG", seed=3)
     rows = []
     for model in args.models:
-        server = start_model_server(write_config(tmp, model, max_queue_depth=0), ready_timeout=300)
-        try:
-            if model in GENERATIVE:
-                params = {"timesteps": args.steps, "seed": 7}
-                ms, runs = served_jobs(server, {"images": ["AA=="], "params": params}, args.seconds)
-                served, unit = ms / args.steps, "step"
-            else:
-                served, runs = served_sync(server, f"/{model.lower()}/predict", {"images": [image]}, args.seconds)
-                unit = "image"
-        finally:
-            server.stop()
-        reference = bare(model, args.seconds, args.steps)
-        assert reference["unit"] == unit
-        rows.append((model, unit, served, runs, reference["ms"], reference["runs"]))
+        eager_bare = None
+        for setting in ("eager", args.optimize):
+            config = write_config(tmp, model, max_queue_depth=0, backend={"optimize": setting})
+            started = time.perf_counter()
+            server = start_model_server(config, ready_timeout=600)
+            startup = time.perf_counter() - started
+            try:
+                mode = READY_MODE.search(server.output()).group(1)
+                if model in GENERATIVE:
+                    params = {"timesteps": args.steps, "seed": 7}
+                    ms, runs = served_jobs(server, {"images": ["AA=="], "params": params}, args.seconds)
+                    served, unit = ms / args.steps, "step"
+                else:
+                    served, runs = served_sync(server, f"/{model.lower()}/predict", {"images": [image]}, args.seconds)
+                    unit = "image"
+            finally:
+                server.stop()
+            reference = bare(model, args.seconds, args.steps, mode)
+            assert reference["unit"] == unit and reference["optimize"] == mode, (reference, mode)
+            eager_bare = eager_bare or reference["ms"]
+            rows.append((model, setting, mode, startup, unit, served, runs, reference["ms"], reference["runs"],
+                         eager_bare / reference["ms"]))
 
     print(f"model zoo, CPU, shipped configs (random init), one client; diffusion: jobs of {args.steps} steps")
-    print(f"  {'model':<14} {'unit':<6} {'served ms':>10} {'runs':>5} {'bare ms':>9} {'runs':>5} {'served/bare':>11}")
-    for model, unit, served, runs, bare_ms, bare_runs in rows:
-        print(f"  {model:<14} {unit:<6} {served:10.1f} {runs:5d} {bare_ms:9.1f} {bare_runs:5d} {served / bare_ms:11.2f}")
+    print(f"  {'model':<14} {'optimize':<9} {'mode':<18} {'start s':>7} {'unit':<6} {'served ms':>10} {'runs':>5} "
+          f"{'bare ms':>9} {'runs':>5} {'served/bare':>11} {'bare speed-up':>13}")
+    for model, setting, mode, startup, unit, served, runs, bare_ms, bare_runs, speedup in rows:
+        print(f"  {model:<14} {setting:<9} {mode:<18} {startup:7.1f} {unit:<6} {served:10.1f} {runs:5d} "
+              f"{bare_ms:9.1f} {bare_runs:5d} {served / bare_ms:11.2f} {speedup:12.2f}x")
 
 
 if __name__ == "__main__":

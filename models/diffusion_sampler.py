@@ -3,6 +3,13 @@
 The loop is the one of diffusers' ``DDPMPipeline``, ``DDIMPipeline``,
 ``LDMPipeline`` and ``DiTPipeline``; see ``models/diffusion.py`` for what it
 serves and how it differs from them.
+
+Optimised execution (``backend.optimize``, ``svc.optimize``): the targets are
+the denoiser (called as ``denoise(x, t[, labels])``, returning the noise
+prediction) and, for LDM and the DiT weights, the latent decoder (``decode(z)``).
+The accuracy gate samples one seeded image in ``GATE_STEPS`` steps and
+compares every step's noise prediction and the final image (the generation
+gate).
 """
 
 from __future__ import annotations
@@ -13,10 +20,18 @@ from typing import Any
 
 from zope.interface import implementer
 
-from svc.modelapi import IModel, report_progress
+from svc.modelapi import IModel, IOptimizable, OptimizationTarget, report_progress
 
 SEED_MAX = 2**32 - 1
 DIT_GUIDANCE = 4.0  # DiTPipeline's default classifier-free guidance
+#: The accuracy gate: one image of this seed, sampled in this many steps.
+GATE_SEED = 1234
+GATE_STEPS = 3
+#: What ``backend.optimize = "auto"`` measures, per device (README "Optimised execution" has the figures).
+AUTO_CANDIDATES = {
+    "cpu": ("jit", "compile"),
+    "cuda": ("fp16", "fp16+cuda_graphs"),
+}
 
 
 # -- the sampler ---------------------------------------------------------------------------------
@@ -36,7 +51,19 @@ def to_pixels(images: Any) -> Any:
     return (images * 255).round().astype("uint8")
 
 
-@implementer(IModel)
+def _call_unet(unet: Any, x: Any, t: Any, labels: Any = None) -> Any:
+    return unet(x, t, class_labels=labels, return_dict=False)[0]
+
+
+def _call_dit(net: Any, x: Any, timesteps: Any, labels: Any) -> Any:
+    return net(x, timestep=timesteps, class_labels=labels, return_dict=False)[0]
+
+
+def _call_decoder(autoencoder: Any, z: Any) -> Any:
+    return autoencoder.decode(z, return_dict=False)[0]
+
+
+@implementer(IModel, IOptimizable)
 class DiffusionModel:
     """A built denoiser (a UNet, or CLS_COND_DDIM's DiT transformer) with its scheduler and latent decoder."""
 
@@ -50,6 +77,13 @@ class DiffusionModel:
         self.version = version
         self.uses_eta = uses_eta
         self.conditional = conditional
+        from svc.optimize.apply import adapter
+
+        # What the loops call: adapters with positional tensors in and out, or their optimised stand-ins.
+        self.denoiser = adapter(unet, _call_dit if dit else _call_unet)
+        self.denoise = self.denoiser
+        self.decoder = adapter(vqvae, _call_decoder) if vqvae is not None else None
+        self.decode = self.decoder
 
     def preprocess(self, image: Any, params: dict) -> Sample:
         seed = params.get("seed")
@@ -67,13 +101,16 @@ class DiffusionModel:
         return [(p, i.seed) for p, i in zip(pixels, inputs)]
 
     def sample(self, seeds: list[int], steps: int, eta: float = 0.0, classes: list[int] | None = None,
-               guidance: float = DIT_GUIDANCE) -> Any:
-        """Images (B, H, W, C) uint8 from one seed per image, ``steps`` scheduler steps."""
+               guidance: float = DIT_GUIDANCE, record: list | None = None) -> Any:
+        """Images (B, H, W, C) uint8 from one seed per image, ``steps`` scheduler steps.
+
+        ``record``: a list that receives every step's noise prediction (the accuracy gate).
+        """
         import torch
         from diffusers.utils.torch_utils import randn_tensor
 
         if self.dit:
-            return self.sample_dit(seeds, steps, eta, classes or [0] * len(seeds), guidance)
+            return self.sample_dit(seeds, steps, eta, classes or [0] * len(seeds), guidance, record)
         unet = self.unet
         scheduler = type(self.scheduler).from_config(self.scheduler.config)
         generators = [torch.Generator("cpu").manual_seed(s) for s in seeds]
@@ -89,17 +126,17 @@ class DiffusionModel:
             total = len(scheduler.timesteps)
             for done, t in enumerate(scheduler.timesteps, start=1):
                 model_input = scheduler.scale_model_input(x, t)
-                if labels is None:
-                    out = unet(model_input, t).sample
-                else:
-                    out = unet(model_input, t, class_labels=labels).sample
+                out = self.denoise(model_input, t) if labels is None else self.denoise(model_input, t, labels)
+                if record is not None:
+                    record.append(out.float().cpu())
                 x = scheduler.step(out, t, x, generator=generator, **extra).prev_sample
                 report_progress(done, total)
-            if self.vqvae is not None:
-                x = self.vqvae.decode(x / self.vqvae.config.scaling_factor).sample
+            if self.decode is not None:
+                x = self.decode(x / self.vqvae.config.scaling_factor)
             return to_pixels(x)
 
-    def sample_dit(self, seeds: list[int], steps: int, eta: float, classes: list[int], guidance: float) -> Any:
+    def sample_dit(self, seeds: list[int], steps: int, eta: float, classes: list[int], guidance: float,
+                   record: list | None = None) -> Any:
         """DiTPipeline's loop: the conditional and the null-class halves of one batch, mixed by ``guidance``.
 
         The same noise draw, calls and arithmetic as diffusers' ``DiTPipeline``
@@ -133,7 +170,9 @@ class DiffusionModel:
                     x = torch.cat([half, half], dim=0)
                 x = scheduler.scale_model_input(x, t)
                 timesteps = t[None].to(device) if len(t.shape) == 0 else t
-                out = net(x, timestep=timesteps.expand(x.shape[0]), class_labels=labels).sample
+                out = self.denoise(x, timesteps.expand(x.shape[0]), labels)
+                if record is not None:
+                    record.append(out.float().cpu())
                 if guided:
                     eps, rest = out[:, :channels], out[:, channels:]
                     cond_eps, uncond_eps = torch.split(eps, len(eps) // 2, dim=0)
@@ -145,7 +184,7 @@ class DiffusionModel:
                 x = scheduler.step(out, t, x, generator=step_generator, **extra).prev_sample
             latents = x.chunk(2, dim=0)[0] if guided else x
             latents = 1 / self.vqvae.config.scaling_factor * latents
-            return to_pixels(self.vqvae.decode(latents).sample)
+            return to_pixels(self.decode(latents))
 
     def postprocess(self, output: Any, params: dict, options: dict) -> dict:
         from PIL import Image
@@ -166,3 +205,45 @@ class DiffusionModel:
 
     def warmup_input(self) -> Sample:
         return Sample(0, warmup=True)
+
+    # -- optimised execution (svc.modelapi.IOptimizable) ----------------------------------------
+
+    def optimization_targets(self) -> list:
+        import torch
+
+        net, device = self.unet, torch.device(self.device)
+        channels, size = net.config.in_channels, net.config.sample_size
+        size = (size, size) if isinstance(size, int) else tuple(size)
+
+        def noisy(batch: int) -> Any:
+            generator = torch.Generator().manual_seed(0)
+            return torch.randn((batch, channels, *size), generator=generator).to(device, net.dtype)
+
+        def denoiser_inputs(batch: int) -> tuple:
+            t = torch.tensor(self.scheduler.config.num_train_timesteps // 2, device=device)
+            labels = torch.zeros(batch, dtype=torch.long, device=device)
+            if self.dit:
+                return noisy(batch), t.expand(batch), labels
+            return (noisy(batch), t, labels) if self.conditional else (noisy(batch), t)
+
+        def install_denoiser(fn: Any) -> None:
+            self.denoise = fn
+
+        targets = [OptimizationTarget("denoiser", self.denoiser, denoiser_inputs, install_denoiser)]
+        if self.decoder is not None:
+            def latents(batch: int) -> tuple:
+                return (noisy(batch),)
+
+            def install_decoder(fn: Any) -> None:
+                self.decode = fn
+
+            targets.append(OptimizationTarget("decoder", self.decoder, latents, install_decoder))
+        return targets
+
+    def gate_outputs(self) -> dict:
+        noise: list = []
+        image = self.sample([GATE_SEED], GATE_STEPS, 0.0, [0] if self.conditional else None, DIT_GUIDANCE, noise)
+        return {"noise": noise, "image": image}
+
+    def optimize_candidates(self, device: str) -> tuple:
+        return AUTO_CANDIDATES.get(device, ())

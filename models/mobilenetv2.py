@@ -21,6 +21,11 @@ the same size and cost.
 The decode threads only resize and crop with Pillow; the float conversion and
 normalisation run batched in the worker thread with the forward pass, so that
 no thread but the worker starts OpenMP work (see ``IModel.preprocess``).
+
+Optimised execution (``backend.optimize``, ``svc.optimize``): the network is
+the one target; the accuracy gate compares its logits on ``GATE_IMAGES``
+seeded random images (the classification gate: same top-1, logits within
+tolerance).  ``auto`` tries ``AUTO_CANDIDATES``.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from twisted.plugin import IPlugin
 from zope.interface import implementer
 
 from svc.images import check_resize, short_side_size
-from svc.modelapi import IModel, IModelFactory
+from svc.modelapi import IModel, IModelFactory, IOptimizable, OptimizationTarget
 from svc.schema import object_schema
 from svc.weights import WEIGHTS_PROPERTIES, calibrate_batchnorm, load_into, path_of, read_state_dict, version_of
 from svc.weightstore.catalog import FileSource, Variant
@@ -43,6 +48,14 @@ CROP = 224
 #: torchvision's evaluation resize of its original weights, used for random init and local files.
 DEFAULT_RESIZE = 256
 LICENSE = "BSD-3-Clause (torchvision)"
+#: The accuracy gate's inputs: this many seeded random 224x224 images.
+GATE_IMAGES = 4
+GATE_SEED = 1234
+#: What ``backend.optimize = "auto"`` measures, per device (README "Optimised execution" has the figures).
+AUTO_CANDIDATES = {
+    "cpu": ("jit", "channels_last+bf16+jit"),
+    "cuda": ("channels_last+fp16", "channels_last+fp16+cuda_graphs"),
+}
 
 #: torchvision's MobileNet_V2_Weights: the same URLs; the hex after the last '-' of each file name is the
 #: prefix of its SHA-256 that torch.hub checks (tests compare these with torchvision's own source).
@@ -91,14 +104,18 @@ PARAMS_SCHEMA = object_schema(
 )
 
 
-@implementer(IModel)
+@implementer(IModel, IOptimizable)
 class MobileNetV2:
     """A built MobileNetV2 on its device."""
 
     def __init__(self, net: Any, device: str, version: str, resize: int = DEFAULT_RESIZE) -> None:
         from torchvision.models import MobileNet_V2_Weights
 
+        from svc.optimize.transfer import HostStaging
+
         self.net = net
+        self.run_net = net  # what predict calls: the network, or its optimised stand-in (svc.optimize)
+        self.staging = HostStaging(device)
         self.device = device
         self.version = version
         self.categories = imagenet_categories()
@@ -123,13 +140,17 @@ class MobileNetV2:
 
     def predict(self, inputs: list, params: dict) -> list:
         import torch
-        from torchvision.transforms import functional as F
 
         with torch.inference_mode():
-            batch = torch.stack(inputs).to(self.device, non_blocking=True)
-            batch = F.normalize(F.convert_image_dtype(batch, torch.float), self.preset.mean, self.preset.std)
-            probabilities = torch.softmax(self.net(batch), dim=1).float().cpu()
+            probabilities = torch.softmax(self.run_net(self.normalize(self.staging.stack(inputs))), dim=1).float().cpu()
         return list(probabilities)
+
+    def normalize(self, batch: Any) -> Any:
+        """uint8 images (B, 3, 224, 224) on the device to the network's normalised float input."""
+        import torch
+        from torchvision.transforms import functional as F
+
+        return F.normalize(F.convert_image_dtype(batch, torch.float), self.preset.mean, self.preset.std)
 
     def postprocess(self, output: Any, params: dict, options: dict) -> dict:
         k = min(params["top_k"], options.get("max_results", NUM_CLASSES))
@@ -147,6 +168,31 @@ class MobileNetV2:
         import torch
 
         return torch.zeros(3, CROP, CROP, dtype=torch.uint8)
+
+    # -- optimised execution (svc.modelapi.IOptimizable) ----------------------------------------
+
+    def gate_images(self, n: int, seed: int = GATE_SEED) -> Any:
+        """``n`` seeded random uint8 images (n, 3, 224, 224) on the device."""
+        import torch
+
+        generator = torch.Generator().manual_seed(seed)
+        return torch.randint(0, 256, (n, 3, CROP, CROP), generator=generator, dtype=torch.uint8).to(self.device)
+
+    def optimization_targets(self) -> list:
+        def install(fn: Any) -> None:
+            self.run_net = fn
+
+        return [OptimizationTarget("net", self.net, lambda batch: (self.normalize(self.gate_images(batch, 0)),),
+                                   install)]
+
+    def gate_outputs(self) -> Any:
+        import torch
+
+        with torch.inference_mode():
+            return self.run_net(self.normalize(self.gate_images(GATE_IMAGES))).float().cpu()
+
+    def optimize_candidates(self, device: str) -> tuple:
+        return AUTO_CANDIDATES.get(device, ())
 
 
 @implementer(IPlugin, IModelFactory)

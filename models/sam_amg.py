@@ -22,6 +22,10 @@ h]`` in pixels, the COCO and SAM convention), ``predicted_iou`` and
 ``stability_score``.  ``options.max_results`` keeps the first N.  Job
 progress counts the batches of ``points_per_batch`` point prompts done, of
 those of every image of the batch.
+
+Optimised execution (``backend.optimize``): the image encoder and the mask
+decoder are the targets, the gate compares the masks of fixed point prompts
+(``models/sam_amg_targets.py``).
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ from typing import Any
 from twisted.plugin import IPlugin
 from zope.interface import implementer
 
+from models.sam_amg_targets import AUTO_CANDIDATES, gate_masks, sam_targets
 from svc.images import check_resize
-from svc.modelapi import IModel, IModelFactory, report_progress
+from svc.modelapi import IModel, IModelFactory, IOptimizable, report_progress
 from svc.schema import object_schema
 from svc.weights import WEIGHTS_PROPERTIES, load_into, path_of, read_state_dict, version_of
 from svc.weightstore.catalog import FileSource, Variant
@@ -190,12 +195,13 @@ def count_prompt_batches(generator: Any, sizes: list[tuple[int, int]]) -> None:
     generator._process_batch = counted
 
 
-@implementer(IModel)
+@implementer(IModel, IOptimizable)
 class SamAmgModel:
     """A built SAM on its device."""
 
     def __init__(self, sam: Any, device: str, version: str, points_per_batch: int) -> None:
         self.sam = sam
+        self.encoder, self.decoder = sam.image_encoder, sam.mask_decoder  # as built (svc.optimize installs others)
         self.device = device
         self.version = version
         self.points_per_batch = points_per_batch
@@ -214,11 +220,13 @@ class SamAmgModel:
         return tuple(sorted(generator_args(params).items()))
 
     def predict(self, inputs: list, params: dict) -> list:
+        import torch
         from segment_anything import SamAutomaticMaskGenerator
 
         generator = SamAutomaticMaskGenerator(self.sam, points_per_batch=self.points_per_batch, **generator_args(params))
         count_prompt_batches(generator, [image.shape[:2] for image in inputs])
-        return [generator.generate(image) for image in inputs]
+        with torch.inference_mode():  # as every plugin's forward pass (and what optimised targets were made under)
+            return [generator.generate(image) for image in inputs]
 
     def postprocess(self, output: Any, params: dict, options: dict) -> list:
         from svc.imagecodec import encode_mask
@@ -240,6 +248,15 @@ class SamAmgModel:
         import numpy as np
 
         return np.full((64, 64, 3), 128, dtype=np.uint8)
+
+    def optimization_targets(self) -> list:
+        return sam_targets(self.sam, self.encoder, self.decoder, self.points_per_batch)
+
+    def gate_outputs(self) -> Any:
+        return gate_masks(self.sam, self.points_per_batch)
+
+    def optimize_candidates(self, device: str) -> tuple:
+        return AUTO_CANDIDATES.get(device, ())
 
 
 @implementer(IPlugin, IModelFactory)

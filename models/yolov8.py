@@ -29,6 +29,11 @@ short side in the letterbox (8000x1 in 640) fails its item with status 5.
 
 The network is ``models/yolov8_net.py``; reading and converting the
 ultralytics checkpoints is ``models/yolov8_checkpoint.py``.
+
+Optimised execution (``backend.optimize``, ``svc.optimize``): the network is
+the one target (box decoding and NMS stay eager); the accuracy gate runs
+``GATE_IMAGES`` seeded images through the whole detection path with the
+default params and compares the boxes after NMS (the detection gate).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from zope.interface import implementer
 from models.yolov8_checkpoint import ULTRALYTICS_CONVERTER, convert_ultralytics
 from models.yolov8_net import NUM_CLASSES, SCALES, build_network, decode_head
 from svc.images import check_resize
-from svc.modelapi import IModel, IModelFactory
+from svc.modelapi import IModel, IModelFactory, IOptimizable, OptimizationTarget
 from svc.schema import object_schema
 from svc.weights import (
     WEIGHTS_PROPERTIES,
@@ -59,6 +64,15 @@ from svc.weightstore.catalog import FileSource, Variant
 CATEGORIES_FILE = os.path.join(os.path.dirname(__file__), "data", "coco_classes.txt")
 PAD_VALUE = 114  # letterbox border grey
 MAX_NMS = 30000  # candidates kept for NMS, best first
+#: The accuracy gate's inputs: this many seeded images of the network's input size, and the params they run with.
+GATE_IMAGES = 2
+GATE_SEED = 1234
+GATE_PARAMS = {"score_threshold": 0.25, "nms_threshold": 0.7, "top_k": 300}
+#: What ``backend.optimize = "auto"`` measures, per device (README "Optimised execution" has the figures).
+AUTO_CANDIDATES = {
+    "cpu": ("compile", "channels_last+bf16+jit"),
+    "cuda": ("channels_last+fp16", "channels_last+fp16+cuda_graphs"),
+}
 
 
 def coco_categories() -> list[str]:
@@ -195,12 +209,16 @@ PARAMS_SCHEMA = object_schema(
 )
 
 
-@implementer(IModel)
+@implementer(IModel, IOptimizable)
 class YOLOv8Model:
     """A built YOLOv8 network on its device."""
 
     def __init__(self, net: Any, device: str, version: str, imgsz: int) -> None:
+        from svc.optimize.transfer import HostStaging
+
         self.net = net
+        self.run_net = net  # what predict calls: the network, or its optimised stand-in (svc.optimize)
+        self.staging = HostStaging(device)
         self.device = device
         self.version = version
         self.imgsz = imgsz
@@ -215,13 +233,11 @@ class YOLOv8Model:
         return None  # thresholds and top_k only change the per-item selection
 
     def predict(self, inputs: list, params: dict) -> list:
-        import numpy as np
         import torch
 
         with torch.inference_mode():
-            batch = torch.from_numpy(np.stack([i.pixels for i in inputs])).to(self.device, non_blocking=True)
-            batch = batch.permute(0, 3, 1, 2).float().div_(255.0)
-            pred = decode_head(self.net(batch), self.dfl_weight).float().cpu()
+            batch = self.staging.stack([i.pixels for i in inputs])
+            pred = decode_head(self.run_net(to_network_input(batch)), self.dfl_weight).float().cpu()
         return [(pred[i], item.box) for i, item in enumerate(inputs)]
 
     def postprocess(self, output: Any, params: dict, options: dict) -> list:
@@ -238,6 +254,41 @@ class YOLOv8Model:
 
         pixels = np.full((self.imgsz, self.imgsz, 3), PAD_VALUE, dtype=np.uint8)
         return DetectionInput(pixels, Letterbox(self.imgsz, self.imgsz, 1.0, 0, 0))
+
+    # -- optimised execution (svc.modelapi.IOptimizable) ----------------------------------------
+
+    def gate_pixels(self, n: int, seed: int = GATE_SEED) -> Any:
+        """``n`` seeded random images (n, imgsz, imgsz, 3) uint8: smooth blobs, so that there is something to detect."""
+        import torch
+
+        generator = torch.Generator().manual_seed(seed)
+        coarse = torch.randint(0, 256, (n, 3, self.imgsz // 32, self.imgsz // 32), generator=generator).float()
+        smooth = torch.nn.functional.interpolate(coarse, size=(self.imgsz, self.imgsz), mode="bilinear")
+        return smooth.round().to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+
+    def optimization_targets(self) -> list:
+        def install(fn: Any) -> None:
+            self.run_net = fn
+
+        def example(batch: int) -> tuple:
+            return (to_network_input(self.gate_pixels(batch, 0).to(self.device)),)
+
+        return [OptimizationTarget("net", self.net, example, install)]
+
+    def gate_outputs(self) -> list:
+        box = Letterbox(self.imgsz, self.imgsz, 1.0, 0, 0)
+        inputs = [DetectionInput(pixels.numpy(), box) for pixels in self.gate_pixels(GATE_IMAGES)]
+        p = GATE_PARAMS
+        return [select(pred, box, p["score_threshold"], p["nms_threshold"], p["top_k"])
+                for pred, box in self.predict(inputs, GATE_PARAMS)]
+
+    def optimize_candidates(self, device: str) -> tuple:
+        return AUTO_CANDIDATES.get(device, ())
+
+
+def to_network_input(batch: Any) -> Any:
+    """uint8 images (B, H, W, 3) on the device to the network's float input (B, 3, H, W) in [0, 1]."""
+    return batch.permute(0, 3, 1, 2).float().div_(255.0)
 
 
 @implementer(IPlugin, IModelFactory)

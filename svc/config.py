@@ -210,6 +210,12 @@ class BackendConfig:
         "CPU only: decode a batch's images in the inference thread right before its forward pass, not in the "
         "decode pool, so no decode thread preempts torch's threads (bench/README.md). On a GPU images are always "
         "decoded in the decode pool, overlapping the forward pass.")
+    optimize: str = setting(
+        "auto",
+        "Optimised execution: 'auto' (measure the candidate modes at warm-up, keep the fastest that passes the "
+        "accuracy gate), 'eager', or a mode such as 'channels_last', 'channels_last+jit', 'compile', "
+        "'channels_last+bf16'; on a GPU also 'fp16' and 'cuda_graphs'. Checked at startup against the device "
+        "(README \"Optimised execution\").")
 
 
 @dataclass(frozen=True)

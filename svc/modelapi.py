@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from zope.interface import Attribute, Interface
@@ -104,6 +105,53 @@ class IModel(Interface):
 
     def warmup_input() -> Any:
         """One preprocessed input for the warm-up batch run before /ready."""
+
+
+@dataclass(frozen=True)
+class OptimizationTarget:
+    """One submodule of a built model that ``backend.optimize`` may run optimised (``svc.optimize``).
+
+    ``module`` is a ``torch.nn.Module`` called with positional tensors only
+    and returning a tensor, or a list/tuple of tensors (wrap a module with
+    keyword arguments or an output object in a small adapter).
+    ``example_inputs(batch)`` makes the arguments of one call for a batch of
+    that size on the model's device (used to trace, compile and time).
+    ``install(fn)`` makes the model call ``fn`` from now on instead of
+    ``module``; ``install(module)`` restores eager.  ``batched``: every
+    tensor argument with a dimension has the batch as dimension 0 and the
+    batch size varies between calls (false for a fixed shape, such as one
+    image at a time).
+    """
+
+    name: str
+    module: Any
+    example_inputs: Callable[[int], tuple]
+    install: Callable[[Any], None]
+    batched: bool = True
+
+
+class IOptimizable(Interface):
+    """Optional, for a built :class:`IModel`: it can run optimised (``backend.optimize``).
+
+    A model that does not provide it is served eager whatever the key says.
+    The accuracy gate compares :meth:`gate_outputs` run with optimised
+    targets against the same run eager, with the comparison of the factory's
+    ``category`` (``svc.optimize.gates`` says what each returns).
+    """
+
+    def optimization_targets() -> list:
+        """The :class:`OptimizationTarget` objects of this model, in a fixed order."""
+
+    def gate_outputs() -> Any:
+        """Run the model on its fixed seeded gate inputs with the targets as installed; what the gate compares.
+
+        Small and deterministic: a few inputs (a few sampler steps), the same
+        every call, so that two runs differ only by the targets' mode.
+        """
+
+    def optimize_candidates(device: str) -> tuple:
+        """The modes ``auto`` tries on ``device`` ("cpu" or "cuda"), cheapest first, for example
+        ``("channels_last", "channels_last+jit")``: what is worth its warm-up time for this model."""
 
 
 #: What the engine installs around ``predict``: called as ``reporter(step, steps)``.

@@ -1,4 +1,4 @@
-"""Process-wide torch settings of a model server: device, threads, allocator.
+"""Process-wide torch settings of a model server: device, threads, allocator, compile cache.
 
 Imported only by the model server when its service is made (never by the
 supervisor or the gateway).
@@ -106,3 +106,15 @@ def select_device(device: str, gpu_mem_limit_mb: int) -> str:
         fraction = min(1.0, gpu_mem_limit_mb * 1024 * 1024 / total)
         torch.cuda.set_per_process_memory_fraction(fraction, 0)
     return "cuda"
+
+
+def configure_compile_cache() -> str:
+    """Point torch.compile's inductor cache at ``<state dir>/inductor`` (``svc.optimize.cache``).
+
+    Process-wide and read when inductor first compiles, so it is set at
+    startup, before any model is built: a restart then finds the kernels and
+    graphs its first start compiled.  Returns the directory.
+    """
+    from svc.optimize.cache import use_inductor_cache
+
+    return str(use_inductor_cache())

@@ -11,7 +11,9 @@ model's ``report_progress`` calls go to a throttled reporter that writes
 the progress of every job with an item in the batch
 (:mod:`svc.modelserver.progress`).  Inputs still to be decoded
 (``decode_in_worker``) are made first, in the worker: a bad one fails its
-item alone and the rest of the batch runs without it.
+item alone and the rest of the batch runs without it.  Between the build and
+the warm-up batch the load runs the optimisation step of ``backend.optimize``
+(:mod:`svc.optimize.select`), so the warm-up already runs what will serve.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ class Engine:
         default_options: dict | None = None,
         worker_nice: int = 0,
         clock: Any = None,
+        optimize: str = "eager",
+        workers: int = 1,
     ) -> None:
         self.factory = factory
         self.clock = clock  # the reactor: times the progress reports of batches with job items
@@ -81,6 +85,9 @@ class Engine:
         self._thread = threading.local()
         self.model: Any = None
         self._data = compile_schema(factory.data_schema)
+        self.optimize = optimize  # backend.optimize, checked at startup
+        self.workers = workers  # backend.workers: the threads that call the optimised model at once
+        self.optimization: Any = None  # the svc.optimize.select.Report of the load (None: eager, not run)
 
     @property
     def version(self) -> str:
@@ -109,6 +116,11 @@ class Engine:
         self._lower_priority()
         model = self.factory.build(self.model_config, self.device)
         verifyObject(IModel, model)
+        if self.optimize != "eager":
+            from svc.optimize.select import optimize_model
+
+            self.optimization = optimize_model(model, self.factory.category, self.device, self.optimize,
+                                               warmup_batch, self.factory.catalog_id, self.workers)
         if self.factory.needs_image:
             # Exercise the decode path too, so the first request pays no lazy imports.
             from PIL import Image

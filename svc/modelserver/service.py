@@ -100,7 +100,8 @@ class ModelServerService(ListeningMultiService):
         options = ObjectSchema(options_schema(tuple(factory.options)), "option")
         self.engine = Engine(factory, model_config, device, run_worker, self.metrics,
                              default_params=params.with_defaults({}), default_options=options.with_defaults({}),
-                             worker_nice=backend.worker_nice, clock=reactor)
+                             worker_nice=backend.worker_nice, clock=reactor, optimize=backend.optimize,
+                             workers=backend.workers)
         self.queue = BatchQueue(
             reactor,
             self.engine.run_batch,
@@ -181,13 +182,17 @@ class ModelServerService(ListeningMultiService):
         seconds, items = warmup
         self.queue.observe_throughput(seconds, items)
         frozen = freeze_heap()  # the model and the warm-up are built: keep full collections off the reactor
+        optimization = self.engine.optimization
+        if optimization is not None:
+            (log.warn if optimization.fell_back else log.info)("{line}", line=optimization.line)
         self.app.set_ready(self.engine.version)
         self.metrics.ready.set(1)
         self.metrics.info.clear()
         self.metrics.info.labels(self.config.id, self.engine.version, self.device, self.replica).set(1)
-        log.info("{id}: ready (version {version}; warm-up batch of {items} took {ms:.0f} ms; {frozen} objects "
-                 "frozen out of garbage collection)",
-                 id=self.config.id, version=self.engine.version, items=items, ms=seconds * 1000, frozen=frozen)
+        log.info("{id}: ready (version {version}; optimize {mode}; warm-up batch of {items} took {ms:.0f} ms; "
+                 "{frozen} objects frozen out of garbage collection)",
+                 id=self.config.id, version=self.engine.version, items=items, ms=seconds * 1000, frozen=frozen,
+                 mode=optimization.mode if optimization is not None else "eager")
 
     def _load_failed(self, failure: Any) -> None:
         if failure.check(WeightsError):

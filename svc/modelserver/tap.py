@@ -93,23 +93,32 @@ def cpu_share(env: Any) -> int:
 
 
 def prepare_torch(config: Any, share: int = 1) -> str:
-    """The process's torch settings from ``[backend]``: malloc tuning, threads, device; the torch device.
+    """The process's torch settings from ``[backend]``: malloc tuning, threads, device, compile cache; the torch
+    device.
 
     ``backend.threads = 0`` divides the usable cores among ``share`` replicas
     and the workers (svc.torchenv.configure_threads).  A device that cannot
-    be had (``gpu`` without CUDA) is refused with one line.  Process-wide, so
-    it is its own step: tests of the service tree replace it.
+    be had (``gpu`` without CUDA), or a ``backend.optimize`` this device cannot
+    run, is refused with one line.  Process-wide, so it is its own step: tests
+    of the service tree replace it.
     """
     from svc import torchenv
+    from svc.optimize.modes import ModeError
+    from svc.optimize.support import check_setting
     from svc.process import refuse
 
     try:
         if config.backend.tune_malloc:
             torchenv.tune_malloc()
         torchenv.configure_threads(config.backend.threads, config.backend.workers, share)
-        return torchenv.select_device(config.backend.device, config.gpu_mem_limit_mb)
+        device = torchenv.select_device(config.backend.device, config.gpu_mem_limit_mb)
+        check_setting(config.backend.optimize, device)
+        torchenv.configure_compile_cache()
+        return device
     except torchenv.DeviceError as e:
         raise refuse(PROGRAM, f"{config.path}: {e}") from None
+    except ModeError as e:
+        raise refuse(PROGRAM, f"{config.path}: backend.optimize: {e}") from None
 
 
 def makeService(options: Options, reactor: Any = None) -> Any:

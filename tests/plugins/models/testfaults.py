@@ -7,7 +7,11 @@ real process.  Params inject the faults that cannot be caused otherwise:
 a slow forward pass, an exception in ``predict``, a result list of the
 wrong length, a postprocess that breaks the data schema for some items.
 The ``[model]`` key ``load_delay_ms`` makes loading slow (a big checkpoint),
-to test what happens to a process stopped while it loads.
+to test what happens to a process stopped while it loads.  With ``[model]
+optimizable = true`` the mean colour comes from a tiny conv net (an 8x8
+depthwise averaging kernel after a 1x1 conv and a ReLU that change nothing on
+pixels) that ``backend.optimize`` can trace and compile in seconds
+(``svc.modelapi.IOptimizable``; tests of the compile cache).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 from twisted.plugin import IPlugin
 from zope.interface import implementer
 
-from svc.modelapi import IModel, IModelFactory
+from svc.modelapi import IModel, IModelFactory, IOptimizable, OptimizationTarget
 from svc.schema import object_schema
 from svc.weights import WEIGHTS_PROPERTIES
 from svc.weightstore.catalog import FileSource, Variant
@@ -47,14 +51,18 @@ class FaultModel:
         return (params["sleep_ms"], params["fail"])
 
     def predict(self, inputs: list, params: dict) -> list:
-        import torch
-
         time.sleep(params["sleep_ms"] / 1000.0)  # the worker thread: a slow model
         if params["fail"] == "engine":
             raise RuntimeError("injected engine failure")
-        means = torch.stack(inputs).float().mean(dim=(2, 3))
+        means = self.means(inputs)
         outputs = [(row, len(inputs)) for row in means]
         return outputs[:-1] if params["fail"] == "length" else outputs
+
+    def means(self, inputs: list) -> Any:
+        """Each image's mean colour (B, 3)."""
+        import torch
+
+        return torch.stack(inputs).float().mean(dim=(2, 3))
 
     def postprocess(self, output: Any, params: dict, options: dict) -> Any:
         mean, batch = output
@@ -66,6 +74,55 @@ class FaultModel:
         import torch
 
         return torch.zeros(3, 8, 8, dtype=torch.uint8)
+
+
+def mean_net() -> Any:
+    """A tiny conv net whose output is the per-channel mean of an 8x8 image (B, 3)."""
+    import torch
+    from torch import nn
+
+    identity = nn.Conv2d(3, 3, 1)
+    average = nn.Conv2d(3, 3, 8, groups=3, bias=False)
+    with torch.no_grad():
+        identity.weight.copy_(torch.eye(3).view(3, 3, 1, 1))
+        identity.bias.zero_()
+        average.weight.fill_(1 / 64)
+    return nn.Sequential(identity, nn.ReLU(), average, nn.Flatten()).eval().requires_grad_(False)
+
+
+@implementer(IModel, IOptimizable)
+class NetFaultModel(FaultModel):
+    """TESTFAULTS computing its means with :func:`mean_net`, which ``backend.optimize`` may optimise."""
+
+    def __init__(self) -> None:
+        self.net = mean_net()
+        self.run_net = self.net
+
+    def means(self, inputs: list) -> Any:
+        import torch
+
+        with torch.inference_mode():
+            return self.run_net(torch.stack(inputs).float())
+
+    def optimization_targets(self) -> list:
+        import torch
+
+        def example(batch: int) -> tuple:
+            return (torch.rand((batch, 3, 8, 8), generator=torch.Generator().manual_seed(0)) * 255,)
+
+        def install(fn: Any) -> None:
+            self.run_net = fn
+
+        return [OptimizationTarget("net", self.net, example, install)]
+
+    def gate_outputs(self) -> Any:
+        import torch
+
+        images = torch.randint(0, 256, (4, 3, 8, 8), generator=torch.Generator().manual_seed(1), dtype=torch.uint8)
+        return self.means(list(images))
+
+    def optimize_candidates(self, device: str) -> tuple:
+        return ("jit", "compile")
 
 
 @implementer(IPlugin, IModelFactory)
@@ -92,7 +149,8 @@ class FaultFactory:
                 default=True),
     )
     config_schema = object_schema(
-        {**WEIGHTS_PROPERTIES, "load_delay_ms": {"type": "integer", "minimum": 0, "maximum": 600000, "default": 0}}
+        {**WEIGHTS_PROPERTIES, "load_delay_ms": {"type": "integer", "minimum": 0, "maximum": 600000, "default": 0},
+         "optimizable": {"type": "boolean", "default": False}}
     )
 
     def params_schema(self, config: dict) -> dict:
@@ -100,7 +158,7 @@ class FaultFactory:
 
     def build(self, config: dict, device: str) -> FaultModel:
         time.sleep(config.get("load_delay_ms", 0) / 1000.0)  # runs in the worker pool, like a real load
-        model = FaultModel()
+        model = NetFaultModel() if config.get("optimizable") else FaultModel()
         model.version = config.get("version") or FaultModel.version  # a pretrained variant names itself
         return model
 

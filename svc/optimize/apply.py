@@ -1,0 +1,139 @@
+"""Applying a mode to one optimisation target: an ``nn.Module`` and its example inputs.
+
+``apply_mode`` returns a callable ``nn.Module`` with the target's call
+signature (positional tensors in, a tensor or a list/tuple of tensors out,
+float32 whatever the autocast), standing in for the original: attributes it
+does not have are read from the original, so it can replace a submodule that
+other code reads attributes of (SAM's ``image_encoder.img_size``).
+
+Steps, in the order they wrap each other:
+
+- ``channels_last``: the module's 4-D weights are converted in place (a
+  layout change: the values and the eager results are the same) and 4-D
+  inputs are converted on each call;
+- ``bf16``/``fp16``: ``torch.autocast`` around the call, outputs cast back
+  to float32;
+- ``jit``: ``torch.jit.trace`` on the example inputs, ``torch.jit.freeze``
+  (weights become constants, conv+batchnorm folded), and on a CPU
+  ``torch.jit.optimize_for_inference`` (oneDNN weight layouts);
+- ``compile``: exported and compiled ahead of time by inductor (freezing),
+  the batch dimension dynamic, the package cached on disk
+  (:mod:`svc.optimize.aot`): the warm-up pays the compilation once, a
+  restart loads it, and no request ever compiles;
+- ``cuda_graphs``: see :mod:`svc.optimize.cudagraphs`.
+
+torch is imported inside the functions: this module is imported by the
+engine, which is imported before torch is configured.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from svc.modelapi import OptimizationTarget
+from svc.optimize.modes import Mode
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def map_tensors(value: Any, fn: Any) -> Any:
+    """``value`` with ``fn`` applied to every tensor in it (tensors, lists, tuples, dicts)."""
+    torch = _torch()
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        mapped = [map_tensors(v, fn) for v in value]
+        return mapped if isinstance(value, list) else tuple(mapped)
+    if isinstance(value, dict):
+        return {k: map_tensors(v, fn) for k, v in value.items()}
+    return value
+
+
+def to_float(value: Any) -> Any:
+    """Half-precision tensors in ``value`` as float32 (what the eager model returns)."""
+    torch = _torch()
+    return map_tensors(value, lambda t: t.float() if t.dtype in (torch.bfloat16, torch.float16) else t)
+
+
+def to_channels_last(value: Any) -> Any:
+    """4-D floating-point tensors in ``value`` in channels-last memory order."""
+    torch = _torch()
+    return map_tensors(value, lambda t: t.contiguous(memory_format=torch.channels_last)
+                       if t.dim() == 4 and t.is_floating_point() else t)
+
+
+def set_layout(module: Any, channels_last: bool) -> None:
+    """Convert ``module``'s 4-D weights to channels-last or back to contiguous, in place."""
+    torch = _torch()
+    module.to(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+
+
+def inference_context() -> Any:
+    """What every traced, compiled or timed call runs under: the plugins' ``torch.inference_mode()``."""
+    return _torch().inference_mode()
+
+
+def adapter(module: Any, call: Any) -> Any:
+    """An ``nn.Module`` whose positional call is ``call(module, *args)`` (:class:`svc.optimize.standin.Adapter`)."""
+    from svc.optimize.standin import Adapter
+
+    return Adapter(module, call)
+
+
+def apply_mode(target: OptimizationTarget, mode: Mode, device: str, batch_size: int) -> Any:
+    """The callable module that runs ``target.module`` in ``mode`` on ``device`` ("cpu" or "cuda").
+
+    ``batch_size`` is the batch the example inputs are made for (the
+    warm-up batch).  Raises whatever tracing or compiling raises; the caller
+    falls back to eager.  Eager (an empty mode) is the module itself.
+    """
+    module = target.module
+    set_layout(module, mode.has("channels_last"))
+    if not mode.steps:
+        return module
+    torch = _torch()
+    from svc.optimize.standin import CallModule, StandIn
+
+    inner: Any = module
+    if mode.autocast:
+        inner = CallModule(inner, autocast=(torch.device(device).type, getattr(torch, mode.autocast)))
+    def example_of(n: int) -> tuple:
+        with inference_context():  # as the plugins' own calls make them
+            made = target.example_inputs(n)
+        return to_channels_last(made) if mode.has("channels_last") else made
+
+    example = example_of(batch_size)
+    if mode.has("jit"):
+        inner = _traced(inner, example, device)
+    elif mode.has("compile"):
+        from svc.optimize.aot import compiled
+        from svc.optimize.cache import compiled_dir
+
+        inner = compiled(inner, example_of, batch_size, torch.device(device).type, target.batched, mode.name,
+                         target.name, compiled_dir())
+    if mode.has("cuda_graphs"):
+        from svc.optimize.cudagraphs import GraphedCallable
+
+        inner = GraphedCallable(inner, target, batch_size, mode.has("channels_last"))
+    shapes = None if target.batched else [tuple(v.shape) if hasattr(v, "shape") else None for v in example]
+    return StandIn(module, inner, channels_last=mode.has("channels_last"), shapes=shapes)
+
+
+def _traced(inner: Any, example: tuple, device: str) -> Any:
+    torch = _torch()
+    with warnings.catch_warnings(), torch.no_grad():
+        # TorchScript warns that it is in maintenance mode and about traced Python values: expected here.
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(inner.eval(), example, check_trace=False, strict=False)
+        frozen = torch.jit.freeze(traced.eval())
+        if torch.device(device).type == "cpu":
+            frozen = torch.jit.optimize_for_inference(frozen)  # oneDNN weight layouts (README figures)
+        with inference_context():
+            for _ in range(2):  # the profiling executor specialises on the first calls
+                frozen(*example)
+    return frozen

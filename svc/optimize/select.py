@@ -1,0 +1,289 @@
+"""The optimisation step of a model load: apply the configured mode, gate it, or choose one (``auto``).
+
+Runs in the worker thread after ``build`` and before the warm-up batch
+(``svc.modelserver.engine``), so ``/ready`` still means built, optimised and
+warmed up.  For a model that provides ``svc.modelapi.IOptimizable``:
+
+1. the eager reference: the model's ``gate_outputs()`` with every target eager,
+   and (``auto`` only) one timed call of every target on its example inputs;
+2. each candidate mode (``auto``: the model's ``optimize_candidates``, else
+   :data:`DEFAULT_CANDIDATES`, without what this machine cannot run; an
+   explicit mode: that one): applied to every target, gated against the
+   reference with the gate of the model's category (:mod:`svc.optimize.gates`),
+   and timed (``auto``);
+3. the choice: the fastest candidate that passed and beats eager by
+   :data:`MIN_GAIN`, else eager.  Any exception while applying or gating a
+   candidate, or a failed gate, drops that candidate (an explicit mode falls
+   back to eager): never a crash.
+
+The :class:`Report` carries one line with the figures of every candidate,
+which the service logs.  A model without targets, or ``eager``, costs nothing.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from svc.modelapi import IOptimizable, OptimizationTarget
+from svc.optimize.modes import EAGER_MODE, Mode, mode, parse_mode
+
+#: What ``auto`` tries when a model names no candidates of its own, per torch device type.
+DEFAULT_CANDIDATES: dict[str, tuple[str, ...]] = {
+    "cpu": ("jit", "channels_last+jit"),
+    "cuda": ("channels_last+fp16", "channels_last+fp16+cuda_graphs"),
+}
+#: ``auto`` keeps eager unless a candidate is at least this much faster (noise is not a speed-up).
+MIN_GAIN = 0.05
+#: Timing: ROUNDS interleaved rounds over eager and the candidates that passed; in each round a mode runs at
+#: least MIN_CALLS calls, then calls until TIMING_S seconds, at most MAX_CALLS.  A figure is its best call.
+ROUNDS = 3
+MIN_CALLS = 1
+TIMING_S = 0.15
+MAX_CALLS = 10
+
+
+@dataclass
+class Outcome:
+    """What happened to one candidate mode."""
+
+    mode: Mode
+    ms: float | None = None  # per call of every target (the best of the timed calls)
+    gate: str = ""  # the gate's figure
+    problem: str | None = None  # why it was dropped
+    detail: str = ""  # the traceback of an exception that dropped it
+
+    def describe(self, eager_ms: float | None) -> str:
+        if self.problem:
+            return f"{self.mode} dropped ({self.problem})"
+        speed = f" {eager_ms / self.ms:.2f}x" if eager_ms and self.ms else ""
+        timing = f" {self.ms:.1f} ms{speed}" if self.ms is not None else ""
+        return f"{self.mode}{timing} [{self.gate}]" if self.gate else f"{self.mode}{timing}"
+
+
+@dataclass
+class Report:
+    """The optimisation of one model load: the mode in use and one line saying why."""
+
+    setting: str
+    chosen: Mode = EAGER_MODE
+    outcomes: list[Outcome] = field(default_factory=list)
+    seconds: float = 0.0
+    line: str = ""
+    fell_back: bool = False  # an explicit mode failed: running eager
+    cache: dict[str, int] = field(default_factory=dict)  # compiled packages built and loaded by this load
+
+    @property
+    def mode(self) -> str:
+        return self.chosen.name
+
+
+def timed_ms(targets: list[tuple[OptimizationTarget, Any]], batch: int,
+             clock: Callable[[], float] = time.perf_counter) -> float:
+    """Best per-call time in ms of one call of every target on its example inputs.
+
+    Calls until ``TIMING_S`` (at least ``MIN_CALLS``, at most ``MAX_CALLS``);
+    the best call is the figure: on a machine that others load too, the
+    median moves with their load, the best much less.  A target that takes a
+    second per call is called once per round.
+    """
+    from svc.optimize.apply import inference_context
+
+    best = float("inf")
+    calls = 0
+    with inference_context():
+        inputs = [(fn, target.example_inputs(batch)) for target, fn in targets]
+        started = clock()
+        while calls < MIN_CALLS or (clock() - started < TIMING_S and calls < MAX_CALLS):
+            begin = clock()
+            for fn, args in inputs:
+                fn(*args)
+            best = min(best, clock() - begin)
+            calls += 1
+    return best * 1000.0
+
+
+def _problem(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:160] if text else ''}".rstrip(": ")
+
+
+class Optimizer:
+    """The optimisation step for one built model (the worker thread calls :meth:`run` once)."""
+
+    def __init__(self, model: Any, category: str, device: str, setting: str, batch: int, model_id: str = "",
+                 apply: Callable[..., Any] | None = None, timer: Callable[..., float] = timed_ms,
+                 workers: int = 1) -> None:
+        """``apply``/``timer``: the functions that apply a mode and time targets (tests inject failures).
+
+        ``workers``: the inference threads that will call the targets at once (a compiled package gets
+        as many runners).
+        """
+        from svc.optimize.apply import apply_mode
+
+        self.workers = workers
+        self.model = model
+        self.category = category
+        self.device = device
+        self.setting = setting
+        self.batch = max(1, batch)
+        self.model_id = model_id
+        self.apply = apply or apply_mode
+        self.timer = timer
+
+    def run(self) -> Report:
+        """The optimisation; whatever fails leaves the model eager with one line saying what."""
+        started = time.perf_counter()
+        try:
+            return self._run(started)
+        except Exception as e:  # noqa: BLE001 - the reference run or the targets failed: serve eager
+            report = Report(self.setting, fell_back=True, seconds=time.perf_counter() - started)
+            try:
+                targets = list(self.model.optimization_targets())
+                self._install(targets, [t.module for t in targets])
+                self.apply_layout(targets, EAGER_MODE)
+            except Exception:  # noqa: BLE001 - nothing more to undo
+                pass
+            report.line = f"{self.model_id}: optimize {self.setting}: {_problem(e)}; running eager"
+            report.outcomes.append(Outcome(EAGER_MODE, problem=_problem(e), detail=traceback.format_exc()))
+            return report
+
+    def _run(self, started: float) -> Report:
+        report = Report(self.setting)
+        explicit = parse_mode(self.setting, self.device)
+        if explicit == EAGER_MODE or not IOptimizable.providedBy(self.model):
+            report.line = (f"{self.model_id}: optimize {self.setting}: eager" if explicit == EAGER_MODE
+                           else f"{self.model_id}: optimize {self.setting}: the model names no optimisation targets: eager")
+            return report
+        from svc.optimize.gates import gate_for
+
+        gate = gate_for(getattr(self.model, "gate_category", None) or self.category)
+        targets = list(self.model.optimization_targets())
+        self._install(targets, [t.module for t in targets])  # the reference is eager, whatever ran before
+        self.apply_layout(targets, EAGER_MODE)
+        candidates = [explicit] if explicit is not None else self.candidates()
+        compiling = any(c.has("compile") for c in candidates)
+        if compiling:
+            from svc.optimize import aot
+
+            aot.RUNNERS = self.workers
+        cache_before = _cache_counters(compiling)
+        reference = self.model.gate_outputs()
+        passed: list[tuple[Outcome, list]] = []
+        for candidate in candidates:
+            outcome = Outcome(candidate)
+            report.outcomes.append(outcome)
+            try:
+                fns = [self.apply(t, candidate, self.device, self.batch) for t in targets]
+                self._install(targets, fns)
+                result = gate(reference, self.model.gate_outputs())
+                outcome.gate = result.summary
+                if result.passed:
+                    passed.append((outcome, fns))
+                else:
+                    outcome.problem = f"gate failed: {result.summary}"
+            except Exception as e:  # noqa: BLE001 - a mode that fails falls back, never stops the load
+                outcome.problem = _problem(e)
+                outcome.detail = traceback.format_exc()
+            finally:
+                self._install(targets, [t.module for t in targets])
+        eager_ms = self.time_all(targets, passed) if explicit is None else None
+        best = min(passed, key=lambda p: p[0].ms or 0.0, default=None)
+        chosen: Mode = EAGER_MODE
+        if best is not None and (explicit is not None or (best[0].ms or 0.0) <= (eager_ms or 0.0) * (1 - MIN_GAIN)):
+            chosen = best[0].mode
+            self.apply_layout(targets, chosen)
+            self._install(targets, best[1])
+        else:
+            self.apply_layout(targets, EAGER_MODE)
+        report.chosen = chosen
+        report.fell_back = explicit is not None and chosen == EAGER_MODE
+        report.cache = _cache_delta(cache_before, compiling)
+        report.seconds = time.perf_counter() - started
+        report.line = self._line(report, explicit, eager_ms)
+        return report
+
+    def time_all(self, targets: list[OptimizationTarget], passed: list[tuple[Outcome, list]]) -> float:
+        """Time eager and every candidate that passed, in ``ROUNDS`` interleaved rounds; eager's figure.
+
+        Interleaved, so that a neighbour's burst of load slows every mode a
+        little rather than one mode a lot; each figure is its best round.
+        """
+        runs: list[tuple[Mode, list, Outcome | None]] = [(EAGER_MODE, [t.module for t in targets], None)]
+        runs += [(outcome.mode, fns, outcome) for outcome, fns in passed]
+        best = [float("inf")] * len(runs)
+        for _ in range(ROUNDS):
+            for i, (mode_, fns, _outcome) in enumerate(runs):
+                self.apply_layout(targets, mode_)
+                best[i] = min(best[i], self.timer(list(zip(targets, fns)), self.batch))
+        for (_mode, _fns, outcome), ms in zip(runs, best):
+            if outcome is not None:
+                outcome.ms = ms
+        return best[0]
+
+    def candidates(self) -> list[Mode]:
+        """The modes ``auto`` tries on this device: the model's own list, else the default; what can run here."""
+        from svc.optimize.support import unsupported
+
+        own = getattr(self.model, "optimize_candidates", None)
+        names = own(self.device) if callable(own) else DEFAULT_CANDIDATES.get(self.device, ())
+        modes = [mode(name, self.device) for name in names]
+        return [m for m in modes if m.steps and unsupported(m, self.device) is None]
+
+    def apply_layout(self, targets: list[OptimizationTarget], chosen: Mode) -> None:
+        """Leave every target's weights in the memory order the chosen mode runs them in."""
+        from svc.optimize.apply import set_layout
+
+        for target in targets:
+            set_layout(target.module, chosen.has("channels_last"))
+
+    @staticmethod
+    def _install(targets: list[OptimizationTarget], fns: list) -> None:
+        for target, fn in zip(targets, fns):
+            target.install(fn)
+
+    def _line(self, report: Report, explicit: Mode | None, eager_ms: float | None) -> str:
+        head = f"{self.model_id}: optimize {self.setting}"
+        took = f"{report.seconds:.1f} s"
+        cache = _describe_cache(report.cache)
+        if explicit is not None:
+            outcome = report.outcomes[0]
+            if report.fell_back:
+                return f"{head}: {outcome.problem}; running eager ({took})"
+            return f"{head}: gate passed [{outcome.gate}] ({took}{cache})"
+        figures = "; ".join([f"eager {eager_ms:.1f} ms"] + [o.describe(eager_ms) for o in report.outcomes])
+        chosen = report.chosen.name
+        return (f"{head} chose {chosen}, batch {self.batch}: {figures} "
+                f"(min gain {MIN_GAIN:.0%}; {took}{cache})")
+
+
+def _cache_counters(compiling: bool) -> dict[str, int]:
+    """Compiled packages this process built and loaded so far (``svc.optimize.aot``), when a candidate compiles."""
+    if not compiling:
+        return {}
+    from svc.optimize.aot import STATS
+
+    return {"built": STATS["built"], "loaded": STATS["loaded"]}
+
+
+def _cache_delta(before: dict[str, int], compiling: bool) -> dict[str, int]:
+    after = _cache_counters(compiling)
+    return {k: v - before.get(k, 0) for k, v in after.items()}
+
+
+def _describe_cache(delta: dict[str, int]) -> str:
+    if not delta:
+        return ""
+    return f"; compiled packages: {delta['built']} built, {delta['loaded']} loaded from the cache"
+
+
+def optimize_model(model: Any, category: str, device: str, setting: str, batch: int, model_id: str = "",
+                   workers: int = 1) -> Report:
+    """Apply ``setting`` (``backend.optimize``) to a built model; the report of what runs now.
+
+    ``workers``: the inference threads that will run batches at once.
+    """
+    return Optimizer(model, category, device, setting, batch, model_id, workers=workers).run()

@@ -1,0 +1,52 @@
+"""Host-to-device batches: stacked into reused pinned buffers, copied without blocking the worker.
+
+On a GPU a batch's items (decoded in the decode pool while the previous batch
+runs) are stacked straight into a page-locked buffer and copied with
+``non_blocking=True``: the copy is a DMA the worker does not wait for, so it
+queues the forward pass at once and the decode threads keep decoding.  A
+buffer is reused only once the copy that read it has finished (an event per
+buffer).  On a CPU this is ``torch.stack``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class HostStaging:
+    """``stack(items)``: the batch on ``device``, through a pinned buffer when it is a GPU.
+
+    Items are tensors or numpy arrays of one shape and type (numpy arrays,
+    such as Pillow's read-only pixels, are stacked by numpy: no copy into a
+    tensor first).
+    """
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.pinned = device != "cpu"
+        self._buffers: dict[tuple, tuple[Any, Any]] = {}  # (shape, dtype) of one item -> (buffer, event)
+
+    def stack(self, items: list) -> Any:
+        import numpy as np
+        import torch
+
+        arrays = isinstance(items[0], np.ndarray)
+        if not self.pinned:
+            return torch.from_numpy(np.stack(items)) if arrays else torch.stack(items)
+        first = torch.from_numpy(items[0][:0]) if arrays else items[0]  # (an empty view: only the dtype is read)
+        key = (tuple(items[0].shape), first.dtype)
+        buffer, event = self._buffers.get(key, (None, None))
+        if buffer is None or buffer.shape[0] < len(items):
+            buffer = torch.empty((len(items), *items[0].shape), dtype=first.dtype, pin_memory=True)
+            event = torch.cuda.Event()
+        else:
+            event.synchronize()  # the previous copy out of this buffer is done
+        view = buffer[: len(items)]
+        if arrays:
+            np.stack(items, out=view.numpy())
+        else:
+            torch.stack(items, out=view)
+        on_device = view.to(self.device, non_blocking=True)
+        event.record()
+        self._buffers[key] = (buffer, event)
+        return on_device

@@ -1,0 +1,71 @@
+"""A restart reuses the package ``compile`` stored under the state directory (``backend.optimize``).
+
+Real model-server processes of the test-only TESTFAULTS plugin with its tiny
+conv net (``[model] optimizable = true``), so that compiling takes seconds.
+The first start compiles a package into ``$SERVICE_STATE_DIR/compiled``; the
+second, with ``auto`` and the same state directory, loads it: the
+optimisation line counts the packages a load built and loaded.  Reuse is
+asserted with those counts, not with timings.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+
+from PIL import Image
+
+from tests.support.http import post
+from tests.support.processes import start_model_server, write_config
+
+LINE = re.compile(r"TESTFAULTS: optimize (\w+)(?: chose (\S+),)?[^\n]*?; compiled packages: (\d+) built, "
+                  r"(\d+) loaded from the cache\)")
+
+
+def colour_image(rgb: tuple[int, int, int]) -> str:
+    buf = io.BytesIO()
+    Image.new("RGB", (16, 16), rgb).save(buf, "PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def served_means(server) -> list:
+    reply = post(server.url + "/testfaults/predict", {"images": [colour_image((10, 20, 30)), colour_image((200, 0, 7))]},
+                 headers=server.auth)
+    assert reply.status == 200 and reply.json["status"] == 0, reply.body[:300]
+    return [item["data"]["mean"] for item in reply.json["results"]]
+
+
+def start(tmp_path, optimize: str):
+    config = write_config(tmp_path, "TESTFAULTS", backend={"optimize": optimize}, model={"optimizable": True})
+    return start_model_server(config, env={"SERVICE_STATE_DIR": str(tmp_path / "state")}, ready_timeout=300)
+
+
+def test_a_restart_reuses_the_compiled_package_from_the_state_directory(tmp_path):
+    first = start(tmp_path, "compile")
+    try:
+        assert served_means(first) == [[10.0, 20.0, 30.0], [200.0, 0.0, 7.0]]
+        output = first.output()
+    finally:
+        assert first.stop() == 0
+    found = LINE.search(output)
+    assert found, output
+    assert found.groups() == ("compile", None, "1", "0"), found.group(0)
+    assert "TESTFAULTS: optimize compile: gate passed [top-1 4/4" in output
+    assert "ready (version test-faults; optimize compile; warm-up batch of 4" in output
+    [package] = (tmp_path / "state" / "compiled").glob("net-compile-*.pt2")  # under the state directory
+
+    again = start(tmp_path, "auto")  # tries jit and compile: compile from the cache
+    try:
+        assert served_means(again) == [[10.0, 20.0, 30.0], [200.0, 0.0, 7.0]]
+        output = again.output()
+    finally:
+        assert again.stop() == 0
+    found = LINE.search(output)
+    assert found, output
+    setting, chosen, built, loaded = found.groups()
+    assert (setting, built, loaded) == ("auto", "0", "1"), found.group(0)
+    assert chosen in ("eager", "jit", "compile")
+    assert re.search(r"batch 4: eager [\d.]+ ms; jit [\d.]+ ms [\d.]+x \[top-1 4/4[^]]*\]; compile [\d.]+ ms", output)
+    assert f"ready (version test-faults; optimize {chosen}; warm-up batch of 4" in output
+    assert list((tmp_path / "state" / "compiled").glob("*.pt2")) == [package]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import re
 import subprocess
@@ -20,7 +21,8 @@ from tests.support.processes import REPO, free_port, start_model_server, write_c
 from tests.support.zoo import IGNORED_IMAGE
 
 UPSTREAM_TOKEN = "upstream-secret"
-STEPS = 30  # 20 ms or more a step for this UNet: at least 0.6 s of sampling, several 100 ms reports to poll
+CALIBRATION_STEPS = 30  # a first job times this UNet's steps on the machine running the suite
+SAMPLING_MS = 800  # the measured job samples about this long: several 100 ms progress reports to poll
 #: A small random-init DDPM (16x16 RGB): the shipped config with a smaller UNet.
 MODEL = {"weights": "random", "sample_size": 16, "block_out_channels": [16, 32]}
 
@@ -43,9 +45,10 @@ def auth() -> dict[str, str]:
     return {"Authorization": f"Bearer {GATEWAY_TOKENS['SERVICE_GATEWAY_AUTH_TOKEN']}"}
 
 
-def test_polling_a_sampling_job_shows_increasing_steps_and_the_done_job_the_last_step(stack):
+def sample(stack, steps: int) -> tuple[str, list[dict]]:
+    """Submit a DDPM job of ``steps`` steps, poll it every 20 ms until it ends: its poll URL and every status."""
     base = stack["gateway"].url + "/v1/models/DDPM"
-    submitted = post(base + "/jobs", {"images": [IGNORED_IMAGE], "params": {"timesteps": STEPS, "seed": 7}},
+    submitted = post(base + "/jobs", {"images": [IGNORED_IMAGE], "params": {"timesteps": steps, "seed": 7}},
                      headers=auth())
     assert submitted.status == 202, submitted.body[:300]
     poll_url = submitted.json["poll_url"]
@@ -59,19 +62,34 @@ def test_polling_a_sampling_job_shows_increasing_steps_and_the_done_job_the_last
         if reply.json["state"] in ("done", "failed", "timeout"):
             break
         time.sleep(0.02)
+    return poll_url, polls
+
+
+def steps_for_sampling_time(stack) -> int:
+    """How many steps sample for about SAMPLING_MS here: a step costs 3 ms on a fast machine, 20 ms on a slow one."""
+    started = time.monotonic()
+    _, polls = sample(stack, CALIBRATION_STEPS)
+    assert polls[-1]["state"] == "done", polls[-1]
+    per_step_ms = (time.monotonic() - started) * 1000 / CALIBRATION_STEPS
+    return max(CALIBRATION_STEPS, min(2000, math.ceil(SAMPLING_MS / per_step_ms)))
+
+
+def test_polling_a_sampling_job_shows_increasing_steps_and_the_done_job_the_last_step(stack):
+    steps_total = steps_for_sampling_time(stack)
+    poll_url, polls = sample(stack, steps_total)
     final = polls[-1]
     assert final["state"] == "done", final
-    assert final["progress"] == {"step": STEPS, "steps": STEPS}
+    assert final["progress"] == {"step": steps_total, "steps": steps_total}
     assert final["poll_url"] == poll_url  # the gateway rewrote only the URLs; progress passed through
     running = [p["progress"] for p in polls if p["state"] == "running" and p["progress"] is not None]
-    assert all(p["steps"] == STEPS and 1 <= p["step"] <= STEPS for p in running)
+    assert all(p["steps"] == steps_total and 1 <= p["step"] <= steps_total for p in running)
     steps = [p["step"] for p in running]
     assert steps == sorted(steps)  # never goes back
-    assert len({s for s in steps if s < STEPS}) >= 2, polls  # seen moving while it sampled
+    assert len({s for s in steps if s < steps_total}) >= 2, polls  # seen moving while it sampled
     assert all(p["progress"] is None for p in polls if p["state"] == "pending")
 
     waited = get(stack["gateway"].url + poll_url + "/wait?timeout=0", headers=auth()).json
-    assert waited["state"] == "done" and waited["progress"] == {"step": STEPS, "steps": STEPS}
+    assert waited["state"] == "done" and waited["progress"] == {"step": steps_total, "steps": steps_total}
 
 
 def test_svcctl_jobs_run_shows_the_bar_and_writes_the_sample_and_the_envelope(stack, tmp_path):

@@ -20,7 +20,9 @@ from tests.support.processes import REPO, free_port, start_model_server, write_c
 from tests.support.zoo import IGNORED_IMAGE
 
 UPSTREAM_TOKEN = "upstream-secret"
-STEPS = 30  # 20 ms or more a step for this UNet: at least 0.6 s of sampling, several 100 ms reports to poll
+#: About 4 ms a step for this UNet on 2 cores (OpenMP threads not spinning, tests/conftest.py): about 1 s of
+#: sampling, so that the poll sees several of the progress reports (at most one per 100 ms) before the last.
+STEPS = 300
 #: A small random-init DDPM (16x16 RGB): the shipped config with a smaller UNet.
 MODEL = {"weights": "random", "sample_size": 16, "block_out_channels": [16, 32]}
 

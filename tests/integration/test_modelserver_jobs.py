@@ -38,7 +38,8 @@ def wait_terminal(server, job_id):
 
 
 def test_a_restart_loses_every_job(tmp_path):
-    config = write_config(tmp_path, "MOBILENETV2", async_enabled=True)
+    # max_batch_size 1: each start warms up on one image instead of eight (batching is not what is tested here).
+    config = write_config(tmp_path, "MOBILENETV2", async_enabled=True, max_batch_size=1)
     server = start_model_server(config)
     try:
         job_id = post(server.url + "/jobs", {"images": [RED]}, headers=server.auth).json["job_id"]

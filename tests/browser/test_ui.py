@@ -185,13 +185,14 @@ def test_try_it_starts_on_the_first_classifier_with_its_defaults_and_names_demo_
 
 
 def test_stop_and_start_with_the_buttons(page, stack):
-    target = row(page, "MOBILENETV2")
+    # On TESTFAULTS: the buttons act alike on every row, and it starts in about a third of MOBILENETV2's time.
+    target = row(page, "TESTFAULTS")
     target.locator('button[data-action="stop"]').click()
-    expect(page.locator("#action-message")).to_have_text("MOBILENETV2: stop done", timeout=60000)
+    expect(page.locator("#action-message")).to_have_text("TESTFAULTS: stop done", timeout=60000)
     expect(target.locator(".state")).to_have_text("stopped")
-    assert stack.child("MOBILENETV2")["state"] == "stopped"
+    assert stack.child("TESTFAULTS")["state"] == "stopped"
     target.locator('button[data-action="start"]').click()
-    expect(page.locator("#action-message")).to_have_text("MOBILENETV2: start done", timeout=120000)
+    expect(page.locator("#action-message")).to_have_text("TESTFAULTS: start done", timeout=120000)
     expect(target.locator(".state")).to_have_text("running")
     expect(target.locator(".ready")).to_have_text("yes")
 

@@ -318,13 +318,21 @@ def test_upstream_not_running_is_503(stack):
     assert reply.status == 503 and reply.json["status"] == 65 and reply.header("X-Request-ID") == "down-1"
 
 
-def test_upstream_that_hangs_is_502_after_the_receive_timeout(stack):
-    started = time.monotonic()
-    reply = infer(stack, model="HANG", headers={"X-Request-ID": "hang-1"})
-    elapsed = time.monotonic() - started
+def test_upstream_that_hangs_is_502_after_the_receive_timeout(stack, tmp_path):
+    """A gateway of its own with a short receive timeout (no real model behind it needs more), so that the
+    test waits 1.5 s for the deadline instead of the stack's 10 s."""
+    timeout_ms = 1500
+    gateway = start_gateway(tmp_path, stack["servers"], keys_toml(), env={"SERVICE_UPSTREAM_TOKEN": "upstream-secret"},
+                            gateway_table=f"upstream_recv_timeout_ms = {timeout_ms}\n")
+    try:
+        started = time.monotonic()
+        reply = infer({"gateway": gateway}, model="HANG", headers={"X-Request-ID": "hang-1"})
+        elapsed = time.monotonic() - started
+    finally:
+        assert gateway.stop() == 0
     assert reply.status == 502 and reply.json["status"] == 502 and reply.header("X-Request-ID") == "hang-1"
-    assert reply.json["error"] == f"model server HANG: no complete reply within {RECV_TIMEOUT_MS} ms (upstream_recv_timeout_ms)"
-    assert elapsed >= RECV_TIMEOUT_MS / 1000 - 0.2  # not before the deadline (no upper bound: a loaded machine)
+    assert reply.json["error"] == f"model server HANG: no complete reply within {timeout_ms} ms (upstream_recv_timeout_ms)"
+    assert elapsed >= timeout_ms / 1000 - 0.2  # not before the deadline (no upper bound: a loaded machine)
 
 
 def test_upstream_that_accepts_no_connection_is_503_after_the_connect_timeout(stack):

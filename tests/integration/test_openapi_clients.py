@@ -23,7 +23,7 @@ import pytest
 
 from tests.support.gateway import GATEWAY_TOKENS, start_gateway
 from tests.support.images import image_b64
-from tests.support.processes import REPO, free_port, start_model_server, write_config
+from tests.support.processes import REPO, write_config
 
 DOCUMENTS = sorted(p.name for p in (REPO / "openapi").glob("*.json"))
 # The generator knows no `image/*` request body: it leaves that variant out (the operation keeps its JSON and
@@ -83,18 +83,15 @@ def test_every_model_of_the_document_is_generated(generated, document):
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory):
-    """A real gateway in front of a real MOBILENETV2 model server."""
+def gateway(tmp_path_factory: pytest.TempPathFactory, mobilenet):
+    """A real gateway in front of the session's real MOBILENETV2 model server (tests/conftest.py)."""
     root = tmp_path_factory.mktemp("gwclient")
     servers = root / "server"
     servers.mkdir()
-    port = free_port()
-    model = start_model_server(write_config(servers, "MOBILENETV2", name="MOBILENETV2.toml", port=port),
-                               token="upstream", port=port)
-    proc = start_gateway(root, servers, None, env={"SERVICE_UPSTREAM_TOKEN": "upstream"})
+    write_config(servers, "MOBILENETV2", name="MOBILENETV2.toml", port=mobilenet.port)
+    proc = start_gateway(root, servers, None, env={"SERVICE_UPSTREAM_TOKEN": mobilenet.token})
     yield proc
     proc.stop()
-    model.stop()
 
 
 def call_with_generated_client(package: ModuleType, url: str, token: str, health: str) -> None:

@@ -20,6 +20,9 @@ from diffusers import (
     VQModel,
 )
 
+from svc.config import load_model_server_config
+from svc.modelapi import find_factory, model_config
+from svc.weights import WeightsError
 from tests.support.http import post
 from tests.support.processes import (
     child_env,
@@ -224,6 +227,24 @@ def refusal(tmp_path, model_id, folder) -> str:
     return output
 
 
+def load_error(tmp_path, model_id, folder) -> str:
+    """The ``WeightsError`` that a model server of ``folder`` stops with, as its one line.
+
+    The steps of svc.modelserver.tap and the engine's load, in this process:
+    the ``[model]`` table, the params schema (read from the folder's configs),
+    then ``build``.  A server prints exactly this line and exits 1, which
+    ``refusal`` shows with a real process once per test; the other folders
+    are checked here, each saving a process that imports torch and diffusers.
+    """
+    path = write_config(tmp_path, model_id, model={"weights": str(folder)})
+    factory = find_factory(model_id)
+    with pytest.raises(WeightsError) as refused:
+        table = model_config(factory, load_model_server_config(str(path)).model, str(path))
+        factory.params_schema(table)
+        factory.build(table, "cpu")
+    return str(refused.value)
+
+
 def test_a_folder_whose_weights_do_not_fit_its_config_stops_the_server(tmp_path):
     folder = tmp_path / "ddpm"
     write_folder("DDPM", folder)
@@ -245,5 +266,5 @@ def test_a_folder_without_its_unet_or_vqvae_stops_the_server(tmp_path):
     assert f"weights folder {tmp_path / 'empty'}: missing unet/config.json" in output
     folder = tmp_path / "ddim"
     write_folder("DDIM", folder)  # no vqvae/
-    assert f"weights folder {folder}: missing vqvae/config.json" in refusal(tmp_path, "LDM", folder)
-    assert "unet/config.json has no num_class_embeds" in refusal(tmp_path, "CLS_COND_DDIM", folder)
+    assert f"weights folder {folder}: missing vqvae/config.json" in load_error(tmp_path, "LDM", folder)
+    assert "unet/config.json has no num_class_embeds" in load_error(tmp_path, "CLS_COND_DDIM", folder)

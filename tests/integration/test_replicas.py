@@ -31,13 +31,17 @@ from tests.support.stack import build_stack, stop_stack
 MODEL = "MOBILENETV2"
 PROBE_INTERVAL_S = 0.5
 CLIENTS = 4
+JOBS = 16
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     cpus = sorted(os.sched_getaffinity(0))
     pinning = f"cpus = [[{cpus[0]}], [{cpus[-1]}]]\n"  # one CPU each (the same one on a 1-CPU machine)
-    s = build_stack(tmp_path_factory.mktemp("replicas"), {MODEL: {"async_enabled": True}}, replicas={MODEL: 2},
+    # Room for every job of test_jobs_come_back_to_their_replica on either replica: jobs are spread at
+    # random (nothing outstanding at each submission), so one replica may get more than the shipped 8.
+    models = {MODEL: {"async_enabled": True, "async_max_queue": JOBS}}
+    s = build_stack(tmp_path_factory.mktemp("replicas"), models, replicas={MODEL: 2},
                     server_extra={MODEL: pinning},
                     gateway_extra=f"replica_probe_interval_ms = {int(PROBE_INTERVAL_S * 1000)}\n")
     wait_ready(s)
@@ -142,7 +146,7 @@ def test_jobs_come_back_to_their_replica(stack):
     auth = {"Authorization": f"Bearer {stack.key}"}
     owners = Counter()
     jobs = []
-    for _ in range(16):
+    for _ in range(JOBS):
         submitted = post(f"{stack.gateway}/v1/models/{MODEL}/jobs", {"images": [image_b64(width=32, height=32)]},
                          headers=auth)
         assert submitted.status == 202, submitted.body

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from bench.gateway import cpu_seconds
 from bench.loadgen import run_load, run_python, run_wrk
+from bench.shipped import shipped_config
 from svc import auth
 from tests.support.gateway import GATEWAY_TOKENS, start_gateway
 from tests.support.haproxy import HAProxy
@@ -113,7 +114,7 @@ def main() -> None:
         model = None
         if "model" in args.parts:
             model_port = free_port()
-            config = write_config(servers, "MOBILENETV2", name="MOBILENETV2.toml", port=model_port,
+            config = shipped_config(servers, "MOBILENETV2", name="MOBILENETV2.toml", port=model_port,
                                   max_batch_size=8, max_queue_depth=0)
             model = start_model_server(config, token="bench-upstream", port=model_port)
             started.append(model)

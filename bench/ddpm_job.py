@@ -26,9 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.shipped import shipped_config
 from bench.threadcpu import ThreadCpu
 from tests.support.http import get, post
-from tests.support.processes import start_model_server, write_config
+from tests.support.processes import start_model_server
 
 SPIN = "while True: pass"
 
@@ -66,10 +67,10 @@ def main() -> None:
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-ddpm-"))
-    plans = {"shipped": write_config(tmp, "DDPM")} if args.shipped else {}
+    plans = {"shipped": shipped_config(tmp, "DDPM")} if args.shipped else {}
     for spec in args.server:
         name, _, overrides = spec.partition("=")
-        plans[name] = write_config(tmp, "DDPM", **json.loads(overrides or "{}"))
+        plans[name] = shipped_config(tmp, "DDPM", **json.loads(overrides or "{}"))
     print(f"DDPM jobs of {args.steps} steps (seed 7), {os.cpu_count()} cores; neighbours: processes spinning at nice 0")
     print(f"  {'round':>5} {'server':<10} {'neighbours':>10} {'state':<8} {'seconds':>8} {'ms/step':>8} "
           f"{'server core-ms/step (reactor, torch, other)':<44} {'load':>9}")

@@ -33,6 +33,7 @@ import threading
 from pathlib import Path
 
 from bench.loadgen import run_load
+from bench.shipped import shipped_config
 from tests.support.gateway import GATEWAY_TOKENS, start_gateway
 from tests.support.images import image_b64
 from tests.support.processes import REPO, child_env, free_port, start_model_server, write_config
@@ -84,7 +85,7 @@ def main() -> None:
                                 stdout=subprocess.PIPE, text=True)
     trivial_port = json.loads(upstream.stdout.readline())["port"]
     model_port = free_port()
-    config = write_config(servers, "MOBILENETV2", name="MOBILENETV2.toml", port=model_port, max_batch_size=8,
+    config = shipped_config(servers, "MOBILENETV2", name="MOBILENETV2.toml", port=model_port, max_batch_size=8,
                           max_queue_depth=0)
     write_config(servers, "TESTFAULTS", name="TRIVIAL.toml", id="TRIVIAL", port=trivial_port,
                  server_uri="/trivial/predict")

@@ -20,8 +20,9 @@ import threading
 import time
 from pathlib import Path
 
+from bench.shipped import shipped_config
 from tests.support.images import image_b64
-from tests.support.processes import start_model_server, write_config
+from tests.support.processes import start_model_server
 
 
 def main() -> None:
@@ -32,7 +33,7 @@ def main() -> None:
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-jobs-"))
-    server = start_model_server(write_config(tmp, "MOBILENETV2", async_enabled=True, async_max_queue=8,
+    server = start_model_server(shipped_config(tmp, "MOBILENETV2", async_enabled=True, async_max_queue=8,
                                              max_batch_size=8,
                                              backend={"decode_in_worker": args.decode_in_worker}))
     image = image_b64(width=224, height=224, fmt="JPEG", seed=5)

@@ -11,7 +11,11 @@ at every concurrency, with ``wrk`` (``apt-get install -y wrk``; Python
 clients without it).  Bare torch (``bench/bare_forward.py``, eager, float32,
 the server's allocator tuning) is measured before the first round and after
 each one, at 2 threads (R(8), R-ms(1): the issue's reference) and at 1 (what
-each of two workers runs on 2 cores).
+each of two workers runs on 2 cores); the same again with ``backend.optimize``
+applied as the server applies it (``--bare-optimize``, default ``auto``: Ro(8),
+the bare figure in the mode the server chooses).  Every server keeps its
+config's own ``backend.optimize`` (the shipped ``auto`` unless a variant sets
+it).
 
 Per point: images/s, p50 and p99, the ratio to bare R(8) and to TorchServe
 in the same round, and the CPU each image cost by thread role (our server:
@@ -39,16 +43,21 @@ import tempfile
 from pathlib import Path
 
 from bench.served import Point, measure_model_server, measure_torchserve
+from bench.shipped import shipped_config
 from tests.support.images import image_b64, image_bytes
-from tests.support.processes import REPO, SHIPPED_CONF, child_env, start_model_server, write_config
+from tests.support.processes import REPO, SHIPPED_CONF, child_env, start_model_server
 
 URI = "/mobilenetv2/predict"
 
 
-def bare(threads: int, seconds: float) -> dict[int, dict]:
-    """Bare eager forward at batch 1 and 8 in a process of its own: {batch: row of bench/bare_forward.py}."""
+def bare(threads: int, seconds: float, optimize: str = "eager") -> dict[int, dict]:
+    """Bare forward at batch 1 and 8 in a process of its own: {batch: row of bench/bare_forward.py}.
+
+    ``optimize`` is applied as the model server applies ``backend.optimize``
+    (``auto`` measures and keeps the fastest mode that passes the gate).
+    """
     args = [sys.executable, "-m", "bench.bare_forward", "--seconds", str(seconds), "--threads", str(threads),
-            "--batch", "1", "8"]
+            "--batch", "1", "8", "--optimize", optimize]
     out = subprocess.run(args, env=child_env(), cwd=REPO, capture_output=True, check=True, text=True).stdout
     return {row["batch"]: row for row in map(json.loads, out.splitlines())}
 
@@ -58,14 +67,15 @@ class Servers:
 
     def __init__(self, tmp: Path, variants: list[str], trees: list[str]) -> None:
         self.tmp = tmp
-        self.plans: dict[str, tuple[Path, dict]] = {"shipped": (write_config(tmp, "MOBILENETV2"), {})}
+        self.plans: dict[str, tuple[Path, dict]] = {
+            "shipped": (shipped_config(tmp, "MOBILENETV2"), {})}
         for spec in variants:
-            name, _, overrides = spec.partition("=")
-            self.plans[name] = (write_config(tmp, "MOBILENETV2", **json.loads(overrides or "{}")), {})
+            name, _, text = spec.partition("=")
+            self.plans[name] = (shipped_config(tmp, "MOBILENETV2", **json.loads(text or "{}")), {})
         for spec in trees:
             name, _, path = spec.partition("=")
             tree = Path(path).resolve()
-            config = write_config(tmp, tree / "conf" / "server" / "MOBILENETV2.toml")
+            config = shipped_config(tmp, tree / "conf" / "server" / "MOBILENETV2.toml")
             self.plans[name] = (config, {"PYTHONPATH": f"{tree}:{tree / 'tests' / 'plugins'}"})
 
     def start(self, name: str):  # noqa: ANN201 - tests.support.processes.Proc
@@ -110,12 +120,16 @@ def row(p: Point) -> str:
             f"{forward:6.1f} {p.load_avg[0]:4.1f}/{p.load_avg[1]:<4.1f}")
 
 
-def summary(points: list[Point], refs: dict[int, list[dict]], servers: list[str]) -> None:
+def summary(points: list[Point], refs: dict[int, list[dict]], opt_refs: dict[int, list[dict]],
+            servers: list[str]) -> None:
     r8 = statistics.median(r[8]["images_per_s"] for r in refs[2]) if 2 in refs else float("nan")
+    ro8 = statistics.median(r[8]["images_per_s"] for r in opt_refs[2]) if 2 in opt_refs else float("nan")
+    modes = sorted({r[8].get("optimize", "?") for rows in opt_refs.values() for r in rows})
     print("\nsummary, median over the rounds (R(8): bare eager batch 8 at 2 threads, "
-          f"{r8:.1f} img/s; /TS: our img/s over TorchServe's in the same round):")
+          f"{r8:.1f} img/s; Ro(8): the same in the optimised mode ({', '.join(modes) or 'none'}), {ro8:.1f} img/s; "
+          "/TS: our img/s over TorchServe's in the same round):")
     print(f"  {'server':<12} {'clients':>7} {'img/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'p99/p50':>7} "
-          f"{'/R(8)':>6} {'/TS':>6} {'core-ms/img':>11} {'cores':>5}")
+          f"{'/R(8)':>6} {'/Ro(8)':>6} {'/TS':>6} {'core-ms/img':>11} {'cores':>5}")
     for name in servers:
         for c in sorted({p.clients for p in points}):
             mine = [p for p in points if p.server == name and p.clients == c]
@@ -126,20 +140,24 @@ def summary(points: list[Point], refs: dict[int, list[dict]], servers: list[str]
             med = statistics.median
             print(f"  {name:<12} {c:7d} {med(p.load.rate for p in mine):7.1f} {med(p.load.p50 for p in mine):7.1f} "
                   f"{med(p.load.p99 for p in mine):7.1f} {med(p.load.p99 / p.load.p50 for p in mine):7.2f} "
-                  f"{med(p.load.rate for p in mine) / r8:6.2f} {(med(vs_ts) if vs_ts else float('nan')):6.2f} "
+                  f"{med(p.load.rate for p in mine) / r8:6.2f} {med(p.load.rate for p in mine) / ro8:6.2f} "
+                  f"{(med(vs_ts) if vs_ts else float('nan')):6.2f} "
                   f"{med(p.total_per_image for p in mine):11.2f} {med(p.cores_busy for p in mine):5.2f}")
-    for threads, rows in sorted(refs.items()):
-        ms1 = statistics.median(r[1]["ms_per_batch"] for r in rows)
-        print(f"  bare eager at {threads} thread(s): R-ms(1) {ms1:.1f} ms, R(8) "
-              f"{statistics.median(r[8]['images_per_s'] for r in rows):.1f} img/s, "
-              f"{statistics.median(r[8]['core_ms_per_image'] for r in rows):.2f} core-ms per image at batch 8")
+    for label, table in (("eager", refs), ("optimised", opt_refs)):
+        for threads, rows in sorted(table.items()):
+            ms1 = statistics.median(r[1]["ms_per_batch"] for r in rows)
+            print(f"  bare {label} at {threads} thread(s): R-ms(1) {ms1:.1f} ms, R(8) "
+                  f"{statistics.median(r[8]['images_per_s'] for r in rows):.1f} img/s, "
+                  f"{statistics.median(r[8]['core_ms_per_image'] for r in rows):.2f} core-ms per image at batch 8")
     for name in servers:
         ones = [p for p in points if p.server == name and p.clients == 1]
         if ones and ones[0].stages:
             decode = statistics.median(p.stages["decode"] for p in ones)
             p50 = statistics.median(p.load.p50 for p in ones)
             parts = ", ".join(f"{p50 / (statistics.median(r[1]['ms_per_batch'] for r in rows) + decode):.2f} "
-                              f"against {t} thread(s)" for t, rows in sorted(refs.items()))
+                              f"against {label} at {t} thread(s)"
+                              for label, table in (("eager", refs), ("optimised", opt_refs))
+                              for t, rows in sorted(table.items()))
             print(f"  {name}: c=1 p50 / (R-ms(1) + decode {decode:.2f} ms): {parts}")
 
 
@@ -156,6 +174,9 @@ def main() -> None:
     parser.add_argument("--no-torchserve", dest="torchserve", action="store_false")
     parser.add_argument("--bare-threads", type=int, nargs="+", default=[2, 1])
     parser.add_argument("--bare-seconds", type=float, default=4.0)
+    parser.add_argument("--bare-optimize", default="auto",
+                        help="the optimised bare reference Ro: backend.optimize as the server applies it "
+                             "(auto: the mode it would choose), measured beside eager; 'none' skips it")
     parser.add_argument("--tool", choices=("auto", "wrk", "python"), default="auto")
     args = parser.parse_args()
 
@@ -170,19 +191,26 @@ def main() -> None:
           f"{'TorchServe 0.12' if args.torchserve else 'no peer'}; one 224x224 JPEG per request ({args.body} body, "
           f"{len(body)} bytes), {args.seconds:g} s per point, {args.rounds} round(s)\n")
     refs: dict[int, list[dict]] = {t: [bare(t, args.bare_seconds)] for t in args.bare_threads}
+    optimised = args.bare_optimize not in ("none", "eager")
+    opt_refs: dict[int, list[dict]] = {t: [bare(t, args.bare_seconds, args.bare_optimize)]
+                                       for t in (args.bare_threads if optimised else [])}
     points: list[Point] = []
     print(f"  {HEADER}")
     for round_ in range(1, args.rounds + 1):
         points += run_round(round_, servers, args, raw, body, content_type)
         for t in args.bare_threads:
             refs[t].append(bare(t, args.bare_seconds))
-    print("\nbare torch MobileNetV2, eager float32 224x224 (bench/bare_forward.py), before and after each round:")
-    for t, rows in sorted(refs.items()):
+            if optimised:
+                opt_refs[t].append(bare(t, args.bare_seconds, args.bare_optimize))
+    print("\nbare torch MobileNetV2, float32 224x224 (bench/bare_forward.py), before and after each round:")
+    for t, rows in [*((("eager", t), r) for t, r in sorted(refs.items())),
+                    *(((f"optimised ({args.bare_optimize})", t), r) for t, r in sorted(opt_refs.items()))]:
         for b in (1, 8):
-            print(f"  {t} thread(s) batch {b}: " + ", ".join(
+            chosen = rows[0][b].get("optimize", "eager")
+            print(f"  {t[0]} {chosen}, {t[1]} thread(s) batch {b}: " + ", ".join(
                 f"{r[b]['images_per_s']:.1f} img/s ({r[b]['ms_per_batch']:.1f} ms, {r[b]['core_ms_per_image']:.2f} "
                 "core-ms/img)" for r in rows))
-    summary(points, refs, [*servers.plans, *(["torchserve"] if args.torchserve else [])])
+    summary(points, refs, opt_refs, [*servers.plans, *(["torchserve"] if args.torchserve else [])])
 
 
 if __name__ == "__main__":

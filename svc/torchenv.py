@@ -13,6 +13,7 @@ import os
 # glibc mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
+_M_ARENA_MAX = -8
 
 
 class DeviceError(Exception):
@@ -20,13 +21,19 @@ class DeviceError(Exception):
 
 
 def tune_malloc() -> bool:
-    """Stop glibc from mmapping and trimming large blocks.
+    """Stop glibc from mmapping and trimming large blocks, in every thread.
 
     Tensors of a forward pass are large and short-lived: with glibc's
     defaults each one is an mmap/munmap pair plus page faults, which halves
     batch throughput on CPU (bench/README.md).  Same effect as
-    ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=<large>`` in the environment.
-    Returns False where there is no glibc.
+    ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=<large> MALLOC_ARENA_MAX=1``
+    in the environment.  The forward passes run in worker threads, and glibc
+    gives other threads arenas of their own whose heaps grow and shrink in
+    64 MB pieces regardless of the first two settings: one arena, the main
+    one, keeps the tuning for every thread (a SAM_AMG image in a worker
+    thread took 1067 ms with the first two settings and 825 ms with all
+    three, as in the main thread; bench/README.md).  Called at startup,
+    before any other thread allocates.  Returns False where there is no glibc.
     """
     name = ctypes.util.find_library("c")
     if not name:
@@ -38,6 +45,7 @@ def tune_malloc() -> bool:
         return False
     ok = mallopt(_M_MMAP_MAX, 0) == 1
     ok = mallopt(_M_TRIM_THRESHOLD, 1 << 30) == 1 and ok
+    ok = mallopt(_M_ARENA_MAX, 1) == 1 and ok
     return ok
 
 

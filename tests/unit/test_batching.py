@@ -95,6 +95,26 @@ def test_batches_grow_while_the_worker_is_busy():
     assert runner.names() == [[0], [1, 2, 3], [4, 5]]
 
 
+@pytest.mark.parametrize("outcome", ["success", "failure"])
+def test_the_worker_takes_its_next_batch_before_the_replies_are_written(outcome):
+    """The reactor writes a finished batch's replies while the worker already decodes the next batch."""
+    clock, seen = Clock(), []
+    q, runner = make(clock, max_batch_size=1)
+
+    def answered(name):
+        return lambda result: seen.append((name, result.status, runner.names()))
+
+    q.admit(1).enqueue([Item("a", {}, {}, None, None, answered("a"))])
+    q.admit(1).enqueue([Item("b", {}, {}, None, None, answered("b"))])
+    if outcome == "success":
+        runner.finish()
+    else:
+        runner.pending.pop(0).errback(RuntimeError("boom"))
+    status = st.SUCCESS if outcome == "success" else st.ENGINE_ERROR
+    assert seen == [("a", status, [["a"], ["b"]])]  # b's batch had started when a was answered
+    assert q.running_batches == 1
+
+
 def test_different_keys_never_share_a_batch_and_order_is_kept():
     clock, results = Clock(), {}
     q, runner = make(clock, max_batch_size=4)

@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from tests.support.processes import SHIPPED_CONF, TEST_CONF, write_config
+from tests.support.processes import config_source, write_config
 
 
 def shipped_config(directory: Path, base: str | Path = "MOBILENETV2", name: str | None = None,
@@ -23,9 +23,6 @@ def shipped_config(directory: Path, base: str | Path = "MOBILENETV2", name: str 
     A config without the key (an older checkout's, with ``--tree``) gets none
     either: the code that reads it applies its own default.
     """
-    source = Path(base) if isinstance(base, Path) else (SHIPPED_CONF / f"{base}.toml")
-    if not source.exists():
-        source = TEST_CONF / f"{base}.toml"
-    own = tomllib.loads(source.read_text()).get("backend", {}).get("optimize")
+    own = tomllib.loads(config_source(base).read_text()).get("backend", {}).get("optimize")
     overrides["backend"] = {"optimize": own, **(overrides.get("backend") or {})}
     return write_config(directory, base, name, **overrides)

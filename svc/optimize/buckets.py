@@ -81,13 +81,17 @@ def copy_into(static: tuple, args: tuple, exact: bool = False) -> int | None:
     return n
 
 
-def slice_batch(outputs: Any, n: int) -> Any:
-    """The first ``n`` rows of every tensor of ``outputs`` (a tensor, or lists/tuples/dicts of them)."""
-    if hasattr(outputs, "dim"):
-        return outputs[:n] if outputs.dim() >= 1 else outputs
-    if isinstance(outputs, (list, tuple)):
-        sliced = [slice_batch(v, n) for v in outputs]
-        return sliced if isinstance(outputs, list) else tuple(sliced)
-    if isinstance(outputs, dict):
-        return {k: slice_batch(v, n) for k, v in outputs.items()}
-    return outputs
+def slice_batch(outputs: Any, n: int | None, *, copy: bool = False) -> Any:
+    """The first ``n`` rows (all with None) of every tensor of ``outputs`` (a tensor, or lists/tuples/dicts of them).
+
+    A 0-d tensor is shared by the batch and kept whole.  ``copy`` clones
+    what it returns (a graph's static outputs are overwritten by its next
+    replay), in the same walk.
+    """
+    from svc.optimize.apply import map_tensors
+
+    def rows(tensor: Any) -> Any:
+        part = tensor[:n] if n is not None and tensor.dim() >= 1 else tensor
+        return part.clone() if copy else part
+
+    return map_tensors(outputs, rows)

@@ -17,18 +17,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from svc.userdirs import configured_dir
+
 STATE_DIR_ENV = "SERVICE_STATE_DIR"
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
-APP = "inference-service"
 
 
 def state_dir(env: dict[str, str] | None = None) -> Path:
     """The service's state directory (not created here)."""
-    env = os.environ if env is None else env
-    if env.get(STATE_DIR_ENV):
-        return Path(env[STATE_DIR_ENV]).expanduser()
-    base = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / APP
+    return configured_dir(STATE_DIR_ENV, "state", env)
 
 
 def inductor_cache_dir(env: dict[str, str] | None = None) -> Path:

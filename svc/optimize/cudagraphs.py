@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from svc.modelapi import OptimizationTarget
-from svc.optimize.apply import inference_context, map_tensors, to_channels_last
+from svc.optimize.apply import inference_context, to_channels_last
 from svc.optimize.buckets import batch_size_of, bucket_for, capture_sizes, copy_into, slice_batch
 
 #: Runs before each capture, on a side stream (cuDNN autotuning and lazy initialisation happen outside the graph).
@@ -67,5 +67,4 @@ class GraphedCallable:
         except ValueError:
             return self.inner(*args)  # another shape than the one captured (a fixed-shape target called otherwise)
         graph.replay()
-        result = map_tensors(out, lambda t: t.clone())  # the next replay overwrites the static outputs
-        return slice_batch(result, n) if n is not None else result
+        return slice_batch(out, n, copy=True)  # the next replay overwrites the static outputs

@@ -33,6 +33,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from svc.userdirs import product_dir
+
 WEIGHTS_DIR_ENV = "SERVICE_WEIGHTS_DIR"
 RECORD_NAME = "record.json"
 #: Where a hub variant's repository lives inside its variant directory.
@@ -44,8 +46,7 @@ def weights_dir(env: dict[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     if env.get(WEIGHTS_DIR_ENV):
         return Path(env[WEIGHTS_DIR_ENV]).expanduser()
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "inference-service" / "weights"
+    return product_dir("cache", env) / "weights"
 
 
 def variant_dir(model_id: str, variant: str, env: dict[str, str] | None = None) -> Path:

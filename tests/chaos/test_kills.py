@@ -9,15 +9,13 @@ promise of README "What survives what".
 
 from __future__ import annotations
 
-import http.client
 import os
 import signal
-import threading
 import time
-from collections import Counter
 
 import pytest
 
+from tests.support.clients import RequestLoad
 from tests.support.http import get, post
 from tests.support.images import image_b64
 from tests.support.stack import build_stack, stop_stack
@@ -44,48 +42,12 @@ def infer(stack, model: str, params: dict | None = None, timeout: float = 30.0):
                 headers={"Authorization": f"Bearer {stack.key}"}, timeout=timeout)
 
 
-class Load:
-    """Client threads sending requests through the gateway until stopped (bounded in time)."""
-
-    def __init__(self, stack, model: str, params: dict, clients: int = 6, limit_s: float = 60.0) -> None:
-        self.stack, self.model, self.params = stack, model, params
-        self.replies: list[tuple[float, int, int | None]] = []  # (time, HTTP status, envelope status)
-        self.errors: list[tuple[float, str]] = []
-        self.lock = threading.Lock()
-        self.stopped = threading.Event()
-        self.limit = time.monotonic() + limit_s
-        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(clients)]
-        for t in self.threads:
-            t.start()
-
-    def _loop(self) -> None:
-        while not self.stopped.is_set() and time.monotonic() < self.limit:
-            try:
-                reply = infer(self.stack, self.model, self.params)
-                status = reply.json.get("status") if reply.body.startswith(b"{") else None
-                with self.lock:
-                    self.replies.append((time.monotonic(), reply.status, status))
-            except (OSError, http.client.HTTPException) as e:
-                with self.lock:
-                    self.errors.append((time.monotonic(), f"{type(e).__name__}: {e}"))
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        self.stopped.set()
-        for t in self.threads:
-            t.join(40)
-
-    def codes(self, since: float = 0.0) -> Counter:
-        with self.lock:
-            return Counter((code, status) for t, code, status in self.replies if t >= since)
-
-
 def test_kill9_of_a_model_server_under_load(stack):
     """Promise: kill -9 of a model server under load costs only the requests it held (502 status 502) and the
     requests sent while it is down (503 status 65); the gateway keeps answering, the supervisor restarts the
     model, and new requests succeed again; no client ever sees a 500 or a hung request."""
     before = stack.child("TESTFAULTS")
-    load = Load(stack, "TESTFAULTS", {"sleep_ms": 100})
+    load = RequestLoad(lambda: infer(stack, "TESTFAULTS", {"sleep_ms": 100}), clients=6, limit_s=60.0, join_s=40.0)
     try:
         time.sleep(2.0)
         assert load.codes()[(200, 0)] > 0, load.codes()
@@ -102,8 +64,9 @@ def test_kill9_of_a_model_server_under_load(stack):
     assert set(codes) <= {(200, 0), (502, 502), (503, 65)}, codes
     assert load.errors == [], load.errors[:5]
     assert codes[(502, 502)] + codes[(503, 65)] > 0, codes  # the kill was seen
-    assert load.codes(since=recovered_at + 0.5)[(200, 0)] > 0
-    assert set(load.codes(since=recovered_at + 0.5)) == {(200, 0)}, load.codes(since=recovered_at + 0.5)
+    late = load.codes(answered_after=recovered_at + 0.5)
+    assert late[(200, 0)] > 0
+    assert set(late) == {(200, 0)}, late
     assert after["restarts"] == before["restarts"] + 1
     assert after["last_exit"] == "killed by signal 9"
     assert recovered_at - killed_at < 30

@@ -12,17 +12,16 @@ loses no synchronous request.
 
 from __future__ import annotations
 
-import http.client
 import os
 import re
 import signal
-import threading
 import time
 from collections import Counter
 
 import pytest
 
 from svc import jobid
+from tests.support.clients import RequestLoad
 from tests.support.http import get, post, request
 from tests.support.images import image_b64
 from tests.support.processes import wait_until
@@ -76,43 +75,6 @@ def per_replica(text: str, route: str = "infer") -> dict[str, float]:
     """Requests the gateway had answered by each replica (its upstream duration count)."""
     pattern = rf'^service_gateway_upstream_duration_ms_count\{{model="{MODEL}",replica="(\d+)",route="{route}"\}} (\S+)$'
     return {m.group(1): float(m.group(2)) for m in re.finditer(pattern, text, re.M)}
-
-
-class Load:
-    """Client threads sending synchronous requests through the gateway until stopped (bounded in time)."""
-
-    def __init__(self, stack, clients: int = CLIENTS, limit_s: float = 240.0) -> None:
-        self.stack = stack
-        self.replies: list[tuple[float, float, int, int | None]] = []  # (sent, answered, HTTP status, envelope status)
-        self.errors: list[tuple[float, str]] = []
-        self.lock = threading.Lock()
-        self.stopped = threading.Event()
-        self.limit = time.monotonic() + limit_s
-        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(clients)]
-        for t in self.threads:
-            t.start()
-
-    def _loop(self) -> None:
-        while not self.stopped.is_set() and time.monotonic() < self.limit:
-            sent = time.monotonic()
-            try:
-                reply = infer(self.stack)
-                status = reply.json.get("status") if reply.body.startswith(b"{") else None
-                with self.lock:
-                    self.replies.append((sent, time.monotonic(), reply.status, status))
-            except (OSError, http.client.HTTPException) as e:
-                with self.lock:
-                    self.errors.append((sent, f"{type(e).__name__}: {e}"))
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        self.stopped.set()
-        for t in self.threads:
-            t.join(90)
-
-    def codes(self, sent_after: float = 0.0) -> Counter:
-        with self.lock:
-            return Counter((code, status) for sent, _, code, status in self.replies if sent >= sent_after)
 
 
 def test_both_replicas_serve_on_their_ports_with_their_own_logs_and_cpus(stack):
@@ -172,7 +134,7 @@ def test_jobs_come_back_to_their_replica(stack):
 def test_kill_of_one_replica_under_load_costs_only_its_requests_in_flight(stack):
     before = wait_ready(stack)
     victim = before[1]
-    load = Load(stack)
+    load = RequestLoad(lambda: infer(stack), clients=CLIENTS, limit_s=240.0, join_s=90.0)
     try:
         wait_until(lambda: load.codes()[(200, 0)] >= 8, "requests answered before the kill", timeout=60)
         os.kill(victim["pid"], signal.SIGKILL)
@@ -194,7 +156,7 @@ def test_kill_of_one_replica_under_load_costs_only_its_requests_in_flight(stack)
 
 def test_a_rolling_restart_loses_no_synchronous_request(stack):
     before = wait_ready(stack)
-    load = Load(stack)
+    load = RequestLoad(lambda: infer(stack), clients=CLIENTS, limit_s=240.0, join_s=90.0)
     try:
         wait_until(lambda: load.codes()[(200, 0)] >= 8, "requests answered before the restart", timeout=60)
         reply = request("POST", f"{stack.url}/api/v1/servers/{MODEL}/restart", headers=stack.auth, timeout=400)

@@ -1,13 +1,20 @@
-"""Concurrent HTTP client loops for tests and benches: each thread sends GETs
-until told to stop (or its request budget is spent) and records every
-outcome, so a test can say exactly how many connections failed."""
+"""Concurrent HTTP client loops for tests and benches: each thread sends
+requests until told to stop (or its budget is spent) and records every
+outcome, so a test can say exactly how many connections or requests failed.
+
+:class:`ClientLoops` sends GETs on fresh or kept connections;
+:class:`RequestLoad` calls a test's own request function (an inference
+through the gateway) and keeps each reply's HTTP and envelope status."""
 
 from __future__ import annotations
 
 import http.client
 import threading
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 #: Failures of a request on a kept-alive connection that the server closed
 #: before reading it: HTTP clients re-send an idempotent request once on a new
@@ -120,6 +127,50 @@ class ClientLoops:
         if reply.will_close:
             conn.close()
         return reply.status
+
+
+class RequestLoad:
+    """``clients`` threads calling ``send()`` one request after another until ``stop()`` (or ``limit_s``).
+
+    ``send`` returns a ``tests.support.http.Reply``.  Every answer is kept as
+    (sent, answered, HTTP status, envelope status or None for a body that
+    is not JSON), every transport failure in ``errors``.
+    """
+
+    def __init__(self, send: Callable[[], Any], clients: int, limit_s: float, join_s: float = 60.0) -> None:
+        self.send, self.join_s = send, join_s
+        self.replies: list[tuple[float, float, int, int | None]] = []
+        self.errors: list[tuple[float, str]] = []
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.limit = time.monotonic() + limit_s
+        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(clients)]
+        for t in self.threads:
+            t.start()
+
+    def _loop(self) -> None:
+        while not self.stopped.is_set() and time.monotonic() < self.limit:
+            sent = time.monotonic()
+            try:
+                reply = self.send()
+                status = reply.json.get("status") if reply.body.startswith(b"{") else None
+                with self.lock:
+                    self.replies.append((sent, time.monotonic(), reply.status, status))
+            except (OSError, http.client.HTTPException) as e:
+                with self.lock:
+                    self.errors.append((time.monotonic(), f"{type(e).__name__}: {e}"))
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        for t in self.threads:
+            t.join(self.join_s)
+
+    def codes(self, *, sent_after: float = 0.0, answered_after: float = 0.0) -> Counter:
+        """(HTTP status, envelope status) -> count, of the requests sent and answered after the given times."""
+        with self.lock:
+            return Counter((code, status) for sent, answered, code, status in self.replies
+                           if sent >= sent_after and answered >= answered_after)
 
 
 def percentile(data: list[float], p: float) -> float:

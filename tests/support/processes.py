@@ -51,6 +51,14 @@ def child_env(extra: dict[str, str] | None = None, drop: tuple[str, ...] = ()) -
     return env
 
 
+def config_source(base: str | Path) -> Path:
+    """The config file ``base`` names: a path as given, else a shipped config, else a test config (by id)."""
+    if isinstance(base, Path):
+        return base
+    shipped = SHIPPED_CONF / f"{base}.toml"
+    return shipped if shipped.exists() else TEST_CONF / f"{base}.toml"
+
+
 def write_config(directory: Path, base: str | Path = "MOBILENETV2", name: str | None = None, **overrides: Any) -> Path:
     """A copy of a shipped (or test) config with top-level keys and tables overridden.
 
@@ -59,9 +67,7 @@ def write_config(directory: Path, base: str | Path = "MOBILENETV2", name: str | 
     test passes its own: a test that is not about optimised execution does
     not pay for choosing a mode at warm-up.
     """
-    source = Path(base) if isinstance(base, Path) else (SHIPPED_CONF / f"{base}.toml")
-    if not source.exists():
-        source = TEST_CONF / f"{base}.toml"
+    source = config_source(base)
     doc = tomlkit.parse(source.read_text())
     overrides["backend"] = {"optimize": "eager", **(overrides.get("backend") or {})}
     for key, value in overrides.items():

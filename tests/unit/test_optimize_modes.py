@@ -159,6 +159,11 @@ def test_copy_into_a_bucket_and_slice_back():
     sliced = slice_batch(outputs, 3)
     assert torch.equal(sliced[0], images * 2) and sliced[1][0].tolist() == [7, 8, 9]
     assert sliced[2]["n"].tolist() == [7, 8, 9] and int(sliced[3]) == 500
+    copied, whole = slice_batch(outputs, 3, copy=True), slice_batch(outputs, None, copy=True)
+    static[2].fill_(1)  # a graph's next replay overwrites its static outputs
+    assert sliced[1][0].tolist() == [1, 1, 1]  # a view of them
+    assert copied[1][0].tolist() == [7, 8, 9] and copied[2]["n"].tolist() == [7, 8, 9] and int(copied[3]) == 500
+    assert whole[1][0].tolist() == [7, 8, 9, 0] and torch.equal(whole[0][:3], images * 2)
     with pytest.raises(ValueError, match=r"argument 0 of shape \(3, 2, 4, 4\) does not fit the captured \(4, 2, 2, 2\)"):
         copy_into(static, (torch.zeros(3, 2, 4, 4), args[1], args[2]))
     with pytest.raises(ValueError, match="2 arguments for a graph captured with 3"):

@@ -1,9 +1,13 @@
-"""MOBILENETV2 at two replicas behind one gateway, all started by a real supervisor.
+"""A model at two replicas behind one gateway, all started by a real supervisor.
 
 Real processes and real torch: the supervisor spawns the gateway and two
-model servers of the shipped MOBILENETV2 config (jobs on), each on its own
-port with its own token, log file and CPU; clients send real requests
-through the gateway while a replica is killed or the model is restarted.
+model servers of the test model TESTFAULTS (tests/plugins/models/testfaults.py,
+jobs on), each on its own port with its own token, log file and CPU; clients
+send real requests through the gateway while a replica is killed or the model
+is restarted.  The load's requests ask the model to take ``LOAD_SLEEP_MS`` in
+its forward pass, so that requests are in flight at every kill and restart
+without the clients spending the suite's CPU (what is checked is the replica
+machinery, the same for every model).
 Promises checked (README "Replicas on one host"): both replicas serve; a
 kill -9 of one under load costs only the requests it held, and the survivor
 takes every new request; jobs come back to their replica; a rolling restart
@@ -27,7 +31,8 @@ from tests.support.images import image_b64
 from tests.support.processes import wait_until
 from tests.support.stack import build_stack, stop_stack
 
-MODEL = "MOBILENETV2"
+MODEL = "TESTFAULTS"
+LOAD_SLEEP_MS = 20
 PROBE_INTERVAL_S = 0.5
 CLIENTS = 4
 JOBS = 16
@@ -44,6 +49,7 @@ def stack(tmp_path_factory):
                     server_extra={MODEL: pinning},
                     gateway_extra=f"replica_probe_interval_ms = {int(PROBE_INTERVAL_S * 1000)}\n")
     wait_ready(s)
+    time.sleep(PROBE_INTERVAL_S * 2)  # the gateway's own probe has seen both replicas ready (within one interval)
     yield s
     code, survivors = stop_stack(s)
     assert code == 0, s.supervisor.output()[-3000:]
@@ -61,9 +67,15 @@ def wait_ready(stack, timeout: float = 240.0) -> list[dict]:
     return replicas(stack)
 
 
-def infer(stack, timeout: float = 60.0):
-    return post(f"{stack.gateway}/v1/models/{MODEL}/infer", {"images": [image_b64(width=32, height=32)]},
+def infer(stack, timeout: float = 60.0, sleep_ms: int = 0):
+    return post(f"{stack.gateway}/v1/models/{MODEL}/infer",
+                {"images": [image_b64(width=32, height=32)], "params": {"sleep_ms": sleep_ms}},
                 headers={"Authorization": f"Bearer {stack.key}"}, timeout=timeout)
+
+
+def slow_infer(stack):
+    """One request of the load: the model holds it ``LOAD_SLEEP_MS``."""
+    return infer(stack, sleep_ms=LOAD_SLEEP_MS)
 
 
 def gateway_metrics(stack) -> str:
@@ -134,7 +146,7 @@ def test_jobs_come_back_to_their_replica(stack):
 def test_kill_of_one_replica_under_load_costs_only_its_requests_in_flight(stack):
     before = wait_ready(stack)
     victim = before[1]
-    load = RequestLoad(lambda: infer(stack), clients=CLIENTS, limit_s=240.0, join_s=90.0)
+    load = RequestLoad(lambda: slow_infer(stack), clients=CLIENTS, limit_s=240.0, join_s=90.0)
     try:
         wait_until(lambda: load.codes()[(200, 0)] >= 8, "requests answered before the kill", timeout=60)
         os.kill(victim["pid"], signal.SIGKILL)
@@ -156,7 +168,7 @@ def test_kill_of_one_replica_under_load_costs_only_its_requests_in_flight(stack)
 
 def test_a_rolling_restart_loses_no_synchronous_request(stack):
     before = wait_ready(stack)
-    load = RequestLoad(lambda: infer(stack), clients=CLIENTS, limit_s=240.0, join_s=90.0)
+    load = RequestLoad(lambda: slow_infer(stack), clients=CLIENTS, limit_s=240.0, join_s=90.0)
     try:
         wait_until(lambda: load.codes()[(200, 0)] >= 8, "requests answered before the restart", timeout=60)
         reply = request("POST", f"{stack.url}/api/v1/servers/{MODEL}/restart", headers=stack.auth, timeout=400)

@@ -57,12 +57,17 @@ class Outcomes:
 
 class ClientLoops:
     """``fresh`` threads with a new connection per request, ``kept`` threads with
-    a persistent one; every thread stops at ``stop()`` or after ``max_requests``."""
+    a persistent one; every thread stops at ``stop()`` or after ``max_requests``.
+
+    ``pause_s``: each thread waits this long after each answer.  The clients
+    stay concurrent (connections keep opening and closing at every moment)
+    without making the test process and the server spend whole cores.
+    """
 
     def __init__(self, port: int, path: str, *, fresh: int, kept: int, headers: dict[str, str] | None = None,
-                 max_requests: int = 100_000, timeout: float = 30.0) -> None:
+                 max_requests: int = 100_000, timeout: float = 30.0, pause_s: float = 0.0) -> None:
         self.port, self.path, self.headers = port, path, dict(headers or {})
-        self.max_requests, self.timeout = max_requests, timeout
+        self.max_requests, self.timeout, self.pause_s = max_requests, timeout, pause_s
         self.outcomes = Outcomes()
         self._stop = threading.Event()
         self.threads = [threading.Thread(target=self._loop, args=(False,), daemon=True) for _ in range(fresh)]
@@ -117,6 +122,8 @@ class ClientLoops:
             if not keep or conn.sock is None:
                 conn.close()
                 conn = None
+            if self.pause_s:
+                self._stop.wait(self.pause_s)
         if conn is not None:
             conn.close()
 

@@ -20,9 +20,7 @@ from diffusers import (
     VQModel,
 )
 
-from svc.config import load_model_server_config
-from svc.modelapi import find_factory, model_config
-from svc.weights import WeightsError
+from tests.support.extreme import GENERATIVE, check_extreme_aspect_ratios
 from tests.support.http import post
 from tests.support.processes import (
     child_env,
@@ -31,7 +29,7 @@ from tests.support.processes import (
     start_model_server,
     write_config,
 )
-from tests.support.zoo import IGNORED_IMAGE, assert_invalid, assert_ok, decode_image, infer, run_job
+from tests.support.zoo import IGNORED_IMAGE, assert_invalid, assert_ok, decode_image, infer, load_error, run_job
 
 SCHEDULE = 50  # the folders' schedule length; the [model] table says 1000 and must not win
 CLASSES = 5
@@ -97,7 +95,7 @@ def reference(model_id: str, folder: Path, seed: int, steps: int, eta: float = 0
     return (images[0] * 255).round().astype("uint8")
 
 
-@pytest.fixture(scope="module", params=["DDPM", "DDIM", "CLS_COND_DDIM", "LDM"])
+@pytest.fixture(scope="module", params=GENERATIVE)
 def diffusion(request, tmp_path_factory):
     model_id = request.param
     directory = tmp_path_factory.mktemp(model_id.lower())
@@ -215,6 +213,12 @@ def test_params_rules(diffusion):
                                                              "options": {"max_results": 2}}), "/options/max_results")
 
 
+def test_extreme_aspect_ratios_cost_bounded_memory(diffusion):
+    """tests/support/extreme.check_extreme_aspect_ratios: the image is ignored, whatever its shape."""
+    check_extreme_aspect_ratios(diffusion, diffusion.extra["id"], diffusion.extra["uri"],
+                                params_for(diffusion, timesteps=1, seed=0))
+
+
 def test_the_image_must_still_be_valid_base64(diffusion):
     reply = infer(diffusion, diffusion.extra["uri"], {"images": ["not base64!"], "params": params_for(diffusion, timesteps=1)})
     assert reply.status == 400 and reply.json["status"] == 5 and reply.json["results"][0]["data"] is None
@@ -227,24 +231,6 @@ def refusal(tmp_path, model_id, folder) -> str:
     return output
 
 
-def load_error(tmp_path, model_id, folder) -> str:
-    """The ``WeightsError`` that a model server of ``folder`` stops with, as its one line.
-
-    The steps of svc.modelserver.tap and the engine's load, in this process:
-    the ``[model]`` table, the params schema (read from the folder's configs),
-    then ``build``.  A server prints exactly this line and exits 1, which
-    ``refusal`` shows with a real process once per test; the other folders
-    are checked here, each saving a process that imports torch and diffusers.
-    """
-    path = write_config(tmp_path, model_id, model={"weights": str(folder)})
-    factory = find_factory(model_id)
-    with pytest.raises(WeightsError) as refused:
-        table = model_config(factory, load_model_server_config(str(path)).model, str(path))
-        factory.params_schema(table)
-        factory.build(table, "cpu")
-    return str(refused.value)
-
-
 def test_a_folder_whose_weights_do_not_fit_its_config_stops_the_server(tmp_path):
     folder = tmp_path / "ddpm"
     write_folder("DDPM", folder)
@@ -255,9 +241,9 @@ def test_a_folder_whose_weights_do_not_fit_its_config_stops_the_server(tmp_path)
                 up_block_types=("AttnUpBlock2D", "UpBlock2D")).save_pretrained(wider)
     weights = folder / "unet" / "diffusion_pytorch_model.safetensors"
     weights.write_bytes((wider / "diffusion_pytorch_model.safetensors").read_bytes())
-    output = refusal(tmp_path, "DDPM", folder)
-    assert (f"weights file {weights}: tensor 'conv_in.weight' has shape [32, 3, 3, 3], "
-            "the architecture expects [16, 3, 3, 3]") in output
+    # In this process (tests/support/zoo.load_error); the next test shows a folder's refusal with a real one.
+    assert load_error(tmp_path, "DDPM", weights=str(folder)) == (
+        f"weights file {weights}: tensor 'conv_in.weight' has shape [32, 3, 3, 3], the architecture expects [16, 3, 3, 3]")
 
 
 def test_a_folder_without_its_unet_or_vqvae_stops_the_server(tmp_path):
@@ -266,5 +252,5 @@ def test_a_folder_without_its_unet_or_vqvae_stops_the_server(tmp_path):
     assert f"weights folder {tmp_path / 'empty'}: missing unet/config.json" in output
     folder = tmp_path / "ddim"
     write_folder("DDIM", folder)  # no vqvae/
-    assert f"weights folder {folder}: missing vqvae/config.json" in load_error(tmp_path, "LDM", folder)
-    assert "unet/config.json has no num_class_embeds" in load_error(tmp_path, "CLS_COND_DDIM", folder)
+    assert f"weights folder {folder}: missing vqvae/config.json" in load_error(tmp_path, "LDM", weights=str(folder))
+    assert "unet/config.json has no num_class_embeds" in load_error(tmp_path, "CLS_COND_DDIM", weights=str(folder))

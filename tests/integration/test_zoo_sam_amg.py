@@ -16,13 +16,10 @@ from segment_anything import SamAutomaticMaskGenerator
 from models.sam_amg import build_sam
 from tests.support.images import b64, image_bytes
 from tests.support.processes import (
-    child_env,
-    model_server_args,
-    run_to_exit,
     start_model_server,
     write_config,
 )
-from tests.support.zoo import assert_invalid, assert_ok, decode_image, infer, run_job
+from tests.support.zoo import assert_invalid, assert_ok, decode_image, infer, load_error, run_job
 
 URI = "/sam_amg/predict"
 #: Few prompts and no filtering (random-init masks are speckles whose boxes all span the image: NMS
@@ -182,7 +179,5 @@ def test_mismatched_weights_stop_the_server_naming_the_tensor(tmp_path, weights)
     state[name] = state[name][:2]
     path = tmp_path / "broken.pth"
     torch.save(state, path)
-    config = write_config(tmp_path, "SAM_AMG", model={"weights": str(path)})
-    code, output = run_to_exit(model_server_args(config, 0), env=child_env({"SERVICE_AUTH_TOKEN": "t"}))
-    assert code == 1, output
-    assert f"weights file {path}: tensor '{name}' has shape [2, 256], the architecture expects [4, 256]" in output
+    error = load_error(tmp_path, "SAM_AMG", weights=str(path))
+    assert error == f"weights file {path}: tensor '{name}' has shape [2, 256], the architecture expects [4, 256]"

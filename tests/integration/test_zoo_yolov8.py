@@ -15,13 +15,10 @@ from models.yolov8_net import build_network, decode_head
 from svc.weights import calibrate_batchnorm
 from tests.support.images import b64, image_bytes
 from tests.support.processes import (
-    child_env,
-    model_server_args,
-    run_to_exit,
     start_model_server,
     write_config,
 )
-from tests.support.zoo import assert_invalid, assert_ok, infer
+from tests.support.zoo import assert_invalid, assert_ok, infer, load_error
 
 URI = "/yolov8/predict"
 IMGSZ = 256
@@ -153,8 +150,6 @@ def test_jobs_are_off(yolo):
 def test_mismatched_weights_stop_the_server_naming_the_tensor(tmp_path):
     path = tmp_path / "yolov8s.pth"
     torch.save(build_network("s").state_dict(), path)  # an s checkpoint for the n architecture
-    config = write_config(tmp_path, "YOLOV8", model={"weights": str(path), "imgsz": IMGSZ})
-    code, output = run_to_exit(model_server_args(config, 0), env=child_env({"SERVICE_AUTH_TOKEN": "t"}))
-    assert code == 1, output
-    assert (f"weights file {path}: tensor 'model.0.conv.weight' has shape [32, 3, 3, 3], "
-            "the architecture expects [16, 3, 3, 3]") in output
+    error = load_error(tmp_path, "YOLOV8", weights=str(path), imgsz=IMGSZ)
+    assert error == (f"weights file {path}: tensor 'model.0.conv.weight' has shape [32, 3, 3, 3], "
+                     "the architecture expects [16, 3, 3, 3]")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import time
+from pathlib import Path
 from typing import Any
 
 from tests.support.http import Reply, get, post
@@ -61,3 +62,29 @@ def decode_image(text: str) -> Any:
     image = Image.open(io.BytesIO(base64.b64decode(text, validate=True)))
     image.load()
     return image
+
+
+def load_error(directory: Path, model_id: str, **model: Any) -> str:
+    """The ``WeightsError`` a model server of ``model_id`` with these ``[model]`` keys stops with, as its one line.
+
+    The steps of svc.modelserver.tap and the engine's load, in this process:
+    the ``[model]`` table, the params schema, then ``build``.  A server prints
+    exactly this line and exits 1 (shown with real processes by
+    test_modelserver_startup's and test_zoo_diffusion's refusal tests); each
+    plugin's own weights checks are then tested here, saving a process that
+    imports torch and the model's library for every refusal.
+    """
+    import pytest
+
+    from svc.config import load_model_server_config
+    from svc.modelapi import find_factory, model_config
+    from svc.weights import WeightsError
+    from tests.support.processes import write_config
+
+    path = write_config(directory, model_id, model=model)
+    factory = find_factory(model_id)
+    with pytest.raises(WeightsError) as refused:
+        table = model_config(factory, load_model_server_config(str(path)).model, str(path))
+        factory.params_schema(table)
+        factory.build(table, "cpu")
+    return str(refused.value)

@@ -172,7 +172,7 @@ def test_pipelining_clients_that_never_read_do_not_grow_the_gateway_or_delay_hea
         t.start()
     slowest = 0.0
     try:
-        end = time.monotonic() + 8.0
+        end = time.monotonic() + 4.0  # the unbounded gateway was 35 s late
         while time.monotonic() < end:
             t0 = time.monotonic()
             reply = get(gateway.url + "/healthz", timeout=5)

@@ -19,7 +19,16 @@ from pathlib import Path
 
 from tests.support.http import get, post
 from tests.support.images import image_b64
-from tests.support.processes import child_env, free_port, model_server_args, spawn, start_model_server, write_config
+from tests.support.processes import (
+    child_env,
+    free_port,
+    metric,
+    model_server_args,
+    spawn,
+    start_model_server,
+    wait_until,
+    write_config,
+)
 from tests.support.stack import build_stack, start_supervisor, stop_stack
 
 GRACE_MS = 1500
@@ -75,7 +84,8 @@ def test_sigterm_with_long_jobs_queued_exits_within_grace_plus_one_second(tmp_pa
         url = proc.url + "/testfaults/predict"
         replies: list = []
         threads = [infer_in_background(url, proc.auth, 20000, replies) for _ in range(3)]
-        time.sleep(1.0)  # the first batch is in the worker, the other two are queued
+        wait_until(lambda: metric(proc, "service_batch_size_count") == 1 and metric(proc, "service_queue_depth") == 2,
+                   "the first batch in the worker, the other two queued")
         assert replies == []
         proc.popen.send_signal(signal.SIGTERM)
         signalled = time.monotonic()

@@ -45,6 +45,11 @@ def paced(url: str, key: str, start: float, interval: float, count: int) -> list
     return out
 
 
+#: How long each rate measurement sends: long enough that one bucket (3/s) and three (9/s) are
+#: told apart well past the tolerance of 2 requests.
+LOAD_S = 2.5
+
+
 def load(cluster: Cluster, key: str, seconds: float, url: str | None = None) -> tuple[list, float]:
     """About LOAD_RPS requests/s for ``seconds`` from the client namespace (through HAProxy by default).
 
@@ -75,7 +80,7 @@ def store_up(cluster: Cluster) -> set[float]:
 def test_a_key_gets_its_rate_in_total_across_the_gateways_with_redis(cluster):
     assert store_up(cluster) == {1.0}
     before = key_counts(cluster, "limited")
-    replies, span = load(cluster, KEYS["limited"], 4.0)
+    replies, span = load(cluster, KEYS["limited"], LOAD_S)
     statuses = [s for _, s in replies]
     assert set(statuses) <= {404, 429}, statuses
     admitted, expected = statuses.count(404), LIMITED_QPS * (1 + span)
@@ -98,7 +103,7 @@ def test_without_redis_each_gateway_limits_alone_then_they_share_again(cluster):
     cluster.redis.stop()
     wait_until(lambda: store_up(cluster) == {0.0}, "every gateway noticed Redis is gone", timeout=15)
     before = key_counts(cluster, "limited")
-    replies, span = load(cluster, KEYS["limited"], 4.0)
+    replies, span = load(cluster, KEYS["limited"], LOAD_S)
     statuses = [s for _, s in replies]
     assert set(statuses) <= {404, 429}, statuses
     after = key_counts(cluster, "limited")

@@ -63,7 +63,7 @@ def test_two_workers_run_two_batches_at_once_at_worker_nice(faults):
     pid = faults.popen.pid
     assert sorted(set(thread_nices(pid))) == [0, 7]  # the warm-up ran on one inference thread
     replies = []
-    body = {"images": [image_b64()], "params": {"sleep_ms": 3000}}
+    body = {"images": [image_b64()], "params": {"sleep_ms": 2000}}
     callers = [threading.Thread(target=lambda: replies.append(post(faults.url + FAULTS_URI, body, headers=faults.auth)))
                for _ in range(3)]
     for caller in callers:

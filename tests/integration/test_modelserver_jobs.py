@@ -61,7 +61,7 @@ def test_a_restart_loses_every_job(tmp_path):
 def test_sigterm_answers_parked_waiters_and_exits_0(tmp_path):
     config = write_config(tmp_path, "TESTFAULTS", async_enabled=True, max_batch_size=1)
     server = start_model_server(config)
-    job_id = submit(server, sleep_ms=5000).json["job_id"]  # long enough for every step below
+    job_id = submit(server, sleep_ms=3000).json["job_id"]  # long enough for every step below
     wait_until(lambda: poll(server, job_id).json["state"] == "running", "the job reaches the worker")
     # The forward pass runs in a worker thread: the reactor still admits and answers.
     other = submit(server)

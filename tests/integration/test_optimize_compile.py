@@ -1,0 +1,66 @@
+"""The ``compile`` mode for real: AOTInductor packages built with the machine's C++ compiler (svc/optimize/aot.py).
+
+Tiny nets, so that each build takes seconds; the same checks on a served
+model and its state directory are in test_optimize_cache.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from models.testfaults import NetFaultModel
+from svc.optimize import aot
+from svc.optimize.select import optimize_model
+
+
+def images(n: int, seed: int = 5) -> list:
+    return list(torch.randint(0, 256, (n, 3, 8, 8), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8))
+
+
+def test_compile_builds_a_package_once_and_a_second_load_reads_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("SERVICE_STATE_DIR", str(tmp_path))
+    model = NetFaultModel()
+    eager = model.means(images(5))
+    report = optimize_model(model, "classification", "cpu", "compile", 4, "TESTFAULTS")
+    assert report.mode == "compile" and not report.fell_back, report.line
+    assert report.line.startswith("TESTFAULTS: optimize compile: gate passed [top-1 4/4")
+    assert report.line.endswith("; compiled packages: 1 built, 0 loaded from the cache)")
+    [package] = (tmp_path / "compiled").glob("net-compile-*.pt2")
+    assert json.loads(package.with_suffix(".json").read_text()) == {"batches": [1, 8]}  # 2 x max_batch_size
+    for n in (1, 2, 3, 5):  # one program for every batch size
+        assert torch.allclose(model.means(images(n)), eager[:n], atol=1e-3)
+
+    again = NetFaultModel()  # a restart: the same weights, the same key
+    report = optimize_model(again, "classification", "cpu", "compile", 4, "TESTFAULTS")
+    assert report.line.endswith("; compiled packages: 0 built, 1 loaded from the cache)"), report.line
+    assert torch.allclose(again.means(images(5)), eager, atol=1e-3)
+
+
+class BatchOfOneApart(torch.nn.Module):
+    """A model whose code treats a batch of one apart (its own answer): a compiled batch dimension must not start at 1."""
+
+    def forward(self, x):
+        if x.shape[0] == 1:
+            return x * 3
+        return x * 2 + 1
+
+
+def test_a_batch_outside_the_compiled_sizes_runs_eager(tmp_path):
+    module = BatchOfOneApart()
+
+    def example_of(n):
+        return (torch.rand(n, 3, generator=torch.Generator().manual_seed(n)),)
+
+    package = aot.compiled(module, example_of, 4, "cpu", True, "compile", "apart", tmp_path)
+    assert package.batches[0] == 2 and package.batches[1] >= 4  # the warm-up batch is compiled, one is not
+    calls = []
+    package.fallback = lambda *args: calls.append(args[0].shape[0]) or module(*args)
+    x = torch.rand(5, 3)
+    assert torch.allclose(package(x[:1]), x[:1] * 3) and calls == [1]  # eager: the model's own answer
+    assert torch.allclose(package(x), x * 2 + 1) and calls == [1]
+    alone = aot.compiled(module, example_of, 1, "cpu", True, "compile", "apart", tmp_path)
+    assert alone.batches == (1, 1)  # a warm-up batch of one, outside the dynamic range: compiled alone
+    assert torch.allclose(alone(x[:1]), x[:1] * 3)
+    assert json.loads(alone.path.with_suffix(".json").read_text()) == {"batches": [1, 1]}

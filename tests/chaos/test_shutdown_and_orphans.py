@@ -93,8 +93,8 @@ def test_sigterm_with_long_jobs_queued_exits_within_grace_plus_one_second(tmp_pa
         health: list[tuple[float, int | str]] = []
         while proc.alive() and time.monotonic() - signalled < 30:
             try:
-                health.append((time.monotonic() - signalled, get(proc.url + "/healthz", timeout=0.5).status))
-            except ConnectionRefusedError:
+                health.append((time.monotonic() - signalled, get(proc.url + "/healthz", timeout=1.0).status))
+            except (ConnectionRefusedError, ConnectionResetError):  # a connect racing the port's close is reset
                 health.append((time.monotonic() - signalled, "refused"))
             except OSError as e:  # a timeout here means the reactor stopped answering
                 health.append((time.monotonic() - signalled, type(e).__name__))
@@ -108,8 +108,8 @@ def test_sigterm_with_long_jobs_queued_exits_within_grace_plus_one_second(tmp_pa
         outcomes = [h for _, h in health]
         assert outcomes and outcomes[0] == 200, health
         first_refused = outcomes.index("refused") if "refused" in outcomes else len(outcomes)
-        assert all(h == 200 for h in outcomes[:first_refused]), health
-        assert all(h == "refused" for h in outcomes[first_refused:]), health
+        assert [h for h in outcomes[:first_refused] if h != 200] == [], health  # a 1 s timeout: the grace is 1.5 s
+        assert [h for h in outcomes[first_refused:] if h != "refused"] == [], health
         assert health[first_refused - 1][0] >= GRACE_MS / 1000 - 0.2, health  # answered through the grace
 
         for thread in threads:

@@ -28,9 +28,9 @@ def product_dir(kind: str, env: Mapping[str, str] | None = None) -> Path:
     return Path(base) / PRODUCT
 
 
-def configured_dir(variable: str, kind: str, env: Mapping[str, str] | None = None) -> Path:
-    """``$variable`` when set (``~`` expanded), else :func:`product_dir` of ``kind``."""
+def configured_dir(variable: str, kind: str, env: Mapping[str, str] | None = None, *under: str) -> Path:
+    """``$variable`` when set (``~`` expanded), else ``under`` inside :func:`product_dir` of ``kind``."""
     env = os.environ if env is None else env
     if env.get(variable):
         return Path(env[variable]).expanduser()
-    return product_dir(kind, env)
+    return product_dir(kind, env).joinpath(*under)

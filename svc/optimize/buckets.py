@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from svc.optimize.apply import map_tensors
+
 
 def capture_sizes(max_batch: int) -> tuple[int, ...]:
     """The batch sizes to capture for batches of 1..``max_batch``: powers of two, and ``max_batch`` itself.
@@ -88,8 +90,6 @@ def slice_batch(outputs: Any, n: int | None, *, copy: bool = False) -> Any:
     what it returns (a graph's static outputs are overwritten by its next
     replay), in the same walk.
     """
-    from svc.optimize.apply import map_tensors
-
     def rows(tensor: Any) -> Any:
         part = tensor[:n] if n is not None and tensor.dim() >= 1 else tensor
         return part.clone() if copy else part

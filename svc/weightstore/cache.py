@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from svc.userdirs import product_dir
+from svc.userdirs import configured_dir
 
 WEIGHTS_DIR_ENV = "SERVICE_WEIGHTS_DIR"
 RECORD_NAME = "record.json"
@@ -43,10 +43,7 @@ HUB_DIR = "hub"
 
 def weights_dir(env: dict[str, str] | None = None) -> Path:
     """The cache root (see the module docstring)."""
-    env = os.environ if env is None else env
-    if env.get(WEIGHTS_DIR_ENV):
-        return Path(env[WEIGHTS_DIR_ENV]).expanduser()
-    return product_dir("cache", env) / "weights"
+    return configured_dir(WEIGHTS_DIR_ENV, "cache", env, "weights")
 
 
 def variant_dir(model_id: str, variant: str, env: dict[str, str] | None = None) -> Path:

@@ -13,16 +13,13 @@ import torch
 from models.testfaults import NetFaultModel
 from svc.optimize import aot
 from svc.optimize.select import optimize_model
-
-
-def images(n: int, seed: int = 5) -> list:
-    return list(torch.randint(0, 256, (n, 3, 8, 8), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8))
+from tests.support.images import uint8_tensors
 
 
 def test_compile_builds_a_package_once_and_a_second_load_reads_it(tmp_path, monkeypatch):
     monkeypatch.setenv("SERVICE_STATE_DIR", str(tmp_path))
     model = NetFaultModel()
-    eager = model.means(images(5))
+    eager = model.means(uint8_tensors(5))
     report = optimize_model(model, "classification", "cpu", "compile", 4, "TESTFAULTS")
     assert report.mode == "compile" and not report.fell_back, report.line
     assert report.line.startswith("TESTFAULTS: optimize compile: gate passed [top-1 4/4")
@@ -30,12 +27,12 @@ def test_compile_builds_a_package_once_and_a_second_load_reads_it(tmp_path, monk
     [package] = (tmp_path / "compiled").glob("net-compile-*.pt2")
     assert json.loads(package.with_suffix(".json").read_text()) == {"batches": [1, 8]}  # 2 x max_batch_size
     for n in (1, 2, 3, 5):  # one program for every batch size
-        assert torch.allclose(model.means(images(n)), eager[:n], atol=1e-3)
+        assert torch.allclose(model.means(uint8_tensors(n)), eager[:n], atol=1e-3)
 
     again = NetFaultModel()  # a restart: the same weights, the same key
     report = optimize_model(again, "classification", "cpu", "compile", 4, "TESTFAULTS")
     assert report.line.endswith("; compiled packages: 0 built, 1 loaded from the cache)"), report.line
-    assert torch.allclose(again.means(images(5)), eager, atol=1e-3)
+    assert torch.allclose(again.means(uint8_tensors(5)), eager, atol=1e-3)
 
 
 class BatchOfOneApart(torch.nn.Module):

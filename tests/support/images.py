@@ -45,3 +45,11 @@ def stored_pixels(data: bytes) -> Image.Image:
     image = Image.open(io.BytesIO(data))
     image.load()
     return image
+
+
+def uint8_tensors(n: int, seed: int = 5, side: int = 8) -> list:
+    """``n`` seeded random uint8 images as C x H x W tensors (what TESTFAULTS' preprocess gives)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return list(torch.randint(0, 256, (n, 3, side, side), generator=generator, dtype=torch.uint8))

@@ -8,7 +8,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from svc.config import load_model_server_config
+from svc.modelapi import find_factory, model_config
+from svc.weights import WeightsError
 from tests.support.http import Reply, get, post
+from tests.support.processes import write_config
 
 #: Any valid base64: generative models require an image in the envelope but ignore it.
 IGNORED_IMAGE = base64.b64encode(b"ignored").decode()
@@ -74,13 +80,6 @@ def load_error(directory: Path, model_id: str, **model: Any) -> str:
     plugin's own weights checks are then tested here, saving a process that
     imports torch and the model's library for every refusal.
     """
-    import pytest
-
-    from svc.config import load_model_server_config
-    from svc.modelapi import find_factory, model_config
-    from svc.weights import WeightsError
-    from tests.support.processes import write_config
-
     path = write_config(directory, model_id, model=model)
     factory = find_factory(model_id)
     with pytest.raises(WeightsError) as refused:

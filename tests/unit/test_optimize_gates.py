@@ -13,6 +13,7 @@ from svc.optimize import aot, gates
 from svc.optimize.apply import apply_mode
 from svc.optimize.modes import mode
 from svc.optimize.select import optimize_model
+from tests.support.images import uint8_tensors
 
 # -- one comparison per category -------------------------------------------------------------------
 
@@ -93,20 +94,16 @@ def test_each_category_has_its_gate():
 FP32_MODES = ["channels_last", "jit", "channels_last+jit"]
 
 
-def images(n: int, seed: int = 5) -> list:
-    return list(torch.randint(0, 256, (n, 3, 8, 8), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8))
-
-
 @pytest.mark.parametrize("name", FP32_MODES)
 def test_float32_modes_pass_the_gate_and_serve_the_same_results(name):
     model = NetFaultModel()
-    eager = model.means(images(5))
+    eager = model.means(uint8_tensors(5))
     report = optimize_model(model, "classification", "cpu", name, 4, "TESTFAULTS")
     assert report.mode == name and not report.fell_back, report.line
     assert report.line.startswith(f"TESTFAULTS: optimize {name}: gate passed [top-1 4/4, max |d logit| ")
     assert model.run_net is not model.net
     for n in (1, 3, 4, 5):  # batch sizes other than the traced one
-        assert torch.allclose(model.means(images(n)), eager[:n], atol=1e-3)
+        assert torch.allclose(model.means(uint8_tensors(n)), eager[:n], atol=1e-3)
 
 
 @pytest.mark.parametrize("name", ["bf16", "channels_last+bf16+jit"])
@@ -114,7 +111,7 @@ def test_bf16_modes_run_in_bfloat16_and_return_float32(name):
     model = NetFaultModel()
     target = model.optimization_targets()[0]
     fn = apply_mode(target, mode(name), "cpu", 4)
-    x = torch.stack(images(4)).float()
+    x = torch.stack(uint8_tensors(4)).float()
     with torch.inference_mode():
         out, eager = fn(x), model.net(x)
     assert out.dtype == torch.float32

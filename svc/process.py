@@ -124,7 +124,7 @@ def start_watchdog(seconds: float, why: str, code: int = 0) -> threading.Timer:
 
 
 def freeze_heap() -> int:
-    """Collect once, then exempt every surviving object from later collections.
+    """Exempt every object alive now from later collections, after collecting the young generations.
 
     A model server holds a few hundred thousand long-lived objects after
     startup (torch, its modules, the import graph); a full collection walks
@@ -132,8 +132,15 @@ def freeze_heap() -> int:
     every request waiting on that thread waits with it.  Called once the
     process has built what it keeps for life; what it allocates afterwards is
     collected as usual.  Returns the number of objects frozen.
+
+    Only generations 0 and 1 are collected first (well under a millisecond):
+    they hold what the load and the warm-up just left behind.  A full
+    collection at this point took 180-200 ms of a model server's start and
+    found nothing (measured with MobileNetV2 on the development machine):
+    the automatic collections during the imports had already freed the
+    cycles that died there.
     """
-    gc.collect()
+    gc.collect(1)
     gc.freeze()
     return gc.get_freeze_count()
 

@@ -20,7 +20,9 @@ from tests.support.processes import (
     free_port,
     metric,
     run_to_exit,
+    spawn_model_server,
     start_model_server,
+    until_ready,
     wait_until,
     write_config,
 )
@@ -61,8 +63,16 @@ def stack(tmp_path_factory):
     write_config(servers, "TESTFAULTS", name="BLACKHOLE.toml", id="BLACKHOLE", port=blackhole.port,
                  server_uri="/blackhole/predict")
     upstream_token = "upstream-secret"
-    mobilenet = start_model_server(mobilenet_cfg, token=upstream_token, port=_port(mobilenet_cfg))
-    faults = start_model_server(faults_cfg, token=upstream_token, port=_port(faults_cfg))
+    # Both start side by side (torch's import is most of a start, one core each).
+    mobilenet = spawn_model_server(mobilenet_cfg, token=upstream_token, port=_port(mobilenet_cfg))
+    faults = spawn_model_server(faults_cfg, token=upstream_token, port=_port(faults_cfg))
+    try:
+        for proc in (mobilenet, faults):
+            until_ready(proc)
+    except RuntimeError:
+        for proc in (mobilenet, faults):
+            proc.stop()
+        raise
     gateway = start_gateway(root, servers, keys_toml(), env={"SERVICE_UPSTREAM_TOKEN": upstream_token},
                             gateway_table=f"upstream_recv_timeout_ms = {RECV_TIMEOUT_MS}\n"
                                           f"upstream_connect_timeout_ms = {CONNECT_TIMEOUT_MS}\n")

@@ -149,15 +149,32 @@ def start_model_server(
     port: int | None = None,
 ) -> Proc:
     """A model server on ``port``, or on a port of its own choosing (``--port 0``), once ``/ready`` says 200."""
+    proc = spawn_model_server(config, token=token, env=env, extra_args=extra_args, port=port)
+    return until_ready(proc, ready_timeout)
+
+
+def spawn_model_server(
+    config: Path,
+    *,
+    token: str | None = "model-token",
+    env: dict[str, str] | None = None,
+    extra_args: tuple[str, ...] = (),
+    port: int | None = None,
+) -> Proc:
+    """A model server process started, not waited for (:func:`until_ready`): several start side by side."""
     extra_env = {"SERVICE_AUTH_TOKEN": token} if token else {}
     popen, log_path = spawn(
         model_server_args(config, port or 0, *extra_args),
         env=child_env({**extra_env, **(env or {})}, drop=() if token else ("SERVICE_AUTH_TOKEN",)),
     )
-    proc = Proc(popen, port or 0, log_path, token)
-    if not port:
-        proc.port = wait_bound_port(proc, ready_timeout)
-    wait_ready(proc, ready_timeout)
+    return Proc(popen, port or 0, log_path, token)
+
+
+def until_ready(proc: Proc, timeout: float = 120.0) -> Proc:
+    """``proc`` (a model server) once its port is known and ``/ready`` says 200."""
+    if not proc.port:
+        proc.port = wait_bound_port(proc, timeout)
+    wait_ready(proc, timeout)
     return proc
 
 

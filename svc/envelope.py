@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from svc import status as st
 from svc.errors import FieldError
 from svc.status import Status
+from svc.web.replies import dumps
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,21 @@ class ItemResult:
     status: Status
     data: Any = None
     error: str | None = None
+    #: ``data`` as compact JSON (:func:`svc.web.replies.dumps`), made where the data was checked (the
+    #: inference worker): the reply splices these bytes in instead of encoding the data again on the
+    #: reactor thread (a YOLOV8 reply of 300 boxes: 0.7 ms).
+    encoded: bytes | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
         if self.status is st.SUCCESS:
             return {"status": 0, "data": self.data}
         return {"status": self.status.code, "data": None, "error": self.error or self.status.meaning}
+
+    def to_bytes(self) -> bytes:
+        """``dumps(self.to_json())``, from ``encoded`` when there is one."""
+        if self.status is st.SUCCESS and self.encoded is not None:
+            return b'{"status":0,"data":' + self.encoded + b"}"
+        return dumps(self.to_json())
 
 
 TIMED_OUT = ItemResult(st.RUN_TIMEOUT, None, "the deadline passed before this item finished")
@@ -80,25 +91,31 @@ def outcome(items: Sequence[ItemResult]) -> tuple[Status, bool]:
     return items[0].status, False
 
 
+def _around_results(top: Status, partial: bool, task_id: str, model: ModelIdentity,
+                    server_time_ms: float) -> tuple[dict, dict]:
+    """The fields of a result envelope before ``results`` and after it, in their order."""
+    return ({"status": top.code, "status_str": top.text, "task_id": task_id, "model": model.to_json()},
+            {"server_time_ms": round(server_time_ms, 3), "partial": partial})
+
+
 def result_envelope(
     *,
     task_id: str,
     model: ModelIdentity,
     items: Sequence[ItemResult],
     server_time_ms: float,
-) -> tuple[int, dict]:
-    """The HTTP code and body of an admitted inference request."""
+) -> tuple[int, bytes]:
+    """The HTTP code and the encoded body (:func:`svc.web.replies.dumps`) of an admitted inference request.
+
+    Each item's data is spliced in from its ``encoded`` bytes where it has
+    them: the reply is the bytes ``dumps`` would make of the envelope, without
+    encoding the data a second time.
+    """
     top, partial = outcome(items)
-    body = {
-        "status": top.code,
-        "status_str": top.text,
-        "task_id": task_id,
-        "model": model.to_json(),
-        "results": [i.to_json() for i in items],
-        "server_time_ms": round(server_time_ms, 3),
-        "partial": partial,
-    }
-    return top.http, body
+    before = dumps({"status": top.code, "status_str": top.text, "task_id": task_id, "model": model.to_json()})
+    after = dumps({"server_time_ms": round(server_time_ms, 3), "partial": partial})
+    results = b",".join(i.to_bytes() for i in items)
+    return top.http, b"".join((before[:-1], b',"results":[', results, b"],", after[1:]))
 
 
 def rejection(

@@ -32,7 +32,7 @@ from svc.protocol import HEALTH_PATH, METRICS_PATH, OPENAPI_PATH, READY_PATH, SE
 from svc.ratelimit import KeyedLimiter, retry_after_header
 from svc.request import REQ_ID_RE
 from svc.web import routes
-from svc.web.replies import bearer_token, content_type, dumps, header, send_json
+from svc.web.replies import bearer_token, content_type, dumps, header, send_encoded, send_json
 
 
 class ModelServerApp(routes.JsonApp):
@@ -173,7 +173,7 @@ class ModelServerApp(routes.JsonApp):
             elapsed_ms = (self.clock.seconds() - started) * 1000.0
             code, body = result_envelope(task_id=task_id, model=self.identity, items=results, server_time_ms=elapsed_ms)
             self.infer_duration.observe(elapsed_ms)
-            return send_json(request, code, body, {"X-Request-ID": task_id, "Cache-Control": "no-store"})
+            return send_encoded(request, code, body, {"X-Request-ID": task_id, "Cache-Control": "no-store"})
         finally:
             self.in_flight -= 1
 

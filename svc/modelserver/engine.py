@@ -18,7 +18,6 @@ the warm-up batch the load runs the optimisation step of ``backend.optimize``
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import traceback
@@ -33,6 +32,7 @@ from svc.envelope import ItemResult
 from svc.modelapi import IModel, IModelFactory, ProgressReporter, reporting_progress
 from svc.modelserver.progress import BatchProgress
 from svc.schema import compile_schema
+from svc.web.replies import dumps
 
 log = Logger()
 
@@ -218,11 +218,11 @@ class Engine:
         for output, (item_params, item_options) in zip(outputs, per_item):
             try:
                 data = self.model.postprocess(output, item_params, item_options)
-                json.dumps(data, allow_nan=False)
+                encoded = dumps(data)  # JSON, never NaN; the reply splices these bytes in (svc.envelope)
                 broken = next(iter(self._data.iter_errors(data)), None)
                 if broken is not None:
                     raise ValueError(f"data breaks its schema at {list(broken.absolute_path)}: {broken.message}")
-                results.append(ItemResult(st.SUCCESS, data))
+                results.append(ItemResult(st.SUCCESS, data, encoded=encoded))
             except Exception as e:  # noqa: BLE001 - fails this item only
                 results.append(ItemResult(st.CONTRACT_FAILURE, None, f"model output contract failure: {e}"))
                 problem = f"postprocess failed: {type(e).__name__}: {e}"

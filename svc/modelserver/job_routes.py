@@ -36,7 +36,7 @@ from svc.errors import ApiError, FieldError
 from svc.modelserver.jobs import DONE, FAILED, TIMEOUT, AsyncQueueFull, Job, JobTable
 from svc.protocol import JOB, JOB_RESULT, JOB_WAIT, JOBS, SERVICE_REQUEST_HEADERS, job_urls, klein_rule
 from svc.query import MAX_DIGITS, WAIT_MAX_MS, shown, wait_budget_ms
-from svc.web.replies import content_type, header, send_json
+from svc.web.replies import content_type, dumps, header, send_encoded, send_json
 
 
 def parse_wait_timeout(raw: bytes | None) -> float:
@@ -109,8 +109,11 @@ class JobRoutes:
             body["error"] = job.error
         return body
 
-    def reply(self, request: Any, code: int, body: dict, job: Job, extra: dict[str, str] | None = None) -> bytes:
-        return send_json(request, code, body, {"X-Request-ID": job.task_id, "Cache-Control": "no-store", **(extra or {})})
+    def reply(self, request: Any, code: int, body: dict | bytes, job: Job, extra: dict[str, str] | None = None) -> bytes:
+        """A reply about ``job``: ``body`` as a dict, or already encoded (a done job's envelope)."""
+        encoded = body if isinstance(body, bytes) else dumps(body)
+        return send_encoded(request, code, encoded, {"X-Request-ID": job.task_id, "Cache-Control": "no-store",
+                                                     **(extra or {})})
 
     def job_error(self, request: Any, status: st.Status, message: str, job: Job | None = None, headers: dict | None = None) -> bytes:
         task_id = job.task_id if job is not None else self.task_id(request)

@@ -65,7 +65,7 @@ class Job:
         self.started: float | None = None
         self.finished: float | None = None
         self.error: str | None = None
-        self.result: tuple[int, dict] | None = None  # (HTTP code, envelope) of a done job
+        self.result: tuple[int, bytes] | None = None  # (HTTP code, encoded envelope) of a done job
         self.waiters: list[Deferred] = []
         self.run: Deferred | None = None
         self.expiry: Any = None
@@ -186,7 +186,7 @@ class JobTable:
         log.failure("job {job} crashed", failure, job=job.id)
         self.finish(job, FAILED, error=f"internal error: {failure.getErrorMessage()}")
 
-    def finish(self, job: Job, state: str, *, error: str | None = None, result: tuple[int, dict] | None = None) -> bool:
+    def finish(self, job: Job, state: str, *, error: str | None = None, result: tuple[int, bytes] | None = None) -> bool:
         """The one terminal transition: False (and no effect) when already terminal."""
         if job.terminal:
             return False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
@@ -221,7 +223,8 @@ def inference(clock: Clock, decode_in_worker: bool = False, **kw) -> tuple[Infer
 
 
 def envelope(results) -> tuple[int, dict]:
-    return result_envelope(task_id="t", model=ModelIdentity("M", "v"), items=results, server_time_ms=0)
+    code, body = result_envelope(task_id="t", model=ModelIdentity("M", "v"), items=results, server_time_ms=0)
+    return code, json.loads(body)
 
 
 def test_deadline_with_some_items_done_is_200_status_68_partial():

@@ -1,5 +1,7 @@
 """The status table and the outcome rule of the envelope."""
 
+import json
+
 import pytest
 
 from svc import status as st
@@ -52,7 +54,8 @@ def test_outcome_rule(items, expected, partial):
 
 
 def test_result_envelope_fields_exactly():
-    code, body = result_envelope(task_id="t1", model=MODEL, items=[OK, BAD], server_time_ms=1.23456)
+    code, encoded = result_envelope(task_id="t1", model=MODEL, items=[OK, BAD], server_time_ms=1.23456)
+    body = json.loads(encoded)
     assert code == 200
     assert list(body) == ["status", "status_str", "task_id", "model", "results", "server_time_ms", "partial"]
     assert body["results"] == [{"status": 0, "data": {"x": 1}}, {"status": 5, "data": None, "error": "bad"}]
@@ -61,9 +64,25 @@ def test_result_envelope_fields_exactly():
 
 
 def test_timeout_envelope_is_504():
-    code, body = result_envelope(task_id="t", model=MODEL, items=[TIMED_OUT], server_time_ms=5)
+    code, encoded = result_envelope(task_id="t", model=MODEL, items=[TIMED_OUT], server_time_ms=5)
+    body = json.loads(encoded)
     assert (code, body["status"], body["status_str"], body["partial"]) == (504, 4, "RUN_TIMEOUT", False)
     assert body["results"][0]["data"] is None
+
+
+def test_result_envelope_is_compact_json_with_each_items_data_spliced_from_its_encoded_bytes():
+    """The bytes are those of the envelope encoded whole (compact, keys in order); a successful item's data
+    comes from the bytes the worker encoded when it checked the data, not encoded again."""
+    task_id = 'quo"te \u00e9 ],"results":[1]'  # a client's req_id: escaped, never taken for the splice
+    plain = [OK, BAD, TIMED_OUT]
+    code, encoded = result_envelope(task_id=task_id, model=MODEL, items=plain, server_time_ms=2.5)
+    whole = {"status": 68, "status_str": "PARTIAL", "task_id": task_id, "model": {"name": "M", "version": "v1"},
+             "results": [i.to_json() for i in plain], "server_time_ms": 2.5, "partial": True}
+    assert (code, encoded) == (200, json.dumps(whole, separators=(",", ":")).encode())
+    spliced = ItemResult(st.SUCCESS, {"x": 1}, encoded=b'{"x":2}')
+    code, encoded = result_envelope(task_id="t", model=MODEL, items=[spliced, BAD], server_time_ms=0)
+    assert json.loads(encoded)["results"] == [{"status": 0, "data": {"x": 2}}, {"status": 5, "data": None, "error": "bad"}]
+    assert spliced == ItemResult(st.SUCCESS, {"x": 1})  # the bytes are a cache of the data, not part of its value
 
 
 def test_rejection_has_empty_results_and_errors_only_when_given():

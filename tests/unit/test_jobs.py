@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
@@ -89,7 +91,7 @@ def test_successful_job_goes_pending_running_done_and_counts_each_once():
     clock.advance(2)
     run.finish()
     assert job.state == DONE and jobs.depth == 0
-    code, body = job.result
+    code, body = job.result[0], json.loads(job.result[1])
     assert code == 200 and body["task_id"] == "r1" and body["results"] == [{"status": 0, "data": {"ok": 1}}]
     assert metrics.counts == {"submitted": 1, "running": 1, "done": 1}
     assert metrics.durations == [2000.0]
@@ -141,7 +143,7 @@ def test_partly_failed_items_still_make_a_done_job():
     job = jobs.submit(InferenceRequest(images=["a", "b"], req_id=None))
     clock.advance(0)
     run.finish(results=[ItemResult(st.SUCCESS, {}), ItemResult(st.INVALID_IMAGE, None, "bad")])
-    assert job.state == DONE and job.result[1]["status"] == 0 and job.task_id == job.id
+    assert job.state == DONE and json.loads(job.result[1])["status"] == 0 and job.task_id == job.id
 
 
 def test_admission_is_atomic_under_interleaved_submits():
@@ -340,4 +342,4 @@ def test_job_runs_through_the_shared_queue_to_done():
     runner.finish()
     assert job.state == RUNNING
     runner.finish()
-    assert job.state == DONE and [r["status"] for r in job.result[1]["results"]] == [0, 0]
+    assert job.state == DONE and [r["status"] for r in json.loads(job.result[1])["results"]] == [0, 0]

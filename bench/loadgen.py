@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import re
+import resource
 import shutil
 import subprocess
 import tempfile
@@ -26,6 +27,9 @@ class LoadResult:
     seconds: float
     p50: float
     p99: float
+    #: CPU ms the load tool itself used over the run (wrk, a child process); NaN for the Python clients,
+    #: threads of the measuring process.
+    client_cpu_ms: float = float("nan")
 
     @property
     def rate(self) -> float:
@@ -64,11 +68,14 @@ def run_wrk(url: str, body: bytes, headers: dict[str, str], *, concurrency: int,
         lines += [f"wrk.headers[ {lua_string(k)} ] = {lua_string(v)}" for k, v in headers.items()]
         script = Path(tmp) / "request.lua"
         script.write_text("\n".join(lines) + "\n", encoding="latin-1")
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         out = subprocess.run(
             ["wrk", "-t", "1", "-c", str(concurrency), "-d", f"{seconds:g}s", "--latency", "--timeout", "120s",
              "-s", str(script), url],
             capture_output=True, text=True, check=True,
         ).stdout
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    client_ms = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1000.0
 
     def ms(label: str) -> float:
         m = re.search(rf"^\s*{label}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
@@ -79,7 +86,8 @@ def run_wrk(url: str, body: bytes, headers: dict[str, str], *, concurrency: int,
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
     errors = (int(bad.group(1)) if bad else 0) + (sum(map(int, socket_errors.groups())) if socket_errors else 0)
-    return LoadResult("wrk", concurrency, total - (int(bad.group(1)) if bad else 0), errors, seconds, ms("50"), ms("99"))
+    return LoadResult("wrk", concurrency, total - (int(bad.group(1)) if bad else 0), errors, seconds, ms("50"), ms("99"),
+                      client_ms)
 
 
 def run_python(url: str, body: bytes, headers: dict[str, str], *, concurrency: int, seconds: float,

@@ -21,7 +21,9 @@ Per point: images/s, p50 and p99, the ratio to bare R(8) and to TorchServe
 in the same round, and the CPU each image cost by thread role (our server:
 ``reactor``, ``torch`` = the inference workers and their OpenMP threads,
 ``other``; TorchServe: its Java ``frontend`` and its Python ``worker``), the
-cores kept busy, the server's mean batch and forward ms per batch, and the
+cores the server kept busy, those ``wrk`` itself used and those left idle on
+the whole machine (``/proc/stat``: the server, the load tool and any
+neighbour together), the server's mean batch and forward ms per batch, and the
 1-minute load average before and after (this machine is shared: a point
 taken under load says so).  The summary gives the median over the rounds.
 
@@ -108,7 +110,8 @@ def run_round(round_: int, servers: Servers, args: argparse.Namespace, raw: byte
 
 
 HEADER = (f"{'round':>5} {'server':<12} {'clients':>7} {'img/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'err':>4} "
-          f"{'core-ms per image by thread':<40} {'total':>6} {'cores':>5} {'batch':>5} {'fwd ms':>6} {'load':>9}")
+          f"{'core-ms per image by thread':<40} {'total':>6} {'cores':>5} {'wrk':>5} {'idle':>5} {'batch':>5} "
+          f"{'fwd ms':>6} {'load':>9}")
 
 
 def row(p: Point) -> str:
@@ -116,7 +119,8 @@ def row(p: Point) -> str:
     batch = p.stages.get("batch", float("nan"))
     forward = p.stages.get("inference", float("nan"))
     return (f"{p.round:5d} {p.server:<12} {p.clients:7d} {p.load.rate:7.1f} {p.load.p50:7.1f} {p.load.p99:7.1f} "
-            f"{p.load.errors:4d} {roles:<40} {p.total_per_image:6.2f} {p.cores_busy:5.2f} {batch:5.2f} "
+            f"{p.load.errors:4d} {roles:<40} {p.total_per_image:6.2f} {p.cores_busy:5.2f} {p.client_cores:5.2f} "
+            f"{p.idle_cores:5.2f} {batch:5.2f} "
             f"{forward:6.1f} {p.load_avg[0]:4.1f}/{p.load_avg[1]:<4.1f}")
 
 
@@ -129,7 +133,7 @@ def summary(points: list[Point], refs: dict[int, list[dict]], opt_refs: dict[int
           f"{r8:.1f} img/s; Ro(8): the same in the optimised mode ({', '.join(modes) or 'none'}), {ro8:.1f} img/s; "
           "/TS: our img/s over TorchServe's in the same round):")
     print(f"  {'server':<12} {'clients':>7} {'img/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'p99/p50':>7} "
-          f"{'/R(8)':>6} {'/Ro(8)':>6} {'/TS':>6} {'core-ms/img':>11} {'cores':>5}")
+          f"{'/R(8)':>6} {'/Ro(8)':>6} {'/TS':>6} {'core-ms/img':>11} {'cores':>5} {'wrk':>5} {'idle':>5}")
     for name in servers:
         for c in sorted({p.clients for p in points}):
             mine = [p for p in points if p.server == name and p.clients == c]
@@ -142,7 +146,8 @@ def summary(points: list[Point], refs: dict[int, list[dict]], opt_refs: dict[int
                   f"{med(p.load.p99 for p in mine):7.1f} {med(p.load.p99 / p.load.p50 for p in mine):7.2f} "
                   f"{med(p.load.rate for p in mine) / r8:6.2f} {med(p.load.rate for p in mine) / ro8:6.2f} "
                   f"{(med(vs_ts) if vs_ts else float('nan')):6.2f} "
-                  f"{med(p.total_per_image for p in mine):11.2f} {med(p.cores_busy for p in mine):5.2f}")
+                  f"{med(p.total_per_image for p in mine):11.2f} {med(p.cores_busy for p in mine):5.2f} "
+                  f"{med(p.client_cores for p in mine):5.2f} {med(p.idle_cores for p in mine):5.2f}")
     for label, table in (("eager", refs), ("optimised", opt_refs)):
         for threads, rows in sorted(table.items()):
             ms1 = statistics.median(r[1]["ms_per_batch"] for r in rows)

@@ -18,7 +18,7 @@ from typing import Any
 
 from bench import loadgen
 from bench.loadgen import LoadResult
-from bench.threadcpu import ThreadCpu, process_tree_cpu
+from bench.threadcpu import MachineCpu, ThreadCpu, process_tree_cpu
 from tests.support.http import get
 
 
@@ -34,6 +34,7 @@ class Point:
     wall_s: float
     load_avg: tuple[float, float]  # 1-minute load average before and after
     stages: dict[str, float] = field(default_factory=dict)  # the model server's own metrics over the run
+    machine: MachineCpu | None = None  # the whole machine's CPU over the run (every process, every core)
 
     @property
     def images(self) -> int:
@@ -49,6 +50,16 @@ class Point:
     @property
     def cores_busy(self) -> float:
         return sum(self.cpu_ms.values()) / 1000.0 / self.wall_s
+
+    @property
+    def client_cores(self) -> float:
+        """Cores the load tool kept busy (wrk; NaN for the Python clients)."""
+        return self.load.client_cpu_ms / 1000.0 / self.wall_s
+
+    @property
+    def idle_cores(self) -> float:
+        """Cores nobody used over the run: what the server, the load tool and the neighbours left."""
+        return self.machine.idle_ms / 1000.0 / self.wall_s if self.machine else float("nan")
 
 
 def _metric_sums(text: str) -> dict[str, float]:
@@ -89,11 +100,11 @@ def measure_model_server(name: str, round_: int, server: Any, url: str, body: by
     def started() -> None:
         cpu.start()
 
-    result, wall = _timed_load(url, body, headers, clients, seconds, tool, started)
+    result, wall, machine = _timed_load(url, body, headers, clients, seconds, tool, started)
     cpu.stop()
     after_metrics = _metric_sums(get(metrics_url, headers=server.auth).body.decode())
     return Point(name, round_, clients, result, cpu.roles(), wall, (load_before, os.getloadavg()[0]),
-                 _stages(before_metrics, after_metrics))
+                 _stages(before_metrics, after_metrics), machine)
 
 
 def measure_torchserve(round_: int, peer: Any, body: bytes, headers: dict[str, str], *, clients: int,
@@ -105,13 +116,14 @@ def measure_torchserve(round_: int, peer: Any, body: bytes, headers: dict[str, s
     def started() -> None:
         snapshot["before"] = process_tree_cpu(peer.pid)
 
-    result, wall = _timed_load(peer.url, body, headers, clients, seconds, tool, started)
+    result, wall, machine = _timed_load(peer.url, body, headers, clients, seconds, tool, started)
     after = process_tree_cpu(peer.pid)
     roles = {"frontend": 0.0, "worker": 0.0}
     for pid, ms in after.items():
         used = ms - snapshot["before"].get(pid, 0.0)
         roles["frontend" if _comm(pid) == "java" else "worker"] += used
-    return Point("torchserve", round_, clients, result, roles, wall, (load_before, os.getloadavg()[0]))
+    return Point("torchserve", round_, clients, result, roles, wall, (load_before, os.getloadavg()[0]),
+                 machine=machine)
 
 
 def _comm(pid: int) -> str:
@@ -123,8 +135,9 @@ def _comm(pid: int) -> str:
 
 
 def _timed_load(url: str, body: bytes, headers: dict[str, str], clients: int, seconds: float, tool: str,
-                started: Any) -> tuple[LoadResult, float]:
-    """A second of warm-up, then ``started()`` and the measured load; returns its result and its wall time.
+                started: Any) -> tuple[LoadResult, float, MachineCpu]:
+    """A second of warm-up, then ``started()`` and the measured load; returns its result, its wall time and
+    the machine's CPU over it.
 
     The CPU snapshot (``started``) is taken after the warm-up, so the
     measured CPU and the measured requests cover the same seconds (to within
@@ -132,9 +145,10 @@ def _timed_load(url: str, body: bytes, headers: dict[str, str], clients: int, se
     """
     loadgen.run_python(url, body, headers, concurrency=clients, seconds=1.0)  # warm-up
     started()
+    machine = MachineCpu.now()
     t0 = time.perf_counter()
     if tool == "wrk" or (tool == "auto" and shutil.which("wrk")):
         result = loadgen.run_wrk(url, body, headers, concurrency=clients, seconds=seconds)
     else:
         result = loadgen.run_python(url, body, headers, concurrency=clients, seconds=seconds)
-    return result, time.perf_counter() - t0
+    return result, time.perf_counter() - t0, MachineCpu.now().since(machine)

@@ -47,7 +47,7 @@ from pathlib import Path
 from bench.served import Point, measure_model_server, measure_torchserve
 from bench.shipped import shipped_config
 from tests.support.images import image_b64, image_bytes
-from tests.support.processes import REPO, SHIPPED_CONF, child_env, start_model_server
+from tests.support.processes import REPO, SHIPPED_CONF, checkout, child_env, start_model_server
 
 URI = "/mobilenetv2/predict"
 
@@ -78,11 +78,11 @@ class Servers:
             name, _, path = spec.partition("=")
             tree = Path(path).resolve()
             config = shipped_config(tmp, tree / "conf" / "server" / "MOBILENETV2.toml")
-            self.plans[name] = (config, {"PYTHONPATH": f"{tree}:{tree / 'tests' / 'plugins'}"})
+            self.plans[name] = (config, checkout(tree))
 
     def start(self, name: str):  # noqa: ANN201 - tests.support.processes.Proc
-        config, env = self.plans[name]
-        return start_model_server(config, env=env, ready_timeout=300)
+        config, launch = self.plans[name]
+        return start_model_server(config, **launch, ready_timeout=300)
 
 
 def run_round(round_: int, servers: Servers, args: argparse.Namespace, raw: bytes, body: bytes,

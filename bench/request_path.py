@@ -32,7 +32,7 @@ from pathlib import Path
 
 from bench.served import measure_model_server
 from tests.support.images import b64, image_bytes
-from tests.support.processes import start_model_server, write_config
+from tests.support.processes import checkout, start_model_server, write_config
 
 
 def pyspy() -> str | None:
@@ -57,7 +57,7 @@ def main() -> None:
         name, _, path = spec.partition("=")
         tree = Path(path).resolve()
         config = write_config(tmp, tree / "tests" / "conf" / "TESTFAULTS.toml", max_batch_size=8, max_queue_depth=0)
-        plans[name] = (config, {"PYTHONPATH": f"{tree}:{tree / 'tests' / 'plugins'}"})
+        plans[name] = (config, checkout(tree))
     raw = image_bytes(width=64, height=48, fmt="JPEG", seed=3)
     body, content_type = (raw, "image/jpeg") if args.body == "raw" else (
         json.dumps({"images": [b64(raw)]}).encode(), "application/json")
@@ -65,8 +65,8 @@ def main() -> None:
           f"{args.seconds:g} s per point; core-ms per request by thread (reactor, torch = the worker, other)")
     results: dict[str, list] = {name: [] for name in plans}
     for round_ in range(1, args.rounds + 1):
-        for name, (config, env) in plans.items():
-            server = start_model_server(config, env=env, ready_timeout=300)
+        for name, (config, launch) in plans.items():
+            server = start_model_server(config, **launch, ready_timeout=300)
             spy = None
             try:
                 if args.profile and round_ == args.rounds and pyspy():

@@ -147,9 +147,10 @@ def start_model_server(
     extra_args: tuple[str, ...] = (),
     ready_timeout: float = 120.0,
     port: int | None = None,
+    cwd: Path = REPO,
 ) -> Proc:
     """A model server on ``port``, or on a port of its own choosing (``--port 0``), once ``/ready`` says 200."""
-    proc = spawn_model_server(config, token=token, env=env, extra_args=extra_args, port=port)
+    proc = spawn_model_server(config, token=token, env=env, extra_args=extra_args, port=port, cwd=cwd)
     return until_ready(proc, ready_timeout)
 
 
@@ -160,14 +161,26 @@ def spawn_model_server(
     env: dict[str, str] | None = None,
     extra_args: tuple[str, ...] = (),
     port: int | None = None,
+    cwd: Path = REPO,
 ) -> Proc:
     """A model server process started, not waited for (:func:`until_ready`): several start side by side."""
     extra_env = {"SERVICE_AUTH_TOKEN": token} if token else {}
     popen, log_path = spawn(
         model_server_args(config, port or 0, *extra_args),
         env=child_env({**extra_env, **(env or {})}, drop=() if token else ("SERVICE_AUTH_TOKEN",)),
+        cwd=cwd,
     )
     return Proc(popen, port or 0, log_path, token)
+
+
+def checkout(tree: Path) -> dict[str, Any]:
+    """The :func:`start_model_server` keywords that run another checkout's code (the benchmarks' ``--tree``).
+
+    Its sources come first on ``PYTHONPATH``, and its folder is the working
+    directory: ``python -m twisted`` puts the working directory first on
+    ``sys.path``, so from this checkout's folder it would import this one's.
+    """
+    return {"env": {"PYTHONPATH": f"{tree}:{tree / 'tests' / 'plugins'}"}, "cwd": tree}
 
 
 def until_ready(proc: Proc, timeout: float = 120.0) -> Proc:

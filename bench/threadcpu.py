@@ -116,17 +116,15 @@ class ThreadCpu:
 
 @dataclass(frozen=True)
 class MachineCpu:
-    """The whole machine's CPU time from the first line of ``/proc/stat`` (ms summed over every core)."""
+    """The whole machine's idle CPU time from the first line of ``/proc/stat`` (ms summed over every core)."""
 
-    busy_ms: float  # user, nice, system, irq, softirq, steal
     idle_ms: float  # idle and iowait
 
     @staticmethod
     def now() -> MachineCpu:
         with open("/proc/stat") as f:
-            values = [int(v) for v in f.readline().split()[1:9]]
-        user, nice, system, idle, iowait, irq, softirq, steal = values
-        return MachineCpu((user + nice + system + irq + softirq + steal) * TICK_MS, (idle + iowait) * TICK_MS)
+            idle, iowait = (int(v) for v in f.readline().split()[4:6])
+        return MachineCpu((idle + iowait) * TICK_MS)
 
     def since(self, before: MachineCpu) -> MachineCpu:
-        return MachineCpu(self.busy_ms - before.busy_ms, self.idle_ms - before.idle_ms)
+        return MachineCpu(self.idle_ms - before.idle_ms)

@@ -91,13 +91,6 @@ def outcome(items: Sequence[ItemResult]) -> tuple[Status, bool]:
     return items[0].status, False
 
 
-def _around_results(top: Status, partial: bool, task_id: str, model: ModelIdentity,
-                    server_time_ms: float) -> tuple[dict, dict]:
-    """The fields of a result envelope before ``results`` and after it, in their order."""
-    return ({"status": top.code, "status_str": top.text, "task_id": task_id, "model": model.to_json()},
-            {"server_time_ms": round(server_time_ms, 3), "partial": partial})
-
-
 def result_envelope(
     *,
     task_id: str,

@@ -109,11 +109,12 @@ class JobRoutes:
             body["error"] = job.error
         return body
 
-    def reply(self, request: Any, code: int, body: dict | bytes, job: Job, extra: dict[str, str] | None = None) -> bytes:
-        """A reply about ``job``: ``body`` as a dict, or already encoded (a done job's envelope)."""
-        encoded = body if isinstance(body, bytes) else dumps(body)
-        return send_encoded(request, code, encoded, {"X-Request-ID": job.task_id, "Cache-Control": "no-store",
-                                                     **(extra or {})})
+    def reply(self, request: Any, code: int, body: dict, job: Job, extra: dict[str, str] | None = None) -> bytes:
+        return self.reply_encoded(request, code, dumps(body), job, extra)
+
+    def reply_encoded(self, request: Any, code: int, body: bytes, job: Job, extra: dict[str, str] | None = None) -> bytes:
+        """A reply about ``job`` whose body is already encoded (a done job's stored envelope)."""
+        return send_encoded(request, code, body, {"X-Request-ID": job.task_id, "Cache-Control": "no-store", **(extra or {})})
 
     def job_error(self, request: Any, status: st.Status, message: str, job: Job | None = None, headers: dict | None = None) -> bytes:
         task_id = job.task_id if job is not None else self.task_id(request)
@@ -176,4 +177,4 @@ class JobRoutes:
             reason = f" ({job.error})" if job.error else ""
             return self.job_error(request, st.JOB_NOT_DONE, f"job is {job.state}: no result{reason}", job)
         code, body = job.result
-        return self.reply(request, code, body, job)
+        return self.reply_encoded(request, code, body, job)

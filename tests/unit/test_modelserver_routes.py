@@ -177,6 +177,7 @@ def test_engine_failure_fails_every_item_of_its_run_and_no_other():
     ("length", 500, 6, [6, 6], "model returned 1 outputs for 2 inputs"),  # the whole run fails
     ("item", 200, 0, [6, 0], "model output contract failure: data breaks its schema at ['mean']: "
                              "'not numbers' is not of type 'array'"),  # only that item fails
+    ("nan", 200, 0, [6, 0], "model output contract failure: Out of range float values are not JSON compliant"),
 ])
 def test_contract_failures_of_the_run_or_of_one_item(fault, code, top, items, error):
     server = build_model_server()

@@ -30,7 +30,7 @@ from svc.weightstore.catalog import FileSource, Variant
 PARAMS_SCHEMA = object_schema(
     {
         "sleep_ms": {"type": "integer", "minimum": 0, "maximum": 60000, "default": 0},
-        "fail": {"enum": ["none", "engine", "length", "item"], "default": "none"},
+        "fail": {"enum": ["none", "engine", "length", "item", "nan"], "default": "none"},
     }
 )
 
@@ -68,6 +68,8 @@ class FaultModel:
         mean, batch = output
         if params["fail"] == "item" and float(mean[0]) > 128:
             return {"mean": "not numbers", "batch_size": batch}  # breaks the data schema
+        if params["fail"] == "nan" and float(mean[0]) > 128:
+            return {"mean": [float("nan")] * 3, "batch_size": batch}  # numbers, but not JSON
         return {"mean": [round(float(v), 3) for v in mean], "batch_size": batch}
 
     def warmup_input(self) -> Any:

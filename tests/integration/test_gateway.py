@@ -22,7 +22,7 @@ from tests.support.processes import (
     run_to_exit,
     spawn_model_server,
     start_model_server,
-    until_ready,
+    until_all_ready,
     wait_until,
     write_config,
 )
@@ -64,15 +64,8 @@ def stack(tmp_path_factory):
                  server_uri="/blackhole/predict")
     upstream_token = "upstream-secret"
     # Both start side by side (torch's import is most of a start, one core each).
-    mobilenet = spawn_model_server(mobilenet_cfg, token=upstream_token, port=_port(mobilenet_cfg))
-    faults = spawn_model_server(faults_cfg, token=upstream_token, port=_port(faults_cfg))
-    try:
-        for proc in (mobilenet, faults):
-            until_ready(proc)
-    except RuntimeError:
-        for proc in (mobilenet, faults):
-            proc.stop()
-        raise
+    mobilenet, faults = until_all_ready(spawn_model_server(mobilenet_cfg, token=upstream_token, port=_port(mobilenet_cfg)),
+                                        spawn_model_server(faults_cfg, token=upstream_token, port=_port(faults_cfg)))
     gateway = start_gateway(root, servers, keys_toml(), env={"SERVICE_UPSTREAM_TOKEN": upstream_token},
                             gateway_table=f"upstream_recv_timeout_ms = {RECV_TIMEOUT_MS}\n"
                                           f"upstream_connect_timeout_ms = {CONNECT_TIMEOUT_MS}\n")

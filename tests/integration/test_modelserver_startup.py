@@ -14,7 +14,9 @@ from tests.support.processes import (
     metric,
     model_server_args,
     run_to_exit,
+    spawn_model_server,
     start_model_server,
+    until_all_ready,
     wait_until,
     write_config,
 )
@@ -53,6 +55,17 @@ def test_bad_config_refuses_with_one_line(tmp_path, overrides, expected):
     assert expected in lines[0]
     if "NOSUCHMODEL" not in expected:
         assert str(config) in lines[0]
+
+
+def test_servers_started_side_by_side_are_all_stopped_when_one_refuses(tmp_path):
+    """tests/support/processes.until_all_ready: the refusal propagates, and the server still starting beside it
+    is stopped with it instead of outliving the test run in its own session."""
+    broken = spawn_model_server(write_config(tmp_path, "TESTFAULTS", max_batch_size=0))
+    starting = spawn_model_server(write_config(tmp_path, "TESTFAULTS"))
+    with pytest.raises(RuntimeError, match="process exited with 1"):
+        until_all_ready(broken, starting)
+    assert broken.popen.returncode == 1
+    assert starting.popen.poll() is not None
 
 
 def test_missing_token_refuses_unless_dev_flag(tmp_path):

@@ -191,6 +191,23 @@ def until_ready(proc: Proc, timeout: float = 120.0) -> Proc:
     return proc
 
 
+def until_all_ready(*procs: Proc, timeout: float = 120.0) -> tuple[Proc, ...]:
+    """Model servers spawned side by side (:func:`spawn_model_server`), once each is ready.
+
+    If one fails to start (or the wait is interrupted), every one of them is
+    stopped before the error propagates: they run in sessions of their own and
+    would outlive the test run.
+    """
+    try:
+        for proc in procs:
+            until_ready(proc, timeout)
+    except BaseException:
+        for proc in procs:
+            proc.stop()
+        raise
+    return procs
+
+
 def wait_bound_port(proc: Proc, timeout: float, line: re.Pattern = LISTENING) -> int:
     """The port a process started with ``--port 0`` bound, from its log ``line`` (a model server's by default)."""
     deadline = time.monotonic() + timeout

@@ -108,7 +108,7 @@ def test_auto_chooses_the_fastest_mode_that_passes_and_logs_every_figure():
     assert report.mode == "jit" and not report.fell_back
     assert [(o.mode.name, o.ms, o.problem) for o in report.outcomes] == [("channels_last", 9.0, None), ("jit", 4.0, None)]
     assert report.line.startswith("TINY: optimize auto chose jit, batch 4: eager 10.0 ms; channels_last 9.0 ms 1.11x "
-                                  "[top-1 6/6, max |d logit| ")
+                                  "[top-1 6/6, top-5 6/6, logit error ")
     assert "; jit 4.0 ms 2.50x [top-1 6/6" in report.line and "(min gain 5%; " in report.line
     assert model.run is not model.net and model.run.mode_name == "jit"  # installed: predict runs the chosen mode
     assert model.gate_calls == 3  # the eager reference and one per candidate
@@ -176,7 +176,7 @@ def test_an_explicit_mode_is_gated_and_falls_back_to_eager_with_one_line():
     assert report.fell_back and report.line.startswith("TINY: optimize jit: RuntimeError: compile error; running eager")
     report = run(model, "channels_last+jit", apply=named_apply())
     assert report.mode == "channels_last+jit" and not report.fell_back
-    assert report.line.startswith("TINY: optimize channels_last+jit: gate passed [top-1 6/6, max |d logit| ")
+    assert report.line.startswith("TINY: optimize channels_last+jit: gate passed [top-1 6/6, top-5 6/6, logit error ")
 
 
 def test_a_failing_reference_run_serves_eager_never_a_crash():

@@ -1,0 +1,91 @@
+"""MOBILENETV2's decode, resize and crop of one JPEG, with Pillow's reduced-scale decode (``draft``) and without.
+
+    python -m bench.jpeg_decode [--seconds 3] [--rounds 3]
+
+``models/mobilenetv2.py``'s ``preprocess`` asks libjpeg for a DCT-scaled
+decode (1/2, 1/4 or 1/8) that still covers the resize (``Image.draft``).
+"without" decodes the file at full scale first (``Image.load``, after which
+``draft`` does nothing), then runs the same ``preprocess``: what it cost
+before the draft.  Images: photo-like JPEGs (``tests/support/photos.py``,
+quality 90) of 1024x768 and 224x224, and the 224x224 JPEG of noise that
+``bench.modelserver`` sends.  Per image: thread CPU ms (``time.thread_time``,
+one thread, interleaved rounds, the median), the decoded size, and the
+largest and mean difference of the 224x224 crop against the full decode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import time
+from typing import Any
+
+
+def jpeg(pixels: Any) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def cost_ms(model: Any, data: bytes, draft: bool, seconds: float) -> tuple[float, tuple[int, int]]:
+    """Thread CPU ms per image of open + (full decode) + preprocess, and the size decoded."""
+    from PIL import Image
+
+    n, size = 0, (0, 0)
+    cpu = time.thread_time()
+    started = time.perf_counter()
+    while n < 5 or time.perf_counter() - started < seconds:
+        image = Image.open(io.BytesIO(data))
+        if not draft:
+            image.load()
+        model.preprocess(image, {"top_k": 5})
+        size = image.size
+        n += 1
+    return (time.thread_time() - cpu) * 1000.0 / n, size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    from svc import torchenv
+
+    torchenv.configure_threads(1, 1)
+    from PIL import Image
+
+    from models.mobilenetv2 import mobilenetv2
+    from tests.support.images import image_bytes
+    from tests.support.photos import photo_like
+
+    model = mobilenetv2.build({"weights": "random", "seed": 0}, "cpu")
+    images = {"photo-like 1024x768": jpeg(photo_like(1024, 768, 1)),
+              "photo-like 224x224": jpeg(photo_like(224, 224, 1)),
+              "noise 224x224": image_bytes(width=224, height=224, fmt="JPEG", seed=3)}
+    print(f"MOBILENETV2 preprocess (resize {model.resize[0]}, crop 224), thread CPU ms per image, median of "
+          f"{args.rounds} interleaved rounds of {args.seconds:g} s")
+    print(f"  {'image':<22} {'bytes':>7} {'full decode':>11} {'draft':>7} {'ratio':>6} {'decoded at':>10} "
+          f"{'max |d|':>7} {'mean |d|':>8}")
+    for name, data in images.items():
+        runs: dict[bool, list[float]] = {False: [], True: []}
+        sizes = {}
+        for _ in range(args.rounds):
+            for draft in (False, True):
+                ms, sizes[draft] = cost_ms(model, data, draft, args.seconds)
+                runs[draft].append(ms)
+        full = Image.open(io.BytesIO(data))
+        full.load()
+        a = model.preprocess(full, {"top_k": 5}).int()
+        b = model.preprocess(Image.open(io.BytesIO(data)), {"top_k": 5}).int()
+        diff = (a - b).abs()
+        before, after = statistics.median(runs[False]), statistics.median(runs[True])
+        print(f"  {name:<22} {len(data):7d} {before:11.3f} {after:7.3f} {after / before:6.2f} "
+              f"{'x'.join(map(str, sizes[True])):>10} {int(diff.max()):7d} {float(diff.float().mean()):8.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

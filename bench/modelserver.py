@@ -2,6 +2,7 @@
 
     python -m bench.modelserver [--seconds 10] [--rounds 2] [--concurrency 1 8 32] [--body raw|json]
                                 [--server NAME=JSON ...] [--tree NAME=PATH ...] [--no-torchserve]
+                                [--bare-runtimes openvino:bf16 openvino:f32 onnxruntime:f32 | none]
 
 Each round starts every server in turn (A/B/A/B: our shipped config, any
 ``--server`` variant of it, the shipped config of any ``--tree``, then
@@ -15,7 +16,10 @@ each of two workers runs on 2 cores); the same again with ``backend.optimize``
 applied as the server applies it (``--bare-optimize``, default ``auto``: Ro(8),
 the bare figure in the mode the server chooses).  Every server keeps its
 config's own ``backend.optimize`` (the shipped ``auto`` unless a variant sets
-it).
+it).  Bare OpenVINO (float32 and bfloat16, ``LATENCY`` hint, converted from
+the torch module) and bare ONNX Runtime (float32) are measured alike
+(``bench/bare_runtimes.py``, ``--bare-runtimes``); a runtime that cannot be
+imported prints one "not installed" line instead.
 
 Per point: images/s, p50 and p99, the ratio to bare R(8) and to TorchServe
 in the same round, and the CPU each image cost by thread role (our server:
@@ -25,7 +29,12 @@ cores the server kept busy, those ``wrk`` itself used and those left idle on
 the whole machine (``/proc/stat``: the server, the load tool and any
 neighbour together), the server's mean batch and forward ms per batch, and the
 1-minute load average before and after (this machine is shared: a point
-taken under load says so).  The summary gives the median over the rounds.
+taken under load says so).  The summary gives the median over the rounds,
+and the issue's goals against bare OpenVINO at 2 threads in the precision
+``auto`` would choose (bf16 where its outputs pass the classification gate
+against eager, else f32): at 32 clients at least 0.75 x its batch-8 img/s,
+at least 3 x TorchServe, p99/p50 at most 1.3; at 1 client a p50 at most
+1.3 x (its batch-1 ms + 1 ms).
 
 ``--server NAME=JSON`` adds a variant of the shipped config, e.g.
 ``--server 'w1={"backend": {"workers": 1}}'``; ``--tree NAME=PATH`` runs the
@@ -62,6 +71,20 @@ def bare(threads: int, seconds: float, optimize: str = "eager") -> dict[int, dic
             "--batch", "1", "8", "--optimize", optimize]
     out = subprocess.run(args, env=child_env(), cwd=REPO, capture_output=True, check=True, text=True).stdout
     return {row["batch"]: row for row in map(json.loads, out.splitlines())}
+
+
+def bare_runtime(spec: str, threads: int, seconds: float) -> dict:
+    """Bare OpenVINO or ONNX Runtime (``RUNTIME:PRECISION``) at batch 1 and 8: {batch: row}, or {"missing": why}."""
+    runtime, _, precision = spec.partition(":")
+    args = [sys.executable, "-m", "bench.bare_runtimes", "--runtime", runtime, "--precision", precision or "f32",
+            "--seconds", str(seconds), "--threads", str(threads), "--batch", "1", "8"]
+    done = subprocess.run(args, env=child_env(), cwd=REPO, capture_output=True, text=True)
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not rows:
+        return {"missing": f"failed ({done.stderr.strip().splitlines()[-1:] or done.returncode})"}
+    if "missing" in rows[0]:
+        return {"missing": rows[0]["missing"]}
+    return {row["batch"]: row for row in rows}
 
 
 class Servers:
@@ -125,7 +148,7 @@ def row(p: Point) -> str:
 
 
 def summary(points: list[Point], refs: dict[int, list[dict]], opt_refs: dict[int, list[dict]],
-            servers: list[str]) -> None:
+            servers: list[str], runtimes: dict[tuple[str, int], list[dict]] | None = None) -> None:
     r8 = statistics.median(r[8]["images_per_s"] for r in refs[2]) if 2 in refs else float("nan")
     ro8 = statistics.median(r[8]["images_per_s"] for r in opt_refs[2]) if 2 in opt_refs else float("nan")
     modes = sorted({r[8].get("optimize", "?") for rows in opt_refs.values() for r in rows})
@@ -164,6 +187,59 @@ def summary(points: list[Point], refs: dict[int, list[dict]], opt_refs: dict[int
                               for label, table in (("eager", refs), ("optimised", opt_refs))
                               for t, rows in sorted(table.items()))
             print(f"  {name}: c=1 p50 / (R-ms(1) + decode {decode:.2f} ms): {parts}")
+    if runtimes is not None:
+        runtime_summary(points, runtimes, servers)
+
+
+def _median_row(rows: list[dict], batch: int, key: str) -> float:
+    return statistics.median(r[batch][key] for r in rows)
+
+
+def runtime_summary(points: list[Point], runtimes: dict[tuple[str, int], list[dict]], servers: list[str]) -> None:
+    """The bare runtimes' medians, and the issue's goals against bare OpenVINO at 2 threads."""
+    for (spec, threads), rows in sorted(runtimes.items()):
+        missing = next((r["missing"] for r in rows if "missing" in r), None)
+        if missing:
+            print(f"  bare {spec} at {threads} thread(s): not installed or not runnable: {missing}")
+            continue
+        print(f"  bare {spec} at {threads} thread(s): R-ms(1) {_median_row(rows, 1, 'ms_per_batch'):.1f} ms, R(8) "
+              f"{_median_row(rows, 8, 'images_per_s'):.1f} img/s, {_median_row(rows, 8, 'core_ms_per_image'):.2f} "
+              f"core-ms per image at batch 8; gate against eager: {'passed' if rows[0][8]['gate'] else 'FAILED'} "
+              f"[{rows[0][8]['gate_figure']}]")
+    usable = {spec: rows for (spec, threads), rows in runtimes.items()
+              if threads == 2 and spec.startswith("openvino") and not any("missing" in r for r in rows)}
+    bf16 = usable.get("openvino:bf16")
+    chosen = "openvino:bf16" if bf16 and all(r[8]["gate"] for r in bf16) else "openvino:f32"
+    if chosen not in usable:
+        print("  goals against bare OpenVINO: not computed (bare OpenVINO at 2 threads not measured or not installed)")
+        return
+    ov8 = _median_row(usable[chosen], 8, "images_per_s")
+    ov1 = _median_row(usable[chosen], 1, "ms_per_batch")
+    print(f"\ngoals against bare OpenVINO ({chosen.split(':')[1]}, the precision auto would choose; 2 threads: "
+          f"batch 8 {ov8:.1f} img/s, batch 1 {ov1:.1f} ms), medians over the rounds:")
+    for name in servers:
+        if name == "torchserve":
+            continue
+        c32 = [p for p in points if p.server == name and p.clients == 32]
+        c1 = [p for p in points if p.server == name and p.clients == 1]
+        if c32:
+            rate = statistics.median(p.load.rate for p in c32)
+            ts = {p.round: p.load.rate for p in points if p.server == "torchserve" and p.clients == 32}
+            vs_ts = [p.load.rate / ts[p.round] for p in c32 if ts.get(p.round)]
+            tail = statistics.median(p.load.p99 / p.load.p50 for p in c32)
+            ts_text = f"{statistics.median(vs_ts):.2f} x TorchServe" if vs_ts else "TorchServe not measured"
+            print(f"  {name} c=32: {rate:.1f} img/s = {rate / ov8:.2f} x bare OV batch 8 (goal >= 0.75: "
+                  f"{_met(rate / ov8 >= 0.75)}); {ts_text} (goal >= 3: {_met(bool(vs_ts) and statistics.median(vs_ts) >= 3)}); "
+                  f"p99/p50 {tail:.2f} (goal <= 1.3: {_met(tail <= 1.3)})")
+        if c1:
+            p50 = statistics.median(p.load.p50 for p in c1)
+            bound = 1.3 * (ov1 + 1.0)
+            print(f"  {name} c=1: p50 {p50:.1f} ms = {p50 / (ov1 + 1.0):.2f} x (bare OV batch 1 + 1 ms) "
+                  f"(goal <= 1.3, i.e. {bound:.1f} ms: {_met(p50 <= bound)})")
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "missed"
 
 
 def main() -> None:
@@ -182,6 +258,9 @@ def main() -> None:
     parser.add_argument("--bare-optimize", default="auto",
                         help="the optimised bare reference Ro: backend.optimize as the server applies it "
                              "(auto: the mode it would choose), measured beside eager; 'none' skips it")
+    parser.add_argument("--bare-runtimes", nargs="+", default=["openvino:bf16", "openvino:f32", "onnxruntime:f32"],
+                        metavar="RUNTIME:PRECISION",
+                        help="bare OpenVINO / ONNX Runtime references (bench/bare_runtimes.py); 'none' skips them")
     parser.add_argument("--tool", choices=("auto", "wrk", "python"), default="auto")
     args = parser.parse_args()
 
@@ -199,6 +278,12 @@ def main() -> None:
     optimised = args.bare_optimize not in ("none", "eager")
     opt_refs: dict[int, list[dict]] = {t: [bare(t, args.bare_seconds, args.bare_optimize)]
                                        for t in (args.bare_threads if optimised else [])}
+    specs = [] if args.bare_runtimes == ["none"] else args.bare_runtimes
+    runtimes: dict[tuple[str, int], list[dict]] = {(spec, t): [bare_runtime(spec, t, args.bare_seconds)]
+                                                   for spec in specs for t in args.bare_threads}
+    for (spec, t), rows in runtimes.items():
+        if "missing" in rows[0]:
+            print(f"bare {spec} at {t} thread(s): not installed or not runnable: {rows[0]['missing']}")
     points: list[Point] = []
     print(f"  {HEADER}")
     for round_ in range(1, args.rounds + 1):
@@ -207,6 +292,9 @@ def main() -> None:
             refs[t].append(bare(t, args.bare_seconds))
             if optimised:
                 opt_refs[t].append(bare(t, args.bare_seconds, args.bare_optimize))
+        for (spec, t), rows in runtimes.items():
+            if "missing" not in rows[0]:
+                rows.append(bare_runtime(spec, t, args.bare_seconds))
     print("\nbare torch MobileNetV2, float32 224x224 (bench/bare_forward.py), before and after each round:")
     for t, rows in [*((("eager", t), r) for t, r in sorted(refs.items())),
                     *(((f"optimised ({args.bare_optimize})", t), r) for t, r in sorted(opt_refs.items()))]:
@@ -215,7 +303,15 @@ def main() -> None:
             print(f"  {t[0]} {chosen}, {t[1]} thread(s) batch {b}: " + ", ".join(
                 f"{r[b]['images_per_s']:.1f} img/s ({r[b]['ms_per_batch']:.1f} ms, {r[b]['core_ms_per_image']:.2f} "
                 "core-ms/img)" for r in rows))
-    summary(points, refs, opt_refs, [*servers.plans, *(["torchserve"] if args.torchserve else [])])
+    for (spec, t), rows in sorted(runtimes.items()):
+        if "missing" in rows[0]:
+            continue
+        for b in (1, 8):
+            print(f"  bare {spec}, {t} thread(s) batch {b}: " + ", ".join(
+                f"{r[b]['images_per_s']:.1f} img/s ({r[b]['ms_per_batch']:.1f} ms, {r[b]['core_ms_per_image']:.2f} "
+                "core-ms/img)" for r in rows if b in r))
+    summary(points, refs, opt_refs, [*servers.plans, *(["torchserve"] if args.torchserve else [])],
+            runtimes if specs else None)
 
 
 if __name__ == "__main__":

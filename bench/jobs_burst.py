@@ -1,0 +1,127 @@
+"""Admission under a burst: 100 asynchronous job submits at once, through the gateway and straight to the model server.
+
+A MOBILENETV2 model server from the shipped config, jobs on
+(``async_max_queue`` at least the burst, so that every submit may be
+admitted), behind a real gateway.  Each round fires ``--burst`` submits of
+one 224x224 JPEG at the same instant, each on a connection of its own
+(asyncio, one process: the client adds little per request), first through
+the gateway (``POST /v1/models/MOBILENETV2/jobs``), then straight to the
+model server (``POST /jobs``), and times each reply from the first byte
+sent to the last byte read; after each burst it waits for every job to
+finish.  Prints the status counts and the 202's p50/p99/max per path and
+round.  Goal (issue 27, item 20): p99 at most 50 ms with 100 concurrent
+submits on 2 idle cores.
+
+    python -m bench.jobs_burst [--burst 100] [--rounds 3] [--no-gateway]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bench.shipped import shipped_config
+from tests.support.gateway import GATEWAY_TOKENS, start_gateway
+from tests.support.images import image_b64
+from tests.support.processes import free_port, start_model_server
+
+UPSTREAM_TOKEN = "bench-upstream"
+
+
+async def submit(port: int, path: str, head: bytes, body: bytes, start: asyncio.Event) -> tuple[int, float, str]:
+    """One submit on a connection of its own, sent when ``start`` fires: (status, ms, job id)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    await start.wait()
+    started = time.perf_counter()
+    writer.write(head + body)
+    await writer.drain()
+    data = await reader.read()  # Connection: close
+    elapsed = (time.perf_counter() - started) * 1000.0
+    writer.close()
+    status_line, _, rest = data.partition(b"\r\n")
+    status = int(status_line.split()[1]) if status_line else 0
+    job = ""
+    if status == 202:
+        job = json.loads(rest.partition(b"\r\n\r\n")[2]).get("job_id", "")
+    return status, elapsed, job
+
+
+async def burst(port: int, path: str, auth: str, body: bytes, n: int) -> list[tuple[int, float, str]]:
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: {auth}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    start = asyncio.Event()
+    tasks = [asyncio.ensure_future(submit(port, path, head, body, start)) for _ in range(n)]
+    await asyncio.sleep(0.5)  # every connection open and waiting
+    start.set()
+    return await asyncio.gather(*tasks)
+
+
+def wait_done(port: int, auth: str, prefix: str, jobs: list[str]) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    for job in jobs:
+        conn.request("GET", f"{prefix}/{job}/wait?timeout=120000", headers={"Authorization": auth})
+        conn.getresponse().read()
+    conn.close()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--burst", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--no-gateway", dest="gateway", action="store_false")
+    args = parser.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-burst-"))
+    servers = tmp / "server"
+    servers.mkdir()
+    port = free_port()
+    config = shipped_config(servers, "MOBILENETV2", name="MOBILENETV2.toml", port=port, async_enabled=True,
+                            async_max_queue=max(128, args.burst), max_queue_depth=0)
+    model = start_model_server(config, token=UPSTREAM_TOKEN, port=port, ready_timeout=300)
+    gateway = start_gateway(tmp, servers, None, env={"SERVICE_UPSTREAM_TOKEN": UPSTREAM_TOKEN}) if args.gateway \
+        else None
+    body = json.dumps({"images": [image_b64(width=224, height=224, fmt="JPEG", seed=3)]}).encode()
+    paths = [("model server", model.port, "/jobs", f"Bearer {UPSTREAM_TOKEN}", "/jobs")]
+    if gateway is not None:
+        token = f"Bearer {GATEWAY_TOKENS['SERVICE_GATEWAY_AUTH_TOKEN']}"
+        paths.insert(0, ("gateway", gateway.port, "/v1/models/MOBILENETV2/jobs", token, "/v1/models/MOBILENETV2/jobs"))
+    print(f"{args.burst} job submits at once (one 224x224 JPEG each), MOBILENETV2 shipped config with "
+          f"async_max_queue {max(128, args.burst)}; ms from the first byte sent to the reply's last byte")
+    print(f"  {'round':>5} {'path':<13} {'202':>4} {'other':>5} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7}")
+    results: dict[str, list[float]] = {}
+    try:
+        for round_ in range(1, args.rounds + 1):
+            for name, target, path, auth, prefix in paths:
+                replies = asyncio.run(burst(target, path, auth, body, args.burst))
+                admitted = [ms for status, ms, _ in replies if status == 202]
+                others = sorted({status for status, _, _ in replies if status != 202})
+                results.setdefault(name, []).extend(admitted)
+                print(f"  {round_:5d} {name:<13} {len(admitted):4d} {len(replies) - len(admitted):5d} "
+                      f"{statistics.median(admitted) if admitted else float('nan'):7.1f} "
+                      f"{percentile(admitted, 0.99) if admitted else float('nan'):7.1f} "
+                      f"{max(admitted, default=float('nan')):7.1f}" + (f"  statuses {others}" if others else ""),
+                      flush=True)
+                wait_done(target, auth, prefix, [job for status, _, job in replies if status == 202])
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        model.stop()
+    for name, values in results.items():
+        p99 = percentile(values, 0.99)
+        print(f"  all rounds, {name}: 202 p50 {statistics.median(values):.1f} ms, p99 {p99:.1f} ms "
+              f"(goal <= 50 ms: {'met' if p99 <= 50 else 'missed'})")
+
+
+if __name__ == "__main__":
+    main()

@@ -8,8 +8,10 @@ one 224x224 JPEG at the same instant, each on a connection of its own
 the gateway (``POST /v1/models/MOBILENETV2/jobs``), then straight to the
 model server (``POST /jobs``), and times each reply from the first byte
 sent to the last byte read; after each burst it waits for every job to
-finish.  Prints the status counts and the 202's p50/p99/max per path and
-round.  Goal (issue 27, item 20): p99 at most 50 ms with 100 concurrent
+finish.  Prints the status counts, the 202's p50/p99/max per path and
+round, and the CPU per submit of the model server's reactor thread and of the
+gateway process over the burst (``bench/threadcpu.py``; the connections'
+accepts included, the jobs' own work on the worker threads not).  Goal (issue 27, item 20): p99 at most 50 ms with 100 concurrent
 submits on 2 idle cores.
 
     python -m bench.jobs_burst [--burst 100] [--rounds 3] [--no-gateway]
@@ -27,6 +29,7 @@ import time
 from pathlib import Path
 
 from bench.shipped import shipped_config
+from bench.threadcpu import ThreadCpu, process_cpu_ms
 from tests.support.gateway import GATEWAY_TOKENS, start_gateway
 from tests.support.images import image_b64
 from tests.support.processes import free_port, start_model_server
@@ -98,19 +101,28 @@ def main() -> None:
         paths.insert(0, ("gateway", gateway.port, "/v1/models/MOBILENETV2/jobs", token, "/v1/models/MOBILENETV2/jobs"))
     print(f"{args.burst} job submits at once (one 224x224 JPEG each), MOBILENETV2 shipped config with "
           f"async_max_queue {max(128, args.burst)}; ms from the first byte sent to the reply's last byte")
-    print(f"  {'round':>5} {'path':<13} {'202':>4} {'other':>5} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7}")
+    print(f"  {'round':>5} {'path':<13} {'202':>4} {'other':>5} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} "
+          f"{'model reactor CPU/submit':>24} {'gateway CPU/submit':>18}")
     results: dict[str, list[float]] = {}
     try:
         for round_ in range(1, args.rounds + 1):
             for name, target, path, auth, prefix in paths:
+                cpu = ThreadCpu(model.popen.pid)
+                gateway_before = process_cpu_ms(gateway.popen.pid) if gateway is not None else 0.0
+                cpu.start()
                 replies = asyncio.run(burst(target, path, auth, body, args.burst))
+                cpu.stop()
+                reactor_ms = cpu.roles().get("reactor", 0.0) / args.burst
+                gateway_ms = (process_cpu_ms(gateway.popen.pid) - gateway_before) / args.burst \
+                    if gateway is not None and name == "gateway" else float("nan")
                 admitted = [ms for status, ms, _ in replies if status == 202]
                 others = sorted({status for status, _, _ in replies if status != 202})
                 results.setdefault(name, []).extend(admitted)
                 print(f"  {round_:5d} {name:<13} {len(admitted):4d} {len(replies) - len(admitted):5d} "
                       f"{statistics.median(admitted) if admitted else float('nan'):7.1f} "
                       f"{percentile(admitted, 0.99) if admitted else float('nan'):7.1f} "
-                      f"{max(admitted, default=float('nan')):7.1f}" + (f"  statuses {others}" if others else ""),
+                      f"{max(admitted, default=float('nan')):7.1f} {reactor_ms:21.2f} ms {gateway_ms:15.2f} ms"
+                      + (f"  statuses {others}" if others else ""),
                       flush=True)
                 wait_done(target, auth, prefix, [job for status, _, job in replies if status == 202])
     finally:

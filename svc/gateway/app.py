@@ -70,6 +70,7 @@ from svc.protocol import (
     METRICS_PATH,
     MODEL_INFER,
     MODEL_PREFIX,
+    OPENAPI_PATH,
     klein_rule,
     model_path,
 )
@@ -77,7 +78,7 @@ from svc.query import MAX_DIGITS, wait_budget_ms
 from svc.ratelimit import KeyedLimiter, retry_after_header
 from svc.request import REQ_ID_RE
 from svc.web import routes
-from svc.web.replies import bearer_token, dumps, header, send_json
+from svc.web.replies import bearer_token, dumps, header, send_encoded, send_json
 
 log = Logger()
 
@@ -142,11 +143,13 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
         balancer: Balancer | None = None,
         rates: Any = None,
         cluster: Cluster | None = None,
+        openapi: dict | None = None,
     ) -> None:
         """``balancer``: the replicas' outstanding requests and readiness (svc.gateway.balancer);
         ``rates``: the per-key buckets (svc.gateway.ratestore); ``cluster``: this host among its peers,
         with the job secret that job ids are signed with (svc.gateway.cluster; default: a single host
-        without a secret, which trusts the owner an id claims)."""
+        without a secret, which trusts the owner an id claims); ``openapi``: the document served at
+        ``/openapi.json`` (svc.openapi.gateway; default: none, 404)."""
         self.clock = clock
         self.balancer = balancer or Balancer()
         self.catalog = catalog
@@ -162,6 +165,7 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
             reactor=clock, config=ClusterConfig.single_host(), authenticator=authenticator, secret=None, metrics=metrics,
             recv_timeout_s=upstream_recv_timeout_ms / 1000.0)
         self.oip_shapes = {}
+        self.openapi_bytes = dumps(openapi) if openapi is not None else None
         self.configured = routes.ConfiguredRoutes()
         for upstream in catalog:
             self.configured.add(upstream.server_uri, ["POST"], partial(self.legacy_infer, upstream=upstream))
@@ -370,6 +374,15 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
                            headers={"WWW-Authenticate": 'Bearer realm="gateway-metrics"'})
         request.service_key = METRICS_TOKEN_NAME
         request.setHeader(b"X-Service-Key", METRICS_TOKEN_NAME.encode())
+
+    @app.route(OPENAPI_PATH, methods=["GET"])
+    async def openapi_route(self, request: Any) -> bytes:
+        """The gateway's OpenAPI document (``openapi/gateway.json`` for the shipped catalog), with a credential."""
+        request.service_route = "openapi"
+        await self.admit(request)
+        if self.openapi_bytes is None:
+            raise ApiError(st.NOT_FOUND, "this gateway was started without its OpenAPI document")
+        return send_encoded(request, 200, self.openapi_bytes)
 
     @app.route(klein_rule(MODEL_INFER), methods=["POST"])
     async def infer(self, request: Any, model_id: str) -> bytes:

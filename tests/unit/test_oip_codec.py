@@ -52,6 +52,11 @@ def test_json_tensors_are_flattened_row_major():
     assert req.inputs[0].data == ["YQ==", "Yg=="] and req.outputs is None and req.binary_output is False
 
 
+def test_nested_json_data_follows_the_shape():
+    body = {"inputs": [{"name": "X", "datatype": "INT32", "shape": [2, 2], "data": [[1, 2], [3, 4]]}]}
+    assert parse_request(json.dumps(body).encode(), None).inputs[0].data == [1, 2, 3, 4]
+
+
 def test_numeric_binary_tensors_are_little_endian():
     blob = struct.pack("<3f", 1.5, -2.0, 0.25)
     body, length = binary_request({"inputs": [{"name": "X", "datatype": "FP32", "shape": [3],
@@ -87,6 +92,16 @@ def test_bad_binary_lengths_are_refused(blob, size, length, message):
     ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["a"]}],
       "outputs": [{"name": "P", "parameters": {"classification": -1}}]}, "classification"),
     ([1, 2], "JSON object"),
+    ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["a"]}], "extra": 1}, "unsupported fields"),
+    ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["a"], "parameters": {"x": 1}}]},
+     "unsupported fields: x"),
+    ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": [["a"]]}]}, "nested otherwise"),
+    ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": "a"}]}, "must be a list"),
+    ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["a"]}], "id": 5}, "id must be"),
+    ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["a"]}],
+      "parameters": {"binary_data_output": 1}}, "binary_data_output"),
+    ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["a"]}],
+      "outputs": [{"name": "P", "parameters": {"binary_data": "yes"}}]}, "binary_data must"),
 ])
 def test_malformed_requests_are_refused(head, message):
     with pytest.raises(CodecError, match=message):
@@ -135,7 +150,9 @@ def request_for(parameters: dict, outputs: list | None = None) -> codec.InferReq
 
 def test_plan_sends_params_options_and_the_classification_top_k():
     shape = shape_of(CLASSIFICATION, 10)
-    plan = translate.plan(shape, request_for({"top_k": 4, "priority": 1, "triton_x": 1, "options": {"max_results": 2},
+    with pytest.raises(CodecError, match="top_k is not a parameter"):
+        translate.plan(shape, request_for({"top_k": 4}))
+    plan = translate.plan(shape, request_for({"priority": 1, "triton_x": 1, "options": {"max_results": 2},
                                               "binary_data_output": True},
                                              [{"name": "PROBABILITIES", "parameters": {"classification": 3}}]))
     assert json.loads(plan.body) == {"images": ["YQ=="], "req_id": "abc", "params": {"top_k": 3},
@@ -145,6 +162,11 @@ def test_plan_sends_params_options_and_the_classification_top_k():
     assert json.loads(full.body)["params"] == {"top_k": 10}  # the plain tensor needs every class
     with pytest.raises(CodecError, match="unknown output"):
         translate.plan(shape, request_for({}, [{"name": "BOXES"}]))
+    with pytest.raises(CodecError, match="does not support the classification"):
+        translate.plan(shape_of(DETECTION), request_for({}, [{"name": "BOXES", "parameters": {"classification": 0}}]))
+    with pytest.raises(CodecError, match="one BYTES input"):
+        translate.plan(shape, parse_request(json.dumps({"inputs": [
+            {"name": "IMAGE", "datatype": "BYTES", "shape": [1, 1], "data": ["YQ=="]}]}).encode(), None))
     with pytest.raises(CodecError, match="more than the model's 10 classes"):
         translate.plan(shape, request_for({}, [{"name": "PROBABILITIES", "parameters": {"classification": 11}}]))
 
@@ -152,7 +174,7 @@ def test_plan_sends_params_options_and_the_classification_top_k():
 def test_detections_of_several_rows_are_concatenated_with_their_row():
     rows = [[{"bbox": [1, 2, 3, 4], "score": 0.5, "class_id": 7}], [],
             [{"bbox": [5, 6, 7, 8], "score": 0.25, "class_id": 1}, {"bbox": [0, 0, 1, 1], "score": 0.125, "class_id": 2}]]
-    wanted = [(codec.RequestedOutput(name, None, 0), False) for name in ("BOXES", "SCORES", "CLASSES", "ROWS")]
+    wanted = [(codec.RequestedOutput(name, None, None), False) for name in ("BOXES", "SCORES", "CLASSES", "ROWS")]
     found = {o.name: o for o, _ in translate.outputs(shape_of(DETECTION), rows, wanted)}
     assert found["BOXES"].shape == [3, 4] and found["BOXES"].data[:4] == [1, 2, 3, 4]
     assert found["SCORES"].data == [0.5, 0.25, 0.125] and found["CLASSES"].data == [7, 1, 2]

@@ -56,7 +56,7 @@ class Tensor:
 class RequestedOutput:
     name: str
     binary: bool | None  # None: as the request's binary_data_output says
-    classification: int  # 0: the plain tensor
+    classification: int | None  # None (or 0): the plain tensor
 
 
 @dataclass
@@ -78,23 +78,37 @@ class Output:
     data: list
 
 
-def _object(value: Any, what: str) -> dict:
+#: The fields of each object of a request; anything else is refused, as a field the server would ignore.
+REQUEST_FIELDS = frozenset({"id", "parameters", "inputs", "outputs"})
+INPUT_FIELDS = frozenset({"name", "datatype", "shape", "parameters", "data"})
+OUTPUT_FIELDS = frozenset({"name", "parameters"})
+INPUT_PARAMETERS = frozenset({"binary_data_size"})
+OUTPUT_PARAMETERS = frozenset({"binary_data", "classification"})
+
+
+def _object(value: Any, what: str, fields: frozenset | None = None) -> dict:
     if not isinstance(value, dict):
         raise CodecError(f"{what} must be a JSON object")
+    if fields is not None:
+        unknown = sorted(set(value) - fields)
+        if unknown:
+            raise CodecError(f"{what} has unsupported fields: {', '.join(k[:40] for k in unknown[:5])}")
     return value
 
 
-def _parameters(entry: dict, what: str) -> dict:
-    return _object(entry.get("parameters", {}), f"{what}.parameters")
+def _parameters(entry: dict, what: str, fields: frozenset | None = None) -> dict:
+    return _object(entry.get("parameters", {}), f"{what}.parameters", fields)
 
 
-def _flatten(data: Any, out: list) -> list:
-    if isinstance(data, list):
-        for item in data:
-            _flatten(item, out)
-    else:
-        out.append(data)
-    return out
+def _flatten(data: Any, shape: list[int], what: str) -> list:
+    """The elements of ``data``: a flat list, or lists nested exactly as ``shape``."""
+    if not isinstance(data, list):
+        raise CodecError(f"{what}.data must be a list")
+    if not any(isinstance(x, list) for x in data):
+        return data
+    if len(shape) < 2 or len(data) != shape[0]:
+        raise CodecError(f"{what}.data is nested otherwise than its shape {shape}")
+    return [x for row in data for x in _flatten(row, shape[1:], what)]
 
 
 def split_body(body: bytes, header_length: str | None) -> tuple[dict, memoryview]:
@@ -150,19 +164,20 @@ def _binary_elements(raw: memoryview, datatype: str, count: int, what: str) -> l
 def parse_request(body: bytes, header_length: str | None) -> InferRequest:
     """An inference request from its body and its ``Inference-Header-Content-Length`` (None: all JSON)."""
     head, binary = split_body(body, header_length)
+    _object(head, "the inference request", REQUEST_FIELDS)
     inputs_json = head.get("inputs")
     if not isinstance(inputs_json, list) or not inputs_json:
         raise CodecError("inputs must be a non-empty list")
     inputs, offset = [], 0
     for i, entry in enumerate(inputs_json):
         what = f"inputs[{i}]"
-        entry = _object(entry, what)
+        entry = _object(entry, what, INPUT_FIELDS)
         name, datatype = entry.get("name"), entry.get("datatype")
         if not isinstance(name, str):
             raise CodecError(f"{what}.name must be a string")
         if datatype not in DATATYPES:
             raise CodecError(f"{what}.datatype must be one of {', '.join(DATATYPES)}")
-        shape, params = _shape(entry, what), _parameters(entry, what)
+        shape, params = _shape(entry, what), _parameters(entry, what, INPUT_PARAMETERS)
         count = prod(shape)
         size = params.get("binary_data_size")
         if size is not None:
@@ -173,7 +188,7 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
             data = _binary_elements(binary[offset:offset + size], datatype, count, what)
             offset += size
         elif "data" in entry:
-            data = _flatten(entry["data"], [])
+            data = _flatten(entry["data"], shape, what)
             if len(data) != count:
                 raise CodecError(f"{what}: {len(data)} elements of data for shape {shape}")
         else:
@@ -183,8 +198,12 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
         raise CodecError(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
     parameters = _parameters(head, "the inference request")
     request_id = head.get("id")
-    return InferRequest(request_id if isinstance(request_id, str) else None, inputs, _outputs(head.get("outputs")),
-                        parameters, parameters.get("binary_data_output") is True)
+    if request_id is not None and not isinstance(request_id, str):
+        raise CodecError("id must be a string")
+    binary_output = parameters.get("binary_data_output", False)
+    if not isinstance(binary_output, bool):
+        raise CodecError("parameters.binary_data_output must be true or false")
+    return InferRequest(request_id, inputs, _outputs(head.get("outputs")), parameters, binary_output)
 
 
 def _outputs(value: Any) -> list[RequestedOutput] | None:
@@ -194,15 +213,17 @@ def _outputs(value: Any) -> list[RequestedOutput] | None:
         raise CodecError("outputs must be a list")
     found = []
     for i, entry in enumerate(value):
-        entry = _object(entry, f"outputs[{i}]")
-        name, params = entry.get("name"), _parameters(entry, f"outputs[{i}]")
+        entry = _object(entry, f"outputs[{i}]", OUTPUT_FIELDS)
+        name, params = entry.get("name"), _parameters(entry, f"outputs[{i}]", OUTPUT_PARAMETERS)
         if not isinstance(name, str):
             raise CodecError(f"outputs[{i}].name must be a string")
         binary = params.get("binary_data")
-        k = params.get("classification", 0)
-        if not isinstance(k, int) or isinstance(k, bool) or k < 0:
-            raise CodecError(f"outputs[{i}].parameters.classification must be a positive integer")
-        found.append(RequestedOutput(name, binary if isinstance(binary, bool) else None, k))
+        if binary is not None and not isinstance(binary, bool):
+            raise CodecError(f"outputs[{i}].parameters.binary_data must be true or false")
+        k = params.get("classification")
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
+            raise CodecError(f"outputs[{i}].parameters.classification must be a non-negative integer")
+        found.append(RequestedOutput(name, binary, k))
     return found
 
 

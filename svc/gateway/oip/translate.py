@@ -56,15 +56,15 @@ class Plan:
 def _outputs(shape: ModelShape, request: InferRequest) -> list[tuple[RequestedOutput, bool]]:
     requested = request.outputs
     if requested is None:
-        requested = [RequestedOutput(o.name, None, 0) for o in shape.outputs]
+        requested = [RequestedOutput(o.name, None, None) for o in shape.outputs]
     found = []
     for out in requested:
         if shape.output(out.name) is None:
             names = ", ".join(o.name for o in shape.outputs)
             raise CodecError(f"unknown output {out.name[:80]!r}: the model's outputs are {names}")
-        if out.classification and shape.kind != CLASSIFICATION:
+        if out.classification is not None and shape.kind != CLASSIFICATION:
             raise CodecError(f"output {out.name} does not support the classification extension")
-        if out.classification > shape.classes:
+        if (out.classification or 0) > shape.classes:
             raise CodecError(f"classification {out.classification} is more than the model's {shape.classes} classes")
         found.append((out, out.binary if out.binary is not None else request.binary_output))
     return found
@@ -72,7 +72,7 @@ def _outputs(shape: ModelShape, request: InferRequest) -> list[tuple[RequestedOu
 
 def plan(shape: ModelShape, request: InferRequest) -> Plan:
     """The model server's request for ``request`` (CodecError: 400)."""
-    if len(request.inputs) != 1 or request.inputs[0].datatype != "BYTES":
+    if len(request.inputs) != 1 or request.inputs[0].datatype != "BYTES" or len(request.inputs[0].shape) != 1:
         raise CodecError(f"the model takes one BYTES input {INPUT} of shape [-1]: one encoded image per row")
     images = [base64.b64encode(v).decode("ascii") if isinstance(v, bytes) else v for v in request.inputs[0].data]
     if not all(isinstance(v, str) for v in images):
@@ -85,9 +85,13 @@ def plan(shape: ModelShape, request: InferRequest) -> Plan:
     if not isinstance(options, dict):
         raise CodecError("parameters.options must be a JSON object")
     if shape.kind == CLASSIFICATION:
-        wanted = [o.classification for o, _ in outputs]
+        if "top_k" in params:
+            raise CodecError("top_k is not a parameter here: the outputs asked for set it (classification: k)")
+        wanted = [o.classification or 0 for o, _ in outputs]
         params["top_k"] = shape.classes if 0 in wanted else max(wanted)
     elif shape.kind == SEGMENTATION:
+        if options.get("mask_format", "rle") != "rle":
+            raise CodecError("masks are COCO RLE here: options.mask_format can only be rle")
         options = {**options, "mask_format": "rle"}
     body: dict = {"images": images}
     if request.id is not None and REQ_ID_RE.fullmatch(request.id):

@@ -26,6 +26,7 @@ def auth(key: str = KEY) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 YOLO_PARAMS = {"score_threshold": 0.0, "top_k": 5}
+MAX_BODY = 1_000_000
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,8 @@ def stack(tmp_path_factory):
                  server_uri="/stopped/predict")
     procs = until_all_ready(*(spawn_model_server(c, token="upstream", port=ports[m]) for m, c in configs.items()))
     keys = key_entry("tenant-a", KEY) + key_entry("tenant-slow", SLOW_KEY, qps=1)
-    gateway = start_gateway(root, servers, keys, env={"SERVICE_UPSTREAM_TOKEN": "upstream"})
+    gateway = start_gateway(root, servers, keys, env={"SERVICE_UPSTREAM_TOKEN": "upstream"},
+                            gateway_table=f"max_body_bytes = {MAX_BODY}\n")
     yield {"gateway": gateway, "client": triton.InferenceServerClient(f"127.0.0.1:{gateway.port}")}
     gateway.stop()
     for proc in procs:
@@ -203,6 +205,17 @@ def test_bad_binary_lengths_are_400(stack):
     reply = post(stack["gateway"].url + "/v2/models/MOBILENETV2/infer", head + blob,
                  headers={**auth(), "Inference-Header-Content-Length": str(len(head))})
     assert reply.status == 400 and "runs past" in reply.json["error"]
+
+
+def test_too_large_is_413(stack):
+    client = stack["client"]
+    too_many = [image_bytes(width=8, height=8)] * 17  # max_request_items 16: the model server's 413
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("TESTFAULTS", [images_input(*too_many)], headers=auth())
+    assert e.value.status() == "413" and "16" in e.value.message()
+    head = json.dumps({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["A" * MAX_BODY]}]})
+    reply = post(stack["gateway"].url + "/v2/models/TESTFAULTS/infer", head.encode(), headers=auth())
+    assert reply.status == 413 and set(reply.json) == {"error"} and "max_body_bytes" in reply.json["error"]
 
 
 # -- the rest of the request path -------------------------------------------------------------------------

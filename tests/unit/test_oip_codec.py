@@ -85,6 +85,7 @@ def test_bad_binary_lengths_are_refused(blob, size, length, message):
 @pytest.mark.parametrize("head, message", [
     ({"inputs": []}, "non-empty"),
     ({"inputs": [{"name": "IMAGE", "datatype": "STRING", "shape": [1], "data": ["a"]}]}, "datatype"),
+    ({"inputs": [{"name": "IMAGE", "datatype": {}, "shape": [1], "data": ["a"]}]}, "datatype"),
     ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [-1], "data": ["a"]}]}, "shape"),
     ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [2], "data": ["a"]}]}, "1 elements of data"),
     ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1]}]}, "neither data"),
@@ -158,6 +159,7 @@ def test_plan_sends_params_options_and_the_classification_top_k():
     assert json.loads(plan.body) == {"images": ["YQ=="], "req_id": "abc", "params": {"top_k": 3},
                                      "options": {"max_results": 2}}
     assert plan.outputs[0][1] is True  # binary_data_output applies to an output that did not say
+    assert json.loads(translate.plan(shape, request_for({}, [])).body)["params"] == {"top_k": 1}  # no outputs
     full = translate.plan(shape, request_for({}))
     assert json.loads(full.body)["params"] == {"top_k": 10}  # the plain tensor needs every class
     with pytest.raises(CodecError, match="unknown output"):

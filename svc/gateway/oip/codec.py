@@ -175,7 +175,7 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
         name, datatype = entry.get("name"), entry.get("datatype")
         if not isinstance(name, str):
             raise CodecError(f"{what}.name must be a string")
-        if datatype not in DATATYPES:
+        if not isinstance(datatype, str) or datatype not in DATATYPES:
             raise CodecError(f"{what}.datatype must be one of {', '.join(DATATYPES)}")
         shape, params = _shape(entry, what), _parameters(entry, what, INPUT_PARAMETERS)
         count = prod(shape)

@@ -88,7 +88,7 @@ def plan(shape: ModelShape, request: InferRequest) -> Plan:
         if "top_k" in params:
             raise CodecError("top_k is not a parameter here: the outputs asked for set it (classification: k)")
         wanted = [o.classification or 0 for o, _ in outputs]
-        params["top_k"] = shape.classes if 0 in wanted else max(wanted)
+        params["top_k"] = shape.classes if 0 in wanted else max(wanted, default=1)  # outputs: [] asks for none
     elif shape.kind == SEGMENTATION:
         if options.get("mask_format", "rle") != "rle":
             raise CodecError("masks are COCO RLE here: options.mask_format can only be rle")

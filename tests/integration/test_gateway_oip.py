@@ -109,6 +109,9 @@ def test_binary_tensors_give_the_contract_routes_probabilities(stack):
         assert int(row.argmax()) == top["class_id"]
         assert np.allclose(row[top["class_ids"]], top["scores"], rtol=1e-6)
         assert row.sum() == pytest.approx(1.0, abs=1e-3)
+    # One row is sent to the model server as a raw body (no base64 on either side): the same probabilities.
+    one = stack["client"].infer("MOBILENETV2", [images_input(files[1])], headers=auth()).as_numpy("PROBABILITIES")
+    assert one.shape == (1, 1000) and np.allclose(one[0], probabilities[1], atol=1e-6)
 
 
 def test_json_tensors_and_class_count(stack):
@@ -155,6 +158,7 @@ def test_a_failed_row_fails_the_request(stack):
     engine = status_of(lambda: stack["client"].infer("TESTFAULTS", [images_input(image_bytes())],
                                                      parameters={"fail": "engine"}, headers=auth()))
     assert engine == "500"
+    assert status_of(lambda: stack["client"].infer("TESTFAULTS", [images_input(b"")], headers=auth())) == "400"
 
 
 # -- errors ----------------------------------------------------------------------------------------------

@@ -173,6 +173,22 @@ def test_plan_sends_params_options_and_the_classification_top_k():
         translate.plan(shape, request_for({}, [{"name": "PROBABILITIES", "parameters": {"classification": 11}}]))
 
 
+def test_one_binary_row_is_sent_as_a_raw_body():
+    blob = bytes_tensor(b"\xff\xd8jpeg")
+    body, length = binary_request({"id": "q 1", "inputs": [image_input(len(blob), [1])],
+                                   "parameters": {"score_threshold": 0.5, "options": {"max_results": 3}}}, blob)
+    raw = translate.plan(shape_of(DETECTION), parse_request(body, length), "rid-1")
+    assert raw.body == b"\xff\xd8jpeg" and raw.rows == 1
+    assert raw.headers == {b"content-type": b"application/octet-stream", b"x-request-id": b"rid-1",
+                           b"x-service-params": b'{"score_threshold":0.5}',
+                           b"x-service-options": b'{"max_results":3}'}
+    two = bytes_tensor(b"a", b"b")
+    body, length = binary_request({"id": "ok-id", "inputs": [image_input(len(two))]}, two)
+    plan = translate.plan(shape_of(DETECTION), parse_request(body, length), "not valid")
+    assert json.loads(plan.body) == {"images": ["YQ==", "Yg=="], "req_id": "ok-id"}  # the id: no valid header
+    assert plan.headers == {b"content-type": b"application/json", b"x-request-id": b"ok-id"}
+
+
 def test_detections_of_several_rows_are_concatenated_with_their_row():
     rows = [[{"bbox": [1, 2, 3, 4], "score": 0.5, "class_id": 7}], [],
             [{"bbox": [5, 6, 7, 8], "score": 0.25, "class_id": 1}, {"bbox": [0, 0, 1, 1], "score": 0.125, "class_id": 2}]]

@@ -37,12 +37,11 @@ from svc.gateway.oip import PREFIX, codec, translate
 from svc.gateway.oip.models import INPUTS, ModelShape, shape_from_document
 from svc.gateway.oip.replies import OIP
 from svc.protocol import OPENAPI_PATH, READY_PATH
-from svc.web.replies import dumps, header, send_encoded
+from svc.web.replies import JSON_CONTENT_TYPE, dumps, header, send_encoded
 
 SERVER_NAME = "inference-service"
 PLATFORM = "inference-service"
 EXTENSIONS = ["binary_tensor_data", "classification", "parameters"]
-JSON_HEADERS = Headers({b"content-type": [b"application/json"]})
 #: Model-server statuses that the protocol, which has one "bad request", answers 400.
 AS_BAD_REQUEST = frozenset({415, 422})
 
@@ -132,13 +131,10 @@ class OipRoutes:
         try:
             parsed = codec.parse_request(request.content.getvalue(), header(request, codec.HEADER_LENGTH))
             shape = await self.oip_shape(request, upstream)
-            plan = translate.plan(shape, parsed)
+            plan = translate.plan(shape, parsed, header(request, b"x-request-id"))
         except codec.CodecError as e:
             raise ApiError(st.INVALID_REQUEST, str(e), http=400) from None
-        headers = JSON_HEADERS.copy()
-        rid = request.requestHeaders.getRawHeaders(b"x-request-id")
-        if rid:
-            headers.setRawHeaders(b"x-request-id", rid)
+        headers = Headers({name: [value] for name, value in plan.headers.items()})
         reply = await self.exchange(request, upstream, "infer", upstream.server_uri, headers, plan.body,
                                     method=b"POST")
         try:
@@ -163,7 +159,7 @@ class OipRoutes:
         data, header_length = codec.encode_reply(head, outputs)
         task_id = reply.headers.getRawHeaders(b"x-request-id")
         request.setResponseCode(200)
-        request.setHeader(b"Content-Type", codec.BINARY_CONTENT_TYPE if header_length else b"application/json")
+        request.setHeader(b"Content-Type", codec.BINARY_CONTENT_TYPE if header_length else JSON_CONTENT_TYPE)
         if header_length:
             request.setHeader(b"Inference-Header-Content-Length", str(header_length).encode())
         if task_id:

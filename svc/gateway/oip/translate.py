@@ -46,9 +46,11 @@ STATUSES = {s.code: s for s in st.ALL}
 
 @dataclass
 class Plan:
-    """What to ask the model server, and which outputs to answer with (each with whether it is binary)."""
+    """What to ask the model server (``body`` with ``headers``), and which outputs to answer with (each with
+    whether it is binary)."""
 
     body: bytes
+    headers: dict[bytes, bytes]
     rows: int
     outputs: list[tuple[RequestedOutput, bool]]
 
@@ -70,15 +72,20 @@ def _outputs(shape: ModelShape, request: InferRequest) -> list[tuple[RequestedOu
     return found
 
 
-def plan(shape: ModelShape, request: InferRequest) -> Plan:
-    """The model server's request for ``request`` (CodecError: 400)."""
-    if len(request.inputs) != 1 or request.inputs[0].datatype != "BYTES" or len(request.inputs[0].shape) != 1:
+def plan(shape: ModelShape, request: InferRequest, request_id: str | None = None) -> Plan:
+    """The model server's request for ``request`` (CodecError: 400); ``request_id``: the client's X-Request-ID.
+
+    One binary row is sent as a raw body (the model server's ``application/octet-stream`` request, params
+    and options in ``X-Service-Params`` and ``X-Service-Options``): neither side base64-encodes the image.
+    Otherwise a JSON body, written here without re-encoding the images (base64 needs no JSON escaping).
+    """
+    tensor = request.inputs[0] if len(request.inputs) == 1 else None
+    if tensor is None or tensor.datatype != "BYTES" or len(tensor.shape) != 1:
         raise CodecError(f"the model takes one BYTES input {INPUT} of shape [-1]: one encoded image per row")
-    images = [base64.b64encode(v).decode("ascii") if isinstance(v, bytes) else v for v in request.inputs[0].data]
-    if not all(isinstance(v, str) for v in images):
-        raise CodecError(f"the elements of {INPUT} must be strings (base64 of the image file) in JSON")
-    if not images:
+    if not tensor.data:
         raise CodecError(f"{INPUT} has no rows")
+    if not all(isinstance(v, (str, bytes)) for v in tensor.data):
+        raise CodecError(f"the elements of {INPUT} must be strings (base64 of the image file) in JSON")
     outputs = _outputs(shape, request)
     params = {k: v for k, v in request.parameters.items() if k not in RESERVED and not k.startswith(RESERVED_PREFIX)}
     options = request.parameters.get("options", {})
@@ -93,14 +100,23 @@ def plan(shape: ModelShape, request: InferRequest) -> Plan:
         if options.get("mask_format", "rle") != "rle":
             raise CodecError("masks are COCO RLE here: options.mask_format can only be rle")
         options = {**options, "mask_format": "rle"}
-    body: dict = {"images": images}
-    if request.id is not None and REQ_ID_RE.fullmatch(request.id):
-        body["req_id"] = request.id
-    if params:
-        body["params"] = params
-    if options:
-        body["options"] = options
-    return Plan(dumps(body), len(images), outputs)
+    rid = request_id if request_id is not None and REQ_ID_RE.fullmatch(request_id) else None
+    if rid is None and request.id is not None and REQ_ID_RE.fullmatch(request.id):
+        rid = request.id
+    headers = {b"x-request-id": rid.encode("ascii")} if rid else {}
+    if len(tensor.data) == 1 and isinstance(tensor.data[0], bytes):
+        headers[b"content-type"] = b"application/octet-stream"
+        for name, value in ((b"x-service-params", params), (b"x-service-options", options)):
+            if value:
+                headers[name] = dumps(value)
+        return Plan(tensor.data[0], headers, 1, outputs)
+    images = b",".join(b'"' + base64.b64encode(v) + b'"' if isinstance(v, bytes) else dumps(v) for v in tensor.data)
+    parts = [b'{"images":[', images, b"]"]
+    for name, value in (("req_id", rid), ("params", params), ("options", options)):
+        if value:
+            parts += [b',"', name.encode(), b'":', dumps(value)]
+    headers[b"content-type"] = b"application/json"
+    return Plan(b"".join(parts) + b"}", headers, len(tensor.data), outputs)
 
 
 def failed_item(results: list) -> ApiError | None:

@@ -199,6 +199,25 @@ def test_detections_of_several_rows_are_concatenated_with_their_row():
     assert found["ROWS"].data == [0, 2, 2]
 
 
+def test_masks_images_and_other_data_as_bytes():
+    rle = {"size": [4, 5], "counts": "3a2"}
+    masks = [[{"segmentation": rle, "area": 3}], [{"segmentation": rle, "area": 1}, {"segmentation": rle, "area": 2}]]
+    wanted = [(codec.RequestedOutput(name, None, None), True) for name in ("MASKS", "ROWS")]
+    found = {o.name: o for o, _ in translate.outputs(shape_of(SEGMENTATION), masks, wanted)}
+    assert found["MASKS"].shape == [3] and [json.loads(m) for m in found["MASKS"].data] == [rle] * 3
+    assert found["ROWS"].data == [0, 1, 1]
+    png = b"\x89PNG\r\n"
+    generated = translate.outputs(shape_of(GENERATION), [{"image": base64.b64encode(png).decode(), "seed": 1}],
+                                  [(codec.RequestedOutput("GENERATED", None, None), True)])
+    assert generated[0][0].data == [png] and generated[0][0].shape == [1]
+    other = translate.outputs(shape_of(GENERIC), [{"mean": [1, 2, 3]}], [(codec.RequestedOutput("DATA", None, None), False)])
+    assert other[0][0].data == ['{"mean":[1,2,3]}']
+    options = json.loads(translate.plan(shape_of(SEGMENTATION), request_for({"options": {"max_results": 2}})).body)
+    assert options["options"] == {"max_results": 2, "mask_format": "rle"}
+    with pytest.raises(CodecError, match="only be rle"):
+        translate.plan(shape_of(SEGMENTATION), request_for({"options": {"mask_format": "png"}}))
+
+
 def test_a_failed_row_fails_the_request_with_its_status():
     error = translate.failed_item([{"status": 0, "data": {}}, {"status": 5, "data": None, "error": "not an image"}])
     assert error.code == 400 and "row 1 of 2" in error.message and "INVALID_IMAGE" in error.message

@@ -8,6 +8,8 @@
     GET  /v1/models/{id}/jobs/{job}               -> /jobs/{job}
     GET  /v1/models/{id}/jobs/{job}/wait?timeout= -> /jobs/{job}/wait?timeout=
     GET  /v1/models/{id}/jobs/{job}/result        -> /jobs/{job}/result
+    GET  /openapi.json                            the gateway's document (svc.openapi.gateway)
+    GET, POST /v2/...                             the Open Inference Protocol (svc.gateway.oip.routes)
 
 Order on every other route: authentication (401), the key's token bucket
 (429 with ``Retry-After``; in the configured store, svc.gateway.ratestore),

@@ -89,10 +89,9 @@ OUTPUT_PARAMETERS = frozenset({"binary_data", "classification"})
 def _object(value: Any, what: str, fields: frozenset | None = None) -> dict:
     if not isinstance(value, dict):
         raise CodecError(f"{what} must be a JSON object")
-    if fields is not None:
+    if fields is not None and not fields.issuperset(value):
         unknown = sorted(set(value) - fields)
-        if unknown:
-            raise CodecError(f"{what} has unsupported fields: {', '.join(k[:40] for k in unknown[:5])}")
+        raise CodecError(f"{what} has unsupported fields: {', '.join(k[:40] for k in unknown[:5])}")
     return value
 
 
@@ -122,9 +121,10 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict, memoryview
             raise CodecError(f"Inference-Header-Content-Length {header_length[:40]!r} is not an integer") from None
         if not 0 < length <= len(body):
             raise CodecError(f"Inference-Header-Content-Length {length} is outside the body of {len(body)} bytes")
-        head, rest = body[:length], body[length:]
+        view = memoryview(body)
+        head, rest = view[:length], view[length:]
     try:
-        parsed = json.loads(head)
+        parsed = json.loads(bytes(head))
     except (ValueError, UnicodeDecodeError) as e:
         raise CodecError(f"the inference request header is not JSON: {e}") from None
     return _object(parsed, "the inference request"), memoryview(rest)
@@ -225,16 +225,6 @@ def _outputs(value: Any) -> list[RequestedOutput] | None:
             raise CodecError(f"outputs[{i}].parameters.classification must be a non-negative integer")
         found.append(RequestedOutput(name, binary, k))
     return found
-
-
-def as_bytes(value: str | bytes) -> bytes:
-    """A BYTES element as raw bytes: base64 text decoded (JSON tensors carry files as base64), bytes as they are."""
-    if isinstance(value, bytes):
-        return value
-    try:
-        return base64.b64decode(value, validate=True)
-    except ValueError:
-        raise CodecError("a BYTES element of a JSON tensor is not base64") from None
 
 
 def _binary_data(out: Output) -> bytes:

@@ -49,6 +49,8 @@ TEST = [
     # tests/integration/test_openapi_clients.py: clients generated from openapi/*.json, which import httpx
     "openapi-python-client==0.29.1",
     "httpx==0.28.1",
+    # tests/integration/test_gateway_oip.py: the Open Inference Protocol through a client no one here wrote
+    "tritonclient[http]==2.73.0",
 ]
 
 setup(

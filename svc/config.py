@@ -163,8 +163,9 @@ def sub_table(path: str, data: Mapping[str, Any], name: str) -> dict:
 
 # --- model-server configuration ------------------------------------------------
 
-#: Paths a model server answers itself; a ``server_uri`` must not shadow them.
-RESERVED_PATHS = (HEALTH_PATH, READY_PATH, METRICS_PATH, OPENAPI_PATH, JOBS, "/v1/")
+#: Paths a ``server_uri`` must not take: a model server's own, and the gateway's ``/v1/`` and ``/v2/`` (the
+#: Open Inference Protocol), which the gateway answers before any legacy path.
+RESERVED_PATHS = (HEALTH_PATH, READY_PATH, METRICS_PATH, OPENAPI_PATH, JOBS, "/v1/", "/v2/")
 
 
 # The listener limits of one process's HTTP server (svc.web.limits.HttpLimits), declared once for all three

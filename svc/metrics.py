@@ -54,17 +54,20 @@ def render(registry: CollectorRegistry) -> bytes:
 class HttpMetrics:
     """Request counters shared by every process that speaks HTTP."""
 
+    #: Labels after the common ones (the gateway's ``protocol``).
+    extra_labels: tuple[str, ...] = ()
+
     def __init__(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(
             "service_http_requests",
             "HTTP replies by route, method and status code (every reply, async ones included).",
-            ("route", "method", "code"),
+            ("route", "method", "code", *self.extra_labels),
             registry=registry,
         )
         self.duration = Histogram(
             "service_http_request_duration_ms",
             "Duration of synchronous inference requests in ms (async replies add no sample).",
-            ("route",),
+            ("route", *self.extra_labels),
             buckets=MS_BUCKETS,
             registry=registry,
         )
@@ -132,7 +135,12 @@ class GatewayMetrics(HttpMetrics):
 
     Key names are labels: they come only from the key file and the fixed
     static-token names, never from a request, so the label set stays bounded.
+    The request counter and the duration histogram have a ``protocol``
+    label: ``oip`` for the Open Inference Protocol's ``/v2`` routes,
+    ``contract`` for everything else.
     """
+
+    extra_labels = ("protocol",)
 
     def __init__(self, registry: CollectorRegistry) -> None:
         super().__init__(registry)

@@ -8,6 +8,8 @@
     GET  /v1/models/{id}/jobs/{job}               -> /jobs/{job}
     GET  /v1/models/{id}/jobs/{job}/wait?timeout= -> /jobs/{job}/wait?timeout=
     GET  /v1/models/{id}/jobs/{job}/result        -> /jobs/{job}/result
+    GET  /openapi.json                            the gateway's document (svc.openapi.gateway)
+    GET, POST /v2/...                             the Open Inference Protocol (svc.gateway.oip.routes)
 
 Order on every other route: authentication (401), the key's token bucket
 (429 with ``Retry-After``; in the configured store, svc.gateway.ratestore),
@@ -55,6 +57,8 @@ from svc.errors import ApiError
 from svc.gateway.balancer import Balancer
 from svc.gateway.catalog import Catalog, Replica, Upstream
 from svc.gateway.cluster import Cluster
+from svc.gateway.oip import routes as oip
+from svc.gateway.oip.replies import CONTRACT, GatewayReplies, protocol_of
 from svc.gateway.owners import OtherHost, locate
 from svc.gateway.proxy import Proxy, UpstreamFailed, UpstreamReply, UpstreamUnreachable, not_admitted
 from svc.gateway.ratestore import LocalRates
@@ -68,6 +72,7 @@ from svc.protocol import (
     METRICS_PATH,
     MODEL_INFER,
     MODEL_PREFIX,
+    OPENAPI_PATH,
     klein_rule,
     model_path,
 )
@@ -75,7 +80,7 @@ from svc.query import MAX_DIGITS, wait_budget_ms
 from svc.ratelimit import KeyedLimiter, retry_after_header
 from svc.request import REQ_ID_RE
 from svc.web import routes
-from svc.web.replies import bearer_token, dumps, header, send_json
+from svc.web.replies import bearer_token, dumps, header, send_encoded, send_json
 
 log = Logger()
 
@@ -117,12 +122,11 @@ def task_id_of(request: Any) -> str:
 
 
 #: The gateway's error replies: the unified envelope with the gateway's identity.
-REPLIES = routes.EnvelopeReplies(lambda: GATEWAY_IDENTITY, task_id_of,
-                                 not_found="no route for {path}: unknown model or path")
+REPLIES = GatewayReplies(lambda: GATEWAY_IDENTITY, task_id_of, not_found="no route for {path}: unknown model or path")
 
 
-class GatewayApp(routes.JsonApp):
-    """Routes of the gateway; ``resource()`` is served by a JsonSite."""
+class GatewayApp(oip.OipRoutes, routes.JsonApp):
+    """Routes of the gateway (the ``/v2`` ones: svc.gateway.oip.routes); ``resource()`` is served by a JsonSite."""
 
     app = Klein()
     replies = REPLIES
@@ -141,11 +145,13 @@ class GatewayApp(routes.JsonApp):
         balancer: Balancer | None = None,
         rates: Any = None,
         cluster: Cluster | None = None,
+        openapi: dict | None = None,
     ) -> None:
         """``balancer``: the replicas' outstanding requests and readiness (svc.gateway.balancer);
         ``rates``: the per-key buckets (svc.gateway.ratestore); ``cluster``: this host among its peers,
         with the job secret that job ids are signed with (svc.gateway.cluster; default: a single host
-        without a secret, which trusts the owner an id claims)."""
+        without a secret, which trusts the owner an id claims); ``openapi``: the document served at
+        ``/openapi.json`` (svc.openapi.gateway; default: none, 404)."""
         self.clock = clock
         self.balancer = balancer or Balancer()
         self.catalog = catalog
@@ -160,6 +166,8 @@ class GatewayApp(routes.JsonApp):
         self.cluster = cluster if cluster is not None else Cluster(
             reactor=clock, config=ClusterConfig.single_host(), authenticator=authenticator, secret=None, metrics=metrics,
             recv_timeout_s=upstream_recv_timeout_ms / 1000.0)
+        self.oip_shapes = {}
+        self.openapi_bytes = dumps(openapi) if openapi is not None else None
         self.configured = routes.ConfiguredRoutes()
         for upstream in catalog:
             self.configured.add(upstream.server_uri, ["POST"], partial(self.legacy_infer, upstream=upstream))
@@ -214,15 +222,8 @@ class GatewayApp(routes.JsonApp):
 
     async def forward(self, request: Any, upstream: Upstream, route: str, path: str, *, query: bytes = b"",
                       rewrite: bool = False, replica: Replica | None = None) -> bytes:
-        """Send the request to ``replica``, or to the replica the balancer picks, and answer with its reply.
-
-        Picked (``replica`` None): the request counts as outstanding on its
-        replica while it is out; a replica that refuses the connection or does
-        not admit the request (:func:`not_admitted`) is marked not ready and
-        the request goes to another replica not tried yet.  With no replica
-        left, a refusal is 503 status 65 and a not-admitted reply is passed
-        through, as with one process.
-        """
+        """Send the request to ``replica``, or to the replica the balancer picks (:meth:`exchange`), and answer
+        with its reply."""
         request.service_route = route
         headers = Headers()
         for name in FORWARDED_REQUEST_HEADERS:
@@ -231,23 +232,7 @@ class GatewayApp(routes.JsonApp):
                 headers.setRawHeaders(name, values)
         body = request.content.getvalue() if request.method == b"POST" else None
         started = self.clock.seconds()
-        tried: list[Replica] = []
-        several = replica is None and len(upstream.replicas) > 1
-        while True:
-            target = replica if replica is not None else self.balancer.pick(upstream, tried)
-            tried.append(target)
-            last = not several or len(tried) == len(upstream.replicas)
-            reply = await self._exchange(request, upstream, target, route, path, query, headers, body,
-                                         counted=replica is None, last=last)
-            if reply is None:
-                self.metrics.upstream_retries.labels(upstream.id, "refused").inc()
-                continue
-            if several and not_admitted(reply):
-                self.balancer.mark_down(target)
-                if not last:
-                    self.metrics.upstream_retries.labels(upstream.id, "not_admitted").inc()
-                    continue
-            break
+        reply = await self.exchange(request, upstream, route, path, headers, body, query=query, replica=replica)
         if reply.code == 401:
             log.error("{model} refused the gateway's token: is SERVICE_UPSTREAM_TOKENS right?", model=upstream.id)
         request.setResponseCode(reply.code)
@@ -265,10 +250,41 @@ class GatewayApp(routes.JsonApp):
             data = self._rewrite_job_body(upstream.id, data)
         request.setHeader(b"Content-Length", str(len(data)).encode())
         if route == "infer":
-            self.metrics.duration.labels(route).observe((self.clock.seconds() - started) * 1000.0)
+            self.metrics.duration.labels(route, CONTRACT).observe((self.clock.seconds() - started) * 1000.0)
         return data
 
-    async def _exchange(self, request: Any, upstream: Upstream, target: Replica, route: str, path: str,
+    async def exchange(self, request: Any, upstream: Upstream, route: str, path: str, headers: Headers,
+                       body: bytes | None, *, query: bytes = b"", replica: Replica | None = None,
+                       method: bytes | None = None) -> UpstreamReply:
+        """The model's reply to ``body`` (a GET without one) sent to ``replica`` or to the replica the balancer picks.
+
+        Picked (``replica`` None): the request counts as outstanding on its
+        replica while it is out; a replica that refuses the connection or does
+        not admit the request (:func:`not_admitted`) is marked not ready and
+        the request goes to another replica not tried yet.  With no replica
+        left, a refusal is 503 status 65 and a not-admitted reply is returned
+        as it is, as with one process.
+        """
+        method = method or request.method
+        tried: list[Replica] = []
+        several = replica is None and len(upstream.replicas) > 1
+        while True:
+            target = replica if replica is not None else self.balancer.pick(upstream, tried)
+            tried.append(target)
+            last = not several or len(tried) == len(upstream.replicas)
+            reply = await self._exchange(method, upstream, target, route, path, query, headers, body,
+                                         counted=replica is None, last=last)
+            if reply is None:
+                self.metrics.upstream_retries.labels(upstream.id, "refused").inc()
+                continue
+            if several and not_admitted(reply):
+                self.balancer.mark_down(target)
+                if not last:
+                    self.metrics.upstream_retries.labels(upstream.id, "not_admitted").inc()
+                    continue
+            return reply
+
+    async def _exchange(self, method: bytes, upstream: Upstream, target: Replica, route: str, path: str,
                         query: bytes, headers: Headers, body: bytes | None, *, counted: bool,
                         last: bool) -> UpstreamReply | None:
         """One attempt on ``target``: its reply, None when it refused and another replica may be tried, or the
@@ -281,7 +297,7 @@ class GatewayApp(routes.JsonApp):
             self.balancer.started(target)
         started = self.clock.seconds()
         try:
-            reply = await self.proxy.forward(request.method, target.url(path, query), attempt, body)
+            reply = await self.proxy.forward(method, target.url(path, query), attempt, body)
         except UpstreamUnreachable as e:
             self.balancer.mark_down(target)
             self.metrics.upstream_errors.labels(upstream.id, replica, "unreachable").inc()
@@ -361,6 +377,15 @@ class GatewayApp(routes.JsonApp):
         request.service_key = METRICS_TOKEN_NAME
         request.setHeader(b"X-Service-Key", METRICS_TOKEN_NAME.encode())
 
+    @app.route(OPENAPI_PATH, methods=["GET"])
+    async def openapi_route(self, request: Any) -> bytes:
+        """The gateway's OpenAPI document (``openapi/gateway.json`` for the shipped catalog), with a credential."""
+        request.service_route = "openapi"
+        await self.admit(request)
+        if self.openapi_bytes is None:
+            raise ApiError(st.NOT_FOUND, "this gateway was started without its OpenAPI document")
+        return send_encoded(request, 200, self.openapi_bytes)
+
     @app.route(klein_rule(MODEL_INFER), methods=["POST"])
     async def infer(self, request: Any, model_id: str) -> bytes:
         request.service_route = "infer"
@@ -415,7 +440,7 @@ class GatewayApp(routes.JsonApp):
 
     def oversize_reply(self, request: Any) -> tuple[int, dict[str, str], bytes]:
         """The early 413 of the gateway's body limit (svc.web.limits.LimitedRequest)."""
-        self.count_as("unmatched", "POST", st.ENTITY_TOO_LARGE.http)
+        self.count_as("unmatched", "POST", st.ENTITY_TOO_LARGE.http, protocol_of(request))
         return REPLIES.raw(request, ApiError(
             st.ENTITY_TOO_LARGE, f"request body larger than {self.max_body_bytes} bytes (gateway max_body_bytes)"))
 
@@ -424,4 +449,9 @@ class GatewayApp(routes.JsonApp):
         return REPLIES.raw(None, ApiError(st.NOT_READY, "too many open connections (gateway max_connections); "
                                           "retry shortly", headers={"Retry-After": "1"}))
 
+    def count_labels(self, request: Any) -> tuple[str, ...]:
+        """The ``protocol`` label of the request metrics: ``oip`` under ``/v2``, else ``contract``."""
+        return (protocol_of(request),)
+
+    oip.declare(app)
     routes.install(app, configured=True)

@@ -15,8 +15,9 @@ from typing import Any
 
 from twisted.web.resource import Resource
 
-ALLOWED_HEADERS = b"Authorization, Content-Type, Accept, X-Request-ID, X-Service-Params, X-Service-Options"
-EXPOSED_HEADERS = b"X-Service-Key, X-Request-ID, Retry-After, Location"
+ALLOWED_HEADERS = (b"Authorization, Content-Type, Accept, X-Request-ID, X-Service-Params, X-Service-Options, "
+                   b"Inference-Header-Content-Length")
+EXPOSED_HEADERS = b"X-Service-Key, X-Request-ID, Retry-After, Location, Inference-Header-Content-Length"
 MAX_AGE_S = b"600"
 
 

@@ -48,7 +48,7 @@ class GatewayService(ListeningMultiService):
 
     def __init__(self, *, reactor: Any, config: GatewayConfig, setup: AuthSetup, catalog: Catalog,
                  agent: Any = None, listen_fd: int | None = None, ready_fd: int | None = None,
-                 job_secret: str | None = None, peer_agent: Any = None) -> None:
+                 job_secret: str | None = None, peer_agent: Any = None, openapi: dict | None = None) -> None:
         super().__init__()
         self.reactor = reactor
         self.config = config
@@ -80,6 +80,7 @@ class GatewayService(ListeningMultiService):
             balancer=self.balancer,
             rates=self.rates,
             cluster=self.cluster,
+            openapi=openapi,
         )
         self.catalog = catalog
         # Probes the replicas of the models that have several (svc.gateway.readiness); stopped first.

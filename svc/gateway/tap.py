@@ -106,14 +106,22 @@ def makeService(options: Options, reactor: Any = None) -> Any:
     if reactor is None:
         from twisted.internet import reactor
 
+    from svc.config import model_server_configs
     from svc.gateway.service import GatewayService
+    from svc.modelapi import factories
+    from svc.openapi.gateway import gateway_document
     from svc.process import exit_zero_on_signals
 
     exit_zero_on_signals(reactor)
+    # The document it serves at /openapi.json, built as openapi/gateway.json is (the plugin lookup imports no torch).
+    try:
+        openapi = gateway_document(model_server_configs(config.servers_dir), factories())
+    except ConfigError:  # a [model] table its model server will refuse: no document, the routes still serve
+        openapi = None
     # Job ids name their replica and host under the deployment's secret (svc.gateway.owners).
     return GatewayService(reactor=reactor, config=config, setup=setup, catalog=catalog,
                           listen_fd=options["listen-fd"], ready_fd=options["ready-fd"],
-                          job_secret=env.get(JOB_SECRET_ENV) or None)
+                          job_secret=env.get(JOB_SECRET_ENV) or None, openapi=openapi)
 
 
 def host_id_problem(env: dict[str, str], host_id: str) -> str | None:

@@ -1,8 +1,10 @@
 """The document of the gateway: every catalog model's routes under ``/v1/models/<id>``.
 
 The operations are the model servers' own (``svc.openapi.operations``) with
-the gateway's authentication and the replies it makes itself added.  It is
-committed as ``openapi/gateway.json``; the gateway does not serve it.
+the gateway's authentication and the replies it makes itself added, and the
+Open Inference Protocol's ``/v2`` routes (``svc.openapi.oip``).  It is
+committed as ``openapi/gateway.json`` and the gateway serves it at
+``/openapi.json``, built from its own catalog when it starts.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 from svc import __version__
 from svc.config import ModelServerConfig
 from svc.modelapi import model_config
+from svc.openapi import oip
 from svc.openapi.components import job_components, model_components, ref, status_components
 from svc.openapi.operations import (
     RETRY_AFTER_HEADER,
@@ -22,7 +25,7 @@ from svc.openapi.operations import (
     json_reply,
     rejection,
 )
-from svc.protocol import GATEWAY_PORT, HEALTH_PATH, METRICS_PATH, MODEL_INFER, MODEL_PREFIX, local_url
+from svc.protocol import GATEWAY_PORT, HEALTH_PATH, METRICS_PATH, MODEL_INFER, MODEL_PREFIX, OPENAPI_PATH, local_url
 
 GATEWAY_AUTH = (
     "Needs `Authorization: Bearer <credential>`: an API key of the key file (any scope), the static token "
@@ -90,8 +93,20 @@ def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any]) ->
                 },
             }
         },
+        OPENAPI_PATH: {
+            "get": {
+                "operationId": "openapi",
+                "summary": "This document, for the gateway's catalog. " + GATEWAY_AUTH,
+                "responses": {
+                    "200": {"description": "OpenAPI 3.1 document.",
+                            "content": {"application/json": {"schema": {"type": "object"}}}},
+                    **{code: reply for code, reply in gateway_responses().items() if code in ("401", "405", "429")},
+                },
+            }
+        },
+        **oip.server_paths(),
     }
-    components = status_components()
+    components = {**status_components(), **oip.components()}
     any_async = False
     for config in configs:
         factory = found.get(config.id)
@@ -105,6 +120,8 @@ def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any]) ->
         paths[config.server_uri] = {"post": _with_gateway_replies(
             {**infer, "summary": f"Legacy path of {mid} (exact match; synchronous inference only)."},
             f"legacy_infer_{mid}")}
+        paths.update(oip.oip_paths(config, factory))
+        components[f"{mid}_OipRequest"] = oip.model_request(config, factory, factory.params_schema(table))
         if config.async_enabled:
             any_async = True
             for path, item in job_paths(config, factory, prefix=MODEL_PREFIX.format(model_id=mid)).items():
@@ -124,7 +141,9 @@ def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any]) ->
             "supervisor UI) are reflected with `Vary: Origin`, and a preflight `OPTIONS` needs no credential. "
             "Models with async disabled answer 404 on their job routes (passed through). On a host of several "
             "behind a load balancer, a poll, wait or result of another host's job is answered by that host's "
-            "gateway. " + GATEWAY_AUTH,
+            "gateway. The Open Inference Protocol v2 (KServe v2 REST) is served under `/v2` with the same "
+            "credentials, rate limits, CORS and request ids; its errors are `{\"error\": \"...\"}` with the same "
+            "HTTP statuses. " + GATEWAY_AUTH,
         },
         "servers": [{"url": local_url(GATEWAY_PORT)}],
         "security": [{"bearer": []}],

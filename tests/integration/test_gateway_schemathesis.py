@@ -16,7 +16,8 @@ from tests.support.processes import REPO, SHIPPED_CONF, free_port, start_model_s
 
 # The committed document, limited to the model this test runs (and the gateway's own routes).
 SHIPPED = load(json.loads((REPO / "openapi" / "gateway.json").read_text())).include(
-    path_regex=r"^(/healthz|/metrics|/v1/models/MOBILENETV2/infer|/mobilenetv2/predict)$")
+    path_regex=r"^(/healthz|/metrics|/openapi\.json|/v1/models/MOBILENETV2/infer|/mobilenetv2/predict"
+               r"|/v2|/v2/health/(live|ready)|/v2/models/MOBILENETV2(/versions/\{version\})?(/ready|/infer)?)$")
 # The document of a gateway whose catalog has MOBILENETV2 with jobs on: the job routes through the gateway.
 ASYNC_CONFIG = load_model_server_config(str(SHIPPED_CONF / "MOBILENETV2.toml")).replace(async_enabled=True)
 ASYNC = load(gateway_document([ASYNC_CONFIG], {"MOBILENETV2": find_factory("MOBILENETV2")})).include(path_regex=r"/jobs")

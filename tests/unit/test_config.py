@@ -61,7 +61,8 @@ def test_required_keys(tmp_path):
         load_model_server_config(write(tmp_path, 'id = "M"\nserver_uri = "/x"\n'))
 
 
-@pytest.mark.parametrize("uri", ["/healthz", "/jobs", "/jobs/x", "/v1/models/X/infer", "/metrics"])
+@pytest.mark.parametrize("uri", ["/healthz", "/jobs", "/jobs/x", "/v1/models/X/infer", "/metrics", "/v2",
+                                 "/v2/models/X/infer"])
 def test_server_uri_must_not_shadow_own_routes(tmp_path, uri):
     with pytest.raises(ConfigError, match="server_uri"):
         load_model_server_config(write(tmp_path, f'id = "M"\nport = 1\nserver_uri = "{uri}"\n'))

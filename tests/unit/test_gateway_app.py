@@ -436,7 +436,7 @@ def test_metrics_need_the_metrics_token(gw):
     assert 'service_gateway_auth_failures_total{reason="missing"} 1.0' in text
     assert 'service_gateway_auth_failures_total{reason="wrong"} 3.0' in text
     assert 'service_gateway_upstream_duration_ms_count{model="CLS",replica="0",route="infer"} 1.0' in text
-    assert "service_http_request_duration_ms_count{route=\"infer\"} 1.0" in text
+    assert "service_http_request_duration_ms_count{protocol=\"contract\",route=\"infer\"} 1.0" in text
 
 
 @pytest.mark.parametrize("job, forwarded", [("job_ü", "/jobs/job_%C3%BC"), ("a%2Fb", "/jobs/a%252Fb"),

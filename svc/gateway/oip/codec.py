@@ -1,0 +1,262 @@
+"""Tensors of the Open Inference Protocol: requests parsed, replies encoded, JSON and binary.
+
+A request body is a JSON object, or, with the binary tensor data
+extension, ``Inference-Header-Content-Length`` bytes of JSON followed by
+the raw data of every input that names a ``binary_data_size`` parameter,
+in the order of ``inputs``.  A ``BYTES`` element in binary is a 4-byte
+little-endian length and that many bytes; numbers are little-endian in
+their datatype's width.  Every inconsistency (a header length past the
+body, sizes that do not add up to the binary part, an element count that
+is not the product of the shape) is a :class:`CodecError`: 400.
+
+Replies are encoded the same two ways: an output is binary when it asked
+for ``binary_data`` or, when it did not say, when the request's
+``binary_data_output`` parameter is true.  ``BYTES`` values here are
+``str`` (text: UTF-8 in binary, a JSON string in JSON) or ``bytes`` (file
+contents: raw in binary, base64 in JSON, as JSON cannot carry them).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from dataclasses import dataclass, field
+from math import prod
+from typing import Any
+
+from svc.web.replies import dumps
+
+#: Width in bytes and struct code of every datatype the protocol names (BYTES is variable).
+DATATYPES: dict[str, tuple[int, str]] = {
+    "BOOL": (1, "?"), "UINT8": (1, "B"), "UINT16": (2, "H"), "UINT32": (4, "I"), "UINT64": (8, "Q"),
+    "INT8": (1, "b"), "INT16": (2, "h"), "INT32": (4, "i"), "INT64": (8, "q"), "FP16": (2, "e"),
+    "FP32": (4, "f"), "FP64": (8, "d"), "BYTES": (0, ""),
+}
+HEADER_LENGTH = b"inference-header-content-length"
+BINARY_CONTENT_TYPE = b"application/octet-stream"
+
+
+class CodecError(Exception):
+    """A request whose tensors cannot be read: the reply is 400 with this text."""
+
+
+@dataclass
+class Tensor:
+    """An input tensor: ``data`` is its elements in row-major order (``bytes`` or ``str`` for BYTES)."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    data: list
+    parameters: dict = field(default_factory=dict)
+
+
+@dataclass
+class RequestedOutput:
+    name: str
+    binary: bool | None  # None: as the request's binary_data_output says
+    classification: int | None  # None (or 0): the plain tensor
+
+
+@dataclass
+class InferRequest:
+    id: str | None
+    inputs: list[Tensor]
+    outputs: list[RequestedOutput] | None  # None: every output of the model
+    parameters: dict
+    binary_output: bool
+
+
+@dataclass
+class Output:
+    """An output tensor of a reply; ``data`` as the module docstring says."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    data: list
+
+
+#: The fields of each object of a request; anything else is refused, as a field the server would ignore.
+REQUEST_FIELDS = frozenset({"id", "parameters", "inputs", "outputs"})
+INPUT_FIELDS = frozenset({"name", "datatype", "shape", "parameters", "data"})
+OUTPUT_FIELDS = frozenset({"name", "parameters"})
+INPUT_PARAMETERS = frozenset({"binary_data_size"})
+OUTPUT_PARAMETERS = frozenset({"binary_data", "classification"})
+
+
+def _object(value: Any, what: str, fields: frozenset | None = None) -> dict:
+    if not isinstance(value, dict):
+        raise CodecError(f"{what} must be a JSON object")
+    if fields is not None and not fields.issuperset(value):
+        unknown = sorted(set(value) - fields)
+        raise CodecError(f"{what} has unsupported fields: {', '.join(k[:40] for k in unknown[:5])}")
+    return value
+
+
+def _parameters(entry: dict, what: str, fields: frozenset | None = None) -> dict:
+    return _object(entry.get("parameters", {}), f"{what}.parameters", fields)
+
+
+def _flatten(data: Any, shape: list[int], what: str) -> list:
+    """The elements of ``data``: a flat list, or lists nested exactly as ``shape``."""
+    if not isinstance(data, list):
+        raise CodecError(f"{what}.data must be a list")
+    if not any(isinstance(x, list) for x in data):
+        return data
+    if len(shape) < 2 or len(data) != shape[0]:
+        raise CodecError(f"{what}.data is nested otherwise than its shape {shape}")
+    return [x for row in data for x in _flatten(row, shape[1:], what)]
+
+
+def split_body(body: bytes, header_length: str | None) -> tuple[dict, memoryview]:
+    """The JSON header of a request and the binary part after it (empty without the extension)."""
+    if header_length is None:
+        head, rest = body, b""
+    else:
+        try:
+            length = int(header_length)
+        except ValueError:
+            raise CodecError(f"Inference-Header-Content-Length {header_length[:40]!r} is not an integer") from None
+        if not 0 < length <= len(body):
+            raise CodecError(f"Inference-Header-Content-Length {length} is outside the body of {len(body)} bytes")
+        view = memoryview(body)
+        head, rest = view[:length], view[length:]
+    try:
+        parsed = json.loads(bytes(head))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CodecError(f"the inference request header is not JSON: {e}") from None
+    return _object(parsed, "the inference request"), memoryview(rest)
+
+
+def _shape(entry: dict, what: str) -> list[int]:
+    shape = entry.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                              for d in shape):
+        raise CodecError(f"{what}.shape must be a list of non-negative integers")
+    return shape
+
+
+def _binary_elements(raw: memoryview, datatype: str, count: int, what: str) -> list:
+    """The elements of a binary tensor's data."""
+    if datatype != "BYTES":
+        width, code = DATATYPES[datatype]
+        if len(raw) != width * count:
+            raise CodecError(f"{what}: {len(raw)} bytes of binary data for {count} {datatype} elements "
+                             f"({width * count} expected)")
+        return list(struct.unpack(f"<{count}{code}", raw))
+    elements, offset = [], 0
+    while offset < len(raw):
+        if offset + 4 > len(raw):
+            raise CodecError(f"{what}: a BYTES element length is cut short at byte {offset}")
+        (size,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        if offset + size > len(raw):
+            raise CodecError(f"{what}: a BYTES element of {size} bytes runs past the tensor's data")
+        elements.append(bytes(raw[offset:offset + size]))
+        offset += size
+    if len(elements) != count:
+        raise CodecError(f"{what}: {len(elements)} BYTES elements for shape of {count}")
+    return elements
+
+
+def parse_request(body: bytes, header_length: str | None) -> InferRequest:
+    """An inference request from its body and its ``Inference-Header-Content-Length`` (None: all JSON)."""
+    head, binary = split_body(body, header_length)
+    _object(head, "the inference request", REQUEST_FIELDS)
+    inputs_json = head.get("inputs")
+    if not isinstance(inputs_json, list) or not inputs_json:
+        raise CodecError("inputs must be a non-empty list")
+    inputs, offset = [], 0
+    for i, entry in enumerate(inputs_json):
+        what = f"inputs[{i}]"
+        entry = _object(entry, what, INPUT_FIELDS)
+        name, datatype = entry.get("name"), entry.get("datatype")
+        if not isinstance(name, str):
+            raise CodecError(f"{what}.name must be a string")
+        if not isinstance(datatype, str) or datatype not in DATATYPES:
+            raise CodecError(f"{what}.datatype must be one of {', '.join(DATATYPES)}")
+        shape, params = _shape(entry, what), _parameters(entry, what, INPUT_PARAMETERS)
+        count = prod(shape)
+        size = params.get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise CodecError(f"{what}.parameters.binary_data_size must be a non-negative integer")
+            if offset + size > len(binary):
+                raise CodecError(f"{what}: binary_data_size {size} runs past the {len(binary)} bytes of binary data")
+            data = _binary_elements(binary[offset:offset + size], datatype, count, what)
+            offset += size
+        elif "data" in entry:
+            data = _flatten(entry["data"], shape, what)
+            if len(data) != count:
+                raise CodecError(f"{what}: {len(data)} elements of data for shape {shape}")
+        else:
+            raise CodecError(f"{what} has neither data nor parameters.binary_data_size")
+        inputs.append(Tensor(name, datatype, shape, data, params))
+    if offset != len(binary):
+        raise CodecError(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
+    parameters = _parameters(head, "the inference request")
+    request_id = head.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise CodecError("id must be a string")
+    binary_output = parameters.get("binary_data_output", False)
+    if not isinstance(binary_output, bool):
+        raise CodecError("parameters.binary_data_output must be true or false")
+    return InferRequest(request_id, inputs, _outputs(head.get("outputs")), parameters, binary_output)
+
+
+def _outputs(value: Any) -> list[RequestedOutput] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise CodecError("outputs must be a list")
+    found = []
+    for i, entry in enumerate(value):
+        entry = _object(entry, f"outputs[{i}]", OUTPUT_FIELDS)
+        name, params = entry.get("name"), _parameters(entry, f"outputs[{i}]", OUTPUT_PARAMETERS)
+        if not isinstance(name, str):
+            raise CodecError(f"outputs[{i}].name must be a string")
+        binary = params.get("binary_data")
+        if binary is not None and not isinstance(binary, bool):
+            raise CodecError(f"outputs[{i}].parameters.binary_data must be true or false")
+        k = params.get("classification")
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
+            raise CodecError(f"outputs[{i}].parameters.classification must be a non-negative integer")
+        found.append(RequestedOutput(name, binary, k))
+    return found
+
+
+def _binary_data(out: Output) -> bytes:
+    if out.datatype != "BYTES":
+        return struct.pack(f"<{len(out.data)}{DATATYPES[out.datatype][1]}", *out.data)
+    parts = []
+    for value in out.data:
+        raw = value.encode("utf-8") if isinstance(value, str) else value
+        parts.append(struct.pack("<I", len(raw)))
+        parts.append(raw)
+    return b"".join(parts)
+
+
+def _json_data(out: Output) -> list:
+    if out.datatype != "BYTES":
+        return out.data
+    return [v if isinstance(v, str) else base64.b64encode(v).decode("ascii") for v in out.data]
+
+
+def encode_reply(head: dict, outputs: list[tuple[Output, bool]]) -> tuple[bytes, int | None]:
+    """The reply body and its JSON header's length (None: all JSON); ``outputs``: each with whether it is binary."""
+    blobs, entries = [], []
+    for out, binary in outputs:
+        entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": out.shape}
+        if binary:
+            blob = _binary_data(out)
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"] = _json_data(out)
+        entries.append(entry)
+    header = dumps({**head, "outputs": entries})
+    if not blobs:
+        return header, None
+    return b"".join([header, *blobs]), len(header)

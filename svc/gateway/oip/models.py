@@ -1,0 +1,108 @@
+"""What a model's tensors are, read from the ``/openapi.json`` its model server serves.
+
+The gateway loads no model code, and nothing in ``svc`` names a model: a
+model's OIP shape follows from the schema of its results' ``data``
+(``components.schemas["<ID>_Data"]`` of its own document), which every model
+server serves without a credential:
+
+========================  ==================================================================
+``data``                  OIP outputs
+========================  ==================================================================
+object with ``class_ids``  ``PROBABILITIES`` FP32 ``[rows, classes]`` (classes: ``class_id``'s
+and ``scores``             maximum + 1); the classification extension on it
+array of ``bbox``,         ``BOXES`` FP32 ``[n, 4]``, ``SCORES`` FP32 ``[n]``, ``CLASSES`` INT32
+``score``, ``class_id``    ``[n]`` and ``ROWS`` INT32 ``[n]``, every row's detections in turn
+array of ``segmentation``  ``MASKS`` BYTES ``[n]`` (JSON of each mask's COCO RLE), ``ROWS``
+object with ``image``      ``GENERATED`` BYTES ``[rows]``: the encoded images (PNG by default)
+anything else              ``DATA`` BYTES ``[rows]``: JSON of each row's ``data``
+========================  ==================================================================
+
+Every model takes one ``BYTES`` input ``IMAGE`` of shape ``[rows]``: one
+encoded image per batch row.  The document is read once per model and kept
+for the gateway's life (a model's data schema changes only with its code).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+INPUT = "IMAGE"
+CLASSIFICATION, DETECTION, SEGMENTATION, GENERATION, GENERIC = (
+    "classification", "detection", "segmentation", "generation", "generic")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One tensor of the metadata: ``shape`` with -1 for a dimension that varies."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A model's kind and its outputs."""
+
+    kind: str
+    outputs: tuple[Spec, ...]
+    classes: int = 0
+
+    def output(self, name: str) -> Spec | None:
+        return next((o for o in self.outputs if o.name == name), None)
+
+
+INPUTS = (Spec(INPUT, "BYTES", (-1,)),)
+ROWS = Spec("ROWS", "INT32", (-1,))
+
+
+def shape_of(kind: str, classes: int = 0) -> ModelShape:
+    """The outputs of a model of ``kind``."""
+    outputs = {
+        CLASSIFICATION: (Spec("PROBABILITIES", "FP32", (-1, classes)),),
+        DETECTION: (Spec("BOXES", "FP32", (-1, 4)), Spec("SCORES", "FP32", (-1,)), Spec("CLASSES", "INT32", (-1,)),
+                    ROWS),
+        SEGMENTATION: (Spec("MASKS", "BYTES", (-1,)), ROWS),
+        GENERATION: (Spec("GENERATED", "BYTES", (-1,)),),
+        GENERIC: (Spec("DATA", "BYTES", (-1,)),),
+    }[kind]
+    return ModelShape(kind, outputs, classes)
+
+
+def _required(schema: Any) -> set:
+    return set(schema.get("required") or ()) if isinstance(schema, dict) else set()
+
+
+def shape_from_data_schema(data: Any) -> ModelShape:
+    """The model's shape from the JSON Schema of its results' ``data`` (the module docstring's table)."""
+    if not isinstance(data, dict):
+        return shape_of(GENERIC)
+    props = data.get("properties") or {}
+    if data.get("type") == "object" and {"class_ids", "scores", "categories"} <= _required(data):
+        maximum = (props.get("class_id") or {}).get("maximum")
+        if isinstance(maximum, int):
+            return shape_of(CLASSIFICATION, maximum + 1)
+    if data.get("type") == "array":
+        items = _required(data.get("items"))
+        if {"bbox", "score", "class_id"} <= items:
+            return shape_of(DETECTION)
+        if "segmentation" in items:
+            return shape_of(SEGMENTATION)
+    if data.get("type") == "object" and "image" in _required(data):
+        return shape_of(GENERATION)
+    return shape_of(GENERIC)
+
+
+def shape_from_document(model_id: str, body: bytes) -> ModelShape:
+    """The model's shape from its model server's ``/openapi.json``; ValueError when it has no data schema."""
+    document = json.loads(body)
+    schemas = document.get("components", {}).get("schemas", {}) if isinstance(document, dict) else {}
+    data = schemas.get(f"{model_id}_Data")
+    if data is None:
+        raise ValueError(f"the OpenAPI document of {model_id} has no {model_id}_Data schema")
+    return shape_from_data_schema(data)

@@ -1,0 +1,44 @@
+"""The gateway's error replies in two shapes, chosen by path: the envelope, or the protocol's ``{"error"}``.
+
+Every error the gateway answers goes through one :class:`GatewayReplies`
+(authentication, rate limits, routing, the body limit, upstream failures),
+so an OIP route cannot miss a condition the contract's routes answer: the
+same ApiError with the same HTTP status and headers (``Retry-After``,
+``WWW-Authenticate``, ``Allow``, ``X-Request-ID``), only its body is
+``{"error": "<message>"}`` under ``/v2``.  The ``protocol`` label of the
+request metrics (``contract`` or ``oip``) follows the same path rule.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from svc.errors import ApiError
+from svc.gateway.oip import PREFIX
+from svc.web.replies import dumps
+from svc.web.routes import EnvelopeReplies
+
+#: Values of the ``protocol`` label of the gateway's request metrics.
+CONTRACT, OIP = "contract", "oip"
+_PREFIX = PREFIX.encode()
+
+
+def is_oip(request: Any) -> bool:
+    """Whether ``request``'s path is under ``/v2`` (also for a request refused before it was parsed whole)."""
+    path = getattr(request, "path", None)
+    if path is None:  # an early 413: only the channel has seen the request line
+        path = getattr(getattr(request, "channel", None), "_path", b"") or b""
+    return path == _PREFIX or path.startswith(_PREFIX + b"/")
+
+
+def protocol_of(request: Any) -> str:
+    return OIP if is_oip(request) else CONTRACT
+
+
+class GatewayReplies(EnvelopeReplies):
+    """The unified envelope, or ``{"error": message}`` for a request under ``/v2``."""
+
+    def raw(self, request: Any | None, error: ApiError) -> tuple[int, dict[str, str], bytes]:
+        if request is None or not is_oip(request):
+            return super().raw(request, error)
+        return error.code, {"X-Request-ID": self.task_id(request), **error.headers}, dumps({"error": error.message})

@@ -1,0 +1,181 @@
+"""An OIP inference request as the model server's own request, and its envelope as OIP outputs.
+
+The request goes through the model server's inference route like any
+other (batching, deadlines, per-item isolation, bounded queues): one
+``images`` entry per element of the ``IMAGE`` input (binary elements are
+the files' bytes and are base64-encoded here; JSON elements are base64
+already), the request's ``parameters`` as ``params`` less the protocol's own
+(:data:`RESERVED`), ``parameters.options`` as ``options``, and the request's
+``id`` as ``req_id`` when it is a valid one.
+
+The protocol fails a request as a whole, where the envelope isolates
+items: a reply with any item that did not succeed becomes an error with
+the HTTP status of the first such item (400 for an image that is empty or
+not an image, 500 for an engine or output failure, 504 for an item past
+the deadline: a partial 200 status 68 is a 504 here) naming its index and
+status.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+
+from svc import status as st
+from svc.errors import ApiError
+from svc.gateway.oip.codec import CodecError, InferRequest, Output, RequestedOutput
+from svc.gateway.oip.models import (
+    CLASSIFICATION,
+    DETECTION,
+    GENERATION,
+    INPUT,
+    SEGMENTATION,
+    ModelShape,
+)
+from svc.request import REQ_ID_RE
+from svc.web.replies import dumps
+
+#: Request parameters of the protocol (and of tritonclient) that are not model params.
+RESERVED = frozenset({"binary_data_output", "options", "sequence_id", "sequence_start", "sequence_end", "priority",
+                      "timeout", "headers"})
+RESERVED_PREFIX = "triton_"
+#: Item statuses by code, for the error text and HTTP status of a failed item.
+STATUSES = {s.code: s for s in st.ALL}
+
+
+@dataclass
+class Plan:
+    """What to ask the model server (``body`` with ``headers``), and which outputs to answer with (each with
+    whether it is binary)."""
+
+    body: bytes
+    headers: dict[bytes, bytes]
+    rows: int
+    outputs: list[tuple[RequestedOutput, bool]]
+
+
+def _outputs(shape: ModelShape, request: InferRequest) -> list[tuple[RequestedOutput, bool]]:
+    requested = request.outputs
+    if requested is None:
+        requested = [RequestedOutput(o.name, None, None) for o in shape.outputs]
+    found = []
+    for out in requested:
+        if shape.output(out.name) is None:
+            names = ", ".join(o.name for o in shape.outputs)
+            raise CodecError(f"unknown output {out.name[:80]!r}: the model's outputs are {names}")
+        if out.classification is not None and shape.kind != CLASSIFICATION:
+            raise CodecError(f"output {out.name} does not support the classification extension")
+        if (out.classification or 0) > shape.classes:
+            raise CodecError(f"classification {out.classification} is more than the model's {shape.classes} classes")
+        found.append((out, out.binary if out.binary is not None else request.binary_output))
+    return found
+
+
+def plan(shape: ModelShape, request: InferRequest, request_id: str | None = None) -> Plan:
+    """The model server's request for ``request`` (CodecError: 400); ``request_id``: the client's X-Request-ID.
+
+    One binary row is sent as a raw body (the model server's ``application/octet-stream`` request, params
+    and options in ``X-Service-Params`` and ``X-Service-Options``): neither side base64-encodes the image.
+    Otherwise a JSON body, written here without re-encoding the images (base64 needs no JSON escaping).
+    """
+    tensor = request.inputs[0] if len(request.inputs) == 1 else None
+    if tensor is None or tensor.datatype != "BYTES" or len(tensor.shape) != 1:
+        raise CodecError(f"the model takes one BYTES input {INPUT} of shape [-1]: one encoded image per row")
+    if not tensor.data:
+        raise CodecError(f"{INPUT} has no rows")
+    if not all(isinstance(v, (str, bytes)) for v in tensor.data):
+        raise CodecError(f"the elements of {INPUT} must be strings (base64 of the image file) in JSON")
+    outputs = _outputs(shape, request)
+    params = {k: v for k, v in request.parameters.items() if k not in RESERVED and not k.startswith(RESERVED_PREFIX)}
+    options = request.parameters.get("options", {})
+    if not isinstance(options, dict):
+        raise CodecError("parameters.options must be a JSON object")
+    if shape.kind == CLASSIFICATION:
+        if "top_k" in params:
+            raise CodecError("top_k is not a parameter here: the outputs asked for set it (classification: k)")
+        wanted = [o.classification or 0 for o, _ in outputs]
+        params["top_k"] = shape.classes if 0 in wanted else max(wanted, default=1)  # outputs: [] asks for none
+    elif shape.kind == SEGMENTATION:
+        if options.get("mask_format", "rle") != "rle":
+            raise CodecError("masks are COCO RLE here: options.mask_format can only be rle")
+        options = {**options, "mask_format": "rle"}
+    rid = request_id if request_id is not None and REQ_ID_RE.fullmatch(request_id) else None
+    if rid is None and request.id is not None and REQ_ID_RE.fullmatch(request.id):
+        rid = request.id
+    headers = {b"x-request-id": rid.encode("ascii")} if rid else {}
+    if len(tensor.data) == 1 and isinstance(tensor.data[0], bytes):
+        headers[b"content-type"] = b"application/octet-stream"
+        for name, value in ((b"x-service-params", params), (b"x-service-options", options)):
+            if value:
+                headers[name] = dumps(value)
+        return Plan(tensor.data[0], headers, 1, outputs)
+    images = b",".join(b'"' + base64.b64encode(v) + b'"' if isinstance(v, bytes) else dumps(v) for v in tensor.data)
+    parts = [b'{"images":[', images, b"]"]
+    for name, value in (("req_id", rid), ("params", params), ("options", options)):
+        if value:
+            parts += [b',"', name.encode(), b'":', dumps(value)]
+    headers[b"content-type"] = b"application/json"
+    return Plan(b"".join(parts) + b"}", headers, len(tensor.data), outputs)
+
+
+def failed_item(results: list) -> ApiError | None:
+    """The protocol's error for the first item that did not succeed (None when every item did)."""
+    for i, item in enumerate(results):
+        if item.get("status") != 0:
+            status = STATUSES.get(item.get("status"), st.INTERNAL_ERROR)
+            return ApiError(status, f"row {i} of {len(results)} failed ({status.text}): "
+                                    f"{item.get('error') or status.meaning}; the request fails as a whole")
+    return None
+
+
+def _classification(shape: ModelShape, rows: list, out: RequestedOutput) -> Output:
+    if out.classification:
+        k = min([out.classification, *(len(d["scores"]) for d in rows)])
+        data = [f"{s:f}:{c}:{label}" for d in rows
+                for s, c, label in zip(d["scores"][:k], d["class_ids"][:k], d["categories"][:k])]
+        return Output(out.name, "BYTES", [len(rows), k], data)
+    data: list = []
+    for d in rows:
+        row = [0.0] * shape.classes
+        for s, c in zip(d["scores"], d["class_ids"]):
+            row[c] = s
+        data.extend(row)
+    return Output(out.name, "FP32", [len(rows), shape.classes], data)
+
+
+def _detection(rows: list, name: str) -> Output:
+    found = [(r, det) for r, dets in enumerate(rows) for det in dets]
+    if name == "BOXES":
+        return Output(name, "FP32", [len(found), 4], [x for _, det in found for x in det["bbox"]])
+    if name == "SCORES":
+        return Output(name, "FP32", [len(found)], [det["score"] for _, det in found])
+    if name == "CLASSES":
+        return Output(name, "INT32", [len(found)], [det["class_id"] for _, det in found])
+    return Output(name, "INT32", [len(found)], [r for r, _ in found])
+
+
+def _segmentation(rows: list, name: str) -> Output:
+    found = [(r, mask) for r, masks in enumerate(rows) for mask in masks]
+    if name == "MASKS":
+        return Output(name, "BYTES", [len(found)], [json.dumps(m["segmentation"], separators=(",", ":"))
+                                                    for _, m in found])
+    return Output(name, "INT32", [len(found)], [r for r, _ in found])
+
+
+def outputs(shape: ModelShape, rows: list, wanted: list[tuple[RequestedOutput, bool]]) -> list[tuple[Output, bool]]:
+    """The OIP outputs of the ``data`` of every row (all succeeded), each with whether it is binary."""
+    found = []
+    for out, binary in wanted:
+        if shape.kind == CLASSIFICATION:
+            tensor = _classification(shape, rows, out)
+        elif shape.kind == DETECTION:
+            tensor = _detection(rows, out.name)
+        elif shape.kind == SEGMENTATION:
+            tensor = _segmentation(rows, out.name)
+        elif shape.kind == GENERATION:
+            tensor = Output(out.name, "BYTES", [len(rows)], [base64.b64decode(d["image"]) for d in rows])
+        else:
+            tensor = Output(out.name, "BYTES", [len(rows)], [json.dumps(d, separators=(",", ":")) for d in rows])
+        found.append((tensor, binary))
+    return found

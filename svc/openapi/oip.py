@@ -1,0 +1,197 @@
+"""The gateway document's ``/v2`` routes: the Open Inference Protocol (svc.gateway.oip).
+
+Each catalog model's routes are listed under its id, as its ``/v1`` routes
+are.  The inference request is described as JSON tensors only: the binary
+tensor data extension (``Inference-Header-Content-Length``) is a body
+OpenAPI cannot describe, so the operation's description states it.  The
+request schema states exactly what the gateway accepts: one ``BYTES``
+input whose ``shape`` is ``[k]`` with ``k`` strings of data (``k`` up to
+``max_request_items``), the model's params and the protocol's own
+parameters, and the model's outputs by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from svc import __version__
+from svc.config import ModelServerConfig
+from svc.gateway.oip import PREFIX
+from svc.gateway.oip.models import CLASSIFICATION, INPUT, SEGMENTATION, shape_from_data_schema
+from svc.gateway.oip.routes import EXTENSIONS, PLATFORM, SERVER_NAME
+from svc.gateway.oip.translate import RESERVED, RESERVED_PREFIX
+from svc.openapi.components import ref
+from svc.openapi.operations import RETRY_AFTER_HEADER, header_doc, json_reply
+
+STRING, BOOLEAN = {"type": "string"}, {"type": "boolean"}
+SHAPE = {"type": "array", "items": {"type": "integer"}}
+TENSOR_METADATA = {"type": "object", "required": ["name", "datatype", "shape"],
+                   "properties": {"name": STRING, "datatype": STRING, "shape": SHAPE}}
+FAILURES = (
+    "The protocol fails a request as a whole: a request with a row that did not succeed is answered with the "
+    "status of the first such row, `{\"error\": \"row i of n failed (STATUS): ...\"}`: 400 for an image that is "
+    "empty or not an image, 500 for an engine or output failure, 504 for a row past the deadline "
+    "(`run_timeout_ms`; a partial result is a 504 here)."
+)
+BINARY = (
+    "Tensors come as JSON (a `BYTES` element is the base64 of the image file) or in the binary tensor data "
+    "extension: `Inference-Header-Content-Length` bytes of this JSON, then each input's data as its "
+    "`parameters.binary_data_size` says (a `BYTES` element: 4-byte little-endian length, then the file's bytes). "
+    "An output is binary when it asks for `binary_data` (or the request's `binary_data_output` is true): the "
+    "reply is then `application/octet-stream` with `Inference-Header-Content-Length`."
+)
+
+
+def components() -> dict:
+    """The protocol's own bodies."""
+    return {
+        "OipError": {"type": "object", "required": ["error"], "properties": {"error": STRING},
+                     "description": "Every error under /v2: the protocol's shape, with the contract's HTTP status."},
+        "OipServerMetadata": {"type": "object", "required": ["name", "version", "extensions"],
+                              "properties": {"name": {"const": SERVER_NAME}, "version": {"const": __version__},
+                                             "extensions": {"type": "array", "items": {"enum": EXTENSIONS}}}},
+        "OipLive": {"type": "object", "required": ["live"], "properties": {"live": BOOLEAN}},
+        "OipReady": {"type": "object", "required": ["ready"], "properties": {"ready": BOOLEAN}},
+        "OipModelReady": {"type": "object", "required": ["name", "ready"], "properties": {"name": STRING,
+                                                                                         "ready": BOOLEAN}},
+        "OipTensorMetadata": TENSOR_METADATA,
+        "OipModelMetadata": {
+            "type": "object", "required": ["name", "versions", "platform", "inputs", "outputs"],
+            "properties": {"name": STRING, "versions": {"type": "array", "items": STRING},
+                           "platform": {"const": PLATFORM},
+                           "inputs": {"type": "array", "items": ref("OipTensorMetadata")},
+                           "outputs": {"type": "array", "items": ref("OipTensorMetadata")}}},
+        "OipInferResponse": {
+            "type": "object", "required": ["model_name", "model_version", "outputs"],
+            "properties": {
+                "model_name": STRING, "model_version": STRING, "id": STRING,
+                "outputs": {"type": "array", "items": {
+                    "type": "object", "required": ["name", "datatype", "shape"],
+                    "properties": {"name": STRING, "datatype": STRING, "shape": SHAPE, "data": {"type": "array", "items": {
+                                       "description": "Row-major elements: numbers, or strings for BYTES (base64 "
+                                       "for file contents)."}},
+                                   "parameters": {"type": "object", "properties": {
+                                       "binary_data_size": {"type": "integer", "minimum": 0}}}}}}}},
+    }
+
+
+def model_request(config: ModelServerConfig, factory: Any, params: dict) -> dict:
+    """The JSON inference request of one model (``params``: its params schema)."""
+    shape = shape_from_data_schema(factory.data_schema)
+    inputs = [{"type": "object", "additionalProperties": False, "required": ["name", "datatype", "shape", "data"],
+               "properties": {"name": {"type": "string", "description": f"Any name; the model's input is {INPUT}."},
+                              "datatype": {"const": "BYTES"},
+                              "shape": {"type": "array", "items": {"const": k}, "minItems": 1, "maxItems": 1},
+                              "data": {"type": "array", "items": STRING, "minItems": k, "maxItems": k},
+                              "parameters": {"type": "object", "maxProperties": 0}}}
+              for k in range(1, config.max_request_items + 1)]
+    model_params = {k: v for k, v in (params.get("properties") or {}).items()
+                    if not (shape.kind == CLASSIFICATION and k == "top_k")}
+    reserved = {name: {"description": "A protocol parameter; ignored."} for name in sorted(RESERVED - {
+        "binary_data_output", "options"})}
+    output_params: dict[str, Any] = {"binary_data": BOOLEAN}
+    if shape.kind == CLASSIFICATION:
+        output_params["classification"] = {"type": "integer", "minimum": 0, "maximum": shape.classes,
+                                           "description": "The k best classes as `score:index:label` (0: the plain "
+                                           "tensor)."}
+    options = ref(f"{config.id}_Options")
+    if shape.kind == SEGMENTATION:
+        options = {"type": "object", "properties": {"mask_format": {"const": "rle"}}, "allOf": [options]}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["inputs"],
+        "properties": {
+            "id": {"type": "string", "description": "Echoed in the reply; also the request id when it is a valid "
+                   "one and no X-Request-ID is sent."},
+            "parameters": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {**model_params, "binary_data_output": BOOLEAN, "options": options, **reserved},
+                "patternProperties": {f"^{RESERVED_PREFIX}": {}},
+                "description": "The model's params"
+                + (" (`top_k` comes from the outputs asked for)" if shape.kind == CLASSIFICATION else "")
+                + ", `options`, and the protocol's own parameters.",
+            },
+            "inputs": {"type": "array", "minItems": 1, "maxItems": 1, "items": {"oneOf": inputs},
+                       "description": f"One BYTES input of shape [rows]: one base64 image file per row, at most "
+                       f"{config.max_request_items} (max_request_items; more: 413)."},
+            "outputs": {"type": "array", "items": {
+                "type": "object", "additionalProperties": False, "required": ["name"],
+                "properties": {"name": {"enum": [o.name for o in shape.outputs]},
+                               "parameters": {"type": "object", "additionalProperties": False,
+                                              "properties": output_params}}}},
+        },
+    }
+
+
+def error(description: str, headers: dict | None = None) -> dict:
+    return json_reply(description, ref("OipError"), headers)
+
+
+def errors(*codes: str) -> dict:
+    """The error replies of a route, from the gateway's and the model's conditions."""
+    table = {
+        "400": error("A request the protocol or the model cannot take (a 422 of the model is a 400 here), or a row "
+                     "that failed on its input."),
+        "401": error("Missing, wrong or disabled credential.", {"WWW-Authenticate": header_doc("Bearer challenge.")}),
+        "404": error("A model id not in the catalog, a version the model does not serve, or a path that is no route."),
+        "405": error("Method not allowed.", {"Allow": header_doc("The methods the path accepts.")}),
+        "413": error("More rows than `max_request_items`, or a body above the body limit."),
+        "429": error("The key's `rate_limit_qps` is used up, or the model's wait queue is full.",
+                     {"Retry-After": RETRY_AFTER_HEADER}),
+        "500": error("A row whose model run or output failed."),
+        "502": error("The connection to the model server failed after it was made, or timed out."),
+        "503": error("The model server is not running, loading or stopping."),
+        "504": error("A row past the deadline."),
+    }
+    return {code: table[code] for code in codes}
+
+
+def _get(operation_id: str, summary: str, schema: str, *codes: str, parameters: list | None = None) -> dict:
+    op = {"operationId": operation_id, "summary": summary,
+          "responses": {"200": json_reply("OK.", ref(schema)), **errors("401", "405", "429", *codes)}}
+    if parameters:
+        op["parameters"] = parameters
+    return {"get": op}
+
+
+def oip_paths(config: ModelServerConfig, factory: Any) -> dict:
+    """The /v2 routes of one model."""
+    mid = config.id
+    base = f"{PREFIX}/models/{mid}"
+    version = [{"name": "version", "in": "path", "required": True, "schema": STRING,
+                "description": "The version the model serves (its metadata's `versions`); any other is 404."}]
+    paths: dict[str, Any] = {}
+    for path, suffix, params in ((base, "", None), (base + "/versions/{version}", "_version", version)):
+        paths[path] = _get(f"oip_model_metadata_{mid}{suffix}", f"Model metadata of {mid}: inputs and outputs.",
+                           "OipModelMetadata", "404", "502", "503", parameters=params)
+        paths[path + "/ready"] = _get(f"oip_model_ready_{mid}{suffix}", f"200 when {mid} is ready, else 503.",
+                                      "OipModelReady", "404", "502", "503", parameters=params)
+        infer = {
+            "operationId": f"oip_infer_{mid}{suffix}",
+            "summary": f"Inference with {mid} (Open Inference Protocol).",
+            "description": BINARY + " " + FAILURES,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": ref(f"{mid}_OipRequest")}}},
+            "responses": {
+                "200": {"description": "The outputs asked for (every output when none is named).",
+                        "content": {"application/json": {"schema": ref("OipInferResponse")},
+                                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+                **errors("400", "401", "404", "405", "413", "429", "500", "502", "503", "504"),
+            },
+        }
+        if params:
+            infer["parameters"] = params
+        paths[path + "/infer"] = {"post": infer}
+    return paths
+
+
+def server_paths() -> dict:
+    """The /v2 routes of the gateway itself."""
+    return {
+        PREFIX: _get("oip_server_metadata", "Server metadata: name, version, extensions.", "OipServerMetadata"),
+        PREFIX + "/health/live": _get("oip_live", "Liveness of the gateway (with a credential; /healthz needs "
+                                      "none).", "OipLive"),
+        PREFIX + "/health/ready": _get("oip_ready", "Readiness of the gateway; a model's is its own route.",
+                                       "OipReady"),
+    }

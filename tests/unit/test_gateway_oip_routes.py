@@ -1,0 +1,68 @@
+"""The gateway's /v2 routes in memory: the protocol's error shape for the gateway's own conditions, and metrics."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from svc.metrics import render
+from tests.unit.test_gateway_app import OFF_KEY, SLOW_KEY, Harness, h
+
+
+@pytest.fixture
+def gw(tmp_path):
+    return Harness(tmp_path)
+
+
+def assert_oip_error(response, code):
+    assert response.code == code, response.body
+    assert h(response, "Content-Type") == "application/json; charset=utf-8"
+    assert set(response.json) == {"error"} and response.json["error"]
+    assert h(response, "X-Request-ID")
+
+
+@pytest.mark.parametrize("path, method", [("/v2", "GET"), ("/v2/models/CLS/infer", "POST"), ("/v2/nowhere", "GET"),
+                                          ("/v2/models/NOPE/ready", "GET"), ("/v2/models/CLS/infer", "GET")])
+@pytest.mark.parametrize("token", [None, "wrong", OFF_KEY, "metrics-tok"])
+def test_every_v2_path_is_401_in_the_protocols_shape_without_a_credential(gw, path, method, token):
+    r = gw.call(method, path, token=token)
+    assert_oip_error(r, 401)
+    assert h(r, "WWW-Authenticate") == 'Bearer realm="gateway"'
+
+
+def test_routing_errors_are_in_the_protocols_shape(gw):
+    assert_oip_error(gw.call("GET", "/v2/nowhere"), 404)
+    assert_oip_error(gw.call("POST", "/v2/models/NOPE/infer", body=b"{}"), 404)
+    wrong = gw.call("GET", "/v2/models/CLS/infer")
+    assert_oip_error(wrong, 405)
+    assert h(wrong, "Allow") == "POST"
+    # The contract's paths keep the envelope.
+    assert gw.call("GET", "/v1/nowhere").json["status"] == 63
+
+
+def test_a_bad_request_is_400_before_the_model_is_asked(gw):
+    r = gw.call("POST", "/v2/models/CLS/infer", body=b'{"inputs": []}')
+    assert_oip_error(r, 400)
+    assert "inputs must be a non-empty list" in r.json["error"] and gw.model.received == []
+
+
+def test_the_rate_limit_is_the_keys_bucket_with_retry_after(gw):
+    codes = [gw.call("GET", "/v2", token=SLOW_KEY).code for _ in range(3)]
+    assert codes == [200, 200, 429]
+    limited = gw.call("GET", "/v2/health/live", token=SLOW_KEY)
+    assert_oip_error(limited, 429)
+    assert h(limited, "Retry-After") == "1"
+
+
+def test_requests_are_counted_with_their_protocol(gw):
+    gw.call("GET", "/v2")
+    # What the site calls for each finished request (svc.web.site.JsonSite.log).
+    for path, route, code in ((b"/v2", "oip_metadata", 200), (b"/v2/nowhere", "unmatched", 404),
+                              (b"/healthz", "healthz", 200)):
+        gw.app.count(SimpleNamespace(path=path, method=b"GET", code=code, service_route=route))
+    text = render(gw.registry).decode()
+    assert 'service_http_requests_total{code="200",method="GET",protocol="oip",route="oip_metadata"} 1.0' in text
+    assert 'service_http_requests_total{code="404",method="GET",protocol="oip",route="unmatched"} 1.0' in text
+    assert 'service_http_requests_total{code="200",method="GET",protocol="contract",route="healthz"} 1.0' in text
+    assert 'service_gateway_key_requests_total{key="tenant-a"} 1.0' in text  # the same admission as /v1

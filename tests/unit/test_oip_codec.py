@@ -1,0 +1,225 @@
+"""The Open Inference Protocol's tensors: requests as JSON and binary, bad lengths refused, replies encoded."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+
+import pytest
+
+from svc.gateway.oip import codec, translate
+from svc.gateway.oip.codec import CodecError, Output, parse_request
+from svc.gateway.oip.models import (
+    CLASSIFICATION,
+    DETECTION,
+    GENERATION,
+    GENERIC,
+    SEGMENTATION,
+    shape_from_data_schema,
+    shape_of,
+)
+
+
+def bytes_tensor(*elements: bytes) -> bytes:
+    return b"".join(struct.pack("<I", len(e)) + e for e in elements)
+
+
+def binary_request(head: dict, *blobs: bytes) -> tuple[bytes, str]:
+    header = json.dumps(head).encode()
+    return header + b"".join(blobs), str(len(header))
+
+
+def image_input(size: int, shape: list[int] | None = None) -> dict:
+    return {"name": "IMAGE", "datatype": "BYTES", "shape": shape or [2], "parameters": {"binary_data_size": size}}
+
+
+def test_binary_bytes_elements_are_the_raw_files():
+    blob = bytes_tensor(b"\x89PNG-one", b"")
+    body, length = binary_request({"id": "r1", "inputs": [image_input(len(blob))],
+                                   "outputs": [{"name": "PROBABILITIES", "parameters": {"classification": 3}}],
+                                   "parameters": {"binary_data_output": True, "top_k": 2}}, blob)
+    req = parse_request(body, length)
+    assert req.id == "r1" and req.binary_output is True and req.parameters["top_k"] == 2
+    assert req.inputs[0].data == [b"\x89PNG-one", b""] and req.inputs[0].shape == [2]
+    assert req.outputs[0].name == "PROBABILITIES" and req.outputs[0].classification == 3
+    assert req.outputs[0].binary is None
+
+
+def test_json_tensors_are_flattened_row_major():
+    body = json.dumps({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [2, 1], "data": [["YQ=="], ["Yg=="]]}]})
+    req = parse_request(body.encode(), None)
+    assert req.inputs[0].data == ["YQ==", "Yg=="] and req.outputs is None and req.binary_output is False
+
+
+def test_nested_json_data_follows_the_shape():
+    body = {"inputs": [{"name": "X", "datatype": "INT32", "shape": [2, 2], "data": [[1, 2], [3, 4]]}]}
+    assert parse_request(json.dumps(body).encode(), None).inputs[0].data == [1, 2, 3, 4]
+
+
+def test_numeric_binary_tensors_are_little_endian():
+    blob = struct.pack("<3f", 1.5, -2.0, 0.25)
+    body, length = binary_request({"inputs": [{"name": "X", "datatype": "FP32", "shape": [3],
+                                               "parameters": {"binary_data_size": 12}}]}, blob)
+    assert parse_request(body, length).inputs[0].data == [1.5, -2.0, 0.25]
+
+
+@pytest.mark.parametrize("blob, size, length, message", [
+    (bytes_tensor(b"abc", b"de"), 100, None, "runs past"),                     # claims more than the body has
+    (bytes_tensor(b"abc", b"de"), 9, None, "cut short"),                       # size ends inside an element's length
+    (bytes_tensor(b"abc") + struct.pack("<I", 50) + b"x", None, None, "runs past the tensor"),  # element too long
+    (bytes_tensor(b"abc", b"de") + b"extra", 13, None, "not claimed"),         # bytes left over
+    (bytes_tensor(b"abc"), None, None, "1 BYTES elements for shape of 2"),     # fewer elements than the shape
+    (bytes_tensor(b"abc", b"de"), None, "99999", "outside the body"),          # header length past the body
+    (bytes_tensor(b"abc", b"de"), None, "0", "outside the body"),
+    (bytes_tensor(b"abc", b"de"), None, "x1", "not an integer"),
+    (bytes_tensor(b"abc", b"de"), None, "10", "not JSON"),                     # header length inside the JSON
+])
+def test_bad_binary_lengths_are_refused(blob, size, length, message):
+    size = len(blob) if size is None else size
+    body, good = binary_request({"inputs": [image_input(size)]}, blob)
+    with pytest.raises(CodecError, match=message):
+        parse_request(body, length or good)
+
+
+@pytest.mark.parametrize("head, message", [
+    ({"inputs": []}, "non-empty"),
+    ({"inputs": [{"name": "IMAGE", "datatype": "STRING", "shape": [1], "data": ["a"]}]}, "datatype"),
+    ({"inputs": [{"name": "IMAGE", "datatype": {}, "shape": [1], "data": ["a"]}]}, "datatype"),
+    ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [-1], "data": ["a"]}]}, "shape"),
+    ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [2], "data": ["a"]}]}, "1 elements of data"),
+    ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1]}]}, "neither data"),
+    ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["a"]}], "outputs": {}}, "outputs"),
+    ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["a"]}],
+      "outputs": [{"name": "P", "parameters": {"classification": -1}}]}, "classification"),
+    ([1, 2], "JSON object"),
+    ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["a"]}], "extra": 1}, "unsupported fields"),
+    ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["a"], "parameters": {"x": 1}}]},
+     "unsupported fields: x"),
+    ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": [["a"]]}]}, "nested otherwise"),
+    ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": "a"}]}, "must be a list"),
+    ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["a"]}], "id": 5}, "id must be"),
+    ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["a"]}],
+      "parameters": {"binary_data_output": 1}}, "binary_data_output"),
+    ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["a"]}],
+      "outputs": [{"name": "P", "parameters": {"binary_data": "yes"}}]}, "binary_data must"),
+])
+def test_malformed_requests_are_refused(head, message):
+    with pytest.raises(CodecError, match=message):
+        parse_request(json.dumps(head).encode(), None)
+
+
+def test_numeric_binary_size_must_match_the_shape():
+    body, length = binary_request({"inputs": [{"name": "X", "datatype": "INT32", "shape": [2],
+                                               "parameters": {"binary_data_size": 4}}]}, b"\0\0\0\0")
+    with pytest.raises(CodecError, match="4 bytes of binary data for 2 INT32"):
+        parse_request(body, length)
+
+
+def test_replies_mix_binary_and_json_outputs():
+    probs = Output("P", "FP32", [1, 2], [0.25, 0.75])
+    labels = Output("L", "BYTES", [1, 1], ["0.750000:1:cat"])
+    png = Output("G", "BYTES", [1], [b"\x89PNG\0"])
+    body, length = codec.encode_reply({"model_name": "M"}, [(probs, True), (labels, False), (png, True)])
+    head = json.loads(body[:length])
+    assert head["model_name"] == "M"
+    assert head["outputs"][0] == {"name": "P", "datatype": "FP32", "shape": [1, 2], "parameters": {"binary_data_size": 8}}
+    assert head["outputs"][1]["data"] == ["0.750000:1:cat"]
+    assert body[length:] == struct.pack("<2f", 0.25, 0.75) + bytes_tensor(b"\x89PNG\0")
+    only_json, none = codec.encode_reply({}, [(png, False)])
+    assert none is None and json.loads(only_json)["outputs"][0]["data"] == [base64.b64encode(b"\x89PNG\0").decode()]
+
+
+def test_model_shapes_follow_the_data_schema():
+    classification = {"type": "object", "required": ["class_id", "scores", "class_ids", "categories"],
+                      "properties": {"class_id": {"type": "integer", "maximum": 999}}}
+    assert shape_from_data_schema(classification) == shape_of(CLASSIFICATION, 1000)
+    detection = {"type": "array", "items": {"required": ["class_id", "category", "score", "bbox"]}}
+    assert shape_from_data_schema(detection).kind == DETECTION
+    assert shape_from_data_schema({"type": "array", "items": {"required": ["segmentation", "area"]}}).kind == SEGMENTATION
+    assert shape_from_data_schema({"type": "object", "required": ["image", "seed"]}).kind == GENERATION
+    assert shape_from_data_schema({"type": "object", "required": ["mean"]}).kind == GENERIC
+
+
+def request_for(parameters: dict, outputs: list | None = None) -> codec.InferRequest:
+    head = {"id": "abc", "inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["YQ=="]}],
+            "parameters": parameters}
+    if outputs is not None:
+        head["outputs"] = outputs
+    return parse_request(json.dumps(head).encode(), None)
+
+
+def test_plan_sends_params_options_and_the_classification_top_k():
+    shape = shape_of(CLASSIFICATION, 10)
+    with pytest.raises(CodecError, match="top_k is not a parameter"):
+        translate.plan(shape, request_for({"top_k": 4}))
+    plan = translate.plan(shape, request_for({"priority": 1, "triton_x": 1, "options": {"max_results": 2},
+                                              "binary_data_output": True},
+                                             [{"name": "PROBABILITIES", "parameters": {"classification": 3}}]))
+    assert json.loads(plan.body) == {"images": ["YQ=="], "req_id": "abc", "params": {"top_k": 3},
+                                     "options": {"max_results": 2}}
+    assert plan.outputs[0][1] is True  # binary_data_output applies to an output that did not say
+    assert json.loads(translate.plan(shape, request_for({}, [])).body)["params"] == {"top_k": 1}  # no outputs
+    full = translate.plan(shape, request_for({}))
+    assert json.loads(full.body)["params"] == {"top_k": 10}  # the plain tensor needs every class
+    with pytest.raises(CodecError, match="unknown output"):
+        translate.plan(shape, request_for({}, [{"name": "BOXES"}]))
+    with pytest.raises(CodecError, match="does not support the classification"):
+        translate.plan(shape_of(DETECTION), request_for({}, [{"name": "BOXES", "parameters": {"classification": 0}}]))
+    with pytest.raises(CodecError, match="one BYTES input"):
+        translate.plan(shape, parse_request(json.dumps({"inputs": [
+            {"name": "IMAGE", "datatype": "BYTES", "shape": [1, 1], "data": ["YQ=="]}]}).encode(), None))
+    with pytest.raises(CodecError, match="more than the model's 10 classes"):
+        translate.plan(shape, request_for({}, [{"name": "PROBABILITIES", "parameters": {"classification": 11}}]))
+
+
+def test_one_binary_row_is_sent_as_a_raw_body():
+    blob = bytes_tensor(b"\xff\xd8jpeg")
+    body, length = binary_request({"id": "q 1", "inputs": [image_input(len(blob), [1])],
+                                   "parameters": {"score_threshold": 0.5, "options": {"max_results": 3}}}, blob)
+    raw = translate.plan(shape_of(DETECTION), parse_request(body, length), "rid-1")
+    assert raw.body == b"\xff\xd8jpeg" and raw.rows == 1
+    assert raw.headers == {b"content-type": b"application/octet-stream", b"x-request-id": b"rid-1",
+                           b"x-service-params": b'{"score_threshold":0.5}',
+                           b"x-service-options": b'{"max_results":3}'}
+    two = bytes_tensor(b"a", b"b")
+    body, length = binary_request({"id": "ok-id", "inputs": [image_input(len(two))]}, two)
+    plan = translate.plan(shape_of(DETECTION), parse_request(body, length), "not valid")
+    assert json.loads(plan.body) == {"images": ["YQ==", "Yg=="], "req_id": "ok-id"}  # the id: no valid header
+    assert plan.headers == {b"content-type": b"application/json", b"x-request-id": b"ok-id"}
+
+
+def test_detections_of_several_rows_are_concatenated_with_their_row():
+    rows = [[{"bbox": [1, 2, 3, 4], "score": 0.5, "class_id": 7}], [],
+            [{"bbox": [5, 6, 7, 8], "score": 0.25, "class_id": 1}, {"bbox": [0, 0, 1, 1], "score": 0.125, "class_id": 2}]]
+    wanted = [(codec.RequestedOutput(name, None, None), False) for name in ("BOXES", "SCORES", "CLASSES", "ROWS")]
+    found = {o.name: o for o, _ in translate.outputs(shape_of(DETECTION), rows, wanted)}
+    assert found["BOXES"].shape == [3, 4] and found["BOXES"].data[:4] == [1, 2, 3, 4]
+    assert found["SCORES"].data == [0.5, 0.25, 0.125] and found["CLASSES"].data == [7, 1, 2]
+    assert found["ROWS"].data == [0, 2, 2]
+
+
+def test_masks_images_and_other_data_as_bytes():
+    rle = {"size": [4, 5], "counts": "3a2"}
+    masks = [[{"segmentation": rle, "area": 3}], [{"segmentation": rle, "area": 1}, {"segmentation": rle, "area": 2}]]
+    wanted = [(codec.RequestedOutput(name, None, None), True) for name in ("MASKS", "ROWS")]
+    found = {o.name: o for o, _ in translate.outputs(shape_of(SEGMENTATION), masks, wanted)}
+    assert found["MASKS"].shape == [3] and [json.loads(m) for m in found["MASKS"].data] == [rle] * 3
+    assert found["ROWS"].data == [0, 1, 1]
+    png = b"\x89PNG\r\n"
+    generated = translate.outputs(shape_of(GENERATION), [{"image": base64.b64encode(png).decode(), "seed": 1}],
+                                  [(codec.RequestedOutput("GENERATED", None, None), True)])
+    assert generated[0][0].data == [png] and generated[0][0].shape == [1]
+    other = translate.outputs(shape_of(GENERIC), [{"mean": [1, 2, 3]}], [(codec.RequestedOutput("DATA", None, None), False)])
+    assert other[0][0].data == ['{"mean":[1,2,3]}']
+    options = json.loads(translate.plan(shape_of(SEGMENTATION), request_for({"options": {"max_results": 2}})).body)
+    assert options["options"] == {"max_results": 2, "mask_format": "rle"}
+    with pytest.raises(CodecError, match="only be rle"):
+        translate.plan(shape_of(SEGMENTATION), request_for({"options": {"mask_format": "png"}}))
+
+
+def test_a_failed_row_fails_the_request_with_its_status():
+    error = translate.failed_item([{"status": 0, "data": {}}, {"status": 5, "data": None, "error": "not an image"}])
+    assert error.code == 400 and "row 1 of 2" in error.message and "INVALID_IMAGE" in error.message
+    assert translate.failed_item([{"status": 4, "data": None}]).code == 504
+    assert translate.failed_item([{"status": 0, "data": {}}]) is None

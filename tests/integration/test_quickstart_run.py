@@ -9,10 +9,10 @@ from tests.support.processes import child_env, free_port, spawn, write_config
 TOKENS = ("SERVICE_API_TOKEN", "SERVICE_GATEWAY_AUTH_TOKEN", "SERVICE_METRICS_TOKEN", "SERVICE_API_KEY")
 
 
-def start_quickstart(root, model: str, profile_extra: str = "", env: dict | None = None):
-    """A checkout-like tree under ``root`` with one model, and the quick start run in it, once it printed its block.
+def quickstart_tree(root, model: str, profile_extra: str = "") -> tuple[int, int]:
+    """A checkout-like tree under ``root`` with one model (a copy of its shipped config, on a free port).
 
-    Returns (process, log path, gateway port, supervisor port).
+    Returns (gateway port, supervisor port).
     """
     conf = root / "conf"
     (conf / "server").mkdir(parents=True)
@@ -22,13 +22,25 @@ def start_quickstart(root, model: str, profile_extra: str = "", env: dict | None
     gateway_port, supervisor_port = free_port(), free_port()
     (conf / "service.toml").write_text(f'[gateway]\nport = {gateway_port}\n[supervisor]\nport = {supervisor_port}\n'
                                        'profile = "cpu"\n')
-    popen, log = spawn([sys.executable, "-m", "svc.quickstart", "--root", str(root)],
+    return gateway_port, supervisor_port
+
+
+def run_quickstart(root, env: dict | None = None, args: tuple[str, ...] = ()):
+    """The quick start run in ``root``, once it printed its block: (process, log path)."""
+    popen, log = spawn([sys.executable, "-m", "svc.quickstart", "--root", str(root), *args],
                        env=child_env(env, drop=TOKENS), log_dir=root)
     deadline = time.monotonic() + 240
     while "Ctrl-C stops everything." not in log.read_text() and time.monotonic() < deadline:
         if popen.poll() is not None:
             raise AssertionError(log.read_text())
         time.sleep(0.5)
+    return popen, log
+
+
+def start_quickstart(root, model: str, profile_extra: str = "", env: dict | None = None):
+    """:func:`quickstart_tree` and :func:`run_quickstart`: (process, log path, gateway port, supervisor port)."""
+    gateway_port, supervisor_port = quickstart_tree(root, model, profile_extra)
+    popen, log = run_quickstart(root, env)
     return popen, log, gateway_port, supervisor_port
 
 

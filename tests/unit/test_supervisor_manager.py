@@ -166,14 +166,15 @@ def weights_manager(tmp_path, profile_weights):
     return m, arguments
 
 
-def test_a_demo_profile_runs_every_model_but_a_local_file_on_demo_weights(tmp_path):
+def test_a_demo_profile_runs_the_models_whose_config_says_nothing_on_demo_weights(tmp_path):
+    """The profile is the default: BBB's explicit pretrained:large and CCC's file win over it."""
     m, arguments = weights_manager(tmp_path, "demo")
     status = m.status_view()
     assert status["weights"] == "demo"
     assert {s["id"]: s["weights"] for s in status["servers"]} == {
-        "AAA": {"kind": "demo", "variant": None}, "BBB": {"kind": "demo", "variant": None},
+        "AAA": {"kind": "demo", "variant": None}, "BBB": {"kind": "pretrained", "variant": "large"},
         "CCC": {"kind": "file", "variant": None}}
-    assert arguments == {"AAA": "demo", "BBB": "demo", "CCC": None}
+    assert arguments == {"AAA": "demo", "BBB": "pretrained:large", "CCC": None}
 
 
 def test_a_pretrained_profile_runs_the_default_or_configured_variants(tmp_path):
@@ -196,6 +197,11 @@ def test_a_pretrained_profile_runs_the_default_or_configured_variants(tmp_path):
     ("pretrained", "random", None, ("pretrained", {"kind": "demo", "variant": None})),
     ("pretrained", "/x/y.pth", "v", (None, {"kind": "file", "variant": None})),
     ("demo", "weights", None, (None, {"kind": "file", "variant": None})),
+    # A model's explicit pretrained choice wins over a demo profile.
+    ("demo", "pretrained", "v", ("pretrained:v", {"kind": "pretrained", "variant": "v"})),
+    ("demo", "pretrained:w", "v", ("pretrained:w", {"kind": "pretrained", "variant": "w"})),
+    # No variants: the config goes to the model server as it is, which refuses it in one line.
+    ("demo", "pretrained", None, (None, {"kind": "pretrained", "variant": None})),
 ])
 def test_weights_choice(profile, table, default, expected):
     assert weights_choice(profile, table, default) == expected

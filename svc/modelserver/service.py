@@ -54,7 +54,7 @@ from svc.request import RequestValidator
 from svc.schema import ObjectSchema
 from svc.web.limits import HttpLimits
 from svc.web.site import JsonSite
-from svc.weights import WeightsError
+from svc.weights import MODEL_PLACEHOLDER, WeightsError
 
 log = Logger()
 
@@ -196,7 +196,7 @@ class ModelServerService(ListeningMultiService):
 
     def _load_failed(self, failure: Any) -> None:
         if failure.check(WeightsError):
-            message = str(failure.value)
+            message = str(failure.value).replace(MODEL_PLACEHOLDER, self.config.id)
         else:
             log.failure("model failed to load", failure)
             message = f"{self.config.id}: model failed to load: {failure.type.__name__}: {failure.getErrorMessage()}"

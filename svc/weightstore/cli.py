@@ -10,9 +10,12 @@ files are fetched ahead of time, checked, and recorded here:
   cache (``$SERVICE_WEIGHTS_DIR``) with a progress bar on stderr, resumable
   and atomic (``svc.weightstore.store``); ``$SERVICE_WEIGHTS_MIRROR`` replaces
   the scheme and host of the official URLs;
-* ``svcctl weights import ID PATH [--variant NAME]``: the air-gapped path,
-  a copied-in file or folder stored exactly as a pull stores it;
-* ``svcctl weights verify``: recheck every cached file against its record.
+* ``svcctl weights import ID PATH [--variant NAME] [--replace]``: the
+  air-gapped path, a copied-in file or folder stored exactly as a pull stores
+  it, once the model builds on it (other content than a cached record's
+  needs ``--replace``);
+* ``svcctl weights verify``: recheck every cached file against its record,
+  and report files no record lists.
 
 Exit status: 0 when everything asked for is cached and verified, 1 with one
 line per failure on stderr otherwise, 2 for a usage error (unknown model or
@@ -56,6 +59,8 @@ def add_parser(sub: Any) -> None:
     importing.add_argument("id", metavar="ID", help="catalog model id")
     importing.add_argument("path", metavar="PATH", help="the official file (or hub repository folder)")
     importing.add_argument("--variant", metavar="NAME", help="default: the model's default variant")
+    importing.add_argument("--replace", action="store_true",
+                           help="replace a cached variant whose record says other content")
     actions.add_parser("verify", help="recheck every cached file against its record")
 
 
@@ -226,7 +231,7 @@ def _import(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     factory, variant = found
     try:
-        stored = import_path(factory, variant, args.path)
+        stored = import_path(factory, variant, args.path, replace=args.replace)
     except StoreError as e:
         _fail(f"{factory.catalog_id} {variant.name}: {e}")
         return EXIT_FAILED

@@ -9,6 +9,7 @@ goes through ``SERVICE_WEIGHTS_MIRROR`` to :class:`FakeSource`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -17,6 +18,7 @@ import socket
 
 import pytest
 import torch
+from torchvision.models import mobilenet_v2
 
 from models.mobilenetv2 import VARIANTS, MobileNetV2Factory, mobilenetv2
 from svc import cli
@@ -203,27 +205,50 @@ def test_exit_status_counts_every_failure(source, capsys):
     assert svcctl(capsys, "pull")[0] == 2
 
 
-def test_import_stores_exactly_what_a_pull_stores(source, capsys, tmp_path):
-    assert svcctl(capsys, "pull", "MOBILENETV2")[0] == 0
-    pulled = read_record("MOBILENETV2", "FIXTURE_V2")
+@functools.lru_cache(maxsize=1)
+def mobilenet_body() -> bytes:
+    """A real torchvision MobileNetV2 state dict (torch.save, about 14 MB): what an import must load."""
+    torch.manual_seed(3)
+    buf = io.BytesIO()
+    torch.save(mobilenet_v2(weights=None).state_dict(), buf)
+    return buf.getvalue()
+
+
+def real_variant(monkeypatch, source) -> tuple[Variant, str]:
+    """A variant REAL served with a real MobileNetV2 state dict under a torch.hub name; (variant, file name)."""
+    body = mobilenet_body()
+    prefix = hashlib.sha256(body).hexdigest()[:8]
+    url = f"https://download.pytorch.org/models/mobilenet_v2-{prefix}.pth"
+    source.serve(url, body)
+    variant = Variant("REAL", FileSource(url=url, hash_prefix=prefix, size=len(body)), license="BSD-3-Clause")
+    monkeypatch.setattr(MobileNetV2Factory, "variants", (*FIXTURE_VARIANTS, variant))
+    return variant, url.rsplit("/", 1)[1]
+
+
+def test_import_stores_exactly_what_a_pull_stores(source, capsys, tmp_path, monkeypatch):
+    _, filename = real_variant(monkeypatch, source)
+    assert svcctl(capsys, "pull", "MOBILENETV2:REAL")[0] == 0
+    pulled = read_record("MOBILENETV2", "REAL")
+    expected_files = [f"MOBILENETV2/REAL/{filename}", "MOBILENETV2/REAL/record.json"]
     copied = tmp_path / "usb" / "whatever-name.pth"
     copied.parent.mkdir()
     copied.write_bytes(state_dict_bytes(2))
-    code, out, err = svcctl(capsys, "import", "MOBILENETV2", str(copied))
+    code, out, err = svcctl(capsys, "import", "MOBILENETV2", str(copied), "--variant", "REAL")
     assert code == 1 and "invalid hash value" in err and out == ""
-    assert read_record("MOBILENETV2", "FIXTURE_V2") == pulled  # a failed import changes nothing
-    assert cache_files(tmp_path) == [f"MOBILENETV2/FIXTURE_V2/{FILENAME}", "MOBILENETV2/FIXTURE_V2/record.json"]
-    copied.write_bytes(BODY)
-    code, out, err = svcctl(capsys, "import", "MOBILENETV2", str(copied))
+    assert read_record("MOBILENETV2", "REAL") == pulled  # a failed import changes nothing
+    assert cache_files(tmp_path) == expected_files
+    copied.write_bytes(mobilenet_body())
+    code, out, err = svcctl(capsys, "import", "MOBILENETV2", str(copied), "--variant", "REAL")
     assert code == 0, err
-    directory = variant_dir("MOBILENETV2", "FIXTURE_V2")
-    assert out == f"MOBILENETV2 FIXTURE_V2: imported: {directory / FILENAME}\n"
-    imported = read_record("MOBILENETV2", "FIXTURE_V2")
+    directory = variant_dir("MOBILENETV2", "REAL")
+    assert out == f"MOBILENETV2 REAL: imported: {directory / filename}\n"
+    imported = read_record("MOBILENETV2", "REAL")
     assert imported.how == "import"
     assert (imported.source, imported.weights, imported.files) == (pulled.source, pulled.weights, pulled.files)
-    assert cache_files(tmp_path) == [f"MOBILENETV2/FIXTURE_V2/{FILENAME}", "MOBILENETV2/FIXTURE_V2/record.json"]
+    assert cache_files(tmp_path) == expected_files
     assert svcctl(capsys, "import", "MOBILENETV2", str(tmp_path / "nothing"))[0] == 1
     assert svcctl(capsys, "import", "MOBILENETV2", str(copied.parent))[0] == 1  # a folder for a file variant
+    assert cache_files(tmp_path) == expected_files
 
 
 def test_verify_finds_a_tampered_file(source, capsys, tmp_path):
@@ -394,7 +419,8 @@ def test_a_converted_variant_records_the_download_and_what_build_loads(source, c
     code, out, err = svcctl(capsys, "pull", "MOBILENETV2", "--variant", "CONVERTED")
     assert code == 0, err
     directory = variant_dir("MOBILENETV2", "CONVERTED")
-    assert calls == [("fixture", str(directory / FILENAME), str(directory))]
+    # Converted in a stage folder, moved into place once done.
+    assert calls == [("fixture", str(directory / "new.part" / FILENAME), str(directory / "new.part"))]
     record = read_record("MOBILENETV2", "CONVERTED")
     converted = b"converted:" + BODY[:10]
     assert record.weights == "converted"
@@ -406,33 +432,35 @@ def test_a_converted_variant_records_the_download_and_what_build_loads(source, c
 
 
 def test_hub_variants_import_a_folder_and_a_failed_hub_pull_is_one_line(source, capsys, monkeypatch, tmp_path):
-    from svc.weightstore.catalog import HubSource
+    from tests.integration.test_weights_hub import write_google_ddpm
 
-    variant = Variant("HUB", HubSource(repo_id="org/repo", revision="abc123"), license="Apache-2.0")
-    monkeypatch.setattr(MobileNetV2Factory, "variants", (*FIXTURE_VARIANTS, variant))
+    monkeypatch.setenv("HF_ENDPOINT", source.mirror)  # answers 404 to every hub request
     folder = tmp_path / "repo"
-    (folder / "unet").mkdir(parents=True)
-    (folder / "unet" / "config.json").write_text("{}")
-    (folder / "model_index.json").write_text('{"a": 1}')
+    folder.mkdir()
+    write_google_ddpm(folder)  # a real (tiny) DDPM: an import must build
     (folder / ".git").mkdir()
     (folder / ".git" / "HEAD").write_text("x")
-    code, out, err = svcctl(capsys, "import", "MOBILENETV2", str(folder), "--variant", "HUB")
+    code, out, err = svcctl(capsys, "import", "DDPM", str(folder))
     assert code == 0, err
-    record = read_record("MOBILENETV2", "HUB")
+    record = read_record("DDPM", "cifar10-32")
+    expected = sorted(f"hub/{p.relative_to(folder).as_posix()}" for p in folder.rglob("*")
+                      if p.is_file() and ".git" not in p.parts)
     assert (record.source, record.weights, record.how, sorted(record.files)) == (
-        "org/repo@abc123", "hub", "import", ["hub/model_index.json", "hub/unet/config.json"])
-    assert out.splitlines()[0] == ("MOBILENETV2 HUB: org/repo@abc123: recorded the sha256 of 2 files (later pulls, "
-                                   "imports and verify check against them)")
+        "google/ddpm-cifar10-32@main", "hub", "import", expected)
+    assert out.splitlines()[0] == (f"DDPM cifar10-32: google/ddpm-cifar10-32@main: recorded the sha256 of "
+                                   f"{len(expected)} files (later pulls, imports and verify check against them)")
     assert svcctl(capsys, "verify")[0] == 0
     (folder / "model_index.json").write_text('{"a": 2}')
-    code, _, err = svcctl(capsys, "import", "MOBILENETV2", str(folder), "--variant", "HUB")
+    code, _, err = svcctl(capsys, "import", "DDPM", str(folder))
     assert code == 1 and "hub/model_index.json: sha256 mismatch" in err
-    assert read_record("MOBILENETV2", "HUB") == record and not (variant_dir("MOBILENETV2", "HUB") / "hub.part").exists()
-    assert svcctl(capsys, "pull", "MOBILENETV2", "--variant", "HUB")[:2] == (
-        0, f"MOBILENETV2 HUB: already cached and verified: {variant_dir('MOBILENETV2', 'HUB') / 'hub'}\n")
-    (variant_dir("MOBILENETV2", "HUB") / "hub" / "model_index.json").write_text("damaged")
-    code, out, err = svcctl(capsys, "pull", "MOBILENETV2", "--variant", "HUB")
-    assert code == 1 and len(err.splitlines()) == 1 and err.startswith("svcctl: MOBILENETV2 HUB: org/repo@abc123: ")
+    assert read_record("DDPM", "cifar10-32") == record
+    assert not (variant_dir("DDPM", "cifar10-32") / "new.part").exists()
+    assert svcctl(capsys, "pull", "DDPM")[:2] == (
+        0, f"DDPM cifar10-32: already cached and verified: {variant_dir('DDPM', 'cifar10-32') / 'hub'}\n")
+    (variant_dir("DDPM", "cifar10-32") / "hub" / "model_index.json").write_text("damaged")
+    code, out, err = svcctl(capsys, "pull", "DDPM")
+    assert code == 1 and len(err.splitlines()) == 1
+    assert err.startswith("svcctl: DDPM cifar10-32: google/ddpm-cifar10-32@main: ")
 
 
 def test_pull_takes_id_colon_variant_specs(source, capsys, tmp_path):

@@ -10,13 +10,17 @@ and once every model is ready (or has failed) one block says where the UI,
 the management token and the first API key are, and what to run first.
 
 Weights: the profile's ``weights`` (or ``--weights``) says demo or pretrained.
-For pretrained, the profile's pretrained variants are pulled first with
-``svcctl weights pull`` (``svc.weightstore.cli``, in a child process, which
-prints its progress) when their sources answer; when they do not (an offline
-machine), or the pull fails, one line says so and the service starts on demo
-weights, so a first run never ends without a running service.
+Every pretrained variant the service would run is looked up in the weights
+cache first: what is cached is served as it is, and only what is missing is
+pulled with ``svcctl weights pull`` (``svc.weightstore.cli``, in a child
+process, which prints the size and licences, asks on a terminal for a
+non-permissive licence that ``--accept-licence`` did not name, and shows its
+progress) when its source answers.  A model whose variant is still missing
+(an offline machine, a refused licence, a failed pull) starts on demo
+weights alone, with one line naming it and why (``service-supervisor
+--demo-models``), so a first run never ends without a running service.
 
-    python -m svc.quickstart [--root DIR] [--prepare-only] [--weights demo|pretrained]
+    python -m svc.quickstart [--root DIR] [--prepare-only] [--weights demo|pretrained] [--accept-licence L]...
 """
 
 from __future__ import annotations
@@ -93,11 +97,15 @@ def prepare(root: str = ".", out=sys.stdout) -> dict[str, str]:
     return values
 
 
-def pretrained_pulls(root: str = ".") -> list[tuple[str, Any]]:
-    """``(MODEL:VARIANT, Variant)`` of every pretrained variant the active profile would run, in profile order.
+def pretrained_pulls(root: str = ".", wanted: str = "pretrained", profile_name: str | None = None
+                     ) -> list[tuple[str, Any]]:
+    """``(MODEL:VARIANT, Variant)`` of every pretrained variant the active profile would run with its
+    ``weights`` set to ``wanted``, in profile order.
 
     Read from the configs and the plugins' declarations (no torch): the same
-    choice the supervisor makes (``svc.supervisor.config.weights_choice``).
+    choice the supervisor makes (``svc.supervisor.config.weights_choice``):
+    under ``demo``, only the models whose config names a pretrained variant;
+    the profile's ``demo`` list stays on demo unless the config says otherwise.
     """
     from svc.config import model_server_configs
     from svc.modelapi import factories
@@ -106,7 +114,7 @@ def pretrained_pulls(root: str = ".") -> list[tuple[str, Any]]:
 
     config = load_supervisor_config(os.path.join(root, "conf", "service.toml"))
     config = _rooted(config, root)
-    profile = load_profile(config)
+    profile = load_profile(config, profile_name)
     servers = {c.id: c for c in model_server_configs(config.servers_dir)}
     found = factories()
     pulls = []
@@ -114,7 +122,8 @@ def pretrained_pulls(root: str = ".") -> list[tuple[str, Any]]:
         factory = found.get(model_id)
         if factory is None or model_id not in servers or not variants_of(factory):
             continue
-        flag, _ = weights_choice(PRETRAINED, servers[model_id].model.get("weights"), find_variant(factory, None).name)
+        flag, _ = weights_choice("demo" if model_id in profile.demo else wanted,
+                                 servers[model_id].model.get("weights"), find_variant(factory, None).name)
         if flag and flag.startswith(PRETRAINED + ":"):
             name = flag.partition(":")[2]
             pulls.append((f"{model_id}:{name}", find_variant(factory, name)))
@@ -156,46 +165,84 @@ def can_connect(host: str, port: int) -> bool:
         return False
 
 
-def run_pull(specs: list[str]) -> int:
-    """``svcctl weights pull SPEC...`` in a child process of this interpreter (its output goes to ours)."""
-    return subprocess.call([sys.executable, "-m", "svc.cli", "weights", "pull", *specs])
+def run_pull(specs: list[str], accept: tuple[str, ...] = ()) -> int:
+    """``svcctl weights pull SPEC...`` in a child process of this interpreter (its output goes to ours, and its
+    licence question to this terminal)."""
+    flags = [arg for name in accept for arg in ("--accept-licence", name)]
+    return subprocess.call([sys.executable, "-m", "svc.cli", "weights", "pull", *specs, *flags])
 
 
-def choose_weights(
-    wanted: str,
+def is_cached(spec: str, env: dict[str, str] | None = None) -> bool:
+    """Whether ``MODEL:VARIANT`` is in the weights cache (its record and what it loads exist; the model server
+    checks the sizes, ``svcctl weights verify`` the digests)."""
+    from svc.weightstore.cache import RecordError, cached_weights
+
+    model_id, _, name = spec.partition(":")
+    try:
+        return cached_weights(model_id, name, env) is not None
+    except RecordError:
+        return False
+
+
+def fetch_missing(
     pulls: list[tuple[str, Any]],
     env: dict[str, str],
     out: Any = sys.stdout,
     *,
+    accept: tuple[str, ...] = (),
     connect: Callable[[str, int], bool] = can_connect,
-    pull: Callable[[list[str]], int] = run_pull,
+    pull: Callable[[list[str], tuple[str, ...]], int] = run_pull,
     pull_available: Callable[[], bool] = lambda: importlib.util.find_spec(PULL_CLI) is not None,
-) -> str:
-    """``demo`` or ``pretrained``: what the supervisor runs after trying to pull ``pulls`` for ``wanted``."""
-    if wanted != "pretrained":
-        return "demo"
-    if not pulls:  # no model of the profile has a pretrained variant to run
-        return "pretrained"
-    fallback = "starting on demo weights (svcctl weights pull, then restart, to switch)"
-    if not pull_available():
-        print(f"Pretrained weights: svcctl weights pull is not available in this installation; {fallback}.",
+    cached: Callable[[str], bool] | None = None,
+) -> dict[str, str]:
+    """Pull what ``pulls`` lacks in the cache; the models that stay on demo weights, each with why.
+
+    What is cached is served as it is (nothing is dialled for it); only the
+    missing variants are pulled, those whose source answers.  Each model
+    that still lacks its variant falls back to demo alone, with one line
+    naming it and why; the others run their pretrained weights.
+    """
+    from svc.weightstore.licences import permissive
+
+    cached = cached or (lambda spec: is_cached(spec, env))
+    missing = [(spec, variant) for spec, variant in pulls if not cached(spec)]
+    if pulls and not missing:
+        print(f"Pretrained weights: cached, nothing to pull ({' '.join(spec for spec, _ in pulls)}).",
               file=out, flush=True)
-        return "demo"
-    if any(env.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
-           for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
-        print(f"Pretrained weights: HF_HUB_OFFLINE is set; {fallback}.", file=out, flush=True)
-        return "demo"
-    unreachable = [f"{h}:{p}" for h, p in source_hosts([v for _, v in pulls], env) if not connect(h, p)]
-    if unreachable:
-        print(f"Pretrained weights: {', '.join(unreachable)} not reachable; {fallback}.", file=out, flush=True)
-        return "demo"
-    specs = [spec for spec, _ in pulls]
-    print(f"Pulling the pretrained weights of the profile: {' '.join(specs)}", file=out, flush=True)
-    code = pull(specs)
-    if code != 0:
-        print(f"Pretrained weights: svcctl weights pull exited with {code}; {fallback}.", file=out, flush=True)
-        return "demo"
-    return "pretrained"
+    if not missing:
+        return {}
+    why: dict[str, str] = {}
+    if not pull_available():
+        why = {spec: "svcctl weights pull is not available in this installation" for spec, _ in missing}
+    elif any(env.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+             for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
+        why = {spec: "not cached, and HF_HUB_OFFLINE is set" for spec, _ in missing}
+    else:
+        down = {f"{h}:{p}" for h, p in source_hosts([v for _, v in missing], env) if not connect(h, p)}
+        for spec, variant in missing:
+            host = "{}:{}".format(*source_hosts([variant], env)[0])
+            if host in down:
+                why[spec] = f"not cached, and {host} is not reachable"
+        wanted = [spec for spec, _ in missing if spec not in why]
+        if wanted:
+            print(f"Pulling the pretrained weights of the profile: {' '.join(wanted)}", file=out, flush=True)
+            code = pull(wanted, accept)
+            for spec, variant in missing:
+                if spec in wanted and not cached(spec):
+                    licence = variant.license
+                    if not permissive(licence) and licence.casefold() not in {a.casefold() for a in accept}:
+                        why[spec] = f"its licence {licence} was not accepted (--accept-licence {licence})"
+                    else:
+                        why[spec] = f"svcctl weights pull exited with {code} (its error is above)"
+    demo = {}
+    for spec, _ in pulls:
+        if spec in why:
+            model_id = spec.partition(":")[0]
+            demo[model_id] = why[spec]
+            print(f"Pretrained weights: {model_id} starts on demo weights: {why[spec]}.", file=out, flush=True)
+    if demo:
+        print("  (svcctl weights pull, then restart, to switch)", file=out, flush=True)
+    return demo
 
 
 def service_addresses(root: str = ".") -> tuple[str, str]:
@@ -280,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prepare-only", action="store_true", help="create the secrets, do not run the service")
     parser.add_argument("--weights", choices=("demo", "pretrained"), default=None,
                         help="demo or pretrained instead of the profile's weights")
+    parser.add_argument("--accept-licence", "--accept-license", metavar="LICENCE", action="append", default=[],
+                        dest="accept", help="pull pretrained weights under this non-permissive licence (e.g. "
+                        "AGPL-3.0; repeatable); without it, a terminal is asked")
     args = parser.parse_args(argv)
     first_run = not os.path.exists(os.path.join(args.root, SECRETS))
     values = prepare(args.root)
@@ -290,12 +340,15 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, **{k: v for k, v in values.items() if k != "SERVICE_API_KEY"}}
     from svc.supervisor.config import load_profile, load_supervisor_config
 
-    wanted = args.weights or load_profile(load_supervisor_config(SERVICE_CONFIG)).weights
-    weights = choose_weights(wanted, pretrained_pulls() if wanted == "pretrained" else [], env)
+    weights = args.weights or load_profile(load_supervisor_config(SERVICE_CONFIG)).weights
+    demo = fetch_missing(pretrained_pulls(".", weights), env, accept=tuple(args.accept))
     print(f"Starting the supervisor ({weights} weights): UI and management API on {ui_url}, gateway on "
           f"{gateway_url}; the models load for a minute or two (logs below)...", flush=True)
     twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
-    child = subprocess.Popen([twistd, "-n", "--pidfile=", "service-supervisor", "--weights", weights], env=env)
+    command = [twistd, "-n", "--pidfile=", "service-supervisor", "--weights", weights]
+    if demo:
+        command += ["--demo-models", ",".join(demo)]
+    child = subprocess.Popen(command, env=env)
 
     def forward(signum: int, frame: object) -> None:
         child.send_signal(signal.SIGTERM)

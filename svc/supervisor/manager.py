@@ -104,6 +104,7 @@ class ChildManager:
         port_free: Callable[[int], bool] = port_is_free,
         binder: Callable[[str, int], Any] | None = None,
         default_variant: Callable[[str], str | None] | None = None,
+        demo_models: tuple[str, ...] = (),
     ) -> None:
         self.reactor = reactor
         self.config = config
@@ -113,7 +114,8 @@ class ChildManager:
         self.describe = describe or (lambda model_id: {})
         variant_of = default_variant or (lambda model_id: None)
         # Per model: the --weights argument of its server and what the status API says of its weights.
-        self.weights = {c.id: weights_choice(profile.weights, c.model.get("weights"), variant_of(c.id))
+        self.weights = {c.id: weights_choice("demo" if c.id in profile.demo else profile.weights,
+                                             c.model.get("weights"), variant_of(c.id), c.id in demo_models)
                         for c in self.catalog}
         unknown = [m for m in profile.models if m not in {c.id for c in self.catalog}]
         if unknown:

@@ -104,3 +104,38 @@ def test_pretrained_profile_pulls_then_serves_the_variant(tmp_path):
         popen.send_signal(signal.SIGTERM)
         code = popen.wait(60)
     assert code == 0, log.read_text()[-3000:]
+
+
+def test_offline_the_cached_variant_is_served_and_nothing_is_dialled(tmp_path, monkeypatch, capsys):
+    """`--weights pretrained` on a machine whose sources do not answer: the variant already in the cache runs
+    (one unreachable host used to put every model on demo weights)."""
+    from svc import cli
+    from tests.support.http import get
+    from tests.support.weight_source import FakeSource
+
+    cache = tmp_path / "cache"
+    source = FakeSource()
+    source.serve("https://weights.example.org/testfaults/tiny.bin", bytes(range(64)))
+    monkeypatch.setenv("SERVICE_WEIGHTS_DIR", str(cache))
+    monkeypatch.setenv("SERVICE_WEIGHTS_MIRROR", source.mirror)
+    try:
+        assert cli.main(["weights", "pull", "TESTFAULTS"]) == 0, capsys.readouterr().err
+    finally:
+        source.close()  # from here the mirror's port is closed: the machine is offline
+    gateway_port, supervisor_port = quickstart_tree(tmp_path, "TESTFAULTS")
+    popen, log = run_quickstart(tmp_path, {"SERVICE_WEIGHTS_DIR": str(cache), "SERVICE_WEIGHTS_MIRROR": source.mirror},
+                                ("--weights", "pretrained"))
+    try:
+        out = log.read_text()
+        assert "Pretrained weights: cached, nothing to pull (TESTFAULTS:tiny)." in out, out[-3000:]
+        assert "starts on demo weights" not in out
+        secrets = dict(line.split("=", 1) for line in (tmp_path / "secrets" / "local.env").read_text().split()
+                       if "=" in line)
+        status = get(f"http://127.0.0.1:{supervisor_port}/api/v1/status",
+                     headers={"Authorization": f"Bearer {secrets['SERVICE_API_TOKEN']}"}).json
+        assert status["servers"][0]["weights"] == {"kind": "pretrained", "variant": "tiny"}
+        assert status["servers"][0]["ready"] is True
+    finally:
+        popen.send_signal(signal.SIGTERM)
+        code = popen.wait(60)
+    assert code == 0, log.read_text()[-3000:]

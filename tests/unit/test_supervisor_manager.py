@@ -141,7 +141,7 @@ def test_status_view(tmp_path):
     assert m.catalog_view()[0]["weights"] == {"kind": "demo", "variant": None}
 
 
-def weights_manager(tmp_path, profile_weights):
+def weights_manager(tmp_path, profile_weights, demo=(), demo_models=()):
     """Three servers: AAA's config says random, BBB's pretrained:large, CCC's a local file; AAA and BBB
     declare variants (default "small"), CCC none."""
     configs = []
@@ -154,7 +154,8 @@ def weights_manager(tmp_path, profile_weights):
     reactor, probe = ProcessReactor(), Probe()
     probe.ok = True
     m = ChildManager(reactor=reactor, config=load_supervisor_config(str(conf)),
-                     profile=Profile("cpu", "cpu", ("AAA", "BBB", "CCC"), profile_weights), probe=probe, env=ENV,
+                     profile=Profile("cpu", "cpu", ("AAA", "BBB", "CCC"), profile_weights, demo), probe=probe, env=ENV,
+                     demo_models=demo_models,
                      killer=lambda pid, sig: None, catalog=configs, port_free=lambda port: True,
                      default_variant=lambda mid: None if mid == "CCC" else "small", binder=FakeSocket.bind)
     m.start_all()
@@ -188,6 +189,16 @@ def test_a_pretrained_profile_runs_the_default_or_configured_variants(tmp_path):
     assert arguments == {"AAA": "pretrained:small", "BBB": "pretrained:large", "CCC": None}
 
 
+def test_the_profiles_demo_list_and_the_quick_starts_demo_models(tmp_path):
+    """The profile's demo list keeps AAA (config says nothing) on demo under pretrained; --demo-models puts BBB
+    on demo though its config names a variant (the quick start could not get it); CCC's file stays."""
+    m, arguments = weights_manager(tmp_path, "pretrained", demo=("AAA",), demo_models=("BBB",))
+    assert {s["id"]: s["weights"] for s in m.status_view()["servers"]} == {
+        "AAA": {"kind": "demo", "variant": None}, "BBB": {"kind": "demo", "variant": None},
+        "CCC": {"kind": "file", "variant": None}}
+    assert arguments == {"AAA": "demo", "BBB": "demo", "CCC": None}
+
+
 @pytest.mark.parametrize("profile, table, default, expected", [
     ("demo", "random", "v", ("demo", {"kind": "demo", "variant": None})),
     ("demo", None, None, ("demo", {"kind": "demo", "variant": None})),
@@ -214,6 +225,7 @@ def test_profiles_and_unknown_models(tmp_path):
     (profiles / "bad.toml").write_text('device = "tpu"\n')
     (profiles / "real.toml").write_text('device = "gpu"\nmodels = ["AAA"]\nweights = "pretrained"\n')
     (profiles / "worse.toml").write_text('weights = "best"\n')
+    (profiles / "stray.toml").write_text('models = ["AAA"]\ndemo = ["BBB"]\n')
     conf = tmp_path / "service.toml"
     conf.write_text(f'[supervisor]\nprofiles_dir = "{profiles}"\nprofile = "cpu"\n')
     config = load_supervisor_config(str(conf))
@@ -225,6 +237,8 @@ def test_profiles_and_unknown_models(tmp_path):
     assert load_profile(config, "real") == Profile("real", "gpu", ("AAA",), "pretrained")
     with pytest.raises(ConfigError, match="weights: must be one of"):
         load_profile(config, "worse")
+    with pytest.raises(ConfigError, match="demo: names 'BBB', which is not in models"):
+        load_profile(config, "stray")
     with pytest.raises(ValueError, match="ZZZ"):
         ChildManager(reactor=ProcessReactor(), config=config, profile=Profile("cpu", "cpu", ("ZZZ",)), probe=Probe(),
                      env=ENV, catalog=catalog(tmp_path))

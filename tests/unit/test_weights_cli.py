@@ -66,9 +66,15 @@ def source(monkeypatch, tmp_path):
 
 
 def svcctl(capsys, *args: str) -> tuple[int, str, str]:
+    """Exit status, stdout and stderr of ``svcctl weights ARGS``, stderr without a pull's plan (tested apart)."""
     code = cli.main(["weights", *args])
     out, err = capsys.readouterr()
-    return code, out, err
+    lines = err.splitlines(keepends=True)
+    if args and args[0] == "pull" and lines and lines[0].startswith("Pull: "):
+        lines = lines[1:]
+        while lines and lines[0].startswith("  "):
+            lines = lines[1:]
+    return code, out, "".join(lines)
 
 
 def cache_files(tmp_path) -> list[str]:
@@ -486,3 +492,51 @@ def test_an_unknown_model_or_variant_is_one_usage_line_for_pull_and_import(sourc
     assert (code, out) == (2, "")
     assert err == "svcctl: MOBILENETV2 has no pretrained variant 'NOPE'; known: FIXTURE_V2, TOFU, FULL\n"
     assert cache_files(tmp_path) == []
+
+
+AGPL_URL = "https://example.org/weights/mobilenet_v2-agpl.pth"
+
+
+def test_a_pull_says_its_size_and_licences_first_and_needs_a_non_permissive_one_accepted(source, capsys,
+                                                                                         monkeypatch, tmp_path):
+    """Before anything is fetched: one line with the total and the licences, one per variant; a variant under a
+    licence that is not permissive is refused (nothing fetched) unless --accept-licence names it."""
+    agpl = Variant("AGPL", FileSource(url=AGPL_URL, sha256=SHA, size=len(BODY)), license="AGPL-3.0")
+    monkeypatch.setattr(MobileNetV2Factory, "variants", (*FIXTURE_VARIANTS, agpl))
+    source.serve(AGPL_URL, BODY)
+    code = cli.main(["weights", "pull", "MOBILENETV2:FIXTURE_V2", "MOBILENETV2:AGPL"])
+    out, err = capsys.readouterr()
+    size = f"{len(BODY) / 1e6:.1f} MB"
+    assert code == 1
+    lines = err.splitlines()
+    assert lines[:3] == [
+        f"Pull: 2 of 2 variant(s) to fetch, {2 * len(BODY) / 1e6:.1f} MB in all; licences: AGPL-3.0, BSD-3-Clause",
+        f"  MOBILENETV2 FIXTURE_V2: {size}; licence BSD-3-Clause",
+        f"  MOBILENETV2 AGPL: {size}; licence AGPL-3.0  (needs acceptance)"]
+    assert lines[-1] == ("svcctl: MOBILENETV2 AGPL: licence AGPL-3.0 not accepted, nothing pulled: pass "
+                         "--accept-licence AGPL-3.0 to pull it")
+    assert [path for path, _ in source.requests] == [f"/download.pytorch.org/models/{FILENAME}"]
+    assert out.splitlines() == [f"MOBILENETV2 FIXTURE_V2: cached: {variant_dir('MOBILENETV2', 'FIXTURE_V2') / FILENAME}"]
+    assert read_record("MOBILENETV2", "AGPL") is None
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2:FIXTURE_V2", "MOBILENETV2:AGPL", "--accept-licence", "agpl-3.0")
+    assert code == 0, err
+    assert read_record("MOBILENETV2", "AGPL") is not None
+    assert "MOBILENETV2 FIXTURE_V2: already cached and verified" in out
+
+
+def test_the_licence_question_on_a_terminal(monkeypatch):
+    from svc.weightstore.licences import accepted, terminal_question
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    agpl = Variant("AGPL", FileSource(url=AGPL_URL), license="AGPL-3.0")
+    out = Tty()
+    assert accepted(agpl, [], terminal_question(Tty("y\n"), out, "MOBILENETV2 AGPL"))
+    assert out.getvalue() == ("MOBILENETV2 AGPL is licensed AGPL-3.0, not a permissive licence: check what it allows "
+                              "you before serving it. Accept AGPL-3.0 and pull? [y/N] ")
+    assert not accepted(agpl, [], terminal_question(Tty("\n"), Tty(), "MOBILENETV2 AGPL"))
+    assert terminal_question(io.StringIO("y\n"), Tty(), "x") is None  # not a terminal: no question, refused
+    assert not accepted(agpl, ["CC-BY-NC-4.0"], None)
+    assert accepted(FIXTURE_VARIANTS[0], [], None)  # BSD-3-Clause: nothing to accept

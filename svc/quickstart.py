@@ -141,14 +141,16 @@ def _rooted(config: Any, root: str) -> Any:
 
 def source_hosts(variants: list[Any], env: dict[str, str]) -> list[tuple[str, int]]:
     """The (host, port) every variant is fetched from: the hub (``HF_ENDPOINT``), or the file's URL as a pull
-    fetches it (through ``SERVICE_WEIGHTS_MIRROR`` when set)."""
+    fetches it (through ``SERVICE_WEIGHTS_MIRROR`` when set); the proxy's when ``HTTPS_PROXY``/``HTTP_PROXY``
+    applies to that URL (``NO_PROXY`` aside)."""
     from svc.weightstore.catalog import HubSource
-    from svc.weightstore.fetch import mirrored
+    from svc.weightstore.fetch import mirrored, proxy_for
 
     hosts: list[tuple[str, int]] = []
     for variant in variants:
         source = variant.source
         url = (env.get("HF_ENDPOINT") or HUB) if isinstance(source, HubSource) else mirrored(source.url, env)
+        url = proxy_for(url, env) or url
         parts = urlsplit(url)
         host = (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
         if host not in hosts:

@@ -188,3 +188,11 @@ def test_service_addresses_come_from_the_service_config(tmp_path):
     (tmp_path / "conf").mkdir()
     (tmp_path / "conf" / "service.toml").write_text("[gateway]\nport = 18080\n[supervisor]\nport = 18787\n")
     assert service_addresses(str(tmp_path)) == ("http://127.0.0.1:18787/", "http://127.0.0.1:18080")
+
+
+def test_behind_a_proxy_the_proxy_is_what_is_dialled():
+    from svc.quickstart import source_hosts
+
+    variants = [variant for _, variant in _pulls()]
+    env = {"HTTPS_PROXY": "http://proxy.internal:3128", "no_proxy": "github.com"}
+    assert source_hosts(variants, env) == [("proxy.internal", 3128), ("github.com", 443)]

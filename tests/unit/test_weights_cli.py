@@ -9,6 +9,7 @@ goes through ``SERVICE_WEIGHTS_MIRROR`` to :class:`FakeSource`.
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import io
@@ -540,3 +541,48 @@ def test_the_licence_question_on_a_terminal(monkeypatch):
     assert terminal_question(io.StringIO("y\n"), Tty(), "x") is None  # not a terminal: no question, refused
     assert not accepted(agpl, ["CC-BY-NC-4.0"], None)
     assert accepted(FIXTURE_VARIANTS[0], [], None)  # BSD-3-Clause: nothing to accept
+
+
+PROXY_VARIABLES = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "no_proxy", "NO_PROXY")
+
+
+@pytest.fixture
+def proxy(monkeypatch):
+    from tests.support.proxy import LoopbackProxy
+
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    running = LoopbackProxy()
+    yield running
+    running.close()
+
+
+def test_a_file_pull_goes_through_http_proxy_with_its_credentials(source, proxy, capsys, monkeypatch):
+    monkeypatch.setenv("HTTP_PROXY", proxy.url.replace("http://", "http://me:s%40cret@"))
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
+    assert code == 0, err
+    assert proxy.requests == [("GET", f"{source.mirror}/download.pytorch.org/models/{FILENAME}",
+                               "Basic " + base64.b64encode(b"me:s@cret").decode())]
+    assert (variant_dir("MOBILENETV2", "FIXTURE_V2") / FILENAME).read_bytes() == BODY
+
+
+def test_no_proxy_keeps_a_pull_direct(source, proxy, capsys, monkeypatch):
+    monkeypatch.setenv("http_proxy", proxy.url)
+    monkeypatch.setenv("NO_PROXY", "example.org,127.0.0.1")
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
+    assert code == 0, err
+    assert proxy.requests == []
+    assert source.requests == [(f"/download.pytorch.org/models/{FILENAME}", None)]
+
+
+def test_an_https_pull_tunnels_through_https_proxy(source, proxy, capsys, monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    monkeypatch.setenv("SERVICE_WEIGHTS_MIRROR", f"https://127.0.0.1:{closed}")
+    monkeypatch.setenv("HTTPS_PROXY", proxy.url)
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
+    assert code == 1 and out == ""
+    assert proxy.requests == [("CONNECT", f"127.0.0.1:{closed}", None)]
+    assert err.splitlines() == [f"svcctl: MOBILENETV2 FIXTURE_V2: https://127.0.0.1:{closed}/download.pytorch.org/"
+                                f"models/{FILENAME}: the proxy refused the tunnel: 502 Bad Gateway"]

@@ -46,6 +46,15 @@ class WeightsError(Exception):
     """Weights that cannot be used; ``str()`` is one line."""
 
 
+def weights_kind(value: Any) -> str:
+    """What a ``[model] weights`` value (before resolution) serves: ``demo`` (random init), ``pretrained`` (a
+    cached variant) or ``file`` (a local path); the ``X-Service-Weights`` header and the status API say it."""
+    value = value if isinstance(value, str) else RANDOM
+    if value == RANDOM:
+        return "demo"
+    return PRETRAINED if value == PRETRAINED or value.startswith(PRETRAINED + ":") else "file"
+
+
 def is_random(config: dict) -> bool:
     return config.get("weights", RANDOM) == RANDOM
 

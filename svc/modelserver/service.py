@@ -54,7 +54,7 @@ from svc.request import RequestValidator
 from svc.schema import ObjectSchema
 from svc.web.limits import HttpLimits
 from svc.web.site import JsonSite
-from svc.weights import MODEL_PLACEHOLDER, WeightsError
+from svc.weights import MODEL_PLACEHOLDER, WeightsError, weights_kind
 
 log = Logger()
 
@@ -130,6 +130,7 @@ class ModelServerService(ListeningMultiService):
             registry=self.registry,
             auth_token=auth_token,
             openapi=model_server_document(config, factory, model_config),
+            weights=weights_kind(config.model.get("weights")),
         )
         self.site = JsonSite.for_app(
             self.app,

@@ -38,6 +38,7 @@ def test_served_classes_and_scores_equal_a_direct_forward_pass(tmp_path, suffix)
         assert reply.status == 200, reply.body
         body = reply.json
         assert body["model"]["version"].startswith(f"mobilenet{suffix}@")
+        assert reply.header("X-Service-Weights") == "file"
         transform = MobileNet_V2_Weights.IMAGENET1K_V1.transforms()
         import io
 

@@ -3,8 +3,9 @@
 Creates, once, ``secrets/local.env`` (mode 0600) with the management, inference
 and metrics tokens (all different) and a first API key, and appends that key's
 hash to the gateway's key file (``conf/api_keys.toml``, created mode 0600 if
-missing).  The key is printed once, with the path of the secrets file; later
-runs keep what exists.  Then the supervisor runs in the foreground with those
+missing).  The key is printed once: in the block that follows the start (or at once
+with ``--prepare-only``), with the path of the secrets file; later runs keep
+what exists.  Then the supervisor runs in the foreground with those
 secrets in its environment (profile ``auto``: cpu on a machine without CUDA),
 and once every model is ready (or has failed) one block says where the UI,
 the management token and the first API key are, and what to run first.
@@ -67,8 +68,12 @@ def read_env_file(path: str) -> dict[str, str]:
     return values
 
 
-def prepare(root: str = ".", out=sys.stdout) -> dict[str, str]:
-    """Create the secrets and the first key if there are none; the secrets as a dict."""
+def prepare(root: str = ".", out=sys.stdout, show_key: bool = True) -> dict[str, str]:
+    """Create the secrets and the first key if there are none; the secrets as a dict.
+
+    ``show_key`` False leaves the key to the next-steps block (the quick start
+    shows it there, once); ``--prepare-only`` shows it here.
+    """
     secrets_path = os.path.join(root, SECRETS)
     if os.path.exists(secrets_path):
         return read_env_file(secrets_path)
@@ -92,8 +97,9 @@ def prepare(root: str = ".", out=sys.stdout) -> dict[str, str]:
         + "".join(f"{name}={value}\n" for name, value in values.items()),
     )
     print(f"Generated {secrets_path} (mode 0600) and added the key '{FIRST_KEY_NAME}' to {key_path}.", file=out)
-    print("Your first API key (shown once; it is also in the secrets file):", file=out)
-    print(f"  {values['SERVICE_API_KEY']}", file=out)
+    if show_key:
+        print("Your first API key (shown once; it is also in the secrets file):", file=out)
+        print(f"  {values['SERVICE_API_KEY']}", file=out)
     return values
 
 
@@ -334,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
                         "AGPL-3.0; repeatable); without it, a terminal is asked")
     args = parser.parse_args(argv)
     first_run = not os.path.exists(os.path.join(args.root, SECRETS))
-    values = prepare(args.root)
+    values = prepare(args.root, show_key=args.prepare_only)  # else shown once, in the next-steps block
     if args.prepare_only:
         return 0
     os.chdir(args.root)

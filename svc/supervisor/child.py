@@ -149,7 +149,7 @@ class Child:
         if self.state not in (STARTING, RUNNING):
             return fail(ChildError(f"{self.name} is {self.state}, not running"))
         d = self._wait_exit()
-        self._set(STOPPING, "stopping: SIGTERM to the process group")
+        self._set(STOPPING, "SIGTERM to the process group")
         self._cancel_timer()
         self.ready = False
         self._signal(signal.SIGTERM)

@@ -54,6 +54,7 @@ def test_the_block_comes_once_the_models_are_ready_and_sigterm_stops_everything(
         assert block[1].split() == ["Web", "UI:", f"http://127.0.0.1:{supervisor_port}/", "(paste", "the",
                                     "management", "token)"]
         assert block[3].split() == ["First", "API", "key:", key]
+        assert out.count(key) == 1  # "shown once"
         assert "svcctl infer MOBILENETV2" in block[5]
         assert out.count("== All models ready") == 1
     finally:

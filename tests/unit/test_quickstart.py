@@ -28,6 +28,15 @@ def test_prepare_creates_private_distinct_secrets_and_a_first_key_once(tmp_path)
     assert key_path.read_text().count("[keys.local]") == 1
 
 
+def test_the_quick_start_leaves_the_key_to_its_next_steps_block(tmp_path):
+    """The "shown once" key was printed twice: by prepare and in the next-steps block."""
+    out = io.StringIO()
+    values = prepare(str(tmp_path), out, show_key=False)
+    assert values["SERVICE_API_KEY"] not in out.getvalue()
+    assert out.getvalue() == (f"Generated {tmp_path / SECRETS} (mode 0600) and added the key 'local' to "
+                              f"{tmp_path / KEY_FILE}.\n")
+
+
 # -- weights: demo or pretrained --------------------------------------------------------------
 
 

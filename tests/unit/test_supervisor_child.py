@@ -132,6 +132,8 @@ def test_stop_sends_term_to_the_group_and_waits_for_the_exit():
     running(child, reactor, probe)
     d = results(child.stop())
     assert child.state == STOPPING and kills == [(1001, signal.SIGTERM)] and d == []
+    # The state is said once ("stopping: stopping: SIGTERM ..." said it twice).
+    assert [e["line"] for e in child.logs.page(None, 50)["lines"]][-1] == "stopping: SIGTERM to the process group"
     reactor.exit(0)
     assert child.state == STOPPED and d == [None] and child.pid is None
 

@@ -6,8 +6,10 @@ hash to the gateway's key file (``conf/api_keys.toml``, created mode 0600 if
 missing).  The key is printed once: in the block that follows the start (or at once
 with ``--prepare-only``), with the path of the secrets file; later runs keep
 what exists.  Then the supervisor runs in the foreground with those
-secrets in its environment (profile ``auto``: cpu on a machine without CUDA),
-and once every model is ready (or has failed) one block says where the UI,
+secrets in its environment (profile ``auto``: cpu on a machine without CUDA);
+while the models load, one line per change says what each does (loading,
+measuring mode N of M, ready), and once every model is ready (or has
+failed) one block says where the UI,
 the management token and the first API key are, and what to run first.
 
 Weights: the profile's ``weights`` (or ``--weights``) says demo or pretrained.
@@ -28,24 +30,26 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import importlib.util
 import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
-from collections.abc import Callable
-from typing import Any
 from urllib.parse import urlsplit
+
+from svc.quickstart_weights import (  # noqa: F401 - the quick start's weights step, named here too
+    can_connect,
+    fetch_missing,
+    is_cached,
+    pretrained_pulls,
+    run_pull,
+    source_hosts,
+)
 
 SECRETS = os.path.join("secrets", "local.env")
 KEY_FILE = os.path.join("conf", "api_keys.toml")
 FIRST_KEY_NAME = "local"
-HUB = "https://huggingface.co"
-CONNECT_TIMEOUT_S = 3.0
-PULL_CLI = "svc.weightstore.cli"
 SERVICE_CONFIG = os.path.join("conf", "service.toml")
 
 
@@ -103,156 +107,6 @@ def prepare(root: str = ".", out=sys.stdout, show_key: bool = True) -> dict[str,
     return values
 
 
-def pretrained_pulls(root: str = ".", wanted: str = "pretrained", profile_name: str | None = None
-                     ) -> list[tuple[str, Any]]:
-    """``(MODEL:VARIANT, Variant)`` of every pretrained variant the active profile would run with its
-    ``weights`` set to ``wanted``, in profile order.
-
-    Read from the configs and the plugins' declarations (no torch): the same
-    choice the supervisor makes (``svc.supervisor.config.weights_choice``):
-    under ``demo``, only the models whose config names a pretrained variant;
-    the profile's ``demo`` list stays on demo unless the config says otherwise.
-    """
-    from svc.config import model_server_configs
-    from svc.modelapi import factories
-    from svc.supervisor.config import PRETRAINED, load_profile, load_supervisor_config, weights_choice
-    from svc.weightstore.catalog import find_variant, variants_of
-
-    config = load_supervisor_config(os.path.join(root, "conf", "service.toml"))
-    config = _rooted(config, root)
-    profile = load_profile(config, profile_name)
-    servers = {c.id: c for c in model_server_configs(config.servers_dir)}
-    found = factories()
-    pulls = []
-    for model_id in profile.models:
-        factory = found.get(model_id)
-        if factory is None or model_id not in servers or not variants_of(factory):
-            continue
-        flag, _ = weights_choice("demo" if model_id in profile.demo else wanted,
-                                 servers[model_id].model.get("weights"), find_variant(factory, None).name)
-        if flag and flag.startswith(PRETRAINED + ":"):
-            name = flag.partition(":")[2]
-            pulls.append((f"{model_id}:{name}", find_variant(factory, name)))
-    return pulls
-
-
-def _rooted(config: Any, root: str) -> Any:
-    from dataclasses import replace
-
-    def at(path: str) -> str:
-        return path if os.path.isabs(path) else os.path.join(root, path)
-
-    return replace(config, servers_dir=at(config.servers_dir), profiles_dir=at(config.profiles_dir))
-
-
-def source_hosts(variants: list[Any], env: dict[str, str]) -> list[tuple[str, int]]:
-    """The (host, port) every variant is fetched from: the hub (``HF_ENDPOINT``), or the file's URL as a pull
-    fetches it (through ``SERVICE_WEIGHTS_MIRROR`` when set); the proxy's when ``HTTPS_PROXY``/``HTTP_PROXY``
-    applies to that URL (``NO_PROXY`` aside)."""
-    from svc.weightstore.catalog import HubSource
-    from svc.weightstore.fetch import mirrored, proxy_for
-
-    hosts: list[tuple[str, int]] = []
-    for variant in variants:
-        source = variant.source
-        url = (env.get("HF_ENDPOINT") or HUB) if isinstance(source, HubSource) else mirrored(source.url, env)
-        url = proxy_for(url, env) or url
-        parts = urlsplit(url)
-        host = (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
-        if host not in hosts:
-            hosts.append(host)
-    return hosts
-
-
-def can_connect(host: str, port: int) -> bool:
-    """True when a TCP connection to ``host:port`` opens within ``CONNECT_TIMEOUT_S`` (DNS included)."""
-    try:
-        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
-            return True
-    except OSError:
-        return False
-
-
-def run_pull(specs: list[str], accept: tuple[str, ...] = ()) -> int:
-    """``svcctl weights pull SPEC...`` in a child process of this interpreter (its output goes to ours, and its
-    licence question to this terminal)."""
-    flags = [arg for name in accept for arg in ("--accept-licence", name)]
-    return subprocess.call([sys.executable, "-m", "svc.cli", "weights", "pull", *specs, *flags])
-
-
-def is_cached(spec: str, env: dict[str, str] | None = None) -> bool:
-    """Whether ``MODEL:VARIANT`` is in the weights cache (its record and what it loads exist; the model server
-    checks the sizes, ``svcctl weights verify`` the digests)."""
-    from svc.weightstore.cache import RecordError, cached_weights
-
-    model_id, _, name = spec.partition(":")
-    try:
-        return cached_weights(model_id, name, env) is not None
-    except RecordError:
-        return False
-
-
-def fetch_missing(
-    pulls: list[tuple[str, Any]],
-    env: dict[str, str],
-    out: Any = sys.stdout,
-    *,
-    accept: tuple[str, ...] = (),
-    connect: Callable[[str, int], bool] = can_connect,
-    pull: Callable[[list[str], tuple[str, ...]], int] = run_pull,
-    pull_available: Callable[[], bool] = lambda: importlib.util.find_spec(PULL_CLI) is not None,
-    cached: Callable[[str], bool] | None = None,
-) -> dict[str, str]:
-    """Pull what ``pulls`` lacks in the cache; the models that stay on demo weights, each with why.
-
-    What is cached is served as it is (nothing is dialled for it); only the
-    missing variants are pulled, those whose source answers.  Each model
-    that still lacks its variant falls back to demo alone, with one line
-    naming it and why; the others run their pretrained weights.
-    """
-    from svc.weightstore.licences import permissive
-
-    cached = cached or (lambda spec: is_cached(spec, env))
-    missing = [(spec, variant) for spec, variant in pulls if not cached(spec)]
-    if pulls and not missing:
-        print(f"Pretrained weights: cached, nothing to pull ({' '.join(spec for spec, _ in pulls)}).",
-              file=out, flush=True)
-    if not missing:
-        return {}
-    why: dict[str, str] = {}
-    if not pull_available():
-        why = {spec: "svcctl weights pull is not available in this installation" for spec, _ in missing}
-    elif any(env.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
-             for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
-        why = {spec: "not cached, and HF_HUB_OFFLINE is set" for spec, _ in missing}
-    else:
-        down = {f"{h}:{p}" for h, p in source_hosts([v for _, v in missing], env) if not connect(h, p)}
-        for spec, variant in missing:
-            host = "{}:{}".format(*source_hosts([variant], env)[0])
-            if host in down:
-                why[spec] = f"not cached, and {host} is not reachable"
-        wanted = [spec for spec, _ in missing if spec not in why]
-        if wanted:
-            print(f"Pulling the pretrained weights of the profile: {' '.join(wanted)}", file=out, flush=True)
-            code = pull(wanted, accept)
-            for spec, variant in missing:
-                if spec in wanted and not cached(spec):
-                    licence = variant.license
-                    if not permissive(licence) and licence.casefold() not in {a.casefold() for a in accept}:
-                        why[spec] = f"its licence {licence} was not accepted (--accept-licence {licence})"
-                    else:
-                        why[spec] = f"svcctl weights pull exited with {code} (its error is above)"
-    demo = {}
-    for spec, _ in pulls:
-        if spec in why:
-            model_id = spec.partition(":")[0]
-            demo[model_id] = why[spec]
-            print(f"Pretrained weights: {model_id} starts on demo weights: {why[spec]}.", file=out, flush=True)
-    if demo:
-        print("  (svcctl weights pull, then restart, to switch)", file=out, flush=True)
-    return demo
-
-
 def service_addresses(root: str = ".") -> tuple[str, str]:
     """The supervisor's (UI) and the gateway's base URLs, from ``conf/service.toml`` or the defaults."""
     import tomllib
@@ -302,6 +156,28 @@ def next_steps(status: dict, *, ui_url: str, gateway_url: str, api_key: str | No
     return "\n".join(lines) + "\n"
 
 
+def progress_lines(seen: dict[str, str], status: dict) -> list[str]:
+    """One line per model whose doing changed since ``seen`` (updated): loading, measuring mode N of M, ready.
+
+    What a model does is its status: ``ready``, else the phase its model
+    server reports while it loads (``svc.supervisor.child``: the ``/ready``
+    reason, such as ``measuring mode 2 of 4 (compile)``), else its state.
+    """
+    lines = []
+    for server in status.get("servers", []):
+        if server.get("ready"):
+            doing = "ready"
+        elif server.get("state") in ("starting", "running"):
+            phase = server.get("phase") or "starting"
+            doing = phase.removeprefix("the model is loading: ")
+        else:
+            doing = server.get("state") or "?"
+        if seen.get(server["id"]) != doing:
+            seen[server["id"]] = doing
+            lines.append(f"   {server['id']}: {doing}")
+    return lines
+
+
 def settled(status: dict) -> bool:
     """True once no child is still on its way: each is ready, or stopped trying (failed, start_failed, ...)."""
     children = [status.get("gateway", {}), *status.get("servers", [])]
@@ -313,7 +189,10 @@ def fetch_status(ui_url: str, token: str, timeout: float = 5.0) -> dict | None:
     parts = urlsplit(ui_url)
     connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout)
     try:
-        connection.request("GET", "/api/v1/status", headers={"Authorization": f"Bearer {token}"})
+        from svc.web.site import QUICKSTART_USER_AGENT  # its access-log lines are debug: not in the terminal
+
+        connection.request("GET", "/api/v1/status", headers={"Authorization": f"Bearer {token}",
+                                                               "User-Agent": QUICKSTART_USER_AGENT})
         reply = connection.getresponse()
         body = reply.read()
         return json.loads(body) if reply.status == 200 else None
@@ -365,8 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGHUP, forward)
+    seen: dict[str, str] = {}
     while child.poll() is None:
         status = fetch_status(ui_url, values["SERVICE_API_TOKEN"])
+        for line in progress_lines(seen, status or {}):
+            print(line, flush=True)
         if status is not None and settled(status):
             print(next_steps(status, ui_url=ui_url, gateway_url=gateway_url,
                              api_key=values["SERVICE_API_KEY"] if first_run else None), flush=True)

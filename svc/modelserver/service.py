@@ -176,8 +176,18 @@ class ModelServerService(ListeningMultiService):
         log.info("{id}: listening on 127.0.0.1:{port}; loading the model on {device}; images decoded {where}",
                  id=self.config.id, port=self.listener._port.getHost().port, device=self.device,  # the bound one
                  where="in the inference thread" if self.inference.decode_in_worker else "in the decode pool")
+        self.engine.on_phase = self._phase
         d = self.engine.load(self.config.max_batch_size)
         d.addCallbacks(self._loaded, self._load_failed)
+
+    def _phase(self, text: str) -> None:
+        """What the load does now (from the worker thread): /ready's 503 says it, and so the supervisor's status."""
+        def show() -> None:
+            if not self.app.ready:
+                self.app.not_ready_reason = f"the model is loading: {text}"
+
+        call = getattr(self.reactor, "callFromThread", None)  # tests' clocks run the load in their own thread
+        call(show) if call is not None else show()
 
     def _loaded(self, warmup: tuple[float, int]) -> None:
         seconds, items = warmup

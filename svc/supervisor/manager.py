@@ -58,7 +58,7 @@ from svc.protocol import (
 )
 from svc.replicas import LayoutError, encode, find_clash, replica_name, replica_ports
 from svc.supervisor.backoff import Timing
-from svc.supervisor.child import Child, ChildError, ChildSpec
+from svc.supervisor.child import STARTING, Child, ChildError, ChildSpec
 from svc.supervisor.config import Profile, SupervisorConfig, weights_choice
 from svc.supervisor.handover import GatewayChild, bind_listening_socket
 from svc.supervisor.logsink import LogSink
@@ -276,7 +276,13 @@ class ChildManager:
         starting = [self.sets[m].start() for m in self.profile.models]
         results = await DeferredList(starting, consumeErrors=True)
         for (ok, value), name in zip(results, self.profile.models):
-            if not ok:
+            if ok:
+                continue
+            snapshot = self.sets[name].snapshot()
+            if snapshot["state"] == STARTING:  # slow, not failed: a model measuring its modes goes on
+                log.info("{name} is still starting after start_timeout_ms ({phase}); the supervisor keeps "
+                         "waiting for it", name=name, phase=snapshot.get("phase") or "no phase reported yet")
+            else:
                 log.warn("{name} not ready: {error}", name=name, error=value.getErrorMessage())
 
     def stop_all(self) -> Deferred:

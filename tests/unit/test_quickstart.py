@@ -205,3 +205,22 @@ def test_behind_a_proxy_the_proxy_is_what_is_dialled():
     variants = [variant for _, variant in _pulls()]
     env = {"HTTPS_PROXY": "http://proxy.internal:3128", "no_proxy": "github.com"}
     assert source_hosts(variants, env) == [("proxy.internal", 3128), ("github.com", 443)]
+
+
+def test_one_line_per_change_of_what_each_model_does():
+    from svc.quickstart import progress_lines
+
+    def servers(*rows):
+        return {"servers": [{"id": i, "state": state, "ready": ready, "phase": phase} for i, state, ready, phase in rows]}
+
+    seen: dict[str, str] = {}
+    assert progress_lines(seen, {}) == []  # no status yet
+    assert progress_lines(seen, servers(("YOLOV8", "starting", False, None), ("DDPM", "starting", False, None))) == [
+        "   YOLOV8: starting", "   DDPM: starting"]
+    loading = "the model is loading: measuring mode 2 of 4 (compile)"
+    assert progress_lines(seen, servers(("YOLOV8", "starting", False, loading),
+                                        ("DDPM", "starting", False, None))) == ["   YOLOV8: measuring mode 2 of 4 (compile)"]
+    assert progress_lines(seen, servers(("YOLOV8", "starting", False, loading),
+                                        ("DDPM", "starting", False, None))) == []  # the same: nothing printed
+    assert progress_lines(seen, servers(("YOLOV8", "running", True, None), ("DDPM", "failed", False, None))) == [
+        "   YOLOV8: ready", "   DDPM: failed"]

@@ -395,3 +395,17 @@ def test_group_leader_gives_up_when_the_supervisor_is_already_gone():
     gone = subprocess.run([sys.executable, "-c", GROUP_LEADER, sys.executable, "-c", "print('ran')"],
                           env={**os.environ, "SERVICE_SUPERVISOR_PID": "1"}, capture_output=True)
     assert (gone.returncode, gone.stdout) == (1, b"")
+
+
+def test_a_starting_child_shows_the_phase_its_ready_route_reports():
+    from svc.supervisor.probe import Probed
+
+    child, reactor, probe, _ = make()
+    d = results(child.start())
+    assert child.snapshot()["phase"] is None
+    probe.ok = Probed(False, "the model is loading: measuring mode 2 of 4 (compile)")
+    reactor.advance(0.5)
+    assert child.snapshot()["phase"] == "the model is loading: measuring mode 2 of 4 (compile)"
+    probe.ok = Probed(True)
+    reactor.advance(0.5)
+    assert (child.state, child.ready, child.snapshot()["phase"], d) == (RUNNING, True, None, [None])

@@ -6,6 +6,8 @@ import json
 import signal
 
 import pytest
+from twisted.internet.error import ProcessTerminated
+from twisted.python.failure import Failure
 
 from svc.config import load_model_server_config
 from svc.supervisor.child import FAILED, RUNNING, STARTING, STOPPED, STOPPING
@@ -257,3 +259,25 @@ def test_supervisor_config_is_strict(tmp_path):
     conf.write_text("[extra]\n")
     with pytest.raises(ConfigError, match="extra: unknown table"):
         load_supervisor_config(str(conf))
+
+
+def test_a_model_still_measuring_its_modes_at_the_start_timeout_is_no_warning(tmp_path):
+    """"YOLOV8 not ready: ... did not become ready within 180 s (state starting)" was a warning for models that
+    were only slow; a model still starting gets an info line with what it does, a failed one still a warning."""
+    from twisted.logger import LogLevel, capturedLogs
+
+    from svc.supervisor.probe import Probed
+
+    m, reactor, probe, _ = manager(tmp_path)
+    with capturedLogs() as events:
+        m.start_all()
+        probe.ok = True
+        reactor.advance(0.5)  # the gateway is ready; the models start
+        probe.ok = Probed(False, "the model is loading: measuring mode 1 of 2 (jit)")
+        reactor.spawned[2][0].processEnded(Failure(ProcessTerminated(exitCode=1)))  # BBB (restart "no") fails
+        reactor.advance(181)
+    said = [(e["log_level"], e.get("name"), e.get("phase")) for e in events
+            if "not ready" in e.get("log_format", "") or "still starting" in e.get("log_format", "")]
+    assert said == [(LogLevel.info, "AAA", "the model is loading: measuring mode 1 of 2 (jit)"),
+                    (LogLevel.warn, "BBB", None)]
+    assert m.status_view()["servers"][0]["phase"] == "the model is loading: measuring mode 1 of 2 (jit)"

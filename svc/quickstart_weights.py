@@ -132,7 +132,7 @@ def fetch_missing(
     that still lacks its variant falls back to demo alone, with one line
     naming it and why; the others run their pretrained weights.
     """
-    from svc.weightstore.licences import permissive
+    from svc.weightstore.licences import permissive, spdx
 
     cached = cached or (lambda spec: is_cached(spec, env))
     missing = [(spec, variant) for spec, variant in pulls if not cached(spec)]
@@ -160,7 +160,7 @@ def fetch_missing(
             for spec, variant in missing:
                 if spec in wanted and not cached(spec):
                     licence = variant.license
-                    if not permissive(licence) and licence.casefold() not in {a.casefold() for a in accept}:
+                    if not permissive(licence) and spdx(licence) not in {spdx(a) for a in accept}:
                         why[spec] = f"its licence {licence} was not accepted (--accept-licence {licence})"
                     else:
                         why[spec] = f"svcctl weights pull exited with {code} (its error is above)"

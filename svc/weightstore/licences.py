@@ -6,7 +6,8 @@ pull starts, ``svcctl weights pull`` prints the total size and every
 licence of what it will fetch; a variant under a licence that is not in
 :data:`PERMISSIVE` is pulled only once that licence was accepted, with
 ``--accept-licence NAME`` or by answering a question on a terminal, never
-silently.  Licence names compare without regard to case.
+silently.  Licences compare by their SPDX id (the first word of the
+declaration), without regard to case.
 """
 
 from __future__ import annotations
@@ -18,9 +19,15 @@ from typing import IO, Any
 PERMISSIVE = frozenset({"apache-2.0", "bsd-2-clause", "bsd-3-clause", "mit", "isc", "cc0-1.0", "cc-by-4.0"})
 
 
+def spdx(licence: str) -> str:
+    """The licence's SPDX id, casefolded: a declaration may add words after it ("BSD-3-Clause (torchvision)")."""
+    words = licence.split("(", 1)[0].split()
+    return words[0].casefold() if words else ""
+
+
 def permissive(licence: str) -> bool:
-    """True for a licence in :data:`PERMISSIVE`."""
-    return licence.strip().casefold() in PERMISSIVE
+    """True for a licence whose SPDX id is in :data:`PERMISSIVE`."""
+    return spdx(licence) in PERMISSIVE
 
 
 def size_text(n: float) -> str:
@@ -57,7 +64,7 @@ def plan_lines(chosen: Iterable[tuple[Any, Any, bool]]) -> list[str]:
 
 def accepted(variant: Any, names: Iterable[str], ask: Callable[[str], bool] | None) -> bool:
     """Whether ``variant`` may be pulled: a permissive licence, one named in ``names``, or a yes from ``ask``."""
-    if permissive(variant.license) or variant.license.casefold() in {n.strip().casefold() for n in names}:
+    if permissive(variant.license) or spdx(variant.license) in {spdx(n) for n in names}:
         return True
     return ask is not None and ask(variant.license)
 

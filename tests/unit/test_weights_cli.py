@@ -541,6 +541,14 @@ def test_the_licence_question_on_a_terminal(monkeypatch):
     assert terminal_question(io.StringIO("y\n"), Tty(), "x") is None  # not a terminal: no question, refused
     assert not accepted(agpl, ["CC-BY-NC-4.0"], None)
     assert accepted(FIXTURE_VARIANTS[0], [], None)  # BSD-3-Clause: nothing to accept
+    # Declarations as the plugins write them: the SPDX id first, words after it.
+    from models.diffusion import cls_cond_ddim
+    from models.mobilenetv2 import VARIANTS as MOBILENET_VARIANTS
+    from svc.weightstore.catalog import find_variant
+
+    assert accepted(MOBILENET_VARIANTS[0], [], None)  # "BSD-3-Clause (torchvision)"
+    dit = find_variant(cls_cond_ddim, None)
+    assert not accepted(dit, ["AGPL-3.0"], None) and accepted(dit, ["CC-BY-NC-4.0"], None)  # "cc-by-nc-4.0"
 
 
 PROXY_VARIABLES = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "no_proxy", "NO_PROXY")

@@ -261,6 +261,9 @@ def _import(args: argparse.Namespace) -> int:
     except StoreError as e:
         _fail(f"{factory.catalog_id} {variant.name}: {e}")
         return EXIT_FAILED
+    except OSError as e:  # the copy failed (a full disk, a file that cannot be read): nothing was kept
+        _fail(f"{factory.catalog_id} {variant.name}: {args.path}: {e.strerror or e} (nothing kept)")
+        return EXIT_FAILED
     for note in stored.notes:
         print(note)
     print(f"{factory.catalog_id} {variant.name}: imported: {_weights_path(stored.record)}")

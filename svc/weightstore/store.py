@@ -360,7 +360,11 @@ def import_path(factory: Any, variant: Variant, path: str, *, env: Mapping[str, 
     created = [d for d in (directory.parent, directory) if not d.exists()]
     try:
         with _locked(directory, str(given)):
-            return _import(factory, variant, given, env, replace)
+            try:
+                return _import(factory, variant, given, env, replace)
+            except BaseException:  # a copy cut short (disk full, Ctrl-C) leaves nothing either
+                shutil.rmtree(directory / STAGE, ignore_errors=True)
+                raise
     except BaseException:
         for folder in reversed(created):
             try:
@@ -382,21 +386,13 @@ def _import(factory: Any, variant: Variant, given: Path, env: dict[str, str], re
         if not given.is_dir():
             raise StoreError(f"{given}: {model_id} {variant.name} is a hub repository ({source_text(variant)}): "
                              "import its folder, not a file")
-        try:
-            shutil.copytree(given, stage, ignore=shutil.ignore_patterns(".*"))
-        except BaseException:
-            shutil.rmtree(stage, ignore_errors=True)
-            raise
+        shutil.copytree(given, stage, ignore=shutil.ignore_patterns(".*"))
         return _install_tree(factory, variant, stage, "import", old, env, str(given), replace=replace, check=True)
     if not given.is_file():
         raise StoreError(f"{given}: {model_id} {variant.name} is one file ({source.filename}), not a folder")
     stage.mkdir()
     copy = stage / given.name  # the user's name: a converter that checks a file name sees theirs
-    try:
-        shutil.copyfile(given, copy)
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
+    shutil.copyfile(given, copy)
     return _install_file(factory, variant, copy, "import", old, env, str(given), replace=replace, check=True)
 
 

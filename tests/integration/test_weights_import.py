@@ -145,3 +145,19 @@ def test_verify_reports_stray_files(cache, capsys, tmp_path):
         f"svcctl: DDPM cifar10-32: {directory / 'hub' / 'extra.bin'}: stray file (not in its record)",
         f"svcctl: YOLOV8 yolov8n: {orphan / 'yolov8n.pt'}: stray file (no record.json: not a cached variant)",
     ]
+
+
+def test_an_import_cut_short_while_copying_leaves_nothing(cache, capsys, tmp_path, monkeypatch):
+    import shutil
+
+    def disk_full(src, dst, *args, **kwargs):
+        with open(dst, "wb") as f:
+            f.write(b"half of it")
+        raise OSError(28, "No space left on device")
+
+    src = tmp_path / "yolov8n.pt"
+    src.write_bytes(b"\x00" * 1000)
+    monkeypatch.setattr(shutil, "copyfile", disk_full)
+    assert svcctl(capsys, "import", "YOLOV8", str(src)) == (
+        1, "", f"svcctl: YOLOV8 yolov8n: {src}: No space left on device (nothing kept)\n")
+    assert everything_under(cache) == []

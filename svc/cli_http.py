@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from svc import __version__
+from svc.protocol import WEIGHTS_HEADER
 
 EXIT_OK, EXIT_HTTP, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -46,12 +47,25 @@ class HttpCall:
 
 
 class Reply(NamedTuple):
-    """What came back: the status, its reason phrase, the whole body, the ``Retry-After`` header if any."""
+    """What came back: the status, its reason phrase, the whole body, the ``Retry-After`` header if any, and the
+    ``X-Service-Weights`` header (``demo``, ``pretrained``, ``file``) if any."""
 
     status: int
     phrase: str
     content: bytes
     retry_after: str | None
+    weights: str | None = None
+
+
+#: The one stderr line of a command whose reply came from demo weights.
+DEMO_NOTE = ("note: this reply came from demo weights (random init: the outputs are noise); README.md, \"Real "
+             "models in three commands\", serves the official ones")
+
+
+def note_weights(reply: Reply, stderr: Any = None) -> None:
+    """Say on stderr (one line) that ``reply`` came from demo weights; nothing for any other."""
+    if reply.weights == "demo":
+        print(f"svcctl: {DEMO_NOTE}", file=stderr or sys.stderr)
 
 
 class Client(Protocol):
@@ -86,8 +100,9 @@ class HttpClient:
         response = await client.request(call.method, call.url, headers=headers, data=call.body, timeout=call.timeout)
         content = await response.content()
         retry_after = response.headers.getRawHeaders("retry-after", [None])[0]
+        weights = response.headers.getRawHeaders(WEIGHTS_HEADER, [None])[0]
         phrase = response.phrase.decode("latin-1") if isinstance(response.phrase, bytes) else str(response.phrase)
-        return Reply(response.code, phrase, content, retry_after)
+        return Reply(response.code, phrase, content, retry_after, weights)
 
 
 def react(client: Client, main: Callable[[Any], Awaitable[int]]) -> tuple[int | None, int]:
@@ -163,7 +178,7 @@ async def call_gateway(client: Client, reactor: Any, call: HttpCall, token: str)
 
     trigger = reactor.addSystemEventTrigger("before", "shutdown", on_shutdown)
     try:
-        status, phrase, content, retry_after = await d
+        reply = await d
     except Exception as e:
         if interrupted:
             fail("interrupted")
@@ -172,7 +187,10 @@ async def call_gateway(client: Client, reactor: Any, call: HttpCall, token: str)
         return EXIT_USAGE
     finally:
         reactor.removeSystemEventTrigger(trigger)
+    status, phrase, content, retry_after = reply[:4]
     print_reply(content)
+    sys.stdout.flush()
+    note_weights(reply)
     if 200 <= status < 300:
         return EXIT_OK
     more = f" (Retry-After: {retry_after})" if retry_after else ""

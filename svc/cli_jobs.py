@@ -38,6 +38,7 @@ from svc.cli_http import (
     HttpCall,
     describe_failure,
     fail,
+    note_weights,
     print_reply,
     react,
 )
@@ -191,6 +192,7 @@ class JobRun:
         self.stderr = stderr
         self.current: Any = None
         self.interrupted = False
+        self.last: Any = None
 
     async def call(self, call: HttpCall) -> tuple[int, str, bytes]:
         """One request; CliError (one line) when it cannot be made or completed."""
@@ -202,14 +204,15 @@ class JobRun:
         d.addTimeout(call.timeout, self.reactor)
         self.current = d
         try:
-            status, phrase, content, _ = await d
+            reply = await d
         except Exception as e:
             if self.interrupted:
                 raise _Interrupted() from None
             raise CliError(describe_failure(e, call)) from None
         finally:
             self.current = None
-        return status, phrase, content
+        self.last = reply  # its X-Service-Weights is noted once, under the envelope (note_weights)
+        return reply.status, reply.phrase, reply.content
 
     def interrupt(self) -> None:
         self.interrupted = True
@@ -245,6 +248,8 @@ class JobRun:
             bar.close()
         if body["state"] != "done":
             print(json.dumps(body, indent=2))
+            sys.stdout.flush()
+            note_weights(self.last, self.stderr)
             fail(f"job {job_id} ended {body['state']}: {body.get('error') or 'no reason given'}")
             return EXIT_HTTP
         result_url = urljoin(base + "/", body.get("result_url") or f"{poll}/result")
@@ -254,6 +259,7 @@ class JobRun:
             return self.http_error(status, phrase, content, "GET", result_url)
         print(json.dumps(envelope, indent=2))
         sys.stdout.flush()
+        note_weights(self.last, self.stderr)
         if args.out is not None:
             written = write_files(args.out, result_files(envelope))
             fail(f"wrote {len(written)} file{'s' if len(written) != 1 else ''} under {args.out}")

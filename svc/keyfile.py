@@ -189,7 +189,7 @@ def restart_gateway(supervisor: str, token: str, client: Client) -> int:
 
     async def main(reactor: Any) -> int:
         try:
-            status, phrase, _, _ = await client.exchange(reactor, call, token)
+            status, phrase = (await client.exchange(reactor, call, token))[:2]
         except Exception as e:
             fail(f"the key file is changed but the gateway was not restarted: {describe_failure(e, call)}"
                  .replace("(is the gateway running?)", "(is the supervisor running?)"))

@@ -80,8 +80,11 @@ def klein_rule(template: str) -> str:
 
 #: Request headers the model server reads beside the body; the gateway forwards them.
 SERVICE_REQUEST_HEADERS = ("x-service-params", "x-service-options", "x-request-id")
+#: What the weights that answered are (``demo``, ``pretrained`` or ``file``), on a model server's inference and
+#: job replies: the envelope's ``model.version`` alone did not tell a client it got demo (random-init) weights.
+WEIGHTS_HEADER = "X-Service-Weights"
 #: Model-server reply headers the gateway passes back unchanged (``Location`` is rewritten).
-PASSED_REPLY_HEADERS = ("content-type", "x-request-id", "cache-control", "retry-after", "allow")
+PASSED_REPLY_HEADERS = ("content-type", "x-request-id", "cache-control", "retry-after", "allow", WEIGHTS_HEADER.lower())
 
 # -- the environment the supervisor gives its children ----------------------------------------
 

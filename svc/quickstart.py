@@ -3,44 +3,53 @@
 Creates, once, ``secrets/local.env`` (mode 0600) with the management, inference
 and metrics tokens (all different) and a first API key, and appends that key's
 hash to the gateway's key file (``conf/api_keys.toml``, created mode 0600 if
-missing).  The key is printed once, with the path of the secrets file; later
-runs keep what exists.  Then the supervisor runs in the foreground with those
-secrets in its environment (profile ``auto``: cpu on a machine without CUDA),
-and once every model is ready (or has failed) one block says where the UI,
+missing).  The key is printed once: in the block that follows the start (or at once
+with ``--prepare-only``), with the path of the secrets file; later runs keep
+what exists.  Then the supervisor runs in the foreground with those
+secrets in its environment (profile ``auto``: cpu on a machine without CUDA);
+while the models load, one line per change says what each does (loading,
+measuring mode N of M, ready), and once every model is ready (or has
+failed) one block says where the UI,
 the management token and the first API key are, and what to run first.
 
 Weights: the profile's ``weights`` (or ``--weights``) says demo or pretrained.
-For pretrained, the profile's pretrained variants are pulled first with
-``svcctl weights pull`` (``svc.weightstore.cli``, in a child process, which
-prints its progress) when their sources answer; when they do not (an offline
-machine), or the pull fails, one line says so and the service starts on demo
-weights, so a first run never ends without a running service.
+Every pretrained variant the service would run is looked up in the weights
+cache first: what is cached is served as it is, and only what is missing is
+pulled with ``svcctl weights pull`` (``svc.weightstore.cli``, in a child
+process, which prints the size and licences, asks on a terminal for a
+non-permissive licence that ``--accept-licence`` did not name, and shows its
+progress) when its source answers.  A model whose variant is still missing
+(an offline machine, a refused licence, a failed pull) starts on demo
+weights alone, with one line naming it and why (``service-supervisor
+--demo-models``), so a first run never ends without a running service.
 
-    python -m svc.quickstart [--root DIR] [--prepare-only] [--weights demo|pretrained]
+    python -m svc.quickstart [--root DIR] [--prepare-only] [--weights demo|pretrained] [--accept-licence L]...
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
-import importlib.util
 import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
-from collections.abc import Callable
-from typing import Any
 from urllib.parse import urlsplit
+
+from svc.quickstart_weights import (  # noqa: F401 - the quick start's weights step, named here too
+    can_connect,
+    fetch_missing,
+    is_cached,
+    pretrained_pulls,
+    run_pull,
+    source_hosts,
+)
 
 SECRETS = os.path.join("secrets", "local.env")
 KEY_FILE = os.path.join("conf", "api_keys.toml")
 FIRST_KEY_NAME = "local"
-HUB = "https://huggingface.co"
-CONNECT_TIMEOUT_S = 3.0
-PULL_CLI = "svc.weightstore.cli"
 SERVICE_CONFIG = os.path.join("conf", "service.toml")
 
 
@@ -63,8 +72,12 @@ def read_env_file(path: str) -> dict[str, str]:
     return values
 
 
-def prepare(root: str = ".", out=sys.stdout) -> dict[str, str]:
-    """Create the secrets and the first key if there are none; the secrets as a dict."""
+def prepare(root: str = ".", out=sys.stdout, show_key: bool = True) -> dict[str, str]:
+    """Create the secrets and the first key if there are none; the secrets as a dict.
+
+    ``show_key`` False leaves the key to the next-steps block (the quick start
+    shows it there, once); ``--prepare-only`` shows it here.
+    """
     secrets_path = os.path.join(root, SECRETS)
     if os.path.exists(secrets_path):
         return read_env_file(secrets_path)
@@ -88,114 +101,10 @@ def prepare(root: str = ".", out=sys.stdout) -> dict[str, str]:
         + "".join(f"{name}={value}\n" for name, value in values.items()),
     )
     print(f"Generated {secrets_path} (mode 0600) and added the key '{FIRST_KEY_NAME}' to {key_path}.", file=out)
-    print("Your first API key (shown once; it is also in the secrets file):", file=out)
-    print(f"  {values['SERVICE_API_KEY']}", file=out)
+    if show_key:
+        print("Your first API key (shown once; it is also in the secrets file):", file=out)
+        print(f"  {values['SERVICE_API_KEY']}", file=out)
     return values
-
-
-def pretrained_pulls(root: str = ".") -> list[tuple[str, Any]]:
-    """``(MODEL:VARIANT, Variant)`` of every pretrained variant the active profile would run, in profile order.
-
-    Read from the configs and the plugins' declarations (no torch): the same
-    choice the supervisor makes (``svc.supervisor.config.weights_choice``).
-    """
-    from svc.config import model_server_configs
-    from svc.modelapi import factories
-    from svc.supervisor.config import PRETRAINED, load_profile, load_supervisor_config, weights_choice
-    from svc.weightstore.catalog import find_variant, variants_of
-
-    config = load_supervisor_config(os.path.join(root, "conf", "service.toml"))
-    config = _rooted(config, root)
-    profile = load_profile(config)
-    servers = {c.id: c for c in model_server_configs(config.servers_dir)}
-    found = factories()
-    pulls = []
-    for model_id in profile.models:
-        factory = found.get(model_id)
-        if factory is None or model_id not in servers or not variants_of(factory):
-            continue
-        flag, _ = weights_choice(PRETRAINED, servers[model_id].model.get("weights"), find_variant(factory, None).name)
-        if flag and flag.startswith(PRETRAINED + ":"):
-            name = flag.partition(":")[2]
-            pulls.append((f"{model_id}:{name}", find_variant(factory, name)))
-    return pulls
-
-
-def _rooted(config: Any, root: str) -> Any:
-    from dataclasses import replace
-
-    def at(path: str) -> str:
-        return path if os.path.isabs(path) else os.path.join(root, path)
-
-    return replace(config, servers_dir=at(config.servers_dir), profiles_dir=at(config.profiles_dir))
-
-
-def source_hosts(variants: list[Any], env: dict[str, str]) -> list[tuple[str, int]]:
-    """The (host, port) every variant is fetched from: the hub (``HF_ENDPOINT``), or the file's URL as a pull
-    fetches it (through ``SERVICE_WEIGHTS_MIRROR`` when set)."""
-    from svc.weightstore.catalog import HubSource
-    from svc.weightstore.fetch import mirrored
-
-    hosts: list[tuple[str, int]] = []
-    for variant in variants:
-        source = variant.source
-        url = (env.get("HF_ENDPOINT") or HUB) if isinstance(source, HubSource) else mirrored(source.url, env)
-        parts = urlsplit(url)
-        host = (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))
-        if host not in hosts:
-            hosts.append(host)
-    return hosts
-
-
-def can_connect(host: str, port: int) -> bool:
-    """True when a TCP connection to ``host:port`` opens within ``CONNECT_TIMEOUT_S`` (DNS included)."""
-    try:
-        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
-            return True
-    except OSError:
-        return False
-
-
-def run_pull(specs: list[str]) -> int:
-    """``svcctl weights pull SPEC...`` in a child process of this interpreter (its output goes to ours)."""
-    return subprocess.call([sys.executable, "-m", "svc.cli", "weights", "pull", *specs])
-
-
-def choose_weights(
-    wanted: str,
-    pulls: list[tuple[str, Any]],
-    env: dict[str, str],
-    out: Any = sys.stdout,
-    *,
-    connect: Callable[[str, int], bool] = can_connect,
-    pull: Callable[[list[str]], int] = run_pull,
-    pull_available: Callable[[], bool] = lambda: importlib.util.find_spec(PULL_CLI) is not None,
-) -> str:
-    """``demo`` or ``pretrained``: what the supervisor runs after trying to pull ``pulls`` for ``wanted``."""
-    if wanted != "pretrained":
-        return "demo"
-    if not pulls:  # no model of the profile has a pretrained variant to run
-        return "pretrained"
-    fallback = "starting on demo weights (svcctl weights pull, then restart, to switch)"
-    if not pull_available():
-        print(f"Pretrained weights: svcctl weights pull is not available in this installation; {fallback}.",
-              file=out, flush=True)
-        return "demo"
-    if any(env.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
-           for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
-        print(f"Pretrained weights: HF_HUB_OFFLINE is set; {fallback}.", file=out, flush=True)
-        return "demo"
-    unreachable = [f"{h}:{p}" for h, p in source_hosts([v for _, v in pulls], env) if not connect(h, p)]
-    if unreachable:
-        print(f"Pretrained weights: {', '.join(unreachable)} not reachable; {fallback}.", file=out, flush=True)
-        return "demo"
-    specs = [spec for spec, _ in pulls]
-    print(f"Pulling the pretrained weights of the profile: {' '.join(specs)}", file=out, flush=True)
-    code = pull(specs)
-    if code != 0:
-        print(f"Pretrained weights: svcctl weights pull exited with {code}; {fallback}.", file=out, flush=True)
-        return "demo"
-    return "pretrained"
 
 
 def service_addresses(root: str = ".") -> tuple[str, str]:
@@ -247,6 +156,28 @@ def next_steps(status: dict, *, ui_url: str, gateway_url: str, api_key: str | No
     return "\n".join(lines) + "\n"
 
 
+def progress_lines(seen: dict[str, str], status: dict) -> list[str]:
+    """One line per model whose doing changed since ``seen`` (updated): loading, measuring mode N of M, ready.
+
+    What a model does is its status: ``ready``, else the phase its model
+    server reports while it loads (``svc.supervisor.child``: the ``/ready``
+    reason, such as ``measuring mode 2 of 4 (compile)``), else its state.
+    """
+    lines = []
+    for server in status.get("servers", []):
+        if server.get("ready"):
+            doing = "ready"
+        elif server.get("state") in ("starting", "running"):
+            phase = server.get("phase") or "starting"
+            doing = phase.removeprefix("the model is loading: ")
+        else:
+            doing = server.get("state") or "?"
+        if seen.get(server["id"]) != doing:
+            seen[server["id"]] = doing
+            lines.append(f"   {server['id']}: {doing}")
+    return lines
+
+
 def settled(status: dict) -> bool:
     """True once no child is still on its way: each is ready, or stopped trying (failed, start_failed, ...)."""
     children = [status.get("gateway", {}), *status.get("servers", [])]
@@ -258,7 +189,10 @@ def fetch_status(ui_url: str, token: str, timeout: float = 5.0) -> dict | None:
     parts = urlsplit(ui_url)
     connection = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout)
     try:
-        connection.request("GET", "/api/v1/status", headers={"Authorization": f"Bearer {token}"})
+        from svc.web.site import QUICKSTART_USER_AGENT  # its access-log lines are debug: not in the terminal
+
+        connection.request("GET", "/api/v1/status", headers={"Authorization": f"Bearer {token}",
+                                                               "User-Agent": QUICKSTART_USER_AGENT})
         reply = connection.getresponse()
         body = reply.read()
         return json.loads(body) if reply.status == 200 else None
@@ -280,9 +214,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prepare-only", action="store_true", help="create the secrets, do not run the service")
     parser.add_argument("--weights", choices=("demo", "pretrained"), default=None,
                         help="demo or pretrained instead of the profile's weights")
+    parser.add_argument("--accept-licence", "--accept-license", metavar="LICENCE", action="append", default=[],
+                        dest="accept", help="pull pretrained weights under this non-permissive licence (e.g. "
+                        "AGPL-3.0; repeatable); without it, a terminal is asked")
     args = parser.parse_args(argv)
     first_run = not os.path.exists(os.path.join(args.root, SECRETS))
-    values = prepare(args.root)
+    values = prepare(args.root, show_key=args.prepare_only)  # else shown once, in the next-steps block
     if args.prepare_only:
         return 0
     os.chdir(args.root)
@@ -290,12 +227,15 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, **{k: v for k, v in values.items() if k != "SERVICE_API_KEY"}}
     from svc.supervisor.config import load_profile, load_supervisor_config
 
-    wanted = args.weights or load_profile(load_supervisor_config(SERVICE_CONFIG)).weights
-    weights = choose_weights(wanted, pretrained_pulls() if wanted == "pretrained" else [], env)
+    weights = args.weights or load_profile(load_supervisor_config(SERVICE_CONFIG)).weights
+    demo = fetch_missing(pretrained_pulls(".", weights), env, accept=tuple(args.accept))
     print(f"Starting the supervisor ({weights} weights): UI and management API on {ui_url}, gateway on "
           f"{gateway_url}; the models load for a minute or two (logs below)...", flush=True)
     twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
-    child = subprocess.Popen([twistd, "-n", "--pidfile=", "service-supervisor", "--weights", weights], env=env)
+    command = [twistd, "-n", "--pidfile=", "service-supervisor", "--weights", weights]
+    if demo:
+        command += ["--demo-models", ",".join(demo)]
+    child = subprocess.Popen(command, env=env)
 
     def forward(signum: int, frame: object) -> None:
         child.send_signal(signal.SIGTERM)
@@ -304,8 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGHUP, forward)
+    seen: dict[str, str] = {}
     while child.poll() is None:
         status = fetch_status(ui_url, values["SERVICE_API_TOKEN"])
+        for line in progress_lines(seen, status or {}):
+            print(line, flush=True)
         if status is not None and settled(status):
             print(next_steps(status, ui_url=ui_url, gateway_url=gateway_url,
                              api_key=values["SERVICE_API_KEY"] if first_run else None), flush=True)

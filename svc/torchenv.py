@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import logging
 import os
 
 # glibc mallopt parameters (malloc.h)
@@ -126,3 +127,36 @@ def configure_compile_cache() -> str:
     from svc.optimize.cache import use_inductor_cache
 
     return str(use_inductor_cache())
+
+
+#: torch's notice on a machine with a CUDA toolkit but no CUDA runtime (torch.utils.cpp_extension, at import).
+CUDA_NOTICE = "No CUDA runtime is found"
+
+
+class _CudaNoticeOnCpu(logging.Filter):
+    """Takes torch's "No CUDA runtime is found" warning off stderr and logs it at info level instead.
+
+    Why: under twistd whatever reaches stderr is logged at error level, so on
+    a CPU machine that merely has a CUDA toolkit installed this notice looked
+    like a failure in the model logs (it is printed when torch.compile's
+    toolchain is imported, while the optimised modes are measured).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith(CUDA_NOTICE):
+            return True
+        from twisted.logger import Logger
+
+        Logger(namespace=record.name).info("{message} (this model server runs on the CPU: nothing is wrong)",
+                                           message=message)
+        return False
+
+
+def quiet_cuda_notice(device: str) -> None:
+    """On the CPU device, demote torch's CUDA-runtime notice to an info line (once per process)."""
+    if device != "cpu":
+        return
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    if not any(isinstance(f, _CudaNoticeOnCpu) for f in logger.filters):
+        logger.addFilter(_CudaNoticeOnCpu())

@@ -20,6 +20,8 @@ from typing import Any
 
 RANDOM = "random"
 PRETRAINED = "pretrained"
+#: Stands for the catalog id in a WeightsError's advice; the model server puts its own id there.
+MODEL_PLACEHOLDER = "<MODEL>"
 
 #: Config properties every plugin accepts in its [model] table.
 WEIGHTS_PROPERTIES: dict[str, dict] = {
@@ -42,6 +44,15 @@ WEIGHTS_PROPERTIES: dict[str, dict] = {
 
 class WeightsError(Exception):
     """Weights that cannot be used; ``str()`` is one line."""
+
+
+def weights_kind(value: Any) -> str:
+    """What a ``[model] weights`` value (before resolution) serves: ``demo`` (random init), ``pretrained`` (a
+    cached variant) or ``file`` (a local path); the ``X-Service-Weights`` header and the status API say it."""
+    value = value if isinstance(value, str) else RANDOM
+    if value == RANDOM:
+        return "demo"
+    return PRETRAINED if value == PRETRAINED or value.startswith(PRETRAINED + ":") else "file"
 
 
 def is_random(config: dict) -> bool:
@@ -173,7 +184,13 @@ def read_state_dict(path: str) -> dict:
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any reader error is a bad file
-        raise WeightsError(f"weights file {path}: cannot be read as a state dict: {type(e).__name__}: {e}") from None
+        if "weights_only" in str(e):  # a pickle naming classes: an upstream checkpoint, not a state dict
+            raise WeightsError(f"weights file {path}: a pickled model object, not a state dict (an upstream "
+                               "checkpoint such as an ultralytics .pt): convert it into the weights cache with "
+                               f"`svcctl weights import {MODEL_PLACEHOLDER} {path}`, then set weights = \"pretrained\"") from None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise WeightsError(f"weights file {path}: cannot be read as a state dict: {type(e).__name__}: {first}") \
+            from None
     for wrapper in ("state_dict", "model"):
         if isinstance(state, dict) and set(state) == {wrapper} and isinstance(state[wrapper], dict):
             state = state[wrapper]

@@ -28,7 +28,7 @@ from svc.errors import ApiError
 from svc.modelserver.batching import QueueFull
 from svc.modelserver.job_routes import JobRoutes
 from svc.modelserver.jobs import JobTable
-from svc.protocol import HEALTH_PATH, METRICS_PATH, OPENAPI_PATH, READY_PATH, SERVICE_REQUEST_HEADERS
+from svc.protocol import HEALTH_PATH, METRICS_PATH, OPENAPI_PATH, READY_PATH, SERVICE_REQUEST_HEADERS, WEIGHTS_HEADER
 from svc.ratelimit import KeyedLimiter, retry_after_header
 from svc.request import REQ_ID_RE
 from svc.web import routes
@@ -50,6 +50,7 @@ class ModelServerApp(routes.JsonApp):
         registry: Any,
         auth_token: str | None,
         openapi: dict,
+        weights: str = "demo",
     ) -> None:
         self.clock = clock
         self.config = config
@@ -59,6 +60,7 @@ class ModelServerApp(routes.JsonApp):
         self.registry = registry
         self.auth_token = auth_token
         self.openapi_bytes = dumps(openapi)
+        self.weights_headers = {WEIGHTS_HEADER: weights}  # demo, pretrained or file (svc.weights.weights_kind)
         self.ip_limiter = KeyedLimiter(clock, config.rate_limit_qps)
         self.identity = ModelIdentity(config.id, "loading")
         self.ready = False
@@ -74,7 +76,8 @@ class ModelServerApp(routes.JsonApp):
         """Serve the /jobs routes over ``jobs`` (only with ``async_enabled``; without, /jobs... is 404)."""
         self.job_routes = JobRoutes(jobs, clock=self.clock, identity=lambda: self.identity, task_id=self.task_id,
                                     authenticate=self.authenticate, check_admitting=self.check_admitting,
-                                    draining=lambda: self.draining, parse=self.inference.parse)
+                                    draining=lambda: self.draining, parse=self.inference.parse,
+                                    headers=self.weights_headers)
         self.configured.mount(self.job_routes.app)
         return self.job_routes
 
@@ -173,7 +176,8 @@ class ModelServerApp(routes.JsonApp):
             elapsed_ms = (self.clock.seconds() - started) * 1000.0
             code, body = result_envelope(task_id=task_id, model=self.identity, items=results, server_time_ms=elapsed_ms)
             self.infer_duration.observe(elapsed_ms)
-            return send_encoded(request, code, body, {"X-Request-ID": task_id, "Cache-Control": "no-store"})
+            return send_encoded(request, code, body, {"X-Request-ID": task_id, "Cache-Control": "no-store",
+                                                      **self.weights_headers})
         finally:
             self.in_flight -= 1
 

@@ -88,6 +88,8 @@ class Engine:
         self.optimize = optimize  # backend.optimize, checked at startup
         self.workers = workers  # backend.workers: the threads that call the optimised model at once
         self.optimization: Any = None  # the svc.optimize.select.Report of the load (None: eager, not run)
+        #: Told (from the worker thread) what the load is doing: building, measuring mode N of M, warming up.
+        self.on_phase: Callable[[str], None] = lambda text: None
 
     @property
     def version(self) -> str:
@@ -114,13 +116,17 @@ class Engine:
 
     def _load_sync(self, warmup_batch: int) -> tuple[float, int]:
         self._lower_priority()
+        self.on_phase("building the model and loading its weights")
         model = self.factory.build(self.model_config, self.device)
         verifyObject(IModel, model)
         if self.optimize != "eager":
             from svc.optimize.select import optimize_model
 
+            self.on_phase(f"choosing the execution mode (backend.optimize {self.optimize})")
             self.optimization = optimize_model(model, self.factory.category, self.device, self.optimize,
-                                               warmup_batch, self.factory.catalog_id, self.workers)
+                                               warmup_batch, self.factory.catalog_id, self.workers,
+                                               phase=self.on_phase)
+        self.on_phase(f"warming up (a batch of {warmup_batch})")
         if self.factory.needs_image:
             # Exercise the decode path too, so the first request pays no lazy imports.
             from PIL import Image

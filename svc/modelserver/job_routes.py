@@ -82,6 +82,7 @@ class JobRoutes:
         check_admitting: Callable[[], None],
         draining: Callable[[], bool],
         parse: Callable[..., Awaitable[Any]],
+        headers: dict[str, str] | None = None,
     ) -> None:
         self.jobs = jobs
         self.clock = clock
@@ -91,6 +92,7 @@ class JobRoutes:
         self.check_admitting = check_admitting
         self.draining = draining
         self.parse = parse
+        self.headers = dict(headers or {})  # on every reply about a job (X-Service-Weights)
         self.waiting = 0
 
     # -- bodies ------------------------------------------------------------------------
@@ -114,7 +116,8 @@ class JobRoutes:
 
     def reply_encoded(self, request: Any, code: int, body: bytes, job: Job, extra: dict[str, str] | None = None) -> bytes:
         """A reply about ``job`` whose body is already encoded (a done job's stored envelope)."""
-        return send_encoded(request, code, body, {"X-Request-ID": job.task_id, "Cache-Control": "no-store", **(extra or {})})
+        return send_encoded(request, code, body, {"X-Request-ID": job.task_id, "Cache-Control": "no-store",
+                                                  **self.headers, **(extra or {})})
 
     def job_error(self, request: Any, status: st.Status, message: str, job: Job | None = None, headers: dict | None = None) -> bytes:
         task_id = job.task_id if job is not None else self.task_id(request)

@@ -54,7 +54,7 @@ from svc.request import RequestValidator
 from svc.schema import ObjectSchema
 from svc.web.limits import HttpLimits
 from svc.web.site import JsonSite
-from svc.weights import WeightsError
+from svc.weights import MODEL_PLACEHOLDER, WeightsError, weights_kind
 
 log = Logger()
 
@@ -130,6 +130,7 @@ class ModelServerService(ListeningMultiService):
             registry=self.registry,
             auth_token=auth_token,
             openapi=model_server_document(config, factory, model_config),
+            weights=weights_kind(config.model.get("weights")),
         )
         self.site = JsonSite.for_app(
             self.app,
@@ -175,8 +176,18 @@ class ModelServerService(ListeningMultiService):
         log.info("{id}: listening on 127.0.0.1:{port}; loading the model on {device}; images decoded {where}",
                  id=self.config.id, port=self.listener._port.getHost().port, device=self.device,  # the bound one
                  where="in the inference thread" if self.inference.decode_in_worker else "in the decode pool")
+        self.engine.on_phase = self._phase
         d = self.engine.load(self.config.max_batch_size)
         d.addCallbacks(self._loaded, self._load_failed)
+
+    def _phase(self, text: str) -> None:
+        """What the load does now (from the worker thread): /ready's 503 says it, and so the supervisor's status."""
+        def show() -> None:
+            if not self.app.ready:
+                self.app.not_ready_reason = f"the model is loading: {text}"
+
+        call = getattr(self.reactor, "callFromThread", None)  # tests' clocks run the load in their own thread
+        call(show) if call is not None else show()
 
     def _loaded(self, warmup: tuple[float, int]) -> None:
         seconds, items = warmup
@@ -196,7 +207,7 @@ class ModelServerService(ListeningMultiService):
 
     def _load_failed(self, failure: Any) -> None:
         if failure.check(WeightsError):
-            message = str(failure.value)
+            message = str(failure.value).replace(MODEL_PLACEHOLDER, self.config.id)
         else:
             log.failure("model failed to load", failure)
             message = f"{self.config.id}: model failed to load: {failure.type.__name__}: {failure.getErrorMessage()}"

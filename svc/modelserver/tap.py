@@ -114,6 +114,7 @@ def prepare_torch(config: Any, share: int = 1) -> str:
         device = torchenv.select_device(config.backend.device, config.gpu_mem_limit_mb)
         check_setting(config.backend.optimize, device)
         torchenv.configure_compile_cache()
+        torchenv.quiet_cuda_notice(device)
         return device
     except torchenv.DeviceError as e:
         raise refuse(PROGRAM, f"{config.path}: {e}") from None

@@ -12,7 +12,7 @@ from typing import Any
 
 from svc.config import ModelServerConfig
 from svc.openapi.components import REQ_ID_PATTERN, ref
-from svc.protocol import JOB, JOB_RESULT, JOB_WAIT, JOBS
+from svc.protocol import JOB, JOB_RESULT, JOB_WAIT, JOBS, WEIGHTS_HEADER
 from svc.query import MAX_DIGITS, WAIT_DEFAULT_MS, WAIT_MAX_MS
 
 #: The largest query number svc.query accepts (MAX_DIGITS nines).
@@ -60,6 +60,10 @@ def json_header(name: str, field: str, schema: dict) -> dict:
 
 
 REQUEST_ID_HEADER = header_doc("Echo of the request id (`task_id`).")
+WEIGHTS_HEADER_DOC = header_doc(
+    "What the model's weights are: `demo` (random init, for trying the service: outputs are noise), `pretrained` "
+    "(a pretrained variant from the weights cache) or `file` (a local weights file of the model config).",
+    {"type": "string", "enum": ["demo", "pretrained", "file"]})
 RETRY_AFTER_HEADER = header_doc("Seconds to wait before retrying.", {"type": "integer", "minimum": 1, "maximum": 60})
 
 
@@ -76,6 +80,7 @@ def infer_operation(config: ModelServerConfig, factory: Any, *, summary: str, au
     ok_headers = {
         "X-Request-ID": REQUEST_ID_HEADER,
         "Cache-Control": header_doc("Always `no-store`.", {"type": "string", "const": "no-store"}),
+        WEIGHTS_HEADER: WEIGHTS_HEADER_DOC,
     }
     return {
         "operationId": f"infer_{mid}",
@@ -109,7 +114,7 @@ def infer_operation(config: ModelServerConfig, factory: Any, *, summary: str, au
                 "description": "Status 50: body is not JSON or not an object (a rejection). Or every item failed on "
                 "its input (status 3 or 5, an envelope with results).",
                 "content": {"application/json": {"schema": {"anyOf": [ref("Rejection"), ref(f"{mid}_Envelope")]}}},
-                "headers": {"X-Request-ID": REQUEST_ID_HEADER},
+                "headers": {"X-Request-ID": REQUEST_ID_HEADER, WEIGHTS_HEADER: WEIGHTS_HEADER_DOC},
             },
             "401": rejection("Status 401: missing or wrong bearer token.", {"WWW-Authenticate": header_doc("Bearer challenge.")}),
             "413": rejection("Status 61: body over the size limit; status 67: more images than max_request_items."),
@@ -123,7 +128,7 @@ def infer_operation(config: ModelServerConfig, factory: Any, *, summary: str, au
                 "description": "Every item failed on the server side (status 1 engine error or 6 contract failure), "
                 "or status 500 for an unexpected server error.",
                 "content": {"application/json": {"schema": {"anyOf": [ref("Rejection"), ref(f"{mid}_Envelope")]}}},
-                "headers": {"X-Request-ID": REQUEST_ID_HEADER},
+                "headers": {"X-Request-ID": REQUEST_ID_HEADER, WEIGHTS_HEADER: WEIGHTS_HEADER_DOC},
             },
             "503": rejection("Status 65: the model is loading or the server is shutting down."),
             "504": json_reply("Status 4: no item finished before the deadline.", ref(f"{mid}_Envelope"), ok_headers),
@@ -136,6 +141,7 @@ def job_paths(config: ModelServerConfig, factory: Any, prefix: str = "") -> dict
     mid = config.id
     job_param = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
     ids = {"X-Request-ID": REQUEST_ID_HEADER}
+    about_job = {**ids, WEIGHTS_HEADER: WEIGHTS_HEADER_DOC}
     not_found = json_reply("Status 63: `error` contains `job not found` (unknown, expired or evicted job, or "
                            "one from before a restart).", ref("JobRejection"), ids)
     unauthorized = json_reply("Status 401: missing or wrong bearer token.", ref("JobRejection"))
@@ -156,7 +162,7 @@ def job_paths(config: ModelServerConfig, factory: Any, prefix: str = "") -> dict
                 "parameters": infer["parameters"],
                 "responses": {
                     "202": json_reply("Admitted (state pending).", ref("JobAccepted"), {
-                        "Location": header_doc("The job's status path."), **ids}),
+                        "Location": header_doc("The job's status path."), **about_job}),
                     "400": rejection("Status 50: body is not JSON or not an object."),
                     "401": unauthorized,
                     "413": rejection("Status 61 (body size) or 67 (too many images)."),
@@ -174,7 +180,7 @@ def job_paths(config: ModelServerConfig, factory: Any, prefix: str = "") -> dict
                 "operationId": f"job_status_{mid}",
                 "summary": "Poll a job.",
                 "parameters": [job_param],
-                "responses": {"200": json_reply("The job's state.", ref("JobStatus"), ids), "401": unauthorized,
+                "responses": {"200": json_reply("The job's state.", ref("JobStatus"), about_job), "401": unauthorized,
                               "404": not_found},
             }
         },
@@ -200,7 +206,7 @@ def job_paths(config: ModelServerConfig, factory: Any, prefix: str = "") -> dict
                     },
                 ],
                 "responses": {
-                    "200": json_reply("The job's state.", ref("JobStatus"), ids),
+                    "200": json_reply("The job's state.", ref("JobStatus"), about_job),
                     "401": unauthorized,
                     "404": not_found,
                     "422": json_reply("Status 66: timeout is not a non-negative integer.", ref("JobRejection")),
@@ -214,7 +220,7 @@ def job_paths(config: ModelServerConfig, factory: Any, prefix: str = "") -> dict
                 "parameters": [job_param],
                 "responses": {
                     "200": json_reply("The unified envelope of the finished job (status 0; items may carry their own "
-                                      "failure status).", ref(f"{mid}_Envelope"), ids),
+                                      "failure status).", ref(f"{mid}_Envelope"), about_job),
                     "401": unauthorized,
                     "404": not_found,
                     "409": json_reply("Status 409: the job is pending, running, failed or timeout; `error` states "

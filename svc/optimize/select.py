@@ -116,7 +116,7 @@ class Optimizer:
 
     def __init__(self, model: Any, category: str, device: str, setting: str, batch: int, model_id: str = "",
                  apply: Callable[..., Any] | None = None, timer: Callable[..., float] = timed_ms,
-                 workers: int = 1) -> None:
+                 workers: int = 1, phase: Callable[[str], None] | None = None) -> None:
         """``apply``/``timer``: the functions that apply a mode and time targets (tests inject failures).
 
         ``workers``: the inference threads that will call the targets at once (a compiled package gets
@@ -133,6 +133,7 @@ class Optimizer:
         self.model_id = model_id
         self.apply = apply or apply_mode
         self.timer = timer
+        self.phase = phase or (lambda text: None)  # what the load is doing, for the model server's /ready
 
     def run(self) -> Report:
         """The optimisation; whatever fails leaves the model eager with one line saying what."""
@@ -173,7 +174,8 @@ class Optimizer:
         cache_before = _cache_counters(compiling)
         reference = self.model.gate_outputs()
         passed: list[tuple[Outcome, list]] = []
-        for candidate in candidates:
+        for number, candidate in enumerate(candidates, 1):
+            self.phase(f"measuring mode {number} of {len(candidates)} ({candidate.name})")
             outcome = Outcome(candidate)
             report.outcomes.append(outcome)
             try:
@@ -190,6 +192,8 @@ class Optimizer:
                 outcome.detail = traceback.format_exc()
             finally:
                 self._install(targets, [t.module for t in targets])
+        if explicit is None and passed:
+            self.phase(f"timing eager and {len(passed)} mode(s) that passed the accuracy gate")
         eager_ms = self.time_all(targets, passed) if explicit is None else None
         best = min(passed, key=lambda p: p[0].ms or 0.0, default=None)
         chosen: Mode = EAGER_MODE
@@ -281,9 +285,10 @@ def _describe_cache(delta: dict[str, int]) -> str:
 
 
 def optimize_model(model: Any, category: str, device: str, setting: str, batch: int, model_id: str = "",
-                   workers: int = 1) -> Report:
+                   workers: int = 1, phase: Callable[[str], None] | None = None) -> Report:
     """Apply ``setting`` (``backend.optimize``) to a built model; the report of what runs now.
 
-    ``workers``: the inference threads that will run batches at once.
+    ``workers``: the inference threads that will run batches at once; ``phase`` is told, in a line, which
+    mode is being measured (the model server's /ready says it while the model loads).
     """
-    return Optimizer(model, category, device, setting, batch, model_id, workers=workers).run()
+    return Optimizer(model, category, device, setting, batch, model_id, workers=workers, phase=phase).run()

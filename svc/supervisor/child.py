@@ -107,6 +107,7 @@ class Child:
         self.started_at: float | None = None
         self.last_error: str | None = None
         self.last_exit: str | None = None
+        self.phase: str | None = None  # what a starting child says it does (its /ready's 503 reason)
         self._protocol: ChildProtocol | None = None
         self.backoff = Backoff(timing)
         self._timer: Any = None  # backoff restart or probe
@@ -149,7 +150,7 @@ class Child:
         if self.state not in (STARTING, RUNNING):
             return fail(ChildError(f"{self.name} is {self.state}, not running"))
         d = self._wait_exit()
-        self._set(STOPPING, "stopping: SIGTERM to the process group")
+        self._set(STOPPING, "SIGTERM to the process group")
         self._cancel_timer()
         self.ready = False
         self._signal(signal.SIGTERM)
@@ -194,6 +195,7 @@ class Child:
         self.pid = transport.pid
         self.started_at = self.reactor.seconds()
         self.ready = False
+        self.phase = None
         self._was_ready = False
         self._set(STARTING, f"spawned pid {self.pid}: {' '.join(self.spec.argv[1:4])} ...")
         self._schedule_probe(self.timing.probe_starting)
@@ -313,12 +315,14 @@ class Child:
         self._probing = True
         pid = self.pid
         d = self.probe(self.spec.port, self.spec.ready_path)
-        d.addCallbacks(lambda ok: self._probed(pid, bool(ok)), lambda f: self._probed(pid, False))
+        d.addCallbacks(lambda ok: self._probed(pid, bool(ok), getattr(ok, "reason", None)),
+                       lambda f: self._probed(pid, False))
 
-    def _probed(self, pid: int | None, ok: bool) -> None:
+    def _probed(self, pid: int | None, ok: bool, reason: str | None = None) -> None:
         self._probing = False
         if pid != self.pid or self.state not in (STARTING, RUNNING):
             return
+        self.phase = None if ok else reason
         if ok and not self.ready:
             self._became_ready()
         elif not ok and self.ready:
@@ -399,4 +403,5 @@ class Child:
             "last_error": self.last_error,
             "last_exit": self.last_exit,
             "policy": self.spec.policy,
+            "phase": self.phase if up and not self.ready else None,
         }

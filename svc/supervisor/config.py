@@ -117,9 +117,13 @@ class Profile:
     weights: str = setting(
         "demo",
         "demo (random-init weights, nothing to download) or pretrained (each model's default pretrained variant, "
-        "from the weights cache filled by svcctl weights pull). A model whose [model] weights names a local file "
-        "keeps its file; a model without pretrained variants stays on demo.", choices=WEIGHTS_CHOICES,
+        "from the weights cache filled by svcctl weights pull), for the models whose [model] weights says nothing "
+        "(random). A model whose [model] weights names a local file or a pretrained variant keeps it; a model "
+        "without pretrained variants stays on demo.", choices=WEIGHTS_CHOICES,
         dataclass_default=True)
+    demo: tuple[str, ...] = setting(
+        (), "Models of the profile kept on demo weights under weights = pretrained (their [model] weights says "
+        "nothing); an explicit [model] weights still wins.", type=list, dataclass_default=True)
 
 
 SUPERVISOR_KEYS: tuple[Key, ...] = keys_of(SupervisorConfig)
@@ -127,26 +131,36 @@ SERVER_KEYS: tuple[Key, ...] = keys_of(ServerSettings)
 PROFILE_KEYS: tuple[Key, ...] = keys_of(Profile)
 
 
-def weights_choice(profile_weights: str, table_weights: Any, default_variant: str | None) -> tuple[str | None, dict]:
+def weights_choice(profile_weights: str, table_weights: Any, default_variant: str | None,
+                   demo: bool = False) -> tuple[str | None, dict]:
     """What a model server runs on: its ``--weights`` argument (None: none given) and the status API's
     ``{"kind", "variant"}``, from the profile's ``weights``, the server config's ``[model] weights`` and the
     plugin's default variant (None when it declares none).
 
-    Derived from the configs alone (the supervisor never imports torch nor reads weights): a local path in
-    the server config is the user's explicit choice and is kept under either profile; otherwise the profile
-    decides.  Under ``pretrained``, ``pretrained:VARIANT`` in the server config picks that variant, anything
-    else the plugin's default; a plugin without variants stays on demo (the model server says so in its log).
+    Derived from the configs alone (the supervisor never imports torch nor reads weights).  The server
+    config's explicit choice wins: a local path is kept, and ``pretrained`` or ``pretrained:VARIANT`` runs
+    that variant under either profile (the "Real models in three commands" of the README).  A model whose
+    config says nothing (``random``, the default) follows the profile: ``demo``, or under ``pretrained`` the
+    plugin's default variant; a plugin without variants stays on demo (the model server says so in its log).
+    ``demo`` True puts the model on demo weights whatever the configs say, but a local path (the quick start
+    asks so for a model whose pretrained weights it could not get).
     """
     table = table_weights if isinstance(table_weights, str) else "random"
     is_pretrained = table == PRETRAINED or table.startswith(PRETRAINED + ":")
     if table != "random" and not is_pretrained:
         return None, {"kind": "file", "variant": None}
+    if demo:
+        return "demo", {"kind": "demo", "variant": None}
+    if is_pretrained:
+        named = table.partition(":")[2] or default_variant
+        if default_variant is None:  # no variants: the model server refuses its config in one line
+            return None, {"kind": "pretrained", "variant": named}
+        return f"{PRETRAINED}:{named}", {"kind": "pretrained", "variant": named}
     if profile_weights != PRETRAINED:
         return "demo", {"kind": "demo", "variant": None}
     if default_variant is None:
         return PRETRAINED, {"kind": "demo", "variant": None}
-    chosen = table.partition(":")[2] if table.startswith(PRETRAINED + ":") else default_variant
-    return f"{PRETRAINED}:{chosen}", {"kind": "pretrained", "variant": chosen}
+    return f"{PRETRAINED}:{default_variant}", {"kind": "pretrained", "variant": default_variant}
 
 
 def load_supervisor_config(path: str) -> SupervisorConfig:
@@ -235,4 +249,8 @@ def load_profile(config: SupervisorConfig, name: str | None = None) -> Profile:
     models = values["models"]
     if not all(isinstance(m, str) for m in models):
         raise ConfigError(path, "models", "must be an array of catalog ids")
-    return Profile(name, values["device"], tuple(models), values["weights"])
+    demo = values["demo"]
+    strays = [m for m in demo if m not in models]
+    if strays:
+        raise ConfigError(path, "demo", f"names {strays[0]!r}, which is not in models")
+    return Profile(name, values["device"], tuple(models), values["weights"], tuple(demo))

@@ -58,7 +58,7 @@ from svc.protocol import (
 )
 from svc.replicas import LayoutError, encode, find_clash, replica_name, replica_ports
 from svc.supervisor.backoff import Timing
-from svc.supervisor.child import Child, ChildError, ChildSpec
+from svc.supervisor.child import STARTING, Child, ChildError, ChildSpec
 from svc.supervisor.config import Profile, SupervisorConfig, weights_choice
 from svc.supervisor.handover import GatewayChild, bind_listening_socket
 from svc.supervisor.logsink import LogSink
@@ -104,6 +104,7 @@ class ChildManager:
         port_free: Callable[[int], bool] = port_is_free,
         binder: Callable[[str, int], Any] | None = None,
         default_variant: Callable[[str], str | None] | None = None,
+        demo_models: tuple[str, ...] = (),
     ) -> None:
         self.reactor = reactor
         self.config = config
@@ -113,7 +114,8 @@ class ChildManager:
         self.describe = describe or (lambda model_id: {})
         variant_of = default_variant or (lambda model_id: None)
         # Per model: the --weights argument of its server and what the status API says of its weights.
-        self.weights = {c.id: weights_choice(profile.weights, c.model.get("weights"), variant_of(c.id))
+        self.weights = {c.id: weights_choice("demo" if c.id in profile.demo else profile.weights,
+                                             c.model.get("weights"), variant_of(c.id), c.id in demo_models)
                         for c in self.catalog}
         unknown = [m for m in profile.models if m not in {c.id for c in self.catalog}]
         if unknown:
@@ -274,7 +276,13 @@ class ChildManager:
         starting = [self.sets[m].start() for m in self.profile.models]
         results = await DeferredList(starting, consumeErrors=True)
         for (ok, value), name in zip(results, self.profile.models):
-            if not ok:
+            if ok:
+                continue
+            snapshot = self.sets[name].snapshot()
+            if snapshot["state"] == STARTING:  # slow, not failed: a model measuring its modes goes on
+                log.info("{name} is still starting after start_timeout_ms ({phase}); the supervisor keeps "
+                         "waiting for it", name=name, phase=snapshot.get("phase") or "no phase reported yet")
+            else:
                 log.warn("{name} not ready: {error}", name=name, error=value.getErrorMessage())
 
     def stop_all(self) -> Deferred:

@@ -12,6 +12,8 @@ are not kept (a request every few seconds gains nothing from a pool).
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import Any
 
 from treq.client import HTTPClient
@@ -25,8 +27,28 @@ from svc.web.site import SUPERVISOR_USER_AGENT
 MAX_FETCH_BYTES = 4 * 1024 * 1024
 
 
+@dataclass(frozen=True)
+class Probed:
+    """A readiness probe's answer: ready or not, and why not in the child's own words (None: it did not say)."""
+
+    ok: bool
+    reason: str | None = None
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def _reason(body: bytes) -> str | None:
+    """The ``error`` text of an envelope reply (a not-ready model server's reason), or None."""
+    try:
+        value = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return None
+    return value[:200] if isinstance(value, str) and value else None
+
+
 class HttpProbe:
-    """Readiness probe (``probe(port, path)`` -> Deferred[bool]) and a small GET client (:meth:`fetch`)."""
+    """Readiness probe (``probe(port, path)`` -> Deferred[Probed]) and a small GET client (:meth:`fetch`)."""
 
     def __init__(self, reactor: Any, timeout: float = 2.0, hosts: dict[int, str] | None = None) -> None:
         self.reactor = reactor
@@ -36,10 +58,13 @@ class HttpProbe:
         self.client = HTTPClient(Agent(reactor, pool=pool, connectTimeout=timeout))
 
     def __call__(self, port: int, path: str) -> Deferred:
+        """Fires with a :class:`Probed`: whether the reply was 200, and a 503's reason (what a loading model
+        server is doing: ``the model is loading: measuring mode 2 of 4 (compile)``)."""
         d = self.client.get(self.url(port, path), headers={"User-Agent": SUPERVISOR_USER_AGENT})
-        d.addCallback(lambda response: response.content().addCallback(lambda _: response.code == 200))
+        d.addCallback(lambda response: response.content().addCallback(lambda body: Probed(response.code == 200,
+                                                                                          _reason(body))))
         d.addTimeout(self.timeout, self.reactor)
-        d.addErrback(lambda _: False)
+        d.addErrback(lambda _: Probed(False))
         return d
 
     def url(self, port: int, path: str) -> str:

@@ -137,7 +137,7 @@ class ReplicaSet:
         runs); ``ready`` is true when any replica is ready (the model serves);
         ``pid`` is null (each replica has its own); ``restarts`` is the sum;
         ``uptime_s`` is the shortest among the replicas that are up;
-        ``last_error`` and ``last_exit`` are the first replica's that has one,
+        ``last_error``, ``last_exit`` and ``phase`` are the first replica's that has one,
         prefixed ``replica <n>:``.
         """
         snaps = [c.snapshot() for c in self.children]
@@ -159,4 +159,5 @@ class ReplicaSet:
             "last_error": first("last_error"),
             "last_exit": first("last_exit"),
             "policy": snaps[0]["policy"],
+            "phase": first("phase"),
         }

@@ -1,5 +1,5 @@
 """``twistd -n service-supervisor [--config conf/service.toml] [--host H] [--port P] [--profile cpu|gpu|auto]
-[--weights demo|pretrained]``.
+[--weights demo|pretrained] [--demo-models ID,...]``.
 
 Fail-closed: no ``SERVICE_API_TOKEN``, a wildcard bind without
 ``SERVICE_EXPOSE`` = docker/unsafe, a bad config or profile: one line, exit 1.
@@ -28,15 +28,17 @@ def ui_dir() -> str:
 
 
 class Options(usage.Options):
-    synopsis = "[--config conf/service.toml] [--host H] [--port P] [--profile cpu|gpu|auto] [--weights demo|pretrained]"
+    synopsis = ("[--config conf/service.toml] [--host H] [--port P] [--profile cpu|gpu|auto] [--weights demo|pretrained] "
+                "[--demo-models ID,...]")
     longdesc = "Spawn and watch the gateway and the model servers; serve the management API and the web UI."
     optParameters = [
         ["config", "c", "conf/service.toml", "The service config (its [supervisor] and [servers.<ID>] tables)."],
         ["host", None, None, "Listen on this address instead of the config's."],
         ["port", "p", None, "Listen on this port instead of the config's.", int],
         ["profile", None, None, "cpu, gpu or auto instead of the config's profile."],
-        ["weights", None, None, "demo or pretrained instead of the profile's weights (bin/quickstart falls back "
-         "to demo with it when the pretrained weights cannot be pulled)."],
+        ["weights", None, None, "demo or pretrained instead of the profile's weights."],
+        ["demo-models", None, "", "Comma-separated catalog ids kept on demo weights whatever the configs say (but "
+         "a local weights file): bin/quickstart names those whose pretrained weights it could not get."],
     ]
 
     def opt_version(self) -> None:
@@ -112,8 +114,9 @@ def makeService(options: Options, reactor: Any = None) -> Any:
 
     try:
         probe = HttpProbe(reactor, hosts=probe_hosts(config))
+        demo_models = tuple(m.strip() for m in options["demo-models"].split(",") if m.strip())
         manager = ChildManager(reactor=reactor, config=config, profile=profile, probe=probe, env=env,
-                               describe=describe, default_variant=default_variant)
+                               describe=describe, default_variant=default_variant, demo_models=demo_models)
     except (ConfigError, ValueError) as e:
         raise refuse(PROGRAM, str(e)) from None
     exit_zero_on_signals(reactor)

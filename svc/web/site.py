@@ -25,6 +25,11 @@ SUPERVISOR_USER_AGENT = "service-supervisor-probe"
 #: The only paths the supervisor polls; anything else is a real request, whatever its User-Agent.
 PROBE_PATHS = frozenset({b"/healthz", b"/ready", b"/metrics"})
 
+#: The quick start's once-a-second poll of the supervisor's status (svc.quickstart): its access-log lines
+#: were most of the first start's terminal, so they are written at debug level too.
+QUICKSTART_USER_AGENT = "service-quickstart-poll"
+QUICKSTART_PATHS = frozenset({b"/api/v1/status"})
+
 #: Client addresses the supervisor polls from: its children listen on loopback only.
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "::ffff:127.0.0.1"})
 
@@ -42,15 +47,15 @@ class SiteApp(Protocol):
 
 
 def is_supervisor_probe(request: Any) -> bool:
-    """Whether ``request`` is the supervisor polling: a GET of a probe path, from loopback, with its User-Agent.
+    """Whether ``request`` is the supervisor polling: a GET of a probe path, from loopback, with its User-Agent
+    (or the quick start polling the supervisor's status, likewise).
 
     All three must hold, so a real client is never hidden by accident; a
     client that imitates all three only hides its own probe-like GET.
     """
-    if request.method != b"GET" or request.path not in PROBE_PATHS:
-        return False
-    agent = request.requestHeaders.getRawHeaders(b"user-agent") or []
-    if [a.decode("latin-1", "replace") for a in agent] != [SUPERVISOR_USER_AGENT]:
+    agent = [a.decode("latin-1", "replace") for a in request.requestHeaders.getRawHeaders(b"user-agent") or []]
+    paths = {SUPERVISOR_USER_AGENT: PROBE_PATHS, QUICKSTART_USER_AGENT: QUICKSTART_PATHS}
+    if request.method != b"GET" or len(agent) != 1 or request.path not in paths.get(agent[0], ()):
         return False
     try:
         host = request.getClientAddress().host

@@ -6,13 +6,19 @@ files are fetched ahead of time, checked, and recorded here:
 
 * ``svcctl weights list [--json]``: every model's variants, their source,
   size, checksum, licence and whether each is cached;
-* ``svcctl weights pull ID[:VARIANT]... | --all [--variant NAME]``: download into the
-  cache (``$SERVICE_WEIGHTS_DIR``) with a progress bar on stderr, resumable
-  and atomic (``svc.weightstore.store``); ``$SERVICE_WEIGHTS_MIRROR`` replaces
-  the scheme and host of the official URLs;
-* ``svcctl weights import ID PATH [--variant NAME]``: the air-gapped path,
-  a copied-in file or folder stored exactly as a pull stores it;
-* ``svcctl weights verify``: recheck every cached file against its record.
+* ``svcctl weights pull ID[:VARIANT]... | --all [--variant NAME] [--accept-licence L]...``:
+  download into the cache (``$SERVICE_WEIGHTS_DIR``) with a progress bar on
+  stderr, resumable and atomic (``svc.weightstore.store``);
+  ``$SERVICE_WEIGHTS_MIRROR`` replaces the scheme and host of the official
+  URLs.  The total size and every licence are printed first, and a
+  non-permissive licence is pulled only once accepted
+  (``svc.weightstore.licences``);
+* ``svcctl weights import ID PATH [--variant NAME] [--replace]``: the
+  air-gapped path, a copied-in file or folder stored exactly as a pull stores
+  it, once the model builds on it (other content than a cached record's
+  needs ``--replace``);
+* ``svcctl weights verify``: recheck every cached file against its record,
+  and report files no record lists.
 
 Exit status: 0 when everything asked for is cached and verified, 1 with one
 line per failure on stderr otherwise, 2 for a usage error (unknown model or
@@ -52,10 +58,15 @@ def add_parser(sub: Any) -> None:
                       help="catalog model id, optionally with a variant (ID:VARIANT overrides --variant)")
     pull.add_argument("--all", action="store_true", help="every model that declares variants")
     pull.add_argument("--variant", metavar="NAME", help="this variant (default: each model's default variant)")
+    pull.add_argument("--accept-licence", "--accept-license", metavar="LICENCE", action="append", default=[],
+                      dest="accept", help="pull variants under this non-permissive licence (e.g. AGPL-3.0); "
+                      "repeatable; without it, a terminal is asked and anything else refuses them")
     importing = actions.add_parser("import", help="store a copied-in file or folder as a pull would")
     importing.add_argument("id", metavar="ID", help="catalog model id")
     importing.add_argument("path", metavar="PATH", help="the official file (or hub repository folder)")
     importing.add_argument("--variant", metavar="NAME", help="default: the model's default variant")
+    importing.add_argument("--replace", action="store_true",
+                           help="replace a cached variant whose record says other content")
     actions.add_parser("verify", help="recheck every cached file against its record")
 
 
@@ -189,15 +200,35 @@ def _model_variant(model_id: str, name: str | None) -> tuple[Any, Any] | None:
     return None
 
 
+def _cached(factory: Any, variant: Any) -> bool:
+    """Whether ``variant`` has a record in the cache (the pull then checks it and fetches nothing that matches)."""
+    from svc.weightstore.cache import RecordError, read_record
+
+    try:
+        return read_record(factory.catalog_id, variant.name) is not None
+    except RecordError:
+        return False
+
+
 def _pull(args: argparse.Namespace) -> int:
+    from svc.weightstore.licences import accepted, plan_lines, terminal_question
     from svc.weightstore.store import StoreError, pull
 
     chosen = _selected(args)
     if chosen is None:
         return EXIT_USAGE
     failures = 0
+    for line in plan_lines((f, v, _cached(f, v)) for f, v in chosen):
+        print(line, file=sys.stderr)  # stdout says what is cached where; this is what is about to happen
+    sys.stderr.flush()
     for factory, variant in chosen:
         name = f"{factory.catalog_id} {variant.name}"
+        if not _cached(factory, variant) and not accepted(
+                variant, args.accept, terminal_question(sys.stdin, sys.stderr, name)):
+            _fail(f"{name}: licence {variant.license} not accepted, nothing pulled: pass --accept-licence "
+                  f"{variant.license} to pull it")
+            failures += 1
+            continue
         try:
             stored = pull(factory, variant)
         except StoreError as e:
@@ -226,9 +257,12 @@ def _import(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     factory, variant = found
     try:
-        stored = import_path(factory, variant, args.path)
+        stored = import_path(factory, variant, args.path, replace=args.replace)
     except StoreError as e:
         _fail(f"{factory.catalog_id} {variant.name}: {e}")
+        return EXIT_FAILED
+    except OSError as e:  # the copy failed (a full disk, a file that cannot be read): nothing was kept
+        _fail(f"{factory.catalog_id} {variant.name}: {args.path}: {e.strerror or e} (nothing kept)")
         return EXIT_FAILED
     for note in stored.notes:
         print(note)

@@ -8,6 +8,11 @@ there (a pull that was cut), the request asks for the rest with
 the whole file.  The caller checks the digest and renames the ``.part`` into
 place: this module never produces a file that looks complete.
 
+Proxies: ``https_proxy``/``HTTPS_PROXY``, ``http_proxy``/``HTTP_PROXY`` and
+``no_proxy``/``NO_PROXY`` are honoured as hub pulls (huggingface_hub) honour
+them: an https URL goes through a CONNECT tunnel (TLS to the host itself), a
+plain http URL is asked of the proxy by its absolute URL.
+
 ``SERVICE_WEIGHTS_MIRROR`` is a base URL that replaces the scheme and host of
 every URL fetched here: ``https://host/path`` is fetched as
 ``$SERVICE_WEIGHTS_MIRROR/host/path`` (an internal mirror, or the fake
@@ -16,6 +21,7 @@ sources of the tests).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import http.client
 import os
@@ -26,7 +32,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import unquote, urljoin, urlsplit
 
 from svc import __version__
 
@@ -158,20 +164,78 @@ class Progress:
         self.stream.flush()
 
 
-def _connect(url: str, timeout: float) -> tuple[http.client.HTTPConnection, str]:
+def proxy_for(url: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The proxy URL a request for ``url`` goes through, or None for a direct connection.
+
+    The variables curl, requests and huggingface_hub read: ``https_proxy`` or
+    ``http_proxy`` for the URL's scheme (the lowercase name first, then the
+    uppercase), unless ``no_proxy``/``NO_PROXY`` names the host (a suffix, a
+    ``host:port``, or ``*``), as ``urllib.request`` matches it.
+    """
+    from urllib.request import proxy_bypass_environment
+
+    env = os.environ if env is None else env
+
+    def first(name: str) -> str:
+        return (env.get(name.lower()) or env.get(name.upper()) or "").strip()
+
+    parts = urlsplit(url)
+    proxy = first(f"{parts.scheme}_proxy")
+    if not proxy:
+        return None
+    skip = first("no_proxy")
+    if skip and proxy_bypass_environment(parts.netloc, {"no": skip}):
+        return None
+    return proxy if "://" in proxy else f"http://{proxy}"
+
+
+def _connect(url: str, timeout: float, env: Mapping[str, str] | None = None) -> tuple[http.client.HTTPConnection, str]:
+    """A connection for ``url`` (through the proxy :func:`proxy_for` names) and the request target."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise FetchError(url, "not an http:// or https:// URL")
     target = parts.path or "/"
     if parts.query:
         target += f"?{parts.query}"
-    if parts.scheme == "https":
-        return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout,
-                                           context=ssl.create_default_context()), target
-    return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout), target
+    proxy = proxy_for(url, env)
+    if proxy is None:
+        if parts.scheme == "https":
+            return http.client.HTTPSConnection(parts.hostname, parts.port, timeout=timeout,
+                                               context=ssl.create_default_context()), target
+        return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout), target
+    via = urlsplit(proxy)
+    if via.scheme != "http" or not via.hostname:
+        raise FetchError(url, f"proxy {proxy}: only http:// proxies are supported")
+    headers = {}
+    if via.username:
+        credentials = f"{unquote(via.username)}:{unquote(via.password or '')}".encode()
+        headers["Proxy-Authorization"] = "Basic " + base64.b64encode(credentials).decode()
+    if parts.scheme == "https":  # a CONNECT tunnel: TLS end to end, the certificate checked against the host
+        connection = http.client.HTTPSConnection(via.hostname, via.port or 80, timeout=timeout,
+                                                 context=ssl.create_default_context())
+        connection.set_tunnel(parts.hostname, parts.port or 443, headers=headers)
+        return connection, target
+    connection = _ProxiedConnection(via.hostname, via.port or 80, timeout=timeout)
+    connection.proxy_headers = headers
+    return connection, f"{parts.scheme}://{parts.netloc}{target}"  # a plain-HTTP proxy takes the absolute URL
+
+
+class _ProxiedConnection(http.client.HTTPConnection):
+    """A plain HTTP request through a proxy: the absolute URL as target, with the proxy's credentials."""
+
+    proxy_headers: dict[str, str] = {}
+
+    def putrequest(self, method: str, url: str, skip_host: bool = False, skip_accept_encoding: bool = False) -> None:
+        host = urlsplit(url).netloc
+        super().putrequest(method, url, skip_host=True, skip_accept_encoding=skip_accept_encoding)
+        self.putheader("Host", host)
+        for name, value in self.proxy_headers.items():
+            self.putheader(name, value)
 
 
 def _cause(error: BaseException) -> str:
+    if type(error) is OSError and str(error).startswith("Tunnel connection failed"):
+        return f"the proxy refused the tunnel: {str(error).partition(': ')[2]}"
     if isinstance(error, ConnectionRefusedError):
         return "connection refused"
     if isinstance(error, socket.timeout | TimeoutError):
@@ -200,7 +264,7 @@ def download(url: str, part: Path, progress: Progress | None = None, *,
     current = first
     for _ in range(MAX_REDIRECTS + 1):
         have = part.stat().st_size if part.exists() else 0
-        connection, target = _connect(current, timeout)
+        connection, target = _connect(current, timeout, env)
         headers = {"User-Agent": f"svcctl/{__version__}", "Accept-Encoding": "identity"}
         if have:
             headers["Range"] = f"bytes={have}-"

@@ -10,14 +10,22 @@ those two recorded.  The rules they share:
   its digest was checked; ``record.json`` is written last.  A failed or cut
   pull leaves at most a ``.part``, which never looks complete and which the
   next pull resumes.
+* An import is load-checked before it is recorded: the model is built on
+  the copy (``svc.modelapi.model_config`` and the factory's ``build``, as a
+  model server does at start), so every tensor name and shape is checked
+  against the architecture.  A refused import leaves nothing behind (its
+  copy, conversion and any folder it created are removed) and the cached
+  variant as it was; its messages name the user's file.  Content that
+  differs from a cached variant's record replaces it only with
+  ``replace=True`` (``svcctl weights import --replace``).
 * Which digest: the full SHA-256 a source publishes; else the torch.hub hash
   prefix of the file name (the SHA-256 must start with it, as torch.hub
   checks); else the digest recorded at the first pull of the same URL (printed
   then), which every later pull, import and verify must match.
 * Re-pulling a cached variant whose files still match its record does
   nothing; one that no longer matches is fetched again (its old record is
-  removed first, so that no record ever describes other files).  An import
-  that fails its check leaves the cached variant as it was.
+  removed first, so that no record ever describes other files).
+* ``verify`` (``svc.weightstore.check``) also reports stray files.
 """
 
 from __future__ import annotations
@@ -39,13 +47,15 @@ from svc.weightstore.cache import (
     RecordError,
     read_record,
     variant_dir,
-    weights_dir,
     write_record,
 )
 from svc.weightstore.catalog import FileSource, HubSource, Variant
+from svc.weightstore.check import cached_records, in_words, load_problem, record_problems, stray_files, verify  # noqa: F401
 from svc.weightstore.fetch import FetchError, Progress, download, mirrored, sha256_file
 
 PART = ".part"
+#: The folder a new file is converted (and an import load-checked) in before it is moved into place.
+STAGE = "new" + PART
 
 
 class StoreError(Exception):
@@ -110,42 +120,6 @@ def _tree_entries(root: Path, prefix: str) -> dict[str, dict[str, Any]]:
     return found
 
 
-def record_problems(record: Record, env: Mapping[str, str] | None = None) -> list[str]:
-    """Every file of ``record`` that is missing or differs from it, as lines (empty: all match)."""
-    directory = variant_dir(record.model, record.variant, dict(env) if env is not None else None)
-    problems = []
-    if not record.files:
-        problems.append(f"{record.model} {record.variant}: the record lists no files")
-    for rel, expected in sorted(record.files.items()):
-        path = directory / rel
-        if not path.is_file():
-            problems.append(f"{record.model} {record.variant}: {path}: missing")
-            continue
-        size = path.stat().st_size
-        if expected.get("size") is not None and size != expected["size"]:
-            problems.append(f"{record.model} {record.variant}: {path}: {size} bytes, the record says {expected['size']}")
-            continue
-        digest = sha256_file(path)
-        if digest != expected.get("sha256"):
-            problems.append(f"{record.model} {record.variant}: {path}: sha256 {digest}, "
-                            f"the record says {expected.get('sha256')}")
-    if record.weights not in record.files and not (directory / record.weights).exists():
-        problems.append(f"{record.model} {record.variant}: {directory / record.weights}: missing")
-    return problems
-
-
-def cached_records(env: Mapping[str, str] | None = None) -> Iterator[Record | RecordError]:
-    """Every record in the cache, by model and variant (a :class:`RecordError` for one that is unreadable)."""
-    root = weights_dir(dict(env) if env is not None else None)
-    if not root.is_dir():
-        return
-    for path in sorted(root.glob(f"*/*/{RECORD_NAME}")):
-        try:
-            yield read_record(path.parent.parent.name, path.parent.name, dict(env) if env is not None else None)
-        except RecordError as e:
-            yield e
-
-
 def _readable_record(model_id: str, name: str, env: dict[str, str] | None) -> Record | None:
     """The record of a variant about to be (re)stored; an unreadable one counts as none (it is replaced)."""
     try:
@@ -187,33 +161,80 @@ def _drop_record(model_id: str, name: str, env: dict[str, str] | None) -> None:
         pass
 
 
-def _install_file(factory: Any, variant: Variant, part: Path, how: str, old: Record | None,
-                  env: dict[str, str] | None, where: str) -> Stored:
-    """Check the complete ``part``, rename it into place, convert it, write the record."""
+def _move_into_place(stage: Path, directory: Path, old: Record | None, keep: set[str]) -> None:
+    """Move every entry of ``stage`` into ``directory`` and drop what the old record listed that is not kept."""
+    for entry in sorted(stage.iterdir()):
+        target = directory / entry.name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        os.replace(entry, target)
+    stage.rmdir()
+    for rel in sorted(old.files if old is not None else ()):
+        top = rel.split("/", 1)[0]
+        if top not in keep:
+            path = directory / top
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.exists():
+                path.unlink()
+
+
+def _install_file(factory: Any, variant: Variant, copy: Path, how: str, old: Record | None,
+                  env: dict[str, str] | None, where: str, *, replace: bool = False, check: bool = False) -> Stored:
+    """Check the complete file ``copy`` (a download's ``.part`` or an import's copy), convert it in the stage
+    folder (and load-check it with ``check``), move the result into place, write the record.
+
+    ``where`` (the URL or the user's file) is what messages name; a refusal leaves nothing of it behind.
+    """
     source = variant.source
     assert isinstance(source, FileSource)
     model_id = factory.catalog_id
     directory = variant_dir(model_id, variant.name, env)
-    digest = sha256_file(part)
+    stage = directory / STAGE
+    digest = sha256_file(copy)
     known = _known(old, variant, source.filename)
-    problem = check_digest(source, digest, known)
+    problem = check_digest(source, digest, None if replace else known)
     if problem:
-        part.unlink()
+        if copy.parent == stage:
+            shutil.rmtree(stage)
+        else:
+            copy.unlink()
+        if how == "import" and known and not source.sha256 and not source.hash_prefix:
+            problem += ": pass --replace to replace the cached variant"
         raise StoreError(f"{where}: {problem} (nothing kept)")
+    if copy.parent != stage:
+        if stage.exists():
+            shutil.rmtree(stage)
+        stage.mkdir()
+        os.replace(copy, stage / source.filename)
+        copy = stage / source.filename
+    staged = {str(copy): where}
+    try:
+        weights = source.filename
+        if source.convert:
+            try:
+                weights = factory.convert(source.convert, str(copy), str(stage))
+            except Exception as e:  # noqa: BLE001 - any converter failure is reported in one line
+                raise StoreError(f"converter {source.convert!r} failed: {in_words(e, staged)}") from None
+            staged[str(stage / weights)] = where
+        if copy.name != source.filename:
+            os.replace(copy, stage / source.filename)
+            staged[str(stage / source.filename)] = where
+        if check:
+            problem = load_problem(factory, variant, stage / weights, staged)
+            if problem:
+                raise StoreError(problem)
+    except StoreError as e:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise StoreError(f"{where}: {e} (nothing kept)") from None
     _drop_record(model_id, variant.name, env)  # checked: from here the files change
     notes = []
-    if not source.sha256 and not source.hash_prefix and not known:
+    if not source.sha256 and not source.hash_prefix and (replace or not known):
         notes.append(f"{model_id} {variant.name}: {source.url} publishes no checksum: recorded sha256 {digest} "
                      "(later pulls, imports and verify check against it)")
-    final = directory / source.filename
-    os.replace(part, final)
-    weights = source.filename
-    files = {source.filename: file_entry(final, digest)}
-    if source.convert:
-        try:
-            weights = factory.convert(source.convert, str(final), str(directory))
-        except Exception as e:  # noqa: BLE001 - any converter failure is reported in one line
-            raise StoreError(f"{where}: converter {source.convert!r} failed: {type(e).__name__}: {e}") from None
+    _move_into_place(stage, directory, old, {source.filename, weights.split("/", 1)[0]})
+    files = {source.filename: file_entry(directory / source.filename, digest)}
+    if weights != source.filename:
         files.update(_tree_entries(directory / weights, weights))
     record = Record(model=model_id, variant=variant.name, source=source.url, weights=weights, files=files,
                     pulled_at=_now(), how=how)
@@ -222,34 +243,52 @@ def _install_file(factory: Any, variant: Variant, part: Path, how: str, old: Rec
 
 
 def _install_tree(factory: Any, variant: Variant, stage: Path, how: str, old: Record | None,
-                  env: dict[str, str] | None, where: str, loads: str = ".") -> Stored:
-    """Check a complete hub snapshot in ``stage`` against an earlier record, move it into place, record it.
+                  env: dict[str, str] | None, where: str, loads: str = ".", *, replace: bool = False,
+                  check: bool = False) -> Stored:
+    """Check a complete hub snapshot in ``stage`` against an earlier record (and load-check it with
+    ``check``), move it into place, record it.  A refusal removes ``stage``.
 
     ``loads`` is the folder ``build`` loads, relative to the snapshot (the hub
     fetcher puts the repository in a folder named after it, so that the name
-    shows in a version computed from the folder).
+    shows in a version computed from the folder).  Without ``replace``, files
+    that differ from an earlier record of the same source are refused, and so
+    is, for an import, a different set of files.
     """
     model_id = factory.catalog_id
     directory = variant_dir(model_id, variant.name, env)
     files = _tree_entries(stage, HUB_DIR)
-    if not files:
-        raise StoreError(f"{where}: no files")
-    notes = []
-    if old is not None and old.source == source_text(variant):
-        for rel, entry in sorted(old.files.items()):
-            if rel in files and files[rel]["sha256"] != entry.get("sha256"):
-                shutil.rmtree(stage)
-                raise StoreError(f"{where}: {rel}: sha256 mismatch: got {files[rel]['sha256']}, "
-                                 f"the first pull recorded {entry.get('sha256')}")
-    else:
-        notes.append(f"{model_id} {variant.name}: {source_text(variant)}: recorded the sha256 of {len(files)} "
-                     "files (later pulls, imports and verify check against them)")
+    try:
+        if not files:
+            raise StoreError(f"{where}: no files")
+        notes = []
+        if old is not None and old.source == source_text(variant) and not replace:
+            for rel, entry in sorted(old.files.items()):
+                if rel in files and files[rel]["sha256"] != entry.get("sha256"):
+                    raise StoreError(f"{where}: {rel}: sha256 mismatch: got {files[rel]['sha256']}, the first "
+                                     f"{old.how} recorded {entry.get('sha256')}: pass --replace to replace the "
+                                     "cached variant")
+            if how == "import" and set(files) != set(old.files):
+                differ = sorted(set(files) ^ set(old.files))
+                raise StoreError(f"{where}: other files than the cached {model_id} {variant.name} "
+                                 f"({len(differ)} differ, first {differ[0]}): pass --replace to replace it")
+        else:
+            notes.append(f"{model_id} {variant.name}: {source_text(variant)}: recorded the sha256 of {len(files)} "
+                         "files (later pulls, imports and verify check against them)")
+        weights = HUB_DIR if loads in ("", ".") else f"{HUB_DIR}/{loads}"
+        if check:
+            loaded = stage if loads in ("", ".") else stage / loads
+            problem = load_problem(factory, variant, loaded, {str(stage): where})
+            if problem:
+                raise StoreError(problem)
+    except StoreError as e:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise StoreError(f"{e} (nothing kept)" if str(e).startswith(where) else f"{where}: {e} (nothing kept)") \
+            from None
     _drop_record(model_id, variant.name, env)  # checked: from here the files change
     final = directory / HUB_DIR
     if final.exists():
         shutil.rmtree(final)
     os.replace(stage, final)
-    weights = HUB_DIR if loads in ("", ".") else f"{HUB_DIR}/{loads}"
     record = Record(model=model_id, variant=variant.name, source=source_text(variant), weights=weights,
                     files=files, pulled_at=_now(), how=how)
     write_record(record, env)
@@ -302,50 +341,58 @@ def _pull(factory: Any, variant: Variant, env: dict[str, str], progress_stream: 
     return _install_file(factory, variant, part, "pull", old, env, mirrored(source.url, env))
 
 
-def import_path(factory: Any, variant: Variant, path: str, *, env: Mapping[str, str] | None = None) -> Stored:
+def import_path(factory: Any, variant: Variant, path: str, *, env: Mapping[str, str] | None = None,
+                replace: bool = False) -> Stored:
     """Store a file (or, for a hub variant, a folder) a user copied in, exactly as a pull would.
 
     The copy is checked like a download (published digest, hash prefix or
-    the digest of an earlier pull) before it is renamed into place;
-    ``how`` is ``import`` in the record.
+    the digest of an earlier pull; ``replace`` lets content other than the
+    cached record's replace it), converted, and load-checked (the model is
+    built on it) before it is moved into place; ``how`` is ``import`` in the
+    record.  A refusal leaves nothing behind: the copy and any folder the
+    import created are removed, the cached variant stays as it was.
     """
     env = dict(os.environ if env is None else env)
     given = Path(path).expanduser()
     if not given.exists():
         raise StoreError(f"{given}: no such file or directory")
-    with _locked(variant_dir(factory.catalog_id, variant.name, env), str(given)):
-        return _import(factory, variant, given, env)
+    directory = variant_dir(factory.catalog_id, variant.name, env)
+    created = [d for d in (directory.parent, directory) if not d.exists()]
+    try:
+        with _locked(directory, str(given)):
+            try:
+                return _import(factory, variant, given, env, replace)
+            except BaseException:  # a copy cut short (disk full, Ctrl-C) leaves nothing either
+                shutil.rmtree(directory / STAGE, ignore_errors=True)
+                raise
+    except BaseException:
+        for folder in reversed(created):
+            try:
+                folder.rmdir()  # only when empty: never what another process put there since
+            except OSError:
+                pass
+        raise
 
 
-def _import(factory: Any, variant: Variant, given: Path, env: dict[str, str]) -> Stored:
+def _import(factory: Any, variant: Variant, given: Path, env: dict[str, str], replace: bool) -> Stored:
     model_id = factory.catalog_id
     source = variant.source
     old = _readable_record(model_id, variant.name, env)
     directory = variant_dir(model_id, variant.name, env)
+    stage = directory / STAGE
+    if stage.exists():
+        shutil.rmtree(stage)
     if isinstance(source, HubSource):
         if not given.is_dir():
             raise StoreError(f"{given}: {model_id} {variant.name} is a hub repository ({source_text(variant)}): "
                              "import its folder, not a file")
-        stage = directory / (HUB_DIR + PART)
-        if stage.exists():
-            shutil.rmtree(stage)
         shutil.copytree(given, stage, ignore=shutil.ignore_patterns(".*"))
-        return _install_tree(factory, variant, stage, "import", old, env, str(given))
+        return _install_tree(factory, variant, stage, "import", old, env, str(given), replace=replace, check=True)
     if not given.is_file():
         raise StoreError(f"{given}: {model_id} {variant.name} is one file ({source.filename}), not a folder")
-    part = directory / (source.filename + PART)
-    shutil.copyfile(given, part)
-    return _install_file(factory, variant, part, "import", old, env, str(given))
+    stage.mkdir()
+    copy = stage / given.name  # the user's name: a converter that checks a file name sees theirs
+    shutil.copyfile(given, copy)
+    return _install_file(factory, variant, copy, "import", old, env, str(given), replace=replace, check=True)
 
 
-def verify(env: Mapping[str, str] | None = None) -> tuple[list[Record], list[str]]:
-    """Recheck every cached variant against its record: the records seen and one line per mismatch."""
-    records: list[Record] = []
-    problems: list[str] = []
-    for record in cached_records(env):
-        if isinstance(record, RecordError):
-            problems.append(str(record))
-            continue
-        records.append(record)
-        problems.extend(record_problems(record, env))
-    return records, problems

@@ -98,6 +98,7 @@ def test_inference_through_the_gateway_equals_the_model_server(stack):
     assert through.status == direct.status == 200
     assert through.header("X-Service-Key") == "tenant-old"
     assert through.header("X-Request-ID") == "same-1" and through.header("Cache-Control") == "no-store"
+    assert through.header("X-Service-Weights") == direct.header("X-Service-Weights") == "demo"  # random init
     assert through.header("Content-Type") == "application/json; charset=utf-8"
     a, b = through.json, direct.json
     assert a["results"] == b["results"] and a["model"] == b["model"] and a["task_id"] == "same-1"
@@ -256,6 +257,7 @@ def test_jobs_through_the_gateway(stack):
     assert polled.status == 200 and polled.json["state"] == "done" and polled.json["elapsed_ms"] >= 300
     result = get(stack["gateway"].url + job["result_url"], headers=bearer(KEYS["old"]))
     assert result.status == 200 and result.json["status"] == 0 and len(result.json["results"]) == 1
+    assert [r.header("X-Service-Weights") for r in (submitted, waited, polled, result)] == ["demo"] * 4
     assert "/jobs/" not in result.body.decode().replace("/v1/models/TESTFAULTS/jobs/", "")
 
 
@@ -488,12 +490,15 @@ def test_svcctl_infer_and_jobs_through_the_gateway(stack, tmp_path):
     code, reply, output = svcctl(stack, "infer", "MOBILENETV2", str(picture), "--param", "top_k=2")
     assert code == 0, output
     assert reply["status"] == 0 and len(reply["results"][0]["data"]["scores"]) == 2
+    note = "svcctl: note: this reply came from demo weights (random init: the outputs are noise)"
+    assert output.count(note) == 1, output
     code, job, output = svcctl(stack, "jobs", "submit", "TESTFAULTS", str(picture))
     assert code == 0 and job["state"] == "pending", output
     code, waited, output = svcctl(stack, "jobs", "wait", "TESTFAULTS", job["job_id"], "--timeout", "3000")
     assert code == 0 and waited["state"] == "done", output
-    code, result, _ = svcctl(stack, "jobs", "result", "TESTFAULTS", job["job_id"])
+    code, result, output = svcctl(stack, "jobs", "result", "TESTFAULTS", job["job_id"])
     assert code == 0 and result["status"] == 0
+    assert output.count(note) == 1, output
     code, missing, _ = svcctl(stack, "jobs", "get", "TESTFAULTS", "job_0")
     assert code == 1 and "job not found" in missing["error"]
     code, denied, _ = svcctl(stack, "infer", "MOBILENETV2", str(picture), key="not-a-key")

@@ -144,3 +144,23 @@ def test_sigterm_finishes_running_work_refuses_new_and_exits_0(tmp_path):
     assert replies["slow"].status == 200 and replies["slow"].json["status"] == 0
     assert during.status == 503 and during.json["status"] == 65
     assert ready.status == 503 and ready.json["status"] == 65
+
+
+def test_a_loading_server_says_what_it_does_in_its_ready_reply(tmp_path):
+    """/ready's 503 names the load's phase (the supervisor's status shows it, the quick start prints it)."""
+    from tests.support.processes import wait_bound_port
+
+    config = write_config(tmp_path, "TESTFAULTS", model={"load_delay_ms": 600000})
+    proc = spawn_model_server(config)
+    try:
+        proc.port = wait_bound_port(proc, 60)
+
+        def phase():
+            reply = get(proc.url + "/ready", timeout=5)
+            return reply if reply.json["error"] != "the model is loading" else None
+
+        reply = wait_until(phase, "the load's first phase", timeout=60)
+        assert (reply.status, reply.json["status"], reply.json["error"]) == (
+            503, 65, "the model is loading: building the model and loading its weights")
+    finally:
+        proc.stop()

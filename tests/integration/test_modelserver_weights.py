@@ -38,6 +38,7 @@ def test_served_classes_and_scores_equal_a_direct_forward_pass(tmp_path, suffix)
         assert reply.status == 200, reply.body
         body = reply.json
         assert body["model"]["version"].startswith(f"mobilenet{suffix}@")
+        assert reply.header("X-Service-Weights") == "file"
         transform = MobileNet_V2_Weights.IMAGENET1K_V1.transforms()
         import io
 
@@ -51,3 +52,22 @@ def test_served_classes_and_scores_equal_a_direct_forward_pass(tmp_path, suffix)
             assert item["data"]["scores"] == pytest.approx(scores.tolist(), rel=1e-4, abs=1e-7)
     finally:
         server.stop()
+
+
+def test_an_upstream_pt_in_a_config_is_one_line_saying_to_import_it(tmp_path):
+    """An ultralytics .pt (a pickled model object) put straight into [model] weights: the server stops with one
+    line naming the file and `svcctl weights import YOLOV8 FILE`, not PyTorch's advice about weights_only."""
+    from models.yolov8_net import build_network
+    from tests.support.fake_ultralytics import save_checkpoint
+    from tests.support.processes import child_env, model_server_args, run_to_exit
+
+    src = tmp_path / "yolov8n.pt"
+    save_checkpoint(src, build_network("n"))
+    config = write_config(tmp_path, "YOLOV8", model={"weights": str(src)})
+    code, output = run_to_exit(model_server_args(config, 0), env=child_env({"SERVICE_AUTH_TOKEN": "t"}))
+    assert code == 1, output
+    critical = [line.split("] ", 1)[1] for line in output.splitlines() if "#critical]" in line]
+    assert critical == [f"service-model: weights file {src}: a pickled model object, not a state dict (an upstream "
+                    "checkpoint such as an ultralytics .pt): convert it into the weights cache with "
+                    f'`svcctl weights import YOLOV8 {src}`, then set weights = "pretrained"'], output
+    assert "weights_only" not in output

@@ -63,6 +63,7 @@ def test_served_pretrained_variant_equals_torchvision_with_the_v2_preset(tmp_pat
                      headers=server.auth)
         assert reply.status == 200, reply.body
         assert reply.json["model"]["version"] == "IMAGENET1K_V2"
+        assert reply.header("X-Service-Weights") == "pretrained"
         transform = MobileNet_V2_Weights.IMAGENET1K_V2.transforms()
         assert transform.resize_size == [232]
         reference = mobilenet_v2(weights=None)

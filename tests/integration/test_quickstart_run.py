@@ -9,10 +9,10 @@ from tests.support.processes import child_env, free_port, spawn, write_config
 TOKENS = ("SERVICE_API_TOKEN", "SERVICE_GATEWAY_AUTH_TOKEN", "SERVICE_METRICS_TOKEN", "SERVICE_API_KEY")
 
 
-def start_quickstart(root, model: str, profile_extra: str = "", env: dict | None = None):
-    """A checkout-like tree under ``root`` with one model, and the quick start run in it, once it printed its block.
+def quickstart_tree(root, model: str, profile_extra: str = "") -> tuple[int, int]:
+    """A checkout-like tree under ``root`` with one model (a copy of its shipped config, on a free port).
 
-    Returns (process, log path, gateway port, supervisor port).
+    Returns (gateway port, supervisor port).
     """
     conf = root / "conf"
     (conf / "server").mkdir(parents=True)
@@ -22,13 +22,25 @@ def start_quickstart(root, model: str, profile_extra: str = "", env: dict | None
     gateway_port, supervisor_port = free_port(), free_port()
     (conf / "service.toml").write_text(f'[gateway]\nport = {gateway_port}\n[supervisor]\nport = {supervisor_port}\n'
                                        'profile = "cpu"\n')
-    popen, log = spawn([sys.executable, "-m", "svc.quickstart", "--root", str(root)],
+    return gateway_port, supervisor_port
+
+
+def run_quickstart(root, env: dict | None = None, args: tuple[str, ...] = ()):
+    """The quick start run in ``root``, once it printed its block: (process, log path)."""
+    popen, log = spawn([sys.executable, "-m", "svc.quickstart", "--root", str(root), *args],
                        env=child_env(env, drop=TOKENS), log_dir=root)
     deadline = time.monotonic() + 240
     while "Ctrl-C stops everything." not in log.read_text() and time.monotonic() < deadline:
         if popen.poll() is not None:
             raise AssertionError(log.read_text())
         time.sleep(0.5)
+    return popen, log
+
+
+def start_quickstart(root, model: str, profile_extra: str = "", env: dict | None = None):
+    """:func:`quickstart_tree` and :func:`run_quickstart`: (process, log path, gateway port, supervisor port)."""
+    gateway_port, supervisor_port = quickstart_tree(root, model, profile_extra)
+    popen, log = run_quickstart(root, env)
     return popen, log, gateway_port, supervisor_port
 
 
@@ -42,6 +54,7 @@ def test_the_block_comes_once_the_models_are_ready_and_sigterm_stops_everything(
         assert block[1].split() == ["Web", "UI:", f"http://127.0.0.1:{supervisor_port}/", "(paste", "the",
                                     "management", "token)"]
         assert block[3].split() == ["First", "API", "key:", key]
+        assert out.count(key) == 1  # "shown once"
         assert "svcctl infer MOBILENETV2" in block[5]
         assert out.count("== All models ready") == 1
     finally:
@@ -89,6 +102,41 @@ def test_pretrained_profile_pulls_then_serves_the_variant(tmp_path):
         assert (reply.status, reply.json["status"], reply.json["model"]["version"]) == (200, 0, "tiny")
     finally:
         source.close()
+        popen.send_signal(signal.SIGTERM)
+        code = popen.wait(60)
+    assert code == 0, log.read_text()[-3000:]
+
+
+def test_offline_the_cached_variant_is_served_and_nothing_is_dialled(tmp_path, monkeypatch, capsys):
+    """`--weights pretrained` on a machine whose sources do not answer: the variant already in the cache runs
+    (one unreachable host used to put every model on demo weights)."""
+    from svc import cli
+    from tests.support.http import get
+    from tests.support.weight_source import FakeSource
+
+    cache = tmp_path / "cache"
+    source = FakeSource()
+    source.serve("https://weights.example.org/testfaults/tiny.bin", bytes(range(64)))
+    monkeypatch.setenv("SERVICE_WEIGHTS_DIR", str(cache))
+    monkeypatch.setenv("SERVICE_WEIGHTS_MIRROR", source.mirror)
+    try:
+        assert cli.main(["weights", "pull", "TESTFAULTS"]) == 0, capsys.readouterr().err
+    finally:
+        source.close()  # from here the mirror's port is closed: the machine is offline
+    gateway_port, supervisor_port = quickstart_tree(tmp_path, "TESTFAULTS")
+    popen, log = run_quickstart(tmp_path, {"SERVICE_WEIGHTS_DIR": str(cache), "SERVICE_WEIGHTS_MIRROR": source.mirror},
+                                ("--weights", "pretrained"))
+    try:
+        out = log.read_text()
+        assert "Pretrained weights: cached, nothing to pull (TESTFAULTS:tiny)." in out, out[-3000:]
+        assert "starts on demo weights" not in out
+        secrets = dict(line.split("=", 1) for line in (tmp_path / "secrets" / "local.env").read_text().split()
+                       if "=" in line)
+        status = get(f"http://127.0.0.1:{supervisor_port}/api/v1/status",
+                     headers={"Authorization": f"Bearer {secrets['SERVICE_API_TOKEN']}"}).json
+        assert status["servers"][0]["weights"] == {"kind": "pretrained", "variant": "tiny"}
+        assert status["servers"][0]["ready"] is True
+    finally:
         popen.send_signal(signal.SIGTERM)
         code = popen.wait(60)
     assert code == 0, log.read_text()[-3000:]

@@ -182,10 +182,17 @@ def test_pulled_official_file_is_converted_and_served_as_pretrained(yolo, checkp
     try:
         source.serve("https://github.com/ultralytics/assets/releases/download/v8.1.0/yolov8n.pt", src.read_bytes())
         env = child_env({"SERVICE_WEIGHTS_DIR": str(cache), "SERVICE_WEIGHTS_MIRROR": source.mirror})
-        pull = subprocess.run([sys.executable, "-m", "svc.cli", "weights", "pull", "YOLOV8"], env=env, cwd=REPO,
-                              capture_output=True, text=True, timeout=300)
+        refused = subprocess.run([sys.executable, "-m", "svc.cli", "weights", "pull", "YOLOV8"], env=env, cwd=REPO,
+                                 capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+        pull = subprocess.run([sys.executable, "-m", "svc.cli", "weights", "pull", "YOLOV8", "--accept-licence",
+                               "AGPL-3.0"], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     finally:
         source.close()
+    # AGPL-3.0 is pulled only once accepted: without --accept-licence (and no terminal to ask) nothing is fetched.
+    assert refused.returncode == 1 and refused.stderr.splitlines()[-1] == (
+        "svcctl: YOLOV8 yolov8n: licence AGPL-3.0 not accepted, nothing pulled: pass --accept-licence AGPL-3.0 "
+        "to pull it"), refused.stderr
+    assert "licences: AGPL-3.0" in refused.stderr.splitlines()[0]
     assert pull.returncode == 0, pull.stderr
     assert not tripwire_of(src).exists()
     record = json.loads((cache / "YOLOV8" / "yolov8n" / "record.json").read_text())

@@ -62,6 +62,7 @@ class Reply:
     status: int = 200
     body: Any = field(default_factory=dict)
     retry_after: str | None = None
+    weights: str | None = None  # the X-Service-Weights header
     error: BaseException | None = None
     stall: str | None = None
 
@@ -119,4 +120,4 @@ class FakeClient:
                 reactor.callLater(0, reactor.shutdown)
             await Deferred()  # never fires; a deadline or an interrupt cancels it
         body = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
-        return HttpReply(reply.status, HTTPStatus(reply.status).phrase, body, reply.retry_after)
+        return HttpReply(reply.status, HTTPStatus(reply.status).phrase, body, reply.retry_after, reply.weights)

@@ -10,7 +10,7 @@ from twisted.web.resource import Resource
 from twisted.web.test.requesthelper import DummyRequest
 
 from svc.web.limits import HttpLimits
-from svc.web.site import SUPERVISOR_USER_AGENT, JsonSite, is_supervisor_probe
+from svc.web.site import QUICKSTART_USER_AGENT, SUPERVISOR_USER_AGENT, JsonSite, is_supervisor_probe
 
 
 def request(path: bytes, *, method: bytes = b"GET", agent: str | None = SUPERVISOR_USER_AGENT,
@@ -56,3 +56,14 @@ def test_every_other_request_gets_its_info_line(req):
 
 def test_the_ipv6_loopback_counts_as_loopback():
     assert is_supervisor_probe(request(b"/healthz", host="::1"))
+
+
+def test_the_quick_starts_status_poll_is_logged_at_debug_level_and_nothing_else_of_it():
+    """The once-a-second poll was 438 of the 581 lines of a first start's terminal."""
+    with capturedLogs() as events:
+        site().log(request(b"/api/v1/status", agent=QUICKSTART_USER_AGENT))
+    assert [e["log_level"] for e in events] == [LogLevel.debug]
+    assert not is_supervisor_probe(request(b"/api/v1/status"))  # the supervisor's agent polls no status
+    assert not is_supervisor_probe(request(b"/ready", agent=QUICKSTART_USER_AGENT))
+    assert not is_supervisor_probe(request(b"/api/v1/status", agent=QUICKSTART_USER_AGENT, host="10.1.2.3"))
+    assert not is_supervisor_probe(request(b"/api/v1/servers/X/restart", method=b"POST", agent=QUICKSTART_USER_AGENT))

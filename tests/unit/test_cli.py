@@ -436,3 +436,17 @@ def test_an_interrupted_process_says_so_and_exits_130():
             proc.send_signal(signal.SIGINT)
             done = finish(proc)
     assert (done.returncode, done.stdout, done.stderr) == (130, "", "svcctl: interrupted\n")
+
+
+DEMO_NOTE = ("svcctl: note: this reply came from demo weights (random init: the outputs are noise); README.md, "
+             "\"Real models in three commands\", serves the official ones\n")
+
+
+@pytest.mark.parametrize("weights, note", [("demo", DEMO_NOTE), ("pretrained", ""), ("file", ""), (None, "")])
+def test_a_reply_from_demo_weights_gets_one_line_on_stderr(gateway, images, capsys, weights, note):
+    gateway.reply = Reply(200, ENVELOPE, weights=weights)
+    assert run(gateway, "infer", "M", str(images[0]), "--gateway", GATEWAY) == 0
+    assert capsys.readouterr() == (json.dumps(ENVELOPE, indent=2) + "\n", note)
+    gateway.reply = Reply(200, JOB, weights=weights)
+    assert run(gateway, "jobs", "get", "M", "job_1", "--gateway", GATEWAY) == 0
+    assert capsys.readouterr() == (json.dumps(JOB, indent=2) + "\n", note)

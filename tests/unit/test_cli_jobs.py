@@ -154,3 +154,14 @@ def test_on_a_terminal_the_bar_is_redrawn_in_place_and_ends_its_line():
 def test_files_of_a_result_without_images_is_the_envelope_alone_under_a_safe_name():
     envelope = {"status": 0, "task_id": "../a b/c", "results": [{"status": 0, "data": {"class_id": 1}}]}
     assert [name for name, _ in result_files(envelope)] == ["_a_b_c.json"]
+
+
+def test_run_says_once_that_the_job_ran_on_demo_weights(gateway, capsys):
+    from tests.unit.test_cli import DEMO_NOTE
+
+    gateway.script = [Reply(202, JOB, weights="demo"), Reply(200, status("done", {"step": 4, "steps": 4}), weights="demo"),
+                      Reply(200, ENVELOPE, weights="demo")]
+    assert run(gateway, "jobs", "run", "M", "--poll-ms", "50", "--gateway", GATEWAY) == 0
+    stdout, stderr = capsys.readouterr()
+    assert stdout == json.dumps(ENVELOPE, indent=2) + "\n"
+    assert stderr == "job_1 pending\njob_1 done [##############################] 4/4\n" + DEMO_NOTE

@@ -28,6 +28,15 @@ def test_prepare_creates_private_distinct_secrets_and_a_first_key_once(tmp_path)
     assert key_path.read_text().count("[keys.local]") == 1
 
 
+def test_the_quick_start_leaves_the_key_to_its_next_steps_block(tmp_path):
+    """The "shown once" key was printed twice: by prepare and in the next-steps block."""
+    out = io.StringIO()
+    values = prepare(str(tmp_path), out, show_key=False)
+    assert values["SERVICE_API_KEY"] not in out.getvalue()
+    assert out.getvalue() == (f"Generated {tmp_path / SECRETS} (mode 0600) and added the key 'local' to "
+                              f"{tmp_path / KEY_FILE}.\n")
+
+
 # -- weights: demo or pretrained --------------------------------------------------------------
 
 
@@ -40,80 +49,103 @@ def _pulls():
             ("YOLOV8:n", file_variant)]
 
 
-def test_the_pulls_of_the_shipped_profile_are_its_default_variants():
+def test_the_pulls_of_the_shipped_profile_are_its_default_variants_but_its_demo_list():
+    """The shipped cpu profile's list and its comment agree: CLS_COND_DDIM (DiT-XL, 3 GB, CC-BY-NC-4.0) stays
+    on demo under pretrained."""
     from svc.quickstart import pretrained_pulls
 
-    pulls = [(spec, variant.source.repo_id) for spec, variant in pretrained_pulls(".")
+    pulls = [(spec, variant.source.repo_id) for spec, variant in pretrained_pulls(".", profile_name="cpu")
              if spec.split(":")[0] in ("DDPM", "DDIM", "CLS_COND_DDIM", "LDM")]
     assert pulls == [("DDPM:cifar10-32", "google/ddpm-cifar10-32"), ("DDIM:cifar10-32", "google/ddpm-cifar10-32"),
-                     ("CLS_COND_DDIM:dit-xl-2-256", "facebook/DiT-XL-2-256"),
                      ("LDM:celebahq-256", "CompVis/ldm-celebahq-256")]
-
-
-def test_demo_pulls_nothing():
-    from svc.quickstart import choose_weights
-
-    out = io.StringIO()
-    assert choose_weights("demo", _pulls(), {}, out, connect=pytest_fail, pull=pytest_fail) == "demo"
-    assert out.getvalue() == ""
+    comment = open("conf/profiles/cpu.toml").read()
+    assert 'demo = ["CLS_COND_DDIM"]' in comment and "CLS_COND_DDIM's only variant is DiT-XL/2" in comment
+    assert pretrained_pulls(".", "demo", profile_name="cpu") == []  # as shipped, every config says random
 
 
 def pytest_fail(*args):
     raise AssertionError(f"not to be called: {args}")
 
 
-def test_pretrained_pulls_when_the_sources_answer():
-    from svc.quickstart import choose_weights
+def fetch(pulls, env, *, cached=(), connect=pytest_fail, pull=pytest_fail, available=True, accept=()):
+    """fetch_missing with fakes: (the models on demo with why, what it printed)."""
+    from svc.quickstart import fetch_missing
 
-    out, dialled, pulled = io.StringIO(), [], []
-    weights = choose_weights("pretrained", _pulls(), {"HF_ENDPOINT": "http://127.0.0.1:9999"}, out,
-                             connect=lambda h, p: dialled.append((h, p)) or True,
-                             pull=lambda specs: pulled.append(specs) or 0, pull_available=lambda: True)
-    assert weights == "pretrained"
+    out = io.StringIO()
+    demo = fetch_missing(pulls, env, out, accept=accept, connect=connect, pull=pull,
+                         pull_available=lambda: available, cached=lambda spec: spec in cached)
+    return demo, out.getvalue()
+
+
+def test_nothing_to_run_pretrained_pulls_nothing():
+    assert fetch([], {}) == ({}, "")
+
+
+def test_what_is_cached_is_served_without_dialling_anything():
+    pulls = _pulls()
+    assert fetch(pulls, {"HF_HUB_OFFLINE": "1"}, cached={spec for spec, _ in pulls}) == (
+        {}, "Pretrained weights: cached, nothing to pull (DDPM:cifar10-32 LDM:celebahq-256 YOLOV8:n).\n")
+
+
+def test_only_the_missing_variants_are_pulled_when_their_sources_answer():
+    dialled, pulled = [], []
+    now_cached = {"DDPM:cifar10-32"}
+
+    def pull(specs, accept):
+        pulled.append((specs, accept))
+        now_cached.update(specs)
+        return 0
+
+    demo, out = fetch(_pulls(), {"HF_ENDPOINT": "http://127.0.0.1:9999"}, cached=now_cached,
+                      connect=lambda h, p: dialled.append((h, p)) or True, pull=pull, accept=("AGPL-3.0",))
+    assert demo == {}
     assert dialled == [("127.0.0.1", 9999), ("github.com", 443)]
-    assert pulled == [["DDPM:cifar10-32", "LDM:celebahq-256", "YOLOV8:n"]]
-    assert out.getvalue() == "Pulling the pretrained weights of the profile: DDPM:cifar10-32 LDM:celebahq-256 YOLOV8:n\n"
+    assert pulled == [(["LDM:celebahq-256", "YOLOV8:n"], ("AGPL-3.0",))]
+    assert out == "Pulling the pretrained weights of the profile: LDM:celebahq-256 YOLOV8:n\n"
 
 
-FALLBACK = "starting on demo weights (svcctl weights pull, then restart, to switch).\n"
+SWITCH = "  (svcctl weights pull, then restart, to switch)\n"
 
 
-def test_unreachable_sources_start_on_demo_in_one_line():
-    from svc.quickstart import choose_weights
+def test_offline_each_missing_model_falls_back_alone_with_why():
+    """One unreachable host no longer puts every model on demo: the cached one runs pretrained, the one whose
+    source answers is pulled, the one whose host does not answer falls back, named with its reason."""
+    now_cached = {"DDPM:cifar10-32"}
+
+    def pull(specs, accept):
+        now_cached.update(specs)
+        return 0
+
+    demo, out = fetch(_pulls(), {}, cached=now_cached, connect=lambda h, p: h == "github.com", pull=pull)
+    assert demo == {"LDM": "not cached, and huggingface.co:443 is not reachable"}
+    assert out == ("Pulling the pretrained weights of the profile: YOLOV8:n\n"
+                   "Pretrained weights: LDM starts on demo weights: not cached, and huggingface.co:443 is not "
+                   "reachable.\n" + SWITCH)
+
+
+def test_a_refused_licence_a_failed_pull_offline_mode_or_no_pull_command_fall_back_per_model():
+    demo, out = fetch(_pulls(), {}, connect=lambda h, p: True, pull=lambda specs, accept: 1)
+    assert demo == {"DDPM": "svcctl weights pull exited with 1 (its error is above)",
+                    "LDM": "svcctl weights pull exited with 1 (its error is above)",
+                    "YOLOV8": "its licence AGPL-3.0 was not accepted (--accept-licence AGPL-3.0)"}
+    assert out.splitlines()[-2] == ("Pretrained weights: YOLOV8 starts on demo weights: its licence AGPL-3.0 was not "
+                                    "accepted (--accept-licence AGPL-3.0).")
+    demo, out = fetch(_pulls(), {"HF_HUB_OFFLINE": "1"}, cached={"LDM:celebahq-256"})
+    assert demo == {"DDPM": "not cached, and HF_HUB_OFFLINE is set", "YOLOV8": "not cached, and HF_HUB_OFFLINE is set"}
+    demo, out = fetch(_pulls()[:1], {}, available=False)
+    assert out == ("Pretrained weights: DDPM starts on demo weights: svcctl weights pull is not available in this "
+                   "installation.\n" + SWITCH)
+
+
+def test_on_this_machine_the_hub_is_not_reachable_and_demo_it_is(tmp_path):
+    """No internet here: the real connection attempt fails (DNS or connect); the real cache lookup finds nothing."""
+    from svc.quickstart import fetch_missing
 
     out = io.StringIO()
-    weights = choose_weights("pretrained", _pulls(), {}, out, connect=lambda h, p: h == "github.com",
-                             pull=pytest_fail, pull_available=lambda: True)
-    assert weights == "demo"
-    assert out.getvalue() == f"Pretrained weights: huggingface.co:443 not reachable; {FALLBACK}"
-
-
-def test_a_failed_pull_offline_mode_or_no_pull_command_start_on_demo():
-    from svc.quickstart import choose_weights
-
-    out = io.StringIO()
-    assert choose_weights("pretrained", _pulls(), {}, out, connect=lambda h, p: True, pull=lambda specs: 3,
-                          pull_available=lambda: True) == "demo"
-    assert out.getvalue().splitlines()[-1] + "\n" == f"Pretrained weights: svcctl weights pull exited with 3; {FALLBACK}"
-    out = io.StringIO()
-    assert choose_weights("pretrained", _pulls(), {"HF_HUB_OFFLINE": "1"}, out, connect=pytest_fail,
-                          pull=pytest_fail, pull_available=lambda: True) == "demo"
-    assert out.getvalue() == f"Pretrained weights: HF_HUB_OFFLINE is set; {FALLBACK}"
-    out = io.StringIO()
-    assert choose_weights("pretrained", _pulls(), {}, out, connect=pytest_fail, pull=pytest_fail,
-                          pull_available=lambda: False) == "demo"
-    assert out.getvalue() == ("Pretrained weights: svcctl weights pull is not available in this installation; "
-                              + FALLBACK)
-
-
-def test_on_this_machine_the_hub_is_not_reachable_and_demo_it_is():
-    """No internet here: the real connection attempt fails (DNS or connect) and the service starts on demo."""
-    from svc.quickstart import choose_weights
-
-    out = io.StringIO()
-    weights = choose_weights("pretrained", _pulls()[:2], {"HF_ENDPOINT": "http://127.0.0.1:9"}, out,
-                             pull=pytest_fail, pull_available=lambda: True)
-    assert (weights, out.getvalue()) == ("demo", f"Pretrained weights: 127.0.0.1:9 not reachable; {FALLBACK}")
+    env = {"HF_ENDPOINT": "http://127.0.0.1:9", "SERVICE_WEIGHTS_DIR": str(tmp_path)}
+    demo = fetch_missing(_pulls()[:2], env, out, pull=pytest_fail)
+    assert demo == {"DDPM": "not cached, and 127.0.0.1:9 is not reachable",
+                    "LDM": "not cached, and 127.0.0.1:9 is not reachable"}
 
 
 def status(*servers, gateway_ready=True):
@@ -165,3 +197,30 @@ def test_service_addresses_come_from_the_service_config(tmp_path):
     (tmp_path / "conf").mkdir()
     (tmp_path / "conf" / "service.toml").write_text("[gateway]\nport = 18080\n[supervisor]\nport = 18787\n")
     assert service_addresses(str(tmp_path)) == ("http://127.0.0.1:18787/", "http://127.0.0.1:18080")
+
+
+def test_behind_a_proxy_the_proxy_is_what_is_dialled():
+    from svc.quickstart import source_hosts
+
+    variants = [variant for _, variant in _pulls()]
+    env = {"HTTPS_PROXY": "http://proxy.internal:3128", "no_proxy": "github.com"}
+    assert source_hosts(variants, env) == [("proxy.internal", 3128), ("github.com", 443)]
+
+
+def test_one_line_per_change_of_what_each_model_does():
+    from svc.quickstart import progress_lines
+
+    def servers(*rows):
+        return {"servers": [{"id": i, "state": state, "ready": ready, "phase": phase} for i, state, ready, phase in rows]}
+
+    seen: dict[str, str] = {}
+    assert progress_lines(seen, {}) == []  # no status yet
+    assert progress_lines(seen, servers(("YOLOV8", "starting", False, None), ("DDPM", "starting", False, None))) == [
+        "   YOLOV8: starting", "   DDPM: starting"]
+    loading = "the model is loading: measuring mode 2 of 4 (compile)"
+    assert progress_lines(seen, servers(("YOLOV8", "starting", False, loading),
+                                        ("DDPM", "starting", False, None))) == ["   YOLOV8: measuring mode 2 of 4 (compile)"]
+    assert progress_lines(seen, servers(("YOLOV8", "starting", False, loading),
+                                        ("DDPM", "starting", False, None))) == []  # the same: nothing printed
+    assert progress_lines(seen, servers(("YOLOV8", "running", True, None), ("DDPM", "failed", False, None))) == [
+        "   YOLOV8: ready", "   DDPM: failed"]

@@ -132,6 +132,8 @@ def test_stop_sends_term_to_the_group_and_waits_for_the_exit():
     running(child, reactor, probe)
     d = results(child.stop())
     assert child.state == STOPPING and kills == [(1001, signal.SIGTERM)] and d == []
+    # The state is said once ("stopping: stopping: SIGTERM ..." said it twice).
+    assert [e["line"] for e in child.logs.page(None, 50)["lines"]][-1] == "stopping: SIGTERM to the process group"
     reactor.exit(0)
     assert child.state == STOPPED and d == [None] and child.pid is None
 
@@ -393,3 +395,17 @@ def test_group_leader_gives_up_when_the_supervisor_is_already_gone():
     gone = subprocess.run([sys.executable, "-c", GROUP_LEADER, sys.executable, "-c", "print('ran')"],
                           env={**os.environ, "SERVICE_SUPERVISOR_PID": "1"}, capture_output=True)
     assert (gone.returncode, gone.stdout) == (1, b"")
+
+
+def test_a_starting_child_shows_the_phase_its_ready_route_reports():
+    from svc.supervisor.probe import Probed
+
+    child, reactor, probe, _ = make()
+    d = results(child.start())
+    assert child.snapshot()["phase"] is None
+    probe.ok = Probed(False, "the model is loading: measuring mode 2 of 4 (compile)")
+    reactor.advance(0.5)
+    assert child.snapshot()["phase"] == "the model is loading: measuring mode 2 of 4 (compile)"
+    probe.ok = Probed(True)
+    reactor.advance(0.5)
+    assert (child.state, child.ready, child.snapshot()["phase"], d) == (RUNNING, True, None, [None])

@@ -6,6 +6,8 @@ import json
 import signal
 
 import pytest
+from twisted.internet.error import ProcessTerminated
+from twisted.python.failure import Failure
 
 from svc.config import load_model_server_config
 from svc.supervisor.child import FAILED, RUNNING, STARTING, STOPPED, STOPPING
@@ -141,7 +143,7 @@ def test_status_view(tmp_path):
     assert m.catalog_view()[0]["weights"] == {"kind": "demo", "variant": None}
 
 
-def weights_manager(tmp_path, profile_weights):
+def weights_manager(tmp_path, profile_weights, demo=(), demo_models=()):
     """Three servers: AAA's config says random, BBB's pretrained:large, CCC's a local file; AAA and BBB
     declare variants (default "small"), CCC none."""
     configs = []
@@ -154,7 +156,8 @@ def weights_manager(tmp_path, profile_weights):
     reactor, probe = ProcessReactor(), Probe()
     probe.ok = True
     m = ChildManager(reactor=reactor, config=load_supervisor_config(str(conf)),
-                     profile=Profile("cpu", "cpu", ("AAA", "BBB", "CCC"), profile_weights), probe=probe, env=ENV,
+                     profile=Profile("cpu", "cpu", ("AAA", "BBB", "CCC"), profile_weights, demo), probe=probe, env=ENV,
+                     demo_models=demo_models,
                      killer=lambda pid, sig: None, catalog=configs, port_free=lambda port: True,
                      default_variant=lambda mid: None if mid == "CCC" else "small", binder=FakeSocket.bind)
     m.start_all()
@@ -166,14 +169,15 @@ def weights_manager(tmp_path, profile_weights):
     return m, arguments
 
 
-def test_a_demo_profile_runs_every_model_but_a_local_file_on_demo_weights(tmp_path):
+def test_a_demo_profile_runs_the_models_whose_config_says_nothing_on_demo_weights(tmp_path):
+    """The profile is the default: BBB's explicit pretrained:large and CCC's file win over it."""
     m, arguments = weights_manager(tmp_path, "demo")
     status = m.status_view()
     assert status["weights"] == "demo"
     assert {s["id"]: s["weights"] for s in status["servers"]} == {
-        "AAA": {"kind": "demo", "variant": None}, "BBB": {"kind": "demo", "variant": None},
+        "AAA": {"kind": "demo", "variant": None}, "BBB": {"kind": "pretrained", "variant": "large"},
         "CCC": {"kind": "file", "variant": None}}
-    assert arguments == {"AAA": "demo", "BBB": "demo", "CCC": None}
+    assert arguments == {"AAA": "demo", "BBB": "pretrained:large", "CCC": None}
 
 
 def test_a_pretrained_profile_runs_the_default_or_configured_variants(tmp_path):
@@ -187,6 +191,16 @@ def test_a_pretrained_profile_runs_the_default_or_configured_variants(tmp_path):
     assert arguments == {"AAA": "pretrained:small", "BBB": "pretrained:large", "CCC": None}
 
 
+def test_the_profiles_demo_list_and_the_quick_starts_demo_models(tmp_path):
+    """The profile's demo list keeps AAA (config says nothing) on demo under pretrained; --demo-models puts BBB
+    on demo though its config names a variant (the quick start could not get it); CCC's file stays."""
+    m, arguments = weights_manager(tmp_path, "pretrained", demo=("AAA",), demo_models=("BBB",))
+    assert {s["id"]: s["weights"] for s in m.status_view()["servers"]} == {
+        "AAA": {"kind": "demo", "variant": None}, "BBB": {"kind": "demo", "variant": None},
+        "CCC": {"kind": "file", "variant": None}}
+    assert arguments == {"AAA": "demo", "BBB": "demo", "CCC": None}
+
+
 @pytest.mark.parametrize("profile, table, default, expected", [
     ("demo", "random", "v", ("demo", {"kind": "demo", "variant": None})),
     ("demo", None, None, ("demo", {"kind": "demo", "variant": None})),
@@ -196,6 +210,11 @@ def test_a_pretrained_profile_runs_the_default_or_configured_variants(tmp_path):
     ("pretrained", "random", None, ("pretrained", {"kind": "demo", "variant": None})),
     ("pretrained", "/x/y.pth", "v", (None, {"kind": "file", "variant": None})),
     ("demo", "weights", None, (None, {"kind": "file", "variant": None})),
+    # A model's explicit pretrained choice wins over a demo profile.
+    ("demo", "pretrained", "v", ("pretrained:v", {"kind": "pretrained", "variant": "v"})),
+    ("demo", "pretrained:w", "v", ("pretrained:w", {"kind": "pretrained", "variant": "w"})),
+    # No variants: the config goes to the model server as it is, which refuses it in one line.
+    ("demo", "pretrained", None, (None, {"kind": "pretrained", "variant": None})),
 ])
 def test_weights_choice(profile, table, default, expected):
     assert weights_choice(profile, table, default) == expected
@@ -208,6 +227,7 @@ def test_profiles_and_unknown_models(tmp_path):
     (profiles / "bad.toml").write_text('device = "tpu"\n')
     (profiles / "real.toml").write_text('device = "gpu"\nmodels = ["AAA"]\nweights = "pretrained"\n')
     (profiles / "worse.toml").write_text('weights = "best"\n')
+    (profiles / "stray.toml").write_text('models = ["AAA"]\ndemo = ["BBB"]\n')
     conf = tmp_path / "service.toml"
     conf.write_text(f'[supervisor]\nprofiles_dir = "{profiles}"\nprofile = "cpu"\n')
     config = load_supervisor_config(str(conf))
@@ -219,6 +239,8 @@ def test_profiles_and_unknown_models(tmp_path):
     assert load_profile(config, "real") == Profile("real", "gpu", ("AAA",), "pretrained")
     with pytest.raises(ConfigError, match="weights: must be one of"):
         load_profile(config, "worse")
+    with pytest.raises(ConfigError, match="demo: names 'BBB', which is not in models"):
+        load_profile(config, "stray")
     with pytest.raises(ValueError, match="ZZZ"):
         ChildManager(reactor=ProcessReactor(), config=config, profile=Profile("cpu", "cpu", ("ZZZ",)), probe=Probe(),
                      env=ENV, catalog=catalog(tmp_path))
@@ -237,3 +259,25 @@ def test_supervisor_config_is_strict(tmp_path):
     conf.write_text("[extra]\n")
     with pytest.raises(ConfigError, match="extra: unknown table"):
         load_supervisor_config(str(conf))
+
+
+def test_a_model_still_measuring_its_modes_at_the_start_timeout_is_no_warning(tmp_path):
+    """"YOLOV8 not ready: ... did not become ready within 180 s (state starting)" was a warning for models that
+    were only slow; a model still starting gets an info line with what it does, a failed one still a warning."""
+    from twisted.logger import LogLevel, capturedLogs
+
+    from svc.supervisor.probe import Probed
+
+    m, reactor, probe, _ = manager(tmp_path)
+    with capturedLogs() as events:
+        m.start_all()
+        probe.ok = True
+        reactor.advance(0.5)  # the gateway is ready; the models start
+        probe.ok = Probed(False, "the model is loading: measuring mode 1 of 2 (jit)")
+        reactor.spawned[2][0].processEnded(Failure(ProcessTerminated(exitCode=1)))  # BBB (restart "no") fails
+        reactor.advance(181)
+    said = [(e["log_level"], e.get("name"), e.get("phase")) for e in events
+            if "not ready" in e.get("log_format", "") or "still starting" in e.get("log_format", "")]
+    assert said == [(LogLevel.info, "AAA", "the model is loading: measuring mode 1 of 2 (jit)"),
+                    (LogLevel.warn, "BBB", None)]
+    assert m.status_view()["servers"][0]["phase"] == "the model is loading: measuring mode 1 of 2 (jit)"

@@ -78,10 +78,11 @@ def test_rates_quantiles_and_gauges_of_a_model_every_interval():
     view = collector.view()["servers"]["M"]
     assert view["t"] == [0.0, 5.0]
     assert view["version"] == "random-init-seed0" and view["device"] == "cpu"
-    # The first sample has no rate (one scrape), the second: 10 requests in 5 s, all in the (25, 50] bucket.
+    # The first sample has no rate (one scrape), the second: 10 requests in 5 s, all in the (25, 50] bucket:
+    # their mean, not a point interpolated in the bucket (37.5 and 49.75 then).
     assert view["rps"] == [None, 2.0]
-    assert view["p50_ms"] == [None, 37.5]
-    assert view["p99_ms"] == [None, 49.75]
+    assert view["p50_ms"] == [None, 30.0]
+    assert view["p99_ms"] == [None, 30.0]
     assert view["batch_mean"] == [None, round(10 / 3, 4)]
     assert view["queue_depth"] == [0.0, 3.0]
     assert view["jobs_pending"] == [0.0, 0.0] and view["jobs_running"] == [0.0, 0.0]
@@ -105,7 +106,26 @@ def test_jobs_pending_and_running_come_from_the_async_gauges():
     view = collector.view()["servers"]["M"]
     assert view["jobs_pending"][-1] == 3.0 and view["jobs_running"][-1] == 2.0
     assert view["rps"][-1] == 6 / 5
-    assert view["p50_ms"][-1] == 750.0
+    assert view["p50_ms"][-1] == 700.0
+
+
+def test_a_lone_13_8_s_job_is_charted_at_13_8_s_not_20():
+    """One job of 13.8 s fell in the (10 s, 30 s] bucket, and interpolating put its p50 at 20 s and its p99 at
+    29.8 s; with every observation of the window in one bucket the chart shows their mean."""
+    clock, stage = Clock(), Stage()
+    collector = stage.collector(clock)
+    collector.start()
+    stage.model.requests.labels("jobs_submit", "POST", "202").inc()
+    stage.model.async_duration.observe(13_800.0)
+    clock.advance(5)
+    view = collector.view()["servers"]["M"]
+    assert (view["p50_ms"][-1], view["p99_ms"][-1]) == (13_800.0, 13_800.0)
+    # Spread over buckets, the quantiles interpolate as Prometheus does.
+    stage.model.duration.labels("infer").observe(30.0)
+    stage.model.async_duration.observe(13_800.0)
+    clock.advance(5)
+    view = collector.view()["servers"]["M"]
+    assert view["p50_ms"][-1] == 50.0 and view["p99_ms"][-1] == 29_600.0
 
 
 def test_a_failed_scrape_is_a_gap_and_the_next_rate_waits_for_two_good_scrapes():

@@ -9,6 +9,8 @@ goes through ``SERVICE_WEIGHTS_MIRROR`` to :class:`FakeSource`.
 
 from __future__ import annotations
 
+import base64
+import functools
 import hashlib
 import io
 import json
@@ -17,6 +19,7 @@ import socket
 
 import pytest
 import torch
+from torchvision.models import mobilenet_v2
 
 from models.mobilenetv2 import VARIANTS, MobileNetV2Factory, mobilenetv2
 from svc import cli
@@ -64,9 +67,15 @@ def source(monkeypatch, tmp_path):
 
 
 def svcctl(capsys, *args: str) -> tuple[int, str, str]:
+    """Exit status, stdout and stderr of ``svcctl weights ARGS``, stderr without a pull's plan (tested apart)."""
     code = cli.main(["weights", *args])
     out, err = capsys.readouterr()
-    return code, out, err
+    lines = err.splitlines(keepends=True)
+    if args and args[0] == "pull" and lines and lines[0].startswith("Pull: "):
+        lines = lines[1:]
+        while lines and lines[0].startswith("  "):
+            lines = lines[1:]
+    return code, out, "".join(lines)
 
 
 def cache_files(tmp_path) -> list[str]:
@@ -203,27 +212,50 @@ def test_exit_status_counts_every_failure(source, capsys):
     assert svcctl(capsys, "pull")[0] == 2
 
 
-def test_import_stores_exactly_what_a_pull_stores(source, capsys, tmp_path):
-    assert svcctl(capsys, "pull", "MOBILENETV2")[0] == 0
-    pulled = read_record("MOBILENETV2", "FIXTURE_V2")
+@functools.lru_cache(maxsize=1)
+def mobilenet_body() -> bytes:
+    """A real torchvision MobileNetV2 state dict (torch.save, about 14 MB): what an import must load."""
+    torch.manual_seed(3)
+    buf = io.BytesIO()
+    torch.save(mobilenet_v2(weights=None).state_dict(), buf)
+    return buf.getvalue()
+
+
+def real_variant(monkeypatch, source) -> tuple[Variant, str]:
+    """A variant REAL served with a real MobileNetV2 state dict under a torch.hub name; (variant, file name)."""
+    body = mobilenet_body()
+    prefix = hashlib.sha256(body).hexdigest()[:8]
+    url = f"https://download.pytorch.org/models/mobilenet_v2-{prefix}.pth"
+    source.serve(url, body)
+    variant = Variant("REAL", FileSource(url=url, hash_prefix=prefix, size=len(body)), license="BSD-3-Clause")
+    monkeypatch.setattr(MobileNetV2Factory, "variants", (*FIXTURE_VARIANTS, variant))
+    return variant, url.rsplit("/", 1)[1]
+
+
+def test_import_stores_exactly_what_a_pull_stores(source, capsys, tmp_path, monkeypatch):
+    _, filename = real_variant(monkeypatch, source)
+    assert svcctl(capsys, "pull", "MOBILENETV2:REAL")[0] == 0
+    pulled = read_record("MOBILENETV2", "REAL")
+    expected_files = [f"MOBILENETV2/REAL/{filename}", "MOBILENETV2/REAL/record.json"]
     copied = tmp_path / "usb" / "whatever-name.pth"
     copied.parent.mkdir()
     copied.write_bytes(state_dict_bytes(2))
-    code, out, err = svcctl(capsys, "import", "MOBILENETV2", str(copied))
+    code, out, err = svcctl(capsys, "import", "MOBILENETV2", str(copied), "--variant", "REAL")
     assert code == 1 and "invalid hash value" in err and out == ""
-    assert read_record("MOBILENETV2", "FIXTURE_V2") == pulled  # a failed import changes nothing
-    assert cache_files(tmp_path) == [f"MOBILENETV2/FIXTURE_V2/{FILENAME}", "MOBILENETV2/FIXTURE_V2/record.json"]
-    copied.write_bytes(BODY)
-    code, out, err = svcctl(capsys, "import", "MOBILENETV2", str(copied))
+    assert read_record("MOBILENETV2", "REAL") == pulled  # a failed import changes nothing
+    assert cache_files(tmp_path) == expected_files
+    copied.write_bytes(mobilenet_body())
+    code, out, err = svcctl(capsys, "import", "MOBILENETV2", str(copied), "--variant", "REAL")
     assert code == 0, err
-    directory = variant_dir("MOBILENETV2", "FIXTURE_V2")
-    assert out == f"MOBILENETV2 FIXTURE_V2: imported: {directory / FILENAME}\n"
-    imported = read_record("MOBILENETV2", "FIXTURE_V2")
+    directory = variant_dir("MOBILENETV2", "REAL")
+    assert out == f"MOBILENETV2 REAL: imported: {directory / filename}\n"
+    imported = read_record("MOBILENETV2", "REAL")
     assert imported.how == "import"
     assert (imported.source, imported.weights, imported.files) == (pulled.source, pulled.weights, pulled.files)
-    assert cache_files(tmp_path) == [f"MOBILENETV2/FIXTURE_V2/{FILENAME}", "MOBILENETV2/FIXTURE_V2/record.json"]
+    assert cache_files(tmp_path) == expected_files
     assert svcctl(capsys, "import", "MOBILENETV2", str(tmp_path / "nothing"))[0] == 1
     assert svcctl(capsys, "import", "MOBILENETV2", str(copied.parent))[0] == 1  # a folder for a file variant
+    assert cache_files(tmp_path) == expected_files
 
 
 def test_verify_finds_a_tampered_file(source, capsys, tmp_path):
@@ -394,7 +426,8 @@ def test_a_converted_variant_records_the_download_and_what_build_loads(source, c
     code, out, err = svcctl(capsys, "pull", "MOBILENETV2", "--variant", "CONVERTED")
     assert code == 0, err
     directory = variant_dir("MOBILENETV2", "CONVERTED")
-    assert calls == [("fixture", str(directory / FILENAME), str(directory))]
+    # Converted in a stage folder, moved into place once done.
+    assert calls == [("fixture", str(directory / "new.part" / FILENAME), str(directory / "new.part"))]
     record = read_record("MOBILENETV2", "CONVERTED")
     converted = b"converted:" + BODY[:10]
     assert record.weights == "converted"
@@ -406,33 +439,35 @@ def test_a_converted_variant_records_the_download_and_what_build_loads(source, c
 
 
 def test_hub_variants_import_a_folder_and_a_failed_hub_pull_is_one_line(source, capsys, monkeypatch, tmp_path):
-    from svc.weightstore.catalog import HubSource
+    from tests.integration.test_weights_hub import write_google_ddpm
 
-    variant = Variant("HUB", HubSource(repo_id="org/repo", revision="abc123"), license="Apache-2.0")
-    monkeypatch.setattr(MobileNetV2Factory, "variants", (*FIXTURE_VARIANTS, variant))
+    monkeypatch.setenv("HF_ENDPOINT", source.mirror)  # answers 404 to every hub request
     folder = tmp_path / "repo"
-    (folder / "unet").mkdir(parents=True)
-    (folder / "unet" / "config.json").write_text("{}")
-    (folder / "model_index.json").write_text('{"a": 1}')
+    folder.mkdir()
+    write_google_ddpm(folder)  # a real (tiny) DDPM: an import must build
     (folder / ".git").mkdir()
     (folder / ".git" / "HEAD").write_text("x")
-    code, out, err = svcctl(capsys, "import", "MOBILENETV2", str(folder), "--variant", "HUB")
+    code, out, err = svcctl(capsys, "import", "DDPM", str(folder))
     assert code == 0, err
-    record = read_record("MOBILENETV2", "HUB")
+    record = read_record("DDPM", "cifar10-32")
+    expected = sorted(f"hub/{p.relative_to(folder).as_posix()}" for p in folder.rglob("*")
+                      if p.is_file() and ".git" not in p.parts)
     assert (record.source, record.weights, record.how, sorted(record.files)) == (
-        "org/repo@abc123", "hub", "import", ["hub/model_index.json", "hub/unet/config.json"])
-    assert out.splitlines()[0] == ("MOBILENETV2 HUB: org/repo@abc123: recorded the sha256 of 2 files (later pulls, "
-                                   "imports and verify check against them)")
+        "google/ddpm-cifar10-32@main", "hub", "import", expected)
+    assert out.splitlines()[0] == (f"DDPM cifar10-32: google/ddpm-cifar10-32@main: recorded the sha256 of "
+                                   f"{len(expected)} files (later pulls, imports and verify check against them)")
     assert svcctl(capsys, "verify")[0] == 0
     (folder / "model_index.json").write_text('{"a": 2}')
-    code, _, err = svcctl(capsys, "import", "MOBILENETV2", str(folder), "--variant", "HUB")
+    code, _, err = svcctl(capsys, "import", "DDPM", str(folder))
     assert code == 1 and "hub/model_index.json: sha256 mismatch" in err
-    assert read_record("MOBILENETV2", "HUB") == record and not (variant_dir("MOBILENETV2", "HUB") / "hub.part").exists()
-    assert svcctl(capsys, "pull", "MOBILENETV2", "--variant", "HUB")[:2] == (
-        0, f"MOBILENETV2 HUB: already cached and verified: {variant_dir('MOBILENETV2', 'HUB') / 'hub'}\n")
-    (variant_dir("MOBILENETV2", "HUB") / "hub" / "model_index.json").write_text("damaged")
-    code, out, err = svcctl(capsys, "pull", "MOBILENETV2", "--variant", "HUB")
-    assert code == 1 and len(err.splitlines()) == 1 and err.startswith("svcctl: MOBILENETV2 HUB: org/repo@abc123: ")
+    assert read_record("DDPM", "cifar10-32") == record
+    assert not (variant_dir("DDPM", "cifar10-32") / "new.part").exists()
+    assert svcctl(capsys, "pull", "DDPM")[:2] == (
+        0, f"DDPM cifar10-32: already cached and verified: {variant_dir('DDPM', 'cifar10-32') / 'hub'}\n")
+    (variant_dir("DDPM", "cifar10-32") / "hub" / "model_index.json").write_text("damaged")
+    code, out, err = svcctl(capsys, "pull", "DDPM")
+    assert code == 1 and len(err.splitlines()) == 1
+    assert err.startswith("svcctl: DDPM cifar10-32: google/ddpm-cifar10-32@main: ")
 
 
 def test_pull_takes_id_colon_variant_specs(source, capsys, tmp_path):
@@ -458,3 +493,104 @@ def test_an_unknown_model_or_variant_is_one_usage_line_for_pull_and_import(sourc
     assert (code, out) == (2, "")
     assert err == "svcctl: MOBILENETV2 has no pretrained variant 'NOPE'; known: FIXTURE_V2, TOFU, FULL\n"
     assert cache_files(tmp_path) == []
+
+
+AGPL_URL = "https://example.org/weights/mobilenet_v2-agpl.pth"
+
+
+def test_a_pull_says_its_size_and_licences_first_and_needs_a_non_permissive_one_accepted(source, capsys,
+                                                                                         monkeypatch, tmp_path):
+    """Before anything is fetched: one line with the total and the licences, one per variant; a variant under a
+    licence that is not permissive is refused (nothing fetched) unless --accept-licence names it."""
+    agpl = Variant("AGPL", FileSource(url=AGPL_URL, sha256=SHA, size=len(BODY)), license="AGPL-3.0")
+    monkeypatch.setattr(MobileNetV2Factory, "variants", (*FIXTURE_VARIANTS, agpl))
+    source.serve(AGPL_URL, BODY)
+    code = cli.main(["weights", "pull", "MOBILENETV2:FIXTURE_V2", "MOBILENETV2:AGPL"])
+    out, err = capsys.readouterr()
+    size = f"{len(BODY) / 1e6:.1f} MB"
+    assert code == 1
+    lines = err.splitlines()
+    assert lines[:3] == [
+        f"Pull: 2 of 2 variant(s) to fetch, {2 * len(BODY) / 1e6:.1f} MB in all; licences: AGPL-3.0, BSD-3-Clause",
+        f"  MOBILENETV2 FIXTURE_V2: {size}; licence BSD-3-Clause",
+        f"  MOBILENETV2 AGPL: {size}; licence AGPL-3.0  (needs acceptance)"]
+    assert lines[-1] == ("svcctl: MOBILENETV2 AGPL: licence AGPL-3.0 not accepted, nothing pulled: pass "
+                         "--accept-licence AGPL-3.0 to pull it")
+    assert [path for path, _ in source.requests] == [f"/download.pytorch.org/models/{FILENAME}"]
+    assert out.splitlines() == [f"MOBILENETV2 FIXTURE_V2: cached: {variant_dir('MOBILENETV2', 'FIXTURE_V2') / FILENAME}"]
+    assert read_record("MOBILENETV2", "AGPL") is None
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2:FIXTURE_V2", "MOBILENETV2:AGPL", "--accept-licence", "agpl-3.0")
+    assert code == 0, err
+    assert read_record("MOBILENETV2", "AGPL") is not None
+    assert "MOBILENETV2 FIXTURE_V2: already cached and verified" in out
+
+
+def test_the_licence_question_on_a_terminal(monkeypatch):
+    from svc.weightstore.licences import accepted, terminal_question
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    agpl = Variant("AGPL", FileSource(url=AGPL_URL), license="AGPL-3.0")
+    out = Tty()
+    assert accepted(agpl, [], terminal_question(Tty("y\n"), out, "MOBILENETV2 AGPL"))
+    assert out.getvalue() == ("MOBILENETV2 AGPL is licensed AGPL-3.0, not a permissive licence: check what it allows "
+                              "you before serving it. Accept AGPL-3.0 and pull? [y/N] ")
+    assert not accepted(agpl, [], terminal_question(Tty("\n"), Tty(), "MOBILENETV2 AGPL"))
+    assert terminal_question(io.StringIO("y\n"), Tty(), "x") is None  # not a terminal: no question, refused
+    assert not accepted(agpl, ["CC-BY-NC-4.0"], None)
+    assert accepted(FIXTURE_VARIANTS[0], [], None)  # BSD-3-Clause: nothing to accept
+    # Declarations as the plugins write them: the SPDX id first, words after it.
+    from models.diffusion import cls_cond_ddim
+    from models.mobilenetv2 import VARIANTS as MOBILENET_VARIANTS
+    from svc.weightstore.catalog import find_variant
+
+    assert accepted(MOBILENET_VARIANTS[0], [], None)  # "BSD-3-Clause (torchvision)"
+    dit = find_variant(cls_cond_ddim, None)
+    assert not accepted(dit, ["AGPL-3.0"], None) and accepted(dit, ["CC-BY-NC-4.0"], None)  # "cc-by-nc-4.0"
+
+
+PROXY_VARIABLES = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "no_proxy", "NO_PROXY")
+
+
+@pytest.fixture
+def proxy(monkeypatch):
+    from tests.support.proxy import LoopbackProxy
+
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    running = LoopbackProxy()
+    yield running
+    running.close()
+
+
+def test_a_file_pull_goes_through_http_proxy_with_its_credentials(source, proxy, capsys, monkeypatch):
+    monkeypatch.setenv("HTTP_PROXY", proxy.url.replace("http://", "http://me:s%40cret@"))
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
+    assert code == 0, err
+    assert proxy.requests == [("GET", f"{source.mirror}/download.pytorch.org/models/{FILENAME}",
+                               "Basic " + base64.b64encode(b"me:s@cret").decode())]
+    assert (variant_dir("MOBILENETV2", "FIXTURE_V2") / FILENAME).read_bytes() == BODY
+
+
+def test_no_proxy_keeps_a_pull_direct(source, proxy, capsys, monkeypatch):
+    monkeypatch.setenv("http_proxy", proxy.url)
+    monkeypatch.setenv("NO_PROXY", "example.org,127.0.0.1")
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
+    assert code == 0, err
+    assert proxy.requests == []
+    assert source.requests == [(f"/download.pytorch.org/models/{FILENAME}", None)]
+
+
+def test_an_https_pull_tunnels_through_https_proxy(source, proxy, capsys, monkeypatch):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    monkeypatch.setenv("SERVICE_WEIGHTS_MIRROR", f"https://127.0.0.1:{closed}")
+    monkeypatch.setenv("HTTPS_PROXY", proxy.url)
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
+    assert code == 1 and out == ""
+    assert proxy.requests == [("CONNECT", f"127.0.0.1:{closed}", None)]
+    assert err.splitlines() == [f"svcctl: MOBILENETV2 FIXTURE_V2: https://127.0.0.1:{closed}/download.pytorch.org/"
+                                f"models/{FILENAME}: the proxy refused the tunnel: 502 Bad Gateway"]

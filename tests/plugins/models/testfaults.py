@@ -147,7 +147,7 @@ class FaultFactory:
     #: served by the tests' fake source through SERVICE_WEIGHTS_MIRROR; build ignores its contents.
     variants = (
         Variant("tiny", FileSource(url="https://weights.example.org/testfaults/tiny.bin", size=64),
-                license="test-only", description="test fixture (tests/integration/test_quickstart_run.py)",
+                license="MIT", description="test fixture (tests/integration/test_quickstart_run.py)",
                 default=True),
     )
     config_schema = object_schema(

@@ -1,0 +1,163 @@
+"""``svcctl weights import`` with files that are not ours: load-checked, never half-kept, named as the user named them.
+
+Real plugins and real small weights: a tiny diffusers DDPM folder in the
+google/ddpm-* layout (``tests.integration.test_weights_hub``), and
+ultralytics-style ``.pt`` files written by ``tests.support.fake_ultralytics``.
+The cache is a temporary ``SERVICE_WEIGHTS_DIR``; nothing touches a network.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from models.yolov8_net import build_network
+from svc import cli
+from svc.weightstore.cache import read_record, variant_dir
+from tests.integration.test_weights_hub import write_google_ddpm
+from tests.support.fake_ultralytics import save_checkpoint
+
+
+@pytest.fixture
+def cache(monkeypatch, tmp_path):
+    root = tmp_path / "cache"
+    monkeypatch.setenv("SERVICE_WEIGHTS_DIR", str(root))
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # a pull in these tests must not reach a hub
+    return root
+
+
+def svcctl(capsys, *args: str) -> tuple[int, str, str]:
+    code = cli.main(["weights", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def everything_under(root) -> list[str]:
+    """Every file and folder under ``root``: what a refused import must not have added."""
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) if root.exists() else []
+
+
+def test_a_folder_that_does_not_build_is_refused_named_and_leaves_nothing(cache, capsys, tmp_path):
+    folder = tmp_path / "my-ddpm"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("not a model")
+    code, out, err = svcctl(capsys, "import", "DDPM", str(folder))
+    assert (code, out) == (1, "")
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"svcctl: DDPM cifar10-32: {folder}: does not load as DDPM cifar10-32: "), err
+    assert err.rstrip().endswith("(nothing kept)")
+    assert str(cache) not in err  # the user's folder is named, not the cache's copy
+    assert everything_under(cache) == []
+    assert svcctl(capsys, "verify")[:2] == (0, f"no cached variants in {cache}\n")
+
+
+def test_a_different_folder_replaces_a_cached_variant_only_with_replace(cache, capsys, tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder in (first, second):
+        folder.mkdir()
+        write_google_ddpm(folder)
+    torch.manual_seed(5)
+    config = json.loads((second / "config.json").read_text())
+    (second / "config.json").write_text(json.dumps({**config, "sample_size": 8}))  # another, loadable, folder
+    code, out, err = svcctl(capsys, "import", "DDPM", str(first))
+    assert code == 0, err
+    assert out.splitlines()[-1] == f"DDPM cifar10-32: imported: {variant_dir('DDPM', 'cifar10-32') / 'hub'}"
+    recorded = read_record("DDPM", "cifar10-32")
+    assert recorded.how == "import" and "hub/config.json" in recorded.files
+    assert svcctl(capsys, "verify")[:2] == (0, f"DDPM cifar10-32: ok ({len(recorded.files)} files)\n")
+
+    code, out, err = svcctl(capsys, "import", "DDPM", str(second))
+    assert (code, out) == (1, "")
+    assert err == (f"svcctl: DDPM cifar10-32: {second}: hub/config.json: sha256 mismatch: got "
+                   f"{err.split('got ')[1].split(',')[0]}, the first import recorded "
+                   f"{recorded.files['hub/config.json']['sha256']}: pass --replace to replace the cached variant "
+                   "(nothing kept)\n")
+    assert read_record("DDPM", "cifar10-32") == recorded
+    directory = variant_dir("DDPM", "cifar10-32")
+    assert sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()) == sorted(
+        ["record.json", *recorded.files])  # and no stage folder
+
+    code, out, err = svcctl(capsys, "import", "DDPM", str(second), "--replace")
+    assert code == 0, err
+    replaced = read_record("DDPM", "cifar10-32")
+    assert replaced.files["hub/config.json"] != recorded.files["hub/config.json"]
+    assert svcctl(capsys, "verify")[0] == 0
+
+
+def test_a_folder_of_other_files_is_not_a_silent_replacement(cache, capsys, tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder in (first, second):
+        folder.mkdir()
+        write_google_ddpm(folder)
+    (second / "README.md").unlink()
+    assert svcctl(capsys, "import", "DDPM", str(first))[0] == 0
+    recorded = read_record("DDPM", "cifar10-32")
+    code, out, err = svcctl(capsys, "import", "DDPM", str(second))
+    assert (code, out) == (1, "")
+    assert err == (f"svcctl: DDPM cifar10-32: {second}: other files than the cached DDPM cifar10-32 (1 differ, "
+                   "first hub/README.md): pass --replace to replace it (nothing kept)\n")
+    assert read_record("DDPM", "cifar10-32") == recorded
+
+
+def test_a_refused_yolov8_import_names_the_users_file_and_leaves_nothing(cache, capsys, tmp_path):
+    """A user's best.pt holding a YOLOv8s network, imported as the default yolov8n: refused in one line that
+    names best.pt (not the cache's yolov8n.pt), and neither the copy nor its conversion stays in the cache."""
+    best = tmp_path / "runs" / "best.pt"
+    best.parent.mkdir()
+    torch.manual_seed(2)
+    save_checkpoint(best, build_network("s"), "s")
+    code, out, err = svcctl(capsys, "import", "YOLOV8", str(best))
+    assert (code, out) == (1, "")
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"svcctl: YOLOV8 yolov8n: {best}: does not load as YOLOV8 yolov8n: WeightsError: "
+                          f"weights file {best}: tensor "), err
+    assert "the architecture expects" in err and "the file name says" not in err and str(cache) not in err
+    assert everything_under(cache) == []
+
+
+def test_a_yolov8_file_that_is_no_checkpoint_leaves_nothing(cache, capsys, tmp_path):
+    src = tmp_path / "yolov8n.pt"
+    src.write_bytes(b"\x00" * 100_000)
+    code, out, err = svcctl(capsys, "import", "YOLOV8", str(src))
+    assert (code, out) == (1, "")
+    assert err.startswith(f"svcctl: YOLOV8 yolov8n: {src}: converter 'ultralytics' failed: ") and str(cache) not in err
+    assert everything_under(cache) == []
+
+
+def test_verify_reports_stray_files(cache, capsys, tmp_path):
+    folder = tmp_path / "ddpm"
+    folder.mkdir()
+    write_google_ddpm(folder)
+    assert svcctl(capsys, "import", "DDPM", str(folder))[0] == 0
+    directory = variant_dir("DDPM", "cifar10-32")
+    (directory / "yolov8n.pt").write_bytes(b"left behind")
+    (directory / "hub" / "extra.bin").write_bytes(b"x")
+    (directory / "resume.part").write_bytes(b"a download to resume")  # kept on purpose: not stray
+    orphan = variant_dir("YOLOV8", "yolov8n")
+    orphan.mkdir(parents=True)
+    (orphan / "yolov8n.pt").write_bytes(b"no record")
+    code, out, err = svcctl(capsys, "verify")
+    assert code == 1
+    assert err.splitlines() == [
+        f"svcctl: DDPM cifar10-32: {directory / 'yolov8n.pt'}: stray file (not in its record)",
+        f"svcctl: DDPM cifar10-32: {directory / 'hub' / 'extra.bin'}: stray file (not in its record)",
+        f"svcctl: YOLOV8 yolov8n: {orphan / 'yolov8n.pt'}: stray file (no record.json: not a cached variant)",
+    ]
+
+
+def test_an_import_cut_short_while_copying_leaves_nothing(cache, capsys, tmp_path, monkeypatch):
+    import shutil
+
+    def disk_full(src, dst, *args, **kwargs):
+        with open(dst, "wb") as f:
+            f.write(b"half of it")
+        raise OSError(28, "No space left on device")
+
+    src = tmp_path / "yolov8n.pt"
+    src.write_bytes(b"\x00" * 1000)
+    monkeypatch.setattr(shutil, "copyfile", disk_full)
+    assert svcctl(capsys, "import", "YOLOV8", str(src)) == (
+        1, "", f"svcctl: YOLOV8 yolov8n: {src}: No space left on device (nothing kept)\n")
+    assert everything_under(cache) == []

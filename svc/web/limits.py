@@ -33,7 +33,7 @@ from typing import Any
 from twisted.web import server
 from twisted.web.http import HTTPChannel
 
-from svc.web.replies import header, raw_reply
+from svc.web.replies import header, raw_reply, reason
 
 #: How long a refused upload may keep sending after its 413 before we close.
 LINGER_SECONDS = 5.0
@@ -89,6 +89,10 @@ class LimitedRequest(server.Request):
     _received = 0
     _linger = None
     started: float | None = None
+
+    def setResponseCode(self, code: int, message: bytes | None = None) -> None:
+        """twisted's reason phrases, and ours where its table has none (422 "Unprocessable Content", 429)."""
+        super().setResponseCode(code, message if message is not None else reason(code))
 
     def gotLength(self, length: int | None) -> None:
         self.content = BytesIO()

@@ -116,6 +116,7 @@ def test_model_rejections_pass_through_unchanged(stack):
     assert too_many.status == 413 and too_many.json["status"] == 67
     legacy = infer(stack, body={"img_data": image_b64()})
     assert legacy.status == 422 and legacy.json["errors"][0]["pointer"] == "/img_data"
+    assert legacy.reason == "Unprocessable Content"  # twisted's table has no 422: it said "Unknown Status"
     assert legacy.json["model"]["name"] == "MOBILENETV2"  # the model's own envelope, not the gateway's
     parse = post(stack["gateway"].url + "/v1/models/MOBILENETV2/infer", b"{nope",
                  headers={**bearer(KEYS["old"]), "Content-Type": "application/json"})
@@ -215,6 +216,7 @@ def test_rate_limited_key_gets_429_with_retry_after(stack):
     assert {r.status for r in replies[:-1]} <= {404} and replies[-1].status == 429, [r.status for r in replies]
     limited = replies[-1]
     assert limited.json["status"] == 429 and limited.header("Retry-After") == "1"
+    assert limited.reason == "Too Many Requests"  # not twisted's "Unknown Status"
     assert limited.header("X-Service-Key") == "tenant-slow"
     # The bucket refills (1 qps): the next request that is not 429 is a 200.
     later = []

@@ -14,6 +14,12 @@ twisted.web's connection handling has three more gaps that
   headers must now be complete within ``header_timeout_ms``;
 * it accepts any number of connections: past ``max_connections`` a new one
   gets the process's 503 and is closed;
+* a request line or a header line longer than ``MAX_LENGTH`` (16 KiB), or
+  a head (request line and headers) larger than ``totalHeadersSize``
+  (16 KiB), got the connection dropped without a word, or a bare 400:
+  now a path too long is answered 414 and a head too large 431, in the
+  process's reply shape (the envelope, status 61), and the connection is
+  closed;
 * a client that pipelines requests and never reads the replies grows the
   process without bound, and the replies are computed in one reactor turn
   (``HTTPChannel.pauseProducing`` does not stop reading while a request is
@@ -33,6 +39,8 @@ from typing import Any
 from twisted.web import server
 from twisted.web.http import HTTPChannel
 
+from svc import status as st
+from svc.errors import ApiError
 from svc.web.replies import header, raw_reply, reason
 
 #: How long a refused upload may keep sending after its 413 before we close.
@@ -142,15 +150,26 @@ class LimitedRequest(server.Request):
         super().connectionLost(reason)
 
 
+def head_too_large(request_line: bool, limit: int) -> ApiError:
+    """The 414 of a request line (its path) past ``limit`` bytes, or the 431 of a head past it."""
+    if request_line:
+        return ApiError(st.ENTITY_TOO_LARGE, f"request line longer than {limit} bytes: the path is too long",
+                        http=414)
+    return ApiError(st.ENTITY_TOO_LARGE, f"request head (request line and headers) larger than {limit} bytes",
+                    http=431)
+
+
 class LimitedChannel(HTTPChannel):
-    """An HTTPChannel with a header deadline, a connection cap and pipelining backpressure.
+    """An HTTPChannel with a header deadline, a connection cap, head limits and pipelining backpressure.
 
     The site provides ``max_connections``, ``header_timeout_s``,
-    ``busy_reply() -> (code, headers, body)`` and ``reactor``; it counts its
-    served connections in ``open_connections``.
+    ``busy_reply() -> (code, headers, body)``, ``limit_reply(request,
+    error) -> (code, headers, body)`` and ``reactor``; it counts its served
+    connections in ``open_connections``.
     """
 
-    _refused = False  # past max_connections: answered 503, nothing else
+    _refused = False  # answered already (503 past max_connections, 414, 431): the rest is read and dropped
+    _head_lines = 0  # lines of the current request's head received so far
     _counted = False
     _header_deadline: Any = None
     _between_requests = False  # the next byte starts a request (and its header deadline)
@@ -229,7 +248,52 @@ class LimitedChannel(HTTPChannel):
 
     def allHeadersReceived(self) -> None:
         self._stop_header_deadline()
+        self._head_lines = 0
         super().allHeadersReceived()
+
+    # --- the head's size -----------------------------------------------------
+
+    def lineReceived(self, line: bytes) -> None:
+        if self._refused:
+            return
+        if self._head_lines == 0 and not line:
+            super().lineReceived(line)  # the empty line some clients send after a body: twisted skips it
+            return
+        self._head_lines += 1
+        if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
+            self._refuse_head(self._head_lines == 1, line)
+            return
+        super().lineReceived(line)
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        """A line longer than MAX_LENGTH (whole or still arriving): 414 for the request line, else 431."""
+        self._refuse_head(self._head_lines == 0, line)
+
+    def _refuse_head(self, request_line: bool, line: bytes) -> None:
+        """Answer a head too large with the process's 414 or 431 and close, as the early 413 does.
+
+        The write side is shut after the reply and the rest of what the
+        client sends is read and dropped for a while, so that a client still
+        sending its head reads the answer rather than a reset.
+        """
+        self._refused = True
+        self._stop_header_deadline()
+        site = self.site
+        limit = self.MAX_LENGTH if len(line) > self.MAX_LENGTH else self.totalHeadersSize
+        error = head_too_large(request_line, limit)
+        method = getattr(self, "_command", None) or (line.split(b" ", 1)[0][:16] if request_line else b"-")
+        code, headers, body = site.limit_reply(None, error, method.decode("latin-1", "replace"))
+        self.transport.write(raw_reply(code, headers, body))
+        self.persistent = False
+        lose_write = getattr(self.transport, "loseWriteConnection", None)
+        if lose_write is not None:
+            lose_write()
+            self._linger = site.reactor.callLater(LINGER_SECONDS, self.transport.abortConnection)
+        else:
+            self.transport.loseConnection()
+        path = getattr(self, "_path", None) or (line.split(b" ", 2)[1][:300] if request_line and b" " in line
+                                                 else b"-")
+        site.log_line(method, path, code, 0.0, None, "-")
 
     # --- pipelining ----------------------------------------------------------
 

@@ -56,6 +56,7 @@ class SupervisorConfig:
         "on the back-off schedule, before it is start_failed.", minimum=0)
     gateway_restart: str = setting("on-failure", "Restart policy of the gateway child.", choices=POLICIES)
     header_timeout_ms: int = base.header_timeout_setting()
+    body_timeout_ms: int = base.body_timeout_setting()
     max_connections: int = base.max_connections_setting(128, "503 {ok: false, error}")
     listen_backlog: int = base.listen_backlog_setting()
     servers: dict  # catalog id -> ServerSettings, for the ids that have a [servers.<ID>] table

@@ -14,6 +14,10 @@ twisted.web's connection handling has three more gaps that
   headers must now be complete within ``header_timeout_ms``;
 * it accepts any number of connections: past ``max_connections`` a new one
   gets the process's 503 and is closed;
+* a body was limited in size but not in time: a client that drips it
+  byte by byte held its connection and its request for as long as it
+  liked; now the body must be complete ``body_timeout_ms`` after the
+  headers, else 408 in the process's reply shape (status 408) and close;
 * a request line or a header line longer than ``MAX_LENGTH`` (16 KiB), or
   a head (request line and headers) larger than ``totalHeadersSize``
   (16 KiB), got the connection dropped without a word, or a bare 400:
@@ -73,29 +77,34 @@ class HttpLimits:
     (capped by ``net.core.somaxconn``), passed to each process's
     ``TCPServer``; twisted's default of 50 makes the kernel drop SYNs under
     a burst of new connections (ListenOverflows), and those clients wait a
-    second or more for the retransmission.
+    second or more for the retransmission.  ``body_timeout_ms``: a
+    request's body must be complete this long after its headers, else 408
+    and close.
     """
 
     header_timeout_ms: int = 10000
     max_connections: int = 1024
     listen_backlog: int = 1024
+    body_timeout_ms: int = 60000
 
     @classmethod
     def from_config(cls, config: Any) -> "HttpLimits":
-        """The limits from any config object that has the three keys as attributes."""
-        return cls(config.header_timeout_ms, config.max_connections, config.listen_backlog)
+        """The limits from any config object that has the four keys as attributes."""
+        return cls(config.header_timeout_ms, config.max_connections, config.listen_backlog, config.body_timeout_ms)
 
 
 class LimitedRequest(server.Request):
-    """A request whose body is held in memory up to the site's limit.
+    """A request whose body is held in memory up to the site's limit, and must arrive within its deadline.
 
-    The site provides ``max_body_bytes`` and ``oversize_reply(request) ->
-    (code, headers, body)``.
+    The site provides ``max_body_bytes``, ``body_timeout_s``,
+    ``oversize_reply(request) -> (code, headers, body)`` and
+    ``limit_reply(request, error, method)``.
     """
 
     _refused = False
     _received = 0
     _linger = None
+    _body_deadline: Any = None
     started: float | None = None
 
     def setResponseCode(self, code: int, message: bytes | None = None) -> None:
@@ -107,6 +116,19 @@ class LimitedRequest(server.Request):
         self._received = 0
         if length is not None and length > self.channel.site.max_body_bytes:
             self._refuse()
+        elif length is None or length > 0:  # a body follows (chunked when None): it has body_timeout_ms
+            site = self.channel.site
+            self._body_deadline = site.reactor.callLater(site.body_timeout_s, self._body_too_slow)
+
+    def _body_too_slow(self) -> None:
+        """The body is still incomplete at its deadline: 408 in the process's shape, and close."""
+        self._body_deadline = None
+        site = self.channel.site
+        timeout_ms = round(site.body_timeout_s * 1000)
+        error = ApiError(st.REQUEST_TIMEOUT, f"the request body did not arrive within {timeout_ms} ms "
+                                             f"(body_timeout_ms); {self._received} bytes came")
+        method = getattr(self.channel, "_command", None) or b"-"
+        self._answer_early(*site.limit_reply(self, error, method.decode("latin-1", "replace")))
 
     def handleContentChunk(self, data: bytes) -> None:
         if self._refused:
@@ -125,26 +147,41 @@ class LimitedRequest(server.Request):
         dropped for a short while, so that a client still sending sees the
         413 instead of a connection reset.
         """
+        self._answer_early(*self.channel.site.oversize_reply(self))
+
+    def _answer_early(self, code: int, headers: dict[str, str], body: bytes) -> None:
+        """Answer before the body is complete, shut the write side, drop what still comes for a while, close."""
         self._refused = True
+        self._stop_body_deadline()
         # No "100 Continue" after a final answer.
         self.requestHeaders.removeHeader(b"expect")
         site = self.channel.site
-        code, headers, body = site.oversize_reply(self)
         transport = self.channel.transport
         transport.write(raw_reply(code, headers, body))
-        transport.loseWriteConnection()
-        self._linger = site.reactor.callLater(LINGER_SECONDS, transport.abortConnection)
+        lose_write = getattr(transport, "loseWriteConnection", None)
+        if lose_write is not None:
+            lose_write()
+            self._linger = site.reactor.callLater(LINGER_SECONDS, transport.abortConnection)
+        else:
+            transport.loseConnection()
         path = getattr(self.channel, "_path", b"?")
         command = getattr(self.channel, "_command", b"?")
         site.log_line(command, path, code, 0.0, header(self, b"x-request-id"), "-")
 
+    def _stop_body_deadline(self) -> None:
+        if self._body_deadline is not None and self._body_deadline.active():
+            self._body_deadline.cancel()
+        self._body_deadline = None
+
     def process(self) -> None:
         if self._refused:
-            return  # the 413 is already out; drop the rest
+            return  # the 413 or 408 is already out; drop the rest
+        self._stop_body_deadline()
         self.started = self.channel.site.reactor.seconds()
         super().process()
 
     def connectionLost(self, reason: Any) -> None:
+        self._stop_body_deadline()
         if self._linger is not None and self._linger.active():
             self._linger.cancel()
         super().connectionLost(reason)

@@ -15,8 +15,10 @@ from twisted.web.http import RESPONSES
 
 JSON_CONTENT_TYPE = b"application/json; charset=utf-8"
 
-#: Reason phrases that twisted's RESPONSES table lacks (it would send "Unknown Status"): RFC 9110 and RFC 6585.
-REASONS = {422: b"Unprocessable Content", 429: b"Too Many Requests", 431: b"Request Header Fields Too Large"}
+#: Reason phrases that twisted's RESPONSES table lacks (it would send "Unknown Status"): RFC 9110 and RFC 6585;
+#: and 408 as RFC 9110 spells it, as the header deadline's reply does (twisted: "Request Time-out").
+REASONS = {408: b"Request Timeout", 422: b"Unprocessable Content", 429: b"Too Many Requests",
+           431: b"Request Header Fields Too Large"}
 
 
 def reason(code: int) -> bytes:

@@ -103,6 +103,7 @@ class JsonSite(server.Site):
         self.limit_reply = limit_reply
         self.max_connections = limits.max_connections
         self.header_timeout_s = limits.header_timeout_ms / 1000.0
+        self.body_timeout_s = limits.body_timeout_ms / 1000.0
         self.on_logged = on_logged
         self.noisy = False
         self.open_connections = 0

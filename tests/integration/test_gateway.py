@@ -238,6 +238,35 @@ def test_metrics_need_the_metrics_token(stack):
     assert frozen and float(frozen.group(1)) > 10_000  # svc.process.freeze_heap ran at startup
 
 
+def job_counts(text: str, labels: str) -> dict[str, float]:
+    """``state -> value`` of the ``service_async_jobs_total`` lines whose labels start with ``labels``."""
+    return {state: float(value) for state, value in re.findall(
+        r'^service_async_jobs_total\{' + re.escape(labels) + r'state="(\w+)"\} (\S+)$', text, re.M)}
+
+
+def test_the_gateways_metrics_carry_the_job_counts_of_each_model_behind_it(stack):
+    """service_async_jobs_total{model, state} on the gateway: the model servers' own counters (aggregated, read at
+    the scrape; svc/gateway/jobcounts.py), for the models with jobs on (TESTFAULTS here, not MOBILENETV2)."""
+    gateway = stack["gateway"].url + "/metrics"
+    token = bearer(GATEWAY_TOKENS["SERVICE_METRICS_TOKEN"])
+    before = job_counts(get(gateway, headers=token).body.decode(), 'model="TESTFAULTS",')
+    assert set(before) == {"submitted", "running", "done", "failed", "timeout"}, before
+    base = stack["gateway"].url + "/v1/models/TESTFAULTS/jobs"
+    for params, state in (({"sleep_ms": 50}, "done"), ({"fail": "engine"}, "failed")):
+        job = post(base, {"images": [image_b64()], "params": params}, headers=bearer(KEYS["old"])).json
+        wait = f"{stack['gateway'].url}{job['poll_url']}/wait?timeout={RECV_TIMEOUT_MS - 2000}"
+        wait_until(lambda: get(wait, headers=bearer(KEYS["old"])).json["state"] == state, f"the job {state}",
+                   timeout=60)
+    text = get(gateway, headers=token).body.decode()
+    after = job_counts(text, 'model="TESTFAULTS",')
+    own = job_counts(get(stack["faults"].url + "/metrics", headers=stack["faults"].auth).body.decode(), "")
+    assert after == {**dict.fromkeys(after, 0.0), **own}  # one replica: its own counters (0 where it has none)
+    assert {k: after[k] - before[k] for k in after} == {"submitted": 2, "running": 2, "done": 1, "failed": 1,
+                                                        "timeout": 0}
+    assert 'model="MOBILENETV2"' not in "".join(line for line in text.splitlines()
+                                                if line.startswith("service_async_jobs_total"))
+
+
 # -- jobs ----------------------------------------------------------------------------------------------
 
 

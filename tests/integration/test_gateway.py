@@ -255,8 +255,8 @@ def test_the_gateways_metrics_carry_the_job_counts_of_each_model_behind_it(stack
     for params, state in (({"sleep_ms": 50}, "done"), ({"fail": "engine"}, "failed")):
         job = post(base, {"images": [image_b64()], "params": params}, headers=bearer(KEYS["old"])).json
         wait = f"{stack['gateway'].url}{job['poll_url']}/wait?timeout={RECV_TIMEOUT_MS - 2000}"
-        wait_until(lambda: get(wait, headers=bearer(KEYS["old"])).json["state"] == state, f"the job {state}",
-                   timeout=60)
+        wait_until(lambda url=wait, state=state: get(url, headers=bearer(KEYS["old"])).json["state"] == state,
+                   f"the job {state}", timeout=60)
     text = get(gateway, headers=token).body.decode()
     after = job_counts(text, 'model="TESTFAULTS",')
     own = job_counts(get(stack["faults"].url + "/metrics", headers=stack["faults"].auth).body.decode(), "")

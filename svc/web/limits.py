@@ -14,10 +14,9 @@ twisted.web's connection handling has three more gaps that
   headers must now be complete within ``header_timeout_ms``;
 * it accepts any number of connections: past ``max_connections`` a new one
   gets the process's 503 and is closed;
-* a body was limited in size but not in time: a client that drips it
-  byte by byte held its connection and its request for as long as it
-  liked; now the body must be complete ``body_timeout_ms`` after the
-  headers, else 408 in the process's reply shape (status 408) and close;
+* a body had a size limit but no time limit (a client dripping it held
+  its connection at will): now it must be complete ``body_timeout_ms``
+  after the headers, else 408 in the process's reply shape and close;
 * a request line or a header line longer than ``MAX_LENGTH`` (16 KiB), or
   a head (request line and headers) larger than ``totalHeadersSize``
   (16 KiB), got the connection dropped without a word, or a bare 400:
@@ -58,6 +57,9 @@ REFUSED_LINGER_SECONDS = 2.0
 #: Pipelined requests answered one after another on one connection before
 #: the reactor serves others (the rest wait for the next reactor turn).
 PIPELINE_BURST = 16
+
+#: The methods a refused head's reply is counted under; anything else is "-".
+KNOWN_METHODS = frozenset({b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"PATCH"})
 
 #: The reply to a request whose headers did not arrive in time.  No JSON body:
 #: the request was never read, so there is nothing to echo and no envelope
@@ -238,15 +240,19 @@ class LimitedChannel(HTTPChannel):
         site = self.site
         site.refused_connections += 1
         code, headers, body = site.busy_reply()
-        self.transport.write(raw_reply(code, headers, body))
+        self._reply_and_close(raw_reply(code, headers, body), REFUSED_LINGER_SECONDS)
+        site.warn_limit("connections past max_connections ({limit}) refused with {code}: {count} so far",
+                        limit=site.max_connections, code=code, count=site.refused_connections)
+
+    def _reply_and_close(self, reply: bytes, linger_s: float) -> None:
+        """Write ``reply``, shut the write side, read and drop what comes for ``linger_s``, then abort."""
+        self.transport.write(reply)
         lose_write = getattr(self.transport, "loseWriteConnection", None)
         if lose_write is not None:
             lose_write()
-            self._linger = site.reactor.callLater(REFUSED_LINGER_SECONDS, self.transport.abortConnection)
+            self._linger = self.site.reactor.callLater(linger_s, self.transport.abortConnection)
         else:
             self.transport.loseConnection()
-        site.warn_limit("connections past max_connections ({limit}) refused with {code}: {count} so far",
-                        limit=site.max_connections, code=code, count=site.refused_connections)
 
     # --- header_timeout_ms -------------------------------------------------
 
@@ -318,16 +324,12 @@ class LimitedChannel(HTTPChannel):
         site = self.site
         limit = self.MAX_LENGTH if len(line) > self.MAX_LENGTH else self.totalHeadersSize
         error = head_too_large(request_line, limit)
-        method = getattr(self, "_command", None) or (line.split(b" ", 1)[0][:16] if request_line else b"-")
+        method = getattr(self, "_command", None) or line.split(b" ", 1)[0]
+        if method not in KNOWN_METHODS:
+            method = b"-"  # the client's bytes, not a method: not a label of the requests counter
         code, headers, body = site.limit_reply(None, error, method.decode("latin-1", "replace"))
-        self.transport.write(raw_reply(code, headers, body))
         self.persistent = False
-        lose_write = getattr(self.transport, "loseWriteConnection", None)
-        if lose_write is not None:
-            lose_write()
-            self._linger = site.reactor.callLater(LINGER_SECONDS, self.transport.abortConnection)
-        else:
-            self.transport.loseConnection()
+        self._reply_and_close(raw_reply(code, headers, body), LINGER_SECONDS)
         path = getattr(self, "_path", None) or (line.split(b" ", 2)[1][:300] if request_line and b" " in line
                                                  else b"-")
         site.log_line(method, path, code, 0.0, None, "-")

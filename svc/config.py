@@ -169,12 +169,19 @@ RESERVED_PATHS = (HEALTH_PATH, READY_PATH, METRICS_PATH, OPENAPI_PATH, JOBS, "/v
 
 
 # The listener limits of one process's HTTP server (svc.web.limits.HttpLimits), declared once for all three
-# processes: each config dataclass ends with these three fields.
+# processes: each config dataclass ends with these four fields.
 
 def header_timeout_setting() -> Any:
     """The ``header_timeout_ms`` key of every process."""
     return setting(10000,
                    "A request's headers must be complete this long after its first byte (408 and close after it).",
+                   minimum=1)
+
+
+def body_timeout_setting() -> Any:
+    """The ``body_timeout_ms`` key of every process."""
+    return setting(60000,
+                   "A request's body must be complete this long after its headers (408 and close after it).",
                    minimum=1)
 
 
@@ -254,6 +261,7 @@ class ModelServerConfig:
         0.0, "Per-client-IP request rate limit after authentication; 0 = unlimited.", minimum=0)
     shutdown_grace_ms: int = setting(10000, "On SIGTERM, how long running work may take to finish.", minimum=0)
     header_timeout_ms: int = header_timeout_setting()
+    body_timeout_ms: int = body_timeout_setting()
     max_connections: int = max_connections_setting(1024, "503 status 65")
     listen_backlog: int = listen_backlog_setting()
     backend: BackendConfig

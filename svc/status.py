@@ -39,6 +39,7 @@ UNAUTHORIZED = Status(401, "UNAUTHORIZED", 401, "unauthorized")
 RATE_LIMITED = Status(429, "RATE_LIMITED", 429, "rate limited or wait queue full (with Retry-After)")
 INTERNAL_ERROR = Status(500, "INTERNAL_ERROR", 500, "server error")
 BAD_GATEWAY = Status(502, "BAD_GATEWAY", 502, "upstream transport failure (reset, malformed reply, receive timeout)")
+REQUEST_TIMEOUT = Status(408, "REQUEST_TIMEOUT", 408, "the request body did not arrive within body_timeout_ms")
 
 ALL: tuple[Status, ...] = (
     SUCCESS,
@@ -57,6 +58,7 @@ ALL: tuple[Status, ...] = (
     INVALID_REQUEST,
     TOO_MANY_ITEMS,
     UNAUTHORIZED,
+    REQUEST_TIMEOUT,
     JOB_NOT_DONE,
     RATE_LIMITED,
     INTERNAL_ERROR,

@@ -27,7 +27,18 @@ for extra in (REPO, REPO / "tests" / "plugins"):
     if str(extra) not in sys.path:
         sys.path.insert(0, str(extra))
 
+from tests.support import run_guard  # noqa: E402
+from tests.support.conformance import unique_operation_ids  # noqa: E402
 from tests.support.processes import start_model_server, write_config  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A run in which fewer tests ran than were collected fails (tests/support/run_guard.py).
+    run_guard.pytest_configure(config)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    unique_operation_ids(items)
 
 
 @pytest.fixture(scope="session")

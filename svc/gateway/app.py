@@ -130,6 +130,8 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
 
     app = Klein()
     replies = REPLIES
+    #: The models' job counters read at each scrape of /metrics (svc.gateway.jobcounts); set by the service.
+    job_counts: Any = None
 
     def __init__(
         self,
@@ -365,8 +367,12 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
         return send_json(request, 200, body)
 
     @app.route(METRICS_PATH, methods=["GET"])
-    def metrics_route(self, request: Any) -> bytes:
-        return self.metrics_reply(request, self.admit_metrics)
+    async def metrics_route(self, request: Any) -> bytes:
+        request.service_route = "metrics"
+        self.admit_metrics(request)  # before any model is asked
+        if self.job_counts is not None:
+            await self.job_counts.refresh()
+        return self.metrics_reply(request, lambda _: None)
 
     def admit_metrics(self, request: Any) -> None:
         """The metrics token only (an API key is refused); 401 otherwise."""

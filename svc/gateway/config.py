@@ -56,6 +56,7 @@ class GatewayConfig:
         1000, "How often the /ready of each replica of a model with several is probed; a replica that refused a "
         "connection or failed its probe gets requests again once a probe answers 200.", minimum=100, maximum=60000)
     header_timeout_ms: int = base.header_timeout_setting()
+    body_timeout_ms: int = base.body_timeout_setting()
     max_connections: int = base.max_connections_setting(1024, "503 status 65")
     listen_backlog: int = base.listen_backlog_setting()
     rate_limit_store: str = setting(

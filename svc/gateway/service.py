@@ -28,6 +28,7 @@ from svc.gateway.cluster import Cluster
 from svc.gateway.config import GatewayConfig
 from svc.gateway.cors import CorsResource
 from svc.gateway.drain import AdoptedListener, DrainingSite, signal_closed, signal_ready
+from svc.gateway.jobcounts import JobCounts
 from svc.gateway.proxy import Proxy, make_agent, make_pool
 from svc.gateway.ratestore import RedisRates, make_rates
 from svc.gateway.readiness import ReplicaProbe
@@ -83,6 +84,9 @@ class GatewayService(ListeningMultiService):
             openapi=openapi,
         )
         self.catalog = catalog
+        # service_async_jobs_total{model, state}: the model servers' own, read at each scrape (svc.gateway.jobcounts).
+        self.app.job_counts = JobCounts(clock=reactor, agent=agent, catalog=catalog)
+        self.registry.register(self.app.job_counts)
         # Probes the replicas of the models that have several (svc.gateway.readiness); stopped first.
         self.probe = ReplicaProbe(clock=reactor, agent=agent, catalog=catalog, balancer=self.balancer,
                                   interval_s=config.replica_probe_interval_ms / 1000.0)

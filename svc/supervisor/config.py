@@ -11,6 +11,7 @@ with strict types; an unknown key is refused with one line.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +56,7 @@ class SupervisorConfig:
         "on the back-off schedule, before it is start_failed.", minimum=0)
     gateway_restart: str = setting("on-failure", "Restart policy of the gateway child.", choices=POLICIES)
     header_timeout_ms: int = base.header_timeout_setting()
+    body_timeout_ms: int = base.body_timeout_setting()
     max_connections: int = base.max_connections_setting(128, "503 {ok: false, error}")
     listen_backlog: int = base.listen_backlog_setting()
     servers: dict  # catalog id -> ServerSettings, for the ids that have a [servers.<ID>] table
@@ -234,16 +236,24 @@ def available_cpus() -> set[int]:
         return set(range(os.cpu_count() or 1))
 
 
-def nvidia_present() -> bool:
-    """True when an NVIDIA driver is loaded (checked without importing torch)."""
-    return os.path.exists("/proc/driver/nvidia/version")
+#: The file the NVIDIA kernel driver provides while it is loaded.
+NVIDIA_DRIVER_FILE = "/proc/driver/nvidia/version"
 
 
-def load_profile(config: SupervisorConfig, name: str | None = None) -> Profile:
-    """The profile chosen by name (or by the config; ``auto`` looks for a GPU)."""
+def nvidia_present(driver_file: str = NVIDIA_DRIVER_FILE) -> bool:
+    """True when an NVIDIA driver is loaded (checked without importing torch: the supervisor never does)."""
+    return os.path.exists(driver_file)
+
+
+def load_profile(config: SupervisorConfig, name: str | None = None,
+                 gpu_present: Callable[[], bool] = nvidia_present) -> Profile:
+    """The profile chosen by name (or by the config); ``auto`` is ``gpu`` when ``gpu_present()``, else ``cpu``.
+
+    ``gpu_present`` is injected so that both branches can be tested on any host.
+    """
     name = name or config.profile
     if name == "auto":
-        name = "gpu" if nvidia_present() else "cpu"
+        name = "gpu" if gpu_present() else "cpu"
     path = os.path.join(config.profiles_dir, f"{name}.toml")
     values = apply_keys(path, read_toml(path), PROFILE_KEYS)
     models = values["models"]

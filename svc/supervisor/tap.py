@@ -1,8 +1,11 @@
 """``twistd -n service-supervisor [--config conf/service.toml] [--host H] [--port P] [--profile cpu|gpu|auto]
 [--weights demo|pretrained] [--demo-models ID,...]``.
 
-Fail-closed: no ``SERVICE_API_TOKEN``, a wildcard bind without
-``SERVICE_EXPOSE`` = docker/unsafe, a bad config or profile: one line, exit 1.
+Fail-closed: no ``SERVICE_API_TOKEN``, no usable ``SERVICE_METRICS_TOKEN``
+(missing, or equal to the inference or the management token: the gateway
+child would be refused for it), a wildcard bind without ``SERVICE_EXPOSE`` =
+docker/unsafe, a bad config or profile: one line, exit 1, before anything
+listens or is spawned.
 """
 
 from __future__ import annotations
@@ -79,6 +82,11 @@ def makeService(options: Options, reactor: Any = None) -> Any:
     token = env.get("SERVICE_API_TOKEN") or ""
     if not token:
         raise refuse(PROGRAM, "SERVICE_API_TOKEN is not set: the management API needs it (no anonymous mode)")
+    from svc.auth import metrics_token_problem
+
+    problem = metrics_token_problem(env)
+    if problem:
+        raise refuse(PROGRAM, problem)
     try:
         config = load_supervisor_config(options["config"])
         overrides = {k: options[k] for k in ("host", "port") if options[k] is not None}

@@ -14,6 +14,15 @@ twisted.web's connection handling has three more gaps that
   headers must now be complete within ``header_timeout_ms``;
 * it accepts any number of connections: past ``max_connections`` a new one
   gets the process's 503 and is closed;
+* a body had a size limit but no time limit (a client dripping it held
+  its connection at will): now it must be complete ``body_timeout_ms``
+  after the headers, else 408 in the process's reply shape and close;
+* a request line or a header line longer than ``MAX_LENGTH`` (16 KiB), or
+  a head (request line and headers) larger than ``totalHeadersSize``
+  (16 KiB), got the connection dropped without a word, or a bare 400:
+  now a path too long is answered 414 and a head too large 431, in the
+  process's reply shape (the envelope, status 61), and the connection is
+  closed;
 * a client that pipelines requests and never reads the replies grows the
   process without bound, and the replies are computed in one reactor turn
   (``HTTPChannel.pauseProducing`` does not stop reading while a request is
@@ -33,7 +42,9 @@ from typing import Any
 from twisted.web import server
 from twisted.web.http import HTTPChannel
 
-from svc.web.replies import header, raw_reply
+from svc import status as st
+from svc.errors import ApiError
+from svc.web.replies import header, raw_reply, reason
 
 #: How long a refused upload may keep sending after its 413 before we close.
 LINGER_SECONDS = 5.0
@@ -46,6 +57,9 @@ REFUSED_LINGER_SECONDS = 2.0
 #: Pipelined requests answered one after another on one connection before
 #: the reactor serves others (the rest wait for the next reactor turn).
 PIPELINE_BURST = 16
+
+#: The methods a refused head's reply is counted under; anything else is "-".
+KNOWN_METHODS = frozenset({b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"PATCH"})
 
 #: The reply to a request whose headers did not arrive in time.  No JSON body:
 #: the request was never read, so there is nothing to echo and no envelope
@@ -65,36 +79,58 @@ class HttpLimits:
     (capped by ``net.core.somaxconn``), passed to each process's
     ``TCPServer``; twisted's default of 50 makes the kernel drop SYNs under
     a burst of new connections (ListenOverflows), and those clients wait a
-    second or more for the retransmission.
+    second or more for the retransmission.  ``body_timeout_ms``: a
+    request's body must be complete this long after its headers, else 408
+    and close.
     """
 
     header_timeout_ms: int = 10000
     max_connections: int = 1024
     listen_backlog: int = 1024
+    body_timeout_ms: int = 60000
 
     @classmethod
     def from_config(cls, config: Any) -> "HttpLimits":
-        """The limits from any config object that has the three keys as attributes."""
-        return cls(config.header_timeout_ms, config.max_connections, config.listen_backlog)
+        """The limits from any config object that has the four keys as attributes."""
+        return cls(config.header_timeout_ms, config.max_connections, config.listen_backlog, config.body_timeout_ms)
 
 
 class LimitedRequest(server.Request):
-    """A request whose body is held in memory up to the site's limit.
+    """A request whose body is held in memory up to the site's limit, and must arrive within its deadline.
 
-    The site provides ``max_body_bytes`` and ``oversize_reply(request) ->
-    (code, headers, body)``.
+    The site provides ``max_body_bytes``, ``body_timeout_s``,
+    ``oversize_reply(request) -> (code, headers, body)`` and
+    ``limit_reply(request, error, method)``.
     """
 
     _refused = False
     _received = 0
     _linger = None
+    _body_deadline: Any = None
     started: float | None = None
+
+    def setResponseCode(self, code: int, message: bytes | None = None) -> None:
+        """twisted's reason phrases, and ours where its table has none (422 "Unprocessable Content", 429)."""
+        super().setResponseCode(code, message if message is not None else reason(code))
 
     def gotLength(self, length: int | None) -> None:
         self.content = BytesIO()
         self._received = 0
         if length is not None and length > self.channel.site.max_body_bytes:
             self._refuse()
+        elif length is None or length > 0:  # a body follows (chunked when None): it has body_timeout_ms
+            site = self.channel.site
+            self._body_deadline = site.reactor.callLater(site.body_timeout_s, self._body_too_slow)
+
+    def _body_too_slow(self) -> None:
+        """The body is still incomplete at its deadline: 408 in the process's shape, and close."""
+        self._body_deadline = None
+        site = self.channel.site
+        timeout_ms = round(site.body_timeout_s * 1000)
+        error = ApiError(st.REQUEST_TIMEOUT, f"the request body did not arrive within {timeout_ms} ms "
+                                             f"(body_timeout_ms); {self._received} bytes came")
+        method = getattr(self.channel, "_command", None) or b"-"
+        self._answer_early(*site.limit_reply(self, error, method.decode("latin-1", "replace")))
 
     def handleContentChunk(self, data: bytes) -> None:
         if self._refused:
@@ -113,40 +149,66 @@ class LimitedRequest(server.Request):
         dropped for a short while, so that a client still sending sees the
         413 instead of a connection reset.
         """
+        self._answer_early(*self.channel.site.oversize_reply(self))
+
+    def _answer_early(self, code: int, headers: dict[str, str], body: bytes) -> None:
+        """Answer before the body is complete, shut the write side, drop what still comes for a while, close."""
         self._refused = True
+        self._stop_body_deadline()
         # No "100 Continue" after a final answer.
         self.requestHeaders.removeHeader(b"expect")
         site = self.channel.site
-        code, headers, body = site.oversize_reply(self)
         transport = self.channel.transport
         transport.write(raw_reply(code, headers, body))
-        transport.loseWriteConnection()
-        self._linger = site.reactor.callLater(LINGER_SECONDS, transport.abortConnection)
+        lose_write = getattr(transport, "loseWriteConnection", None)
+        if lose_write is not None:
+            lose_write()
+            self._linger = site.reactor.callLater(LINGER_SECONDS, transport.abortConnection)
+        else:
+            transport.loseConnection()
         path = getattr(self.channel, "_path", b"?")
         command = getattr(self.channel, "_command", b"?")
         site.log_line(command, path, code, 0.0, header(self, b"x-request-id"), "-")
 
+    def _stop_body_deadline(self) -> None:
+        if self._body_deadline is not None and self._body_deadline.active():
+            self._body_deadline.cancel()
+        self._body_deadline = None
+
     def process(self) -> None:
         if self._refused:
-            return  # the 413 is already out; drop the rest
+            return  # the 413 or 408 is already out; drop the rest
+        self._stop_body_deadline()
         self.started = self.channel.site.reactor.seconds()
         super().process()
 
     def connectionLost(self, reason: Any) -> None:
+        self._stop_body_deadline()
         if self._linger is not None and self._linger.active():
             self._linger.cancel()
         super().connectionLost(reason)
 
 
+def head_too_large(request_line: bool, limit: int) -> ApiError:
+    """The 414 of a request line (its path) past ``limit`` bytes, or the 431 of a head past it."""
+    if request_line:
+        return ApiError(st.ENTITY_TOO_LARGE, f"request line longer than {limit} bytes: the path is too long",
+                        http=414)
+    return ApiError(st.ENTITY_TOO_LARGE, f"request head (request line and headers) larger than {limit} bytes",
+                    http=431)
+
+
 class LimitedChannel(HTTPChannel):
-    """An HTTPChannel with a header deadline, a connection cap and pipelining backpressure.
+    """An HTTPChannel with a header deadline, a connection cap, head limits and pipelining backpressure.
 
     The site provides ``max_connections``, ``header_timeout_s``,
-    ``busy_reply() -> (code, headers, body)`` and ``reactor``; it counts its
-    served connections in ``open_connections``.
+    ``busy_reply() -> (code, headers, body)``, ``limit_reply(request,
+    error) -> (code, headers, body)`` and ``reactor``; it counts its served
+    connections in ``open_connections``.
     """
 
-    _refused = False  # past max_connections: answered 503, nothing else
+    _refused = False  # answered already (503 past max_connections, 414, 431): the rest is read and dropped
+    _head_lines = 0  # lines of the current request's head received so far
     _counted = False
     _header_deadline: Any = None
     _between_requests = False  # the next byte starts a request (and its header deadline)
@@ -178,15 +240,19 @@ class LimitedChannel(HTTPChannel):
         site = self.site
         site.refused_connections += 1
         code, headers, body = site.busy_reply()
-        self.transport.write(raw_reply(code, headers, body))
+        self._reply_and_close(raw_reply(code, headers, body), REFUSED_LINGER_SECONDS)
+        site.warn_limit("connections past max_connections ({limit}) refused with {code}: {count} so far",
+                        limit=site.max_connections, code=code, count=site.refused_connections)
+
+    def _reply_and_close(self, reply: bytes, linger_s: float) -> None:
+        """Write ``reply``, shut the write side, read and drop what comes for ``linger_s``, then abort."""
+        self.transport.write(reply)
         lose_write = getattr(self.transport, "loseWriteConnection", None)
         if lose_write is not None:
             lose_write()
-            self._linger = site.reactor.callLater(REFUSED_LINGER_SECONDS, self.transport.abortConnection)
+            self._linger = self.site.reactor.callLater(linger_s, self.transport.abortConnection)
         else:
             self.transport.loseConnection()
-        site.warn_limit("connections past max_connections ({limit}) refused with {code}: {count} so far",
-                        limit=site.max_connections, code=code, count=site.refused_connections)
 
     # --- header_timeout_ms -------------------------------------------------
 
@@ -225,7 +291,48 @@ class LimitedChannel(HTTPChannel):
 
     def allHeadersReceived(self) -> None:
         self._stop_header_deadline()
+        self._head_lines = 0
         super().allHeadersReceived()
+
+    # --- the head's size -----------------------------------------------------
+
+    def lineReceived(self, line: bytes) -> None:
+        if self._refused:
+            return
+        if self._head_lines == 0 and not line:
+            super().lineReceived(line)  # the empty line some clients send after a body: twisted skips it
+            return
+        self._head_lines += 1
+        if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
+            self._refuse_head(self._head_lines == 1, line)
+            return
+        super().lineReceived(line)
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        """A line longer than MAX_LENGTH (whole or still arriving): 414 for the request line, else 431."""
+        self._refuse_head(self._head_lines == 0, line)
+
+    def _refuse_head(self, request_line: bool, line: bytes) -> None:
+        """Answer a head too large with the process's 414 or 431 and close, as the early 413 does.
+
+        The write side is shut after the reply and the rest of what the
+        client sends is read and dropped for a while, so that a client still
+        sending its head reads the answer rather than a reset.
+        """
+        self._refused = True
+        self._stop_header_deadline()
+        site = self.site
+        limit = self.MAX_LENGTH if len(line) > self.MAX_LENGTH else self.totalHeadersSize
+        error = head_too_large(request_line, limit)
+        method = getattr(self, "_command", None) or line.split(b" ", 1)[0]
+        if method not in KNOWN_METHODS:
+            method = b"-"  # the client's bytes, not a method: not a label of the requests counter
+        code, headers, body = site.limit_reply(None, error, method.decode("latin-1", "replace"))
+        self.persistent = False
+        self._reply_and_close(raw_reply(code, headers, body), LINGER_SECONDS)
+        path = getattr(self, "_path", None) or (line.split(b" ", 2)[1][:300] if request_line and b" " in line
+                                                 else b"-")
+        site.log_line(method, path, code, 0.0, None, "-")
 
     # --- pipelining ----------------------------------------------------------
 

@@ -15,10 +15,20 @@ from twisted.web.http import RESPONSES
 
 JSON_CONTENT_TYPE = b"application/json; charset=utf-8"
 
+#: Reason phrases that twisted's RESPONSES table lacks (it would send "Unknown Status"): RFC 9110 and RFC 6585;
+#: and 408 as RFC 9110 spells it, as the header deadline's reply does (twisted: "Request Time-out").
+REASONS = {408: b"Request Timeout", 422: b"Unprocessable Content", 429: b"Too Many Requests",
+           431: b"Request Header Fields Too Large"}
+
+
+def reason(code: int) -> bytes:
+    """The reason phrase of the status line for ``code``."""
+    return REASONS.get(code) or RESPONSES.get(code, b"Unknown Status")
+
 
 def raw_reply(code: int, headers: Mapping[str, str], body: bytes) -> bytes:
     """A whole HTTP/1.1 reply with ``Connection: close``, for answers written before (or without) a Request."""
-    lines = [f"HTTP/1.1 {code} {RESPONSES.get(code, b'').decode()}"]
+    lines = [f"HTTP/1.1 {code} {reason(code).decode()}"]
     for name, value in {**headers, "Content-Type": JSON_CONTENT_TYPE.decode(), "Content-Length": str(len(body)),
                         "Connection": "close"}.items():
         lines.append(f"{name}: {value}")

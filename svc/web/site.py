@@ -17,7 +17,9 @@ from twisted.internet import reactor as _default_reactor
 from twisted.logger import Logger
 from twisted.web import server
 
+from svc.errors import ApiError
 from svc.web.limits import HttpLimits, LimitedChannel, LimitedRequest
+from svc.web.replies import dumps
 
 #: The User-Agent of the supervisor's readiness probe and metrics scrape (svc.supervisor.probe).
 SUPERVISOR_USER_AGENT = "service-supervisor-probe"
@@ -43,7 +45,14 @@ class SiteApp(Protocol):
 
     def busy_reply(self) -> tuple[int, dict[str, str], bytes]: ...
 
+    def limit_reply(self, request: Any, error: ApiError, method: str = "-") -> tuple[int, dict[str, str], bytes]: ...
+
     def count(self, request: Any) -> None: ...
+
+
+def plain_limit_reply(request: Any, error: ApiError, method: str = "-") -> tuple[int, dict[str, str], bytes]:
+    """A listener limit's reply where no app gives its shape (sites built without one, in unit tests)."""
+    return error.code, dict(error.headers), dumps({"error": error.message})
 
 
 def is_supervisor_probe(request: Any) -> bool:
@@ -68,7 +77,9 @@ class JsonSite(server.Site):
     """A Site with a body limit, an early 413, connection limits and a structured access log.
 
     ``busy_reply() -> (code, headers, body)`` is the process's 503 for a
-    connection past ``limits.max_connections``.
+    connection past ``limits.max_connections``; ``limit_reply(request,
+    error, method)`` its reply to a request refused by another listener
+    limit before any route saw it (414 and 431 for a head too large).
     """
 
     protocol = LimitedChannel  # HTTP/1.1 only: the processes speak plain HTTP, never HTTP/2
@@ -84,6 +95,7 @@ class JsonSite(server.Site):
         timeout: float | None = None,
         reactor: Any = None,
         on_logged: Callable[[Any], None] | None = None,
+        limit_reply: Callable[..., tuple[int, dict[str, str], bytes]] = plain_limit_reply,
     ) -> None:
         kwargs = {"timeout": timeout} if timeout is not None else {}
         self.reactor = reactor or _default_reactor
@@ -93,8 +105,10 @@ class JsonSite(server.Site):
         self.max_body_bytes = max_body_bytes
         self.oversize_reply = oversize_reply
         self.busy_reply = busy_reply
+        self.limit_reply = limit_reply
         self.max_connections = limits.max_connections
         self.header_timeout_s = limits.header_timeout_ms / 1000.0
+        self.body_timeout_s = limits.body_timeout_ms / 1000.0
         self.on_logged = on_logged
         self.noisy = False
         self.open_connections = 0
@@ -111,7 +125,8 @@ class JsonSite(server.Site):
         the site class (the gateway's is svc.gateway.drain.DrainingSite).
         """
         return cls(resource, max_body_bytes=max_body_bytes, oversize_reply=app.oversize_reply,
-                   busy_reply=app.busy_reply, limits=limits, timeout=timeout, reactor=reactor, on_logged=app.count)
+                   busy_reply=app.busy_reply, limits=limits, timeout=timeout, reactor=reactor, on_logged=app.count,
+                   limit_reply=app.limit_reply)
 
     def warn_limit(self, text: str, **fields: Any) -> None:
         """A warning about a connection limit, at most one per 10 s (they come in floods)."""

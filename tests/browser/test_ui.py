@@ -6,6 +6,10 @@ weights): MOBILENETV2, YOLOV8 at a 64-pixel input, a 16x16 DDPM with a
 the test-only TESTFAULTS (async) for the job view.  Every test saves a
 screenshot under ``test-artifacts/``; the last one checks that the page
 logged no console error and raised no exception after the login.
+
+The tests share one browser page; each that needs the console takes the
+``logged_in`` fixture, which logs in when the page has not, so that every
+test passes alone (``-k``) as well as after the others.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import time
+import uuid
 
 import numpy as np
 import pytest
@@ -76,6 +82,21 @@ def page(stack):
         yield page
         context.close()
         browser.close()
+
+
+@pytest.fixture
+def logged_in(page, stack):
+    """The page shows the console: logged in through the form with the management token, once per page.
+
+    The token stays in the browser (localStorage), so after the first login
+    this only checks that the console is there.
+    """
+    if not page.url.startswith(stack.url):
+        page.goto(stack.url + "/")
+        expect(page.locator("#login")).to_be_visible()
+        page.fill("#token-input", stack.env["SERVICE_API_TOKEN"])
+        page.click("#token-form button")
+    expect(page.locator("#console")).to_be_visible()
 
 
 def row(page, model_id):
@@ -146,6 +167,8 @@ def choose(page, model_id):
 
 def test_asks_for_the_token_then_lists_the_catalog(page, stack):
     page.goto(stack.url + "/")
+    page.evaluate("() => localStorage.clear()")  # a token left by an earlier test: log out
+    page.reload()
     expect(page.locator("#login")).to_be_visible()
     page.fill("#token-input", "wrong-token")
     page.click("#token-form button")
@@ -165,7 +188,7 @@ def test_asks_for_the_token_then_lists_the_catalog(page, stack):
     assert get(stack.url + "/ui/favicon.svg").headers.get("content-type") == "image/svg+xml"
 
 
-def test_try_it_starts_on_the_first_classifier_with_its_defaults_and_names_demo_weights(page, stack):
+def test_try_it_starts_on_the_first_classifier_with_its_defaults_and_names_demo_weights(page, logged_in, stack):
     assert page.eval_on_selector_all("#try-model option", "os => os.map(o => o.value)")[0] == "DDPM"
     expect(page.locator("#try-model")).to_have_value("MOBILENETV2")
     expect(page.locator("#try-params")).to_have_attribute("placeholder", '{"top_k":5}')
@@ -184,7 +207,7 @@ def test_try_it_starts_on_the_first_classifier_with_its_defaults_and_names_demo_
     assert gateway == ["rps_by_key", "rejections", "upstream_errors"]
 
 
-def test_stop_and_start_with_the_buttons(page, stack):
+def test_stop_and_start_with_the_buttons(page, logged_in, stack):
     # On TESTFAULTS: the buttons act alike on every row, and it starts in about a third of MOBILENETV2's time.
     target = row(page, "TESTFAULTS")
     target.locator('button[data-action="stop"]').click()
@@ -197,7 +220,7 @@ def test_stop_and_start_with_the_buttons(page, stack):
     expect(target.locator(".ready")).to_have_text("yes")
 
 
-def test_sends_an_image_to_mobilenetv2_and_shows_its_top_class(page, stack, picture):
+def test_sends_an_image_to_mobilenetv2_and_shows_its_top_class(page, logged_in, stack, picture):
     expected = through_gateway(stack, "MOBILENETV2", {"images": [b64(picture.read_bytes())]})["category"]
     choose(page, "MOBILENETV2")
     page.set_input_files("#try-file", str(picture))
@@ -209,19 +232,21 @@ def test_sends_an_image_to_mobilenetv2_and_shows_its_top_class(page, stack, pict
     shot(page, "classification")
 
 
-def test_the_log_view_has_no_probes_and_filters_by_level_and_text(page, stack):
+def test_the_log_view_has_no_probes_and_filters_by_level_and_text(page, logged_in, stack):
+    # A request of this test's own, found by its id (the access line's rid=): other tests' requests may be there.
+    rid = f"log-view-{uuid.uuid4().hex}"
+    through_gateway(stack, "MOBILENETV2", {"images": [b64(image_bytes(width=32, height=32))], "req_id": rid})
     page.select_option("#log-server", "MOBILENETV2")
     lines = page.locator("#log-lines")
-    expect(lines).to_contain_text("POST /mobilenetv2/predict 200", timeout=15000)
+    expect(lines).to_contain_text(f"rid={rid}", timeout=15000)
     # The supervisor probes /ready every 2 s and scrapes /metrics every 5 s: none of it is in the log.
     text = lines.inner_text()
     assert "GET /ready" not in text and "GET /metrics" not in text and "GET /healthz" not in text
     visible = page.locator("#log-lines span:not(.hidden)")
-    page.fill("#log-filter", "POST /mobilenetv2/predict")
-    expect(visible).to_have_count(2)  # the test's own request and the page's, one line each
-    for i in range(2):
-        expect(visible.nth(i)).to_contain_text("POST /mobilenetv2/predict 200")
-    expect(page.locator("#log-count")).to_contain_text("2 of ")
+    page.fill("#log-filter", rid)
+    expect(visible).to_have_count(1)
+    expect(visible.first).to_contain_text("POST /mobilenetv2/predict 200")
+    expect(page.locator("#log-count")).to_contain_text("1 of ")
     page.select_option("#log-level", "warn")  # the access line is info: hidden too
     expect(visible).to_have_count(0)
     page.fill("#log-filter", "")
@@ -232,11 +257,14 @@ def test_the_log_view_has_no_probes_and_filters_by_level_and_text(page, stack):
     shot(page, "logs")
 
 
-def test_detections_are_boxes_above_the_threshold_with_a_table(page, stack, picture):
+def test_detections_are_boxes_above_the_threshold_with_a_table(page, logged_in, stack, picture):
+    choose(page, "MOBILENETV2")  # the photo chosen for another model ...
+    page.set_input_files("#try-file", str(picture))
+    expect(page.locator("#try-preview")).to_be_visible()
     choose(page, "YOLOV8")
     expect(page.locator("#try-params")).to_have_attribute(
         "placeholder", '{"score_threshold":0.25,"nms_threshold":0.7,"top_k":300}')
-    expect(page.locator("#try-preview")).to_be_visible()  # a detector keeps the photo
+    expect(page.locator("#try-preview")).to_be_visible()  # ... is kept by a detector
     params = {"score_threshold": 0.05}
     detections = through_gateway(stack, "YOLOV8", {"images": [b64(picture.read_bytes())], "params": params,
                                                    "options": {"max_results": 20}})
@@ -276,7 +304,7 @@ def test_detections_are_boxes_above_the_threshold_with_a_table(page, stack, pict
     shot(page, "detection")
 
 
-def test_a_generation_model_drops_the_photo_and_shows_its_image_scaled_up(page, stack):
+def test_a_generation_model_drops_the_photo_and_shows_its_image_scaled_up(page, logged_in, stack):
     choose(page, "DDPM")
     expect(page.locator("#try-preview")).to_be_hidden()
     expect(page.locator("#drop")).to_be_hidden()
@@ -304,7 +332,7 @@ def test_a_generation_model_drops_the_photo_and_shows_its_image_scaled_up(page, 
     shot(page, "generation")
 
 
-def test_sam_masks_or_a_plain_zero(page, stack, picture):
+def test_sam_masks_or_a_plain_zero(page, logged_in, stack, picture):
     choose(page, "SAM_AMG")
     expect(page.locator("#try-note")).to_be_hidden()
     page.set_input_files("#try-file", str(picture))
@@ -334,7 +362,7 @@ def test_sam_masks_or_a_plain_zero(page, stack, picture):
     shot(page, "masks")
 
 
-def test_a_job_shows_its_progress_bar_and_eta(page, stack):
+def test_a_job_shows_its_progress_bar_and_eta(page, logged_in, stack, picture):
     """The wait replies are given a ``progress`` field here (TESTFAULTS reports none): how the page draws one."""
     release = {"done": False}
 
@@ -350,6 +378,8 @@ def test_a_job_shows_its_progress_bar_and_eta(page, stack):
     page.route("**/v1/models/TESTFAULTS/jobs/*/wait*", with_progress)
     try:
         choose(page, "TESTFAULTS")
+        page.set_input_files("#try-file", str(picture))
+        expect(page.locator("#try-preview")).to_be_visible()
         page.fill("#try-params", '{"sleep_ms": 200}')
         page.click("#try-run")
         expect(page.locator("#job-progress")).to_be_visible()
@@ -365,7 +395,7 @@ def test_a_job_shows_its_progress_bar_and_eta(page, stack):
         page.unroute("**/v1/models/TESTFAULTS/jobs/*/wait*")
 
 
-def test_under_load_the_charts_show_traffic(page, stack, picture):
+def test_under_load_the_charts_show_traffic(page, logged_in, stack, picture):
     body = {"images": [b64(image_bytes(width=32, height=32, seed=3))]}
     deadline = time.monotonic() + 60
     rps = charts(page, "MOBILENETV2").and_(page.locator('[data-figure="rps"]'))
@@ -391,7 +421,7 @@ def test_under_load_the_charts_show_traffic(page, stack, picture):
     shot(page, "charts")
 
 
-def test_replicas_are_listed_under_their_model_with_their_own_buttons_charts_and_logs(page, stack):
+def test_replicas_are_listed_under_their_model_with_their_own_buttons_charts_and_logs(page, logged_in, stack):
     ports = stack.extra["replica_ports"]["TESTFAULTS"]
     model = row(page, "TESTFAULTS")
     expect(model.locator(".port")).to_have_text(f"{ports[0]}, {ports[1]}")
@@ -434,6 +464,17 @@ def test_the_openapi_document_of_a_model_comes_from_its_running_server(stack):
     assert get(stack.url + "/api/v1/servers/DDPM/openapi").status == 401
 
 
-def test_no_console_errors(page):
-    page.wait_for_timeout(500)
+def test_no_console_errors(page, logged_in, stack):
+    """No console error and no uncaught exception since the login, after the page's every timer has run.
+
+    Alone, this test logs in and waits for the status refresh (rows ready),
+    the series refresh (the gateway's charts drawn) and the log follower
+    (the gateway's log shown) before it looks.
+    """
+    for model_id in MODELS:
+        expect(row(page, model_id).locator(".ready")).to_have_text("yes", timeout=60000)
+    expect(page.locator('#gateway-charts .chart[data-figure="rps_by_key"]')).to_have_attribute(
+        "data-max", re.compile(r"."), timeout=30000)
+    page.select_option("#log-server", "__gateway")
+    expect(page.locator("#log-lines span").first).to_be_attached(timeout=15000)
     assert page.problems == []

@@ -31,6 +31,7 @@ import pytest
 from tests.support.clients import ClientLoops
 from tests.support.http import post, request
 from tests.support.images import image_b64
+from tests.support.processes import wait_until
 from tests.support.stack import build_stack, key_entry, stop_stack
 
 RESTARTS = 10
@@ -176,10 +177,13 @@ def test_requests_in_flight_at_a_restart_finish_on_the_old_gateway(stack):
         except OSError as e:
             statuses.append(repr(e))
 
+    parsed = stack.model_metric("TESTFAULTS", 'service_stage_duration_ms_count{stage="parse"}')
     threads = [threading.Thread(target=slow) for _ in range(4)]
     for t in threads:
         t.start()
-    time.sleep(1.0)  # the four requests are held by the old gateway
+    # The four requests are held by the old gateway: it forwarded each, and the model server parsed it.
+    wait_until(lambda: stack.model_metric("TESTFAULTS", 'service_stage_duration_ms_count{stage="parse"}')
+               >= parsed + 4, "the four requests reached the model server", timeout=30)
     assert restart(stack).status == 200
     assert alive(old)  # still finishing its requests
     for t in threads:

@@ -8,6 +8,7 @@ supervisor share.
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import socket
@@ -22,6 +23,10 @@ from tests.support.gateway import start_gateway
 from tests.support.http import get
 
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n"
+#: The idle timeout of the gateway whose client never reads: that client is closed after it.
+PIPELINE_IDLE_S = 1
+#: "A burst of hundreds of new connections" (README "What survives what").
+BURST = 400
 
 
 @pytest.fixture
@@ -190,9 +195,56 @@ def test_pipelining_clients_that_never_read_do_not_grow_the_gateway_or_delay_hea
     assert gateway.alive()
 
 
-def test_listen_backlog_reaches_the_listening_socket(gateway_with):
-    """listen_backlog is the backlog of the gateway's listening socket (ss shows it as Send-Q), not twisted's 50."""
+def test_a_pipelining_client_that_never_reads_is_closed_after_the_idle_timeout(gateway_with):
+    """A client that pipelines /healthz and never reads: once its unread replies fill the connection's buffers
+    the gateway stops reading from it, and ``idle_timeout_s`` later closes it (the client's next send fails).
+
+    How long the buffers take to fill depends on the kernel (12 s for this client on a loaded 2-core machine,
+    the gateway answering all the while); the wait is for the close, with a deadline far above that.
+    """
+    gateway = gateway_with(f"idle_timeout_s = {PIPELINE_IDLE_S}\n")
+    sock = connect(gateway.port)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(0.5)
+    burst, error = HEALTHZ * 400, None
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            try:
+                sock.send(burst)
+            except TimeoutError:
+                continue  # the gateway stopped reading
+            except OSError as e:
+                error = e
+                break
+    finally:
+        sock.close()
+    assert isinstance(error, (ConnectionResetError, BrokenPipeError)), f"still connected after 120 s: {error!r}"
+    assert "Timing out client" in gateway.output()
+    assert get(gateway.url + "/healthz", timeout=5).status == 200
+
+
+def test_listen_backlog_reaches_the_listening_socket_and_a_burst_of_hundreds_is_served(gateway_with):
+    """listen_backlog is the backlog of the gateway's listening socket (ss shows it as Send-Q), not twisted's 50;
+    a burst of BURST connections opened at once is accepted, and each is answered."""
     gateway = gateway_with("listen_backlog = 700\n")
     out = subprocess.run(["ss", "-ltnH", f"sport = :{gateway.port}"], capture_output=True, text=True, check=True).stdout
     fields = out.split()
     assert fields[0] == "LISTEN" and fields[2] == "700", out
+    socks = []
+    try:
+        for _ in range(BURST):  # every SYN sent before the gateway accepts any
+            sock = socket.socket()
+            sock.setblocking(False)
+            assert sock.connect_ex(("127.0.0.1", gateway.port)) in (0, errno.EINPROGRESS)
+            socks.append(sock)
+        answered = 0
+        for sock in socks:
+            sock.settimeout(30)
+            sock.sendall(HEALTHZ)
+            answered += sock.recv(65536).startswith(b"HTTP/1.1 200 OK")
+    finally:
+        for sock in socks:
+            sock.close()
+    assert answered == BURST
+    assert gateway.alive()

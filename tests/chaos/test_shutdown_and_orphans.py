@@ -143,8 +143,7 @@ def test_sigterm_while_the_model_loads_exits_promptly(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.1)
         ready = get(f"http://127.0.0.1:{port}/ready", timeout=2)
-        assert (ready.status, ready.json["status"]) == (503, 65)
-        time.sleep(0.5)
+        assert (ready.status, ready.json["status"]) == (503, 65)  # the load (60 s) is in progress: SIGTERM now
         popen.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         code = popen.wait(30)
@@ -181,9 +180,11 @@ def test_kill_9_of_the_supervisor_orphans_exit_and_a_new_supervisor_recovers(tmp
         pids = [status["gateway"]["pid"], *(s["pid"] for s in status["servers"])]
         ports = [stack.gateway_port, *stack.model_ports.values()]
         replies: list = []
+        batches = stack.model_metric("TESTFAULTS", "service_batch_size_count")
         infer_in_background(f"{stack.gateway}/v1/models/TESTFAULTS/infer", {"Authorization": f"Bearer {stack.key}"},
                             30000, replies)
-        time.sleep(1.5)  # the batch is running in the model server
+        wait_until(lambda: stack.model_metric("TESTFAULTS", "service_batch_size_count") > batches,
+                   "the batch runs in the model server", timeout=30)
         assert replies == []
 
         exits: dict[int, float] = {}

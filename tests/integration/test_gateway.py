@@ -117,6 +117,7 @@ def test_model_rejections_pass_through_unchanged(stack):
     assert too_many.status == 413 and too_many.json["status"] == 67
     legacy = infer(stack, body={"img_data": image_b64()})
     assert legacy.status == 422 and legacy.json["errors"][0]["pointer"] == "/img_data"
+    assert legacy.reason == "Unprocessable Content"  # twisted's table has no 422: it said "Unknown Status"
     assert legacy.json["model"]["name"] == "MOBILENETV2"  # the model's own envelope, not the gateway's
     parse = post(stack["gateway"].url + "/v1/models/MOBILENETV2/infer", b"{nope",
                  headers={**bearer(KEYS["old"]), "Content-Type": "application/json"})
@@ -216,6 +217,7 @@ def test_rate_limited_key_gets_429_with_retry_after(stack):
     assert {r.status for r in replies[:-1]} <= {404} and replies[-1].status == 429, [r.status for r in replies]
     limited = replies[-1]
     assert limited.json["status"] == 429 and limited.header("Retry-After") == "1"
+    assert limited.reason == "Too Many Requests"  # not twisted's "Unknown Status"
     assert limited.header("X-Service-Key") == "tenant-slow"
     # The bucket refills (1 qps): the next request that is not 429 is a 200.
     later = []
@@ -235,6 +237,35 @@ def test_metrics_need_the_metrics_token(stack):
     assert "Starting factory" not in stack["gateway"].output()  # the upstream pool does not log every connection
     frozen = re.search(r"^service_gc_frozen_objects (\S+)$", text, re.M)
     assert frozen and float(frozen.group(1)) > 10_000  # svc.process.freeze_heap ran at startup
+
+
+def job_counts(text: str, labels: str) -> dict[str, float]:
+    """``state -> value`` of the ``service_async_jobs_total`` lines whose labels start with ``labels``."""
+    return {state: float(value) for state, value in re.findall(
+        r'^service_async_jobs_total\{' + re.escape(labels) + r'state="(\w+)"\} (\S+)$', text, re.M)}
+
+
+def test_the_gateways_metrics_carry_the_job_counts_of_each_model_behind_it(stack):
+    """service_async_jobs_total{model, state} on the gateway: the model servers' own counters (aggregated, read at
+    the scrape; svc/gateway/jobcounts.py), for the models with jobs on (TESTFAULTS here, not MOBILENETV2)."""
+    gateway = stack["gateway"].url + "/metrics"
+    token = bearer(GATEWAY_TOKENS["SERVICE_METRICS_TOKEN"])
+    before = job_counts(get(gateway, headers=token).body.decode(), 'model="TESTFAULTS",')
+    assert set(before) == {"submitted", "running", "done", "failed", "timeout"}, before
+    base = stack["gateway"].url + "/v1/models/TESTFAULTS/jobs"
+    for params, state in (({"sleep_ms": 50}, "done"), ({"fail": "engine"}, "failed")):
+        job = post(base, {"images": [image_b64()], "params": params}, headers=bearer(KEYS["old"])).json
+        wait = f"{stack['gateway'].url}{job['poll_url']}/wait?timeout={RECV_TIMEOUT_MS - 2000}"
+        wait_until(lambda url=wait, state=state: get(url, headers=bearer(KEYS["old"])).json["state"] == state,
+                   f"the job {state}", timeout=60)
+    text = get(gateway, headers=token).body.decode()
+    after = job_counts(text, 'model="TESTFAULTS",')
+    own = job_counts(get(stack["faults"].url + "/metrics", headers=stack["faults"].auth).body.decode(), "")
+    assert after == {**dict.fromkeys(after, 0.0), **own}  # one replica: its own counters (0 where it has none)
+    assert {k: after[k] - before[k] for k in after} == {"submitted": 2, "running": 2, "done": 1, "failed": 1,
+                                                        "timeout": 0}
+    assert 'model="MOBILENETV2"' not in "".join(line for line in text.splitlines()
+                                                if line.startswith("service_async_jobs_total"))
 
 
 # -- jobs ----------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.support.http import get, post, request
+from tests.support.http import get, post, raw_exchange, request
 from tests.support.images import b64, image_b64, image_bytes, jpeg_with_orientation, stored_pixels
 from tests.support.processes import start_model_server, write_config
 
@@ -190,6 +190,15 @@ def test_contract_violations_are_422_status_66(mobilenet, body, pointers):
 def test_img_data_message_gives_the_migration(mobilenet):
     got = assert_rejection(infer(mobilenet, {"img_data": "x", "images": ["x"]}), 422, 66, ["/img_data"])
     assert "images[0]" in got["errors"][0]["message"]
+
+
+def test_a_422_has_its_reason_phrase(mobilenet):
+    """twisted's table has no 422: its status line said "Unknown Status"."""
+    body = json.dumps({"img_data": "x"}).encode()
+    reply = raw_exchange(mobilenet.port, b"POST " + URI.encode() + b" HTTP/1.1\r\nHost: m\r\nConnection: close\r\n"
+                         b"Authorization: Bearer " + mobilenet.token.encode() + b"\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    assert reply.startswith(b"HTTP/1.1 422 Unprocessable Content\r\n"), reply[:200]
 
 
 @pytest.mark.parametrize("body", [b"{not json", b"[1, 2]", b"null"])

@@ -123,7 +123,20 @@ def test_each_try_it_block_runs_as_written(folder, stack, index):
     EXPECTED[index - 1](json_documents(done.stdout))
 
 
-def test_the_old_curl_example_did_fail_with_such_a_photo(folder):
-    """The former example put the base64 on curl's command line: the kernel refuses it (E2BIG)."""
-    with pytest.raises(OSError, match="Argument list too long"):
-        subprocess.run(["true", "x" * (len((folder / "some.jpg").read_bytes()) * 4 // 3)], check=False)
+def test_every_curl_block_reads_its_body_from_a_file():
+    """The README's curl examples send the body with ``--data-binary @FILE``, never the image inline.
+
+    The former example put the base64 on curl's command line, which a photo
+    such as ``some.jpg`` here makes longer than one argument may be (the
+    fixture checks the size, so a block that did it would fail above with
+    E2BIG); this names the rule for the text itself: every curl command that
+    sends a body names a file, and no block expands an image's base64 into
+    an argument.
+    """
+    curls = [command for block in try_it_blocks()[1:]
+             for command in re.split(r"\n(?!\s)", block.replace("\\\n", " ")) if command.lstrip().startswith("curl ")]
+    assert len(curls) == 2, curls
+    for command in curls:
+        bodies = re.findall(r"(?:--data-binary|--data|-d)\s+(\S+)", command)
+        assert bodies and all(body.startswith("@") for body in bodies), command
+    assert not any("$(base64" in block or "`base64" in block for block in try_it_blocks()), try_it_blocks()

@@ -49,11 +49,21 @@ def stack(tmp_path_factory):
                     server_extra={MODEL: pinning},
                     gateway_extra=f"replica_probe_interval_ms = {int(PROBE_INTERVAL_S * 1000)}\n")
     wait_ready(s)
-    time.sleep(PROBE_INTERVAL_S * 2)  # the gateway's own probe has seen both replicas ready (within one interval)
+    wait_until(lambda: gateway_sees_both_ready(s), "the gateway's own probe saw both replicas ready", timeout=30)
     yield s
     code, survivors = stop_stack(s)
     assert code == 0, s.supervisor.output()[-3000:]
     assert survivors == [], f"children left behind: {survivors}"
+
+
+def gateway_sees_both_ready(stack) -> bool:
+    """The gateway's probe (svc.gateway.readiness) logs each change: no replica's last word is "not ready"."""
+    text = "".join(p.read_text(errors="replace") for p in sorted((stack.root / "logs").glob("__gateway.log*")))
+    for index in range(2):
+        said = [line for line in text.splitlines() if f"{MODEL} replica {index} (port" in line]
+        if said and "not ready" in said[-1]:
+            return False
+    return True
 
 
 def replicas(stack) -> list[dict]:

@@ -254,16 +254,17 @@ def test_refuses_a_wildcard_bind_without_service_expose(host):
     assert code == 1 and "refusing the wildcard bind" in output and len(output.strip().splitlines()) == 1
 
 
-def test_missing_metrics_token_fails_the_gateway_permanently(tmp_path):
-    s = build_stack(tmp_path, {"TESTFAULTS": {}}, env_overrides={"SERVICE_METRICS_TOKEN": ""})
-    try:
-        gateway = s.wait_for("__gateway", lambda c: c["state"] == "failed")
-        assert "SERVICE_METRICS_TOKEN is not set" in gateway["last_error"] and gateway["pid"] is None
-        # The gateway is started (and refused) before the models: once TESTFAULTS has been up for 1 s by the
-        # supervisor's own clock, three back-offs (backoff_initial_ms = 300) have passed with no retry.
-        s.wait_for("TESTFAULTS", lambda c: c["ready"] and c["uptime_s"] >= 1.0)
-        assert s.child("__gateway")["restarts"] == 0 and s.child("__gateway")["state"] == "failed"
-        assert "SERVICE_METRICS_TOKEN is not set" in s.supervisor.output()
-    finally:
-        code, survivors = stop_stack(s)
-    assert code == 0 and survivors == []
+@pytest.mark.parametrize("metrics, message", [
+    ("", "SERVICE_METRICS_TOKEN is not set: the gateway needs its own metrics token (also on loopback)"),
+    (TOKENS["SERVICE_GATEWAY_AUTH_TOKEN"], "SERVICE_METRICS_TOKEN equals SERVICE_GATEWAY_AUTH_TOKEN: the metrics "
+                                           "token must differ from the inference and management tokens"),
+])
+def test_refuses_to_start_without_a_separate_metrics_token(metrics, message):
+    """The supervisor itself refuses, with one line and exit 1, before anything listens or is spawned."""
+    port = free_port()
+    code, output = run_to_exit(supervisor_args("--port", str(port)),
+                               env=child_env({**TOKENS, "SERVICE_METRICS_TOKEN": metrics}))
+    assert code == 1
+    assert output.strip().splitlines() == [f"service-supervisor: {message}"]
+    with socket.socket() as probe:  # nothing listened: the port is still free
+        probe.bind(("127.0.0.1", port))

@@ -99,6 +99,25 @@ def broken_only_in_ignored_headers(case: Any) -> bool:
         request_id is None or (isinstance(request_id, str) and REQ_ID_RE.fullmatch(request_id) is not None))
 
 
+def unique_operation_ids(items: list[Any]) -> None:
+    """Give each schemathesis item (one per API operation) its own node id: ``test[GET /healthz]``.
+
+    pytest 9 builds a test item's node id from its function name and its
+    parametrization only, and schemathesis's per-operation items have none:
+    every operation of one test got the same id, and xdist, which schedules
+    by node id, ran the first and dropped the rest (tests/support/run_guard.py
+    now fails such a run).  Node ids are immutable in pytest's public API;
+    the item's ``_id`` is replaced before anything reads it (collection).
+    """
+    for item in items:
+        label = getattr(item, "operation_label", None)
+        if label is None or label in item.nodeid:
+            continue
+        node_id = item._id
+        params = label if node_id.params is None else f"{label}-{node_id.params}"
+        item._id = type(node_id)(path=node_id.path, names=node_id.names, params=params)
+
+
 def call_and_validate(case: Any, base_url: str, credential: dict[str, str], **kwargs: Any) -> None:
     """Send ``case`` with the test's credential and run every check, :func:`admitted_when_valid` included.
 

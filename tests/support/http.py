@@ -13,6 +13,7 @@ class Reply:
     status: int
     headers: http.client.HTTPMessage
     body: bytes
+    reason: str = ""  # the status line's reason phrase
 
     @property
     def json(self) -> Any:
@@ -43,7 +44,7 @@ def request(
     try:
         conn.request(method, "/" + path, body=body, headers=headers)
         resp = conn.getresponse()
-        return Reply(resp.status, resp.headers, resp.read())
+        return Reply(resp.status, resp.headers, resp.read(), resp.reason)
     finally:
         conn.close()
 
@@ -54,3 +55,27 @@ def get(url: str, **kw: Any) -> Reply:
 
 def post(url: str, body: Any = None, **kw: Any) -> Reply:
     return request("POST", url, body, **kw)
+
+
+def raw_exchange(port: int, data: bytes, timeout: float = 30.0) -> bytes:
+    """Send ``data`` as is on a fresh loopback connection; everything the server sends until it closes.
+
+    For what http.client hides or refuses to send: the status line's bytes, an oversized head.
+    """
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        try:
+            sock.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered and closed before reading everything: read its answer
+        received = b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            received += chunk
+    return received

@@ -57,6 +57,22 @@ class Stack:
             return status["gateway"]
         return next(s for s in status["servers"] if s["id"] == name)
 
+    def model_metric(self, model_id: str, sample: str) -> float:
+        """One sample of ``model_id``'s own ``/metrics`` (0 when absent), e.g. ``service_batch_size_count``.
+
+        Asked with the token the supervisor gave that server, read from the
+        process's environment (the supervisor shows it nowhere).
+        """
+        import re
+
+        pid = self.child(model_id)["pid"]
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        token = next(e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"SERVICE_AUTH_TOKEN="))
+        text = get(f"http://127.0.0.1:{self.model_ports[model_id]}/metrics",
+                   headers={"Authorization": f"Bearer {token}"}).body.decode()
+        found = re.search(r"^" + re.escape(sample) + r" (\S+)$", text, re.M)
+        return float(found.group(1)) if found else 0.0
+
     def wait_for(self, name: str, predicate, timeout: float = 120.0) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

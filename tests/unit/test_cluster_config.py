@@ -212,6 +212,7 @@ def test_the_supervisor_gives_every_child_the_host_id_and_refuses_a_gateway_with
 ])
 def test_the_supervisor_probes_its_gateway_where_it_listens(tmp_path, environment, host, expected):  # noqa: F811
     environment.setenv("SERVICE_API_TOKEN", "m" * 20)
+    environment.setenv("SERVICE_METRICS_TOKEN", "x" * 20)
     environment.setenv("SERVICE_EXPOSE", "unsafe")
     conf = tmp_path / "service.toml"
     conf.write_text(f'[gateway]\nhost = "{host}"\nport = 18080\n[supervisor]\nport = 18787\n'

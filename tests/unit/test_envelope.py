@@ -22,7 +22,7 @@ README_STATUSES = {
     4: ("RUN_TIMEOUT", 504), 5: ("INVALID_IMAGE", 400), 6: ("CONTRACT_FAILURE", 500), 50: ("JSON_PARSE_ERROR", 400),
     60: ("UNSUPPORTED_MEDIA_TYPE", 415), 61: ("ENTITY_TOO_LARGE", 413), 62: ("METHOD_NOT_ALLOWED", 405),
     63: ("NOT_FOUND", 404), 65: ("NOT_READY", 503), 66: ("INVALID_REQUEST", 422), 67: ("TOO_MANY_ITEMS", 413),
-    401: ("UNAUTHORIZED", 401), 409: ("JOB_NOT_DONE", 409), 429: ("RATE_LIMITED", 429), 500: ("INTERNAL_ERROR", 500),
+    401: ("UNAUTHORIZED", 401), 408: ("REQUEST_TIMEOUT", 408), 409: ("JOB_NOT_DONE", 409), 429: ("RATE_LIMITED", 429), 500: ("INTERNAL_ERROR", 500),
     502: ("BAD_GATEWAY", 502),
 }
 
@@ -31,7 +31,7 @@ def test_status_table_is_consistent_with_spec():
     assert len({s.code for s in st.ALL}) == len(st.ALL)
     assert len({s.text for s in st.ALL}) == len(st.ALL)
     assert {s.code: (s.text, s.http) for s in st.ALL} == README_STATUSES
-    assert len(README_STATUSES) == 20
+    assert len(README_STATUSES) == 21
     assert st.lookup(12345).http == 500
 
 

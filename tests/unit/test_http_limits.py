@@ -31,6 +31,11 @@ class Ok(resource.Resource):
     def __init__(self) -> None:
         super().__init__()
         self.pending: list[Deferred] = []
+        self.posted: list[bytes] = []
+
+    def render_POST(self, request):  # noqa: N802 (twisted's name)
+        self.posted.append(request.content.read())
+        return b"ok"
 
     def render_GET(self, request):  # noqa: N802 (twisted's name)
         if request.path == b"/slow":
@@ -224,6 +229,7 @@ def test_every_process_declares_the_http_limit_keys():
     for keys, cap in ((MODEL_SERVER_KEYS, 1024), (GATEWAY_KEYS, 1024), (SUPERVISOR_KEYS, 128)):
         table = {k.name: k for k in keys}
         assert table["header_timeout_ms"].default == 10000 and table["header_timeout_ms"].minimum == 1
+        assert table["body_timeout_ms"].default == 60000 and table["body_timeout_ms"].minimum == 1
         assert table["max_connections"].default == cap and table["max_connections"].minimum == 1
         assert table["listen_backlog"].default == 1024 and table["listen_backlog"].minimum == 1
 
@@ -240,6 +246,9 @@ def test_every_process_declares_the_http_limit_keys():
         ("supervisor", "supervisor", "max_connections", "true", "must be an integer, got boolean True"),
         ("supervisor", "supervisor", "listen_backlog", "70000", "must be at most 65535, got 70000"),
         ("supervisor", "supervisor", "header_timeout_ms", "0", "must be at least 1, got 0"),
+        ("model", "", "body_timeout_ms", "0", "must be at least 1, got 0"),
+        ("gateway", "gateway", "body_timeout_ms", '"1m"', "must be an integer, got string '1m'"),
+        ("supervisor", "supervisor", "body_timeout_ms", "-1", "must be at least 1, got -1"),
     ],
 )
 def test_wrong_http_limits_are_refused_in_one_line(tmp_path, loader, table, key, value, problem):
@@ -261,13 +270,14 @@ def test_configured_limits_reach_every_process(tmp_path):
     """The three keys are read from each process's table into its HttpLimits."""
     service = tmp_path / "service.toml"
     service.write_text("[gateway]\nheader_timeout_ms = 3000\nmax_connections = 10\nlisten_backlog = 200\n"
-                       "[supervisor]\nheader_timeout_ms = 4000\nmax_connections = 20\nlisten_backlog = 300\n")
+                       "body_timeout_ms = 6000\n[supervisor]\nheader_timeout_ms = 4000\nmax_connections = 20\n"
+                       "listen_backlog = 300\nbody_timeout_ms = 7000\n")
     model = tmp_path / "m.toml"
     model.write_text('id = "M1"\nport = 9000\nserver_uri = "/m1/predict"\n'
-                     "header_timeout_ms = 5000\nmax_connections = 30\nlisten_backlog = 400\n")
-    assert HttpLimits.from_config(load_gateway_config(str(service))) == HttpLimits(3000, 10, 200)
-    assert HttpLimits.from_config(load_supervisor_config(str(service))) == HttpLimits(4000, 20, 300)
-    assert HttpLimits.from_config(load_model_server_config(str(model))) == HttpLimits(5000, 30, 400)
+                     "header_timeout_ms = 5000\nmax_connections = 30\nlisten_backlog = 400\nbody_timeout_ms = 8000\n")
+    assert HttpLimits.from_config(load_gateway_config(str(service))) == HttpLimits(3000, 10, 200, 6000)
+    assert HttpLimits.from_config(load_supervisor_config(str(service))) == HttpLimits(4000, 20, 300, 7000)
+    assert HttpLimits.from_config(load_model_server_config(str(model))) == HttpLimits(5000, 30, 400, 8000)
 
 
 def test_busy_replies_have_each_process_error_shape():
@@ -288,3 +298,37 @@ def test_busy_replies_have_each_process_error_shape():
     code, headers, body = ManagementApi.busy_reply(None)
     assert (code, headers, json.loads(body)) == (503, {"Retry-After": "1"},
                                                  {"ok": False, "error": "too many open connections; retry shortly"})
+
+
+def test_a_body_incomplete_at_body_timeout_ms_gets_408_however_steadily_it_comes():
+    """The body deadline runs from the headers: bytes that keep coming (each in time for the idle timeout) do
+    not move it; at it the request is answered 408 and the connection closed, and the handler never runs."""
+    clock = Clock()
+    site, res = make_site(clock, body_timeout_ms=2000)
+    channel, transport = connect(site)
+    channel.dataReceived(b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 100\r\nX-Request-ID: r-1\r\n\r\n")
+    for _ in range(19):
+        clock.advance(0.1)
+        channel.dataReceived(b"a")
+    assert transport.value() == b""
+    clock.advance(0.1)
+    reply = transport.value()
+    assert reply.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), reply
+    assert b"Connection: close" in reply
+    assert b"within 2000 ms (body_timeout_ms); 19 bytes came" in reply
+    channel.dataReceived(b"a" * 81)  # the rest, too late: dropped
+    assert res.posted == []
+    lose(channel, transport)
+
+
+def test_a_body_complete_in_time_cancels_its_deadline():
+    clock = Clock()
+    site, res = make_site(clock, body_timeout_ms=2000)
+    channel, transport = connect(site)
+    channel.dataReceived(b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\n\r\nab")
+    clock.advance(1.9)
+    channel.dataReceived(b"c")
+    assert transport.value().startswith(b"HTTP/1.1 200 OK\r\n") and res.posted == [b"abc"]
+    clock.advance(5)
+    assert b"408" not in transport.value()
+    lose(channel, transport)

@@ -11,7 +11,7 @@ from twisted.python.failure import Failure
 
 from svc.config import load_model_server_config
 from svc.supervisor.child import FAILED, RUNNING, STARTING, STOPPED, STOPPING
-from svc.supervisor.config import Profile, load_profile, load_supervisor_config, weights_choice
+from svc.supervisor.config import Profile, load_profile, load_supervisor_config, nvidia_present, weights_choice
 from svc.supervisor.manager import GATEWAY, ChildManager, gateway_refusal
 from tests.unit.test_supervisor_child import Probe, ProcessReactor
 
@@ -244,6 +244,28 @@ def test_profiles_and_unknown_models(tmp_path):
     with pytest.raises(ValueError, match="ZZZ"):
         ChildManager(reactor=ProcessReactor(), config=config, profile=Profile("cpu", "cpu", ("ZZZ",)), probe=Probe(),
                      env=ENV, catalog=catalog(tmp_path))
+
+
+@pytest.mark.parametrize("gpu, expected", [(True, Profile("gpu", "gpu", ("AAA",), "demo")),
+                                           (False, Profile("cpu", "cpu", ("AAA",), "demo"))])
+def test_profile_auto_is_gpu_only_where_a_gpu_is_present(tmp_path, gpu, expected):
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "cpu.toml").write_text('device = "cpu"\nmodels = ["AAA"]\n')
+    (profiles / "gpu.toml").write_text('device = "gpu"\nmodels = ["AAA"]\n')
+    conf = tmp_path / "service.toml"
+    conf.write_text(f'[supervisor]\nprofiles_dir = "{profiles}"\nprofile = "auto"\n')
+    config = load_supervisor_config(str(conf))
+    assert load_profile(config, gpu_present=lambda: gpu) == expected
+    assert load_profile(config, "auto", gpu_present=lambda: gpu) == expected
+    assert load_profile(config, "cpu", gpu_present=lambda: True).name == "cpu"  # a name chosen is kept
+
+
+def test_nvidia_present_reads_the_driver_file(tmp_path):
+    driver = tmp_path / "version"
+    assert nvidia_present(str(driver)) is False
+    driver.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15\n")
+    assert nvidia_present(str(driver)) is True
 
 
 def test_supervisor_config_is_strict(tmp_path):

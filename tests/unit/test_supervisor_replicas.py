@@ -157,6 +157,7 @@ def test_the_supervisor_refuses_a_clash_with_one_line(tmp_path, monkeypatch):
     from tests.unit.test_taps import build
 
     monkeypatch.setenv("SERVICE_API_TOKEN", "mgmt")
+    monkeypatch.setenv("SERVICE_METRICS_TOKEN", "metrics")
     servers = tmp_path / "servers"
     servers.mkdir()
     models(servers, ("AAA", 9300), ("BBB", 9301))

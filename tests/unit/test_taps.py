@@ -205,6 +205,7 @@ def test_gateway_refusals(gateway_config, environment, tmp_path):
 @pytest.fixture
 def supervisor_config(tmp_path, environment):
     environment.setenv("SERVICE_API_TOKEN", MANAGEMENT)
+    environment.setenv("SERVICE_METRICS_TOKEN", METRICS)
     config = tmp_path / "service.toml"
     config.write_text(f'[supervisor]\nport = 18787\nservers_dir = "{SERVERS}"\nprofiles_dir = "{PROFILES}"\n'
                       f'log_dir = "{tmp_path / "logs"}"\nmax_connections = 12\nlisten_backlog = 33\n'
@@ -251,6 +252,14 @@ def test_supervisor_refusals(supervisor_config, environment, tmp_path):
     unknown.write_text("[supervisors]\n")
     assert refusal(supervisor_tap, ["--config", str(unknown)]) == (
         f"service-supervisor: {unknown}: supervisors: unknown table; known: gateway, supervisor, servers, cluster")
+    environment.setenv("SERVICE_METRICS_TOKEN", MANAGEMENT)
+    assert refusal(supervisor_tap, ["--config", config]) == (
+        "service-supervisor: SERVICE_METRICS_TOKEN equals SERVICE_API_TOKEN: the metrics token must differ from the "
+        "inference and management tokens")
+    environment.delenv("SERVICE_METRICS_TOKEN")
+    assert refusal(supervisor_tap, ["--config", config]) == (
+        "service-supervisor: SERVICE_METRICS_TOKEN is not set: the gateway needs its own metrics token (also on "
+        "loopback)")
     environment.delenv("SERVICE_API_TOKEN")
     assert refusal(supervisor_tap, ["--config", config]) == (
         "service-supervisor: SERVICE_API_TOKEN is not set: the management API needs it (no anonymous mode)")

@@ -1,0 +1,133 @@
+"""Oversized heads and slow bodies on the three kinds of process, over raw sockets: a model server, a gateway,
+a supervisor.
+
+A request line longer than 16 KiB (a 70 KB path) is answered 414 and a head
+larger than 16 KiB (one 70 KB header) 431, each in the process's reply
+shape (the envelope, status 61, on the data plane; ``{ok: false, error}``
+on the supervisor), and the connection is closed; twisted dropped the
+connection without a word.  A body dripped slower than ``body_timeout_ms``
+allows is answered 408 (status 408) and closed.  The process serves on
+afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from tests.support.gateway import start_gateway
+from tests.support.http import get, raw_exchange
+from tests.support.processes import start_model_server, write_config
+from tests.support.stack import build_stack, stop_stack
+
+BIG = 70_000
+#: The processes' body_timeout_ms here.
+BODY_TIMEOUT_MS = 1000
+#: Where each process gets the slow body (the deadline runs before any route is chosen).
+POST_PATHS = {"model": b"/testfaults/predict", "gateway": b"/v1/models/TESTFAULTS/infer",
+              "supervisor": b"/api/v1/servers/TESTFAULTS/start"}
+
+
+@pytest.fixture(scope="module")
+def processes(tmp_path_factory):
+    """name -> (port, url, reply shape) of a running model server, gateway and supervisor."""
+    root = tmp_path_factory.mktemp("heads")
+    model = start_model_server(write_config(root, "TESTFAULTS", name="TESTFAULTS.toml",
+                                            body_timeout_ms=BODY_TIMEOUT_MS))
+    servers = root / "server"
+    servers.mkdir()
+    gateway = start_gateway(root, servers, "# no keys: the static token only\n",
+                            gateway_table=f"body_timeout_ms = {BODY_TIMEOUT_MS}\n")
+    stack = build_stack(root / "stack", {}, supervisor_extra=f"body_timeout_ms = {BODY_TIMEOUT_MS}\n")
+    yield {"model": (model.port, model.url, "envelope"), "gateway": (gateway.port, gateway.url, "envelope"),
+           "supervisor": (stack.supervisor.port, stack.url, "ok-error")}
+    stop_stack(stack)
+    gateway.stop()
+    model.stop()
+
+
+def split(reply: bytes) -> tuple[bytes, dict[str, str], bytes]:
+    head, _, body = reply.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    headers = {k.decode().lower(): v.decode().strip() for k, _, v in (line.partition(b":") for line in lines[1:])}
+    return lines[0], headers, body
+
+
+def assert_refusal(reply: bytes, status_line: bytes, shape: str, text: str,
+                   status: tuple[int, str] = (61, "ENTITY_TOO_LARGE")) -> None:
+    first, headers, body = split(reply)
+    assert first == status_line, reply[:300]
+    assert headers["content-type"] == "application/json; charset=utf-8" and headers["connection"] == "close"
+    assert int(headers["content-length"]) == len(body)
+    got = json.loads(body)
+    if shape == "envelope":
+        assert (got["status"], got["status_str"], got["results"]) == (*status, []), got
+        assert text in got["error"], got
+        assert headers["x-request-id"] == got["task_id"]
+    else:
+        assert got["ok"] is False and text in got["error"], got
+
+
+def assert_serving(url: str, name: str) -> None:
+    assert get(url + ("/ui/favicon.svg" if name == "supervisor" else "/healthz"), timeout=10).status == 200
+
+
+@pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])
+def test_a_70_kb_path_is_414(processes, name):
+    port, url, shape = processes[name]
+    reply = raw_exchange(port, b"GET /" + b"a" * BIG + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert_refusal(reply, b"HTTP/1.1 414 Request-URI Too Long", shape, "the path is too long")
+    assert_serving(url, name)
+
+
+@pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])
+def test_a_70_kb_header_is_431(processes, name):
+    port, url, shape = processes[name]
+    reply = raw_exchange(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * BIG + b"\r\n\r\n")
+    assert_refusal(reply, b"HTTP/1.1 431 Request Header Fields Too Large", shape, "request head")
+    assert_serving(url, name)
+
+
+@pytest.mark.parametrize("name", ["model", "gateway"])
+def test_many_headers_past_16_kib_in_all_are_431(processes, name):
+    """Each header line is short; together they pass the head's 16 KiB (twisted answered a bare 400)."""
+    port, _, shape = processes[name]
+    headers = b"".join(b"X-H%d: %s\r\n" % (i, b"c" * 90) for i in range(250))
+    reply = raw_exchange(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
+    assert_refusal(reply, b"HTTP/1.1 431 Request Header Fields Too Large", shape, "request head")
+
+
+@pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])
+def test_a_body_dripped_past_body_timeout_ms_is_408(processes, name):
+    """A real slow client: headers at once, then one body byte every 100 ms, each byte in time for an idle
+    timeout, the whole body never: 408 with the reply shape once body_timeout_ms has passed, then closed."""
+    port, url, shape = processes[name]
+    received, dripped = b"", 0
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"POST " + POST_PATHS[name] + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 50000\r\nX-Request-ID: slow-body-1\r\n\r\n")
+        sock.settimeout(0.1)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                try:
+                    dripped += sock.send(b" ")
+                except (BrokenPipeError, ConnectionResetError):
+                    break
+                continue
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break  # closed after the reply
+            received += chunk
+    assert dripped >= 3  # the body was on its way when the deadline came
+    assert_refusal(received, b"HTTP/1.1 408 Request Timeout", shape, f"within {BODY_TIMEOUT_MS} ms",
+                   status=(408, "REQUEST_TIMEOUT"))
+    if shape == "envelope":
+        assert split(received)[1]["x-request-id"] == "slow-body-1"
+    assert_serving(url, name)

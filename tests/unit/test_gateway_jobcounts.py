@@ -1,0 +1,79 @@
+"""The gateway's job counters of the models behind it (svc.gateway.jobcounts) on a Clock and a fake agent."""
+
+from __future__ import annotations
+
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.task import Clock
+
+from svc.gateway.catalog import Catalog, Replica, Upstream
+from svc.gateway.jobcounts import JobCounts, job_counts
+from svc.metrics import new_registry, render
+
+
+def model_text(submitted: int, done: int) -> bytes:
+    return (f'# TYPE service_async_jobs_total counter\nservice_async_jobs_total{{state="submitted"}} {submitted}.0\n'
+            f'service_async_jobs_total{{state="running"}} {submitted}.0\n'
+            f'service_async_jobs_total{{state="done"}} {done}.0\n').encode()
+
+
+class Response:
+    def __init__(self, code: int, body: bytes) -> None:
+        self.code, self.body, self.phrase = code, body, b"OK"
+
+    def deliverBody(self, protocol):  # noqa: N802 (twisted's name)
+        from twisted.python.failure import Failure
+        from twisted.web.client import ResponseDone
+
+        protocol.dataReceived(self.body)
+        protocol.connectionLost(Failure(ResponseDone()))
+
+
+class Agent:
+    """Answers per port: a body, or never (a Deferred left pending)."""
+
+    def __init__(self) -> None:
+        self.bodies: dict[int, bytes | None] = {}
+        self.asked: list[tuple[bytes, dict]] = []
+
+    def request(self, method, uri, headers, body):
+        self.asked.append((uri, dict(headers.getAllRawHeaders())))
+        port = int(uri.split(b":")[2].split(b"/")[0])
+        answer = self.bodies.get(port)
+        return Deferred() if answer is None else succeed(Response(200, answer))
+
+
+def catalog() -> Catalog:
+    jobs = Upstream("GEN", 9001, "/gen/predict", True, "t0",
+                    replicas=(Replica("GEN", 0, 9001, "t0"), Replica("GEN", 1, 9002, "t1")))
+    sync = Upstream("CLS", 9003, "/cls/predict", False, "t3")
+    return Catalog([jobs, sync])
+
+
+def test_replicas_are_summed_per_model_and_a_silent_one_keeps_its_last_figures():
+    clock, agent = Clock(), Agent()
+    counts = JobCounts(clock=clock, agent=agent, catalog=catalog(), timeout_s=1.0)
+    registry = new_registry()
+    registry.register(counts)
+    agent.bodies = {9001: model_text(3, 2), 9002: model_text(4, 4)}
+    fired = []
+    counts.refresh().addCallback(fired.append)
+    assert fired  # both answered at once
+    assert {uri for uri, _ in agent.asked} == {b"http://127.0.0.1:9001/metrics", b"http://127.0.0.1:9002/metrics"}
+    assert all(h[b"Authorization"][0] in (b"Bearer t0", b"Bearer t1") for _, h in agent.asked)  # not CLS: no jobs
+    text = render(registry).decode()
+    assert 'service_async_jobs_total{model="GEN",state="submitted"} 7.0' in text
+    assert 'service_async_jobs_total{model="GEN",state="done"} 6.0' in text
+    assert 'service_async_jobs_total{model="GEN",state="failed"} 0.0' in text
+    assert 'model="CLS"' not in text
+    # Replica 1 stops answering: the scrape ends after timeout_s, with its last figures.
+    agent.bodies = {9001: model_text(5, 5), 9002: None}
+    fired = []
+    counts.refresh().addCallback(fired.append)
+    assert not fired
+    clock.advance(1.0)
+    assert fired
+    assert 'service_async_jobs_total{model="GEN",state="submitted"} 9.0' in render(registry).decode()
+
+
+def test_job_counts_reads_the_model_servers_counter():
+    assert job_counts(model_text(2, 1).decode()) == {"submitted": 2.0, "running": 2.0, "done": 1.0}

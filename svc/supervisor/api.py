@@ -3,7 +3,7 @@
 Every reply of the API is JSON with the ``{ok, error}`` shape; the only
 credential is ``Authorization: Bearer <SERVICE_API_TOKEN>`` (an API key never
 authorizes here).  ``/api/v1/health`` and the UI's files need no credential:
-the page asks for the token and keeps it in the browser.
+the page asks for the token and keeps it in the browser.  The routes::
 
     GET  /api/v1/health                          liveness (no credential)
     GET  /api/v1/catalog                         the catalog models

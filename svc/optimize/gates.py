@@ -6,7 +6,7 @@ engine calls it once with every target eager (the reference) and once per
 candidate mode.  The gates run on the weights actually loaded (random init
 or pretrained), so a mode is checked on the model it will serve.
 
-Tolerances are the named constants below; the README states them.
+Tolerances are the named constants below; docs/optimize.md states them.
 
 - classification: ``(N, classes)`` logits.  The same top-1 class for every
   input, and ``max |logit - reference| <= LOGIT_RTOL * max |reference|``.

@@ -1,6 +1,6 @@
 """The supervisor's management API in memory: StubTreq in front of a real ChildManager (no process started).
 
-Every error reply is ``{ok: false, error}`` with the HTTP code the README
+Every error reply is ``{ok: false, error}`` with the HTTP code docs/processes.md
 promises; the exact bodies are asserted, since they are the UI's and
 svcctl's contract.
 """

@@ -16,6 +16,7 @@ README = (REPO / "README.md").read_text()
 #: The pages whose tables the code's keys and statuses must appear in (docs/, built by `tox -e docs`).
 CONFIGURATION = (REPO / "docs" / "configuration.md").read_text()
 API = (REPO / "docs" / "api.md").read_text()
+CONTRACT = (REPO / "docs" / "contract.md").read_text()
 
 
 def readme_block_after(heading: str) -> str:
@@ -41,6 +42,7 @@ def test_docs_document_every_config_key_and_status():
         assert f"| `backend.{key.name}` |" in CONFIGURATION, key.name
     for status in st.ALL:
         assert f"| {status.code} | {status.text} | {status.http} |" in API, status
+        assert f"| {status.code} | {status.text} | {status.http} |" in CONTRACT, status
 
 
 def test_readme_stays_short_and_points_into_docs():

@@ -51,6 +51,11 @@ def test_readme_stays_short_and_points_into_docs():
         assert (REPO / page).is_file(), page
 
 
+def test_every_module_of_the_ui_has_at_most_400_lines():
+    for path in (REPO / "ui").glob("*.js"):
+        assert len(path.read_text().splitlines()) <= 400, path.name
+
+
 def test_the_module_map_lists_every_module():
     """docs/ARCHITECTURE.md's module map: a row per module, or its name in its package's row."""
     text = (REPO / "docs" / "ARCHITECTURE.md").read_text()

@@ -5,6 +5,7 @@ Every dependency is pinned: torch and torchvision as the decided pair
 does not match), the rest at the versions the test suite runs with.
 """
 
+import glob
 import os
 import re
 
@@ -53,6 +54,14 @@ TEST = [
     "tritonclient[http]==2.73.0",
 ]
 
+# The documentation site under docs/ (`tox -e docs`): Markdown pages through MyST, the furo theme,
+# the API reference from the docstrings (autodoc).
+DOCS = [
+    "sphinx==9.0.4",
+    "myst-parser==5.2.0",
+    "furo==2025.12.19",
+]
+
 setup(
     name="inference-service",
     version=VERSION,
@@ -63,9 +72,11 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["svc", "svc.*", "models"]) + ["twisted.plugins"],
     package_data={"models": ["data/*.txt"], "twisted.plugins": ["service_plugins.py"]},
-    data_files=[("share/inference-service/ui", ["ui/index.html", "ui/app.js", "ui/style.css", "ui/favicon.svg"])],
+    # the web UI's files, every one of them (its ES modules included), served by the supervisor
+    data_files=[("share/inference-service/ui", sorted(glob.glob("ui/*.html") + glob.glob("ui/*.js")
+                                                      + glob.glob("ui/*.css") + glob.glob("ui/*.svg")))],
     install_requires=RUNTIME,
-    extras_require={"test": TEST},
+    extras_require={"test": TEST, "docs": DOCS},
     entry_points={"console_scripts": ["svcctl = svc.cli:main"]},
     zip_safe=False,
 )

@@ -226,7 +226,7 @@ class _DiffusionFactory:
                 and os.path.isfile(os.path.join(weights_folder(path), "transformer", "config.json")))
 
     def default_steps(self, config: dict) -> int:
-        """The steps of a request without ``params.timesteps`` (SPEC: "the configured schedule length").
+        """The steps of a request without ``params.timesteps`` (docs/contract.md, Requests: "the configured schedule length").
 
         The ``[model]`` key ``timesteps`` when set, capped at the schedule
         length (a weights folder may bring a shorter schedule); else the whole

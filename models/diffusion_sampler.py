@@ -27,7 +27,7 @@ DIT_GUIDANCE = 4.0  # DiTPipeline's default classifier-free guidance
 #: The accuracy gate: one image of this seed, sampled in this many steps.
 GATE_SEED = 1234
 GATE_STEPS = 3
-#: What ``backend.optimize = "auto"`` measures, per device (README "Optimised execution" has the figures).
+#: What ``backend.optimize = "auto"`` measures, per device (docs/optimize.md has the figures).
 AUTO_CANDIDATES = {
     "cpu": ("jit", "compile"),
     "cuda": ("fp16", "fp16+cuda_graphs"),

@@ -51,7 +51,7 @@ LICENSE = "BSD-3-Clause (torchvision)"
 #: The accuracy gate's inputs: this many seeded random 224x224 images.
 GATE_IMAGES = 4
 GATE_SEED = 1234
-#: What ``backend.optimize = "auto"`` measures, per device (README "Optimised execution" has the figures).
+#: What ``backend.optimize = "auto"`` measures, per device (docs/optimize.md has the figures).
 AUTO_CANDIDATES = {
     "cpu": ("jit", "channels_last+bf16+jit"),
     "cuda": ("channels_last+fp16", "channels_last+fp16+cuda_graphs"),

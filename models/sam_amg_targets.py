@@ -30,7 +30,7 @@ from svc.modelapi import OptimizationTarget
 GATE_SEED = 1234
 #: Side of the gate's image in pixels (the predictor resizes it to the encoder's input).
 GATE_SIDE = 256
-#: What ``backend.optimize = "auto"`` measures, per device (README "Optimised execution" has the figures).
+#: What ``backend.optimize = "auto"`` measures, per device (docs/optimize.md has the figures).
 AUTO_CANDIDATES = {
     "cpu": ("bf16", "compile"),
     "cuda": ("fp16", "bf16"),

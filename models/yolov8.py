@@ -68,7 +68,7 @@ MAX_NMS = 30000  # candidates kept for NMS, best first
 GATE_IMAGES = 2
 GATE_SEED = 1234
 GATE_PARAMS = {"score_threshold": 0.25, "nms_threshold": 0.7, "top_k": 300}
-#: What ``backend.optimize = "auto"`` measures, per device (README "Optimised execution" has the figures).
+#: What ``backend.optimize = "auto"`` measures, per device (docs/optimize.md has the figures).
 AUTO_CANDIDATES = {
     "cpu": ("compile", "channels_last+bf16+jit"),
     "cuda": ("channels_last+fp16", "channels_last+fp16+cuda_graphs"),

@@ -1,6 +1,6 @@
 """Who may call the gateway: API keys, static tokens, scopes, fail-closed startup.
 
-Everything here is decided once at startup (SPEC "Authentication"):
+Everything here is decided once at startup (docs/contract.md, Authentication):
 
 * the key file ``conf/api_keys.toml`` is loaded with tomlkit into
   :class:`KeyEntry` objects (``[keys.<name>]`` with ``hash``, ``scope``,
@@ -40,7 +40,7 @@ from svc.config import ConfigError, Key, apply_keys, keys_of, read_toml, setting
 from svc.protocol import JOB_SECRET_ENV
 
 SCOPES = ("inference", "admin", "all")
-#: Scopes whose keys the gateway accepts for inference and jobs (SPEC: all three do).
+#: Scopes whose keys the gateway accepts for inference and jobs (docs/contract.md, Authentication: all three do).
 INFERENCE_SCOPES = frozenset(SCOPES)
 
 #: ``X-Service-Key`` names of the credentials that are not keys of the file.
@@ -226,7 +226,7 @@ def bind_problem(host: str, env: Mapping[str, str], what: str) -> str | None:
 def decide(env: Mapping[str, str], keys_file: str) -> AuthSetup:
     """The gateway's credentials and mode, or :class:`Refused` with the reason.
 
-    SPEC rules: no anonymous mode; an empty or comment-only key file is zero
+    The rules of docs/contract.md, Authentication: no anonymous mode; an empty or comment-only key file is zero
     keys (refused without a static token, a warning with one); a key file
     that cannot be used stops the gateway when no static token is set.
     """

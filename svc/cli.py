@@ -11,7 +11,7 @@ JSON envelope, base64 images and the Bearer header.  It has:
   and have the supervisor restart the gateway;
 * ``svcctl infer MODEL IMAGE...`` and ``svcctl jobs submit|get|wait|result``
   (:mod:`svc.cli_gateway`; ``jobs run``, in :mod:`svc.cli_jobs`: all of them
-  plus a progress bar): a client of the gateway (SPEC "Gateway (port 8080)")
+  plus a progress bar): a client of the gateway (docs/contract.md, Routes)
   that prints the JSON reply; exit 0 on a 2xx reply, 1 on any other HTTP
   status, 2 when no request could be made or completed (no token, unreadable
   image, connection failure, deadline), 130 when interrupted;

@@ -104,7 +104,7 @@ def find_token(env: Mapping[str, str], token_env: str | None = None) -> str:
 
 def request_body(images: list[str], params: list[tuple[str, Any]] | None = None,
                  options: list[tuple[str, Any]] | None = None, req_id: str | None = None) -> bytes:
-    """The JSON inference request for image files (SPEC "Inference request").
+    """The JSON inference request for image files (docs/contract.md, Requests).
 
     ``params``, ``options`` and ``req_id`` appear only when given; a repeated
     NAME keeps its last value.  An unreadable file raises :class:`CliError`.

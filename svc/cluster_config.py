@@ -1,6 +1,6 @@
 """The ``[cluster]`` table of ``conf/service.toml``: this host's id and its peers' gateways.
 
-Several hosts run the same stack behind HAProxy (README "Scaling out").  A
+Several hosts run the same stack behind HAProxy (docs/scaling.md).  A
 job lives in the model server of the host that admitted it, and its id names
 that host (svc.jobid); the gateway that receives a poll, wait or result for
 another host's job forwards it to that host's gateway, found here by host id

@@ -5,7 +5,7 @@ Every key is declared once, as a field of the dataclass that holds its value
 table of :class:`Key` from those fields, in field order.  The loader checks
 types strictly, refuses unknown keys and reports the first problem as one
 line naming the file, the key and the problem.  The same tables document the
-keys in the README.
+keys in docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ class BackendConfig:
         "Optimised execution: 'auto' (measure the candidate modes at warm-up, keep the fastest that passes the "
         "accuracy gate), 'eager', or a mode such as 'channels_last', 'channels_last+jit', 'compile', "
         "'channels_last+bf16'; on a GPU also 'fp16' and 'cuda_graphs'. Checked at startup against the device "
-        "(README \"Optimised execution\").")
+        "(docs/optimize.md).")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Builders of the unified response envelope and the outcome rule.
 
 Every JSON reply of the data plane (model servers and gateway) is built here,
-so the field set is the same everywhere:
+so the field set is the same everywhere::
 
     status, status_str, task_id, model {name, version}, results[],
     server_time_ms, partial   (+ errors[] on validation rejection,

@@ -16,7 +16,7 @@ pattern ``^job_[0-9a-f]+$`` holds)::
 
 Every host of a cluster must share the secret (``SERVICE_JOB_SECRET``); the
 supervisor passes its own to the gateway and every model server it starts
-(docs/ARCHITECTURE.md, "Jobs").
+(docs/ARCHITECTURE.md, "One asynchronous job").
 """
 
 from __future__ import annotations

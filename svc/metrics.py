@@ -1,7 +1,7 @@
 """Prometheus metrics: one registry per process, text format by prometheus-client.
 
-The model server's metric set is defined here once, so the names of SPEC
-"Metrics exposed by processes" are spelled in one place.
+The model server's metric set is defined here once, so the names of
+docs/contract.md, Metrics, are spelled in one place.
 """
 
 from __future__ import annotations

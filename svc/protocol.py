@@ -107,7 +107,7 @@ CPU_AFFINITY_ENV = "SERVICE_CPU_AFFINITY"
 #: The host id of a cluster member (``[cluster] host_id``; "" on a single host).
 HOST_ID_ENV = "SERVICE_HOST_ID"
 
-# -- a cluster of hosts (README "Scaling out") ------------------------------------------------
+# -- a cluster of hosts (docs/scaling.md) ---------------------------------------------------------
 
 #: Set by a gateway on a job request it forwards to the gateway of the host that owns the job
 #: (svc.gateway.cluster); its value is the forwarding host's id.  A request carrying it is

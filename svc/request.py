@@ -1,8 +1,8 @@
 """Parsing and validation of inference requests (JSON envelope or raw body).
 
 One function per encoding turns the body into an :class:`InferenceRequest`
-or raises :class:`~svc.errors.ApiError` with the exact status of SPEC
-"Inference request": 400/50 for a body that is not a JSON object, 415/60 for
+or raises :class:`~svc.errors.ApiError` with the exact status of
+docs/contract.md, Requests: 400/50 for a body that is not a JSON object, 415/60 for
 an unsupported content type, 422/66 with ``errors[]`` for every contract
 rule, 413/67 for too many images.  It is pure (no I/O, no reactor), so it
 runs in the decode thread pool and in property tests alike.

@@ -82,5 +82,5 @@ SERVER_SIDE: frozenset[int] = frozenset({ENGINE_ERROR.code, CONTRACT_FAILURE.cod
 
 
 def lookup(code: int) -> Status:
-    """The row for ``code``; an unknown code is a server error (SPEC: other -> 500)."""
+    """The row for ``code``; an unknown code is a server error (docs/contract.md, Statuses: any other is 500)."""
     return BY_CODE.get(code, Status(code, "SERVER_ERROR", 500, "server error"))

@@ -18,7 +18,7 @@ that an unauthenticated caller learns nothing about the catalog.  A path
 that matches no route is authenticated, then 404 or 405 without a token
 spent (nothing reaches a model).  A job GET for another host's job is
 answered by that host's gateway (svc.gateway.cluster).  The model's status,
-body and the headers SPEC lists pass through unchanged; job URLs are
+body and the headers docs/contract.md lists pass through unchanged; job URLs are
 rewritten onto ``/v1/models/<id>/jobs``.
 Errors made here use the unified envelope with ``model.name`` ``gateway``.
 

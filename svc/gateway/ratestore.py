@@ -83,7 +83,7 @@ redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 1000)
 return string.format('%.6f', wait)
 """
 SCRIPT_SHA = hashlib.sha1(SCRIPT).hexdigest()
-#: Redis key of a key's bucket: the prefix and the key name (names are [A-Za-z0-9_.-], svc.auth).
+#: Redis key of a key's bucket: the prefix and the key name (names are ``[A-Za-z0-9_.-]``, svc.auth).
 BUCKET_PREFIX = "service:ratelimit:"
 
 

@@ -5,7 +5,7 @@
     GET  /jobs/{job}/wait?timeout=N 200 status body, when terminal or after N ms
     GET  /jobs/{job}/result         200 envelope (done), 409 otherwise
 
-Choices left open by SPEC and documented in the OpenAPI document: the status
+Choices beyond docs/contract.md, Jobs, documented in the OpenAPI document: the status
 body also carries ``task_id``, ``model``, ``poll_url``, ``result_url`` and
 ``progress`` (``{"step", "steps"}`` of the batch running the job's items as
 the model last reported it, at most 100 ms old; null when the model has

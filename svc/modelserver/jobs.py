@@ -1,8 +1,8 @@
 """The job table of asynchronous inference: admission, state, waiters, retention.
 
 A job runs the same items through the same batching queue and worker pool as
-a synchronous request (``Inference.run``); this module adds only what SPEC
-"Job states" describes:
+a synchronous request (``Inference.run``); this module adds only what
+docs/contract.md, Jobs, describes:
 
 * admission: pending + running below ``async_max_queue``, checked and counted
   in one synchronous step on the reactor thread;

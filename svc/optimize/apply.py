@@ -132,7 +132,7 @@ def _traced(inner: Any, example: tuple, device: str) -> Any:
         traced = torch.jit.trace(inner.eval(), example, check_trace=False, strict=False)
         frozen = torch.jit.freeze(traced.eval())
         if torch.device(device).type == "cpu":
-            frozen = torch.jit.optimize_for_inference(frozen)  # oneDNN weight layouts (README figures)
+            frozen = torch.jit.optimize_for_inference(frozen)  # oneDNN weight layouts (docs/optimize.md figures)
         with inference_context():
             for _ in range(2):  # the profiling executor specialises on the first calls
                 frozen(*example)

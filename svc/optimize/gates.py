@@ -10,7 +10,7 @@ Each gate bounds what a user of the task would notice, not the arithmetic:
 bfloat16 keeps 8 bits of mantissa, so a box corner near 640 px moves by
 about 2.5 px and a logit by a few per cent from rounding alone, and neither
 changes what anyone sees.  Tolerances are the named constants below; the
-README ("Accuracy gates") states them with what bf16 measured against each.
+docs/optimize.md ("Accuracy gates") states them with what bf16 measured against each.
 
 - classification: ``(N, classes)`` logits.  For every input the same top-1
   class, or one whose reference logit is within ``TOP1_TIE_LOGIT`` of it (a
@@ -57,7 +57,7 @@ TOPK_TIE_LOGIT = 0.5
 #: classification: how many classes the user sees ranked (``top_k``'s default).
 TOP_K = 5
 #: classification: relative error of the logits, RMS of the difference over RMS of the reference (centred per input).
-#: bf16 measured 5.6 % on the demo weights' gate inputs and 8.9 % on photo-like images (README "Accuracy gates").
+#: bf16 measured 5.6 % on the demo weights' gate inputs and 8.9 % on photo-like images (docs/optimize.md, "Accuracy gates").
 LOGIT_RTOL = 0.15
 #: detection: a reference detection is matched by a candidate of the same class with at least this IoU.
 DETECTION_IOU_MIN = 0.9

@@ -3,7 +3,7 @@
 Every reply of the API is JSON with the ``{ok, error}`` shape; the only
 credential is ``Authorization: Bearer <SERVICE_API_TOKEN>`` (an API key never
 authorizes here).  ``/api/v1/health`` and the UI's files need no credential:
-the page asks for the token and keeps it in the browser.
+the page asks for the token and keeps it in the browser.  The routes::
 
     GET  /api/v1/health                          liveness (no credential)
     GET  /api/v1/catalog                         the catalog models
@@ -48,10 +48,14 @@ from svc.supervisor.manager import GATEWAY, ChildManager
 from svc.web import routes
 from svc.web.replies import bearer_token, send_json
 
+#: The page's ES modules: app.js wires the page and imports the others (no build step). A module
+#: is served only when it is named here; the browser refuses a module without a JavaScript type.
+UI_MODULES = ("app.js", "state.js", "api.js", "session.js", "status.js", "charts.js", "logs.js", "try-it.js",
+              "results.js")
 UI_FILES = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/ui/favicon.svg": ("favicon.svg", "image/svg+xml"),
-    "/ui/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    **{f"/ui/{name}": (name, "text/javascript; charset=utf-8") for name in UI_MODULES},
     "/ui/style.css": ("style.css", "text/css; charset=utf-8"),
 }
 UI_HEADERS = {

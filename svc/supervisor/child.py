@@ -1,6 +1,6 @@
 """One supervised child process and its state machine.
 
-States (SPEC "Server process states" leaves the transitions to us):
+States (docs/contract.md names them; the transitions are ours)::
 
     stopped --start--> starting --first good probe--> running (ready)
     starting --exit 1 before ever ready--> start_failed    (refused: bad config)

@@ -3,7 +3,7 @@ under load, hostile inputs), each test naming the promise it checks.
 
 Every test under ``tests/chaos/`` carries the ``chaos`` marker, so the suite
 runs alone with ``tox -- -m chaos`` (tox runs it with everything else by
-default).  The promises are listed in the README section "What survives what".
+default).  The promises are listed in docs/operations.md, "What survives what".
 """
 
 from __future__ import annotations

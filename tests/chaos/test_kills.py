@@ -4,7 +4,7 @@ The stack is a real supervisor with its gateway and the test-only TESTFAULTS
 model (real torch, a slow forward pass on request) and MOBILENETV2.  Client
 threads keep sending requests through the gateway while a fault is done to a
 model server; every reply the clients see is recorded and checked against the
-promise of README "What survives what".
+promise of docs/operations.md, "What survives what".
 """
 
 from __future__ import annotations

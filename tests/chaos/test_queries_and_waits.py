@@ -1,6 +1,6 @@
 """Hostile query strings and a model server killed under a parked wait, on real processes.
 
-Each test's docstring is the promise it checks (README "What survives what").
+Each test's docstring is the promise it checks (docs/operations.md, "What survives what").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Stops that must stay bounded: SIGTERM under load, SIGTERM while loading,
 and a supervisor killed with -9 while a model is busy.
 
-Each test names the promise it checks (README "What survives what").  The
+Each test names the promise it checks (docs/operations.md, "What survives what").  The
 processes are real; the model is TESTFAULTS (tests/plugins), whose
 ``sleep_ms`` param makes a forward pass as long as a 1000-step diffusion job
 and whose ``[model] load_delay_ms`` makes loading slow.  Bounds carry a margin

@@ -1,6 +1,6 @@
-"""Several hosts behind HAProxy (README "Scaling out"), each a real supervisor stack in its own namespace.
+"""Several hosts behind HAProxy (docs/scaling.md), each a real supervisor stack in its own namespace.
 
-Tolerances (also in the README): a key limited to 3 requests/s, under a
+Tolerances (also in docs/scaling.md): a key limited to 3 requests/s, under a
 load of about 24 requests/s for T seconds spread by HAProxy over the three
 gateways, is admitted 3 + 3 x T times (its burst, then its rate) within 2
 while the gateways share Redis; with Redis stopped, each gateway limits on

@@ -26,7 +26,7 @@ TOKEN = {"SERVICE_AUTH_TOKEN": "model-token"}
 
 def refused(config, *extra, env=None, port=None):
     code, output = run_to_exit(model_server_args(config, port or 0, *extra), env=child_env(env or TOKEN))
-    assert code == 1, output  # README: one line naming the file, the key and the problem, and exit 1
+    assert code == 1, output  # docs/processes.md: one line naming the file, the key and the problem, and exit 1
     lines = [line for line in output.splitlines() if line.strip()]
     return lines
 

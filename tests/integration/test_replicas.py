@@ -8,7 +8,7 @@ is restarted.  The load's requests ask the model to take ``LOAD_SLEEP_MS`` in
 its forward pass, so that requests are in flight at every kill and restart
 without the clients spending the suite's CPU (what is checked is the replica
 machinery, the same for every model).
-Promises checked (README "Replicas on one host"): both replicas serve; a
+Promises checked (docs/scaling.md, "Replicas on one host"): both replicas serve; a
 kill -9 of one under load costs only the requests it held, and the survivor
 takes every new request; jobs come back to their replica; a rolling restart
 loses no synchronous request.

@@ -9,7 +9,7 @@ Redis and HAProxy (tests/cluster/conftest.py makes one per module).
 
 Each namespace is a machine of its own: its supervisor on 127.0.0.1:8787
 and its model server on 127.0.0.1:9199 are that host's loopback, and the
-gateway is bound to the host's address, as README "Scaling out" configures
+gateway is bound to the host's address, as docs/scaling.md configures
 it (fixed ports are private to this run's namespaces).  Every host has the
 same key file, job secret and cluster token, and the same ``[cluster]``
 table but for ``host_id``.  Tests talk from the client namespace, and to a

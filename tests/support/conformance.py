@@ -13,7 +13,7 @@ rejection.
 
 One documented exception to "a schema-violating request is rejected": the
 ``X-Service-Params`` and ``X-Service-Options`` headers are for raw-body
-requests only and are ignored with a JSON body (README, the parameters'
+requests only and are ignored with a JSON body (docs/api.md, and the parameters'
 descriptions; the gateway forwards them for raw bodies only).  OpenAPI
 cannot tie a header to one media type of the body, so a negative case whose
 only broken parts are those headers, sent with a JSON body, is a valid

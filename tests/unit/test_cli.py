@@ -232,7 +232,7 @@ def test_planned_urls_and_timeouts_keep_the_client_above_the_wait_budget(argv, u
 @pytest.mark.parametrize("wait_ms", ["180000", "300000", "999999"])
 def test_a_wait_at_or_above_the_gateway_receive_timeout_is_refused_before_sending(capsys, monkeypatch, wait_ms):
     monkeypatch.setenv("SERVICE_API_KEY", "k")
-    # SPEC: the gateway answers 502 to a wait budget at or above upstream_recv_timeout_ms (180000).
+    # docs/contract.md, Limits: the gateway answers 502 to a wait budget at or above upstream_recv_timeout_ms (180000).
     argv = ["jobs", "wait", "M", "job_1", "--timeout", wait_ms, "--gateway", "http://127.0.0.1:9/"]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err

@@ -224,9 +224,9 @@ def test_the_supervisor_probes_its_gateway_where_it_listens(tmp_path, environmen
     assert probe.url(9101, "/ready") == "http://127.0.0.1:9101/ready"  # model servers: loopback always
 
 
-def test_the_readmes_worked_example_loads(tmp_path):
-    readme = (REPO / "README.md").read_text()
-    example = readme.split("### A worked example: three hosts", 1)[1].split("\n### ", 1)[0]
+def test_the_docs_worked_example_loads(tmp_path):
+    page = (REPO / "docs" / "scaling.md").read_text()
+    example = page.split("## A worked example: three hosts", 1)[1].split("\n## ", 1)[0]
     [block] = re.findall(r"```toml\n(.*?)```", example, re.S)
     text = "\n".join(line[3:] for line in block.splitlines())  # the block is indented in a list item
     path = write(tmp_path, text)

@@ -1,4 +1,4 @@
-"""Default step counts of the shipped diffusion configs (SPEC: absent timesteps = the configured schedule length)."""
+"""Default step counts of the shipped diffusion configs (docs/contract.md, Requests: absent timesteps = the configured schedule length)."""
 
 import tomllib
 

@@ -16,7 +16,7 @@ CONTRACT = ItemResult(st.CONTRACT_FAILURE, None, "broken")
 MODEL = ModelIdentity("M", "v1")
 
 
-#: The README's status table: status -> (text, HTTP), every row.
+#: The status table of docs/api.md and docs/contract.md: status -> (text, HTTP), every row.
 README_STATUSES = {
     0: ("SUCCESS", 200), 68: ("PARTIAL", 200), 1: ("ENGINE_ERROR", 500), 3: ("IMAGE_EMPTY", 400),
     4: ("RUN_TIMEOUT", 504), 5: ("INVALID_IMAGE", 400), 6: ("CONTRACT_FAILURE", 500), 50: ("JSON_PARSE_ERROR", 400),

@@ -75,7 +75,7 @@ def test_comment_only_file_is_zero_keys(tmp_path):
     assert load_key_file(keys_file(tmp_path, "# nothing yet\n\n")) == []
 
 
-# -- startup mode (SPEC "Authentication", rules 1-3) ----------------------------------------
+# -- startup mode (docs/contract.md, Authentication) ----------------------------------------
 
 
 def test_api_keys_mode_when_the_file_has_keys(tmp_path):

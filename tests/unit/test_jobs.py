@@ -164,7 +164,7 @@ def test_admission_is_atomic_under_interleaved_submits():
 
 
 def test_queue_full_retry_after_is_the_mean_job_duration_over_the_workers_clamped_to_1_60():
-    """README: Retry-After = mean job duration / workers, clamped to 1..60 s (the mean weighs new jobs 0.2)."""
+    """docs/api.md: Retry-After = mean job duration / workers, clamped to 1..60 s (the mean weighs new jobs 0.2)."""
     clock = Clock()
     jobs, run, _ = table(clock, max_queue=1, workers=2)
 

@@ -1,6 +1,6 @@
 """The supervisor's management API in memory: StubTreq in front of a real ChildManager (no process started).
 
-Every error reply is ``{ok: false, error}`` with the HTTP code the README
+Every error reply is ``{ok: false, error}`` with the HTTP code docs/processes.md
 promises; the exact bodies are asserted, since they are the UI's and
 svcctl's contract.
 """
@@ -8,6 +8,7 @@ svcctl's contract.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,7 +19,7 @@ from twisted.internet.defer import fail, succeed
 from svc import __version__
 from svc.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from svc.metrics import HttpMetrics, new_registry
-from svc.supervisor.api import UI_HEADERS, ManagementApi
+from svc.supervisor.api import UI_FILES, UI_HEADERS, UI_MODULES, ManagementApi
 from svc.supervisor.child import ChildError
 from svc.supervisor.manager import GATEWAY
 from svc.supervisor.metrics import ChildCollector
@@ -175,6 +176,17 @@ def test_ui_files_need_no_credential_and_carry_their_headers(sup, path, name, ct
     assert h(r, "X-Content-Type-Options") == "nosniff" and h(r, "Cache-Control") == "no-cache"
     assert h(r, "Content-Security-Policy") == UI_HEADERS["Content-Security-Policy"]
     assert "frame-ancestors 'none'" in h(r, "Content-Security-Policy")
+
+
+def test_every_file_of_the_ui_is_served_and_every_module_it_imports_is_one_of_them(sup):
+    """The page is ES modules loaded as they are: a file left out of UI_FILES would be a 404 in the browser."""
+    assert {name for name, _ in UI_FILES.values()} == {p.name for p in (REPO / "ui").iterdir()}
+    for name in UI_MODULES:
+        r = sup.call("GET", f"/ui/{name}", token=None)
+        assert (r.code, h(r, "Content-Type")) == (200, "text/javascript; charset=utf-8"), name
+        imports = re.findall(rb'^import \{[^}]*\} from "\./([\w-]+\.js)";$', r.body, re.M)
+        assert imports or name == "state.js", name
+        assert {i.decode() for i in imports} <= set(UI_MODULES), name
 
 
 def test_the_gateway_has_no_openapi_document_and_a_stopped_server_is_503(sup):

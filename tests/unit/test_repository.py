@@ -1,4 +1,4 @@
-"""Standing promises of the repository: README, CI, pins, contract, light imports."""
+"""Standing promises of the repository: README, docs, CI, pins, contract, light imports."""
 
 from __future__ import annotations
 
@@ -13,6 +13,10 @@ from svc.openapi.committed import check
 from tests.support.processes import REPO, child_env
 
 README = (REPO / "README.md").read_text()
+#: The pages whose tables the code's keys and statuses must appear in (docs/, built by `tox -e docs`).
+CONFIGURATION = (REPO / "docs" / "configuration.md").read_text()
+API = (REPO / "docs" / "api.md").read_text()
+CONTRACT = (REPO / "docs" / "contract.md").read_text()
 
 
 def readme_block_after(heading: str) -> str:
@@ -31,13 +35,41 @@ def test_readme_opens_with_the_two_commands():
     assert first_blocks == ["./bin/quickstart", readme_block_after("Test it")]
 
 
-def test_readme_documents_every_config_key_and_status():
+def test_docs_document_every_config_key_and_status():
     for key in MODEL_SERVER_KEYS:
-        assert f"| `{key.name}` |" in README, key.name
+        assert f"| `{key.name}` |" in CONFIGURATION, key.name
     for key in BACKEND_KEYS:
-        assert f"| `backend.{key.name}` |" in README, key.name
+        assert f"| `backend.{key.name}` |" in CONFIGURATION, key.name
     for status in st.ALL:
-        assert f"| {status.code} | {status.text} | {status.http} |" in README, status
+        assert f"| {status.code} | {status.text} | {status.http} |" in API, status
+        assert f"| {status.code} | {status.text} | {status.http} |" in CONTRACT, status
+
+
+def test_readme_stays_short_and_points_into_docs():
+    assert len(README.splitlines()) <= 400
+    for page in re.findall(r"\]\((docs/[^)#]+)\)", README):
+        assert (REPO / page).is_file(), page
+
+
+def test_every_module_of_the_ui_has_at_most_400_lines():
+    for path in (REPO / "ui").glob("*.js"):
+        assert len(path.read_text().splitlines()) <= 400, path.name
+
+
+def test_the_module_map_lists_every_module():
+    """docs/ARCHITECTURE.md's module map: a row per module, or its name in its package's row."""
+    text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    rows = [line for line in text.split("## Module map", 1)[1].split("\n## ", 1)[0].splitlines()
+            if line.startswith("| `")]
+    listed = {line.split("`")[1] for line in rows}
+    for path in sorted([*(REPO / "svc").rglob("*.py"), *(REPO / "models").glob("*.py")]):
+        name = str(path.relative_to(REPO))
+        if path.name == "__init__.py" and name != "svc/__init__.py":
+            continue  # a package's docstring; the package has its rows
+        folder = path.parent.relative_to(REPO)
+        package = [line for line in rows if line.split("`")[1] in (f"{folder}/", f"{folder}/*.py")]
+        in_package_row = any(f"`{path.name}`" in line or f"`{path.stem}`" in line for line in package)
+        assert name in listed or in_package_row, name
 
 
 def test_changelog_has_the_current_version():
@@ -66,17 +98,17 @@ def test_plugin_files_import_no_torch():
     assert done.returncode == 0, done.stderr
 
 
-def test_readme_documents_every_service_config_key():
+def test_docs_document_every_service_config_key():
     from svc.cluster_config import CLUSTER_KEYS
     from svc.gateway.config import GATEWAY_KEYS
     from svc.supervisor.config import SUPERVISOR_KEYS
 
     for key in GATEWAY_KEYS:
-        assert f"| `gateway.{key.name}` |" in README, key.name
+        assert f"| `gateway.{key.name}` |" in CONFIGURATION, key.name
     for key in SUPERVISOR_KEYS:
-        assert f"| `supervisor.{key.name}` |" in README, key.name
+        assert f"| `supervisor.{key.name}` |" in CONFIGURATION, key.name
     for key in CLUSTER_KEYS:
-        assert f"| `cluster.{key.name}` |" in README, key.name
+        assert f"| `cluster.{key.name}` |" in CONFIGURATION, key.name
 
 
 def test_shipped_service_config_loads():

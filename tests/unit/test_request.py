@@ -1,4 +1,4 @@
-"""Every rule of SPEC "Inference request", on the validator itself."""
+"""Every rule of docs/contract.md, Requests, on the validator itself."""
 
 import json
 

@@ -1,0 +1,33 @@
+// -- API: the management API (same origin) and the gateway's data plane (its port, CORS), both
+// with the management token.
+
+import { state } from "./state.js";
+import { showLogin } from "./session.js";
+
+export class HttpError extends Error {
+  constructor(status, body) { super(body && (body.error || body.status_str) || `HTTP ${status}`); this.status = status; this.body = body; }
+}
+
+export async function api(path, options = {}) {
+  const response = await fetch(path, { ...options, headers: { Authorization: `Bearer ${state.token}`, ...(options.headers || {}) } });
+  let body = null;
+  try { body = await response.json(); } catch (e) { body = null; }
+  if (response.status === 401) { showLogin("The token was refused."); throw new HttpError(401, body); }
+  if (!response.ok) throw new HttpError(response.status, body);
+  return body;
+}
+
+export function gatewayBase() {
+  const port = state.status ? state.status.gateway.port : 8080;
+  return `${location.protocol}//${location.hostname}:${port}`;
+}
+
+export async function gateway(path, options = {}) {
+  const response = await fetch(gatewayBase() + path, {
+    ...options,
+    headers: { Authorization: `Bearer ${state.token}`, "Content-Type": "application/json", ...(options.headers || {}) },
+  });
+  let body = null;
+  try { body = await response.json(); } catch (e) { body = null; }
+  return { status: response.status, body };
+}

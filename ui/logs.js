@@ -1,0 +1,62 @@
+// -- logs: any child's output, followed, with a level and a text filter.
+
+import { $, state } from "./state.js";
+import { api } from "./api.js";
+
+export const LEVELS = ["debug", "info", "warn", "error", "critical"];
+
+// The level of a line as `twist --log-format text` writes it ("... [namespace#warn] ..."); a line
+// without one (a traceback, a print) takes the level of the line before it on the same stream.
+export function lineLevel(line, previous) {
+  const match = /\[[^\]\s]*#(debug|info|warn|error|critical)\]/.exec(line.line);
+  if (match) return match[1];
+  if (line.stream === "supervisor") return "info";
+  return previous[line.stream] || (line.stream === "stderr" ? "error" : "info");
+}
+
+export function logVisible(entry) {
+  const floor = LEVELS.indexOf($("#log-level").value);
+  const text = $("#log-filter").value.trim().toLowerCase();
+  return LEVELS.indexOf(entry.level) >= floor && (!text || entry.line.toLowerCase().includes(text));
+}
+
+export function applyLogFilters() {
+  const pre = $("#log-lines");
+  let shown = 0;
+  for (const span of pre.children) {
+    const visible = logVisible(span.entry);
+    span.classList.toggle("hidden", !visible);
+    if (visible) shown += 1;
+  }
+  $("#log-count").textContent = `${shown} of ${pre.children.length} lines`;
+  pre.scrollTop = pre.scrollHeight;
+}
+
+export async function followLogs() {
+  if (!$("#log-follow").checked || !state.logServer) return;
+  const query = state.logOffset === null ? "limit=500" : `offset=${state.logOffset}&limit=500`;
+  // A model's replica is "ID/n" in the select: its own log (replicas/n/logs).
+  const [id, replica] = state.logServer.split("/");
+  const where = `/api/v1/servers/${encodeURIComponent(id)}${replica === undefined ? "" : `/replicas/${replica}`}`;
+  const page = await api(`${where}/logs?${query}`);
+  const pre = $("#log-lines");
+  const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+  state.logLevels = state.logLevels || {};
+  for (const line of page.lines) {
+    const level = lineLevel(line, state.logLevels);
+    state.logLevels[line.stream] = level;
+    const span = document.createElement("span");
+    span.className = `${line.stream} level-${level}`;
+    span.textContent = line.line + "\n";
+    span.entry = { level, line: line.line };
+    span.classList.toggle("hidden", !logVisible(span.entry));
+    pre.appendChild(span);
+  }
+  while (pre.childNodes.length > 2000) pre.removeChild(pre.firstChild);
+  state.logOffset = page.next_offset;
+  if (page.lines.length) {
+    const shown = [...pre.children].filter((c) => !c.classList.contains("hidden")).length;
+    $("#log-count").textContent = `${shown} of ${pre.children.length} lines`;
+  }
+  if (atBottom) pre.scrollTop = pre.scrollHeight;
+}

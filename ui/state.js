@@ -1,0 +1,9 @@
+// What every module of the page shares: the management token's key in localStorage, the page's
+// state, and the one DOM helper.
+
+export const TOKEN_KEY = "inference-service.token";
+export const $ = (sel) => document.querySelector(sel);
+
+export const state = { token: localStorage.getItem(TOKEN_KEY) || "", status: null, catalog: [], busy: new Set(),
+                logServer: null, logOffset: null, logLines: [], image: null, imageB64: null,
+                refreshTimer: null, logTimer: null, seriesTimer: null, series: null, defaults: {}, versions: {} };

@@ -1,0 +1,168 @@
+// -- status: the gateway and the model servers (a row per model, one per replica of a model that
+// runs several), their weights, and the start/stop/restart buttons.
+
+import { $, state } from "./state.js";
+import { api, gatewayBase } from "./api.js";
+import { updateDemoBanner } from "./try-it.js";
+
+export function badge(el, text) {
+  // The colour comes from data-tone, so the element keeps its own classes (".state" in the table).
+  el.textContent = text;
+  el.dataset.tone = text.split(" ")[0];
+}
+
+export async function refresh() {
+  const status = await api("/api/v1/status");
+  state.status = status;
+  $("#summary").textContent = `version ${status.version} · profile ${status.profile} · device ${status.device}`;
+  const gw = status.gateway;
+  badge($("#gateway-state"), gw.state + (gw.state === "running" ? (gw.ready ? " · ready" : " · not ready") : ""));
+  $("#gateway-state").dataset.state = gw.state;
+  $("#gateway-url").textContent = gatewayBase();
+  $("#gateway-error").textContent = gw.last_error || "";
+  renderServers(status.servers);
+  updateDemoBanner();
+  return status;
+}
+
+export function renderServers(servers) {
+  const tbody = $("#catalog tbody");
+  for (const s of servers) {
+    const replicas = s.replicas || [];
+    const several = replicas.length > 1;
+    let row = tbody.querySelector(`tr.model[data-id="${s.id}"]`);
+    if (!row) {
+      row = serverRow(s.id, null);
+      tbody.appendChild(row);
+      // Charts are per process: the model's own when it runs one, each replica's otherwise.
+      if (!several) tbody.appendChild(figuresRow(s.id));
+      for (const r of several ? replicas : []) {
+        tbody.appendChild(serverRow(s.id, r.index));
+        tbody.appendChild(figuresRow(r.name));
+      }
+    }
+    const idCell = row.querySelector(".id");
+    idCell.textContent = s.id + (s.in_profile ? "" : " (not in profile)");
+    const weights = weightsLabel(s.id);
+    if (weights) {
+      const tag = document.createElement("span");
+      tag.className = `weights badge${weights.demo ? " demo" : ""}`;
+      tag.textContent = weights.text;
+      tag.title = weights.demo ? "random-init weights: the outputs mean nothing" : "";
+      idCell.appendChild(tag);
+    }
+    if (several) {
+      const count = document.createElement("span");
+      count.className = "replica-count muted small";
+      const ready = replicas.filter((r) => r.ready).length;
+      count.textContent = ` ${replicas.length} replicas, ${ready} ready`;
+      idCell.appendChild(count);
+    }
+    row.querySelector(".task").textContent = `${s.task || ""}${s.async ? " · async" : ""}`;
+    fillRow(row, s, several ? replicas.map((r) => r.port).join(", ") : s.port, several ? replicas : [s]);
+    for (const r of several ? replicas : []) {
+      const sub = tbody.querySelector(`tr.replica[data-id="${s.id}"][data-replica="${r.index}"]`);
+      if (!sub) continue;
+      const pinned = [r.gpu !== null && r.gpu !== undefined ? `GPU ${r.gpu}` : "", r.cpus ? `CPUs ${r.cpus.join(",")}` : ""];
+      sub.querySelector(".task").textContent = pinned.filter(Boolean).join(" · ");
+      fillRow(sub, r, r.port, [r]);
+    }
+  }
+}
+
+// A row of the table: a model (replica null) or one replica of a model, with its buttons.
+export function serverRow(id, replica) {
+  const row = document.createElement("tr");
+  row.className = replica === null ? "model" : "replica";
+  row.dataset.id = id;
+  if (replica !== null) row.dataset.replica = String(replica);
+  row.innerHTML = `<td class="id"></td><td class="task"></td><td><span class="state badge"></span></td>
+    <td class="ready"></td><td class="restarts"></td><td class="port"></td><td class="last-error"></td>
+    <td class="actions"><button data-action="start">Start</button> <button data-action="stop">Stop</button>
+    <button data-action="restart">Restart</button></td>`;
+  if (replica !== null) row.querySelector(".id").textContent = `replica ${replica}`;
+  for (const button of row.querySelectorAll("button")) {
+    button.dataset.target = id;
+    if (replica !== null) button.dataset.replica = String(replica);
+  }
+  return row;
+}
+
+export function figuresRow(name) {
+  const figures = document.createElement("tr");
+  figures.className = "figures";
+  figures.dataset.for = name;
+  figures.innerHTML = `<td colspan="8"><div class="charts"></div></td>`;
+  return figures;
+}
+
+// State, readiness, restarts, port, last error and which buttons apply; `members` are the processes the
+// row's actions act on (the replicas of a model, or the row's own process).
+export function fillRow(row, s, port, members) {
+  badge(row.querySelector(".state"), s.state);
+  row.dataset.state = s.state;
+  row.dataset.ready = String(s.ready);
+  row.querySelector(".ready").textContent = s.ready ? "yes" : "no";
+  row.querySelector(".restarts").textContent = s.restarts;
+  row.querySelector(".port").textContent = port;
+  const err = row.querySelector(".last-error");
+  err.textContent = s.last_error || "";
+  err.title = s.last_error || "";
+  const replica = row.dataset.replica;
+  const busy = state.busy.has(row.dataset.id) || (replica !== undefined && state.busy.has(`${row.dataset.id}/${replica}`));
+  const active = (m) => ["starting", "running", "stopping"].includes(m.state);
+  row.querySelector('[data-action="start"]').disabled = busy || members.every(active);
+  row.querySelector('[data-action="stop"]').disabled = busy || !members.some((m) => ["starting", "running", "backoff"].includes(m.state));
+  row.querySelector('[data-action="restart"]').disabled = busy || members.some((m) => m.state === "stopping");
+}
+
+// -- weights ---------------------------------------------------------------------------------
+
+export function serverStatus(id) {
+  return state.status ? state.status.servers.find((s) => s.id === id) : null;
+}
+
+// The model a process belongs to: the series name a process by its supervisor name (the model's id, or
+// "<ID>.<n>" for replica n of a model that runs several).
+export function modelOf(name) {
+  const s = state.status && state.status.servers.find((x) => (x.replicas || []).some((r) => r.name === name));
+  return s ? s.id : name;
+}
+
+// What the page knows about a model's weights: the status's `weights` field when the supervisor
+// reports it, else the version the model server reports (random-init-seed<N> for demo weights).
+export function weightsLabel(id) {
+  const s = serverStatus(id);
+  if (s && s.weights && s.weights.kind) {
+    const w = s.weights;
+    if (w.kind === "demo") return { demo: true, text: "demo weights" };
+    return { demo: false, text: w.variant ? `${w.kind}: ${w.variant}` : w.kind };
+  }
+  const version = state.versions[id] || "";
+  if (version.startsWith("random-init")) return { demo: true, text: "demo weights" };
+  return null;
+}
+
+// A model's restart is rolling (one replica at a time); a replica's acts on that process alone.
+export async function act(target, action, button, replica) {
+  const one = replica !== undefined;
+  const label = (target === "__gateway" ? "gateway" : target) + (one ? ` replica ${replica}` : "");
+  const key = one ? `${target}/${replica}` : target;
+  state.busy.add(key);
+  button.disabled = true;
+  const message = $("#action-message");
+  message.className = "muted";
+  message.textContent = `${label}: ${action} requested…`;
+  const path = `/api/v1/servers/${encodeURIComponent(target)}${one ? `/replicas/${replica}` : ""}/${action}`;
+  try {
+    await api(path, { method: "POST" });
+    message.textContent = `${label}: ${action} done`;
+  } catch (e) {
+    message.className = "error";
+    message.textContent = `${label}: ${action} failed: ${e.message}`;
+  } finally {
+    state.busy.delete(key);
+    button.disabled = false;
+    refresh().catch(() => {});
+  }
+}

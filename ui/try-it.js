@@ -1,0 +1,193 @@
+// -- try it: a model, its params' defaults, an image, the request (or a job with its progress),
+// and the reply drawn by results.js.
+
+import { $, state } from "./state.js";
+import { api, gateway } from "./api.js";
+import { badge, weightsLabel } from "./status.js";
+import { DETECTION_MAX_RESULTS, showBoxes, showClasses, showImage, showMasks } from "./results.js";
+
+export const PLACEHOLDER_PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+export const TERMINAL = ["done", "failed", "timeout"];
+
+export function selectedModel() {
+  return state.catalog.find((m) => m.id === $("#try-model").value);
+}
+
+export function clearResult() {
+  $("#try-error").textContent = "";
+  $("#try-result").innerHTML = "";
+  $("#try-raw").hidden = true;
+  $("#job").hidden = true;
+  $("#job-progress").hidden = true;
+}
+
+export function clearImage() {
+  state.image = null;
+  state.imageB64 = null;
+  $("#try-file").value = "";
+  const preview = $("#try-preview");
+  preview.removeAttribute("src");
+  preview.hidden = true;
+}
+
+// A new model starts from a clean form: its own defaults, no result; a generation model needs no photo.
+export function modelChosen() {
+  const m = selectedModel();
+  clearResult();
+  $("#try-params").value = "";
+  const note = $("#try-note");
+  if (m && m.category === "generation") {
+    clearImage();
+    note.textContent = `${m.id} generates an image from noise: the pixels of a photo are ignored, so none is needed.`;
+    note.hidden = false;
+    $("#drop").hidden = true;
+  } else {
+    note.hidden = true;
+    $("#drop").hidden = false;
+  }
+  updateDemoBanner();
+  if (m) loadDefaults(m).catch(() => {});
+}
+
+export function updateDemoBanner() {
+  const m = selectedModel();
+  const weights = m ? weightsLabel(m.id) : null;
+  $("#try-demo").hidden = !(weights && weights.demo);
+}
+
+// The params' defaults as the running model server states them in its OpenAPI document.
+export async function loadDefaults(m) {
+  const input = $("#try-params");
+  if (!state.defaults[m.id]) {
+    input.placeholder = "loading the defaults…";
+    const reply = await api(`/api/v1/servers/${encodeURIComponent(m.id)}/openapi`).catch(() => null);
+    const schema = reply && reply.openapi.components && reply.openapi.components.schemas[`${m.id}_Params`];
+    if (!schema) {
+      if (selectedModel() === m) input.placeholder = "{} (the model's defaults: it is not running)";
+      return;
+    }
+    const defaults = {};
+    for (const [name, prop] of Object.entries(schema.properties || {})) {
+      if (prop.default !== undefined && prop.default !== null) defaults[name] = prop.default;
+    }
+    state.defaults[m.id] = defaults;
+  }
+  if (selectedModel() === m) input.placeholder = JSON.stringify(state.defaults[m.id]);
+}
+
+export function takeFile(file) {
+  if (!file) return;
+  const reader = new FileReader();
+  reader.onload = () => {
+    state.image = reader.result;
+    state.imageB64 = String(reader.result).split(",", 2)[1];
+    const preview = $("#try-preview");
+    preview.src = reader.result;
+    preview.hidden = false;
+  };
+  reader.readAsDataURL(file);
+}
+
+export function requestBody() {
+  const m = selectedModel();
+  const body = { images: [state.imageB64 || PLACEHOLDER_PNG] };
+  const text = $("#try-params").value.trim();
+  if (text) {
+    try { body.params = JSON.parse(text); } catch (e) { throw new Error(`params are not JSON: ${e.message}`); }
+  }
+  if (m && (m.category === "detection" || m.category === "segmentation")) body.options = { max_results: DETECTION_MAX_RESULTS };
+  if (!state.imageB64 && m && m.category !== "generation") throw new Error("choose or drop an image first");
+  return body;
+}
+
+// The params in force: the box's, else the defaults the placeholder shows.
+export function effectiveParams(m, body) {
+  return { ...(state.defaults[m.id] || {}), ...(body.params || {}) };
+}
+
+export async function run() {
+  const m = selectedModel();
+  clearResult();
+  let body;
+  try { body = requestBody(); } catch (e) { $("#try-error").textContent = e.message; return; }
+  $("#try-run").disabled = true;
+  try {
+    const params = effectiveParams(m, body);
+    if (m.async) await runJob(m, body, params);
+    else show(m, await gateway(`/v1/models/${m.id}/infer`, { method: "POST", body: JSON.stringify(body) }), params);
+  } catch (e) {
+    $("#try-error").textContent = `Request failed: ${e.message} (is the gateway running, and does it allow this page's origin?)`;
+  } finally {
+    $("#try-run").disabled = false;
+  }
+}
+
+export function showProgress(current) {
+  const p = current.progress;
+  if (!p || !p.steps) return;
+  const done = Math.min(p.step, p.steps);
+  $("#job-progress").hidden = false;
+  const bar = $("#job-progress progress");
+  bar.max = p.steps;
+  bar.value = done;
+  let eta = "";
+  if (TERMINAL.includes(current.state)) eta = "";
+  else if (done > 0 && current.elapsed_ms) {
+    const left = (current.elapsed_ms / done) * (p.steps - done) / 1000;
+    eta = ` · about ${left < 10 ? left.toFixed(1) : Math.round(left)} s left`;
+  }
+  $("#job-eta").textContent = `step ${done} of ${p.steps}${eta}`;
+}
+
+export async function runJob(m, body, params) {
+  const submitted = await gateway(`/v1/models/${m.id}/jobs`, { method: "POST", body: JSON.stringify(body) });
+  if (submitted.status !== 202) { show(m, submitted, params); return; }
+  const job = submitted.body;
+  $("#job").hidden = false;
+  $("#job-id").textContent = job.job_id;
+  $("#job-elapsed").textContent = "";
+  badge($("#job-state"), job.state);
+  let current = job;
+  while (!TERMINAL.includes(current.state)) {
+    const polled = await gateway(`${job.poll_url}/wait?timeout=1000`);
+    if (polled.status !== 200) { show(m, polled, params); return; }
+    current = polled.body;
+    badge($("#job-state"), current.state);
+    $("#job-elapsed").textContent = `${(current.elapsed_ms / 1000).toFixed(1)} s`;
+    showProgress(current);
+  }
+  if (current.state !== "done") { $("#try-error").textContent = `Job ${current.state}: ${current.error || ""}`; return; }
+  const bar = $("#job-progress progress");
+  if (!$("#job-progress").hidden) { // done: every step is
+    bar.value = bar.max;
+    $("#job-eta").textContent = `all ${bar.max} steps`;
+  }
+  show(m, await gateway(job.result_url), params);
+}
+
+export function show(m, reply, params) {
+  const raw = $("#try-raw");
+  raw.hidden = false;
+  raw.querySelector("pre").textContent = JSON.stringify(reply.body, null, 2);
+  const env = reply.body || {};
+  if (reply.status !== 200 || !env.results) {
+    $("#try-error").textContent = `HTTP ${reply.status}: ${env.status_str || ""} ${env.error || ""}`;
+    return;
+  }
+  if (env.model && env.model.version) {
+    state.versions[m.id] = env.model.version;
+    updateDemoBanner();
+  }
+  const out = $("#try-result");
+  env.results.forEach((item, i) => {
+    if (item.status !== 0) {
+      const p = document.createElement("p");
+      p.className = "error";
+      p.textContent = `Item ${i}: status ${item.status} ${item.error || ""}`;
+      out.appendChild(p);
+      return;
+    }
+    const render = { classification: showClasses, detection: showBoxes, generation: showImage, segmentation: showMasks }[m.category];
+    (render || (() => {}))(out, item.data, params || {});
+  });
+}

@@ -5,17 +5,17 @@ model's OIP shape follows from the schema of its results' ``data``
 (``components.schemas["<ID>_Data"]`` of its own document), which every model
 server serves without a credential:
 
-========================  ==================================================================
-``data``                  OIP outputs
-========================  ==================================================================
-object with ``class_ids``  ``PROBABILITIES`` FP32 ``[rows, classes]`` (classes: ``class_id``'s
-and ``scores``             maximum + 1); the classification extension on it
-array of ``bbox``,         ``BOXES`` FP32 ``[n, 4]``, ``SCORES`` FP32 ``[n]``, ``CLASSES`` INT32
-``score``, ``class_id``    ``[n]`` and ``ROWS`` INT32 ``[n]``, every row's detections in turn
-array of ``segmentation``  ``MASKS`` BYTES ``[n]`` (JSON of each mask's COCO RLE), ``ROWS``
-object with ``image``      ``GENERATED`` BYTES ``[rows]``: the encoded images (PNG by default)
-anything else              ``DATA`` BYTES ``[rows]``: JSON of each row's ``data``
-========================  ==================================================================
+- an object with ``class_ids`` and ``scores``: ``PROBABILITIES`` FP32
+  ``[rows, classes]`` (classes: ``class_id``'s maximum + 1), with the
+  classification extension on it;
+- an array of ``bbox``, ``score``, ``class_id``: ``BOXES`` FP32 ``[n, 4]``,
+  ``SCORES`` FP32 ``[n]``, ``CLASSES`` INT32 ``[n]`` and ``ROWS`` INT32
+  ``[n]``, every row's detections in turn;
+- an array of ``segmentation``: ``MASKS`` BYTES ``[n]`` (JSON of each mask's
+  COCO RLE) and ``ROWS``;
+- an object with ``image``: ``GENERATED`` BYTES ``[rows]``, the encoded
+  images (PNG by default);
+- anything else: ``DATA`` BYTES ``[rows]``, JSON of each row's ``data``.
 
 Every model takes one ``BYTES`` input ``IMAGE`` of shape ``[rows]``: one
 encoded image per batch row.  The document is read once per model and kept

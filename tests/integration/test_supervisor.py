@@ -258,7 +258,7 @@ def test_refuses_a_wildcard_bind_without_service_expose(host):
     ("", "SERVICE_METRICS_TOKEN is not set: the gateway needs its own metrics token (also on loopback)"),
     (TOKENS["SERVICE_GATEWAY_AUTH_TOKEN"], "SERVICE_METRICS_TOKEN equals SERVICE_GATEWAY_AUTH_TOKEN: the metrics "
                                            "token must differ from the inference and management tokens"),
-])
+], ids=["unset", "equal-to-the-inference-token"])  # the tokens are random: ids of their own, the same in every worker
 def test_refuses_to_start_without_a_separate_metrics_token(metrics, message):
     """The supervisor itself refuses, with one line and exit 1, before anything listens or is spawned."""
     port = free_port()

@@ -58,8 +58,8 @@ class Reply(NamedTuple):
 
 
 #: The one stderr line of a command whose reply came from demo weights.
-DEMO_NOTE = ("note: this reply came from demo weights (random init: the outputs are noise); README.md, \"Real "
-             "models in three commands\", serves the official ones")
+DEMO_NOTE = ("note: this reply came from demo weights (random init: the outputs are noise); docs/models.md, "
+             "\"Real models in three commands\", serves the official ones")
 
 
 def note_weights(reply: Reply, stderr: Any = None) -> None:

@@ -141,7 +141,7 @@ def weights_choice(profile_weights: str, table_weights: Any, default_variant: st
 
     Derived from the configs alone (the supervisor never imports torch nor reads weights).  The server
     config's explicit choice wins: a local path is kept, and ``pretrained`` or ``pretrained:VARIANT`` runs
-    that variant under either profile (the "Real models in three commands" of the README).  A model whose
+    that variant under either profile (docs/models.md, "Real models in three commands").  A model whose
     config says nothing (``random``, the default) follows the profile: ``demo``, or under ``pretrained`` the
     plugin's default variant; a plugin without variants stays on demo (the model server says so in its log).
     ``demo`` True puts the model on demo weights whatever the configs say, but a local path (the quick start

@@ -255,7 +255,7 @@ class JsonApp:
     def limit_reply(self, request: Any | None, error: ApiError, method: str = "-") -> tuple[int, dict[str, str], bytes]:
         """A request refused by a listener limit before any route saw it (svc.web.limits): counted, in this
         process's reply shape; ``request`` is None when none was made yet (a head too large)."""
-        self.count_as("unmatched", method, error.code)
+        self.count_as("unmatched", method, error.code, *self.count_labels(request))
         return self.replies.raw(request, error)
 
     def metrics_reply(self, request: Any, authenticate: Callable[[Any], None]) -> bytes:

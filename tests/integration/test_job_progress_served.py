@@ -14,6 +14,7 @@ import time
 import pytest
 from PIL import Image
 
+from svc import cli_http
 from svc.cli_gateway import GATEWAY_ENV, TOKEN_ENVS
 from tests.support.gateway import GATEWAY_TOKENS, start_gateway
 from tests.support.http import get, post
@@ -109,5 +110,6 @@ def test_svcctl_jobs_run_shows_the_bar_and_writes_the_sample_and_the_envelope(st
     assert (out / "r1_0.png").read_bytes() == base64.b64decode(envelope["results"][0]["data"]["image"])
     lines = done.stderr.splitlines()
     assert re.fullmatch(r"job_[0-9a-f]{42} pending", lines[0])
-    assert re.fullmatch(r"job_[0-9a-f]{42} done \[#{30}\] 5/5", lines[-2])
+    assert re.fullmatch(r"job_[0-9a-f]{42} done \[#{30}\] 5/5", lines[-3])
+    assert lines[-2] == f"svcctl: {cli_http.DEMO_NOTE}"  # the stack serves demo weights
     assert lines[-1] == f"svcctl: wrote 2 files under {out}"

@@ -438,7 +438,7 @@ def test_an_interrupted_process_says_so_and_exits_130():
     assert (done.returncode, done.stdout, done.stderr) == (130, "", "svcctl: interrupted\n")
 
 
-DEMO_NOTE = ("svcctl: note: this reply came from demo weights (random init: the outputs are noise); README.md, "
+DEMO_NOTE = ("svcctl: note: this reply came from demo weights (random init: the outputs are noise); docs/models.md, "
              "\"Real models in three commands\", serves the official ones\n")
 
 

@@ -1,6 +1,6 @@
-"""README's "Real models in three commands", run as written against a loopback source.
+"""docs/models.md's "Real models in three commands", run as written against a loopback source.
 
-The three lines are read from README.md.  ``svcctl weights pull MOBILENETV2``
+The three lines are read from docs/models.md.  ``svcctl weights pull MOBILENETV2``
 runs in this process, through ``SERVICE_WEIGHTS_MIRROR`` to a fake source
 serving a torchvision MobileNetV2 state dict (the official format) under the
 official URL; the catalog entry is the real one but for its torch.hub hash
@@ -9,7 +9,7 @@ first pull.  The ``sed`` line runs as it is on a copy of the shipped config,
 and ``./bin/quickstart`` is its last step, ``python -m svc.quickstart`` (the
 virtual environment and ``pip install`` are not what is tested here), on the
 shipped profile's ``weights = "demo"``.  The reply must carry the version
-the README's comment promises, and the status API the variant.
+the page's comment promises, and the status API the variant.
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ from tests.support.http import get, post
 from tests.support.images import image_b64
 from tests.support.weight_source import FakeSource
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "models.md"
 
 
 def readme_block() -> list[tuple[list[str], str]]:
     """The block's commands, each as (argv, its comment)."""
-    text = README.read_text()
-    section = text[text.index("### Real models in three commands"):]
+    text = PAGE.read_text()
+    section = text[text.index("## Real models in three commands"):]
     start = section.index("```sh\n") + 6
     block = section[start:section.index("\n```", start)]
     lines = []

@@ -53,7 +53,7 @@ GATE_IMAGES = 4
 GATE_SEED = 1234
 #: What ``backend.optimize = "auto"`` measures, per device (README "Optimised execution" has the figures).
 AUTO_CANDIDATES = {
-    "cpu": ("jit", "channels_last+bf16+jit"),
+    "cpu": ("jit", "channels_last+bf16+jit", "onnxruntime", "openvino", "bf16+openvino"),
     "cuda": ("channels_last+fp16", "channels_last+fp16+cuda_graphs"),
 }
 

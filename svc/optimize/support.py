@@ -18,7 +18,7 @@ import os
 import shutil
 import sys
 
-from svc.optimize.modes import Mode
+from svc.optimize.modes import RUNTIME_STEPS, Mode
 
 #: /proc/cpuinfo flags that mean native bfloat16 arithmetic.
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -84,6 +84,18 @@ def missing_runtime(mode: Mode) -> str | None:
         text = str(e).strip().splitlines()
         return f"'{mode.runtime}' is not installed here ({type(e).__name__}: {text[0][:120] if text else ''})"
     return None
+
+
+def without_runtimes(modes: tuple[str, ...]) -> tuple[str, ...]:
+    """``modes`` where neither ``openvino`` nor ``onnxruntime`` imports, else nothing: a plugin's costly fallback.
+
+    ``compile`` costs 20 to 35 CPU seconds on a first start and is slower
+    than OpenVINO on the zoo's networks: a plugin offers it to ``auto`` only
+    on a machine where no runtime could win instead.
+    """
+    if all(missing_runtime(Mode((runtime,))) for runtime in RUNTIME_STEPS):
+        return modes
+    return ()
 
 
 def unsupported(mode: Mode, device: str) -> str | None:

@@ -152,6 +152,7 @@ def test_a_missing_runtime_leaves_the_torch_modes_with_one_line(monkeypatch):
     assert support.missing_runtime(mode("bf16+openvino")) == problem
     assert support.missing_runtime(mode("jit")) is None
     support.check_setting("openvino", "cpu")  # not refused at startup: the load falls back
+    assert support.without_runtimes(("compile",)) == ("compile",)  # a plugin's torch fallback is offered again
 
     model = TinyClassifier(candidates=("jit", "onnxruntime", "openvino"))
     report = Optimizer(model, "classification", "cpu", "auto", 4, "TINY").run()
@@ -222,3 +223,4 @@ def test_a_target_that_returns_no_tensors_cannot_be_converted():
         apply_mode(target, mode("onnxruntime"), "cpu", 2)
     assert onnxruntime.__version__ and openvino_module().__version__  # the pinned runtimes import here
     assert sys.modules["openvino_telemetry"] is None  # and OpenVINO sends no telemetry from a service
+    assert support.without_runtimes(("compile",)) == ()  # a runtime imports: no costly torch fallback

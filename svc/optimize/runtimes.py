@@ -115,11 +115,19 @@ def converted(module: Any, make_example: Any, batch: int, batched: bool, runtime
         path.parent.mkdir(parents=True, exist_ok=True)
         returns = _returns(module, example)
         (_convert_openvino if runtime == "openvino" else _export_onnx)(module, example, batched, path)
-        meta.write_text(json.dumps({"returns": returns}))
+        _write_atomically(meta, json.dumps({"returns": returns}))
         STATS["converted"] += 1
     if runtime == "openvino":
         return OpenVINOCall(_ov_core().read_model(str(path)), bf16, returns, intra_op_threads(), WORKERS)
     return OnnxRuntimeCall(path, returns, intra_op_threads())
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """``path`` complete or absent: two servers converting the same key at once (DDPM and DDIM share a UNet)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".writing-", suffix=path.suffix)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def _returns(module: Any, example: tuple) -> str:

@@ -38,6 +38,12 @@ RUNTIME = [
     # the gateway's rate limits in Redis (svc/gateway/ratestore.py): a Twisted-native client; it pulls in
     # twisted[tls] (pyOpenSSL, service-identity, idna), which the service already has
     "txredisapi==1.6.0",
+    # backend.optimize's "openvino" and "onnxruntime" modes (svc/optimize/runtimes.py): the runtimes, and onnx,
+    # which torch.onnx.export (the TorchScript exporter, dynamo=False) needs to write the file.  A platform
+    # without a wheel of a runtime falls back to the torch modes at load, with one line.
+    "openvino==2026.4.1",
+    "onnxruntime==1.32.0",
+    "onnx==1.23.2",
 ]
 
 TEST = [

@@ -29,7 +29,7 @@ GATE_SEED = 1234
 GATE_STEPS = 3
 #: What ``backend.optimize = "auto"`` measures, per device (docs/optimize.md has the figures).
 AUTO_CANDIDATES = {
-    "cpu": ("jit", "compile"),
+    "cpu": ("jit", "onnxruntime", "openvino", "bf16+openvino"),
     "cuda": ("fp16", "fp16+cuda_graphs"),
 }
 
@@ -246,4 +246,6 @@ class DiffusionModel:
         return {"noise": noise, "image": image}
 
     def optimize_candidates(self, device: str) -> tuple:
-        return AUTO_CANDIDATES.get(device, ())
+        from svc.optimize.support import without_runtimes
+
+        return AUTO_CANDIDATES.get(device, ()) + (without_runtimes(("compile",)) if device == "cpu" else ())

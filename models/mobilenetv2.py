@@ -25,7 +25,8 @@ no thread but the worker starts OpenMP work (see ``IModel.preprocess``).
 Optimised execution (``backend.optimize``, ``svc.optimize``): the network is
 the one target; the accuracy gate compares its logits on ``GATE_IMAGES``
 seeded random images (the classification gate: same top-1, logits within
-tolerance).  ``auto`` tries ``AUTO_CANDIDATES``.
+tolerance).  ``auto`` tries ``AUTO_CANDIDATES``, and ``TORCH_BF16`` on a CPU
+where neither OpenVINO nor ONNX Runtime imports.
 """
 
 from __future__ import annotations
@@ -53,9 +54,11 @@ GATE_IMAGES = 4
 GATE_SEED = 1234
 #: What ``backend.optimize = "auto"`` measures, per device (docs/optimize.md has the figures).
 AUTO_CANDIDATES = {
-    "cpu": ("jit", "channels_last+bf16+jit"),
+    "cpu": ("jit", "onnxruntime", "openvino", "bf16+openvino"),
     "cuda": ("channels_last+fp16", "channels_last+fp16+cuda_graphs"),
 }
+#: torch's own bfloat16 mode, tried on a CPU only where neither runtime imports (OpenVINO's bf16 is faster).
+TORCH_BF16 = ("channels_last+bf16+jit",)
 
 #: torchvision's MobileNet_V2_Weights: the same URLs; the hex after the last '-' of each file name is the
 #: prefix of its SHA-256 that torch.hub checks (tests compare these with torchvision's own source).
@@ -192,7 +195,9 @@ class MobileNetV2:
             return self.run_net(self.normalize(self.gate_images(GATE_IMAGES))).float().cpu()
 
     def optimize_candidates(self, device: str) -> tuple:
-        return AUTO_CANDIDATES.get(device, ())
+        from svc.optimize.support import without_runtimes
+
+        return AUTO_CANDIDATES.get(device, ()) + (without_runtimes(TORCH_BF16) if device == "cpu" else ())
 
 
 @implementer(IPlugin, IModelFactory)

@@ -256,7 +256,9 @@ class SamAmgModel:
         return gate_masks(self.sam, self.points_per_batch)
 
     def optimize_candidates(self, device: str) -> tuple:
-        return AUTO_CANDIDATES.get(device, ())
+        from svc.optimize.support import without_runtimes
+
+        return AUTO_CANDIDATES.get(device, ()) + (without_runtimes(("compile",)) if device == "cpu" else ())
 
 
 @implementer(IPlugin, IModelFactory)

@@ -32,7 +32,7 @@ GATE_SEED = 1234
 GATE_SIDE = 256
 #: What ``backend.optimize = "auto"`` measures, per device (docs/optimize.md has the figures).
 AUTO_CANDIDATES = {
-    "cpu": ("bf16", "compile"),
+    "cpu": ("bf16", "onnxruntime", "openvino", "bf16+openvino"),
     "cuda": ("fp16", "bf16"),
 }
 

@@ -70,9 +70,13 @@ GATE_SEED = 1234
 GATE_PARAMS = {"score_threshold": 0.25, "nms_threshold": 0.7, "top_k": 300}
 #: What ``backend.optimize = "auto"`` measures, per device (docs/optimize.md has the figures).
 AUTO_CANDIDATES = {
-    "cpu": ("compile", "channels_last+bf16+jit"),
+    "cpu": ("onnxruntime", "openvino", "bf16+openvino"),
     "cuda": ("channels_last+fp16", "channels_last+fp16+cuda_graphs"),
 }
+
+#: Tried on a CPU only where neither runtime imports: ``compile`` costs 20-35 s at a first start and OpenVINO
+#: is faster (README "Optimised execution"); torch's bf16 is slower than OpenVINO's.
+TORCH_ONLY = ("compile", "channels_last+bf16+jit")
 
 
 def coco_categories() -> list[str]:
@@ -283,7 +287,9 @@ class YOLOv8Model:
                 for pred, box in self.predict(inputs, GATE_PARAMS)]
 
     def optimize_candidates(self, device: str) -> tuple:
-        return AUTO_CANDIDATES.get(device, ())
+        from svc.optimize.support import without_runtimes
+
+        return AUTO_CANDIDATES.get(device, ()) + (without_runtimes(TORCH_ONLY) if device == "cpu" else ())
 
 
 def to_network_input(batch: Any) -> Any:

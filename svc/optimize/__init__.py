@@ -7,6 +7,7 @@
 - :mod:`svc.optimize.gates`: the accuracy gates, one comparison per task category;
 - :mod:`svc.optimize.select`: the step of a model load: gate, time, choose, log one line, fall back;
 - :mod:`svc.optimize.aot`: ``compile``: export, AOTInductor, packages keyed and cached on disk;
+- :mod:`svc.optimize.runtimes`: ``openvino`` / ``onnxruntime``: the target converted at load, cached on disk;
 - :mod:`svc.optimize.cache`: the state directory, its ``compiled/`` and ``inductor/`` (torch-free);
 - :mod:`svc.optimize.buckets`: batch-shape buckets (pad to a captured size, slice back);
 - :mod:`svc.optimize.cudagraphs`: CUDA graphs per bucket (GPU only);

@@ -20,7 +20,10 @@ Steps, in the order they wrap each other:
   the batch dimension dynamic, the package cached on disk
   (:mod:`svc.optimize.aot`): the warm-up pays the compilation once, a
   restart loads it, and no request ever compiles;
-- ``cuda_graphs``: see :mod:`svc.optimize.cudagraphs`.
+- ``cuda_graphs``: see :mod:`svc.optimize.cudagraphs`;
+- ``openvino`` / ``onnxruntime``: the module converted and run by that
+  runtime, the converted model cached on disk (:mod:`svc.optimize.runtimes`);
+  ``bf16`` with ``openvino`` is its bfloat16 inference precision, not autocast.
 
 torch is imported inside the functions: this module is imported by the
 engine, which is imported before torch is configured.
@@ -99,6 +102,18 @@ def apply_mode(target: OptimizationTarget, mode: Mode, device: str, batch_size: 
     torch = _torch()
     from svc.optimize.standin import CallModule, StandIn
 
+    if mode.runtime:
+        from svc.optimize.cache import compiled_dir
+        from svc.optimize.runtimes import converted
+
+        def made(n: int) -> tuple:
+            with inference_context():
+                return target.example_inputs(n)
+
+        inner = converted(module, made, batch_size, target.batched, mode.runtime, mode.has("bf16"), target.name,
+                          compiled_dir())
+        shapes = None if target.batched else [tuple(v.shape) if hasattr(v, "shape") else None for v in made(batch_size)]
+        return StandIn(module, inner, channels_last=False, shapes=shapes)
     inner: Any = module
     if mode.autocast:
         inner = CallModule(inner, autocast=(torch.device(device).type, getattr(torch, mode.autocast)))

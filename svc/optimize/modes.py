@@ -4,9 +4,12 @@ A mode is a set of steps applied to a model's optimisation targets
 (:mod:`svc.optimize.apply`): ``channels_last``, ``jit`` (``torch.jit.trace``
 + ``torch.jit.freeze``), ``compile`` (``torch.export`` + AOTInductor with
 freezing, the package cached on disk), ``bf16`` / ``fp16`` (autocast), ``cuda_graphs`` (replay
-captured graphs for fixed batch shapes).  Steps combine with ``+``, in any
-order (``"channels_last+jit"``); ``eager`` is the empty set and ``auto``
-lets :mod:`svc.optimize.select` measure candidates at warm-up.
+captured graphs for fixed batch shapes), ``openvino`` / ``onnxruntime``
+(the target converted at load and run by that runtime on the CPU, the
+converted model cached on disk; ``bf16+openvino`` is OpenVINO at its bfloat16
+inference precision).  Steps combine with ``+``, in any order
+(``"channels_last+jit"``); ``eager`` is the empty set and ``auto`` lets
+:mod:`svc.optimize.select` measure candidates at warm-up.
 
 Pure and torch-free: the key is checked at startup, before torch is
 imported, and the OpenAPI generator and the supervisor may read it.
@@ -39,13 +42,21 @@ STEPS: tuple[Step, ...] = (
     Step("jit", ("cpu", "cuda"), "torch.jit.trace + torch.jit.freeze (+ optimize_for_inference on a CPU)"),
     Step("compile", ("cpu", "cuda"), "torch.export + AOTInductor with freezing, the package cached on disk"),
     Step("cuda_graphs", ("cuda",), "CUDA graphs captured per batch size, batches padded to the next size"),
+    Step("openvino", ("cpu",), "converted by openvino.convert_model, run by OpenVINO (with bf16: its bf16 precision)"),
+    Step("onnxruntime", ("cpu",), "exported by torch.onnx.export, run by an ONNX Runtime session"),
 )
+#: Steps that hand the target to another runtime: the model is converted at load (:mod:`svc.optimize.runtimes`).
+RUNTIME_STEPS = ("openvino", "onnxruntime")
 _BY_NAME = {s.name: s for s in STEPS}
 #: Steps that cannot go together, and why.
 CONFLICTS: tuple[tuple[str, str, str], ...] = (
     ("jit", "compile", "a traced module is not compiled again"),
     ("bf16", "fp16", "one autocast type"),
     ("cuda_graphs", "compile", "compile captures its own graphs (mode 'reduce-overhead')"),
+    ("openvino", "onnxruntime", "one runtime runs the target"),
+    *((a, b, "the runtime runs the converted model: no torch step applies to it")
+      for a in ("channels_last", "jit", "compile") for b in RUNTIME_STEPS),
+    ("bf16", "onnxruntime", "ONNX Runtime runs float32 on a CPU"),
 )
 
 
@@ -63,8 +74,15 @@ class Mode:
         return step in self.steps
 
     @property
+    def runtime(self) -> str | None:
+        """The runtime that runs the converted target ("openvino", "onnxruntime"), or None (torch)."""
+        return next((step for step in RUNTIME_STEPS if step in self.steps), None)
+
+    @property
     def autocast(self) -> str | None:
-        """The autocast dtype name ("bfloat16", "float16") or None."""
+        """The autocast dtype name ("bfloat16", "float16") or None (a runtime's bf16 is its precision, not autocast)."""
+        if self.runtime:
+            return None
         if self.has("bf16"):
             return "bfloat16"
         if self.has("fp16"):
@@ -106,7 +124,8 @@ def parse_mode(text: str, device: str) -> Mode | None:
             raise ModeError(f"unknown mode {word!r} in {text!r}; known: {', '.join(known_names(device))} "
                             "(steps combine with '+', for example 'channels_last+jit')")
         if device not in step.devices:
-            raise ModeError(f"{word!r} needs backend.device = \"gpu\" (this server runs on {where}); "
+            needed = "gpu" if "cuda" in step.devices else "cpu"
+            raise ModeError(f"{word!r} needs backend.device = \"{needed}\" (this server runs on {where}); "
                             f"known on {where}: {', '.join(known_names(device))}")
         if word in seen:
             raise ModeError(f"{word!r} is named twice in {text!r}")

@@ -10,7 +10,8 @@ warmed up.  For a model that provides ``svc.modelapi.IOptimizable``:
    :data:`DEFAULT_CANDIDATES`, without what this machine cannot run; an
    explicit mode: that one): applied to every target, gated against the
    reference with the gate of the model's category (:mod:`svc.optimize.gates`),
-   and timed (``auto``);
+   and timed (``auto``); a mode whose runtime (``openvino``, ``onnxruntime``)
+   does not import here is dropped without being tried, saying so;
 3. the choice: the fastest candidate that passed and beats eager by
    :data:`MIN_GAIN`, else eager.  Any exception while applying or gating a
    candidate, or a failed gate, drops that candidate (an explicit mode falls
@@ -33,7 +34,7 @@ from svc.optimize.modes import EAGER_MODE, Mode, mode, parse_mode
 
 #: What ``auto`` tries when a model names no candidates of its own, per torch device type.
 DEFAULT_CANDIDATES: dict[str, tuple[str, ...]] = {
-    "cpu": ("jit", "channels_last+jit"),
+    "cpu": ("jit", "channels_last+jit", "onnxruntime", "openvino", "bf16+openvino"),
     "cuda": ("channels_last+fp16", "channels_last+fp16+cuda_graphs"),
 }
 #: ``auto`` keeps eager unless a candidate is at least this much faster (noise is not a speed-up).
@@ -160,6 +161,7 @@ class Optimizer:
                            else f"{self.model_id}: optimize {self.setting}: the model names no optimisation targets: eager")
             return report
         from svc.optimize.gates import gate_for
+        from svc.optimize.support import missing_runtime
 
         gate = gate_for(getattr(self.model, "gate_category", None) or self.category)
         targets = list(self.model.optimization_targets())
@@ -167,17 +169,26 @@ class Optimizer:
         self.apply_layout(targets, EAGER_MODE)
         candidates = [explicit] if explicit is not None else self.candidates()
         compiling = any(c.has("compile") for c in candidates)
+        converting = any(c.runtime for c in candidates)
         if compiling:
             from svc.optimize import aot
 
             aot.RUNNERS = self.workers
-        cache_before = _cache_counters(compiling)
+        if converting:
+            from svc.optimize import runtimes
+
+            runtimes.WORKERS = self.workers
+        cache_before = _cache_counters(compiling, converting)
         reference = self.model.gate_outputs()
         passed: list[tuple[Outcome, list]] = []
         for number, candidate in enumerate(candidates, 1):
             self.phase(f"measuring mode {number} of {len(candidates)} ({candidate.name})")
             outcome = Outcome(candidate)
             report.outcomes.append(outcome)
+            missing = missing_runtime(candidate)
+            if missing:  # a platform without the runtime's wheel: the torch modes compete without it
+                outcome.problem = missing
+                continue
             try:
                 fns = [self.apply(t, candidate, self.device, self.batch) for t in targets]
                 self._install(targets, fns)
@@ -205,7 +216,7 @@ class Optimizer:
             self.apply_layout(targets, EAGER_MODE)
         report.chosen = chosen
         report.fell_back = explicit is not None and chosen == EAGER_MODE
-        report.cache = _cache_delta(cache_before, compiling)
+        report.cache = _cache_delta(cache_before, compiling, converting)
         report.seconds = time.perf_counter() - started
         report.line = self._line(report, explicit, eager_ms)
         return report
@@ -264,24 +275,35 @@ class Optimizer:
                 f"(min gain {MIN_GAIN:.0%}; {took}{cache})")
 
 
-def _cache_counters(compiling: bool) -> dict[str, int]:
-    """Compiled packages this process built and loaded so far (``svc.optimize.aot``), when a candidate compiles."""
-    if not compiling:
-        return {}
-    from svc.optimize.aot import STATS
+def _cache_counters(compiling: bool, converting: bool = False) -> dict[str, int]:
+    """Packages built and loaded (``svc.optimize.aot``), models converted and read (``svc.optimize.runtimes``) so far.
 
-    return {"built": STATS["built"], "loaded": STATS["loaded"]}
+    Only the counters of what a candidate does: a load that neither compiles nor converts shows none.
+    """
+    counters: dict[str, int] = {}
+    if compiling:
+        from svc.optimize.aot import STATS
+
+        counters.update(built=STATS["built"], loaded=STATS["loaded"])
+    if converting:
+        from svc.optimize.runtimes import STATS as CONVERSIONS
+
+        counters.update(converted=CONVERSIONS["converted"], read=CONVERSIONS["loaded"])
+    return counters
 
 
-def _cache_delta(before: dict[str, int], compiling: bool) -> dict[str, int]:
-    after = _cache_counters(compiling)
+def _cache_delta(before: dict[str, int], compiling: bool, converting: bool = False) -> dict[str, int]:
+    after = _cache_counters(compiling, converting)
     return {k: v - before.get(k, 0) for k, v in after.items()}
 
 
 def _describe_cache(delta: dict[str, int]) -> str:
-    if not delta:
-        return ""
-    return f"; compiled packages: {delta['built']} built, {delta['loaded']} loaded from the cache"
+    parts = []
+    if "built" in delta:
+        parts.append(f"; compiled packages: {delta['built']} built, {delta['loaded']} loaded from the cache")
+    if "converted" in delta:
+        parts.append(f"; converted models: {delta['converted']} converted, {delta['read']} read from the cache")
+    return "".join(parts)
 
 
 def optimize_model(model: Any, category: str, device: str, setting: str, batch: int, model_id: str = "",

@@ -5,14 +5,20 @@ is slower than float32, so it is neither offered by ``auto`` nor accepted
 as an explicit mode there.  ``compile`` on a CPU needs a C++ compiler
 (inductor writes C++ kernels).  A mode named explicitly that this machine
 cannot run is refused at startup with one line; ``auto`` leaves it out.
+
+``openvino`` and ``onnxruntime`` need their package (:func:`missing_runtime`):
+a platform without a wheel is not refused at startup but falls back at load
+to the torch modes, with the reason in the optimisation line.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
+import sys
 
-from svc.optimize.modes import Mode
+from svc.optimize.modes import RUNTIME_STEPS, Mode
 
 #: /proc/cpuinfo flags that mean native bfloat16 arithmetic.
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -47,6 +53,49 @@ def has_cxx_compiler() -> bool:
     """Whether inductor finds a C++ compiler (``CXX``, else ``g++``/``clang++``/``c++``)."""
     names = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "clang++", "c++"]
     return any(shutil.which(name) for name in names)
+
+
+def block_openvino_telemetry() -> None:
+    """Keep OpenVINO from sending usage telemetry from this process; call before ``import openvino``.
+
+    ``import openvino`` and every ``openvino.convert_model`` send events to
+    Google Analytics unless the user opted out (``openvino_telemetry``, a
+    dependency of the wheel); a server sends nothing it was not asked to,
+    and each attempt cost a conversion seconds on a machine without a route
+    out.  OpenVINO's own fallback when that package does not import is a
+    stub: it is made not to import.  An already imported package is left.
+    """
+    sys.modules.setdefault("openvino_telemetry", None)  # type: ignore[arg-type]
+
+
+def missing_runtime(mode: Mode) -> str | None:
+    """Why the runtime ``mode`` runs in cannot be imported here (one line), or None (torch, or it imports).
+
+    Imports the package (``openvino``, ``onnxruntime``), so a test that puts
+    None in ``sys.modules`` under its name sees what a machine without it sees.
+    """
+    if mode.runtime is None:
+        return None
+    if mode.runtime == "openvino":
+        block_openvino_telemetry()
+    try:
+        importlib.import_module(mode.runtime)
+    except (ImportError, OSError) as e:  # no wheel for this platform, or its shared libraries do not load
+        text = str(e).strip().splitlines()
+        return f"'{mode.runtime}' is not installed here ({type(e).__name__}: {text[0][:120] if text else ''})"
+    return None
+
+
+def without_runtimes(modes: tuple[str, ...]) -> tuple[str, ...]:
+    """``modes`` where neither ``openvino`` nor ``onnxruntime`` imports, else nothing: a plugin's costly fallback.
+
+    ``compile`` costs 20 to 35 CPU seconds on a first start and is slower
+    than OpenVINO on the zoo's networks: a plugin offers it to ``auto`` only
+    on a machine where no runtime could win instead.
+    """
+    if all(missing_runtime(Mode((runtime,))) for runtime in RUNTIME_STEPS):
+        return modes
+    return ()
 
 
 def unsupported(mode: Mode, device: str) -> str | None:

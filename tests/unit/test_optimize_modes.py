@@ -19,7 +19,7 @@ from tests.unit.test_taps import environment, refusal  # noqa: F401 - environmen
 def test_auto_eager_and_every_step_parse():
     assert parse_mode("auto", "cpu") is None
     assert parse_mode("eager", "cpu") == EAGER_MODE and EAGER_MODE.name == "eager"
-    for name in ("channels_last", "bf16", "jit", "compile"):
+    for name in ("channels_last", "bf16", "jit", "compile", "openvino", "onnxruntime"):
         assert parse_mode(name, "cpu") == Mode((name,))
     for name in ("channels_last", "bf16", "fp16", "jit", "compile", "cuda_graphs"):
         assert parse_mode(name, "cuda") == Mode((name,))
@@ -31,19 +31,28 @@ def test_combinations_have_one_canonical_name():
     assert mode("cuda_graphs+fp16+channels_last", "cuda").name == "channels_last+fp16+cuda_graphs"
     assert mode("channels_last+bf16+jit").autocast == "bfloat16"
     assert mode("fp16", "cuda").autocast == "float16" and mode("jit").autocast is None
+    assert mode("openvino+bf16").name == "bf16+openvino"  # as bf16+compile
+    assert mode("bf16+openvino").runtime == "openvino" and mode("bf16+openvino").autocast is None  # a precision
+    assert mode("onnxruntime").runtime == "onnxruntime" and mode("bf16+jit").runtime is None
 
 
 @pytest.mark.parametrize("text, device, problem", [
-    ("turbo", "cpu", "unknown mode 'turbo' in 'turbo'; known: auto, eager, channels_last, bf16, jit, compile "
-                     "(steps combine with '+', for example 'channels_last+jit')"),
+    ("turbo", "cpu", "unknown mode 'turbo' in 'turbo'; known: auto, eager, channels_last, bf16, jit, compile, "
+                     "openvino, onnxruntime (steps combine with '+', for example 'channels_last+jit')"),
     ("channels_last+jitt", "cpu", "unknown mode 'jitt' in 'channels_last+jitt'"),
     ("fp16", "cpu", "'fp16' needs backend.device = \"gpu\" (this server runs on cpu); known on cpu: auto, eager, "
-                    "channels_last, bf16, jit, compile"),
+                    "channels_last, bf16, jit, compile, openvino, onnxruntime"),
     ("channels_last+cuda_graphs", "cpu", "'cuda_graphs' needs backend.device = \"gpu\""),
     ("jit+compile", "cpu", "'jit' and 'compile' cannot be combined (a traced module is not compiled again)"),
     ("bf16+fp16", "cuda", "'bf16' and 'fp16' cannot be combined (one autocast type)"),
     ("compile+cuda_graphs", "cuda", "'cuda_graphs' and 'compile' cannot be combined"),
     ("jit+jit", "cpu", "'jit' is named twice in 'jit+jit'"),
+    ("openvino", "cuda", "'openvino' needs backend.device = \"cpu\""),
+    ("openvino+onnxruntime", "cpu", "'openvino' and 'onnxruntime' cannot be combined (one runtime runs the target)"),
+    ("channels_last+openvino", "cpu", "'channels_last' and 'openvino' cannot be combined (the runtime runs the "
+                                      "converted model: no torch step applies to it)"),
+    ("jit+onnxruntime", "cpu", "'jit' and 'onnxruntime' cannot be combined"),
+    ("bf16+onnxruntime", "cpu", "'bf16' and 'onnxruntime' cannot be combined (ONNX Runtime runs float32 on a CPU)"),
     ("auto+jit", "cpu", "unknown mode 'auto' in 'auto+jit'"),
     ("", "cpu", "unknown mode '' in ''"),
 ])
@@ -54,8 +63,9 @@ def test_bad_values_are_one_line_naming_what_is_known(text, device, problem):
 
 
 def test_known_names_per_device():
-    assert known_names("cpu") == ["auto", "eager", "channels_last", "bf16", "jit", "compile"]
+    assert known_names("cpu") == ["auto", "eager", "channels_last", "bf16", "jit", "compile", "openvino", "onnxruntime"]
     assert known_names("cuda")[-2:] == ["compile", "cuda_graphs"] and "fp16" in known_names("cuda")
+    assert "openvino" not in known_names("cuda")
 
 
 # -- what this machine can run -------------------------------------------------------------------

@@ -93,3 +93,18 @@ def test_the_plugin_passes_its_gate_optimised_serves_and_catches_a_wrong_target(
     assert "running eager" in report.line
     assert gate_for(factory.category)(reference, model.gate_outputs()).passed  # eager again, as before
     serve_once(factory, model, table)
+
+
+@pytest.mark.parametrize("mode", ["openvino", "onnxruntime"])
+def test_a_runtime_converts_every_target_of_a_plugin_and_it_serves(mode, tmp_path, monkeypatch):
+    """LDM's two targets (the UNet per step, the VQ decoder) converted; the other families are converted by
+    tests/integration/test_optimize_auto.py."""
+    monkeypatch.setenv("SERVICE_STATE_DIR", str(tmp_path))
+    factory, model, table = build("LDM")
+    eager = serve_once(factory, model, table)
+    report = Optimizer(model, factory.category, "cpu", mode, 2, "LDM").run()
+    assert report.mode == mode and not report.fell_back, report.line
+    assert report.line.endswith("; converted models: 2 converted, 0 read from the cache)"), report.line
+    assert type(model.denoise).__name__ == "StandIn" and type(model.decode).__name__ == "StandIn"
+    served = serve_once(factory, model, table)
+    assert [item["seed"] for item in served] == [item["seed"] for item in eager]

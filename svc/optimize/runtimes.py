@@ -1,0 +1,264 @@
+"""``openvino`` and ``onnxruntime``: a target converted at load and run by that runtime on the CPU.
+
+The plugin's module stays a PyTorch module; at load it is converted from the
+module and its example inputs:
+
+- ``openvino``: ``openvino.convert_model(module, example_input=...)``, the
+  batch dimension made dynamic, compiled for the CPU with the ``LATENCY``
+  hint at ``f32`` inference precision, or ``bf16`` for ``bf16+openvino``
+  (:mod:`svc.optimize.support` offers bf16 only where the CPU has it natively);
+- ``onnxruntime``: ``torch.onnx.export`` (the TorchScript exporter, the batch
+  dimension dynamic) and an ``InferenceSession`` on the CPU provider.
+
+The converted model is kept in ``<state dir>/compiled/`` (OpenVINO IR
+``.xml`` + ``.bin`` saved in float32, the same file for both precisions;
+``.onnx``) under the key :func:`svc.optimize.aot.package_key` computes for
+``compile`` (the weights, the module's source files, torch's version, the
+CPU, the input shapes) plus the runtime's version: a restart with the same
+key reads the file instead of converting again; new weights or another
+runtime version convert afresh.  A ``.json`` beside it, written last, says
+what the target returns (a tensor, a list or a tuple of them).
+
+Threads: the runtime's threads replace torch's.  Each call gets the intra-op
+threads torch has (``backend.threads``, or the cores divided among the
+workers: ``svc.torchenv.configure_threads``), and the workers call at once:
+OpenVINO gets one stream per worker with that many threads each, ONNX
+Runtime an intra-op pool of that size (a session runs concurrent calls).
+:data:`STATS` counts conversions and cache reads for the optimisation line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+#: Models converted and read from the cache by this process (``converted``, ``loaded``).
+STATS: Counter = Counter()
+#: The inference threads that call a converted target at once (``backend.workers``; set by ``svc.optimize.select``).
+WORKERS = 1
+#: The smallest example batch a batched target is converted with (tracing at one can fix broadcasts to one).
+CONVERT_MIN_BATCH = 2
+#: The ONNX opset of ``torch.onnx.export``.
+ONNX_OPSET = 17
+_core: Any = None
+_core_lock = threading.Lock()
+
+
+def runtime_version(runtime: str) -> str:
+    """The runtime's package version (part of the cache key)."""
+    if runtime == "openvino":
+        return _openvino().__version__
+    import onnxruntime
+
+    return onnxruntime.__version__
+
+
+def intra_op_threads() -> int:
+    """The threads one call may use: torch's intra-op threads, as the model server configured them."""
+    import torch
+
+    return max(1, torch.get_num_threads())
+
+
+def _openvino() -> Any:
+    """The ``openvino`` module, imported without its telemetry (:func:`svc.optimize.support.block_openvino_telemetry`)."""
+    from svc.optimize.support import block_openvino_telemetry
+
+    block_openvino_telemetry()
+    import openvino
+
+    return openvino
+
+
+def _ov_core() -> Any:
+    global _core
+    with _core_lock:
+        if _core is None:
+            _core = _openvino().Core()
+        return _core
+
+
+def artifact_path(module: Any, example: tuple, runtime: str, name: str, batched: bool, directory: Path) -> Path:
+    """Where the converted ``module`` is kept: its name holds the key of everything that decides it."""
+    import torch
+
+    from svc.optimize.aot import package_key
+
+    shapes = "batched" if batched else str([tuple(v.shape) for v in example if isinstance(v, torch.Tensor)])
+    key = package_key(module, example, "cpu", f"{runtime} {runtime_version(runtime)}|{shapes}")
+    return directory / f"{name}-{runtime}-{key[:32]}{'.xml' if runtime == 'openvino' else '.onnx'}"
+
+
+def converted(module: Any, make_example: Any, batch: int, batched: bool, runtime: str, bf16: bool, name: str,
+              directory: Path) -> Any:
+    """``module`` converted for ``runtime`` (read from ``directory`` when its key is there), ready to call.
+
+    ``make_example(n)`` makes the arguments of a batch of ``n``.  Raises
+    what the conversion raises (the caller drops the mode).
+    """
+    import torch
+
+    example = tuple(v.clone() if isinstance(v, torch.Tensor) else v
+                    for v in make_example(max(batch, CONVERT_MIN_BATCH) if batched else batch))
+    path = artifact_path(module, example, runtime, name, batched, directory)
+    meta = path.with_suffix(".json")
+    if meta.is_file() and path.is_file():
+        returns = json.loads(meta.read_text())["returns"]
+        STATS["loaded"] += 1
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        returns = _returns(module, example)
+        (_convert_openvino if runtime == "openvino" else _export_onnx)(module, example, batched, path)
+        _write_atomically(meta, json.dumps({"returns": returns}))
+        STATS["converted"] += 1
+    if runtime == "openvino":
+        return OpenVINOCall(_ov_core().read_model(str(path)), bf16, returns, intra_op_threads(), WORKERS)
+    return OnnxRuntimeCall(path, returns, intra_op_threads())
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """``path`` complete or absent: two servers converting the same key at once (DDPM and DDIM share a UNet)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".writing-", suffix=path.suffix)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _returns(module: Any, example: tuple) -> str:
+    """What ``module`` returns: "tensor", "list" or "tuple" (of tensors); anything else cannot be converted."""
+    import torch
+
+    with torch.no_grad():
+        out = module(*example)
+    if isinstance(out, torch.Tensor):
+        return "tensor"
+    if isinstance(out, (list, tuple)) and all(isinstance(v, torch.Tensor) for v in out):
+        return type(out).__name__
+    raise TypeError(f"the target returns {type(out).__name__}, not a tensor or a flat list/tuple of tensors")
+
+
+def _tensors(example: tuple) -> list:
+    import torch
+
+    return [v for v in example if isinstance(v, torch.Tensor)]
+
+
+def _convert_openvino(module: Any, example: tuple, batched: bool, path: Path) -> None:
+    import torch
+
+    openvino = _openvino()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # convert_model traces with torch.jit.trace, which warns it is deprecated
+        model = openvino.convert_model(module, example_input=example)
+    if batched:
+        shapes = {}
+        for port, value in zip(model.inputs, _tensors(example)):
+            if value.dim() >= 1:
+                shapes[port] = openvino.PartialShape([-1, *value.shape[1:]])
+        model.reshape(shapes)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".converting-", suffix=".xml")
+    os.close(fd)
+    try:
+        openvino.save_model(model, tmp, compress_to_fp16=False)  # float32 weights: the bf16 precision is a hint
+        os.replace(tmp[:-4] + ".bin", path.with_suffix(".bin"))
+        os.replace(tmp, path)  # the .xml last: a cut conversion never looks cached
+    finally:
+        for leftover in (tmp, tmp[:-4] + ".bin"):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
+
+
+def _export_onnx(module: Any, example: tuple, batched: bool, path: Path) -> None:
+    import torch
+
+    names = [f"input{i}" for i in range(len(example))]
+    dynamic = {n: {0: "batch"} for n, v in zip(names, example)
+               if batched and isinstance(v, torch.Tensor) and v.dim() >= 1}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".exporting-", suffix=".onnx")
+    os.close(fd)
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # the TorchScript exporter warns that it is deprecated, and about traced values
+            torch.onnx.export(module, example, tmp, input_names=names, dynamic_axes=dynamic or None,
+                              opset_version=ONNX_OPSET, dynamo=False)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _arrays(args: tuple) -> list:
+    """Positional tensors as C-contiguous numpy arrays (views where they already are; a 0-d tensor stays 0-d)."""
+    import numpy as np
+
+    arrays = [a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a) for a in args]
+    return [a if a.flags.c_contiguous else a.copy(order="C") for a in arrays]
+
+
+def _outputs(arrays: list, returns: str) -> Any:
+    import torch
+
+    tensors = [torch.from_numpy(a) for a in arrays]
+    if returns == "tensor":
+        return tensors[0]
+    return tensors if returns == "list" else tuple(tensors)
+
+
+class OpenVINOCall:
+    """A compiled OpenVINO model called like the target: torch tensors in, torch tensors out.
+
+    One infer request per calling thread (a request is not shared); one
+    stream per worker, so the workers' calls run side by side.
+    """
+
+    def __init__(self, model: Any, bf16: bool, returns: str, threads: int, workers: int) -> None:
+        config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "bf16" if bf16 else "f32",
+                  "INFERENCE_NUM_THREADS": threads * max(1, workers), "NUM_STREAMS": max(1, workers)}
+        self.compiled = _ov_core().compile_model(model, "CPU", config)
+        self.returns = returns
+        self.types = [port.get_element_type().to_dtype() for port in self.compiled.inputs]
+        self.local = threading.local()
+
+    def __call__(self, *args: Any) -> Any:
+        request = getattr(self.local, "request", None)
+        if request is None:
+            request = self.local.request = self.compiled.create_infer_request()
+        arrays = [a.astype(t, copy=False) for a, t in zip(_arrays(args), self.types)]
+        results = request.infer(arrays, share_inputs=True)  # outputs copied: the request reuses its buffers
+        return _outputs([results[port] for port in self.compiled.outputs], self.returns)
+
+
+class OnnxRuntimeCall:
+    """An ONNX Runtime session called like the target: torch tensors in, torch tensors out.
+
+    The exporter leaves out inputs the graph does not use; each argument goes
+    to the session input of its position's name, if the session has it.
+    """
+
+    def __init__(self, path: Path, returns: str, threads: int) -> None:
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.returns = returns
+        types = {"tensor(float)": "float32", "tensor(int64)": "int64", "tensor(int32)": "int32",
+                 "tensor(double)": "float64", "tensor(bool)": "bool"}
+        self.inputs = {i.name: types.get(i.type) for i in self.session.get_inputs()}
+
+    def __call__(self, *args: Any) -> Any:
+        feed = {}
+        for i, array in enumerate(_arrays(args)):
+            name = f"input{i}"
+            if name in self.inputs:
+                dtype = self.inputs[name]
+                feed[name] = array.astype(dtype, copy=False) if dtype else array
+        return _outputs(self.session.run(None, feed), self.returns)

@@ -1,0 +1,226 @@
+"""``openvino`` and ``onnxruntime``: targets converted at load, run by the runtime, cached (svc/optimize/runtimes.py).
+
+Real conversions of small torch nets by the pinned OpenVINO and ONNX
+Runtime; what cannot be caused otherwise is injected: a runtime that does
+not import (``None`` in ``sys.modules``, as on a platform without its
+wheel), a conversion of perturbed weights, timings.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+import onnxruntime
+import pytest
+import torch
+
+from svc.modelapi import OptimizationTarget
+from svc.optimize import runtimes, support
+from svc.optimize.apply import apply_mode
+from svc.optimize.modes import Mode, mode
+from svc.optimize.select import Optimizer
+from tests.unit.test_optimize_select import TinyClassifier
+
+RUNTIMES = ("openvino", "onnxruntime")
+
+
+def openvino_module() -> Any:
+    """``openvino``, imported as the service imports it (without its telemetry)."""
+    return runtimes._openvino()
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("SERVICE_STATE_DIR", str(tmp_path))
+    monkeypatch.setattr(runtimes, "WORKERS", 1)
+    return tmp_path
+
+
+class TwoHeads(torch.nn.Module):
+    """A conv net returning a list of two tensors, one of them of integers (as YOLOv8's head returns a list)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: Any, scale: Any) -> list:
+        y = self.conv(x) * scale
+        return [y, y.flatten(1).argmax(1)]
+
+
+def target_of(module: Any, *, batched: bool = True) -> tuple[OptimizationTarget, dict]:
+    installed: dict = {}
+
+    def example(batch: int) -> tuple:
+        return torch.rand(batch, 3, 8, 8, generator=torch.Generator().manual_seed(batch)), torch.tensor(2.0)
+
+    return OptimizationTarget("heads", module, example, installed.update, batched=batched), installed
+
+
+@pytest.mark.parametrize("name", RUNTIMES)
+def test_a_converted_target_takes_every_batch_size_and_returns_what_the_module_returns(name, state_dir):
+    module = TwoHeads().eval()
+    target, _ = target_of(module)
+    fn = apply_mode(target, mode(name), "cpu", 4)
+    for n in (1, 3, 4, 9):  # a dynamic batch dimension: sizes other than the one converted
+        x = torch.rand(n, 3, 8, 8)
+        with torch.inference_mode():
+            got, expected = fn(x, torch.tensor(0.5)), module(x, torch.tensor(0.5))
+        assert type(got) is list and len(got) == 2
+        assert got[0].dtype == torch.float32 and torch.allclose(got[0], expected[0], atol=1e-5)
+        assert got[1].dtype == torch.int64 and torch.equal(got[1], expected[1])
+    assert fn.conv is module.conv  # a stand-in: the original's attributes are read through it
+    suffix = ".xml" if name == "openvino" else ".onnx"
+    [artifact] = (state_dir / "compiled").glob(f"heads-{name}-*{suffix}")
+    assert artifact.with_suffix(".json").read_text() == '{"returns": "list"}'
+
+
+def test_the_runtime_threads_follow_torch_and_the_workers(monkeypatch):
+    module = TwoHeads().eval()
+    target, _ = target_of(module)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(runtimes, "WORKERS", 2)  # two one-thread workers: two streams of one thread
+    fn = apply_mode(target, mode("openvino"), "cpu", 4)
+    compiled = fn.optimised.compiled
+    openvino = openvino_module()
+    assert compiled.get_property("NUM_STREAMS") == 2 and compiled.get_property("INFERENCE_NUM_THREADS") == 2
+    assert compiled.get_property("INFERENCE_PRECISION_HINT") == openvino.Type.f32
+    session = apply_mode(target, mode("onnxruntime"), "cpu", 4).optimised.session
+    assert session.get_session_options().intra_op_num_threads == 1  # per call: each worker calls with its own
+    x = torch.rand(5, 3, 8, 8)
+    with torch.inference_mode():
+        expected = module(x, torch.tensor(1.0))[0]
+    results: list = []
+    threads = [threading.Thread(target=lambda: results.append(fn(x, torch.tensor(1.0))[0])) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 4 and all(torch.allclose(r, expected, atol=1e-5) for r in results)  # a request per thread
+
+
+def test_bf16_openvino_runs_at_bf16_precision_from_the_same_converted_model(state_dir):
+    target, _ = target_of(TwoHeads().eval())
+    fp32 = apply_mode(target, mode("openvino"), "cpu", 4)
+    before = dict(runtimes.STATS)
+    bf16 = apply_mode(target, mode("bf16+openvino"), "cpu", 4)
+    assert bf16.optimised.compiled.get_property("INFERENCE_PRECISION_HINT") == openvino_module().Type.bf16
+    assert runtimes.STATS["loaded"] == before.get("loaded", 0) + 1  # the float32 IR, read again
+    assert len(list((state_dir / "compiled").glob("*.xml"))) == 1
+    x = torch.rand(2, 3, 8, 8)
+    with torch.inference_mode():
+        assert torch.allclose(bf16(x, torch.tensor(1.0))[0], fp32(x, torch.tensor(1.0))[0], atol=0.1, rtol=0.05)
+
+
+@pytest.mark.parametrize("name", RUNTIMES)
+def test_a_second_load_reads_the_cache_and_new_weights_convert_afresh(name, state_dir, monkeypatch):
+    model = TinyClassifier(candidates=(name,))
+    report = Optimizer(model, "classification", "cpu", name, 4, "TINY").run()
+    assert report.mode == name and not report.fell_back, report.line
+    assert report.line.endswith("; converted models: 1 converted, 0 read from the cache)"), report.line
+    files = sorted(p.name for p in (state_dir / "compiled").iterdir())
+
+    def no_conversion(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(openvino_module(), "convert_model", no_conversion)
+    monkeypatch.setattr(torch.onnx, "export", no_conversion)
+    again = TinyClassifier(candidates=(name,))  # a restart: the same weights, the same key
+    report = Optimizer(again, "classification", "cpu", name, 4, "TINY").run()
+    assert report.mode == name and report.line.endswith("; converted models: 0 converted, 1 read from the cache)")
+    assert sorted(p.name for p in (state_dir / "compiled").iterdir()) == files
+    monkeypatch.undo()
+    monkeypatch.setenv("SERVICE_STATE_DIR", str(state_dir))
+
+    retrained = TinyClassifier(candidates=(name,))
+    with torch.no_grad():
+        retrained.net[0].weight.add_(0.01)  # other weights: another key
+    report = Optimizer(retrained, "classification", "cpu", name, 4, "TINY").run()
+    assert report.mode == name and report.line.endswith("; converted models: 1 converted, 0 read from the cache)")
+    assert len(list((state_dir / "compiled").glob(f"net-{name}-*.json"))) == 2
+    images = torch.rand(3, 3, 8, 8)
+    assert torch.allclose(torch.stack(retrained.predict(list(images), {})), retrained.net(images), atol=1e-5)
+
+
+def test_a_missing_runtime_leaves_the_torch_modes_with_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "openvino", None)  # what `import openvino` meets without its wheel
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    problem = "'openvino' is not installed here (ModuleNotFoundError: import of openvino halted; None in sys.modules)"
+    assert support.missing_runtime(mode("bf16+openvino")) == problem
+    assert support.missing_runtime(mode("jit")) is None
+    support.check_setting("openvino", "cpu")  # not refused at startup: the load falls back
+    assert support.without_runtimes(("compile",)) == ("compile",)  # a plugin's torch fallback is offered again
+
+    model = TinyClassifier(candidates=("jit", "onnxruntime", "openvino"))
+    report = Optimizer(model, "classification", "cpu", "auto", 4, "TINY").run()
+    assert report.mode in ("jit", "eager") and "\n" not in report.line
+    assert (f"; onnxruntime dropped ('onnxruntime' is not installed here (ModuleNotFoundError: import of onnxruntime halted; "
+            f"None in sys.modules)); openvino dropped ({problem}) (min gain") in report.line
+    assert report.line.startswith("TINY: optimize auto chose ") and "jit " in report.line
+
+    model = TinyClassifier()
+    report = Optimizer(model, "classification", "cpu", "openvino", 4, "TINY").run()
+    assert report.fell_back and report.mode == "eager" and model.run is model.net
+    assert report.line.startswith(f"TINY: optimize openvino: {problem}; running eager (")
+
+
+class Perturbed(torch.nn.Module):
+    """The module with its weights moved by 20 %: a conversion that computes something else."""
+
+    def __init__(self, module: Any) -> None:
+        super().__init__()
+        import copy
+
+        self.inner = copy.deepcopy(module)
+        with torch.no_grad():
+            for p in self.inner.parameters():
+                p.mul_(torch.linspace(0.8, 1.2, p.numel()).view_as(p))
+
+    def forward(self, *args: Any) -> Any:
+        return self.inner(*args)
+
+
+def perturbing_apply(target: OptimizationTarget, candidate: Mode, device: str, batch: int) -> Any:
+    """The real apply; a runtime mode converts a perturbed copy of the target's module."""
+    if candidate.runtime:
+        target = OptimizationTarget(target.name, Perturbed(target.module), target.example_inputs, target.install,
+                                    target.batched)
+    fn = apply_mode(target, candidate, device, batch)
+    fn.mode_name = candidate.name
+    return fn
+
+
+def test_a_perturbed_conversion_fails_the_gate_and_the_model_keeps_a_torch_mode():
+    def timer(pairs: list, batch: int) -> float:  # the runtimes would win on speed
+        fns = [fn for _, fn in pairs]
+        if all(fn is target.module for target, fn in pairs):
+            return 10.0
+        return {"jit": 5.0}.get(fns[0].mode_name, 1.0)
+
+    model = TinyClassifier(candidates=("jit", "onnxruntime", "openvino"))
+    report = Optimizer(model, "classification", "cpu", "auto", 4, "TINY", apply=perturbing_apply, timer=timer).run()
+    assert report.mode == "jit" and model.run.mode_name == "jit", report.line
+    dropped = {o.mode.name: o.problem for o in report.outcomes if o.problem}
+    assert sorted(dropped) == ["onnxruntime", "openvino"]
+    assert all(problem.startswith("gate failed: top-1 ") for problem in dropped.values()), dropped
+    assert "; openvino dropped (gate failed: top-1 " in report.line
+
+    report = Optimizer(model, "classification", "cpu", "onnxruntime", 4, "TINY", apply=perturbing_apply).run()
+    assert report.fell_back and report.mode == "eager" and model.run is model.net
+    assert report.line.startswith("TINY: optimize onnxruntime: gate failed: top-1 ") and "running eager" in report.line
+
+
+def test_a_target_that_returns_no_tensors_cannot_be_converted():
+    class Words(torch.nn.Module):
+        def forward(self, x: Any) -> Any:
+            return {"logits": x}
+
+    target = OptimizationTarget("words", Words(), lambda n: (torch.zeros(n, 2),), lambda fn: None)
+    with pytest.raises(TypeError, match="the target returns dict, not a tensor or a flat list/tuple of tensors"):
+        apply_mode(target, mode("onnxruntime"), "cpu", 2)
+    assert onnxruntime.__version__ and openvino_module().__version__  # the pinned runtimes import here
+    assert sys.modules["openvino_telemetry"] is None  # and OpenVINO sends no telemetry from a service
+    assert support.without_runtimes(("compile",)) == ()  # a runtime imports: no costly torch fallback

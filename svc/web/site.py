@@ -158,9 +158,9 @@ class JsonSite(server.Site):
 
         The text is rendered here, once, and the event's format only places
         it: twisted's formatter parses a format and its specs on every event,
-        which cost about a sixth of the reactor's work per request under a
-        burst of job submits (bench/README.md, jobs_burst).  The fields stay
-        in the event for any observer that reads them.
+        half of what the access line cost, which was a seventh of the
+        reactor's work per job submit (bench/README.md, jobs_burst).  The
+        fields stay in the event for any observer that reads them.
         """
         text_method = method.decode("latin-1", "replace")
         text_path = path.decode("latin-1", "replace")[:300]

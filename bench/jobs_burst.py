@@ -100,7 +100,7 @@ def main() -> None:
     config = shipped_config(servers, "MOBILENETV2", name="MOBILENETV2.toml", port=port, async_enabled=True,
                             async_max_queue=max(128, args.burst), max_queue_depth=0)
     model = start_model_server(config, token=UPSTREAM_TOKEN, port=port, ready_timeout=300)
-    others = []
+    tree_servers = []
     for spec in args.tree:
         name, _, path = spec.partition("=")
         tree = Path(path).resolve()
@@ -110,13 +110,13 @@ def main() -> None:
         other_config = shipped_config(folder, tree / "conf" / "server" / "MOBILENETV2.toml", name="MOBILENETV2.toml",
                                       port=other_port, async_enabled=True, async_max_queue=max(128, args.burst),
                                       max_queue_depth=0)
-        others.append((name, start_model_server(other_config, token=UPSTREAM_TOKEN, port=other_port,
+        tree_servers.append((name, start_model_server(other_config, token=UPSTREAM_TOKEN, port=other_port,
                                                 ready_timeout=300, **checkout(tree))))
     gateway = start_gateway(tmp, servers, None, env={"SERVICE_UPSTREAM_TOKEN": UPSTREAM_TOKEN}) if args.gateway \
         else None
     body = json.dumps({"images": [image_b64(width=224, height=224, fmt="JPEG", seed=3)]}).encode()
     paths = [("model server", model, "/jobs", f"Bearer {UPSTREAM_TOKEN}", "/jobs")]
-    paths += [(name[:13], other, "/jobs", f"Bearer {UPSTREAM_TOKEN}", "/jobs") for name, other in others]
+    paths += [(name[:13], other, "/jobs", f"Bearer {UPSTREAM_TOKEN}", "/jobs") for name, other in tree_servers]
     if gateway is not None:
         token = f"Bearer {GATEWAY_TOKENS['SERVICE_GATEWAY_AUTH_TOKEN']}"
         paths.insert(0, ("gateway", model, "/v1/models/MOBILENETV2/jobs", token, "/v1/models/MOBILENETV2/jobs"))
@@ -153,7 +153,7 @@ def main() -> None:
         if gateway is not None:
             gateway.stop()
         model.stop()
-        for _, other in others:
+        for _, other in tree_servers:
             other.stop()
     for name, values in results.items():
         p99 = percentile(values, 0.99)

@@ -9,12 +9,18 @@ the gateway (``POST /v1/models/MOBILENETV2/jobs``), then straight to the
 model server (``POST /jobs``), and times each reply from the first byte
 sent to the last byte read; after each burst it waits for every job to
 finish.  Prints the status counts, the 202's p50/p99/max per path and
-round, and the CPU per submit of the model server's reactor thread and of the
-gateway process over the burst (``bench/threadcpu.py``; the connections'
-accepts included, the jobs' own work on the worker threads not).  Goal (issue 27, item 20): p99 at most 50 ms with 100 concurrent
+round, and the CPU per submit of the model server's reactor thread (and the
+time it was runnable but waiting for a core: ``waited``, from its
+``schedstat``) and of the gateway process over the burst
+(``bench/threadcpu.py``; the connections' accepts included, the jobs' own
+work on the worker threads not).  Goal (issue 27, item 20): p99 at most 50 ms with 100 concurrent
 submits on 2 idle cores.
 
-    python -m bench.jobs_burst [--burst 100] [--rounds 3] [--no-gateway]
+``--tree NAME=PATH`` adds a model server running another checkout's code
+(tests.support.processes.checkout), fired at straight in the same rounds:
+an A/B of two versions under the same load.
+
+    python -m bench.jobs_burst [--burst 100] [--rounds 3] [--no-gateway] [--tree NAME=PATH ...]
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from bench.shipped import shipped_config
 from bench.threadcpu import ThreadCpu, process_cpu_ms
 from tests.support.gateway import GATEWAY_TOKENS, start_gateway
 from tests.support.images import image_b64
-from tests.support.processes import free_port, start_model_server
+from tests.support.processes import checkout, free_port, start_model_server
 
 UPSTREAM_TOKEN = "bench-upstream"
 
@@ -83,6 +89,8 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-gateway", dest="gateway", action="store_false")
+    parser.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
+                        help="also a model server from the checkout at PATH, named NAME in the table")
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-burst-"))
@@ -92,27 +100,42 @@ def main() -> None:
     config = shipped_config(servers, "MOBILENETV2", name="MOBILENETV2.toml", port=port, async_enabled=True,
                             async_max_queue=max(128, args.burst), max_queue_depth=0)
     model = start_model_server(config, token=UPSTREAM_TOKEN, port=port, ready_timeout=300)
+    tree_servers = []
+    for spec in args.tree:
+        name, _, path = spec.partition("=")
+        tree = Path(path).resolve()
+        folder = tmp / f"tree-{name}"
+        folder.mkdir()
+        other_port = free_port()
+        other_config = shipped_config(folder, tree / "conf" / "server" / "MOBILENETV2.toml", name="MOBILENETV2.toml",
+                                      port=other_port, async_enabled=True, async_max_queue=max(128, args.burst),
+                                      max_queue_depth=0)
+        tree_servers.append((name, start_model_server(other_config, token=UPSTREAM_TOKEN, port=other_port,
+                                                ready_timeout=300, **checkout(tree))))
     gateway = start_gateway(tmp, servers, None, env={"SERVICE_UPSTREAM_TOKEN": UPSTREAM_TOKEN}) if args.gateway \
         else None
     body = json.dumps({"images": [image_b64(width=224, height=224, fmt="JPEG", seed=3)]}).encode()
-    paths = [("model server", model.port, "/jobs", f"Bearer {UPSTREAM_TOKEN}", "/jobs")]
+    paths = [("model server", model, "/jobs", f"Bearer {UPSTREAM_TOKEN}", "/jobs")]
+    paths += [(name[:13], other, "/jobs", f"Bearer {UPSTREAM_TOKEN}", "/jobs") for name, other in tree_servers]
     if gateway is not None:
         token = f"Bearer {GATEWAY_TOKENS['SERVICE_GATEWAY_AUTH_TOKEN']}"
-        paths.insert(0, ("gateway", gateway.port, "/v1/models/MOBILENETV2/jobs", token, "/v1/models/MOBILENETV2/jobs"))
+        paths.insert(0, ("gateway", model, "/v1/models/MOBILENETV2/jobs", token, "/v1/models/MOBILENETV2/jobs"))
     print(f"{args.burst} job submits at once (one 224x224 JPEG each), MOBILENETV2 shipped config with "
           f"async_max_queue {max(128, args.burst)}; ms from the first byte sent to the reply's last byte")
     print(f"  {'round':>5} {'path':<13} {'202':>4} {'other':>5} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} "
-          f"{'model reactor CPU/submit':>24} {'gateway CPU/submit':>18}")
+          f"{'model reactor CPU/submit':>24} {'waited/submit':>14} {'gateway CPU/submit':>18}")
     results: dict[str, list[float]] = {}
     try:
         for round_ in range(1, args.rounds + 1):
-            for name, target, path, auth, prefix in paths:
-                cpu = ThreadCpu(model.popen.pid)
+            # the order alternates by round, so that no server always fires first
+            for name, server, path, auth, prefix in (paths if round_ % 2 else paths[::-1]):
+                target = gateway.port if name == "gateway" else server.port
+                cpu = ThreadCpu(server.popen.pid)
                 gateway_before = process_cpu_ms(gateway.popen.pid) if gateway is not None else 0.0
                 cpu.start()
                 replies = asyncio.run(burst(target, path, auth, body, args.burst))
                 cpu.stop()
-                reactor_ms = cpu.roles().get("reactor", 0.0) / args.burst
+                reactor_ms, reactor_wait_ms = (ms / args.burst for ms in cpu.main_thread_ms())
                 gateway_ms = (process_cpu_ms(gateway.popen.pid) - gateway_before) / args.burst \
                     if gateway is not None and name == "gateway" else float("nan")
                 admitted = [ms for status, ms, _ in replies if status == 202]
@@ -121,7 +144,8 @@ def main() -> None:
                 print(f"  {round_:5d} {name:<13} {len(admitted):4d} {len(replies) - len(admitted):5d} "
                       f"{statistics.median(admitted) if admitted else float('nan'):7.1f} "
                       f"{percentile(admitted, 0.99) if admitted else float('nan'):7.1f} "
-                      f"{max(admitted, default=float('nan')):7.1f} {reactor_ms:21.2f} ms {gateway_ms:15.2f} ms"
+                      f"{max(admitted, default=float('nan')):7.1f} {reactor_ms:21.2f} ms {reactor_wait_ms:11.2f} ms "
+                      f"{gateway_ms:15.2f} ms"
                       + (f"  statuses {others}" if others else ""),
                       flush=True)
                 wait_done(target, auth, prefix, [job for status, _, job in replies if status == 202])
@@ -129,6 +153,8 @@ def main() -> None:
         if gateway is not None:
             gateway.stop()
         model.stop()
+        for _, other in tree_servers:
+            other.stop()
     for name, values in results.items():
         p99 = percentile(values, 0.99)
         print(f"  all rounds, {name}: 202 p50 {statistics.median(values):.1f} ms, p99 {p99:.1f} ms "

@@ -84,6 +84,21 @@ def process_tree_cpu(pid: int) -> dict[int, float]:
     return out
 
 
+def sched_ns(pid: int, tid: int) -> tuple[int, int]:
+    """(ns on a CPU, ns runnable but waiting for a CPU) of one thread so far, from its ``schedstat``.
+
+    Nanoseconds, where ``stat``'s times are clock ticks (10 ms); the wait is
+    the run-queue delay (a thread asleep on the GIL is not runnable and does
+    not count).  (0, 0) where the kernel keeps no schedstat.
+    """
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+            on_cpu, waiting = f.read().split()[:2]
+    except (FileNotFoundError, ProcessLookupError, PermissionError, ValueError):
+        return 0, 0
+    return int(on_cpu), int(waiting)
+
+
 class ThreadCpu:
     """Per-thread CPU of one process between :meth:`start` and :meth:`stop`."""
 
@@ -91,12 +106,19 @@ class ThreadCpu:
         self.pid = pid
         self.before: dict[int, ThreadStat] = {}
         self.after: dict[int, ThreadStat] = {}
+        self.main_before = self.main_after = (0, 0)
 
     def start(self) -> None:
         self.before = threads(self.pid)
+        self.main_before = sched_ns(self.pid, self.pid)
 
     def stop(self) -> None:
         self.after = threads(self.pid)
+        self.main_after = sched_ns(self.pid, self.pid)
+
+    def main_thread_ms(self) -> tuple[float, float]:
+        """The main (reactor) thread's (CPU ms, ms waiting for a CPU) over the run, from schedstat."""
+        return ((self.main_after[0] - self.main_before[0]) / 1e6, (self.main_after[1] - self.main_before[1]) / 1e6)
 
     def used_ms(self) -> dict[int, float]:
         """CPU ms of each thread over the run (threads born during the run count from 0)."""

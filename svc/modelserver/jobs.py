@@ -125,8 +125,8 @@ class JobTable:
     def submit(self, request: InferenceRequest) -> Job:
         """Admit a validated request as a pending job, or raise AsyncQueueFull.
 
-        The check and the increment are one step; the run starts on the next
-        reactor turn, after the 202 has been written.
+        The check and the increment are one step; the run starts two reactor
+        turns later (:meth:`_after_reply`), after the 202 has been written.
         """
         if self.depth >= self.max_queue:
             raise AsyncQueueFull(self.depth, self.max_queue, self.retry_after())
@@ -135,8 +135,20 @@ class JobTable:
         self.jobs[job.id] = job
         self._count("submitted")
         self._gauge()
-        self.clock.callLater(0, self._start_run, job)
+        self.clock.callLater(0, self._after_reply, job)
         return job
+
+    def _after_reply(self, job: Job) -> None:
+        """One reactor turn after the submit: start the run on the next one.
+
+        The reactor runs its due calls before each I/O pass, and a call made
+        during that run waits for the next turn.  So the 202 (buffered by the
+        route, written by the I/O pass) leaves before the run starts, and a
+        burst of submits read in one pass is answered before any of its jobs
+        starts a forward pass that competes with the reactor for the cores
+        and the GIL (bench/README.md, jobs_burst).
+        """
+        self.clock.callLater(0, self._start_run, job)
 
     def retry_after(self) -> int:
         """Seconds until a slot is likely free: the mean job duration over the workers."""

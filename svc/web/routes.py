@@ -128,18 +128,24 @@ class ConfiguredRoutes:
     declared routes.
     """
 
+    #: At most this many (path, method) pairs are remembered (:meth:`dispatch`).
+    STATIC_CACHE_SIZE = 256
+
     def __init__(self) -> None:
         self._map = Map()
         self._handlers: dict[str, Callable[..., Any]] = {}
         self._mounted: list[Klein] = []
+        self._static: dict[tuple[str, str], tuple[Callable[..., Any], str]] = {}
 
     def add(self, path: str, methods: list[str], handler: Callable[..., Any]) -> None:
         endpoint = f"configured:{len(self._handlers)}"
         self._map.add(Rule(path, methods=methods, endpoint=endpoint))
         self._handlers[endpoint] = handler
+        self._static.clear()
 
     def mount(self, app: Klein) -> None:
         self._mounted.append(app)
+        self._static.clear()
 
     def _run(self, endpoint: str, request: Any, **kwargs: Any) -> Any:
         result = self._handlers[endpoint](request, **kwargs)
@@ -158,7 +164,19 @@ class ConfiguredRoutes:
         return methods
 
     def dispatch(self, request: Any, mapper: MapAdapter) -> Any:
-        """Run the route matching the request (as ``mapper`` saw it); else raise werkzeug's verdict."""
+        """Run the route matching the request (as ``mapper`` saw it); else raise werkzeug's verdict.
+
+        A path and method that matched a rule without arguments (``POST
+        /jobs``, ``POST {server_uri}``) are remembered with what they matched:
+        werkzeug's answer depends on nothing else here (no host or subdomain
+        rules), and binding and matching each table again cost about a
+        tenth of the reactor's work per job submit (bench/README.md,
+        jobs_burst).  Paths with arguments (a job id) are matched each time.
+        """
+        key = (mapper.path_info, mapper.default_method)
+        known = self._static.get(key)
+        if known is not None:
+            return known[0](known[1], request)
         allowed: set[str] = set()
         other: HTTPException | None = None
         for url_map, run in self._tables():
@@ -174,6 +192,8 @@ class ConfiguredRoutes:
             except HTTPException as e:  # a redirect (merged slashes): answered 404 like any routing error
                 other = other or e
                 continue
+            if not kwargs and len(self._static) < self.STATIC_CACHE_SIZE:
+                self._static[key] = (run, endpoint)
             return run(endpoint, request, **kwargs)
         if allowed:
             raise MethodNotAllowed(sorted(allowed))

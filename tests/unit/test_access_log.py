@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.task import Clock
-from twisted.logger import LogLevel, capturedLogs
+from twisted.logger import LogLevel, capturedLogs, formatEvent
 from twisted.web.resource import Resource
 from twisted.web.test.requesthelper import DummyRequest
 
@@ -67,3 +67,17 @@ def test_the_quick_starts_status_poll_is_logged_at_debug_level_and_nothing_else_
     assert not is_supervisor_probe(request(b"/ready", agent=QUICKSTART_USER_AGENT))
     assert not is_supervisor_probe(request(b"/api/v1/status", agent=QUICKSTART_USER_AGENT, host="10.1.2.3"))
     assert not is_supervisor_probe(request(b"/api/v1/servers/X/restart", method=b"POST", agent=QUICKSTART_USER_AGENT))
+
+
+def test_the_line_reads_method_path_code_duration_key_and_request_id_and_keeps_the_fields():
+    """The line is rendered once by JsonSite.log_line; braces in a path are text, not a format."""
+    with capturedLogs() as events:
+        site().log_line(b"POST", b"/jobs/{job}%7B\xff", 202, 1.25, "job_1", "tenant-{a}")
+        site().log_line(b"GET", b"/x" * 200, 404, 0.04, None, "-")
+    assert [formatEvent(e) for e in events] == [
+        "POST /jobs/{job}%7B\xff 202 1.2ms key=tenant-{a} rid=job_1",
+        f"GET {'/x' * 150} 404 0.0ms key=- rid=-",  # the path cut at 300 characters
+    ]
+    assert {k: events[0][k] for k in ("method", "path", "code", "duration_ms", "key", "request_id")} == {
+        "method": "POST", "path": "/jobs/{job}%7B\xff", "code": 202, "duration_ms": 1.25, "key": "tenant-{a}",
+        "request_id": "job_1"}

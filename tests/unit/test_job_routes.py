@@ -8,8 +8,10 @@ as long as the test wants, and every wait budget is observed on the Clock.
 from __future__ import annotations
 
 import re
+from unittest import mock
 
 import pytest
+from werkzeug.routing import Map
 
 from tests.support.images import image_b64
 from tests.support.inmemory import build_model_server
@@ -259,6 +261,27 @@ def test_wrong_methods_are_405_with_allow(server):
                                   ("DELETE", f"/jobs/{job_id}/result", "GET"), ("PUT", f"/jobs/{job_id}/wait", "GET")):
         reply = server.call(method, path, body=b"{}" if method in ("POST", "PUT") else None)
         assert reply.code == 405 and reply.json["status"] == 62 and reply.headers["allow"] == allowed, (method, path)
+
+
+def test_a_submit_path_is_matched_once_then_remembered_and_other_answers_stay(server):
+    """svc.web.routes.ConfiguredRoutes.dispatch remembers POST /jobs after its first match."""
+    binds: list[Map] = []
+    real_bind = Map.bind
+
+    def counting_bind(self, *args, **kwargs):
+        binds.append(self)
+        return real_bind(self, *args, **kwargs)
+
+    with mock.patch.object(Map, "bind", counting_bind):
+        first = server.submit([RED])
+        first_binds, binds[:] = len(binds), []
+        second = server.submit([RED])
+        assert (first.code, second.code) == (202, 202) and first.json["job_id"] != second.json["job_id"]
+        assert first_binds == 3 and len(binds) == 1  # Klein's own match of the catch-all only, the second time
+        reply = server.call("GET", "/jobs")  # the same path with another method is matched, and refused, as before
+        assert reply.code == 405 and reply.headers["allow"] == "POST"
+        assert server.call("POST", "/jobs/").code == 404
+        assert server.call("GET", f"/jobs/{second.json['job_id']}").json["state"] in ("pending", "running")
 
 
 def test_invalid_bodies_get_no_job_and_no_slot(server):

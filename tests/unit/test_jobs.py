@@ -82,7 +82,7 @@ def test_successful_job_goes_pending_running_done_and_counts_each_once():
     jobs, run, metrics = table(clock)
     job = jobs.submit(request("r1"))
     assert job.id.startswith("job_") and job.state == PENDING and jobs.depth == 1
-    assert run.calls == []  # the run starts after the 202, on the next reactor turn
+    assert run.calls == []  # the run starts after the 202, two reactor turns later
     clock.advance(0)
     assert run.calls[0][1] == 10.0  # deadline: created + async_timeout
     run.start()
@@ -97,6 +97,33 @@ def test_successful_job_goes_pending_running_done_and_counts_each_once():
     assert metrics.durations == [2000.0]
     assert metrics.running[-2:] == [1, 0]  # service_async_running_jobs: up when it ran, down when it ended
     assert job.elapsed_ms(clock.seconds() + 50) == 2000.0  # frozen once terminal
+
+
+class ReactorTurns(Clock):
+    """A Clock that runs calls as the reactor does: per turn, the calls due when it begins.
+
+    twisted's reactor runs its due calls, then its I/O pass (which writes
+    what routes answered); a call made while the due calls run waits for the
+    next turn.  task.Clock.advance runs such a call at once, so it cannot
+    tell a reply written before a run from one written after.
+    """
+
+    def turn(self) -> None:
+        due = [call for call in self.calls if call.getTime() <= self.seconds()]
+        for call in due:
+            self.calls.remove(call)
+            call.called = 1
+            call.func(*call.args, **call.kw)
+
+
+def test_a_burst_of_submits_is_answered_before_any_of_its_runs_starts():
+    clock = ReactorTurns()
+    jobs, run, _ = table(clock, max_queue=100)
+    burst = [jobs.submit(request()) for _ in range(100)]  # read in one I/O pass, their 202s buffered
+    clock.turn()  # the turn whose I/O pass writes those 202s
+    assert run.calls == [] and {job.state for job in burst} == {PENDING}
+    clock.turn()
+    assert len(run.calls) == 100 and [c[0] for c in run.calls] == [job.request for job in burst]
 
 
 def test_only_pending_enters_running():

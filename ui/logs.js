@@ -38,7 +38,11 @@ export async function followLogs() {
   // A model's replica is "ID/n" in the select: its own log (replicas/n/logs).
   const [id, replica] = state.logServer.split("/");
   const where = `/api/v1/servers/${encodeURIComponent(id)}${replica === undefined ? "" : `/replicas/${replica}`}`;
+  const [server, from] = [state.logServer, state.logOffset];
   const page = await api(`${where}/logs?${query}`);
+  // Another fetch (the 1.5 s timer, a change of server) may have run meanwhile: these lines are then
+  // appended already, or another log's. Only a fetch from the offset still current appends.
+  if (state.logServer !== server || state.logOffset !== from) return;
   const pre = $("#log-lines");
   const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
   state.logLevels = state.logLevels || {};

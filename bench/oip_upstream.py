@@ -11,8 +11,6 @@ Protocol (its data schema).  Prints its port as one JSON line.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import json
 
 from bench import trivial_upstream
@@ -34,33 +32,12 @@ DOCUMENT = reply(json.dumps({"components": {"schemas": {
 
 
 class Upstream(trivial_upstream.Upstream):
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        while True:
-            end = self.buffer.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            head = self.buffer[:end].lower()
-            length = 0
-            marker = head.find(b"content-length:")
-            if marker >= 0:
-                length = int(head[marker + 15:].split(b"\r\n", 1)[0])
-            if len(self.buffer) < end + 4 + length:
-                return
-            self.buffer = self.buffer[end + 4 + length:]
-            self.transport.write(DOCUMENT if head.startswith(b"get ") else INFER)
-
-
-async def serve(port: int) -> None:
-    server = await asyncio.get_running_loop().create_server(Upstream, "127.0.0.1", port)
-    print(json.dumps({"port": server.sockets[0].getsockname()[1]}), flush=True)
-    await server.serve_forever()
+    def reply_for(self, head: bytes) -> bytes:
+        return DOCUMENT if head.startswith(b"get ") else INFER
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, default=0)
-    asyncio.run(serve(parser.parse_args().port))
+    trivial_upstream.main(Upstream, __doc__)
 
 
 if __name__ == "__main__":

@@ -37,19 +37,23 @@ class Upstream(asyncio.Protocol):
             if len(self.buffer) < end + 4 + length:
                 return
             self.buffer = self.buffer[end + 4 + length:]
-            self.transport.write(REPLY)
+            self.transport.write(self.reply_for(head))
+
+    def reply_for(self, head: bytes) -> bytes:
+        """The whole reply to a request whose lower-cased head is ``head``: the same one to every request."""
+        return REPLY
 
 
-async def serve(port: int) -> None:
-    server = await asyncio.get_running_loop().create_server(Upstream, "127.0.0.1", port)
+async def serve(port: int, protocol: type[Upstream] = Upstream) -> None:
+    server = await asyncio.get_running_loop().create_server(protocol, "127.0.0.1", port)
     print(json.dumps({"port": server.sockets[0].getsockname()[1]}), flush=True)
     await server.serve_forever()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(protocol: type[Upstream] = Upstream, description: str = __doc__) -> None:
+    parser = argparse.ArgumentParser(description=description.splitlines()[0])
     parser.add_argument("--port", type=int, default=0)
-    asyncio.run(serve(parser.parse_args().port))
+    asyncio.run(serve(parser.parse_args().port, protocol))
 
 
 if __name__ == "__main__":

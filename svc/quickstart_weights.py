@@ -96,7 +96,7 @@ def can_connect(host: str, port: int) -> bool:
 
 
 def run_pull(specs: list[str], accept: tuple[str, ...] = ()) -> int:
-    """``svcctl weights pull SPEC...`` in a child process of this interpreter (its output goes to ours, and its
+    """``svcctl weights pull ID[:VARIANT]...`` in a child process of this interpreter (its output goes to ours, and its
     licence question to this terminal)."""
     flags = [arg for name in accept for arg in ("--accept-licence", name)]
     return subprocess.call([sys.executable, "-m", "svc.cli", "weights", "pull", *specs, *flags])

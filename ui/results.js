@@ -4,6 +4,19 @@ import { state } from "./state.js";
 
 export const DETECTION_MAX_RESULTS = 20; // options.max_results the page sends to detection and segmentation models
 
+// A canvas the size of the photo with the photo drawn on it, to draw a result over: class
+// `KIND overlay`, data-count the number of results drawn (the browser tests read it).
+function overlay(img, kind, count) {
+  const canvas = document.createElement("canvas");
+  canvas.width = img.naturalWidth;
+  canvas.height = img.naturalHeight;
+  canvas.className = `${kind} overlay`;
+  canvas.dataset.count = String(count);
+  const ctx = canvas.getContext("2d");
+  ctx.drawImage(img, 0, 0);
+  return [canvas, ctx];
+}
+
 export function showClasses(out, data) {
   if (!data || !(data.categories || data.category)) return; // nothing to draw: the raw JSON shows it
   const list = document.createElement("ol");
@@ -55,13 +68,7 @@ export function showBoxes(out, detections, params) {
   out.appendChild(caption(`${kept.length} detection${kept.length === 1 ? "" : "s"} above score ${threshold}` +
     ` (at most ${DETECTION_MAX_RESULTS} shown)`));
   withImage((img) => {
-    const canvas = document.createElement("canvas");
-    canvas.width = img.naturalWidth;
-    canvas.height = img.naturalHeight;
-    canvas.className = "detections overlay";
-    canvas.dataset.count = String(kept.length);
-    const ctx = canvas.getContext("2d");
-    ctx.drawImage(img, 0, 0);
+    const [canvas, ctx] = overlay(img, "detections", kept.length);
     const line = Math.max(2, img.naturalWidth / 300);
     const size = Math.max(12, Math.round(img.naturalWidth / 45));
     ctx.lineWidth = line;
@@ -123,13 +130,7 @@ export function showMasks(out, masks) {
   }
   out.appendChild(caption(`${pngs.length} mask${pngs.length === 1 ? "" : "s"}`, "muted caption masks-count"));
   withImage((img) => {
-    const canvas = document.createElement("canvas");
-    canvas.width = img.naturalWidth;
-    canvas.height = img.naturalHeight;
-    canvas.className = "masks overlay";
-    canvas.dataset.count = String(pngs.length);
-    const ctx = canvas.getContext("2d");
-    ctx.drawImage(img, 0, 0);
+    const [canvas, ctx] = overlay(img, "masks", pngs.length);
     out.insertBefore(canvas, out.querySelector(".masks-count"));
     pngs.forEach((m, i) => {
       const mask = new Image();

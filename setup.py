@@ -68,6 +68,16 @@ DOCS = [
     "furo==2025.12.19",
 ]
 
+# The checks of tox's lint environment: ruff, the layers of svc/ (import-linter, contracts in
+# pyproject.toml) and the types (mypy, settings in pyproject.toml). tox's lint environment runs them
+# from py311, which installs this extra beside test and docs (tox.ini, [testenv:lint]).
+LINT = [
+    "ruff==0.17.6",
+    "import-linter==2.17",
+    "grimp==3.20",  # import-linter's import graph, pinned with it
+    "mypy==2.4.1",
+]
+
 setup(
     name="inference-service",
     version=VERSION,
@@ -82,7 +92,7 @@ setup(
     data_files=[("share/inference-service/ui", sorted(glob.glob("ui/*.html") + glob.glob("ui/*.js")
                                                       + glob.glob("ui/*.css") + glob.glob("ui/*.svg")))],
     install_requires=RUNTIME,
-    extras_require={"test": TEST, "docs": DOCS},
-    entry_points={"console_scripts": ["svcctl = svc.cli:main"]},
+    extras_require={"test": TEST, "docs": DOCS, "lint": LINT},
+    entry_points={"console_scripts": ["svcctl = svc.cli.commands:main"]},
     zip_safe=False,
 )

@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     args = parser.parse_args()
 
-    from svc import torchenv
+    from svc.model import torchenv
     from svc.optimize.support import check_setting
 
     if not args.no_tune_malloc:

@@ -44,13 +44,13 @@ def main() -> None:
     parser.add_argument("--optimize", default="eager", help="backend.optimize to apply: auto, eager or a mode")
     args = parser.parse_args()
 
-    from svc import torchenv
     from svc.config import load_model_server_config
-    from svc.modelapi import find_factory, model_config
+    from svc.contract.options import options_schema
+    from svc.contract.schema import ObjectSchema
+    from svc.model import torchenv
+    from svc.model.api import find_factory, model_config
     from svc.optimize.select import optimize_model
     from svc.optimize.support import check_setting
-    from svc.options import options_schema
-    from svc.schema import ObjectSchema
 
     torchenv.tune_malloc()
     torchenv.configure_threads(0, 1)

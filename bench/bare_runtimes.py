@@ -104,7 +104,7 @@ def main() -> None:
         print(json.dumps({"runtime": args.runtime, "precision": args.precision,
                           "missing": f"{module} not installed ({e})"}), flush=True)
         return
-    from svc import torchenv
+    from svc.model import torchenv
 
     torchenv.tune_malloc()
     threads = torchenv.configure_threads(args.threads, 1)

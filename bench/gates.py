@@ -33,7 +33,7 @@ def bf16_weights(module: Any) -> Any:
     """``module``'s copy in bfloat16, called with bfloat16 float inputs, returning float32."""
     import torch
 
-    from svc.optimize.apply import map_tensors, to_float
+    from svc.optimize.tensors import map_tensors, to_float
 
     class Bf16(torch.nn.Module):
         def __init__(self) -> None:
@@ -55,8 +55,9 @@ def bf16_weights(module: Any) -> Any:
 
 def candidate_outputs(model: Any, targets: list, name: str, batch: int, gate_inputs: Any) -> Any:
     """``gate_inputs()`` with every target in mode ``name``; the targets eager again afterwards."""
-    from svc.optimize.apply import apply_mode, set_layout
+    from svc.optimize.apply import apply_mode
     from svc.optimize.modes import mode
+    from svc.optimize.tensors import set_layout
 
     if name == "bf16-weights":
         fns = [bf16_weights(t.module) for t in targets]
@@ -79,13 +80,13 @@ def main() -> None:
     parser.add_argument("--photos", type=int, default=4, help="MOBILENETV2: photo-like images gated too")
     args = parser.parse_args()
 
-    from svc import torchenv
+    from svc.model import torchenv
 
     torchenv.configure_threads(1, 1)
     import torch
 
     from svc.config import load_model_server_config
-    from svc.modelapi import find_factory, model_config
+    from svc.model.api import find_factory, model_config
     from svc.optimize.gates import gate_for
 
     print(f"{'model':<14} {'gate inputs':<12} {'mode':<24} {'gate':<6} figure")

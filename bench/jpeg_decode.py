@@ -53,7 +53,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
-    from svc import torchenv
+    from svc.model import torchenv
 
     torchenv.configure_threads(1, 1)
     from PIL import Image

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 from bench import trivial_upstream
-from svc.modelapi import find_factory
+from svc.model.api import find_factory
 
 
 def reply(body: bytes) -> bytes:

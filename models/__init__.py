@@ -1,6 +1,6 @@
 """Model plugins: one module per model family, found with ``twisted.plugin``.
 
-Each module holds objects providing ``svc.modelapi.IModelFactory``.  Modules
+Each module holds objects providing ``svc.model.api.IModelFactory``.  Modules
 here must import nothing heavy at import time (torch is imported in
 ``build``), because ``getPlugins`` imports every module of this package.
 """

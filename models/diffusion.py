@@ -65,9 +65,9 @@ from models.diffusion_weights import (
     scheduler_config,
     weights_folder,
 )
-from svc.modelapi import IModelFactory
-from svc.schema import object_schema
-from svc.weights import WEIGHTS_PROPERTIES, WeightsError, path_of, version_of
+from svc.contract.schema import object_schema
+from svc.model.api import IModelFactory
+from svc.model.weights import WEIGHTS_PROPERTIES, WeightsError, path_of, version_of
 from svc.weightstore.catalog import HubSource, Variant
 
 UNET_PROPERTIES: dict[str, dict] = {

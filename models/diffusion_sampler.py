@@ -20,7 +20,7 @@ from typing import Any
 
 from zope.interface import implementer
 
-from svc.modelapi import IModel, IOptimizable, OptimizationTarget, report_progress
+from svc.model.api import IModel, IOptimizable, OptimizationTarget, report_progress
 
 SEED_MAX = 2**32 - 1
 DIT_GUIDANCE = 4.0  # DiTPipeline's default classifier-free guidance
@@ -189,7 +189,7 @@ class DiffusionModel:
     def postprocess(self, output: Any, params: dict, options: dict) -> dict:
         from PIL import Image
 
-        from svc.imagecodec import encode_image
+        from svc.model.imagecodec import encode_image
 
         pixels, seed = output
         image = Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels)
@@ -206,7 +206,7 @@ class DiffusionModel:
     def warmup_input(self) -> Sample:
         return Sample(0, warmup=True)
 
-    # -- optimised execution (svc.modelapi.IOptimizable) ----------------------------------------
+    # -- optimised execution (svc.model.api.IOptimizable) ----------------------------------------
 
     def optimization_targets(self) -> list:
         import torch

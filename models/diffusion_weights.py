@@ -15,7 +15,7 @@ import math
 import os
 from typing import Any
 
-from svc.weights import WeightsError, load_into, path_of, read_state_dict
+from svc.model.weights import WeightsError, load_into, path_of, read_state_dict
 
 #: facebook/DiT-* were saved before diffusers split Transformer2DModel: the same model, the same tensor names.
 LEGACY_CLASS_NAMES = ("Transformer2DModel",)

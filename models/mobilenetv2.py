@@ -8,7 +8,7 @@ and each pretrained variant implies its value (``[model] resize``; 256 for
 random init and local files).  Large JPEGs are decoded at a reduced DCT
 scale that still covers ``resize`` px (Pillow ``draft``), which cuts decode
 time by about a third.  The resize of the short side is checked before
-decoding (``svc.images.check_resize``): an image whose long side would pass
+decoding (``svc.model.images.check_resize``): an image whose long side would pass
 65536 (aspect ratio above 256:1; an 8000x1 PNG would become a 2,048,000x256
 intermediate of 1.5 GB) fails its item with status 5.
 
@@ -37,10 +37,10 @@ from typing import Any
 from twisted.plugin import IPlugin
 from zope.interface import implementer
 
-from svc.images import check_resize, short_side_size
-from svc.modelapi import IModel, IModelFactory, IOptimizable, OptimizationTarget
-from svc.schema import object_schema
-from svc.weights import WEIGHTS_PROPERTIES, calibrate_batchnorm, load_into, path_of, read_state_dict, version_of
+from svc.contract.schema import object_schema
+from svc.model.api import IModel, IModelFactory, IOptimizable, OptimizationTarget
+from svc.model.images import check_resize, short_side_size
+from svc.model.weights import WEIGHTS_PROPERTIES, calibrate_batchnorm, load_into, path_of, read_state_dict, version_of
 from svc.weightstore.catalog import FileSource, Variant
 
 CATEGORIES_FILE = os.path.join(os.path.dirname(__file__), "data", "imagenet_classes.txt")
@@ -172,7 +172,7 @@ class MobileNetV2:
 
         return torch.zeros(3, CROP, CROP, dtype=torch.uint8)
 
-    # -- optimised execution (svc.modelapi.IOptimizable) ----------------------------------------
+    # -- optimised execution (svc.model.api.IOptimizable) ----------------------------------------
 
     def gate_images(self, n: int, seed: int = GATE_SEED) -> Any:
         """``n`` seeded random uint8 images (n, 3, 224, 224) on the device."""

@@ -37,10 +37,10 @@ from twisted.plugin import IPlugin
 from zope.interface import implementer
 
 from models.sam_amg_targets import AUTO_CANDIDATES, gate_masks, sam_targets
-from svc.images import check_resize
-from svc.modelapi import IModel, IModelFactory, IOptimizable, report_progress
-from svc.schema import object_schema
-from svc.weights import WEIGHTS_PROPERTIES, load_into, path_of, read_state_dict, version_of
+from svc.contract.schema import object_schema
+from svc.model.api import IModel, IModelFactory, IOptimizable, report_progress
+from svc.model.images import check_resize
+from svc.model.weights import WEIGHTS_PROPERTIES, load_into, path_of, read_state_dict, version_of
 from svc.weightstore.catalog import FileSource, Variant
 
 ARCHS = ("tiny", "vit_b", "vit_l", "vit_h")
@@ -229,7 +229,7 @@ class SamAmgModel:
             return [generator.generate(image) for image in inputs]
 
     def postprocess(self, output: Any, params: dict, options: dict) -> list:
-        from svc.imagecodec import encode_mask
+        from svc.model.imagecodec import encode_mask
 
         records = output[: options.get("max_results", len(output))]
         mask_format = options.get("mask_format", "png")

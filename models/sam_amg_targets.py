@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from svc.modelapi import OptimizationTarget
+from svc.model.api import OptimizationTarget
 
 GATE_SEED = 1234
 #: Side of the gate's image in pixels (the predictor resizes it to the encoder's input).

@@ -14,7 +14,7 @@ objects of the ultralytics library (AGPL-3.0, not a dependency).  The
 pretrained variants (``variants``) point at them, and the factory's
 ``convert("ultralytics", src, dst_dir)`` turns one into a float32
 ``.safetensors`` state dict once, at pull or import time: the pickle is read
-by ``svc.safepickle`` with the torch.nn classes in
+by ``svc.model.safepickle`` with the torch.nn classes in
 ``CHECKPOINT_TORCH_CLASSES`` allowed and every ``ultralytics.*`` class
 replaced by an inert stand-in, so no code of the file (or of ultralytics)
 runs; the detection model's tensors (``model``, else ``ema``) are checked
@@ -47,10 +47,10 @@ from zope.interface import implementer
 
 from models.yolov8_checkpoint import ULTRALYTICS_CONVERTER, convert_ultralytics
 from models.yolov8_net import NUM_CLASSES, SCALES, build_network, decode_head
-from svc.images import check_resize
-from svc.modelapi import IModel, IModelFactory, IOptimizable, OptimizationTarget
-from svc.schema import object_schema
-from svc.weights import (
+from svc.contract.schema import object_schema
+from svc.model.api import IModel, IModelFactory, IOptimizable, OptimizationTarget
+from svc.model.images import check_resize
+from svc.model.weights import (
     WEIGHTS_PROPERTIES,
     WeightsError,
     calibrate_batchnorm,
@@ -259,7 +259,7 @@ class YOLOv8Model:
         pixels = np.full((self.imgsz, self.imgsz, 3), PAD_VALUE, dtype=np.uint8)
         return DetectionInput(pixels, Letterbox(self.imgsz, self.imgsz, 1.0, 0, 0))
 
-    # -- optimised execution (svc.modelapi.IOptimizable) ----------------------------------------
+    # -- optimised execution (svc.model.api.IOptimizable) ----------------------------------------
 
     def gate_pixels(self, n: int, seed: int = GATE_SEED) -> Any:
         """``n`` seeded random images (n, imgsz, imgsz, 3) uint8: smooth blobs, so that there is something to detect."""

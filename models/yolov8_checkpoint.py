@@ -1,7 +1,7 @@
 """Reading the official ultralytics YOLOv8 checkpoints without running their code.
 
 The release files are pickled model objects of the ultralytics library
-(AGPL-3.0, not a dependency): ``svc.safepickle`` reads them with the torch.nn
+(AGPL-3.0, not a dependency): ``svc.model.safepickle`` reads them with the torch.nn
 classes in ``CHECKPOINT_TORCH_CLASSES`` allowed and every ``ultralytics.*``
 class replaced by an inert stand-in, and ``convert_ultralytics`` writes the
 detection model's tensors, checked against ``models/yolov8_net.py``'s
@@ -14,14 +14,14 @@ import os
 import re
 
 from models.yolov8_net import SCALES, build_network, channels
-from svc.weights import WeightsError, load_into
+from svc.model.weights import WeightsError, load_into
 
 # -- ultralytics checkpoints -------------------------------------------------------------------
 
 #: The torch.nn classes an ultralytics YOLOv8 detection checkpoint pickles: the layers of the
 #: network, ``Identity`` (a Conv without activation) and ``BCEWithLogitsLoss`` (the loss criterion
 #: a training checkpoint keeps; the release files have it stripped).  Tensors, storages,
-#: OrderedDict and set come with svc.safepickle's base set.
+#: OrderedDict and set come with svc.model.safepickle's base set.
 CHECKPOINT_TORCH_CLASSES = (
     "torch.nn.modules.container.Sequential",
     "torch.nn.modules.container.ModuleList",
@@ -48,7 +48,7 @@ def read_ultralytics_checkpoint(path: str) -> dict:
     """
     import torch
 
-    from svc import safepickle
+    from svc.model import safepickle
 
     try:
         checkpoint = safepickle.load_torch_file(path, CHECKPOINT_TORCH_CLASSES, CHECKPOINT_STAND_INS)

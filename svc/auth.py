@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from svc.config import ConfigError, Key, apply_keys, keys_of, read_toml, setting
-from svc.protocol import JOB_SECRET_ENV
+from svc.contract.protocol import JOB_SECRET_ENV
 
 SCOPES = ("inference", "admin", "all")
 #: Scopes whose keys the gateway accepts for inference and jobs (docs/contract.md, Authentication: all three do).

@@ -2,7 +2,7 @@
 
 Several hosts run the same stack behind HAProxy (docs/scaling.md).  A
 job lives in the model server of the host that admitted it, and its id names
-that host (svc.jobid); the gateway that receives a poll, wait or result for
+that host (svc.contract.jobid); the gateway that receives a poll, wait or result for
 another host's job forwards it to that host's gateway, found here by host id
 (svc.gateway.cluster).  Read by the gateway (routing) and by the supervisor,
 which gives every child ``SERVICE_HOST_ID`` from ``host_id`` so that the
@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from svc.config import ConfigError, Key, apply_keys, keys_of, read_toml, setting, sub_table
-from svc.jobid import HOST_ID_RE
+from svc.contract.jobid import HOST_ID_RE
 
 #: ``host_id``: "" (a single host, the default) or a host id as job ids carry it.
 HOST_ID_PATTERN = f"(?:{HOST_ID_RE.pattern})?"

@@ -21,7 +21,7 @@ from typing import Any
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
-from svc.protocol import HEALTH_PATH, JOBS, METRICS_PATH, OPENAPI_PATH, READY_PATH
+from svc.contract.protocol import HEALTH_PATH, JOBS, METRICS_PATH, OPENAPI_PATH, READY_PATH
 
 REQUIRED = object()
 

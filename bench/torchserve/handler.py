@@ -20,7 +20,7 @@ class MobileNetV2Handler:
         self.params = {"top_k": 5}
 
     def initialize(self, context) -> None:  # noqa: ANN001 - TorchServe's Context
-        from svc import torchenv
+        from svc.model import torchenv
 
         torchenv.tune_malloc()
         import torch

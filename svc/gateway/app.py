@@ -22,7 +22,7 @@ body and the headers docs/contract.md lists pass through unchanged; job URLs are
 rewritten onto ``/v1/models/<id>/jobs``.
 Errors made here use the unified envelope with ``model.name`` ``gateway``.
 
-A model may run as several replicas (svc.replicas): inference and job
+A model may run as several replicas (svc.infra.replicas): inference and job
 submissions go to the one :class:`svc.gateway.balancer.Balancer` picks, and
 are sent to a second one only when the first did not take them: the
 connection was refused (nothing was sent), or it answered 503 status 65 with
@@ -48,22 +48,14 @@ from klein import Klein
 from twisted.logger import Logger
 from twisted.web.http_headers import Headers
 
-from svc import __version__, protocol
-from svc import status as st
+from svc import __version__
 from svc.auth import METRICS_TOKEN_NAME, Authenticator, Principal, Unauthorized
 from svc.cluster_config import ClusterConfig
-from svc.envelope import ModelIdentity, new_task_id, rejection
-from svc.errors import ApiError
-from svc.gateway.balancer import Balancer
-from svc.gateway.catalog import Catalog, Replica, Upstream
-from svc.gateway.cluster import Cluster
-from svc.gateway.oip import routes as oip
-from svc.gateway.oip.replies import CONTRACT, GatewayReplies, protocol_of
-from svc.gateway.owners import OtherHost, locate
-from svc.gateway.proxy import Proxy, UpstreamFailed, UpstreamReply, UpstreamUnreachable, not_admitted
-from svc.gateway.ratestore import LocalRates
-from svc.metrics import GatewayMetrics
-from svc.protocol import (
+from svc.contract import protocol
+from svc.contract import status as st
+from svc.contract.envelope import ModelIdentity, new_task_id, rejection
+from svc.contract.errors import ApiError
+from svc.contract.protocol import (
     HEALTH_PATH,
     JOB,
     JOB_RESULT,
@@ -76,9 +68,18 @@ from svc.protocol import (
     klein_rule,
     model_path,
 )
-from svc.query import MAX_DIGITS, wait_budget_ms
-from svc.ratelimit import KeyedLimiter, retry_after_header
-from svc.request import REQ_ID_RE
+from svc.contract.query import MAX_DIGITS, wait_budget_ms
+from svc.contract.request import REQ_ID_RE
+from svc.gateway.balancer import Balancer
+from svc.gateway.catalog import Catalog, Replica, Upstream
+from svc.gateway.cluster import Cluster
+from svc.gateway.oip import routes as oip
+from svc.gateway.oip.replies import CONTRACT, GatewayReplies, protocol_of
+from svc.gateway.owners import OtherHost, locate
+from svc.gateway.proxy import Proxy, UpstreamFailed, UpstreamReply, UpstreamUnreachable, not_admitted
+from svc.gateway.ratestore import LocalRates
+from svc.infra.metrics import GatewayMetrics
+from svc.infra.ratelimit import KeyedLimiter, retry_after_header
 from svc.web import routes
 from svc.web.replies import bearer_token, dumps, header, send_encoded, send_json
 
@@ -86,7 +87,7 @@ log = Logger()
 
 #: Client request headers passed to the model server; every other one is dropped.
 FORWARDED_REQUEST_HEADERS = tuple(n.encode() for n in ("content-type", "accept", *protocol.SERVICE_REQUEST_HEADERS))
-#: Model reply headers passed back (svc.protocol); Location is rewritten.
+#: Model reply headers passed back (svc.contract.protocol); Location is rewritten.
 PASSED_REPLY_HEADERS = tuple(n.encode() for n in protocol.PASSED_REPLY_HEADERS)
 
 GATEWAY_IDENTITY = ModelIdentity("gateway", __version__)

@@ -2,7 +2,7 @@
 
 It comes from the same ``conf/server/*.toml`` files the model servers read,
 so a model's port and legacy path are spelled once.  A model runs as one or
-more replicas (svc.replicas): the supervisor injects their ports as
+more replicas (svc.infra.replicas): the supervisor injects their ports as
 ``SERVICE_UPSTREAM_PORTS`` and their tokens as ``SERVICE_UPSTREAM_TOKENS``
 (JSON by catalog id, a list per replica; a model it does not name runs one
 replica on its config's port).  ``SERVICE_UPSTREAM_TOKENS`` may also give one
@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from urllib.parse import quote
 
 from svc.config import model_server_configs
-from svc.protocol import UPSTREAM_PORTS_ENV as PORTS_ENV
-from svc.protocol import UPSTREAM_TOKENS_ENV as TOKENS_ENV
-from svc.replicas import LayoutError, decode_ports, decode_tokens, find_clash
+from svc.contract.protocol import UPSTREAM_PORTS_ENV as PORTS_ENV
+from svc.contract.protocol import UPSTREAM_TOKENS_ENV as TOKENS_ENV
+from svc.infra.replicas import LayoutError, decode_ports, decode_tokens, find_clash
 
 TOKEN_ENV = "SERVICE_UPSTREAM_TOKEN"
 

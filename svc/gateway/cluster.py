@@ -2,7 +2,7 @@
 
 A job lives in the model server of the host that admitted it (jobs are kept
 in memory only), and its id names that host, signed with the job secret
-every host shares (svc.jobid).  Behind HAProxy a poll, wait or result may
+every host shares (svc.contract.jobid).  Behind HAProxy a poll, wait or result may
 reach any host's gateway, so the gateway reads the owner from the id:
 
 * an id of this host: the replica it names answers it (svc.gateway.owners,
@@ -43,14 +43,14 @@ from typing import Any
 from twisted.logger import Logger
 from twisted.web.http_headers import Headers
 
-from svc import jobid
-from svc import status as st
 from svc.auth import CLUSTER_TOKEN_NAME, Authenticator, Principal
 from svc.cluster_config import ClusterConfig
-from svc.errors import ApiError
+from svc.contract import jobid
+from svc.contract import status as st
+from svc.contract.errors import ApiError
+from svc.contract.protocol import FORWARDED_BY_HEADER, PASSED_REPLY_HEADERS
 from svc.gateway.proxy import Proxy, UpstreamFailed, UpstreamUnreachable, make_agent, make_pool
-from svc.metrics import GatewayMetrics
-from svc.protocol import FORWARDED_BY_HEADER, PASSED_REPLY_HEADERS
+from svc.infra.metrics import GatewayMetrics
 from svc.web.replies import bearer_token, header
 
 log = Logger()

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from svc import config as base
 from svc.cluster_config import ClusterConfig, cluster_from_table
 from svc.config import ConfigError, Key, apply_keys, keys_of, read_toml, setting, sub_table
-from svc.protocol import GATEWAY_PORT, LOOPBACK, SUPERVISOR_PORT, UPSTREAM_RECV_TIMEOUT_MS, local_url
+from svc.contract.protocol import GATEWAY_PORT, LOOPBACK, SUPERVISOR_PORT, UPSTREAM_RECV_TIMEOUT_MS, local_url
 
 #: ``rate_limit_store`` of in-process buckets.
 LOCAL_STORE = "local"

@@ -26,13 +26,13 @@ from twisted.internet.defer import Deferred, DeferredList
 from twisted.web.client import readBody
 from twisted.web.http_headers import Headers
 
+from svc.contract.protocol import METRICS_PATH
 from svc.gateway.catalog import Catalog, Replica
-from svc.protocol import METRICS_PATH
 from svc.web.site import SUPERVISOR_USER_AGENT
 
 #: The sample read from each model server, and the name of the gateway's sum.
 SAMPLE = "service_async_jobs_total"
-#: The states a model server counts (svc.metrics), in its order.
+#: The states a model server counts (svc.infra.metrics), in its order.
 STATES = ("submitted", "running", "done", "failed", "timeout")
 
 

@@ -1,4 +1,4 @@
-"""Which process holds a job: the one place the gateway reads a job id's owner (svc.jobid).
+"""Which process holds a job: the one place the gateway reads a job id's owner (svc.contract.jobid).
 
 A job lives in one model-server process, and its id names that process (the
 replica index and the host id) under an HMAC tag keyed by the deployment's
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from svc import jobid
+from svc.contract import jobid
 from svc.gateway.catalog import Replica, Upstream
 
 

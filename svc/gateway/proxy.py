@@ -43,7 +43,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
-from svc.status import NOT_READY
+from svc.contract.status import NOT_READY
 from svc.web.client import QuietConnectionPool
 
 

@@ -1,7 +1,7 @@
 """Where the gateway's per-key token buckets live: this process, or Redis shared by every gateway.
 
 ``[gateway] rate_limit_store`` picks one.  ``"local"`` (:class:`LocalRates`)
-is the in-process :class:`svc.ratelimit.KeyedLimiter`: each gateway limits
+is the in-process :class:`svc.infra.ratelimit.KeyedLimiter`: each gateway limits
 on its own.  ``"redis://HOST:PORT/DB"`` (:class:`RedisRates`) keeps every
 key's bucket in Redis, so that a key limited to N requests/s gets N in total
 across all the gateways of a cluster:
@@ -52,7 +52,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from svc.gateway.config import GatewayConfig, RedisAddress, redis_address
-from svc.ratelimit import KeyedLimiter
+from svc.infra.ratelimit import KeyedLimiter
 
 log = Logger()
 
@@ -88,7 +88,7 @@ BUCKET_PREFIX = "service:ratelimit:"
 
 
 def burst_of(rate: float) -> float:
-    """A key's burst: one second's worth, at least one token (as svc.ratelimit.KeyedLimiter has it)."""
+    """A key's burst: one second's worth, at least one token (as svc.infra.ratelimit.KeyedLimiter has it)."""
     return max(1.0, rate)
 
 

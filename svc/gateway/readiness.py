@@ -25,9 +25,9 @@ from twisted.logger import Logger
 from twisted.web.client import readBody
 from twisted.web.http_headers import Headers
 
+from svc.contract.protocol import READY_PATH
 from svc.gateway.balancer import Balancer
 from svc.gateway.catalog import Catalog, Replica
-from svc.protocol import READY_PATH
 from svc.web.site import SUPERVISOR_USER_AGENT
 
 log = Logger()

@@ -21,6 +21,7 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.logger import Logger
 
 from svc.auth import Authenticator, AuthSetup, describe
+from svc.contract.protocol import GATEWAY_PROGRAM as PROGRAM
 from svc.gateway.app import GatewayApp
 from svc.gateway.balancer import Balancer
 from svc.gateway.catalog import Catalog
@@ -32,15 +33,14 @@ from svc.gateway.jobcounts import JobCounts
 from svc.gateway.proxy import Proxy, make_agent, make_pool
 from svc.gateway.ratestore import RedisRates, make_rates
 from svc.gateway.readiness import ReplicaProbe
-from svc.metrics import GatewayMetrics, new_registry
-from svc.process import ORPHAN_EXIT_S, ListeningMultiService, freeze_heap, supervisor_gone
-from svc.protocol import GATEWAY_PROGRAM as PROGRAM
+from svc.infra.metrics import GatewayMetrics, new_registry
+from svc.infra.process import ORPHAN_EXIT_S, ListeningMultiService, freeze_heap, supervisor_gone
 from svc.web.limits import HttpLimits
 
 log = Logger()
 
 
-#: Orphaned: requests in flight get this long (svc.process.ORPHAN_EXIT_S bounds the exit).
+#: Orphaned: requests in flight get this long (svc.infra.process.ORPHAN_EXIT_S bounds the exit).
 ORPHAN_DRAIN_S = 0.5
 
 
@@ -132,7 +132,7 @@ class GatewayService(ListeningMultiService):
         if missing:
             log.warn("no upstream token for {ids}: requests to them carry no Authorization "
                      "(set SERVICE_UPSTREAM_TOKENS or SERVICE_UPSTREAM_TOKEN)", ids=", ".join(missing))
-        freeze_heap()  # everything the gateway keeps for life exists now (svc.process.freeze_heap)
+        freeze_heap()  # everything the gateway keeps for life exists now (svc.infra.process.freeze_heap)
         if self.ready_fd is not None:
             # Accepting starts with the reactor; the supervisor waits for this line, not for a
             # probe that the previous gateway on the same socket could answer.

@@ -24,8 +24,8 @@ from typing import Any
 from twisted.python import usage
 
 from svc import version_line
-from svc.protocol import GATEWAY_PROGRAM as PROGRAM
-from svc.protocol import HOST_ID_ENV, JOB_SECRET_ENV
+from svc.contract.protocol import GATEWAY_PROGRAM as PROGRAM
+from svc.contract.protocol import HOST_ID_ENV, JOB_SECRET_ENV
 
 
 class Options(usage.Options):
@@ -55,7 +55,7 @@ class Options(usage.Options):
         for name in ("listen-fd", "ready-fd"):
             if self[name] is not None and self[name] < 3:
                 raise usage.UsageError(f"--{name} must be an inherited descriptor >= 3, not {self[name]}")
-        from svc.process import own_pidfile
+        from svc.infra.process import own_pidfile
 
         own_pidfile(self, PROGRAM)
 
@@ -70,7 +70,7 @@ def makeService(options: Options, reactor: Any = None) -> Any:
     from svc.config import ConfigError
     from svc.gateway.catalog import CatalogError, load_catalog
     from svc.gateway.config import load_gateway_config
-    from svc.process import refuse
+    from svc.infra.process import refuse
 
     env = dict(os.environ)
     try:
@@ -108,9 +108,9 @@ def makeService(options: Options, reactor: Any = None) -> Any:
 
     from svc.config import model_server_configs
     from svc.gateway.service import GatewayService
-    from svc.modelapi import factories
+    from svc.infra.process import exit_zero_on_signals
+    from svc.model.api import factories
     from svc.openapi.gateway import gateway_document
-    from svc.process import exit_zero_on_signals
 
     exit_zero_on_signals(reactor)
     # The document it serves at /openapi.json, built as openapi/gateway.json is (the plugin lookup imports no torch).

@@ -22,15 +22,22 @@ from typing import Any
 
 from klein import Klein
 
-from svc import status as st
-from svc.envelope import ModelIdentity, new_task_id, rejection, result_envelope
-from svc.errors import ApiError
+from svc.contract import status as st
+from svc.contract.envelope import ModelIdentity, new_task_id, rejection, result_envelope
+from svc.contract.errors import ApiError
+from svc.contract.protocol import (
+    HEALTH_PATH,
+    METRICS_PATH,
+    OPENAPI_PATH,
+    READY_PATH,
+    SERVICE_REQUEST_HEADERS,
+    WEIGHTS_HEADER,
+)
+from svc.contract.request import REQ_ID_RE
+from svc.infra.ratelimit import KeyedLimiter, retry_after_header
 from svc.modelserver.batching import QueueFull
 from svc.modelserver.job_routes import JobRoutes
 from svc.modelserver.jobs import JobTable
-from svc.protocol import HEALTH_PATH, METRICS_PATH, OPENAPI_PATH, READY_PATH, SERVICE_REQUEST_HEADERS, WEIGHTS_HEADER
-from svc.ratelimit import KeyedLimiter, retry_after_header
-from svc.request import REQ_ID_RE
 from svc.web import routes
 from svc.web.replies import bearer_token, content_type, dumps, header, send_encoded, send_json
 
@@ -60,7 +67,7 @@ class ModelServerApp(routes.JsonApp):
         self.registry = registry
         self.auth_token = auth_token
         self.openapi_bytes = dumps(openapi)
-        self.weights_headers = {WEIGHTS_HEADER: weights}  # demo, pretrained or file (svc.weights.weights_kind)
+        self.weights_headers = {WEIGHTS_HEADER: weights}  # demo, pretrained or file (svc.model.weights.weights_kind)
         self.ip_limiter = KeyedLimiter(clock, config.rate_limit_qps)
         self.identity = ModelIdentity(config.id, "loading")
         self.ready = False

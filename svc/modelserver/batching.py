@@ -32,8 +32,8 @@ from typing import Any
 from twisted.internet.defer import Deferred, maybeDeferred, succeed
 from twisted.logger import Logger
 
-from svc import status as st
-from svc.envelope import TIMED_OUT, ItemResult
+from svc.contract import status as st
+from svc.contract.envelope import TIMED_OUT, ItemResult
 
 log = Logger()
 

@@ -27,11 +27,11 @@ from typing import Any
 from twisted.logger import Logger
 from zope.interface.verify import verifyObject
 
-from svc import status as st
-from svc.envelope import ItemResult
-from svc.modelapi import IModel, IModelFactory, ProgressReporter, reporting_progress
+from svc.contract import status as st
+from svc.contract.envelope import ItemResult
+from svc.contract.schema import compile_schema
+from svc.model.api import IModel, IModelFactory, ProgressReporter, reporting_progress
 from svc.modelserver.progress import BatchProgress
-from svc.schema import compile_schema
 from svc.web.replies import dumps
 
 log = Logger()
@@ -77,7 +77,7 @@ class Engine:
         self.clock = clock  # the reactor: times the progress reports of batches with job items
         self.model_config = model_config
         self.device = device
-        self.run_worker = run_worker  # svc.process.Runner of the worker pool
+        self.run_worker = run_worker  # svc.infra.process.Runner of the worker pool
         self.metrics = metrics
         self.default_params = default_params or {}
         self.default_options = default_options or {}
@@ -162,7 +162,7 @@ class Engine:
     def _lower_priority(self) -> None:
         """Once per worker thread, before its first torch op (OpenMP threads inherit it)."""
         if self.worker_nice and not getattr(self._thread, "niced", False):
-            from svc.torchenv import lower_thread_priority
+            from svc.model.torchenv import lower_thread_priority
 
             lower_thread_priority(self.worker_nice)
             self._thread.niced = True
@@ -224,7 +224,7 @@ class Engine:
         for output, (item_params, item_options) in zip(outputs, per_item):
             try:
                 data = self.model.postprocess(output, item_params, item_options)
-                encoded = dumps(data)  # JSON, never NaN; the reply splices these bytes in (svc.envelope)
+                encoded = dumps(data)  # JSON, never NaN; the reply splices these bytes in (svc.contract.envelope)
                 broken = next(iter(self._data.iter_errors(data)), None)
                 if broken is not None:
                     raise ValueError(f"data breaks its schema at {list(broken.absolute_path)}: {broken.message}")

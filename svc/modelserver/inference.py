@@ -18,13 +18,13 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, maybeDeferred
 
-from svc import status as st
-from svc.envelope import TIMED_OUT, ItemResult
-from svc.images import ItemInputError, decode_base64, open_image
+from svc.contract import status as st
+from svc.contract.envelope import TIMED_OUT, ItemResult
+from svc.contract.request import InferenceRequest, RequestValidator
+from svc.model.images import ItemInputError, decode_base64, open_image
 from svc.modelserver.batching import Admission, BatchQueue, Item
 from svc.modelserver.engine import Engine, LazyInput
 from svc.modelserver.progress import JobProgress
-from svc.request import InferenceRequest, RequestValidator
 
 #: Bodies up to this size are validated on the reactor thread (JSON parsing
 #: costs about 3 ms per MB; 64 KiB stays well under a millisecond).
@@ -55,7 +55,7 @@ class Inference:
         self.engine = engine
         self.validator = validator
         self.queue = queue
-        self.run_decode = run_decode  # svc.process.Runner of the decode pool
+        self.run_decode = run_decode  # svc.infra.process.Runner of the decode pool
         self.max_image_pixels = max_image_pixels
         self.metrics = metrics
         # The labelled children, looked up once (a labels() lookup costs about 5 us, on the reactor).

@@ -16,7 +16,7 @@ the mean job duration divided by the workers, clamped to 1..60 s; ``wait``
 takes N in milliseconds, default 30000: above 300000 it is clamped to
 300000, 0 answers at once, anything but 1 to 18 ASCII digits (a sign, a
 fraction, another script's digits, a longer number) is 422 (pointer
-``/timeout``), by the rules of svc.query.
+``/timeout``), by the rules of svc.contract.query.
 
 The routes are declared once in the class body; the model server mounts
 them (``ModelServerApp.enable_jobs``) only when jobs are enabled, and its
@@ -30,19 +30,20 @@ from typing import Any
 
 from klein import Klein
 
-from svc import status as st
-from svc.envelope import ModelIdentity, rejection
-from svc.errors import ApiError, FieldError
-from svc.modelserver.jobs import DONE, FAILED, TIMEOUT, AsyncQueueFull, Job, JobTable
-from svc.protocol import JOB, JOB_RESULT, JOB_WAIT, JOBS, SERVICE_REQUEST_HEADERS, job_urls, klein_rule
-from svc.query import MAX_DIGITS, WAIT_MAX_MS, shown, wait_budget_ms
+from svc.contract import status as st
+from svc.contract.envelope import ModelIdentity, rejection
+from svc.contract.errors import ApiError, FieldError
+from svc.contract.jobs import DONE, FAILED, TIMEOUT
+from svc.contract.protocol import JOB, JOB_RESULT, JOB_WAIT, JOBS, SERVICE_REQUEST_HEADERS, job_urls, klein_rule
+from svc.contract.query import MAX_DIGITS, WAIT_MAX_MS, shown, wait_budget_ms
+from svc.modelserver.jobs import AsyncQueueFull, Job, JobTable
 from svc.web.replies import content_type, dumps, header, send_encoded, send_json
 
 
 def parse_wait_timeout(raw: bytes | None) -> float:
     """The wait budget in seconds from ``?timeout=N`` (milliseconds); 422 for anything but a number.
 
-    The rules are svc.query's, shared with the gateway, which predicts this
+    The rules are svc.contract.query's, shared with the gateway, which predicts this
     budget before forwarding a wait.
     """
     budget = wait_budget_ms(raw)

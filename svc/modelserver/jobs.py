@@ -31,18 +31,15 @@ from typing import Any
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.logger import Logger
 
-from svc import jobid
-from svc import status as st
-from svc.envelope import ItemResult, ModelIdentity, outcome, result_envelope
+from svc.contract import jobid
+from svc.contract import status as st
+from svc.contract.envelope import ItemResult, ModelIdentity, outcome, result_envelope
+from svc.contract.jobs import DONE, FAILED, PENDING, RUNNING, TERMINAL, TIMEOUT
+from svc.contract.request import InferenceRequest
 from svc.modelserver.progress import JobProgress
-from svc.request import InferenceRequest
 
 log = Logger()
 
-PENDING, RUNNING, DONE, FAILED, TIMEOUT = "pending", "running", "done", "failed", "timeout"
-TERMINAL = frozenset({DONE, FAILED, TIMEOUT})
-#: Every state in its order of life: the OpenAPI documents (svc.openapi.components) list them from here.
-STATES = (PENDING, RUNNING, DONE, FAILED, TIMEOUT)
 
 
 class AsyncQueueFull(Exception):
@@ -102,7 +99,7 @@ class JobTable:
         owner: jobid.JobOwner | None = None,
         secret: str | None = None,
     ) -> None:
-        """``owner``/``secret``: what new job ids name and are signed with (svc.jobid)."""
+        """``owner``/``secret``: what new job ids name and are signed with (svc.contract.jobid)."""
         self.clock = clock
         self.owner = owner or jobid.JobOwner()
         self.secret = secret or jobid.new_secret()

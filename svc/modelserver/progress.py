@@ -1,7 +1,7 @@
 """Progress of asynchronous jobs: written by a worker thread, read by the reactor.
 
 A model reports progress from inside ``predict`` with
-``svc.modelapi.report_progress(step, steps)``.  The engine installs a
+``svc.model.api.report_progress(step, steps)``.  The engine installs a
 :class:`BatchProgress` for the batch it runs; that reporter writes the value
 into the :class:`JobProgress` of every job with an item in the batch (a
 batch may hold items of several jobs: each sees the batch's progress), at

@@ -26,19 +26,15 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
-from svc import status as st
-from svc.envelope import ItemResult
-from svc.jobid import JobOwner
-from svc.metrics import ModelServerMetrics, new_registry
-from svc.modelapi import IModelFactory
-from svc.modelserver.app import ModelServerApp
-from svc.modelserver.batching import BatchQueue
-from svc.modelserver.engine import Engine
-from svc.modelserver.inference import Inference
-from svc.modelserver.jobs import JobTable
-from svc.openapi.modelserver import model_server_document
-from svc.options import options_schema
-from svc.process import (
+from svc.contract import status as st
+from svc.contract.envelope import ItemResult
+from svc.contract.jobid import JobOwner
+from svc.contract.options import options_schema
+from svc.contract.protocol import MODEL_PROGRAM as PROGRAM
+from svc.contract.request import RequestValidator
+from svc.contract.schema import ObjectSchema
+from svc.infra.metrics import ModelServerMetrics, new_registry
+from svc.infra.process import (
     ORPHAN_EXIT_S,
     ListeningMultiService,
     Runner,
@@ -49,12 +45,16 @@ from svc.process import (
     start_watchdog,
     supervisor_gone,
 )
-from svc.protocol import MODEL_PROGRAM as PROGRAM
-from svc.request import RequestValidator
-from svc.schema import ObjectSchema
+from svc.model.api import IModelFactory
+from svc.model.weights import MODEL_PLACEHOLDER, WeightsError, weights_kind
+from svc.modelserver.app import ModelServerApp
+from svc.modelserver.batching import BatchQueue
+from svc.modelserver.engine import Engine
+from svc.modelserver.inference import Inference
+from svc.modelserver.jobs import JobTable
+from svc.openapi.modelserver import model_server_document
 from svc.web.limits import HttpLimits
 from svc.web.site import JsonSite
-from svc.weights import MODEL_PLACEHOLDER, WeightsError, weights_kind
 
 log = Logger()
 
@@ -82,7 +82,7 @@ class ModelServerService(ListeningMultiService):
         """``run_worker``/``run_decode``: None runs batches and decoding in the pools (tests pass their own).
 
         ``job_owner``/``job_secret``: the replica and host this process's job ids name, and the
-        deployment's secret that signs them (svc.jobid; the supervisor passes them in the environment).
+        deployment's secret that signs them (svc.contract.jobid; the supervisor passes them in the environment).
         """
         super().__init__()
         self.reactor = reactor
@@ -168,7 +168,7 @@ class ModelServerService(ListeningMultiService):
         self.replica = str(job_owner.replica if job_owner is not None else 0)
         self.metrics.info.labels(config.id, "loading", device, self.replica).set(1)
         self.device = device
-        #: Ends the process if a stop overruns its bound (svc.process.start_watchdog); replaceable in tests.
+        #: Ends the process if a stop overruns its bound (svc.infra.process.start_watchdog); replaceable in tests.
         self.watchdog = start_watchdog
 
     def startService(self) -> None:

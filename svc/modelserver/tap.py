@@ -15,10 +15,11 @@ from typing import Any
 from twisted.logger import Logger
 from twisted.python import usage
 
-from svc import jobid, version_line
-from svc.protocol import CPU_SHARE_ENV
-from svc.protocol import MODEL_PROGRAM as PROGRAM
-from svc.protocol import MODEL_TOKEN_ENV as AUTH_ENV
+from svc import version_line
+from svc.contract import jobid
+from svc.contract.protocol import CPU_SHARE_ENV
+from svc.contract.protocol import MODEL_PROGRAM as PROGRAM
+from svc.contract.protocol import MODEL_TOKEN_ENV as AUTH_ENV
 
 log = Logger()
 
@@ -58,7 +59,7 @@ class Options(usage.Options):
             raise usage.UsageError(f"--weights must be demo, pretrained or pretrained:VARIANT, not {weights!r}")
         if self["port"] is not None and not 0 <= self["port"] <= 65535:
             raise usage.UsageError(f"--port must be 0..65535, not {self['port']}")
-        from svc.process import own_pidfile
+        from svc.infra.process import own_pidfile
 
         own_pidfile(self, f"{PROGRAM}-{os.path.splitext(os.path.basename(self['server']))[0]}")
 
@@ -71,7 +72,7 @@ def weights_override(factory: Any, choice: str) -> str:
     pretrained variants: it stays on random init, and the log says why, so a
     ``pretrained`` profile still starts every model.
     """
-    from svc.weights import RANDOM
+    from svc.model.weights import RANDOM
     from svc.weightstore.catalog import variants_of
 
     if choice == "demo":
@@ -97,15 +98,15 @@ def prepare_torch(config: Any, share: int = 1) -> str:
     device.
 
     ``backend.threads = 0`` divides the usable cores among ``share`` replicas
-    and the workers (svc.torchenv.configure_threads).  A device that cannot
+    and the workers (svc.model.torchenv.configure_threads).  A device that cannot
     be had (``gpu`` without CUDA), or a ``backend.optimize`` this device cannot
     run, is refused with one line.  Process-wide, so it is its own step: tests
     of the service tree replace it.
     """
-    from svc import torchenv
+    from svc.infra.process import refuse
+    from svc.model import torchenv
     from svc.optimize.modes import ModeError
     from svc.optimize.support import check_setting
-    from svc.process import refuse
 
     try:
         if config.backend.tune_malloc:
@@ -129,10 +130,10 @@ def makeService(options: Options, reactor: Any = None) -> Any:
     tests build the service tree in-process without running a reactor.
     """
     from svc.config import ConfigError, load_model_server_config
-    from svc.modelapi import PluginError, find_factory, model_config
-    from svc.process import refuse
-    from svc.schema import ObjectSchema
-    from svc.weights import WeightsError
+    from svc.contract.schema import ObjectSchema
+    from svc.infra.process import refuse
+    from svc.model.api import PluginError, find_factory, model_config
+    from svc.model.weights import WeightsError
 
     path = options["server"]
     try:
@@ -168,8 +169,8 @@ def makeService(options: Options, reactor: Any = None) -> Any:
 
     device = prepare_torch(config, share)
 
+    from svc.infra.process import exit_zero_on_signals
     from svc.modelserver.service import ModelServerService
-    from svc.process import exit_zero_on_signals
 
     exit_zero_on_signals(reactor)
     return ModelServerService(

@@ -1,6 +1,6 @@
 """The machine-readable contract, generated from the code's own schemas.
 
-The status table (``svc.status``), the request rules, the option catalog and
+The status table (``svc.contract.status``), the request rules, the option catalog and
 each model plugin's params/data schemas are the single source; this package
 only arranges them as OpenAPI 3.1:
 

@@ -13,7 +13,7 @@ import sys
 
 import svc.openapi
 from svc.config import model_server_configs
-from svc.modelapi import factories
+from svc.model.api import factories
 from svc.openapi.gateway import gateway_document
 from svc.openapi.modelserver import model_server_document
 

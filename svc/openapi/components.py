@@ -1,7 +1,7 @@
 """Schemas (``components/schemas``) shared by the model-server and gateway documents.
 
-Each comes from its owner: statuses from ``svc.status``, the request-id rule
-from ``svc.request``, options from ``svc.options``, params and data from the
+Each comes from its owner: statuses from ``svc.contract.status``, the request-id rule
+from ``svc.contract.request``, options from ``svc.contract.options``, params and data from the
 model plugin, job states from ``svc.modelserver.jobs``.  The envelope's
 properties are written once (:func:`envelope_schema`); the rejection, health,
 result and job-error bodies are that envelope with their own ``results``,
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from svc import status as st
 from svc.config import ModelServerConfig
-from svc.modelserver.jobs import PENDING, STATES
-from svc.options import options_schema
-from svc.request import REQ_ID_RE, REQ_ID_RULE
+from svc.contract import status as st
+from svc.contract.jobs import PENDING, STATES
+from svc.contract.options import options_schema
+from svc.contract.request import REQ_ID_RE, REQ_ID_RULE
 
 REF = "#/components/schemas/"
 #: The request-id rule as a JSON Schema pattern (``REQ_ID_RE`` must match the whole value).
@@ -39,7 +39,7 @@ EMPTY_RESULTS = {
     "items": {"description": "Never present: a reply that admitted nothing has no results."},
     "description": "Always empty.",
 }
-#: The fields every envelope has (``svc.envelope``).
+#: The fields every envelope has (``svc.contract.envelope``).
 ENVELOPE_FIELDS = ["status", "status_str", "task_id", "model", "results", "server_time_ms", "partial"]
 BOOLEAN = {"type": "boolean"}
 FIELD_ERRORS = {"type": "array", "items": ref("FieldError")}
@@ -47,7 +47,7 @@ FIELD_ERRORS = {"type": "array", "items": ref("FieldError")}
 
 def envelope_schema(description: str, required: list[str], *, results: dict = EMPTY_RESULTS,
                     partial: dict = BOOLEAN, **extra: dict) -> dict:
-    """The unified envelope (``svc.envelope``) with ``results``, ``partial`` and ``extra`` properties."""
+    """The unified envelope (``svc.contract.envelope``) with ``results``, ``partial`` and ``extra`` properties."""
     return {
         "type": "object",
         "description": description,
@@ -117,7 +117,7 @@ def status_components() -> dict:
 def model_components(config: ModelServerConfig, factory: Any, table: dict) -> dict:
     """Request, item and envelope schemas of one model, named after its id.
 
-    ``table`` is the [model] table completed by ``svc.modelapi.model_config``:
+    ``table`` is the [model] table completed by ``svc.model.api.model_config``:
     params bounds that depend on the model come from it.
     """
     mid = config.id

@@ -14,7 +14,16 @@ from typing import Any
 
 from svc import __version__
 from svc.config import ModelServerConfig
-from svc.modelapi import model_config
+from svc.contract.protocol import (
+    GATEWAY_PORT,
+    HEALTH_PATH,
+    METRICS_PATH,
+    MODEL_INFER,
+    MODEL_PREFIX,
+    OPENAPI_PATH,
+    local_url,
+)
+from svc.model.api import model_config
 from svc.openapi import oip
 from svc.openapi.components import job_components, model_components, ref, status_components
 from svc.openapi.operations import (
@@ -25,7 +34,6 @@ from svc.openapi.operations import (
     json_reply,
     rejection,
 )
-from svc.protocol import GATEWAY_PORT, HEALTH_PATH, METRICS_PATH, MODEL_INFER, MODEL_PREFIX, OPENAPI_PATH, local_url
 
 GATEWAY_AUTH = (
     "Needs `Authorization: Bearer <credential>`: an API key of the key file (any scope), the static token "

@@ -10,16 +10,16 @@ from typing import Any
 
 from svc import __version__
 from svc.config import ModelServerConfig
-from svc.modelapi import model_config
+from svc.contract.protocol import HEALTH_PATH, METRICS_PATH, OPENAPI_PATH, READY_PATH
+from svc.model.api import model_config
 from svc.openapi.components import job_components, model_components, ref, status_components
 from svc.openapi.operations import infer_operation, job_paths, json_reply, not_found_405, rejection
-from svc.protocol import HEALTH_PATH, METRICS_PATH, OPENAPI_PATH, READY_PATH
 
 
 def model_server_document(config: ModelServerConfig, factory: Any, table: dict | None = None) -> dict:
     """The contract of one model-server process (served at /openapi.json).
 
-    ``table``: the completed [model] table (``svc.modelapi.model_config``);
+    ``table``: the completed [model] table (``svc.model.api.model_config``);
     computed from ``config`` when not given.
     """
     mid = config.id

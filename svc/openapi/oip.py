@@ -16,10 +16,18 @@ from typing import Any
 
 from svc import __version__
 from svc.config import ModelServerConfig
-from svc.gateway.oip import PREFIX
-from svc.gateway.oip.models import CLASSIFICATION, INPUT, SEGMENTATION, shape_from_data_schema
-from svc.gateway.oip.routes import EXTENSIONS, PLATFORM, SERVER_NAME
-from svc.gateway.oip.translate import RESERVED, RESERVED_PREFIX
+from svc.contract.oip import (
+    CLASSIFICATION,
+    EXTENSIONS,
+    INPUT,
+    PLATFORM,
+    PREFIX,
+    RESERVED,
+    RESERVED_PREFIX,
+    SEGMENTATION,
+    SERVER_NAME,
+    shape_from_data_schema,
+)
 from svc.openapi.components import ref
 from svc.openapi.operations import RETRY_AFTER_HEADER, header_doc, json_reply
 

@@ -2,8 +2,8 @@
 
 The model-server document uses them as they are; the gateway document
 serves the same operations under ``/v1/models/<id>`` and adds the replies
-the gateway makes itself.  Wait bounds come from ``svc.query``, paths from
-``svc.protocol``.
+the gateway makes itself.  Wait bounds come from ``svc.contract.query``, paths from
+``svc.contract.protocol``.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from svc.config import ModelServerConfig
+from svc.contract.protocol import JOB, JOB_RESULT, JOB_WAIT, JOBS, WEIGHTS_HEADER
+from svc.contract.query import MAX_DIGITS, WAIT_DEFAULT_MS, WAIT_MAX_MS
 from svc.openapi.components import REQ_ID_PATTERN, ref
-from svc.protocol import JOB, JOB_RESULT, JOB_WAIT, JOBS, WEIGHTS_HEADER
-from svc.query import MAX_DIGITS, WAIT_DEFAULT_MS, WAIT_MAX_MS
 
-#: The largest query number svc.query accepts (MAX_DIGITS nines).
+#: The largest query number svc.contract.query accepts (MAX_DIGITS nines).
 MAX_QUERY_NUMBER = 10**MAX_DIGITS - 1
 
 

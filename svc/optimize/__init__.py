@@ -13,5 +13,5 @@
 - :mod:`svc.optimize.cudagraphs`: CUDA graphs per bucket (GPU only);
 - :mod:`svc.optimize.transfer`: pinned-memory host-to-device batches (GPU only).
 
-Plugins opt in with ``svc.modelapi.IOptimizable``; nothing here names a model.
+Plugins opt in with ``svc.model.api.IOptimizable``; nothing here names a model.
 """

@@ -34,51 +34,9 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from svc.modelapi import OptimizationTarget
+from svc.model.api import OptimizationTarget
 from svc.optimize.modes import Mode
-
-
-def _torch() -> Any:
-    import torch
-
-    return torch
-
-
-def map_tensors(value: Any, fn: Any) -> Any:
-    """``value`` with ``fn`` applied to every tensor in it (tensors, lists, tuples, dicts)."""
-    torch = _torch()
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, (list, tuple)):
-        mapped = [map_tensors(v, fn) for v in value]
-        return mapped if isinstance(value, list) else tuple(mapped)
-    if isinstance(value, dict):
-        return {k: map_tensors(v, fn) for k, v in value.items()}
-    return value
-
-
-def to_float(value: Any) -> Any:
-    """Half-precision tensors in ``value`` as float32 (what the eager model returns)."""
-    torch = _torch()
-    return map_tensors(value, lambda t: t.float() if t.dtype in (torch.bfloat16, torch.float16) else t)
-
-
-def to_channels_last(value: Any) -> Any:
-    """4-D floating-point tensors in ``value`` in channels-last memory order."""
-    torch = _torch()
-    return map_tensors(value, lambda t: t.contiguous(memory_format=torch.channels_last)
-                       if t.dim() == 4 and t.is_floating_point() else t)
-
-
-def set_layout(module: Any, channels_last: bool) -> None:
-    """Convert ``module``'s 4-D weights to channels-last or back to contiguous, in place."""
-    torch = _torch()
-    module.to(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
-
-
-def inference_context() -> Any:
-    """What every traced, compiled or timed call runs under: the plugins' ``torch.inference_mode()``."""
-    return _torch().inference_mode()
+from svc.optimize.tensors import inference_context, set_layout, to_channels_last, torch_module
 
 
 def adapter(module: Any, call: Any) -> Any:
@@ -99,7 +57,7 @@ def apply_mode(target: OptimizationTarget, mode: Mode, device: str, batch_size: 
     set_layout(module, mode.has("channels_last"))
     if not mode.steps:
         return module
-    torch = _torch()
+    torch = torch_module()
     from svc.optimize.standin import CallModule, StandIn
 
     if mode.runtime:
@@ -140,7 +98,7 @@ def apply_mode(target: OptimizationTarget, mode: Mode, device: str, batch_size: 
 
 
 def _traced(inner: Any, example: tuple, device: str) -> Any:
-    torch = _torch()
+    torch = torch_module()
     with warnings.catch_warnings(), torch.no_grad():
         # TorchScript warns that it is in maintenance mode and about traced Python values: expected here.
         warnings.simplefilter("ignore")

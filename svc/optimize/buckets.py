@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from svc.optimize.apply import map_tensors
+from svc.optimize.tensors import map_tensors
 
 
 def capture_sizes(max_batch: int) -> tuple[int, ...]:

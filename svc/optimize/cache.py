@@ -9,7 +9,7 @@ first start compiled, and inductor its kernel cache in ``<state>/inductor``
 (``TORCHINDUCTOR_CACHE_DIR``; one already in the environment is kept).
 
 Torch-free; :func:`use_inductor_cache` must run before torch compiles
-anything (``svc.torchenv.configure_compile_cache`` calls it at startup).
+anything (``svc.model.torchenv.configure_compile_cache`` calls it at startup).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from svc.userdirs import configured_dir
+from svc.infra.userdirs import configured_dir
 
 STATE_DIR_ENV = "SERVICE_STATE_DIR"
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from svc.modelapi import OptimizationTarget
-from svc.optimize.apply import inference_context, to_channels_last
+from svc.model.api import OptimizationTarget
 from svc.optimize.buckets import batch_size_of, bucket_for, capture_sizes, copy_into, slice_batch
+from svc.optimize.tensors import inference_context, to_channels_last
 
 #: Runs before each capture, on a side stream (cuDNN autotuning and lazy initialisation happen outside the graph).
 WARMUP_RUNS = 3

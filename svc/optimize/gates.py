@@ -1,6 +1,6 @@
 """The accuracy gates: an optimised model's outputs against eager's, one comparison per task category.
 
-A plugin's ``gate_outputs()`` (``svc.modelapi.IOptimizable``) runs the model
+A plugin's ``gate_outputs()`` (``svc.model.api.IOptimizable``) runs the model
 on its fixed seeded gate inputs and returns what its category compares; the
 engine calls it once with every target eager (the reference) and once per
 candidate mode.  The gates run on the weights actually loaded (random init

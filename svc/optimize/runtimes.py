@@ -21,7 +21,7 @@ what the target returns (a tensor, a list or a tuple of them).
 
 Threads: the runtime's threads replace torch's.  Each call gets the intra-op
 threads torch has (``backend.threads``, or the cores divided among the
-workers: ``svc.torchenv.configure_threads``), and the workers call at once:
+workers: ``svc.model.torchenv.configure_threads``), and the workers call at once:
 OpenVINO gets one stream per worker with that many threads each, ONNX
 Runtime an intra-op pool of that size (a session runs concurrent calls).
 :data:`STATS` counts conversions and cache reads for the optimisation line.

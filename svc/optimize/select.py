@@ -2,7 +2,7 @@
 
 Runs in the worker thread after ``build`` and before the warm-up batch
 (``svc.modelserver.engine``), so ``/ready`` still means built, optimised and
-warmed up.  For a model that provides ``svc.modelapi.IOptimizable``:
+warmed up.  For a model that provides ``svc.model.api.IOptimizable``:
 
 1. the eager reference: the model's ``gate_outputs()`` with every target eager,
    and (``auto`` only) one timed call of every target on its example inputs;
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from svc.modelapi import IOptimizable, OptimizationTarget
+from svc.model.api import IOptimizable, OptimizationTarget
 from svc.optimize.modes import EAGER_MODE, Mode, mode, parse_mode
 
 #: What ``auto`` tries when a model names no candidates of its own, per torch device type.
@@ -91,7 +91,7 @@ def timed_ms(targets: list[tuple[OptimizationTarget, Any]], batch: int,
     median moves with their load, the best much less.  A target that takes a
     second per call is called once per round.
     """
-    from svc.optimize.apply import inference_context
+    from svc.optimize.tensors import inference_context
 
     best = float("inf")
     calls = 0
@@ -250,7 +250,7 @@ class Optimizer:
 
     def apply_layout(self, targets: list[OptimizationTarget], chosen: Mode) -> None:
         """Leave every target's weights in the memory order the chosen mode runs them in."""
-        from svc.optimize.apply import set_layout
+        from svc.optimize.tensors import set_layout
 
         for target in targets:
             set_layout(target.module, chosen.has("channels_last"))

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from svc.optimize.apply import to_channels_last, to_float
+from svc.optimize.tensors import to_channels_last, to_float
 
 
 class CallModule(nn.Module):

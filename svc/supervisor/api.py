@@ -20,7 +20,7 @@ the page asks for the token and keeps it in the browser.  The routes::
     GET  /api/v1/servers/{id}/replicas/{n}/series replica n's
     GET  /api/v1/metrics                         Prometheus text
 
-Errors are :class:`svc.errors.ApiError` like everywhere, answered in the
+Errors are :class:`svc.contract.errors.ApiError` like everywhere, answered in the
 ``{ok: false, error}`` shape (svc.web.routes.OkErrorReplies) with the
 status's HTTP code, or ``http`` where no status has the code (400).  The
 UI's paths are constants, so their routes are declared in the class body
@@ -39,10 +39,10 @@ from klein import Klein
 from twisted.internet.defer import Deferred, ensureDeferred
 
 from svc import __version__
-from svc import status as st
-from svc.errors import ApiError
-from svc.protocol import OPENAPI_PATH
-from svc.query import MAX_DIGITS, parse_bounded_int, shown
+from svc.contract import status as st
+from svc.contract.errors import ApiError
+from svc.contract.protocol import OPENAPI_PATH
+from svc.contract.query import MAX_DIGITS, parse_bounded_int, shown
 from svc.supervisor.child import ChildError
 from svc.supervisor.manager import GATEWAY, ChildManager
 from svc.web import routes
@@ -258,7 +258,7 @@ class ManagementApi(routes.JsonApp):
 
 
 def _int_arg(request: Any, name: bytes, default: int | None, *, minimum: int, maximum: int | None = None) -> int | None:
-    """A numeric query argument by svc.query's rules (the first of repeated ones); 400 otherwise."""
+    """A numeric query argument by svc.contract.query's rules (the first of repeated ones); 400 otherwise."""
     values = request.args.get(name)
     if not values:
         return default

@@ -18,8 +18,8 @@ from typing import Any
 from svc import config as base
 from svc.cluster_config import ClusterConfig, cluster_from_table
 from svc.config import ConfigError, Key, apply_keys, keys_of, read_toml, setting, sub_table
-from svc.protocol import GATEWAY_PORT, LOOPBACK, SUPERVISOR_PORT
-from svc.replicas import MAX_REPLICAS, PORT_STRIDE
+from svc.contract.protocol import GATEWAY_PORT, LOOPBACK, SUPERVISOR_PORT
+from svc.infra.replicas import MAX_REPLICAS, PORT_STRIDE
 
 POLICIES = ("on-failure", "always", "no")
 WEIGHTS_CHOICES = ("demo", "pretrained")
@@ -78,7 +78,7 @@ class SupervisorConfig:
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """One ``[servers.<ID>]`` table: how the supervisor runs that model (svc.replicas for the port layout)."""
+    """One ``[servers.<ID>]`` table: how the supervisor runs that model (svc.infra.replicas for the port layout)."""
 
     restart: str = setting("on-failure", "Restart policy: on-failure, always or no.", choices=POLICIES,
                            dataclass_default=True)

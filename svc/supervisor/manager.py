@@ -3,7 +3,7 @@
 The gateway starts first, then the model servers of the active profile.
 A model runs as ``[servers.<ID>] replicas`` processes (default 1), each a
 child of its own (:class:`svc.supervisor.replicaset.ReplicaSet` groups them)
-on the port the layout gives it (:mod:`svc.replicas`).  Each replica gets a
+on the port the layout gives it (:mod:`svc.infra.replicas`).  Each replica gets a
 ``SERVICE_AUTH_TOKEN`` generated here at startup, its ``SERVICE_REPLICA``
 index, ``SERVICE_CPU_SHARE`` (how many replicas share its CPUs: torch's
 threads are divided by it), and with ``devices``/``cpus`` its
@@ -38,9 +38,8 @@ from twisted.logger import Logger
 
 from svc.auth import METRICS_TOKEN_ENV, cluster_problem, metrics_token_problem
 from svc.config import ModelServerConfig, model_server_configs
-from svc.jobid import new_secret
-from svc.process import SUPERVISOR_PID_ENV
-from svc.protocol import (
+from svc.contract.jobid import new_secret
+from svc.contract.protocol import (
     CPU_AFFINITY_ENV,
     CPU_SHARE_ENV,
     GATEWAY_CHILD,
@@ -56,7 +55,8 @@ from svc.protocol import (
     UPSTREAM_PORTS_ENV,
     UPSTREAM_TOKENS_ENV,
 )
-from svc.replicas import LayoutError, encode, find_clash, replica_name, replica_ports
+from svc.infra.process import SUPERVISOR_PID_ENV
+from svc.infra.replicas import LayoutError, encode, find_clash, replica_name, replica_ports
 from svc.supervisor.backoff import Timing
 from svc.supervisor.child import STARTING, Child, ChildError, ChildSpec
 from svc.supervisor.config import Profile, SupervisorConfig, weights_choice
@@ -134,7 +134,7 @@ class ChildManager:
         self.tokens = {c.id: [secrets.token_hex(32) for _ in self.ports[c.id]] for c in self.catalog}
         self.children: dict[str, Child] = {}
         self.sets: dict[str, ReplicaSet] = {}
-        # The job secret signs job ids (svc.jobid): the gateway checks what the model servers mint.
+        # The job secret signs job ids (svc.contract.jobid): the gateway checks what the model servers mint.
         # Taken from the environment when given (every host of a cluster shares one), else made here.
         self.job_secret = self.env.get(JOB_SECRET_ENV) or new_secret()
         # SERVICE_SUPERVISOR_PID: a child whose parent is no longer this pid knows it is orphaned.

@@ -15,7 +15,7 @@ after a gap (or after a counter went backwards: the child restarted) has
 gauges but null rates, since a rate needs two scrapes of the same process.
 
 The text is parsed with prometheus_client's parser; nothing is added to the
-children, which export these series anyway (svc.metrics).
+children, which export these series anyway (svc.infra.metrics).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
-from svc.protocol import METRICS_PATH
+from svc.contract.protocol import METRICS_PATH
 
 log = Logger()
 

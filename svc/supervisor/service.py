@@ -15,9 +15,9 @@ from twisted.application.internet import TCPServer
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.logger import Logger
 
-from svc.metrics import HttpMetrics, new_registry
-from svc.process import ListeningMultiService, freeze_heap
-from svc.protocol import SUPERVISOR_PROGRAM as PROGRAM
+from svc.contract.protocol import SUPERVISOR_PROGRAM as PROGRAM
+from svc.infra.metrics import HttpMetrics, new_registry
+from svc.infra.process import ListeningMultiService, freeze_heap
 from svc.supervisor.api import ManagementApi
 from svc.supervisor.manager import GATEWAY, ChildManager
 from svc.supervisor.metrics import ChildCollector
@@ -54,7 +54,7 @@ class SupervisorService(ListeningMultiService):
         super().startService()
         log.info("supervisor on http://{host}:{port}/ (profile {profile}, device {device})",
                  host=self.host, port=self.port, profile=self.manager.profile.name, device=self.manager.profile.device)
-        freeze_heap()  # everything the supervisor keeps for life exists now (svc.process.freeze_heap)
+        freeze_heap()  # everything the supervisor keeps for life exists now (svc.infra.process.freeze_heap)
         self.manager.start_all()
         self.series.start()
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from twisted.internet.error import ProcessDone
 from twisted.internet.protocol import ProcessProtocol
 
-from svc.protocol import CPU_AFFINITY_ENV
+from svc.contract.protocol import CPU_AFFINITY_ENV
 from svc.supervisor.logsink import LogSink
 
 #: Runs before the child's own program: become a session (and process group)
@@ -26,7 +26,7 @@ from svc.supervisor.logsink import LogSink
 #: SERVICE_CPU_AFFINITY when given (a replica's ``cpus``; inherited by every
 #: thread it starts), then exec the command.  The child's program tells a
 #: stop by its supervisor's death from a normal stop by comparing its parent
-#: with SERVICE_SUPERVISOR_PID (svc.process.supervisor_gone).  A CPU list
+#: with SERVICE_SUPERVISOR_PID (svc.infra.process.supervisor_gone).  A CPU list
 #: that cannot be applied is one line on stderr and exit 1: a refused start.
 GROUP_LEADER = (
     "import os, sys\n"
@@ -48,7 +48,7 @@ GROUP_LEADER = (
     "os.execv(sys.argv[1], sys.argv[1:])\n"
 )
 
-#: What a child's refusal says when its port is taken (svc.process.ListeningMultiService).
+#: What a child's refusal says when its port is taken (svc.infra.process.ListeningMultiService).
 PORT_BUSY_TEXT = "Address already in use"
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from twisted.python import usage
 
 from svc import version_line
-from svc.protocol import SUPERVISOR_PROGRAM as PROGRAM
+from svc.contract.protocol import SUPERVISOR_PROGRAM as PROGRAM
 
 
 def ui_dir() -> str:
@@ -54,7 +54,7 @@ class Options(usage.Options):
             raise usage.UsageError(f"--profile must be cpu, gpu or auto, not {self['profile']!r}")
         if self["weights"] not in (None, "demo", "pretrained"):
             raise usage.UsageError(f"--weights must be demo or pretrained, not {self['weights']!r}")
-        from svc.process import own_pidfile
+        from svc.infra.process import own_pidfile
 
         own_pidfile(self, PROGRAM)
 
@@ -75,7 +75,7 @@ def makeService(options: Options, reactor: Any = None) -> Any:
     from dataclasses import replace
 
     from svc.config import ConfigError
-    from svc.process import exit_zero_on_signals, refuse
+    from svc.infra.process import exit_zero_on_signals, refuse
     from svc.supervisor.config import load_profile, load_supervisor_config
 
     env = dict(os.environ)
@@ -103,7 +103,7 @@ def makeService(options: Options, reactor: Any = None) -> Any:
     if reactor is None:
         from twisted.internet import reactor
 
-    from svc.modelapi import factories
+    from svc.model.api import factories
     from svc.supervisor.manager import ChildManager
     from svc.supervisor.probe import HttpProbe
     from svc.supervisor.service import SupervisorService

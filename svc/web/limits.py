@@ -42,8 +42,8 @@ from typing import Any
 from twisted.web import server
 from twisted.web.http import HTTPChannel
 
-from svc import status as st
-from svc.errors import ApiError
+from svc.contract import status as st
+from svc.contract.errors import ApiError
 from svc.web.replies import header, raw_reply, reason
 
 #: How long a refused upload may keep sending after its 413 before we close.

@@ -7,11 +7,12 @@ content type is always ``application/json; charset=utf-8``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from twisted.web.http import RESPONSES
+
+from svc.contract.envelope import dumps
 
 JSON_CONTENT_TYPE = b"application/json; charset=utf-8"
 
@@ -33,11 +34,6 @@ def raw_reply(code: int, headers: Mapping[str, str], body: bytes) -> bytes:
                         "Connection": "close"}.items():
         lines.append(f"{name}: {value}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-
-def dumps(body: Any) -> bytes:
-    """Compact JSON, never NaN (which is not JSON)."""
-    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
-
 
 def send_json(request: Any, code: int, body: Any, headers: Mapping[str, str] | None = None) -> bytes:
     """Set code and headers of a JSON reply and return its bytes.

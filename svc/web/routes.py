@@ -6,7 +6,7 @@ Every app class declares its routes once, as in Klein's own example:
 :class:`JsonApp` and ends its body with :func:`install`, which adds, in this
 order, the handlers every process answers errors with:
 
-1. :class:`svc.errors.ApiError` -> the instance's reply shape
+1. :class:`svc.contract.errors.ApiError` -> the instance's reply shape
    (``self.replies``): the unified envelope (gateway and model server, each
    with its own identity and task id, :class:`EnvelopeReplies`) or the
    supervisor's ``{ok: false, error}`` (:class:`OkErrorReplies`), with the
@@ -46,11 +46,11 @@ from twisted.logger import Logger
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.routing import Map, MapAdapter, Rule
 
-from svc import status as st
-from svc.envelope import ModelIdentity, new_task_id, rejection
-from svc.errors import ApiError
-from svc.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from svc.metrics import render
+from svc.contract import status as st
+from svc.contract.envelope import ModelIdentity, new_task_id, rejection
+from svc.contract.errors import ApiError
+from svc.infra.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from svc.infra.metrics import render
 from svc.web.replies import dumps, send_encoded
 
 #: Endpoints of the catch-all routes added by ``install(app, configured=True)``.

@@ -17,7 +17,7 @@ from twisted.internet import reactor as _default_reactor
 from twisted.logger import Logger
 from twisted.web import server
 
-from svc.errors import ApiError
+from svc.contract.errors import ApiError
 from svc.web.limits import HttpLimits, LimitedChannel, LimitedRequest
 from svc.web.replies import dumps
 
@@ -27,7 +27,7 @@ SUPERVISOR_USER_AGENT = "service-supervisor-probe"
 #: The only paths the supervisor polls; anything else is a real request, whatever its User-Agent.
 PROBE_PATHS = frozenset({b"/healthz", b"/ready", b"/metrics"})
 
-#: The quick start's once-a-second poll of the supervisor's status (svc.quickstart): its access-log lines
+#: The quick start's once-a-second poll of the supervisor's status (svc.cli.quickstart): its access-log lines
 #: were most of the first start's terminal, so they are written at debug level too.
 QUICKSTART_USER_AGENT = "service-quickstart-poll"
 QUICKSTART_PATHS = frozenset({b"/api/v1/status"})

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from svc.userdirs import configured_dir
+from svc.infra.userdirs import configured_dir
 
 WEIGHTS_DIR_ENV = "SERVICE_WEIGHTS_DIR"
 RECORD_NAME = "record.json"

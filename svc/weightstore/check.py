@@ -32,19 +32,19 @@ def in_words(error: BaseException, staged: dict[str, str]) -> str:
 def load_problem(factory: Any, variant: Any, path: Path, staged: dict[str, str]) -> str | None:
     """Why the model does not build on ``path`` as a model server does at start (one line), or None.
 
-    ``svc.modelapi.model_config`` completes ``[model]`` with the variant's
+    ``svc.model.api.model_config`` completes ``[model]`` with the variant's
     keys, and the factory's ``build`` loads the weights, checking every
-    tensor's name and shape against the architecture (``svc.weights.load_into``).
+    tensor's name and shape against the architecture (``svc.model.weights.load_into``).
     ``staged`` maps staged paths to the names the message should say instead.
     """
-    from svc.modelapi import model_config
+    from svc.model.api import model_config
 
     where = staged.get(str(path), str(path))
     try:
         config = model_config(factory, {**variant.model, "weights": str(path)}, where)
         factory.build(config, "cpu")
     except Exception as e:  # noqa: BLE001 - whatever the plugin raised, the weights do not load
-        from svc.weights import MODEL_PLACEHOLDER
+        from svc.model.weights import MODEL_PLACEHOLDER
 
         words = in_words(e, staged).replace(MODEL_PLACEHOLDER, factory.catalog_id)
         return f"does not load as {factory.catalog_id} {variant.name}: {words}"

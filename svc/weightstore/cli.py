@@ -121,7 +121,7 @@ def describe(factory: Any, variant: Any) -> dict[str, Any]:
 
 
 def _rows() -> list[dict[str, Any]]:
-    from svc.modelapi import factories
+    from svc.model.api import factories
     from svc.weightstore.catalog import variants_of
 
     found = factories()
@@ -158,7 +158,7 @@ def _list(args: argparse.Namespace) -> int:
 
 def _selected(args: argparse.Namespace) -> list[tuple[Any, Any]] | None:
     """The (factory, variant) pairs a ``pull`` names; None after a usage error (reported)."""
-    from svc.modelapi import factories
+    from svc.model.api import factories
     from svc.weightstore.catalog import find_variant, variants_of
 
     if args.all == bool(args.ids):
@@ -187,7 +187,7 @@ def _selected(args: argparse.Namespace) -> list[tuple[Any, Any]] | None:
 
 def _model_variant(model_id: str, name: str | None) -> tuple[Any, Any] | None:
     """The factory of ``model_id`` and its variant ``name`` (None: the default); None after a reported usage error."""
-    from svc.modelapi import PluginError, find_factory
+    from svc.model.api import PluginError, find_factory
     from svc.weightstore.catalog import find_variant
 
     try:

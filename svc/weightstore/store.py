@@ -11,7 +11,7 @@ those two recorded.  The rules they share:
   pull leaves at most a ``.part``, which never looks complete and which the
   next pull resumes.
 * An import is load-checked before it is recorded: the model is built on
-  the copy (``svc.modelapi.model_config`` and the factory's ``build``, as a
+  the copy (``svc.model.api.model_config`` and the factory's ``build``, as a
   model server does at start), so every tensor name and shape is checked
   against the architecture.  A refused import leaves nothing behind (its
   copy, conversion and any folder it created are removed) and the cached

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from svc import jobid
+from svc.contract import jobid
 from tests.support.cluster import ENV, KEYS, LIMITED_QPS, Cluster
 from tests.support.http import get, post
 from tests.support.images import image_b64

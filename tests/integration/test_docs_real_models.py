@@ -6,7 +6,7 @@ serving a torchvision MobileNetV2 state dict (the official format) under the
 official URL; the catalog entry is the real one but for its torch.hub hash
 prefix, which a test file cannot have, so the sha256 is recorded at this
 first pull.  The ``sed`` line runs as it is on a copy of the shipped config,
-and ``./bin/quickstart`` is its last step, ``python -m svc.quickstart`` (the
+and ``./bin/quickstart`` is its last step, ``python -m svc.cli.quickstart`` (the
 virtual environment and ``pip install`` are not what is tested here), on the
 shipped profile's ``weights = "demo"``.  The reply must carry the version
 the page's comment promises, and the status API the variant.
@@ -26,7 +26,7 @@ import torch
 from torchvision.models import mobilenet_v2
 
 from models.mobilenetv2 import MobileNetV2Factory
-from svc import cli
+from svc.cli import commands as cli
 from svc.weightstore.catalog import find_variant
 from tests.integration.test_quickstart_run import quickstart_tree, run_quickstart
 from tests.support.http import get, post

@@ -236,7 +236,7 @@ def test_metrics_need_the_metrics_token(stack):
     assert re.search(r'^service_http_requests_total\{code="200",method="POST",protocol="contract",route="infer"\} [1-9]', text, re.M)
     assert "Starting factory" not in stack["gateway"].output()  # the upstream pool does not log every connection
     frozen = re.search(r"^service_gc_frozen_objects (\S+)$", text, re.M)
-    assert frozen and float(frozen.group(1)) > 10_000  # svc.process.freeze_heap ran at startup
+    assert frozen and float(frozen.group(1)) > 10_000  # svc.infra.process.freeze_heap ran at startup
 
 
 def job_counts(text: str, labels: str) -> dict[str, float]:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from svc.config import load_model_server_config
-from svc.modelapi import find_factory
+from svc.model.api import find_factory
 from svc.openapi.gateway import gateway_document
 from tests.support.conformance import call_and_validate, load
 from tests.support.gateway import GATEWAY_TOKENS, start_gateway

@@ -14,8 +14,9 @@ import time
 import pytest
 from PIL import Image
 
-from svc import cli_http
-from svc.cli_gateway import GATEWAY_ENV, TOKEN_ENVS
+from svc.cli import http as cli_http
+from svc.cli.args import TOKEN_ENVS
+from svc.cli.gateway import GATEWAY_ENV
 from tests.support.gateway import GATEWAY_TOKENS, start_gateway
 from tests.support.http import get, post
 from tests.support.processes import REPO, free_port, start_model_server, write_config

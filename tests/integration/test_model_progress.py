@@ -8,8 +8,8 @@ from segment_anything import SamAutomaticMaskGenerator
 from models.diffusion import ddpm
 from models.diffusion_sampler import Sample
 from models.sam_amg import PARAMS_SCHEMA, SamAmgModel, build_sam, generator_args, prompt_batches
-from svc.modelapi import reporting_progress
-from svc.schema import ObjectSchema
+from svc.contract.schema import ObjectSchema
+from svc.model.api import reporting_progress
 
 DDPM_CONFIG = {"weights": "random", "seed": 0, "sample_size": 8, "channels": 1, "block_out_channels": [8, 16],
                "layers_per_block": 1, "attention": False, "num_train_timesteps": 50, "beta_schedule": "linear"}

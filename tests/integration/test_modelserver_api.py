@@ -298,7 +298,7 @@ def test_metrics_text(mobilenet):
         assert name in text, name
     assert 'service_http_requests_total{code="200",method="POST",route="infer"}' in text
     assert 'stage="decode"' in text and 'stage="inference"' in text and 'stage="queue_wait"' in text
-    # svc.process.freeze_heap ran once the model was warm: torch and the model are far more than 100k objects
+    # svc.infra.process.freeze_heap ran once the model was warm: torch and the model are far more than 100k objects
     frozen = re.search(r"^service_gc_frozen_objects (\S+)$", text, re.M)
     assert frozen and float(frozen.group(1)) > 100_000, frozen
     assert re.search(r'^python_gc_collections_total\{generation="2"\} ', text, re.M)

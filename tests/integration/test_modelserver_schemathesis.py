@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from svc.config import load_model_server_config
-from svc.modelapi import find_factory
+from svc.model.api import find_factory
 from svc.openapi.modelserver import model_server_document
 from tests.support.conformance import call_and_validate, load
 from tests.support.processes import REPO, SHIPPED_CONF, start_model_server, write_config

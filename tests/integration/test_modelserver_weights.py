@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 from torchvision.models import MobileNet_V2_Weights, mobilenet_v2
 
-from svc.weights import calibrate_batchnorm
+from svc.model.weights import calibrate_batchnorm
 from tests.support.http import post
 from tests.support.images import b64, image_bytes
 from tests.support.processes import start_model_server, write_config

@@ -18,8 +18,8 @@ from PIL import Image
 from torchvision.models import MobileNet_V2_Weights, mobilenet_v2
 
 from models.mobilenetv2 import MobileNetV2Factory
-from svc import cli
-from svc.weights import calibrate_batchnorm
+from svc.cli import commands as cli
+from svc.model.weights import calibrate_batchnorm
 from svc.weightstore.catalog import FileSource, Variant
 from tests.support.http import post
 from tests.support.images import b64, image_bytes

@@ -1,4 +1,4 @@
-"""``python -m svc.quickstart`` for real: the supervisor runs, and one next-steps block follows the models' readiness."""
+"""``python -m svc.cli.quickstart`` for real: the supervisor runs, and one next-steps block follows the models' readiness."""
 
 import signal
 import sys
@@ -27,7 +27,7 @@ def quickstart_tree(root, model: str, profile_extra: str = "") -> tuple[int, int
 
 def run_quickstart(root, env: dict | None = None, args: tuple[str, ...] = ()):
     """The quick start run in ``root``, once it printed its block: (process, log path)."""
-    popen, log = spawn([sys.executable, "-m", "svc.quickstart", "--root", str(root), *args],
+    popen, log = spawn([sys.executable, "-m", "svc.cli.quickstart", "--root", str(root), *args],
                        env=child_env(env, drop=TOKENS), log_dir=root)
     deadline = time.monotonic() + 240
     while "Ctrl-C stops everything." not in log.read_text() and time.monotonic() < deadline:
@@ -110,7 +110,7 @@ def test_pretrained_profile_pulls_then_serves_the_variant(tmp_path):
 def test_offline_the_cached_variant_is_served_and_nothing_is_dialled(tmp_path, monkeypatch, capsys):
     """`--weights pretrained` on a machine whose sources do not answer: the variant already in the cache runs
     (one unreachable host used to put every model on demo weights)."""
-    from svc import cli
+    from svc.cli import commands as cli
     from tests.support.http import get
     from tests.support.weight_source import FakeSource
 

@@ -24,7 +24,7 @@ from collections import Counter
 
 import pytest
 
-from svc import jobid
+from svc.contract import jobid
 from tests.support.clients import RequestLoad
 from tests.support.http import get, post, request
 from tests.support.images import image_b64

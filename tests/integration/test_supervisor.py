@@ -131,7 +131,7 @@ def test_supervisor_metrics(stack):
     assert 'service_supervisor_child_ready{child="__gateway",replica="0"} 1.0' in text
     assert 'service_supervisor_child_restarts_total{child="TESTFAULTS",replica="0"}' in text
     frozen = re.search(r"^service_gc_frozen_objects (\S+)$", text, re.M)
-    assert frozen and float(frozen.group(1)) > 10_000  # svc.process.freeze_heap ran at startup
+    assert frozen and float(frozen.group(1)) > 10_000  # svc.infra.process.freeze_heap ran at startup
 
 
 # -- actions ------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from models.yolov8_net import build_network
-from svc import cli
+from svc.cli import commands as cli
 from svc.weightstore.cache import read_record, variant_dir
 from tests.integration.test_weights_hub import write_google_ddpm
 from tests.support.fake_ultralytics import save_checkpoint

@@ -15,8 +15,8 @@ import torch
 from segment_anything import sam_model_registry
 
 from models.sam_amg import VARIANTS, build_sam, sam_amg
-from svc.modelapi import model_config
-from svc.weights import WeightsError, load_into
+from svc.model.api import model_config
+from svc.model.weights import WeightsError, load_into
 from svc.weightstore.catalog import find_variant
 
 RELEASE = "https://dl.fbaipublicfiles.com/segment_anything/"

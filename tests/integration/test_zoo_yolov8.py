@@ -12,7 +12,7 @@ from torchvision.ops import batched_nms
 
 from models.yolov8 import coco_categories
 from models.yolov8_net import build_network, decode_head
-from svc.weights import calibrate_batchnorm
+from svc.model.weights import calibrate_batchnorm
 from tests.support.images import b64, image_bytes
 from tests.support.processes import (
     start_model_server,

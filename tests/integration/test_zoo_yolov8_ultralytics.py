@@ -19,8 +19,8 @@ from safetensors.torch import load_file
 
 from models.yolov8 import VARIANTS, yolov8
 from models.yolov8_net import build_network
-from svc.modelapi import model_config
-from svc.weights import WeightsError, load_into
+from svc.model.api import model_config
+from svc.model.weights import WeightsError, load_into
 from svc.weightstore.catalog import find_variant
 from tests.integration.test_zoo_yolov8 import IMGSZ, assert_same_detections, direct, seeded_network
 from tests.support.fake_ultralytics import save_checkpoint, tripwire_of, upstream_names_and_shapes

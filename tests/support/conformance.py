@@ -32,7 +32,7 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.core.parameters import ParameterLocation
 from schemathesis.specs.openapi.checks import negative_data_rejection
 
-from svc.request import REQ_ID_RE
+from svc.contract.request import REQ_ID_RE
 
 #: 401: a credential of the wrong kind (the gateway's /metrics takes the metrics token only);
 #: 404: an unknown job id (any string is a valid ``job_id``); 409: the result of an unfinished job;

@@ -32,7 +32,7 @@ GENERATIVE = ("CLS_COND_DDIM", "DDIM", "DDPM", "LDM")
 #: Per model, the item status of every extreme image.  0: the generative
 #: models never decode the pixels.  5 (INVALID_IMAGE): the model's resize
 #: would be unbounded or empty.  MOBILENETV2 resizes the short side to 256
-#: (8000x1 would be 2,048,000x256 pixels, past svc.images.MAX_RESIZED_PIXELS);
+#: (8000x1 would be 2,048,000x256 pixels, past svc.model.images.MAX_RESIZED_PIXELS);
 #: YOLOV8 letterboxes into 640x640 and SAM_AMG resizes the longest side to
 #: 256 (8000x1 would keep 0 pixels along the short side).
 EXPECTED_STATUS = {

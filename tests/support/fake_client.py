@@ -1,6 +1,6 @@
-"""An in-memory stand-in for svcctl's HTTP client (``svc.cli_http.Client``), on a fake clock.
+"""An in-memory stand-in for svcctl's HTTP client (``svc.cli.http.Client``), on a fake clock.
 
-Tests pass it to ``svc.cli.main(argv, client=...)`` and the commands run
+Tests pass it to ``svc.cli.commands.main(argv, client=...)`` and the commands run
 in-process: no server, no thread, no real reactor.  It records every request
 (method, URL, body, Bearer token) and answers the canned reply set by the
 test: a status, a JSON body (or bytes) and a ``Retry-After``, a transport
@@ -26,8 +26,8 @@ from urllib.parse import urlsplit
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.task import Clock
 
-from svc.cli_http import HttpCall
-from svc.cli_http import Reply as HttpReply
+from svc.cli.http import HttpCall
+from svc.cli.http import Reply as HttpReply
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class FakeReactor(Clock):
 
 
 class FakeClient:
-    """``svc.cli.main(argv, client=FakeClient())``: answers from ``script``, then ``reply``."""
+    """``svc.cli.commands.main(argv, client=FakeClient())``: answers from ``script``, then ``reply``."""
 
     def __init__(self) -> None:
         self.requests: list[Recorded] = []

@@ -31,11 +31,11 @@ from twisted.python.failure import Failure
 
 from models.testfaults import FaultFactory, FaultModel
 from svc.config import load_model_server_config
-from svc.metrics import render
-from svc.modelapi import model_config
+from svc.infra.metrics import render
+from svc.infra.process import inline_runner
+from svc.model.api import model_config
 from svc.modelserver import service as service_module
 from svc.modelserver.service import ModelServerService
-from svc.process import inline_runner
 from tests.support.processes import TEST_CONF
 
 TOKEN = "in-memory-token"

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from svc.config import load_model_server_config
-from svc.modelapi import find_factory, model_config
-from svc.weights import WeightsError
+from svc.model.api import find_factory, model_config
+from svc.model.weights import WeightsError
 from tests.support.http import Reply, get, post
 from tests.support.processes import write_config
 

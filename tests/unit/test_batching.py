@@ -8,14 +8,14 @@ import pytest
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
-from svc import status as st
-from svc.envelope import ItemResult, ModelIdentity, result_envelope
+from svc.contract import status as st
+from svc.contract.envelope import ItemResult, ModelIdentity, result_envelope
+from svc.contract.request import InferenceRequest, RequestValidator
+from svc.contract.schema import ObjectSchema, object_schema
+from svc.infra.process import inline_runner
 from svc.modelserver.batching import BatchQueue, Item, QueueFull
 from svc.modelserver.engine import Engine
 from svc.modelserver.inference import Inference
-from svc.process import inline_runner
-from svc.request import InferenceRequest, RequestValidator
-from svc.schema import ObjectSchema, object_schema
 
 
 class Runner:

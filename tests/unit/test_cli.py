@@ -18,8 +18,11 @@ from pathlib import Path
 import pytest
 import tomlkit
 
-from svc import cli, cli_gateway, version_line
+from svc import version_line
 from svc.auth import hash_key, load_key_file
+from svc.cli import args as cli_args
+from svc.cli import commands as cli
+from svc.cli import gateway as cli_gateway
 from tests.support.fake_client import FakeClient, Reply
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +31,7 @@ ENVELOPE = {"status": 0, "status_str": "OK", "task_id": "r-1", "model": {"name":
             "results": [{"status": 0, "data": {"class_id": 3, "category": "cat", "scores": [0.9]}}]}
 JOB = {"job_id": "job_1", "state": "pending", "poll_url": "/v1/models/M/jobs/job_1",
        "result_url": "/v1/models/M/jobs/job_1/result"}
-CLEARED = (*cli_gateway.TOKEN_ENVS, cli_gateway.GATEWAY_ENV, "OTHER_TOKEN")
+CLEARED = (*cli_args.TOKEN_ENVS, cli_gateway.GATEWAY_ENV, "OTHER_TOKEN")
 
 
 def start(*args: str, env: dict[str, str] | None = None, token: str | None = TOKEN) -> subprocess.Popen:
@@ -191,27 +194,27 @@ def test_console_entry_as_a_process_runs_version_keygen_and_hash():
 
 
 def test_parse_value_is_json_when_it_parses_else_the_string():
-    assert cli_gateway.parse_value("0.5") == 0.5
-    assert cli_gateway.parse_value("3") == 3
-    assert cli_gateway.parse_value("true") is True
-    assert cli_gateway.parse_value("null") is None
-    assert cli_gateway.parse_value("[1, 2]") == [1, 2]
-    assert cli_gateway.parse_value('{"a": "b"}') == {"a": "b"}
-    assert cli_gateway.parse_value('"5"') == "5"
-    assert cli_gateway.parse_value("cat") == "cat"
-    assert cli_gateway.parse_value("") == ""
-    assert cli_gateway.parse_value("NaN") == "NaN"
-    assert cli_gateway.parse_value("a=b") == "a=b"
+    assert cli_args.parse_value("0.5") == 0.5
+    assert cli_args.parse_value("3") == 3
+    assert cli_args.parse_value("true") is True
+    assert cli_args.parse_value("null") is None
+    assert cli_args.parse_value("[1, 2]") == [1, 2]
+    assert cli_args.parse_value('{"a": "b"}') == {"a": "b"}
+    assert cli_args.parse_value('"5"') == "5"
+    assert cli_args.parse_value("cat") == "cat"
+    assert cli_args.parse_value("") == ""
+    assert cli_args.parse_value("NaN") == "NaN"
+    assert cli_args.parse_value("a=b") == "a=b"
 
 
 def test_token_order_and_token_env():
     both = {"SERVICE_API_KEY": "k", "SERVICE_GATEWAY_AUTH_TOKEN": "g", "SERVICE_API_TOKEN": "m"}
-    assert cli_gateway.find_token(both) == "k"
-    assert cli_gateway.find_token({**both, "SERVICE_API_KEY": ""}) == "g"
-    assert cli_gateway.find_token({"SERVICE_API_TOKEN": "m"}) == "m"
-    assert cli_gateway.find_token({**both, "OTHER_TOKEN": "o"}, "OTHER_TOKEN") == "o"
+    assert cli_args.find_token(both) == "k"
+    assert cli_args.find_token({**both, "SERVICE_API_KEY": ""}) == "g"
+    assert cli_args.find_token({"SERVICE_API_TOKEN": "m"}) == "m"
+    assert cli_args.find_token({**both, "OTHER_TOKEN": "o"}, "OTHER_TOKEN") == "o"
     with pytest.raises(cli_gateway.CliError, match="^no token: OTHER_TOKEN is not set"):
-        cli_gateway.find_token(both, "OTHER_TOKEN")
+        cli_args.find_token(both, "OTHER_TOKEN")
 
 
 @pytest.mark.parametrize("argv, url, timeout", [

@@ -1,4 +1,4 @@
-"""svc.datacheck: the fast data check gives jsonschema's verdict on every instance, or is not used."""
+"""svc.contract.datacheck: the fast data check gives jsonschema's verdict on every instance, or is not used."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from svc.datacheck import compile_check
-from svc.modelapi import factories
-from svc.schema import StrictValidator, compile_schema
+from svc.contract.datacheck import compile_check
+from svc.contract.schema import StrictValidator, compile_schema
+from svc.model.api import factories
 
 SCHEMA_CASES = [
     {"type": "integer", "minimum": 0, "maximum": 9},

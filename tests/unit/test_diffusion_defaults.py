@@ -4,7 +4,7 @@ import tomllib
 
 import pytest
 
-from svc.modelapi import find_factory, model_config
+from svc.model.api import find_factory, model_config
 
 
 def shipped(model_id: str, **overrides) -> tuple:

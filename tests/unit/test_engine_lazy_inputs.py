@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from twisted.internet.task import Clock
 
-from svc import status as st
-from svc.envelope import ItemResult
+from svc.contract import status as st
+from svc.contract.envelope import ItemResult
+from svc.contract.request import InferenceRequest
+from svc.infra.process import inline_runner
 from svc.modelserver.engine import Engine, LazyInput
-from svc.process import inline_runner
-from svc.request import InferenceRequest
 from tests.unit.test_batching import inference
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from svc.modelapi import model_config
+from svc.contract.schema import ObjectSchema
+from svc.infra.process import inline_runner
+from svc.model.api import model_config
 from svc.modelserver.engine import Engine
-from svc.process import inline_runner
-from svc.schema import ObjectSchema
 
 
 def test_the_load_reports_building_each_mode_it_measures_and_the_warm_up():

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from svc import status as st
-from svc.envelope import TIMED_OUT, ItemResult, ModelIdentity, outcome, rejection, result_envelope
-from svc.errors import FieldError, pointer
+from svc.contract import status as st
+from svc.contract.envelope import TIMED_OUT, ItemResult, ModelIdentity, outcome, rejection, result_envelope
+from svc.contract.errors import FieldError, pointer
 
 OK = ItemResult(st.SUCCESS, {"x": 1})
 EMPTY = ItemResult(st.IMAGE_EMPTY, None, "empty")

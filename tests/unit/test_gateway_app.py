@@ -18,7 +18,7 @@ from svc.gateway.app import GatewayApp
 from svc.gateway.catalog import Catalog, Upstream
 from svc.gateway.cors import CorsResource
 from svc.gateway.proxy import Proxy
-from svc.metrics import GatewayMetrics, new_registry, render
+from svc.infra.metrics import GatewayMetrics, new_registry, render
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using readBody with a transport:DeprecationWarning")
 

@@ -17,15 +17,15 @@ from twisted.internet.defer import Deferred, fail
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
 
-from svc import jobid
 from svc.auth import Authenticator, decide, hash_key
 from svc.cluster_config import ClusterConfig
+from svc.contract import jobid
 from svc.gateway.app import GatewayApp
 from svc.gateway.catalog import Catalog, Upstream
 from svc.gateway.cluster import Cluster
 from svc.gateway.cors import CorsResource
 from svc.gateway.proxy import Proxy
-from svc.metrics import GatewayMetrics, new_registry, render
+from svc.infra.metrics import GatewayMetrics, new_registry, render
 from tests.unit.test_gateway_app import KEY, SLOW_KEY, TOKENS, FakeModel, Harness, assert_envelope, h
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using readBody with a transport:DeprecationWarning")

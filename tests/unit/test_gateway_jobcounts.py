@@ -7,7 +7,7 @@ from twisted.internet.task import Clock
 
 from svc.gateway.catalog import Catalog, Replica, Upstream
 from svc.gateway.jobcounts import JobCounts, job_counts
-from svc.metrics import new_registry, render
+from svc.infra.metrics import new_registry, render
 
 
 def model_text(submitted: int, done: int) -> bytes:

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from svc.metrics import render
+from svc.infra.metrics import render
 from tests.unit.test_gateway_app import OFF_KEY, SLOW_KEY, Harness, h
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 
 from svc.config import model_server_configs
-from svc.modelapi import factories
+from svc.model.api import factories
 from svc.openapi.gateway import gateway_document
 from tests.support.processes import REPO
 

@@ -21,9 +21,9 @@ from twisted.python.failure import Failure
 from twisted.web._newclient import ResponseFailed
 from twisted.web.client import URI
 
-from svc import jobid
 from svc.auth import Authenticator, decide
 from svc.cluster_config import ClusterConfig
+from svc.contract import jobid
 from svc.gateway.app import GatewayApp
 from svc.gateway.balancer import Balancer
 from svc.gateway.catalog import Catalog, CatalogError, Replica, Upstream, load_catalog
@@ -31,7 +31,7 @@ from svc.gateway.cluster import Cluster
 from svc.gateway.owners import OtherHost, locate
 from svc.gateway.proxy import Proxy, UpstreamReply, not_admitted
 from svc.gateway.readiness import ReplicaProbe
-from svc.metrics import GatewayMetrics, new_registry, render
+from svc.infra.metrics import GatewayMetrics, new_registry, render
 from tests.unit.test_gateway_app import TOKENS, h
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using readBody with a transport:DeprecationWarning")

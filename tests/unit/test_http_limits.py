@@ -285,7 +285,7 @@ def test_busy_replies_have_each_process_error_shape():
     supervisor; all say when to retry."""
     from types import SimpleNamespace
 
-    from svc.envelope import ModelIdentity
+    from svc.contract.envelope import ModelIdentity
     from svc.gateway.app import GatewayApp
     from svc.modelserver.app import ModelServerApp
     from svc.supervisor.api import ManagementApi

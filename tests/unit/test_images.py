@@ -1,4 +1,4 @@
-"""svc.images: the shared decode path (EXIF orientation) and the bounded-resize checks."""
+"""svc.model.images: the shared decode path (EXIF orientation) and the bounded-resize checks."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import ExifTags, Image
 
-from svc import status as st
-from svc.images import MAX_RESIZED_PIXELS, ItemInputError, check_resize, open_image, short_side_size
+from svc.contract import status as st
+from svc.model.images import MAX_RESIZED_PIXELS, ItemInputError, check_resize, open_image, short_side_size
 from tests.support.images import jpeg_with_orientation, stored_pixels
 
 MAX_PIXELS = 40_000_000

@@ -5,17 +5,18 @@ from __future__ import annotations
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
-from svc.envelope import ModelIdentity
-from svc.modelapi import report_progress, reporting_progress
+from svc.contract.envelope import ModelIdentity
+from svc.contract.jobs import DONE, RUNNING
+from svc.contract.request import InferenceRequest, RequestValidator
+from svc.contract.schema import ObjectSchema, object_schema
+from svc.infra.process import inline_runner
+from svc.model.api import report_progress, reporting_progress
 from svc.modelserver.batching import BatchQueue
 from svc.modelserver.engine import Engine
 from svc.modelserver.inference import Inference
 from svc.modelserver.job_routes import JobRoutes
-from svc.modelserver.jobs import DONE, RUNNING, JobTable
+from svc.modelserver.jobs import JobTable
 from svc.modelserver.progress import BatchProgress, JobProgress
-from svc.process import inline_runner
-from svc.request import InferenceRequest, RequestValidator
-from svc.schema import ObjectSchema, object_schema
 
 # -- the reporter -----------------------------------------------------------------------------
 

@@ -61,7 +61,7 @@ def test_submit_answers_202_at_once_while_the_model_is_busy(server):
     assert reply.code == 202 and server.workers.held == 1
     body = reply.json
     job_id = body["job_id"]
-    assert re.fullmatch(r"job_[0-9a-f]{42}", job_id)  # svc.jobid: random, replica, tag
+    assert re.fullmatch(r"job_[0-9a-f]{42}", job_id)  # svc.contract.jobid: random, replica, tag
     assert body == {"job_id": job_id, "state": "pending", "poll_url": f"/jobs/{job_id}",
                     "result_url": f"/jobs/{job_id}/result", "task_id": job_id,
                     "model": {"name": "TESTFAULTS", "version": "test-faults"}}

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from svc import jobid
-from svc.jobid import JobOwner
+from svc.contract import jobid
+from svc.contract.jobid import JobOwner
 
 
 def test_a_minted_id_keeps_the_documented_pattern_and_names_its_owner():
@@ -75,7 +75,7 @@ def test_from_environment():
 def test_the_job_table_mints_with_its_owner_and_secret():
     from twisted.internet.task import Clock
 
-    from svc.envelope import ModelIdentity
+    from svc.contract.envelope import ModelIdentity
     from svc.modelserver.jobs import JobTable
 
     table = JobTable(Clock(), lambda job: None, lambda: ModelIdentity("M", "v"), max_queue=1, timeout_ms=0,

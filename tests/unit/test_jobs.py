@@ -8,10 +8,11 @@ import pytest
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
-from svc import status as st
-from svc.envelope import TIMED_OUT, ItemResult, ModelIdentity
-from svc.modelserver.jobs import DONE, FAILED, PENDING, RUNNING, TIMEOUT, AsyncQueueFull, JobTable
-from svc.request import InferenceRequest
+from svc.contract import status as st
+from svc.contract.envelope import TIMED_OUT, ItemResult, ModelIdentity
+from svc.contract.jobs import DONE, FAILED, PENDING, RUNNING, TIMEOUT
+from svc.contract.request import InferenceRequest
+from svc.modelserver.jobs import AsyncQueueFull, JobTable
 
 
 class FakeRun:

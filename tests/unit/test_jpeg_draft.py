@@ -1,6 +1,6 @@
 """MOBILENETV2 decodes a large JPEG at a reduced DCT scale (Pillow ``draft``), never below its resize.
 
-The server's decode path (``svc.images.open_image``) leaves a JPEG lazy, so
+The server's decode path (``svc.model.images.open_image``) leaves a JPEG lazy, so
 the plugin's ``preprocess`` can ask libjpeg for a 1/2, 1/4 or 1/8 scale
 decode that still covers the short side it resizes to (256 here).  The
 result is compared with the full decode followed by the same resize and crop
@@ -18,7 +18,7 @@ import torch
 from PIL import Image
 
 from models.mobilenetv2 import mobilenetv2
-from svc.images import open_image
+from svc.model.images import open_image
 from svc.optimize import gates
 from tests.support.photos import photo_like
 

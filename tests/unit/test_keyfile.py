@@ -7,8 +7,9 @@ import stat
 
 import pytest
 
-from svc import cli, keyfile
 from svc.auth import hash_key, key_entry, load_key_file
+from svc.cli import commands as cli
+from svc.cli import keyfile
 from tests.support.fake_client import FakeClient, Reply
 from tests.unit.test_cli import free_port, svcctl
 

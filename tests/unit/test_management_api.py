@@ -17,8 +17,8 @@ from treq.testing import StubTreq
 from twisted.internet.defer import fail, succeed
 
 from svc import __version__
-from svc.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from svc.metrics import HttpMetrics, new_registry
+from svc.infra.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from svc.infra.metrics import HttpMetrics, new_registry
 from svc.supervisor.api import UI_FILES, UI_HEADERS, UI_MODULES, ManagementApi
 from svc.supervisor.child import ChildError
 from svc.supervisor.manager import GATEWAY

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from svc.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from svc.infra.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from svc.openapi.modelserver import model_server_document
 from tests.support.images import image_b64
 from tests.support.inmemory import TOKEN, URI, build_model_server

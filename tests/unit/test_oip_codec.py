@@ -8,9 +8,7 @@ import struct
 
 import pytest
 
-from svc.gateway.oip import codec, translate
-from svc.gateway.oip.codec import CodecError, Output, parse_request
-from svc.gateway.oip.models import (
+from svc.contract.oip import (
     CLASSIFICATION,
     DETECTION,
     GENERATION,
@@ -19,6 +17,8 @@ from svc.gateway.oip.models import (
     shape_from_data_schema,
     shape_of,
 )
+from svc.gateway.oip import codec, translate
+from svc.gateway.oip.codec import CodecError, Output, parse_request
 
 
 def bytes_tensor(*elements: bytes) -> bytes:

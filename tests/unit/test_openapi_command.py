@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from svc.cli import main
+from svc.cli.commands import main
 
 REPO = Path(__file__).resolve().parents[2]
 NAMES = sorted(p.name for p in (REPO / "openapi").glob("*.json"))

@@ -101,7 +101,7 @@ def test_compile_refused_without_a_cxx_compiler(monkeypatch):
 
 
 def test_a_bad_optimize_is_refused_at_startup_with_one_line(environment, monkeypatch, tmp_path):  # noqa: F811
-    from svc import torchenv
+    from svc.model import torchenv
 
     monkeypatch.setattr(torchenv, "tune_malloc", lambda: True)
     monkeypatch.setattr(torchenv, "configure_threads", lambda threads, workers, share=1: 1)

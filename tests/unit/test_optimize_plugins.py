@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 import torch
 
-from svc.modelapi import IOptimizable, find_factory, model_config
-from svc.optimize.apply import apply_mode, map_tensors
+from svc.model.api import IOptimizable, find_factory, model_config
+from svc.optimize.apply import apply_mode
 from svc.optimize.select import Optimizer
+from svc.optimize.tensors import map_tensors
 
 SMALL_UNET = {"sample_size": 8, "block_out_channels": [8, 16], "num_train_timesteps": 20}
 CONFIGS: dict[str, dict] = {
@@ -40,8 +41,8 @@ def build(model_id: str) -> tuple[Any, Any, dict]:
 
 def serve_once(factory: Any, model: Any, table: dict) -> list:
     """One warm-up batch through predict and postprocess, as the engine's load does."""
-    from svc.options import options_schema
-    from svc.schema import ObjectSchema
+    from svc.contract.options import options_schema
+    from svc.contract.schema import ObjectSchema
 
     params = ObjectSchema(factory.params_schema(table)).with_defaults({})
     options = ObjectSchema(options_schema(tuple(factory.options))).with_defaults({})

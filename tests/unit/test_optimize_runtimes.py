@@ -16,7 +16,7 @@ import onnxruntime
 import pytest
 import torch
 
-from svc.modelapi import OptimizationTarget
+from svc.model.api import OptimizationTarget
 from svc.optimize import runtimes, support
 from svc.optimize.apply import apply_mode
 from svc.optimize.modes import Mode, mode

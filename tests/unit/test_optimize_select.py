@@ -13,7 +13,7 @@ import pytest
 import torch
 from zope.interface import implementer
 
-from svc.modelapi import IModel, IOptimizable, OptimizationTarget
+from svc.model.api import IModel, IOptimizable, OptimizationTarget
 from svc.optimize import select
 from svc.optimize.apply import apply_mode
 from svc.optimize.modes import Mode

@@ -1,9 +1,9 @@
-"""Our twistd programs do not share twistd's default pidfile (svc.process.own_pidfile)."""
+"""Our twistd programs do not share twistd's default pidfile (svc.infra.process.own_pidfile)."""
 
 import pytest
 from twisted.scripts.twistd import ServerOptions
 
-from svc.process import TWISTD_DEFAULT_PIDFILE
+from svc.infra.process import TWISTD_DEFAULT_PIDFILE
 
 
 def parsed(*argv: str) -> ServerOptions:

@@ -7,7 +7,7 @@ import os
 import threading
 import weakref
 
-from svc.process import SUPERVISOR_PID_ENV, ThreadPoolService, freeze_heap, supervisor_gone
+from svc.infra.process import SUPERVISOR_PID_ENV, ThreadPoolService, freeze_heap, supervisor_gone
 
 
 def test_supervisor_gone_compares_the_parent_with_the_supervisor_pid():

@@ -3,7 +3,7 @@
 Hypothesis writes any query (text, percent-encoded bytes, numbers of
 thousands of digits, repeated and odd keys); each route must give the
 documented answer for it, computed here from the query by the rules of
-svc.query, and never a 5xx.  The apps are the real Klein apps behind
+svc.contract.query, and never a 5xx.  The apps are the real Klein apps behind
 StubTreq; the gateway forwards to the real model-server routes through a
 RequestTraversalAgent, so the re-encoded upstream query is checked too.
 """
@@ -23,10 +23,10 @@ from treq.testing import RequestTraversalAgent, StubTreq
 from twisted.internet.task import Clock
 from twisted.web.http import parse_qs
 
+from svc.contract.query import MAX_DIGITS, WAIT_MAX_MS, parse_bounded_int, wait_budget_ms
 from svc.gateway.catalog import Upstream
-from svc.metrics import ModelServerMetrics, new_registry
+from svc.infra.metrics import ModelServerMetrics, new_registry
 from svc.modelserver.app import ModelServerApp
-from svc.query import MAX_DIGITS, WAIT_MAX_MS, parse_bounded_int, wait_budget_ms
 from svc.supervisor.api import LOG_LIMIT_DEFAULT, LOG_LIMIT_MAX, ManagementApi
 from svc.supervisor.logsink import LogSink
 from tests.unit.test_gateway_app import KEY, Harness

@@ -5,7 +5,7 @@ import io
 import os
 import stat
 
-from svc.quickstart import KEY_FILE, SECRETS, next_steps, prepare, read_env_file, service_addresses, settled
+from svc.cli.quickstart import KEY_FILE, SECRETS, next_steps, prepare, read_env_file, service_addresses, settled
 
 
 def test_prepare_creates_private_distinct_secrets_and_a_first_key_once(tmp_path):
@@ -52,7 +52,7 @@ def _pulls():
 def test_the_pulls_of_the_shipped_profile_are_its_default_variants_but_its_demo_list():
     """The shipped cpu profile's list and its comment agree: CLS_COND_DDIM (DiT-XL, 3 GB, CC-BY-NC-4.0) stays
     on demo under pretrained."""
-    from svc.quickstart import pretrained_pulls
+    from svc.cli.quickstart import pretrained_pulls
 
     pulls = [(spec, variant.source.repo_id) for spec, variant in pretrained_pulls(".", profile_name="cpu")
              if spec.split(":")[0] in ("DDPM", "DDIM", "CLS_COND_DDIM", "LDM")]
@@ -69,7 +69,7 @@ def pytest_fail(*args):
 
 def fetch(pulls, env, *, cached=(), connect=pytest_fail, pull=pytest_fail, available=True, accept=()):
     """fetch_missing with fakes: (the models on demo with why, what it printed)."""
-    from svc.quickstart import fetch_missing
+    from svc.cli.quickstart import fetch_missing
 
     out = io.StringIO()
     demo = fetch_missing(pulls, env, out, accept=accept, connect=connect, pull=pull,
@@ -139,7 +139,7 @@ def test_a_refused_licence_a_failed_pull_offline_mode_or_no_pull_command_fall_ba
 
 def test_on_this_machine_the_hub_is_not_reachable_and_demo_it_is(tmp_path):
     """No internet here: the real connection attempt fails (DNS or connect); the real cache lookup finds nothing."""
-    from svc.quickstart import fetch_missing
+    from svc.cli.quickstart import fetch_missing
 
     out = io.StringIO()
     env = {"HF_ENDPOINT": "http://127.0.0.1:9", "SERVICE_WEIGHTS_DIR": str(tmp_path)}
@@ -200,7 +200,7 @@ def test_service_addresses_come_from_the_service_config(tmp_path):
 
 
 def test_behind_a_proxy_the_proxy_is_what_is_dialled():
-    from svc.quickstart import source_hosts
+    from svc.cli.quickstart import source_hosts
 
     variants = [variant for _, variant in _pulls()]
     env = {"HTTPS_PROXY": "http://proxy.internal:3128", "no_proxy": "github.com"}
@@ -208,7 +208,7 @@ def test_behind_a_proxy_the_proxy_is_what_is_dialled():
 
 
 def test_one_line_per_change_of_what_each_model_does():
-    from svc.quickstart import progress_lines
+    from svc.cli.quickstart import progress_lines
 
     def servers(*rows):
         return {"servers": [{"id": i, "state": state, "ready": ready, "phase": phase} for i, state, ready, phase in rows]}

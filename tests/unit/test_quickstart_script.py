@@ -41,11 +41,11 @@ def test_the_installed_version_is_not_installed_again(tree):
     assert quickstart(tree, "9.9.9") == [
         "==> [2/3] inference-service 9.9.9 is installed in .venv: nothing to install",
         "==> [3/3] Starting the service",
-        "python -m svc.quickstart --weights demo"]
+        "python -m svc.cli.quickstart --weights demo"]
 
 
 @pytest.mark.parametrize("installed", ["0.9.0", ""])
 def test_another_version_or_none_is_installed(tree, installed):
     out = quickstart(tree, installed)
     assert out[1] == "pip install --disable-pip-version-check ."
-    assert out[0].startswith("==> [2/3] Installing the service") and out[-1] == "python -m svc.quickstart --weights demo"
+    assert out[0].startswith("==> [2/3] Installing the service") and out[-1] == "python -m svc.cli.quickstart --weights demo"

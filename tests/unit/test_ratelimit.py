@@ -2,7 +2,7 @@
 
 from twisted.internet.task import Clock
 
-from svc.ratelimit import KeyedLimiter, retry_after_header
+from svc.infra.ratelimit import KeyedLimiter, retry_after_header
 
 
 def test_rate_is_enforced_and_refills():

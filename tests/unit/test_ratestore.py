@@ -16,8 +16,8 @@ from twisted.logger import formatEvent, globalLogPublisher
 
 from svc.gateway.config import load_gateway_config
 from svc.gateway.ratestore import BUCKET_PREFIX, SCRIPT_SHA, LocalRates, RedisRates, make_rates
-from svc.metrics import GatewayMetrics, new_registry, render
-from svc.ratelimit import retry_after_header
+from svc.infra.metrics import GatewayMetrics, new_registry, render
+from svc.infra.ratelimit import retry_after_header
 from tests.support.processes import free_port
 from tests.support.redis import RedisServer
 

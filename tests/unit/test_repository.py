@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 from svc import __version__
-from svc import status as st
 from svc.config import BACKEND_KEYS, MODEL_SERVER_KEYS
+from svc.contract import status as st
 from svc.openapi.committed import check
 from tests.support.processes import REPO, child_env
 
@@ -90,8 +90,8 @@ def test_committed_openapi_documents_are_current():
 
 def test_plugin_files_import_no_torch():
     code = (
-        "import sys; import twisted.plugins.service_plugins, svc.modelserver.tap, svc.modelapi, svc.openapi.committed;"
-        "from svc.modelapi import factories; factories();"
+        "import sys; import twisted.plugins.service_plugins, svc.modelserver.tap, svc.model.api, svc.openapi.committed;"
+        "from svc.model.api import factories; factories();"
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     done = subprocess.run([sys.executable, "-c", code], env=child_env(), cwd=REPO, capture_output=True, text=True)
@@ -124,7 +124,7 @@ def test_shipped_service_config_loads():
 
 def test_gateway_and_supervisor_import_no_torch():
     code = (
-        "import sys; import svc.gateway.tap, svc.gateway.service, svc.supervisor.tap, svc.supervisor.service, svc.cli;"
+        "import sys; import svc.gateway.tap, svc.gateway.service, svc.supervisor.tap, svc.supervisor.service, svc.cli.commands;"
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     done = subprocess.run([sys.executable, "-c", code], env=child_env(), cwd=REPO, capture_output=True, text=True)

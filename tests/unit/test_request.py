@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from svc import status as st
-from svc.errors import ApiError
-from svc.options import options_schema
-from svc.request import RequestValidator
-from svc.schema import ObjectSchema, object_schema
+from svc.contract import status as st
+from svc.contract.errors import ApiError
+from svc.contract.options import options_schema
+from svc.contract.request import RequestValidator
+from svc.contract.schema import ObjectSchema, object_schema
 
 PARAMS = ObjectSchema(
     object_schema(

@@ -1,4 +1,4 @@
-"""svc.safepickle: torch.save pickles read with an allow-list; pickles that
+"""svc.model.safepickle: torch.save pickles read with an allow-list; pickles that
 name code are refused with one line before anything runs."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import types
 import pytest
 import torch
 
-from svc import safepickle
-from svc.safepickle import RefusedGlobal, StandInBase, load_torch_file, module_tensors
+from svc.model import safepickle
+from svc.model.safepickle import RefusedGlobal, StandInBase, load_torch_file, module_tensors
 
 NN = ("torch.nn.modules.container.Sequential", "torch.nn.modules.linear.Linear", "torch.nn.modules.batchnorm.BatchNorm1d")
 

@@ -17,7 +17,7 @@ from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.python.failure import Failure
 
 from svc.config import ConfigError, load_model_server_config
-from svc.replicas import PORT_STRIDE, find_clash, replica_name, replica_ports
+from svc.infra.replicas import PORT_STRIDE, find_clash, replica_name, replica_ports
 from svc.supervisor.child import BACKOFF, FAILED, RUNNING, START_FAILED, STARTING, STOPPED, STOPPING, ChildError
 from svc.supervisor.config import Profile, ServerSettings, load_supervisor_config
 from svc.supervisor.manager import GATEWAY, ChildManager

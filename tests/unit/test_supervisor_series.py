@@ -1,4 +1,4 @@
-"""The supervisor's series collector on a fake clock, fed the real metrics text of svc.metrics' registries."""
+"""The supervisor's series collector on a fake clock, fed the real metrics text of svc.infra.metrics' registries."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import Clock
 
-from svc.metrics import GatewayMetrics, ModelServerMetrics, render
+from svc.infra.metrics import GatewayMetrics, ModelServerMetrics, render
 from svc.supervisor.series import SeriesCollector, parse, quantile
 from svc.supervisor.series import buckets as histogram_buckets
 

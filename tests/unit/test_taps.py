@@ -3,7 +3,7 @@
 Nothing is started: the tests read the service tree (children, the listener's
 port, backlog and interface, the config values that reached it) and check
 that bad options and environments are refused with their one line (exit 1,
-``svc.process.refuse``) before anything listens.  The processes themselves
+``svc.infra.process.refuse``) before anything listens.  The processes themselves
 are started for real by the integration tests.
 """
 
@@ -320,7 +320,7 @@ def test_model_server_replica_environment(torch_setup, environment):
     service, _ = build(model_tap, ["--server", str(SERVERS / "MOBILENETV2.toml"), "--port", "19401"])
     [(_, share)] = torch_setup
     assert share == 2 and service.replica == "3" and listener_of(service).args[0] == 19401
-    from svc.metrics import render
+    from svc.infra.metrics import render
 
     assert 'service_model_info{device="cpu",model="MOBILENETV2",replica="3",version="loading"} 1.0' in \
         render(service.registry).decode()
@@ -331,7 +331,7 @@ def test_model_server_replica_environment(torch_setup, environment):
 
 
 def test_model_server_device_refusal_names_the_file(environment, monkeypatch):
-    from svc import torchenv
+    from svc.model import torchenv
 
     def no_cuda(device, limit):
         raise torchenv.DeviceError("backend.device is 'gpu' but CUDA is not available")

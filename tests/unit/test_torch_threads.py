@@ -16,7 +16,7 @@ from tests.support.processes import REPO, child_env
 
 CODE = """
 import json, os, sys
-from svc.torchenv import configure_threads, usable_cores
+from svc.model.torchenv import configure_threads, usable_cores
 import torch
 out = {"all": usable_cores(), "auto": configure_threads(0, 1), "workers": configure_threads(0, 2),
        "shared": configure_threads(0, 1, share=2), "set": configure_threads(3, 1, share=2)}

@@ -18,7 +18,7 @@ from tests.support.processes import REPO, child_env
 
 CODE = """
 import ctypes, ctypes.util, json, re, sys, tempfile, threading
-from svc import torchenv
+from svc.model import torchenv
 libc = ctypes.CDLL(ctypes.util.find_library("c"))
 libc.malloc.restype = ctypes.c_void_p
 libc.fopen.restype = ctypes.c_void_p

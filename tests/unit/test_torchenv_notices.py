@@ -8,7 +8,7 @@ import pytest
 import torch  # noqa: F401 - installs torch's own stderr handler on the "torch" logger
 from twisted.logger import globalLogPublisher
 
-from svc import torchenv
+from svc.model import torchenv
 
 NOTICE = "No CUDA runtime is found, using CUDA_HOME='%s'"
 

@@ -22,10 +22,10 @@ import torch
 from torchvision.models import mobilenet_v2
 
 from models.mobilenetv2 import VARIANTS, MobileNetV2Factory, mobilenetv2
-from svc import cli
+from svc.cli import commands as cli
 from svc.config import ConfigError
-from svc.modelapi import model_config
-from svc.weights import WeightsError
+from svc.model.api import model_config
+from svc.model.weights import WeightsError
 from svc.weightstore.cache import read_record, variant_dir
 from svc.weightstore.catalog import FileSource, Variant
 from svc.weightstore.fetch import Progress, mirrored

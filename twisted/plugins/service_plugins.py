@@ -1,12 +1,12 @@
 """twistd plugins of the inference service: ServiceMaker statements only.
 
-Nothing is imported here beyond Twisted and the constants of ``svc.protocol``
+Nothing is imported here beyond Twisted and the constants of ``svc.contract.protocol``
 (which imports nothing), so ``twistd --help`` stays fast.
 """
 
 from twisted.application.service import ServiceMaker
 
-from svc.protocol import GATEWAY_PROGRAM, MODEL_PROGRAM, SUPERVISOR_PROGRAM
+from svc.contract.protocol import GATEWAY_PROGRAM, MODEL_PROGRAM, SUPERVISOR_PROGRAM
 
 service_model = ServiceMaker(
     "inference-service model server",

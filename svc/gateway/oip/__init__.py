@@ -1,7 +1,6 @@
 """The Open Inference Protocol v2 (KServe v2 REST) on the gateway, beside the contract's ``/v1`` routes.
 
 * ``codec``: tensors in and out, as JSON and in the binary tensor data extension;
-* ``models``: what a model's tensors are, read from its model server's own OpenAPI document;
 * ``translate``: an OIP request as the model server's inference request, and its envelope as OIP outputs;
 * ``routes``: the ``/v2`` routes of :class:`svc.gateway.app.GatewayApp`, which run through the same
   authentication, rate limits, forwarding, request ids and metrics as the contract's routes.

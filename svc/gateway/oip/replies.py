@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from svc.errors import ApiError
-from svc.gateway.oip import PREFIX
+from svc.contract.errors import ApiError
+from svc.contract.oip import PREFIX
 from svc.web.replies import dumps
 from svc.web.routes import EnvelopeReplies
 

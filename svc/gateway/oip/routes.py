@@ -30,18 +30,15 @@ from klein import Klein
 from twisted.web.http_headers import Headers
 
 from svc import __version__
-from svc import status as st
-from svc.errors import ApiError
+from svc.contract import status as st
+from svc.contract.errors import ApiError
+from svc.contract.oip import EXTENSIONS, INPUTS, PLATFORM, PREFIX, SERVER_NAME, ModelShape, shape_from_document
+from svc.contract.protocol import OPENAPI_PATH, READY_PATH
 from svc.gateway.catalog import Upstream
-from svc.gateway.oip import PREFIX, codec, translate
-from svc.gateway.oip.models import INPUTS, ModelShape, shape_from_document
+from svc.gateway.oip import codec, translate
 from svc.gateway.oip.replies import OIP
-from svc.protocol import OPENAPI_PATH, READY_PATH
 from svc.web.replies import JSON_CONTENT_TYPE, dumps, header, send_encoded
 
-SERVER_NAME = "inference-service"
-PLATFORM = "inference-service"
-EXTENSIONS = ["binary_tensor_data", "classification", "parameters"]
 #: Model-server statuses that the protocol, which has one "bad request", answers 400.
 AS_BAD_REQUEST = frozenset({415, 422})
 

@@ -22,24 +22,22 @@ import base64
 import json
 from dataclasses import dataclass
 
-from svc import status as st
-from svc.errors import ApiError
-from svc.gateway.oip.codec import CodecError, InferRequest, Output, RequestedOutput
-from svc.gateway.oip.models import (
+from svc.contract import status as st
+from svc.contract.errors import ApiError
+from svc.contract.oip import (
     CLASSIFICATION,
     DETECTION,
     GENERATION,
     INPUT,
+    RESERVED,
+    RESERVED_PREFIX,
     SEGMENTATION,
     ModelShape,
 )
-from svc.request import REQ_ID_RE
+from svc.contract.request import REQ_ID_RE
+from svc.gateway.oip.codec import CodecError, InferRequest, Output, RequestedOutput
 from svc.web.replies import dumps
 
-#: Request parameters of the protocol (and of tritonclient) that are not model params.
-RESERVED = frozenset({"binary_data_output", "options", "sequence_id", "sequence_start", "sequence_end", "priority",
-                      "timeout", "headers"})
-RESERVED_PREFIX = "triton_"
 #: Item statuses by code, for the error text and HTTP status of a failed item.
 STATUSES = {s.code: s for s in st.ALL}
 

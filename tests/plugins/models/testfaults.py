@@ -11,7 +11,7 @@ to test what happens to a process stopped while it loads.  With ``[model]
 optimizable = true`` the mean colour comes from a tiny conv net (an 8x8
 depthwise averaging kernel after a 1x1 conv and a ReLU that change nothing on
 pixels) that ``backend.optimize`` can trace and compile in seconds
-(``svc.modelapi.IOptimizable``; tests of the compile cache).
+(``svc.model.api.IOptimizable``; tests of the compile cache).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Any
 from twisted.plugin import IPlugin
 from zope.interface import implementer
 
-from svc.modelapi import IModel, IModelFactory, IOptimizable, OptimizationTarget
-from svc.schema import object_schema
-from svc.weights import WEIGHTS_PROPERTIES
+from svc.contract.schema import object_schema
+from svc.model.api import IModel, IModelFactory, IOptimizable, OptimizationTarget
+from svc.model.weights import WEIGHTS_PROPERTIES
 from svc.weightstore.catalog import FileSource, Variant
 
 PARAMS_SCHEMA = object_schema(

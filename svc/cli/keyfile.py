@@ -37,10 +37,10 @@ import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
 from svc.auth import API_TOKEN_ENV, SCOPES, KeyEntry, check_key_name, issue_key, load_key_file
-from svc.cli_gateway import non_negative_int
-from svc.cli_http import EXIT_HTTP, EXIT_OK, EXIT_USAGE, Client, CliError, HttpCall, describe_failure, fail, react
+from svc.cli.args import non_negative_int
+from svc.cli.http import EXIT_HTTP, EXIT_OK, EXIT_USAGE, Client, CliError, HttpCall, describe_failure, fail, react
 from svc.config import ConfigError
-from svc.protocol import GATEWAY_RESTART_PATH, SUPERVISOR_PORT, local_url
+from svc.contract.protocol import GATEWAY_RESTART_PATH, SUPERVISOR_PORT, local_url
 
 SERVICE_CONFIG = "conf/service.toml"
 DEFAULT_KEYS_FILE = "conf/api_keys.toml"

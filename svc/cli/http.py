@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from svc import __version__
-from svc.protocol import WEIGHTS_HEADER
+from svc.contract.protocol import WEIGHTS_HEADER
 
 EXIT_OK, EXIT_HTTP, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 

@@ -2,7 +2,7 @@
 
 Generative models return pictures and segmentation models return masks; both
 travel in ``results[].data``.  The encoding is the request's choice
-(``svc.options.CATALOG``): ``options.image_format`` is ``png`` (lossless,
+(``svc.contract.options.CATALOG``): ``options.image_format`` is ``png`` (lossless,
 the default), ``jpeg`` or ``webp`` (lossy, smaller), as base64 text;
 ``options.mask_format`` is ``png`` (a base64 1-bit PNG, the default) or
 ``rle`` (COCO run-length encoding, pycocotools).  Pillow and pycocotools do

@@ -34,7 +34,7 @@ def new_registry() -> CollectorRegistry:
 
     ``python_gc_collections_total{generation="2"}`` counts the full
     collections, which stop the reactor for as long as they walk the heap;
-    ``service_gc_frozen_objects`` is what :func:`svc.process.freeze_heap`
+    ``service_gc_frozen_objects`` is what :func:`svc.infra.process.freeze_heap`
     took out of their reach at startup.
     """
     registry = CollectorRegistry(auto_describe=True)

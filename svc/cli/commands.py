@@ -7,10 +7,10 @@ JSON envelope, base64 images and the Bearer header.  It has:
 * ``svcctl keygen NAME [--scope S] [--qps N]``: a new key, printed once,
   with the ``[keys.NAME]`` entry to paste into ``conf/api_keys.toml``;
 * ``svcctl hash KEY``: the SHA-256 that the key file stores for a key;
-* ``svcctl keys add|disable|list`` (:mod:`svc.keyfile`): edit the key file
+* ``svcctl keys add|disable|list`` (:mod:`svc.cli.keyfile`): edit the key file
   and have the supervisor restart the gateway;
 * ``svcctl infer MODEL IMAGE...`` and ``svcctl jobs submit|get|wait|result``
-  (:mod:`svc.cli_gateway`; ``jobs run``, in :mod:`svc.cli_jobs`: all of them
+  (:mod:`svc.cli.gateway`; ``jobs run``, in :mod:`svc.cli.jobs`: all of them
   plus a progress bar): a client of the gateway (docs/contract.md, Routes)
   that prints the JSON reply; exit 0 on a 2xx reply, 1 on any other HTTP
   status, 2 when no request could be made or completed (no token, unreadable
@@ -21,8 +21,8 @@ JSON envelope, base64 images and the Bearer header.  It has:
 
 This module is the command table: the parser and the dispatch, and the two
 commands that need nothing else (``keygen``, ``hash``).  The commands that
-make requests take a :class:`svc.cli_http.Client` (:func:`main`'s
-``client``; the real one is treq under ``task.react``, :mod:`svc.cli_http`).
+make requests take a :class:`svc.cli.http.Client` (:func:`main`'s
+``client``; the real one is treq under ``task.react``, :mod:`svc.cli.http`).
 Twisted and treq are imported only by those commands, so ``--version``,
 ``keygen`` and ``hash`` start fast.  The token comes from the environment,
 never from the command line, and is never printed.
@@ -33,10 +33,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from svc import cli_gateway, version_line
+from svc import version_line
 from svc.auth import SCOPES, check_key_name, hash_key, issue_key
-from svc.cli_http import EXIT_OK, EXIT_USAGE, Client, HttpClient, fail
-from svc.protocol import GATEWAY_RESTART_PATH, SUPERVISOR_PORT, local_url
+from svc.cli import gateway as cli_gateway
+from svc.cli.args import non_negative_int
+from svc.cli.http import EXIT_OK, EXIT_USAGE, Client, HttpClient, fail
+from svc.contract.protocol import GATEWAY_RESTART_PATH, SUPERVISOR_PORT, local_url
 
 GATEWAY_RESTART = f"POST {GATEWAY_RESTART_PATH}"
 
@@ -91,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                             description="Print a new API key once, and the [keys.NAME] entry for conf/api_keys.toml.")
     keygen.add_argument("name", metavar="NAME", help="key name (the X-Service-Key header of its replies)")
     keygen.add_argument("--scope", choices=SCOPES, default="inference", help="default: inference")
-    keygen.add_argument("--qps", type=cli_gateway.non_negative_int, default=0, metavar="N",
+    keygen.add_argument("--qps", type=non_negative_int, default=0, metavar="N",
                         help="requests per second for this key; 0 = unlimited (default)")
     keygen.set_defaults(handler=_keygen)
 
@@ -99,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     hashing.add_argument("key", metavar="KEY", help="the key string; '-' reads one line from stdin")
     hashing.set_defaults(handler=_hash)
 
-    from svc import keyfile
+    from svc.cli import keyfile
     from svc.weightstore import cli as weights
 
     cli_gateway.add_parsers(sub)
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None, client: Client | None = None) -> int:
     """Run ``svcctl`` with ``argv`` (default: the command line); the exit status.
 
     ``client`` makes the requests of the commands that call the gateway or
-    the supervisor (default: the real :class:`svc.cli_http.HttpClient`).
+    the supervisor (default: the real :class:`svc.cli.http.HttpClient`).
     """
     parser = build_parser()
     args = parser.parse_args(argv)

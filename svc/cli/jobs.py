@@ -27,8 +27,8 @@ import sys
 from typing import Any, TextIO
 from urllib.parse import quote, urljoin
 
-from svc.cli_gateway import DEFAULT_TIMEOUT_S, WAIT_MARGIN_S, find_token, name_value, non_negative_int, request_body
-from svc.cli_http import (
+from svc.cli.args import DEFAULT_TIMEOUT_S, WAIT_MARGIN_S, find_token, name_value, non_negative_int, request_body
+from svc.cli.http import (
     EXIT_HTTP,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -42,7 +42,7 @@ from svc.cli_http import (
     print_reply,
     react,
 )
-from svc.protocol import JOB, JOBS, MODEL_PREFIX
+from svc.contract.protocol import JOB, JOBS, MODEL_PREFIX
 
 #: A 1x1 grey PNG: the item sent for each sample when no IMAGE is given.  ``images`` is required by
 #: the request, and generative models ignore its pixels.

@@ -7,7 +7,7 @@ returned.  A model plugin names the options it honours; any other option is a
 
 from __future__ import annotations
 
-from svc.schema import object_schema
+from svc.contract.schema import object_schema
 
 CATALOG: dict[str, dict] = {
     "max_results": {

@@ -1,6 +1,6 @@
 """The quick start's weights: look up what the service would run in the cache, pull only what is missing.
 
-Split from ``svc.quickstart`` (which imports these names): every
+Split from ``svc.cli.quickstart`` (which imports these names): every
 pretrained variant the profile (or ``--weights``) would run is looked up in
 the weights cache; what is cached is served as it is, only what is missing
 is pulled with ``svcctl weights pull`` (a child process: it prints sizes and
@@ -36,7 +36,7 @@ def pretrained_pulls(root: str = ".", wanted: str = "pretrained", profile_name: 
     the profile's ``demo`` list stays on demo unless the config says otherwise.
     """
     from svc.config import model_server_configs
-    from svc.modelapi import factories
+    from svc.model.api import factories
     from svc.supervisor.config import PRETRAINED, load_profile, load_supervisor_config, weights_choice
     from svc.weightstore.catalog import find_variant, variants_of
 

@@ -10,15 +10,20 @@ so the field set is the same everywhere::
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from svc import status as st
-from svc.errors import FieldError
-from svc.status import Status
-from svc.web.replies import dumps
+from svc.contract import status as st
+from svc.contract.errors import FieldError
+from svc.contract.status import Status
+
+
+def dumps(body: Any) -> bytes:
+    """Compact JSON, never NaN (which is not JSON): the wire form of every JSON body of every process."""
+    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
 @dataclass(frozen=True)
@@ -39,7 +44,7 @@ class ItemResult:
     status: Status
     data: Any = None
     error: str | None = None
-    #: ``data`` as compact JSON (:func:`svc.web.replies.dumps`), made where the data was checked (the
+    #: ``data`` as compact JSON (:func:`dumps`), made where the data was checked (the
     #: inference worker): the reply splices these bytes in instead of encoding the data again on the
     #: reactor thread (a YOLOV8 reply of 300 boxes: 0.7 ms).
     encoded: bytes | None = field(default=None, repr=False, compare=False)
@@ -98,7 +103,7 @@ def result_envelope(
     items: Sequence[ItemResult],
     server_time_ms: float,
 ) -> tuple[int, bytes]:
-    """The HTTP code and the encoded body (:func:`svc.web.replies.dumps`) of an admitted inference request.
+    """The HTTP code and the encoded body (:func:`dumps`) of an admitted inference request.
 
     Each item's data is spliced in from its ``encoded`` bytes where it has
     them: the reply is the bytes ``dumps`` would make of the envelope, without

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 #: Replica ``i`` of a model listens on its config's port + ``i * PORT_STRIDE`` unless ``ports`` lists them.
 PORT_STRIDE = 100
-#: The most replicas a model may have on one host (a job id carries the index in one byte: svc.jobid).
+#: The most replicas a model may have on one host (a job id carries the index in one byte: svc.contract.jobid).
 MAX_REPLICAS = 64
 
 

@@ -29,7 +29,7 @@ class IModelFactory(Interface):
         "items are still required to be valid base64 but are not decoded as images."
     )
     data_schema = Attribute("JSON Schema of results[].data of a successful item.")
-    options = Attribute("Names from svc.options.CATALOG that this model honours.")
+    options = Attribute("Names from svc.contract.options.CATALOG that this model honours.")
     config_schema = Attribute("Closed JSON Schema of the [model] table of the server TOML.")
 
     def params_schema(config: dict) -> dict:
@@ -48,7 +48,7 @@ class IModelFactory(Interface):
         """Build the model with its weights on ``device`` ('cpu' or 'cuda').
 
         Runs in the model server's worker thread.  Raises
-        ``svc.weights.WeightsError`` with a one-line message when the weights
+        ``svc.model.weights.WeightsError`` with a one-line message when the weights
         file is missing or does not match the architecture.
         """
 
@@ -65,7 +65,7 @@ class IModel(Interface):
         The image is upright (an EXIF orientation is applied before this
         call, decoding it; an untagged image is still undecoded) and has at
         most ``max_image_pixels`` pixels, but any aspect ratio: check the
-        size of every resize with ``svc.images.check_resize`` before
+        size of every resize with ``svc.model.images.check_resize`` before
         decoding, so that an 8000x1 image fails its item with status 5
         instead of growing into gigabytes (or into an empty side).
 
@@ -197,14 +197,14 @@ def model_config(factory: IModelFactory, table: dict, config_path: str) -> dict:
     Checks the table against ``factory.config_schema`` (raising
     ``svc.config.ConfigError`` naming the first bad key), resolves
     ``weights = "pretrained[:VARIANT]"`` from the weights cache with the keys
-    the variant implies (``svc.weights.resolve_pretrained``; those keys are
+    the variant implies (``svc.model.weights.resolve_pretrained``; those keys are
     checked by the same schema), applies the schema's defaults, and resolves
-    a weights path (raising ``svc.weights.WeightsError`` when it does not
+    a weights path (raising ``svc.model.weights.WeightsError`` when it does not
     exist).  The result is what ``build`` and ``params_schema`` receive.
     """
     from svc.config import ConfigError
-    from svc.schema import ObjectSchema
-    from svc.weights import check_path, resolve_pretrained
+    from svc.contract.schema import ObjectSchema
+    from svc.model.weights import check_path, resolve_pretrained
 
     schema = ObjectSchema(factory.config_schema, "key")
     for stage in ("as written", "with the variant's keys"):

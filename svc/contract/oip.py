@@ -1,4 +1,9 @@
-"""What a model's tensors are, read from the ``/openapi.json`` its model server serves.
+"""The Open Inference Protocol v2 as this service speaks it: names, extensions, and each model's tensors.
+
+The gateway serves the protocol (:mod:`svc.gateway.oip`) and the OpenAPI
+document describes it (:mod:`svc.openapi.oip`); both take its constants from
+here.  What a model's tensors are is read from the ``/openapi.json`` its
+model server serves.
 
 The gateway loads no model code, and nothing in ``svc`` names a model: a
 model's OIP shape follows from the schema of its results' ``data``
@@ -27,6 +32,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
+
+#: The path prefix of every OIP route: replies under it (errors too) take the protocol's shape.
+PREFIX = "/v2"
+#: The server metadata's name and every model's platform.
+SERVER_NAME = "inference-service"
+PLATFORM = "inference-service"
+#: The protocol's extensions the gateway supports (server metadata).
+EXTENSIONS = ["binary_tensor_data", "classification", "parameters"]
+#: Request parameters of the protocol (and of tritonclient) that are not model params.
+RESERVED = frozenset({"binary_data_output", "options", "sequence_id", "sequence_start", "sequence_end", "priority",
+                      "timeout", "headers"})
+RESERVED_PREFIX = "triton_"
 
 INPUT = "IMAGE"
 CLASSIFICATION, DETECTION, SEGMENTATION, GENERATION, GENERIC = (

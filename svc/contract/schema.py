@@ -17,7 +17,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator, validators
 
-from svc.errors import FieldError, pointer
+from svc.contract.errors import FieldError, pointer
 
 
 def _is_strict_integer(checker: Any, instance: Any) -> bool:
@@ -113,13 +113,13 @@ def object_schema(properties: dict, *, description: str = "") -> dict:
 class CheckedValidator:
     """A strict validator whose ``iter_errors`` asks jsonschema only about invalid instances.
 
-    :func:`svc.datacheck.compile_check` decides validity in microseconds
+    :func:`svc.contract.datacheck.compile_check` decides validity in microseconds
     (a model's ``data`` is checked once per item); an instance it finds
     invalid gets jsonschema's own errors, so what callers see is unchanged.
     """
 
     def __init__(self, schema: dict) -> None:
-        from svc.datacheck import compile_check
+        from svc.contract.datacheck import compile_check
 
         self.schema = schema
         self.validator = StrictValidator(schema)

@@ -8,9 +8,9 @@ Those names live here, as plain constants with no imports, so each side
 reads the same value instead of spelling it again.
 
 Owned elsewhere, because the code that applies them lives there: the job
-wait bounds (``svc.query``: ``WAIT_DEFAULT_MS``, ``WAIT_MAX_MS``,
-``MAX_DIGITS``), the request-id rule (``svc.request.REQ_ID_RE``), job states
-(``svc.modelserver.jobs.STATES``) and envelope statuses (``svc.status``).
+wait bounds (``svc.contract.query``: ``WAIT_DEFAULT_MS``, ``WAIT_MAX_MS``,
+``MAX_DIGITS``), the request-id rule (``svc.contract.request.REQ_ID_RE``), job states
+(``svc.modelserver.jobs.STATES``) and envelope statuses (``svc.contract.status``).
 """
 
 from __future__ import annotations
@@ -92,9 +92,9 @@ PASSED_REPLY_HEADERS = ("content-type", "x-request-id", "cache-control", "retry-
 MODEL_TOKEN_ENV = "SERVICE_AUTH_TOKEN"
 #: The gateway's tokens of every model server: JSON, id -> [token of each replica] (or id -> one token).
 UPSTREAM_TOKENS_ENV = "SERVICE_UPSTREAM_TOKENS"
-#: The gateway's replica layout: JSON, id -> [port of each replica] (svc.replicas).
+#: The gateway's replica layout: JSON, id -> [port of each replica] (svc.infra.replicas).
 UPSTREAM_PORTS_ENV = "SERVICE_UPSTREAM_PORTS"
-#: The secret that signs job ids (svc.jobid): the supervisor passes its own to the gateway
+#: The secret that signs job ids (svc.contract.jobid): the supervisor passes its own to the gateway
 #: and every model server; every host of a cluster must be given the same one.
 JOB_SECRET_ENV = "SERVICE_JOB_SECRET"
 #: A model server's replica index (0 when its model runs one process).

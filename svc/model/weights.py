@@ -137,7 +137,7 @@ def check_path(config: dict, config_path: str) -> str | None:
         return None
     if pretrained_variant(config)[0]:
         raise WeightsError(f"weights {config['weights']!r} (from {config_path}): a pretrained variant is resolved "
-                           "by svc.modelapi.model_config")
+                           "by svc.model.api.model_config")
     path = os.path.expanduser(config["weights"])
     candidates = [path]
     if not os.path.isabs(path):

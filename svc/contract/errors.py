@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from svc.status import Status
+from svc.contract.status import Status
 
 
 @dataclass(frozen=True)

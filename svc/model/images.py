@@ -21,8 +21,8 @@ import warnings
 from io import BytesIO
 from typing import Any
 
-from svc import status as st
-from svc.status import Status
+from svc.contract import status as st
+from svc.contract.status import Status
 
 
 class ItemInputError(Exception):

@@ -10,7 +10,7 @@ invalid, the caller asks jsonschema for the error, so messages and pointers
 never change.
 
 The check must agree with jsonschema (draft 2020-12, the strict integers of
-``svc.schema``) on every instance, so it compiles only the keywords whose
+``svc.contract.schema``) on every instance, so it compiles only the keywords whose
 meaning it implements exactly; a schema with any other keyword (``$ref``,
 ``multipleOf``, ``patternProperties``, an ``enum`` of non-strings...) gives
 None, and the caller keeps jsonschema alone.
@@ -28,7 +28,7 @@ Check = Callable[[Any], bool]
 ANNOTATIONS = frozenset({"description", "title", "default", "examples", "$comment", "format", "deprecated",
                          "readOnly", "writeOnly", "contentMediaType", "contentEncoding", "$schema"})
 
-#: jsonschema's types, with svc.schema's strict integers and numbers (a bool is neither).
+#: jsonschema's types, with svc.contract.schema's strict integers and numbers (a bool is neither).
 TYPES: dict[str, Check] = {
     "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
     "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),

@@ -1,7 +1,7 @@
 """Parsing and validation of inference requests (JSON envelope or raw body).
 
 One function per encoding turns the body into an :class:`InferenceRequest`
-or raises :class:`~svc.errors.ApiError` with the exact status of
+or raises :class:`~svc.contract.errors.ApiError` with the exact status of
 docs/contract.md, Requests: 400/50 for a body that is not a JSON object, 415/60 for
 an unsupported content type, 422/66 with ``errors[]`` for every contract
 rule, 413/67 for too many images.  It is pure (no I/O, no reactor), so it
@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from svc import status as st
-from svc.errors import ApiError, FieldError, pointer
-from svc.schema import ObjectSchema
+from svc.contract import status as st
+from svc.contract.errors import ApiError, FieldError, pointer
+from svc.contract.schema import ObjectSchema
 
 ROOT_FIELDS = ("images", "req_id", "params", "options")
 #: Fields of the removed ``{req_id, code, msg, data}`` envelope.
@@ -46,7 +46,7 @@ class RequestValidator:
     """Validates requests for one model: its params and options schemas."""
 
     def __init__(self, params: ObjectSchema, options: ObjectSchema, max_request_items: int) -> None:
-        # JSON's integers: the OpenAPI document's `type: integer` admits 3.0 (svc.schema).
+        # JSON's integers: the OpenAPI document's `type: integer` admits 3.0 (svc.contract.schema).
         self.params = params.for_json()
         self.options = options.for_json()
         self.max_request_items = max_request_items

@@ -3,7 +3,7 @@
 Why it exists: operators call the gateway without hand-writing the JSON
 envelope, base64 images and the Bearer header.  A command is planned first
 (:func:`plan_call`: the URL, the body read from the image files, the
-deadline), then made through a :class:`svc.cli_http.Client` that prints the
+deadline), then made through a :class:`svc.cli.http.Client` that prints the
 JSON reply; exit 0 on a 2xx reply, 1 on any other HTTP status, 2 when no
 request could be made or completed (no token, unreadable image, connection
 failure, deadline), 130 when interrupted.  The token comes from the
@@ -13,119 +13,28 @@ environment, never from the command line, and is never printed.
 from __future__ import annotations
 
 import argparse
-import base64
-import json
 import os
-from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from svc.cli_http import EXIT_INTERRUPTED, EXIT_USAGE, Client, CliError, HttpCall, call_gateway, fail, react
-from svc.protocol import GATEWAY_PORT, UPSTREAM_RECV_TIMEOUT_MS, local_url
-from svc.query import WAIT_DEFAULT_MS
+from svc.cli import jobs as cli_jobs
+from svc.cli.args import (
+    DEFAULT_TIMEOUT_S,
+    DEFAULT_WAIT_MS,
+    GATEWAY_RECV_TIMEOUT_MS,
+    TOKEN_ENVS,
+    WAIT_MARGIN_S,
+    find_token,
+    name_value,
+    non_negative_int,
+    positive_float,
+    request_body,
+)
+from svc.cli.http import EXIT_INTERRUPTED, EXIT_USAGE, Client, CliError, HttpCall, call_gateway, fail, react
+from svc.contract.protocol import GATEWAY_PORT, local_url
 
 DEFAULT_GATEWAY = local_url(GATEWAY_PORT)
 GATEWAY_ENV = "SERVICE_GATEWAY_URL"
-#: Variables holding the Bearer token, in the order they are consulted.
-TOKEN_ENVS = ("SERVICE_API_KEY", "SERVICE_GATEWAY_AUTH_TOKEN", "SERVICE_API_TOKEN")
-DEFAULT_TIMEOUT_S = 300.0
-#: ``jobs wait``: the default wait budget (svc.query) and the margin the
-#: client timeout keeps above the budget.
-DEFAULT_WAIT_MS = WAIT_DEFAULT_MS
-WAIT_MARGIN_S = 30.0
-#: The gateway's default ``upstream_recv_timeout_ms`` (svc.protocol).  A
-#: model server takes waits up to 300000 ms, but the gateway answers a budget
-#: at or above this with 502, so ``jobs wait`` refuses such a budget before
-#: sending it: the one number a wait through the gateway must stay below.
-GATEWAY_RECV_TIMEOUT_MS = UPSTREAM_RECV_TIMEOUT_MS
-
-
-def parse_value(text: str) -> Any:
-    """A ``--param``/``--option`` value: JSON when it parses, else the string itself.
-
-    ``0.5`` is a number, ``true`` a boolean, ``[1,2]`` a list, ``abc`` and
-    ``"5"`` strings.  NaN and Infinity are kept as strings (not JSON).
-    """
-
-    def no_constants(constant: str) -> Any:
-        raise ValueError(constant)
-
-    try:
-        return json.loads(text, parse_constant=no_constants)
-    except ValueError:
-        return text
-
-
-def name_value(text: str) -> tuple[str, Any]:
-    """An argparse type: ``NAME=VALUE`` with VALUE read by :func:`parse_value`."""
-    name, sep, value = text.partition("=")
-    if not sep or not name:
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
-    return name, parse_value(value)
-
-
-def non_negative_int(text: str) -> int:
-    """An argparse type: an integer >= 0 (``--qps``, ``--timeout``)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number of seconds > 0 (``--timeout-s``)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
-    return value
-
-
-def find_token(env: Mapping[str, str], token_env: str | None = None) -> str:
-    """The Bearer token from the environment; :class:`CliError` when none is set.
-
-    ``token_env`` names the only variable to read; without it the first
-    non-empty one of :data:`TOKEN_ENVS` is used.
-    """
-    names = (token_env,) if token_env else TOKEN_ENVS
-    for name in names:
-        if env.get(name):
-            return env[name]
-    if token_env:
-        raise CliError(f"no token: {token_env} is not set (named by --token-env)")
-    raise CliError(f"no token: set {', '.join(TOKEN_ENVS[:-1])} or {TOKEN_ENVS[-1]} "
-                   "(or name another variable with --token-env)")
-
-
-def request_body(images: list[str], params: list[tuple[str, Any]] | None = None,
-                 options: list[tuple[str, Any]] | None = None, req_id: str | None = None) -> bytes:
-    """The JSON inference request for image files (docs/contract.md, Requests).
-
-    ``params``, ``options`` and ``req_id`` appear only when given; a repeated
-    NAME keeps its last value.  An unreadable file raises :class:`CliError`.
-    """
-    encoded = []
-    for path in images:
-        try:
-            with open(path, "rb") as f:
-                encoded.append(base64.b64encode(f.read()).decode("ascii"))
-        except OSError as e:
-            raise CliError(f"cannot read image {path}: {e.strerror or e}") from None
-    body: dict[str, Any] = {"images": encoded}
-    if params:
-        body["params"] = dict(params)
-    if options:
-        body["options"] = dict(options)
-    if req_id is not None:
-        body["req_id"] = req_id
-    return json.dumps(body).encode("utf-8")
-
-
 def plan_call(args: argparse.Namespace) -> HttpCall:
     """The request that an ``infer`` or ``jobs`` command makes (reads the image files).
 
@@ -220,6 +129,4 @@ def add_parsers(sub: Any) -> None:
             action.add_argument("--timeout", dest="wait_ms", type=non_negative_int, default=DEFAULT_WAIT_MS,
                                 metavar="MS", help=f"wait budget in milliseconds (default {DEFAULT_WAIT_MS}; below "
                                 f"{GATEWAY_RECV_TIMEOUT_MS}, the gateway's upstream_recv_timeout_ms)")
-    from svc import cli_jobs
-
     cli_jobs.add_parser(actions, common)

@@ -29,7 +29,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from svc.protocol import HOST_ID_ENV, JOB_SECRET_ENV, REPLICA_ENV
+from svc.contract.protocol import HOST_ID_ENV, JOB_SECRET_ENV, REPLICA_ENV
 
 PREFIX = "job_"
 RANDOM_BYTES = 12

@@ -23,7 +23,7 @@ progress) when its source answers.  A model whose variant is still missing
 weights alone, with one line naming it and why (``service-supervisor
 --demo-models``), so a first run never ends without a running service.
 
-    python -m svc.quickstart [--root DIR] [--prepare-only] [--weights demo|pretrained] [--accept-licence L]...
+    python -m svc.cli.quickstart [--root DIR] [--prepare-only] [--weights demo|pretrained] [--accept-licence L]...
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import subprocess
 import sys
 from urllib.parse import urlsplit
 
-from svc.quickstart_weights import (  # noqa: F401 - the quick start's weights step, named here too
+from svc.cli.quickstart_weights import (  # noqa: F401 - the quick start's weights step, named here too
     can_connect,
     fetch_missing,
     is_cached,
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     than replacing this process, so that this process can watch the status
     and print the next-steps block once, after the last model settled.
     """
-    parser = argparse.ArgumentParser(prog="python -m svc.quickstart", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m svc.cli.quickstart", description=__doc__.splitlines()[0])
     parser.add_argument("--root", default=".", help="the checkout (default: the current directory)")
     parser.add_argument("--prepare-only", action="store_true", help="create the secrets, do not run the service")
     parser.add_argument("--weights", choices=("demo", "pretrained"), default=None,

@@ -1,0 +1,7 @@
+"""Infrastructure the processes share, with no knowledge of the contract's bodies.
+
+:mod:`~svc.infra.metrics` (Prometheus registries), :mod:`~svc.infra.process` (child
+processes and their output), :mod:`~svc.infra.ratelimit` (token buckets),
+:mod:`~svc.infra.replicas` (replica addresses) and :mod:`~svc.infra.userdirs` (per-user
+state and config folders).
+"""

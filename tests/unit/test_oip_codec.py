@@ -46,6 +46,21 @@ def test_binary_bytes_elements_are_the_raw_files():
     assert req.outputs[0].binary is None
 
 
+def test_whole_numbers_written_as_floats_are_integers_as_in_json_schema():
+    """``3.0`` is an integer to JSON Schema (the OpenAPI document's ``integer``), so a client whose JSON library
+    writes whole numbers so is served; a fraction, a boolean or a negative number is still refused."""
+    body = json.dumps({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [2.0], "data": ["YQ==", "Yg=="]}],
+                       "outputs": [{"name": "PROBABILITIES", "parameters": {"classification": 29.0}}]})
+    req = parse_request(body.encode(), None)
+    assert req.inputs[0].shape == [2] and type(req.inputs[0].shape[0]) is int
+    assert req.outputs[0].classification == 29 and type(req.outputs[0].classification) is int
+    for k in (2.5, True, -1.0):
+        head = {"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["a"]}],
+                "outputs": [{"name": "P", "parameters": {"classification": k}}]}
+        with pytest.raises(CodecError, match="classification must be a non-negative integer"):
+            parse_request(json.dumps(head).encode(), None)
+
+
 def test_json_tensors_are_flattened_row_major():
     body = json.dumps({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [2, 1], "data": [["YQ=="], ["Yg=="]]}]})
     req = parse_request(body.encode(), None)

@@ -130,12 +130,22 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict, memoryview
     return _object(parsed, "the inference request"), memoryview(rest)
 
 
+def count_of(value: Any) -> int | None:
+    """``value`` as a non-negative integer, or None: JSON Schema's integers, so ``3.0`` is 3 (a client's JSON
+    library may write a whole number so), and never a boolean."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return value if isinstance(value, int) and value >= 0 else None
+
+
 def _shape(entry: dict, what: str) -> list[int]:
     shape = entry.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                              for d in shape):
+    dims = [count_of(d) for d in shape] if isinstance(shape, list) else [None]
+    if None in dims:
         raise CodecError(f"{what}.shape must be a list of non-negative integers")
-    return shape
+    return [d for d in dims if d is not None]
 
 
 def _binary_elements(raw: memoryview, datatype: str, count: int, what: str) -> list:
@@ -181,7 +191,8 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
         count = prod(shape)
         size = params.get("binary_data_size")
         if size is not None:
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            size = count_of(size)
+            if size is None:
                 raise CodecError(f"{what}.parameters.binary_data_size must be a non-negative integer")
             if offset + size > len(binary):
                 raise CodecError(f"{what}: binary_data_size {size} runs past the {len(binary)} bytes of binary data")
@@ -221,8 +232,10 @@ def _outputs(value: Any) -> list[RequestedOutput] | None:
         if binary is not None and not isinstance(binary, bool):
             raise CodecError(f"outputs[{i}].parameters.binary_data must be true or false")
         k = params.get("classification")
-        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 0):
-            raise CodecError(f"outputs[{i}].parameters.classification must be a non-negative integer")
+        if k is not None:
+            k = count_of(k)
+            if k is None:
+                raise CodecError(f"outputs[{i}].parameters.classification must be a non-negative integer")
         found.append(RequestedOutput(name, binary, k))
     return found
 

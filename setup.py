@@ -93,6 +93,6 @@ setup(
                                                       + glob.glob("ui/*.css") + glob.glob("ui/*.svg")))],
     install_requires=RUNTIME,
     extras_require={"test": TEST, "docs": DOCS, "lint": LINT},
-    entry_points={"console_scripts": ["svcctl = svc.cli.commands:main"]},
+    entry_points={"console_scripts": ["svcctl = svc.cli:main"]},
     zip_safe=False,
 )

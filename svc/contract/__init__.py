@@ -7,5 +7,5 @@ the request body and its validation (:mod:`~svc.contract.request`,
 :mod:`~svc.contract.query`), the routes, ports and headers (:mod:`~svc.contract.protocol`),
 job ids and job states (:mod:`~svc.contract.jobid`, :mod:`~svc.contract.jobs`) and the Open
 Inference Protocol's tensors (:mod:`~svc.contract.oip`).  The bottom layer: it imports nothing
-else of ``svc`` (``.importlinter``).
+else of ``svc`` (the import-linter contracts in ``pyproject.toml``).
 """

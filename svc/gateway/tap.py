@@ -18,17 +18,16 @@ another token or key, peers without a cluster token or job secret, and a
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 from twisted.python import usage
 
-from svc import version_line
 from svc.contract.protocol import GATEWAY_PROGRAM as PROGRAM
 from svc.contract.protocol import HOST_ID_ENV, JOB_SECRET_ENV
+from svc.infra.process import ProgramOptions
 
 
-class Options(usage.Options):
+class Options(ProgramOptions):
     synopsis = "[--config conf/service.toml] [--host H] [--port P] [--keys conf/api_keys.toml] [--servers conf/server]"
     longdesc = "Authenticate, rate-limit and route inference and job requests to the model servers."
     optParameters = [
@@ -43,11 +42,6 @@ class Options(usage.Options):
         ["ready-fd", None, None,
          "Write a line on this inherited pipe once accepting, another once not (for the supervisor).", int],
     ]
-
-    def opt_version(self) -> None:
-        """Print the project version and exit."""
-        print(version_line())
-        sys.exit(0)
 
     def postOptions(self) -> None:
         if self["port"] is not None and not 0 <= self["port"] <= 65535:

@@ -14,7 +14,10 @@ from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.error import CannotListenError
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
+from twisted.python import usage
 from twisted.python.threadpool import ThreadPool
+
+from svc import version_line
 
 #: Runs a function somewhere (a thread pool, or inline in unit tests) and
 #: returns a Deferred of its result.
@@ -34,6 +37,15 @@ ORPHAN_EXIT_S = 1.5
 #: twistd's default pidfile: every twistd program started from one folder
 #: writes it, so a second one exits with "Another twistd server is running".
 TWISTD_DEFAULT_PIDFILE = "twistd.pid"
+
+
+class ProgramOptions(usage.Options):
+    """The options every twistd program of the service has: ``--version`` prints the project's version line."""
+
+    def opt_version(self) -> None:
+        """Print the project version and exit."""
+        print(version_line())
+        sys.exit(0)
 
 
 def own_pidfile(options: Any, name: str) -> None:

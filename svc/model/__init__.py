@@ -6,5 +6,5 @@ and :mod:`~svc.model.imagecodec` (image checks and encodings), :mod:`~svc.model.
 running their code) and :mod:`~svc.model.torchenv` (torch's threads, allocator and notices, set
 before a model loads).  ``models/`` imports this package, the optimisation hooks of
 :mod:`svc.optimize` and the weight sources of :mod:`svc.weightstore.catalog`, and nothing of the
-processes (``.importlinter``).
+processes (the import-linter contracts in ``pyproject.toml``).
 """

@@ -17,7 +17,6 @@ without, and an unknown path is 404, as if every route were declared.
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 from klein import Klein
@@ -33,13 +32,12 @@ from svc.contract.protocol import (
     SERVICE_REQUEST_HEADERS,
     WEIGHTS_HEADER,
 )
-from svc.contract.request import REQ_ID_RE
 from svc.infra.ratelimit import KeyedLimiter, retry_after_header
 from svc.modelserver.batching import QueueFull
 from svc.modelserver.job_routes import JobRoutes
 from svc.modelserver.jobs import JobTable
-from svc.web import routes
-from svc.web.replies import bearer_token, content_type, dumps, header, send_encoded, send_json
+from svc.web import declare, routes
+from svc.web.replies import bearer_matches, content_type, dumps, header, send_encoded, send_json
 
 
 class ModelServerApp(routes.JsonApp):
@@ -100,22 +98,16 @@ class ModelServerApp(routes.JsonApp):
     # -- helpers -------------------------------------------------------------------
 
     def task_id(self, request: Any) -> str:
-        known = getattr(request, "service_task_id", None)
-        if known:
-            return known
-        rid = header(request, b"x-request-id")
-        return rid if rid is not None and REQ_ID_RE.fullmatch(rid) else new_task_id()
+        return routes.task_id_of(request)
 
-    def authenticate(self, request: Any) -> None:
+    def authenticate(self, request: Any, **_route_args: Any) -> None:
         """401 unless the bearer token matches; then the per-IP rate limit."""
-        if self.auth_token is not None:
-            token = bearer_token(request)
-            if token is None or not hmac.compare_digest(token.encode(), self.auth_token.encode()):
-                raise ApiError(
-                    st.UNAUTHORIZED,
-                    "missing or wrong bearer token",
-                    headers={"WWW-Authenticate": 'Bearer realm="model-server"'},
-                )
+        if self.auth_token is not None and not bearer_matches(request, self.auth_token):
+            raise ApiError(
+                st.UNAUTHORIZED,
+                "missing or wrong bearer token",
+                headers={"WWW-Authenticate": 'Bearer realm="model-server"'},
+            )
         wait = self.ip_limiter.take(request.getClientAddress().host)
         if wait:
             raise ApiError(
@@ -123,6 +115,11 @@ class ModelServerApp(routes.JsonApp):
                 f"rate limit of {self.config.rate_limit_qps:g} requests/s per client exceeded",
                 headers={"Retry-After": retry_after_header(wait)},
             )
+
+    def admit_inference(self, request: Any, **_route_args: Any) -> None:
+        """:meth:`authenticate`, then :meth:`check_admitting`: what an inference request passes first."""
+        self.authenticate(request)
+        self.check_admitting()
 
     def check_admitting(self) -> None:
         """503 status 65 while the model loads or the server stops."""
@@ -138,34 +135,29 @@ class ModelServerApp(routes.JsonApp):
 
     # -- routes ----------------------------------------------------------------------
 
-    @app.route(HEALTH_PATH, methods=["GET"])
+    @declare.route(app, HEALTH_PATH, methods=["GET"], name="healthz")
     def healthz(self, request: Any) -> bytes:
-        request.service_route = "healthz"
         return self.reply(request, st.SUCCESS)
 
-    @app.route(READY_PATH, methods=["GET"])
+    @declare.route(app, READY_PATH, methods=["GET"], name="ready")
     def ready_route(self, request: Any) -> bytes:
-        request.service_route = "ready"
         if self.ready and not self.draining:
             return self.reply(request, st.SUCCESS)
         return self.reply(request, st.NOT_READY, self.not_ready_reason)
 
-    @app.route(METRICS_PATH, methods=["GET"])
+    @declare.route(app, METRICS_PATH, methods=["GET"], name="metrics", admit="authenticate")
     def metrics_route(self, request: Any) -> bytes:
-        return self.metrics_reply(request, self.authenticate)
+        return self.metrics_body(request)
 
-    @app.route(OPENAPI_PATH, methods=["GET"])
+    @declare.route(app, OPENAPI_PATH, methods=["GET"], name="openapi")
     def openapi_route(self, request: Any) -> bytes:
-        request.service_route = "openapi"
         request.setHeader(b"Content-Type", b"application/json; charset=utf-8")
         return self.openapi_bytes
 
+    @declare.guarded("infer", admit="admit_inference")
     async def infer(self, request: Any) -> bytes:
         """``POST {server_uri}`` (a configured route, see the module docstring)."""
-        request.service_route = "infer"
         started = self.clock.seconds()
-        self.authenticate(request)
-        self.check_admitting()
         self.in_flight += 1
         try:
             media_type, type_params = content_type(request)
@@ -190,15 +182,9 @@ class ModelServerApp(routes.JsonApp):
 
     # -- accounting ----------------------------------------------------------------------
 
-    def oversize_reply(self, request: Any) -> tuple[int, dict[str, str], bytes]:
-        """The early 413 of the body limit (see svc.web.limits.LimitedRequest)."""
-        self.count_as("unmatched", "POST", st.ENTITY_TOO_LARGE.http)
-        return self.replies.raw(request, ApiError(
-            st.ENTITY_TOO_LARGE, f"request body larger than {self.config.max_body_bytes} bytes (max_body_bytes)"))
-
-    def busy_reply(self) -> tuple[int, dict[str, str], bytes]:
-        """The 503 status 65 for a connection past ``max_connections`` (svc.web.limits.LimitedChannel)."""
-        return routes.envelope_reply(ApiError(st.NOT_READY, "too many open connections (max_connections); retry "
-                                              "shortly", headers={"Retry-After": "1"}), new_task_id(), self.identity)
+    @property
+    def max_body_bytes(self) -> int:
+        """The body limit the listener's 413 names (``oversize_text``)."""
+        return self.config.max_body_bytes
 
     routes.install(app, configured=True)

@@ -37,6 +37,7 @@ from svc.contract.jobs import DONE, FAILED, TIMEOUT
 from svc.contract.protocol import JOB, JOB_RESULT, JOB_WAIT, JOBS, SERVICE_REQUEST_HEADERS, job_urls, klein_rule
 from svc.contract.query import MAX_DIGITS, WAIT_MAX_MS, shown, wait_budget_ms
 from svc.modelserver.jobs import AsyncQueueFull, Job, JobTable
+from svc.web import declare
 from svc.web.replies import content_type, dumps, header, send_encoded, send_json
 
 
@@ -79,7 +80,7 @@ class JobRoutes:
         clock: Any,
         identity: Callable[[], ModelIdentity],
         task_id: Callable[[Any], str],
-        authenticate: Callable[[Any], None],
+        authenticate: Callable[..., None],
         check_admitting: Callable[[], None],
         draining: Callable[[], bool],
         parse: Callable[..., Awaitable[Any]],
@@ -128,8 +129,12 @@ class JobRoutes:
             body["state"] = job.state
         return send_json(request, status.http, body, {"X-Request-ID": task_id, **(headers or {})})
 
-    def find(self, request: Any, job_id: str) -> Job:
+    def admit_submit(self, request: Any) -> None:
+        """What a submission passes first: the server's credential and limit, then a model that admits work."""
         self.authenticate(request)
+        self.check_admitting()
+
+    def find(self, request: Any, job_id: str) -> Job:
         job = self.jobs.get(job_id)
         if job is None:
             raise ApiError(st.NOT_FOUND, f"job not found: {job_id[:80]}")
@@ -137,11 +142,8 @@ class JobRoutes:
 
     # -- routes ------------------------------------------------------------------------
 
-    @app.route(JOBS, methods=["POST"])
+    @declare.route(app, JOBS, methods=["POST"], name="jobs_submit", admit="admit_submit")
     async def submit(self, request: Any) -> bytes:
-        request.service_route = "jobs_submit"
-        self.authenticate(request)
-        self.check_admitting()
         media_type, type_params = content_type(request)
         headers = {name: header(request, name.encode()) for name in SERVICE_REQUEST_HEADERS}
         parsed = await self.parse(request.content.getvalue(), media_type, type_params, headers)
@@ -153,15 +155,13 @@ class JobRoutes:
                 "model": self.identity().to_json()}
         return self.reply(request, 202, body, job, {"Location": body["poll_url"]})
 
-    @app.route(klein_rule(JOB), methods=["GET"])
+    @declare.route(app, klein_rule(JOB), methods=["GET"], name="jobs_status", admit="authenticate")
     def status(self, request: Any, job_id: str) -> bytes:
-        request.service_route = "jobs_status"
         job = self.find(request, job_id)
         return self.reply(request, 200, self.status_body(job), job)
 
-    @app.route(klein_rule(JOB_WAIT), methods=["GET"])
+    @declare.route(app, klein_rule(JOB_WAIT), methods=["GET"], name="jobs_wait", admit="authenticate")
     async def wait(self, request: Any, job_id: str) -> bytes:
-        request.service_route = "jobs_wait"
         job = self.find(request, job_id)
         budget = parse_wait_timeout((request.args.get(b"timeout") or [None])[0])
         if self.draining():
@@ -173,9 +173,8 @@ class JobRoutes:
             self.waiting -= 1
         return self.reply(request, 200, self.status_body(job), job)
 
-    @app.route(klein_rule(JOB_RESULT), methods=["GET"])
+    @declare.route(app, klein_rule(JOB_RESULT), methods=["GET"], name="jobs_result", admit="authenticate")
     def result(self, request: Any, job_id: str) -> bytes:
-        request.service_route = "jobs_result"
         job = self.find(request, job_id)
         if job.state != DONE:
             reason = f" ({job.error})" if job.error else ""

@@ -9,22 +9,21 @@ missing weights file.
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 from twisted.logger import Logger
 from twisted.python import usage
 
-from svc import version_line
 from svc.contract import jobid
 from svc.contract.protocol import CPU_SHARE_ENV
 from svc.contract.protocol import MODEL_PROGRAM as PROGRAM
 from svc.contract.protocol import MODEL_TOKEN_ENV as AUTH_ENV
+from svc.infra.process import ProgramOptions
 
 log = Logger()
 
 
-class Options(usage.Options):
+class Options(ProgramOptions):
     synopsis = ("--server conf/server/<ID>.toml [--port N] [--device cpu|gpu] [--weights demo|pretrained[:VARIANT]] "
                 "[--dev-no-auth]")
     longdesc = "Serve one catalog model on 127.0.0.1 (loopback only)."
@@ -43,11 +42,6 @@ class Options(usage.Options):
             f"Development only: run without {AUTH_ENV}; every route is then open to local callers.",
         ]
     ]
-
-    def opt_version(self) -> None:
-        """Print the project version and exit."""
-        print(version_line())
-        sys.exit(0)
 
     def postOptions(self) -> None:
         if not self["server"]:

@@ -29,7 +29,6 @@ like the others.
 
 from __future__ import annotations
 
-import hmac
 import json
 import os
 from collections.abc import Callable
@@ -45,8 +44,8 @@ from svc.contract.protocol import OPENAPI_PATH
 from svc.contract.query import MAX_DIGITS, parse_bounded_int, shown
 from svc.supervisor.child import ChildError
 from svc.supervisor.manager import GATEWAY, ChildManager
-from svc.web import routes
-from svc.web.replies import bearer_token, send_json
+from svc.web import declare, routes
+from svc.web.replies import bearer_matches, send_json
 
 #: The page's ES modules: app.js wires the page and imports the others (no build step). A module
 #: is served only when it is named here; the browser refuses a module without a JavaScript type.
@@ -72,6 +71,8 @@ class ManagementApi(routes.JsonApp):
 
     app = Klein()
     replies = routes.OkErrorReplies()
+    oversize_text = "request body too large"
+    busy_text = "too many open connections; retry shortly"
 
     def __init__(self, *, manager: ChildManager, token: str, registry: Any, metrics: Any, ui_dir: str,
                  series: Any = None, fetch: Callable[[int, str, str | None], Deferred] | None = None) -> None:
@@ -90,9 +91,9 @@ class ManagementApi(routes.JsonApp):
 
     # -- helpers ---------------------------------------------------------------------
 
-    def authenticate(self, request: Any) -> None:
-        token = bearer_token(request)
-        if token is None or not hmac.compare_digest(token.encode(), self.token.encode()):
+    def authenticate(self, request: Any, **_route_args: Any) -> None:
+        """401 unless the Bearer token is the management token."""
+        if not bearer_matches(request, self.token):
             raise ApiError(st.UNAUTHORIZED,
                            "missing or wrong management token (Authorization: Bearer <SERVICE_API_TOKEN>)",
                            headers={"WWW-Authenticate": 'Bearer realm="supervisor"'})
@@ -117,34 +118,26 @@ class ManagementApi(routes.JsonApp):
 
     # -- routes ------------------------------------------------------------------------
 
-    @app.route("/api/v1/health", methods=["GET"])
+    @declare.route(app, "/api/v1/health", methods=["GET"], name="health")
     def health(self, request: Any) -> bytes:
-        request.service_route = "health"
         return self.ok(request, {"version": __version__})
 
-    @app.route("/api/v1/catalog", methods=["GET"])
+    @declare.route(app, "/api/v1/catalog", methods=["GET"], name="catalog", admit="authenticate")
     def catalog(self, request: Any) -> bytes:
-        request.service_route = "catalog"
-        self.authenticate(request)
         return self.ok(request, {"profile": self.manager.profile.name, "models": self.manager.catalog_view()})
 
-    @app.route("/api/v1/status", methods=["GET"])
+    @declare.route(app, "/api/v1/status", methods=["GET"], name="status", admit="authenticate")
     def status(self, request: Any) -> bytes:
-        request.service_route = "status"
-        self.authenticate(request)
         return self.ok(request, {"version": __version__, **self.manager.status_view()})
 
-    @app.route("/api/v1/servers/<string:name>/<any(start,stop,restart):action>", methods=["POST"])
+    @declare.route(app, "/api/v1/servers/<string:name>/<any(start,stop,restart):action>",
+                  methods=["POST"], name="action", admit="authenticate")
     async def action(self, request: Any, name: str, action: str) -> bytes:
-        request.service_route = "action"
-        self.authenticate(request)
         return await self._act(request, self.target(name), action)
 
-    @app.route("/api/v1/servers/<string:name>/replicas/<int:replica>/<any(start,stop,restart):action>",
-               methods=["POST"])
+    @declare.route(app, "/api/v1/servers/<string:name>/replicas/<int:replica>/<any(start,stop,restart):action>",
+                  methods=["POST"], name="action", admit="authenticate")
     async def replica_action(self, request: Any, name: str, replica: int, action: str) -> bytes:
-        request.service_route = "action"
-        self.authenticate(request)
         return await self._act(request, self.child(name, replica), action)
 
     async def _act(self, request: Any, target: Any, action: str) -> bytes:
@@ -159,16 +152,13 @@ class ManagementApi(routes.JsonApp):
     async def _do(self, child: Any, action: str) -> None:
         await getattr(child, action)()
 
-    @app.route("/api/v1/servers/<string:name>/logs", methods=["GET"])
+    @declare.route(app, "/api/v1/servers/<string:name>/logs", methods=["GET"], name="logs", admit="authenticate")
     def logs(self, request: Any, name: str) -> bytes:
-        request.service_route = "logs"
-        self.authenticate(request)
         return self._logs(request, name, self.child(name))
 
-    @app.route("/api/v1/servers/<string:name>/replicas/<int:replica>/logs", methods=["GET"])
+    @declare.route(app, "/api/v1/servers/<string:name>/replicas/<int:replica>/logs",
+                  methods=["GET"], name="logs", admit="authenticate")
     def replica_logs(self, request: Any, name: str, replica: int) -> bytes:
-        request.service_route = "logs"
-        self.authenticate(request)
         return self._logs(request, name, self.child(name, replica), replica)
 
     def _logs(self, request: Any, name: str, child: Any, replica: int | None = None) -> bytes:
@@ -177,7 +167,7 @@ class ManagementApi(routes.JsonApp):
         where = {} if replica is None else {"replica": replica}
         return self.ok(request, {"id": name, **where, **child.logs.page(offset, limit)})
 
-    @app.route("/api/v1/servers/<string:name>/openapi", methods=["GET"])
+    @declare.route(app, "/api/v1/servers/<string:name>/openapi", methods=["GET"], name="openapi", admit="authenticate")
     async def openapi(self, request: Any, name: str) -> bytes:
         """The model's contract as its running server states it (params' defaults and bounds follow its config).
 
@@ -185,8 +175,6 @@ class ManagementApi(routes.JsonApp):
         OpenAPI document of the models, and the committed ones under
         ``openapi/`` describe the shipped configs, not necessarily this one.
         """
-        request.service_route = "openapi"
-        self.authenticate(request)
         target = self.target(name)
         if name == GATEWAY:
             raise ApiError(st.NOT_FOUND, "the gateway serves no OpenAPI document (it is committed as openapi/gateway.json)")
@@ -203,22 +191,17 @@ class ManagementApi(routes.JsonApp):
             raise ApiError(st.BAD_GATEWAY, f"{name} answered GET /openapi.json with something other than JSON") from None
         return self.ok(request, {"id": name, "openapi": document})
 
-    @app.route("/api/v1/series", methods=["GET"])
+    @declare.route(app, "/api/v1/series", methods=["GET"], name="series", admit="authenticate")
     def all_series(self, request: Any) -> bytes:
-        request.service_route = "series"
-        self.authenticate(request)
         return self.ok(request, self.series.view())
 
-    @app.route("/api/v1/servers/<string:name>/series", methods=["GET"])
+    @declare.route(app, "/api/v1/servers/<string:name>/series", methods=["GET"], name="series", admit="authenticate")
     def one_series(self, request: Any, name: str) -> bytes:
-        request.service_route = "series"
-        self.authenticate(request)
         return self._series(request, name, self.child(name))
 
-    @app.route("/api/v1/servers/<string:name>/replicas/<int:replica>/series", methods=["GET"])
+    @declare.route(app, "/api/v1/servers/<string:name>/replicas/<int:replica>/series",
+                  methods=["GET"], name="series", admit="authenticate")
     def replica_series(self, request: Any, name: str, replica: int) -> bytes:
-        request.service_route = "series"
-        self.authenticate(request)
         return self._series(request, name, self.child(name, replica), replica)
 
     def _series(self, request: Any, name: str, child: Any, replica: int | None = None) -> bytes:
@@ -227,12 +210,11 @@ class ManagementApi(routes.JsonApp):
                                  "window_s": self.series.window, "now": round(self.manager.reactor.seconds(), 3),
                                  **self.series.child_view(child.name)})
 
-    @app.route("/api/v1/metrics", methods=["GET"])
+    @declare.route(app, "/api/v1/metrics", methods=["GET"], name="metrics", admit="authenticate")
     def metrics_route(self, request: Any) -> bytes:
-        return self.metrics_reply(request, self.authenticate)
+        return self.metrics_body(request)
 
     def ui_file(self, request: Any) -> bytes:
-        request.service_route = "ui"
         body, ctype = self.ui[request.path.decode("latin-1")]
         request.setHeader(b"Content-Type", ctype.encode())
         for name, value in UI_HEADERS.items():
@@ -240,19 +222,8 @@ class ManagementApi(routes.JsonApp):
         return body
 
     for _path in UI_FILES:
-        app.route(_path, methods=["GET"], endpoint=f"ui:{_path}")(ui_file)
+        declare.route(app, _path, methods=["GET"], name="ui", endpoint=f"ui:{_path}")(ui_file)
     del _path
-
-    # -- the listener's own replies ----------------------------------------------------------
-
-    def oversize_reply(self, request: Any) -> tuple[int, dict[str, str], bytes]:
-        """The early 413 of the 64 KiB body limit (svc.web.limits.LimitedRequest)."""
-        return routes.ok_error_reply(ApiError(st.ENTITY_TOO_LARGE, "request body too large"))
-
-    def busy_reply(self) -> tuple[int, dict[str, str], bytes]:
-        """The 503 for a connection past the supervisor's ``max_connections`` (svc.web.limits.LimitedChannel)."""
-        return routes.ok_error_reply(ApiError(st.NOT_READY, "too many open connections; retry shortly",
-                                              headers={"Retry-After": "1"}))
 
     routes.install(app)
 

@@ -24,9 +24,8 @@ also holds the crash-loop limit).  A child that exits 1 before it was ever
 ready saying "Address already in use" (it lost a race for the port) is
 treated the same way.
 
-Everything runs on an injected reactor (``spawnProcess``, ``callLater``,
-``seconds``) with an injected readiness probe and group-kill function, so the
-unit tests drive it with a fake reactor and ``task.Clock``.
+Everything runs on an injected reactor (``spawnProcess``, ``callLater``, ``seconds``) with an
+injected readiness probe and group-kill function: unit tests drive it with ``task.Clock``.
 """
 
 from __future__ import annotations
@@ -40,16 +39,10 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ProcessDone
 from twisted.logger import Logger
 
+from svc.supervisor import spawn
 from svc.supervisor.backoff import Backoff, Timing
 from svc.supervisor.logsink import LogSink
-from svc.supervisor.spawn import (
-    PORT_BUSY_TEXT,
-    ChildProtocol,
-    describe_exit,
-    group_leader_argv,
-    kill_group,
-    port_is_free,
-)
+from svc.supervisor.spawn import ChildProtocol
 
 log = Logger()
 
@@ -90,8 +83,8 @@ class Child:
         probe: Callable[[int, str], Deferred],
         logs: LogSink,
         timing: Timing = Timing(),
-        killer: Callable[[int, int], None] = kill_group,
-        port_free: Callable[[int], bool] = port_is_free,
+        killer: Callable[[int, int], None] = spawn.kill_group,
+        port_free: Callable[[int], bool] = spawn.port_is_free,
     ) -> None:
         self.spec = spec
         self.reactor = reactor
@@ -225,7 +218,7 @@ class Child:
 
     def _spawn_process(self, protocol: ChildProtocol) -> Any:
         """Spawn the group-leader wrapper running the spec's command (a subclass may add descriptors)."""
-        argv = group_leader_argv(self.spec.argv)
+        argv = spawn.group_leader_argv(self.spec.argv)
         return self.reactor.spawnProcess(protocol, argv[0], argv, env=self.spec.env, path=self.spec.cwd)
 
     def _signal(self, sig: int) -> None:
@@ -251,7 +244,7 @@ class Child:
         self._kill_timer = None
         code = 0 if isinstance(reason, ProcessDone) else getattr(reason, "exitCode", None)
         sig = None if isinstance(reason, ProcessDone) else getattr(reason, "signal", None)
-        self.last_exit = describe_exit(reason)
+        self.last_exit = spawn.describe_exit(reason)
         ran = self.reactor.seconds() - (self.started_at or self.reactor.seconds())
         self.pid = None
         self.ready = False
@@ -264,7 +257,7 @@ class Child:
             return
         tail = " | ".join(self.logs.tail(2))
         if was == STARTING and not self._was_ready and code == 1 and not sig and self.spec.wait_port \
-                and PORT_BUSY_TEXT in tail:
+                and spawn.PORT_BUSY_TEXT in tail:
             self._fire_exit_waiters()
             self._port_busy(tail)
             return

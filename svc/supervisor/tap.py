@@ -16,8 +16,8 @@ from typing import Any
 
 from twisted.python import usage
 
-from svc import version_line
 from svc.contract.protocol import SUPERVISOR_PROGRAM as PROGRAM
+from svc.infra.process import ProgramOptions
 
 
 def ui_dir() -> str:
@@ -30,7 +30,7 @@ def ui_dir() -> str:
     raise FileNotFoundError("the web UI files (ui/index.html) are missing")
 
 
-class Options(usage.Options):
+class Options(ProgramOptions):
     synopsis = ("[--config conf/service.toml] [--host H] [--port P] [--profile cpu|gpu|auto] [--weights demo|pretrained] "
                 "[--demo-models ID,...]")
     longdesc = "Spawn and watch the gateway and the model servers; serve the management API and the web UI."
@@ -43,11 +43,6 @@ class Options(usage.Options):
         ["demo-models", None, "", "Comma-separated catalog ids kept on demo weights whatever the configs say (but "
          "a local weights file): bin/quickstart names those whose pretrained weights it could not get."],
     ]
-
-    def opt_version(self) -> None:
-        """Print the project version and exit."""
-        print(version_line())
-        sys.exit(0)
 
     def postOptions(self) -> None:
         if self["profile"] not in (None, "cpu", "gpu", "auto"):

@@ -7,6 +7,7 @@ content type is always ``application/json; charset=utf-8``.
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Mapping
 from typing import Any
 
@@ -71,6 +72,12 @@ def bearer_token(request: Any) -> str | None:
         return None
     token = token.strip()
     return token or None
+
+
+def bearer_matches(request: Any, expected: str) -> bool:
+    """Whether the request's Bearer token is ``expected`` (compared in constant time); a missing one is not."""
+    token = bearer_token(request)
+    return token is not None and hmac.compare_digest(token.encode(), expected.encode())
 
 
 def content_type(request: Any) -> tuple[str, dict[str, str]]:

@@ -49,9 +49,10 @@ from werkzeug.routing import Map, MapAdapter, Rule
 from svc.contract import status as st
 from svc.contract.envelope import ModelIdentity, new_task_id, rejection
 from svc.contract.errors import ApiError
+from svc.contract.request import REQ_ID_RE
 from svc.infra.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from svc.infra.metrics import render
-from svc.web.replies import dumps, send_encoded
+from svc.web.replies import dumps, header, send_encoded
 
 #: Endpoints of the catch-all routes added by ``install(app, configured=True)``.
 CATCH_ALL = ("configured_root", "configured")
@@ -60,6 +61,16 @@ CATCH_ALL = ("configured_root", "configured")
 def allowed_header(methods: Any) -> str:
     """The ``Allow`` value of a 405: the route's methods without the HEAD werkzeug adds to every GET."""
     return ", ".join(sorted(set(methods or ()) - {"HEAD"}))
+
+
+def task_id_of(request: Any) -> str:
+    """The task id a reply to ``request`` carries: the one its handler settled on (``service_task_id``, a
+    parsed ``req_id``), else its ``X-Request-ID`` when that is a valid one, else a new one."""
+    known = getattr(request, "service_task_id", None)
+    if known:
+        return known
+    rid = header(request, b"x-request-id")
+    return rid if rid is not None and REQ_ID_RE.fullmatch(rid) else new_task_id()
 
 
 # -- reply shapes ------------------------------------------------------------------------------
@@ -278,10 +289,21 @@ class JsonApp:
         self.count_as("unmatched", method, error.code, *self.count_labels(request))
         return self.replies.raw(request, error)
 
-    def metrics_reply(self, request: Any, authenticate: Callable[[Any], None]) -> bytes:
-        """``GET /metrics``: ``authenticate`` (raises ApiError), then the registry as Prometheus text."""
-        request.service_route = "metrics"
-        authenticate(request)
+    #: The texts of the listener's own 413 and 503 (``max_body_bytes`` is filled in).
+    oversize_text = "request body larger than {max_body_bytes} bytes (max_body_bytes)"
+    busy_text = "too many open connections (max_connections); retry shortly"
+
+    def oversize_reply(self, request: Any) -> tuple[int, dict[str, str], bytes]:
+        """The early 413 of the listener's body limit (svc.web.limits.LimitedRequest), counted."""
+        message = self.oversize_text.format(max_body_bytes=getattr(self, "max_body_bytes", None))
+        return self.limit_reply(request, ApiError(st.ENTITY_TOO_LARGE, message), "POST")
+
+    def busy_reply(self) -> tuple[int, dict[str, str], bytes]:
+        """The 503 status 65 for a connection past ``max_connections`` (svc.web.limits.LimitedChannel)."""
+        return self.replies.raw(None, ApiError(st.NOT_READY, self.busy_text, headers={"Retry-After": "1"}))
+
+    def metrics_body(self, request: Any) -> bytes:
+        """The registry as Prometheus text: the body of ``GET /metrics`` once its caller is admitted."""
         request.setHeader(b"Content-Type", METRICS_CONTENT_TYPE.encode())
         return render(self.registry)
 

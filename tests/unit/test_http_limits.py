@@ -289,13 +289,21 @@ def test_busy_replies_have_each_process_error_shape():
     from svc.gateway.app import GatewayApp
     from svc.modelserver.app import ModelServerApp
     from svc.supervisor.api import ManagementApi
+    from svc.web.routes import EnvelopeReplies, task_id_of
 
-    for code, headers, body in (GatewayApp.busy_reply(None),
-                                ModelServerApp.busy_reply(SimpleNamespace(identity=ModelIdentity("M1", "v1")))):
+    def app(cls, replies):  # what busy_reply reads of an instance: its reply shape and its text
+        return SimpleNamespace(replies=replies, busy_text=cls.busy_text)
+
+    model_replies = EnvelopeReplies(lambda: ModelIdentity("M1", "v1"), task_id_of)
+    for cls, replies, message in (
+            (GatewayApp, GatewayApp.replies, "too many open connections (gateway max_connections); retry shortly"),
+            (ModelServerApp, model_replies, "too many open connections (max_connections); retry shortly")):
+        code, headers, body = cls.busy_reply(app(cls, replies))
         envelope = json.loads(body)
         assert (code, envelope["status"], envelope["status_str"], envelope["results"]) == (503, 65, "NOT_READY", [])
+        assert envelope["error"] == message
         assert headers == {"X-Request-ID": envelope["task_id"], "Retry-After": "1"}
-    code, headers, body = ManagementApi.busy_reply(None)
+    code, headers, body = ManagementApi.busy_reply(app(ManagementApi, ManagementApi.replies))
     assert (code, headers, json.loads(body)) == (503, {"Retry-After": "1"},
                                                  {"ok": False, "error": "too many open connections; retry shortly"})
 

@@ -56,6 +56,17 @@ def test_every_module_of_the_ui_has_at_most_400_lines():
         assert len(path.read_text().splitlines()) <= 400, path.name
 
 
+def test_every_python_module_of_the_service_has_at_most_400_lines():
+    paths = [*(REPO / "svc").rglob("*.py"), *(REPO / "models").glob("*.py"), *(REPO / "twisted").rglob("*.py")]
+    assert len(paths) > 100
+    too_long = {str(p.relative_to(REPO)): n for p in paths if (n := len(p.read_text().splitlines())) > 400}
+    assert too_long == {}
+
+
+def test_the_top_of_svc_holds_at_most_ten_modules():
+    assert len(list((REPO / "svc").glob("*.py"))) <= 10
+
+
 def test_the_module_map_lists_every_module():
     """docs/ARCHITECTURE.md's module map: a row per module, or its name in its package's row."""
     text = (REPO / "docs" / "ARCHITECTURE.md").read_text()

@@ -37,6 +37,7 @@ from svc.contract.protocol import OPENAPI_PATH, READY_PATH
 from svc.gateway.catalog import Upstream
 from svc.gateway.oip import codec, translate
 from svc.gateway.oip.replies import OIP
+from svc.web.declare import route
 from svc.web.replies import JSON_CONTENT_TYPE, dumps, header, send_encoded
 
 #: Model-server statuses that the protocol, which has one "bad request", answers 400.
@@ -62,31 +63,28 @@ def upstream_error(reply: Any) -> ApiError:
 
 
 class OipRoutes:
-    """The route methods; ``self`` is the GatewayApp, whose ``admit``, ``upstream`` and ``exchange`` they use."""
+    """The route methods; ``self`` is the GatewayApp, whose ``upstream`` and ``forwarder`` they use.
+
+    :func:`declare` names each route and admits its caller with the GatewayApp's ``admit``, as the
+    contract's routes are."""
 
     oip_shapes: dict[str, ModelShape]
 
     async def oip_server_metadata(self: Any, request: Any) -> bytes:
-        request.service_route = "oip_metadata"
-        await self.admit(request)
         return _ok(request, {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS})
 
     async def oip_live(self: Any, request: Any) -> bytes:
-        request.service_route = "oip_health"
-        await self.admit(request)
         return _ok(request, {"live": True})
 
     async def oip_ready(self: Any, request: Any) -> bytes:
         """Ready while the gateway serves; whether a model is ready is its own route's answer."""
-        request.service_route = "oip_health"
-        await self.admit(request)
         return _ok(request, {"ready": True})
 
     async def oip_shape(self: Any, request: Any, upstream: Upstream) -> ModelShape:
         """The model's tensors, from its model server's document (read once per model)."""
         shape = self.oip_shapes.get(upstream.id)
         if shape is None:
-            reply = await self.exchange(request, upstream, "openapi", OPENAPI_PATH, Headers(), None, method=b"GET")
+            reply = await self.forwarder.exchange(request, upstream, "openapi", OPENAPI_PATH, Headers(), None, method=b"GET")
             if reply.code != 200:
                 raise upstream_error(reply)
             try:
@@ -97,7 +95,7 @@ class OipRoutes:
 
     async def oip_version(self: Any, request: Any, upstream: Upstream, version: str | None) -> str:
         """The version the model serves, from a ready replica (503 when none is); 404 for another ``version``."""
-        reply = await self.exchange(request, upstream, "ready", READY_PATH, Headers(), None, method=b"GET")
+        reply = await self.forwarder.exchange(request, upstream, "ready", READY_PATH, Headers(), None, method=b"GET")
         if reply.code != 200:
             raise upstream_error(reply)
         served = str(json.loads(reply.body).get("model", {}).get("version", ""))
@@ -105,8 +103,6 @@ class OipRoutes:
         return served
 
     async def oip_model_metadata(self: Any, request: Any, model_id: str, version: str | None = None) -> bytes:
-        request.service_route = "oip_metadata"
-        await self.admit(request)
         upstream = self.upstream(model_id)
         served = await self.oip_version(request, upstream, version)
         shape = await self.oip_shape(request, upstream)
@@ -114,15 +110,11 @@ class OipRoutes:
                              "inputs": [s.to_json() for s in INPUTS], "outputs": [s.to_json() for s in shape.outputs]})
 
     async def oip_model_ready(self: Any, request: Any, model_id: str, version: str | None = None) -> bytes:
-        request.service_route = "oip_ready"
-        await self.admit(request)
         upstream = self.upstream(model_id)
         await self.oip_version(request, upstream, version)
         return _ok(request, {"name": model_id, "ready": True})
 
     async def oip_infer(self: Any, request: Any, model_id: str, version: str | None = None) -> bytes:
-        request.service_route = "infer"
-        await self.admit(request)
         upstream = self.upstream(model_id)
         started = self.clock.seconds()
         try:
@@ -132,7 +124,7 @@ class OipRoutes:
         except codec.CodecError as e:
             raise ApiError(st.INVALID_REQUEST, str(e), http=400) from None
         headers = Headers({name: [value] for name, value in plan.headers.items()})
-        reply = await self.exchange(request, upstream, "infer", upstream.server_uri, headers, plan.body,
+        reply = await self.forwarder.exchange(request, upstream, "infer", upstream.server_uri, headers, plan.body,
                                     method=b"POST")
         try:
             envelope = json.loads(reply.body)
@@ -176,10 +168,13 @@ def declare(app: Klein) -> None:
     """Add the routes to the GatewayApp's Klein (before ``svc.web.routes.install``)."""
     model = PREFIX + "/models/<string:model_id>"
     version = model + "/versions/<string:version>"
-    app.route(PREFIX, methods=["GET"])(OipRoutes.oip_server_metadata)
-    app.route(PREFIX + "/health/live", methods=["GET"])(OipRoutes.oip_live)
-    app.route(PREFIX + "/health/ready", methods=["GET"])(OipRoutes.oip_ready)
+    route(app, PREFIX, methods=["GET"], name="oip_metadata", admit="admit")(OipRoutes.oip_server_metadata)
+    route(app, PREFIX + "/health/live", methods=["GET"], name="oip_health", admit="admit")(OipRoutes.oip_live)
+    route(app, PREFIX + "/health/ready", methods=["GET"], name="oip_health", admit="admit")(OipRoutes.oip_ready)
     for base in (model, version):
-        app.route(base, methods=["GET"], endpoint=f"oip_metadata{base}")(OipRoutes.oip_model_metadata)
-        app.route(base + "/ready", methods=["GET"], endpoint=f"oip_ready{base}")(OipRoutes.oip_model_ready)
-        app.route(base + "/infer", methods=["POST"], endpoint=f"oip_infer{base}")(OipRoutes.oip_infer)
+        route(app, base, methods=["GET"], name="oip_metadata", admit="admit",
+              endpoint=f"oip_metadata{base}")(OipRoutes.oip_model_metadata)
+        route(app, base + "/ready", methods=["GET"], name="oip_ready", admit="admit",
+              endpoint=f"oip_ready{base}")(OipRoutes.oip_model_ready)
+        route(app, base + "/infer", methods=["POST"], name="infer", admit="admit",
+              endpoint=f"oip_infer{base}")(OipRoutes.oip_infer)

@@ -1,0 +1,201 @@
+"""The gateway's forwarding policy: which replica gets a request, what is retried, where a job is.
+
+:class:`~svc.gateway.app.GatewayApp` decides whether a request may pass
+(authentication, the key's bucket, routing); a :class:`Forwarder` then takes
+it to a model server and hands back its reply, beside
+:class:`svc.gateway.balancer.Balancer`, which it asks for a replica.
+
+A model may run as several replicas (svc.infra.replicas): inference and job
+submissions go to the one the balancer picks, and are sent to a second one
+only when the first did not take them: the connection was refused (nothing
+was sent), or it answered 503 status 65 with no results (it admitted
+nothing: loading, stopping, too many connections).  Nothing else is retried.
+A job's poll, wait and result go to the replica its id names
+(svc.gateway.owners, :meth:`Forwarder.to_job`), or to the gateway of the
+host that holds it (svc.gateway.cluster).  The model's status, body and the
+headers docs/contract.md lists pass through unchanged; job URLs are
+rewritten onto ``/v1/models/<id>/jobs``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import quote
+
+from twisted.logger import Logger
+from twisted.web.http_headers import Headers
+
+from svc.contract import protocol
+from svc.contract import status as st
+from svc.contract.errors import ApiError
+from svc.contract.protocol import JOBS, model_path
+from svc.gateway.balancer import Balancer
+from svc.gateway.catalog import Replica, Upstream
+from svc.gateway.cluster import Cluster
+from svc.gateway.oip.replies import CONTRACT
+from svc.gateway.owners import OtherHost, locate
+from svc.gateway.proxy import Proxy, UpstreamFailed, UpstreamReply, UpstreamUnreachable, not_admitted
+from svc.infra.metrics import GatewayMetrics
+from svc.web.replies import dumps
+
+log = Logger()
+
+#: Client request headers passed to the model server; every other one is dropped.
+FORWARDED_REQUEST_HEADERS = tuple(n.encode() for n in ("content-type", "accept", *protocol.SERVICE_REQUEST_HEADERS))
+#: Model reply headers passed back (svc.contract.protocol); Location is rewritten.
+PASSED_REPLY_HEADERS = tuple(n.encode() for n in protocol.PASSED_REPLY_HEADERS)
+
+
+def rewrite_job_path(model_id: str, path: str) -> str | None:
+    """A model-port job path as the gateway path of the same job (None: not a job path)."""
+    if path.startswith(JOBS + "/"):
+        return model_path(model_id, path)
+    return None
+
+
+class Forwarder:
+    """Requests the gateway admitted, taken to a replica of their model, and its replies passed back."""
+
+    def __init__(self, *, clock: Any, balancer: Balancer, proxy: Proxy, metrics: GatewayMetrics,
+                 cluster: Cluster) -> None:
+        self.clock = clock
+        self.balancer = balancer
+        self.proxy = proxy
+        self.metrics = metrics
+        self.cluster = cluster
+
+    async def forward(self, request: Any, upstream: Upstream, route: str, path: str, *, query: bytes = b"",
+                      rewrite: bool = False, replica: Replica | None = None) -> bytes:
+        """Send the request to ``replica``, or to the replica the balancer picks (:meth:`exchange`), and answer
+        with its reply."""
+        request.service_route = route
+        headers = Headers()
+        for name in FORWARDED_REQUEST_HEADERS:
+            values = request.requestHeaders.getRawHeaders(name)
+            if values:
+                headers.setRawHeaders(name, values)
+        body = request.content.getvalue() if request.method == b"POST" else None
+        started = self.clock.seconds()
+        reply = await self.exchange(request, upstream, route, path, headers, body, query=query, replica=replica)
+        if reply.code == 401:
+            log.error("{model} refused the gateway's token: is SERVICE_UPSTREAM_TOKENS right?", model=upstream.id)
+        request.setResponseCode(reply.code)
+        for name in PASSED_REPLY_HEADERS:
+            values = reply.headers.getRawHeaders(name)
+            if values:
+                request.responseHeaders.setRawHeaders(name, values)
+        location = reply.headers.getRawHeaders(b"location")
+        if location:
+            rewritten = rewrite_job_path(upstream.id, location[0].decode("latin-1"))
+            if rewritten is not None:
+                request.setHeader(b"Location", rewritten.encode("latin-1"))
+        data = reply.body
+        if rewrite and reply.code in (200, 202):
+            data = self._rewrite_job_body(upstream.id, data)
+        request.setHeader(b"Content-Length", str(len(data)).encode())
+        if route == "infer":
+            self.metrics.duration.labels(route, CONTRACT).observe((self.clock.seconds() - started) * 1000.0)
+        return data
+
+    async def exchange(self, request: Any, upstream: Upstream, route: str, path: str, headers: Headers,
+                       body: bytes | None, *, query: bytes = b"", replica: Replica | None = None,
+                       method: bytes | None = None) -> UpstreamReply:
+        """The model's reply to ``body`` (a GET without one) sent to ``replica`` or to the replica the balancer picks.
+
+        Picked (``replica`` None): the request counts as outstanding on its
+        replica while it is out; a replica that refuses the connection or does
+        not admit the request (:func:`not_admitted`) is marked not ready and
+        the request goes to another replica not tried yet.  With no replica
+        left, a refusal is 503 status 65 and a not-admitted reply is returned
+        as it is, as with one process.
+        """
+        method = method or request.method
+        tried: list[Replica] = []
+        several = replica is None and len(upstream.replicas) > 1
+        while True:
+            target = replica if replica is not None else self.balancer.pick(upstream, tried)
+            tried.append(target)
+            last = not several or len(tried) == len(upstream.replicas)
+            reply = await self._exchange(method, upstream, target, route, path, query, headers, body,
+                                         counted=replica is None, last=last)
+            if reply is None:
+                self.metrics.upstream_retries.labels(upstream.id, "refused").inc()
+                continue
+            if several and not_admitted(reply):
+                self.balancer.mark_down(target)
+                if not last:
+                    self.metrics.upstream_retries.labels(upstream.id, "not_admitted").inc()
+                    continue
+            return reply
+
+    async def _exchange(self, method: bytes, upstream: Upstream, target: Replica, route: str, path: str,
+                        query: bytes, headers: Headers, body: bytes | None, *, counted: bool,
+                        last: bool) -> UpstreamReply | None:
+        """One attempt on ``target``: its reply, None when it refused and another replica may be tried, or the
+        gateway's own error (503 refused, 502 transport failure or timeout) as an ApiError."""
+        attempt = headers.copy()
+        if target.token:
+            attempt.setRawHeaders(b"authorization", [b"Bearer " + target.token.encode("latin-1")])
+        replica = str(target.index)
+        if counted:
+            self.balancer.started(target)
+        started = self.clock.seconds()
+        try:
+            reply = await self.proxy.forward(method, target.url(path, query), attempt, body)
+        except UpstreamUnreachable as e:
+            self.balancer.mark_down(target)
+            self.metrics.upstream_errors.labels(upstream.id, replica, "unreachable").inc()
+            if not last:
+                return None
+            what = upstream.id if len(upstream.replicas) == 1 else f"{upstream.id} (no replica took the request)"
+            raise ApiError(st.NOT_READY, f"model server {what} is not reachable ({e}): it is not running") from None
+        except UpstreamFailed as e:
+            self.metrics.upstream_errors.labels(upstream.id, replica, e.kind).inc()
+            log.warn("{model} replica {replica}: upstream failure on {path}: {error}", model=upstream.id,
+                     replica=replica, path=path, error=str(e))
+            raise ApiError(st.BAD_GATEWAY, f"model server {upstream.id}: {e}") from None
+        finally:
+            if counted:
+                self.balancer.finished(target)
+        self.metrics.upstream_duration.labels(upstream.id, replica, route).observe(
+            (self.clock.seconds() - started) * 1000.0)
+        return reply
+
+    async def to_job(self, request: Any, upstream: Upstream, route: str, job_id: str, template: str, *,
+                     query: bytes = b"", budget_ms: int | None = None, rewrite: bool = True) -> bytes:
+        """A poll, wait or result, answered by the process that holds the job.
+
+        The one place that decides where a job is (svc.gateway.owners): a
+        replica of this host, another host's gateway (svc.gateway.cluster;
+        ``budget_ms``, a wait's budget, lengthens its deadline), or 404 "job
+        not found" (an id that does not verify, a replica that is gone).
+        """
+        where = locate(upstream, job_id, secret=self.cluster.secret, host=self.cluster.host_id)
+        path = template.format(job_id=quote(job_id, safe=""))
+        if isinstance(where, OtherHost):
+            host = self.cluster.peer_for(request, job_id, where.host)
+            return await self.cluster.forward(request, host, job_id, route, model_path(upstream.id, path), query,
+                                              budget_ms)
+        if where is None:
+            raise ApiError(st.NOT_FOUND, f"job not found: {job_id[:80]}")
+        return await self.forward(request, upstream, route, path, query=query, rewrite=rewrite, replica=where)
+
+    @staticmethod
+    def _rewrite_job_body(model_id: str, data: bytes) -> bytes:
+        """``poll_url`` and ``result_url`` of a job body onto the gateway prefix."""
+        try:
+            body = json.loads(data)
+        except ValueError:
+            return data
+        if not isinstance(body, dict):
+            return data
+        for field in ("poll_url", "result_url"):
+            value = body.get(field)
+            if isinstance(value, str):
+                rewritten = rewrite_job_path(model_id, value)
+                if rewritten is None:
+                    body.pop(field)  # never hand out a model-port path
+                else:
+                    body[field] = rewritten
+        return dumps(body)

@@ -23,6 +23,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.interfaces import IReactorTime
 from twisted.web.client import readBody
 from twisted.web.http_headers import Headers
 
@@ -49,7 +50,7 @@ def job_counts(text: str) -> dict[str, float]:
 class JobCounts:
     """A Prometheus collector of the gateway's registry: the job counters of the models behind it."""
 
-    def __init__(self, *, clock: Any, agent: Any, catalog: Catalog, timeout_s: float = 1.0) -> None:
+    def __init__(self, *, clock: IReactorTime, agent: Any, catalog: Catalog, timeout_s: float = 1.0) -> None:
         self.clock = clock
         self.agent = agent
         self.timeout_s = timeout_s

@@ -20,6 +20,7 @@ from typing import Any
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.web.client import readBody
@@ -36,7 +37,7 @@ log = Logger()
 class ReplicaProbe(Service):
     """Probes every replica of the models that have several, reporting to the balancer."""
 
-    def __init__(self, *, clock: Any, agent: Any, catalog: Catalog, balancer: Balancer, interval_s: float) -> None:
+    def __init__(self, *, clock: IReactorTime, agent: Any, catalog: Catalog, balancer: Balancer, interval_s: float) -> None:
         self.clock = clock
         self.agent = agent
         self.balancer = balancer

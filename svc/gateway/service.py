@@ -35,6 +35,7 @@ from svc.gateway.ratestore import RedisRates, make_rates
 from svc.gateway.readiness import ReplicaProbe
 from svc.infra.metrics import GatewayMetrics, new_registry
 from svc.infra.process import ORPHAN_EXIT_S, ListeningMultiService, freeze_heap, supervisor_gone
+from svc.infra.reactors import IServiceReactor
 from svc.web.limits import HttpLimits
 
 log = Logger()
@@ -47,7 +48,7 @@ ORPHAN_DRAIN_S = 0.5
 class GatewayService(ListeningMultiService):
     program = PROGRAM
 
-    def __init__(self, *, reactor: Any, config: GatewayConfig, setup: AuthSetup, catalog: Catalog,
+    def __init__(self, *, reactor: IServiceReactor, config: GatewayConfig, setup: AuthSetup, catalog: Catalog,
                  agent: Any = None, listen_fd: int | None = None, ready_fd: int | None = None,
                  job_secret: str | None = None, peer_agent: Any = None, openapi: dict | None = None) -> None:
         super().__init__()
@@ -100,6 +101,7 @@ class GatewayService(ListeningMultiService):
         )
         self.listen_address = f"{config.host}:{config.port}"
         self.ready_fd = ready_fd
+        self.listener: TCPServer | AdoptedListener
         if listen_fd is None:
             self.listener = TCPServer(config.port, self.site, backlog=config.listen_backlog, interface=config.host)
         else:
@@ -141,7 +143,9 @@ class GatewayService(ListeningMultiService):
     def bound_port(self) -> int:
         """The port accepted on: the configured one, or the kernel's choice for ``--port 0``."""
         if isinstance(self.listener, TCPServer):
-            return self.listener._port.getHost().port
+            port = self.listener._port
+            assert port is not None  # listening (asked once the service started)
+            return port.getHost().port
         return self.config.port
 
     def stopService(self) -> Deferred:

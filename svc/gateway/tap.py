@@ -26,6 +26,7 @@ from twisted.python import usage
 from svc import version_line
 from svc.contract.protocol import GATEWAY_PROGRAM as PROGRAM
 from svc.contract.protocol import HOST_ID_ENV, JOB_SECRET_ENV
+from svc.infra.reactors import IServiceReactor, global_reactor
 
 
 class Options(usage.Options):
@@ -60,7 +61,7 @@ class Options(usage.Options):
         own_pidfile(self, PROGRAM)
 
 
-def makeService(options: Options, reactor: Any = None) -> Any:
+def makeService(options: Options, reactor: IServiceReactor | None = None) -> Any:
     """The gateway's service, or a refusal (SystemExit, exit 1) before anything listens.
 
     twistd passes ``options`` only; ``reactor`` (default: the global one) lets
@@ -104,7 +105,7 @@ def makeService(options: Options, reactor: Any = None) -> Any:
             raise refuse(PROGRAM, f"--listen-fd {options['listen-fd']}: {e}") from None
 
     if reactor is None:
-        from twisted.internet import reactor
+        reactor = global_reactor()
 
     from svc.config import model_server_configs
     from svc.gateway.service import GatewayService

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from svc.contract import jobid
@@ -86,7 +87,7 @@ class JobTable:
 
     def __init__(
         self,
-        clock: Any,
+        clock: IReactorTime,
         run: RunJob,
         model: Callable[[], ModelIdentity],
         *,
@@ -177,6 +178,7 @@ class JobTable:
 
     def _ran(self, job: Job, results: list[ItemResult]) -> None:
         if any(r.status is st.RUN_TIMEOUT for r in results):
+            assert self.timeout is not None  # only a job with a deadline (async_timeout) runs out of time
             self.finish(job, TIMEOUT, error=f"async_timeout of {self.timeout * 1000:.0f} ms elapsed before the job finished")
             return
         top, _ = outcome(results)
@@ -237,7 +239,13 @@ class JobTable:
             d.callback(job)
             return d
         timer = self.clock.callLater(budget, self._wake, job, d)
-        d.addBoth(lambda r: (timer.cancel() if timer.active() else None, r)[1])
+
+        def stop_timer(result: Any) -> Any:
+            if timer.active():
+                timer.cancel()
+            return result
+
+        d.addBoth(stop_timer)
         job.waiters.append(d)
         return d
 

@@ -20,6 +20,7 @@ from svc.contract import jobid
 from svc.contract.protocol import CPU_SHARE_ENV
 from svc.contract.protocol import MODEL_PROGRAM as PROGRAM
 from svc.contract.protocol import MODEL_TOKEN_ENV as AUTH_ENV
+from svc.infra.reactors import IServiceReactor, global_reactor
 
 log = Logger()
 
@@ -123,7 +124,7 @@ def prepare_torch(config: Any, share: int = 1) -> str:
         raise refuse(PROGRAM, f"{config.path}: backend.optimize: {e}") from None
 
 
-def makeService(options: Options, reactor: Any = None) -> Any:
+def makeService(options: Options, reactor: IServiceReactor | None = None) -> Any:
     """The model server's service, or a refusal (SystemExit, exit 1) before the reactor runs.
 
     twistd passes ``options`` only; ``reactor`` (default: the global one) lets
@@ -165,7 +166,7 @@ def makeService(options: Options, reactor: Any = None) -> Any:
         raise refuse(PROGRAM, str(e)) from None
 
     if reactor is None:
-        from twisted.internet import reactor
+        reactor = global_reactor()
 
     device = prepare_torch(config, share)
 

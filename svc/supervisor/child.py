@@ -40,6 +40,7 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ProcessDone
 from twisted.logger import Logger
 
+from svc.infra.reactors import IServiceReactor
 from svc.supervisor.backoff import Backoff, Timing
 from svc.supervisor.logsink import LogSink
 from svc.supervisor.spawn import (
@@ -86,7 +87,7 @@ class Child:
         self,
         spec: ChildSpec,
         *,
-        reactor: Any,
+        reactor: IServiceReactor,
         probe: Callable[[int, str], Deferred],
         logs: LogSink,
         timing: Timing = Timing(),
@@ -350,7 +351,13 @@ class Child:
         d: Deferred = Deferred()
         self._ready_waiters.append(d)
         timer = self.reactor.callLater(self.timing.start_timeout, self._start_timed_out, d)
-        d.addBoth(lambda r: (timer.cancel() if timer.active() else None, r)[1])
+
+        def stop_timer(result: Any) -> Any:
+            if timer.active():
+                timer.cancel()
+            return result
+
+        d.addBoth(stop_timer)
         return d
 
     def _start_timed_out(self, d: Deferred) -> None:
@@ -399,7 +406,7 @@ class Child:
             "ready": self.ready,
             "pid": self.pid,
             "restarts": self.restarts,
-            "uptime_s": round(now - self.started_at, 1) if up else None,
+            "uptime_s": round(now - self.started_at, 1) if up and self.started_at is not None else None,
             "last_error": self.last_error,
             "last_exit": self.last_exit,
             "policy": self.spec.policy,

@@ -18,6 +18,7 @@ from twisted.python import usage
 
 from svc import version_line
 from svc.contract.protocol import SUPERVISOR_PROGRAM as PROGRAM
+from svc.infra.reactors import IServiceReactor, global_reactor
 
 
 def ui_dir() -> str:
@@ -66,7 +67,7 @@ def check_bind(host: str, env: dict[str, str]) -> str | None:
     return bind_problem(host, env, "the management API")
 
 
-def makeService(options: Options, reactor: Any = None) -> Any:
+def makeService(options: Options, reactor: IServiceReactor | None = None) -> Any:
     """The supervisor's service, or a refusal (SystemExit, exit 1) before anything listens or is spawned.
 
     twistd passes ``options`` only; ``reactor`` (default: the global one) lets
@@ -101,7 +102,7 @@ def makeService(options: Options, reactor: Any = None) -> Any:
         raise refuse(PROGRAM, refusal)
 
     if reactor is None:
-        from twisted.internet import reactor
+        reactor = global_reactor()
 
     from svc.model.api import factories
     from svc.supervisor.manager import ChildManager

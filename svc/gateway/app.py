@@ -45,6 +45,7 @@ from typing import Any
 from urllib.parse import quote
 
 from klein import Klein
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web.http_headers import Headers
 
@@ -137,7 +138,7 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
     def __init__(
         self,
         *,
-        clock: Any,
+        clock: IReactorTime,
         catalog: Catalog,
         authenticator: Authenticator,
         proxy: Proxy,
@@ -273,6 +274,7 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
         several = replica is None and len(upstream.replicas) > 1
         while True:
             target = replica if replica is not None else self.balancer.pick(upstream, tried)
+            assert target is not None  # one is untried: after the last attempt the loop ends (_exchange)
             tried.append(target)
             last = not several or len(tried) == len(upstream.replicas)
             reply = await self._exchange(method, upstream, target, route, path, query, headers, body,

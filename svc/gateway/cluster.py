@@ -44,6 +44,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web.client import HTTPConnectionPool
 from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgent
 
 from svc.auth import CLUSTER_TOKEN_NAME, Authenticator, Principal
 from svc.cluster_config import ClusterConfig
@@ -78,7 +79,7 @@ class Cluster:
     """This host among its peers: who owns a job, and the forwarding to a peer's gateway."""
 
     def __init__(self, *, reactor: IReactorTime, config: ClusterConfig, authenticator: Authenticator,
-                 secret: str | None, metrics: GatewayMetrics, recv_timeout_s: float, agent: Any = None) -> None:
+                 secret: str | None, metrics: GatewayMetrics, recv_timeout_s: float, agent: IAgent | None = None) -> None:
         self.reactor = reactor
         self.config = config
         self.host_id = config.host_id
@@ -155,6 +156,7 @@ class Cluster:
                 headers.setRawHeaders(name, values)
         url = (self.peers[host] + path).encode("ascii") + (b"?" + query if query else b"")
         deadline = self.deadline_s(budget_ms)
+        assert self.agent is not None  # a peer to ask: the agent was made (or given) with the peers
         try:
             reply = await Proxy(self.reactor, self.agent, deadline).forward(b"GET", url, headers, None)
         except UpstreamUnreachable as e:

@@ -25,8 +25,8 @@ from typing import Any
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IReactorSocket
-from twisted.internet.protocol import connectionDone
+from twisted.internet.interfaces import IListeningPort, IReactorSocket
+from twisted.internet.protocol import ServerFactory, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -61,9 +61,9 @@ class AdoptedListener(Service):
     open in the processes that share it (the supervisor, a newer gateway).
     """
 
-    def __init__(self, reactor: IReactorSocket, fd: int, factory: Any) -> None:
+    def __init__(self, reactor: IReactorSocket, fd: int, factory: ServerFactory[Any]) -> None:
         self.reactor, self.fd, self.factory = reactor, fd, factory
-        self.port: Any = None
+        self.port: IListeningPort | None = None
 
     def startService(self) -> None:
         super().startService()

@@ -41,7 +41,7 @@ from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.interfaces import IReactorTCP, IReactorTime
 from twisted.web.client import Agent, HTTPConnectionPool, readBody
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
+from twisted.web.iweb import IAgent, IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
 from svc.contract.status import NOT_READY
@@ -161,7 +161,7 @@ _UNREACHABLE = (net_error.ConnectionRefusedError, net_error.ConnectError, net_er
 class Proxy:
     """Sends a request upstream and returns the whole reply, or raises a classified failure."""
 
-    def __init__(self, reactor: IReactorTime, agent: Any, recv_timeout_s: float) -> None:
+    def __init__(self, reactor: IReactorTime, agent: IAgent, recv_timeout_s: float) -> None:
         self.reactor = reactor
         self.agent = agent
         self.recv_timeout_s = recv_timeout_s

@@ -47,7 +47,7 @@ from typing import Any
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, ensureDeferred, succeed
 from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint
-from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
+from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -151,7 +151,7 @@ class RedisRates(Service):
         self.attempts = 0
         self._protocol: Any = None
         self._connecting: Deferred | None = None
-        self._retry: Any = None
+        self._retry: IDelayedCall | None = None
         self._down_logged = False
         self._errors_logged: set[str] = set()
         self._stopping = False

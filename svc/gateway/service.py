@@ -14,11 +14,10 @@ the Redis connection, so SIGTERM exits promptly once the replies are out.
 
 from __future__ import annotations
 
-from typing import Any
-
 from twisted.application.internet import TCPServer
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.logger import Logger
+from twisted.web.iweb import IAgent
 
 from svc.auth import Authenticator, AuthSetup, describe
 from svc.contract.protocol import GATEWAY_PROGRAM as PROGRAM
@@ -49,8 +48,8 @@ class GatewayService(ListeningMultiService):
     program = PROGRAM
 
     def __init__(self, *, reactor: IServiceReactor, config: GatewayConfig, setup: AuthSetup, catalog: Catalog,
-                 agent: Any = None, listen_fd: int | None = None, ready_fd: int | None = None,
-                 job_secret: str | None = None, peer_agent: Any = None, openapi: dict | None = None) -> None:
+                 agent: IAgent | None = None, listen_fd: int | None = None, ready_fd: int | None = None,
+                 job_secret: str | None = None, peer_agent: IAgent | None = None, openapi: dict | None = None) -> None:
         super().__init__()
         self.reactor = reactor
         self.config = config

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from twisted.python import usage
 
@@ -27,6 +27,9 @@ from svc import version_line
 from svc.contract.protocol import GATEWAY_PROGRAM as PROGRAM
 from svc.contract.protocol import HOST_ID_ENV, JOB_SECRET_ENV
 from svc.infra.reactors import IServiceReactor, global_reactor
+
+if TYPE_CHECKING:
+    from twisted.application.service import IService
 
 
 class Options(usage.Options):
@@ -61,7 +64,7 @@ class Options(usage.Options):
         own_pidfile(self, PROGRAM)
 
 
-def makeService(options: Options, reactor: IServiceReactor | None = None) -> Any:
+def makeService(options: Options, reactor: IServiceReactor | None = None) -> IService:
     """The gateway's service, or a refusal (SystemExit, exit 1) before anything listens.
 
     twistd passes ``options`` only; ``reactor`` (default: the global one) lets

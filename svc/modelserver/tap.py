@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 from twisted.python import usage
@@ -21,6 +21,9 @@ from svc.contract.protocol import CPU_SHARE_ENV
 from svc.contract.protocol import MODEL_PROGRAM as PROGRAM
 from svc.contract.protocol import MODEL_TOKEN_ENV as AUTH_ENV
 from svc.infra.reactors import IServiceReactor, global_reactor
+
+if TYPE_CHECKING:
+    from twisted.application.service import IService
 
 log = Logger()
 
@@ -124,7 +127,7 @@ def prepare_torch(config: Any, share: int = 1) -> str:
         raise refuse(PROGRAM, f"{config.path}: backend.optimize: {e}") from None
 
 
-def makeService(options: Options, reactor: IServiceReactor | None = None) -> Any:
+def makeService(options: Options, reactor: IServiceReactor | None = None) -> IService:
     """The model server's service, or a refusal (SystemExit, exit 1) before the reactor runs.
 
     twistd passes ``options`` only; ``reactor`` (default: the global one) lets

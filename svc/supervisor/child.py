@@ -38,6 +38,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ProcessDone
+from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 
 from svc.infra.reactors import IServiceReactor
@@ -111,8 +112,8 @@ class Child:
         self.phase: str | None = None  # what a starting child says it does (its /ready's 503 reason)
         self._protocol: ChildProtocol | None = None
         self.backoff = Backoff(timing)
-        self._timer: Any = None  # backoff restart or probe
-        self._kill_timer: Any = None
+        self._timer: IDelayedCall | None = None  # backoff restart or probe
+        self._kill_timer: IDelayedCall | None = None
         self._probing = False
         self._ready_waiters: list[Deferred] = []
         self._exit_waiters: list[Deferred] = []

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
 from svc import version_line
 from svc.contract.protocol import SUPERVISOR_PROGRAM as PROGRAM
 from svc.infra.reactors import IServiceReactor, global_reactor
+
+if TYPE_CHECKING:
+    from twisted.application.service import IService
 
 
 def ui_dir() -> str:
@@ -67,7 +70,7 @@ def check_bind(host: str, env: dict[str, str]) -> str | None:
     return bind_problem(host, env, "the management API")
 
 
-def makeService(options: Options, reactor: IServiceReactor | None = None) -> Any:
+def makeService(options: Options, reactor: IServiceReactor | None = None) -> IService:
     """The supervisor's service, or a refusal (SystemExit, exit 1) before anything listens or is spawned.
 
     twistd passes ``options`` only; ``reactor`` (default: the global one) lets

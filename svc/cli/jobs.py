@@ -185,7 +185,8 @@ class _Interrupted(Exception):
 class JobRun:
     """One ``jobs run``: the requests in turn, each under its own deadline."""
 
-    def __init__(self, reactor: IClientReactor, args: argparse.Namespace, token: str, stderr: TextIO, client: Client) -> None:
+    def __init__(self, reactor: IClientReactor, args: argparse.Namespace, token: str, stderr: TextIO,
+                 client: Client) -> None:
         self.reactor = reactor
         self.client = client
         self.args = args

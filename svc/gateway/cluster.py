@@ -79,7 +79,8 @@ class Cluster:
     """This host among its peers: who owns a job, and the forwarding to a peer's gateway."""
 
     def __init__(self, *, reactor: IReactorTime, config: ClusterConfig, authenticator: Authenticator,
-                 secret: str | None, metrics: GatewayMetrics, recv_timeout_s: float, agent: IAgent | None = None) -> None:
+                 secret: str | None, metrics: GatewayMetrics, recv_timeout_s: float,
+                 agent: IAgent | None = None) -> None:
         self.reactor = reactor
         self.config = config
         self.host_id = config.host_id

@@ -36,7 +36,8 @@ log = Logger()
 class ReplicaProbe(Service):
     """Probes every replica of the models that have several, reporting to the balancer."""
 
-    def __init__(self, *, clock: IReactorTime, agent: IAgent, catalog: Catalog, balancer: Balancer, interval_s: float) -> None:
+    def __init__(self, *, clock: IReactorTime, agent: IAgent, catalog: Catalog, balancer: Balancer,
+                 interval_s: float) -> None:
         self.clock = clock
         self.agent = agent
         self.balancer = balancer

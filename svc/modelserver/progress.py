@@ -48,7 +48,8 @@ class BatchProgress:
     past ``steps`` is shown as ``steps``.
     """
 
-    def __init__(self, clock: IReactorTime, targets: Iterable[JobProgress], min_interval: float = MIN_INTERVAL_S) -> None:
+    def __init__(self, clock: IReactorTime, targets: Iterable[JobProgress],
+                 min_interval: float = MIN_INTERVAL_S) -> None:
         self.clock = clock
         self.targets = tuple({id(t): t for t in targets}.values())
         self.min_interval = min_interval

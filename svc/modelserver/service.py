@@ -77,8 +77,8 @@ SHUT_DOWN = ItemResult(st.NOT_READY, None, "the server shut down before this ite
 class ModelServerService(ListeningMultiService):
     """One model server: everything hangs off this service."""
 
-    def __init__(self, *, reactor: IServiceReactor, config: Any, factory: IModelFactory, model_config: dict, device: str,
-                 auth_token: str | None, run_worker: Runner | None = None, run_decode: Runner | None = None,
+    def __init__(self, *, reactor: IServiceReactor, config: Any, factory: IModelFactory, model_config: dict,
+                 device: str, auth_token: str | None, run_worker: Runner | None = None, run_decode: Runner | None = None,
                  job_owner: JobOwner | None = None, job_secret: str | None = None) -> None:
         """``run_worker``/``run_decode``: None runs batches and decoding in the pools (tests pass their own).
 

@@ -245,9 +245,9 @@ class SeriesCollector:
     maps a child's name to the Bearer its ``/metrics`` needs.
     """
 
-    def __init__(self, *, reactor: IReactorTime, children: Callable[[], dict[str, Any]], tokens: Callable[[str], str | None],
-                 fetch: Callable[[int, str, str | None], Deferred], gateway: str, interval: float = INTERVAL_S,
-                 window: float = WINDOW_S) -> None:
+    def __init__(self, *, reactor: IReactorTime, children: Callable[[], dict[str, Any]],
+                 tokens: Callable[[str], str | None], fetch: Callable[[int, str, str | None], Deferred],
+                 gateway: str, interval: float = INTERVAL_S, window: float = WINDOW_S) -> None:
         self.reactor = reactor
         self.children = children
         self.tokens = tokens

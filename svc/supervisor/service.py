@@ -31,8 +31,8 @@ log = Logger()
 class SupervisorService(ListeningMultiService):
     program = PROGRAM
 
-    def __init__(self, *, reactor: IServiceReactor, manager: ChildManager, token: str, host: str, port: int, ui_dir: str,
-                 fetch: Callable[[int, str, str | None], Deferred], limits: HttpLimits | None = None) -> None:
+    def __init__(self, *, reactor: IServiceReactor, manager: ChildManager, token: str, host: str, port: int,
+                 ui_dir: str, fetch: Callable[[int, str, str | None], Deferred], limits: HttpLimits | None = None) -> None:
         super().__init__()
         self.reactor = reactor
         self.manager = manager

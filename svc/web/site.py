@@ -125,8 +125,8 @@ class JsonSite(server.Site):
         self._last_limit_warning: float | None = None
 
     @classmethod
-    def for_app(cls, app: SiteApp, resource: Any, *, max_body_bytes: int, limits: HttpLimits, reactor: IReactorTime | None,
-                timeout: float | None = None) -> Self:
+    def for_app(cls, app: SiteApp, resource: Any, *, max_body_bytes: int, limits: HttpLimits,
+                reactor: IReactorTime | None, timeout: float | None = None) -> Self:
         """The site serving ``resource`` with ``app``'s 413 and 503 replies, counting every request in ``app``.
 
         One place for the wiring every process does the same way; ``cls`` is

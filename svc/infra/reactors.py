@@ -14,9 +14,11 @@ them.  docs/CONTRIBUTING.md, "Types".
 
 from __future__ import annotations
 
-from typing import cast
+from collections.abc import Callable
+from typing import TypeVar, cast
 
 from twisted.internet.interfaces import (
+    IDelayedCall,
     IReactorCore,
     IReactorFromThreads,
     IReactorPluggableNameResolver,
@@ -41,3 +43,17 @@ def global_reactor() -> IServiceReactor:
     from twisted.internet import reactor
 
     return cast(IServiceReactor, reactor)
+
+
+_T = TypeVar("_T")
+
+
+def cancelling(timer: IDelayedCall) -> Callable[[_T], _T]:
+    """A Deferred's callback (``addBoth``) that cancels ``timer`` if it is still pending and passes the result on."""
+
+    def cancel(result: _T) -> _T:
+        if timer.active():
+            timer.cancel()
+        return result
+
+    return cancel

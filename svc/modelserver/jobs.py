@@ -37,6 +37,7 @@ from svc.contract import status as st
 from svc.contract.envelope import ItemResult, ModelIdentity, outcome, result_envelope
 from svc.contract.jobs import DONE, FAILED, PENDING, RUNNING, TERMINAL, TIMEOUT
 from svc.contract.request import InferenceRequest
+from svc.infra.reactors import cancelling
 from svc.modelserver.progress import JobProgress
 
 log = Logger()
@@ -239,13 +240,7 @@ class JobTable:
             d.callback(job)
             return d
         timer = self.clock.callLater(budget, self._wake, job, d)
-
-        def stop_timer(result: Any) -> Any:
-            if timer.active():
-                timer.cancel()
-            return result
-
-        d.addBoth(stop_timer)
+        d.addBoth(cancelling(timer))
         job.waiters.append(d)
         return d
 

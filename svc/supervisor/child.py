@@ -41,7 +41,7 @@ from twisted.internet.error import ProcessDone
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 
-from svc.infra.reactors import IServiceReactor
+from svc.infra.reactors import IServiceReactor, cancelling
 from svc.supervisor.backoff import Backoff, Timing
 from svc.supervisor.logsink import LogSink
 from svc.supervisor.spawn import (
@@ -352,13 +352,7 @@ class Child:
         d: Deferred = Deferred()
         self._ready_waiters.append(d)
         timer = self.reactor.callLater(self.timing.start_timeout, self._start_timed_out, d)
-
-        def stop_timer(result: Any) -> Any:
-            if timer.active():
-                timer.cancel()
-            return result
-
-        d.addBoth(stop_timer)
+        d.addBoth(cancelling(timer))
         return d
 
     def _start_timed_out(self, d: Deferred) -> None:

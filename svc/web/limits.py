@@ -102,16 +102,10 @@ class HttpLimits:
 
 
 class LimitedRequest(server.Request):
-    """A request whose body is held in memory up to the site's limit, and must arrive within its deadline.
+    """A request whose body is held in memory up to its site's limit, and must arrive within its deadline."""
 
-    The site provides ``max_body_bytes``, ``body_timeout_s``,
-    ``oversize_reply(request) -> (code, headers, body)`` and
-    ``limit_reply(request, error, method)``.
-    """
-
-    channel: LimitedChannel
-    # twisted.web declares Request.content as None (its class default); it is the body's file once the head is read.
-    content: BytesIO  # type: ignore[assignment]
+    channel: LimitedChannel  # its site: the limits, the 413 and the 408 (svc.web.site.JsonSite)
+    content: BytesIO  # type: ignore[assignment]  # twisted.web declares it None, its class default
     _refused = False
     _received = 0
     _linger: IDelayedCall | None = None
@@ -208,16 +202,10 @@ def head_too_large(request_line: bool, limit: int) -> ApiError:
 
 
 class LimitedChannel(HTTPChannel):
-    """An HTTPChannel with a header deadline, a connection cap, head limits and pipelining backpressure.
+    """An HTTPChannel with a header deadline, a connection cap, head limits and pipelining backpressure."""
 
-    The site provides ``max_connections``, ``header_timeout_s``,
-    ``busy_reply() -> (code, headers, body)``, ``limit_reply(request,
-    error) -> (code, headers, body)`` and ``reactor``; it counts its served
-    connections in ``open_connections``.
-    """
-
-    site: JsonSite  # set by the site that builds the channel
-    transport: ITCPTransport  # a TCP connection (the listener's, or an adopted one's), from connectionMade on
+    site: JsonSite  # set by the site that builds it: the limits, the 503, 414 and 431, the connections counted
+    transport: ITCPTransport  # TCP (the listener's or an adopted one's); it has `disconnecting`, undeclared there
     _refused = False  # answered already (503 past max_connections, 414, 431): the rest is read and dropped
     _head_lines = 0  # lines of the current request's head received so far
     _counted = False
@@ -290,8 +278,7 @@ class LimitedChannel(HTTPChannel):
         self.persistent = False
         self.loseConnection()
         if self.abortTimeout is not None:
-            # A client that does not read either would keep the connection. (twisted declares the attribute by its
-            # class default, None, though it holds the call, as here.)
+            # A client that does not read either would keep the connection. (twisted declares the attribute None.)
             self._abortingCall = site.reactor.callLater(  # type: ignore[assignment]
                 self.abortTimeout, self.forceAbortClient)
 
@@ -388,7 +375,6 @@ class LimitedChannel(HTTPChannel):
     def _release(self) -> None:
         """Go on with the buffered pipelined requests once the replies were sent."""
         self._release_call = None
-        # A TCP transport (abstract.FileDescriptor) has `disconnecting`; ITCPTransport does not declare it.
         if not self._held or self._waitingForTransport or self.transport.disconnecting:  # type: ignore[attr-defined]
             return
         self._held = False

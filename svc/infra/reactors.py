@@ -5,7 +5,8 @@ A clock parameter is typed :class:`~twisted.internet.interfaces.IReactorTime`
 that needs one other part of the reactor names that interface
 (``IReactorCore``, ``IReactorTCP``, ...).  zope.interface has no
 intersection type, so what needs several parts at once names one of the two
-interfaces below, each the union of its parts; the global reactor provides
+interfaces below, each the union of its parts (as ``twisted.internet`` types
+its own global reactor, ``_IReactorCommon``); the global reactor provides
 every one of them, and :func:`global_reactor` says so, in the one place.
 
 These are interfaces for the type checker: nothing asks ``providedBy`` of

@@ -76,6 +76,8 @@ LINT = [
     "import-linter==2.17",
     "grimp==3.20",  # import-linter's import graph, pinned with it
     "mypy==2.4.1",
+    "mypy-zope==1.0.17",  # mypy's plugin for zope.interface: Twisted's interfaces type the reactors
+    "zope.schema==8.1",  # mypy-zope's, pinned with it
 ]
 
 setup(

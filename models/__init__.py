@@ -7,5 +7,5 @@ here must import nothing heavy at import time (torch is imported in
 
 from twisted.plugin import pluginPackagePaths
 
-__path__.extend(pluginPackagePaths(__name__))  # type: ignore[name-defined]
+__path__.extend(pluginPackagePaths(__name__))
 __all__: list[str] = []

@@ -184,6 +184,7 @@ class DiffusionModel:
                 x = scheduler.step(out, t, x, generator=step_generator, **extra).prev_sample
             latents = x.chunk(2, dim=0)[0] if guided else x
             latents = 1 / self.vqvae.config.scaling_factor * latents
+            assert self.decode is not None  # a latent model has its decoder
             return to_pixels(self.decode(latents))
 
     def postprocess(self, output: Any, params: dict, options: dict) -> dict:

@@ -45,7 +45,8 @@ from svc.weightstore.catalog import FileSource, Variant
 
 ARCHS = ("tiny", "vit_b", "vit_l", "vit_h")
 #: The tiny encoder: (embed dim, depth, heads, global attention layers, input side, window)
-TINY = {"embed_dim": 64, "depth": 2, "num_heads": 2, "global_attn_indexes": (1,), "img_size": 256, "window_size": 8}
+TINY: dict[str, Any] = {"embed_dim": 64, "depth": 2, "num_heads": 2, "global_attn_indexes": (1,), "img_size": 256,
+                        "window_size": 8}
 
 #: The official checkpoints (segment-anything's README): plain state dicts, loaded with
 #: torch.load(weights_only=True).  The hex in each file name is the start of the file's MD5

@@ -127,7 +127,7 @@ def letterbox(image: Any, size: int) -> tuple[Any, Letterbox]:
     image.draft("RGB", (new_w, new_h))  # JPEG: decode at a reduced scale that still covers the target
     rgb = image.convert("RGB")
     if rgb.size != (new_w, new_h):
-        rgb = rgb.resize((new_w, new_h), Image.BILINEAR)
+        rgb = rgb.resize((new_w, new_h), Image.Resampling.BILINEAR)
     canvas = Image.new("RGB", (size, size), (PAD_VALUE,) * 3)
     canvas.paste(rgb, (box.left, box.top))
     return np.asarray(canvas), box
@@ -283,7 +283,7 @@ class YOLOv8Model:
         box = Letterbox(self.imgsz, self.imgsz, 1.0, 0, 0)
         inputs = [DetectionInput(pixels.numpy(), box) for pixels in self.gate_pixels(GATE_IMAGES)]
         p = GATE_PARAMS
-        return [select(pred, box, p["score_threshold"], p["nms_threshold"], p["top_k"])
+        return [select(pred, box, p["score_threshold"], p["nms_threshold"], int(p["top_k"]))
                 for pred, box in self.predict(inputs, GATE_PARAMS)]
 
     def optimize_candidates(self, device: str) -> tuple:

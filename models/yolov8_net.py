@@ -203,7 +203,7 @@ def decode_head(feats: list, dfl_weight: Any = None) -> Any:
     nc = x.shape[1] - 4 * REG_MAX
     box, cls = x.split((4 * REG_MAX, nc), 1)
     points, strides = [], []
-    for f, stride in zip(feats, STRIDES):
+    for f, level_stride in zip(feats, STRIDES):
         h, w = f.shape[2:]
         sy, sx = torch.meshgrid(
             torch.arange(h, device=f.device, dtype=x.dtype) + 0.5,
@@ -211,7 +211,7 @@ def decode_head(feats: list, dfl_weight: Any = None) -> Any:
             indexing="ij",
         )
         points.append(torch.stack((sx, sy), -1).view(-1, 2))
-        strides.append(torch.full((h * w, 1), float(stride), device=f.device, dtype=x.dtype))
+        strides.append(torch.full((h * w, 1), float(level_stride), device=f.device, dtype=x.dtype))
     anchors, stride = torch.cat(points).T.unsqueeze(0), torch.cat(strides).T.unsqueeze(0)  # (1, 2, A), (1, 1, A)
     if dfl_weight is None:
         dfl_weight = torch.arange(REG_MAX, dtype=x.dtype, device=x.device).view(1, REG_MAX, 1, 1)

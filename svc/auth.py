@@ -312,12 +312,12 @@ class Authenticator:
 
     def is_metrics(self, bearer: str | None) -> bool:
         """True only for the metrics token (the other tokens get 401 on /metrics)."""
-        return bool(bearer) and hmac.compare_digest(bearer.encode("utf-8"), self._metrics)
+        return bool(bearer and hmac.compare_digest(bearer.encode("utf-8"), self._metrics))
 
     def is_cluster(self, bearer: str | None) -> bool:
         """True only for the cluster token (svc.gateway.cluster decides where it is accepted)."""
-        return self._cluster is not None and bool(bearer) and hmac.compare_digest(bearer.encode("utf-8"),
-                                                                                 self._cluster)
+        return self._cluster is not None and bool(bearer and hmac.compare_digest(bearer.encode("utf-8"),
+                                                                                 self._cluster))
 
 
 def describe(setup: AuthSetup) -> dict[str, Any]:

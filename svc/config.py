@@ -264,7 +264,8 @@ class ModelServerConfig:
     body_timeout_ms: int = body_timeout_setting()
     max_connections: int = max_connections_setting(1024, "503 status 65")
     listen_backlog: int = listen_backlog_setting()
-    backend: BackendConfig
+    # setting() fields have no dataclass default: mypy takes each call for one (hence the ignore).
+    backend: BackendConfig  # type: ignore[misc]
     model: dict = field(default_factory=dict)
 
     def replace(self, **changes: Any) -> "ModelServerConfig":

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from svc import __version__
 from svc.contract.protocol import WEIGHTS_HEADER
+from svc.infra.reactors import IClientReactor
 
 EXIT_OK, EXIT_HTTP, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -71,28 +72,28 @@ def note_weights(reply: Reply, stderr: Any = None) -> None:
 class Client(Protocol):
     """How a command reaches HTTP: the reactor it runs on and the exchange of one request."""
 
-    def react(self, main: Callable[[Any], Awaitable[None]]) -> None:
+    def react(self, main: Callable[[IClientReactor], Coroutine[Any, Any, None]]) -> None:
         """Run ``main(reactor)`` to its end (``task.react`` raises SystemExit when done)."""
 
-    def exchange(self, reactor: Any, call: HttpCall, token: str) -> Awaitable[Reply]:
+    def exchange(self, reactor: IClientReactor, call: HttpCall, token: str) -> Coroutine[Any, Any, Reply]:
         """Make ``call`` with the Bearer ``token``; the reply, or the transport's exception."""
 
 
 class HttpClient:
     """The real client: treq over a non-persistent pool, on the global reactor."""
 
-    def react(self, main: Callable[[Any], Awaitable[None]]) -> None:
+    def react(self, main: Callable[[IClientReactor], Coroutine[Any, Any, None]]) -> None:
         from twisted.internet import task
 
         task.react(main)
 
-    async def exchange(self, reactor: Any, call: HttpCall, token: str) -> Reply:
+    async def exchange(self, reactor: IClientReactor, call: HttpCall, token: str) -> Reply:
         from treq.client import HTTPClient
         from twisted.web.client import Agent, HTTPConnectionPool
 
         pool = HTTPConnectionPool(reactor, persistent=False)
         client = HTTPClient(Agent(reactor, connectTimeout=call.timeout, pool=pool))
-        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json",
+        headers: dict[bytes | str, bytes | str] = {"Authorization": f"Bearer {token}", "Accept": "application/json",
                    "User-Agent": f"svcctl/{__version__}"}
         if call.body is not None:
             headers["Content-Type"] = "application/json"
@@ -105,7 +106,7 @@ class HttpClient:
         return Reply(response.code, phrase, content, retry_after, weights)
 
 
-def react(client: Client, main: Callable[[Any], Awaitable[int]]) -> tuple[int | None, int]:
+def react(client: Client, main: Callable[[IClientReactor], Awaitable[int]]) -> tuple[int | None, int]:
     """Run ``main`` on the client's reactor: ``(its exit status, the reactor's)``.
 
     The first is None when the reactor stopped before ``main`` ended (Ctrl-C
@@ -114,7 +115,7 @@ def react(client: Client, main: Callable[[Any], Awaitable[int]]) -> tuple[int | 
     """
     codes: list[int] = []
 
-    async def run(reactor: Any) -> None:
+    async def run(reactor: IClientReactor) -> None:
         codes.append(await main(reactor))
 
     stopped = 0
@@ -134,15 +135,15 @@ def describe_failure(error: BaseException, call: HttpCall) -> str:
     where = f"{call.method} {call.url}"
     timeouts = (defer.TimeoutError, defer.CancelledError, net.TimeoutError)
     # treq's own timeout cancels the request: the agent reports the cancellation as the reason.
-    wrapped = isinstance(error, ResponseFailed | ResponseNeverReceived | RequestTransmissionFailed)
-    if isinstance(error, timeouts) or (wrapped and any(r.check(*timeouts) for r in error.reasons)):
+    wrapped = error if isinstance(error, ResponseFailed | ResponseNeverReceived | RequestTransmissionFailed) else None
+    if isinstance(error, timeouts) or (wrapped and any(r.check(*timeouts) for r in wrapped.reasons)):
         return f"{where}: no complete reply within {call.timeout:g} s"
     if isinstance(error, net.ConnectionRefusedError):
         return f"{where}: connection refused (is the gateway running?)"
     if isinstance(error, net.DNSLookupError):
         return f"{where}: cannot resolve the host name"
     if wrapped:
-        reasons = "; ".join(r.getErrorMessage() or r.type.__name__ for r in error.reasons) or "connection lost"
+        reasons = "; ".join(r.getErrorMessage() or r.type.__name__ for r in wrapped.reasons) or "connection lost"
         return f"{where}: the connection failed ({reasons})"
     return f"{where}: {type(error).__name__}: {error}"
 
@@ -158,7 +159,7 @@ def print_reply(content: bytes) -> None:
         print(text, end="" if text.endswith("\n") else "\n")
 
 
-async def call_gateway(client: Client, reactor: Any, call: HttpCall, token: str) -> int:
+async def call_gateway(client: Client, reactor: IClientReactor, call: HttpCall, token: str) -> int:
     """Make ``call`` with the Bearer token, print the reply; the exit status.
 
     One deadline of ``call.timeout`` covers connecting, the headers and the

@@ -43,6 +43,7 @@ from svc.cli.http import (
     react,
 )
 from svc.contract.protocol import JOB, JOBS, MODEL_PREFIX
+from svc.infra.reactors import IClientReactor
 
 #: A 1x1 grey PNG: the item sent for each sample when no IMAGE is given.  ``images`` is required by
 #: the request, and generative models ignore its pixels.
@@ -184,7 +185,8 @@ class _Interrupted(Exception):
 class JobRun:
     """One ``jobs run``: the requests in turn, each under its own deadline."""
 
-    def __init__(self, reactor: Any, args: argparse.Namespace, token: str, stderr: TextIO, client: Client) -> None:
+    def __init__(self, reactor: IClientReactor, args: argparse.Namespace, token: str, stderr: TextIO,
+                 client: Client) -> None:
         self.reactor = reactor
         self.client = client
         self.args = args
@@ -297,7 +299,7 @@ def run(args: argparse.Namespace, client: Client) -> int:
         fail(str(e))
         return EXIT_USAGE
 
-    async def main(reactor: Any) -> int:
+    async def main(reactor: IClientReactor) -> int:
         job = JobRun(reactor, args, token, sys.stderr, client)
         trigger = reactor.addSystemEventTrigger("before", "shutdown", job.interrupt)
         try:

@@ -41,6 +41,7 @@ from svc.cli.args import non_negative_int
 from svc.cli.http import EXIT_HTTP, EXIT_OK, EXIT_USAGE, Client, CliError, HttpCall, describe_failure, fail, react
 from svc.config import ConfigError
 from svc.contract.protocol import GATEWAY_RESTART_PATH, SUPERVISOR_PORT, local_url
+from svc.infra.reactors import IClientReactor
 
 SERVICE_CONFIG = "conf/service.toml"
 DEFAULT_KEYS_FILE = "conf/api_keys.toml"
@@ -187,7 +188,7 @@ def restart_gateway(supervisor: str, token: str, client: Client) -> int:
     """Ask the supervisor to restart the gateway; the exit status (one line on stderr when it fails)."""
     call = restart_call(supervisor)
 
-    async def main(reactor: Any) -> int:
+    async def main(reactor: IClientReactor) -> int:
         try:
             status, phrase = (await client.exchange(reactor, call, token))[:2]
         except Exception as e:

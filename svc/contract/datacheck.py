@@ -19,7 +19,7 @@ None, and the caller keeps jsonschema alone.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from typing import Any
 
 Check = Callable[[Any], bool]
@@ -146,7 +146,7 @@ def _bound(test: Callable[[Any, Any], bool]) -> Callable[[Any], Check]:
     return make
 
 
-def _count(kind: type, test: Callable[[int, int], bool]) -> Callable[[Any], Check]:
+def _count(kind: type[Sized], test: Callable[[int, int], bool]) -> Callable[[Any], Check]:
     def make(limit: Any) -> Check:
         if not isinstance(limit, int) or isinstance(limit, bool):
             raise Unsupported(f"count {limit!r}")

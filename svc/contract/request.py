@@ -92,6 +92,7 @@ class RequestValidator:
         options = self._object(doc, "options", self.options, errors)
         if errors:
             raise ApiError(st.INVALID_REQUEST, _summary(errors), errors)
+        assert images is not None  # _images_errors requires them
         self._check_count(len(images))
         return InferenceRequest(images=images, req_id=req_id, params=params, options=options)
 

@@ -39,6 +39,7 @@ from typing import Any
 from urllib.parse import quote
 
 from klein import Klein
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from svc import __version__
@@ -111,7 +112,7 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
     def __init__(
         self,
         *,
-        clock: Any,
+        clock: IReactorTime,
         catalog: Catalog,
         authenticator: Authenticator,
         proxy: Proxy,

@@ -13,7 +13,7 @@ by hand in front of model servers started by hand).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
@@ -90,7 +90,7 @@ class Catalog:
         if clash:
             raise CatalogError(clash)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Upstream]:
         return iter(self.by_id.values())
 
     def __len__(self) -> int:

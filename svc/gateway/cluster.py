@@ -38,10 +38,13 @@ be reported as not found.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
+from twisted.web.client import HTTPConnectionPool
 from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgent
 
 from svc.auth import CLUSTER_TOKEN_NAME, Authenticator, Principal
 from svc.cluster_config import ClusterConfig
@@ -51,6 +54,7 @@ from svc.contract.errors import ApiError
 from svc.contract.protocol import FORWARDED_BY_HEADER, PASSED_REPLY_HEADERS
 from svc.gateway.proxy import Proxy, UpstreamFailed, UpstreamUnreachable, make_agent, make_pool
 from svc.infra.metrics import GatewayMetrics
+from svc.infra.reactors import IClientReactor
 from svc.web.replies import bearer_token, header
 
 log = Logger()
@@ -74,8 +78,9 @@ def job_not_found(job_id: str, why: str) -> ApiError:
 class Cluster:
     """This host among its peers: who owns a job, and the forwarding to a peer's gateway."""
 
-    def __init__(self, *, reactor: Any, config: ClusterConfig, authenticator: Authenticator,
-                 secret: str | None, metrics: GatewayMetrics, recv_timeout_s: float, agent: Any = None) -> None:
+    def __init__(self, *, reactor: IReactorTime, config: ClusterConfig, authenticator: Authenticator,
+                 secret: str | None, metrics: GatewayMetrics, recv_timeout_s: float,
+                 agent: IAgent | None = None) -> None:
         self.reactor = reactor
         self.config = config
         self.host_id = config.host_id
@@ -85,8 +90,10 @@ class Cluster:
         self.metrics = metrics
         self.recv_timeout_s = recv_timeout_s
         self.peer_timeout_s = config.peer_timeout_ms / 1000.0
-        self.pool = None
+        self.pool: HTTPConnectionPool | None = None
         if agent is None and self.peers:
+            # Peers to reach and no agent given: the gateway's own reactor, which connects (IClientReactor).
+            reactor = cast(IClientReactor, reactor)
             self.pool = make_pool(reactor, max_per_host=PEER_CONNECTIONS, idle_timeout_s=PEER_IDLE_S)
             self.pool.retryAutomatically = True  # job GETs only (module docstring)
             agent = make_agent(reactor, self.pool, config.peer_connect_timeout_ms / 1000.0)
@@ -150,6 +157,7 @@ class Cluster:
                 headers.setRawHeaders(name, values)
         url = (self.peers[host] + path).encode("ascii") + (b"?" + query if query else b"")
         deadline = self.deadline_s(budget_ms)
+        assert self.agent is not None  # a peer to ask: the agent was made (or given) with the peers
         try:
             reply = await Proxy(self.reactor, self.agent, deadline).forward(b"GET", url, headers, None)
         except UpstreamUnreachable as e:

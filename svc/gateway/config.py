@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 from svc import config as base
@@ -70,7 +71,7 @@ class GatewayConfig:
         1000, "While Redis is unreachable, how often the gateway tries to reconnect.", minimum=10)
     cluster: ClusterConfig = field(default_factory=ClusterConfig.single_host)
 
-    def replace(self, **changes: object) -> "GatewayConfig":
+    def replace(self, **changes: Any) -> "GatewayConfig":
         from dataclasses import replace
 
         return replace(self, **changes)

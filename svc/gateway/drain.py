@@ -25,7 +25,10 @@ from typing import Any
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IListeningPort, IReactorSocket
+from twisted.internet.protocol import ServerFactory, connectionDone
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from svc.web.limits import LimitedChannel
 from svc.web.site import JsonSite
@@ -39,7 +42,7 @@ IDLE_GRACE_S = 1.0
 POLL_S = 0.05
 
 
-def listening_family(fd: int) -> int:
+def listening_family(fd: int) -> socket.AddressFamily:
     """The address family of the listening socket on ``fd``; OSError if it is not one."""
     probe = socket.socket(fileno=os.dup(fd))
     try:
@@ -58,9 +61,9 @@ class AdoptedListener(Service):
     open in the processes that share it (the supervisor, a newer gateway).
     """
 
-    def __init__(self, reactor: Any, fd: int, factory: Any) -> None:
+    def __init__(self, reactor: IReactorSocket, fd: int, factory: ServerFactory[Any]) -> None:
         self.reactor, self.fd, self.factory = reactor, fd, factory
-        self.port: Any = None
+        self.port: IListeningPort | None = None
 
     def startService(self) -> None:
         super().startService()
@@ -96,14 +99,14 @@ def signal_closed(fd: int) -> None:
 class DrainingChannel(LimitedChannel):
     """An HTTP channel (with the site's limits) that its site can ask to finish its request and close."""
 
-    site: Any
+    site: DrainingSite
     idle_since: float | None = None
 
     def connectionMade(self) -> None:
         super().connectionMade()
         self.site.channels.add(self)
 
-    def connectionLost(self, reason: Any) -> None:
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         self.site.channels.discard(self)
         super().connectionLost(reason)
 

@@ -23,6 +23,7 @@ import json
 from typing import Any
 from urllib.parse import quote
 
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web.http_headers import Headers
 
@@ -57,7 +58,7 @@ def rewrite_job_path(model_id: str, path: str) -> str | None:
 class Forwarder:
     """Requests the gateway admitted, taken to a replica of their model, and its replies passed back."""
 
-    def __init__(self, *, clock: Any, balancer: Balancer, proxy: Proxy, metrics: GatewayMetrics,
+    def __init__(self, *, clock: IReactorTime, balancer: Balancer, proxy: Proxy, metrics: GatewayMetrics,
                  cluster: Cluster) -> None:
         self.clock = clock
         self.balancer = balancer
@@ -115,6 +116,7 @@ class Forwarder:
         several = replica is None and len(upstream.replicas) > 1
         while True:
             target = replica if replica is not None else self.balancer.pick(upstream, tried)
+            assert target is not None  # one is untried: after the last attempt the loop ends (_exchange)
             tried.append(target)
             last = not several or len(tried) == len(upstream.replicas)
             reply = await self._exchange(method, upstream, target, route, path, query, headers, body,

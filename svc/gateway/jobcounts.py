@@ -23,8 +23,10 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.interfaces import IReactorTime
 from twisted.web.client import readBody
 from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgent
 
 from svc.contract.protocol import METRICS_PATH
 from svc.gateway.catalog import Catalog, Replica
@@ -49,7 +51,7 @@ def job_counts(text: str) -> dict[str, float]:
 class JobCounts:
     """A Prometheus collector of the gateway's registry: the job counters of the models behind it."""
 
-    def __init__(self, *, clock: Any, agent: Any, catalog: Catalog, timeout_s: float = 1.0) -> None:
+    def __init__(self, *, clock: IReactorTime, agent: IAgent, catalog: Catalog, timeout_s: float = 1.0) -> None:
         self.clock = clock
         self.agent = agent
         self.timeout_s = timeout_s
@@ -64,7 +66,7 @@ class JobCounts:
         headers = {b"user-agent": [SUPERVISOR_USER_AGENT.encode()]}
         if replica.token:
             headers[b"authorization"] = [b"Bearer " + replica.token.encode()]
-        d = self.agent.request(b"GET", replica.url(METRICS_PATH), Headers(headers), None)
+        d: Deferred[Any] = self.agent.request(b"GET", replica.url(METRICS_PATH), Headers(headers), None)
         d.addCallback(lambda response: readBody(response).addCallback(lambda body: (response.code, body)))
         d.addTimeout(self.timeout_s, self.clock)
         d.addCallback(self._read, replica)

@@ -38,12 +38,14 @@ from typing import Any
 from twisted.internet import error as net_error
 from twisted.internet.defer import CancelledError, Deferred, ensureDeferred, succeed
 from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet.interfaces import IReactorTCP, IReactorTime
 from twisted.web.client import Agent, HTTPConnectionPool, readBody
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
+from twisted.web.iweb import IAgent, IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
 from svc.contract.status import NOT_READY
+from svc.infra.reactors import IClientReactor
 from svc.web.client import QuietConnectionPool
 
 
@@ -105,7 +107,7 @@ class BytesProducer:
         pass
 
 
-def make_pool(reactor: Any, *, max_per_host: int, idle_timeout_s: float) -> HTTPConnectionPool:
+def make_pool(reactor: IReactorTime, *, max_per_host: int, idle_timeout_s: float) -> HTTPConnectionPool:
     """The gateway's own persistent pool (maxPersistentPerHost would default to 2).
 
     ``retryAutomatically`` is off: Twisted's pool otherwise sends a GET once
@@ -117,7 +119,8 @@ def make_pool(reactor: Any, *, max_per_host: int, idle_timeout_s: float) -> HTTP
     """
     pool = QuietConnectionPool(reactor, persistent=True)
     pool.maxPersistentPerHost = max_per_host
-    pool.cachedConnectionTimeout = idle_timeout_s
+    # twisted declares the class default (240) as an int; any number of seconds works (a callLater delay).
+    pool.cachedConnectionTimeout = idle_timeout_s  # type: ignore[assignment]
     pool.retryAutomatically = False
     return pool
 
@@ -132,7 +135,7 @@ class LoopbackEndpoints:
     py-spy), and name lookups would share the reactor's thread pool with everything else.
     """
 
-    def __init__(self, reactor: Any, connect_timeout_s: float) -> None:
+    def __init__(self, reactor: IReactorTCP, connect_timeout_s: float) -> None:
         self.reactor = reactor
         self.connect_timeout_s = connect_timeout_s
         self._cache: dict[tuple[bytes, int], TCP4ClientEndpoint] = {}
@@ -147,7 +150,7 @@ class LoopbackEndpoints:
         return endpoint
 
 
-def make_agent(reactor: Any, pool: HTTPConnectionPool, connect_timeout_s: float) -> Agent:
+def make_agent(reactor: IClientReactor, pool: HTTPConnectionPool, connect_timeout_s: float) -> Agent:
     return Agent.usingEndpointFactory(reactor, LoopbackEndpoints(reactor, connect_timeout_s), pool=pool)
 
 
@@ -158,7 +161,7 @@ _UNREACHABLE = (net_error.ConnectionRefusedError, net_error.ConnectError, net_er
 class Proxy:
     """Sends a request upstream and returns the whole reply, or raises a classified failure."""
 
-    def __init__(self, reactor: Any, agent: Any, recv_timeout_s: float) -> None:
+    def __init__(self, reactor: IReactorTime, agent: IAgent, recv_timeout_s: float) -> None:
         self.reactor = reactor
         self.agent = agent
         self.recv_timeout_s = recv_timeout_s

@@ -41,18 +41,20 @@ with an endpoint on the injected reactor and its state decides per request.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, ensureDeferred, succeed
 from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint
+from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from svc.gateway.config import GatewayConfig, RedisAddress, redis_address
 from svc.infra.ratelimit import KeyedLimiter
+from svc.infra.reactors import IServiceReactor
 
 log = Logger()
 
@@ -136,7 +138,7 @@ class RedisRates(Service):
     Redis and the local fallback (the gauge).
     """
 
-    def __init__(self, reactor: Any, address: RedisAddress, local: KeyedLimiter, *, timeout_s: float,
+    def __init__(self, reactor: IServiceReactor, address: RedisAddress, local: KeyedLimiter, *, timeout_s: float,
                  retry_s: float, on_state: Callable[[bool], None] = lambda up: None) -> None:
         self.reactor = reactor
         self.address = address
@@ -149,14 +151,15 @@ class RedisRates(Service):
         self.attempts = 0
         self._protocol: Any = None
         self._connecting: Deferred | None = None
-        self._retry: Any = None
+        self._retry: IDelayedCall | None = None
         self._down_logged = False
         self._errors_logged: set[str] = set()
         self._stopping = False
-        self._factory = Factory.forProtocol(_redis_protocol)  # type: ignore[arg-type]
+        self._factory = Factory.forProtocol(_redis_protocol)
         self._factory.noisy = False
         #: One connection attempt (connect, SELECT, SCRIPT LOAD) gets this long.
         self.connect_timeout_s = max(1.0, timeout_s)
+        self._endpoint: IStreamClientEndpoint
         if _is_ip(address.host):
             self._endpoint = TCP4ClientEndpoint(reactor, address.host, address.port, timeout=self.connect_timeout_s)
         else:  # a name: resolved off the reactor thread by the endpoint
@@ -319,7 +322,7 @@ async def _command(protocol: Any, *args: Any) -> Any:
         raise StoreUnavailable(f"connection lost: {e}") from None
 
 
-def _within(reactor: Any, d: Deferred, seconds: float, what: str) -> Deferred:
+def _within(reactor: IReactorTime, d: Deferred | Coroutine[Any, Any, Any], seconds: float, what: str) -> Deferred:
     """``d``, failed with StoreUnavailable when it has no result within ``seconds``."""
     d = ensureDeferred(d) if not isinstance(d, Deferred) else d
 
@@ -333,7 +336,7 @@ def _reason(failure: Failure) -> str:
     return failure.getErrorMessage()[:200] or failure.type.__name__
 
 
-def make_rates(reactor: Any, config: GatewayConfig, gauge: Any) -> LocalRates | RedisRates:
+def make_rates(reactor: IServiceReactor, config: GatewayConfig, gauge: Any) -> LocalRates | RedisRates:
     """The store of ``rate_limit_store`` (a RedisRates is a service: the caller makes it a child of its tree).
 
     ``gauge`` is ``service_gateway_ratelimit_store_up``: 1 for local buckets; for Redis, 0 until

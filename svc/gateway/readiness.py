@@ -16,14 +16,14 @@ timer's body catches everything: a LoopingCall stops at its first exception.
 
 from __future__ import annotations
 
-from typing import Any
-
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.web.client import readBody
 from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgent
 
 from svc.contract.protocol import READY_PATH
 from svc.gateway.balancer import Balancer
@@ -36,7 +36,8 @@ log = Logger()
 class ReplicaProbe(Service):
     """Probes every replica of the models that have several, reporting to the balancer."""
 
-    def __init__(self, *, clock: Any, agent: Any, catalog: Catalog, balancer: Balancer, interval_s: float) -> None:
+    def __init__(self, *, clock: IReactorTime, agent: IAgent, catalog: Catalog, balancer: Balancer,
+                 interval_s: float) -> None:
         self.clock = clock
         self.agent = agent
         self.balancer = balancer

@@ -14,11 +14,10 @@ the Redis connection, so SIGTERM exits promptly once the replies are out.
 
 from __future__ import annotations
 
-from typing import Any
-
 from twisted.application.internet import TCPServer
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.logger import Logger
+from twisted.web.iweb import IAgent
 
 from svc.auth import Authenticator, AuthSetup, describe
 from svc.contract.protocol import GATEWAY_PROGRAM as PROGRAM
@@ -35,6 +34,7 @@ from svc.gateway.ratestore import RedisRates, make_rates
 from svc.gateway.readiness import ReplicaProbe
 from svc.infra.metrics import GatewayMetrics, new_registry
 from svc.infra.process import ORPHAN_EXIT_S, ListeningMultiService, freeze_heap, supervisor_gone
+from svc.infra.reactors import IServiceReactor
 from svc.web.limits import HttpLimits
 
 log = Logger()
@@ -47,9 +47,9 @@ ORPHAN_DRAIN_S = 0.5
 class GatewayService(ListeningMultiService):
     program = PROGRAM
 
-    def __init__(self, *, reactor: Any, config: GatewayConfig, setup: AuthSetup, catalog: Catalog,
-                 agent: Any = None, listen_fd: int | None = None, ready_fd: int | None = None,
-                 job_secret: str | None = None, peer_agent: Any = None, openapi: dict | None = None) -> None:
+    def __init__(self, *, reactor: IServiceReactor, config: GatewayConfig, setup: AuthSetup, catalog: Catalog,
+                 agent: IAgent | None = None, listen_fd: int | None = None, ready_fd: int | None = None,
+                 job_secret: str | None = None, peer_agent: IAgent | None = None, openapi: dict | None = None) -> None:
         super().__init__()
         self.reactor = reactor
         self.config = config
@@ -100,6 +100,7 @@ class GatewayService(ListeningMultiService):
         )
         self.listen_address = f"{config.host}:{config.port}"
         self.ready_fd = ready_fd
+        self.listener: TCPServer | AdoptedListener
         if listen_fd is None:
             self.listener = TCPServer(config.port, self.site, backlog=config.listen_backlog, interface=config.host)
         else:
@@ -141,7 +142,9 @@ class GatewayService(ListeningMultiService):
     def bound_port(self) -> int:
         """The port accepted on: the configured one, or the kernel's choice for ``--port 0``."""
         if isinstance(self.listener, TCPServer):
-            return self.listener._port.getHost().port
+            port = self.listener._port
+            assert port is not None  # listening (asked once the service started)
+            return port.getHost().port
         return self.config.port
 
     def stopService(self) -> Deferred:

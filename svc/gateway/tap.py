@@ -18,13 +18,17 @@ another token or key, peers without a cluster token or job secret, and a
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from twisted.python import usage
 
 from svc.contract.protocol import GATEWAY_PROGRAM as PROGRAM
 from svc.contract.protocol import HOST_ID_ENV, JOB_SECRET_ENV
 from svc.infra.process import ProgramOptions
+from svc.infra.reactors import IServiceReactor, global_reactor
+
+if TYPE_CHECKING:
+    from twisted.application.service import IService
 
 
 class Options(ProgramOptions):
@@ -54,7 +58,7 @@ class Options(ProgramOptions):
         own_pidfile(self, PROGRAM)
 
 
-def makeService(options: Options, reactor: Any = None) -> Any:
+def makeService(options: Options, reactor: IServiceReactor | None = None) -> IService:
     """The gateway's service, or a refusal (SystemExit, exit 1) before anything listens.
 
     twistd passes ``options`` only; ``reactor`` (default: the global one) lets
@@ -98,7 +102,7 @@ def makeService(options: Options, reactor: Any = None) -> Any:
             raise refuse(PROGRAM, f"--listen-fd {options['listen-fd']}: {e}") from None
 
     if reactor is None:
-        from twisted.internet import reactor
+        reactor = global_reactor()
 
     from svc.config import model_server_configs
     from svc.gateway.service import GatewayService

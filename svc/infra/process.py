@@ -12,12 +12,14 @@ from typing import Any
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.error import CannotListenError
+from twisted.internet.interfaces import IReactorCore, IReactorFromThreads
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python import usage
 from twisted.python.threadpool import ThreadPool
 
 from svc import version_line
+from svc.infra.reactors import IServiceReactor
 
 #: Runs a function somewhere (a thread pool, or inline in unit tests) and
 #: returns a Deferred of its result.
@@ -71,7 +73,7 @@ def refuse(program: str, message: str) -> SystemExit:
     return SystemExit(f"{program}: {message}")
 
 
-def exit_after_shutdown(reactor: Any, program: str, message: str, code: int = 1) -> None:
+def exit_after_shutdown(reactor: IReactorCore, program: str, message: str, code: int = 1) -> None:
     """Log ``message``, stop the reactor cleanly, then exit with ``code``.
 
     For failures found after the reactor started (a model whose weights do
@@ -190,7 +192,7 @@ class ThreadPoolService(Service):
             return
         self.pool.stop()
 
-    def runner(self, reactor: Any) -> Runner:
+    def runner(self, reactor: IReactorFromThreads) -> Runner:
         """Run a function in this pool; fires with its result."""
         pool = self.pool
         return lambda f, *args, **kwargs: deferToThreadPool(reactor, pool, f, *args, **kwargs)
@@ -201,7 +203,7 @@ def inline_runner(f: Callable, *args: Any, **kwargs: Any) -> Deferred:
     return maybeDeferred(f, *args, **kwargs)
 
 
-def exit_zero_on_signals(reactor: Any) -> None:
+def exit_zero_on_signals(reactor: IServiceReactor) -> None:
     """Make SIGTERM and SIGINT a clean stop that exits 0.
 
     twistd and twist re-raise the stopping signal after a clean shutdown, so

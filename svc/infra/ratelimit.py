@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Any
+
+from twisted.internet.interfaces import IReactorTime
 
 
 class TokenBucket:
@@ -40,7 +41,7 @@ def retry_after_header(seconds: float) -> str:
 class KeyedLimiter:
     """One bucket per key (API key name, client IP); 0 rate means unlimited."""
 
-    def __init__(self, clock: Any, rate: float, burst: float | None = None, max_keys: int = 100_000) -> None:
+    def __init__(self, clock: IReactorTime, rate: float, burst: float | None = None, max_keys: int = 100_000) -> None:
         self.clock = clock
         self.rate = rate
         self.burst = burst if burst is not None else max(1.0, rate)

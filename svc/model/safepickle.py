@@ -43,8 +43,8 @@ import io
 import pickle
 import zipfile
 from collections import OrderedDict
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
 
 #: Globals every load accepts: data constructors only (see the module docstring).
 BASE_GLOBALS: frozenset[str] = frozenset(
@@ -119,9 +119,9 @@ def _torch_globals() -> dict[str, Any]:
         warnings.simplefilter("ignore")
         for name, value in vars(torch).items():
             if name.endswith("Storage") and isinstance(value, type) and name != "UntypedStorage":
-                dtype = getattr(value, "dtype", None)
-                if isinstance(dtype, torch.dtype):
-                    found[f"torch.{name}"] = _StorageType(dtype)
+                storage_dtype = getattr(value, "dtype", None)
+                if isinstance(storage_dtype, torch.dtype):
+                    found[f"torch.{name}"] = _StorageType(storage_dtype)
     return found
 
 
@@ -145,7 +145,10 @@ class RestrictedUnpickler(pickle._Unpickler):
     small (the tensors are separate records of the archive).
     """
 
-    dispatch = dict(pickle._Unpickler.dispatch)
+    # typeshed types the pure unpickler's (undocumented) handlers as taking the C Unpickler, and declares
+    # neither its stack nor its load_* methods: the annotations here and the ignores below are for that stub.
+    dispatch: ClassVar[dict[int, Callable[[Any], None]]] = dict(pickle._Unpickler.dispatch)
+    stack: list[Any]
 
     def __init__(
         self,
@@ -195,15 +198,15 @@ class RestrictedUnpickler(pickle._Unpickler):
 
     def load_reduce(self) -> None:
         self._callable(self.stack[-2], "REDUCE")
-        super().load_reduce()
+        super().load_reduce()  # type: ignore[misc]
 
     def load_newobj(self) -> None:
         self._callable(self.stack[-2], "NEWOBJ")
-        super().load_newobj()
+        super().load_newobj()  # type: ignore[misc]
 
     def load_newobj_ex(self) -> None:
         self._callable(self.stack[-3], "NEWOBJ_EX")
-        super().load_newobj_ex()
+        super().load_newobj_ex()  # type: ignore[misc]
 
     def load_obj(self) -> None:
         raise pickle.UnpicklingError("refused OBJ: protocol 1 instances are not read")
@@ -214,7 +217,7 @@ class RestrictedUnpickler(pickle._Unpickler):
         target = self.stack[-2]
         if isinstance(target, type) or not isinstance(target, torch.nn.Module):
             raise pickle.UnpicklingError(f"refused BUILD of a {type(target).__name__}: only module instances take state")
-        super().load_build()
+        super().load_build()  # type: ignore[misc]
 
     dispatch[pickle.REDUCE[0]] = load_reduce
     dispatch[pickle.NEWOBJ[0]] = load_newobj

@@ -180,7 +180,7 @@ def read_state_dict(path: str) -> dict:
         if path.endswith(".safetensors"):
             from safetensors.torch import load_file
 
-            state = load_file(path, device="cpu")
+            state: Any = load_file(path, device="cpu")  # a state dict, checked below
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any reader error is a bad file

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from klein import Klein
+from twisted.internet.interfaces import IReactorTime
 
 from svc.contract import status as st
 from svc.contract.envelope import ModelIdentity, new_task_id, rejection, result_envelope
@@ -44,11 +45,12 @@ class ModelServerApp(routes.JsonApp):
     """Routes of one model server; ``resource()`` is served by a JsonSite."""
 
     app = Klein()
+    configured: routes.ConfiguredRoutes
 
     def __init__(
         self,
         *,
-        clock: Any,
+        clock: IReactorTime,
         config: Any,
         inference: Any,
         metrics: Any,

@@ -30,6 +30,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 from twisted.internet.defer import Deferred, maybeDeferred, succeed
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from svc.contract import status as st
@@ -114,7 +115,7 @@ class BatchQueue:
 
     def __init__(
         self,
-        clock: Any,
+        clock: IReactorTime,
         run_batch: RunBatch,
         *,
         workers: int = 1,

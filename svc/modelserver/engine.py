@@ -24,6 +24,7 @@ import traceback
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from zope.interface.verify import verifyObject
 
@@ -69,7 +70,7 @@ class Engine:
         default_params: dict | None = None,
         default_options: dict | None = None,
         worker_nice: int = 0,
-        clock: Any = None,
+        clock: IReactorTime | None = None,
         optimize: str = "eager",
         workers: int = 1,
     ) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.interfaces import IReactorTime
 
 from svc.contract import status as st
 from svc.contract.envelope import TIMED_OUT, ItemResult
@@ -41,7 +42,7 @@ class Inference:
     def __init__(
         self,
         *,
-        clock: Any,
+        clock: IReactorTime,
         engine: Engine,
         validator: RequestValidator,
         queue: BatchQueue,
@@ -138,7 +139,11 @@ class Inference:
     def lazy_items(self, request: InferenceRequest) -> list[LazyInput]:
         """The items as inputs that the worker decodes (``decode_in_worker``)."""
         params = request.params
-        return [LazyInput(lambda raw=raw: self.decode_item(raw, params)) for raw in request.images]
+
+        def make(raw: str | bytes) -> Callable[[], Any]:
+            return lambda: self.decode_item(raw, params)
+
+        return [LazyInput(make(raw)) for raw in request.images]
 
 
 class _Run:

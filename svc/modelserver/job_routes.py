@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from klein import Klein
+from twisted.internet.interfaces import IReactorTime
 
 from svc.contract import status as st
 from svc.contract.envelope import ModelIdentity, rejection
@@ -77,7 +78,7 @@ class JobRoutes:
         self,
         jobs: JobTable,
         *,
-        clock: Any,
+        clock: IReactorTime,
         identity: Callable[[], ModelIdentity],
         task_id: Callable[[Any], str],
         authenticate: Callable[..., None],
@@ -151,7 +152,7 @@ class JobRoutes:
             job = self.jobs.submit(parsed)
         except AsyncQueueFull as e:
             return self.job_error(request, st.RATE_LIMITED, str(e), headers={"Retry-After": str(e.retry_after)})
-        body = {"job_id": job.id, "state": job.state, **job_urls(job.id), "task_id": job.task_id,
+        body: dict[str, Any] = {"job_id": job.id, "state": job.state, **job_urls(job.id), "task_id": job.task_id,
                 "model": self.identity().to_json()}
         return self.reply(request, 202, body, job, {"Location": body["poll_url"]})
 
@@ -179,5 +180,6 @@ class JobRoutes:
         if job.state != DONE:
             reason = f" ({job.error})" if job.error else ""
             return self.job_error(request, st.JOB_NOT_DONE, f"job is {job.state}: no result{reason}", job)
+        assert job.result is not None  # a done job holds its result
         code, body = job.result
         return self.reply_encoded(request, code, body, job)

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from svc.contract import jobid
@@ -36,6 +37,7 @@ from svc.contract import status as st
 from svc.contract.envelope import ItemResult, ModelIdentity, outcome, result_envelope
 from svc.contract.jobs import DONE, FAILED, PENDING, RUNNING, TERMINAL, TIMEOUT
 from svc.contract.request import InferenceRequest
+from svc.infra.reactors import cancelling
 from svc.modelserver.progress import JobProgress
 
 log = Logger()
@@ -86,7 +88,7 @@ class JobTable:
 
     def __init__(
         self,
-        clock: Any,
+        clock: IReactorTime,
         run: RunJob,
         model: Callable[[], ModelIdentity],
         *,
@@ -177,6 +179,7 @@ class JobTable:
 
     def _ran(self, job: Job, results: list[ItemResult]) -> None:
         if any(r.status is st.RUN_TIMEOUT for r in results):
+            assert self.timeout is not None  # only a job with a deadline (async_timeout) runs out of time
             self.finish(job, TIMEOUT, error=f"async_timeout of {self.timeout * 1000:.0f} ms elapsed before the job finished")
             return
         top, _ = outcome(results)
@@ -237,7 +240,7 @@ class JobTable:
             d.callback(job)
             return d
         timer = self.clock.callLater(budget, self._wake, job, d)
-        d.addBoth(lambda r: (timer.cancel() if timer.active() else None, r)[1])
+        d.addBoth(cancelling(timer))
         job.waiters.append(d)
         return d
 

@@ -15,7 +15,8 @@ atomic in CPython, and takes no lock.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+
+from twisted.internet.interfaces import IReactorTime
 
 #: Writes closer together than this are dropped (the last step is always written).
 MIN_INTERVAL_S = 0.1
@@ -47,7 +48,8 @@ class BatchProgress:
     past ``steps`` is shown as ``steps``.
     """
 
-    def __init__(self, clock: Any, targets: Iterable[JobProgress], min_interval: float = MIN_INTERVAL_S) -> None:
+    def __init__(self, clock: IReactorTime, targets: Iterable[JobProgress],
+                 min_interval: float = MIN_INTERVAL_S) -> None:
         self.clock = clock
         self.targets = tuple({id(t): t for t in targets}.values())
         self.min_interval = min_interval

@@ -45,6 +45,7 @@ from svc.infra.process import (
     start_watchdog,
     supervisor_gone,
 )
+from svc.infra.reactors import IServiceReactor
 from svc.model.api import IModelFactory
 from svc.model.weights import MODEL_PLACEHOLDER, WeightsError, weights_kind
 from svc.modelserver.app import ModelServerApp
@@ -76,8 +77,8 @@ SHUT_DOWN = ItemResult(st.NOT_READY, None, "the server shut down before this ite
 class ModelServerService(ListeningMultiService):
     """One model server: everything hangs off this service."""
 
-    def __init__(self, *, reactor: Any, config: Any, factory: IModelFactory, model_config: dict, device: str,
-                 auth_token: str | None, run_worker: Runner | None = None, run_decode: Runner | None = None,
+    def __init__(self, *, reactor: IServiceReactor, config: Any, factory: IModelFactory, model_config: dict,
+                 device: str, auth_token: str | None, run_worker: Runner | None = None, run_decode: Runner | None = None,
                  job_owner: JobOwner | None = None, job_secret: str | None = None) -> None:
         """``run_worker``/``run_decode``: None runs batches and decoding in the pools (tests pass their own).
 
@@ -173,8 +174,10 @@ class ModelServerService(ListeningMultiService):
 
     def startService(self) -> None:
         super().startService()
+        port = self.listener._port
+        assert port is not None  # listening: the TCPServer child started above
         log.info("{id}: listening on 127.0.0.1:{port}; loading the model on {device}; images decoded {where}",
-                 id=self.config.id, port=self.listener._port.getHost().port, device=self.device,  # the bound one
+                 id=self.config.id, port=port.getHost().port, device=self.device,  # the bound one
                  where="in the inference thread" if self.inference.decode_in_worker else "in the decode pool")
         self.engine.on_phase = self._phase
         d = self.engine.load(self.config.max_batch_size)
@@ -231,7 +234,7 @@ class ModelServerService(ListeningMultiService):
         except Exception:  # noqa: BLE001 - MultiService would swallow it; the stop goes on
             log.failure("{id}: draining failed", id=self.config.id)
         await super().stopService()
-        abandoned = [p.name for p in (self.workers, self.decode) if p.abandoned]
+        abandoned = [str(p.name) for p in (self.workers, self.decode) if p.abandoned]
         if abandoned:
             log.warn("{id}: {pools} still running: exiting without waiting for them",
                      id=self.config.id, pools=" and ".join(abandoned))

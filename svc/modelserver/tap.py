@@ -9,7 +9,7 @@ missing weights file.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 from twisted.python import usage
@@ -19,6 +19,10 @@ from svc.contract.protocol import CPU_SHARE_ENV
 from svc.contract.protocol import MODEL_PROGRAM as PROGRAM
 from svc.contract.protocol import MODEL_TOKEN_ENV as AUTH_ENV
 from svc.infra.process import ProgramOptions
+from svc.infra.reactors import IServiceReactor, global_reactor
+
+if TYPE_CHECKING:
+    from twisted.application.service import IService
 
 log = Logger()
 
@@ -117,7 +121,7 @@ def prepare_torch(config: Any, share: int = 1) -> str:
         raise refuse(PROGRAM, f"{config.path}: backend.optimize: {e}") from None
 
 
-def makeService(options: Options, reactor: Any = None) -> Any:
+def makeService(options: Options, reactor: IServiceReactor | None = None) -> IService:
     """The model server's service, or a refusal (SystemExit, exit 1) before the reactor runs.
 
     twistd passes ``options`` only; ``reactor`` (default: the global one) lets
@@ -159,7 +163,7 @@ def makeService(options: Options, reactor: Any = None) -> Any:
         raise refuse(PROGRAM, str(e)) from None
 
     if reactor is None:
-        from twisted.internet import reactor
+        reactor = global_reactor()
 
     device = prepare_torch(config, share)
 

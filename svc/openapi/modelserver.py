@@ -29,7 +29,7 @@ def model_server_document(config: ModelServerConfig, factory: Any, table: dict |
         "Needs `Authorization: Bearer <SERVICE_AUTH_TOKEN>` when the process has a token "
         "(authentication comes before the per-client rate limit)."
     )
-    simple = {"security": [], "responses": {}}
+    simple: dict[str, Any] = {"security": [], "responses": {}}
     paths: dict[str, Any] = {
         HEALTH_PATH: {
             "get": {

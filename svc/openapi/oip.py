@@ -176,7 +176,7 @@ def oip_paths(config: ModelServerConfig, factory: Any) -> dict:
                            "OipModelMetadata", "404", "502", "503", parameters=params)
         paths[path + "/ready"] = _get(f"oip_model_ready_{mid}{suffix}", f"200 when {mid} is ready, else 503.",
                                       "OipModelReady", "404", "502", "503", parameters=params)
-        infer = {
+        infer: dict[str, Any] = {
             "operationId": f"oip_infer_{mid}{suffix}",
             "summary": f"Inference with {mid} (Open Inference Protocol).",
             "description": BINARY + " " + FAILURES,

@@ -181,7 +181,7 @@ def _build(module: Any, example: tuple, example_of: Any, batch: int, batched: bo
         return None, example
     try:
         program = _export(module, example, torch.export.Dim("batch", min=1, max=max_batch(batch)))
-        batches = [1, max_batch(batch)]
+        batches: list[int] | None = [1, max_batch(batch)]
     except (ConstraintViolationError, torch._dynamo.exc.UserError):
         program = _export(module, example, torch.export.Dim.AUTO)  # export finds the range the code allows
         batches = _batch_range(program, max_batch(batch))

@@ -68,10 +68,10 @@ def apply_mode(target: OptimizationTarget, mode: Mode, device: str, batch_size: 
             with inference_context():
                 return target.example_inputs(n)
 
-        inner = converted(module, made, batch_size, target.batched, mode.runtime, mode.has("bf16"), target.name,
-                          compiled_dir())
+        runtime_module = converted(module, made, batch_size, target.batched, mode.runtime, mode.has("bf16"),
+                                   target.name, compiled_dir())
         shapes = None if target.batched else [tuple(v.shape) if hasattr(v, "shape") else None for v in made(batch_size)]
-        return StandIn(module, inner, channels_last=False, shapes=shapes)
+        return StandIn(module, runtime_module, channels_last=False, shapes=shapes)
     inner: Any = module
     if mode.autocast:
         inner = CallModule(inner, autocast=(torch.device(device).type, getattr(torch, mode.autocast)))

@@ -15,6 +15,7 @@ anything (``svc.model.torchenv.configure_compile_cache`` calls it at startup).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 from svc.infra.userdirs import configured_dir
@@ -23,12 +24,12 @@ STATE_DIR_ENV = "SERVICE_STATE_DIR"
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
-def state_dir(env: dict[str, str] | None = None) -> Path:
+def state_dir(env: Mapping[str, str] | None = None) -> Path:
     """The service's state directory (not created here)."""
     return configured_dir(STATE_DIR_ENV, "state", env)
 
 
-def inductor_cache_dir(env: dict[str, str] | None = None) -> Path:
+def inductor_cache_dir(env: Mapping[str, str] | None = None) -> Path:
     """Where inductor caches compiled graphs and kernels: ``TORCHINDUCTOR_CACHE_DIR``, else ``<state>/inductor``."""
     env = os.environ if env is None else env
     if env.get(INDUCTOR_CACHE_ENV):
@@ -36,7 +37,7 @@ def inductor_cache_dir(env: dict[str, str] | None = None) -> Path:
     return state_dir(env) / "inductor"
 
 
-def use_inductor_cache(env: dict[str, str] | None = None) -> Path:
+def use_inductor_cache(env: MutableMapping[str, str] | None = None) -> Path:
     """Point inductor at :func:`inductor_cache_dir` (sets the variable in ``env``); the directory."""
     env = os.environ if env is None else env
     path = inductor_cache_dir(env)

@@ -11,17 +11,16 @@ States (docs/contract.md names them; the transitions are ours)::
     starting|running --stop--> stopping --exit--> stopped  (TERM to the group, KILL after the grace)
     (a child that cannot be spawned at all, or is refused by the supervisor: failed)
 
-``running`` carries a ``ready`` flag from the child's readiness route, probed
-every ``probe_running`` seconds.  A new process is spawned only after the old
-one has exited, so a port is never reused too early; how a process is
-spawned and signalled (its own process group) is :mod:`svc.supervisor.spawn`.
+``running`` carries a ``ready`` flag from the child's readiness route, probed every
+``probe_running`` seconds.  A new process is spawned only after the old one has exited, so a port
+is never reused too early; how a process is spawned and signalled (its own process group) is
+:mod:`svc.supervisor.spawn`.
 
-A port that is busy when a child is to be spawned (an orphan of a previous
-supervisor still exiting, another program) keeps the child ``starting``
-with no pid and ``last_error`` saying why; it is tried again on the back-off
-schedule until ``port_wait`` is used up (:mod:`svc.supervisor.backoff`, which
-also holds the crash-loop limit).  A child that exits 1 before it was ever
-ready saying "Address already in use" (it lost a race for the port) is
+A port that is busy when a child is to be spawned (an orphan of a previous supervisor still
+exiting, another program) keeps the child ``starting`` with no pid and ``last_error`` saying why;
+it is tried again on the back-off schedule until ``port_wait`` is used up
+(:mod:`svc.supervisor.backoff`, which also holds the crash-loop limit).  A child that exits 1
+before it was ever ready saying "Address already in use" (it lost a race for the port) is
 treated the same way.
 
 Everything runs on an injected reactor (``spawnProcess``, ``callLater``, ``seconds``) with an
@@ -37,8 +36,10 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ProcessDone
+from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 
+from svc.infra.reactors import IServiceReactor, cancelling
 from svc.supervisor import spawn
 from svc.supervisor.backoff import Backoff, Timing
 from svc.supervisor.logsink import LogSink
@@ -47,8 +48,7 @@ from svc.supervisor.spawn import ChildProtocol
 log = Logger()
 
 STOPPED, STARTING, RUNNING, STOPPING, BACKOFF, FAILED, START_FAILED = (
-    "stopped", "starting", "running", "stopping", "backoff", "failed", "start_failed",
-)
+    "stopped", "starting", "running", "stopping", "backoff", "failed", "start_failed")
 STATES = (STOPPED, STARTING, RUNNING, STOPPING, BACKOFF, FAILED, START_FAILED)
 
 
@@ -79,7 +79,7 @@ class Child:
         self,
         spec: ChildSpec,
         *,
-        reactor: Any,
+        reactor: IServiceReactor,
         probe: Callable[[int, str], Deferred],
         logs: LogSink,
         timing: Timing = Timing(),
@@ -103,8 +103,8 @@ class Child:
         self.phase: str | None = None  # what a starting child says it does (its /ready's 503 reason)
         self._protocol: ChildProtocol | None = None
         self.backoff = Backoff(timing)
-        self._timer: Any = None  # backoff restart or probe
-        self._kill_timer: Any = None
+        self._timer: IDelayedCall | None = None  # backoff restart or probe
+        self._kill_timer: IDelayedCall | None = None
         self._probing = False
         self._ready_waiters: list[Deferred] = []
         self._exit_waiters: list[Deferred] = []
@@ -343,7 +343,7 @@ class Child:
         d: Deferred = Deferred()
         self._ready_waiters.append(d)
         timer = self.reactor.callLater(self.timing.start_timeout, self._start_timed_out, d)
-        d.addBoth(lambda r: (timer.cancel() if timer.active() else None, r)[1])
+        d.addBoth(cancelling(timer))
         return d
 
     def _start_timed_out(self, d: Deferred) -> None:
@@ -386,15 +386,15 @@ class Child:
     def snapshot(self) -> dict[str, Any]:
         """What /api/v1/status shows of this child."""
         now = self.reactor.seconds()
-        up = self.state in (STARTING, RUNNING) and self.started_at is not None
+        started = self.started_at if self.state in (STARTING, RUNNING) else None
         return {
             "state": self.state,
             "ready": self.ready,
             "pid": self.pid,
             "restarts": self.restarts,
-            "uptime_s": round(now - self.started_at, 1) if up else None,
+            "uptime_s": round(now - started, 1) if started is not None else None,
             "last_error": self.last_error,
             "last_exit": self.last_exit,
             "policy": self.spec.policy,
-            "phase": self.phase if up and not self.ready else None,
+            "phase": self.phase if started is not None and not self.ready else None,
         }

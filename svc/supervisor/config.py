@@ -59,9 +59,10 @@ class SupervisorConfig:
     body_timeout_ms: int = base.body_timeout_setting()
     max_connections: int = base.max_connections_setting(128, "503 {ok: false, error}")
     listen_backlog: int = base.listen_backlog_setting()
-    servers: dict  # catalog id -> ServerSettings, for the ids that have a [servers.<ID>] table
-    gateway_host: str
-    gateway_port: int
+    # setting() fields have no dataclass default: mypy takes each call for one (the ignores below).
+    servers: dict  # type: ignore[misc]  # catalog id -> ServerSettings, for the ids that have a [servers.<ID>] table
+    gateway_host: str  # type: ignore[misc]
+    gateway_port: int  # type: ignore[misc]
     gateway_listen_backlog: int = 1024
     gateway_probe_interval_ms: int = 1000
     cluster: ClusterConfig = field(default_factory=ClusterConfig.single_host)

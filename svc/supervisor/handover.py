@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.interfaces import IDelayedCall
 
 from svc.auth import bind_problem
 from svc.supervisor.child import BACKOFF, FAILED, RUNNING, START_FAILED, STARTING, STOPPED, Child, ChildError, ChildSpec
@@ -112,7 +113,7 @@ class _Handover:
     protocol: _GatewayProtocol
     pid: int
     done: Deferred
-    timer: Any
+    timer: IDelayedCall
 
 
 @dataclass
@@ -120,7 +121,7 @@ class _Retiring:
     """An old gateway process after SIGTERM: ``closed`` fires when it accepts no more."""
 
     pid: int
-    kill_timer: Any
+    kill_timer: IDelayedCall
     closed: list[Deferred]
 
 

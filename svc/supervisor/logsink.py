@@ -20,6 +20,7 @@ import os
 from collections import deque
 from typing import Any
 
+from twisted.internet.interfaces import IReactorTime
 from twisted.python.logfile import LogFile
 
 #: Lines wait at most this long (seconds) before they are written to the file...
@@ -50,7 +51,7 @@ class LogSink:
         name: str,
         directory: str | None,
         *,
-        clock: Any,
+        clock: IReactorTime,
         max_bytes: int,
         backups: int,
         ring_lines: int,
@@ -142,7 +143,7 @@ class LogSink:
         if offset is None:
             offset = max(first, self.next_seq - limit)
         start = max(offset, first)
-        lines = [
+        lines: list[dict[str, Any]] = [
             {"seq": seq, "time": round(ts, 3), "stream": stream, "line": text}
             for seq, ts, stream, text in self.ring
             if seq >= start

@@ -56,6 +56,7 @@ from svc.contract.protocol import (
     UPSTREAM_TOKENS_ENV,
 )
 from svc.infra.process import SUPERVISOR_PID_ENV
+from svc.infra.reactors import IServiceReactor
 from svc.infra.replicas import LayoutError, encode, find_clash, replica_name, replica_ports
 from svc.supervisor.backoff import Timing
 from svc.supervisor.child import STARTING, Child, ChildError, ChildSpec
@@ -92,7 +93,7 @@ class ChildManager:
     def __init__(
         self,
         *,
-        reactor: Any,
+        reactor: IServiceReactor,
         config: SupervisorConfig,
         profile: Profile,
         probe: Callable[[int, str], Deferred],

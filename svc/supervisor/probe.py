@@ -18,6 +18,7 @@ from typing import Any
 
 from treq.client import HTTPClient
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 from twisted.web.client import Agent
 
 from svc.web.client import QuietConnectionPool
@@ -50,7 +51,7 @@ def _reason(body: bytes) -> str | None:
 class HttpProbe:
     """Readiness probe (``probe(port, path)`` -> Deferred[Probed]) and a small GET client (:meth:`fetch`)."""
 
-    def __init__(self, reactor: Any, timeout: float = 2.0, hosts: dict[int, str] | None = None) -> None:
+    def __init__(self, reactor: IReactorTime, timeout: float = 2.0, hosts: dict[int, str] | None = None) -> None:
         self.reactor = reactor
         self.timeout = timeout
         self.hosts = hosts or {}
@@ -60,7 +61,8 @@ class HttpProbe:
     def __call__(self, port: int, path: str) -> Deferred:
         """Fires with a :class:`Probed`: whether the reply was 200, and a 503's reason (what a loading model
         server is doing: ``the model is loading: measuring mode 2 of 4 (compile)``)."""
-        d = self.client.get(self.url(port, path), headers={"User-Agent": SUPERVISOR_USER_AGENT})
+        probe_headers: dict[bytes | str, bytes | str] = {"User-Agent": SUPERVISOR_USER_AGENT}
+        d = self.client.get(self.url(port, path), headers=probe_headers)
         d.addCallback(lambda response: response.content().addCallback(lambda body: Probed(response.code == 200,
                                                                                           _reason(body))))
         d.addTimeout(self.timeout, self.reactor)
@@ -77,7 +79,7 @@ class HttpProbe:
         None rather than a failure: a scrape that fails leaves a gap in the
         series, and callers need no errback.
         """
-        headers = {"User-Agent": SUPERVISOR_USER_AGENT}
+        headers: dict[bytes | str, bytes | str] = {"User-Agent": SUPERVISOR_USER_AGENT}
         if token:
             headers["Authorization"] = f"Bearer {token}"
         d = self.client.get(self.url(port, path), headers=headers)

@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred, fail
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 
 from svc.supervisor.child import (
@@ -47,7 +48,7 @@ ACTIVE = (STARTING, RUNNING, STOPPING)
 class ReplicaSet:
     """The replicas of one catalog model, in index order."""
 
-    def __init__(self, model_id: str, children: list[Child], *, reactor: Any, settle: float = 0.0) -> None:
+    def __init__(self, model_id: str, children: list[Child], *, reactor: IReactorTime, settle: float = 0.0) -> None:
         if not children:
             raise ValueError(f"{model_id}: a model has at least one replica")
         self.id = model_id

@@ -27,6 +27,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
@@ -186,8 +187,7 @@ def one_bucket(cumulative: dict[float, float]) -> bool:
     bounds = sorted(cumulative)
     if not bounds or cumulative[bounds[-1]] <= 0:
         return False
-    counts = [cumulative[le] - (cumulative[prev] if i else 0.0) for i, (prev, le) in
-              enumerate(zip([None, *bounds], bounds))]
+    counts = [cumulative[le] - (cumulative[bounds[i - 1]] if i else 0.0) for i, le in enumerate(bounds)]
     return sum(1 for c in counts if c > 0) == 1
 
 
@@ -245,9 +245,9 @@ class SeriesCollector:
     maps a child's name to the Bearer its ``/metrics`` needs.
     """
 
-    def __init__(self, *, reactor: Any, children: Callable[[], dict[str, Any]], tokens: Callable[[str], str | None],
-                 fetch: Callable[[int, str, str | None], Deferred], gateway: str, interval: float = INTERVAL_S,
-                 window: float = WINDOW_S) -> None:
+    def __init__(self, *, reactor: IReactorTime, children: Callable[[], dict[str, Any]],
+                 tokens: Callable[[str], str | None], fetch: Callable[[int, str, str | None], Deferred],
+                 gateway: str, interval: float = INTERVAL_S, window: float = WINDOW_S) -> None:
         self.reactor = reactor
         self.children = children
         self.tokens = tokens

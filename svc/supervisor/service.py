@@ -9,7 +9,6 @@ no child is left behind.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from twisted.application.internet import TCPServer
 from twisted.internet.defer import Deferred, ensureDeferred
@@ -18,6 +17,7 @@ from twisted.logger import Logger
 from svc.contract.protocol import SUPERVISOR_PROGRAM as PROGRAM
 from svc.infra.metrics import HttpMetrics, new_registry
 from svc.infra.process import ListeningMultiService, freeze_heap
+from svc.infra.reactors import IServiceReactor
 from svc.supervisor.api import ManagementApi
 from svc.supervisor.manager import GATEWAY, ChildManager
 from svc.supervisor.metrics import ChildCollector
@@ -31,8 +31,8 @@ log = Logger()
 class SupervisorService(ListeningMultiService):
     program = PROGRAM
 
-    def __init__(self, *, reactor: Any, manager: ChildManager, token: str, host: str, port: int, ui_dir: str,
-                 fetch: Callable[[int, str, str | None], Deferred], limits: HttpLimits | None = None) -> None:
+    def __init__(self, *, reactor: IServiceReactor, manager: ChildManager, token: str, host: str, port: int,
+                 ui_dir: str, fetch: Callable[[int, str, str | None], Deferred], limits: HttpLimits | None = None) -> None:
         super().__init__()
         self.reactor = reactor
         self.manager = manager

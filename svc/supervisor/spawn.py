@@ -68,6 +68,8 @@ class Watcher(Protocol):
 class ChildProtocol(ProcessProtocol):
     """One child process: stdout and stderr to its log sink, its end to the child."""
 
+    pid: int | None  # the process's, set once spawned (svc.supervisor.handover)
+
     def __init__(self, child: Watcher) -> None:
         self.child = child
 

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
 from svc.contract.protocol import SUPERVISOR_PROGRAM as PROGRAM
 from svc.infra.process import ProgramOptions
+from svc.infra.reactors import IServiceReactor, global_reactor
+
+if TYPE_CHECKING:
+    from twisted.application.service import IService
 
 
 def ui_dir() -> str:
@@ -61,7 +65,7 @@ def check_bind(host: str, env: dict[str, str]) -> str | None:
     return bind_problem(host, env, "the management API")
 
 
-def makeService(options: Options, reactor: Any = None) -> Any:
+def makeService(options: Options, reactor: IServiceReactor | None = None) -> IService:
     """The supervisor's service, or a refusal (SystemExit, exit 1) before anything listens or is spawned.
 
     twistd passes ``options`` only; ``reactor`` (default: the global one) lets
@@ -96,7 +100,7 @@ def makeService(options: Options, reactor: Any = None) -> Any:
         raise refuse(PROGRAM, refusal)
 
     if reactor is None:
-        from twisted.internet import reactor
+        reactor = global_reactor()
 
     from svc.model.api import factories
     from svc.supervisor.manager import ChildManager

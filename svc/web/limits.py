@@ -37,14 +37,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from io import BytesIO
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from twisted.internet.interfaces import IDelayedCall, ITCPTransport
+from twisted.internet.protocol import connectionDone
+from twisted.python.failure import Failure
 from twisted.web import server
 from twisted.web.http import HTTPChannel
 
 from svc.contract import status as st
 from svc.contract.errors import ApiError
 from svc.web.replies import header, raw_reply, reason
+
+if TYPE_CHECKING:
+    from svc.web.site import JsonSite
 
 #: How long a refused upload may keep sending after its 413 before we close.
 LINGER_SECONDS = 5.0
@@ -96,17 +102,14 @@ class HttpLimits:
 
 
 class LimitedRequest(server.Request):
-    """A request whose body is held in memory up to the site's limit, and must arrive within its deadline.
+    """A request whose body is held in memory up to its site's limit, and must arrive within its deadline."""
 
-    The site provides ``max_body_bytes``, ``body_timeout_s``,
-    ``oversize_reply(request) -> (code, headers, body)`` and
-    ``limit_reply(request, error, method)``.
-    """
-
+    channel: LimitedChannel  # its site: the limits, the 413 and the 408 (svc.web.site.JsonSite)
+    content: BytesIO  # type: ignore[assignment]  # twisted.web declares it None, its class default
     _refused = False
     _received = 0
-    _linger = None
-    _body_deadline: Any = None
+    _linger: IDelayedCall | None = None
+    _body_deadline: IDelayedCall | None = None
     started: float | None = None
 
     def setResponseCode(self, code: int, message: bytes | None = None) -> None:
@@ -199,23 +202,19 @@ def head_too_large(request_line: bool, limit: int) -> ApiError:
 
 
 class LimitedChannel(HTTPChannel):
-    """An HTTPChannel with a header deadline, a connection cap, head limits and pipelining backpressure.
+    """An HTTPChannel with a header deadline, a connection cap, head limits and pipelining backpressure."""
 
-    The site provides ``max_connections``, ``header_timeout_s``,
-    ``busy_reply() -> (code, headers, body)``, ``limit_reply(request,
-    error) -> (code, headers, body)`` and ``reactor``; it counts its served
-    connections in ``open_connections``.
-    """
-
+    site: JsonSite  # set by the site that builds it: the limits, the 503, 414 and 431, the connections counted
+    transport: ITCPTransport  # TCP (the listener's or an adopted one's); it has `disconnecting`, undeclared there
     _refused = False  # answered already (503 past max_connections, 414, 431): the rest is read and dropped
     _head_lines = 0  # lines of the current request's head received so far
     _counted = False
-    _header_deadline: Any = None
+    _header_deadline: IDelayedCall | None = None
     _between_requests = False  # the next byte starts a request (and its header deadline)
     _held = False  # replies unsent or burst used up: pipelined requests wait
     _burst = 0
-    _release_call: Any = None
-    _linger: Any = None
+    _release_call: IDelayedCall | None = None
+    _linger: IDelayedCall | None = None
 
     def connectionMade(self) -> None:
         site = self.site
@@ -279,8 +278,9 @@ class LimitedChannel(HTTPChannel):
         self.persistent = False
         self.loseConnection()
         if self.abortTimeout is not None:
-            # A client that does not read either would keep the connection.
-            self._abortingCall = site.reactor.callLater(self.abortTimeout, self.forceAbortClient)
+            # A client that does not read either would keep the connection. (twisted declares the attribute None.)
+            self._abortingCall = site.reactor.callLater(  # type: ignore[assignment]
+                self.abortTimeout, self.forceAbortClient)
 
     def dataReceived(self, data: bytes) -> None:
         if self._refused:
@@ -375,7 +375,7 @@ class LimitedChannel(HTTPChannel):
     def _release(self) -> None:
         """Go on with the buffered pipelined requests once the replies were sent."""
         self._release_call = None
-        if not self._held or self._waitingForTransport or self.transport.disconnecting:
+        if not self._held or self._waitingForTransport or self.transport.disconnecting:  # type: ignore[attr-defined]
             return
         self._held = False
         self._burst = 0
@@ -386,7 +386,7 @@ class LimitedChannel(HTTPChannel):
         self._dataBuffer = []
         self.setLineMode(data)
 
-    def connectionLost(self, reason: Any) -> None:
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._stop_header_deadline()
         for call in (self._release_call, self._linger):
             if call is not None and call.active():

@@ -276,7 +276,7 @@ class JsonApp:
         cache = self.__dict__.get("_request_counters")
         if cache is None or cache[0] is not self.metrics:
             cache = self.__dict__["_request_counters"] = (self.metrics, {})
-        counters = cache[1]
+        counters: dict[tuple[Any, ...], Any] = cache[1]
         key = (route, method, code, *extra)
         counter = counters.get(key)
         if counter is None:

@@ -11,9 +11,10 @@ in ``service_http_requests_total`` (routes ``ready``, ``healthz``, ``metrics``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 from twisted.internet import reactor as _default_reactor
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web import server
 
@@ -87,7 +88,9 @@ class JsonSite(server.Site):
     limit before any route saw it (414 and 431 for a head too large).
     """
 
-    protocol = LimitedChannel  # HTTP/1.1 only: the processes speak plain HTTP, never HTTP/2
+    # HTTP/1.1 only: the processes speak plain HTTP, never HTTP/2. twisted.web types the attribute as its own
+    # HTTP/1.1-or-2 channel factory, though any channel class serves.
+    protocol = LimitedChannel  # type: ignore[assignment]
 
     def __init__(
         self,
@@ -98,7 +101,7 @@ class JsonSite(server.Site):
         busy_reply: Callable[[], tuple[int, dict[str, str], bytes]],
         limits: HttpLimits,
         timeout: float | None = None,
-        reactor: Any = None,
+        reactor: IReactorTime | None = None,
         on_logged: Callable[[Any], None] | None = None,
         limit_reply: Callable[..., tuple[int, dict[str, str], bytes]] = plain_limit_reply,
     ) -> None:
@@ -122,8 +125,8 @@ class JsonSite(server.Site):
         self._last_limit_warning: float | None = None
 
     @classmethod
-    def for_app(cls, app: SiteApp, resource: Any, *, max_body_bytes: int, limits: HttpLimits, reactor: Any,
-                timeout: float | None = None) -> "JsonSite":
+    def for_app(cls, app: SiteApp, resource: Any, *, max_body_bytes: int, limits: HttpLimits,
+                reactor: IReactorTime | None, timeout: float | None = None) -> Self:
         """The site serving ``resource`` with ``app``'s 413 and 503 replies, counting every request in ``app``.
 
         One place for the wiring every process does the same way; ``cls`` is

@@ -82,14 +82,17 @@ def cached_records(env: Mapping[str, str] | None = None) -> Iterator[Record | Re
         return
     for path in sorted(root.glob(f"*/*/{RECORD_NAME}")):
         try:
-            yield read_record(path.parent.parent.name, path.parent.name, dict(env) if env is not None else None)
+            record = read_record(path.parent.parent.name, path.parent.name, dict(env) if env is not None else None)
         except RecordError as e:
             yield e
+            continue
+        assert record is not None  # its file was just listed
+        yield record
 
 
 def _files_under(root: Path) -> list[str]:
     """The relative paths of the files under ``root`` (hidden folders left out, as records leave them out)."""
-    found = []
+    found: list[str] = []
     for directory, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         found.extend((Path(directory) / name).relative_to(root).as_posix() for name in sorted(files))

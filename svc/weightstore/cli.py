@@ -178,10 +178,10 @@ def _selected(args: argparse.Namespace) -> list[tuple[Any, Any]] | None:
     chosen = []
     for spec in dict.fromkeys(args.ids):
         mid, _, named = spec.partition(":")
-        found = _model_variant(mid, named or args.variant)
-        if found is None:
+        pair = _model_variant(mid, named or args.variant)
+        if pair is None:
             return None
-        chosen.append(found)
+        chosen.append(pair)
     return chosen
 
 

@@ -172,7 +172,8 @@ def proxy_for(url: str, env: Mapping[str, str] | None = None) -> str | None:
     uppercase), unless ``no_proxy``/``NO_PROXY`` names the host (a suffix, a
     ``host:port``, or ``*``), as ``urllib.request`` matches it.
     """
-    from urllib.request import proxy_bypass_environment
+    # Undocumented, and so missing from typeshed's urllib.request; it is what urlopen's proxy handling uses.
+    from urllib.request import proxy_bypass_environment  # type: ignore[attr-defined]
 
     env = os.environ if env is None else env
 
@@ -206,7 +207,7 @@ def _connect(url: str, timeout: float, env: Mapping[str, str] | None = None) -> 
     via = urlsplit(proxy)
     if via.scheme != "http" or not via.hostname:
         raise FetchError(url, f"proxy {proxy}: only http:// proxies are supported")
-    headers = {}
+    headers: dict[str, str] = {}
     if via.username:
         credentials = f"{unquote(via.username)}:{unquote(via.password or '')}".encode()
         headers["Proxy-Authorization"] = "Basic " + base64.b64encode(credentials).decode()
@@ -215,9 +216,9 @@ def _connect(url: str, timeout: float, env: Mapping[str, str] | None = None) -> 
                                                  context=ssl.create_default_context())
         connection.set_tunnel(parts.hostname, parts.port or 443, headers=headers)
         return connection, target
-    connection = _ProxiedConnection(via.hostname, via.port or 80, timeout=timeout)
-    connection.proxy_headers = headers
-    return connection, f"{parts.scheme}://{parts.netloc}{target}"  # a plain-HTTP proxy takes the absolute URL
+    proxied = _ProxiedConnection(via.hostname, via.port or 80, timeout=timeout)
+    proxied.proxy_headers = headers
+    return proxied, f"{parts.scheme}://{parts.netloc}{target}"  # a plain-HTTP proxy takes the absolute URL
 
 
 class _ProxiedConnection(http.client.HTTPConnection):

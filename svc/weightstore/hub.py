@@ -26,7 +26,7 @@ import os
 import secrets
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ def _cause(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
-def select_files(sizes: dict[str, int | None], allow_patterns: tuple[str, ...]) -> dict[str, int | None]:
+def select_files(sizes: Mapping[str, int | None], allow_patterns: tuple[str, ...]) -> dict[str, int | None]:
     """The repository files to fetch: those matching ``allow_patterns`` (all when empty), without a ``.bin``
     whose ``.safetensors`` twin is also selected."""
     chosen = {path: size for path, size in sizes.items()

@@ -319,6 +319,7 @@ def _pull(factory: Any, variant: Variant, env: dict[str, str], progress_stream: 
     model_id = factory.catalog_id
     old, ok = _already(model_id, variant, env)
     if ok:
+        assert old is not None  # ok: it is there and matches
         return Stored(old, fetched=False)
     directory = variant_dir(model_id, variant.name, env)
     _drop_record(model_id, variant.name, env)

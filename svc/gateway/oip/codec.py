@@ -110,8 +110,10 @@ def _flatten(data: Any, shape: list[int], what: str) -> list:
     return [x for row in data for x in _flatten(row, shape[1:], what)]
 
 
-def split_body(body: bytes, header_length: str | None) -> tuple[dict, memoryview]:
+def split_body(body: bytes, header_length: str | None) -> tuple[dict, bytes | memoryview]:
     """The JSON header of a request and the binary part after it (empty without the extension)."""
+    head: bytes | memoryview
+    rest: bytes | memoryview
     if header_length is None:
         head, rest = body, b""
     else:
@@ -148,7 +150,7 @@ def _shape(entry: dict, what: str) -> list[int]:
     return [d for d in dims if d is not None]
 
 
-def _binary_elements(raw: memoryview, datatype: str, count: int, what: str) -> list:
+def _binary_elements(raw: bytes | memoryview, datatype: str, count: int, what: str) -> list:
     """The elements of a binary tensor's data."""
     if datatype != "BYTES":
         width, code = DATATYPES[datatype]

@@ -39,7 +39,7 @@ from svc.gateway.oip.codec import CodecError, InferRequest, Output, RequestedOut
 from svc.web.replies import dumps
 
 #: Item statuses by code, for the error text and HTTP status of a failed item.
-STATUSES = {s.code: s for s in st.ALL}
+STATUSES: dict[object, st.Status] = {s.code: s for s in st.ALL}  # looked up with any JSON value
 
 
 @dataclass
@@ -110,9 +110,9 @@ def plan(shape: ModelShape, request: InferRequest, request_id: str | None = None
         return Plan(tensor.data[0], headers, 1, outputs)
     images = b",".join(b'"' + base64.b64encode(v) + b'"' if isinstance(v, bytes) else dumps(v) for v in tensor.data)
     parts = [b'{"images":[', images, b"]"]
-    for name, value in (("req_id", rid), ("params", params), ("options", options)):
-        if value:
-            parts += [b',"', name.encode(), b'":', dumps(value)]
+    for field, item in (("req_id", rid), ("params", params), ("options", options)):
+        if item:
+            parts += [b',"', field.encode(), b'":', dumps(item)]
     headers[b"content-type"] = b"application/json"
     return Plan(b"".join(parts) + b"}", headers, len(tensor.data), outputs)
 
@@ -130,9 +130,9 @@ def failed_item(results: list) -> ApiError | None:
 def _classification(shape: ModelShape, rows: list, out: RequestedOutput) -> Output:
     if out.classification:
         k = min([out.classification, *(len(d["scores"]) for d in rows)])
-        data = [f"{s:f}:{c}:{label}" for d in rows
+        text = [f"{s:f}:{c}:{label}" for d in rows
                 for s, c, label in zip(d["scores"][:k], d["class_ids"][:k], d["categories"][:k])]
-        return Output(out.name, "BYTES", [len(rows), k], data)
+        return Output(out.name, "BYTES", [len(rows), k], text)
     data: list = []
     for d in rows:
         row = [0.0] * shape.classes

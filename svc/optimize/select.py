@@ -59,7 +59,8 @@ MIN_CALLS = 1
 TIMING_S = 0.15
 MAX_CALLS = 10
 #: After EARLY_ROUNDS rounds, a mode whose best is over SLOWER times the fastest mode's best is not timed again
-#: (it cannot win, nor, when it is eager, change the choice); a mode left alone is not timed again either.
+#: (it cannot win, nor, when it is eager, change the choice); a mode left alone (eager when no candidate passed)
+#: is timed in no further round: its figure is only reported.
 EARLY_ROUNDS = 2
 SLOWER = 1.5
 
@@ -291,8 +292,8 @@ class Optimizer:
         for number in range(ROUNDS):
             if number >= EARLY_ROUNDS:
                 timing = [i for i in timing if best[i] <= SLOWER * min(best)]
-                if len(timing) < 2:
-                    break
+            if number >= 1 and len(timing) < 2:  # alone (nothing passed, or the rest left out): its figure is kept
+                break
             for i in timing:
                 self.apply_layout(targets, runs[i][0])
                 best[i] = min(best[i], self.timer(list(zip(targets, runs[i][1])), self.batch))

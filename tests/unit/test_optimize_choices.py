@@ -168,3 +168,11 @@ def test_the_key_covers_the_machine_and_the_layout_of_threads(monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(choices, "_version", lambda package: "0.0" if package == "openvino" else "1")
     assert key() != base
+
+
+def test_eager_alone_is_timed_once(folder):
+    counted = Counted(failing={"channels_last": OSError("no"), "jit": ValueError("no")})
+    report = load(TinyClassifier(), folder, counted)
+    assert report.mode == "eager" and counted.timed == 1
+    assert report.line.startswith("TINY: optimize auto chose eager, batch 4: eager 10.0 ms; channels_last dropped (")
+    assert "; timed in fewer of 3 rounds: eager 1 (" in report.line

@@ -1,8 +1,8 @@
 """``auto``'s choice, recorded in the state directory so that a restart does not measure again.
 
 Measuring (gating and timing every candidate, :mod:`svc.optimize.select`)
-is most of what ``auto`` costs at start-up: YOLOV8's candidates took 10 to
-20 s of a 2-core machine on every start, with every converted model already
+is most of what ``auto`` costs at start-up: YOLOV8's candidates took 18 to
+27 s of a 2-core machine on every start, with every converted model already
 cached.  The outcome is decided by what a :func:`choice_key` covers, so a
 start with the same key applies the recorded mode at once:
 

@@ -6,6 +6,8 @@
 - :mod:`svc.optimize.standin`: the modules an optimised target is made of;
 - :mod:`svc.optimize.gates`: the accuracy gates, one comparison per task category;
 - :mod:`svc.optimize.select`: the step of a model load: gate, time, choose, log one line, fall back;
+- :mod:`svc.optimize.report`: what that step reports (each candidate's outcome, the mode, the line);
+- :mod:`svc.optimize.choices`: ``auto``'s choice recorded on disk, so that a restart does not measure again;
 - :mod:`svc.optimize.aot`: ``compile``: export, AOTInductor, packages keyed and cached on disk;
 - :mod:`svc.optimize.runtimes`: ``openvino`` / ``onnxruntime``: the target converted at load, cached on disk;
 - :mod:`svc.optimize.cache`: the state directory, its ``compiled/`` and ``inductor/`` (torch-free);

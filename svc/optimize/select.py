@@ -10,12 +10,19 @@ warmed up.  For a model that provides ``svc.model.api.IOptimizable``:
    :data:`DEFAULT_CANDIDATES`, without what this machine cannot run; an
    explicit mode: that one): applied to every target, gated against the
    reference with the gate of the model's category (:mod:`svc.optimize.gates`),
-   and timed (``auto``); a mode whose runtime (``openvino``, ``onnxruntime``)
+   and timed (``auto``: interleaved rounds, a mode clearly slower than the
+   fastest after the first rounds left out of the rest); a mode whose runtime (``openvino``, ``onnxruntime``)
    does not import here is dropped without being tried, saying so;
 3. the choice: the fastest candidate that passed and beats eager by
    :data:`MIN_GAIN`, else eager.  Any exception while applying or gating a
    candidate, or a failed gate, drops that candidate (an explicit mode falls
    back to eager): never a crash.
+
+``auto``'s choice is recorded in the state directory under a key of
+everything that decides it (:mod:`svc.optimize.choices`); a start with the
+same key applies the recorded mode without steps 1 to 3 (its converted model
+or package still comes from the cache), and falls back to measuring when the
+recorded mode fails to apply or the record cannot be read.
 
 The :class:`Report` carries one line with the figures of every candidate,
 which the service logs.  A model without targets, or ``eager``, costs nothing.
@@ -26,11 +33,17 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from svc.model.api import IOptimizable, OptimizationTarget
 from svc.optimize.modes import EAGER_MODE, Mode, mode, parse_mode
+from svc.optimize.report import Outcome, Report, cache_counters, cache_delta, describe_cache
+
+if TYPE_CHECKING:
+    from svc.optimize.choices import Recorded
+
+__all__ = ["DEFAULT_CANDIDATES", "MIN_GAIN", "Optimizer", "Outcome", "Report", "optimize_model", "timed_ms"]
 
 #: What ``auto`` tries when a model names no candidates of its own, per torch device type.
 DEFAULT_CANDIDATES: dict[str, tuple[str, ...]] = {
@@ -45,41 +58,11 @@ ROUNDS = 3
 MIN_CALLS = 1
 TIMING_S = 0.15
 MAX_CALLS = 10
-
-
-@dataclass
-class Outcome:
-    """What happened to one candidate mode."""
-
-    mode: Mode
-    ms: float | None = None  # per call of every target (the best of the timed calls)
-    gate: str = ""  # the gate's figure
-    problem: str | None = None  # why it was dropped
-    detail: str = ""  # the traceback of an exception that dropped it
-
-    def describe(self, eager_ms: float | None) -> str:
-        if self.problem:
-            return f"{self.mode} dropped ({self.problem})"
-        speed = f" {eager_ms / self.ms:.2f}x" if eager_ms and self.ms else ""
-        timing = f" {self.ms:.1f} ms{speed}" if self.ms is not None else ""
-        return f"{self.mode}{timing} [{self.gate}]" if self.gate else f"{self.mode}{timing}"
-
-
-@dataclass
-class Report:
-    """The optimisation of one model load: the mode in use and one line saying why."""
-
-    setting: str
-    chosen: Mode = EAGER_MODE
-    outcomes: list[Outcome] = field(default_factory=list)
-    seconds: float = 0.0
-    line: str = ""
-    fell_back: bool = False  # an explicit mode failed: running eager
-    cache: dict[str, int] = field(default_factory=dict)  # compiled packages built and loaded by this load
-
-    @property
-    def mode(self) -> str:
-        return self.chosen.name
+#: After EARLY_ROUNDS rounds, a mode whose best is over SLOWER times the fastest mode's best is not timed again
+#: (it cannot win, nor, when it is eager, change the choice); a mode left alone (eager when no candidate passed)
+#: is timed in no further round: its figure is only reported.
+EARLY_ROUNDS = 2
+SLOWER = 1.5
 
 
 def timed_ms(targets: list[tuple[OptimizationTarget, Any]], batch: int,
@@ -117,11 +100,12 @@ class Optimizer:
 
     def __init__(self, model: Any, category: str, device: str, setting: str, batch: int, model_id: str = "",
                  apply: Callable[..., Any] | None = None, timer: Callable[..., float] = timed_ms,
-                 workers: int = 1, phase: Callable[[str], None] | None = None) -> None:
+                 workers: int = 1, phase: Callable[[str], None] | None = None, choices: Path | None = None) -> None:
         """``apply``/``timer``: the functions that apply a mode and time targets (tests inject failures).
 
         ``workers``: the inference threads that will call the targets at once (a compiled package gets
-        as many runners).
+        as many runners).  ``choices``: the folder of ``auto``'s records (:mod:`svc.optimize.choices`);
+        None: ``auto`` measures every time and records nothing.
         """
         from svc.optimize.apply import apply_mode
 
@@ -135,6 +119,8 @@ class Optimizer:
         self.apply = apply or apply_mode
         self.timer = timer
         self.phase = phase or (lambda text: None)  # what the load is doing, for the model server's /ready
+        self.choices = choices
+        self.rounds: dict[str, int] = {}  # timing rounds of the modes timed in fewer than ROUNDS
 
     def run(self) -> Report:
         """The optimisation; whatever fails leaves the model eager with one line saying what."""
@@ -168,19 +154,19 @@ class Optimizer:
         self._install(targets, [t.module for t in targets])  # the reference is eager, whatever ran before
         self.apply_layout(targets, EAGER_MODE)
         candidates = [explicit] if explicit is not None else self.candidates()
+        key = None
+        if explicit is None and self.choices is not None:
+            key, recorded = self._recall(targets, candidates, report)
+            if recorded is not None and self._apply_recorded(report, recorded, targets):
+                report.seconds = time.perf_counter() - started
+                report.line = self._recorded_line(report)
+                return report
         compiling = any(c.has("compile") for c in candidates)
         converting = any(c.runtime for c in candidates)
-        if compiling:
-            from svc.optimize import aot
-
-            aot.RUNNERS = self.workers
-        if converting:
-            from svc.optimize import runtimes
-
-            runtimes.WORKERS = self.workers
-        cache_before = _cache_counters(compiling, converting)
+        cache_before = self._prepare(compiling, converting)
         reference = self.model.gate_outputs()
         passed: list[tuple[Outcome, list]] = []
+        transient: list[str] = []  # candidates dropped for what may not happen again: no record
         for number, candidate in enumerate(candidates, 1):
             self.phase(f"measuring mode {number} of {len(candidates)} ({candidate.name})")
             outcome = Outcome(candidate)
@@ -201,6 +187,8 @@ class Optimizer:
             except Exception as e:  # noqa: BLE001 - a mode that fails falls back, never stops the load
                 outcome.problem = _problem(e)
                 outcome.detail = traceback.format_exc()
+                if isinstance(e, (OSError, MemoryError)):
+                    transient.append(candidate.name)
             finally:
                 self._install(targets, [t.module for t in targets])
         if explicit is None and passed:
@@ -216,10 +204,79 @@ class Optimizer:
             self.apply_layout(targets, EAGER_MODE)
         report.chosen = chosen
         report.fell_back = explicit is not None and chosen == EAGER_MODE
-        report.cache = _cache_delta(cache_before, compiling, converting)
+        report.cache = cache_delta(cache_before, compiling, converting)
         report.seconds = time.perf_counter() - started
         report.line = self._line(report, explicit, eager_ms)
+        if key is not None:
+            self._record(report, key, eager_ms, transient)
         return report
+
+    def _prepare(self, compiling: bool, converting: bool) -> dict[str, int]:
+        """Give compiled packages and converted models a runner per worker; the cache counters before the load."""
+        if compiling:
+            from svc.optimize import aot
+
+            aot.RUNNERS = self.workers
+        if converting:
+            from svc.optimize import runtimes
+
+            runtimes.WORKERS = self.workers
+        return cache_counters(compiling, converting)
+
+    def _recall(self, targets: list[OptimizationTarget], candidates: list[Mode],
+                report: Report) -> tuple[str | None, Recorded | None]:
+        """The key of this load's choice and its record, if one can be used (else a note says why not)."""
+        from svc.optimize import choices
+
+        assert self.choices is not None
+        try:
+            key = choices.choice_key(self.model, self.model_id, self.category, targets,
+                                     [c.name for c in candidates], self.device, self.batch, self.workers)
+        except Exception as e:  # noqa: BLE001 - without a key auto measures, as before records
+            report.notes.append(f"choice not recorded: no key ({_problem(e)})")
+            return None, None
+        try:
+            return key, choices.read(self.choices, self.model_id, key, [EAGER_MODE.name] + [c.name for c in candidates])
+        except choices.RecordError as e:
+            name = choices.record_path(self.choices, self.model_id, key).name
+            report.notes.append(f"recorded choice {name} ignored: {e}")
+            return key, None
+
+    def _apply_recorded(self, report: Report, recorded: Recorded, targets: list[OptimizationTarget]) -> bool:
+        """Run the recorded mode without measuring; False (the model eager again, a note) when it fails to apply."""
+        chosen = mode(recorded.mode, self.device)
+        self.phase(f"applying {chosen}, the mode measured {recorded.when} (recorded: not measured again)")
+        compiling, converting = chosen.has("compile"), chosen.runtime is not None
+        before = self._prepare(compiling, converting)
+        try:
+            fns = [self.apply(t, chosen, self.device, self.batch) if chosen.steps else t.module for t in targets]
+        except Exception as e:  # noqa: BLE001 - the record is of no use now: measure
+            self._install(targets, [t.module for t in targets])
+            self.apply_layout(targets, EAGER_MODE)
+            report.notes.append(f"the recorded {chosen} failed to apply ({_problem(e)}): measured again")
+            return False
+        self.apply_layout(targets, chosen)
+        self._install(targets, fns)
+        report.chosen, report.recorded = chosen, recorded
+        report.cache = cache_delta(before, compiling, converting)
+        return True
+
+    def _record(self, report: Report, key: str, eager_ms: float | None, transient: list[str]) -> None:
+        """Write the choice for the next start with this key, unless a candidate failed for a passing reason."""
+        from svc.optimize import choices
+
+        assert self.choices is not None
+        if transient:
+            report.notes.append(f"choice not recorded: {', '.join(transient)} failed in a way that may pass")
+        else:
+            ms = next((o.ms for o in report.outcomes if o.mode == report.chosen), None)
+            speedup = eager_ms / ms if eager_ms and ms else None
+            try:
+                choices.write(self.choices, self.model_id, key, report.chosen.name, speedup, report.line)
+                return
+            except OSError as e:
+                report.notes.append(f"choice not recorded ({_problem(e)})")
+        report.line = self._line(report, None, eager_ms)
 
     def time_all(self, targets: list[OptimizationTarget], passed: list[tuple[Outcome, list]]) -> float:
         """Time eager and every candidate that passed, in ``ROUNDS`` interleaved rounds; eager's figure.
@@ -230,13 +287,21 @@ class Optimizer:
         runs: list[tuple[Mode, list, Outcome | None]] = [(EAGER_MODE, [t.module for t in targets], None)]
         runs += [(outcome.mode, fns, outcome) for outcome, fns in passed]
         best = [float("inf")] * len(runs)
-        for _ in range(ROUNDS):
-            for i, (mode_, fns, _outcome) in enumerate(runs):
-                self.apply_layout(targets, mode_)
-                best[i] = min(best[i], self.timer(list(zip(targets, fns)), self.batch))
+        rounds = [0] * len(runs)
+        timing = list(range(len(runs)))
+        for number in range(ROUNDS):
+            if number >= EARLY_ROUNDS:
+                timing = [i for i in timing if best[i] <= SLOWER * min(best)]
+            if number >= 1 and len(timing) < 2:  # alone (nothing passed, or the rest left out): its figure is kept
+                break
+            for i in timing:
+                self.apply_layout(targets, runs[i][0])
+                best[i] = min(best[i], self.timer(list(zip(targets, runs[i][1])), self.batch))
+                rounds[i] += 1
         for (_mode, _fns, outcome), ms in zip(runs, best):
             if outcome is not None:
                 outcome.ms = ms
+        self.rounds = {run[0].name: n for run, n in zip(runs, rounds) if n < ROUNDS}
         return best[0]
 
     def candidates(self) -> list[Mode]:
@@ -263,7 +328,7 @@ class Optimizer:
     def _line(self, report: Report, explicit: Mode | None, eager_ms: float | None) -> str:
         head = f"{self.model_id}: optimize {self.setting}"
         took = f"{report.seconds:.1f} s"
-        cache = _describe_cache(report.cache)
+        cache = describe_cache(report.cache)
         if explicit is not None:
             outcome = report.outcomes[0]
             if report.fell_back:
@@ -271,39 +336,22 @@ class Optimizer:
             return f"{head}: gate passed [{outcome.gate}] ({took}{cache})"
         figures = "; ".join([f"eager {eager_ms:.1f} ms"] + [o.describe(eager_ms) for o in report.outcomes])
         chosen = report.chosen.name
+        notes = "".join(f"; {note}" for note in report.notes)
+        if self.rounds:
+            short = ", ".join(f"{name} {n}" for name, n in self.rounds.items())
+            notes += (f"; timed in fewer of {ROUNDS} rounds: {short} (over {SLOWER:g}x the fastest after "
+                      f"{EARLY_ROUNDS}, or alone)")
         return (f"{head} chose {chosen}, batch {self.batch}: {figures} "
-                f"(min gain {MIN_GAIN:.0%}; {took}{cache})")
+                f"(min gain {MIN_GAIN:.0%}{notes}; {took}{cache})")
 
-
-def _cache_counters(compiling: bool, converting: bool = False) -> dict[str, int]:
-    """Packages built and loaded (``svc.optimize.aot``), models converted and read (``svc.optimize.runtimes``) so far.
-
-    Only the counters of what a candidate does: a load that neither compiles nor converts shows none.
-    """
-    counters: dict[str, int] = {}
-    if compiling:
-        from svc.optimize.aot import STATS
-
-        counters.update(built=STATS["built"], loaded=STATS["loaded"])
-    if converting:
-        from svc.optimize.runtimes import STATS as CONVERSIONS
-
-        counters.update(converted=CONVERSIONS["converted"], read=CONVERSIONS["loaded"])
-    return counters
-
-
-def _cache_delta(before: dict[str, int], compiling: bool, converting: bool = False) -> dict[str, int]:
-    after = _cache_counters(compiling, converting)
-    return {k: v - before.get(k, 0) for k, v in after.items()}
-
-
-def _describe_cache(delta: dict[str, int]) -> str:
-    parts = []
-    if "built" in delta:
-        parts.append(f"; compiled packages: {delta['built']} built, {delta['loaded']} loaded from the cache")
-    if "converted" in delta:
-        parts.append(f"; converted models: {delta['converted']} converted, {delta['read']} read from the cache")
-    return "".join(parts)
+    def _recorded_line(self, report: Report) -> str:
+        recorded = report.recorded
+        assert recorded is not None
+        speed = f", {recorded.speedup:.2f}x eager" if recorded.speedup else ""
+        notes = "".join(f"; {note}" for note in report.notes)
+        return (f"{self.model_id}: optimize {self.setting} chose {report.chosen}, batch {self.batch}: as measured "
+                f"{recorded.when}{speed} ({recorded.path.name}), not measured again "
+                f"({report.seconds:.1f} s{notes}{describe_cache(report.cache)})")
 
 
 def optimize_model(model: Any, category: str, device: str, setting: str, batch: int, model_id: str = "",
@@ -311,6 +359,10 @@ def optimize_model(model: Any, category: str, device: str, setting: str, batch: 
     """Apply ``setting`` (``backend.optimize``) to a built model; the report of what runs now.
 
     ``workers``: the inference threads that will run batches at once; ``phase`` is told, in a line, which
-    mode is being measured (the model server's /ready says it while the model loads).
+    mode is being measured (the model server's /ready says it while the model loads).  ``auto`` records its
+    choice in the state directory and applies a record of the same key (:mod:`svc.optimize.choices`).
     """
-    return Optimizer(model, category, device, setting, batch, model_id, workers=workers, phase=phase).run()
+    from svc.optimize.choices import choices_dir
+
+    return Optimizer(model, category, device, setting, batch, model_id, workers=workers, phase=phase,
+                     choices=choices_dir()).run()

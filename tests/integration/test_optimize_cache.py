@@ -4,8 +4,9 @@ Real model-server processes of the test-only TESTFAULTS plugin with its tiny
 conv net (``[model] optimizable = true``), so that compiling takes seconds.
 The first start compiles a package into ``$SERVICE_STATE_DIR/compiled``; the
 second, with ``auto`` and the same state directory, loads it: the
-optimisation line counts the packages a load built and loaded.  Reuse is
-asserted with those counts, not with timings.
+optimisation line counts the packages a load built and loaded.  The third,
+``auto`` again, applies the mode the second one chose and recorded, without
+measuring.  Reuse is asserted with those counts and lines, not with timings.
 """
 
 from __future__ import annotations
@@ -69,3 +70,15 @@ def test_a_restart_reuses_the_compiled_package_from_the_state_directory(tmp_path
     assert re.search(r"batch 4: eager [\d.]+ ms; jit [\d.]+ ms [\d.]+x \[top-1 4/4[^]]*\]; compile [\d.]+ ms", output)
     assert f"ready (version test-faults; optimize {chosen}; warm-up batch of 4" in output
     assert list((tmp_path / "state" / "compiled").glob("*.pt2")) == [package]
+    [record] = (tmp_path / "state" / "compiled" / "choices").glob("TESTFAULTS-*.json")
+
+    third = start(tmp_path, "auto")  # the choice recorded by the second start: nothing measured
+    try:
+        assert served_means(third) == [[10.0, 20.0, 30.0], [200.0, 0.0, 7.0]]
+        output = third.output()
+    finally:
+        assert third.stop() == 0
+    cache = "; compiled packages: 0 built, 1 loaded from the cache" if chosen == "compile" else ""
+    assert re.search(rf"TESTFAULTS: optimize auto chose {re.escape(chosen)}, batch 4: as measured [\d-]+ [\d:]+ UTC"
+                     rf"(, [\d.]+x eager)? \({record.name}\), not measured again \([\d.]+ s{cache}\)\n", output), output
+    assert f"ready (version test-faults; optimize {chosen}; warm-up batch of 4" in output

@@ -65,6 +65,13 @@ class TinyClassifier:
         return self.candidates
 
 
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path, monkeypatch):
+    """``optimize_model`` records ``auto``'s choices in the state directory: the test's own."""
+    monkeypatch.setenv("SERVICE_STATE_DIR", str(tmp_path))
+    return tmp_path
+
+
 def timings(**ms: float):
     """A timer that says each mode (by name, eager included) takes ``ms``."""
 

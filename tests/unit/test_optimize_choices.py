@@ -1,0 +1,178 @@
+"""``auto``'s recorded choice: a second load with the same key applies it without measuring (svc/optimize/choices.py).
+
+The small real torch model and the injected timings and failures of
+``tests/unit/test_optimize_select.py``; records go to a folder of the test's
+own.  Whether a load measured is read from what it did (gate runs, timer
+calls, modes applied) and from its line, never from how long it took.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+import torch
+
+from svc.optimize import choices, select
+from svc.optimize.select import Optimizer
+from tests.unit.test_optimize_select import TinyClassifier, named_apply, timings
+
+FIGURES = {"eager": 10.0, "channels_last": 9.0, "jit": 4.0}
+
+
+class Counted:
+    """What a load did: the modes it applied, its timer calls, the phases it reported."""
+
+    def __init__(self, failing: dict[str, Exception] | None = None, **ms: float) -> None:
+        self.applied: list[str] = []
+        self.timed = 0
+        self.phases: list[str] = []
+        self._apply = named_apply(failing)
+        self._timer = timings(**(ms or FIGURES))
+
+    def apply(self, target: Any, mode: Any, device: str, batch: int) -> Any:
+        self.applied.append(mode.name)
+        return self._apply(target, mode, device, batch)
+
+    def timer(self, pairs: list, batch: int) -> float:
+        self.timed += 1
+        return self._timer(pairs, batch)
+
+
+def load(model: TinyClassifier, folder, counted: Counted) -> select.Report:
+    return Optimizer(model, "classification", "cpu", "auto", 4, "TINY", apply=counted.apply, timer=counted.timer,
+                     phase=counted.phases.append, choices=folder).run()
+
+
+@pytest.fixture
+def folder(tmp_path):
+    return tmp_path / "choices"
+
+
+def test_a_second_load_with_the_same_key_applies_the_recorded_mode_without_measuring(folder):
+    first = Counted()
+    report = load(TinyClassifier(), folder, first)
+    assert report.mode == "jit" and report.recorded is None and first.timed > 0
+    [path] = folder.iterdir()
+    assert re.fullmatch(r"TINY-[0-9a-f]{32}\.json", path.name)
+    record = json.loads(path.read_text())
+    assert (record["mode"], record["speedup"], record["line"]) == ("jit", 2.5, report.line)
+
+    model, again = TinyClassifier(), Counted()  # a restart: the same weights, code, candidates, machine
+    report = load(model, folder, again)
+    assert report.mode == "jit" and report.recorded is not None and report.outcomes == []
+    assert (again.applied, again.timed, model.gate_calls) == (["jit"], 0, 0)  # nothing gated, nothing timed
+    assert re.fullmatch(r"TINY: optimize auto chose jit, batch 4: as measured \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, "
+                        rf"2\.50x eager \({path.name}\), not measured again \(\d+\.\d s\)", report.line), report.line
+    assert again.phases == [f"applying jit, the mode measured {report.recorded.when} (recorded: not measured again)"]
+    assert model.run.mode_name == "jit"  # installed: predict runs the recorded mode
+    images = torch.rand(3, 3, 8, 8)
+    assert torch.allclose(torch.stack(model.predict(list(images), {})), model.net(images), atol=1e-5)
+    assert list(folder.iterdir()) == [path]
+
+
+def test_a_recorded_eager_choice_leaves_the_model_eager_and_measures_nothing(folder):
+    load(TinyClassifier(), folder, Counted(eager=10.0, channels_last=9.9, jit=9.8))
+    model, again = TinyClassifier(), Counted()
+    report = load(model, folder, again)
+    assert report.mode == "eager" and report.recorded is not None and report.recorded.speedup is None
+    assert (again.applied, again.timed, model.gate_calls) == ([], 0, 0) and model.run is model.net
+    assert re.fullmatch(r"TINY: optimize auto chose eager, batch 4: as measured [\d-]+ [\d:]+ UTC "
+                        r"\(TINY-[0-9a-f]{32}\.json\), not measured again \(\d+\.\d s\)", report.line), report.line
+
+
+def test_new_weights_or_other_candidates_measure_afresh(folder):
+    load(TinyClassifier(), folder, Counted())
+    retrained, counted = TinyClassifier(), Counted()
+    with torch.no_grad():
+        retrained.net[0].weight.add_(0.01)
+    report = load(retrained, folder, counted)
+    assert report.recorded is None and counted.timed > 0 and retrained.gate_calls == 3
+    assert report.line.startswith("TINY: optimize auto chose jit, batch 4: eager 10.0 ms; ")
+    assert len(list(folder.iterdir())) == 2  # a record per key
+
+    fewer, counted = TinyClassifier(candidates=("jit",)), Counted()
+    assert load(fewer, folder, counted).recorded is None and counted.applied == ["jit"] and counted.timed > 0
+    assert len(list(folder.iterdir())) == 3
+
+
+def test_a_corrupt_record_is_ignored_with_a_note_and_replaced(folder):
+    load(TinyClassifier(), folder, Counted())
+    [path] = folder.iterdir()
+    path.write_text('{"format": 1, "mode": "ji')  # cut short
+    model, counted = TinyClassifier(), Counted()
+    report = load(model, folder, counted)
+    assert report.mode == "jit" and report.recorded is None and counted.timed > 0 and model.gate_calls == 3
+    assert f"(min gain 5%; recorded choice {path.name} ignored: not JSON (" in report.line
+    assert json.loads(path.read_text())["mode"] == "jit"  # measured again, recorded again
+
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "mode": "channels_last+bf16"}))  # not among the candidates
+    report = load(TinyClassifier(), folder, Counted())
+    assert (f"recorded choice {path.name} ignored: its mode 'channels_last+bf16' is not among the candidates"
+            in report.line) and report.recorded is None
+
+
+def test_a_recorded_mode_that_fails_to_apply_falls_back_to_measuring(folder):
+    load(TinyClassifier(), folder, Counted())
+    model, counted = TinyClassifier(), Counted(failing={"jit": RuntimeError("injected: the cached model is gone")})
+    report = load(model, folder, counted)
+    assert report.mode == "channels_last" and report.recorded is None and model.run.mode_name == "channels_last"
+    assert counted.applied == ["jit", "channels_last", "jit"] and counted.timed > 0  # the record's, then measured
+    assert ("(min gain 5%; the recorded jit failed to apply (RuntimeError: injected: the cached model is gone): "
+            "measured again; ") in report.line
+    [path] = folder.iterdir()
+    assert json.loads(path.read_text())["mode"] == "channels_last"
+
+
+def test_a_candidate_that_failed_for_a_passing_reason_leaves_no_record(folder):
+    counted = Counted(failing={"jit": OSError(28, "No space left on device")})
+    report = load(TinyClassifier(), folder, counted)
+    assert report.mode == "channels_last" and not folder.exists()
+    assert "; choice not recorded: jit failed in a way that may pass; " in report.line
+
+
+def test_timing_leaves_out_modes_clearly_slower_after_the_first_rounds(folder):
+    counted = Counted()  # jit 2.5x eager, channels_last 2.25x slower than jit
+    report = load(TinyClassifier(), folder, counted)
+    assert report.mode == "jit" and counted.timed == 6  # two rounds of three modes: then jit is alone
+    assert ("; timed in fewer of 3 rounds: eager 2, channels_last 2, jit 2 (over 1.5x the fastest after 2, "
+            "or alone)") in report.line
+    close = Counted(eager=10.0, channels_last=9.0, jit=8.0)
+    report = load(TinyClassifier(), folder / "other", close)
+    assert report.mode == "jit" and close.timed == 9 and "timed in fewer" not in report.line
+
+
+def test_the_key_covers_the_machine_and_the_layout_of_threads(monkeypatch):
+    model = TinyClassifier()
+    targets = model.optimization_targets()
+
+    def key(**changes: Any) -> str:
+        args = {"model": model, "model_id": "TINY", "category": "classification", "targets": targets,
+                "candidates": ["jit"], "device": "cpu", "batch": 4, "workers": 1, **changes}
+        return choices.choice_key(**args)
+
+    base = key()
+    assert key() == base
+    assert len({base, key(workers=2), key(batch=8), key(model_id="OTHER"), key(candidates=["jit", "openvino"])}) == 5
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        assert key() != base
+    finally:
+        torch.set_num_threads(threads)
+    monkeypatch.setattr(choices, "cpu_identity", lambda path="": ["Another CPU", "avx2", "2"])
+    assert key() != base
+    monkeypatch.undo()
+    monkeypatch.setattr(choices, "_version", lambda package: "0.0" if package == "openvino" else "1")
+    assert key() != base
+
+
+def test_eager_alone_is_timed_once(folder):
+    counted = Counted(failing={"channels_last": OSError("no"), "jit": ValueError("no")})
+    report = load(TinyClassifier(), folder, counted)
+    assert report.mode == "eager" and counted.timed == 1
+    assert report.line.startswith("TINY: optimize auto chose eager, batch 4: eager 10.0 ms; channels_last dropped (")
+    assert "; timed in fewer of 3 rounds: eager 1 (" in report.line

@@ -97,13 +97,6 @@ def main() -> None:
         gate = gate_for(getattr(model, "gate_category", None) or factory.category)
         targets = list(model.optimization_targets())
         inputs: dict[str, Any] = {"own": model.gate_outputs}
-        if model_id == "YOLOV8":
-            from models.yolov8 import GATE_PARAMS
-
-            def with_params(outputs: Any = model.gate_outputs) -> dict:
-                return {"detections": outputs(), **GATE_PARAMS}
-
-            inputs = {"own": with_params}
         if model_id == "MOBILENETV2" and args.photos:
             from tests.support.photos import photo_like
 

@@ -279,12 +279,15 @@ class YOLOv8Model:
 
         return [OptimizationTarget("net", self.net, example, install)]
 
-    def gate_outputs(self) -> list:
+    def gate_outputs(self) -> dict:
+        """The gate images' detections after NMS, with the cut that made them (``score_threshold``, ``top_k``):
+        a detection that one side kept and the other dropped is tolerated only at that cut (svc.optimize.gates)."""
         box = Letterbox(self.imgsz, self.imgsz, 1.0, 0, 0)
         inputs = [DetectionInput(pixels.numpy(), box) for pixels in self.gate_pixels(GATE_IMAGES)]
         p = GATE_PARAMS
-        return [select(pred, box, p["score_threshold"], p["nms_threshold"], int(p["top_k"]))
-                for pred, box in self.predict(inputs, GATE_PARAMS)]
+        detections = [select(pred, box, p["score_threshold"], p["nms_threshold"], int(p["top_k"]))
+                      for pred, box in self.predict(inputs, GATE_PARAMS)]
+        return {"detections": detections, "score_threshold": p["score_threshold"], "top_k": int(p["top_k"])}
 
     def optimize_candidates(self, device: str) -> tuple:
         from svc.optimize.support import without_runtimes

@@ -109,3 +109,15 @@ def test_a_runtime_converts_every_target_of_a_plugin_and_it_serves(mode, tmp_pat
     assert type(model.denoise).__name__ == "StandIn" and type(model.decode).__name__ == "StandIn"
     served = serve_once(factory, model, table)
     assert [item["seed"] for item in served] == [item["seed"] for item in eager]
+
+
+def test_yolov8s_gate_output_carries_the_cut_its_detections_were_made_with():
+    """A detection one side kept and the other dropped passes the gate only at the cut (score threshold, top_k):
+    YOLOV8's gate output names the cut its detections were selected with, or no drop at a cut would pass."""
+    from models.yolov8 import GATE_IMAGES, GATE_PARAMS
+
+    _, model, _ = build("YOLOV8")
+    out = model.gate_outputs()
+    assert set(out) == {"detections", "score_threshold", "top_k"}
+    assert (out["score_threshold"], out["top_k"]) == (GATE_PARAMS["score_threshold"], GATE_PARAMS["top_k"])
+    assert len(out["detections"]) == GATE_IMAGES

@@ -76,7 +76,7 @@ export function serverRow(id, replica) {
   row.className = replica === null ? "model" : "replica";
   row.dataset.id = id;
   if (replica !== null) row.dataset.replica = String(replica);
-  row.innerHTML = `<td class="id"></td><td class="task"></td><td><span class="state badge"></span></td>
+  row.innerHTML = `<td class="id"></td><td class="task"></td><td><span class="state badge"></span><span class="phase muted small"></span></td>
     <td class="ready"></td><td class="restarts"></td><td class="port"></td><td class="last-error"></td>
     <td class="actions"><button data-action="start">Start</button> <button data-action="stop">Stop</button>
     <button data-action="restart">Restart</button></td>`;
@@ -96,11 +96,14 @@ export function figuresRow(name) {
   return figures;
 }
 
-// State, readiness, restarts, port, last error and which buttons apply; `members` are the processes the
-// row's actions act on (the replicas of a model, or the row's own process).
+// State (with the phase a starting model reports), readiness, restarts, port, last error and which buttons
+// apply; `members` are the processes the row's actions act on (the replicas of a model, or the row's own process).
 export function fillRow(row, s, port, members) {
   badge(row.querySelector(".state"), s.state);
   row.dataset.state = s.state;
+  const phase = row.querySelector(".phase");
+  phase.textContent = s.phase ? ` — ${phaseText(s.phase)}` : "";
+  phase.title = s.phase || "";
   row.dataset.ready = String(s.ready);
   row.querySelector(".ready").textContent = s.ready ? "yes" : "no";
   row.querySelector(".restarts").textContent = s.restarts;
@@ -114,6 +117,12 @@ export function fillRow(row, s, port, members) {
   row.querySelector('[data-action="start"]').disabled = busy || members.every(active);
   row.querySelector('[data-action="stop"]').disabled = busy || !members.some((m) => ["starting", "running", "backoff"].includes(m.state));
   row.querySelector('[data-action="restart"]').disabled = busy || members.some((m) => m.state === "stopping");
+}
+
+// What a starting model says it does (its /ready's 503 reason, the status's `phase`), without the
+// "the model is loading: " every phase starts with: "measuring mode 2 of 4 (compile)".
+export function phaseText(phase) {
+  return phase.replace(/^the model is loading: /, "");
 }
 
 // -- weights ---------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Checking weights: an import built as a model server builds it, and ``svcctl weights verify``.
+"""Checking weights: a pull or an import built as a model server builds it, and ``svcctl weights verify``.
 
 Every file a record lists must be there with its size and SHA-256, and
 every file in a variant's folder must be listed by its record: a file no

@@ -10,14 +10,14 @@ those two recorded.  The rules they share:
   its digest was checked; ``record.json`` is written last.  A failed or cut
   pull leaves at most a ``.part``, which never looks complete and which the
   next pull resumes.
-* An import is load-checked before it is recorded: the model is built on
-  the copy (``svc.model.api.model_config`` and the factory's ``build``, as a
-  model server does at start), so every tensor name and shape is checked
-  against the architecture.  A refused import leaves nothing behind (its
-  copy, conversion and any folder it created are removed) and the cached
-  variant as it was; its messages name the user's file.  Content that
-  differs from a cached variant's record replaces it only with
-  ``replace=True`` (``svcctl weights import --replace``).
+* A pull or an import is load-checked before it is recorded: the model is
+  built on the download or copy (``svc.model.api.model_config`` and the
+  factory's ``build``, as a model server does at start), so every tensor name
+  and shape is checked against the architecture.  A refused one leaves
+  nothing behind (its file, conversion and any folder it created are removed)
+  and the rest of the cache as it was; its messages name the URL or the
+  user's file.  Content that differs from a cached variant's record replaces
+  it only with ``replace=True`` (``svcctl weights import --replace``).
 * Which digest: the full SHA-256 a source publishes; else the torch.hub hash
   prefix of the file name (the SHA-256 must start with it, as torch.hub
   checks); else the digest recorded at the first pull of the same URL (printed
@@ -130,7 +130,12 @@ def _readable_record(model_id: str, name: str, env: dict[str, str] | None) -> Re
 
 @contextmanager
 def _locked(directory: Path, what: str) -> Iterator[None]:
-    """Hold the variant's directory lock: two pulls or imports of one variant would mix their ``.part``."""
+    """Hold the variant's directory lock: two pulls or imports of one variant would mix their ``.part``.
+
+    A pull or import that fails removes the folders it created, where they are still empty (a cut
+    download's ``.part``, kept to resume, keeps its folder; so does whatever another process put there).
+    """
+    created = [d for d in (directory.parent, directory) if not d.exists()]
     directory.mkdir(parents=True, exist_ok=True)
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -139,6 +144,13 @@ def _locked(directory: Path, what: str) -> Iterator[None]:
         except BlockingIOError:
             raise StoreError(f"{what}: another pull or import of this variant is running ({directory})") from None
         yield
+    except BaseException:
+        for folder in reversed(created):
+            try:
+                folder.rmdir()  # only when empty
+            except OSError:
+                pass
+        raise
     finally:
         os.close(fd)
 
@@ -180,9 +192,9 @@ def _move_into_place(stage: Path, directory: Path, old: Record | None, keep: set
 
 
 def _install_file(factory: Any, variant: Variant, copy: Path, how: str, old: Record | None,
-                  env: dict[str, str] | None, where: str, *, replace: bool = False, check: bool = False) -> Stored:
+                  env: dict[str, str] | None, where: str, *, replace: bool = False) -> Stored:
     """Check the complete file ``copy`` (a download's ``.part`` or an import's copy), convert it in the stage
-    folder (and load-check it with ``check``), move the result into place, write the record.
+    folder and load-check it, move the result into place, write the record.
 
     ``where`` (the URL or the user's file) is what messages name; a refusal leaves nothing of it behind.
     """
@@ -220,10 +232,9 @@ def _install_file(factory: Any, variant: Variant, copy: Path, how: str, old: Rec
         if copy.name != source.filename:
             os.replace(copy, stage / source.filename)
             staged[str(stage / source.filename)] = where
-        if check:
-            problem = load_problem(factory, variant, stage / weights, staged)
-            if problem:
-                raise StoreError(problem)
+        problem = load_problem(factory, variant, stage / weights, staged)
+        if problem:
+            raise StoreError(problem)
     except StoreError as e:
         shutil.rmtree(stage, ignore_errors=True)
         raise StoreError(f"{where}: {e} (nothing kept)") from None
@@ -243,10 +254,9 @@ def _install_file(factory: Any, variant: Variant, copy: Path, how: str, old: Rec
 
 
 def _install_tree(factory: Any, variant: Variant, stage: Path, how: str, old: Record | None,
-                  env: dict[str, str] | None, where: str, loads: str = ".", *, replace: bool = False,
-                  check: bool = False) -> Stored:
-    """Check a complete hub snapshot in ``stage`` against an earlier record (and load-check it with
-    ``check``), move it into place, record it.  A refusal removes ``stage``.
+                  env: dict[str, str] | None, where: str, loads: str = ".", *, replace: bool = False) -> Stored:
+    """Check a complete hub snapshot in ``stage`` against an earlier record and load-check it, move it
+    into place, record it.  A refusal removes ``stage``.
 
     ``loads`` is the folder ``build`` loads, relative to the snapshot (the hub
     fetcher puts the repository in a folder named after it, so that the name
@@ -275,11 +285,10 @@ def _install_tree(factory: Any, variant: Variant, stage: Path, how: str, old: Re
             notes.append(f"{model_id} {variant.name}: {source_text(variant)}: recorded the sha256 of {len(files)} "
                          "files (later pulls, imports and verify check against them)")
         weights = HUB_DIR if loads in ("", ".") else f"{HUB_DIR}/{loads}"
-        if check:
-            loaded = stage if loads in ("", ".") else stage / loads
-            problem = load_problem(factory, variant, loaded, {str(stage): where})
-            if problem:
-                raise StoreError(problem)
+        loaded = stage if loads in ("", ".") else stage / loads
+        problem = load_problem(factory, variant, loaded, {str(stage): where})
+        if problem:
+            raise StoreError(problem)
     except StoreError as e:
         shutil.rmtree(stage, ignore_errors=True)
         raise StoreError(f"{e} (nothing kept)" if str(e).startswith(where) else f"{where}: {e} (nothing kept)") \
@@ -307,8 +316,9 @@ def pull(factory: Any, variant: Variant, *, env: Mapping[str, str] | None = None
          progress_stream: IO[str] | None = None) -> Stored:
     """Make ``variant`` of ``factory`` cached and verified, downloading what is missing.
 
-    Raises :class:`StoreError` (one line naming the URL and the cause); a cut
-    download keeps its ``.part`` for the next pull.
+    The download is load-checked (the model built on it) before it is recorded.  Raises
+    :class:`StoreError` (one line naming the URL and the cause); a cut download keeps its ``.part``
+    for the next pull, a refused one leaves nothing.
     """
     env = dict(os.environ if env is None else env)
     with _locked(variant_dir(factory.catalog_id, variant.name, env), source_text(variant)):
@@ -358,21 +368,12 @@ def import_path(factory: Any, variant: Variant, path: str, *, env: Mapping[str, 
     if not given.exists():
         raise StoreError(f"{given}: no such file or directory")
     directory = variant_dir(factory.catalog_id, variant.name, env)
-    created = [d for d in (directory.parent, directory) if not d.exists()]
-    try:
-        with _locked(directory, str(given)):
-            try:
-                return _import(factory, variant, given, env, replace)
-            except BaseException:  # a copy cut short (disk full, Ctrl-C) leaves nothing either
-                shutil.rmtree(directory / STAGE, ignore_errors=True)
-                raise
-    except BaseException:
-        for folder in reversed(created):
-            try:
-                folder.rmdir()  # only when empty: never what another process put there since
-            except OSError:
-                pass
-        raise
+    with _locked(directory, str(given)):
+        try:
+            return _import(factory, variant, given, env, replace)
+        except BaseException:  # a copy cut short (disk full, Ctrl-C) leaves nothing either
+            shutil.rmtree(directory / STAGE, ignore_errors=True)
+            raise
 
 
 def _import(factory: Any, variant: Variant, given: Path, env: dict[str, str], replace: bool) -> Stored:
@@ -388,12 +389,12 @@ def _import(factory: Any, variant: Variant, given: Path, env: dict[str, str], re
             raise StoreError(f"{given}: {model_id} {variant.name} is a hub repository ({source_text(variant)}): "
                              "import its folder, not a file")
         shutil.copytree(given, stage, ignore=shutil.ignore_patterns(".*"))
-        return _install_tree(factory, variant, stage, "import", old, env, str(given), replace=replace, check=True)
+        return _install_tree(factory, variant, stage, "import", old, env, str(given), replace=replace)
     if not given.is_file():
         raise StoreError(f"{given}: {model_id} {variant.name} is one file ({source.filename}), not a folder")
     stage.mkdir()
     copy = stage / given.name  # the user's name: a converter that checks a file name sees theirs
     shutil.copyfile(given, copy)
-    return _install_file(factory, variant, copy, "import", old, env, str(given), replace=replace, check=True)
+    return _install_file(factory, variant, copy, "import", old, env, str(given), replace=replace)
 
 

@@ -3,8 +3,9 @@
 Test hook: ``MobileNetV2Factory.variants`` is monkeypatched to fixture
 variants whose URLs keep the official host and path shape
 (``https://download.pytorch.org/models/mobilenet_v2-<prefix>.pth``), with a
-small real state dict whose SHA-256 starts with ``<prefix>``; every fetch
-goes through ``SERVICE_WEIGHTS_MIRROR`` to :class:`FakeSource`.
+real MobileNetV2 state dict whose SHA-256 starts with ``<prefix>`` (a pull is
+load-checked, so what it fetches must build); every fetch goes through
+``SERVICE_WEIGHTS_MIRROR`` to :class:`FakeSource`.
 """
 
 from __future__ import annotations
@@ -33,13 +34,22 @@ from tests.support.weight_source import FakeSource
 
 
 def state_dict_bytes(seed: int, n: int = 60_000) -> bytes:
-    """A small real state dict (torch.save), about 4n bytes."""
+    """A small real state dict (torch.save), about 4n bytes, that does not fit MobileNetV2 (one tensor)."""
     buf = io.BytesIO()
     torch.save({"features.weight": torch.randn(n, generator=torch.Generator().manual_seed(seed))}, buf)
     return buf.getvalue()
 
 
-BODY = state_dict_bytes(1)
+@functools.lru_cache(maxsize=2)
+def mobilenet_body(seed: int = 3) -> bytes:
+    """A real torchvision MobileNetV2 state dict (torch.save, about 14 MB): what a pull or an import must load."""
+    torch.manual_seed(seed)
+    buf = io.BytesIO()
+    torch.save(mobilenet_v2(weights=None).state_dict(), buf)
+    return buf.getvalue()
+
+
+BODY = mobilenet_body(1)  # every pull is load-checked: what the fixture source serves must build
 SHA = hashlib.sha256(BODY).hexdigest()
 PREFIX = SHA[:8]
 URL = f"https://download.pytorch.org/models/mobilenet_v2-{PREFIX}.pth"
@@ -91,7 +101,7 @@ def test_pull_downloads_through_the_mirror_with_progress_and_records(source, cap
     assert out == f"MOBILENETV2 FIXTURE_V2: cached: {directory / FILENAME}\n"
     # The progress bar: size, percent, rate and ETA, on stderr.
     last = err.strip().splitlines()[-1]
-    size = f"{len(BODY) / 1000:.1f} kB"
+    size = f"{len(BODY) / 1e6:.1f} MB"
     assert re.fullmatch(rf"MOBILENETV2 FIXTURE_V2  {size} / {size} 100\.0%  [\d.]+ [kMG]?B/s  ETA 0s", last), err
     assert (directory / FILENAME).read_bytes() == BODY
     assert cache_files(tmp_path) == [f"MOBILENETV2/FIXTURE_V2/{FILENAME}", "MOBILENETV2/FIXTURE_V2/record.json"]
@@ -210,15 +220,6 @@ def test_exit_status_counts_every_failure(source, capsys):
     assert svcctl(capsys, "pull", "MOBILENETV2", "--variant", "NOPE")[0] == 2
     assert svcctl(capsys, "pull", "NOSUCHMODEL")[0] == 2
     assert svcctl(capsys, "pull")[0] == 2
-
-
-@functools.lru_cache(maxsize=1)
-def mobilenet_body() -> bytes:
-    """A real torchvision MobileNetV2 state dict (torch.save, about 14 MB): what an import must load."""
-    torch.manual_seed(3)
-    buf = io.BytesIO()
-    torch.save(mobilenet_v2(weights=None).state_dict(), buf)
-    return buf.getvalue()
 
 
 def real_variant(monkeypatch, source) -> tuple[Variant, str]:
@@ -411,14 +412,15 @@ def test_a_converted_variant_records_the_download_and_what_build_loads(source, c
     calls = []
 
     def convert(self, name: str, src: str, dst: str) -> str:
-        calls.append((name, src, dst))
-        out = f"{dst}/converted"
+        """A real conversion (torch file to safetensors): the pull builds the model on what it returns."""
         import os
 
-        os.makedirs(out)
-        with open(f"{out}/model.safetensors", "wb") as f:
-            f.write(b"converted:" + open(src, "rb").read()[:10])
-        return "converted"
+        from safetensors.torch import save_file
+
+        calls.append((name, src, dst))
+        os.makedirs(f"{dst}/converted")
+        save_file(torch.load(src, weights_only=True), f"{dst}/converted/model.safetensors")
+        return "converted/model.safetensors"
 
     monkeypatch.setattr(MobileNetV2Factory, "convert", convert, raising=False)
     variant = Variant("CONVERTED", FileSource(url=URL, hash_prefix=PREFIX, convert="fixture"), license="MIT")
@@ -429,12 +431,12 @@ def test_a_converted_variant_records_the_download_and_what_build_loads(source, c
     # Converted in a stage folder, moved into place once done.
     assert calls == [("fixture", str(directory / "new.part" / FILENAME), str(directory / "new.part"))]
     record = read_record("MOBILENETV2", "CONVERTED")
-    converted = b"converted:" + BODY[:10]
-    assert record.weights == "converted"
+    converted = (directory / "converted" / "model.safetensors").read_bytes()
+    assert record.weights == "converted/model.safetensors"
     assert record.files == {FILENAME: {"sha256": SHA, "size": len(BODY)},
                             "converted/model.safetensors": {"sha256": hashlib.sha256(converted).hexdigest(),
                                                             "size": len(converted)}}
-    assert out.endswith(f"cached: {directory / 'converted'}\n")
+    assert out.endswith(f"cached: {directory / 'converted' / 'model.safetensors'}\n")
     assert svcctl(capsys, "verify")[0] == 0
 
 

@@ -102,6 +102,36 @@ def test_the_runtime_threads_follow_torch_and_the_workers(monkeypatch):
     assert len(results) == 4 and all(torch.allclose(r, expected, atol=1e-5) for r in results)  # a request per thread
 
 
+def test_a_call_alone_runs_on_every_worker_thread_and_a_call_beside_another_on_its_stream(monkeypatch):
+    module = TwoHeads().eval()
+    target, _ = target_of(module)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(runtimes, "WORKERS", 2)
+    call = apply_mode(target, mode("openvino"), "cpu", 4).optimised
+    assert call.alone.get_property("NUM_STREAMS") == 1 and call.alone.get_property("INFERENCE_NUM_THREADS") == 2
+    assert call.alone.get_property("INFERENCE_PRECISION_HINT") == call.compiled.get_property("INFERENCE_PRECISION_HINT")
+    x = torch.rand(3, 3, 8, 8)
+    with torch.inference_mode():
+        expected = module(x, torch.tensor(1.0))[0]
+        alone = call(x, torch.tensor(1.0))[0]  # nothing else runs: the one-stream model
+        assert set(call.local.requests) == {True} and call.running == 0
+        call.running = 1  # another worker's call in progress
+        beside = call(x, torch.tensor(1.0))[0]
+        assert set(call.local.requests) == {True, False} and call.running == 1
+        call.running = 0
+        del call.local.requests
+        with runtimes.BATCHES.running(), runtimes.BATCHES.running():  # the model server runs two batches
+            call(x, torch.tensor(1.0))  # the other one decodes: this call keeps its stream
+        assert set(call.local.requests) == {False}
+        with runtimes.BATCHES.running():  # this call's own batch only
+            call(x, torch.tensor(1.0))
+        assert set(call.local.requests) == {False, True}
+    assert torch.allclose(alone, expected, atol=1e-5) and torch.allclose(beside, expected, atol=1e-5)
+
+    monkeypatch.setattr(runtimes, "WORKERS", 1)  # one worker: its stream already has every thread
+    assert apply_mode(target, mode("openvino"), "cpu", 4).optimised.alone is None
+
+
 def test_bf16_openvino_runs_at_bf16_precision_from_the_same_converted_model(state_dir):
     target, _ = target_of(TwoHeads().eval())
     fp32 = apply_mode(target, mode("openvino"), "cpu", 4)

@@ -24,8 +24,9 @@ one ``Image.resize`` of the source region that the crop keeps (``box``), so
 a 224x224 JPEG is not first upscaled to 256x256 and then cut back, and a
 640x480 photo is not resized whole.  The geometry and the filter are
 torchvision's ``Resize`` + ``CenterCrop`` (antialiased bilinear); the pixels
-differ from that two-step path by rounding only (at most 2 of 255 levels, on
-a few per cent of the pixels: ``tests/unit/test_mobilenetv2_preprocess.py``).
+differ from that two-step path by rounding of the filter weights only (at
+most 2 of 255 levels, on under 1 % to 26 % of the pixels by size; a 224x224
+image at resize 256 is identical: ``tests/unit/test_mobilenetv2_preprocess.py``).
 An item is the crop as uint8 HWC (a numpy array, no copy into a tensor).
 
 The float conversion and the normalisation are part of the module the model
@@ -39,8 +40,9 @@ torchvision's ``ConvertImageDtype`` + ``Normalize``.
 
 Optimised execution (``backend.optimize``, ``svc.optimize``): the network with
 its input normalisation is the one target; the accuracy gate compares its
-logits on ``GATE_IMAGES`` seeded random images (the classification gate: same top-1, logits within
-tolerance).  ``auto`` tries ``AUTO_CANDIDATES``, and ``TORCH_BF16`` on a CPU
+logits on ``GATE_IMAGES`` seeded random uint8 images (the classification
+gate: same top-1, logits within tolerance), so a conversion that gets the
+normalisation wrong is refused like one that gets the network wrong.  ``auto`` tries ``AUTO_CANDIDATES``, and ``TORCH_BF16`` on a CPU
 where neither OpenVINO nor ONNX Runtime imports.
 """
 

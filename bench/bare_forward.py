@@ -5,7 +5,8 @@ for another count: 1 is what each of two workers gets on 2 cores), float32,
 224x224, ``torch.inference_mode()``, and the glibc allocator tuning the
 server applies (``--no-tune-malloc`` shows the difference).  The network is
 the served one: the MOBILENETV2 plugin's build (random init with seeded
-BatchNorm statistics), and ``--optimize MODE`` (default ``eager``) applies
+BatchNorm statistics) with its input normalisation, fed a uint8 NHWC batch
+as the worker stacks it (``models/mobilenetv2.py``: ``pixel_net``), and ``--optimize MODE`` (default ``eager``) applies
 ``backend.optimize`` as the model server does (``svc.optimize.select``,
 accuracy gate included; ``auto`` measures and chooses at batch 8, the
 shipped ``max_batch_size``, or the largest ``--batch`` on a GPU); its line
@@ -59,7 +60,7 @@ def main() -> None:
     print(report.line, file=sys.stderr, flush=True)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     for batch in args.batch:
-        x = torch.randn(batch, 3, 224, 224).to(device)
+        x = torch.randint(0, 256, (batch, 224, 224, 3), dtype=torch.uint8).to(device)
         with torch.inference_mode():
             for _ in range(3):
                 model.run_net(x)

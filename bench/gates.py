@@ -100,12 +100,11 @@ def main() -> None:
         if model_id == "MOBILENETV2" and args.photos:
             from tests.support.photos import photo_like
 
-            photos = torch.stack([torch.from_numpy(photo_like(224, 224, seed)).permute(2, 0, 1)
-                                  for seed in range(args.photos)])
+            photos = torch.stack([torch.from_numpy(photo_like(224, 224, seed)) for seed in range(args.photos)])
 
             def on_photos(model: Any = model, photos: Any = photos) -> Any:
                 with torch.inference_mode():
-                    return model.run_net(model.normalize(photos)).float()
+                    return model.run_net(photos).float()
 
             inputs["photo-like"] = on_photos
         for label, gate_inputs in inputs.items():

@@ -18,14 +18,31 @@ by the hash prefix of their file names as torch.hub checks them.  V2 is the
 default: 72.154 % top-1 against 71.878 % for V1 (torchvision's figures), at
 the same size and cost.
 
-The decode threads only resize and crop with Pillow; the float conversion and
-normalisation run batched in the worker thread with the forward pass, so that
-no thread but the worker starts OpenMP work (see ``IModel.preprocess``).
+``preprocess`` (a decode thread, or the worker with ``decode_in_worker``)
+only decodes and resamples with Pillow: the resize and the centre crop are
+one ``Image.resize`` of the source region that the crop keeps (``box``), so
+a 224x224 JPEG is not first upscaled to 256x256 and then cut back, and a
+640x480 photo is not resized whole.  The geometry and the filter are
+torchvision's ``Resize`` + ``CenterCrop`` (antialiased bilinear); the pixels
+differ from that two-step path by rounding of the filter weights only (at
+most 2 of 255 levels, on under 1 % to 26 % of the pixels by size; a 224x224
+image at resize 256 is identical: ``tests/unit/test_mobilenetv2_preprocess.py``).
+An item is the crop as uint8 HWC (a numpy array, no copy into a tensor).
 
-Optimised execution (``backend.optimize``, ``svc.optimize``): the network is
-the one target; the accuracy gate compares its logits on ``GATE_IMAGES``
-seeded random images (the classification gate: same top-1, logits within
-tolerance).  ``auto`` tries ``AUTO_CANDIDATES``, and ``TORCH_BF16`` on a CPU
+The float conversion and the normalisation are part of the module the model
+runs (:func:`pixel_net`: uint8 NHWC pixels in, logits out), batched in the
+worker thread, so that no thread but the worker starts OpenMP work (see
+``IModel.preprocess``), and so that an optimised mode runs them in its own
+graph: OpenVINO and ONNX Runtime convert them with the network (a uint8 input
+tensor, the layout change, the conversion and the mean/std in the compiled
+model), ``jit`` fuses them.  Eager runs the same torch operations as
+torchvision's ``ConvertImageDtype`` + ``Normalize``.
+
+Optimised execution (``backend.optimize``, ``svc.optimize``): the network with
+its input normalisation is the one target; the accuracy gate compares its
+logits on ``GATE_IMAGES`` seeded random uint8 images (the classification
+gate: same top-1, logits within tolerance), so a conversion that gets the
+normalisation wrong is refused like one that gets the network wrong.  ``auto`` tries ``AUTO_CANDIDATES``, and ``TORCH_BF16`` on a CPU
 where neither OpenVINO nor ONNX Runtime imports.
 """
 
@@ -84,6 +101,66 @@ VARIANTS = (
 )
 
 
+def crop_box(width: int, height: int, resize: int, crop: int = CROP) -> tuple[float, float, float, float]:
+    """The region of a ``width`` x ``height`` image that torchvision's ``Resize(resize)`` + ``CenterCrop(crop)`` keep.
+
+    In source pixels, as Pillow's ``Image.resize(..., box=)`` takes it:
+    resizing that region to ``crop`` x ``crop`` samples the same points with
+    the same filter as resizing the whole image (the short side to
+    ``resize``, the long side as torchvision rounds it) and cropping its
+    centre (the offsets rounded as ``CenterCrop`` rounds them).
+    """
+    resized_w, resized_h = short_side_size(width, height, resize)
+    left = int(round((resized_w - crop) / 2.0))
+    top = int(round((resized_h - crop) / 2.0))
+    sx, sy = width / resized_w, height / resized_h
+    return left * sx, top * sy, (left + crop) * sx, (top + crop) * sy
+
+
+def pil_resample(interpolation: Any) -> Any:
+    """Pillow's resampling filter of a torchvision ``InterpolationMode`` (the preset's bilinear)."""
+    from PIL import Image
+
+    return getattr(Image.Resampling, interpolation.value.upper())
+
+
+_PIXEL_NET: Any = None
+
+
+def pixel_net(net: Any, mean: Any, std: Any) -> Any:
+    """``net`` behind torchvision's ``ConvertImageDtype`` + ``Normalize``: uint8 (B, H, W, 3) pixels in, logits out.
+
+    One module, so that what converts or traces the network (OpenVINO, ONNX
+    Runtime, ``jit``) takes the normalisation into its graph with it, and
+    the runtime reads the uint8 batch as the worker stacked it.  The layout
+    change follows the network's weights: contiguous NCHW for eager (the
+    tensor torchvision's transforms made before), channels-last under the
+    ``channels_last`` modes (the memory order their convolutions want).
+    """
+    global _PIXEL_NET
+    if _PIXEL_NET is None:
+        import torch
+
+        class PixelNet(torch.nn.Module):
+            def __init__(self, net: Any, mean: Any, std: Any) -> None:
+                super().__init__()
+                self.net = net
+                self.register_buffer("mean", torch.tensor(mean).view(1, 3, 1, 1), persistent=False)
+                self.register_buffer("std", torch.tensor(std).view(1, 3, 1, 1), persistent=False)
+
+            def forward(self, pixels: Any) -> Any:
+                weight = next(self.net.parameters())
+                nhwc = weight.dim() == 4 and not weight.is_contiguous() and weight.is_contiguous(
+                    memory_format=torch.channels_last)
+                x = pixels.permute(0, 3, 1, 2).contiguous(
+                    memory_format=torch.channels_last if nhwc else torch.contiguous_format)
+                x = x.float().div(255)  # ConvertImageDtype: uint8 to float in [0, 1]
+                return self.net(x.sub(self.mean).div(self.std))  # Normalize
+
+        _PIXEL_NET = PixelNet
+    return _PIXEL_NET(net, mean, std)
+
+
 def imagenet_categories() -> list[str]:
     """The 1000 ImageNet class names, by class id."""
     with open(CATEGORIES_FILE, encoding="utf-8") as f:
@@ -117,26 +194,30 @@ class MobileNetV2:
         from svc.optimize.transfer import HostStaging
 
         self.net = net
-        self.run_net = net  # what predict calls: the network, or its optimised stand-in (svc.optimize)
         self.staging = HostStaging(device)
         self.device = device
         self.version = version
         self.categories = imagenet_categories()
         # torchvision's preset (constructing it downloads nothing): its crop, interpolation, mean and std are
-        # applied in two halves below; the resize is the configured one (232 for IMAGENET1K_V2, else 256).
+        # applied in two halves (preprocess, pixel_net); the resize is the configured one (232 for
+        # IMAGENET1K_V2, else 256).
         self.preset = MobileNet_V2_Weights.IMAGENET1K_V1.transforms()
         self.resize = [resize]
+        self.resample = pil_resample(self.preset.interpolation)
+        #: The network with its input normalisation: uint8 NHWC pixels in, logits out (the optimisation target).
+        self.pixels = pixel_net(net, self.preset.mean, self.preset.std).to(device)
+        self.run_net = self.pixels  # what predict calls: that module, or its optimised stand-in (svc.optimize)
 
     def preprocess(self, image: Any, params: dict) -> Any:
-        from torchvision.transforms import functional as F
+        import numpy as np
 
-        p = self.preset
         side = self.resize[0]
         image.draft("RGB", (side, side))
         # The short side becomes `resize` whatever the long side: check that resize before decoding.
         check_resize(image.size, short_side_size(image.width, image.height, side))
-        image = F.resize(image.convert("RGB"), self.resize, interpolation=p.interpolation, antialias=p.antialias)
-        return F.pil_to_tensor(F.center_crop(image, p.crop_size))  # uint8 CHW, a view of the pixels
+        image = image.convert("RGB")
+        box = crop_box(image.width, image.height, side)
+        return np.asarray(image.resize((CROP, CROP), self.resample, box=box))  # uint8 HWC, Pillow's pixels
 
     def batch_key(self, params: dict) -> Any:
         return None  # top_k only changes the postprocessing
@@ -145,15 +226,8 @@ class MobileNetV2:
         import torch
 
         with torch.inference_mode():
-            probabilities = torch.softmax(self.run_net(self.normalize(self.staging.stack(inputs))), dim=1).float().cpu()
+            probabilities = torch.softmax(self.run_net(self.staging.stack(inputs)), dim=1).float().cpu()
         return list(probabilities)
-
-    def normalize(self, batch: Any) -> Any:
-        """uint8 images (B, 3, 224, 224) on the device to the network's normalised float input."""
-        import torch
-        from torchvision.transforms import functional as F
-
-        return F.normalize(F.convert_image_dtype(batch, torch.float), self.preset.mean, self.preset.std)
 
     def postprocess(self, output: Any, params: dict, options: dict) -> dict:
         k = min(params["top_k"], options.get("max_results", NUM_CLASSES))
@@ -168,31 +242,31 @@ class MobileNetV2:
         }
 
     def warmup_input(self) -> Any:
-        import torch
+        import numpy as np
 
-        return torch.zeros(3, CROP, CROP, dtype=torch.uint8)
+        return np.zeros((CROP, CROP, 3), dtype=np.uint8)
 
     # -- optimised execution (svc.model.api.IOptimizable) ----------------------------------------
 
     def gate_images(self, n: int, seed: int = GATE_SEED) -> Any:
-        """``n`` seeded random uint8 images (n, 3, 224, 224) on the device."""
+        """``n`` seeded random uint8 images (n, 224, 224, 3) on the device, as ``predict`` stacks its items."""
         import torch
 
         generator = torch.Generator().manual_seed(seed)
-        return torch.randint(0, 256, (n, 3, CROP, CROP), generator=generator, dtype=torch.uint8).to(self.device)
+        images = torch.randint(0, 256, (n, 3, CROP, CROP), generator=generator, dtype=torch.uint8)
+        return images.permute(0, 2, 3, 1).contiguous().to(self.device)
 
     def optimization_targets(self) -> list:
         def install(fn: Any) -> None:
             self.run_net = fn
 
-        return [OptimizationTarget("net", self.net, lambda batch: (self.normalize(self.gate_images(batch, 0)),),
-                                   install)]
+        return [OptimizationTarget("net", self.pixels, lambda batch: (self.gate_images(batch, 0),), install)]
 
     def gate_outputs(self) -> Any:
         import torch
 
         with torch.inference_mode():
-            return self.run_net(self.normalize(self.gate_images(GATE_IMAGES))).float().cpu()
+            return self.run_net(self.gate_images(GATE_IMAGES)).float().cpu()
 
     def optimize_candidates(self, device: str) -> tuple:
         from svc.optimize.support import without_runtimes

@@ -33,6 +33,7 @@ from svc.contract.envelope import ItemResult
 from svc.contract.schema import compile_schema
 from svc.model.api import IModel, IModelFactory, ProgressReporter, reporting_progress
 from svc.modelserver.progress import BatchProgress
+from svc.optimize.runtimes import BATCHES
 from svc.web.replies import dumps
 
 log = Logger()
@@ -189,14 +190,16 @@ class Engine:
     def _run_sync(self, inputs: list, params: dict, per_item: list[tuple[dict, dict]],
                   reporter: ProgressReporter | None = None) -> tuple[list[ItemResult], str | None]:
         self._lower_priority()
-        made = self._make_inputs(inputs)
-        good = [i for i, x in enumerate(made) if not isinstance(x, ItemResult)]
-        results: list[ItemResult] = list(made)
-        problem = None
-        if good:
-            ran, problem = self._run_inputs([made[i] for i in good], params, [per_item[i] for i in good], reporter)
-            for i, result in zip(good, ran):
-                results[i] = result
+        with BATCHES.running():  # a converted model may use every worker's threads while this batch runs alone
+            made = self._make_inputs(inputs)
+            good = [i for i, x in enumerate(made) if not isinstance(x, ItemResult)]
+            results: list[ItemResult] = list(made)
+            problem = None
+            if good:
+                ran, problem = self._run_inputs([made[i] for i in good], params, [per_item[i] for i in good],
+                                                reporter)
+                for i, result in zip(good, ran):
+                    results[i] = result
         return results, problem
 
     def _run_inputs(self, inputs: list, params: dict, per_item: list[tuple[dict, dict]],

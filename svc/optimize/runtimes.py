@@ -24,6 +24,9 @@ threads torch has (``backend.threads``, or the cores divided among the
 workers: ``svc.model.torchenv.configure_threads``), and the workers call at once:
 OpenVINO gets one stream per worker with that many threads each, ONNX
 Runtime an intra-op pool of that size (a session runs concurrent calls).
+With several workers OpenVINO also compiles one stream with all their
+threads, for a call whose batch is the only one running (one client):
+:class:`OpenVINOCall`, :data:`BATCHES`.
 :data:`STATS` counts conversions and cache reads for the optimisation line.
 """
 
@@ -35,6 +38,8 @@ import tempfile
 import threading
 import warnings
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +47,47 @@ from typing import Any
 STATS: Counter = Counter()
 #: The inference threads that call a converted target at once (``backend.workers``; set by ``svc.optimize.select``).
 WORKERS = 1
+#: With several workers, also compile one stream with all their threads for a call that runs alone (OpenVINOCall).
+ALONE = True
 #: The smallest example batch a batched target is converted with (tracing at one can fix broadcasts to one).
 CONVERT_MIN_BATCH = 2
 #: The ONNX opset of ``torch.onnx.export``.
 ONNX_OPSET = 17
 _core: Any = None
 _core_lock = threading.Lock()
+
+
+class Batches:
+    """The batches a model server's workers are running now: decoding, forward pass and postprocessing.
+
+    The engine counts each of its batches (:meth:`running`); a converted
+    model asks whether its caller's batch is the only one (:meth:`alone`)
+    before it takes every worker's threads.  Outside a model server (a test,
+    a benchmark) nothing is counted, and a call is alone when no other call
+    runs.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        with self._lock:
+            self.count += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.count -= 1
+
+    def alone(self) -> bool:
+        """No batch, or only the caller's, is running."""
+        return self.count <= 1
+
+
+#: The batches of this process's model server (``svc.modelserver.engine`` counts them).
+BATCHES = Batches()
 
 
 def runtime_version(runtime: str) -> str:
@@ -214,24 +254,46 @@ class OpenVINOCall:
     """A compiled OpenVINO model called like the target: torch tensors in, torch tensors out.
 
     One infer request per calling thread (a request is not shared); one
-    stream per worker, so the workers' calls run side by side.
+    stream per worker, so the workers' calls run side by side.  With more
+    than one worker the model is compiled a second time as one stream with
+    every worker's threads (:data:`ALONE`): a call made while its batch is
+    the only one running (:data:`BATCHES`: one client, a quiet moment) and no
+    other call runs uses that one and all the cores; a call beside another
+    batch keeps its worker's stream and its share of the threads, so that
+    the other worker's decoding and forward pass never wait for a core.
     """
 
     def __init__(self, model: Any, bf16: bool, returns: str, threads: int, workers: int) -> None:
+        workers = max(1, workers)
         config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "bf16" if bf16 else "f32",
-                  "INFERENCE_NUM_THREADS": threads * max(1, workers), "NUM_STREAMS": max(1, workers)}
+                  "INFERENCE_NUM_THREADS": threads * workers, "NUM_STREAMS": workers}
         self.compiled = _ov_core().compile_model(model, "CPU", config)
+        self.alone = (_ov_core().compile_model(model, "CPU", {**config, "NUM_STREAMS": 1})
+                      if ALONE and workers > 1 else None)
         self.returns = returns
         self.types = [port.get_element_type().to_dtype() for port in self.compiled.inputs]
         self.local = threading.local()
+        self.lock = threading.Lock()
+        self.running = 0  # calls in progress, all threads together
 
     def __call__(self, *args: Any) -> Any:
-        request = getattr(self.local, "request", None)
-        if request is None:
-            request = self.local.request = self.compiled.create_infer_request()
-        arrays = [a.astype(t, copy=False) for a, t in zip(_arrays(args), self.types)]
-        results = request.infer(arrays, share_inputs=True)  # outputs copied: the request reuses its buffers
-        return _outputs([results[port] for port in self.compiled.outputs], self.returns)
+        with self.lock:
+            alone = self.alone is not None and self.running == 0 and BATCHES.alone()
+            self.running += 1
+        try:
+            compiled = self.alone if alone else self.compiled
+            requests = getattr(self.local, "requests", None)
+            if requests is None:
+                requests = self.local.requests = {}
+            request = requests.get(alone)
+            if request is None:
+                request = requests[alone] = compiled.create_infer_request()
+            arrays = [a.astype(t, copy=False) for a, t in zip(_arrays(args), self.types)]
+            results = request.infer(arrays, share_inputs=True)  # outputs copied: the request reuses its buffers
+            return _outputs([results[port] for port in compiled.outputs], self.returns)
+        finally:
+            with self.lock:
+                self.running -= 1
 
 
 class OnnxRuntimeCall:

@@ -99,3 +99,21 @@ def test_lazy_items_past_their_deadline_are_never_decoded():
     assert [r.status for r in answered[0]] == [st.RUN_TIMEOUT, st.RUN_TIMEOUT]
     assert len(runner.batches) == 1  # the expired item never reached a worker
     assert made == []  # nothing was decoded outside a worker (the fake runner decodes nothing)
+
+
+def test_a_batch_is_counted_while_it_decodes_and_runs_for_the_converted_models():
+    from svc.optimize.runtimes import BATCHES
+
+    seen: list[int] = []
+    model = Model()
+    predict = model.predict
+    model.predict = lambda inputs, params: seen.append(BATCHES.count) or predict(inputs, params)
+    e = engine(model)
+    inputs = [LazyInput(lambda: seen.append(BATCHES.count) or 1), 2]
+    e._run_sync(inputs, {}, [({}, {})] * 2)
+    assert seen == [1, 1] and BATCHES.count == 0  # during the decode and the forward pass; not after
+    with BATCHES.running():  # another worker's batch
+        assert BATCHES.alone()  # that batch alone
+        e._run_sync([3], {}, [({}, {})])
+        assert seen[-1] == 2  # this one beside it: not alone
+    assert BATCHES.count == 0 and BATCHES.alone()

@@ -102,6 +102,36 @@ def test_the_runtime_threads_follow_torch_and_the_workers(monkeypatch):
     assert len(results) == 4 and all(torch.allclose(r, expected, atol=1e-5) for r in results)  # a request per thread
 
 
+def test_a_call_alone_runs_on_every_worker_thread_and_a_call_beside_another_on_its_stream(monkeypatch):
+    module = TwoHeads().eval()
+    target, _ = target_of(module)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(runtimes, "WORKERS", 2)
+    call = apply_mode(target, mode("openvino"), "cpu", 4).optimised
+    assert call.alone.get_property("NUM_STREAMS") == 1 and call.alone.get_property("INFERENCE_NUM_THREADS") == 2
+    assert call.alone.get_property("INFERENCE_PRECISION_HINT") == call.compiled.get_property("INFERENCE_PRECISION_HINT")
+    x = torch.rand(3, 3, 8, 8)
+    with torch.inference_mode():
+        expected = module(x, torch.tensor(1.0))[0]
+        alone = call(x, torch.tensor(1.0))[0]  # nothing else runs: the one-stream model
+        assert set(call.local.requests) == {True} and call.running == 0
+        call.running = 1  # another worker's call in progress
+        beside = call(x, torch.tensor(1.0))[0]
+        assert set(call.local.requests) == {True, False} and call.running == 1
+        call.running = 0
+        del call.local.requests
+        with runtimes.BATCHES.running(), runtimes.BATCHES.running():  # the model server runs two batches
+            call(x, torch.tensor(1.0))  # the other one decodes: this call keeps its stream
+        assert set(call.local.requests) == {False}
+        with runtimes.BATCHES.running():  # this call's own batch only
+            call(x, torch.tensor(1.0))
+        assert set(call.local.requests) == {False, True}
+    assert torch.allclose(alone, expected, atol=1e-5) and torch.allclose(beside, expected, atol=1e-5)
+
+    monkeypatch.setattr(runtimes, "WORKERS", 1)  # one worker: its stream already has every thread
+    assert apply_mode(target, mode("openvino"), "cpu", 4).optimised.alone is None
+
+
 def test_bf16_openvino_runs_at_bf16_precision_from_the_same_converted_model(state_dir):
     target, _ = target_of(TwoHeads().eval())
     fp32 = apply_mode(target, mode("openvino"), "cpu", 4)
@@ -224,3 +254,76 @@ def test_a_target_that_returns_no_tensors_cannot_be_converted():
     assert onnxruntime.__version__ and openvino_module().__version__  # the pinned runtimes import here
     assert sys.modules["openvino_telemetry"] is None  # and OpenVINO sends no telemetry from a service
     assert support.without_runtimes(("compile",)) == ()  # a runtime imports: no costly torch fallback
+
+
+# -- MOBILENETV2: its input normalisation converted into the runtime's graph ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mobilenet_factory() -> Any:
+    from models.mobilenetv2 import mobilenetv2
+
+    return mobilenetv2
+
+
+def mobilenet(factory: Any) -> Any:
+    return factory.build({"weights": "random", "seed": 0}, "cpu")
+
+
+@pytest.mark.parametrize("name", RUNTIMES)
+def test_mobilenetv2_converted_takes_uint8_nhwc_and_classifies_as_eager(name, mobilenet_factory):
+    from models.mobilenetv2 import GATE_IMAGES
+    from svc.optimize.gates import classification
+    from tests.support.photos import photo_like
+
+    model = mobilenet(mobilenet_factory)
+    reference = model.gate_outputs()
+    photos = [photo_like(224, 224, seed) for seed in range(4)]
+    eager = torch.stack(model.predict(photos, {}))
+    report = Optimizer(model, "classification", "cpu", name, 4, "MOBILENETV2").run()
+    assert report.mode == name and not report.fell_back, report.line
+    assert report.line.startswith(f"MOBILENETV2: optimize {name}: gate passed [top-1 {GATE_IMAGES}/{GATE_IMAGES}, "
+                                  f"top-5 {GATE_IMAGES}/{GATE_IMAGES}, ")
+    if name == "openvino":  # the uint8 batch as the worker stacks it is the compiled model's input
+        [port] = model.run_net.optimised.compiled.inputs
+        assert str(port.get_element_type()) == "<Type: 'uint8_t'>" and str(port.get_partial_shape()) == "[?,224,224,3]"
+    else:
+        [port] = model.run_net.optimised.session.get_inputs()
+        assert port.type == "tensor(uint8)" and port.shape[1:] == [224, 224, 3]
+    served = model.gate_outputs()
+    assert torch.equal(served.topk(1).indices, reference.topk(1).indices)
+    assert torch.equal(served.topk(5).indices.sort().values, reference.topk(5).indices.sort().values)
+    assert torch.allclose(served, reference, atol=1e-4)  # float32: only the order of the arithmetic differs
+    optimised = torch.stack(model.predict(photos, {}))  # the served path: HWC items, stacked, probabilities
+    assert torch.equal(optimised.topk(5).indices, eager.topk(5).indices)
+    assert torch.allclose(optimised, eager, rtol=1e-3, atol=1e-7)
+    assert classification(eager.log(), optimised.log()).passed
+
+
+class WrongNormalisation(torch.nn.Module):
+    """MOBILENETV2's pixel module with the channels read in BGR order: a conversion whose preprocessing is wrong."""
+
+    def __init__(self, pixels: Any) -> None:
+        super().__init__()
+        self.pixels = pixels
+
+    def forward(self, x: Any) -> Any:
+        return self.pixels(x.flip(-1))
+
+
+@pytest.mark.parametrize("wrong", [Perturbed, WrongNormalisation])
+def test_mobilenetv2_refuses_a_perturbed_conversion_and_keeps_eager(wrong, mobilenet_factory):
+    model = mobilenet(mobilenet_factory)
+    reference = model.gate_outputs()
+
+    def perturbed(target: OptimizationTarget, candidate: Mode, device: str, batch: int) -> Any:
+        # eval(): the exporter restores the training flag it found, down to the network's BatchNorm
+        target = OptimizationTarget(target.name, wrong(target.module).eval(), target.example_inputs, target.install,
+                                    target.batched)
+        return apply_mode(target, candidate, device, batch)
+
+    for name in ("openvino", "onnxruntime"):
+        report = Optimizer(model, "classification", "cpu", name, 4, "MOBILENETV2", apply=perturbed).run()
+        assert report.fell_back and report.mode == "eager" and model.run_net is model.pixels, report.line
+        assert report.line.startswith(f"MOBILENETV2: optimize {name}: gate failed: top-1 "), report.line
+        assert torch.equal(model.gate_outputs(), reference)

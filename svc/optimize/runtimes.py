@@ -281,7 +281,7 @@ class OpenVINOCall:
             alone = self.alone is not None and self.running == 0 and BATCHES.alone()
             self.running += 1
         try:
-            compiled = self.alone if alone else self.compiled
+            compiled = self.alone if alone and self.alone is not None else self.compiled
             requests = getattr(self.local, "requests", None)
             if requests is None:
                 requests = self.local.requests = {}

@@ -132,6 +132,74 @@ def test_a_call_alone_runs_on_every_worker_thread_and_a_call_beside_another_on_i
     assert apply_mode(target, mode("openvino"), "cpu", 4).optimised.alone is None
 
 
+def test_openvino_converts_the_onnx_export_which_onnxruntime_then_reads(state_dir, monkeypatch):
+    """One export serves both runtimes: OpenVINO converts the ONNX file (a fraction of a second, where tracing the
+    module again took seconds), kept where the onnxruntime mode finds it."""
+    module = TwoHeads().eval()
+    target, _ = target_of(module)
+    converted_from = []
+    convert = openvino_module().convert_model
+    monkeypatch.setattr(openvino_module(), "convert_model", lambda source, **kw: (converted_from.append(source),
+                                                                                 convert(source, **kw))[1])
+    fn = apply_mode(target, mode("openvino"), "cpu", 4)
+    [onnx] = (state_dir / "compiled").glob("heads-onnxruntime-*.onnx")
+    assert converted_from == [str(onnx)]
+    assert onnx.with_suffix(".json").read_text() == '{"returns": "list"}'
+
+    def no_export(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("exported again")
+
+    monkeypatch.setattr(torch.onnx, "export", no_export)
+    before = dict(runtimes.STATS)
+    ort = apply_mode(target, mode("onnxruntime"), "cpu", 4)
+    assert runtimes.STATS["loaded"] == before.get("loaded", 0) + 1
+    x = torch.rand(3, 3, 8, 8)
+    with torch.inference_mode():
+        expected = module(x, torch.tensor(0.5))
+        for got in (fn(x, torch.tensor(0.5)), ort(x, torch.tensor(0.5))):
+            assert torch.allclose(got[0], expected[0], atol=1e-5) and torch.equal(got[1], expected[1])
+
+
+class IgnoresItsMask(torch.nn.Module):
+    """A target with an argument its graph does not use: the ONNX export leaves that input out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+
+    def forward(self, mask: Any, x: Any) -> Any:
+        return self.conv(x)
+
+
+def test_openvino_feeds_each_input_of_the_export_its_own_argument(state_dir):
+    module = IgnoresItsMask().eval()
+
+    def example(batch: int) -> tuple:
+        return torch.ones(batch, 8, 8), torch.rand(batch, 3, 8, 8)
+
+    fn = apply_mode(OptimizationTarget("masked", module, example, lambda fn: None), mode("openvino"), "cpu", 4)
+    assert fn.optimised.positions == [1]  # input1 of the export: the mask (input0) was left out
+    x = torch.rand(2, 3, 8, 8)
+    with torch.inference_mode():
+        assert torch.allclose(fn(torch.zeros(2, 8, 8), x), module(None, x), atol=1e-5)
+
+
+def test_openvino_converts_the_module_when_the_onnx_export_fails(state_dir, monkeypatch):
+    def failing_export(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the exporter cannot trace this")
+
+    monkeypatch.setattr(torch.onnx, "export", failing_export)
+    module = TwoHeads().eval()
+    target, _ = target_of(module)
+    fn = apply_mode(target, mode("openvino"), "cpu", 4)
+    assert list((state_dir / "compiled").glob("*.onnx")) == []
+    assert fn.optimised.positions == [0, 1]
+    x = torch.rand(2, 3, 8, 8)
+    with torch.inference_mode():
+        assert torch.allclose(fn(x, torch.tensor(1.0))[0], module(x, torch.tensor(1.0))[0], atol=1e-5)
+
+
 def test_bf16_openvino_runs_at_bf16_precision_from_the_same_converted_model(state_dir):
     target, _ = target_of(TwoHeads().eval())
     fp32 = apply_mode(target, mode("openvino"), "cpu", 4)

@@ -127,7 +127,7 @@ class OipRoutes:
         reply = await self.forwarder.exchange(request, upstream, "infer", upstream.server_uri, headers, plan.body,
                                     method=b"POST")
         try:
-            envelope = json.loads(reply.body)
+            envelope = codec.loads(reply.body)
         except ValueError:
             envelope = None
         results = envelope.get("results") if isinstance(envelope, dict) else None

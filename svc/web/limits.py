@@ -40,10 +40,10 @@ from io import BytesIO
 from typing import Any
 
 from twisted.web import server
-from twisted.web.http import HTTPChannel
 
 from svc.contract import status as st
 from svc.contract.errors import ApiError
+from svc.web.headlines import HeadLines
 from svc.web.replies import header, raw_reply, reason
 
 #: How long a refused upload may keep sending after its 413 before we close.
@@ -198,7 +198,7 @@ def head_too_large(request_line: bool, limit: int) -> ApiError:
                     http=431)
 
 
-class LimitedChannel(HTTPChannel):
+class LimitedChannel(HeadLines):
     """An HTTPChannel with a header deadline, a connection cap, head limits and pipelining backpressure.
 
     The site provides ``max_connections``, ``header_timeout_s``,
@@ -352,9 +352,9 @@ class LimitedChannel(HTTPChannel):
 
     def requestDone(self, request: Any) -> None:
         """Answer the next pipelined request now, or later when the client reads (or next turn)."""
-        # Pipelined bytes wait in twisted's buffer (_dataBuffer) or, when the
-        # request was answered at once, in LineReceiver's (_buffer).
-        pipelined = bool(self._dataBuffer or self._buffer)
+        # Pipelined bytes wait in twisted's buffer (_dataBuffer) or, when the request was answered at
+        # once, in LineReceiver's (_buffer) or the read being cut into lines (_unparsed, svc.web.headlines).
+        pipelined = bool(self._dataBuffer or self._buffer or self._unparsed)
         if self.persistent and (self._waitingForTransport or (pipelined and self._burst >= PIPELINE_BURST)):
             if request is not self.requests[0]:
                 raise TypeError("requestDone for a request that is not the first")

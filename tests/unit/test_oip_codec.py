@@ -285,3 +285,15 @@ def test_the_common_requests_read_as_every_field_checked(change):
     assert parse_request(body, length) == checked
     if not change or "id" in change or "parameters" in change:
         assert common is not None  # the requests tritonclient sends take the short path
+
+
+@pytest.mark.parametrize("data", [b'{"a":1}', b'{"a":1}  \n', b'{"a":1} x', b'{"a":', b"[1]", b' {"a":1}',
+                                  b'{"a":"\xff"}', b'{"a":"\\ud800"}', "{\"a\":\"é\"}".encode("utf-16")])
+def test_loads_reads_as_json_loads(data):
+    """codec.loads (the request's header, the model server's envelope) reads or refuses bytes as json.loads does."""
+    def outcome(read):
+        try:
+            return read(data)
+        except ValueError as e:
+            return f"{type(e).__name__}: {e}"
+    assert outcome(codec.loads) == outcome(json.loads)

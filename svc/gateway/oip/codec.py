@@ -27,7 +27,8 @@ from typing import Any
 
 from svc.web.replies import dumps
 
-_decode = json.JSONDecoder().decode
+_decoder = json.JSONDecoder()
+_decode, _raw_decode = _decoder.decode, _decoder.raw_decode
 
 #: Width in bytes and struct code of every datatype the protocol names (BYTES is variable).
 DATATYPES: dict[str, tuple[int, str]] = {
@@ -113,8 +114,14 @@ def _flatten(data: Any, shape: list[int], what: str) -> list:
 
 
 def loads(data: bytes) -> Any:
-    """``json.loads(data)``, without its guess of the encoding where the data starts ``{"`` (UTF-8 to it too)."""
-    return _decode(data.decode("utf-8", "surrogatepass")) if data[:2] == b'{"' else json.loads(data)
+    """``json.loads(data)``, without its guess of the encoding where the data starts ``{"`` (UTF-8 to it too),
+    nor its whitespace scans where the object ends the data (else ``json.loads`` reads it, or says what is
+    wrong, as ever)."""
+    if data[:2] != b'{"':
+        return json.loads(data)
+    text = data.decode("utf-8", "surrogatepass")
+    parsed, end = _raw_decode(text)
+    return parsed if end == len(text) else _decode(text)
 
 
 def split_body(body: bytes, header_length: str | None) -> tuple[dict, memoryview]:

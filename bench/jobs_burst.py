@@ -18,9 +18,11 @@ submits on 2 idle cores.
 
 ``--tree NAME=PATH`` adds a model server running another checkout's code
 (tests.support.processes.checkout), fired at straight in the same rounds:
-an A/B of two versions under the same load.
+an A/B of two versions under the same load.  ``--stand-in`` puts a trivial
+stand-in (bench/jobs_upstream.py: a fixed 202 at once) in the model
+server's place and fires through the gateway only: the gateway's own share.
 
-    python -m bench.jobs_burst [--burst 100] [--rounds 3] [--no-gateway] [--tree NAME=PATH ...]
+    python -m bench.jobs_burst [--burst 100] [--rounds 3] [--no-gateway] [--tree NAME=PATH ...] [--stand-in]
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import asyncio
 import http.client
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,7 +42,7 @@ from bench.shipped import shipped_config
 from bench.threadcpu import ThreadCpu, process_cpu_ms
 from tests.support.gateway import GATEWAY_TOKENS, start_gateway
 from tests.support.images import image_b64
-from tests.support.processes import checkout, free_port, start_model_server
+from tests.support.processes import REPO, checkout, child_env, free_port, start_model_server, write_config
 
 UPSTREAM_TOKEN = "bench-upstream"
 
@@ -79,6 +83,26 @@ def wait_done(port: int, auth: str, prefix: str, jobs: list[str]) -> None:
     conn.close()
 
 
+class StandIn:
+    """bench/jobs_upstream.py as a started server: its ``popen`` and ``port``, and ``stop``."""
+
+    def __init__(self) -> None:
+        self.popen = subprocess.Popen([sys.executable, "-m", "bench.jobs_upstream"], cwd=REPO, env=child_env(),
+                                      stdout=subprocess.PIPE, text=True)
+        self.port = json.loads(self.popen.stdout.readline())["port"]
+
+    def stop(self) -> None:
+        self.popen.terminate()
+        self.popen.wait(10)
+
+
+def stand_in(servers: Path) -> StandIn:
+    """The stand-in, and a config that names it as MOBILENETV2 for the gateway."""
+    server = StandIn()
+    write_config(servers, "TESTFAULTS", name="MOBILENETV2.toml", id="MOBILENETV2", port=server.port)
+    return server
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
@@ -91,15 +115,20 @@ def main() -> None:
     parser.add_argument("--no-gateway", dest="gateway", action="store_false")
     parser.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
                         help="also a model server from the checkout at PATH, named NAME in the table")
+    parser.add_argument("--stand-in", action="store_true",
+                        help="a trivial stand-in for the model server (bench/jobs_upstream.py), through the gateway")
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-burst-"))
     servers = tmp / "server"
     servers.mkdir()
-    port = free_port()
-    config = shipped_config(servers, "MOBILENETV2", name="MOBILENETV2.toml", port=port, async_enabled=True,
-                            async_max_queue=max(128, args.burst), max_queue_depth=0)
-    model = start_model_server(config, token=UPSTREAM_TOKEN, port=port, ready_timeout=300)
+    if args.stand_in:
+        model = stand_in(servers)
+    else:
+        port = free_port()
+        config = shipped_config(servers, "MOBILENETV2", name="MOBILENETV2.toml", port=port, async_enabled=True,
+                                async_max_queue=max(128, args.burst), max_queue_depth=0)
+        model = start_model_server(config, token=UPSTREAM_TOKEN, port=port, ready_timeout=300)
     tree_servers = []
     for spec in args.tree:
         name, _, path = spec.partition("=")
@@ -115,7 +144,7 @@ def main() -> None:
     gateway = start_gateway(tmp, servers, None, env={"SERVICE_UPSTREAM_TOKEN": UPSTREAM_TOKEN}) if args.gateway \
         else None
     body = json.dumps({"images": [image_b64(width=224, height=224, fmt="JPEG", seed=3)]}).encode()
-    paths = [("model server", model, "/jobs", f"Bearer {UPSTREAM_TOKEN}", "/jobs")]
+    paths = [] if args.stand_in else [("model server", model, "/jobs", f"Bearer {UPSTREAM_TOKEN}", "/jobs")]
     paths += [(name[:13], other, "/jobs", f"Bearer {UPSTREAM_TOKEN}", "/jobs") for name, other in tree_servers]
     if gateway is not None:
         token = f"Bearer {GATEWAY_TOKENS['SERVICE_GATEWAY_AUTH_TOKEN']}"
@@ -148,7 +177,8 @@ def main() -> None:
                       f"{gateway_ms:15.2f} ms"
                       + (f"  statuses {others}" if others else ""),
                       flush=True)
-                wait_done(target, auth, prefix, [job for status, _, job in replies if status == 202])
+                if not args.stand_in:
+                    wait_done(target, auth, prefix, [job for status, _, job in replies if status == 202])
     finally:
         if gateway is not None:
             gateway.stop()

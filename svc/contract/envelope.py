@@ -20,10 +20,14 @@ from svc.contract import status as st
 from svc.contract.errors import FieldError
 from svc.contract.status import Status
 
+#: One encoder for every body: ``json.dumps`` with these arguments builds a new JSONEncoder per call (about 6 us
+#: of the gateway's reactor per Open Inference Protocol request, two calls; more on the model server's replies).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
 
 def dumps(body: Any) -> bytes:
     """Compact JSON, never NaN (which is not JSON): the wire form of every JSON body of every process."""
-    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    return _ENCODER.encode(body).encode("utf-8")
 
 
 @dataclass(frozen=True)

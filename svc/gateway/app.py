@@ -176,7 +176,7 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
             raise ApiError(st.RATE_LIMITED,
                            f"rate limit of {principal.rate_limit_qps} requests/s for key {principal.name} exceeded",
                            headers={"Retry-After": retry_after_header(wait)})
-        self.metrics.key_requests.labels(principal.name).inc()
+        self.forwarder.labelled(self.metrics.key_requests, principal.name).inc()
         return principal
 
     def authenticate(self, request: Any) -> Principal:

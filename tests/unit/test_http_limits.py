@@ -7,6 +7,7 @@ StringTransports, so every byte written and every pause of reading is seen.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from twisted.internet.address import IPv4Address
@@ -340,3 +341,39 @@ def test_a_body_complete_in_time_cancels_its_deadline():
     clock.advance(5)
     assert b"408" not in transport.value()
     lose(channel, transport)
+
+
+def _served(stream: bytes, chunk: int | None) -> tuple[bytes, list[bytes]]:
+    """What one connection answers to ``stream`` read whole (``chunk`` None) or ``chunk`` bytes at a time, and
+    the bodies its handler saw."""
+    clock = Clock()
+    site, res = make_site(clock)
+    channel, transport = connect(site)
+    for start in range(0, len(stream), chunk or len(stream)):
+        channel.dataReceived(stream[start:start + (chunk or len(stream))])
+        clock.advance(0)
+    for _ in range(10):  # pipelined requests past the burst wait a reactor turn each
+        clock.advance(0.01)
+    reply = re.sub(rb"Date: [^\r]*\r\n", b"", transport.value())  # the wall clock's second may turn between runs
+    lose(channel, transport)
+    return reply, res.posted
+
+
+def _post(body: bytes, extra: bytes = b"") -> bytes:
+    return b"POST /x HTTP/1.1\r\nHost: h\r\n" + extra + b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+@pytest.mark.parametrize("stream", [
+    _post(b"a" * 1000) + _post(b"b" * 1000) + _post(b"c" * 200),  # pipelined heads and bodies in one read
+    _post(b"d" * 1000, b"X-Long: " + b"v" * 3000 + b"\r\n"),  # a header line of 3 KB: within the head's limits
+    _post(b"e" * 100, b"X-Huge: " + b"v" * 20000 + b"\r\n"),  # a line past MAX_LENGTH: refused, 431
+    REQUEST * 90 + b"GET /ok HTTP/1.1\r\nHost",  # pipelined GETs, the last one's head cut short
+    _post(b"f" * 1000)[:60] + b"\r\n\r\n" + b"g" * 3000,  # a head that ends early: the rest is its body or junk
+])
+def test_a_request_read_whole_is_served_as_when_it_comes_in_pieces(stream):
+    """A read that holds a whole head (and more) has its lines cut in place (svc.web.headlines), not by twisted's
+    LineReceiver, which copies the rest of the read once per line: the replies and the bodies handed to the
+    handler are the same as when the same bytes come a few at a time."""
+    whole = _served(stream, None)
+    assert whole == _served(stream, 7)
+    assert whole[0].startswith(b"HTTP/1.1 ")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import struct
 
 import pytest
@@ -238,3 +239,61 @@ def test_a_failed_row_fails_the_request_with_its_status():
     assert error.code == 400 and "row 1 of 2" in error.message and "INVALID_IMAGE" in error.message
     assert translate.failed_item([{"status": 4, "data": None}]).code == 504
     assert translate.failed_item([{"status": 0, "data": {}}]) is None
+
+
+COMMON = {"id": "r1", "inputs": [image_input(0, [1])],
+          "outputs": [{"name": "PROBABILITIES", "parameters": {"classification": 5, "binary_data": True}}],
+          "parameters": {"binary_data_output": False, "top_k": 2}}
+
+
+@pytest.mark.parametrize("change", [
+    {},
+    {"id": None},
+    {"outputs": None},
+    {"outputs": []},
+    {"parameters": {}},
+    {"outputs": [{"name": "PROBABILITIES"}, {"name": "P", "parameters": {"classification": 0}}]},
+    {"outputs": [{"name": "PROBABILITIES", "parameters": {"classification": 5.0}}]},  # the checked path's
+    {"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [2], "data": ["YQ==", "Yg=="]}]},
+    {"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [2], "parameters": {"binary_data_size": 0}}]},
+    {"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 0},
+                 "data": ["x"]}]},
+    {"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["YQ=="], "extra": 1}]},
+    {"parameters": {"binary_data_output": 1}},
+    {"id": 7},
+])
+def test_the_common_requests_read_as_every_field_checked(change):
+    """The short path for the requests clients send (:func:`codec._common_request`) reads them as the path that
+    checks every field does, or leaves them to it."""
+    head = {k: v for k, v in {**COMMON, **change}.items() if v is not None}
+    blob = bytes_tensor(b"\xff\xd8-a-jpeg")
+    for entry in head["inputs"]:
+        if "binary_data_size" in entry.get("parameters", {}):
+            entry["parameters"]["binary_data_size"] = len(blob)
+    binary = blob if "binary_data_size" in head["inputs"][0].get("parameters", {}) else b""
+    body, length = binary_request(head, binary)
+    parsed, rest = codec.split_body(body, length)
+    common = codec._common_request(parsed, rest)
+    try:
+        checked = codec._checked_request(json.loads(json.dumps(parsed)), rest)
+    except CodecError as e:  # refused: with the checked path's text
+        assert common is None
+        with pytest.raises(CodecError, match=re.escape(str(e))):
+            parse_request(body, length)
+        return
+    assert common is None or common == checked
+    assert parse_request(body, length) == checked
+    if not change or "id" in change or "parameters" in change:
+        assert common is not None  # the requests tritonclient sends take the short path
+
+
+@pytest.mark.parametrize("data", [b'{"a":1}', b'{"a":1}  \n', b'{"a":1} x', b'{"a":', b"[1]", b' {"a":1}',
+                                  b'{"a":"\xff"}', b'{"a":"\\ud800"}', "{\"a\":\"é\"}".encode("utf-16")])
+def test_loads_reads_as_json_loads(data):
+    """codec.loads (the request's header, the model server's envelope) reads or refuses bytes as json.loads does."""
+    def outcome(read):
+        try:
+            return read(data)
+        except ValueError as e:
+            return f"{type(e).__name__}: {e}"
+    assert outcome(codec.loads) == outcome(json.loads)

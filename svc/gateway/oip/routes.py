@@ -127,7 +127,7 @@ class OipRoutes:
         reply = await self.forwarder.exchange(request, upstream, "infer", upstream.server_uri, headers, plan.body,
                                     method=b"POST")
         try:
-            envelope = json.loads(reply.body)
+            envelope = codec.loads(reply.body)
         except ValueError:
             envelope = None
         results = envelope.get("results") if isinstance(envelope, dict) else None
@@ -155,7 +155,7 @@ class OipRoutes:
             request.setHeader(b"X-Request-ID", task_id[0])
         request.setHeader(b"Cache-Control", b"no-store")
         request.setHeader(b"Content-Length", str(len(data)).encode())
-        self.metrics.duration.labels("infer", OIP).observe((self.clock.seconds() - started) * 1000.0)
+        self.forwarder.labelled(self.metrics.duration, "infer", OIP).observe((self.clock.seconds() - started) * 1000.0)
         return data
 
 

@@ -66,13 +66,19 @@ SLOWER = 1.5
 
 
 def timed_ms(targets: list[tuple[OptimizationTarget, Any]], batch: int,
-             clock: Callable[[], float] = time.perf_counter) -> float:
+             clock: Callable[[], float] = time.perf_counter,
+             synchronize: Callable[[], None] | None = None) -> float:
     """Best per-call time in ms of one call of every target on its example inputs.
 
     Calls until ``TIMING_S`` (at least ``MIN_CALLS``, at most ``MAX_CALLS``);
     the best call is the figure: on a machine that others load too, the
     median moves with their load, the best much less.  A target that takes a
     second per call is called once per round.
+
+    On a GPU a call returns once its work is queued, so each call is timed
+    to the end of that work: ``synchronize`` (default: ``torch.cuda.synchronize``
+    when an example input is on a CUDA device) runs before the clock is read.
+    Without it a CUDA graph's replay, one launch, timed 0.0 ms.
     """
     from svc.optimize.tensors import inference_context
 
@@ -80,14 +86,38 @@ def timed_ms(targets: list[tuple[OptimizationTarget, Any]], batch: int,
     calls = 0
     with inference_context():
         inputs = [(fn, target.example_inputs(batch)) for target, fn in targets]
+        sync = synchronize or _cuda_synchronize(inputs)
+        sync()
         started = clock()
         while calls < MIN_CALLS or (clock() - started < TIMING_S and calls < MAX_CALLS):
             begin = clock()
             for fn, args in inputs:
                 fn(*args)
+            sync()
             best = min(best, clock() - begin)
             calls += 1
     return best * 1000.0
+
+
+def _cuda_synchronize(inputs: list[tuple[Any, tuple]]) -> Callable[[], None]:
+    """``torch.cuda.synchronize`` when an input is on a CUDA device, else nothing to wait for."""
+    if any(getattr(value, "is_cuda", False) is True for _, args in inputs for value in args):
+        import torch
+
+        return torch.cuda.synchronize
+    return lambda: None
+
+
+def holds_weights(chosen: Mode) -> bool:
+    """Whether ``chosen``'s callables read the weights at the addresses they had when it was applied.
+
+    A CUDA graph replays kernels on the tensors it captured.  Timing eager
+    and the modes in turn changes the weights' memory order in place (a new
+    allocation each time: :meth:`Optimizer.apply_layout`), so a graph captured
+    before read freed memory: served, it answered NaN.  Such a mode is
+    applied again once the layout is the one it runs in.
+    """
+    return chosen.has("cuda_graphs")
 
 
 def _problem(e: BaseException) -> str:
@@ -199,7 +229,8 @@ class Optimizer:
         if best is not None and (explicit is not None or (best[0].ms or 0.0) <= (eager_ms or 0.0) * (1 - MIN_GAIN)):
             chosen = best[0].mode
             self.apply_layout(targets, chosen)
-            self._install(targets, best[1])
+            fns = self.recapture(targets, chosen) if explicit is None and holds_weights(chosen) else best[1]
+            self._install(targets, fns)
         else:
             self.apply_layout(targets, EAGER_MODE)
         report.chosen = chosen
@@ -296,6 +327,8 @@ class Optimizer:
                 break
             for i in timing:
                 self.apply_layout(targets, runs[i][0])
+                if holds_weights(runs[i][0]):
+                    runs[i] = (runs[i][0], self.recapture(targets, runs[i][0]), runs[i][2])
                 best[i] = min(best[i], self.timer(list(zip(targets, runs[i][1])), self.batch))
                 rounds[i] += 1
         for (_mode, _fns, outcome), ms in zip(runs, best):
@@ -312,6 +345,10 @@ class Optimizer:
         names = own(self.device) if callable(own) else DEFAULT_CANDIDATES.get(self.device, ())
         modes = [mode(name, self.device) for name in names]
         return [m for m in modes if m.steps and unsupported(m, self.device) is None]
+
+    def recapture(self, targets: list[OptimizationTarget], chosen: Mode) -> list:
+        """``chosen`` applied again, on the weights as they are now (:func:`holds_weights`)."""
+        return [self.apply(t, chosen, self.device, self.batch) for t in targets]
 
     def apply_layout(self, targets: list[OptimizationTarget], chosen: Mode) -> None:
         """Leave every target's weights in the memory order the chosen mode runs them in."""

@@ -7,6 +7,7 @@ caused otherwise is injected: a mode whose application raises, timings
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from zope.interface import implementer
 from svc.model.api import IModel, IOptimizable, OptimizationTarget
 from svc.optimize import select
 from svc.optimize.apply import apply_mode
-from svc.optimize.modes import Mode
+from svc.optimize.modes import Mode, mode
 from svc.optimize.select import Optimizer, optimize_model
 
 
@@ -234,3 +235,60 @@ def test_the_real_timer_takes_the_best_call(monkeypatch):
     model = TinyClassifier()
     [target] = model.optimization_targets()
     assert select.timed_ms([(target, target.module)], 2, clock=lambda: next(ticks)) == pytest.approx(200.0)
+
+
+def test_the_timer_waits_for_queued_gpu_work_before_it_reads_the_clock(monkeypatch):
+    """A GPU call returns once its work is queued (a CUDA graph's replay is one launch, timed 0.0 ms before):
+    with an example input on a CUDA device, every call is timed to the end of its work."""
+    events: list[str] = []
+
+    class OnCuda:
+        is_cuda = True
+
+    def call(*args: Any) -> None:
+        events.append("call")
+
+    target = SimpleNamespace(example_inputs=lambda batch: (OnCuda(),))
+    ticks = iter(range(100))
+    monkeypatch.setattr(select, "MIN_CALLS", 2)
+    monkeypatch.setattr(select, "TIMING_S", 0.0)
+    select.timed_ms([(target, call)], 2, clock=lambda: events.append("clock") or next(ticks),
+                    synchronize=lambda: events.append("sync"))
+    # before the clock starts, then each call timed from its start to the end of its work; the last look ends it
+    assert events == ["sync", "clock", *["clock", "call", "sync", "clock"] * 2, "clock"]
+    assert select._cuda_synchronize([(call, (OnCuda(),))]).__name__ == "synchronize"  # torch.cuda's
+    assert select._cuda_synchronize([(call, (torch.zeros(1),))])() is None  # on the CPU: nothing to wait for
+
+
+def test_a_mode_that_replays_on_captured_weights_is_applied_again_once_their_layout_changed():
+    """A CUDA graph replays its kernels on the weights' addresses at capture. Timing eager and the modes in turn
+    moves the weights (their memory order changed in place, a new allocation each time), so a graph captured
+    before read freed memory and served NaN. Here the "graph" checks the address it captured on every call."""
+    model = TinyClassifier()
+    applied: list[str] = []
+
+    def graph_like_apply(target: OptimizationTarget, chosen: Mode, device: str, batch: int) -> Any:
+        weight = target.module[0].weight
+        captured = weight.data_ptr()
+        applied.append(chosen.name)
+
+        def replay(*args: Any) -> Any:
+            assert target.module[0].weight.data_ptr() == captured, "replayed on weights that moved"
+            return target.module(*args)
+
+        return replay
+
+    def timer(pairs: list, batch: int) -> float:
+        for target, fn in pairs:
+            fn(*target.example_inputs(batch))
+        return 10.0 if all(fn is target.module for target, fn in pairs) else 2.0
+
+    graphs = mode("channels_last+fp16+cuda_graphs", "cuda")
+    optimizer = Optimizer(model, "classification", "cuda", "auto", 4, "TINY", apply=graph_like_apply, timer=timer)
+    optimizer.candidates = lambda: [graphs]  # type: ignore[method-assign]  # no GPU here: the mode is named
+    report = optimizer.run()
+    assert report.mode == graphs.name, report.line
+    timed = optimizer.rounds.get(graphs.name, select.ROUNDS)
+    assert applied == [graphs.name] * (1 + timed + 1)  # gated, timed after each of eager's layouts, served
+    assert not model.net[0].weight.is_contiguous()  # channels-last: the layout the graph was captured on
+    model.predict([torch.zeros(3, 8, 8)], {})  # served on the weights it captured

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 
-import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -20,21 +19,18 @@ from svc.weightstore.cache import read_record
 from svc.weightstore.catalog import FileSource, Variant
 from tests.support.fakehub import FakeHub
 from tests.support.weight_source import FakeSource
-from tests.unit.test_weights_cli import BODY, FIXTURE_VARIANTS, URL, cache_files, mobilenet_body, svcctl
+from tests.unit import test_weights_cli
+from tests.unit.test_weights_cli import (
+    FIXTURE_VARIANTS,
+    cache_files,
+    mobilenet_body,
+    svcctl,
+)
+
+#: The fake source and cache of test_weights_cli (the same fixture).
+source = test_weights_cli.source
 
 MISFIT_URL = "https://example.org/weights/mobilenet_v2-ten-classes.pth"
-
-
-@pytest.fixture
-def source(monkeypatch, tmp_path):
-    """The fake source of ``test_weights_cli``: the fixture variants, a cache under ``tmp_path``."""
-    fake = FakeSource()
-    fake.serve(URL, BODY)
-    monkeypatch.setenv("SERVICE_WEIGHTS_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("SERVICE_WEIGHTS_MIRROR", fake.mirror)
-    monkeypatch.setattr(MobileNetV2Factory, "variants", FIXTURE_VARIANTS)
-    yield fake
-    fake.close()
 
 
 def ten_class_body() -> bytes:

@@ -75,10 +75,8 @@ def timed_ms(targets: list[tuple[OptimizationTarget, Any]], batch: int,
     median moves with their load, the best much less.  A target that takes a
     second per call is called once per round.
 
-    On a GPU a call returns once its work is queued, so each call is timed
-    to the end of that work: ``synchronize`` (default: ``torch.cuda.synchronize``
-    when an example input is on a CUDA device) runs before the clock is read.
-    Without it a CUDA graph's replay, one launch, timed 0.0 ms.
+    On a GPU a call returns once its work is queued: ``synchronize`` (default: ``torch.cuda.synchronize``
+    when an input is on a CUDA device) runs before the clock is read (a CUDA graph's replay timed 0.0 ms).
     """
     from svc.optimize.tensors import inference_context
 
@@ -109,14 +107,9 @@ def _cuda_synchronize(inputs: list[tuple[Any, tuple]]) -> Callable[[], None]:
 
 
 def holds_weights(chosen: Mode) -> bool:
-    """Whether ``chosen``'s callables read the weights at the addresses they had when it was applied.
-
-    A CUDA graph replays kernels on the tensors it captured.  Timing eager
-    and the modes in turn changes the weights' memory order in place (a new
-    allocation each time: :meth:`Optimizer.apply_layout`), so a graph captured
-    before read freed memory: served, it answered NaN.  Such a mode is
-    applied again once the layout is the one it runs in.
-    """
+    """Whether ``chosen`` replays on the weights' addresses at capture (CUDA graphs): timing eager and the modes in
+    turn moves the weights (:meth:`Optimizer.apply_layout`), and a graph captured before served NaN from freed
+    memory; such a mode is applied again once the layout is the one it runs in."""
     return chosen.has("cuda_graphs")
 
 

@@ -326,12 +326,12 @@ class OpenVINOCall:
             self.running += 1
         try:
             compiled = self.alone if alone and self.alone is not None else self.compiled
-            requests = getattr(self.local, "requests", None)
-            if requests is None:
-                requests = self.local.requests = {}
-            request = requests.get(alone)
+            infer_requests = getattr(self.local, "infer_requests", None)
+            if infer_requests is None:
+                infer_requests = self.local.infer_requests = {}
+            request = infer_requests.get(alone)
             if request is None:
-                request = requests[alone] = compiled.create_infer_request()
+                request = infer_requests[alone] = compiled.create_infer_request()
             given = _arrays(args)
             arrays = [given[i].astype(t, copy=False) for i, t in zip(self.positions, self.types)]
             results = request.infer(arrays, share_inputs=True)  # outputs copied: the request reuses its buffers

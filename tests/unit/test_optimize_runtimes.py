@@ -114,18 +114,18 @@ def test_a_call_alone_runs_on_every_worker_thread_and_a_call_beside_another_on_i
     with torch.inference_mode():
         expected = module(x, torch.tensor(1.0))[0]
         alone = call(x, torch.tensor(1.0))[0]  # nothing else runs: the one-stream model
-        assert set(call.local.requests) == {True} and call.running == 0
+        assert set(call.local.infer_requests) == {True} and call.running == 0
         call.running = 1  # another worker's call in progress
         beside = call(x, torch.tensor(1.0))[0]
-        assert set(call.local.requests) == {True, False} and call.running == 1
+        assert set(call.local.infer_requests) == {True, False} and call.running == 1
         call.running = 0
-        del call.local.requests
+        del call.local.infer_requests
         with runtimes.BATCHES.running(), runtimes.BATCHES.running():  # the model server runs two batches
             call(x, torch.tensor(1.0))  # the other one decodes: this call keeps its stream
-        assert set(call.local.requests) == {False}
+        assert set(call.local.infer_requests) == {False}
         with runtimes.BATCHES.running():  # this call's own batch only
             call(x, torch.tensor(1.0))
-        assert set(call.local.requests) == {False, True}
+        assert set(call.local.infer_requests) == {False, True}
     assert torch.allclose(alone, expected, atol=1e-5) and torch.allclose(beside, expected, atol=1e-5)
 
     monkeypatch.setattr(runtimes, "WORKERS", 1)  # one worker: its stream already has every thread

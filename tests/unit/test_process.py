@@ -49,7 +49,10 @@ def test_freeze_heap_frees_the_young_garbage_and_freezes_what_is_alive():
     try:
         frozen = freeze_heap()
         assert gone() is None  # collected before the freeze, not frozen with the rest
-        assert frozen == gc.get_freeze_count() > 10_000  # this process's modules, pytest's, and ``kept``
+        after = gc.get_freeze_count()  # this process's modules, pytest's, and ``kept``
+        # A frozen object that dies leaves the count (an xdist worker's I/O thread frees its messages meanwhile:
+        # 748,368 frozen, 748,366 a line later in one CI run); nothing joins it after the freeze.
+        assert after > 10_000 and 0 <= frozen - after <= 100
         assert not any(o is kept for o in gc.get_objects())  # frozen objects are out of the collector's lists
     finally:
         gc.unfreeze()

@@ -130,6 +130,28 @@ def test_detection_tolerates_a_box_crossing_a_cut_where_the_params_say_so():
         False, "2 detections changed at a cut (1 missing, 2 new), more than 1 of 1")
 
 
+def test_detection_lets_a_list_tied_at_its_cut_reorder_but_holds_the_matched_boxes():
+    # random-init YOLOV8: top_k boxes all of score 1.000, a tie that rounding reorders (which 10 of the
+    # thousands at 1.000 are kept); 6 of 10 exchanged is more than UNMATCHED_FRACTION, yet every one is tied
+    def box(i: int) -> tuple:
+        return (40 * i, 10, 40 * i + 30, 60, 1.0, i % 3)
+
+    tied = [_detections(*(box(i) for i in range(10)))]
+    reordered = [_detections(*(box(i) for i in (0, 1, 2, 3, 10, 11, 12, 13, 14, 15)))]
+    assert gates.detection(_params(tied, top_k=10), _params(reordered, top_k=10)) == gates.GateResult(
+        True, "4 detections matched, min IoU 1.000, max |d score| 0.000, 6 changed at a cut")
+    # the same exchange where the list is not full (no top_k cut) is refused as before
+    assert not gates.detection(_params(tied), _params(reordered)).passed
+    # a tie still holds every matched box: one of the four kept moved 10 px is a visible change
+    moved = [_detections((10, 10, 40, 60, 1.0, 0), *(box(i) for i in (1, 2, 3, 10, 11, 12, 13, 14, 15)))]
+    assert gates.detection(_params(tied, top_k=10), _params(moved, top_k=10)) == gates.GateResult(
+        True, "3 detections matched, min IoU 1.000, max |d score| 0.000, 7 changed at a cut")
+    # and a candidate whose boxes all differ is refused, however tied its scores
+    elsewhere = [_detections(*(box(i) for i in range(20, 30)))]
+    assert gates.detection(_params(tied, top_k=10), _params(elsewhere, top_k=10)) == gates.GateResult(
+        False, "no detection matched: 10 in the reference, all changed")
+
+
 def test_generation_compares_the_final_image_per_pixel_and_on_average():
     rng = np.random.default_rng(0)
     image = rng.integers(0, 256, (1, 32, 32, 3), dtype=np.uint8)

@@ -2,7 +2,7 @@
 
     python -m bench.modelserver [--seconds 10] [--rounds 2] [--concurrency 1 8 32] [--body raw|json]
                                 [--server NAME=JSON ...] [--tree NAME=PATH ...] [--no-torchserve]
-                                [--bare-runtimes openvino:bf16 openvino:f32 onnxruntime:f32 | none]
+                                [--bare-runtimes openvino:bf16 openvino:f32 onnxruntime:f32 | none] [--image noise|photo]
 
 Each round starts every server in turn (A/B/A/B: our shipped config, any
 ``--server`` variant of it, the shipped config of any ``--tree``, then
@@ -46,6 +46,7 @@ use (``bench/torchserve/``).
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import statistics
 import subprocess
@@ -55,7 +56,7 @@ from pathlib import Path
 
 from bench.served import Point, measure_model_server, measure_torchserve
 from bench.shipped import shipped_config
-from tests.support.images import image_b64, image_bytes
+from tests.support.images import image_bytes
 from tests.support.processes import REPO, SHIPPED_CONF, checkout, child_env, start_model_server
 
 URI = "/mobilenetv2/predict"
@@ -242,6 +243,19 @@ def _met(ok: bool) -> str:
     return "met" if ok else "missed"
 
 
+def photo_jpeg() -> bytes:
+    """A photo-like 224x224 JPEG, quality 90 (``tests/support/photos.py``): what a camera's image costs to decode."""
+    import io
+
+    from PIL import Image
+
+    from tests.support.photos import photo_like
+
+    buf = io.BytesIO()
+    Image.fromarray(photo_like(224, 224, seed=3)).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per point")
@@ -262,17 +276,18 @@ def main() -> None:
                         metavar="RUNTIME:PRECISION",
                         help="bare OpenVINO / ONNX Runtime references (bench/bare_runtimes.py); 'none' skips them")
     parser.add_argument("--tool", choices=("auto", "wrk", "python"), default="auto")
+    parser.add_argument("--image", choices=("noise", "photo"), default="noise",
+                        help="the 224x224 JPEG sent: noise (the worst case for decoding) or photo-like")
     args = parser.parse_args()
 
-    raw = image_bytes(width=224, height=224, fmt="JPEG", seed=3)
+    raw = photo_jpeg() if args.image == "photo" else image_bytes(width=224, height=224, fmt="JPEG", seed=3)
     if args.body == "raw":
         body, content_type = raw, "image/jpeg"
     else:
-        body, content_type = json.dumps({"images": [image_b64(width=224, height=224, fmt="JPEG", seed=3)]}).encode(), \
-            "application/json"
+        body, content_type = json.dumps({"images": [base64.b64encode(raw).decode()]}).encode(), "application/json"
     servers = Servers(Path(tempfile.mkdtemp(prefix="bench-")), args.server, args.tree)
     print(f"MOBILENETV2 served ({SHIPPED_CONF / 'MOBILENETV2.toml'} and variants: {', '.join(servers.plans)}) and "
-          f"{'TorchServe 0.12' if args.torchserve else 'no peer'}; one 224x224 JPEG per request ({args.body} body, "
+          f"{'TorchServe 0.12' if args.torchserve else 'no peer'}; one 224x224 {args.image} JPEG per request ({args.body} body, "
           f"{len(body)} bytes), {args.seconds:g} s per point, {args.rounds} round(s)\n")
     refs: dict[int, list[dict]] = {t: [bare(t, args.bare_seconds)] for t in args.bare_threads}
     optimised = args.bare_optimize not in ("none", "eager")

@@ -389,7 +389,7 @@ def test_a_replica_that_refuses_a_poll_is_503_never_another_replica(gw):
 
 @pytest.mark.parametrize("make", [
     lambda: job_of(1, secret="t" * 64),  # signed with another secret: forged
-    lambda: job_of(1)[:-2] + ("00" if job_of(1)[-2:] != "00" else "11"),  # tag edited
+    lambda: (lambda job: job[:-2] + ("00" if job[-2:] != "00" else "11"))(job_of(1)),  # tag edited (one mint)
     lambda: (lambda raw: "job_" + (raw[:24] + "00" + raw[26:]))(job_of(1)[4:]),  # replica byte edited to 0
     lambda: job_of(2),  # a replica this model does not run (gone)
     lambda: job_of(0, host="other-host"),  # another host of a cluster

@@ -91,6 +91,7 @@ def main() -> None:
 
     torchenv.tune_malloc()
     torchenv.configure_threads(1, 1)
+    import openvino
     import torch
 
     from bench.modelserver import photo_jpeg
@@ -104,7 +105,7 @@ def main() -> None:
                        "openvino", True, "MOBILENETV2", directory)
     xml = str(next(directory.glob("*-openvino-*.xml")))
     data = photo_jpeg() if args.photo else image_bytes(width=224, height=224, fmt="JPEG", seed=3)
-    core = runtimes._ov_core()
+    core = openvino.Core()
     print(f"MOBILENETV2 bf16+openvino, batch {BATCH}, one {len(data)}-byte 224x224 JPEG "
           f"({'photo-like' if args.photo else 'noise'}), {args.seconds:g} s per row", flush=True)
     for round_ in range(1, args.rounds + 1):

@@ -262,11 +262,15 @@ class YOLOv8Model:
     # -- optimised execution (svc.model.api.IOptimizable) ----------------------------------------
 
     def gate_pixels(self, n: int, seed: int = GATE_SEED) -> Any:
-        """``n`` seeded random images (n, imgsz, imgsz, 3) uint8: smooth blobs, so that there is something to detect."""
+        """``n`` seeded random images (n, imgsz, imgsz, 3) uint8: smooth blobs, so that there is something to detect.
+
+        Levels 64 to 191, about a photograph's contrast: full-range blobs drive even the demo network's
+        scores to 1.000 everywhere, which leaves the gate nothing but ties to compare.
+        """
         import torch
 
         generator = torch.Generator().manual_seed(seed)
-        coarse = torch.randint(0, 256, (n, 3, self.imgsz // 32, self.imgsz // 32), generator=generator).float()
+        coarse = torch.randint(64, 192, (n, 3, self.imgsz // 32, self.imgsz // 32), generator=generator).float()
         smooth = torch.nn.functional.interpolate(coarse, size=(self.imgsz, self.imgsz), mode="bilinear")
         return smooth.round().to(torch.uint8).permute(0, 2, 3, 1).contiguous()
 
@@ -372,6 +376,7 @@ class YOLOv8Factory:
         if path is not None:
             load_into(net, read_state_dict(path), path)
         else:
+            net.model[-1].initial_biases(config["imgsz"])  # demo weights: spread scores, not 1.000 everywhere
             calibrate_batchnorm(net, (2, 3, config["imgsz"], config["imgsz"]), seed)
         net.eval().to(device)
         return YOLOv8Model(net, device, version_of(config, path), config["imgsz"])

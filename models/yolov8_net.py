@@ -10,6 +10,7 @@ only when a network is built.  The plugin is ``models/yolov8.py``.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 NUM_CLASSES = 80
@@ -106,6 +107,18 @@ def _layers() -> Any:
             )
             self.cv3 = nn.ModuleList(nn.Sequential(Conv(x, c3, 3), Conv(c3, c3, 3), nn.Conv2d(c3, nc, 1)) for x in ch)
             self.dfl = DFL(REG_MAX)
+
+        def initial_biases(self, imgsz: int = 640) -> None:
+            """The last convolutions' biases as upstream initialises them: box bins 1.0, classes the log prior
+            of about 5 objects per image (``log(5 / nc / (imgsz / stride)^2)``; upstream fixes ``imgsz`` at 640).
+
+            Without them a random-init network scores every anchor near 1.000, so the demo gives the same 300
+            boxes of equal score for any image; with them it gives spread scores and some boxes above a usual
+            threshold, as a freshly built upstream model does.
+            """
+            for box, cls, stride in zip(self.cv2, self.cv3, STRIDES):
+                box[-1].bias.data[:] = 1.0
+                cls[-1].bias.data[: self.nc] = math.log(5 / self.nc / (imgsz / stride) ** 2)
 
         def forward(self, feats: list) -> list:
             """Raw head outputs per level: (B, 4 * reg_max + nc, H, W)."""

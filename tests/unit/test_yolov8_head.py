@@ -136,3 +136,23 @@ def test_boxes_reaching_into_the_border_are_clipped_to_the_image():
     x2 = (16 + 4 * 32 - box.left) / box.gain
     assert (112 + 160 - box.top) / box.gain > height  # the bottom too is past the image
     assert boxes.tolist()[0] == pytest.approx([0.0, 0.0, x2, height], abs=1e-3)
+
+
+def test_demo_weights_start_with_upstreams_head_biases_and_give_spread_scores():
+    import math
+
+    from models.yolov8 import GATE_PARAMS, yolov8
+
+    model = yolov8.build({"scale": "n", "imgsz": 320, "weights": "random", "seed": 0}, "cpu")
+    head = model.net.model[-1]
+    for box, cls, stride in zip(head.cv2, head.cv3, STRIDES):
+        assert torch.equal(box[-1].bias, torch.ones(4 * REG_MAX))
+        assert torch.allclose(cls[-1].bias, torch.full((80,), math.log(5 / 80 / (320 / stride) ** 2)))
+    # the gate's images give a list of spread scores under top_k, not the 300 ties at 1.000 of a bare random init
+    with torch.inference_mode():
+        gate = model.gate_outputs()
+    for _boxes, scores, _classes in gate["detections"]:
+        assert 0 < len(scores) < GATE_PARAMS["top_k"]
+        assert float(scores.max()) - float(scores.min()) > 0.3
+    bare = build_network("n").eval()  # the network alone keeps torch's init: a trained state dict replaces it
+    assert not torch.equal(bare.model[-1].cv2[0][-1].bias, torch.ones(4 * REG_MAX))

@@ -116,7 +116,8 @@ def _layers() -> Any:
             boxes of equal score for any image; with them it gives spread scores and some boxes above a usual
             threshold, as a freshly built upstream model does.
             """
-            for box, cls, stride in zip(self.cv2, self.cv3, STRIDES):
+            branches: list[tuple[Any, Any]] = list(zip(self.cv2, self.cv3))  # (box, class) Sequentials per level
+            for (box, cls), stride in zip(branches, STRIDES):
                 box[-1].bias.data[:] = 1.0
                 cls[-1].bias.data[: self.nc] = math.log(5 / self.nc / (imgsz / stride) ** 2)
 

@@ -20,7 +20,10 @@ optimisation's line goes to stderr.
 Prints one JSON line: {"model": ID, "unit": "image"|"step", "ms": X, "runs": N, "optimize": MODE}
 (MODE: the mode that ran, eager when the asked one fell back).
 
-    python -m bench.bare_models --model YOLOV8 [--seconds 8] [--steps 50] [--optimize channels_last+jit]
+``--library`` (SAM_AMG) times segment-anything's own generator instead of
+the plugin's: the call a user writes without the service.
+
+    python -m bench.bare_models --model YOLOV8 [--seconds 8] [--steps 50] [--optimize channels_last+jit] [--library]
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--steps", type=int, default=50, help="sampling steps per diffusion run")
     parser.add_argument("--optimize", default="eager", help="backend.optimize to apply: auto, eager or a mode")
+    parser.add_argument("--library", action="store_true",
+                        help="SAM_AMG: time segment-anything's own SamAutomaticMaskGenerator, not the plugin's")
     args = parser.parse_args()
 
     from svc.config import load_model_server_config
@@ -74,6 +79,9 @@ def main() -> None:
             item = model.preprocess(Image.open(io.BytesIO(raw)), params)
             model.postprocess(model.predict([item], params)[0], params, options)
 
+        if args.library:
+            once = library_call(config.id, model, raw, params, options)
+
         unit, per_run = "image", 1
     else:
         params["timesteps"] = args.steps
@@ -91,6 +99,34 @@ def main() -> None:
     elapsed = time.perf_counter() - started
     print(json.dumps({"model": config.id, "unit": unit, "ms": elapsed * 1000 / (runs * per_run), "runs": runs,
                       "optimize": report.mode}), flush=True)
+
+
+def library_call(model_id: str, model, raw: bytes, params: dict, options: dict):
+    """SAM_AMG's call as a user writes it without the service: the library's generator on the same ``Sam``.
+
+    The plugin runs its own generator (``models/sam_amg_generator.py``: the
+    same masks, less upsampling); this is the reference its speed is held
+    against.  Decoding and the output's PNGs are the plugin's, as in the
+    plugin's call.
+    """
+    import torch
+    from PIL import Image
+    from segment_anything import SamAutomaticMaskGenerator
+
+    from models.sam_amg import generator_args
+
+    if model_id != "SAM_AMG":
+        raise SystemExit("--library: SAM_AMG only")
+
+    def once() -> None:
+        item = model.preprocess(Image.open(io.BytesIO(raw)), params)
+        generator = SamAutomaticMaskGenerator(model.sam, points_per_batch=model.points_per_batch,
+                                              **generator_args(params))
+        with torch.inference_mode():
+            masks = generator.generate(item)
+        model.postprocess(masks, params, options)
+
+    return once
 
 
 if __name__ == "__main__":

@@ -13,7 +13,10 @@ Each model runs twice: with ``backend.optimize = "eager"``, then with
 ``ready`` line, and the bare side applies the same mode
 (``bench/bare_models.py --optimize``).  The table adds the start-up time
 (spawn to ``/ready``: build, optimisation, warm-up) and the optimised bare
-figure's speed-up over eager bare.
+figure's speed-up over eager bare.  SAM_AMG's plugin runs its own mask
+generator (the library's masks with less upsampling), so a last line holds
+the served figures against segment-anything's own generator in eager, bare:
+the call a user writes without the service.
 
     python -m bench.models [--models YOLOV8 DDIM ...] [--seconds 10] [--steps 50] [--optimize auto]
 """
@@ -41,9 +44,9 @@ GENERATIVE = {"DDPM", "DDIM", "CLS_COND_DDIM", "LDM"}
 READY_MODE = re.compile(r": ready \(version [^;]*; optimize (\S+);")
 
 
-def bare(model: str, seconds: float, steps: int, optimize: str = "eager") -> dict:
+def bare(model: str, seconds: float, steps: int, optimize: str = "eager", library: bool = False) -> dict:
     args = [sys.executable, "-m", "bench.bare_models", "--model", model, "--seconds", str(seconds),
-            "--steps", str(steps), "--optimize", optimize]
+            "--steps", str(steps), "--optimize", optimize] + (["--library"] if library else [])
     out = subprocess.run(args, env=child_env(), cwd=REPO, capture_output=True, check=True, text=True).stdout
     return json.loads(out.splitlines()[-1])
 
@@ -88,7 +91,7 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-zoo-"))
     image = image_b64(width=640, height=480, fmt="JPEG", seed=3)
-    rows = []
+    rows, library = [], {}
     for model in args.models:
         eager_bare = None
         for setting in ("eager", args.optimize):
@@ -112,6 +115,8 @@ def main() -> None:
             eager_bare = eager_bare or reference["ms"]
             rows.append((model, setting, mode, startup, unit, served, runs, reference["ms"], reference["runs"],
                          eager_bare / reference["ms"]))
+        if model == "SAM_AMG":
+            library[model] = bare(model, args.seconds, args.steps, "eager", library=True)["ms"]
 
     print(f"model zoo, CPU, shipped configs (random init), one client; diffusion: jobs of {args.steps} steps")
     print(f"  {'model':<14} {'optimize':<9} {'mode':<18} {'start s':>7} {'unit':<6} {'served ms':>10} {'runs':>5} "
@@ -119,6 +124,10 @@ def main() -> None:
     for model, setting, mode, startup, unit, served, runs, bare_ms, bare_runs, speedup in rows:
         print(f"  {model:<14} {setting:<9} {mode:<18} {startup:7.1f} {unit:<6} {served:10.1f} {runs:5d} "
               f"{bare_ms:9.1f} {bare_runs:5d} {served / bare_ms:11.2f} {speedup:12.2f}x")
+    for model, ms in library.items():
+        speedups = ", ".join(f"{setting} ({mode}) {ms / served:.2f}x" for name, setting, mode, _, _, served, *_ in rows
+                             if name == model)
+        print(f"  {model}: segment-anything's own generator, eager, bare: {ms:.1f} ms; served against it: {speedups}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ our small random-init default for CPUs: the same classes with a 2-layer,
 64-wide ViT encoder on 256-pixel inputs and the standard prompt encoder and
 mask decoder.  ``SamAutomaticMaskGenerator`` prompts a grid of points,
 filters by predicted IoU and stability, and removes duplicates with NMS; its
-parameters are the request's params.
+parameters are the request's params.  The plugin runs it as
+``models/sam_amg_generator.py`` subclasses it: the IoU filter before the
+masks are upsampled to the image's size (the same masks, less work).
 
 Per item: the image as an RGB uint8 array (Pillow, decode pool), after
 checking that the generator's resize of its longest side to the encoder's
@@ -222,9 +224,10 @@ class SamAmgModel:
 
     def predict(self, inputs: list, params: dict) -> list:
         import torch
-        from segment_anything import SamAutomaticMaskGenerator
 
-        generator = SamAutomaticMaskGenerator(self.sam, points_per_batch=self.points_per_batch, **generator_args(params))
+        from models.sam_amg_generator import make_generator
+
+        generator = make_generator(self.sam, points_per_batch=self.points_per_batch, **generator_args(params))
         count_prompt_batches(generator, [image.shape[:2] for image in inputs])
         with torch.inference_mode():  # as every plugin's forward pass (and what optimised targets were made under)
             return [generator.generate(image) for image in inputs]

@@ -46,7 +46,7 @@ from twisted.plugin import IPlugin
 from zope.interface import implementer
 
 from models.yolov8_checkpoint import ULTRALYTICS_CONVERTER, convert_ultralytics
-from models.yolov8_net import NUM_CLASSES, SCALES, build_network, decode_head
+from models.yolov8_net import NUM_CLASSES, SCALES, build_network, with_decoding
 from svc.contract.schema import object_schema
 from svc.model.api import IModel, IModelFactory, IOptimizable, OptimizationTarget
 from svc.model.images import check_resize
@@ -221,13 +221,14 @@ class YOLOv8Model:
         from svc.optimize.transfer import HostStaging
 
         self.net = net
-        self.run_net = net  # what predict calls: the network, or its optimised stand-in (svc.optimize)
+        #: The network with its box decoding (the optimisation target).
+        self.decoded = with_decoding(net)
+        self.run_net = self.decoded  # what predict calls: that module, or its optimised stand-in (svc.optimize)
         self.staging = HostStaging(device)
         self.device = device
         self.version = version
         self.imgsz = imgsz
         self.categories = coco_categories()
-        self.dfl_weight = net.model[22].dfl.conv.weight.detach()
 
     def preprocess(self, image: Any, params: dict) -> DetectionInput:
         pixels, box = letterbox(image, self.imgsz)
@@ -241,7 +242,7 @@ class YOLOv8Model:
 
         with torch.inference_mode():
             batch = self.staging.stack([i.pixels for i in inputs])
-            pred = decode_head(self.run_net(to_network_input(batch)), self.dfl_weight).float().cpu()
+            pred = self.run_net(to_network_input(batch)).float().cpu()
         return [(pred[i], item.box) for i, item in enumerate(inputs)]
 
     def postprocess(self, output: Any, params: dict, options: dict) -> list:
@@ -281,7 +282,7 @@ class YOLOv8Model:
         def example(batch: int) -> tuple:
             return (to_network_input(self.gate_pixels(batch, 0).to(self.device)),)
 
-        return [OptimizationTarget("net", self.net, example, install)]
+        return [OptimizationTarget("net", self.decoded, example, install)]
 
     def gate_outputs(self) -> dict:
         """The gate images' detections after NMS, with the cut that made them (``score_threshold``, ``top_k``):

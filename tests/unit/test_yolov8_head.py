@@ -156,3 +156,22 @@ def test_demo_weights_start_with_upstreams_head_biases_and_give_spread_scores():
         assert float(scores.max()) - float(scores.min()) > 0.3
     bare = build_network("n").eval()  # the network alone keeps torch's init: a trained state dict replaces it
     assert not torch.equal(bare.model[-1].cv2[0][-1].bias, torch.ones(4 * REG_MAX))
+
+
+def test_the_optimisation_target_is_the_network_with_its_box_decoding():
+    """What backend.optimize converts decodes the boxes too (a runtime runs it in its graph), with the
+    DFL weights of a state dict loaded later, and predict calls that same module in eager."""
+    from models.yolov8 import yolov8
+
+    model = yolov8.build({"scale": "n", "imgsz": 320, "weights": "random", "seed": 0}, "cpu")
+    (target,) = model.optimization_targets()
+    assert target.name == "net" and model.run_net is target.module
+    (x,) = target.example_inputs(2)
+    with torch.inference_mode():
+        model.net.model[-1].dfl.conv.weight.mul_(0.5)  # as a loaded checkpoint's own DFL weights would be
+        decoded = target.module(x)
+        expected = decode_head(model.net(x), model.net.model[-1].dfl.conv.weight)
+    assert decoded.shape == (2, (320 // 8) ** 2 + (320 // 16) ** 2 + (320 // 32) ** 2, 4 + NC)
+    assert torch.equal(decoded, expected)
+    assert not torch.equal(decoded, decode_head(model.net(x)))  # not the default 0..15 bins
+    assert not target.module.training and not model.net.training

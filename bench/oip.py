@@ -10,7 +10,10 @@ once here).  Both make the model server do the same work (top 5 of one
 image); the difference is the gateway's own: the OIP request is parsed,
 translated into the contract's request and its envelope into OIP outputs.
 Prints the gateway's CPU ms per request (from /proc, user + system) on
-each route and their ratio.
+each route and their ratio: of the means over the runs, and ``paired``,
+the median (and range) of each OIP run's figure over the contract run
+just before it, which a drift of the machine's speed moves less (many
+short rounds: ``--seconds 2 --rounds 15``).
 
 Goal (issue 29): OIP at most 5 % more gateway CPU per request, at 1 and 32 clients.
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import statistics
 import struct
 import subprocess
 import sys
@@ -75,15 +79,17 @@ def compare(gateway: Any, image: bytes, args: Any) -> list:
 def report(title: str, rows: list) -> None:
     print(title)
     print(f"  {'clients':>7} {'tool':>6} {'contract CPU/req':>16} {'OIP CPU/req':>11} {'OIP/contract':>12} "
-          f"{'contract/s':>10} {'OIP/s':>6} {'contract p50':>12} {'OIP p50':>8} {'errors':>6}")
+          f"{'paired':>17} {'contract/s':>10} {'OIP/s':>6} {'contract p50':>12} {'OIP p50':>8} {'errors':>6}")
     for c, runs in rows:
         cpu = {n: mean(runs[n], lambda r, cpu: cpu) for n in runs}
         rate = {n: mean(runs[n], lambda r, cpu: r.rate) for n in runs}
         p50 = {n: mean(runs[n], lambda r, cpu: r.p50) for n in runs}
         errors = sum(r.errors for n in runs for r, _ in runs[n])
         tool = runs["oip"][0][0].tool
+        paired = sorted(o / k for (_, o), (_, k) in zip(runs["oip"], runs["contract"]))
+        spread = f"{statistics.median(paired):.3f} ({paired[0]:.2f}-{paired[-1]:.2f})"
         print(f"  {c:7d} {tool:>6} {cpu['contract']:14.3f}ms {cpu['oip']:9.3f}ms {cpu['oip'] / cpu['contract']:12.3f} "
-              f"{rate['contract']:10.1f} {rate['oip']:6.1f} {p50['contract']:10.2f}ms {p50['oip']:6.2f}ms {errors:6d}")
+              f"{spread:>17} {rate['contract']:10.1f} {rate['oip']:6.1f} {p50['contract']:10.2f}ms {p50['oip']:6.2f}ms {errors:6d}")
 
 
 def main() -> None:

@@ -1,8 +1,9 @@
 """The Open Inference Protocol v2 as this service speaks it: names, extensions, and each model's tensors.
 
-The gateway serves the protocol (:mod:`svc.gateway.oip`) and the OpenAPI
-document describes it (:mod:`svc.openapi.oip`); both take its constants from
-here.  What a model's tensors are is read from the ``/openapi.json`` its
+The gateway serves the protocol (:mod:`svc.gateway.oip`; a model server
+answers its inference, :mod:`svc.modelserver.oip_route`, with
+:mod:`svc.web.oip`) and the OpenAPI documents describe it
+(:mod:`svc.openapi.oip`); all take its constants from here.  What a model's tensors are is read from the ``/openapi.json`` its
 model server serves.
 
 The gateway loads no model code, and nothing in ``svc`` names a model: a

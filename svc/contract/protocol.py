@@ -84,7 +84,8 @@ SERVICE_REQUEST_HEADERS = ("x-service-params", "x-service-options", "x-request-i
 #: job replies: the envelope's ``model.version`` alone did not tell a client it got demo (random-init) weights.
 WEIGHTS_HEADER = "X-Service-Weights"
 #: Model-server reply headers the gateway passes back unchanged (``Location`` is rewritten).
-PASSED_REPLY_HEADERS = ("content-type", "x-request-id", "cache-control", "retry-after", "allow", WEIGHTS_HEADER.lower())
+PASSED_REPLY_HEADERS = ("content-type", "x-request-id", "cache-control", "retry-after", "allow", WEIGHTS_HEADER.lower(),
+                        "inference-header-content-length")
 
 # -- the environment the supervisor gives its children ----------------------------------------
 

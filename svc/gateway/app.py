@@ -66,12 +66,12 @@ from svc.gateway.catalog import Catalog, Upstream
 from svc.gateway.cluster import Cluster
 from svc.gateway.forwarder import Forwarder
 from svc.gateway.oip import routes as oip
-from svc.gateway.oip.replies import GatewayReplies, protocol_of
 from svc.gateway.proxy import Proxy
 from svc.gateway.ratestore import LocalRates
 from svc.infra.metrics import GatewayMetrics
 from svc.infra.ratelimit import KeyedLimiter, retry_after_header
 from svc.web import declare, routes
+from svc.web.oip.replies import ProtocolReplies, protocol_of
 from svc.web.replies import bearer_token, dumps, send_encoded, send_json
 
 log = Logger()
@@ -96,7 +96,7 @@ def wait_query(raw: bytes | None) -> bytes:
 
 
 #: The gateway's error replies: the unified envelope with the gateway's identity.
-REPLIES = GatewayReplies(lambda: GATEWAY_IDENTITY, routes.task_id_of, not_found="no route for {path}: unknown model or path")
+REPLIES = ProtocolReplies(lambda: GATEWAY_IDENTITY, routes.task_id_of, not_found="no route for {path}: unknown model or path")
 
 
 class GatewayApp(oip.OipRoutes, routes.JsonApp):

@@ -34,16 +34,17 @@ from svc.contract.protocol import JOBS, model_path
 from svc.gateway.balancer import Balancer
 from svc.gateway.catalog import Replica, Upstream
 from svc.gateway.cluster import Cluster
-from svc.gateway.oip.replies import CONTRACT
 from svc.gateway.owners import OtherHost, locate
 from svc.gateway.proxy import Proxy, UpstreamFailed, UpstreamReply, UpstreamUnreachable, not_admitted
 from svc.infra.metrics import GatewayMetrics
+from svc.web.oip.replies import protocol_of
 from svc.web.replies import dumps
 
 log = Logger()
 
 #: Client request headers passed to the model server; every other one is dropped.
-FORWARDED_REQUEST_HEADERS = tuple(n.encode() for n in ("content-type", "accept", *protocol.SERVICE_REQUEST_HEADERS))
+FORWARDED_REQUEST_HEADERS = tuple(n.encode() for n in ("content-type", "accept", *protocol.SERVICE_REQUEST_HEADERS,
+                                                       "inference-header-content-length"))
 #: Model reply headers passed back (svc.contract.protocol); Location is rewritten.
 PASSED_REPLY_HEADERS = tuple(n.encode() for n in protocol.PASSED_REPLY_HEADERS)
 
@@ -113,7 +114,8 @@ class Forwarder:
             data = self._rewrite_job_body(upstream.id, data)
         request.setHeader(b"Content-Length", str(len(data)).encode())
         if route == "infer":
-            self.labelled(self.metrics.duration, route, CONTRACT).observe((self.clock.seconds() - started) * 1000.0)
+            self.labelled(self.metrics.duration, route, protocol_of(request)).observe(
+                (self.clock.seconds() - started) * 1000.0)
         return data
 
     async def exchange(self, request: Any, upstream: Upstream, route: str, path: str, headers: Headers,

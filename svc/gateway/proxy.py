@@ -73,7 +73,9 @@ def not_admitted(reply: UpstreamReply) -> bool:
 
     That is the reply of a process that admits nothing (loading, stopping,
     past ``max_connections``); an admitted request always has one result per
-    image, also when it is cut short by a shutdown.
+    image, also when it is cut short by a shutdown.  Under ``/v2`` the
+    reply is the protocol's ``{"error"}``, whose 503 says the same (a request
+    cut short there fails whole, so trying another replica loses nothing).
     """
     if reply.code != NOT_READY.http:
         return False
@@ -81,6 +83,8 @@ def not_admitted(reply: UpstreamReply) -> bool:
         body = json.loads(reply.body)
     except ValueError:
         return False
+    if isinstance(body, dict) and set(body) == {"error"}:
+        return True
     return isinstance(body, dict) and body.get("status") == NOT_READY.code and body.get("results") == []
 
 

@@ -3,7 +3,10 @@
 Authentication (``SERVICE_AUTH_TOKEN``) comes before the per-IP rate limit,
 so unauthenticated callers get 401 and spend no budget.  ``/healthz``,
 ``/ready`` and ``/openapi.json`` are exempt.  Every reply is JSON with the
-unified envelope except ``/metrics`` (Prometheus text).
+unified envelope except ``/metrics`` (Prometheus text) and the Open
+Inference Protocol's ``POST /v2/models/{id}[/versions/{v}]/infer``
+(:mod:`svc.modelserver.oip_route`: its replies and errors are the
+protocol's).
 
 The fixed routes are declared once in the class body.  The inference route's
 path is the config's ``server_uri`` and the job routes exist only with
@@ -37,12 +40,16 @@ from svc.infra.ratelimit import KeyedLimiter, retry_after_header
 from svc.modelserver.batching import QueueFull
 from svc.modelserver.job_routes import JobRoutes
 from svc.modelserver.jobs import JobTable
+from svc.modelserver.oip_route import OipRoute
+from svc.modelserver.oip_route import declare as declare_oip
 from svc.web import declare, routes
+from svc.web.oip.replies import ProtocolReplies
 from svc.web.replies import bearer_matches, content_type, dumps, header, send_encoded, send_json
 
 
-class ModelServerApp(routes.JsonApp):
-    """Routes of one model server; ``resource()`` is served by a JsonSite."""
+class ModelServerApp(OipRoute, routes.JsonApp):
+    """Routes of one model server (the Open Inference Protocol's: svc.modelserver.oip_route); ``resource()`` is
+    served by a JsonSite."""
 
     app = Klein()
     configured: routes.ConfiguredRoutes
@@ -75,7 +82,7 @@ class ModelServerApp(routes.JsonApp):
         self.not_ready_reason = "the model is loading"
         self.in_flight = 0
         self.job_routes: JobRoutes | None = None
-        self.replies = routes.EnvelopeReplies(lambda: self.identity, self.task_id)
+        self.replies = ProtocolReplies(lambda: self.identity, self.task_id)  # {"error"} under /v2
         self.configured = routes.ConfiguredRoutes()
         self.configured.add(config.server_uri, ["POST"], self.infer)
 
@@ -189,4 +196,5 @@ class ModelServerApp(routes.JsonApp):
         """The body limit the listener's 413 names (``oversize_text``)."""
         return self.config.max_body_bytes
 
+    declare_oip(app)  # before install: its catch-all comes last
     routes.install(app, configured=True)

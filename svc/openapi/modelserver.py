@@ -12,6 +12,7 @@ from svc import __version__
 from svc.config import ModelServerConfig
 from svc.contract.protocol import HEALTH_PATH, METRICS_PATH, OPENAPI_PATH, READY_PATH
 from svc.model.api import model_config
+from svc.openapi import oip
 from svc.openapi.components import job_components, model_components, ref, status_components
 from svc.openapi.operations import infer_operation, job_paths, json_reply, not_found_405, rejection
 
@@ -77,10 +78,16 @@ def model_server_document(config: ModelServerConfig, factory: Any, table: dict |
     }
     if config.async_enabled:
         paths.update(job_paths(config, factory))
+    for path, item in oip.oip_paths(config, factory).items():  # the protocol's inference (svc.modelserver.oip_route)
+        if path.endswith("/infer"):
+            item["post"]["responses"].pop("502")  # the gateway's: no upstream here
+            paths[path] = item
     for item in paths.values():
         for op in item.values():
             op["responses"].update({k: v for k, v in not_found_405().items() if k not in op["responses"]})
     components = {**status_components(), **model_components(config, factory, table)}
+    components.update({name: oip.components()[name] for name in ("OipError", "OipInferResponse")})
+    components[f"{mid}_OipRequest"] = oip.model_request(config, factory, factory.params_schema(table))
     if config.async_enabled:
         components.update(job_components())
     return {

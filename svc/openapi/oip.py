@@ -1,4 +1,7 @@
-"""The gateway document's ``/v2`` routes: the Open Inference Protocol (svc.gateway.oip).
+"""The ``/v2`` routes of the documents: the Open Inference Protocol (svc.gateway.oip, svc.modelserver.oip_route).
+
+The gateway's document has every route below; a model server's has the
+inference routes of its model (``svc.openapi.modelserver``).
 
 Each catalog model's routes are listed under its id, as its ``/v1`` routes
 are.  The inference request is described as JSON tensors only: the binary

@@ -75,7 +75,7 @@ def admitted_when_valid(ctx: Any, response: Any, case: Any) -> None:
 
 
 def admitted_oip_rows(body: Any, case: Any) -> None:
-    """A schema-valid OIP request answered 400: a row that failed on its input (svc.gateway.oip.translate)."""
+    """A schema-valid OIP request answered 400: a row that failed on its input (svc.web.oip.translate)."""
     found = re.match(r"row \d+ of (\d+) failed \((IMAGE_EMPTY|INVALID_IMAGE)\)", str(body.get("error", "")))
     assert found, f"a schema-valid OIP request was rejected before admission (400): {body}"
     assert int(found.group(1)) == len(case.body["inputs"][0]["data"]), body

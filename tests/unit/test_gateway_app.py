@@ -54,6 +54,16 @@ class FakeModel:
             request.setHeader(name, value)
         return b'{"status":0,"results":[]}'
 
+    @app.route("/v2/models/<string:model_id>/infer", methods=["POST"])
+    @app.route("/v2/models/<string:model_id>/versions/<string:version>/infer", methods=["POST"])
+    def oip_infer(self, request, model_id, version=None):
+        self.record(request)
+        request.setResponseCode(200)
+        for name, value in (("Content-Type", "application/octet-stream"), ("Inference-Header-Content-Length", "2"),
+                            ("X-Request-ID", "t-2"), ("Cache-Control", "no-store"), ("Set-Cookie", "a=b")):
+            request.setHeader(name, value)
+        return b"{}\x01\x02"
+
     @app.route("/busy", methods=["POST"])
     def busy(self, request):
         self.record(request)

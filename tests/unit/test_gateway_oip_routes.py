@@ -41,10 +41,20 @@ def test_routing_errors_are_in_the_protocols_shape(gw):
     assert gw.call("GET", "/v1/nowhere").json["status"] == 63
 
 
-def test_a_bad_request_is_400_before_the_model_is_asked(gw):
-    r = gw.call("POST", "/v2/models/CLS/infer", body=b'{"inputs": []}')
-    assert_oip_error(r, 400)
-    assert "inputs must be a non-empty list" in r.json["error"] and gw.model.received == []
+@pytest.mark.parametrize("path", ["/v2/models/CLS/infer", "/v2/models/CLS/versions/v%201/infer"])
+def test_an_inference_goes_to_the_model_server_as_it_came_and_its_reply_comes_back(gw, path):
+    """The model server answers the protocol (svc/modelserver/oip_route.py): the gateway parses nothing."""
+    body = b'{"inputs": []}\x00\x01binary'
+    r = gw.call("POST", path, body=body, headers={"Inference-Header-Content-Length": "14", "X-Request-ID": "r-9"})
+    assert r.code == 200
+    seen = gw.model.received[-1]
+    assert seen["method"] == "POST" and seen["uri"] == path and seen["body"] == body
+    assert seen["headers"]["inference-header-content-length"] == ["14"]
+    assert seen["headers"]["x-request-id"] == ["r-9"]
+    assert seen["headers"]["authorization"] == ["Bearer up-token"]  # the upstream token, not the client's key
+    assert r.body == b"{}\x01\x02"
+    assert h(r, "Content-Type") == "application/octet-stream" and h(r, "Inference-Header-Content-Length") == "2"
+    assert h(r, "X-Request-ID") == "t-2" and h(r, "Set-Cookie") is None
 
 
 def test_the_rate_limit_is_the_keys_bucket_with_retry_after(gw):

@@ -18,8 +18,8 @@ from svc.contract.oip import (
     shape_from_data_schema,
     shape_of,
 )
-from svc.gateway.oip import codec, translate
-from svc.gateway.oip.codec import CodecError, Output, parse_request
+from svc.web.oip import codec, translate
+from svc.web.oip.codec import CodecError, Output, parse_request
 
 
 def bytes_tensor(*elements: bytes) -> bytes:

@@ -4,7 +4,7 @@
     GET  /v2/health/live, /v2/health/ready            the gateway's liveness and readiness
     GET  /v2/models/{id}[/versions/{version}]         model metadata (its model server's document and /ready)
     GET  /v2/models/{id}[/versions/{version}]/ready   200 when a replica of the model is ready, else 503
-    POST /v2/models/{id}[/versions/{version}]/infer   inference through the model's inference route
+    POST /v2/models/{id}[/versions/{version}]/infer   inference: the model server's own route of that path
 
 They are methods of :class:`svc.gateway.app.GatewayApp` (:class:`OipRoutes`
 is its base; :func:`declare` adds them to its Klein) and run through the
@@ -12,19 +12,24 @@ same steps as the contract's routes: ``admit`` (the credential and its
 scope, 401; the key's bucket, 429 with ``Retry-After``), ``upstream`` (404
 for an id not in the catalog), ``exchange`` (the balancer, the replicas, 503
 for a model that is not running, 502, the upstream metrics), one reply
-shape for every error (svc.gateway.oip.replies), and the request metrics
+shape for every error (svc.web.oip.replies), and the request metrics
 with ``protocol="oip"``.  Every route needs a credential, the health routes
 too: ``GET /healthz`` is the probe without one.
 
 A version in the path must be the version the model serves (the
-``model.version`` of its replies), else 404; inference checks it against
-the reply, so a request for another version has run when it is refused.
+``model.version`` of its replies), else 404.  Inference is the model
+server's (:mod:`svc.modelserver.oip_route`: it parses the tensors, runs
+them through its data plane, answers the protocol and checks the version
+before anything runs); the gateway forwards the request's bytes and passes
+the reply back (:meth:`svc.gateway.forwarder.Forwarder.forward`), so an OIP
+request costs the gateway what a contract request does.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import quote
 
 from klein import Klein
 from twisted.web.http_headers import Headers
@@ -35,10 +40,9 @@ from svc.contract.errors import ApiError
 from svc.contract.oip import EXTENSIONS, INPUTS, PLATFORM, PREFIX, SERVER_NAME, ModelShape, shape_from_document
 from svc.contract.protocol import OPENAPI_PATH, READY_PATH
 from svc.gateway.catalog import Upstream
-from svc.gateway.oip import codec, translate
-from svc.gateway.oip.replies import OIP
 from svc.web.declare import route
-from svc.web.replies import JSON_CONTENT_TYPE, dumps, header, send_encoded
+from svc.web.oip import translate
+from svc.web.replies import dumps, send_encoded
 
 #: Model-server statuses that the protocol, which has one "bad request", answers 400.
 AS_BAD_REQUEST = frozenset({415, 422})
@@ -115,48 +119,13 @@ class OipRoutes:
         return _ok(request, {"name": model_id, "ready": True})
 
     async def oip_infer(self: Any, request: Any, model_id: str, version: str | None = None) -> bytes:
+        """The model server answers the protocol itself (svc.modelserver.oip_route): the client's bytes go to
+        the same path there, and its reply comes back as it is, as on the contract's route."""
         upstream = self.upstream(model_id)
-        started = self.clock.seconds()
-        try:
-            parsed = codec.parse_request(request.content.getvalue(), header(request, codec.HEADER_LENGTH))
-            shape = await self.oip_shape(request, upstream)
-            plan = translate.plan(shape, parsed, header(request, b"x-request-id"))
-        except codec.CodecError as e:
-            raise ApiError(st.INVALID_REQUEST, str(e), http=400) from None
-        headers = Headers({name: [value] for name, value in plan.headers.items()})
-        reply = await self.forwarder.exchange(request, upstream, "infer", upstream.server_uri, headers, plan.body,
-                                    method=b"POST")
-        try:
-            envelope = codec.loads(reply.body)
-        except ValueError:
-            envelope = None
-        results = envelope.get("results") if isinstance(envelope, dict) else None
-        if not isinstance(results, list) or len(results) != plan.rows:  # not admitted: a rejection
-            raise upstream_error(reply)
-        failed = translate.failed_item(results)
-        if failed is not None:
-            raise failed
-        served = str(envelope.get("model", {}).get("version", ""))
-        check_version(model_id, version, served)
-        head = {"model_name": model_id, "model_version": served}
-        if parsed.id is not None:
-            head["id"] = parsed.id
-        try:
-            outputs = translate.outputs(shape, [item["data"] for item in results], plan.outputs)
-        except (KeyError, TypeError, ValueError) as e:
-            raise ApiError(st.CONTRACT_FAILURE, f"model server {model_id}: a reply the protocol cannot carry: {e}") from None
-        data, header_length = codec.encode_reply(head, outputs)
-        task_id = reply.headers.getRawHeaders(b"x-request-id")
-        request.setResponseCode(200)
-        request.setHeader(b"Content-Type", codec.BINARY_CONTENT_TYPE if header_length else JSON_CONTENT_TYPE)
-        if header_length:
-            request.setHeader(b"Inference-Header-Content-Length", str(header_length).encode())
-        if task_id:
-            request.setHeader(b"X-Request-ID", task_id[0])
-        request.setHeader(b"Cache-Control", b"no-store")
-        request.setHeader(b"Content-Length", str(len(data)).encode())
-        self.forwarder.labelled(self.metrics.duration, "infer", OIP).observe((self.clock.seconds() - started) * 1000.0)
-        return data
+        path = f"{PREFIX}/models/{quote(upstream.id, safe='')}"
+        if version is not None:
+            path += f"/versions/{quote(version, safe='')}"
+        return await self.forwarder.forward(request, upstream, "infer", path + "/infer")
 
 
 def check_version(model_id: str, asked: str | None, served: str) -> None:

@@ -1,12 +1,13 @@
-"""The gateway's error replies in two shapes, chosen by path: the envelope, or the protocol's ``{"error"}``.
+"""Error replies in two shapes, chosen by path: the envelope, or the protocol's ``{"error"}``.
 
-Every error the gateway answers goes through one :class:`GatewayReplies`
-(authentication, rate limits, routing, the body limit, upstream failures),
-so an OIP route cannot miss a condition the contract's routes answer: the
-same ApiError with the same HTTP status and headers (``Retry-After``,
-``WWW-Authenticate``, ``Allow``, ``X-Request-ID``), only its body is
-``{"error": "<message>"}`` under ``/v2``.  The ``protocol`` label of the
-request metrics (``contract`` or ``oip``) follows the same path rule.
+Every error the gateway or a model server answers goes through its one
+:class:`ProtocolReplies` (authentication, rate limits, routing, the body
+limit, admission, upstream failures), so an OIP route cannot miss a
+condition the contract's routes answer: the same ApiError with the same
+HTTP status and headers (``Retry-After``, ``WWW-Authenticate``, ``Allow``,
+``X-Request-ID``), only its body is ``{"error": "<message>"}`` under
+``/v2``.  The ``protocol`` label of the gateway's request metrics
+(``contract`` or ``oip``) follows the same path rule.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def protocol_of(request: Any) -> str:
     return OIP if is_oip(request) else CONTRACT
 
 
-class GatewayReplies(EnvelopeReplies):
+class ProtocolReplies(EnvelopeReplies):
     """The unified envelope, or ``{"error": message}`` for a request under ``/v2``."""
 
     def raw(self, request: Any | None, error: ApiError) -> tuple[int, dict[str, str], bytes]:

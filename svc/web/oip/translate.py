@@ -35,7 +35,7 @@ from svc.contract.oip import (
     ModelShape,
 )
 from svc.contract.request import REQ_ID_RE
-from svc.gateway.oip.codec import CodecError, InferRequest, Output, RequestedOutput
+from svc.web.oip.codec import CodecError, InferRequest, Output, RequestedOutput
 from svc.web.replies import dumps
 
 #: Item statuses by code, for the error text and HTTP status of a failed item.

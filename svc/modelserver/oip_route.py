@@ -1,0 +1,127 @@
+"""A model server's Open Inference Protocol inference route: ``POST /v2/models/{id}[/versions/{v}]/infer``.
+
+The model server answers the protocol itself, so the gateway's ``/v2``
+inference route passes the client's bytes through as its contract route
+does (the gateway's CPU per request is then the same for both, issue 29's
+goal), and a binary image reaches the server as raw bytes, not base64.
+
+The request becomes the server's own inference request
+(:func:`svc.web.oip.translate.plan`: one image per row, ``parameters`` as
+params), parsed and run by the same :class:`svc.modelserver.inference.Inference`
+as ``POST {server_uri}``: batching, deadlines, per-item isolation and the
+bounded queue apply, and admission (token, per-IP limit, readiness) is the
+inference route's.  The protocol fails a request as a whole: the first item
+that did not succeed becomes the error (:func:`svc.web.oip.translate.failed_item`).
+Errors under ``/v2`` take the protocol's ``{"error"}`` shape
+(:class:`svc.web.oip.replies.ProtocolReplies`).
+
+A model id other than this server's is 404; a version other than the one
+it serves is 404, checked before anything runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from klein import Klein
+
+from svc.contract import status as st
+from svc.contract.envelope import new_task_id
+from svc.contract.errors import ApiError
+from svc.contract.oip import PREFIX, ModelShape, shape_from_document
+from svc.contract.protocol import SERVICE_REQUEST_HEADERS
+from svc.modelserver.batching import QueueFull
+from svc.web.declare import route
+from svc.web.oip import codec, translate
+from svc.web.replies import JSON_CONTENT_TYPE, header
+
+#: Statuses of the server's own validation that the protocol, which has one "bad request", answers 400.
+AS_BAD_REQUEST = frozenset({415, 422})
+
+
+def check_version(model_id: str, asked: str | None, served: str) -> None:
+    """404 when a version in the path is not the one served."""
+    if asked is not None and asked != served:
+        raise ApiError(st.NOT_FOUND, f"model {model_id} serves version {served!r}, not {asked[:80]!r}")
+
+
+class OipRoute:
+    """The route's method; ``self`` is the ModelServerApp (its config, inference, identity and replies)."""
+
+    _oip_shape: ModelShape | None = None
+
+    @property
+    def oip_shape(self: Any) -> ModelShape:
+        """The model's tensors, from this server's own OpenAPI document (read once)."""
+        if self._oip_shape is None:
+            self._oip_shape = shape_from_document(self.config.id, self.openapi_bytes)
+        return self._oip_shape
+
+    async def oip_infer(self: Any, request: Any, model_id: str, version: str | None = None) -> bytes:
+        if model_id != self.config.id:
+            raise ApiError(st.NOT_FOUND, f"model {model_id[:80]!r} is not served here (this server serves "
+                                         f"{self.config.id})")
+        check_version(model_id, version, self.identity.version)
+        started = self.clock.seconds()
+        self.in_flight += 1
+        try:
+            shape = self.oip_shape
+            try:
+                asked = codec.parse_request(request.content.getvalue(), header(request, codec.HEADER_LENGTH))
+                plan = translate.plan(shape, asked, header(request, b"x-request-id"))
+            except codec.CodecError as e:
+                raise ApiError(st.INVALID_REQUEST, str(e), http=400) from None
+            headers = {name: _text(plan.headers.get(name.encode())) for name in SERVICE_REQUEST_HEADERS}
+            media_type = plan.headers[b"content-type"].decode("latin-1")
+            try:
+                parsed = await self.inference.parse(plan.body, media_type, {}, headers)
+            except ApiError as e:
+                if e.code in AS_BAD_REQUEST:
+                    raise ApiError(e.status, e.message, headers=e.headers, http=400) from None
+                raise
+            task_id = request.service_task_id = parsed.req_id or new_task_id()
+            try:
+                results = await self.inference.run(parsed, deadline=started + self.config.run_timeout_ms / 1000.0)
+            except QueueFull as e:
+                raise ApiError(
+                    st.RATE_LIMITED,
+                    f"wait queue full: {e.waiting} image items waiting (max_queue_depth {e.limit})",
+                    headers={"Retry-After": str(e.retry_after)},
+                ) from None
+            items = [result.to_json() for result in results]
+            failed = translate.failed_item(items)
+            if failed is not None:
+                raise failed
+            try:
+                outputs = translate.outputs(shape, [item["data"] for item in items], plan.outputs)
+            except (KeyError, TypeError, ValueError) as e:
+                raise ApiError(st.CONTRACT_FAILURE, f"a reply the protocol cannot carry: {e}") from None
+            head = {"model_name": model_id, "model_version": self.identity.version}
+            if asked.id is not None:
+                head["id"] = asked.id
+            data, header_length = codec.encode_reply(head, outputs)
+            request.setResponseCode(200)
+            request.setHeader(b"Content-Type", codec.BINARY_CONTENT_TYPE if header_length else JSON_CONTENT_TYPE)
+            if header_length:
+                request.setHeader(b"Inference-Header-Content-Length", str(header_length).encode())
+            request.setHeader(b"X-Request-ID", task_id.encode("latin-1"))
+            request.setHeader(b"Cache-Control", b"no-store")
+            for name, value in self.weights_headers.items():
+                request.setHeader(name.encode(), value.encode())
+            request.setHeader(b"Content-Length", str(len(data)).encode())
+            self.infer_duration.observe((self.clock.seconds() - started) * 1000.0)
+            return data
+        finally:
+            self.in_flight -= 1
+
+
+def _text(value: bytes | None) -> str | None:
+    return value.decode("latin-1") if value is not None else None
+
+
+def declare(app: Klein) -> None:
+    """Add the route (with and without a version) to the ModelServerApp's Klein, admitted as ``infer`` is."""
+    model = PREFIX + "/models/<string:model_id>"
+    for base in (model, model + "/versions/<string:version>"):
+        route(app, base + "/infer", methods=["POST"], name="infer", admit="admit_inference",
+              endpoint=f"oip_infer{base}")(OipRoute.oip_infer)

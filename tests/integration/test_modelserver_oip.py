@@ -1,0 +1,142 @@
+"""A model server answers the Open Inference Protocol itself (svc/modelserver/oip_route.py): straight to its
+port with tritonclient and raw HTTP, the outputs, the reply's headers and every error in the protocol's shape."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+from tests.support.http import post, request
+from tests.support.images import b64, image_bytes
+from tests.support.processes import start_model_server, write_config
+
+TOKEN = "upstream"
+PATH = "/v2/models/MOBILENETV2/infer"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    config = write_config(tmp_path_factory.mktemp("ms-oip"), "MOBILENETV2")
+    proc = start_model_server(config, token=TOKEN)
+    yield proc
+    proc.stop()
+
+
+def auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKEN}"}
+
+
+def binary_body(image: bytes, head: dict | None = None) -> tuple[bytes, dict[str, str]]:
+    """One binary BYTES row and a binary classification output, as tritonclient sends them."""
+    blob = struct.pack("<I", len(image)) + image
+    head = head or {"inputs": [{"name": "IMAGE", "shape": [1], "datatype": "BYTES",
+                                "parameters": {"binary_data_size": len(blob)}}],
+                    "outputs": [{"name": "PROBABILITIES", "parameters": {"classification": 3, "binary_data": True}}]}
+    text = json.dumps(head).encode()
+    return text + blob, {**auth(), "Inference-Header-Content-Length": str(len(text))}
+
+
+def served_version(server) -> str:
+    return request("GET", server.url + "/ready").json["model"]["version"]
+
+
+def test_tritonclient_straight_to_the_model_server_gets_the_contract_routes_classes(server):
+    image = image_bytes(width=64, height=48, seed=4)
+    client = triton.InferenceServerClient(f"127.0.0.1:{server.port}")
+    tensor = triton.InferInput("IMAGE", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([image], dtype=np.object_), binary_data=True)
+    result = client.infer("MOBILENETV2", [tensor], outputs=[triton.InferRequestedOutput("PROBABILITIES", class_count=3)],
+                          headers=auth())
+    got = [s.decode() for s in result.as_numpy("PROBABILITIES").reshape(-1)]
+    envelope = post(server.url + "/mobilenetv2/predict", {"images": [b64(image)], "params": {"top_k": 3}},
+                    headers=auth()).json
+    data = envelope["results"][0]["data"]
+    assert got == [f"{s:f}:{c}:{label}" for s, c, label in zip(data["scores"], data["class_ids"], data["categories"])]
+    assert result.get_response()["model_version"] == served_version(server)
+
+
+def test_a_binary_reply_carries_the_protocols_headers(server):
+    body, headers = binary_body(image_bytes(width=64, height=48, seed=5))
+    for path in (PATH, f"/v2/models/MOBILENETV2/versions/{served_version(server)}/infer"):
+        reply = request("POST", server.url + path, body, headers={**headers, "X-Request-ID": "oip-straight-1"})
+        assert reply.status == 200, reply.body
+        assert reply.header("Content-Type") == "application/octet-stream"
+        length = int(reply.header("Inference-Header-Content-Length"))
+        head = json.loads(reply.body[:length])
+        assert head["model_name"] == "MOBILENETV2" and head["outputs"][0]["shape"] == [1, 3]
+        assert reply.header("X-Request-ID") == "oip-straight-1"
+        assert reply.header("Cache-Control") == "no-store"
+        assert reply.header("X-Service-Weights") == "demo"
+
+
+@pytest.mark.parametrize(
+    ("case", "status", "text"),
+    [
+        ("no token", 401, "missing or wrong bearer token"),
+        ("another model", 404, "'YOLOV8' is not served here"),
+        ("another version", 404, "not 'v999'"),
+        ("a header that is not JSON", 400, ""),
+        ("top_k as a parameter", 400, "top_k is not a parameter here"),
+        ("a class count above the model's", 400, "more than the model's 1000 classes"),
+        ("an option out of its range (the server's own 422)", 400, "max_results"),
+        ("an image that is not one", 400, "row 0 of 1 failed"),
+    ],
+)
+def test_errors_take_the_protocols_shape(server, case, status, text):
+    image = image_bytes(width=32, height=32, seed=6)
+    body, headers = binary_body(image)
+    path = PATH
+    if case == "no token":
+        headers = {k: v for k, v in headers.items() if k != "Authorization"}
+    elif case == "another model":
+        path = "/v2/models/YOLOV8/infer"
+    elif case == "another version":
+        path = "/v2/models/MOBILENETV2/versions/v999/infer"
+    elif case == "a header that is not JSON":
+        body, headers = b"{nope" + body, {**auth(), "Inference-Header-Content-Length": "5"}
+    elif case == "top_k as a parameter":
+        blob = struct.pack("<I", len(image)) + image
+        body, headers = binary_body(image, {"inputs": [{"name": "IMAGE", "shape": [1], "datatype": "BYTES",
+                                                        "parameters": {"binary_data_size": len(blob)}}],
+                                            "parameters": {"top_k": 3}})
+    elif case == "a class count above the model's":
+        body = json.dumps({"inputs": [{"name": "IMAGE", "shape": [1], "datatype": "BYTES", "data": [b64(image)]}],
+                           "outputs": [{"name": "PROBABILITIES", "parameters": {"classification": 2000}}]}).encode()
+        headers = auth()
+    elif case.startswith("an option out of its range"):
+        body = json.dumps({"inputs": [{"name": "IMAGE", "shape": [1], "datatype": "BYTES", "data": [b64(image)]}],
+                           "parameters": {"options": {"max_results": 0}}}).encode()
+        headers = auth()
+    elif case == "an image that is not one":
+        body = json.dumps({"inputs": [{"name": "IMAGE", "shape": [1], "datatype": "BYTES",
+                                       "data": [b64(b"not an image")]}]}).encode()
+        headers = auth()
+    reply = request("POST", server.url + path, body, headers=headers)
+    assert reply.status == status, reply.body
+    assert reply.header("Content-Type").startswith("application/json")
+    error = reply.json
+    assert set(error) == {"error"} and text in error["error"]
+    if status == 401:
+        assert reply.header("WWW-Authenticate") == 'Bearer realm="model-server"'
+    # the server still answers
+    ok_body, ok_headers = binary_body(image)
+    assert request("POST", server.url + PATH, ok_body, headers=ok_headers).status == 200
+
+
+def test_the_contract_route_keeps_the_envelope(server):
+    reply = post(server.url + "/mobilenetv2/predict", {"images": []}, headers=auth())
+    assert reply.status == 422 and "status" in reply.json and "results" in reply.json
+
+
+def test_tritonclient_sees_a_404_for_another_model(server):
+    client = triton.InferenceServerClient(f"127.0.0.1:{server.port}")
+    tensor = triton.InferInput("IMAGE", [1], "BYTES")
+    tensor.set_data_from_numpy(np.array([image_bytes(width=8, height=8)], dtype=np.object_), binary_data=True)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("DDPM", [tensor], headers=auth())
+    assert e.value.status() == "404"

@@ -172,15 +172,7 @@ class ModelServerApp(OipRoute, routes.JsonApp):
             media_type, type_params = content_type(request)
             headers = {name: header(request, name.encode()) for name in SERVICE_REQUEST_HEADERS}
             parsed = await self.inference.parse(request.content.getvalue(), media_type, type_params, headers)
-            task_id = request.service_task_id = parsed.req_id or new_task_id()
-            try:
-                results = await self.inference.run(parsed, deadline=started + self.config.run_timeout_ms / 1000.0)
-            except QueueFull as e:
-                raise ApiError(
-                    st.RATE_LIMITED,
-                    f"wait queue full: {e.waiting} image items waiting (max_queue_depth {e.limit})",
-                    headers={"Retry-After": str(e.retry_after)},
-                ) from None
+            task_id, results = await self.run_inference(request, parsed, started)
             elapsed_ms = (self.clock.seconds() - started) * 1000.0
             code, body = result_envelope(task_id=task_id, model=self.identity, items=results, server_time_ms=elapsed_ms)
             self.infer_duration.observe(elapsed_ms)
@@ -188,6 +180,21 @@ class ModelServerApp(OipRoute, routes.JsonApp):
                                                       **self.weights_headers})
         finally:
             self.in_flight -= 1
+
+    async def run_inference(self, request: Any, parsed: Any, started: float) -> tuple[str, list]:
+        """Run an admitted, parsed inference request under ``run_timeout_ms`` from ``started``: its task id (set
+        on ``request`` for the access line) and its items' results; a full wait queue is 429 with Retry-After.
+        ``POST {server_uri}`` and the Open Inference Protocol's route (svc.modelserver.oip_route) share it."""
+        task_id = request.service_task_id = parsed.req_id or new_task_id()
+        try:
+            results = await self.inference.run(parsed, deadline=started + self.config.run_timeout_ms / 1000.0)
+        except QueueFull as e:
+            raise ApiError(
+                st.RATE_LIMITED,
+                f"wait queue full: {e.waiting} image items waiting (max_queue_depth {e.limit})",
+                headers={"Retry-After": str(e.retry_after)},
+            ) from None
+        return task_id, results
 
     # -- accounting ----------------------------------------------------------------------
 

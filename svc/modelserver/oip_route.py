@@ -26,11 +26,9 @@ from typing import Any
 from klein import Klein
 
 from svc.contract import status as st
-from svc.contract.envelope import new_task_id
 from svc.contract.errors import ApiError
 from svc.contract.oip import PREFIX, ModelShape, shape_from_document
 from svc.contract.protocol import SERVICE_REQUEST_HEADERS
-from svc.modelserver.batching import QueueFull
 from svc.web.declare import route
 from svc.web.oip import codec, translate
 from svc.web.replies import JSON_CONTENT_TYPE, header
@@ -79,15 +77,7 @@ class OipRoute:
                 if e.code in AS_BAD_REQUEST:
                     raise ApiError(e.status, e.message, headers=e.headers, http=400) from None
                 raise
-            task_id = request.service_task_id = parsed.req_id or new_task_id()
-            try:
-                results = await self.inference.run(parsed, deadline=started + self.config.run_timeout_ms / 1000.0)
-            except QueueFull as e:
-                raise ApiError(
-                    st.RATE_LIMITED,
-                    f"wait queue full: {e.waiting} image items waiting (max_queue_depth {e.limit})",
-                    headers={"Retry-After": str(e.retry_after)},
-                ) from None
+            task_id, results = await self.run_inference(request, parsed, started)
             items = [result.to_json() for result in results]
             failed = translate.failed_item(items)
             if failed is not None:

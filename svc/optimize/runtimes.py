@@ -53,7 +53,8 @@ from typing import Any
 STATS: Counter = Counter()
 #: The inference threads that call a converted target at once (``backend.workers``; set by ``svc.optimize.select``).
 WORKERS = 1
-#: With several workers, also compile one stream with all their threads for a call that runs alone (OpenVINOCall).
+#: With several workers, also compile one stream (OpenVINOCall) or open one session (OnnxRuntimeCall) with all their
+#: threads for a call that runs alone.
 ALONE = True
 #: The smallest example batch a batched target is converted with (tracing at one can fix broadcasts to one).
 CONVERT_MIN_BATCH = 2
@@ -169,7 +170,7 @@ def converted(module: Any, make_example: Any, batch: int, batched: bool, runtime
         STATS["converted"] += 1
     if runtime == "openvino":
         return OpenVINOCall(_ov_core().read_model(str(path)), bf16, returns, intra_op_threads(), WORKERS)
-    return OnnxRuntimeCall(path, returns, intra_op_threads())
+    return OnnxRuntimeCall(path, returns, intra_op_threads(), WORKERS)
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -293,6 +294,27 @@ def input_positions(ports: Any) -> list[int]:
     return [i for i in named if i is not None] if None not in named else list(range(len(named)))
 
 
+class Calls:
+    """The calls of one converted model in progress, all threads together.  A new one runs alone when the model
+    has a form for it (``has_alone``: one stream or session with every worker's threads), no other call runs,
+    and its batch is the model server's only one (:data:`BATCHES`): one client, a quiet moment."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = 0
+
+    @contextmanager
+    def one(self, has_alone: bool) -> Iterator[bool]:
+        with self.lock:
+            alone = has_alone and self.running == 0 and BATCHES.alone()
+            self.running += 1
+        try:
+            yield alone
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
 class OpenVINOCall:
     """A compiled OpenVINO model called like the target: torch tensors in, torch tensors out.
 
@@ -317,14 +339,10 @@ class OpenVINOCall:
         self.types = [port.get_element_type().to_dtype() for port in self.compiled.inputs]
         self.positions = input_positions(self.compiled.inputs)
         self.local = threading.local()
-        self.lock = threading.Lock()
-        self.running = 0  # calls in progress, all threads together
+        self.calls = Calls()
 
     def __call__(self, *args: Any) -> Any:
-        with self.lock:
-            alone = self.alone is not None and self.running == 0 and BATCHES.alone()
-            self.running += 1
-        try:
+        with self.calls.one(self.alone is not None) as alone:
             compiled = self.alone if alone and self.alone is not None else self.compiled
             infer_requests = getattr(self.local, "infer_requests", None)
             if infer_requests is None:
@@ -336,30 +354,27 @@ class OpenVINOCall:
             arrays = [given[i].astype(t, copy=False) for i, t in zip(self.positions, self.types)]
             results = request.infer(arrays, share_inputs=True)  # outputs copied: the request reuses its buffers
             return _outputs([results[port] for port in compiled.outputs], self.returns)
-        finally:
-            with self.lock:
-                self.running -= 1
 
 
 class OnnxRuntimeCall:
     """An ONNX Runtime session called like the target: torch tensors in, torch tensors out.
 
     The exporter leaves out inputs the graph does not use; each argument goes
-    to the session input of its position's name, if the session has it.
+    to the session input of its position's name, if the session has it.  As
+    :class:`OpenVINOCall`, with more than one worker a second session has
+    every worker's threads (:data:`ALONE`), for a call that runs alone
+    (:class:`Calls`); its threads do not spin between calls, so that they
+    leave the cores to the workers' own sessions.
     """
 
-    def __init__(self, path: Path, returns: str, threads: int) -> None:
-        import onnxruntime
-
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    def __init__(self, path: Path, returns: str, threads: int, workers: int = 1) -> None:
+        self.session = _ort_session(path, threads)
+        self.alone = _ort_session(path, threads * workers, spin=False) if ALONE and workers > 1 else None
         self.returns = returns
         types = {"tensor(float)": "float32", "tensor(int64)": "int64", "tensor(int32)": "int32",
                  "tensor(double)": "float64", "tensor(bool)": "bool"}
         self.inputs = {i.name: types.get(i.type) for i in self.session.get_inputs()}
+        self.calls = Calls()
 
     def __call__(self, *args: Any) -> Any:
         feed = {}
@@ -368,4 +383,18 @@ class OnnxRuntimeCall:
             if name in self.inputs:
                 dtype = self.inputs[name]
                 feed[name] = array.astype(dtype, copy=False) if dtype else array
-        return _outputs(self.session.run(None, feed), self.returns)
+        with self.calls.one(self.alone is not None) as alone:
+            session = self.alone if alone and self.alone is not None else self.session
+            return _outputs(session.run(None, feed), self.returns)
+
+
+def _ort_session(path: Path, threads: int, spin: bool = True) -> Any:
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if not spin:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import onnxruntime
@@ -114,11 +115,11 @@ def test_a_call_alone_runs_on_every_worker_thread_and_a_call_beside_another_on_i
     with torch.inference_mode():
         expected = module(x, torch.tensor(1.0))[0]
         alone = call(x, torch.tensor(1.0))[0]  # nothing else runs: the one-stream model
-        assert set(call.local.infer_requests) == {True} and call.running == 0
-        call.running = 1  # another worker's call in progress
+        assert set(call.local.infer_requests) == {True} and call.calls.running == 0
+        call.calls.running = 1  # another worker's call in progress
         beside = call(x, torch.tensor(1.0))[0]
-        assert set(call.local.infer_requests) == {True, False} and call.running == 1
-        call.running = 0
+        assert set(call.local.infer_requests) == {True, False} and call.calls.running == 1
+        call.calls.running = 0
         del call.local.infer_requests
         with runtimes.BATCHES.running(), runtimes.BATCHES.running():  # the model server runs two batches
             call(x, torch.tensor(1.0))  # the other one decodes: this call keeps its stream
@@ -130,6 +131,35 @@ def test_a_call_alone_runs_on_every_worker_thread_and_a_call_beside_another_on_i
 
     monkeypatch.setattr(runtimes, "WORKERS", 1)  # one worker: its stream already has every thread
     assert apply_mode(target, mode("openvino"), "cpu", 4).optimised.alone is None
+
+
+def test_onnxruntime_has_a_session_of_every_worker_thread_for_a_call_alone(monkeypatch):
+    module = TwoHeads().eval()
+    target, _ = target_of(module)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(runtimes, "WORKERS", 2)
+    call = apply_mode(target, mode("onnxruntime"), "cpu", 4).optimised
+    assert call.session.get_session_options().intra_op_num_threads == 1
+    options = call.alone.get_session_options()
+    assert options.intra_op_num_threads == 2
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"  # idle, its threads sleep
+    used = []
+    for name in ("session", "alone"):
+        session = getattr(call, name)
+        monkeypatch.setattr(call, name, SimpleNamespace(run=lambda *a, s=session, n=name: used.append(n) or s.run(*a)))
+    x = torch.rand(3, 3, 8, 8)
+    with torch.inference_mode():
+        expected = module(x, torch.tensor(1.0))[0]
+        alone = call(x, torch.tensor(1.0))[0]
+        call.calls.running = 1  # another worker's call in progress
+        beside = call(x, torch.tensor(1.0))[0]
+        call.calls.running = 0
+        with runtimes.BATCHES.running(), runtimes.BATCHES.running():  # another batch decodes
+            call(x, torch.tensor(1.0))
+    assert used == ["alone", "session", "session"]
+    assert torch.allclose(alone, expected, atol=1e-5) and torch.allclose(beside, expected, atol=1e-5)
+    monkeypatch.setattr(runtimes, "WORKERS", 1)
+    assert apply_mode(target, mode("onnxruntime"), "cpu", 4).optimised.alone is None
 
 
 def test_openvino_converts_the_onnx_export_which_onnxruntime_then_reads(state_dir, monkeypatch):

@@ -103,11 +103,17 @@ def test_the_runtime_threads_follow_torch_and_the_workers(monkeypatch):
     assert len(results) == 4 and all(torch.allclose(r, expected, atol=1e-5) for r in results)  # a request per thread
 
 
-def test_a_call_alone_runs_on_every_worker_thread_and_a_call_beside_another_on_its_stream(monkeypatch):
-    module = TwoHeads().eval()
-    target, _ = target_of(module)
+@pytest.fixture
+def two_workers(monkeypatch):
+    """Two one-thread workers (the shipped cpu configs on two cores): a TwoHeads module and its target."""
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     monkeypatch.setattr(runtimes, "WORKERS", 2)
+    module = TwoHeads().eval()
+    return module, target_of(module)[0]
+
+
+def test_a_call_alone_runs_on_every_worker_thread_and_a_call_beside_another_on_its_stream(monkeypatch, two_workers):
+    module, target = two_workers
     call = apply_mode(target, mode("openvino"), "cpu", 4).optimised
     assert call.alone.get_property("NUM_STREAMS") == 1 and call.alone.get_property("INFERENCE_NUM_THREADS") == 2
     assert call.alone.get_property("INFERENCE_PRECISION_HINT") == call.compiled.get_property("INFERENCE_PRECISION_HINT")
@@ -133,11 +139,8 @@ def test_a_call_alone_runs_on_every_worker_thread_and_a_call_beside_another_on_i
     assert apply_mode(target, mode("openvino"), "cpu", 4).optimised.alone is None
 
 
-def test_onnxruntime_has_a_session_of_every_worker_thread_for_a_call_alone(monkeypatch):
-    module = TwoHeads().eval()
-    target, _ = target_of(module)
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
-    monkeypatch.setattr(runtimes, "WORKERS", 2)
+def test_onnxruntime_has_a_session_of_every_worker_thread_for_a_call_alone(monkeypatch, two_workers):
+    module, target = two_workers
     call = apply_mode(target, mode("onnxruntime"), "cpu", 4).optimised
     assert call.session.get_session_options().intra_op_num_threads == 1
     options = call.alone.get_session_options()

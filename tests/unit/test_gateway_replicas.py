@@ -345,6 +345,10 @@ def test_a_model_of_one_replica_behaves_as_before(gw):
     (503, b'[65]', False),
     (500, b'{"status":65,"results":[]}', False),
     (429, b'{"status":429,"results":[]}', False),
+    (503, b'{"error":"the model is loading"}', True),  # the Open Inference Protocol's shape (a /v2 route)
+    (503, b'{"error":"loading","status":65}', False),
+    (429, b'{"error":"wait queue full"}', False),
+    (500, b'{"error":"row 0 of 1 failed"}', False),
 ])
 def test_not_admitted_is_only_a_process_level_503_status_65(code, body, expected):
     from twisted.web.http_headers import Headers

@@ -96,6 +96,19 @@ class RequestValidator:
         self._check_count(len(images))
         return InferenceRequest(images=images, req_id=req_id, params=params, options=options)
 
+    def from_parts(self, images: list[str | bytes], req_id: str | None, params: dict,
+                   options: dict) -> InferenceRequest:
+        """A request whose parts another encoding carried (the Open Inference Protocol's tensors: an image is
+        a file's bytes or its base64): the JSON body's checks of ``req_id``, ``params`` and ``options``."""
+        errors = self._req_id_errors(req_id, pointer("req_id")) if req_id is not None else []
+        doc = {"params": params, "options": options}
+        params = self._object(doc, "params", self.params, errors)
+        options = self._object(doc, "options", self.options, errors)
+        if errors:
+            raise ApiError(st.INVALID_REQUEST, _summary(errors), errors)
+        self._check_count(len(images))
+        return InferenceRequest(images=images, req_id=req_id, params=params, options=options)
+
     def _root_errors(self, doc: dict) -> list[FieldError]:
         errors: list[FieldError] = []
         for key in doc:

@@ -72,14 +72,19 @@ class Inference:
         (well under a millisecond), so that admission never queues behind
         image decoding in the decode pool; larger bodies are parsed there.
         """
-        if len(body) <= INLINE_PARSE_BYTES:
-            return maybeDeferred(self._parse_sync, body, media_type, type_params, headers)
-        return self.run_decode(self._parse_sync, body, media_type, type_params, headers)
+        return self.parse_with(lambda data: self.validator.parse(data, media_type, type_params, headers), body)
 
-    def _parse_sync(self, body: bytes, media_type: str, type_params: Mapping[str, str], headers: Mapping[str, str | None]) -> InferenceRequest:
+    def parse_with(self, parser: Callable[[bytes], Any], body: bytes) -> Deferred:
+        """``parser(body)`` where :meth:`parse` runs its own (the reactor or the decode pool, by the body's size),
+        timed as the ``parse`` stage: the Open Inference Protocol's route parses its tensors this way."""
+        if len(body) <= INLINE_PARSE_BYTES:
+            return maybeDeferred(self._timed_parse, parser, body)
+        return self.run_decode(self._timed_parse, parser, body)
+
+    def _timed_parse(self, parser: Callable[[bytes], Any], body: bytes) -> Any:
         started = time.perf_counter()
         try:
-            return self.validator.parse(body, media_type, type_params, headers)
+            return parser(body)
         finally:
             if self.stage is not None:
                 self.stage("parse").observe((time.perf_counter() - started) * 1000.0)

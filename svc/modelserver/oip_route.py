@@ -7,8 +7,9 @@ goal), and a binary image reaches the server as raw bytes, not base64.
 
 The request becomes the server's own inference request
 (:func:`svc.web.oip.translate.plan`: one image per row, ``parameters`` as
-params), parsed and run by the same :class:`svc.modelserver.inference.Inference`
-as ``POST {server_uri}``: batching, deadlines, per-item isolation and the
+params, checked by ``RequestValidator.from_parts``), parsed where the
+inference route parses its bodies (``Inference.parse_with``) and run by the
+same :class:`svc.modelserver.inference.Inference` as ``POST {server_uri}``: batching, deadlines, per-item isolation and the
 bounded queue apply, and admission (token, per-IP limit, readiness) is the
 inference route's.  The protocol fails a request as a whole: the first item
 that did not succeed becomes the error (:func:`svc.web.oip.translate.failed_item`).
@@ -28,7 +29,6 @@ from klein import Klein
 from svc.contract import status as st
 from svc.contract.errors import ApiError
 from svc.contract.oip import PREFIX, ModelShape, shape_from_document
-from svc.contract.protocol import SERVICE_REQUEST_HEADERS
 from svc.web.declare import route
 from svc.web.oip import codec, translate
 from svc.web.replies import JSON_CONTENT_TYPE, header
@@ -64,15 +64,18 @@ class OipRoute:
         self.in_flight += 1
         try:
             shape = self.oip_shape
+            length, request_id = header(request, codec.HEADER_LENGTH), header(request, b"x-request-id")
+            validator = self.inference.validator
+
+            def parse(body: bytes) -> tuple[codec.InferRequest, translate.Plan, Any]:
+                asked = codec.parse_request(body, length)
+                plan = translate.plan(shape, asked, request_id)
+                return asked, plan, validator.from_parts(plan.images, plan.req_id, plan.params, plan.options)
+
             try:
-                asked = codec.parse_request(request.content.getvalue(), header(request, codec.HEADER_LENGTH))
-                plan = translate.plan(shape, asked, header(request, b"x-request-id"))
+                asked, plan, parsed = await self.inference.parse_with(parse, request.content.getvalue())
             except codec.CodecError as e:
                 raise ApiError(st.INVALID_REQUEST, str(e), http=400) from None
-            headers = {name: _text(plan.headers.get(name.encode())) for name in SERVICE_REQUEST_HEADERS}
-            media_type = plan.headers[b"content-type"].decode("latin-1")
-            try:
-                parsed = await self.inference.parse(plan.body, media_type, {}, headers)
             except ApiError as e:
                 if e.code in AS_BAD_REQUEST:
                     raise ApiError(e.status, e.message, headers=e.headers, http=400) from None
@@ -103,10 +106,6 @@ class OipRoute:
             return data
         finally:
             self.in_flight -= 1
-
-
-def _text(value: bytes | None) -> str | None:
-    return value.decode("latin-1") if value is not None else None
 
 
 def declare(app: Klein) -> None:

@@ -172,12 +172,11 @@ def test_plan_sends_params_options_and_the_classification_top_k():
     plan = translate.plan(shape, request_for({"priority": 1, "triton_x": 1, "options": {"max_results": 2},
                                               "binary_data_output": True},
                                              [{"name": "PROBABILITIES", "parameters": {"classification": 3}}]))
-    assert json.loads(plan.body) == {"images": ["YQ=="], "req_id": "abc", "params": {"top_k": 3},
-                                     "options": {"max_results": 2}}
+    assert (plan.images, plan.req_id, plan.params, plan.options) == (["YQ=="], "abc", {"top_k": 3}, {"max_results": 2})
     assert plan.outputs[0][1] is True  # binary_data_output applies to an output that did not say
-    assert json.loads(translate.plan(shape, request_for({}, [])).body)["params"] == {"top_k": 1}  # no outputs
+    assert translate.plan(shape, request_for({}, [])).params == {"top_k": 1}  # no outputs
     full = translate.plan(shape, request_for({}))
-    assert json.loads(full.body)["params"] == {"top_k": 10}  # the plain tensor needs every class
+    assert full.params == {"top_k": 10}  # the plain tensor needs every class
     with pytest.raises(CodecError, match="unknown output"):
         translate.plan(shape, request_for({}, [{"name": "BOXES"}]))
     with pytest.raises(CodecError, match="does not support the classification"):
@@ -189,20 +188,19 @@ def test_plan_sends_params_options_and_the_classification_top_k():
         translate.plan(shape, request_for({}, [{"name": "PROBABILITIES", "parameters": {"classification": 11}}]))
 
 
-def test_one_binary_row_is_sent_as_a_raw_body():
+def test_binary_rows_are_the_files_bytes_and_json_rows_their_base64():
     blob = bytes_tensor(b"\xff\xd8jpeg")
     body, length = binary_request({"id": "q 1", "inputs": [image_input(len(blob), [1])],
                                    "parameters": {"score_threshold": 0.5, "options": {"max_results": 3}}}, blob)
     raw = translate.plan(shape_of(DETECTION), parse_request(body, length), "rid-1")
-    assert raw.body == b"\xff\xd8jpeg" and raw.rows == 1
-    assert raw.headers == {b"content-type": b"application/octet-stream", b"x-request-id": b"rid-1",
-                           b"x-service-params": b'{"score_threshold":0.5}',
-                           b"x-service-options": b'{"max_results":3}'}
+    assert raw.images == [b"\xff\xd8jpeg"] and raw.rows == 1 and raw.req_id == "rid-1"
+    assert raw.params == {"score_threshold": 0.5} and raw.options == {"max_results": 3}
     two = bytes_tensor(b"a", b"b")
     body, length = binary_request({"id": "ok-id", "inputs": [image_input(len(two))]}, two)
     plan = translate.plan(shape_of(DETECTION), parse_request(body, length), "not valid")
-    assert json.loads(plan.body) == {"images": ["YQ==", "Yg=="], "req_id": "ok-id"}  # the id: no valid header
-    assert plan.headers == {b"content-type": b"application/json", b"x-request-id": b"ok-id"}
+    assert plan.images == [b"a", b"b"] and plan.rows == 2  # never base64-encoded
+    assert plan.req_id == "ok-id"  # the request's id: the header's is not a valid one
+    assert translate.plan(shape_of(DETECTION), request_for({})).images == ["YQ=="]  # JSON: the base64 as sent
 
 
 def test_detections_of_several_rows_are_concatenated_with_their_row():
@@ -228,8 +226,8 @@ def test_masks_images_and_other_data_as_bytes():
     assert generated[0][0].data == [png] and generated[0][0].shape == [1]
     other = translate.outputs(shape_of(GENERIC), [{"mean": [1, 2, 3]}], [(codec.RequestedOutput("DATA", None, None), False)])
     assert other[0][0].data == ['{"mean":[1,2,3]}']
-    options = json.loads(translate.plan(shape_of(SEGMENTATION), request_for({"options": {"max_results": 2}})).body)
-    assert options["options"] == {"max_results": 2, "mask_format": "rle"}
+    options = translate.plan(shape_of(SEGMENTATION), request_for({"options": {"max_results": 2}})).options
+    assert options == {"max_results": 2, "mask_format": "rle"}
     with pytest.raises(CodecError, match="only be rle"):
         translate.plan(shape_of(SEGMENTATION), request_for({"options": {"mask_format": "png"}}))
 

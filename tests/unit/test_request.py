@@ -222,3 +222,20 @@ def test_integral_floats_are_json_integers():
     assert type(raw.params["top_k"]) is int
     # Config files keep strict integers (TOML tells 2 from 2.0).
     assert PARAMS.errors({"top_k": 2.0}) and not PARAMS.for_json().errors({"top_k": 2.0})
+
+
+def test_parts_from_another_encoding_get_the_json_bodys_checks():
+    """The Open Inference Protocol's tensors (svc/modelserver/oip_route.py): images as bytes or base64 text."""
+    ok = V.from_parts([b"\xff\xd8", "YQ=="], "rid-1", {"top_k": 2}, {})
+    assert ok.images == [b"\xff\xd8", "YQ=="] and ok.req_id == "rid-1"
+    assert ok.params == {"top_k": 2} and ok.options == {"image_format": "png"}  # defaults, as a JSON body gets
+    with pytest.raises(ApiError) as e:
+        V.from_parts([b"x"], None, {"top_k": 11, "nope": 1}, {"max_results": 0})
+    assert e.value.status is st.INVALID_REQUEST
+    assert sorted(pointers(e.value)) == ["/options/max_results", "/params/nope", "/params/top_k"]
+    with pytest.raises(ApiError) as e:
+        V.from_parts([b"a"] * 4, None, {}, {})
+    assert e.value.status is st.TOO_MANY_ITEMS and e.value.code == 413
+    with pytest.raises(ApiError) as e:
+        V.from_parts([b"a"], "has space", {}, {})
+    assert pointers(e.value) == ["/req_id"]

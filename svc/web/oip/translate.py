@@ -1,10 +1,9 @@
-"""An OIP inference request as the model server's own request, and its envelope as OIP outputs.
+"""An OIP inference request as the model server's own request, and its results as OIP outputs.
 
-The request goes through the model server's inference route like any
-other (batching, deadlines, per-item isolation, bounded queues): one
-``images`` entry per element of the ``IMAGE`` input (binary elements are
-the files' bytes and are base64-encoded here; JSON elements are base64
-already), the request's ``parameters`` as ``params`` less the protocol's own
+The request runs through the model server's data plane like any other
+(batching, deadlines, per-item isolation, bounded queues): one image per
+element of the ``IMAGE`` input (a binary element's bytes, a JSON element's
+base64), the request's ``parameters`` as ``params`` less the protocol's own
 (:data:`RESERVED`), ``parameters.options`` as ``options``, and the request's
 ``id`` as ``req_id`` when it is a valid one.
 
@@ -36,7 +35,6 @@ from svc.contract.oip import (
 )
 from svc.contract.request import REQ_ID_RE
 from svc.web.oip.codec import CodecError, InferRequest, Output, RequestedOutput
-from svc.web.replies import dumps
 
 #: Item statuses by code, for the error text and HTTP status of a failed item.
 STATUSES: dict[object, st.Status] = {s.code: s for s in st.ALL}  # looked up with any JSON value
@@ -44,13 +42,18 @@ STATUSES: dict[object, st.Status] = {s.code: s for s in st.ALL}  # looked up wit
 
 @dataclass
 class Plan:
-    """What to ask the model server (``body`` with ``headers``), and which outputs to answer with (each with
-    whether it is binary)."""
+    """The model server's request for an OIP request (its images, params, options and request id), and which
+    outputs to answer with (each with whether it is binary)."""
 
-    body: bytes
-    headers: dict[bytes, bytes]
-    rows: int
+    images: list[str | bytes]
+    params: dict
+    options: dict
+    req_id: str | None
     outputs: list[tuple[RequestedOutput, bool]]
+
+    @property
+    def rows(self) -> int:
+        return len(self.images)
 
 
 def _outputs(shape: ModelShape, request: InferRequest) -> list[tuple[RequestedOutput, bool]]:
@@ -73,9 +76,9 @@ def _outputs(shape: ModelShape, request: InferRequest) -> list[tuple[RequestedOu
 def plan(shape: ModelShape, request: InferRequest, request_id: str | None = None) -> Plan:
     """The model server's request for ``request`` (CodecError: 400); ``request_id``: the client's X-Request-ID.
 
-    One binary row is sent as a raw body (the model server's ``application/octet-stream`` request, params
-    and options in ``X-Service-Params`` and ``X-Service-Options``): neither side base64-encodes the image.
-    Otherwise a JSON body, written here without re-encoding the images (base64 needs no JSON escaping).
+    A binary element is the image file's bytes and a JSON one its base64, as the model server's own
+    request holds them (raw bodies and JSON bodies): nothing is encoded again.  The model server then
+    checks params and options against its schemas (``RequestValidator.from_parts``).
     """
     tensor = request.inputs[0] if len(request.inputs) == 1 else None
     if tensor is None or tensor.datatype != "BYTES" or len(tensor.shape) != 1:
@@ -101,20 +104,7 @@ def plan(shape: ModelShape, request: InferRequest, request_id: str | None = None
     rid = request_id if request_id is not None and REQ_ID_RE.fullmatch(request_id) else None
     if rid is None and request.id is not None and REQ_ID_RE.fullmatch(request.id):
         rid = request.id
-    headers = {b"x-request-id": rid.encode("ascii")} if rid else {}
-    if len(tensor.data) == 1 and isinstance(tensor.data[0], bytes):
-        headers[b"content-type"] = b"application/octet-stream"
-        for name, value in ((b"x-service-params", params), (b"x-service-options", options)):
-            if value:
-                headers[name] = dumps(value)
-        return Plan(tensor.data[0], headers, 1, outputs)
-    images = b",".join(b'"' + base64.b64encode(v) + b'"' if isinstance(v, bytes) else dumps(v) for v in tensor.data)
-    parts = [b'{"images":[', images, b"]"]
-    for field, item in (("req_id", rid), ("params", params), ("options", options)):
-        if item:
-            parts += [b',"', field.encode(), b'":', dumps(item)]
-    headers[b"content-type"] = b"application/json"
-    return Plan(b"".join(parts) + b"}", headers, len(tensor.data), outputs)
+    return Plan(list(tensor.data), params, options, rid, outputs)
 
 
 def failed_item(results: list) -> ApiError | None:

@@ -140,3 +140,29 @@ def test_tritonclient_sees_a_404_for_another_model(server):
     with pytest.raises(InferenceServerException) as e:
         client.infer("DDPM", [tensor], headers=auth())
     assert e.value.status() == "404"
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_a_body_above_the_inline_parse_size_is_parsed_off_the_reactor_alike(server, binary):
+    """Above 64 KB (INLINE_PARSE_BYTES) the tensors are parsed in the decode pool: the same reply, and a bad
+    request there is the same 400 in the protocol's shape."""
+    from svc.modelserver.inference import INLINE_PARSE_BYTES
+
+    image = image_bytes(width=160, height=160, seed=8)  # noise PNG, about 77 KB
+    assert len(image) > INLINE_PARSE_BYTES
+    if binary:
+        body, headers = binary_body(image)
+    else:
+        body = json.dumps({"inputs": [{"name": "IMAGE", "shape": [1], "datatype": "BYTES", "data": [b64(image)]}],
+                           "outputs": [{"name": "PROBABILITIES", "parameters": {"classification": 3}}]}).encode()
+        headers = auth()
+    reply = request("POST", server.url + PATH, body, headers=headers)
+    assert reply.status == 200, reply.body
+    if binary:
+        head = json.loads(reply.body[:int(reply.header("Inference-Header-Content-Length"))])
+    else:
+        head = reply.json
+    assert head["model_name"] == "MOBILENETV2" and head["outputs"][0]["shape"] == [1, 3]
+    big = json.dumps({"inputs": [{"name": "IMAGE", "shape": [2], "datatype": "BYTES", "data": [b64(image)]}]})
+    bad = request("POST", server.url + PATH, big.encode(), headers=auth())  # shape [2] with one element
+    assert bad.status == 400 and set(bad.json) == {"error"} and "elements of data for shape [2]" in bad.json["error"], bad.body

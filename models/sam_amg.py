@@ -9,8 +9,8 @@ our small random-init default for CPUs: the same classes with a 2-layer,
 64-wide ViT encoder on 256-pixel inputs and the standard prompt encoder and
 mask decoder.  ``SamAutomaticMaskGenerator`` prompts a grid of points,
 filters by predicted IoU and stability, and removes duplicates with NMS; its
-parameters are the request's params.  The plugin runs it as
-``models/sam_amg_generator.py`` subclasses it: the IoU filter before the
+parameters are the request's params.  The plugin runs the subclass in
+``models/sam_amg_generator.py``, which applies the IoU filter before the
 masks are upsampled to the image's size (the same masks, less work).
 
 Per item: the image as an RGB uint8 array (Pillow, decode pool), after

@@ -33,15 +33,6 @@ from svc.web.declare import route
 from svc.web.oip import codec, translate
 from svc.web.replies import JSON_CONTENT_TYPE, header
 
-#: Statuses of the server's own validation that the protocol, which has one "bad request", answers 400.
-AS_BAD_REQUEST = frozenset({415, 422})
-
-
-def check_version(model_id: str, asked: str | None, served: str) -> None:
-    """404 when a version in the path is not the one served."""
-    if asked is not None and asked != served:
-        raise ApiError(st.NOT_FOUND, f"model {model_id} serves version {served!r}, not {asked[:80]!r}")
-
 
 class OipRoute:
     """The route's method; ``self`` is the ModelServerApp (its config, inference, identity and replies)."""
@@ -59,7 +50,7 @@ class OipRoute:
         if model_id != self.config.id:
             raise ApiError(st.NOT_FOUND, f"model {model_id[:80]!r} is not served here (this server serves "
                                          f"{self.config.id})")
-        check_version(model_id, version, self.identity.version)
+        translate.check_version(model_id, version, self.identity.version)
         started = self.clock.seconds()
         self.in_flight += 1
         try:
@@ -77,7 +68,7 @@ class OipRoute:
             except codec.CodecError as e:
                 raise ApiError(st.INVALID_REQUEST, str(e), http=400) from None
             except ApiError as e:
-                if e.code in AS_BAD_REQUEST:
+                if e.code in translate.AS_BAD_REQUEST:
                     raise ApiError(e.status, e.message, headers=e.headers, http=400) from None
                 raise
             task_id, results = await self.run_inference(request, parsed, started)

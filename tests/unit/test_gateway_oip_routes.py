@@ -55,6 +55,9 @@ def test_an_inference_goes_to_the_model_server_as_it_came_and_its_reply_comes_ba
     assert r.body == b"{}\x01\x02"
     assert h(r, "Content-Type") == "application/octet-stream" and h(r, "Inference-Header-Content-Length") == "2"
     assert h(r, "X-Request-ID") == "t-2" and h(r, "Set-Cookie") is None
+    text = render(gw.registry).decode()  # timed as an inference, under its own protocol
+    assert 'service_http_request_duration_ms_count{protocol="oip",route="infer"} 1.0' in text
+    assert 'service_http_request_duration_ms_count{protocol="contract",route="infer"}' not in text
 
 
 def test_the_rate_limit_is_the_keys_bucket_with_retry_after(gw):

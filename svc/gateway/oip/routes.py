@@ -44,9 +44,6 @@ from svc.web.declare import route
 from svc.web.oip import translate
 from svc.web.replies import dumps, send_encoded
 
-#: Model-server statuses that the protocol, which has one "bad request", answers 400.
-AS_BAD_REQUEST = frozenset({415, 422})
-
 
 def _ok(request: Any, body: dict) -> bytes:
     return send_encoded(request, 200, dumps(body))
@@ -63,7 +60,7 @@ def upstream_error(reply: Any) -> ApiError:
     message = body.get("error") or status.meaning  # a 422's text names its errors[] already
     retry = reply.headers.getRawHeaders(b"retry-after")
     return ApiError(status, message, headers={"Retry-After": retry[0].decode("latin-1")} if retry else {},
-                    http=400 if reply.code in AS_BAD_REQUEST else reply.code)
+                    http=400 if reply.code in translate.AS_BAD_REQUEST else reply.code)
 
 
 class OipRoutes:
@@ -103,7 +100,7 @@ class OipRoutes:
         if reply.code != 200:
             raise upstream_error(reply)
         served = str(json.loads(reply.body).get("model", {}).get("version", ""))
-        check_version(upstream.id, version, served)
+        translate.check_version(upstream.id, version, served)
         return served
 
     async def oip_model_metadata(self: Any, request: Any, model_id: str, version: str | None = None) -> bytes:
@@ -128,9 +125,6 @@ class OipRoutes:
         return await self.forwarder.forward(request, upstream, "infer", path + "/infer")
 
 
-def check_version(model_id: str, asked: str | None, served: str) -> None:
-    if asked is not None and asked != served:
-        raise ApiError(st.NOT_FOUND, f"model {model_id} serves version {served!r}, not {asked[:80]!r}")
 
 
 def declare(app: Klein) -> None:

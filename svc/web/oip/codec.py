@@ -203,7 +203,7 @@ def _common_request(head: dict, binary: bytes | memoryview) -> InferRequest | No
     :func:`_checked_request` then reads or refuses with its texts.
 
     Half the cost of reading every field through the checks that name what is wrong (about 12 us of the
-    gateway's reactor per request), and the same result where it has one."""
+    reactor per request), and the same result where it has one."""
     if not REQUEST_FIELDS.issuperset(head):
         return None
     entries = head.get("inputs")

@@ -36,6 +36,8 @@ from svc.contract.oip import (
 from svc.contract.request import REQ_ID_RE
 from svc.web.oip.codec import CodecError, InferRequest, Output, RequestedOutput
 
+#: Model-server statuses that the protocol, which has one "bad request", answers 400.
+AS_BAD_REQUEST = frozenset({415, 422})
 #: Item statuses by code, for the error text and HTTP status of a failed item.
 STATUSES: dict[object, st.Status] = {s.code: s for s in st.ALL}  # looked up with any JSON value
 
@@ -105,6 +107,12 @@ def plan(shape: ModelShape, request: InferRequest, request_id: str | None = None
     if rid is None and request.id is not None and REQ_ID_RE.fullmatch(request.id):
         rid = request.id
     return Plan(list(tensor.data), params, options, rid, outputs)
+
+
+def check_version(model_id: str, asked: str | None, served: str) -> None:
+    """404 when a version named in the path is not the one the model serves."""
+    if asked is not None and asked != served:
+        raise ApiError(st.NOT_FOUND, f"model {model_id} serves version {served!r}, not {asked[:80]!r}")
 
 
 def failed_item(results: list) -> ApiError | None:

@@ -33,7 +33,7 @@ from svc.contract.envelope import ItemResult
 from svc.contract.schema import compile_schema
 from svc.model.api import IModel, IModelFactory, ProgressReporter, reporting_progress
 from svc.modelserver.progress import BatchProgress
-from svc.optimize.runtimes import BATCHES
+from svc.optimize.runtime_calls import BATCHES
 from svc.web.replies import dumps
 
 log = Logger()

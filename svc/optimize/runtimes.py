@@ -29,9 +29,8 @@ threads torch has (``backend.threads``, or the cores divided among the
 workers: ``svc.model.torchenv.configure_threads``), and the workers call at once:
 OpenVINO gets one stream per worker with that many threads each, ONNX
 Runtime an intra-op pool of that size (a session runs concurrent calls).
-With several workers OpenVINO also compiles one stream with all their
-threads, for a call whose batch is the only one running (one client):
-:class:`OpenVINOCall`, :data:`BATCHES`.
+How the converted model is called (streams, a stream for a call that runs
+alone, batch sizes compiled with fixed shapes): :mod:`svc.optimize.runtime_calls`.
 :data:`STATS` counts conversions and cache reads for the optimisation line.
 """
 
@@ -39,62 +38,25 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 import threading
 import warnings
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from svc.optimize.runtime_calls import OnnxRuntimeCall, OpenVINOCall, fixed_batches
 
 #: Models converted and read from the cache by this process (``converted``, ``loaded``).
 STATS: Counter = Counter()
 #: The inference threads that call a converted target at once (``backend.workers``; set by ``svc.optimize.select``).
 WORKERS = 1
-#: With several workers, also compile one stream (OpenVINOCall) or open one session (OnnxRuntimeCall) with all their
-#: threads for a call that runs alone.
-ALONE = True
 #: The smallest example batch a batched target is converted with (tracing at one can fix broadcasts to one).
 CONVERT_MIN_BATCH = 2
 #: The ONNX opset of ``torch.onnx.export``.
 ONNX_OPSET = 17
 _core: Any = None
 _core_lock = threading.Lock()
-
-
-class Batches:
-    """The batches a model server's workers are running now: decoding, forward pass and postprocessing.
-
-    The engine counts each of its batches (:meth:`running`); a converted
-    model asks whether its caller's batch is the only one (:meth:`alone`)
-    before it takes every worker's threads.  Outside a model server (a test,
-    a benchmark) nothing is counted, and a call is alone when no other call
-    runs.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.count = 0
-
-    @contextmanager
-    def running(self) -> Iterator[None]:
-        with self._lock:
-            self.count += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self.count -= 1
-
-    def alone(self) -> bool:
-        """No batch, or only the caller's, is running."""
-        return self.count <= 1
-
-
-#: The batches of this process's model server (``svc.modelserver.engine`` counts them).
-BATCHES = Batches()
 
 
 def runtime_version(runtime: str) -> str:
@@ -169,7 +131,8 @@ def converted(module: Any, make_example: Any, batch: int, batched: bool, runtime
         _write_atomically(meta, json.dumps({"returns": returns}))
         STATS["converted"] += 1
     if runtime == "openvino":
-        return OpenVINOCall(_ov_core().read_model(str(path)), bf16, returns, intra_op_threads(), WORKERS)
+        return OpenVINOCall(_ov_core(), _ov_core().read_model(str(path)), bf16, returns, intra_op_threads(), WORKERS,
+                            fixed_batches(batch) if batched else ())
     return OnnxRuntimeCall(path, returns, intra_op_threads(), WORKERS)
 
 
@@ -263,138 +226,3 @@ def _export_onnx(module: Any, example: tuple, batched: bool, path: Path) -> None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-
-
-def _arrays(args: tuple) -> list:
-    """Positional tensors as C-contiguous numpy arrays (views where they already are; a 0-d tensor stays 0-d)."""
-    import numpy as np
-
-    arrays = [a.detach().cpu().numpy() if hasattr(a, "detach") else np.asarray(a) for a in args]
-    return [a if a.flags.c_contiguous else a.copy(order="C") for a in arrays]
-
-
-def _outputs(arrays: list, returns: str) -> Any:
-    import torch
-
-    tensors = [torch.from_numpy(a) for a in arrays]
-    if returns == "tensor":
-        return tensors[0]
-    return tensors if returns == "list" else tuple(tensors)
-
-
-def input_positions(ports: Any) -> list[int]:
-    """The argument each input of a converted model takes.
-
-    A model converted from the ONNX export names its inputs ``inputN`` after
-    the argument's position, and has none for an argument the graph does not
-    use (the exporter leaves it out); a model converted from the module has
-    one input per tensor argument, in order.
-    """
-    named = [next((int(n[5:]) for n in port.get_names() if re.fullmatch(r"input\d+", n)), None) for port in ports]
-    return [i for i in named if i is not None] if None not in named else list(range(len(named)))
-
-
-class Calls:
-    """The calls of one converted model in progress, all threads together.  A new one runs alone when the model
-    has a form for it (``has_alone``: one stream or session with every worker's threads), no other call runs,
-    and its batch is the model server's only one (:data:`BATCHES`): one client, a quiet moment."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.running = 0
-
-    @contextmanager
-    def one(self, has_alone: bool) -> Iterator[bool]:
-        with self.lock:
-            alone = has_alone and self.running == 0 and BATCHES.alone()
-            self.running += 1
-        try:
-            yield alone
-        finally:
-            with self.lock:
-                self.running -= 1
-
-
-class OpenVINOCall:
-    """A compiled OpenVINO model called like the target: torch tensors in, torch tensors out.
-
-    One infer request per calling thread (a request is not shared); one
-    stream per worker, so the workers' calls run side by side.  With more
-    than one worker the model is compiled a second time as one stream with
-    every worker's threads (:data:`ALONE`): a call made while its batch is
-    the only one running (:data:`BATCHES`: one client, a quiet moment) and no
-    other call runs uses that one and all the cores; a call beside another
-    batch keeps its worker's stream and its share of the threads, so that
-    the other worker's decoding and forward pass never wait for a core.
-    """
-
-    def __init__(self, model: Any, bf16: bool, returns: str, threads: int, workers: int) -> None:
-        workers = max(1, workers)
-        config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "bf16" if bf16 else "f32",
-                  "INFERENCE_NUM_THREADS": threads * workers, "NUM_STREAMS": workers}
-        self.compiled = _ov_core().compile_model(model, "CPU", config)
-        self.alone = (_ov_core().compile_model(model, "CPU", {**config, "NUM_STREAMS": 1})
-                      if ALONE and workers > 1 else None)
-        self.returns = returns
-        self.types = [port.get_element_type().to_dtype() for port in self.compiled.inputs]
-        self.positions = input_positions(self.compiled.inputs)
-        self.local = threading.local()
-        self.calls = Calls()
-
-    def __call__(self, *args: Any) -> Any:
-        with self.calls.one(self.alone is not None) as alone:
-            compiled = self.alone if alone and self.alone is not None else self.compiled
-            infer_requests = getattr(self.local, "infer_requests", None)
-            if infer_requests is None:
-                infer_requests = self.local.infer_requests = {}
-            request = infer_requests.get(alone)
-            if request is None:
-                request = infer_requests[alone] = compiled.create_infer_request()
-            given = _arrays(args)
-            arrays = [given[i].astype(t, copy=False) for i, t in zip(self.positions, self.types)]
-            results = request.infer(arrays, share_inputs=True)  # outputs copied: the request reuses its buffers
-            return _outputs([results[port] for port in compiled.outputs], self.returns)
-
-
-class OnnxRuntimeCall:
-    """An ONNX Runtime session called like the target: torch tensors in, torch tensors out.
-
-    The exporter leaves out inputs the graph does not use; each argument goes
-    to the session input of its position's name, if the session has it.  As
-    :class:`OpenVINOCall`, with more than one worker a second session has
-    every worker's threads (:data:`ALONE`), for a call that runs alone
-    (:class:`Calls`); its threads do not spin between calls, so that they
-    leave the cores to the workers' own sessions.
-    """
-
-    def __init__(self, path: Path, returns: str, threads: int, workers: int = 1) -> None:
-        self.session = _ort_session(path, threads)
-        self.alone = _ort_session(path, threads * workers, spin=False) if ALONE and workers > 1 else None
-        self.returns = returns
-        types = {"tensor(float)": "float32", "tensor(int64)": "int64", "tensor(int32)": "int32",
-                 "tensor(double)": "float64", "tensor(bool)": "bool"}
-        self.inputs = {i.name: types.get(i.type) for i in self.session.get_inputs()}
-        self.calls = Calls()
-
-    def __call__(self, *args: Any) -> Any:
-        feed = {}
-        for i, array in enumerate(_arrays(args)):
-            name = f"input{i}"
-            if name in self.inputs:
-                dtype = self.inputs[name]
-                feed[name] = array.astype(dtype, copy=False) if dtype else array
-        with self.calls.one(self.alone is not None) as alone:
-            session = self.alone if alone and self.alone is not None else self.session
-            return _outputs(session.run(None, feed), self.returns)
-
-
-def _ort_session(path: Path, threads: int, spin: bool = True) -> Any:
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if not spin:
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

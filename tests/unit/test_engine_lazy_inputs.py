@@ -102,7 +102,7 @@ def test_lazy_items_past_their_deadline_are_never_decoded():
 
 
 def test_a_batch_is_counted_while_it_decodes_and_runs_for_the_converted_models():
-    from svc.optimize.runtimes import BATCHES
+    from svc.optimize.runtime_calls import BATCHES
 
     seen: list[int] = []
     model = Model()

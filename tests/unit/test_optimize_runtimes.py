@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from svc.model.api import OptimizationTarget
-from svc.optimize import runtimes, support
+from svc.optimize import runtime_calls, runtimes, support
 from svc.optimize.apply import apply_mode
 from svc.optimize.modes import Mode, mode
 from svc.optimize.select import Optimizer
@@ -121,22 +121,68 @@ def test_a_call_alone_runs_on_every_worker_thread_and_a_call_beside_another_on_i
     with torch.inference_mode():
         expected = module(x, torch.tensor(1.0))[0]
         alone = call(x, torch.tensor(1.0))[0]  # nothing else runs: the one-stream model
-        assert set(call.local.infer_requests) == {True} and call.calls.running == 0
+        assert set(call.local.infer_requests) == {(True, 0)} and call.calls.running == 0  # 3: the dynamic form
         call.calls.running = 1  # another worker's call in progress
         beside = call(x, torch.tensor(1.0))[0]
-        assert set(call.local.infer_requests) == {True, False} and call.calls.running == 1
+        assert set(call.local.infer_requests) == {(True, 0), (False, 0)} and call.calls.running == 1
         call.calls.running = 0
         del call.local.infer_requests
-        with runtimes.BATCHES.running(), runtimes.BATCHES.running():  # the model server runs two batches
+        with runtime_calls.BATCHES.running(), runtime_calls.BATCHES.running():  # the model server runs two batches
             call(x, torch.tensor(1.0))  # the other one decodes: this call keeps its stream
-        assert set(call.local.infer_requests) == {False}
-        with runtimes.BATCHES.running():  # this call's own batch only
+        assert set(call.local.infer_requests) == {(False, 0)}
+        with runtime_calls.BATCHES.running():  # this call's own batch only
             call(x, torch.tensor(1.0))
-        assert set(call.local.infer_requests) == {False, True}
+        assert set(call.local.infer_requests) == {(False, 0), (True, 0)}
     assert torch.allclose(alone, expected, atol=1e-5) and torch.allclose(beside, expected, atol=1e-5)
 
     monkeypatch.setattr(runtimes, "WORKERS", 1)  # one worker: its stream already has every thread
     assert apply_mode(target, mode("openvino"), "cpu", 4).optimised.alone is None
+
+
+def test_openvino_runs_a_batch_of_one_and_the_warm_up_batch_in_forms_compiled_for_their_size(monkeypatch,
+                                                                                                two_workers):
+    module, target = two_workers
+    call = apply_mode(target, mode("openvino"), "cpu", 4).optimised
+    assert set(call.fixed) == {(True, 1), (False, 4)}  # one on the lone stream, the warm-up batch on the workers'
+    lone, busy = call.fixed[(True, 1)], call.fixed[(False, 4)]
+    assert [str(p.get_partial_shape()) for p in lone.inputs] == ["[1,3,8,8]", "[]"]  # the 0-d scale stays 0-d
+    assert [str(p.get_partial_shape()) for p in busy.inputs] == ["[4,3,8,8]", "[]"]
+    assert str(call.compiled.inputs[0].get_partial_shape()) == "[?,3,8,8]"  # every other size: the dynamic form
+    assert lone.get_property("NUM_STREAMS") == 1 and lone.get_property("INFERENCE_NUM_THREADS") == 2
+    assert busy.get_property("NUM_STREAMS") == 2 and busy.get_property("INFERENCE_NUM_THREADS") == 2
+    used = []
+
+    def run(n: int, *, beside: bool = False) -> None:
+        x = torch.rand(n, 3, 8, 8)
+        call.calls.running = 1 if beside else 0
+        before = set(getattr(call.local, "infer_requests", {}))
+        got = call(x, torch.tensor(2.0))
+        new = set(call.local.infer_requests) - before
+        used.append(new.pop() if new else None)
+        assert torch.allclose(got[0], module(x, torch.tensor(2.0))[0], atol=1e-5)
+        assert torch.equal(got[1], module(x, torch.tensor(2.0))[1])
+
+    with torch.inference_mode():
+        run(1)  # alone: the lone stream's batch of one
+        run(4, beside=True)  # beside another call: the workers' streams at the warm-up batch
+        run(1, beside=True)  # one beside another: the workers' dynamic form
+        run(4)  # the warm-up batch alone: the lone stream's dynamic form
+        run(3, beside=True)
+        run(1)  # the same form again: its request is reused
+    assert used == [(True, 1), (False, 4), (False, 0), (True, 0), None, None]
+    shapes = {key: str(request.get_compiled_model().inputs[0].get_partial_shape())
+              for key, request in call.local.infer_requests.items()}
+    assert shapes == {(True, 1): "[1,3,8,8]", (False, 4): "[4,3,8,8]", (False, 0): "[?,3,8,8]", (True, 0): "[?,3,8,8]"}
+
+    one = apply_mode(target, mode("openvino"), "cpu", 1).optimised  # a warm-up batch of one (DDPM's)
+    assert set(one.fixed) == {(True, 1), (False, 1)}  # alone, and two side by side on the workers' streams
+    monkeypatch.setattr(runtime_calls, "FIXED", False)
+    assert apply_mode(target, mode("openvino"), "cpu", 4).optimised.fixed == {}
+    monkeypatch.setattr(runtimes, "WORKERS", 1)
+    monkeypatch.setattr(runtime_calls, "FIXED", True)
+    assert set(apply_mode(target, mode("openvino"), "cpu", 4).optimised.fixed) == {(False, 1), (False, 4)}
+    fixed_shape, _ = target_of(module, batched=False)  # converted with a fixed shape already: nothing to pin
+    assert apply_mode(fixed_shape, mode("openvino"), "cpu", 4).optimised.fixed == {}
 
 
 def test_onnxruntime_has_a_session_of_every_worker_thread_for_a_call_alone(monkeypatch, two_workers):
@@ -157,7 +203,7 @@ def test_onnxruntime_has_a_session_of_every_worker_thread_for_a_call_alone(monke
         call.calls.running = 1  # another worker's call in progress
         beside = call(x, torch.tensor(1.0))[0]
         call.calls.running = 0
-        with runtimes.BATCHES.running(), runtimes.BATCHES.running():  # another batch decodes
+        with runtime_calls.BATCHES.running(), runtime_calls.BATCHES.running():  # another batch decodes
             call(x, torch.tensor(1.0))
     assert used == ["alone", "session", "session"]
     assert torch.allclose(alone, expected, atol=1e-5) and torch.allclose(beside, expected, atol=1e-5)

@@ -190,9 +190,12 @@ class OpenVINOCall:
         if batches:
             lone, busy = (self.alone is not None, min(batches)), (False, max(batches))
             for alone, n in {lone, busy}:
-                shaped = _fixed_batch(model, n)
-                if shaped is not None:
-                    self.fixed[(alone, n)] = core.compile_model(shaped, "CPU", alone_config if alone else config)
+                try:
+                    shaped = _fixed_batch(model, n)
+                    if shaped is not None:
+                        self.fixed[(alone, n)] = core.compile_model(shaped, "CPU", alone_config if alone else config)
+                except Exception:  # noqa: BLE001 - a graph that refuses the pinned size keeps its dynamic form
+                    continue
         self.local = threading.local()
         self.calls = Calls()
 

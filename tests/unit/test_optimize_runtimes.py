@@ -183,6 +183,29 @@ def test_openvino_runs_a_batch_of_one_and_the_warm_up_batch_in_forms_compiled_fo
     assert set(apply_mode(target, mode("openvino"), "cpu", 4).optimised.fixed) == {(False, 1), (False, 4)}
     fixed_shape, _ = target_of(module, batched=False)  # converted with a fixed shape already: nothing to pin
     assert apply_mode(fixed_shape, mode("openvino"), "cpu", 4).optimised.fixed == {}
+    monkeypatch.setattr(runtime_calls, "_fixed_batch", lambda model, n: 1 / 0)  # a graph that refuses the size
+    refused = apply_mode(target, mode("openvino"), "cpu", 4).optimised
+    assert refused.fixed == {}  # the mode stays, on its dynamic form
+    with torch.inference_mode():
+        x = torch.rand(4, 3, 8, 8)
+        assert torch.allclose(refused(x, torch.tensor(2.0))[0], module(x, torch.tensor(2.0))[0], atol=1e-5)
+
+
+def test_only_a_dynamic_batch_dimension_is_pinned():
+    openvino = openvino_module()
+    ops = openvino.opset13
+
+    def model(*shapes: list) -> object:
+        params = [ops.parameter(openvino.PartialShape(shape), openvino.Type.f32) for shape in shapes]
+        return openvino.Model([ops.relu(p) for p in params], params)
+
+    pinned = runtime_calls._fixed_batch(model([-1, 3], []), 5)
+    assert [str(p.get_partial_shape()) for p in pinned.inputs] == ["[5,3]", "[]"]
+    assert runtime_calls._fixed_batch(model([2, 3]), 5) is None  # fixed already
+    assert runtime_calls._fixed_batch(model([-1, -1]), 5) is None  # another dimension is dynamic too
+    assert runtime_calls._fixed_batch(model([]), 5) is None  # no batch dimension at all
+    assert runtime_calls._batch_input(model([], [-1, 3]).inputs) == 1
+    assert runtime_calls._batch_input(model([2, 3]).inputs) is None
 
 
 def test_onnxruntime_has_a_session_of_every_worker_thread_for_a_call_alone(monkeypatch, two_workers):

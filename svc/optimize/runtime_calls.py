@@ -204,12 +204,12 @@ class OpenVINOCall:
         arrays = [given[i].astype(t, copy=False) for i, t in zip(self.positions, self.types)]
         n = arrays[self.batch_input].shape[0] if self.batch_input is not None else 0
         with self.calls.one(self.alone is not None) as alone:
-            key = (alone, n)
-            compiled = self.fixed.get(key) or (self.alone if alone and self.alone is not None else self.compiled)
+            form = (alone, n) if (alone, n) in self.fixed else (alone, 0)  # 0: the dynamic form
+            compiled = self.fixed[form] if form[1] else (
+                self.alone if alone and self.alone is not None else self.compiled)
             requests = getattr(self.local, "infer_requests", None)
             if requests is None:
                 requests = self.local.infer_requests = {}
-            form = key if key in self.fixed else (alone, 0)
             request = requests.get(form)
             if request is None:
                 request = requests[form] = compiled.create_infer_request()

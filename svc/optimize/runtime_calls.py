@@ -12,7 +12,7 @@ module runs it:
   (:func:`fixed_batches`): a batch of one on the stream a lone call takes,
   and the warm-up batch (``max_batch_size``, what a busy server forms) on
   the workers' streams.  OpenVINO's CPU plugin runs a fixed shape faster
-  than the dynamic batch dimension the file has: 5 to 20 % less time per
+  than the dynamic batch dimension the file has: 4 to 19 % less time per
   call, measured on MobileNetV2, YOLOv8's network and the DDPM UNet
   (bench/README.md, "fixed batch shapes").  Other sizes run the dynamic
   form.  Each fixed form costs its memory (its activations are allocated

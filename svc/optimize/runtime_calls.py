@@ -207,12 +207,12 @@ class OpenVINOCall:
             form = (alone, n) if (alone, n) in self.fixed else (alone, 0)  # 0: the dynamic form
             compiled = self.fixed[form] if form[1] else (
                 self.alone if alone and self.alone is not None else self.compiled)
-            requests = getattr(self.local, "infer_requests", None)
-            if requests is None:
-                requests = self.local.infer_requests = {}
-            request = requests.get(form)
+            infer_requests = getattr(self.local, "infer_requests", None)
+            if infer_requests is None:
+                infer_requests = self.local.infer_requests = {}
+            request = infer_requests.get(form)
             if request is None:
-                request = requests[form] = compiled.create_infer_request()
+                request = infer_requests[form] = compiled.create_infer_request()
             results = request.infer(arrays, share_inputs=True)  # outputs copied: the request reuses its buffers
             return _outputs([results[port] for port in compiled.outputs], self.returns)
 

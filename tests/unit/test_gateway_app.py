@@ -45,24 +45,26 @@ class FakeModel:
             "body": request.content.read(),
         })
 
-    @app.route("/classify", methods=["POST"])
-    def infer(self, request):
+    def reply(self, request, body: bytes, headers: tuple) -> bytes:
+        """Record the request and answer 200 with ``headers`` (name, value pairs) and ``body``."""
         self.record(request)
         request.setResponseCode(200)
-        for name, value in (("Content-Type", "application/json; charset=utf-8"), ("X-Request-ID", "t-1"),
-                            ("Cache-Control", "no-store"), ("Set-Cookie", "a=b"), ("Server-Timing", "x;dur=1")):
+        for name, value in headers:
             request.setHeader(name, value)
-        return b'{"status":0,"results":[]}'
+        return body
+
+    @app.route("/classify", methods=["POST"])
+    def infer(self, request):
+        return self.reply(request, b'{"status":0,"results":[]}', (
+            ("Content-Type", "application/json; charset=utf-8"), ("X-Request-ID", "t-1"), ("Cache-Control", "no-store"),
+            ("Set-Cookie", "a=b"), ("Server-Timing", "x;dur=1")))
 
     @app.route("/v2/models/<string:model_id>/infer", methods=["POST"])
     @app.route("/v2/models/<string:model_id>/versions/<string:version>/infer", methods=["POST"])
     def oip_infer(self, request, model_id, version=None):
-        self.record(request)
-        request.setResponseCode(200)
-        for name, value in (("Content-Type", "application/octet-stream"), ("Inference-Header-Content-Length", "2"),
-                            ("X-Request-ID", "t-2"), ("Cache-Control", "no-store"), ("Set-Cookie", "a=b")):
-            request.setHeader(name, value)
-        return b"{}\x01\x02"
+        return self.reply(request, b"{}\x01\x02", (
+            ("Content-Type", "application/octet-stream"), ("Inference-Header-Content-Length", "2"),
+            ("X-Request-ID", "t-2"), ("Cache-Control", "no-store"), ("Set-Cookie", "a=b")))
 
     @app.route("/busy", methods=["POST"])
     def busy(self, request):

@@ -54,6 +54,10 @@ def apply_mode(target: OptimizationTarget, mode: Mode, device: str, batch_size: 
     falls back to eager.  Eager (an empty mode) is the module itself.
     """
     module = target.module
+    # Inference only, the wrapper included: torch.onnx.export gives every submodule the module's own training
+    # flag back when it ends, and a plugin's wrapper built at load is in training mode (a fresh nn.Module is), so
+    # its network's BatchNorm and Dropout ran in training mode after a first start's conversion.
+    module.eval()
     set_layout(module, mode.has("channels_last"))
     if not mode.steps:
         return module

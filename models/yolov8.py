@@ -30,10 +30,12 @@ short side in the letterbox (8000x1 in 640) fails its item with status 5.
 The network is ``models/yolov8_net.py``; reading and converting the
 ultralytics checkpoints is ``models/yolov8_checkpoint.py``.
 
-Optimised execution (``backend.optimize``, ``svc.optimize``): the network is
-the one target (box decoding and NMS stay eager); the accuracy gate runs
-``GATE_IMAGES`` seeded images through the whole detection path with the
-default params and compares the boxes after NMS (the detection gate).
+Optimised execution (``backend.optimize``, ``svc.optimize``): the network,
+with the pixels' conversion to float before it and the box decoding after it
+(``with_decoding``: uint8 pixels in, boxes and class probabilities out), is
+the one target (NMS stays eager); the accuracy gate runs ``GATE_IMAGES``
+seeded images through the whole detection path with the default params and
+compares the boxes after NMS (the detection gate).
 """
 
 from __future__ import annotations
@@ -242,7 +244,7 @@ class YOLOv8Model:
 
         with torch.inference_mode():
             batch = self.staging.stack([i.pixels for i in inputs])
-            pred = self.run_net(to_network_input(batch)).float().cpu()
+            pred = self.run_net(batch).float().cpu()
         return [(pred[i], item.box) for i, item in enumerate(inputs)]
 
     def postprocess(self, output: Any, params: dict, options: dict) -> list:
@@ -280,7 +282,7 @@ class YOLOv8Model:
             self.run_net = fn
 
         def example(batch: int) -> tuple:
-            return (to_network_input(self.gate_pixels(batch, 0).to(self.device)),)
+            return (self.gate_pixels(batch, 0).to(self.device),)
 
         return [OptimizationTarget("net", self.decoded, example, install)]
 
@@ -298,11 +300,6 @@ class YOLOv8Model:
         from svc.optimize.support import without_runtimes
 
         return AUTO_CANDIDATES.get(device, ()) + (without_runtimes(TORCH_ONLY) if device == "cpu" else ())
-
-
-def to_network_input(batch: Any) -> Any:
-    """uint8 images (B, H, W, 3) on the device to the network's float input (B, 3, H, W) in [0, 1]."""
-    return batch.permute(0, 3, 1, 2).float().div_(255.0)
 
 
 @implementer(IPlugin, IModelFactory)

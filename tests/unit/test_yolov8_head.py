@@ -158,18 +158,21 @@ def test_demo_weights_start_with_upstreams_head_biases_and_give_spread_scores():
     assert not torch.equal(bare.model[-1].cv2[0][-1].bias, torch.ones(4 * REG_MAX))
 
 
-def test_the_optimisation_target_is_the_network_with_its_box_decoding():
-    """What backend.optimize converts decodes the boxes too (a runtime runs it in its graph), with the
-    DFL weights of a state dict loaded later, and predict calls that same module in eager."""
+def test_the_optimisation_target_is_the_network_with_its_input_conversion_and_box_decoding():
+    """What backend.optimize converts takes the uint8 pixels as the worker stacks them and decodes the boxes
+    too (a runtime runs both in its graph), with the DFL weights of a state dict loaded later, and predict calls
+    that same module in eager."""
     from models.yolov8 import yolov8
 
     model = yolov8.build({"scale": "n", "imgsz": 320, "weights": "random", "seed": 0}, "cpu")
     (target,) = model.optimization_targets()
     assert target.name == "net" and model.run_net is target.module
-    (x,) = target.example_inputs(2)
+    (pixels,) = target.example_inputs(2)
+    assert pixels.dtype == torch.uint8 and pixels.shape == (2, 320, 320, 3)
+    x = pixels.permute(0, 3, 1, 2).float() / 255  # the network's own input: float NCHW in [0, 1]
     with torch.inference_mode():
         model.net.model[-1].dfl.conv.weight.mul_(0.5)  # as a loaded checkpoint's own DFL weights would be
-        decoded = target.module(x)
+        decoded = target.module(pixels)
         expected = decode_head(model.net(x), model.net.model[-1].dfl.conv.weight)
     assert decoded.shape == (2, (320 // 8) ** 2 + (320 // 16) ** 2 + (320 // 32) ** 2, 4 + NC)
     assert torch.equal(decoded, expected)

@@ -89,7 +89,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.11",
     packages=find_packages(include=["svc", "svc.*", "models"]) + ["twisted.plugins"],
-    package_data={"models": ["data/*.txt"], "twisted.plugins": ["service_plugins.py"]},
+    package_data={"models": ["data/*.txt", "data/photos/*.jpg", "data/photos/*.md"], "twisted.plugins": ["service_plugins.py"]},
     # the web UI's files, every one of them (its ES modules included), served by the supervisor
     data_files=[("share/inference-service/ui", sorted(glob.glob("ui/*.html") + glob.glob("ui/*.js")
                                                       + glob.glob("ui/*.css") + glob.glob("ui/*.svg")))],

@@ -40,8 +40,9 @@ torchvision's ``ConvertImageDtype`` + ``Normalize``.
 
 Optimised execution (``backend.optimize``, ``svc.optimize``): the network with
 its input normalisation is the one target; the accuracy gate compares its
-logits on ``GATE_IMAGES`` seeded random uint8 images (the classification
-gate: same top-1, logits within tolerance), so a conversion that gets the
+logits on ``GATE_IMAGES`` seeded random uint8 images and the three
+photographs of ``models/gate_photos.py`` (the classification gate: same
+top-1, logits within tolerance), so a conversion that gets the
 normalisation wrong is refused like one that gets the network wrong.  ``auto`` tries ``AUTO_CANDIDATES``, and ``TORCH_BF16`` on a CPU
 where neither OpenVINO nor ONNX Runtime imports.
 """
@@ -263,10 +264,17 @@ class MobileNetV2:
         return [OptimizationTarget("net", self.pixels, lambda batch: (self.gate_images(batch, 0),), install)]
 
     def gate_outputs(self) -> Any:
+        """The logits of ``GATE_IMAGES`` seeded noise images, then of the photographs of ``models/gate_photos.py``
+        as ``preprocess`` makes them: noise exercises every weight of the demo network, and a trained one gives
+        its confident classes (a cat, a cup) only to photographs."""
+        import numpy as np
         import torch
 
+        from models.gate_photos import gate_photos
+
+        photos = torch.from_numpy(np.stack([self.preprocess(photo, {}) for photo in gate_photos()]))
         with torch.inference_mode():
-            return self.run_net(self.gate_images(GATE_IMAGES)).float().cpu()
+            return self.run_net(torch.cat([self.gate_images(GATE_IMAGES), photos.to(self.device)])).float().cpu()
 
     def optimize_candidates(self, device: str) -> tuple:
         from svc.optimize.support import without_runtimes

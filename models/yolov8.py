@@ -34,8 +34,10 @@ Optimised execution (``backend.optimize``, ``svc.optimize``): the network,
 with the pixels' conversion to float before it and the box decoding after it
 (``with_decoding``: uint8 pixels in, boxes and class probabilities out), is
 the one target (NMS stays eager); the accuracy gate runs ``GATE_IMAGES``
-seeded images through the whole detection path with the default params and
-compares the boxes after NMS (the detection gate).
+seeded blob images (and, on loaded weights, the three photographs of
+``models/gate_photos.py``, letterboxed) through the whole detection path
+with the default params and compares the boxes after NMS (the detection
+gate).
 """
 
 from __future__ import annotations
@@ -219,7 +221,7 @@ PARAMS_SCHEMA = object_schema(
 class YOLOv8Model:
     """A built YOLOv8 network on its device."""
 
-    def __init__(self, net: Any, device: str, version: str, imgsz: int) -> None:
+    def __init__(self, net: Any, device: str, version: str, imgsz: int, trained: bool = False) -> None:
         from svc.optimize.transfer import HostStaging
 
         self.net = net
@@ -230,6 +232,8 @@ class YOLOv8Model:
         self.device = device
         self.version = version
         self.imgsz = imgsz
+        #: Loaded weights (a file or a pretrained variant), not the random-init demo: the gate adds photographs.
+        self.trained = trained
         self.categories = coco_categories()
 
     def preprocess(self, image: Any, params: dict) -> DetectionInput:
@@ -288,9 +292,20 @@ class YOLOv8Model:
 
     def gate_outputs(self) -> dict:
         """The gate images' detections after NMS, with the cut that made them (``score_threshold``, ``top_k``):
-        a detection that one side kept and the other dropped is tolerated only at that cut (svc.optimize.gates)."""
+        a detection that one side kept and the other dropped is tolerated only at that cut (svc.optimize.gates).
+
+        The images: ``GATE_IMAGES`` blobs, on which the demo weights give lists of spread scores; with loaded
+        weights also the photographs of ``models/gate_photos.py``, in which a trained network finds objects
+        where it finds little in blobs (a trained YOLOv8n: 0 and 1 detections).  The demo weights are not gated on
+        the photographs: on them they score hundreds of anchors 1.000, and a list of 300 ties tells nothing
+        (docs/optimize.md, "Accuracy gates").
+        """
         box = Letterbox(self.imgsz, self.imgsz, 1.0, 0, 0)
         inputs = [DetectionInput(pixels.numpy(), box) for pixels in self.gate_pixels(GATE_IMAGES)]
+        if self.trained:
+            from models.gate_photos import gate_photos
+
+            inputs += [self.preprocess(photo, GATE_PARAMS) for photo in gate_photos()]
         p = GATE_PARAMS
         detections = [select(pred, box, p["score_threshold"], p["nms_threshold"], int(p["top_k"]))
                       for pred, box in self.predict(inputs, GATE_PARAMS)]
@@ -377,7 +392,7 @@ class YOLOv8Factory:
             net.model[-1].initial_biases(config["imgsz"])  # demo weights: spread scores, not 1.000 everywhere
             calibrate_batchnorm(net, (2, 3, config["imgsz"], config["imgsz"]), seed)
         net.eval().to(device)
-        return YOLOv8Model(net, device, version_of(config, path), config["imgsz"])
+        return YOLOv8Model(net, device, version_of(config, path), config["imgsz"], trained=path is not None)
 
 
 yolov8 = YOLOv8Factory()

@@ -23,7 +23,11 @@ Prints one JSON line: {"model": ID, "unit": "image"|"step", "ms": X, "runs": N, 
 ``--library`` (SAM_AMG) times segment-anything's own generator instead of
 the plugin's: the call a user writes without the service.
 
+``--weights PATH`` builds the model on that weights file (its ``[model]
+weights``) instead of the demo weights.
+
     python -m bench.bare_models --model YOLOV8 [--seconds 8] [--steps 50] [--optimize channels_last+jit] [--library]
+                                [--weights PATH]
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ def main() -> None:
     parser.add_argument("--optimize", default="eager", help="backend.optimize to apply: auto, eager or a mode")
     parser.add_argument("--library", action="store_true",
                         help="SAM_AMG: time segment-anything's own SamAutomaticMaskGenerator, not the plugin's")
+    parser.add_argument("--weights", help="a weights file for [model] weights instead of the demo weights")
     args = parser.parse_args()
 
     from svc.config import load_model_server_config
@@ -63,7 +68,8 @@ def main() -> None:
     torchenv.configure_compile_cache()
     config = load_model_server_config(SHIPPED.format(args.model))
     factory = find_factory(config.id)
-    table = model_config(factory, config.model, config.path)
+    table = model_config(factory, {**config.model, "weights": args.weights} if args.weights else config.model,
+                         config.path)
     model = factory.build(table, "cpu")
     report = optimize_model(model, factory.category, "cpu", args.optimize, config.max_batch_size, config.id)
     print(report.line, file=sys.stderr, flush=True)

@@ -1,6 +1,7 @@
 """Each zoo model's accuracy gate between eager float32 and torch's own bfloat16, on the loaded weights.
 
     python -m bench.gates [--models MOBILENETV2 YOLOV8 ...] [--modes bf16 channels_last+bf16+jit bf16-weights]
+                          [--weights YOLOV8=PATH]
 
 Builds each model from its shipped config (random init: the demo weights;
 a config whose ``[model] weights`` names a file runs on that file), takes
@@ -15,7 +16,9 @@ does).  YOLOV8's detections are gated with the params they ran with
 
 MOBILENETV2 is also gated on ``--photos`` (default 4) images that look like
 photographs rather than noise (``tests/support/photos.py``), beside its own seeded
-noise gate inputs.  One intra-op thread; a few seconds per model, SAM_AMG
+noise gate inputs.  ``--weights MODEL=PATH`` gates that model on a weights
+file instead of its demo weights (trained YOLOv8 weights from a package on
+the registry: ``bench/yolov8_onnx.py``).  One intra-op thread; a few seconds per model, SAM_AMG
 about a minute.  README "Accuracy gates" has the figures.
 """
 
@@ -78,7 +81,10 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--modes", nargs="+", default=["bf16", "channels_last+bf16+jit", "bf16-weights"])
     parser.add_argument("--photos", type=int, default=4, help="MOBILENETV2: photo-like images gated too")
+    parser.add_argument("--weights", action="append", default=[], metavar="MODEL=PATH",
+                        help="gate MODEL on this weights file (its [model] weights) instead of the demo weights")
     args = parser.parse_args()
+    weights = dict(item.split("=", 1) for item in args.weights)
 
     from svc.model import torchenv
 
@@ -93,7 +99,8 @@ def main() -> None:
     for model_id in args.models:
         config = load_model_server_config(f"conf/server/{model_id}.toml")
         factory = find_factory(config.id)
-        model = factory.build(model_config(factory, config.model, config.path), "cpu")
+        table = {**config.model, "weights": weights[model_id]} if model_id in weights else config.model
+        model = factory.build(model_config(factory, table, config.path), "cpu")
         gate = gate_for(getattr(model, "gate_category", None) or factory.category)
         targets = list(model.optimization_targets())
         inputs: dict[str, Any] = {"own": model.gate_outputs}

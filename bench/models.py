@@ -18,7 +18,12 @@ generator (the library's masks with less upsampling), so a last line holds
 the served figures against segment-anything's own generator in eager, bare:
 the call a user writes without the service.
 
+``--weights MODEL=PATH`` serves and times that model on a weights file
+instead of its demo weights (trained YOLOv8 weights from a package on the
+registry: ``bench/yolov8_onnx.py``).
+
     python -m bench.models [--models YOLOV8 DDIM ...] [--seconds 10] [--steps 50] [--optimize auto]
+                           [--weights YOLOV8=PATH]
 """
 
 from __future__ import annotations
@@ -44,9 +49,11 @@ GENERATIVE = {"DDPM", "DDIM", "CLS_COND_DDIM", "LDM"}
 READY_MODE = re.compile(r": ready \(version [^;]*; optimize (\S+);")
 
 
-def bare(model: str, seconds: float, steps: int, optimize: str = "eager", library: bool = False) -> dict:
+def bare(model: str, seconds: float, steps: int, optimize: str = "eager", library: bool = False,
+         weights: str | None = None) -> dict:
     args = [sys.executable, "-m", "bench.bare_models", "--model", model, "--seconds", str(seconds),
-            "--steps", str(steps), "--optimize", optimize] + (["--library"] if library else [])
+            "--steps", str(steps), "--optimize", optimize] + (["--library"] if library else []) + (
+            ["--weights", weights] if weights else [])
     out = subprocess.run(args, env=child_env(), cwd=REPO, capture_output=True, check=True, text=True).stdout
     return json.loads(out.splitlines()[-1])
 
@@ -87,7 +94,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per figure")
     parser.add_argument("--steps", type=int, default=50, help="sampling steps per diffusion job")
     parser.add_argument("--optimize", default="auto", help="backend.optimize of the second run (auto or a mode)")
+    parser.add_argument("--weights", action="append", default=[], metavar="MODEL=PATH",
+                        help="run MODEL on this weights file (its [model] weights) instead of the demo weights")
     args = parser.parse_args()
+    weights = dict(item.split("=", 1) for item in args.weights)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-zoo-"))
     image = image_b64(width=640, height=480, fmt="JPEG", seed=3)
@@ -95,7 +105,8 @@ def main() -> None:
     for model in args.models:
         eager_bare = None
         for setting in ("eager", args.optimize):
-            config = write_config(tmp, model, max_queue_depth=0, backend={"optimize": setting})
+            config = write_config(tmp, model, max_queue_depth=0, backend={"optimize": setting},
+                                  model={"weights": weights[model]} if model in weights else {})
             started = time.perf_counter()
             server = start_model_server(config, ready_timeout=600)
             startup = time.perf_counter() - started
@@ -110,7 +121,7 @@ def main() -> None:
                     unit = "image"
             finally:
                 server.stop()
-            reference = bare(model, args.seconds, args.steps, mode)
+            reference = bare(model, args.seconds, args.steps, mode, weights=weights.get(model))
             assert reference["unit"] == unit and reference["optimize"] == mode, (reference, mode)
             eager_bare = eager_bare or reference["ms"]
             rows.append((model, setting, mode, startup, unit, served, runs, reference["ms"], reference["runs"],
@@ -118,7 +129,8 @@ def main() -> None:
         if model == "SAM_AMG":
             library[model] = bare(model, args.seconds, args.steps, "eager", library=True)["ms"]
 
-    print(f"model zoo, CPU, shipped configs (random init), one client; diffusion: jobs of {args.steps} steps")
+    on = "".join(f", {model} on {path}" for model, path in weights.items())
+    print(f"model zoo, CPU, shipped configs (random init{on}), one client; diffusion: jobs of {args.steps} steps")
     print(f"  {'model':<14} {'optimize':<9} {'mode':<18} {'start s':>7} {'unit':<6} {'served ms':>10} {'runs':>5} "
           f"{'bare ms':>9} {'runs':>5} {'served/bare':>11} {'bare speed-up':>13}")
     for model, setting, mode, startup, unit, served, runs, bare_ms, bare_runs, speedup in rows:

@@ -20,15 +20,18 @@ the call a user writes without the service.
 
 ``--weights MODEL=PATH`` serves and times that model on a weights file
 instead of its demo weights (trained YOLOv8 weights from a package on the
-registry: ``bench/yolov8_onnx.py``).
+registry: ``bench/yolov8_onnx.py``).  The image models' requests carry the
+JPEG base64 in the JSON envelope, or with ``--body raw`` as the body itself
+(``Content-Type: image/jpeg``), as ``bench.modelserver`` sends by default.
 
     python -m bench.models [--models YOLOV8 DDIM ...] [--seconds 10] [--steps 50] [--optimize auto]
-                           [--weights YOLOV8=PATH]
+                           [--weights YOLOV8=PATH] [--body json|raw]
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import re
 import subprocess
@@ -38,7 +41,7 @@ import time
 from pathlib import Path
 
 from tests.support.http import get, post
-from tests.support.images import image_b64
+from tests.support.images import image_bytes
 from tests.support.processes import REPO, child_env, start_model_server, write_config
 
 MODELS = ["YOLOV8", "SAM_AMG", "DDPM", "DDIM", "CLS_COND_DDIM", "LDM"]
@@ -58,12 +61,13 @@ def bare(model: str, seconds: float, steps: int, optimize: str = "eager", librar
     return json.loads(out.splitlines()[-1])
 
 
-def served_sync(server, uri: str, body: dict, seconds: float) -> tuple[float, int]:
-    """Mean ms per request of sequential requests (after one warm-up request)."""
-    post(server.url + uri, body, headers=server.auth, timeout=300)
+def served_sync(server, uri: str, body: dict | bytes, seconds: float) -> tuple[float, int]:
+    """Mean ms per request of sequential requests (after one warm-up request); a bytes body is a raw JPEG."""
+    headers = {**server.auth, "Content-Type": "image/jpeg"} if isinstance(body, bytes) else server.auth
+    post(server.url + uri, body, headers=headers, timeout=300)
     runs, started = 0, time.perf_counter()
     while runs < 2 or time.perf_counter() - started < seconds:
-        reply = post(server.url + uri, body, headers=server.auth, timeout=300)
+        reply = post(server.url + uri, body, headers=headers, timeout=300)
         assert reply.status == 200 and reply.json["status"] == 0, reply.body[:300]
         runs += 1
     return (time.perf_counter() - started) * 1000 / runs, runs
@@ -96,11 +100,14 @@ def main() -> None:
     parser.add_argument("--optimize", default="auto", help="backend.optimize of the second run (auto or a mode)")
     parser.add_argument("--weights", action="append", default=[], metavar="MODEL=PATH",
                         help="run MODEL on this weights file (its [model] weights) instead of the demo weights")
+    parser.add_argument("--body", choices=("json", "raw"), default="json",
+                        help="image models: the JPEG base64 in the JSON envelope, or as the body itself")
     args = parser.parse_args()
     weights = dict(item.split("=", 1) for item in args.weights)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-zoo-"))
-    image = image_b64(width=640, height=480, fmt="JPEG", seed=3)
+    jpeg = image_bytes(width=640, height=480, fmt="JPEG", seed=3)
+    image_body = jpeg if args.body == "raw" else {"images": [base64.b64encode(jpeg).decode()]}
     rows, library = [], {}
     for model in args.models:
         eager_bare = None
@@ -117,7 +124,7 @@ def main() -> None:
                     ms, runs = served_jobs(server, {"images": ["AA=="], "params": params}, args.seconds)
                     served, unit = ms / args.steps, "step"
                 else:
-                    served, runs = served_sync(server, f"/{model.lower()}/predict", {"images": [image]}, args.seconds)
+                    served, runs = served_sync(server, f"/{model.lower()}/predict", image_body, args.seconds)
                     unit = "image"
             finally:
                 server.stop()
@@ -130,7 +137,8 @@ def main() -> None:
             library[model] = bare(model, args.seconds, args.steps, "eager", library=True)["ms"]
 
     on = "".join(f", {model} on {path}" for model, path in weights.items())
-    print(f"model zoo, CPU, shipped configs (random init{on}), one client; diffusion: jobs of {args.steps} steps")
+    print(f"model zoo, CPU, shipped configs (random init{on}), one client ({args.body} bodies); diffusion: jobs of "
+          f"{args.steps} steps")
     print(f"  {'model':<14} {'optimize':<9} {'mode':<18} {'start s':>7} {'unit':<6} {'served ms':>10} {'runs':>5} "
           f"{'bare ms':>9} {'runs':>5} {'served/bare':>11} {'bare speed-up':>13}")
     for model, setting, mode, startup, unit, served, runs, bare_ms, bare_runs, speedup in rows:

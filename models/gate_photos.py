@@ -7,7 +7,8 @@ objects on YOLOV8's two blob images, and MobileNetV2 trained on ImageNet
 gives no confident class to noise. These photographs (a person, a cat, a
 cup of coffee: public domain and CC0, ``models/data/photos/README.md``) give
 the gates real content. Each call opens them afresh, since ``preprocess``
-may decode a lazily opened image at a reduced scale in place.
+may decode a lazily opened image at a reduced scale in place; the plugins
+keep what their ``preprocess`` made of them for the gate's later runs.
 """
 
 from __future__ import annotations

@@ -208,6 +208,7 @@ class MobileNetV2:
         #: The network with its input normalisation: uint8 NHWC pixels in, logits out (the optimisation target).
         self.pixels = pixel_net(net, self.preset.mean, self.preset.std).to(device)
         self.run_net = self.pixels  # what predict calls: that module, or its optimised stand-in (svc.optimize)
+        self._photos: Any = None  # the gate photographs as preprocess makes them, made at the first gate
 
     def preprocess(self, image: Any, params: dict) -> Any:
         import numpy as np
@@ -272,9 +273,10 @@ class MobileNetV2:
 
         from models.gate_photos import gate_photos
 
-        photos = torch.from_numpy(np.stack([self.preprocess(photo, {}) for photo in gate_photos()]))
+        if self._photos is None:
+            self._photos = torch.from_numpy(np.stack([self.preprocess(photo, {}) for photo in gate_photos()]))
         with torch.inference_mode():
-            return self.run_net(torch.cat([self.gate_images(GATE_IMAGES), photos.to(self.device)])).float().cpu()
+            return self.run_net(torch.cat([self.gate_images(GATE_IMAGES), self._photos.to(self.device)])).float().cpu()
 
     def optimize_candidates(self, device: str) -> tuple:
         from svc.optimize.support import without_runtimes

@@ -234,6 +234,7 @@ class YOLOv8Model:
         self.imgsz = imgsz
         #: Loaded weights (a file or a pretrained variant), not the random-init demo: the gate adds photographs.
         self.trained = trained
+        self._photos: list[DetectionInput] | None = None  # letterboxed at the first gate
         self.categories = coco_categories()
 
     def preprocess(self, image: Any, params: dict) -> DetectionInput:
@@ -295,17 +296,17 @@ class YOLOv8Model:
         a detection that one side kept and the other dropped is tolerated only at that cut (svc.optimize.gates).
 
         The images: ``GATE_IMAGES`` blobs, on which the demo weights give lists of spread scores; with loaded
-        weights also the photographs of ``models/gate_photos.py``, in which a trained network finds objects
-        where it finds little in blobs (a trained YOLOv8n: 0 and 1 detections).  The demo weights are not gated on
-        the photographs: on them they score hundreds of anchors 1.000, and a list of 300 ties tells nothing
-        (docs/optimize.md, "Accuracy gates").
-        """
+        weights also the photographs of ``models/gate_photos.py``, where a trained network finds objects (in the
+        blobs a trained YOLOv8n found 0 and 1).  On photographs the demo weights score hundreds of anchors
+        1.000, a list of ties that tells nothing (docs/optimize.md, "Accuracy gates")."""
         box = Letterbox(self.imgsz, self.imgsz, 1.0, 0, 0)
         inputs = [DetectionInput(pixels.numpy(), box) for pixels in self.gate_pixels(GATE_IMAGES)]
         if self.trained:
             from models.gate_photos import gate_photos
 
-            inputs += [self.preprocess(photo, GATE_PARAMS) for photo in gate_photos()]
+            if self._photos is None:
+                self._photos = [self.preprocess(photo, GATE_PARAMS) for photo in gate_photos()]
+            inputs += self._photos
         p = GATE_PARAMS
         detections = [select(pred, box, p["score_threshold"], p["nms_threshold"], int(p["top_k"]))
                       for pred, box in self.predict(inputs, GATE_PARAMS)]

@@ -20,8 +20,9 @@ PHOTOS_DIR = os.path.join(os.path.dirname(__file__), "data", "photos")
 PHOTOS = ("astronaut.jpg", "chelsea.jpg", "coffee.jpg")
 
 
-def gate_photos() -> list[Any]:
-    """The photographs as lazily opened PIL images, as a request's images reach ``preprocess``."""
+def gate_photos(names: tuple[str, ...] = PHOTOS) -> list[Any]:
+    """The photographs (``names``, of ``PHOTOS``) as lazily opened PIL images, as a request's images reach
+    ``preprocess``."""
     from PIL import Image
 
-    return [Image.open(os.path.join(PHOTOS_DIR, name)) for name in PHOTOS]
+    return [Image.open(os.path.join(PHOTOS_DIR, name)) for name in names]

@@ -38,7 +38,7 @@ from typing import Any
 from twisted.plugin import IPlugin
 from zope.interface import implementer
 
-from models.sam_amg_targets import AUTO_CANDIDATES, gate_masks, sam_targets
+from models.sam_amg_targets import AUTO_CANDIDATES, GATE_PHOTO, gate_masks, sam_targets
 from svc.contract.schema import object_schema
 from svc.model.api import IModel, IModelFactory, IOptimizable, report_progress
 from svc.model.images import check_resize
@@ -202,12 +202,15 @@ def count_prompt_batches(generator: Any, sizes: list[tuple[int, int]]) -> None:
 class SamAmgModel:
     """A built SAM on its device."""
 
-    def __init__(self, sam: Any, device: str, version: str, points_per_batch: int) -> None:
+    def __init__(self, sam: Any, device: str, version: str, points_per_batch: int, trained: bool = False) -> None:
         self.sam = sam
         self.encoder, self.decoder = sam.image_encoder, sam.mask_decoder  # as built (svc.optimize installs others)
         self.device = device
         self.version = version
         self.points_per_batch = points_per_batch
+        #: Loaded weights (a file or a pretrained variant), not the random-init demo: the gate runs on a photograph.
+        self.trained = trained
+        self._photo: Any = None  # the gate's photograph as preprocess makes it, made at the first gate
 
     def preprocess(self, image: Any, params: dict) -> Any:
         import numpy as np
@@ -257,7 +260,12 @@ class SamAmgModel:
         return sam_targets(self.sam, self.encoder, self.decoder, self.points_per_batch)
 
     def gate_outputs(self) -> Any:
-        return gate_masks(self.sam, self.points_per_batch)
+        if self.trained and self._photo is None:
+            from models.gate_photos import gate_photos
+
+            (photo,) = gate_photos((GATE_PHOTO,))
+            self._photo = self.preprocess(photo, {})
+        return gate_masks(self.sam, self.points_per_batch, self._photo)
 
     def optimize_candidates(self, device: str) -> tuple:
         from svc.optimize.support import without_runtimes
@@ -351,7 +359,7 @@ class SamAmgFactory:
         if path is not None:
             load_into(sam, read_state_dict(path), path)
         sam.eval().to(device)
-        return SamAmgModel(sam, device, version_of(config, path), config["points_per_batch"])
+        return SamAmgModel(sam, device, version_of(config, path), config["points_per_batch"], trained=path is not None)
 
 
 sam_amg = SamAmgFactory()

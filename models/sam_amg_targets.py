@@ -15,8 +15,10 @@ generator's full batches): a call of another shape, such as the last,
 smaller batch of an image's prompts, runs the original module.
 
 The gate (segmentation): ``SamPredictor`` on one seeded ``GATE_SIDE``-pixel
-image with one full batch of seeded point prompts (``points_per_batch``, the
-shape the decoder runs optimised), multimask; the masks are compared by IoU.
+image (on loaded weights, the cat of ``models/gate_photos.py`` instead: a
+trained SAM's masks of a photograph are what users see) with one full batch
+of seeded point prompts (``points_per_batch``, the shape the decoder runs
+optimised), multimask; the masks are compared by IoU.
 The plugin is ``models/sam_amg.py``.
 """
 
@@ -28,6 +30,9 @@ from typing import Any
 from svc.model.api import OptimizationTarget
 
 GATE_SEED = 1234
+#: The photograph of ``models/gate_photos.py`` a SAM on loaded weights is gated on: the encoder's cost is the same
+#: for any image, so one photograph costs no more than the seeded image it replaces.
+GATE_PHOTO = "chelsea.jpg"
 #: Side of the gate's image in pixels (the predictor resizes it to the encoder's input).
 GATE_SIDE = 256
 #: What ``backend.optimize = "auto"`` measures, per device (docs/optimize.md has the figures).
@@ -111,17 +116,20 @@ def gate_image(side: int, seed: int = GATE_SEED) -> Any:
     return smooth[0].round().to(torch.uint8).permute(1, 2, 0).numpy()
 
 
-def gate_masks(sam: Any, points: int) -> Any:
-    """Masks (points x 3, GATE_SIDE, GATE_SIDE) of ``points`` seeded point prompts on the gate image, as installed."""
+def gate_masks(sam: Any, points: int, image: Any = None) -> Any:
+    """Masks (points x 3, H, W) of ``points`` seeded point prompts on ``image`` (H x W x 3 uint8; the seeded
+    ``GATE_SIDE`` image when None), as installed."""
     import torch
     from segment_anything import SamPredictor
 
+    image = gate_image(GATE_SIDE) if image is None else image
+    height, width = image.shape[:2]
     predictor = SamPredictor(sam)
     generator = torch.Generator().manual_seed(GATE_SEED)
     with torch.inference_mode():
-        predictor.set_image(gate_image(GATE_SIDE))
-        coords = (torch.rand(points, 1, 2, generator=generator) * GATE_SIDE).to(predictor.device)
-        coords = predictor.transform.apply_coords_torch(coords, (GATE_SIDE, GATE_SIDE))
+        predictor.set_image(image)
+        coords = torch.rand(points, 1, 2, generator=generator) * torch.tensor([width, height])
+        coords = predictor.transform.apply_coords_torch(coords.to(predictor.device), (height, width))
         labels = torch.ones(coords.shape[:2], dtype=torch.int, device=predictor.device)
         masks, _, _ = predictor.predict_torch(coords, labels, multimask_output=True)
     return masks.reshape(-1, *masks.shape[-2:]).cpu()

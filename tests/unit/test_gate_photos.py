@@ -1,4 +1,4 @@
-"""The accuracy gates see photographs: MOBILENETV2 always, YOLOV8 on loaded weights.
+"""The accuracy gates see photographs: MOBILENETV2 always, YOLOV8 and SAM_AMG on loaded weights.
 
 A trained network finds little in seeded noise or blobs (a trained YOLOv8n
 detected 0 and 1 objects on YOLOV8's blobs), so a gate on those alone would
@@ -83,3 +83,28 @@ def test_yolov8_gates_the_photographs_only_on_loaded_weights(tmp_path):
         width, height = photo.size
         assert len(boxes) > 0 and bool((scores > GATE_PARAMS["score_threshold"]).all())
         assert float(boxes[:, 0::2].max()) <= width and float(boxes[:, 1::2].max()) <= height
+
+
+def test_sam_amg_gates_the_cat_on_loaded_weights_and_its_seeded_image_on_demo_weights(tmp_path):
+    """A photograph costs SAM's gate nothing more (the encoder takes any image at its input size): on loaded
+    weights the prompts fall on the cat of the gate photographs, and the masks have the photograph's size."""
+    from models.sam_amg_targets import GATE_PHOTO, GATE_SIDE
+
+    factory = find_factory("SAM_AMG")
+    table = {"points_per_side": 4, "points_per_batch": 8}
+    demo = factory.build(model_config(factory, {"weights": "random", **table}, str(tmp_path / "SAM_AMG.toml")), "cpu")
+    assert demo.trained is False
+    assert tuple(demo.gate_outputs().shape) == (8 * 3, GATE_SIDE, GATE_SIDE)
+
+    path = tmp_path / "sam_tiny.pth"
+    torch.save(demo.sam.state_dict(), path)
+    loaded = factory.build(model_config(factory, {"weights": str(path), **table}, str(tmp_path / "SAM_AMG.toml")),
+                           "cpu")
+    assert loaded.trained is True
+    (photo,) = gate_photos((GATE_PHOTO,))
+    width, height = photo.size
+    masks = loaded.gate_outputs()
+    assert tuple(masks.shape) == (8 * 3, height, width)
+    from models.sam_amg_targets import gate_masks
+
+    assert torch.equal(masks, gate_masks(loaded.sam, 8, np.asarray(photo.convert("RGB"))))

@@ -138,6 +138,27 @@ def test_boxes_reaching_into_the_border_are_clipped_to_the_image():
     assert boxes.tolist()[0] == pytest.approx([0.0, 0.0, x2, height], abs=1e-3)
 
 
+def test_an_anchor_whose_best_classes_tie_is_detected_as_the_first_of_them():
+    """The demo weights score many anchors 1.000 in several classes at once (11,474 anchors in 8 images): the
+    class of such a detection is the lowest tied class id, as torch's max over the classes gives it."""
+    from models.yolov8 import Letterbox
+
+    pred = torch.zeros(6, 4 + 80)
+    pred[:, :4] = torch.tensor([[100.0 * i, 0.0, 100.0 * i + 50, 50.0] for i in range(6)])  # apart: NMS keeps all
+    tied = [(3, 7), (0, 79), (12, 12), (5, 6, 40), (2, 9), (1, 2)]
+    for row, classes in enumerate(tied):
+        pred[row, [4 + c for c in classes]] = 1.0 if row % 2 == 0 else 0.6
+    pred[5, 4 + 2] = 0.1  # below the threshold in its best class too: not detected
+    pred[5, 4 + 1] = 0.2
+    box = Letterbox(640, 640, 1.0, 0, 0)
+    boxes, scores, classes = select(pred, box, score_threshold=0.25, nms_threshold=0.5, top_k=10)
+    assert sorted(zip(boxes[:, 0].tolist(), classes.tolist())) == [(0.0, 3), (100.0, 0), (200.0, 12), (300.0, 5),
+                                                                   (400.0, 2)]
+    expected_scores, expected_classes = pred[:5, 4:].max(1)
+    order = boxes[:, 0].argsort()
+    assert torch.equal(classes[order], expected_classes) and torch.equal(scores[order], expected_scores)
+
+
 def test_demo_weights_start_with_upstreams_head_biases_and_give_spread_scores():
     import math
 

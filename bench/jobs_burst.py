@@ -21,8 +21,11 @@ submits on 2 idle cores.
 an A/B of two versions under the same load.  ``--stand-in`` puts a trivial
 stand-in (bench/jobs_upstream.py: a fixed 202 at once) in the model
 server's place and fires through the gateway only: the gateway's own share.
+``--gateway-setting`` adds a line to the gateway's ``[gateway]`` table
+(``upstream_max_connections=128``).
 
     python -m bench.jobs_burst [--burst 100] [--rounds 3] [--no-gateway] [--tree NAME=PATH ...] [--stand-in]
+                             [--gateway-setting KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -117,6 +120,8 @@ def main() -> None:
                         help="also a model server from the checkout at PATH, named NAME in the table")
     parser.add_argument("--stand-in", action="store_true",
                         help="a trivial stand-in for the model server (bench/jobs_upstream.py), through the gateway")
+    parser.add_argument("--gateway-setting", action="append", default=[], metavar="KEY=VALUE",
+                        help="a line of the gateway's [gateway] table, e.g. upstream_max_connections=128")
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-burst-"))
@@ -141,7 +146,8 @@ def main() -> None:
                                       max_queue_depth=0)
         tree_servers.append((name, start_model_server(other_config, token=UPSTREAM_TOKEN, port=other_port,
                                                 ready_timeout=300, **checkout(tree))))
-    gateway = start_gateway(tmp, servers, None, env={"SERVICE_UPSTREAM_TOKEN": UPSTREAM_TOKEN}) if args.gateway \
+    gateway = start_gateway(tmp, servers, None, env={"SERVICE_UPSTREAM_TOKEN": UPSTREAM_TOKEN},
+                            gateway_table="".join(f"{line}\n" for line in args.gateway_setting)) if args.gateway \
         else None
     body = json.dumps({"images": [image_b64(width=224, height=224, fmt="JPEG", seed=3)]}).encode()
     paths = [] if args.stand_in else [("model server", model, "/jobs", f"Bearer {UPSTREAM_TOKEN}", "/jobs")]

@@ -32,6 +32,7 @@ import hmac
 import json
 import re
 import secrets
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +63,10 @@ METRICS_TOKEN_ENV = "SERVICE_METRICS_TOKEN"
 #: What one gateway of a cluster presents to another when it forwards a job request (svc.gateway.cluster).
 CLUSTER_TOKEN_ENV = "SERVICE_CLUSTER_TOKEN"
 EXPOSE_ENV = "SERVICE_EXPOSE"
+#: A bind on every address: the spellings that need no parsing (the rest: :func:`is_wildcard`).
 WILDCARDS = ("0.0.0.0", "::", "", "*", "[::]")
+#: ``::ffff:0.0.0.0``: IPv4's wildcard mapped into IPv6.
+_MAPPED_ANY = bytes(10) + b"\xff\xff" + bytes(4)
 
 def new_key() -> str:
     """A new API key: 32 random bytes as 64 lowercase hex characters."""
@@ -215,12 +219,52 @@ def cluster_problem(env: Mapping[str, str], has_peers: bool) -> str | None:
     return None
 
 
+def is_wildcard(host: str) -> bool:
+    """Whether binding ``host`` listens on every address of the machine, however it is spelled.
+
+    Not only ``0.0.0.0`` and ``::``: the socket layer binds ``0``, ``0.0``
+    and ``0x0`` (``inet_aton``'s short forms), ``::0``, ``0:0:0:0:0:0:0:0``
+    and ``::ffff:0.0.0.0`` to the same wildcard, and a name to whatever it
+    resolves to (the bind would resolve it too).  A name that does not
+    resolve is not a wildcard: its bind fails on its own.
+    """
+    name = host.strip()
+    if name in WILDCARDS:
+        return True
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+    name = name.partition("%")[0]  # an IPv6 zone (fe80::1%eth0)
+    try:
+        return not any(socket.inet_aton(name))
+    except (OSError, ValueError):
+        pass
+    try:
+        packed = socket.inet_pton(socket.AF_INET6, name)
+    except (OSError, ValueError):
+        pass
+    else:
+        return not any(packed) or packed == _MAPPED_ANY
+    try:
+        resolved = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError, ValueError):
+        return False
+    return any(info[4][0] != name and is_wildcard(str(info[4][0])) for info in resolved)
+
+
 def bind_problem(host: str, env: Mapping[str, str], what: str) -> str | None:
     """Why binding ``host`` is refused (None when allowed): wildcards need SERVICE_EXPOSE."""
-    if host.strip() in WILDCARDS and env.get(EXPOSE_ENV) not in ("docker", "unsafe"):
+    if is_wildcard(host) and env.get(EXPOSE_ENV) not in ("docker", "unsafe"):
         return (f"refusing the wildcard bind {host!r}: set {EXPOSE_ENV}=docker (in a container) or "
                 f"{EXPOSE_ENV}=unsafe to expose {what}")
     return None
+
+
+def key_of(keys: list[KeyEntry], token: str | None) -> str | None:
+    """The name of the key whose hash is ``token``'s (None when no key is ``token``, or no token)."""
+    if token is None:
+        return None
+    digest = hash_key(token)
+    return next((key.name for key in keys if hmac.compare_digest(key.hash, digest)), None)
 
 
 def decide(env: Mapping[str, str], keys_file: str) -> AuthSetup:
@@ -256,12 +300,12 @@ def decide(env: Mapping[str, str], keys_file: str) -> AuthSetup:
         return AuthSetup("static-token", (), gateway_token, api_token, env[METRICS_TOKEN_ENV],
                          (f"the key file {keys_file} has no keys: static-token mode, only {tokens} is accepted",),
                          cluster_token)
-    if cluster_token is not None:
-        digest = hash_key(cluster_token)
-        for key in keys:
-            if hmac.compare_digest(key.hash, digest):
-                raise Refused(f"{CLUSTER_TOKEN_ENV} is the API key {key.name} of {keys_file}: the cluster token "
-                              "must differ from every key")
+    for name, token, differ in ((METRICS_TOKEN_ENV, env[METRICS_TOKEN_ENV], "the metrics token must differ from "
+                                 "every inference credential"),
+                                (CLUSTER_TOKEN_ENV, cluster_token, "the cluster token must differ from every key")):
+        key_name = key_of(keys, token)
+        if key_name is not None:
+            raise Refused(f"{name} is the API key {key_name} of {keys_file}: {differ}")
     return AuthSetup("api-keys", tuple(keys), gateway_token, api_token, env[METRICS_TOKEN_ENV],
                      cluster_token=cluster_token)
 

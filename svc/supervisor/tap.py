@@ -138,9 +138,9 @@ def probe_hosts(config: Any) -> dict[int, str]:
 
     A wildcard bind answers on 127.0.0.1 too; an IPv6 address is written in brackets.
     """
-    from svc.auth import WILDCARDS
+    from svc.auth import is_wildcard
 
     host = config.gateway_host.strip()
-    if host in WILDCARDS or host in ("127.0.0.1", "localhost"):
+    if host in ("127.0.0.1", "localhost") or is_wildcard(host):
         return {}
     return {config.gateway_port: f"[{host}]" if ":" in host and not host.startswith("[") else host}

@@ -454,7 +454,7 @@ def test_refuses_to_start(tmp_path, env, keys_text, message):
     assert message in refusal(tmp_path, env, keys_text=keys_text)
 
 
-@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "::0", "0"])  # "0" and "::0": every address too
 def test_refuses_a_wildcard_bind_without_service_expose(tmp_path, host):
     line = refusal(tmp_path, {"SERVICE_METRICS_TOKEN": "m", "SERVICE_GATEWAY_AUTH_TOKEN": "s"}, "--host", host)
     assert "refusing the wildcard bind" in line and "SERVICE_EXPOSE" in line

@@ -247,7 +247,7 @@ def test_refuses_without_the_management_token(tmp_path):
         "service-supervisor: SERVICE_API_TOKEN is not set: the management API needs it (no anonymous mode)"]
 
 
-@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "::0", "0"])  # "0" and "::0": every address too
 def test_refuses_a_wildcard_bind_without_service_expose(host):
     code, output = run_to_exit(supervisor_args("--host", host, "--port", str(free_port())),
                                env=child_env({**TOKENS, "SERVICE_EXPOSE": ""}))

@@ -123,9 +123,26 @@ def test_startup_refusals(tmp_path, env, text, reason):
     assert "\n" not in str(e.value)
 
 
+def test_the_metrics_token_cannot_be_an_api_key(tmp_path):
+    """One string must not both call the models and read /metrics: a key is an inference credential too."""
+    path = keys_file(tmp_path, entry("a", KEY_A) + entry("b", KEY_B))
+    with pytest.raises(Refused) as e:
+        decide({"SERVICE_METRICS_TOKEN": KEY_B}, path)
+    assert str(e.value) == (f"SERVICE_METRICS_TOKEN is the API key b of {path}: the metrics token must differ from "
+                            "every inference credential")
+    assert decide(ENV, path).mode == "api-keys"
+
+
 @pytest.mark.parametrize("host, expose, refused", [
     ("0.0.0.0", None, True), ("::", None, True), ("0.0.0.0", "yes", True), ("0.0.0.0", "docker", False),
     ("::", "unsafe", False), ("127.0.0.1", None, False), ("::1", None, False),
+    # the other spellings the socket layer binds to every address
+    ("0", None, True), ("0.0", None, True), ("0x0", None, True), ("::0", None, True), ("[::0]", None, True),
+    ("0:0:0:0:0:0:0:0", None, True), ("::ffff:0.0.0.0", None, True), (" 0.0.0.0 ", None, True), ("*", None, True),
+    ("0", "docker", False), ("::0", "unsafe", False),
+    # addresses and names that are not a wildcard
+    ("127.0.0.2", None, False), ("[::1]", None, False), ("::ffff:127.0.0.1", None, False), ("1", None, False),
+    ("localhost", None, False), ("no-such-host.invalid", None, False),
 ])
 def test_wildcard_bind_needs_service_expose(host, expose, refused):
     env = {"SERVICE_EXPOSE": expose} if expose else {}

@@ -165,6 +165,8 @@ def progress_lines(seen: dict[str, str], status: dict) -> list[str]:
     """
     lines = []
     for server in status.get("servers", []):
+        if not_started(server):
+            continue  # "stopped" before its first start would read as a failure
         if server.get("ready"):
             doing = "ready"
         elif server.get("state") in ("starting", "running"):
@@ -178,10 +180,21 @@ def progress_lines(seen: dict[str, str], status: dict) -> list[str]:
     return lines
 
 
+def not_started(child: dict) -> bool:
+    """Whether the supervisor has not spawned ``child`` yet: stopped, with no exit and no error behind it.
+
+    The supervisor starts every child of the profile, one after the other, so
+    such a child is on its way, not stopped.
+    """
+    return (child.get("state") == "stopped" and child.get("last_exit") is None and not child.get("last_error")
+            and child.get("pid") is None)
+
+
 def settled(status: dict) -> bool:
     """True once no child is still on its way: each is ready, or stopped trying (failed, start_failed, ...)."""
     children = [status.get("gateway", {}), *status.get("servers", [])]
-    return all(c.get("ready") or c.get("state") not in ("starting", "backoff", "running") for c in children)
+    return all(c.get("ready") or (c.get("state") not in ("starting", "backoff", "running") and not not_started(c))
+               for c in children)
 
 
 def fetch_status(ui_url: str, token: str, timeout: float = 5.0) -> dict | None:
@@ -231,8 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     demo = fetch_missing(pretrained_pulls(".", weights), env, accept=tuple(args.accept))
     print(f"Starting the supervisor ({weights} weights): UI and management API on {ui_url}, gateway on "
           f"{gateway_url}; the models load for a minute or two (logs below)...", flush=True)
-    twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
-    command = [twistd, "-n", "--pidfile=", "service-supervisor", "--weights", weights]
+    # twist, as the supervisor runs its children: it writes info and above, so the debug lines of this
+    # process's own status poll (svc.web.site) stay out of the terminal; twistd would write them all.
+    twist = os.path.join(os.path.dirname(sys.executable), "twist")
+    command = [twist, "--log-format", "text", "service-supervisor", "--weights", weights]
     if demo:
         command += ["--demo-models", ",".join(demo)]
     child = subprocess.Popen(command, env=env)

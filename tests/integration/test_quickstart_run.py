@@ -57,6 +57,9 @@ def test_the_block_comes_once_the_models_are_ready_and_sigterm_stops_everything(
         assert out.count(key) == 1  # "shown once"
         assert "svcctl infer MOBILENETV2" in block[5]
         assert out.count("== All models ready") == 1
+        # the quick start's own once-a-second status poll is not in the terminal, nor "stopped" before a start
+        assert "/api/v1/status" not in out and "MOBILENETV2: stopped" not in out
+        assert "   MOBILENETV2: ready" in out
     finally:
         popen.send_signal(signal.SIGTERM)
         code = popen.wait(60)

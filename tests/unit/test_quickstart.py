@@ -192,6 +192,20 @@ def test_the_block_waits_until_every_child_has_settled():
     assert settled(status(("MOBILENETV2", "running", True, None), ("DDPM", "failed", False, "crash loop")))
 
 
+def test_a_child_not_spawned_yet_is_on_its_way_not_stopped():
+    """The supervisor spawns the profile's children one after the other: until then they are "stopped", with no
+    exit behind them. The quick start neither prints that (it read as seven failures) nor settles on it."""
+    from svc.cli.quickstart import progress_lines
+
+    waiting = status(("MOBILENETV2", "running", True, None), ("DDPM", "stopped", False, None))
+    assert not settled(waiting)
+    seen: dict[str, str] = {}
+    assert progress_lines(seen, waiting) == ["   MOBILENETV2: ready"]
+    waiting["servers"][1].update(last_exit="exit code 0")  # stopped after it ran: settled, and said
+    assert settled(waiting)
+    assert progress_lines(seen, waiting) == ["   DDPM: stopped"]
+
+
 def test_service_addresses_come_from_the_service_config(tmp_path):
     assert service_addresses(str(tmp_path)) == ("http://127.0.0.1:8787/", "http://127.0.0.1:8080")
     (tmp_path / "conf").mkdir()

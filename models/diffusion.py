@@ -146,10 +146,10 @@ DDPM_CELEBAHQ = HubSource("google/ddpm-celebahq-256", allow_patterns=HUB_PATTERN
 
 def _ddpm_variants(sampler: str) -> tuple[Variant, ...]:
     return (
-        Variant("cifar10-32", DDPM_CIFAR10, "apache-2.0",
+        Variant("cifar10-32", DDPM_CIFAR10, "Apache-2.0",
                 f"Ho et al.'s DDPM on CIFAR-10, 32x32 ({sampler}); about 36M parameters, fine on a CPU.",
                 default=True),
-        Variant("celebahq-256", DDPM_CELEBAHQ, "apache-2.0",
+        Variant("celebahq-256", DDPM_CELEBAHQ, "Apache-2.0",
                 f"Ho et al.'s DDPM on CelebA-HQ faces, 256x256 ({sampler}); about 114M parameters, "
                 "minutes per sample on a CPU: for the gpu profile."),
     )
@@ -158,7 +158,7 @@ def _ddpm_variants(sampler: str) -> tuple[Variant, ...]:
 CLS_COND_VARIANTS = (
     Variant("dit-xl-2-256",
             HubSource("facebook/DiT-XL-2-256", allow_patterns=HUB_PATTERNS, size=3_050_000_000),
-            "cc-by-nc-4.0",
+            "CC-BY-NC-4.0",
             "Facebook's DiT-XL/2 on ImageNet (1000 classes), 256x256, classifier-free guidance; a transformer "
             "denoiser with a KL autoencoder, about 760M parameters: for the gpu profile. Non-commercial licence.",
             default=True),
@@ -167,7 +167,7 @@ CLS_COND_VARIANTS = (
 LDM_VARIANTS = (
     Variant("celebahq-256",
             HubSource("CompVis/ldm-celebahq-256", allow_patterns=HUB_PATTERNS, size=1_300_000_000),
-            "apache-2.0",
+            "Apache-2.0",
             "CompVis' latent diffusion on CelebA-HQ faces: 64x64x3 latents decoded to 256x256 by its VQModel; "
             "about 330M parameters, for the gpu profile.",
             default=True),

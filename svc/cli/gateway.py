@@ -91,7 +91,7 @@ def client_options() -> argparse.ArgumentParser:
                         help=f"gateway base URL (default: ${GATEWAY_ENV}, else {DEFAULT_GATEWAY})")
     common.add_argument("--timeout-s", type=positive_float, default=None, metavar="S",
                         help=f"deadline of the whole request in seconds (default {DEFAULT_TIMEOUT_S:g}; "
-                             f"jobs wait: at least MS/1000 + {WAIT_MARGIN_S:g})")
+                             f"`jobs wait` takes at least its MS/1000 + {WAIT_MARGIN_S:g})")
     common.add_argument("--token-env", metavar="NAME",
                         help=f"read the Bearer token from this variable only (default: {', '.join(TOKEN_ENVS)})")
     return common

@@ -153,13 +153,13 @@ def files_under(folder: Path) -> list[str]:
 
 def test_the_diffusion_variants_name_the_official_repositories():
     assert [(v.name, v.source.repo_id, v.license, v.default) for v in ddpm.variants] == [
-        ("cifar10-32", "google/ddpm-cifar10-32", "apache-2.0", True),
-        ("celebahq-256", "google/ddpm-celebahq-256", "apache-2.0", False)]
+        ("cifar10-32", "google/ddpm-cifar10-32", "Apache-2.0", True),
+        ("celebahq-256", "google/ddpm-celebahq-256", "Apache-2.0", False)]
     assert [(v.name, v.source.repo_id) for v in ddim.variants] == [(v.name, v.source.repo_id) for v in ddpm.variants]
     assert [(v.name, v.source.repo_id, v.license, v.default) for v in ldm.variants] == [
-        ("celebahq-256", "CompVis/ldm-celebahq-256", "apache-2.0", True)]
+        ("celebahq-256", "CompVis/ldm-celebahq-256", "Apache-2.0", True)]
     assert [(v.name, v.source.repo_id, v.license, v.default) for v in cls_cond_ddim.variants] == [
-        ("dit-xl-2-256", "facebook/DiT-XL-2-256", "cc-by-nc-4.0", True)]
+        ("dit-xl-2-256", "facebook/DiT-XL-2-256", "CC-BY-NC-4.0", True)]
 
 
 def test_select_files_prefers_safetensors_and_keeps_the_patterns():

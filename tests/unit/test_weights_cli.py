@@ -550,7 +550,8 @@ def test_the_licence_question_on_a_terminal(monkeypatch):
 
     assert accepted(MOBILENET_VARIANTS[0], [], None)  # "BSD-3-Clause (torchvision)"
     dit = find_variant(cls_cond_ddim, None)
-    assert not accepted(dit, ["AGPL-3.0"], None) and accepted(dit, ["CC-BY-NC-4.0"], None)  # "cc-by-nc-4.0"
+    assert not accepted(dit, ["AGPL-3.0"], None) and accepted(dit, ["CC-BY-NC-4.0"], None)
+    assert accepted(dit, ["cc-by-nc-4.0"], None)  # without regard to case
 
 
 PROXY_VARIABLES = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "no_proxy", "NO_PROXY")

@@ -194,10 +194,12 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
         request.setHeader(b"X-Service-Key", principal.name.encode("latin-1"))
         return principal
 
-    def upstream(self, model_id: str) -> Upstream:
+    def upstream(self, request: Any, model_id: str) -> Upstream:
+        """The catalog's model ``model_id``; else the 404 of a path that is no route, word for word (the contract:
+        an unknown catalog id and an unknown ``server_uri`` give the same 404 envelope)."""
         found = self.catalog.by_id.get(model_id)
         if found is None:
-            raise ApiError(st.NOT_FOUND, f"no model {model_id[:80]!r} in the catalog")
+            raise self.not_found(request)
         return found
 
     # -- routes --------------------------------------------------------------------------
@@ -233,7 +235,7 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
 
     @declare.route(app, klein_rule(MODEL_INFER), methods=["POST"], name="infer", admit="admit")
     async def infer(self, request: Any, model_id: str) -> bytes:
-        upstream = self.upstream(model_id)
+        upstream = self.upstream(request, model_id)
         return await self.forwarder.forward(request, upstream, "infer", upstream.server_uri)
 
     @declare.guarded("infer", admit="admit")
@@ -243,15 +245,15 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
 
     @declare.route(app, klein_rule(MODEL_PREFIX + JOBS), methods=["POST"], name="jobs_submit", admit="admit")
     async def submit(self, request: Any, model_id: str) -> bytes:
-        return await self.forwarder.forward(request, self.upstream(model_id), "jobs_submit", JOBS, rewrite=True)
+        return await self.forwarder.forward(request, self.upstream(request, model_id), "jobs_submit", JOBS, rewrite=True)
 
     @declare.route(app, klein_rule(MODEL_PREFIX + JOB), methods=["GET"], name="jobs_status", admit="admit")
     async def job_status(self, request: Any, model_id: str, job_id: str) -> bytes:
-        return await self.forwarder.to_job(request, self.upstream(model_id), "jobs_status", job_id, JOB)
+        return await self.forwarder.to_job(request, self.upstream(request, model_id), "jobs_status", job_id, JOB)
 
     @declare.route(app, klein_rule(MODEL_PREFIX + JOB_WAIT), methods=["GET"], name="jobs_wait", admit="admit")
     async def job_wait(self, request: Any, model_id: str, job_id: str) -> bytes:
-        upstream = self.upstream(model_id)
+        upstream = self.upstream(request, model_id)
         raw = (request.args.get(b"timeout") or [None])[0]
         budget = wait_budget_ms(raw)
         if budget is not None and budget >= self.recv_timeout_ms:
@@ -263,7 +265,7 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
 
     @declare.route(app, klein_rule(MODEL_PREFIX + JOB_RESULT), methods=["GET"], name="jobs_result", admit="admit")
     async def job_result(self, request: Any, model_id: str, job_id: str) -> bytes:
-        return await self.forwarder.to_job(request, self.upstream(model_id), "jobs_result", job_id, JOB_RESULT,
+        return await self.forwarder.to_job(request, self.upstream(request, model_id), "jobs_result", job_id, JOB_RESULT,
                                            rewrite=False)
 
     # -- errors and accounting ----------------------------------------------------------------

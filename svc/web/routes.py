@@ -340,8 +340,12 @@ class JsonApp:
             return self.replies.error(request, ApiError(
                 st.METHOD_NOT_ALLOWED, f"method {request.method.decode('latin-1')} not allowed; allowed: {allowed}",
                 headers={"Allow": allowed}))
+        return self.replies.error(request, self.not_found(request))
+
+    def not_found(self, request: Any) -> ApiError:
+        """The 404 of ``request``'s path: for a path no route takes, and for a route's unknown model alike."""
         path = request.path.decode("latin-1", "replace")[:200]
-        return self.replies.error(request, ApiError(st.NOT_FOUND, self.replies.not_found.format(path=path)))
+        return ApiError(st.NOT_FOUND, self.replies.not_found.format(path=path))
 
     def unexpected_error(self, request: Any, failure: Any) -> bytes:
         Logger(namespace=type(self).__module__).failure("unexpected error answering {path}", failure,

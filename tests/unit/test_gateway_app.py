@@ -264,6 +264,9 @@ def test_legacy_server_uri_and_unknown_paths(gw):
     unknown_uri = assert_envelope(gw.call("POST", "/nope/predict", body=b"{}"), 404, 63)
     assert {k: v for k, v in unknown_id.items() if k not in ("task_id", "error")} == \
         {k: v for k, v in unknown_uri.items() if k not in ("task_id", "error")}
+    # the same words but for the path: a caller cannot tell an unknown model from a path that is no route
+    assert unknown_id["error"] == "no route for /v1/models/NOPE/infer: unknown model or path"
+    assert unknown_uri["error"] == "no route for /nope/predict: unknown model or path"
     assert_envelope(gw.call("POST", "/jobs", body=b"{}"), 404, 63)
     assert_envelope(gw.call("GET", "/jobs/job_1"), 404, 63)
     assert_envelope(gw.call("POST", "/v1/models/CLS/classify", body=b"{}"), 404, 63)

@@ -104,21 +104,21 @@ class OipRoutes:
         return served
 
     async def oip_model_metadata(self: Any, request: Any, model_id: str, version: str | None = None) -> bytes:
-        upstream = self.upstream(model_id)
+        upstream = self.upstream(request, model_id)
         served = await self.oip_version(request, upstream, version)
         shape = await self.oip_shape(request, upstream)
         return _ok(request, {"name": model_id, "versions": [served], "platform": PLATFORM,
                              "inputs": [s.to_json() for s in INPUTS], "outputs": [s.to_json() for s in shape.outputs]})
 
     async def oip_model_ready(self: Any, request: Any, model_id: str, version: str | None = None) -> bytes:
-        upstream = self.upstream(model_id)
+        upstream = self.upstream(request, model_id)
         await self.oip_version(request, upstream, version)
         return _ok(request, {"name": model_id, "ready": True})
 
     async def oip_infer(self: Any, request: Any, model_id: str, version: str | None = None) -> bytes:
         """The model server answers the protocol itself (svc.modelserver.oip_route): the client's bytes go to
         the same path there, and its reply comes back as it is, as on the contract's route."""
-        upstream = self.upstream(model_id)
+        upstream = self.upstream(request, model_id)
         path = f"{PREFIX}/models/{quote(upstream.id, safe='')}"
         if version is not None:
             path += f"/versions/{quote(version, safe='')}"

@@ -80,3 +80,23 @@ def test_shipped_configs_load():
 
     ids = [c.id for c in model_server_configs("conf/server")]
     assert "MOBILENETV2" in ids
+
+
+#: The contract's rule: diffusion-type and segmentation models have jobs on by default, classification and
+#: detection models off; the shipped configs give the jobs' limits the contract's values.
+JOBS_ON = ("DDPM", "DDIM", "CLS_COND_DDIM", "LDM", "SAM_AMG")
+JOBS_OFF = ("MOBILENETV2", "YOLOV8")
+
+
+def test_shipped_configs_have_jobs_on_exactly_for_diffusion_and_segmentation():
+    from svc.config import model_server_configs
+
+    configs = {c.id: c for c in model_server_configs("conf/server")}
+    assert sorted(configs) == sorted(JOBS_ON + JOBS_OFF)
+    for model_id in JOBS_ON:
+        c = configs[model_id]
+        assert c.async_enabled is True, model_id
+        assert (c.async_timeout, c.async_max_queue, c.async_job_ttl, c.async_max_completed, c.peer_resp_timeout) == \
+            (600000, 8, 300000, 100, 600), model_id
+    for model_id in JOBS_OFF:
+        assert configs[model_id].async_enabled is False, model_id

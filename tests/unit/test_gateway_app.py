@@ -267,6 +267,10 @@ def test_legacy_server_uri_and_unknown_paths(gw):
     # the same words but for the path: a caller cannot tell an unknown model from a path that is no route
     assert unknown_id["error"] == "no route for /v1/models/NOPE/infer: unknown model or path"
     assert unknown_uri["error"] == "no route for /nope/predict: unknown model or path"
+    for method, path in (("POST", "/v1/models/NOPE/jobs"), ("GET", "/v1/models/NOPE/jobs/job_1"),
+                         ("GET", "/v1/models/NOPE/jobs/job_1/wait"), ("GET", "/v1/models/NOPE/jobs/job_1/result")):
+        body = assert_envelope(gw.call(method, path, body=b"{}" if method == "POST" else None), 404, 63)
+        assert body["error"] == f"no route for {path}: unknown model or path"
     assert_envelope(gw.call("POST", "/jobs", body=b"{}"), 404, 63)
     assert_envelope(gw.call("GET", "/jobs/job_1"), 404, 63)
     assert_envelope(gw.call("POST", "/v1/models/CLS/classify", body=b"{}"), 404, 63)

@@ -363,3 +363,20 @@ def test_job_metrics(server):
     assert 'service_http_requests_total{code="202",method="POST",route="jobs_submit"} 1.0' in text
     assert 'service_http_requests_total{code="200",method="GET",route="jobs_wait"} 1.0' in text
     assert 'service_http_request_duration_ms_count{route="jobs' not in text
+
+
+def test_every_job_reply_is_counted_by_code(server):
+    """The contract: service_http_requests_total counts every reply, the jobs' 404, 405, 409 and 429 too."""
+    pending = server.submit([RED]).json["job_id"]
+    assert server.call("GET", f"/jobs/{pending[:-1]}x").code == 404
+    assert server.call("POST", f"/jobs/{pending}").code == 405
+    assert server.call("GET", f"/jobs/{pending}/result").code == 409
+    replies = [server.submit([RED]) for _ in range(8)]
+    assert [r.code for r in replies] == [202] * 7 + [429]
+    text = server.call("GET", "/metrics").body.decode()
+    for code, method, route, count in (("202", "POST", "jobs_submit", 8), ("404", "GET", "jobs_status", 1),
+                                       ("405", "POST", "unmatched", 1), ("409", "GET", "jobs_result", 1),
+                                       ("429", "POST", "jobs_submit", 1)):
+        line = f'service_http_requests_total{{code="{code}",method="{method}",route="{route}"}} {count:.1f}'
+        assert line in text, (line, [t for t in text.splitlines() if t.startswith("service_http_requests_total")])
+    server.workers.release_all()

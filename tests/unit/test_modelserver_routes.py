@@ -7,6 +7,8 @@ deadlines and fault containment are driven step by step, without sleeps.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from svc.infra.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -278,3 +280,33 @@ def test_metrics_route_serves_the_registry_with_request_and_item_counts():
         'service_model_info{device="cpu",model="TESTFAULTS",replica="0",version="test-faults"}': "1.0",
     }
     assert {name: samples.get(name) for name in expected} == expected
+
+
+def test_an_idle_connection_is_closed_after_peer_resp_timeout():
+    """``peer_resp_timeout`` (seconds) is the model server's peer I/O timeout: a kept-alive connection that stays
+    silent that long after a reply is closed; one that keeps talking is not.  (A new connection's first request
+    has the shorter ``header_timeout_ms``.)"""
+    from twisted.internet.address import IPv4Address
+    from twisted.internet.testing import StringTransport
+
+    server = build_model_server(peer_resp_timeout=30)
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+
+    def served() -> tuple[Any, StringTransport]:
+        transport = StringTransport()
+        channel = server.service.site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
+        channel.makeConnection(transport)
+        channel.dataReceived(request)
+        assert transport.value().startswith(b"HTTP/1.1 200 OK")
+        transport.clear()
+        return channel, transport
+
+    (_, silent), (channel, talking) = served(), served()
+    server.clock.advance(29)
+    assert not silent.disconnecting
+    channel.dataReceived(request)
+    assert talking.value().startswith(b"HTTP/1.1 200 OK")
+    server.clock.advance(2)
+    assert silent.disconnecting and not talking.disconnecting
+    server.clock.advance(30)
+    assert talking.disconnecting

@@ -17,8 +17,10 @@ from svc.cli.http import CliError
 from svc.contract.protocol import UPSTREAM_RECV_TIMEOUT_MS
 from svc.contract.query import WAIT_DEFAULT_MS
 
-#: Variables holding the Bearer token, in the order they are consulted.
-TOKEN_ENVS = ("SERVICE_API_KEY", "SERVICE_GATEWAY_AUTH_TOKEN", "SERVICE_API_TOKEN")
+#: Variables holding the Bearer token, in the order they are consulted: the management token first, as the
+#: contract has the command-line client send it (docs/contract.md), then an API key for a user who has
+#: only that, then the static inference token.
+TOKEN_ENVS = ("SERVICE_API_TOKEN", "SERVICE_API_KEY", "SERVICE_GATEWAY_AUTH_TOKEN")
 DEFAULT_TIMEOUT_S = 300.0
 #: ``jobs wait``: the default wait budget (svc.contract.query) and the margin the
 #: client timeout keeps above the budget.

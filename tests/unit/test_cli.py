@@ -209,9 +209,9 @@ def test_parse_value_is_json_when_it_parses_else_the_string():
 
 def test_token_order_and_token_env():
     both = {"SERVICE_API_KEY": "k", "SERVICE_GATEWAY_AUTH_TOKEN": "g", "SERVICE_API_TOKEN": "m"}
-    assert cli_args.find_token(both) == "k"
-    assert cli_args.find_token({**both, "SERVICE_API_KEY": ""}) == "g"
-    assert cli_args.find_token({"SERVICE_API_TOKEN": "m"}) == "m"
+    assert cli_args.find_token(both) == "m"  # the management token, as the contract has the client send it
+    assert cli_args.find_token({**both, "SERVICE_API_TOKEN": ""}) == "k"
+    assert cli_args.find_token({"SERVICE_GATEWAY_AUTH_TOKEN": "g"}) == "g"
     assert cli_args.find_token({**both, "OTHER_TOKEN": "o"}, "OTHER_TOKEN") == "o"
     with pytest.raises(cli_gateway.CliError, match="^no token: OTHER_TOKEN is not set"):
         cli_args.find_token(both, "OTHER_TOKEN")
@@ -360,8 +360,8 @@ def test_a_transport_failure_exits_2_with_one_line(gateway, capsys):
 def test_no_token_exits_2_naming_the_variables_and_sends_nothing(gateway, images, capsys, monkeypatch):
     monkeypatch.delenv("SERVICE_API_KEY")
     assert run(gateway, "infer", "M", str(images[0]), "--gateway", GATEWAY) == 2
-    assert capsys.readouterr() == ("", "svcctl: no token: set SERVICE_API_KEY, SERVICE_GATEWAY_AUTH_TOKEN or "
-                                       "SERVICE_API_TOKEN (or name another variable with --token-env)\n")
+    assert capsys.readouterr() == ("", "svcctl: no token: set SERVICE_API_TOKEN, SERVICE_API_KEY or "
+                                       "SERVICE_GATEWAY_AUTH_TOKEN (or name another variable with --token-env)\n")
     assert gateway.requests == []
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,21 @@ class InferenceRequest:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
+
+
+#: What ``json.loads`` may raise on a client's text: RecursionError for arrays or objects nested deeper than
+#: the interpreter's stack (about a thousand levels), which is the client's error like any other.
+JSON_ERRORS = (ValueError, UnicodeDecodeError, RecursionError)
+
+
+def json_error_text(e: BaseException) -> str:
+    """Why a client's JSON text did not parse, in words for the client (not Python's advice to its programmer)."""
+    if isinstance(e, RecursionError):
+        return "arrays or objects nested too deeply"
+    text = str(e)
+    if "int_max_str_digits" in text:  # "Exceeds the limit (4300 digits) ...; use sys.set_int_max_str_digits()"
+        return f"a number has more than {sys.get_int_max_str_digits()} digits"
+    return text
 
 
 class RequestValidator:
@@ -74,8 +90,8 @@ class RequestValidator:
     def parse_json(self, body: bytes, header_request_id: str | None = None) -> InferenceRequest:
         try:
             doc = json.loads(body, parse_constant=_reject_constant)
-        except (ValueError, UnicodeDecodeError, RecursionError) as e:
-            raise ApiError(st.JSON_PARSE_ERROR, f"body is not valid JSON: {e}") from None
+        except JSON_ERRORS as e:
+            raise ApiError(st.JSON_PARSE_ERROR, f"body is not valid JSON: {json_error_text(e)}") from None
         if not isinstance(doc, dict):
             raise ApiError(st.JSON_PARSE_ERROR, f"body must be a JSON object, got {type(doc).__name__}")
         errors = self._root_errors(doc)
@@ -194,8 +210,8 @@ class RequestValidator:
             return schema.with_defaults({})
         try:
             value = json.loads(raw, parse_constant=_reject_constant)
-        except ValueError as e:
-            errors.append(FieldError(pointer(name), f"{header_name} header is not valid JSON: {e}"))
+        except JSON_ERRORS as e:
+            errors.append(FieldError(pointer(name), f"{header_name} header is not valid JSON: {json_error_text(e)}"))
             return {}
         if not isinstance(value, dict):
             errors.append(FieldError(pointer(name), f"{header_name} header must be a JSON object, got {_json_type(value)}"))

@@ -125,6 +125,20 @@ def test_malformed_requests_are_refused(head, message):
         parse_request(json.dumps(head).encode(), None)
 
 
+IMAGE_INPUT = b'{"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["a"]}]'
+
+
+@pytest.mark.parametrize("body, message", [
+    (b"[" * 100_000 + b"]" * 100_000, "not JSON: arrays or objects nested too deeply"),
+    (IMAGE_INPUT + b', "parameters": {"top_k": ' + b"[" * 3000 + b"]" * 3000 + b"}}", "nested too deeply"),
+    (IMAGE_INPUT + b', "parameters": {"top_k": ' + b"9" * 5000 + b"}}", "not JSON: a number has more than 4300 digits"),
+])
+def test_json_the_parser_cannot_take_is_refused_in_the_clients_words(body, message):
+    """A refusal (400 on the route), never the RecursionError or Python's advice to its programmer."""
+    with pytest.raises(CodecError, match=message):
+        parse_request(body, None)
+
+
 def test_numeric_binary_size_must_match_the_shape():
     body, length = binary_request({"inputs": [{"name": "X", "datatype": "INT32", "shape": [2],
                                                "parameters": {"binary_data_size": 4}}]}, b"\0\0\0\0")

@@ -163,6 +163,9 @@ def test_raw_body_is_one_item_with_header_params():
         ({"x-service-params": '{"nope": 1}'}, "/params/nope"),
         ({"x-service-options": "nope"}, "/options"),
         ({"x-request-id": "with space"}, "/req_id"),
+        # nested past the interpreter's stack: the client's error like any other, not a 500
+        ({"x-service-params": "[" * 1000 + "]" * 1000}, "/params"),
+        ({"x-service-options": "{\"a\":" * 1000 + "1" + "}" * 1000}, "/options"),
     ],
 )
 def test_raw_body_bad_headers_are_422(headers, where):
@@ -239,3 +242,13 @@ def test_parts_from_another_encoding_get_the_json_bodys_checks():
     with pytest.raises(ApiError) as e:
         V.from_parts([b"a"], "has space", {}, {})
     assert pointers(e.value) == ["/req_id"]
+
+
+@pytest.mark.parametrize("body, reason", [
+    (b"[" * 100_000 + b"]" * 100_000, "body is not valid JSON: arrays or objects nested too deeply"),
+    (b'{"images": [' + b"1" * 5000 + b"]}", "body is not valid JSON: a number has more than 4300 digits"),
+])
+def test_json_the_parser_cannot_take_is_400_status_50_in_the_clients_words(body, reason):
+    with pytest.raises(ApiError) as e:
+        V.parse(body, "application/json", {}, {})
+    assert e.value.status is st.JSON_PARSE_ERROR and e.value.message == reason

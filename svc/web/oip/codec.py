@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from math import prod
 from typing import Any
 
+from svc.contract.request import JSON_ERRORS, json_error_text
 from svc.web.replies import dumps
 
 _decoder = json.JSONDecoder()
@@ -141,8 +142,8 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict, bytes | me
         head, rest = view[:length], view[length:]
     try:
         parsed = loads(bytes(head))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CodecError(f"the inference request header is not JSON: {e}") from None
+    except JSON_ERRORS as e:
+        raise CodecError(f"the inference request header is not JSON: {json_error_text(e)}") from None
     return _object(parsed, "the inference request"), memoryview(rest)
 
 
@@ -190,7 +191,10 @@ def _binary_elements(raw: bytes | memoryview, datatype: str, count: int, what: s
 def parse_request(body: bytes, header_length: str | None) -> InferRequest:
     """An inference request from its body and its ``Inference-Header-Content-Length`` (None: all JSON)."""
     head, binary = split_body(body, header_length)
-    return _common_request(head, binary) or _checked_request(head, binary)
+    try:
+        return _common_request(head, binary) or _checked_request(head, binary)
+    except RecursionError:  # a tensor's data or shape nested past the stack: the client's error, as in JSON
+        raise CodecError("the inference request nests its data or parameters too deeply") from None
 
 
 def _plain_count(value: Any) -> bool:

@@ -54,6 +54,11 @@ from svc.infra.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from svc.infra.metrics import render
 from svc.web.replies import dumps, header, send_encoded
 
+#: The ``method`` label values of ``service_http_requests_total``: HTTP's registered methods; any other token
+#: (a client may send any, before it is authenticated) is counted as :data:`OTHER_METHOD`.
+METHOD_LABELS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "CONNECT", "TRACE", "-"})
+OTHER_METHOD = "other"
+
 #: Endpoints of the catch-all routes added by ``install(app, configured=True)``.
 CATCH_ALL = ("configured_root", "configured")
 
@@ -273,6 +278,8 @@ class JsonApp:
         The labelled counters are kept per metrics object: a ``labels()``
         lookup costs about 5 us on the reactor, the cached child's ``inc()`` 1.5.
         """
+        if method not in METHOD_LABELS:
+            method = OTHER_METHOD  # any token is a method to HTTP: a label each would grow without bound
         cache = self.__dict__.get("_request_counters")
         if cache is None or cache[0] is not self.metrics:
             cache = self.__dict__["_request_counters"] = (self.metrics, {})

@@ -310,3 +310,23 @@ def test_an_idle_connection_is_closed_after_peer_resp_timeout():
     assert silent.disconnecting and not talking.disconnecting
     server.clock.advance(30)
     assert talking.disconnecting
+
+
+def test_any_method_token_counts_as_other_and_adds_no_series():
+    """HTTP lets a client send any token as its method, before it is authenticated: were each a label value,
+    every such request would add a series to /metrics for good (memory without bound)."""
+    from twisted.internet.address import IPv4Address
+    from twisted.internet.testing import StringTransport
+
+    server = build_model_server()
+    for i in range(20):
+        transport = StringTransport()
+        channel = server.service.site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
+        channel.makeConnection(transport)
+        channel.dataReceived(f"ZZQ{i} /healthz HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        assert transport.value().startswith(b"HTTP/1.1 405 ")
+    server.call("PATCH", "/healthz")
+    text = server.call("GET", "/metrics").body.decode()
+    assert 'service_http_requests_total{code="405",method="other",route="unmatched"} 20.0' in text
+    assert 'service_http_requests_total{code="405",method="PATCH",route="unmatched"} 1.0' in text
+    assert "ZZQ" not in text

@@ -52,6 +52,7 @@ from svc.contract.errors import ApiError
 from svc.contract.request import REQ_ID_RE
 from svc.infra.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from svc.infra.metrics import render
+from svc.web.paths import RoutablePaths
 from svc.web.replies import dumps, header, send_encoded
 
 #: The ``method`` label values of ``service_http_requests_total``: HTTP's registered methods; any other token
@@ -247,8 +248,8 @@ class JsonApp:
     configured: ConfiguredRoutes | None = None
 
     def resource(self) -> Any:
-        """The twisted resource of this instance's routes."""
-        return self.app.resource()
+        """The twisted resource of this instance's routes, behind the check of the paths they may see."""
+        return RoutablePaths(self, self.app.resource())
 
     def methods(self, path: str) -> set[str]:
         """The methods the routes accept on ``path`` (empty for an unknown path); CORS answers with them."""

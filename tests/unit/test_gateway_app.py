@@ -277,6 +277,21 @@ def test_legacy_server_uri_and_unknown_paths(gw):
     assert len(gw.model.received) == 1
 
 
+@pytest.mark.parametrize("method, path", [
+    ("POST", "/v1/models/CLS%2Finfer"), ("POST", "/v1/models/CLS%2finfer"), ("POST", "/v1%2Fmodels/CLS/infer"),
+    ("POST", "/v1/models/SLOW%2Fjobs"), ("GET", "/v1/models/SLOW/jobs/job_1%2Fresult"),
+    ("POST", "/v1/models/%E9/infer"), ("POST", "/classify%FF"),
+])
+def test_an_encoded_slash_or_a_path_that_is_not_utf8_is_no_route(gw, method, path):
+    """twisted decodes each segment before the routes see the path joined again: an encoded slash would reach
+    the route it spells, and Klein answered a segment that is not UTF-8 with an HTML 400, unauthenticated."""
+    body = b"{}" if method == "POST" else None
+    assert_envelope(gw.call(method, path, body=body, token=None), 401, 401)
+    assert assert_envelope(gw.call(method, path, body=body), 404, 63)["error"] == \
+        f"no route for {path}: unknown model or path"
+    assert gw.model.received == []
+
+
 @pytest.mark.parametrize("method, path, allow", [("GET", "/v1/models/CLS/infer", "POST"), ("GET", "/classify", "POST"),
                                                  ("POST", "/v1/models/CLS/jobs/job_1", "GET"),
                                                  ("PUT", "/v1/models/CLS/jobs", "POST"), ("POST", "/healthz", "GET")])

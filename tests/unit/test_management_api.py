@@ -124,7 +124,11 @@ def test_a_wrong_method_is_405_with_allow_without_head(sup, method, path, allowe
 
 @pytest.mark.parametrize("method, path", [("GET", "/api/v1/nope"), ("POST", "/api/v1/servers/AAA/pause"),
                                           ("GET", "/ui/other.js"), ("GET", "/api/v1/health/"),
-                                          ("GET", "/index.html")])
+                                          ("GET", "/index.html"),
+                                          # an encoded slash spells no route here (it once ran the stop)
+                                          ("POST", "/api%2Fv1%2Fservers%2FAAA%2Fstop"),
+                                          ("POST", "/api/v1/servers/AAA%2Fstop"),
+                                          ("GET", "/api/v1/servers/%E9/logs")])
 def test_an_unknown_route_is_404(sup, method, path):
     assert_error(sup.call(method, path, token=None), 404, f"no such route: {path}")
 

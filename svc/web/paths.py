@@ -1,0 +1,63 @@
+"""Paths no route may see: an encoded slash, or bytes that are not UTF-8 once percent-decoded.
+
+twisted.web percent-decodes each segment of the path before Klein joins
+them with ``/`` for werkzeug, so ``/v1/models/M%2Finfer`` reached the
+``infer`` route as if it were ``/v1/models/M/infer``: a client could step
+around a front proxy's rule for a path, and the contract matches a legacy
+``server_uri`` exactly.  Klein answers a segment that is not UTF-8 itself,
+with an HTML 400 and no authentication.  :class:`RoutablePaths` stands in
+front of the routes and answers both as a path that is no route: 401 to a
+caller without credentials, else the process's 404 in its own reply shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+from urllib.parse import unquote_to_bytes
+
+from twisted.web.resource import Resource
+
+from svc.contract.errors import ApiError
+
+
+class PathApp(Protocol):
+    """What the check needs of the app behind it (svc.web.routes.JsonApp)."""
+
+    replies: Any
+
+    def before_routing_error(self, request: Any) -> None: ...
+
+    def not_found(self, request: Any) -> ApiError: ...
+
+
+def routable(path: bytes) -> bool:
+    """Whether a request path may be routed: no encoded ``/``, and UTF-8 once percent-decoded."""
+    if b"%2f" in path.lower():
+        return False
+    try:
+        unquote_to_bytes(path).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+class RoutablePaths(Resource):
+    """The app's routes (``inner``, Klein's resource) behind the check of :func:`routable`."""
+
+    isLeaf = True
+
+    def __init__(self, app: PathApp, inner: Resource) -> None:
+        super().__init__()
+        self.app = app
+        self.inner = inner
+
+    def render(self, request: Any) -> Any:
+        if routable(request.path):
+            return self.inner.render(request)
+        request.service_route = "unmatched"
+        try:
+            self.app.before_routing_error(request)  # an unauthenticated caller gets 401 on every path
+            error = self.app.not_found(request)
+        except ApiError as e:
+            error = e
+        return self.app.replies.error(request, error)

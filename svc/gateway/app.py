@@ -208,7 +208,7 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
     def healthz(self, request: Any) -> bytes:
         body = rejection(st.SUCCESS, "", task_id=self.task_id(request), model=GATEWAY_IDENTITY)
         del body["error"]
-        return send_json(request, 200, body)
+        return send_json(request, 200, body, {"X-Request-ID": body["task_id"], "Cache-Control": "no-store"})
 
     @declare.route(app, METRICS_PATH, methods=["GET"], name="metrics", admit="admit_metrics")
     async def metrics_route(self, request: Any) -> bytes:

@@ -140,7 +140,7 @@ class ModelServerApp(OipRoute, routes.JsonApp):
         body = rejection(status, message or status.meaning, task_id=self.task_id(request), model=self.identity)
         if status is st.SUCCESS:
             del body["error"]
-        return send_json(request, code or status.http, body, {"X-Request-ID": body["task_id"]})
+        return send_json(request, code or status.http, body, {"X-Request-ID": body["task_id"], "Cache-Control": "no-store"})
 
     # -- routes ----------------------------------------------------------------------
 

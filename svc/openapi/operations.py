@@ -64,12 +64,13 @@ WEIGHTS_HEADER_DOC = header_doc(
     "What the model's weights are: `demo` (random init, for trying the service: outputs are noise), `pretrained` "
     "(a pretrained variant from the weights cache) or `file` (a local weights file of the model config).",
     {"type": "string", "enum": ["demo", "pretrained", "file"]})
+NO_STORE_HEADER = header_doc("Always `no-store`.", {"type": "string", "const": "no-store"})
 RETRY_AFTER_HEADER = header_doc("Seconds to wait before retrying.", {"type": "integer", "minimum": 1, "maximum": 60})
 
 
 def rejection(description: str, extra_headers: dict | None = None) -> dict:
-    """A process-level error reply: the ``Rejection`` envelope with ``X-Request-ID``."""
-    headers = {"X-Request-ID": REQUEST_ID_HEADER, **(extra_headers or {})}
+    """A process-level error reply: the ``Rejection`` envelope with ``X-Request-ID`` and ``Cache-Control``."""
+    headers = {"X-Request-ID": REQUEST_ID_HEADER, "Cache-Control": NO_STORE_HEADER, **(extra_headers or {})}
     return json_reply(description, ref("Rejection"), headers)
 
 
@@ -79,7 +80,7 @@ def infer_operation(config: ModelServerConfig, factory: Any, *, summary: str, au
     raw_schema = {"type": "string", "format": "binary"}
     ok_headers = {
         "X-Request-ID": REQUEST_ID_HEADER,
-        "Cache-Control": header_doc("Always `no-store`.", {"type": "string", "const": "no-store"}),
+        "Cache-Control": NO_STORE_HEADER,
         WEIGHTS_HEADER: WEIGHTS_HEADER_DOC,
     }
     return {
@@ -114,7 +115,8 @@ def infer_operation(config: ModelServerConfig, factory: Any, *, summary: str, au
                 "description": "Status 50: body is not JSON or not an object (a rejection). Or every item failed on "
                 "its input (status 3 or 5, an envelope with results).",
                 "content": {"application/json": {"schema": {"anyOf": [ref("Rejection"), ref(f"{mid}_Envelope")]}}},
-                "headers": {"X-Request-ID": REQUEST_ID_HEADER, WEIGHTS_HEADER: WEIGHTS_HEADER_DOC},
+                "headers": {"X-Request-ID": REQUEST_ID_HEADER, "Cache-Control": NO_STORE_HEADER,
+                            WEIGHTS_HEADER: WEIGHTS_HEADER_DOC},
             },
             "401": rejection("Status 401: missing or wrong bearer token.", {"WWW-Authenticate": header_doc("Bearer challenge.")}),
             "413": rejection("Status 61: body over the size limit; status 67: more images than max_request_items."),
@@ -128,7 +130,8 @@ def infer_operation(config: ModelServerConfig, factory: Any, *, summary: str, au
                 "description": "Every item failed on the server side (status 1 engine error or 6 contract failure), "
                 "or status 500 for an unexpected server error.",
                 "content": {"application/json": {"schema": {"anyOf": [ref("Rejection"), ref(f"{mid}_Envelope")]}}},
-                "headers": {"X-Request-ID": REQUEST_ID_HEADER, WEIGHTS_HEADER: WEIGHTS_HEADER_DOC},
+                "headers": {"X-Request-ID": REQUEST_ID_HEADER, "Cache-Control": NO_STORE_HEADER,
+                            WEIGHTS_HEADER: WEIGHTS_HEADER_DOC},
             },
             "503": rejection("Status 65: the model is loading or the server is shutting down."),
             "504": json_reply("Status 4: no item finished before the deadline.", ref(f"{mid}_Envelope"), ok_headers),

@@ -83,9 +83,10 @@ def task_id_of(request: Any) -> str:
 
 
 def envelope_reply(error: ApiError, task_id: str, identity: ModelIdentity) -> tuple[int, dict[str, str], bytes]:
-    """An error as the unified envelope: code, headers (``X-Request-ID`` first), body."""
+    """An error as the unified envelope: code, headers (``X-Request-ID`` first, and ``Cache-Control: no-store``
+    as on every data-plane reply), body."""
     body = rejection(error.status, error.message, task_id=task_id, model=identity, errors=error.errors)
-    return error.code, {"X-Request-ID": task_id, **error.headers}, dumps(body)
+    return error.code, {"X-Request-ID": task_id, "Cache-Control": "no-store", **error.headers}, dumps(body)
 
 
 def ok_error_reply(error: ApiError) -> tuple[int, dict[str, str], bytes]:

@@ -41,6 +41,7 @@ def assert_rejection(reply, http, status, pointers=None):
     assert body["results"] == []
     assert body["model"]["name"] == "MOBILENETV2"
     assert reply.header("X-Request-ID") == body["task_id"]
+    assert reply.header("Cache-Control") == "no-store"
     if pointers is not None:
         assert [e["pointer"] for e in body["errors"]] == pointers
     return body

@@ -191,6 +191,7 @@ def gw(tmp_path):
 def assert_envelope(response, http, status):
     assert response.code == http, response.body
     assert h(response, "Content-Type") == "application/json; charset=utf-8"
+    assert h(response, "Cache-Control") == "no-store"  # as on every data-plane reply
     body = response.json
     assert body["status"] == status and body["results"] == [] and body["partial"] is False
     assert body["model"]["name"] == "gateway" and body["error"]

@@ -303,7 +303,7 @@ def test_busy_replies_have_each_process_error_shape():
         envelope = json.loads(body)
         assert (code, envelope["status"], envelope["status_str"], envelope["results"]) == (503, 65, "NOT_READY", [])
         assert envelope["error"] == message
-        assert headers == {"X-Request-ID": envelope["task_id"], "Retry-After": "1"}
+        assert headers == {"X-Request-ID": envelope["task_id"], "Cache-Control": "no-store", "Retry-After": "1"}
     code, headers, body = ManagementApi.busy_reply(app(ManagementApi, ManagementApi.replies))
     assert (code, headers, json.loads(body)) == (503, {"Retry-After": "1"},
                                                  {"ok": False, "error": "too many open connections; retry shortly"})

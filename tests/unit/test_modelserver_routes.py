@@ -31,6 +31,7 @@ def assert_rejection(reply, http, status, error=None):
     assert (body["status"], body["results"], body["partial"]) == (status, [], False)
     assert body["model"] == {"name": "TESTFAULTS", "version": body["model"]["version"]}
     assert reply.headers["x-request-id"] == body["task_id"]
+    assert reply.headers["cache-control"] == "no-store"
     if error is not None:
         assert body["error"] == error
     return body

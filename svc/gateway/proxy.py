@@ -204,10 +204,13 @@ class Proxy:
         if expired:
             raise UpstreamFailed(f"no complete reply within {self.recv_timeout_s * 1000:.0f} ms "
                                  "(upstream_recv_timeout_ms)", "timeout")
+        reasons = getattr(failure.value, "reasons", None)  # ResponseFailed and friends wrap the real causes
         if failure.check(CancelledError):
             return failure  # the client went away: nothing to answer
+        if any(r.check(CancelledError) for r in reasons or ()):
+            # The same, cancelled mid-exchange, which the agent wraps: no failure of the model server's to count.
+            raise CancelledError()
         if failure.check(*_UNREACHABLE):
             raise UpstreamUnreachable(f"connection refused ({failure.type.__name__})")
-        reasons = getattr(failure.value, "reasons", None)  # ResponseFailed and friends wrap the real causes
         detail = "; ".join(r.getErrorMessage() for r in reasons) if reasons else failure.getErrorMessage()
         raise UpstreamFailed(f"{failure.type.__name__}: {detail}"[:300], "transport")

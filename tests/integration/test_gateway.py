@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import signal
 import socket
+import struct
 import threading
 import time
 
@@ -380,6 +382,26 @@ def test_upstream_that_accepts_no_connection_is_503_after_the_connect_timeout(st
     after = samples(gateway_metrics(stack), "service_gateway_upstream_errors_total")
     label = '{kind="unreachable",model="BLACKHOLE",replica="0"}'
     assert after[label] == before.get(label, 0.0) + 1
+
+
+def test_a_client_that_goes_away_is_no_upstream_failure(stack):
+    """A client that resets its connection while the model server works: the gateway drops the upstream exchange
+    and counts no failure of the model server's (it answered no 502; counting one raised false alerts)."""
+    hang = stack["hang"]
+    label = '{kind="transport",model="HANG",replica="0"}'
+    before = samples(gateway_metrics(stack), "service_gateway_upstream_errors_total").get(label, 0.0)
+    asked, ended = hang.requests, hang.ended
+    body = json.dumps({"images": [image_b64()]}).encode()
+    with socket.create_connection(("127.0.0.1", stack["gateway"].port)) as client:
+        client.sendall(b"POST /v1/models/HANG/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       + f"Authorization: Bearer {KEYS['old']}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                       + body)
+        wait_until(lambda: hang.requests > asked, "the request reached the model server")
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+    wait_until(lambda: hang.ended > ended, "the gateway dropped the upstream exchange")
+    after = samples(gateway_metrics(stack), "service_gateway_upstream_errors_total").get(label, 0.0)
+    assert after == before
+    assert infer(stack).status == 200  # the gateway is unharmed
 
 
 def test_upstream_that_closes_mid_reply_is_502(stack):

@@ -63,6 +63,7 @@ class RawUpstream:
         self.sock.listen(16)
         self.connections: list[socket.socket] = []
         self.requests = 0
+        self.ended = 0  # hang: requests whose connection the client closed
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -89,7 +90,13 @@ class RawUpstream:
         elif self.mode == "garbage":
             conn.sendall(b"this is not HTTP at all\r\n\r\n")
             conn.close()
-        # hang: keep the connection open and say nothing
+        else:  # hang: keep the connection open and say nothing, until the other end closes it
+            try:
+                while conn.recv(65536):
+                    pass
+            except OSError:
+                pass
+            self.ended += 1
 
     def close(self) -> None:
         self.sock.close()

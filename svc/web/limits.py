@@ -64,9 +64,6 @@ REFUSED_LINGER_SECONDS = 2.0
 #: the reactor serves others (the rest wait for the next reactor turn).
 PIPELINE_BURST = 16
 
-#: The methods a refused head's reply is counted under; anything else is "-".
-KNOWN_METHODS = frozenset({b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"PATCH"})
-
 #: The reply to a request whose headers did not arrive in time.  No JSON body:
 #: the request was never read, so there is nothing to echo and no envelope
 #: status fits.
@@ -189,6 +186,8 @@ class LimitedRequest(server.Request):
         self._stop_body_deadline()
         if self._linger is not None and self._linger.active():
             self._linger.cancel()
+        if self.started is not None and not self.finished and not self._refused:
+            self.channel.site.log_abandoned(self)  # the client went before its reply: still one access line
         super().connectionLost(reason)
 
 
@@ -324,9 +323,7 @@ class LimitedChannel(HTTPChannel):
         site = self.site
         limit = self.MAX_LENGTH if len(line) > self.MAX_LENGTH else self.totalHeadersSize
         error = head_too_large(request_line, limit)
-        method = getattr(self, "_command", None) or line.split(b" ", 1)[0]
-        if method not in KNOWN_METHODS:
-            method = b"-"  # the client's bytes, not a method: not a label of the requests counter
+        method = getattr(self, "_command", None) or line.split(b" ", 1)[0][:20]  # counted as "other" if no method
         code, headers, body = site.limit_reply(None, error, method.decode("latin-1", "replace"))
         self.persistent = False
         self._reply_and_close(raw_reply(code, headers, body), LINGER_SECONDS)

@@ -22,6 +22,9 @@ from svc.contract.errors import ApiError
 from svc.web.limits import HttpLimits, LimitedChannel, LimitedRequest
 from svc.web.replies import dumps
 
+#: The access log's code for a request whose client closed the connection before its reply (nginx's 499).
+CLIENT_CLOSED = 499
+
 #: The User-Agent of the supervisor's readiness probe and metrics scrape (svc.supervisor.probe).
 SUPERVISOR_USER_AGENT = "service-supervisor-probe"
 
@@ -144,16 +147,24 @@ class JsonSite(server.Site):
             log.warn(text, **fields)
 
     def log(self, request: Any) -> None:
+        self._access_line(request, request.code)
+        if self.on_logged is not None:
+            self.on_logged(request)
+
+    def log_abandoned(self, request: Any) -> None:
+        """The access line of a request whose client closed the connection before its reply: code 499 (nginx's
+        "client closed request"), the time it had been handled.  No reply went out, so none is counted."""
+        self._access_line(request, CLIENT_CLOSED)
+
+    def _access_line(self, request: Any, code: int) -> None:
         started = getattr(request, "started", None)
         duration = (self.reactor.seconds() - started) * 1000.0 if started is not None else 0.0
         rid = request.responseHeaders.getRawHeaders(b"x-request-id") or request.requestHeaders.getRawHeaders(
             b"x-request-id"
         )
         key = getattr(request, "service_key", None) or "-"
-        self.log_line(request.method, request.uri, request.code, duration, rid[0].decode("latin-1") if rid else None, key,
+        self.log_line(request.method, request.uri, code, duration, rid[0].decode("latin-1") if rid else None, key,
                       debug=is_supervisor_probe(request))
-        if self.on_logged is not None:
-            self.on_logged(request)
 
     def log_line(self, method: bytes, path: bytes, code: int, duration_ms: float, request_id: str | None, key: str,
                  *, debug: bool = False) -> None:

@@ -399,6 +399,7 @@ def test_a_client_that_goes_away_is_no_upstream_failure(stack):
         wait_until(lambda: hang.requests > asked, "the request reached the model server")
         client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
     wait_until(lambda: hang.ended > ended, "the gateway dropped the upstream exchange")
+    wait_until(lambda: "POST /v1/models/HANG/infer 499 " in stack["gateway"].output(), "its 499 access line")
     after = samples(gateway_metrics(stack), "service_gateway_upstream_errors_total").get(label, 0.0)
     assert after == before
     assert infer(stack).status == 200  # the gateway is unharmed

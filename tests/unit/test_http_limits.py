@@ -377,3 +377,21 @@ def test_a_request_read_whole_is_served_as_when_it_comes_in_pieces(stream):
     whole = _served(stream, None)
     assert whole == _served(stream, 7)
     assert whole[0].startswith(b"HTTP/1.1 ")
+
+
+def test_a_request_whose_client_went_before_its_reply_gets_its_499_access_line():
+    """No reply goes out, but the access log still has one line per request: 499 (nginx's "client closed
+    request"), with the time it had been handled; answered requests keep their own code and are not repeated."""
+    from twisted.logger import capturedLogs
+
+    clock = Clock()
+    site, res = make_site(clock)
+    channel, transport = connect(site)
+    with capturedLogs() as events:
+        channel.dataReceived(REQUEST)  # answered at once
+        channel.dataReceived(b"GET /slow HTTP/1.1\r\nHost: x\r\nX-Request-ID: gone-1\r\n\r\n")
+        clock.advance(2.5)
+        lose(channel, transport)
+    lines = [e["access_line"] for e in events if "access_line" in e]
+    assert lines == ["GET /ok 200 0.0ms key=- rid=-", "GET /slow 499 2500.0ms key=- rid=gone-1"]
+    assert len(res.pending) == 1  # the handler was not answered: nothing was written after the loss

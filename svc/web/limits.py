@@ -191,8 +191,11 @@ class LimitedRequest(server.Request):
         super().connectionLost(reason)
 
 
-def head_too_large(request_line: bool, limit: int) -> ApiError:
-    """The 414 of a request line (its path) past ``limit`` bytes, or the 431 of a head past it."""
+def head_too_large(request_line: bool, limit: int, max_headers: int | None = None) -> ApiError:
+    """The 414 of a request line (its path) past ``limit`` bytes, or the 431 of a head past it or with more than
+    ``max_headers`` header lines."""
+    if max_headers is not None:
+        return ApiError(st.ENTITY_TOO_LARGE, f"request head with more than {max_headers} header lines", http=431)
     if request_line:
         return ApiError(st.ENTITY_TOO_LARGE, f"request line longer than {limit} bytes: the path is too long",
                         http=414)
@@ -302,8 +305,9 @@ class LimitedChannel(HTTPChannel):
             super().lineReceived(line)  # the empty line some clients send after a body: twisted skips it
             return
         self._head_lines += 1
-        if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
-            self._refuse_head(self._head_lines == 1, line)
+        too_many = bool(line) and self._head_lines > self.maxHeaders + 1  # twisted: a bare 400 for the 501st
+        if self._receivedHeaderSize + len(line) > self.totalHeadersSize or too_many:
+            self._refuse_head(self._head_lines == 1, line, too_many)
             return
         super().lineReceived(line)
 
@@ -311,7 +315,7 @@ class LimitedChannel(HTTPChannel):
         """A line longer than MAX_LENGTH (whole or still arriving): 414 for the request line, else 431."""
         self._refuse_head(self._head_lines == 0, line)
 
-    def _refuse_head(self, request_line: bool, line: bytes) -> None:
+    def _refuse_head(self, request_line: bool, line: bytes, too_many: bool = False) -> None:
         """Answer a head too large with the process's 414 or 431 and close, as the early 413 does.
 
         The write side is shut after the reply and the rest of what the
@@ -322,7 +326,7 @@ class LimitedChannel(HTTPChannel):
         self._stop_header_deadline()
         site = self.site
         limit = self.MAX_LENGTH if len(line) > self.MAX_LENGTH else self.totalHeadersSize
-        error = head_too_large(request_line, limit)
+        error = head_too_large(request_line, limit, self.maxHeaders if too_many else None)
         method = getattr(self, "_command", None) or line.split(b" ", 1)[0][:20]  # counted as "other" if no method
         code, headers, body = site.limit_reply(None, error, method.decode("latin-1", "replace"))
         self.persistent = False

@@ -101,6 +101,21 @@ def test_many_headers_past_16_kib_in_all_are_431(processes, name):
 
 
 @pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])
+def test_more_than_500_header_lines_within_16_kib_are_431_and_500_are_served(processes, name):
+    """twisted's own limit of 500 header lines: the 501st got a bare 400; now the 431 of a head too large."""
+    port, url, shape = processes[name]
+    def head(count: int) -> bytes:  # ``count`` header lines in all
+        return (b"GET /healthz HTTP/1.1\r\n" + b"".join(b"X%d: 1\r\n" % i for i in range(count - 2))
+                + b"Host: x\r\nConnection: close\r\n\r\n")
+
+    reply = raw_exchange(port, head(501))
+    assert_refusal(reply, b"HTTP/1.1 431 Request Header Fields Too Large", shape, "more than 500 header lines")
+    path = b"/ui/favicon.svg" if name == "supervisor" else b"/healthz"
+    assert split(raw_exchange(port, head(500).replace(b"/healthz", path, 1)))[0] == b"HTTP/1.1 200 OK"
+    assert_serving(url, name)
+
+
+@pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])
 def test_a_body_dripped_past_body_timeout_ms_is_408(processes, name):
     """A real slow client: headers at once, then one body byte every 100 ms, each byte in time for an idle
     timeout, the whole body never: 408 with the reply shape once body_timeout_ms has passed, then closed."""

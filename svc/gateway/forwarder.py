@@ -43,7 +43,8 @@ from svc.web.replies import dumps
 log = Logger()
 
 #: Client request headers passed to the model server; every other one is dropped.
-FORWARDED_REQUEST_HEADERS = tuple(n.encode() for n in ("content-type", "accept", *protocol.SERVICE_REQUEST_HEADERS,
+FORWARDED_REQUEST_HEADERS = tuple(n.encode() for n in ("content-type", "content-encoding", "accept",
+                                                       *protocol.SERVICE_REQUEST_HEADERS,
                                                        "inference-header-content-length"))
 #: Model reply headers passed back (svc.contract.protocol); Location is rewritten.
 PASSED_REPLY_HEADERS = tuple(n.encode() for n in protocol.PASSED_REPLY_HEADERS)

@@ -31,7 +31,7 @@ from svc.contract.errors import ApiError
 from svc.contract.oip import PREFIX, ModelShape, shape_from_document
 from svc.web.declare import route
 from svc.web.oip import codec, translate
-from svc.web.replies import JSON_CONTENT_TYPE, header
+from svc.web.replies import JSON_CONTENT_TYPE, check_content_encoding, header
 
 
 class OipRoute:
@@ -54,6 +54,7 @@ class OipRoute:
         started = self.clock.seconds()
         self.in_flight += 1
         try:
+            check_content_encoding(request)
             shape = self.oip_shape
             length, request_id = header(request, codec.HEADER_LENGTH), header(request, b"x-request-id")
             validator = self.inference.validator

@@ -13,7 +13,9 @@ from typing import Any
 
 from twisted.web.http import RESPONSES
 
+from svc.contract import status as st
 from svc.contract.envelope import dumps
+from svc.contract.errors import ApiError
 
 JSON_CONTENT_TYPE = b"application/json; charset=utf-8"
 
@@ -80,8 +82,19 @@ def bearer_matches(request: Any, expected: str) -> bool:
     return token is not None and hmac.compare_digest(token.encode(), expected.encode())
 
 
+def check_content_encoding(request: Any) -> None:
+    """415 status 60 for a body sent compressed (``Content-Encoding``): no route decodes one, and read as it is,
+    a gzip body was reported as JSON that does not parse."""
+    encoding = header(request, b"content-encoding")
+    if encoding and encoding.strip().lower() != "identity":
+        raise ApiError(st.UNSUPPORTED_MEDIA_TYPE,
+                       f"unsupported content encoding {encoding[:40]!r}: send the body uncompressed")
+
+
 def content_type(request: Any) -> tuple[str, dict[str, str]]:
-    """The media type (lowercase) and its parameters; ('', {}) when absent."""
+    """The media type (lowercase) and its parameters; ('', {}) when absent.  A body's route reads it first, so
+    the body's encoding is checked here too (:func:`check_content_encoding`)."""
+    check_content_encoding(request)
     value = header(request, b"content-type")
     if not value:
         return "", {}

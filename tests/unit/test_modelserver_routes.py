@@ -7,6 +7,8 @@ deadlines and fault containment are driven step by step, without sleeps.
 
 from __future__ import annotations
 
+import gzip
+import json
 from typing import Any
 
 import pytest
@@ -331,3 +333,21 @@ def test_any_method_token_counts_as_other_and_adds_no_series():
     assert 'service_http_requests_total{code="405",method="other",route="unmatched"} 20.0' in text
     assert 'service_http_requests_total{code="405",method="PATCH",route="unmatched"} 1.0' in text
     assert "ZZQ" not in text
+
+
+@pytest.mark.parametrize("path", [URI, "/jobs", "/v2/models/TESTFAULTS/infer"])
+def test_a_compressed_body_is_415_status_60_on_every_route_that_reads_one(path):
+    """No route decodes a Content-Encoding: read as it was, a gzip body was called JSON that does not parse."""
+    server = build_model_server(async_enabled=True)
+    body = json.dumps({"images": [RED]}).encode()
+    reply = server.call("POST", path, body=gzip.compress(body),
+                        headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    assert reply.code == 415
+    error = reply.json["error"]
+    assert error == "unsupported content encoding 'gzip': send the body uncompressed"
+    if path != "/v2/models/TESTFAULTS/infer":  # the protocol's own shape: {"error"}
+        assert_rejection(reply, 415, 60, error)
+    identity = server.send("POST", URI, body=body, headers={"Content-Type": "application/json",
+                                                             "Content-Encoding": "identity"})
+    server.workers.release_all()
+    assert server.settle(identity).code == 200

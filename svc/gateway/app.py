@@ -254,6 +254,7 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
     @declare.route(app, klein_rule(MODEL_PREFIX + JOB_WAIT), methods=["GET"], name="jobs_wait", admit="admit")
     async def job_wait(self, request: Any, model_id: str, job_id: str) -> bytes:
         upstream = self.upstream(request, model_id)
+        self.forwarder.check_job(upstream, job_id)  # an unknown job is 404 whatever the budget
         raw = (request.args.get(b"timeout") or [None])[0]
         budget = wait_budget_ms(raw)
         if budget is not None and budget >= self.recv_timeout_ms:

@@ -50,6 +50,11 @@ FORWARDED_REQUEST_HEADERS = tuple(n.encode() for n in ("content-type", "content-
 PASSED_REPLY_HEADERS = tuple(n.encode() for n in protocol.PASSED_REPLY_HEADERS)
 
 
+
+def job_not_found(job_id: str) -> ApiError:
+    """The 404 of a job this gateway can tell is unknown, in the model servers' words."""
+    return ApiError(st.NOT_FOUND, f"job not found: {job_id[:80]}")
+
 class LabelCache:
     """The metrics' labelled children, kept: a ``labels()`` lookup costs about 1 us of the reactor (more on a busy
     one), a dict lookup 0.1; the gateway makes three or four per forwarded request.  Label values are route
@@ -200,8 +205,14 @@ class Forwarder:
             return await self.cluster.forward(request, host, job_id, route, model_path(upstream.id, path), query,
                                               budget_ms)
         if where is None:
-            raise ApiError(st.NOT_FOUND, f"job not found: {job_id[:80]}")
+            raise job_not_found(job_id)
         return await self.forward(request, upstream, route, path, query=query, rewrite=rewrite, replica=where)
+
+    def check_job(self, upstream: Upstream, job_id: str) -> None:
+        """404 "job not found" now for an id that no process of this service made (it does not verify, or names
+        a replica that is gone), before any other check of the request: so it is 404 whatever else it asks."""
+        if locate(upstream, job_id, secret=self.cluster.secret, host=self.cluster.host_id) is None:
+            raise job_not_found(job_id)
 
     @staticmethod
     def _rewrite_job_body(model_id: str, data: bytes) -> bytes:

@@ -155,6 +155,16 @@ def test_own_jobs_stay_on_this_host_and_unverifiable_ones_are_404_here(hosts):
     assert h2.model.received == [] and h1.peers.sent == []
 
 
+@pytest.mark.parametrize("query", ["", "?timeout=999999999", "?timeout=abc"])
+def test_an_unverifiable_job_is_404_on_wait_whatever_the_budget(hosts, query):
+    """An unknown job is 404 whatever N is, through the gateway too: the id is checked before the budget (a
+    budget at or above upstream_recv_timeout_ms was answered 502 first)."""
+    h1, h2 = hosts
+    body = assert_envelope(h1.call("GET", f"/v1/models/GEN/jobs/job_1/wait{query}"), 404, 63)
+    assert body["error"] == "job not found: job_1"
+    assert h1.model.received == h2.model.received == []
+
+
 def test_a_job_of_a_host_that_is_no_peer_is_404(hosts):
     h1, _ = hosts
     job = job_of("h9")

@@ -50,10 +50,10 @@ FORWARDED_REQUEST_HEADERS = tuple(n.encode() for n in ("content-type", "content-
 PASSED_REPLY_HEADERS = tuple(n.encode() for n in protocol.PASSED_REPLY_HEADERS)
 
 
-
 def job_not_found(job_id: str) -> ApiError:
     """The 404 of a job this gateway can tell is unknown, in the model servers' words."""
     return ApiError(st.NOT_FOUND, f"job not found: {job_id[:80]}")
+
 
 class LabelCache:
     """The metrics' labelled children, kept: a ``labels()`` lookup costs about 1 us of the reactor (more on a busy

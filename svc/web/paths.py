@@ -32,6 +32,8 @@ class PathApp(Protocol):
 
 def routable(path: bytes) -> bool:
     """Whether a request path may be routed: no encoded ``/``, and UTF-8 once percent-decoded."""
+    if b"%" not in path and path.isascii():
+        return True  # nearly every request: nothing to decode
     if b"%2f" in path.lower():
         return False
     try:

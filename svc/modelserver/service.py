@@ -3,9 +3,10 @@
 Start: the listener comes up at once (``/healthz`` answers, ``/ready`` is
 503), then the model is built and warmed up in the worker pool; a model that
 fails to load stops the process with one line and exit code 1.
-Stop (SIGTERM/SIGINT): stop admitting (503 status 65), let running requests
-finish or reach their deadline within ``shutdown_grace_ms``, then close the
-listener and exit 0.  The reactor keeps serving during the whole stop
+Stop (SIGTERM/SIGINT): stop admitting (503 status 65, each connection closed
+after its reply), let running requests finish or reach their deadline within
+``shutdown_grace_ms``, then take the connections still in the listen backlog,
+close the listener, give the requests already sent their reply, and exit 0.  The reactor keeps serving during the whole stop
 (``/healthz`` answers until the port closes).  Work still held when the
 grace ends is answered at once (503 status 65 per item; parked job waiters
 get the current state), the port is closed, and a forward pass or a model
@@ -19,6 +20,8 @@ kernel's parent-death signal), the grace is cut to 0.5 s and the bound is
 
 from __future__ import annotations
 
+import contextlib
+import socket
 from typing import Any
 
 from twisted.application.internet import TCPServer
@@ -65,6 +68,9 @@ log = Logger()
 ORPHAN_GRACE_S = 0.5
 #: How long answers written at the end of a stop get to leave before the port closes.
 FLUSH_S = 0.05
+#: After the port closed, how long requests already sent on open connections get to be answered (idle
+#: kept-alive connections hold it this long at most).
+LAST_REPLIES_S = 0.2
 #: The watchdog's margin over the grace (the promise is grace + 1 s).
 WATCHDOG_MARGIN_S = 0.9
 #: While the queue is idle but a request is still being parsed or answered
@@ -233,7 +239,16 @@ class ModelServerService(ListeningMultiService):
             await self._drain(grace)
         except Exception:  # noqa: BLE001 - MultiService would swallow it; the stop goes on
             log.failure("{id}: draining failed", id=self.config.id)
-        await super().stopService()
+        port = self.listener._port
+        if port is not None:
+            # The kernel resets the connections still waiting in the listen backlog when the port closes: the
+            # gateway's requests on them failed as transport failures (502). Taken now, they get their 503; shut
+            # at once after (twisted closes the socket a reactor turn later), the port refuses the next ones.
+            port.doRead()
+            with contextlib.suppress(OSError):
+                port.socket.shutdown(socket.SHUT_RD)
+        await super().stopService()  # the port closes: a new connection is refused (the gateway's 503)
+        await self._until_closed(self.reactor.seconds() + LAST_REPLIES_S)
         abandoned = [str(p.name) for p in (self.workers, self.decode) if p.abandoned]
         if abandoned:
             log.warn("{id}: {pools} still running: exiting without waiting for them",
@@ -243,6 +258,8 @@ class ModelServerService(ListeningMultiService):
     async def _drain(self, grace: float) -> None:
         """Stop admitting; wait for held work up to ``grace``; answer what is left."""
         self.app.draining = True
+        self.site.closing = True  # each connection closes after its reply: the gateway's next request goes on a
+        # new one, answered 503 while the drain lasts, refused after it, instead of one the stop cuts (502)
         self.app.not_ready_reason = "the server is shutting down"
         self.metrics.ready.set(0)
         if self.jobs is not None:
@@ -255,6 +272,13 @@ class ModelServerService(ListeningMultiService):
                      "status 65; {batches} batch(es) still running are not waited for",
                      id=self.config.id, grace=grace, n=answered, batches=self.queue.running_batches)
         await deferLater(self.reactor, FLUSH_S, lambda: None)  # let the last replies leave
+
+    async def _until_closed(self, deadline: float) -> None:
+        """Let requests already sent on open connections get their reply (503 while stopping) before the
+        reactor cuts every connection: each closes after it (``site.closing``).  Cut, such a request was a
+        transport failure to the gateway (502) where the stop meant 503."""
+        while self.site.open_connections > 0 and self.reactor.seconds() < deadline:
+            await deferLater(self.reactor, RECHECK_S, lambda: None)
 
     async def _until_idle(self, deadline: float) -> bool:
         """Wait until nothing is held (True) or the deadline (False), never blocking the reactor.

@@ -47,7 +47,7 @@ from twisted.web.http import HTTPChannel
 
 from svc.contract import status as st
 from svc.contract.errors import ApiError
-from svc.web.replies import header, raw_reply, reason
+from svc.web.replies import head_too_large, header, raw_reply, reason
 
 if TYPE_CHECKING:
     from svc.web.site import JsonSite
@@ -191,18 +191,6 @@ class LimitedRequest(server.Request):
         super().connectionLost(reason)
 
 
-def head_too_large(request_line: bool, limit: int, max_headers: int | None = None) -> ApiError:
-    """The 414 of a request line (its path) past ``limit`` bytes, or the 431 of a head past it or with more than
-    ``max_headers`` header lines."""
-    if max_headers is not None:
-        return ApiError(st.ENTITY_TOO_LARGE, f"request head with more than {max_headers} header lines", http=431)
-    if request_line:
-        return ApiError(st.ENTITY_TOO_LARGE, f"request line longer than {limit} bytes: the path is too long",
-                        http=414)
-    return ApiError(st.ENTITY_TOO_LARGE, f"request head (request line and headers) larger than {limit} bytes",
-                    http=431)
-
-
 class LimitedChannel(HTTPChannel):
     """An HTTPChannel with a header deadline, a connection cap, head limits and pipelining backpressure."""
 
@@ -290,6 +278,14 @@ class LimitedChannel(HTTPChannel):
         if self._between_requests and not self._handlingRequest:
             self._start_header_deadline()
         super().dataReceived(data)
+
+    def checkPersistence(self, request: Any, version: bytes) -> bool:
+        """Closed after its reply while the process is stopping (``site.closing``), so that a client's pool
+        opens its next request elsewhere instead of on a connection the stop is about to cut."""
+        if self.site.closing:
+            request.responseHeaders.setRawHeaders(b"Connection", [b"close"])
+            return False
+        return super().checkPersistence(request, version)
 
     def allHeadersReceived(self) -> None:
         self._stop_header_deadline()

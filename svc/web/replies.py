@@ -106,3 +106,14 @@ def content_type(request: Any) -> tuple[str, dict[str, str]]:
             params[k.strip().lower()] = v.strip().strip('"')
     return parts[0].lower(), params
 
+
+def head_too_large(request_line: bool, limit: int, max_headers: int | None = None) -> ApiError:
+    """The 414 of a request line (its path) past ``limit`` bytes, or the 431 of a head past it or with more than
+    ``max_headers`` header lines."""
+    if max_headers is not None:
+        return ApiError(st.ENTITY_TOO_LARGE, f"request head with more than {max_headers} header lines", http=431)
+    if request_line:
+        return ApiError(st.ENTITY_TOO_LARGE, f"request line longer than {limit} bytes: the path is too long",
+                        http=414)
+    return ApiError(st.ENTITY_TOO_LARGE, f"request head (request line and headers) larger than {limit} bytes",
+                    http=431)

@@ -123,6 +123,8 @@ class JsonSite(server.Site):
         self.on_logged = on_logged
         self.noisy = False
         self.open_connections = 0
+        #: The process is stopping: every connection closes after its reply (svc.web.limits.LimitedChannel).
+        self.closing = False
         self.refused_connections = 0
         self.header_timeouts = 0
         self._last_limit_warning: float | None = None

@@ -395,3 +395,17 @@ def test_a_request_whose_client_went_before_its_reply_gets_its_499_access_line()
     lines = [e["access_line"] for e in events if "access_line" in e]
     assert lines == ["GET /ok 200 0.0ms key=- rid=-", "GET /slow 499 2500.0ms key=- rid=gone-1"]
     assert len(res.pending) == 1  # the handler was not answered: nothing was written after the loss
+
+
+def test_while_the_process_stops_every_connection_closes_after_its_reply():
+    """site.closing (a model server's drain): a kept-alive connection would be reused by the gateway's pool right
+    when the stop cuts it (a 502); closed after its reply, the next request goes on a new connection."""
+    clock = Clock()
+    site, _ = make_site(clock)
+    channel, transport = connect(site)
+    channel.dataReceived(REQUEST)
+    assert b"connection: close" not in transport.value().lower() and not transport.disconnecting
+    site.closing = True
+    channel.dataReceived(REQUEST)
+    assert transport.value().count(b"HTTP/1.1 200 OK") == 2
+    assert b"Connection: close" in transport.value() and transport.disconnecting

@@ -128,7 +128,9 @@ class JobRoutes:
         if job is not None:
             body["job_id"] = job.id
             body["state"] = job.state
-        return send_json(request, status.http, body, {"X-Request-ID": task_id, **(headers or {})})
+        # As on every reply about a job (reply_encoded): the job routes' 404, 409 and 429 too.
+        return send_json(request, status.http, body, {"X-Request-ID": task_id, "Cache-Control": "no-store",
+                                                      **self.headers, **(headers or {})})
 
     def admit_submit(self, request: Any) -> None:
         """What a submission passes first: the server's credential and limit, then a model that admits work."""

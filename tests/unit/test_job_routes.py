@@ -47,6 +47,9 @@ def assert_job_error(reply, http, status, job_id=None, state=None):
     body = reply.json
     assert (body["status"], body["results"], body["partial"]) == (status, [], False)
     assert reply.headers["x-request-id"] == body["task_id"]
+    assert reply.headers["cache-control"] == "no-store"  # as on every reply about a job
+    if http in (409, 429):  # about a job, or the job queue: the weights too
+        assert reply.headers["x-service-weights"] == "demo"
     assert body.get("job_id") == job_id and body.get("state") == state
     return body
 

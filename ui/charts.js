@@ -37,7 +37,7 @@ export function drawGatewayCharts(all) {
   const holder = $("#gateway-charts");
   const span = { t: g.t, now: all.now, window: all.window_s };
   const labelled = (map) => Object.entries(map).map(([name, values]) => ({ name, values }));
-  chart(holder, "rps_by_key", "requests/s by key", span, labelled(g.rps_by_key), (v) => v.toFixed(2));
+  chart(holder, "rps_by_route", "requests/s by route", span, labelled(g.rps_by_route), (v) => v.toFixed(2));
   chart(holder, "rejections", "rejections/s by reason", span, labelled(g.rejections_by_reason), (v) => v.toFixed(2));
   chart(holder, "upstream_errors", "upstream errors/s", span, [{ name: "errors", values: g.upstream_errors }], (v) => v.toFixed(2));
 }

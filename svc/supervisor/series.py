@@ -48,7 +48,7 @@ LATENCY = ("service_http_request_duration_ms", "service_async_job_duration_ms")
 MODEL_FIGURES = ("rps", "p50_ms", "p99_ms", "batch_mean", "queue_depth", "jobs_pending", "jobs_running")
 
 #: Labelled figures of the gateway (each a {label: [values]} map) and its plain ones.
-GATEWAY_LABELLED = ("rps_by_key", "rejections_by_reason")
+GATEWAY_LABELLED = ("rps_by_route", "rejections_by_reason")
 GATEWAY_FIGURES = ("upstream_errors",)
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -191,12 +191,16 @@ def one_bucket(cumulative: dict[float, float]) -> bool:
     return sum(1 for c in counts if c > 0) == 1
 
 
-#: The key name the gateway gives its metrics token (not traffic).
-METRICS_KEY = "metrics"
+#: The gateway's routes that the supervisor itself calls (its scrape and its probe): not traffic.
+SUPERVISOR_ROUTES = ("metrics", "healthz")
 
 
 def gateway_raw(samples: Samples, at: float) -> _Raw:
-    """The per-key, per-reason and upstream-error counters of the gateway's scrape."""
+    """The per-route, per-reason and upstream-error counters of the gateway's scrape.
+
+    Per route, not per key: the contract keeps the key list and the keys' usage off the supervisor (the
+    gateway's access log and ``/metrics`` have them).
+    """
     reasons = by_label(samples, "service_gateway_key_rejections_total", "reason")
     for reason, value in by_label(samples, "service_gateway_auth_failures_total", "reason").items():
         reasons[reason] = reasons.get(reason, 0.0) + value
@@ -204,7 +208,7 @@ def gateway_raw(samples: Samples, at: float) -> _Raw:
         at=at,
         counters={"upstream_errors": total(samples, "service_gateway_upstream_errors_total") or 0.0},
         labelled={
-            "rps_by_key": by_label(samples, "service_gateway_key_requests_total", "key", skip=(METRICS_KEY,)),
+            "rps_by_route": by_label(samples, "service_http_requests_total", "route", skip=SUPERVISOR_ROUTES),
             "rejections_by_reason": reasons,
         },
     )
@@ -212,7 +216,7 @@ def gateway_raw(samples: Samples, at: float) -> _Raw:
 
 def gateway_figures(now: _Raw, before: _Raw | None) -> dict[str, Any]:
     """One sample of the gateway's figures: per-second rates (labelled ones as ``{label: rate}``)."""
-    figures: dict[str, Any] = {"upstream_errors": None, "rps_by_key": {}, "rejections_by_reason": {}}
+    figures: dict[str, Any] = {"upstream_errors": None, "rps_by_route": {}, "rejections_by_reason": {}}
     if before is None or now.at <= before.at:
         return figures
     dt = now.at - before.at

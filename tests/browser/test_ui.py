@@ -204,7 +204,7 @@ def test_try_it_starts_on_the_first_classifier_with_its_defaults_and_names_demo_
     expect(charts(page, "DDPM")).to_have_count(5)
     expect(charts(page, "DDPM").last).to_have_attribute("data-figure", "jobs")
     gateway = page.locator("#gateway-charts .chart").evaluate_all("cs => cs.map(c => c.dataset.figure)")
-    assert gateway == ["rps_by_key", "rejections", "upstream_errors"]
+    assert gateway == ["rps_by_route", "rejections", "upstream_errors"]
 
 
 def test_stop_and_start_with_the_buttons(page, logged_in, stack):
@@ -399,16 +399,16 @@ def test_under_load_the_charts_show_traffic(page, logged_in, stack, picture):
     body = {"images": [b64(image_bytes(width=32, height=32, seed=3))]}
     deadline = time.monotonic() + 60
     rps = charts(page, "MOBILENETV2").and_(page.locator('[data-figure="rps"]'))
-    by_key = page.locator('#gateway-charts .chart[data-figure="rps_by_key"]')
+    by_route = page.locator('#gateway-charts .chart[data-figure="rps_by_route"]')
     while time.monotonic() < deadline:
         for _ in range(10):
             through_gateway(stack, "MOBILENETV2", body)
-        if float(rps.get_attribute("data-max")) > 0 and float(by_key.get_attribute("data-max")) > 0:
+        if float(rps.get_attribute("data-max")) > 0 and float(by_route.get_attribute("data-max")) > 0:
             break
         page.wait_for_timeout(1000)
     assert float(rps.get_attribute("data-max")) > 0
-    assert float(by_key.get_attribute("data-max")) > 0
-    expect(by_key.locator(".legend")).to_contain_text("tenant-a")
+    assert float(by_route.get_attribute("data-max")) > 0
+    expect(by_route.locator(".legend")).to_contain_text("infer")  # by route: no key names on the supervisor
     latency = charts(page, "MOBILENETV2").and_(page.locator('[data-figure="latency"]'))
     assert float(latency.get_attribute("data-max")) > 0
     assert rps.locator("svg path").count() == 1
@@ -473,7 +473,7 @@ def test_no_console_errors(page, logged_in, stack):
     """
     for model_id in MODELS:
         expect(row(page, model_id).locator(".ready")).to_have_text("yes", timeout=60000)
-    expect(page.locator('#gateway-charts .chart[data-figure="rps_by_key"]')).to_have_attribute(
+    expect(page.locator('#gateway-charts .chart[data-figure="rps_by_route"]')).to_have_attribute(
         "data-max", re.compile(r"."), timeout=30000)
     page.select_option("#log-server", "__gateway")
     expect(page.locator("#log-lines span").first).to_be_attached(timeout=15000)

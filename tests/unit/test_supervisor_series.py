@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -202,14 +203,18 @@ def test_a_round_still_in_flight_is_not_doubled():
     assert len(stage.calls) == 4
 
 
-def test_gateway_rates_by_key_rejections_by_reason_and_upstream_errors():
+def test_gateway_rates_by_route_rejections_by_reason_and_upstream_errors():
+    """Per route, never per key: the contract keeps the key list and the keys' usage off the supervisor."""
     clock, stage = Clock(), Stage()
     collector = stage.collector(clock)
-    stage.gateway.key_requests.labels("tenant-a").inc(3)
+    stage.gateway.requests.labels("infer", "POST", "200", "contract").inc(3)
     collector.start()
+    stage.gateway.requests.labels("infer", "POST", "200", "contract").inc(6)
+    stage.gateway.requests.labels("infer", "POST", "429", "contract").inc(4)
+    stage.gateway.requests.labels("jobs_submit", "POST", "202", "contract").inc(5)
+    stage.gateway.requests.labels("metrics", "GET", "200", "contract").inc(1)  # the supervisor's own scrape
+    stage.gateway.requests.labels("healthz", "GET", "200", "contract").inc(1)  # and its probe
     stage.gateway.key_requests.labels("tenant-a").inc(10)
-    stage.gateway.key_requests.labels("tenant-b").inc(5)
-    stage.gateway.key_requests.labels("metrics").inc(1)  # the scraper's own token: not traffic
     stage.gateway.key_rejections.labels("tenant-a", "rate_limited").inc(20)
     stage.gateway.auth_failures.labels("wrong").inc(5)
     stage.gateway.upstream_errors.labels("M", "0", "unreachable").inc(2)
@@ -218,7 +223,8 @@ def test_gateway_rates_by_key_rejections_by_reason_and_upstream_errors():
     clock.advance(5)
     view = collector.view()["gateway"]
     assert view["t"] == [0.0, 5.0, 10.0]
-    assert view["rps_by_key"] == {"tenant-a": [None, 2.0, 0.0], "tenant-b": [None, 1.0, 0.0]}
+    assert view["rps_by_route"] == {"infer": [None, 2.0, 0.0], "jobs_submit": [None, 1.0, 0.0]}
+    assert "tenant-a" not in json.dumps(collector.view())
     assert view["rejections_by_reason"] == {"rate_limited": [None, 4.0, 0.0], "wrong": [None, 1.0, 0.0]}
     assert view["upstream_errors"] == [None, 1.0, 0.0]
 

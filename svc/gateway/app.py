@@ -72,7 +72,7 @@ from svc.infra.metrics import GatewayMetrics
 from svc.infra.ratelimit import KeyedLimiter, retry_after_header
 from svc.web import declare, routes
 from svc.web.oip.replies import ProtocolReplies, protocol_of
-from svc.web.replies import bearer_token, dumps, send_encoded, send_json
+from svc.web.replies import bearer_token, dumps, envelope_headers, send_encoded, send_json
 
 log = Logger()
 
@@ -208,7 +208,7 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
     def healthz(self, request: Any) -> bytes:
         body = rejection(st.SUCCESS, "", task_id=self.task_id(request), model=GATEWAY_IDENTITY)
         del body["error"]
-        return send_json(request, 200, body, {"X-Request-ID": body["task_id"], "Cache-Control": "no-store"})
+        return send_json(request, 200, body, envelope_headers(body["task_id"]))
 
     @declare.route(app, METRICS_PATH, methods=["GET"], name="metrics", admit="admit_metrics")
     async def metrics_route(self, request: Any) -> bytes:

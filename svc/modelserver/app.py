@@ -44,7 +44,7 @@ from svc.modelserver.oip_route import OipRoute
 from svc.modelserver.oip_route import declare as declare_oip
 from svc.web import declare, routes
 from svc.web.oip.replies import ProtocolReplies
-from svc.web.replies import bearer_matches, content_type, dumps, header, send_encoded, send_json
+from svc.web.replies import bearer_matches, content_type, dumps, envelope_headers, header, send_encoded, send_json
 
 
 class ModelServerApp(OipRoute, routes.JsonApp):
@@ -140,7 +140,7 @@ class ModelServerApp(OipRoute, routes.JsonApp):
         body = rejection(status, message or status.meaning, task_id=self.task_id(request), model=self.identity)
         if status is st.SUCCESS:
             del body["error"]
-        return send_json(request, code or status.http, body, {"X-Request-ID": body["task_id"], "Cache-Control": "no-store"})
+        return send_json(request, code or status.http, body, envelope_headers(body["task_id"]))
 
     # -- routes ----------------------------------------------------------------------
 
@@ -176,8 +176,7 @@ class ModelServerApp(OipRoute, routes.JsonApp):
             elapsed_ms = (self.clock.seconds() - started) * 1000.0
             code, body = result_envelope(task_id=task_id, model=self.identity, items=results, server_time_ms=elapsed_ms)
             self.infer_duration.observe(elapsed_ms)
-            return send_encoded(request, code, body, {"X-Request-ID": task_id, "Cache-Control": "no-store",
-                                                      **self.weights_headers})
+            return send_encoded(request, code, body, {**envelope_headers(task_id), **self.weights_headers})
         finally:
             self.in_flight -= 1
 

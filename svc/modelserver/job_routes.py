@@ -39,7 +39,7 @@ from svc.contract.protocol import JOB, JOB_RESULT, JOB_WAIT, JOBS, SERVICE_REQUE
 from svc.contract.query import MAX_DIGITS, WAIT_MAX_MS, shown, wait_budget_ms
 from svc.modelserver.jobs import AsyncQueueFull, Job, JobTable
 from svc.web import declare
-from svc.web.replies import content_type, dumps, header, send_encoded, send_json
+from svc.web.replies import content_type, dumps, envelope_headers, header, send_encoded, send_json
 
 
 def parse_wait_timeout(raw: bytes | None) -> float:
@@ -119,8 +119,7 @@ class JobRoutes:
 
     def reply_encoded(self, request: Any, code: int, body: bytes, job: Job, extra: dict[str, str] | None = None) -> bytes:
         """A reply about ``job`` whose body is already encoded (a done job's stored envelope)."""
-        return send_encoded(request, code, body, {"X-Request-ID": job.task_id, "Cache-Control": "no-store",
-                                                  **self.headers, **(extra or {})})
+        return send_encoded(request, code, body, {**envelope_headers(job.task_id), **self.headers, **(extra or {})})
 
     def job_error(self, request: Any, status: st.Status, message: str, job: Job | None = None, headers: dict | None = None) -> bytes:
         task_id = job.task_id if job is not None else self.task_id(request)
@@ -128,9 +127,8 @@ class JobRoutes:
         if job is not None:
             body["job_id"] = job.id
             body["state"] = job.state
-        # As on every reply about a job (reply_encoded): the job routes' 404, 409 and 429 too.
-        return send_json(request, status.http, body, {"X-Request-ID": task_id, "Cache-Control": "no-store",
-                                                      **self.headers, **(headers or {})})
+        # As on every reply about a job (reply_encoded): the job routes' 409 and 429 too.
+        return send_json(request, status.http, body, {**envelope_headers(task_id), **self.headers, **(headers or {})})
 
     def admit_submit(self, request: Any) -> None:
         """What a submission passes first: the server's credential and limit, then a model that admits work."""

@@ -82,6 +82,12 @@ def bearer_matches(request: Any, expected: str) -> bool:
     return token is not None and hmac.compare_digest(token.encode(), expected.encode())
 
 
+def envelope_headers(task_id: str) -> dict[str, str]:
+    """The headers of every data-plane reply of the gateway and the model servers: the request id echoed, and
+    ``Cache-Control: no-store`` (docs/contract.md, The envelope)."""
+    return {"X-Request-ID": task_id, "Cache-Control": "no-store"}
+
+
 def check_content_encoding(request: Any) -> None:
     """415 status 60 for a body sent compressed (``Content-Encoding``): no route decodes one, and read as it is,
     a gzip body was reported as JSON that does not parse."""

@@ -53,7 +53,7 @@ from svc.contract.request import REQ_ID_RE
 from svc.infra.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from svc.infra.metrics import render
 from svc.web.paths import RoutablePaths
-from svc.web.replies import dumps, header, send_encoded
+from svc.web.replies import dumps, envelope_headers, header, send_encoded
 
 #: The ``method`` label values of ``service_http_requests_total``: HTTP's registered methods; any other token
 #: (a client may send any, before it is authenticated) is counted as :data:`OTHER_METHOD`.
@@ -86,7 +86,7 @@ def envelope_reply(error: ApiError, task_id: str, identity: ModelIdentity) -> tu
     """An error as the unified envelope: code, headers (``X-Request-ID`` first, and ``Cache-Control: no-store``
     as on every data-plane reply), body."""
     body = rejection(error.status, error.message, task_id=task_id, model=identity, errors=error.errors)
-    return error.code, {"X-Request-ID": task_id, "Cache-Control": "no-store", **error.headers}, dumps(body)
+    return error.code, {**envelope_headers(task_id), **error.headers}, dumps(body)
 
 
 def ok_error_reply(error: ApiError) -> tuple[int, dict[str, str], bytes]:

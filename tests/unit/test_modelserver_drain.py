@@ -65,3 +65,26 @@ def test_the_drain_gives_up_at_the_deadline_while_a_batch_still_runs():
     assert done == [False] and results == {}
     server.runner.finish()  # the late end of the batch changes nothing
     assert done == [False]
+
+
+def test_after_the_port_closed_the_stop_waits_for_the_open_connections_but_not_past_its_bound():
+    """``_until_closed``: requests already sent get their last reply (each connection then closes: site.closing)
+    before the reactor cuts the connections; an idle kept-alive one holds the stop LAST_REPLIES_S at most."""
+    from svc.modelserver.service import LAST_REPLIES_S
+
+    clock = Clock()
+    server = SimpleNamespace(reactor=clock, site=SimpleNamespace(open_connections=2))
+    done: list = []
+    ensureDeferred(ModelServerService._until_closed(server, LAST_REPLIES_S)).addCallback(done.append)
+    clock.advance(RECHECK_S)
+    assert done == []
+    server.site.open_connections = 0  # both answered and closed
+    clock.advance(RECHECK_S)
+    assert done == [None]
+    server.site.open_connections = 1  # one idle connection never closes
+    held: list = []
+    ensureDeferred(ModelServerService._until_closed(server, clock.seconds() + LAST_REPLIES_S)).addCallback(held.append)
+    clock.pump([RECHECK_S] * round(LAST_REPLIES_S / RECHECK_S - 1))
+    assert held == []
+    clock.pump([RECHECK_S] * 2)
+    assert held == [None]

@@ -168,7 +168,7 @@ class LimitedRequest(server.Request):
             transport.loseConnection()
         path = getattr(self.channel, "_path", b"?")
         command = getattr(self.channel, "_command", b"?")
-        site.log_line(command, path, code, 0.0, header(self, b"x-request-id"), "-")
+        site.log_line(command, path, code, 0.0, headers.get("X-Request-ID") or header(self, b"x-request-id"), "-")
 
     def _stop_body_deadline(self) -> None:
         if self._body_deadline is not None and self._body_deadline.active():

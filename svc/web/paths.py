@@ -1,10 +1,14 @@
-"""Paths no route may see: an encoded slash, or bytes that are not UTF-8 once percent-decoded.
+"""Paths no route may see: an empty segment, an encoded slash, or bytes that are not UTF-8 once percent-decoded.
 
 twisted.web percent-decodes each segment of the path before Klein joins
 them with ``/`` for werkzeug, so ``/v1/models/M%2Finfer`` reached the
 ``infer`` route as if it were ``/v1/models/M/infer``: a client could step
 around a front proxy's rule for a path, and the contract matches a legacy
-``server_uri`` exactly.  Klein answers a segment that is not UTF-8 itself,
+``server_uri`` exactly.  A leading ``//`` did the same: Klein's join
+dropped the empty segment, so ``//v1/models/M/infer`` and the supervisor's
+``//api/v1/status`` were served, and its ``//`` reached the UI's file
+lookup with a path it had no file for (a 500).  No route has an empty
+segment, so a path with ``//`` anywhere is no route.  Klein answers a segment that is not UTF-8 itself,
 with an HTML 400 and no authentication.  :class:`RoutablePaths` stands in
 front of the routes and answers both as a path that is no route: 401 to a
 caller without credentials, else the process's 404 in its own reply shape.
@@ -31,7 +35,9 @@ class PathApp(Protocol):
 
 
 def routable(path: bytes) -> bool:
-    """Whether a request path may be routed: no encoded ``/``, and UTF-8 once percent-decoded."""
+    """Whether a request path may be routed: no empty segment, no encoded ``/``, and UTF-8 once percent-decoded."""
+    if b"//" in path:
+        return False
     if b"%" not in path and path.isascii():
         return True  # nearly every request: nothing to decode
     if b"%2f" in path.lower():

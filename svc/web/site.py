@@ -19,6 +19,7 @@ from twisted.logger import Logger
 from twisted.web import server
 
 from svc.contract.errors import ApiError
+from svc.contract.request import REQ_ID_RE
 from svc.web.limits import HttpLimits, LimitedChannel, LimitedRequest
 from svc.web.replies import dumps
 
@@ -60,6 +61,16 @@ class SiteApp(Protocol):
 def plain_limit_reply(request: Any, error: ApiError, method: str = "-") -> tuple[int, dict[str, str], bytes]:
     """A listener limit's reply where no app gives its shape (sites built without one, in unit tests)."""
     return error.code, dict(error.headers), dumps({"error": error.message})
+
+
+def loggable_request_id(value: str | None) -> str:
+    """``value`` when it is a valid request id (the contract's 1 to 128 printable ASCII characters), else ``-``.
+
+    The access line falls back to the client's own ``X-Request-ID`` where a
+    reply carries none (a preflight, ``/metrics``, a listener's early
+    answer): unchecked, any client could forge fields of the line, write
+    terminal escapes into it, or fill the rotated logs with 16 KB ids."""
+    return value if value is not None and REQ_ID_RE.fullmatch(value) else "-"
 
 
 def is_supervisor_probe(request: Any) -> bool:
@@ -180,7 +191,7 @@ class JsonSite(server.Site):
         """
         text_method = method.decode("latin-1", "replace")
         text_path = path.decode("latin-1", "replace")[:300]
-        request_id = request_id or "-"
+        request_id = loggable_request_id(request_id)
         (log.debug if debug else log.info)(
             "{access_line}",
             access_line=f"{text_method} {text_path} {code} {duration_ms:.1f}ms key={key} rid={request_id}",

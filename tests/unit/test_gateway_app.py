@@ -284,10 +284,12 @@ def test_legacy_server_uri_and_unknown_paths(gw):
     ("POST", "/v1/models/CLS%2Finfer"), ("POST", "/v1/models/CLS%2finfer"), ("POST", "/v1%2Fmodels/CLS/infer"),
     ("POST", "/v1/models/SLOW%2Fjobs"), ("GET", "/v1/models/SLOW/jobs/job_1%2Fresult"),
     ("POST", "/v1/models/%E9/infer"), ("POST", "/classify%FF"),
+    ("POST", "//v1/models/CLS/infer"), ("POST", "//classify"), ("POST", "///classify"), ("GET", "//healthz"),
 ])
 def test_an_encoded_slash_or_a_path_that_is_not_utf8_is_no_route(gw, method, path):
     """twisted decodes each segment before the routes see the path joined again: an encoded slash would reach
-    the route it spells, and Klein answered a segment that is not UTF-8 with an HTML 400, unauthenticated."""
+    the route it spells, and Klein answered a segment that is not UTF-8 with an HTML 400, unauthenticated.
+    A leading ``//`` reached the route with one slash: the legacy path matches exactly, or not at all."""
     body = b"{}" if method == "POST" else None
     assert_envelope(gw.call(method, path, body=body, token=None), 401, 401)
     assert assert_envelope(gw.call(method, path, body=body), 404, 63)["error"] == \

@@ -409,3 +409,27 @@ def test_while_the_process_stops_every_connection_closes_after_its_reply():
     channel.dataReceived(REQUEST)
     assert transport.value().count(b"HTTP/1.1 200 OK") == 2
     assert b"Connection: close" in transport.value() and transport.disconnecting
+
+
+def test_the_access_line_logs_a_clients_request_id_only_when_it_is_valid():
+    """A reply without an id of its own (a preflight, /metrics, a listener's early answer) was logged with the
+    client's header as sent: a forged ``200 1.0ms key=tenant-a`` in the line, terminal escapes, or 16 KB ids that
+    rotated every earlier line out of the log.  An early answer logs the id its reply carries."""
+    from twisted.logger import capturedLogs
+
+    clock = Clock()
+    res = Ok()
+    site = JsonSite(res, max_body_bytes=8, busy_reply=busy, limits=HttpLimits(), timeout=660, reactor=clock,
+                    oversize_reply=lambda r: (413, {"X-Request-ID": "made-1"}, b"{}"))
+    forged = [b"x 200 1.0ms key=tenant-a rid=z", b"\x1b[31mred", b"F" * 129, b"caf\xc3\xa9"]
+    with capturedLogs() as events:
+        for rid in [*forged, b"ok-7"]:
+            channel, transport = connect(site)
+            channel.dataReceived(b"GET /ok HTTP/1.1\r\nHost: x\r\nX-Request-ID: " + rid + b"\r\n\r\n")
+            lose(channel, transport)
+        channel, transport = connect(site)
+        channel.dataReceived(b"POST /ok HTTP/1.1\r\nHost: x\r\nContent-Length: 99\r\nX-Request-ID: \x1b]0;t\r\n\r\n")
+        lose(channel, transport)
+    lines = [e["access_line"] for e in events if "access_line" in e]
+    assert lines == [*["GET /ok 200 0.0ms key=- rid=-"] * len(forged), "GET /ok 200 0.0ms key=- rid=ok-7",
+                     "POST /ok 413 0.0ms key=- rid=made-1"]

@@ -128,7 +128,11 @@ def test_a_wrong_method_is_405_with_allow_without_head(sup, method, path, allowe
                                           # an encoded slash spells no route here (it once ran the stop)
                                           ("POST", "/api%2Fv1%2Fservers%2FAAA%2Fstop"),
                                           ("POST", "/api/v1/servers/AAA%2Fstop"),
-                                          ("GET", "/api/v1/servers/%E9/logs")])
+                                          ("GET", "/api/v1/servers/%E9/logs"),
+                                          # an empty segment is no route either (//api/v1/status was served,
+                                          # and // was a 500 from the UI's file lookup)
+                                          ("GET", "//"), ("GET", "//ui/app.js"), ("GET", "//api/v1/status"),
+                                          ("GET", "///api/v1/status"), ("POST", "//api/v1/servers/AAA/stop")])
 def test_an_unknown_route_is_404(sup, method, path):
     assert_error(sup.call(method, path, token=None), 404, f"no such route: {path}")
 

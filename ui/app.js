@@ -10,11 +10,14 @@ import { applyLogFilters, followLogs } from "./logs.js";
 import { modelChosen, run, takeFile } from "./try-it.js";
 
 document.addEventListener("DOMContentLoaded", () => {
-  $("#token-form").addEventListener("submit", (event) => {
+  $("#token-form").addEventListener("submit", async (event) => {
     event.preventDefault();
-    state.token = $("#token-input").value.trim();
-    localStorage.setItem(TOKEN_KEY, state.token);
-    connect();
+    const token = $("#token-input").value.trim();
+    // A header carries printable ASCII only: fetch would throw on anything else, which read as an unreachable
+    // supervisor, and the token was kept.  A token is kept only once the supervisor has accepted it.
+    if (!/^[\x21-\x7e]+$/.test(token)) { showLogin("The token was refused: it is printable ASCII, without spaces."); return; }
+    state.token = token;
+    if (await connect()) localStorage.setItem(TOKEN_KEY, token);
   });
   $("#forget").addEventListener("click", () => { localStorage.removeItem(TOKEN_KEY); state.token = ""; showLogin(); });
   document.body.addEventListener("click", (event) => {

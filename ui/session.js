@@ -1,6 +1,6 @@
 // -- login: asking for the token, connecting, and the selects filled once connected.
 
-import { $, state } from "./state.js";
+import { $, state, TOKEN_KEY } from "./state.js";
 import { api, HttpError } from "./api.js";
 import { refresh, serverStatus } from "./status.js";
 import { refreshSeries } from "./charts.js";
@@ -18,12 +18,14 @@ export function showLogin(message) {
   $("#token-input").focus();
 }
 
+// Whether the supervisor accepted the token; a refused one is forgotten, so that a reload asks again.
 export async function connect() {
   try {
     await refresh();
   } catch (e) {
-    if (!(e instanceof HttpError && e.status === 401)) showLogin(`Cannot reach the supervisor: ${e.message}`);
-    return;
+    if (e instanceof HttpError && e.status === 401) localStorage.removeItem(TOKEN_KEY);
+    else showLogin(`Cannot reach the supervisor: ${e.message}`);
+    return false;
   }
   $("#login").hidden = true;
   $("#console").hidden = false;
@@ -34,6 +36,7 @@ export async function connect() {
   state.logTimer = setInterval(() => followLogs().catch(() => {}), 1500);
   refreshSeries().catch(() => {});
   state.seriesTimer = setInterval(() => refreshSeries().catch(() => {}), 5000);
+  return true;
 }
 
 export function fillSelects() {

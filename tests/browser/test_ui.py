@@ -172,7 +172,14 @@ def test_asks_for_the_token_then_lists_the_catalog(page, stack):
     expect(page.locator("#login")).to_be_visible()
     page.fill("#token-input", "wrong-token")
     page.click("#token-form button")
-    expect(page.locator("#login-error")).to_contain_text("refused")
+    expect(page.locator("#login-error")).to_have_text("The token was refused.")
+    page.reload()  # a refused token is not kept
+    expect(page.locator("#login")).to_be_visible()
+    assert page.evaluate("() => localStorage.length") == 0
+    page.fill("#token-input", "t\u00f6k\u20acn")  # no header can carry it: fetch threw "Cannot reach the supervisor"
+    page.click("#token-form button")
+    expect(page.locator("#login-error")).to_have_text("The token was refused: it is printable ASCII, without spaces.")
+    assert page.evaluate("() => localStorage.length") == 0
     page.fill("#token-input", stack.env["SERVICE_API_TOKEN"])
     page.click("#token-form button")
     expect(page.locator("#console")).to_be_visible()

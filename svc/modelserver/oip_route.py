@@ -54,7 +54,6 @@ class OipRoute:
         started = self.clock.seconds()
         self.in_flight += 1
         try:
-            check_content_encoding(request)
             shape = self.oip_shape
             length, request_id = header(request, codec.HEADER_LENGTH), header(request, b"x-request-id")
             validator = self.inference.validator
@@ -65,6 +64,7 @@ class OipRoute:
                 return asked, plan, validator.from_parts(plan.images, plan.req_id, plan.params, plan.options)
 
             try:
+                check_content_encoding(request)  # its 415 is the protocol's 400, like a 422
                 asked, plan, parsed = await self.inference.parse_with(parse, request.content.getvalue())
             except codec.CodecError as e:
                 raise ApiError(st.INVALID_REQUEST, str(e), http=400) from None

@@ -32,7 +32,7 @@ from svc.contract.oip import (
     shape_from_data_schema,
 )
 from svc.openapi.components import ref
-from svc.openapi.operations import RETRY_AFTER_HEADER, header_doc, json_reply
+from svc.openapi.operations import NO_STORE_HEADER, RETRY_AFTER_HEADER, header_doc, json_reply
 
 STRING, BOOLEAN = {"type": "string"}, {"type": "boolean"}
 SHAPE = {"type": "array", "items": {"type": "integer"}}
@@ -90,7 +90,7 @@ def model_request(config: ModelServerConfig, factory: Any, params: dict) -> dict
     """The JSON inference request of one model (``params``: its params schema)."""
     shape = shape_from_data_schema(factory.data_schema)
     inputs = [{"type": "object", "additionalProperties": False, "required": ["name", "datatype", "shape", "data"],
-               "properties": {"name": {"type": "string", "description": f"Any name; the model's input is {INPUT}."},
+               "properties": {"name": {"const": INPUT, "description": "The model's one input (another name: 400)."},
                               "datatype": {"const": "BYTES"},
                               "shape": {"type": "array", "items": {"const": k}, "minItems": 1, "maxItems": 1},
                               "data": {"type": "array", "items": STRING, "minItems": k, "maxItems": k},
@@ -106,7 +106,11 @@ def model_request(config: ModelServerConfig, factory: Any, params: dict) -> dict
                                            "description": "The k best classes as `score:index:label` (0: the plain "
                                            "tensor)."}
     options = ref(f"{config.id}_Options")
-    if shape.kind == SEGMENTATION:
+    if shape.kind == CLASSIFICATION:  # the outputs asked for set how many classes come back
+        options = {"type": "object", "not": {"required": ["max_results"]}, "allOf": [options],
+                   "description": "The model's options but `max_results` (400 here: the outputs asked for "
+                   "set it)."}
+    elif shape.kind == SEGMENTATION:
         options = {"type": "object", "properties": {"mask_format": {"const": "rle"}}, "allOf": [options]}
     return {
         "type": "object",
@@ -127,7 +131,10 @@ def model_request(config: ModelServerConfig, factory: Any, params: dict) -> dict
             "inputs": {"type": "array", "minItems": 1, "maxItems": 1, "items": {"oneOf": inputs},
                        "description": f"One BYTES input of shape [rows]: one base64 image file per row, at most "
                        f"{config.max_request_items} (max_request_items; more: 413)."},
-            "outputs": {"type": "array", "items": {
+            "outputs": {"type": "array", "description": "The outputs to answer with, each named once "
+                        "(twice: 400); every output when absent, none when empty.",
+                        "allOf": [{"contains": {"required": ["name"], "properties": {"name": {"const": o.name}}},
+                                   "minContains": 0, "maxContains": 1} for o in shape.outputs], "items": {
                 "type": "object", "additionalProperties": False, "required": ["name"],
                 "properties": {"name": {"enum": [o.name for o in shape.outputs]},
                                "parameters": {"type": "object", "additionalProperties": False,
@@ -137,7 +144,7 @@ def model_request(config: ModelServerConfig, factory: Any, params: dict) -> dict
 
 
 def error(description: str, headers: dict | None = None) -> dict:
-    return json_reply(description, ref("OipError"), headers)
+    return json_reply(description, ref("OipError"), {"Cache-Control": NO_STORE_HEADER, **(headers or {})})
 
 
 def errors(*codes: str) -> dict:
@@ -203,6 +210,7 @@ def server_paths() -> dict:
         PREFIX: _get("oip_server_metadata", "Server metadata: name, version, extensions.", "OipServerMetadata"),
         PREFIX + "/health/live": _get("oip_live", "Liveness of the gateway (with a credential; /healthz needs "
                                       "none).", "OipLive"),
-        PREFIX + "/health/ready": _get("oip_ready", "Readiness of the gateway; a model's is its own route.",
-                                       "OipReady"),
+        PREFIX + "/health/ready": _get("oip_ready", "Ready when every model of the catalog is ready (the "
+                                       "protocol's server ready); else 503 naming the models that are not.",
+                                       "OipReady", "503"),
     }

@@ -79,7 +79,13 @@ def status_of(call) -> str:
 
 def test_health_and_metadata(stack):
     client = stack["client"]
-    assert client.is_server_live(headers=auth()) and client.is_server_ready(headers=auth())
+    assert client.is_server_live(headers=auth())
+    # the protocol's server ready is every model's: STOPPED is not running (all running: the generative stack)
+    assert client.is_server_ready(headers=auth()) is False
+    reply = get(stack["gateway"].url + "/v2/health/ready", headers=auth())
+    assert (reply.status, reply.json) == (503, {"error": "not every model is ready: STOPPED "
+                                                         "(GET /v2/models/{id}/ready says why)"})
+    assert reply.header("X-Request-ID") and reply.header("Cache-Control") == "no-store"
     server = client.get_server_metadata(headers=auth())
     assert server["name"] == "inference-service" and "binary_tensor_data" in server["extensions"]
     assert client.is_model_ready("MOBILENETV2", headers=auth())

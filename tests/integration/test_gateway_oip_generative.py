@@ -20,7 +20,7 @@ from PIL import Image
 
 from tests.integration.test_gateway_oip import auth, contract, images_input
 from tests.support.gateway import start_gateway
-from tests.support.http import post
+from tests.support.http import get, post
 from tests.support.images import image_bytes
 from tests.support.processes import free_port, spawn_model_server, until_all_ready, write_config
 from tests.support.stack import key_entry
@@ -51,6 +51,15 @@ def stack(tmp_path_factory):
     gateway.stop()
     for proc in procs:
         proc.stop()
+
+
+def test_the_server_is_ready_when_every_model_is(stack):
+    """The protocol's server ready: all the models are ready for inferencing (here both are; the other stack has
+    a stopped one, tests/integration/test_gateway_oip.py)."""
+    client = stack["client"]
+    assert client.is_server_ready(headers=auth()) is True
+    reply = get(stack["gateway"].url + "/v2/health/ready", headers=auth())
+    assert (reply.status, reply.json) == (200, {"ready": True})
 
 
 def test_sam_amg_metadata_and_rle_masks_as_bytes(stack):

@@ -83,7 +83,11 @@ def test_a_binary_reply_carries_the_protocols_headers(server):
         ("a header that is not JSON", 400, ""),
         ("top_k as a parameter", 400, "top_k is not a parameter here"),
         ("a class count above the model's", 400, "more than the model's 1000 classes"),
-        ("an option out of its range (the server's own 422)", 400, "max_results"),
+        ("an unknown option (the server's own 422)", 400, "nope"),
+        ("max_results as an option", 400, "max_results is not an option here"),
+        ("an input of another name", 400, "unexpected input 'IMAGES'"),
+        ("an output named twice", 400, "output PROBABILITIES is asked for twice"),
+        ("a compressed body (the server's own 415)", 400, "unsupported content encoding 'gzip'"),
         ("an image that is not one", 400, "row 0 of 1 failed"),
     ],
 )
@@ -108,10 +112,21 @@ def test_errors_take_the_protocols_shape(server, case, status, text):
         body = json.dumps({"inputs": [{"name": "IMAGE", "shape": [1], "datatype": "BYTES", "data": [b64(image)]}],
                            "outputs": [{"name": "PROBABILITIES", "parameters": {"classification": 2000}}]}).encode()
         headers = auth()
-    elif case.startswith("an option out of its range"):
+    elif case.startswith("an unknown option") or case == "max_results as an option":
+        options = {"nope": 1} if case.startswith("an unknown option") else {"max_results": 2}
         body = json.dumps({"inputs": [{"name": "IMAGE", "shape": [1], "datatype": "BYTES", "data": [b64(image)]}],
-                           "parameters": {"options": {"max_results": 0}}}).encode()
+                           "parameters": {"options": options}}).encode()
         headers = auth()
+    elif case == "an input of another name":
+        body = json.dumps({"inputs": [{"name": "IMAGES", "shape": [1], "datatype": "BYTES",
+                                       "data": [b64(image)]}]}).encode()
+        headers = auth()
+    elif case == "an output named twice":
+        body = json.dumps({"inputs": [{"name": "IMAGE", "shape": [1], "datatype": "BYTES", "data": [b64(image)]}],
+                           "outputs": [{"name": "PROBABILITIES"}, {"name": "PROBABILITIES"}]}).encode()
+        headers = auth()
+    elif case.startswith("a compressed body"):
+        headers = {**headers, "Content-Encoding": "gzip"}
     elif case == "an image that is not one":
         body = json.dumps({"inputs": [{"name": "IMAGE", "shape": [1], "datatype": "BYTES",
                                        "data": [b64(b"not an image")]}]}).encode()

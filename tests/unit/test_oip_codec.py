@@ -183,10 +183,19 @@ def test_plan_sends_params_options_and_the_classification_top_k():
     shape = shape_of(CLASSIFICATION, 10)
     with pytest.raises(CodecError, match="top_k is not a parameter"):
         translate.plan(shape, request_for({"top_k": 4}))
-    plan = translate.plan(shape, request_for({"priority": 1, "triton_x": 1, "options": {"max_results": 2},
+    plan = translate.plan(shape, request_for({"priority": 1, "triton_x": 1, "options": {"other": 2},
                                               "binary_data_output": True},
                                              [{"name": "PROBABILITIES", "parameters": {"classification": 3}}]))
-    assert (plan.images, plan.req_id, plan.params, plan.options) == (["YQ=="], "abc", {"top_k": 3}, {"max_results": 2})
+    assert (plan.images, plan.req_id, plan.params, plan.options) == (["YQ=="], "abc", {"top_k": 3}, {"other": 2})
+    # max_results would cut the classes below what the outputs ask for: the plain tensor came back as zeros
+    with pytest.raises(CodecError, match="max_results is not an option here"):
+        translate.plan(shape, request_for({"options": {"max_results": 2}}))
+    with pytest.raises(CodecError, match="output PROBABILITIES is asked for twice"):
+        translate.plan(shape, request_for({}, [{"name": "PROBABILITIES", "parameters": {"classification": 2}},
+                                               {"name": "PROBABILITIES", "parameters": {"classification": 1}}]))
+    with pytest.raises(CodecError, match="unexpected input 'IMAGES': the model takes one BYTES input IMAGE"):
+        translate.plan(shape, parse_request(json.dumps({"inputs": [
+            {"name": "IMAGES", "datatype": "BYTES", "shape": [1], "data": ["YQ=="]}]}).encode(), None))
     assert plan.outputs[0][1] is True  # binary_data_output applies to an output that did not say
     assert translate.plan(shape, request_for({}, [])).params == {"top_k": 1}  # no outputs
     full = translate.plan(shape, request_for({}))

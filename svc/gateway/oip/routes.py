@@ -1,7 +1,8 @@
 """The ``/v2`` routes of the gateway (Open Inference Protocol, KServe v2 REST).
 
     GET  /v2                                          server metadata
-    GET  /v2/health/live, /v2/health/ready            the gateway's liveness and readiness
+    GET  /v2/health/live                              the gateway's liveness
+    GET  /v2/health/ready                             200 when every model of the catalog is ready, else 503
     GET  /v2/models/{id}[/versions/{version}]         model metadata (its model server's document and /ready)
     GET  /v2/models/{id}[/versions/{version}]/ready   200 when a replica of the model is ready, else 503
     POST /v2/models/{id}[/versions/{version}]/infer   inference: the model server's own route of that path
@@ -32,6 +33,7 @@ from typing import Any
 from urllib.parse import quote
 
 from klein import Klein
+from twisted.internet.defer import ensureDeferred, gatherResults
 from twisted.web.http_headers import Headers
 
 from svc import __version__
@@ -78,8 +80,24 @@ class OipRoutes:
         return _ok(request, {"live": True})
 
     async def oip_ready(self: Any, request: Any) -> bytes:
-        """Ready while the gateway serves; whether a model is ready is its own route's answer."""
+        """Ready when every model of the catalog is: the protocol's "server ready" says whether all the models
+        are ready for inferencing (Triton's strict readiness).  Each model's ``/ready`` is asked at once, as its
+        own ready route asks it; 503 names the models that are not."""
+        answers = await gatherResults([ensureDeferred(self.oip_model_is_ready(request, up)) for up in self.catalog])
+        waiting = [up.id for up, ready in zip(self.catalog, answers, strict=True) if not ready]
+        if waiting:
+            raise ApiError(st.NOT_READY, f"not every model is ready: {', '.join(waiting)} "
+                                         f"(GET {PREFIX}/models/{{id}}/ready says why)")
         return _ok(request, {"ready": True})
+
+    async def oip_model_is_ready(self: Any, request: Any, upstream: Upstream) -> bool:
+        """Whether a replica of ``upstream`` answers its ``/ready`` with 200 (a refusal or a failure: not)."""
+        try:
+            reply = await self.forwarder.exchange(request, upstream, "ready", READY_PATH, Headers(), None,
+                                                  method=b"GET")
+        except ApiError:
+            return False
+        return reply.code == 200
 
     async def oip_shape(self: Any, request: Any, upstream: Upstream) -> ModelShape:
         """The model's tensors, from its model server's document (read once per model)."""

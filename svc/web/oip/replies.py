@@ -5,7 +5,7 @@ Every error the gateway or a model server answers goes through its one
 limit, admission, upstream failures), so an OIP route cannot miss a
 condition the contract's routes answer: the same ApiError with the same
 HTTP status and headers (``Retry-After``, ``WWW-Authenticate``, ``Allow``,
-``X-Request-ID``), only its body is ``{"error": "<message>"}`` under
+``X-Request-ID``, ``Cache-Control: no-store``), only its body is ``{"error": "<message>"}`` under
 ``/v2``.  The ``protocol`` label of the gateway's request metrics
 (``contract`` or ``oip``) follows the same path rule.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from svc.contract.errors import ApiError
 from svc.contract.oip import PREFIX
-from svc.web.replies import dumps
+from svc.web.replies import dumps, envelope_headers
 from svc.web.routes import EnvelopeReplies
 
 #: Values of the ``protocol`` label of the gateway's request metrics.
@@ -42,4 +42,4 @@ class ProtocolReplies(EnvelopeReplies):
     def raw(self, request: Any | None, error: ApiError) -> tuple[int, dict[str, str], bytes]:
         if request is None or not is_oip(request):
             return super().raw(request, error)
-        return error.code, {"X-Request-ID": self.task_id(request), **error.headers}, dumps({"error": error.message})
+        return error.code, {**envelope_headers(self.task_id(request)), **error.headers}, dumps({"error": error.message})

@@ -62,8 +62,10 @@ def _outputs(shape: ModelShape, request: InferRequest) -> list[tuple[RequestedOu
     requested = request.outputs
     if requested is None:
         requested = [RequestedOutput(o.name, None, None) for o in shape.outputs]
-    found = []
+    found: list[tuple[RequestedOutput, bool]] = []
     for out in requested:
+        if any(out.name == seen.name for seen, _ in found):
+            raise CodecError(f"output {out.name} is asked for twice: outputs are looked up by name")
         if shape.output(out.name) is None:
             names = ", ".join(o.name for o in shape.outputs)
             raise CodecError(f"unknown output {out.name[:80]!r}: the model's outputs are {names}")
@@ -85,6 +87,8 @@ def plan(shape: ModelShape, request: InferRequest, request_id: str | None = None
     tensor = request.inputs[0] if len(request.inputs) == 1 else None
     if tensor is None or tensor.datatype != "BYTES" or len(tensor.shape) != 1:
         raise CodecError(f"the model takes one BYTES input {INPUT} of shape [-1]: one encoded image per row")
+    if tensor.name != INPUT:
+        raise CodecError(f"unexpected input {tensor.name[:80]!r}: the model takes one BYTES input {INPUT}")
     if not tensor.data:
         raise CodecError(f"{INPUT} has no rows")
     if not all(isinstance(v, (str, bytes)) for v in tensor.data):
@@ -97,6 +101,8 @@ def plan(shape: ModelShape, request: InferRequest, request_id: str | None = None
     if shape.kind == CLASSIFICATION:
         if "top_k" in params:
             raise CodecError("top_k is not a parameter here: the outputs asked for set it (classification: k)")
+        if "max_results" in options:  # it would cut the classes below what the outputs ask for
+            raise CodecError("max_results is not an option here: the outputs asked for set it (classification: k)")
         wanted = [o.classification or 0 for o, _ in outputs]
         params["top_k"] = shape.classes if 0 in wanted else max(wanted, default=1)  # outputs: [] asks for none
     elif shape.kind == SEGMENTATION:

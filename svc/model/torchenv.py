@@ -117,16 +117,25 @@ def select_device(device: str, gpu_mem_limit_mb: int) -> str:
     return "cuda"
 
 
-def configure_compile_cache() -> str:
+def configure_compile_cache() -> str | None:
     """Point torch.compile's inductor cache at ``<state dir>/inductor`` (``svc.optimize.cache``).
 
     Process-wide and read when inductor first compiles, so it is set at
     startup, before any model is built: a restart then finds the kernels and
-    graphs its first start compiled.  Returns the directory.
+    graphs its first start compiled.  Returns the directory; None, with a
+    warning, when the state directory cannot hold it (torch's default is used).
     """
-    from svc.optimize.cache import use_inductor_cache
+    from svc.optimize.cache import inductor_cache_dir, use_inductor_cache
 
-    return str(use_inductor_cache())
+    path = use_inductor_cache()
+    if path is None:
+        from twisted.logger import Logger
+
+        Logger().warn("cannot make {path} (is the state directory writable?): torch.compile's kernel cache stays "
+                      "in torch's default place, and the optimised modes' own cache may fail",
+                      path=str(inductor_cache_dir()))
+        return None
+    return str(path)
 
 
 #: torch's notice on a machine with a CUDA toolkit but no CUDA runtime (torch.utils.cpp_extension, at import).

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from svc.optimize.buckets import batch_size_of
+from svc.optimize.cache import discard, refreshing, write_atomically
 
 #: A package's dynamic batch dimension goes up to this many times the warm-up batch (``max_batch_size``, the
 #: largest batch the server forms; twice it for a denoiser that doubles its batch for guidance).
@@ -150,18 +151,32 @@ def compiled(module: Any, make_example: Any, batch: int, device: str, batched: b
     key = package_key(module, example, device, f"{mode_name}|batch {batch}" if batched else mode_name)
     path = directory / f"{name}-{mode_name}-{key[:32]}.pt2"
     meta = path.with_suffix(".json")
-    if meta.is_file() and path.is_file():
-        batches = json.loads(meta.read_text())["batches"]
-        STATS["loaded"] += 1
-    else:
-        batches, example = _build(module, example, example_of, batch, batched, path)
-        meta.write_text(json.dumps({"batches": batches}))
-        STATS["built"] += 1
     layouts = [_layout(v) if isinstance(v, torch.Tensor) else "" for v in example]
+    if meta.is_file() and path.is_file() and not refreshing():
+        try:
+            package = _load(path, json.loads(meta.read_text())["batches"], layouts, module)
+            STATS["loaded"] += 1
+            return package
+        except MemoryError:
+            raise
+        except Exception:  # noqa: BLE001 - cut short or overwritten: built again once, not failed on every start
+            STATS["unusable"] += 1  # the optimisation line says so (svc.optimize.report.describe_cache)
+    discard(meta)  # written last, removed first: the package never looks cached while it is built
+    batches, example = _build(module, example, example_of, batch, batched, path)
+    write_atomically(meta, json.dumps({"batches": batches}))
+    STATS["built"] += 1
+    layouts = [_layout(v) if isinstance(v, torch.Tensor) else "" for v in example]
+    return _load(path, batches, layouts, module)
+
+
+def _load(path: Path, batches: list[int] | None, layouts: list[str], module: Any) -> Package:
     from torch._inductor.package.package import load_package
 
+    if batches is not None and not (isinstance(batches, list) and len(batches) == 2
+                                    and all(isinstance(b, int) for b in batches)):
+        raise ValueError(f"its record says it holds batches {batches!r}")
     return Package(load_package(str(path), num_runners=max(1, RUNNERS)), layouts,
-                   tuple(batches) if batches else None, module, path)
+                   (batches[0], batches[1]) if batches else None, module, path)
 
 
 def _build(module: Any, example: tuple, example_of: Any, batch: int, batched: bool, path: Path) -> tuple:

@@ -8,6 +8,12 @@ nothing in it is downloaded).  ``compile`` keeps its compiled packages in
 first start compiled, and inductor its kernel cache in ``<state>/inductor``
 (``TORCHINDUCTOR_CACHE_DIR``; one already in the environment is kept).
 
+Every file of the cache is written whole or not at all (:func:`write_atomically`): two replicas of a model
+may convert the same key at once, and a full disk must not leave a cut file that looks cached.  An artefact
+that is there but cannot be used (cut short, overwritten, from a broken write) is made again once, not trusted
+on every start (``svc.optimize.runtimes``, ``svc.optimize.aot``); :func:`refreshing` makes a load make every
+artefact again, as the optimisation step does for a cached artefact whose outputs failed the accuracy gate.
+
 Torch-free; :func:`use_inductor_cache` must run before torch compiles
 anything (``svc.model.torchenv.configure_compile_cache`` calls it at startup).
 """
@@ -15,7 +21,9 @@ anything (``svc.model.torchenv.configure_compile_cache`` calls it at startup).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, MutableMapping
+import tempfile
+from collections.abc import Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from svc.infra.userdirs import configured_dir
@@ -37,10 +45,18 @@ def inductor_cache_dir(env: Mapping[str, str] | None = None) -> Path:
     return state_dir(env) / "inductor"
 
 
-def use_inductor_cache(env: MutableMapping[str, str] | None = None) -> Path:
-    """Point inductor at :func:`inductor_cache_dir` (sets the variable in ``env``); the directory."""
+def use_inductor_cache(env: MutableMapping[str, str] | None = None) -> Path | None:
+    """Point inductor at :func:`inductor_cache_dir` (sets the variable in ``env``); the directory, or None when
+    it cannot be made (a read-only state directory): torch then keeps its own default under the temporary
+    directory, since importing torchvision makes inductor's directory and would fail the load, eager included."""
     env = os.environ if env is None else env
+    if env.get(INDUCTOR_CACHE_ENV):
+        return inductor_cache_dir(env)
     path = inductor_cache_dir(env)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
     env[INDUCTOR_CACHE_ENV] = str(path)
     return path
 
@@ -48,3 +64,43 @@ def use_inductor_cache(env: MutableMapping[str, str] | None = None) -> Path:
 def compiled_dir(env: dict[str, str] | None = None) -> Path:
     """Where ``compile`` keeps its packages (``svc.optimize.aot``): ``<state>/compiled``."""
     return state_dir(env) / "compiled"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """``path`` complete or absent, never cut short: written beside it under a temporary name, then renamed."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".writing-", suffix=path.suffix)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def discard(*paths: Path) -> None:
+    """Remove cached files that cannot be used (those already gone are fine)."""
+    for path in paths:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+_refreshing = False
+
+
+def refreshing() -> bool:
+    """Whether loads now make every artefact again instead of reading the cache (:func:`refresh`)."""
+    return _refreshing
+
+
+@contextmanager
+def refresh() -> Iterator[None]:
+    """Within: every conversion and compiled package is made again and replaces the cached one."""
+    global _refreshing
+    before, _refreshing = _refreshing, True
+    try:
+        yield
+    finally:
+        _refreshing = before

@@ -30,12 +30,14 @@ import hashlib
 import importlib.metadata
 import inspect
 import json
+import math
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from svc.optimize.cache import write_atomically
 
 #: The folder of records under ``<state dir>/compiled``.
 CHOICES = "choices"
@@ -152,9 +154,18 @@ def read(directory: Path, model_id: str, key: str, allowed: list[str]) -> Record
     mode, chosen_at, speedup = data.get("mode"), data.get("chosen_at"), data.get("speedup")
     if mode not in allowed:
         raise RecordError(f"its mode {mode!r} is not among the candidates")
-    if not isinstance(chosen_at, (int, float)) or not (speedup is None or isinstance(speedup, (int, float))):
-        raise RecordError("its time or speed-up is not a number")
+    if not isinstance(chosen_at, (int, float)) or not _finite(chosen_at) or not (
+            speedup is None or (isinstance(speedup, (int, float)) and _finite(speedup) and speedup > 0)):
+        raise RecordError("its time or speed-up is not a finite number")
+    try:
+        time.gmtime(chosen_at)  # what the line and /ready show
+    except (OverflowError, OSError, ValueError):
+        raise RecordError(f"its time {chosen_at} is not a date") from None
     return Recorded(mode, float(chosen_at), None if speedup is None else float(speedup), path)
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def write(directory: Path, model_id: str, key: str, mode: str, speedup: float | None, line: str) -> Path:
@@ -163,12 +174,5 @@ def write(directory: Path, model_id: str, key: str, mode: str, speedup: float | 
     path = record_path(directory, model_id, key)
     record = {"format": FORMAT, "model": model_id, "key": key, "mode": mode, "chosen_at": time.time(),
               "speedup": speedup, "line": line}
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".writing-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=1)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    write_atomically(path, json.dumps(record, indent=1))
     return path

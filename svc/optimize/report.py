@@ -44,7 +44,8 @@ class Report:
     line: str = ""
     fell_back: bool = False  # an explicit mode failed: running eager
     cache: dict[str, int] = field(default_factory=dict)  # compiled packages built and loaded by this load
-    recorded: Recorded | None = None  # the record the mode was applied from (nothing was measured)
+    recorded: Recorded | None = None  # the record the mode was applied from (nothing was timed)
+    recorded_gate: str = ""  # the recorded mode's gate figure at this start
     notes: list[str] = field(default_factory=list)  # what the line adds: records ignored or not written
 
     @property
@@ -61,11 +62,12 @@ def cache_counters(compiling: bool, converting: bool = False) -> dict[str, int]:
     if compiling:
         from svc.optimize.aot import STATS
 
-        counters.update(built=STATS["built"], loaded=STATS["loaded"])
+        counters.update(built=STATS["built"], loaded=STATS["loaded"], broken_packages=STATS["unusable"])
     if converting:
         from svc.optimize.runtimes import STATS as CONVERSIONS
 
-        counters.update(converted=CONVERSIONS["converted"], read=CONVERSIONS["loaded"])
+        counters.update(converted=CONVERSIONS["converted"], read=CONVERSIONS["loaded"],
+                        broken_conversions=CONVERSIONS["unusable"])
     return counters
 
 
@@ -77,7 +79,14 @@ def cache_delta(before: dict[str, int], compiling: bool, converting: bool = Fals
 def describe_cache(delta: dict[str, int]) -> str:
     parts = []
     if "built" in delta:
-        parts.append(f"; compiled packages: {delta['built']} built, {delta['loaded']} loaded from the cache")
+        parts.append(f"; compiled packages: {delta['built']} built, {delta['loaded']} loaded from the cache"
+                     + _unusable(delta.get("broken_packages", 0)))
     if "converted" in delta:
-        parts.append(f"; converted models: {delta['converted']} converted, {delta['read']} read from the cache")
+        parts.append(f"; converted models: {delta['converted']} converted, {delta['read']} read from the cache"
+                     + _unusable(delta.get("broken_conversions", 0)))
     return "".join(parts)
+
+
+def _unusable(count: int) -> str:
+    """The cached artefacts that were there but could not be used, and were made again (svc.optimize.cache)."""
+    return f" ({count} in the cache unusable: made again)" if count else ""

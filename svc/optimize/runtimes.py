@@ -45,6 +45,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from svc.optimize.cache import discard, refreshing, write_atomically
 from svc.optimize.runtime_calls import OnnxRuntimeCall, OpenVINOCall, fixed_batches
 
 #: Models converted and read from the cache by this process (``converted``, ``loaded``).
@@ -117,31 +118,35 @@ def converted(module: Any, make_example: Any, batch: int, batched: bool, runtime
                     for v in make_example(max(batch, CONVERT_MIN_BATCH) if batched else batch))
     path = artifact_path(module, example, runtime, name, batched, directory)
     meta = path.with_suffix(".json")
-    if meta.is_file() and path.is_file():
-        returns = json.loads(meta.read_text())["returns"]
-        STATS["loaded"] += 1
+    if meta.is_file() and path.is_file() and not refreshing():
+        try:
+            call = _load(path, json.loads(meta.read_text())["returns"], runtime, bf16, batch, batched)
+            STATS["loaded"] += 1
+            return call
+        except MemoryError:
+            raise
+        except Exception:  # noqa: BLE001 - cut short or overwritten: made again once, not failed on every start
+            STATS["unusable"] += 1  # the optimisation line says so (svc.optimize.report.describe_cache)
+    discard(meta)  # the .json last written, first removed: the artefact never looks cached while it is made
+    path.parent.mkdir(parents=True, exist_ok=True)
+    returns = _returns(module, example)
+    if runtime == "openvino":
+        _convert_openvino(module, example, batched, path, _onnx_file(module, example, batched, name, directory,
+                                                                     returns))
     else:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        returns = _returns(module, example)
-        if runtime == "openvino":
-            _convert_openvino(module, example, batched, path, _onnx_file(module, example, batched, name, directory,
-                                                                         returns))
-        else:
-            _export_onnx(module, example, batched, path)
-        _write_atomically(meta, json.dumps({"returns": returns}))
-        STATS["converted"] += 1
+        _export_onnx(module, example, batched, path)
+    write_atomically(meta, json.dumps({"returns": returns}))
+    STATS["converted"] += 1
+    return _load(path, returns, runtime, bf16, batch, batched)
+
+
+def _load(path: Path, returns: str, runtime: str, bf16: bool, batch: int, batched: bool) -> Any:
+    if returns not in ("tensor", "list", "tuple"):
+        raise ValueError(f"its record says it returns {returns!r}")
     if runtime == "openvino":
         return OpenVINOCall(_ov_core(), _ov_core().read_model(str(path)), bf16, returns, intra_op_threads(), WORKERS,
                             fixed_batches(batch) if batched else ())
     return OnnxRuntimeCall(path, returns, intra_op_threads(), WORKERS)
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """``path`` complete or absent: two servers converting the same key at once (DDPM and DDIM share a UNet)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".writing-", suffix=path.suffix)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def _returns(module: Any, example: tuple) -> str:
@@ -169,9 +174,10 @@ def _onnx_file(module: Any, example: tuple, batched: bool, name: str, directory:
     try:
         path = artifact_path(module, example, "onnxruntime", name, batched, directory)
         meta = path.with_suffix(".json")
-        if not (meta.is_file() and path.is_file()):
+        if not (meta.is_file() and path.is_file()) or refreshing():
+            discard(meta)
             _export_onnx(module, example, batched, path)
-            _write_atomically(meta, json.dumps({"returns": returns}))
+            write_atomically(meta, json.dumps({"returns": returns}))
         return path
     except Exception:  # noqa: BLE001 - OpenVINO converts the module itself instead
         return None
@@ -200,7 +206,10 @@ def _convert_openvino(module: Any, example: tuple, batched: bool, path: Path, on
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".converting-", suffix=".xml")
     os.close(fd)
     try:
-        openvino.save_model(model, tmp, compress_to_fp16=False)  # float32 weights: the bf16 precision is a hint
+        try:
+            openvino.save_model(model, tmp, compress_to_fp16=False)  # float32 weights: the bf16 precision is a hint
+        except RuntimeError as e:  # how OpenVINO reports a full disk ("basic_ios::clear: iostream error")
+            raise OSError(f"OpenVINO could not write {path.name}: {str(e)[:200]}") from e
         os.replace(tmp[:-4] + ".bin", path.with_suffix(".bin"))
         os.replace(tmp, path)  # the .xml last: a cut conversion never looks cached
     finally:

@@ -37,8 +37,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from svc.model.api import IOptimizable, OptimizationTarget
+from svc.optimize.cache import refresh
 from svc.optimize.modes import EAGER_MODE, Mode, mode, parse_mode
 from svc.optimize.report import Outcome, Report, cache_counters, cache_delta, describe_cache
+from svc.optimize.timing import timed_ms
 
 if TYPE_CHECKING:
     from svc.optimize.choices import Recorded
@@ -52,12 +54,9 @@ DEFAULT_CANDIDATES: dict[str, tuple[str, ...]] = {
 }
 #: ``auto`` keeps eager unless a candidate is at least this much faster (noise is not a speed-up).
 MIN_GAIN = 0.05
-#: Timing: ROUNDS interleaved rounds over eager and the candidates that passed; in each round a mode runs at
-#: least MIN_CALLS calls, then calls until TIMING_S seconds, at most MAX_CALLS.  A figure is its best call.
+#: Timing: ROUNDS interleaved rounds over eager and the candidates that passed; in each round every mode is
+#: timed by :func:`svc.optimize.timing.timed_ms` (its best call).
 ROUNDS = 3
-MIN_CALLS = 1
-TIMING_S = 0.15
-MAX_CALLS = 10
 #: After EARLY_ROUNDS rounds, a mode whose best is over SLOWER times the fastest mode's best is not timed again
 #: (it cannot win, nor, when it is eager, change the choice); a mode left alone (eager when no candidate passed)
 #: is timed in no further round: its figure is only reported.
@@ -65,52 +64,21 @@ EARLY_ROUNDS = 2
 SLOWER = 1.5
 
 
-def timed_ms(targets: list[tuple[OptimizationTarget, Any]], batch: int,
-             clock: Callable[[], float] = time.perf_counter,
-             synchronize: Callable[[], None] | None = None) -> float:
-    """Best per-call time in ms of one call of every target on its example inputs.
-
-    Calls until ``TIMING_S`` (at least ``MIN_CALLS``, at most ``MAX_CALLS``);
-    the best call is the figure: on a machine that others load too, the
-    median moves with their load, the best much less.  A target that takes a
-    second per call is called once per round.
-
-    On a GPU a call returns once its work is queued: ``synchronize`` (default: ``torch.cuda.synchronize``
-    when an input is on a CUDA device) runs before the clock is read (a CUDA graph's replay timed 0.0 ms).
-    """
-    from svc.optimize.tensors import inference_context
-
-    best = float("inf")
-    calls = 0
-    with inference_context():
-        inputs = [(fn, target.example_inputs(batch)) for target, fn in targets]
-        sync = synchronize or _cuda_synchronize(inputs)
-        sync()
-        started = clock()
-        while calls < MIN_CALLS or (clock() - started < TIMING_S and calls < MAX_CALLS):
-            begin = clock()
-            for fn, args in inputs:
-                fn(*args)
-            sync()
-            best = min(best, clock() - begin)
-            calls += 1
-    return best * 1000.0
-
-
-def _cuda_synchronize(inputs: list[tuple[Any, tuple]]) -> Callable[[], None]:
-    """``torch.cuda.synchronize`` when an input is on a CUDA device, else nothing to wait for."""
-    if any(getattr(value, "is_cuda", False) is True for _, args in inputs for value in args):
-        import torch
-
-        return torch.cuda.synchronize
-    return lambda: None
-
-
 def holds_weights(chosen: Mode) -> bool:
     """Whether ``chosen`` replays on the weights' addresses at capture (CUDA graphs): timing eager and the modes in
     turn moves the weights (:meth:`Optimizer.apply_layout`), and a graph captured before served NaN from freed
     memory; such a mode is applied again once the layout is the one it runs in."""
     return chosen.has("cuda_graphs")
+
+
+class GateFailed(Exception):
+    """A recorded mode's outputs no longer pass its accuracy gate."""
+
+
+def _cache_reads(candidate: Mode) -> int:
+    """Cached conversions and packages read so far by the kind of load ``candidate`` makes."""
+    counters = cache_counters(candidate.has("compile"), candidate.runtime is not None)
+    return counters.get("loaded", 0) + counters.get("read", 0)
 
 
 def _problem(e: BaseException) -> str:
@@ -180,7 +148,7 @@ class Optimizer:
         key = None
         if explicit is None and self.choices is not None:
             key, recorded = self._recall(targets, candidates, report)
-            if recorded is not None and self._apply_recorded(report, recorded, targets):
+            if recorded is not None and self._apply_recorded(report, recorded, targets, gate):
                 report.seconds = time.perf_counter() - started
                 report.line = self._recorded_line(report)
                 return report
@@ -199,9 +167,19 @@ class Optimizer:
                 outcome.problem = missing
                 continue
             try:
+                reads = _cache_reads(candidate)
                 fns = [self.apply(t, candidate, self.device, self.batch) for t in targets]
                 self._install(targets, fns)
                 result = gate(reference, self.model.gate_outputs())
+                if not result.passed and _cache_reads(candidate) > reads:
+                    # A cached artefact that loads but answers wrong (overwritten, bit rot): made again, once.
+                    self._install(targets, [t.module for t in targets])
+                    with refresh():
+                        fns = [self.apply(t, candidate, self.device, self.batch) for t in targets]
+                    self._install(targets, fns)
+                    report.notes.append(f"the cached {candidate} failed the accuracy gate ({result.summary}): "
+                                        f"made again")
+                    result = gate(reference, self.model.gate_outputs())
                 outcome.gate = result.summary
                 if result.passed:
                     passed.append((outcome, fns))
@@ -266,18 +244,30 @@ class Optimizer:
             report.notes.append(f"recorded choice {name} ignored: {e}")
             return key, None
 
-    def _apply_recorded(self, report: Report, recorded: Recorded, targets: list[OptimizationTarget]) -> bool:
-        """Run the recorded mode without measuring; False (the model eager again, a note) when it fails to apply."""
+    def _apply_recorded(self, report: Report, recorded: Recorded, targets: list[OptimizationTarget],
+                        gate: Callable[[Any, Any], Any]) -> bool:
+        """Run the recorded mode without timing anything, once it passes its accuracy gate again: its cached
+        conversion or package may have been overwritten since.  False (the model eager again, a note) when it
+        fails to apply or fails the gate."""
         chosen = mode(recorded.mode, self.device)
         self.phase(f"applying {chosen}, the mode measured {recorded.when} (recorded: not measured again)")
         compiling, converting = chosen.has("compile"), chosen.runtime is not None
         before = self._prepare(compiling, converting)
         try:
-            fns = [self.apply(t, chosen, self.device, self.batch) if chosen.steps else t.module for t in targets]
+            fns = [t.module for t in targets]
+            if chosen.steps:
+                reference = self.model.gate_outputs()  # eager is installed
+                fns = [self.apply(t, chosen, self.device, self.batch) for t in targets]
+                self._install(targets, fns)
+                result = gate(reference, self.model.gate_outputs())
+                report.recorded_gate = result.summary
+                if not result.passed:
+                    raise GateFailed(result.summary)
         except Exception as e:  # noqa: BLE001 - the record is of no use now: measure
             self._install(targets, [t.module for t in targets])
             self.apply_layout(targets, EAGER_MODE)
-            report.notes.append(f"the recorded {chosen} failed to apply ({_problem(e)}): measured again")
+            failed = f"failed the accuracy gate ({e})" if isinstance(e, GateFailed) else f"failed to apply ({_problem(e)})"
+            report.notes.append(f"the recorded {chosen} {failed}: measured again")
             return False
         self.apply_layout(targets, chosen)
         self._install(targets, fns)
@@ -379,6 +369,8 @@ class Optimizer:
         assert recorded is not None
         speed = f", {recorded.speedup:.2f}x eager" if recorded.speedup else ""
         notes = "".join(f"; {note}" for note in report.notes)
+        if report.recorded_gate:
+            notes = f"; gate passed [{report.recorded_gate}]{notes}"
         return (f"{self.model_id}: optimize {self.setting} chose {report.chosen}, batch {self.batch}: as measured "
                 f"{recorded.when}{speed} ({recorded.path.name}), not measured again "
                 f"({report.seconds:.1f} s{notes}{describe_cache(report.cache)})")

@@ -82,3 +82,20 @@ def test_a_restart_reuses_the_compiled_package_from_the_state_directory(tmp_path
     assert re.search(rf"TESTFAULTS: optimize auto chose {re.escape(chosen)}, batch 4: as measured [\d-]+ [\d:]+ UTC"
                      rf"(, [\d.]+x eager)? \({record.name}\), not measured again \([\d.]+ s{cache}\)\n", output), output
     assert f"ready (version test-faults; optimize {chosen}; warm-up batch of 4" in output
+
+
+def test_a_state_directory_where_nothing_can_be_written_does_not_stop_an_eager_load(tmp_path):
+    """Importing torchvision makes inductor's cache directory: pointed into a state directory that cannot hold
+    it, the load failed, ``optimize = "eager"`` included.  The kernel cache then stays in torch's default place."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    config = write_config(tmp_path, "MOBILENETV2", backend={"optimize": "eager"})
+    server = start_model_server(config, env={"SERVICE_STATE_DIR": str(blocked)})
+    try:
+        reply = post(server.url + "/mobilenetv2/predict", {"images": [colour_image((10, 20, 30))]},
+                     headers=server.auth)
+        assert reply.status == 200 and reply.json["status"] == 0, reply.body[:300]
+        output = server.output()
+    finally:
+        assert server.stop() == 0
+    assert f"cannot make {blocked}/inductor (is the state directory writable?)" in output, output

@@ -25,11 +25,11 @@ FIGURES = {"eager": 10.0, "channels_last": 9.0, "jit": 4.0}
 class Counted:
     """What a load did: the modes it applied, its timer calls, the phases it reported."""
 
-    def __init__(self, failing: dict[str, Exception] | None = None, **ms: float) -> None:
+    def __init__(self, failing: dict[str, Exception] | None = None, corrupt: tuple = (), **ms: float) -> None:
         self.applied: list[str] = []
         self.timed = 0
         self.phases: list[str] = []
-        self._apply = named_apply(failing)
+        self._apply = named_apply(failing, corrupt)
         self._timer = timings(**(ms or FIGURES))
 
     def apply(self, target: Any, mode: Any, device: str, batch: int) -> Any:
@@ -63,9 +63,11 @@ def test_a_second_load_with_the_same_key_applies_the_recorded_mode_without_measu
     model, again = TinyClassifier(), Counted()  # a restart: the same weights, code, candidates, machine
     report = load(model, folder, again)
     assert report.mode == "jit" and report.recorded is not None and report.outcomes == []
-    assert (again.applied, again.timed, model.gate_calls) == (["jit"], 0, 0)  # nothing gated, nothing timed
+    # nothing timed; the recorded mode alone gated against eager (its cached artefact may have changed since)
+    assert (again.applied, again.timed, model.gate_calls) == (["jit"], 0, 2)
     assert re.fullmatch(r"TINY: optimize auto chose jit, batch 4: as measured \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, "
-                        rf"2\.50x eager \({path.name}\), not measured again \(\d+\.\d s\)", report.line), report.line
+                        rf"2\.50x eager \({path.name}\), not measured again \(\d+\.\d s; gate passed \[top-1 6/6, "
+                        r"top-5 6/6, logit error [\d.e+-]+\]\)", report.line), report.line
     assert again.phases == [f"applying jit, the mode measured {report.recorded.when} (recorded: not measured again)"]
     assert model.run.mode_name == "jit"  # installed: predict runs the recorded mode
     images = torch.rand(3, 3, 8, 8)
@@ -125,6 +127,39 @@ def test_a_recorded_mode_that_fails_to_apply_falls_back_to_measuring(folder):
             "measured again; ") in report.line
     [path] = folder.iterdir()
     assert json.loads(path.read_text())["mode"] == "channels_last"
+
+
+def test_a_recorded_mode_whose_outputs_now_fail_the_gate_is_not_served(folder):
+    """A recorded mode was applied without a gate: a cached conversion overwritten since served wrong classes
+    as successes.  It is gated against eager at every start, and measured again when it fails."""
+    load(TinyClassifier(), folder, Counted())
+    model, counted = TinyClassifier(), Counted(corrupt=("jit",))
+    report = load(model, folder, counted)
+    assert report.mode == "channels_last" and report.recorded is None and model.run.mode_name == "channels_last"
+    assert counted.applied == ["jit", "channels_last", "jit"] and counted.timed > 0
+    assert "; the recorded jit failed the accuracy gate (top-1 6/6, top-5 6/6, logit error " in report.line
+    assert "jit dropped (gate failed: top-1 " in report.line
+    [path] = folder.iterdir()
+    assert json.loads(path.read_text())["mode"] == "channels_last"
+
+
+@pytest.mark.parametrize("field, value, problem", [
+    ("chosen_at", float("inf"), "its time or speed-up is not a finite number"),
+    ("chosen_at", float("nan"), "its time or speed-up is not a finite number"),
+    ("chosen_at", True, "its time or speed-up is not a finite number"),
+    ("chosen_at", 1e300, "its time 1e+300 is not a date"),
+    ("speedup", float("nan"), "its time or speed-up is not a finite number"),
+    ("speedup", -2.0, "its time or speed-up is not a finite number"),
+])
+def test_a_record_with_a_number_that_is_no_time_or_speed_up_is_ignored_and_replaced(folder, field, value, problem):
+    """``"chosen_at": Infinity`` (JSON to Python) failed every start with OverflowError and left it eager for good."""
+    load(TinyClassifier(), folder, Counted())
+    [path] = folder.iterdir()
+    path.write_text(json.dumps({**json.loads(path.read_text()), field: value}))
+    report = load(TinyClassifier(), folder, Counted())
+    assert report.mode == "jit" and report.recorded is None, report.line
+    assert f"recorded choice {path.name} ignored: {problem}" in report.line
+    assert json.loads(path.read_text())[field] != value or field == "speedup" and value != value  # replaced
 
 
 def test_a_candidate_that_failed_for_a_passing_reason_leaves_no_record(folder):

@@ -125,13 +125,20 @@ def test_shipped_configs_say_auto():
 # -- the state directory -------------------------------------------------------------------------
 
 
-def test_state_dir_and_inductor_cache_locations():
+def test_state_dir_and_inductor_cache_locations(tmp_path):
     assert cache.state_dir({"SERVICE_STATE_DIR": "/srv/state"}) == cache.Path("/srv/state")
     assert cache.state_dir({"XDG_STATE_HOME": "/x"}) == cache.Path("/x/inference-service")
     assert str(cache.state_dir({})).endswith("/.local/state/inference-service")
     assert cache.inductor_cache_dir({"SERVICE_STATE_DIR": "/s"}) == cache.Path("/s/inductor")
-    env = {"SERVICE_STATE_DIR": "/s"}
-    assert cache.use_inductor_cache(env) == cache.Path("/s/inductor") and env["TORCHINDUCTOR_CACHE_DIR"] == "/s/inductor"
+    env = {"SERVICE_STATE_DIR": str(tmp_path)}
+    assert cache.use_inductor_cache(env) == tmp_path / "inductor" and env["TORCHINDUCTOR_CACHE_DIR"] == str(
+        tmp_path / "inductor")
+    assert (tmp_path / "inductor").is_dir()
+    # a state directory where nothing can be made: torch keeps its own default (the load, eager included, went on
+    # to fail when importing torchvision made the directory)
+    (tmp_path / "file").write_text("")
+    env = {"SERVICE_STATE_DIR": str(tmp_path / "file")}
+    assert cache.use_inductor_cache(env) is None and "TORCHINDUCTOR_CACHE_DIR" not in env
     env = {"SERVICE_STATE_DIR": "/s", "TORCHINDUCTOR_CACHE_DIR": "/mine"}
     assert cache.use_inductor_cache(env) == cache.Path("/mine")  # an explicit one is kept
     assert cache.compiled_dir({"SERVICE_STATE_DIR": "/s"}) == cache.Path("/s/compiled")

@@ -367,6 +367,67 @@ def test_a_missing_runtime_leaves_the_torch_modes_with_one_line(monkeypatch):
     assert report.line.startswith(f"TINY: optimize openvino: {problem}; running eager (")
 
 
+@pytest.mark.parametrize("name", RUNTIMES)
+def test_a_cached_conversion_that_cannot_be_read_is_converted_again(name, state_dir):
+    """A cut or overwritten file in the cache failed the mode on every start, and auto recorded the loss."""
+    Optimizer(TinyClassifier(candidates=(name,)), "classification", "cpu", name, 4, "TINY").run()
+    [artefact] = (state_dir / "compiled").glob(f"net-{name}-*.{'xml' if name == 'openvino' else 'onnx'}")
+    artefact.write_bytes(artefact.read_bytes()[:100])  # cut short
+    model = TinyClassifier(candidates=(name,))
+    report = Optimizer(model, "classification", "cpu", name, 4, "TINY").run()
+    assert report.mode == name and not report.fell_back, report.line
+    assert report.line.endswith("; converted models: 1 converted, 0 read from the cache "
+                                "(1 in the cache unusable: made again))"), report.line
+    (state_dir / "compiled" / artefact.with_suffix(".json").name).write_text("")  # its record cut: the same
+    assert Optimizer(TinyClassifier(candidates=(name,)), "classification", "cpu", name, 4, "TINY").run().line.endswith(
+        "(1 in the cache unusable: made again))")
+    report = Optimizer(TinyClassifier(candidates=(name,)), "classification", "cpu", name, 4, "TINY").run()
+    assert report.line.endswith("; converted models: 0 converted, 1 read from the cache)"), report.line  # healed
+    images = torch.rand(3, 3, 8, 8)
+    assert torch.allclose(torch.stack(model.predict(list(images), {})), model.net(images), atol=1e-5)
+
+
+@pytest.mark.parametrize("name", RUNTIMES)
+def test_a_cached_conversion_that_answers_wrong_is_converted_again(name, state_dir):
+    """A cached file that loads but computes something else (overwritten, bit rot) passed as cached; its gate
+    fails, so it is converted again once and gated again."""
+    def timer(pairs: list, batch: int) -> float:  # the runtime wins on speed
+        return 10.0 if all(fn is target.module for target, fn in pairs) else 1.0
+
+    Optimizer(TinyClassifier(candidates=(name,)), "classification", "cpu", name, 4, "TINY").run()
+    wrong = TinyClassifier(candidates=(name,))
+    with torch.no_grad():
+        wrong.net[0].weight.mul_(-3.0)
+    Optimizer(wrong, "classification", "cpu", name, 4, "TINY").run()  # another key: its own files
+    suffixes = (".xml", ".bin") if name == "openvino" else (".onnx",)
+    right, other = sorted((state_dir / "compiled").glob(f"net-{name}-*{suffixes[0]}"),
+                          key=lambda p: p.stat().st_mtime)
+    for suffix in suffixes:  # the wrong weights' conversion under the right key
+        right.with_suffix(suffix).write_bytes(other.with_suffix(suffix).read_bytes())
+    model = TinyClassifier(candidates=(name,))
+    report = Optimizer(model, "classification", "cpu", "auto", 4, "TINY", timer=timer).run()
+    assert report.mode == name and model.run is not model.net, report.line
+    assert f"; the cached {name} failed the accuracy gate (top-1 " in report.line, report.line
+    assert report.line.endswith("; converted models: 1 converted, 1 read from the cache)"), report.line
+    images = torch.rand(3, 3, 8, 8)
+    assert torch.allclose(torch.stack(model.predict(list(images), {})), model.net(images), atol=1e-5)
+
+
+def test_openvino_failing_to_write_its_conversion_is_a_passing_failure_and_records_nothing(state_dir, monkeypatch):
+    """A full disk reaches OpenVINO's save as a RuntimeError: auto recorded a lesser mode and never tried it again."""
+    def full_disk(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("Exception from src/core/src/pass/serialize.cpp: basic_ios::clear: iostream error")
+
+    monkeypatch.setattr(openvino_module(), "save_model", full_disk)
+    choices = state_dir / "compiled" / "choices"
+    model = TinyClassifier(candidates=("openvino",))
+    report = Optimizer(model, "classification", "cpu", "auto", 4, "TINY", choices=choices).run()
+    assert report.mode == "eager" and not choices.exists(), report.line
+    assert "openvino dropped (OSError: OpenVINO could not write net-openvino-" in report.line
+    assert "; choice not recorded: openvino failed in a way that may pass" in report.line
+    assert not list((state_dir / "compiled").glob(".converting-*"))  # nothing half-written left
+
+
 class Perturbed(torch.nn.Module):
     """The module with its weights moved by 20 %: a conversion that computes something else."""
 

@@ -15,7 +15,7 @@ import torch
 from zope.interface import implementer
 
 from svc.model.api import IModel, IOptimizable, OptimizationTarget
-from svc.optimize import select
+from svc.optimize import select, timing
 from svc.optimize.apply import apply_mode
 from svc.optimize.modes import Mode, mode
 from svc.optimize.select import Optimizer, optimize_model
@@ -231,10 +231,10 @@ def test_candidates_leave_out_what_the_machine_cannot_run(monkeypatch):
 def test_the_real_timer_takes_the_best_call(monkeypatch):
     # started; then per call begin, end and the loop's look at the clock: calls of 0.5, 0.2 and 0.9 s
     ticks = iter([0.0, 0.0, 0.5, 0.5, 0.5, 0.7, 0.7, 0.7, 1.6, 1.6])
-    monkeypatch.setattr(select, "TIMING_S", 1.0)
+    monkeypatch.setattr(timing, "TIMING_S", 1.0)
     model = TinyClassifier()
     [target] = model.optimization_targets()
-    assert select.timed_ms([(target, target.module)], 2, clock=lambda: next(ticks)) == pytest.approx(200.0)
+    assert timing.timed_ms([(target, target.module)], 2, clock=lambda: next(ticks)) == pytest.approx(200.0)
 
 
 def test_the_timer_waits_for_queued_gpu_work_before_it_reads_the_clock(monkeypatch):
@@ -250,14 +250,14 @@ def test_the_timer_waits_for_queued_gpu_work_before_it_reads_the_clock(monkeypat
 
     target = SimpleNamespace(example_inputs=lambda batch: (OnCuda(),))
     ticks = iter(range(100))
-    monkeypatch.setattr(select, "MIN_CALLS", 2)
-    monkeypatch.setattr(select, "TIMING_S", 0.0)
-    select.timed_ms([(target, call)], 2, clock=lambda: events.append("clock") or next(ticks),
+    monkeypatch.setattr(timing, "MIN_CALLS", 2)
+    monkeypatch.setattr(timing, "TIMING_S", 0.0)
+    timing.timed_ms([(target, call)], 2, clock=lambda: events.append("clock") or next(ticks),
                     synchronize=lambda: events.append("sync"))
     # before the clock starts, then each call timed from its start to the end of its work; the last look ends it
     assert events == ["sync", "clock", *["clock", "call", "sync", "clock"] * 2, "clock"]
-    assert select._cuda_synchronize([(call, (OnCuda(),))]).__name__ == "synchronize"  # torch.cuda's
-    assert select._cuda_synchronize([(call, (torch.zeros(1),))])() is None  # on the CPU: nothing to wait for
+    assert timing._cuda_synchronize([(call, (OnCuda(),))]).__name__ == "synchronize"  # torch.cuda's
+    assert timing._cuda_synchronize([(call, (torch.zeros(1),))])() is None  # on the CPU: nothing to wait for
 
 
 def test_a_mode_that_replays_on_captured_weights_is_applied_again_once_their_layout_changed():

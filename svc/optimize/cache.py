@@ -9,10 +9,11 @@ first start compiled, and inductor its kernel cache in ``<state>/inductor``
 (``TORCHINDUCTOR_CACHE_DIR``; one already in the environment is kept).
 
 Every file of the cache is written whole or not at all (:func:`write_atomically`): two replicas of a model
-may convert the same key at once, and a full disk must not leave a cut file that looks cached.  An artefact
-that is there but cannot be used (cut short, overwritten, from a broken write) is made again once, not trusted
-on every start (``svc.optimize.runtimes``, ``svc.optimize.aot``); :func:`refreshing` makes a load make every
-artefact again, as the optimisation step does for a cached artefact whose outputs failed the accuracy gate.
+may convert the same key at once, and a full disk must not leave a cut file that looks cached.  Each artefact's
+``.json`` holds the SHA-256 of its files (:func:`file_digests`): an artefact that is there but is not what was
+made (cut short, overwritten, bit rot) is made again, never served unchecked (``svc.optimize.runtimes``,
+``svc.optimize.aot``) -- it passed the accuracy gate as it was made, and ``auto``'s recorded choice is
+applied without gating again.
 
 Torch-free; :func:`use_inductor_cache` must run before torch compiles
 anything (``svc.model.torchenv.configure_compile_cache`` calls it at startup).
@@ -20,10 +21,10 @@ anything (``svc.model.torchenv.configure_compile_cache`` calls it at startup).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
-from collections.abc import Iterator, Mapping, MutableMapping
-from contextlib import contextmanager
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 from svc.infra.userdirs import configured_dir
@@ -87,20 +88,20 @@ def discard(*paths: Path) -> None:
             pass
 
 
-_refreshing = False
+def file_digests(paths: list[Path]) -> dict[str, str]:
+    """The SHA-256 of each file, by name: written beside a cached artefact when it is made, checked when it is
+    read, so that a file changed since (overwritten, bit rot) is made again instead of served unchecked."""
+    found = {}
+    for path in paths:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+        found[path.name] = digest.hexdigest()
+    return found
 
 
-def refreshing() -> bool:
-    """Whether loads now make every artefact again instead of reading the cache (:func:`refresh`)."""
-    return _refreshing
-
-
-@contextmanager
-def refresh() -> Iterator[None]:
-    """Within: every conversion and compiled package is made again and replaces the cached one."""
-    global _refreshing
-    before, _refreshing = _refreshing, True
-    try:
-        yield
-    finally:
-        _refreshing = before
+def check_digests(record: dict, paths: list[Path]) -> None:
+    """Raise ValueError unless ``paths`` are the files ``record`` (the artefact's ``.json``) was written with."""
+    if record.get("sha256") != file_digests(paths):
+        raise ValueError("not the files that were made (their SHA-256 differs from the record)")

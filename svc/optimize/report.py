@@ -44,8 +44,7 @@ class Report:
     line: str = ""
     fell_back: bool = False  # an explicit mode failed: running eager
     cache: dict[str, int] = field(default_factory=dict)  # compiled packages built and loaded by this load
-    recorded: Recorded | None = None  # the record the mode was applied from (nothing was timed)
-    recorded_gate: str = ""  # the recorded mode's gate figure at this start
+    recorded: Recorded | None = None  # the record the mode was applied from (nothing was measured)
     notes: list[str] = field(default_factory=list)  # what the line adds: records ignored or not written
 
     @property

@@ -45,7 +45,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from svc.optimize.cache import discard, refreshing, write_atomically
+from svc.optimize.cache import check_digests, discard, file_digests, write_atomically
 from svc.optimize.runtime_calls import OnnxRuntimeCall, OpenVINOCall, fixed_batches
 
 #: Models converted and read from the cache by this process (``converted``, ``loaded``).
@@ -118,9 +118,11 @@ def converted(module: Any, make_example: Any, batch: int, batched: bool, runtime
                     for v in make_example(max(batch, CONVERT_MIN_BATCH) if batched else batch))
     path = artifact_path(module, example, runtime, name, batched, directory)
     meta = path.with_suffix(".json")
-    if meta.is_file() and path.is_file() and not refreshing():
+    if meta.is_file() and path.is_file():
         try:
-            call = _load(path, json.loads(meta.read_text())["returns"], runtime, bf16, batch, batched)
+            record = json.loads(meta.read_text())
+            check_digests(record, _files(path))
+            call = _load(path, record["returns"], runtime, bf16, batch, batched)
             STATS["loaded"] += 1
             return call
         except MemoryError:
@@ -135,9 +137,14 @@ def converted(module: Any, make_example: Any, batch: int, batched: bool, runtime
                                                                      returns))
     else:
         _export_onnx(module, example, batched, path)
-    write_atomically(meta, json.dumps({"returns": returns}))
+    write_atomically(meta, json.dumps({"returns": returns, "sha256": file_digests(_files(path))}))
     STATS["converted"] += 1
     return _load(path, returns, runtime, bf16, batch, batched)
+
+
+def _files(path: Path) -> list[Path]:
+    """The files of a converted model: OpenVINO's ``.xml`` and ``.bin``, or the ``.onnx``."""
+    return [path, path.with_suffix(".bin")] if path.suffix == ".xml" else [path]
 
 
 def _load(path: Path, returns: str, runtime: str, bf16: bool, batch: int, batched: bool) -> Any:
@@ -174,10 +181,15 @@ def _onnx_file(module: Any, example: tuple, batched: bool, name: str, directory:
     try:
         path = artifact_path(module, example, "onnxruntime", name, batched, directory)
         meta = path.with_suffix(".json")
-        if not (meta.is_file() and path.is_file()) or refreshing():
-            discard(meta)
-            _export_onnx(module, example, batched, path)
-            write_atomically(meta, json.dumps({"returns": returns}))
+        if meta.is_file() and path.is_file():
+            try:
+                check_digests(json.loads(meta.read_text()), [path])
+                return path
+            except Exception:  # noqa: BLE001 - exported again below
+                pass
+        discard(meta)
+        _export_onnx(module, example, batched, path)
+        write_atomically(meta, json.dumps({"returns": returns, "sha256": file_digests([path])}))
         return path
     except Exception:  # noqa: BLE001 - OpenVINO converts the module itself instead
         return None

@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from svc.model.api import IOptimizable, OptimizationTarget
-from svc.optimize.cache import refresh
 from svc.optimize.modes import EAGER_MODE, Mode, mode, parse_mode
 from svc.optimize.report import Outcome, Report, cache_counters, cache_delta, describe_cache
 from svc.optimize.timing import timed_ms
@@ -69,16 +68,6 @@ def holds_weights(chosen: Mode) -> bool:
     turn moves the weights (:meth:`Optimizer.apply_layout`), and a graph captured before served NaN from freed
     memory; such a mode is applied again once the layout is the one it runs in."""
     return chosen.has("cuda_graphs")
-
-
-class GateFailed(Exception):
-    """A recorded mode's outputs no longer pass its accuracy gate."""
-
-
-def _cache_reads(candidate: Mode) -> int:
-    """Cached conversions and packages read so far by the kind of load ``candidate`` makes."""
-    counters = cache_counters(candidate.has("compile"), candidate.runtime is not None)
-    return counters.get("loaded", 0) + counters.get("read", 0)
 
 
 def _problem(e: BaseException) -> str:
@@ -148,7 +137,7 @@ class Optimizer:
         key = None
         if explicit is None and self.choices is not None:
             key, recorded = self._recall(targets, candidates, report)
-            if recorded is not None and self._apply_recorded(report, recorded, targets, gate):
+            if recorded is not None and self._apply_recorded(report, recorded, targets):
                 report.seconds = time.perf_counter() - started
                 report.line = self._recorded_line(report)
                 return report
@@ -167,19 +156,9 @@ class Optimizer:
                 outcome.problem = missing
                 continue
             try:
-                reads = _cache_reads(candidate)
                 fns = [self.apply(t, candidate, self.device, self.batch) for t in targets]
                 self._install(targets, fns)
                 result = gate(reference, self.model.gate_outputs())
-                if not result.passed and _cache_reads(candidate) > reads:
-                    # A cached artefact that loads but answers wrong (overwritten, bit rot): made again, once.
-                    self._install(targets, [t.module for t in targets])
-                    with refresh():
-                        fns = [self.apply(t, candidate, self.device, self.batch) for t in targets]
-                    self._install(targets, fns)
-                    report.notes.append(f"the cached {candidate} failed the accuracy gate ({result.summary}): "
-                                        f"made again")
-                    result = gate(reference, self.model.gate_outputs())
                 outcome.gate = result.summary
                 if result.passed:
                     passed.append((outcome, fns))
@@ -244,30 +223,21 @@ class Optimizer:
             report.notes.append(f"recorded choice {name} ignored: {e}")
             return key, None
 
-    def _apply_recorded(self, report: Report, recorded: Recorded, targets: list[OptimizationTarget],
-                        gate: Callable[[Any, Any], Any]) -> bool:
-        """Run the recorded mode without timing anything, once it passes its accuracy gate again: its cached
-        conversion or package may have been overwritten since.  False (the model eager again, a note) when it
-        fails to apply or fails the gate."""
+    def _apply_recorded(self, report: Report, recorded: Recorded, targets: list[OptimizationTarget]) -> bool:
+        """Run the recorded mode without measuring; False (the model eager again, a note) when it fails to apply.
+
+        Not gated again: its cached conversion or package is read only when its files are the ones that passed
+        the gate (their SHA-256, ``svc.optimize.cache``), else made again; the rest of the key is the same."""
         chosen = mode(recorded.mode, self.device)
         self.phase(f"applying {chosen}, the mode measured {recorded.when} (recorded: not measured again)")
         compiling, converting = chosen.has("compile"), chosen.runtime is not None
         before = self._prepare(compiling, converting)
         try:
-            fns = [t.module for t in targets]
-            if chosen.steps:
-                reference = self.model.gate_outputs()  # eager is installed
-                fns = [self.apply(t, chosen, self.device, self.batch) for t in targets]
-                self._install(targets, fns)
-                result = gate(reference, self.model.gate_outputs())
-                report.recorded_gate = result.summary
-                if not result.passed:
-                    raise GateFailed(result.summary)
+            fns = [self.apply(t, chosen, self.device, self.batch) if chosen.steps else t.module for t in targets]
         except Exception as e:  # noqa: BLE001 - the record is of no use now: measure
             self._install(targets, [t.module for t in targets])
             self.apply_layout(targets, EAGER_MODE)
-            failed = f"failed the accuracy gate ({e})" if isinstance(e, GateFailed) else f"failed to apply ({_problem(e)})"
-            report.notes.append(f"the recorded {chosen} {failed}: measured again")
+            report.notes.append(f"the recorded {chosen} failed to apply ({_problem(e)}): measured again")
             return False
         self.apply_layout(targets, chosen)
         self._install(targets, fns)
@@ -369,8 +339,6 @@ class Optimizer:
         assert recorded is not None
         speed = f", {recorded.speedup:.2f}x eager" if recorded.speedup else ""
         notes = "".join(f"; {note}" for note in report.notes)
-        if report.recorded_gate:
-            notes = f"; gate passed [{report.recorded_gate}]{notes}"
         return (f"{self.model_id}: optimize {self.setting} chose {report.chosen}, batch {self.batch}: as measured "
                 f"{recorded.when}{speed} ({recorded.path.name}), not measured again "
                 f"({report.seconds:.1f} s{notes}{describe_cache(report.cache)})")

@@ -6,6 +6,7 @@ model and its state directory are in test_optimize_cache.py.
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import torch
@@ -25,7 +26,8 @@ def test_compile_builds_a_package_once_and_a_second_load_reads_it(tmp_path, monk
     assert report.line.startswith("TESTFAULTS: optimize compile: gate passed [top-1 4/4")
     assert report.line.endswith("; compiled packages: 1 built, 0 loaded from the cache)")
     [package] = (tmp_path / "compiled").glob("net-compile-*.pt2")
-    assert json.loads(package.with_suffix(".json").read_text()) == {"batches": [1, 8]}  # 2 x max_batch_size
+    assert json.loads(package.with_suffix(".json").read_text()) == {  # 2 x max_batch_size
+        "batches": [1, 8], "sha256": {package.name: hashlib.sha256(package.read_bytes()).hexdigest()}}
     for n in (1, 2, 3, 5):  # one program for every batch size
         assert torch.allclose(model.means(uint8_tensors(n)), eager[:n], atol=1e-3)
 
@@ -33,6 +35,14 @@ def test_compile_builds_a_package_once_and_a_second_load_reads_it(tmp_path, monk
     report = optimize_model(again, "classification", "cpu", "compile", 4, "TESTFAULTS")
     assert report.line.endswith("; compiled packages: 0 built, 1 loaded from the cache)"), report.line
     assert torch.allclose(again.means(uint8_tensors(5)), eager, atol=1e-3)
+
+    # a package cut short (a full disk, a copy that stopped) failed compile on every start: built again, once
+    package.write_bytes(package.read_bytes()[: package.stat().st_size // 2])
+    healed = NetFaultModel()
+    report = optimize_model(healed, "classification", "cpu", "compile", 4, "TESTFAULTS")
+    assert report.mode == "compile" and report.line.endswith(
+        "; compiled packages: 1 built, 0 loaded from the cache (1 in the cache unusable: made again))"), report.line
+    assert torch.allclose(healed.means(uint8_tensors(5)), eager, atol=1e-3)
 
 
 class BatchOfOneApart(torch.nn.Module):
@@ -60,4 +70,4 @@ def test_a_batch_outside_the_compiled_sizes_runs_eager(tmp_path):
     alone = aot.compiled(module, example_of, 1, "cpu", True, "compile", "apart", tmp_path)
     assert alone.batches == (1, 1)  # a warm-up batch of one, outside the dynamic range: compiled alone
     assert torch.allclose(alone(x[:1]), x[:1] * 3)
-    assert json.loads(alone.path.with_suffix(".json").read_text()) == {"batches": [1, 1]}
+    assert json.loads(alone.path.with_suffix(".json").read_text())["batches"] == [1, 1]

@@ -25,11 +25,11 @@ FIGURES = {"eager": 10.0, "channels_last": 9.0, "jit": 4.0}
 class Counted:
     """What a load did: the modes it applied, its timer calls, the phases it reported."""
 
-    def __init__(self, failing: dict[str, Exception] | None = None, corrupt: tuple = (), **ms: float) -> None:
+    def __init__(self, failing: dict[str, Exception] | None = None, **ms: float) -> None:
         self.applied: list[str] = []
         self.timed = 0
         self.phases: list[str] = []
-        self._apply = named_apply(failing, corrupt)
+        self._apply = named_apply(failing)
         self._timer = timings(**(ms or FIGURES))
 
     def apply(self, target: Any, mode: Any, device: str, batch: int) -> Any:
@@ -63,11 +63,9 @@ def test_a_second_load_with_the_same_key_applies_the_recorded_mode_without_measu
     model, again = TinyClassifier(), Counted()  # a restart: the same weights, code, candidates, machine
     report = load(model, folder, again)
     assert report.mode == "jit" and report.recorded is not None and report.outcomes == []
-    # nothing timed; the recorded mode alone gated against eager (its cached artefact may have changed since)
-    assert (again.applied, again.timed, model.gate_calls) == (["jit"], 0, 2)
+    assert (again.applied, again.timed, model.gate_calls) == (["jit"], 0, 0)  # nothing gated, nothing timed
     assert re.fullmatch(r"TINY: optimize auto chose jit, batch 4: as measured \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, "
-                        rf"2\.50x eager \({path.name}\), not measured again \(\d+\.\d s; gate passed \[top-1 6/6, "
-                        r"top-5 6/6, logit error [\d.e+-]+\]\)", report.line), report.line
+                        rf"2\.50x eager \({path.name}\), not measured again \(\d+\.\d s\)", report.line), report.line
     assert again.phases == [f"applying jit, the mode measured {report.recorded.when} (recorded: not measured again)"]
     assert model.run.mode_name == "jit"  # installed: predict runs the recorded mode
     images = torch.rand(3, 3, 8, 8)
@@ -125,20 +123,6 @@ def test_a_recorded_mode_that_fails_to_apply_falls_back_to_measuring(folder):
     assert counted.applied == ["jit", "channels_last", "jit"] and counted.timed > 0  # the record's, then measured
     assert ("(min gain 5%; the recorded jit failed to apply (RuntimeError: injected: the cached model is gone): "
             "measured again; ") in report.line
-    [path] = folder.iterdir()
-    assert json.loads(path.read_text())["mode"] == "channels_last"
-
-
-def test_a_recorded_mode_whose_outputs_now_fail_the_gate_is_not_served(folder):
-    """A recorded mode was applied without a gate: a cached conversion overwritten since served wrong classes
-    as successes.  It is gated against eager at every start, and measured again when it fails."""
-    load(TinyClassifier(), folder, Counted())
-    model, counted = TinyClassifier(), Counted(corrupt=("jit",))
-    report = load(model, folder, counted)
-    assert report.mode == "channels_last" and report.recorded is None and model.run.mode_name == "channels_last"
-    assert counted.applied == ["jit", "channels_last", "jit"] and counted.timed > 0
-    assert "; the recorded jit failed the accuracy gate (top-1 6/6, top-5 6/6, logit error " in report.line
-    assert "jit dropped (gate failed: top-1 " in report.line
     [path] = folder.iterdir()
     assert json.loads(path.read_text())["mode"] == "channels_last"
 

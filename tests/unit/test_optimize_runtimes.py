@@ -8,6 +8,8 @@ wheel), a conversion of perturbed weights, timings.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 import threading
 from types import SimpleNamespace
@@ -76,7 +78,9 @@ def test_a_converted_target_takes_every_batch_size_and_returns_what_the_module_r
     assert fn.conv is module.conv  # a stand-in: the original's attributes are read through it
     suffix = ".xml" if name == "openvino" else ".onnx"
     [artifact] = (state_dir / "compiled").glob(f"heads-{name}-*{suffix}")
-    assert artifact.with_suffix(".json").read_text() == '{"returns": "list"}'
+    files = [artifact, artifact.with_suffix(".bin")] if name == "openvino" else [artifact]
+    assert json.loads(artifact.with_suffix(".json").read_text()) == {
+        "returns": "list", "sha256": {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files}}
 
 
 def test_the_runtime_threads_follow_torch_and_the_workers(monkeypatch):
@@ -246,7 +250,8 @@ def test_openvino_converts_the_onnx_export_which_onnxruntime_then_reads(state_di
     fn = apply_mode(target, mode("openvino"), "cpu", 4)
     [onnx] = (state_dir / "compiled").glob("heads-onnxruntime-*.onnx")
     assert converted_from == [str(onnx)]
-    assert onnx.with_suffix(".json").read_text() == '{"returns": "list"}'
+    assert json.loads(onnx.with_suffix(".json").read_text()) == {
+        "returns": "list", "sha256": {onnx.name: hashlib.sha256(onnx.read_bytes()).hexdigest()}}
 
     def no_export(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("exported again")
@@ -388,29 +393,34 @@ def test_a_cached_conversion_that_cannot_be_read_is_converted_again(name, state_
 
 
 @pytest.mark.parametrize("name", RUNTIMES)
-def test_a_cached_conversion_that_answers_wrong_is_converted_again(name, state_dir):
-    """A cached file that loads but computes something else (overwritten, bit rot) passed as cached; its gate
-    fails, so it is converted again once and gated again."""
+def test_a_cached_conversion_changed_since_it_passed_is_converted_again_also_for_a_recorded_choice(name, state_dir):
+    """A recorded choice is applied without its gate: a cached file overwritten since (same size, other weights)
+    served wrong classes as successes.  Each file's SHA-256 is kept beside it; one that differs is made again."""
+    choices = state_dir / "compiled" / "choices"
+
     def timer(pairs: list, batch: int) -> float:  # the runtime wins on speed
         return 10.0 if all(fn is target.module for target, fn in pairs) else 1.0
 
-    Optimizer(TinyClassifier(candidates=(name,)), "classification", "cpu", name, 4, "TINY").run()
+    def load(model: TinyClassifier) -> Any:
+        return Optimizer(model, "classification", "cpu", "auto", 4, "TINY", timer=timer, choices=choices).run()
+
+    assert load(TinyClassifier(candidates=(name,))).mode == name
     wrong = TinyClassifier(candidates=(name,))
     with torch.no_grad():
         wrong.net[0].weight.mul_(-3.0)
     Optimizer(wrong, "classification", "cpu", name, 4, "TINY").run()  # another key: its own files
     suffixes = (".xml", ".bin") if name == "openvino" else (".onnx",)
-    right, other = sorted((state_dir / "compiled").glob(f"net-{name}-*{suffixes[0]}"),
-                          key=lambda p: p.stat().st_mtime)
-    for suffix in suffixes:  # the wrong weights' conversion under the right key
+    right, other = sorted((state_dir / "compiled").glob(f"net-{name}-*{suffixes[0]}"), key=lambda p: p.stat().st_mtime)
+    for suffix in suffixes:  # the other weights' conversion under this key's name
         right.with_suffix(suffix).write_bytes(other.with_suffix(suffix).read_bytes())
     model = TinyClassifier(candidates=(name,))
-    report = Optimizer(model, "classification", "cpu", "auto", 4, "TINY", timer=timer).run()
-    assert report.mode == name and model.run is not model.net, report.line
-    assert f"; the cached {name} failed the accuracy gate (top-1 " in report.line, report.line
-    assert report.line.endswith("; converted models: 1 converted, 1 read from the cache)"), report.line
+    report = load(model)  # the record's mode, not gated: the cached files are checked instead
+    assert report.mode == name and report.recorded is not None and model.gate_calls == 0, report.line
+    assert report.line.endswith("converted models: 1 converted, 0 read from the cache (1 in the cache unusable: "
+                                "made again))"), report.line
     images = torch.rand(3, 3, 8, 8)
     assert torch.allclose(torch.stack(model.predict(list(images), {})), model.net(images), atol=1e-5)
+    assert load(TinyClassifier(candidates=(name,))).line.endswith("0 converted, 1 read from the cache)")
 
 
 def test_openvino_failing_to_write_its_conversion_is_a_passing_failure_and_records_nothing(state_dir, monkeypatch):

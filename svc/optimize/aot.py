@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import json
 import os
 import tempfile
 from collections import Counter
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from svc.optimize.buckets import batch_size_of
-from svc.optimize.cache import check_digests, discard, file_digests, write_atomically
+from svc.optimize.cache import read_cached, write_record
 
 #: A package's dynamic batch dimension goes up to this many times the warm-up batch (``max_batch_size``, the
 #: largest batch the server forms; twice it for a denoiser that doubles its batch for guidance).
@@ -152,20 +151,11 @@ def compiled(module: Any, make_example: Any, batch: int, device: str, batched: b
     path = directory / f"{name}-{mode_name}-{key[:32]}.pt2"
     meta = path.with_suffix(".json")
     layouts = [_layout(v) if isinstance(v, torch.Tensor) else "" for v in example]
-    if meta.is_file() and path.is_file():
-        try:
-            record = json.loads(meta.read_text())
-            check_digests(record, [path])
-            package = _load(path, record["batches"], layouts, module)
-            STATS["loaded"] += 1
-            return package
-        except MemoryError:
-            raise
-        except Exception:  # noqa: BLE001 - cut short or overwritten: built again once, not failed on every start
-            STATS["unusable"] += 1  # the optimisation line says so (svc.optimize.report.describe_cache)
-    discard(meta)  # written last, removed first: the package never looks cached while it is built
+    package = read_cached(meta, [path], lambda record: _load(path, record["batches"], layouts, module), STATS)
+    if package is not None:
+        return package
     batches, example = _build(module, example, example_of, batch, batched, path)
-    write_atomically(meta, json.dumps({"batches": batches, "sha256": file_digests([path])}))
+    write_record(meta, [path], {"batches": batches})
     STATS["built"] += 1
     layouts = [_layout(v) if isinstance(v, torch.Tensor) else "" for v in example]
     return _load(path, batches, layouts, module)

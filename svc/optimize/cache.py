@@ -22,12 +22,17 @@ anything (``svc.model.torchenv.configure_compile_cache`` calls it at startup).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
-from collections.abc import Mapping, MutableMapping
+from collections import Counter
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
+from typing import TypeVar
 
 from svc.infra.userdirs import configured_dir
+
+T = TypeVar("T")
 
 STATE_DIR_ENV = "SERVICE_STATE_DIR"
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
@@ -105,3 +110,29 @@ def check_digests(record: dict, paths: list[Path]) -> None:
     """Raise ValueError unless ``paths`` are the files ``record`` (the artefact's ``.json``) was written with."""
     if record.get("sha256") != file_digests(paths):
         raise ValueError("not the files that were made (their SHA-256 differs from the record)")
+
+
+def read_cached(meta: Path, files: list[Path], load: Callable[[dict], T], stats: Counter | None = None) -> T | None:
+    """``load(record)`` of an artefact whose ``.json`` (``meta``) and ``files`` are in the cache and match; None
+    when they are not there, or are there but cannot be used (cut short, overwritten: counted in ``stats`` as
+    ``unusable``, and the ``.json`` removed, so that the artefact never looks cached while it is made again)."""
+    if meta.is_file() and all(f.is_file() for f in files):
+        try:
+            record = json.loads(meta.read_text())
+            check_digests(record, files)
+            found = load(record)
+            if stats is not None:
+                stats["loaded"] += 1
+            return found
+        except MemoryError:
+            raise
+        except Exception:  # noqa: BLE001 - made again by the caller, not failed on every start
+            if stats is not None:
+                stats["unusable"] += 1  # the optimisation line says so (svc.optimize.report.describe_cache)
+    discard(meta)
+    return None
+
+
+def write_record(meta: Path, files: list[Path], fields: dict) -> None:
+    """The ``.json`` of an artefact just made: ``fields`` and its files' digests, written last and whole."""
+    write_atomically(meta, json.dumps({**fields, "sha256": file_digests(files)}))

@@ -36,7 +36,6 @@ alone, batch sizes compiled with fixed shapes): :mod:`svc.optimize.runtime_calls
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import threading
@@ -45,7 +44,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from svc.optimize.cache import check_digests, discard, file_digests, write_atomically
+from svc.optimize.cache import read_cached, write_record
 from svc.optimize.runtime_calls import OnnxRuntimeCall, OpenVINOCall, fixed_batches
 
 #: Models converted and read from the cache by this process (``converted``, ``loaded``).
@@ -118,18 +117,10 @@ def converted(module: Any, make_example: Any, batch: int, batched: bool, runtime
                     for v in make_example(max(batch, CONVERT_MIN_BATCH) if batched else batch))
     path = artifact_path(module, example, runtime, name, batched, directory)
     meta = path.with_suffix(".json")
-    if meta.is_file() and path.is_file():
-        try:
-            record = json.loads(meta.read_text())
-            check_digests(record, _files(path))
-            call = _load(path, record["returns"], runtime, bf16, batch, batched)
-            STATS["loaded"] += 1
-            return call
-        except MemoryError:
-            raise
-        except Exception:  # noqa: BLE001 - cut short or overwritten: made again once, not failed on every start
-            STATS["unusable"] += 1  # the optimisation line says so (svc.optimize.report.describe_cache)
-    discard(meta)  # the .json last written, first removed: the artefact never looks cached while it is made
+    call = read_cached(meta, _files(path), lambda record: _load(path, record["returns"], runtime, bf16, batch,
+                                                               batched), STATS)
+    if call is not None:
+        return call
     path.parent.mkdir(parents=True, exist_ok=True)
     returns = _returns(module, example)
     if runtime == "openvino":
@@ -137,7 +128,7 @@ def converted(module: Any, make_example: Any, batch: int, batched: bool, runtime
                                                                      returns))
     else:
         _export_onnx(module, example, batched, path)
-    write_atomically(meta, json.dumps({"returns": returns, "sha256": file_digests(_files(path))}))
+    write_record(meta, _files(path), {"returns": returns})
     STATS["converted"] += 1
     return _load(path, returns, runtime, bf16, batch, batched)
 
@@ -181,15 +172,9 @@ def _onnx_file(module: Any, example: tuple, batched: bool, name: str, directory:
     try:
         path = artifact_path(module, example, "onnxruntime", name, batched, directory)
         meta = path.with_suffix(".json")
-        if meta.is_file() and path.is_file():
-            try:
-                check_digests(json.loads(meta.read_text()), [path])
-                return path
-            except Exception:  # noqa: BLE001 - exported again below
-                pass
-        discard(meta)
-        _export_onnx(module, example, batched, path)
-        write_atomically(meta, json.dumps({"returns": returns, "sha256": file_digests([path])}))
+        if read_cached(meta, [path], lambda record: path) is None:
+            _export_onnx(module, example, batched, path)
+            write_record(meta, [path], {"returns": returns})
         return path
     except Exception:  # noqa: BLE001 - OpenVINO converts the module itself instead
         return None

@@ -84,9 +84,10 @@ def test_a_restart_reuses_the_compiled_package_from_the_state_directory(tmp_path
     assert f"ready (version test-faults; optimize {chosen}; warm-up batch of 4" in output
 
 
-def test_a_state_directory_where_nothing_can_be_written_does_not_stop_an_eager_load(tmp_path):
+def test_a_state_directory_where_nothing_can_be_written_does_not_stop_an_eager_load(tmp_path, monkeypatch):
     """Importing torchvision makes inductor's cache directory: pointed into a state directory that cannot hold
     it, the load failed, ``optimize = "eager"`` included.  The kernel cache then stays in torch's default place."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # one in the environment is kept: none here
     blocked = tmp_path / "a-file"
     blocked.write_text("")
     config = write_config(tmp_path, "MOBILENETV2", backend={"optimize": "eager"})

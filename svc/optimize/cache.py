@@ -84,15 +84,6 @@ def write_atomically(path: Path, text: str) -> None:
             os.unlink(tmp)
 
 
-def discard(*paths: Path) -> None:
-    """Remove cached files that cannot be used (those already gone are fine)."""
-    for path in paths:
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
-
-
 def file_digests(paths: list[Path]) -> dict[str, str]:
     """The SHA-256 of each file, by name: written beside a cached artefact when it is made, checked when it is
     read, so that a file changed since (overwritten, bit rot) is made again instead of served unchecked."""
@@ -129,7 +120,7 @@ def read_cached(meta: Path, files: list[Path], load: Callable[[dict], T], stats:
         except Exception:  # noqa: BLE001 - made again by the caller, not failed on every start
             if stats is not None:
                 stats["unusable"] += 1  # the optimisation line says so (svc.optimize.report.describe_cache)
-    discard(meta)
+    meta.unlink(missing_ok=True)
     return None
 
 

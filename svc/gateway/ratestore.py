@@ -24,7 +24,10 @@ across all the gateways of a cluster:
   a Redis that does not answer in time is treated as gone for that request,
   which is checked against the local bucket instead.
 * **Falling back and coming back by itself.** While Redis is unreachable
-  (refused, closed, or past a deadline) the gateway checks each request
+  (refused, closed, or past a deadline) or refuses checks (an error reply
+  that is not about one bucket: READONLY on a replica after a failover, OOM
+  under ``maxmemory``, MISCONF, NOAUTH; a connection's first check, on
+  :data:`PROBE_KEY`, finds it before any request does) the gateway checks each request
   against its own local bucket at the key's full rate (so a cluster of N
   gateways then allows up to N times the rate), logs that once, and exports
   ``service_gateway_ratelimit_store_up 0``; it reconnects every
@@ -87,6 +90,16 @@ return string.format('%.6f', wait)
 SCRIPT_SHA = hashlib.sha1(SCRIPT).hexdigest()
 #: Redis key of a key's bucket: the prefix and the key name (names are ``[A-Za-z0-9_.-]``, svc.auth).
 BUCKET_PREFIX = "service:ratelimit:"
+#: The bucket each connection checks once before it is used (no key name has a colon): a Redis that refuses
+#: writes (a read-only replica after a failover, ``maxmemory`` with ``noeviction``, a failed save) is caught
+#: while connecting, as one that is down, instead of by every check.
+PROBE_KEY = BUCKET_PREFIX + ":probe"
+#: Error replies that concern one bucket (a key clobbered by something else), not the store: that check alone
+#: is made locally.  Any other error reply (READONLY, OOM, MISCONF, NOAUTH, LOADING...) is the store's: local
+#: buckets for every key, the gauge 0, reconnects, as when Redis is down.
+KEY_ERRORS = ("WRONGTYPE", "unexpected reply to the rate-limit script")
+#: Distinct reasons an outage logs (its first, then each new one, such as NOAUTH once Redis answers again).
+OUTAGE_REASONS = 4
 
 
 def burst_of(rate: float) -> float:
@@ -152,7 +165,7 @@ class RedisRates(Service):
         self._protocol: Any = None
         self._connecting: Deferred | None = None
         self._retry: IDelayedCall | None = None
-        self._down_logged = False
+        self._down_reasons: set[str] = set()  # what this outage logged
         self._errors_logged: set[str] = set()
         self._stopping = False
         self._factory = Factory.forProtocol(_redis_protocol)
@@ -186,9 +199,9 @@ class RedisRates(Service):
             if deadline.active():
                 deadline.cancel()
             if isinstance(value, Failure):
-                if value.check(ErrorReply):
+                if value.check(ErrorReply) and value.getErrorMessage().startswith(KEY_ERRORS):
                     self._error_reply(value.getErrorMessage())
-                else:
+                else:  # the connection failed, or Redis refuses checks for every key
                     self._lost(protocol, _reason(value))
                 value = self.local.take(key, rate)
             answer.callback(value)
@@ -216,7 +229,8 @@ class RedisRates(Service):
             raise ErrorReply(f"unexpected reply to the rate-limit script: {reply!r}"[:200]) from None
 
     def _error_reply(self, message: str) -> None:
-        """Redis answered a check with an error (the connection is fine): that request is checked locally."""
+        """Redis answered a check with an error about its bucket (:data:`KEY_ERRORS`): that request is checked
+        locally, and the store stays in use for the other keys."""
         if message not in self._errors_logged and len(self._errors_logged) < 16:
             self._errors_logged.add(message)
             log.error("rate-limit store {store} answered a check with an error, checked locally instead: {error}",
@@ -268,6 +282,8 @@ class RedisRates(Service):
             if self.address.db:
                 await _within(self.reactor, _command(protocol, "SELECT", self.address.db), limit, "SELECT")
             await _within(self.reactor, _command(protocol, "SCRIPT", "LOAD", SCRIPT), limit, "SCRIPT LOAD")
+            await _within(self.reactor, _command(protocol, "EVALSHA", SCRIPT_SHA, 1, PROBE_KEY, "1000.0", "1000.0"),
+                          limit, "a first check")
         except BaseException:
             protocol.transport.abortConnection()
             raise
@@ -277,7 +293,7 @@ class RedisRates(Service):
         protocol.whenDisconnected().addCallback(lambda p: self._lost(p, "the connection was closed"))
         self._protocol = protocol
         self.up = True
-        self._down_logged = False
+        self._down_reasons.clear()
         log.info("rate limits in {store}: shared with every gateway using it", store=str(self.address))
         self.on_state(True)
 
@@ -292,15 +308,19 @@ class RedisRates(Service):
         self._schedule_retry()
 
     def _went_down(self, why: str) -> None:
-        """Local buckets from now on; logged once per outage (not once per failed reconnect)."""
+        """Local buckets from now on; logged once per outage, then once per new reason (a Redis back without
+        the password the gateway cannot send says NOAUTH), not once per failed reconnect."""
         self.up = False
         if self._stopping:
             return
-        if not self._down_logged:
-            self._down_logged = True
-            log.warn("rate-limit store {store} unreachable ({why}): each key is limited by this gateway's own "
-                     "bucket at its full rate until it is back (retried every {retry:g} s)",
+        if not self._down_reasons:
+            log.warn("rate-limit store {store} unreachable or refusing checks ({why}): each key is limited by this "
+                     "gateway's own bucket at its full rate until it is back (retried every {retry:g} s)",
                      store=str(self.address), why=why, retry=self.retry_s)
+            self._down_reasons.add(why)
+        elif why not in self._down_reasons and len(self._down_reasons) < OUTAGE_REASONS:
+            log.warn("rate-limit store {store} still not in use: {why}", store=str(self.address), why=why)
+            self._down_reasons.add(why)
         self.on_state(False)
 
     def _schedule_retry(self) -> None:

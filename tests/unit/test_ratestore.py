@@ -185,3 +185,47 @@ def test_a_redis_that_does_not_answer_is_bypassed_within_the_deadline(tmp_path, 
         spin_until(lambda: gw.rates.up, "back once Redis answers again", timeout=10)
         assert gw.gauge() == "1.0"
         assert gw.logged("no answer within 200 ms") == 1
+
+
+@pytest.mark.parametrize("refuse, allow, error", [
+    (("REPLICAOF", "127.0.0.1", "1"), ("REPLICAOF", "NO", "ONE"), "READONLY"),  # a replica after a failover
+    (("CONFIG", "SET", "maxmemory", "1"), ("CONFIG", "SET", "maxmemory", "0"), "OOM"),  # noeviction, full
+])
+def test_a_redis_that_refuses_every_check_is_a_store_down_not_a_bucket_error(tmp_path, restartable, refuse, allow,
+                                                                              error):
+    """READONLY or OOM answered every check as an error about its bucket: each gateway limited on its own (N
+    times the rate) with the gauge at 1, logged once per process, and a later episode not at all."""
+    restartable.cli("CONFIG", "SET", "maxmemory-policy", "noeviction")
+    with Gateway(tmp_path, restartable.url) as gw:
+        assert gw.take("k", 2) == 0.0
+        for episode in (1, 2):
+            key = f"k{episode}"  # a key the local buckets have not seen
+            assert restartable.cli(*refuse) == "OK"
+            assert gw.take(key, 2) == 0.0  # answered locally (a fresh local bucket)
+            assert not gw.rates.up and gw.gauge() == "0.0"
+            assert gw.take(key, 2) == 0.0 and gw.take(key, 2) > 0  # local, at the key's full rate
+            attempts = gw.rates.attempts
+            spin_until(lambda: gw.rates.attempts >= attempts + 2, "reconnects refused by the first check")
+            assert not gw.rates.up and gw.gauge() == "0.0"  # a connection is used only once a check passes
+            assert restartable.cli(*allow) == "OK"
+            spin_until(lambda: gw.rates.up, "back on Redis by itself")
+            assert gw.gauge() == "1.0" and gw.take("k", 2) >= 0.0
+            assert gw.logged(f"unreachable or refusing checks ({error}") == episode  # each episode, once
+        assert gw.logged("answered a check with an error") == 0
+
+
+def test_a_new_reason_within_one_outage_is_logged_once(tmp_path, restartable):
+    """A Redis back with a password the gateway cannot send: the outage said "connection closed" only, and
+    NOAUTH on every reconnect was never logged."""
+    with Gateway(tmp_path, restartable.url) as gw:
+        restartable.stop()
+        spin_until(lambda: not gw.rates.up, "the closed connection noticed")
+        restartable.start()
+        restartable.cli("CONFIG", "SET", "requirepass", "pw")
+        attempts = gw.rates.attempts
+        spin_until(lambda: gw.rates.attempts >= attempts + 3, "reconnects refused")
+        assert not gw.rates.up and gw.gauge() == "0.0"
+        assert gw.logged("unreachable or refusing checks") == 1
+        assert gw.logged("still not in use: NOAUTH") == 1  # once, not once per reconnect
+        restartable.cli("-a", "pw", "CONFIG", "SET", "requirepass", "")
+        spin_until(lambda: gw.rates.up, "back once Redis takes the gateway again")

@@ -205,7 +205,7 @@ def test_a_redis_that_refuses_every_check_is_a_store_down_not_a_bucket_error(tmp
             assert not gw.rates.up and gw.gauge() == "0.0"
             assert gw.take(key, 2) == 0.0 and gw.take(key, 2) > 0  # local, at the key's full rate
             attempts = gw.rates.attempts
-            spin_until(lambda: gw.rates.attempts >= attempts + 2, "reconnects refused by the first check")
+            spin_until(lambda start=attempts: gw.rates.attempts >= start + 2, "reconnects refused by the first check")
             assert not gw.rates.up and gw.gauge() == "0.0"  # a connection is used only once a check passes
             assert restartable.cli(*allow) == "OK"
             spin_until(lambda: gw.rates.up, "back on Redis by itself")

@@ -103,3 +103,21 @@ def load_cluster_config(path: str) -> ClusterConfig:
     """``[cluster]`` of the service config (a missing file or table: a single host)."""
     data = read_toml(path) if os.path.exists(path) else {}
     return cluster_from_table(path, sub_table(path, data, "cluster"))
+
+
+def own_entry_problem(cluster: ClusterConfig, gateway_port: int) -> str | None:
+    """What is wrong with this host's own ``peers`` entry, seen from its gateway's port; None when nothing.
+
+    The table is copied to every host with ``host_id`` changed: a ``host_id`` left at another host's id makes
+    this gateway sign its jobs with that id, and its peers send those jobs' reads to the other host, which
+    answers 404 with nothing in any log.  The entry's port can show it (a port mapped elsewhere may differ on
+    purpose: the gateway warns, it does not refuse)."""
+    own = cluster.peers.get(cluster.host_id)
+    if not own:
+        return None
+    port = urlsplit(own).port
+    if port is not None and port != gateway_port:
+        return (f"cluster.peers.{cluster.host_id} is {own}, but this gateway listens on port {gateway_port}: is "
+                f"host_id {cluster.host_id!r} this host's id? Its peers send the reads of its jobs to {own}")
+    return None
+

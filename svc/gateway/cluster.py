@@ -59,6 +59,9 @@ from svc.web.replies import bearer_token, header
 
 log = Logger()
 
+#: Seconds between two lines about job ids that do not verify (:meth:`Cluster.unverified`).
+UNVERIFIED_LOG_S = 60.0
+
 #: The principal of a peer gateway's forwarded job request (the ``X-Service-Key`` of its reply).
 CLUSTER_PRINCIPAL = Principal(CLUSTER_TOKEN_NAME)
 #: Of the client's request headers, those a forwarded request carries.
@@ -90,6 +93,7 @@ class Cluster:
         self.metrics = metrics
         self.recv_timeout_s = recv_timeout_s
         self.peer_timeout_s = config.peer_timeout_ms / 1000.0
+        self._quiet_until = float("-inf")  # no line about an id that does not verify before then
         self.pool: HTTPConnectionPool | None = None
         if agent is None and self.peers:
             # Peers to reach and no agent given: the gateway's own reactor, which connects (IClientReactor).
@@ -100,6 +104,22 @@ class Cluster:
         self.agent = agent
 
     # -- whose job -----------------------------------------------------------------------------
+
+    def unverified(self, job_id: str) -> None:
+        """``job_id`` has the shape of this service's ids but does not verify (404): on several hosts, say why
+        at most once a minute.  Forged, or made by a host whose ``SERVICE_JOB_SECRET`` differs: every read of
+        that host's jobs through another host is then 404, and nothing else says so."""
+        if not self.peers or self.secret is None or jobid.parse_unverified(job_id) is None:
+            return
+        if jobid.parse(job_id, self.secret) is not None:
+            return  # it verifies: its replica is gone, which is no one's mistake
+        now = self.reactor.seconds()
+        if now < self._quiet_until:
+            return
+        self._quiet_until = now + UNVERIFIED_LOG_S
+        log.warn("job id {job_id} does not verify with this gateway's SERVICE_JOB_SECRET (404): forged, or made by a "
+                 "host with another secret; the secret must be the same on every host (at most one such line a "
+                 "minute)", job_id=job_id[:80])
 
     def owner(self, job_id: str) -> str | None:
         """The host id a verified job id names ("" on a single host); None when it does not verify."""

@@ -205,6 +205,7 @@ class Forwarder:
             return await self.cluster.forward(request, host, job_id, route, model_path(upstream.id, path), query,
                                               budget_ms)
         if where is None:
+            self.cluster.unverified(job_id)
             raise job_not_found(job_id)
         return await self.forward(request, upstream, route, path, query=query, rewrite=rewrite, replica=where)
 
@@ -212,6 +213,7 @@ class Forwarder:
         """404 "job not found" now for an id that no process of this service made (it does not verify, or names
         a replica that is gone), before any other check of the request: so it is 404 whatever else it asks."""
         if locate(upstream, job_id, secret=self.cluster.secret, host=self.cluster.host_id) is None:
+            self.cluster.unverified(job_id)
             raise job_not_found(job_id)
 
     @staticmethod

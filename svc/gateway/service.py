@@ -20,6 +20,7 @@ from twisted.logger import Logger
 from twisted.web.iweb import IAgent
 
 from svc.auth import Authenticator, AuthSetup, describe
+from svc.cluster_config import own_entry_problem
 from svc.contract.protocol import GATEWAY_PROGRAM as PROGRAM
 from svc.gateway.app import GatewayApp
 from svc.gateway.balancer import Balancer
@@ -124,6 +125,9 @@ class GatewayService(ListeningMultiService):
                                                           for u in self.catalog))
         log.info("rate limits: {store}; cluster: {cluster}", store=self.config.rate_limit_store,
                  cluster=self.cluster.describe())
+        own_entry = own_entry_problem(self.config.cluster, self.bound_port())
+        if own_entry:
+            log.warn("{problem}", problem=own_entry)
         idle = self.catalog.pool_idle_timeout(self.config.upstream_idle_timeout_s)
         if idle < self.config.upstream_idle_timeout_s:
             log.warn("upstream_idle_timeout_s {configured} is not below every model's peer_resp_timeout: "

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from svc.auth import Refused, cluster_problem, decide, hash_key, key_entry
-from svc.cluster_config import CLUSTER_KEYS, ClusterConfig, load_cluster_config
+from svc.cluster_config import CLUSTER_KEYS, ClusterConfig, load_cluster_config, own_entry_problem
 from svc.config import ConfigError
 from svc.gateway import tap as gateway_tap
 from svc.gateway.config import RedisAddress, load_gateway_config, redis_address
@@ -261,3 +261,16 @@ def test_without_root_or_the_debian_programs_the_scale_out_tests_fail_in_one_lin
         require("/usr/sbin/no-such-haproxy")
     assert str(missing.value) == ("missing /usr/sbin/no-such-haproxy: run bin/ensure-scaleout as root (tox does) to "
                                   "install Debian's redis-server and haproxy")
+
+
+def test_a_host_id_left_at_another_hosts_id_is_seen_from_the_port():
+    """A table copied to h3 with host_id still "h2": h3 signed its jobs as h2's, and reads of them through the
+    other hosts went to h2 and were 404, with no line anywhere.  The gateway warns at start."""
+    peers = {"h1": "http://10.0.0.1:8080", "h2": "http://10.0.0.2:8081", "h3": "http://10.0.0.3:8082"}
+    copied = ClusterConfig(host_id="h2", peers=peers, peer_timeout_ms=1000, peer_connect_timeout_ms=500)
+    assert own_entry_problem(copied, 8082) == (
+        "cluster.peers.h2 is http://10.0.0.2:8081, but this gateway listens on port 8082: is host_id 'h2' this "
+        "host's id? Its peers send the reads of its jobs to http://10.0.0.2:8081")
+    assert own_entry_problem(ClusterConfig(host_id="h3", peers=peers, peer_timeout_ms=1000, peer_connect_timeout_ms=500), 8082) is None
+    assert own_entry_problem(ClusterConfig.single_host(), 8080) is None
+    assert own_entry_problem(ClusterConfig(host_id="h9", peers=peers, peer_timeout_ms=1000, peer_connect_timeout_ms=500), 8080) is None  # no entry of its own

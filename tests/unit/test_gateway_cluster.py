@@ -155,6 +155,25 @@ def test_own_jobs_stay_on_this_host_and_unverifiable_ones_are_404_here(hosts):
     assert h2.model.received == [] and h1.peers.sent == []
 
 
+def test_a_job_id_signed_with_another_secret_is_logged_at_most_once_a_minute(hosts):
+    """Hosts with different SERVICE_JOB_SECRETs 404 each other's jobs: nothing said why.  An id of this service's
+    shape that does not verify now gets a line, at most one a minute (a client's forgery costs no more)."""
+    from twisted.logger import capturedLogs
+
+    h1, _ = hosts
+    other = jobid.mint(jobid.JobOwner("h2", 0), "another-secret-" + "x" * 40)
+    with capturedLogs() as events:
+        for _ in range(3):
+            assert_envelope(h1.call("GET", f"/v1/models/GEN/jobs/{other}"), 404, 63)
+        assert_envelope(h1.call("GET", "/v1/models/GEN/jobs/job_1"), 404, 63)  # not of the shape: no line
+        h1.clock.advance(60)
+        assert_envelope(h1.call("GET", f"/v1/models/GEN/jobs/{other}/wait?timeout=10"), 404, 63)
+    lines = [e["log_format"] for e in events if "SERVICE_JOB_SECRET" in e.get("log_format", "")]
+    assert len(lines) == 2
+    assert [e["job_id"] for e in events if "job_id" in e] == [other, other]
+    assert "the secret must be the same on every host" in lines[0]
+
+
 @pytest.mark.parametrize("query", ["", "?timeout=999999999", "?timeout=abc"])
 def test_an_unverifiable_job_is_404_on_wait_whatever_the_budget(hosts, query):
     """An unknown job is 404 whatever N is, through the gateway too: the id is checked before the budget (a

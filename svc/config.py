@@ -11,8 +11,10 @@ keys in docs/configuration.md.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
+import stat
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,6 +36,10 @@ class ConfigError(Exception):
         where = f"{path}: {key}: " if key else f"{path}: "
         super().__init__(where + problem)
 
+
+#: The bound of an integer key that names none of its own: 10^12 (ms: 31 years).  A larger duration broke
+#: where it became a timer (``shutdown_grace_ms`` 2^63 killed the shutdown watchdog with OverflowError).
+INT_MAXIMUM = 10**12
 
 _TYPE_NAMES = {bool: "a boolean", int: "an integer", str: "a string", float: "a number", list: "an array"}
 
@@ -69,10 +75,13 @@ class Key:
             ok = isinstance(value, self.type)
         if not ok:
             raise ValueError(f"must be {_TYPE_NAMES.get(self.type, self.type.__name__)}, got {_describe(value)}")
+        if self.type is float and not math.isfinite(value):
+            raise ValueError(f"must be a finite number, got {value}")  # TOML has nan and inf
         if self.minimum is not None and value < self.minimum:
             raise ValueError(f"must be at least {self.minimum}, got {value}")
-        if self.maximum is not None and value > self.maximum:
-            raise ValueError(f"must be at most {self.maximum}, got {value}")
+        maximum = self.maximum if self.maximum is not None or self.type is not int else INT_MAXIMUM
+        if maximum is not None and value > maximum:
+            raise ValueError(f"must be at most {maximum}, got {value}")
         if self.choices is not None and value not in self.choices:
             raise ValueError(f"must be one of {', '.join(repr(c) for c in self.choices)}, got {value!r}")
         if self.pattern is not None and not re.fullmatch(self.pattern, value):
@@ -118,8 +127,24 @@ def keys_of(cls: type) -> tuple[Key, ...]:
     return tuple(keys)
 
 
+def not_a_file(path: str) -> str | None:
+    """Why ``path`` cannot be read as a file without blocking: a FIFO (or a device, a socket) made every
+    process wait in ``open()`` forever, with nothing printed; None for a regular file, or one that is not
+    there (the caller's open says so)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None  # a directory: open() says "Is a directory"
+    return "cannot read: not a regular file (a FIFO, a device or a socket)"
+
+
 def read_toml(path: str) -> dict:
     """The file parsed with tomlkit as plain Python values."""
+    problem = not_a_file(path)
+    if problem:
+        raise ConfigError(path, None, problem)
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -291,10 +316,20 @@ def load_model_server_config(path: str) -> ModelServerConfig:
 
 
 def model_server_configs(directory: str) -> list[ModelServerConfig]:
-    """Every ``*.toml`` of a ``conf/server`` directory, sorted by id."""
-    configs = [
-        load_model_server_config(os.path.join(directory, name))
-        for name in sorted(os.listdir(directory))
-        if name.endswith(".toml")
-    ]
+    """Every ``*.toml`` of a ``conf/server`` directory, sorted by id; two configs of one ``id`` or one
+    ``server_uri`` are refused naming both files (the supervisor kept the second of two ids silently)."""
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        raise ConfigError(directory, None, "the model-server config directory does not exist") from None
+    except OSError as e:
+        raise ConfigError(directory, None, f"cannot list the model-server configs: {e.strerror or e}") from None
+    configs = [load_model_server_config(os.path.join(directory, name)) for name in names if name.endswith(".toml")]
+    for key in ("id", "server_uri"):
+        seen: dict[str, ModelServerConfig] = {}
+        for config in configs:
+            value = getattr(config, key)
+            if value in seen:
+                raise ConfigError(config.path, key, f"{value!r} is the {key} of {seen[value].path} too")
+            seen[value] = config
     return sorted(configs, key=lambda c: c.id)

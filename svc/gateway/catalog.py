@@ -118,10 +118,7 @@ def load_catalog(servers_dir: str, env: Mapping[str, str]) -> Catalog:
     Raises ``svc.config.ConfigError`` for a bad model config and
     :class:`CatalogError` for a catalog that cannot be routed.
     """
-    try:
-        configs = model_server_configs(servers_dir)
-    except FileNotFoundError:
-        raise CatalogError(f"the model-server config directory {servers_dir} does not exist") from None
+    configs = model_server_configs(servers_dir)
     tokens, fallback = upstream_tokens(env)
     try:
         layout = decode_ports(PORTS_ENV, env.get(PORTS_ENV) or "")

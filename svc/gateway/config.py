@@ -114,6 +114,9 @@ def redis_address(value: str) -> RedisAddress | None:
 def load_gateway_config(path: str) -> GatewayConfig:
     """``[gateway]`` of the service config with defaults (a missing file means defaults)."""
     data = read_toml(path) if os.path.exists(path) else {}
+    for name in data:  # the supervisor refuses these too: a gateway started alone ignored a misspelt [gatway]
+        if name not in ("gateway", "supervisor", "servers", "cluster"):
+            raise ConfigError(path, name, "unknown table; known: gateway, supervisor, servers, cluster")
     values = apply_keys(path, sub_table(path, data, "gateway"), GATEWAY_KEYS, prefix="gateway.")
     origins = values.pop("cors_origins")
     if origins is None:

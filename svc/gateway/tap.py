@@ -92,6 +92,10 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
         catalog = load_catalog(config.servers_dir, env)
     except (ConfigError, CatalogError) as e:
         raise refuse(PROGRAM, str(e)) from None
+    clash = next((up.id for up in catalog for r in up.replicas if r.port == config.port), None)
+    if clash is not None:  # the supervisor refuses it too; a gateway started alone bound it and routed to itself
+        origin = "--port" if options["port"] is not None else f"{config.path}: gateway.port"
+        raise refuse(PROGRAM, f"{origin}: {config.port} is also the port of {clash}")
 
     if options["listen-fd"] is not None:
         from svc.gateway.drain import listening_family

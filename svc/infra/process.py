@@ -244,9 +244,12 @@ class ListeningMultiService(MultiService):
 
     program = "service"
     listen_address = "?"
+    #: Where the port came from, when a file's key or an option names it ("conf/server/M.toml: port").
+    listen_origin = ""
 
     def _refusal(self, error: CannotListenError) -> SystemExit:
-        return refuse(self.program, f"cannot listen on {self.listen_address}: {error.socketError}")
+        origin = f"{self.listen_origin}: " if self.listen_origin else ""
+        return refuse(self.program, f"{origin}cannot listen on {self.listen_address}: {error.socketError}")
 
     def privilegedStartService(self) -> None:
         try:

@@ -33,9 +33,14 @@ class TokenBucket:
         return (1.0 - self.tokens) / self.rate
 
 
+#: The longest ``Retry-After``: a day.  A rate too small to refill in any time (5e-324 per second) made the
+#: wait infinite, and ``math.ceil`` of it a 500 for every request after the first.
+MAX_RETRY_AFTER_S = 86400
+
+
 def retry_after_header(seconds: float) -> str:
-    """Whole seconds for ``Retry-After``, at least 1."""
-    return str(max(1, math.ceil(seconds)))
+    """Whole seconds for ``Retry-After``, at least 1, at most :data:`MAX_RETRY_AFTER_S`."""
+    return str(max(1, math.ceil(min(seconds, MAX_RETRY_AFTER_S))))
 
 
 class KeyedLimiter:

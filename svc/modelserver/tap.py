@@ -171,7 +171,9 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     from svc.modelserver.service import ModelServerService
 
     exit_zero_on_signals(reactor)
-    return ModelServerService(
+    service = ModelServerService(
         reactor=reactor, config=config, factory=factory, model_config=table, device=device, auth_token=token,
         job_owner=job_owner, job_secret=job_secret,
     )
+    service.listen_origin = "--port" if options["port"] is not None else f"{path}: port"  # a busy port's line
+    return service

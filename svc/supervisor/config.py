@@ -166,6 +166,24 @@ def weights_choice(profile_weights: str, table_weights: Any, default_variant: st
     return f"{PRETRAINED}:{default_variant}", {"kind": "pretrained", "variant": default_variant}
 
 
+@dataclass(frozen=True)
+class _GatewayRead:
+    """The ``[gateway]`` keys the supervisor reads itself (it binds the gateway's socket and probes its
+    replicas), checked as the gateway checks them (the same bounds: ``tests/unit/test_taps.py``)
+    before anything listens: a bare ``int()`` gave a traceback for ``port = "abc"``, and bound port 1 for
+    ``port = true``."""
+
+    host: str = setting(LOOPBACK, "Address the gateway listens on.")
+    port: int = setting(GATEWAY_PORT, "Port of the gateway.", minimum=1, maximum=65535)
+    listen_backlog: int = base.listen_backlog_setting()
+    replica_probe_interval_ms: int = setting(1000, "How often the gateway probes the replicas' /ready.",
+                                             minimum=100, maximum=60000)
+
+
+GATEWAY_READ = keys_of(_GatewayRead)
+GATEWAY_KEYS_READ = frozenset(k.name for k in GATEWAY_READ)
+
+
 def load_supervisor_config(path: str) -> SupervisorConfig:
     """``[supervisor]`` and ``[servers.<ID>]`` of the service config (a missing file means defaults)."""
     data = read_toml(path) if os.path.exists(path) else {}
@@ -178,16 +196,18 @@ def load_supervisor_config(path: str) -> SupervisorConfig:
         if not isinstance(table, dict):
             raise ConfigError(path, f"servers.{server_id}", "must be a table")
         servers[server_id] = server_settings(path, server_id, table)
-    gateway = sub_table(path, data, "gateway")
+    table = sub_table(path, data, "gateway")  # the gateway checks the rest of it when it starts
+    gateway = apply_keys(path, {k: v for k, v in table.items() if k in GATEWAY_KEYS_READ}, GATEWAY_READ,
+                         prefix="gateway.")
     return SupervisorConfig(
         path=path,
         servers=servers,
-        gateway_host=str(gateway.get("host", LOOPBACK)),
-        gateway_port=int(gateway.get("port", GATEWAY_PORT)),
+        gateway_host=gateway["host"],
+        gateway_port=gateway["port"],
         # The supervisor holds the gateway's listening socket (svc/supervisor/handover.py).
-        gateway_listen_backlog=int(gateway.get("listen_backlog", 1024)),
+        gateway_listen_backlog=gateway["listen_backlog"],
         # A rolling restart lets the gateway see a restarted replica ready before it stops the next one.
-        gateway_probe_interval_ms=int(gateway.get("replica_probe_interval_ms", 1000)),
+        gateway_probe_interval_ms=gateway["replica_probe_interval_ms"],
         cluster=cluster_from_table(path, sub_table(path, data, "cluster")),
         **values,
     )

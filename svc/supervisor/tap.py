@@ -53,6 +53,8 @@ class Options(ProgramOptions):
             raise usage.UsageError(f"--profile must be cpu, gpu or auto, not {self['profile']!r}")
         if self["weights"] not in (None, "demo", "pretrained"):
             raise usage.UsageError(f"--weights must be demo or pretrained, not {self['weights']!r}")
+        if self["port"] is not None and not 1 <= self["port"] <= 65535:
+            raise usage.UsageError(f"--port must be 1..65535, not {self['port']}")
         from svc.infra.process import own_pidfile
 
         own_pidfile(self, PROGRAM)
@@ -126,6 +128,8 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
                                describe=describe, default_variant=default_variant, demo_models=demo_models)
     except (ConfigError, ValueError) as e:
         raise refuse(PROGRAM, str(e)) from None
+    except OSError as e:  # log_dir not a directory, say: one line, not a traceback
+        raise refuse(PROGRAM, f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")) from None
     exit_zero_on_signals(reactor)
     from svc.web.limits import HttpLimits
 

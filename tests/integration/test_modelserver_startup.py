@@ -100,8 +100,13 @@ def test_busy_port_refuses_with_one_line(tmp_path):
         s.listen()
         port = s.getsockname()[1]
         lines = refused(write_config(tmp_path, "TESTFAULTS"), port=port)
-    assert len(lines) == 1, lines
-    assert lines[0].startswith(f"service-model: cannot listen on 127.0.0.1:{port}"), lines
+        assert len(lines) == 1, lines
+        assert lines[0].startswith(f"service-model: --port: cannot listen on 127.0.0.1:{port}: "), lines
+        config = write_config(tmp_path, "TESTFAULTS", port=port)  # the file's port: the line names file and key
+        code, output = run_to_exit([*model_server_args(config, port)[:-2]], env=child_env(TOKEN))
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert code == 1 and len(lines) == 1, output
+    assert lines[0].startswith(f"service-model: {config}: port: cannot listen on 127.0.0.1:{port}: "), lines
 
 
 def test_missing_weights_file_refuses(tmp_path):

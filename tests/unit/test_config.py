@@ -44,6 +44,12 @@ def test_every_documented_key_is_accepted(tmp_path):
         ('[backend]\ndevice = "tpu"\n', "backend.device", "must be one of 'cpu', 'gpu', got 'tpu'"),
         ("[backend]\nspeed = 1\n", "backend.speed", "unknown key"),
         ("backend = 3\n", "backend", "must be a table"),
+        # TOML has nan and inf: a rate of nan or inf meant "unlimited" without a word
+        ("rate_limit_qps = nan\n", "rate_limit_qps", "must be a finite number, got nan"),
+        ("rate_limit_qps = inf\n", "rate_limit_qps", "must be a finite number, got inf"),
+        # an integer key without a bound of its own: 2^63 ms killed the shutdown watchdog with OverflowError
+        ("shutdown_grace_ms = 9223372036854775807\n", "shutdown_grace_ms", "must be at most 1000000000000"),
+        ("async_timeout = 1000000000001\n", "async_timeout", "must be at most 1000000000000"),
     ],
 )
 def test_problems_name_file_key_and_problem_in_one_line(tmp_path, extra, key, problem):
@@ -73,6 +79,34 @@ def test_broken_toml_and_missing_file(tmp_path):
         load_model_server_config(write(tmp_path, "id = \n"))
     with pytest.raises(ConfigError, match="file not found"):
         load_model_server_config(str(tmp_path / "nope.toml"))
+
+
+def test_a_fifo_or_a_device_is_refused_instead_of_read(tmp_path):
+    """open() of a FIFO waits for a writer: every process hung at start, printing nothing."""
+    import os
+
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError) as e:
+        load_model_server_config(str(fifo))
+    assert str(e.value) == f"{fifo}: cannot read: not a regular file (a FIFO, a device or a socket)"
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_model_server_config("/dev/zero")
+
+
+def test_two_configs_of_one_id_or_one_server_uri_are_refused_naming_both(tmp_path):
+    """The supervisor kept the second of two configs with one id, silently."""
+    from svc.config import model_server_configs
+
+    (tmp_path / "A.toml").write_text('id = "M1"\nport = 9001\nserver_uri = "/a/predict"\n')
+    (tmp_path / "B.toml").write_text('id = "M1"\nport = 9002\nserver_uri = "/b/predict"\n')
+    with pytest.raises(ConfigError) as e:
+        model_server_configs(str(tmp_path))
+    assert str(e.value) == f"{tmp_path / 'B.toml'}: id: 'M1' is the id of {tmp_path / 'A.toml'} too"
+    (tmp_path / "B.toml").write_text('id = "M2"\nport = 9002\nserver_uri = "/a/predict"\n')
+    with pytest.raises(ConfigError) as e:
+        model_server_configs(str(tmp_path))
+    assert str(e.value) == f"{tmp_path / 'B.toml'}: server_uri: '/a/predict' is the server_uri of {tmp_path / 'A.toml'} too"
 
 
 def test_shipped_configs_load():

@@ -34,4 +34,6 @@ def test_per_key_rate_override():
 
 def test_retry_after_header_is_whole_seconds_at_least_one():
     assert retry_after_header(0.01) == "1"
+    # a rate too small to refill (5e-324/s) waits forever: math.ceil(inf) was a 500 for every later request
+    assert retry_after_header(float("inf")) == retry_after_header(1e300) == "86400"
     assert retry_after_header(1.2) == "2"

@@ -195,8 +195,14 @@ def test_gateway_refusals(gateway_config, environment, tmp_path):
     assert refusal(gateway_tap, ["--config", str(bad)]) == (
         f"service-gateway: {bad}: gateway.port: must be at least 1, got 0")
     environment.setenv("SERVICE_GATEWAY_AUTH_TOKEN", INFERENCE)
+    misspelt = tmp_path / "misspelt.toml"
+    misspelt.write_text("[gatway]\nport = 18080\n")
+    assert refusal(gateway_tap, ["--config", str(misspelt)]) == (
+        f"service-gateway: {misspelt}: gatway: unknown table; known: gateway, supervisor, servers, cluster")
+    assert refusal(gateway_tap, ["--config", config, "--port", "9101"]) == (  # MOBILENETV2's port
+        "service-gateway: --port: 9101 is also the port of MOBILENETV2")
     assert refusal(gateway_tap, ["--config", config, "--servers", str(tmp_path / "nowhere")]) == (
-        f"service-gateway: the model-server config directory {tmp_path / 'nowhere'} does not exist")
+        f"service-gateway: {tmp_path / 'nowhere'}: the model-server config directory does not exist")
 
 
 # ---------------------------------------------------------------- supervisor
@@ -252,6 +258,29 @@ def test_supervisor_refusals(supervisor_config, environment, tmp_path):
     unknown.write_text("[supervisors]\n")
     assert refusal(supervisor_tap, ["--config", str(unknown)]) == (
         f"service-supervisor: {unknown}: supervisors: unknown table; known: gateway, supervisor, servers, cluster")
+    # the [gateway] keys it reads itself, checked as the gateway checks them (a bare int() gave a traceback for
+    # "abc", and port = true bound port 1), before anything listens; the rest is the gateway's to check
+    for line, problem in (('port = "abc"', "gateway.port: must be an integer, got string 'abc'"),
+                          ("port = true", "gateway.port: must be an integer, got boolean True"),
+                          ("port = 45080.9", "gateway.port: must be an integer, got float 45080.9"),
+                          ("listen_backlog = [1]", "gateway.listen_backlog: must be an integer, got array [1]"),
+                          ("replica_probe_interval_ms = 5", "gateway.replica_probe_interval_ms: must be at least "
+                                                            "100, got 5")):
+        wrong = tmp_path / "gateway.toml"
+        wrong.write_text(f'[supervisor]\nservers_dir = "{SERVERS}"\nprofiles_dir = "{PROFILES}"\n[gateway]\n{line}\n'
+                         "cors_origins = []\n")
+        assert refusal(supervisor_tap, ["--config", str(wrong)]) == f"service-supervisor: {wrong}: {problem}"
+    with pytest.raises(usage.UsageError, match=r"^--port must be 1\.\.65535, not 70000$"):  # exit 64, as the others
+        build(supervisor_tap, ["--config", config, "--port", "70000"])
+    for servers_dir, problem in ((tmp_path / "none", "the model-server config directory does not exist"),
+                                 (bad, "cannot list the model-server configs: Not a directory")):
+        elsewhere = tmp_path / "elsewhere.toml"
+        elsewhere.write_text(f'[supervisor]\nservers_dir = "{servers_dir}"\nprofiles_dir = "{PROFILES}"\n')
+        assert refusal(supervisor_tap, ["--config", str(elsewhere)]) == f"service-supervisor: {servers_dir}: {problem}"
+    logs_in_a_file = tmp_path / "logs.toml"
+    logs_in_a_file.write_text(f'[supervisor]\nservers_dir = "{SERVERS}"\nprofiles_dir = "{PROFILES}"\n'
+                              f'log_dir = "{bad}"\n')
+    assert refusal(supervisor_tap, ["--config", str(logs_in_a_file)]) == f"service-supervisor: {bad}: File exists"
     environment.setenv("SERVICE_METRICS_TOKEN", MANAGEMENT)
     assert refusal(supervisor_tap, ["--config", config]) == (
         "service-supervisor: SERVICE_METRICS_TOKEN equals SERVICE_API_TOKEN: the metrics token must differ from the "

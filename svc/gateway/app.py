@@ -176,8 +176,17 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
             raise ApiError(st.RATE_LIMITED,
                            f"rate limit of {principal.rate_limit_qps} requests/s for key {principal.name} exceeded",
                            headers={"Retry-After": retry_after_header(wait)})
-        self.forwarder.labelled(self.metrics.key_requests, principal.name).inc()
+        self.count_key(request, principal)
         return principal
+
+    def count_key(self, request: Any, principal: Principal) -> None:
+        """``service_gateway_key_requests_total``: once per request that authenticated with a key, whatever it is
+        answered (a route's reply, or the 404 or 405 of ``before_routing_error``); the mark on the request keeps a
+        request that passes both places from being counted twice.  A 429 is not counted here but as a rejection."""
+        if getattr(request, "key_counted", False):
+            return
+        request.key_counted = True
+        self.forwarder.labelled(self.metrics.key_requests, principal.name).inc()
 
     def authenticate(self, request: Any) -> Principal:
         """The request's principal (``X-Service-Key`` set), or 401."""
@@ -272,8 +281,9 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
     # -- errors and accounting ----------------------------------------------------------------
 
     def before_routing_error(self, request: Any) -> None:
-        """404 and 405 only after authentication: an unauthenticated caller gets 401 on every path."""
-        self.authenticate(request)
+        """404 and 405 only after authentication: an unauthenticated caller gets 401 on every path, and one that
+        authenticated is counted by its key as a routed request is (no token is spent: see the module docstring)."""
+        self.count_key(request, self.authenticate(request))
 
     def count_labels(self, request: Any) -> tuple[str, ...]:
         """The ``protocol`` label of the request metrics: ``oip`` under ``/v2``, else ``contract``."""

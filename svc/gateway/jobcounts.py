@@ -10,9 +10,20 @@ User-Agent so the model's access log keeps it at debug level), reads its
 ``service_async_jobs_total{state}`` and sums the replicas of each model.
 Each replica gets ``timeout_s``; one that does not answer in time (loading,
 stopped, stopped by SIGSTOP) keeps its last figures, so the scrape never
-waits longer than that.  A model server's counters start from zero when it
-restarts, and so does its share of the sum (Prometheus reads a drop as a
-counter reset).
+waits longer than that.
+
+The sum is a counter, so it never goes down.  A model server's counters
+start from zero when it restarts; summed as read, its replica's share
+would drop, and with several replicas Prometheus's ``rate()`` reads a
+partial drop as a reset of the whole sum and counts it all again.  So the
+gateway counts as Prometheus does across a reset: per replica it keeps
+the last reading, and adds what each counter rose by since; a reading
+where any state is lower than before (or gone, as a restarted server has
+no line for a state it has not counted yet) is a new process, whose whole
+reading is its increase.  The gateway's value is the replicas' first
+readings plus every increase since, from this gateway's start; a replica
+that restarts and passes its old figures between two scrapes is seen as
+risen, not reset (as Prometheus would see it too).
 """
 
 from __future__ import annotations
@@ -48,6 +59,18 @@ def job_counts(text: str) -> dict[str, float]:
     return counts
 
 
+def increase(last: dict[str, float] | None, reading: dict[str, float]) -> dict[str, float]:
+    """``state -> rise`` of a replica's counters from its ``last`` reading to ``reading``.
+
+    Any state lower than before means the model server restarted (its
+    counters are per process, and only reset that way): then everything it
+    counted since is new, its whole reading.  The first reading is new too.
+    """
+    if last is None or any(reading.get(state, 0.0) < value for state, value in last.items()):
+        return dict(reading)
+    return {state: value - last.get(state, 0.0) for state, value in reading.items()}
+
+
 class JobCounts:
     """A Prometheus collector of the gateway's registry: the job counters of the models behind it."""
 
@@ -56,7 +79,10 @@ class JobCounts:
         self.agent = agent
         self.timeout_s = timeout_s
         self.replicas = [r for up in catalog if up.async_enabled for r in up.replicas]
+        #: Each replica's last reading, to tell a rise from a restart.
         self.last: dict[tuple[str, int], dict[str, float]] = {}
+        #: Each replica's ``state -> total``: its first reading plus every rise since (:func:`increase`).
+        self.counted: dict[tuple[str, int], dict[str, float]] = {}
 
     def refresh(self) -> Deferred:
         """Ask every replica once; fires (never fails) when each answered or ran out of time."""
@@ -76,7 +102,14 @@ class JobCounts:
     def _read(self, answer: tuple[int, bytes], replica: Replica) -> None:
         code, body = answer
         if code == 200:
-            self.last[replica.key] = job_counts(body.decode("utf-8", "replace"))
+            self.add(replica.key, job_counts(body.decode("utf-8", "replace")))
+
+    def add(self, key: tuple[str, int], reading: dict[str, float]) -> None:
+        """Count replica ``key``'s rise since its last reading, and keep ``reading`` as its last."""
+        counted = self.counted.setdefault(key, {})
+        for state, rise in increase(self.last.get(key), reading).items():
+            counted[state] = counted.get(state, 0.0) + rise
+        self.last[key] = reading
 
     def describe(self) -> list:
         return [CounterMetricFamily(SAMPLE.removesuffix("_total"), "", labels=["model", "state"])]
@@ -85,10 +118,11 @@ class JobCounts:
         family = CounterMetricFamily(
             SAMPLE.removesuffix("_total"),
             "Jobs of each model behind the gateway by state, summed over its replicas: the model servers' own "
-            "service_async_jobs_total, read at this scrape.", labels=["model", "state"])
+            "service_async_jobs_total, read at this scrape; a model server's restart lowers nothing.",
+            labels=["model", "state"])
         totals: dict[tuple[str, str], float] = {}
         for replica in self.replicas:
-            counts = self.last.get(replica.key)
+            counts = self.counted.get(replica.key)
             if counts is None:
                 continue
             for state in STATES:

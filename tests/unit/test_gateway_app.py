@@ -419,6 +419,25 @@ def test_a_path_that_matches_no_route_is_authenticated_but_spends_no_token(gw):
         200, 200, 429]
 
 
+def test_every_request_that_authenticated_is_counted_once_by_its_key(gw):
+    """A 404 or 405 with a valid key counts like a routed request, once; a 401 counts for no key."""
+    key_requests = lambda key: gw.registry.get_sample_value(  # noqa: E731
+        "service_gateway_key_requests_total", {"key": key})
+    assert_envelope(gw.call("GET", "/nothing"), 404, 63)
+    assert key_requests("tenant-a") == 1.0
+    assert_envelope(gw.call("GET", "/v1/models/CLS/infer"), 405, 62)
+    assert_envelope(gw.call("FOO", "/v1/models/CLS/infer"), 405, 62)
+    assert_envelope(gw.call("GET", "//v1/models/CLS/infer"), 404, 63)  # no route for RoutablePaths either
+    assert key_requests("tenant-a") == 4.0
+    assert gw.call("POST", "/v1/models/CLS/infer", body=b"{}").code == 200
+    assert_envelope(gw.call("POST", "/v1/models/NOPE/infer", body=b"{}"), 404, 63)  # a route's own 404
+    assert key_requests("tenant-a") == 6.0
+    assert_envelope(gw.call("GET", "/nothing", token=SLOW_KEY), 404, 63)
+    assert_envelope(gw.call("GET", "/nothing", token=None), 401, 401)
+    assert_envelope(gw.call("GET", "/nothing", token=OFF_KEY), 401, 401)
+    assert (key_requests("tenant-a"), key_requests("slow"), key_requests("off")) == (6.0, 1.0, None)
+
+
 def test_rate_limited_requests_never_reach_the_model(gw):
     for _ in range(5):
         gw.call("POST", "/v1/models/CLS/infer", token=SLOW_KEY, body=b"{}")

@@ -6,7 +6,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 
 from svc.gateway.catalog import Catalog, Replica, Upstream
-from svc.gateway.jobcounts import JobCounts, job_counts
+from svc.gateway.jobcounts import JobCounts, increase, job_counts
 from svc.infra.metrics import new_registry, render
 
 
@@ -77,3 +77,39 @@ def test_replicas_are_summed_per_model_and_a_silent_one_keeps_its_last_figures()
 
 def test_job_counts_reads_the_model_servers_counter():
     assert job_counts(model_text(2, 1).decode()) == {"submitted": 2.0, "running": 2.0, "done": 1.0}
+
+
+def test_a_restarted_replica_never_lowers_the_sum_and_its_new_jobs_are_counted():
+    """A model server's counters start again at 0 when it restarts (kill -9): the gateway's counter goes on rising."""
+    clock, agent = Clock(), Agent()
+    counts = JobCounts(clock=clock, agent=agent, catalog=catalog(), timeout_s=1.0)
+    registry = new_registry()
+    registry.register(counts)
+    seen = []
+
+    def scrape(r0: bytes | None, r1: bytes | None) -> tuple[float | None, float | None]:
+        agent.bodies = {9001: r0, 9002: r1}
+        counts.refresh()
+        clock.advance(1.0)  # a replica left silent keeps its figures
+        value = lambda state: registry.get_sample_value(  # noqa: E731
+            "service_async_jobs_total", {"model": "GEN", "state": state})
+        seen.append(value("submitted"))
+        return value("submitted"), value("done")
+
+    assert scrape(model_text(3, 2), model_text(4, 4)) == (7.0, 6.0)  # the first readings
+    assert scrape(model_text(5, 3), model_text(6, 4)) == (11.0, 7.0)  # both rose: 2 + 2, 1 + 0
+    assert scrape(model_text(5, 3), b"") == (11.0, 7.0)  # replica 1 restarted, nothing counted yet: not 5, 3
+    assert scrape(None, model_text(1, 0)) == (12.0, 7.0)  # its first job after the restart
+    assert scrape(model_text(2, 1), model_text(1, 1)) == (14.0, 9.0)  # replica 0 restarted and ran 2 between scrapes
+    assert scrape(model_text(4, 1), model_text(1, 1)) == (16.0, 9.0)
+    assert seen == sorted(seen)
+
+
+def test_increase_is_the_rise_or_after_any_lower_state_the_whole_reading():
+    assert increase(None, {"submitted": 3.0}) == {"submitted": 3.0}
+    assert increase({"submitted": 3.0, "done": 1.0}, {"submitted": 5.0, "done": 1.0, "failed": 1.0}) == {
+        "submitted": 2.0, "done": 0.0, "failed": 1.0}
+    # submitted passed its old figure, but done went down: the process is new, all of its counts are.
+    assert increase({"submitted": 3.0, "done": 2.0}, {"submitted": 4.0, "done": 1.0}) == {
+        "submitted": 4.0, "done": 1.0}
+    assert increase({"submitted": 3.0, "done": 2.0}, {"submitted": 4.0}) == {"submitted": 4.0}  # done: no line, 0

@@ -389,3 +389,16 @@ def test_bad_options_are_refused_by_the_option_parser(tap, argv, message):
     with pytest.raises(usage.UsageError) as error:
         tap.Options().parseOptions(argv)
     assert str(error.value) == message
+
+
+def test_the_gateway_keys_the_supervisor_reads_are_checked_as_the_gateway_checks_them():
+    """The supervisor cannot import the gateway (the layers): its declarations of the keys it reads must agree."""
+    from svc.gateway.config import GATEWAY_KEYS
+    from svc.supervisor.config import GATEWAY_READ
+
+    gateway = {k.name: k for k in GATEWAY_KEYS}
+    assert {k.name for k in GATEWAY_READ} == {"host", "port", "listen_backlog", "replica_probe_interval_ms"}
+    for key in GATEWAY_READ:
+        mine = gateway[key.name]
+        assert (key.type, key.default, key.minimum, key.maximum, key.choices, key.pattern) == (
+            mine.type, mine.default, mine.minimum, mine.maximum, mine.choices, mine.pattern), key.name

@@ -35,12 +35,15 @@ class ItemInputError(Exception):
 
 
 def decode_base64(text: str) -> bytes:
-    """Standard base64 (padding optional), or a ``data:...;base64,`` URL."""
+    """Standard base64 (padding optional, lines wrapped as the ``base64`` command and MIME wrap them), or a
+    ``data:...;base64,`` URL."""
     if text.startswith("data:"):
         head, sep, text = text.partition(",")
         if not sep or not head.endswith(";base64"):
             raise ItemInputError(st.INVALID_IMAGE, "a data URL must be base64-encoded (data:<type>;base64,<data>)")
     text = text.strip()
+    if "\n" in text or "\r" in text:  # wrapped lines: `base64 photo.jpg` wraps at 76 characters
+        text = "".join(text.split())
     missing = -len(text) % 4
     if missing == 3:
         raise ItemInputError(st.INVALID_IMAGE, "not valid base64: wrong length")
@@ -66,7 +69,10 @@ def open_image(data: bytes, max_pixels: int) -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image = Image.open(BytesIO(data))
-    except (UnidentifiedImageError, Image.DecompressionBombError):
+    except Image.DecompressionBombError as e:  # far past max_image_pixels: say so, as for any image too large
+        raise ItemInputError(st.INVALID_IMAGE, f"image is too large ({e}); at most {max_pixels} pixels are accepted "
+                                               "(max_image_pixels)") from None
+    except UnidentifiedImageError:
         raise ItemInputError(st.INVALID_IMAGE, "not a decodable image (JPEG, PNG, WebP, BMP, GIF or TIFF)") from None
     except (OSError, ValueError, SyntaxError) as e:
         raise ItemInputError(st.INVALID_IMAGE, f"image cannot be read: {e}") from None

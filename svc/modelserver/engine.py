@@ -32,7 +32,7 @@ from svc.contract import status as st
 from svc.contract.envelope import ItemResult
 from svc.contract.schema import compile_schema
 from svc.model.api import IModel, IModelFactory, ProgressReporter, reporting_progress
-from svc.modelserver.progress import BatchProgress
+from svc.modelserver.progress import BatchAbandoned, BatchProgress
 from svc.optimize.runtime_calls import BATCHES
 from svc.web.replies import dumps
 
@@ -150,7 +150,12 @@ class Engine:
         inputs = [item.input for item in items]
         per_item = [(item.params, item.options) for item in items]
         targets = [item.progress for item in items if getattr(item, "progress", None) is not None]
-        reporter = BatchProgress(self.clock, targets) if targets and self.clock is not None else None
+        deadlines: list[float | None] = [getattr(item, "deadline", None) for item in items]
+        known = [d for d in deadlines if d is not None]
+        abandon_at = max(known) if len(known) == len(deadlines) else None  # nobody waits after the last one
+        reporter = None
+        if (targets or abandon_at is not None) and self.clock is not None:
+            reporter = BatchProgress(self.clock, targets, abandon_at=abandon_at)
         d = self.run_worker(self._run_sync, inputs, items[0].params, per_item, reporter)
         d.addCallback(self._log_problems)
         return d
@@ -213,6 +218,9 @@ class Engine:
         try:
             with reporting_progress(reporter):
                 outputs = self.model.predict(inputs, params)
+        except BatchAbandoned as e:  # every item was answered already (504, a job's timeout): stop the work
+            log.info("a batch of {n} stopped: {why}", n=n, why=str(e))
+            return [ItemResult(st.RUN_TIMEOUT, None, str(e))] * n, None
         except Exception as e:  # noqa: BLE001 - an engine failure fails this run only
             error = ItemResult(st.ENGINE_ERROR, None, f"model error: {type(e).__name__}: {e}")
             return [error] * n, f"predict failed for a batch of {n}:\n{traceback.format_exc()}"

@@ -10,6 +10,16 @@ reactor only reads the value when it answers a poll or a wait, so a model
 that reports on every sampler step costs the reactor nothing and never
 waits for it: the worker thread replaces one tuple reference, which is
 atomic in CPython, and takes no lock.
+
+A job's progress never goes back (two workers may run batches of one job,
+each reporting its own step) and stops moving once the job is terminal
+(:meth:`JobProgress.close`: a timed-out job's step kept changing).
+
+The reporter is also where a batch learns that nobody waits for it any
+more: once every item's deadline has passed (each request was answered 504,
+each job ``timeout``), a report raises :class:`BatchAbandoned`, so a model
+that reports progress (a sampler step, a batch of SAM's prompts) stops at
+its next step instead of holding the worker for minutes of wasted work.
 """
 
 from __future__ import annotations
@@ -22,13 +32,29 @@ from twisted.internet.interfaces import IReactorTime
 MIN_INTERVAL_S = 0.1
 
 
+class BatchAbandoned(Exception):
+    """Raised by a report once every item of the running batch is past its deadline (its answer is gone)."""
+
+
 class JobProgress:
     """The last progress written for one job: ``(step, steps)`` or None before the first report."""
 
-    __slots__ = ("value",)
+    __slots__ = ("closed", "value")
 
     def __init__(self) -> None:
         self.value: tuple[int, int] | None = None
+        self.closed = False
+
+    def write(self, value: tuple[int, int]) -> None:
+        """Show ``value`` unless the job is terminal or it is behind what is shown (worker thread)."""
+        shown = self.value
+        if self.closed or (shown is not None and value[0] * shown[1] < shown[0] * value[1]):
+            return
+        self.value = value
+
+    def close(self) -> None:
+        """The job is terminal: what is shown stays (reactor thread)."""
+        self.closed = True
 
     def to_json(self) -> dict[str, int] | None:
         """The ``progress`` field of the job status body (null when nothing was reported)."""
@@ -49,14 +75,19 @@ class BatchProgress:
     """
 
     def __init__(self, clock: IReactorTime, targets: Iterable[JobProgress],
-                 min_interval: float = MIN_INTERVAL_S) -> None:
+                 min_interval: float = MIN_INTERVAL_S, abandon_at: float | None = None) -> None:
+        """``abandon_at``: the latest deadline of the batch's items (None: one has none); a report after it
+        raises :class:`BatchAbandoned`."""
         self.clock = clock
         self.targets = tuple({id(t): t for t in targets}.values())
         self.min_interval = min_interval
+        self.abandon_at = abandon_at
         self.last: float | None = None
         self.written: tuple[int, int] | None = None
 
     def __call__(self, step: int, steps: int) -> None:
+        if self.abandon_at is not None and self.clock.seconds() >= self.abandon_at:
+            raise BatchAbandoned(f"every item of the batch is past its deadline (reported step {step} of {steps})")
         if isinstance(step, bool) or isinstance(steps, bool):
             return
         try:
@@ -73,4 +104,4 @@ class BatchProgress:
         value = (step, steps)
         self.written = value
         for target in self.targets:
-            target.value = value
+            target.write(value)

@@ -70,6 +70,36 @@ def test_pixel_limit_is_checked_before_the_transpose():
     assert caught.value.message == "image is 40x24 = 960 pixels; at most 959 are accepted (max_image_pixels)"
 
 
+def test_a_decompression_bomb_fails_as_an_image_too_large():
+    """A small PNG that claims 50000x50000: Pillow refuses it before max_image_pixels is read, and its item was
+    told "not a decodable image"."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    bomb = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 50000, 50000, 8, 2, 0, 0, 0))
+    with pytest.raises(ItemInputError) as caught:
+        open_image(bomb + chunk(b"IEND", b""), max_pixels=MAX_PIXELS)
+    assert caught.value.status == st.INVALID_IMAGE
+    assert caught.value.message.startswith("image is too large (Image size (2500000000 pixels) exceeds limit of ")
+    assert caught.value.message.endswith(f"; at most {MAX_PIXELS} pixels are accepted (max_image_pixels)")
+
+
+def test_base64_wrapped_in_lines_as_the_base64_command_writes_it_is_read():
+    import base64
+
+    from svc.model.images import decode_base64
+
+    data = bytes(range(256)) * 3
+    wrapped = base64.encodebytes(data).decode()  # 76 characters a line, as `base64 file` and MIME write it
+    assert "\n" in wrapped.strip()
+    assert decode_base64(wrapped) == decode_base64(wrapped.replace("\n", "\r\n")) == data
+    with pytest.raises(ItemInputError, match="not valid base64"):
+        decode_base64(wrapped.replace("\n", "\n*"))
+
+
 # -- bounded resizing ----------------------------------------------------------------------------
 
 

@@ -6,7 +6,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from svc.contract.envelope import ModelIdentity
-from svc.contract.jobs import DONE, RUNNING
+from svc.contract.jobs import DONE, RUNNING, TIMEOUT
 from svc.contract.request import InferenceRequest, RequestValidator
 from svc.contract.schema import ObjectSchema, object_schema
 from svc.infra.process import inline_runner
@@ -16,7 +16,7 @@ from svc.modelserver.engine import Engine
 from svc.modelserver.inference import Inference
 from svc.modelserver.job_routes import JobRoutes
 from svc.modelserver.jobs import JobTable
-from svc.modelserver.progress import BatchProgress, JobProgress
+from svc.modelserver.progress import BatchAbandoned, BatchProgress, JobProgress
 
 # -- the reporter -----------------------------------------------------------------------------
 
@@ -118,14 +118,14 @@ class Factory:
     data_schema = {"type": "object"}
 
 
-def setup(clock: Clock):
+def setup(clock: Clock, timeout_ms: int = 0):
     runner = HeldRunner()
     engine = Engine(Factory(), {}, "cpu", runner, clock=clock)
     queue = BatchQueue(clock, engine.run_batch, workers=1, max_batch_size=2, max_batch_delay_ms=10)
     validator = RequestValidator(ObjectSchema(object_schema({})), ObjectSchema(object_schema({})), 16)
     inference = Inference(clock=clock, engine=engine, validator=validator, queue=queue, run_decode=inline_runner,
                           max_image_pixels=10**6)
-    jobs = JobTable(clock, inference.run_job, lambda: ModelIdentity("M", "v"), max_queue=8, timeout_ms=0,
+    jobs = JobTable(clock, inference.run_job, lambda: ModelIdentity("M", "v"), max_queue=8, timeout_ms=timeout_ms,
                     ttl_ms=60_000, max_completed=10)
     model = SteppingModel(clock, [])
     engine.model = model
@@ -170,3 +170,56 @@ def test_a_synchronous_request_gets_no_reporter_and_its_reports_go_nowhere():
     assert args[-1] is None  # no JobProgress in the batch: no reporter
     runner.run_next()
     assert answered[0][0].data == {"v": "out"} and len(model.seen) == 2
+
+
+def test_a_jobs_progress_never_goes_back_and_stays_once_the_job_is_terminal():
+    """Two workers may run batches of one job, each writing its own step (428, 425, 616 of 1000 were seen on a
+    job that had timed out already)."""
+    progress = JobProgress()
+    for value in ((428, 1000), (425, 1000), (3, 5), (616, 1000)):
+        progress.write(value)
+    assert progress.to_json() == {"step": 616, "steps": 1000}  # (425, 1000) was behind; 3 of 5 is ahead
+    progress.close()
+    progress.write((999, 1000))
+    assert progress.to_json() == {"step": 616, "steps": 1000}
+
+
+def test_a_report_after_every_items_deadline_stops_the_batch():
+    clock = Clock()
+    reporter = BatchProgress(clock, [], abandon_at=1.0)
+    reporter(1, 5)
+    clock.advance(1.0)
+    try:
+        reporter(2, 5)
+    except BatchAbandoned as e:
+        assert str(e) == "every item of the batch is past its deadline (reported step 2 of 5)"
+    else:
+        raise AssertionError("the reporter let a batch past its deadline go on")
+
+
+def test_a_job_past_its_timeout_stops_at_its_next_step_and_its_progress_stays():
+    """A timed-out job's batch held the worker to its last step (a SAM_AMG image: minutes), reporting all along."""
+    clock = Clock()
+    jobs, runner, model, status, _ = setup(clock, timeout_ms=100)
+    job = jobs.submit(InferenceRequest(images=["aGk="], req_id=None))
+    model.jobs = [job]
+    clock.advance(0)
+    model.plan = [(step, 10) for step in range(1, 11)]  # 40 ms a step: the 100 ms budget ends in step 3
+    runner.run_next()
+    assert job.state == TIMEOUT
+    assert len(model.seen) == 2  # steps 1 and 2 ran; the report of step 3, past the deadline, stopped predict
+    assert status(job)["progress"] == {"step": 1, "steps": 10}  # written at 40 ms; 80 ms was throttled; then still
+    assert runner.calls == []
+
+
+def test_a_synchronous_request_past_its_deadline_stops_the_work_it_no_longer_waits_for():
+    clock = Clock()
+    _, runner, model, _, inference = setup(clock)
+    model.plan = [(step, 10) for step in range(1, 11)]
+    answered = []
+    inference.run(InferenceRequest(images=["aGk="], req_id=None), deadline=clock.seconds() + 0.1).addCallback(
+        answered.append)
+    clock.advance(0.01)  # the batch window
+    runner.run_next()
+    assert len(model.seen) == 2  # stopped at the report of step 3, at 120 ms
+    assert [result.status.code for result in answered[0]] == [4]  # answered at its deadline, RUN_TIMEOUT

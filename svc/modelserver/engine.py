@@ -234,6 +234,10 @@ class Engine:
         results: list[ItemResult] = []
         problem = None
         for output, (item_params, item_options) in zip(outputs, per_item):
+            if isinstance(reporter, BatchProgress) and reporter.abandoned():  # encoding 12,288 SAM masks: minutes
+                results += [ItemResult(st.RUN_TIMEOUT, None, "every item of the batch is past its deadline")] * (
+                    n - len(results))
+                break
             try:
                 data = self.model.postprocess(output, item_params, item_options)
                 encoded = dumps(data)  # JSON, never NaN; the reply splices these bytes in (svc.contract.envelope)

@@ -85,8 +85,12 @@ class BatchProgress:
         self.last: float | None = None
         self.written: tuple[int, int] | None = None
 
+    def abandoned(self) -> bool:
+        """Whether every item of the batch is past its deadline: nobody waits for what it would give."""
+        return self.abandon_at is not None and self.clock.seconds() >= self.abandon_at
+
     def __call__(self, step: int, steps: int) -> None:
-        if self.abandon_at is not None and self.clock.seconds() >= self.abandon_at:
+        if self.abandoned():
             raise BatchAbandoned(f"every item of the batch is past its deadline (reported step {step} of {steps})")
         if isinstance(step, bool) or isinstance(steps, bool):
             return

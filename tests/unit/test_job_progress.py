@@ -223,3 +223,19 @@ def test_a_synchronous_request_past_its_deadline_stops_the_work_it_no_longer_wai
     runner.run_next()
     assert len(model.seen) == 2  # stopped at the report of step 3, at 120 ms
     assert [result.status.code for result in answered[0]] == [4]  # answered at its deadline, RUN_TIMEOUT
+
+
+def test_postprocessing_past_every_deadline_stops_too():
+    """SAM_AMG's postprocess encodes every mask of an image (12,288 at points_per_side 64): minutes of work for
+    requests answered already."""
+    clock = Clock()
+    _, runner, model, _, inference = setup(clock)
+    encoded = []
+    model.postprocess = lambda output, params, options: (encoded.append(output), clock.advance(0.2), {"v": output})[2]
+    answered = []
+    inference.run(InferenceRequest(images=["aGk=", "aGk=", "aGk="], req_id=None),
+                  deadline=clock.seconds() + 0.1).addCallback(answered.append)
+    clock.advance(0.01)
+    runner.run_next()
+    assert len(encoded) == 1  # the first item's took it past the deadline: the other two were not encoded
+    assert [result.status.code for result in answered[0]] == [4, 4, 4]

@@ -37,8 +37,8 @@ class ConfigError(Exception):
         super().__init__(where + problem)
 
 
-#: The bound of an integer key that names none of its own: 10^12 (ms: 31 years).  A larger duration broke
-#: where it became a timer (``shutdown_grace_ms`` 2^63 killed the shutdown watchdog with OverflowError).
+#: The bound of an integer key that names none of its own: 10^12, as milliseconds 31 years.  A larger
+#: duration broke where it became a timer (``shutdown_grace_ms`` 2^63 killed the shutdown watchdog).
 INT_MAXIMUM = 10**12
 
 _TYPE_NAMES = {bool: "a boolean", int: "an integer", str: "a string", float: "a number", list: "an array"}

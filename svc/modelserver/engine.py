@@ -32,7 +32,7 @@ from svc.contract import status as st
 from svc.contract.envelope import ItemResult
 from svc.contract.schema import compile_schema
 from svc.model.api import IModel, IModelFactory, ProgressReporter, reporting_progress
-from svc.modelserver.progress import BatchAbandoned, BatchProgress
+from svc.modelserver.progress import ABANDONED, BatchAbandoned, BatchProgress
 from svc.optimize.runtime_calls import BATCHES
 from svc.web.replies import dumps
 
@@ -161,9 +161,13 @@ class Engine:
         return d
 
     def _log_problems(self, outcome: tuple[list[ItemResult], str | None]) -> list[ItemResult]:
+        """Log what went wrong in the worker, here on the reactor thread (as every log line of the process)."""
         results, problem = outcome
         if problem:
             log.error("{problem}", problem=problem)
+        stopped = [r.error for r in results if r.error and r.error.startswith(ABANDONED)]
+        if stopped:
+            log.info("a batch of {n} stopped: {why}", n=len(results), why=stopped[0])
         return results
 
     def _lower_priority(self) -> None:
@@ -219,7 +223,6 @@ class Engine:
             with reporting_progress(reporter):
                 outputs = self.model.predict(inputs, params)
         except BatchAbandoned as e:  # every item was answered already (504, a job's timeout): stop the work
-            log.info("a batch of {n} stopped: {why}", n=n, why=str(e))
             return [ItemResult(st.RUN_TIMEOUT, None, str(e))] * n, None
         except Exception as e:  # noqa: BLE001 - an engine failure fails this run only
             error = ItemResult(st.ENGINE_ERROR, None, f"model error: {type(e).__name__}: {e}")
@@ -235,8 +238,7 @@ class Engine:
         problem = None
         for output, (item_params, item_options) in zip(outputs, per_item):
             if isinstance(reporter, BatchProgress) and reporter.abandoned():  # encoding 12,288 SAM masks: minutes
-                results += [ItemResult(st.RUN_TIMEOUT, None, "every item of the batch is past its deadline")] * (
-                    n - len(results))
+                results += [ItemResult(st.RUN_TIMEOUT, None, f"{ABANDONED} (postprocessing)")] * (n - len(results))
                 break
             try:
                 data = self.model.postprocess(output, item_params, item_options)

@@ -32,6 +32,10 @@ from twisted.internet.interfaces import IReactorTime
 MIN_INTERVAL_S = 0.1
 
 
+#: The error of the items of a batch stopped because nobody waits for it (the engine logs such a batch at info).
+ABANDONED = "every item of the batch is past its deadline"
+
+
 class BatchAbandoned(Exception):
     """Raised by a report once every item of the running batch is past its deadline (its answer is gone)."""
 
@@ -91,7 +95,7 @@ class BatchProgress:
 
     def __call__(self, step: int, steps: int) -> None:
         if self.abandoned():
-            raise BatchAbandoned(f"every item of the batch is past its deadline (reported step {step} of {steps})")
+            raise BatchAbandoned(f"{ABANDONED} (reported step {step} of {steps})")
         if isinstance(step, bool) or isinstance(steps, bool):
             return
         try:

@@ -215,14 +215,19 @@ def test_a_job_past_its_timeout_stops_at_its_next_step_and_its_progress_stays():
 def test_a_synchronous_request_past_its_deadline_stops_the_work_it_no_longer_waits_for():
     clock = Clock()
     _, runner, model, _, inference = setup(clock)
+    from twisted.logger import capturedLogs, formatEvent
+
     model.plan = [(step, 10) for step in range(1, 11)]
     answered = []
     inference.run(InferenceRequest(images=["aGk="], req_id=None), deadline=clock.seconds() + 0.1).addCallback(
         answered.append)
     clock.advance(0.01)  # the batch window
-    runner.run_next()
+    with capturedLogs() as events:
+        runner.run_next()
     assert len(model.seen) == 2  # stopped at the report of step 3, at 120 ms
     assert [result.status.code for result in answered[0]] == [4]  # answered at its deadline, RUN_TIMEOUT
+    assert [formatEvent(e) for e in events] == [  # logged once, on the reactor's side of the batch
+        "a batch of 1 stopped: every item of the batch is past its deadline (reported step 3 of 10)"]
 
 
 def test_postprocessing_past_every_deadline_stops_too():

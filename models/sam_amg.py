@@ -230,19 +230,23 @@ class SamAmgModel:
 
         from models.sam_amg_generator import make_generator
 
-        generator = make_generator(self.sam, points_per_batch=self.points_per_batch, **generator_args(params))
+        # Masks stay run-length encoded until postprocess decodes them one at a time: as the library's
+        # binary masks, every kept mask of an image would be held at the image's size at once.
+        generator = make_generator(self.sam, points_per_batch=self.points_per_batch, output_mode="uncompressed_rle",
+                                   **generator_args(params))
         count_prompt_batches(generator, [image.shape[:2] for image in inputs])
         with torch.inference_mode():  # as every plugin's forward pass (and what optimised targets were made under)
             return [generator.generate(image) for image in inputs]
 
     def postprocess(self, output: Any, params: dict, options: dict) -> list:
+        from models.sam_amg_generator import mask_of
         from svc.model.imagecodec import encode_mask
 
         records = output[: options.get("max_results", len(output))]
         mask_format = options.get("mask_format", "png")
         return [
             {
-                "segmentation": encode_mask(r["segmentation"], mask_format),
+                "segmentation": encode_mask(mask_of(r["segmentation"]), mask_format),
                 "area": int(r["area"]),
                 "bbox": [float(v) for v in r["bbox"]],
                 "predicted_iou": float(r["predicted_iou"]),

@@ -16,12 +16,25 @@ floats, about 0.2 s on two cores, and with the shipped threshold (0.88) a
 trained SAM keeps a fraction of its masks (the demo weights keep none).
 Everything after the filter (stability score, thresholding, boxes, crop
 edges, RLE) is the library's own functions in the library's order.
+
+The kept masks are upsampled in parts of at most :data:`UPSAMPLE_PIXELS`
+pixels rather than a whole batch at once, so that the generator's memory does
+not grow with ``points_per_batch`` times the image's pixels, and the kept
+masks' run-length encodings hold their runs in numpy arrays (:func:`compact`).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from typing import Any
+
+#: At most this many mask pixels are upsampled at once: the logits of a batch of prompts (3 masks
+#: each) at the image's size are float32, and the stability score and the threshold make more
+#: copies of them.  One batch of 64 prompts on a 2048x2048 image would be 3.2 GB of logits alone;
+#: in parts of 2^24 pixels (64 MB of logits) the peak stays near a few hundred MB whatever the
+#: image's size, and each mask is computed as before.
+UPSAMPLE_PIXELS = 1 << 24
 
 
 def make_generator(sam: Any, **kwargs: Any) -> Any:
@@ -62,8 +75,19 @@ def generator_class() -> type:
             )
             if self.pred_iou_thresh > 0.0:
                 data.filter(data["iou_preds"] > self.pred_iou_thresh)
-            data["masks"] = self._upsample(data["masks"])
-            return self._select(data, crop_box, orig_size)
+            kept = MaskData()
+            for part in self._parts(data):
+                part["masks"] = self._upsample(part["masks"])
+                kept.cat(self._select(part, crop_box, orig_size))
+            return kept
+
+        def _parts(self, data: MaskData) -> Iterator[MaskData]:
+            """``data`` in parts of at most :data:`UPSAMPLE_PIXELS` upsampled pixels (one part if it is empty)."""
+            height, width = self.predictor.original_size
+            step = max(1, UPSAMPLE_PIXELS // (height * width))
+            count = len(data["masks"])
+            for start in range(0, max(count, 1), step):
+                yield MaskData(**{key: value[start:start + step] for key, value in data.items()})
 
         def _decode(self, points: np.ndarray, im_size: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
             """Low-resolution mask logits (prompts x 3 x h x w) and predicted IoUs of one batch of point prompts.
@@ -106,8 +130,35 @@ def generator_class() -> type:
             if not torch.all(keep):
                 data.filter(keep)
             data["masks"] = uncrop_masks(data["masks"], crop_box, orig_h, orig_w)
-            data["rles"] = mask_to_rle_pytorch(data["masks"])
+            data["rles"] = [compact(rle) for rle in mask_to_rle_pytorch(data["masks"])]
             del data["masks"]
             return data
 
     return MaskGenerator
+
+
+def compact(rle: dict) -> dict:
+    """A segment-anything uncompressed RLE with its counts in a numpy array instead of a list of ints.
+
+    Every kept mask waits as its RLE until the generator's NMS and the
+    plugin's postprocess: as a list, a run costs 36 bytes (an int object and
+    its pointer), and the demo weights' ragged masks have a run every 20
+    pixels or so, more than the mask's own bytes.  4 bytes a run (8 past 2^31
+    pixels) is what the library's functions (``rle_to_mask``,
+    ``area_from_rle``, ``coco_encode_rle``) read as well.
+    """
+    import numpy as np
+
+    height, width = rle["size"]
+    dtype = np.int32 if height * width < 2**31 else np.int64
+    return {"size": rle["size"], "counts": np.asarray(rle["counts"], dtype=dtype)}
+
+
+def mask_of(rle: dict) -> Any:
+    """The H x W bool array of an uncompressed RLE, as ``rle_to_mask`` makes it, without a Python loop per run."""
+    import numpy as np
+
+    height, width = rle["size"]
+    counts = np.asarray(rle["counts"])
+    flat = np.repeat(np.arange(len(counts)) % 2 == 1, counts)  # runs alternate 0, 1, 0, ... from a 0-run
+    return flat.reshape(width, height).T

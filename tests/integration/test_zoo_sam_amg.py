@@ -83,9 +83,8 @@ def test_served_masks_equal_the_generators(sam_server, weights, size):
 
 def test_images_past_the_shipped_pixel_limit_fail_their_item(sam_server):
     """The shipped config caps SAM_AMG at 2048x2048 pixels (its masks are at
-    the image's size, about 770 bytes per pixel at points_per_batch 64): a
-    few-kilobyte PNG of 2049x2048 fails its own item with status 5, before
-    decoding, and the other item is served."""
+    the image's size): a few-kilobyte PNG of 2049x2048 fails its own item
+    with status 5, before decoding, and the other item is served."""
     big = b64(image_bytes(width=2049, height=2048))
     reply = infer(sam_server, URI, {"images": [big, b64(image_bytes(width=32, height=24))], "params": PARAMS})
     assert reply.status == 200 and reply.json["status"] == 0

@@ -162,13 +162,14 @@ def select(pred: Any, box: Letterbox, score_threshold: float, nms_threshold: flo
     return boxes, scores, classes
 
 
-#: The official weights: ultralytics release assets (COCO, 80 classes; mAP50-95 at 640, params).
+#: The official weights: ultralytics release assets (COCO, 80 classes; mAP50-95 at 640, params; float16 .pt files).
 ULTRALYTICS_ASSETS = "https://github.com/ultralytics/assets/releases/download/v8.1.0"
 _UPSTREAM = {"n": (37.3, 3.2), "s": (44.9, 11.2), "m": (50.2, 25.9), "l": (52.9, 43.7), "x": (53.9, 68.2)}
 VARIANTS = tuple(
     Variant(
         name=f"yolov8{scale}",
-        source=FileSource(url=f"{ULTRALYTICS_ASSETS}/yolov8{scale}.pt", convert=ULTRALYTICS_CONVERTER),
+        source=FileSource(url=f"{ULTRALYTICS_ASSETS}/yolov8{scale}.pt", size=round(params * 2.04e6),  # about
+                          convert=ULTRALYTICS_CONVERTER),
         license="AGPL-3.0",
         description=f"Ultralytics YOLOv8{scale}, COCO (80 classes), {params}M parameters, mAP50-95 {ap} at 640. "
         "Licence: AGPL-3.0, Ultralytics' licence for its YOLOv8 weights (unless you hold its commercial "

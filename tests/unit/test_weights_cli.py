@@ -327,6 +327,21 @@ def test_mobilenetv2_variants_are_torchvisions():
     assert [v.model["resize"] for v in VARIANTS] == [256, 232]
 
 
+def test_every_catalog_variant_has_a_size_for_the_pulls_plan():
+    """The plan's total counts every variant: none is left "of unpublished size" (YOLOV8's were)."""
+    from svc.model.api import factories
+    from svc.weightstore.catalog import variants_of
+    from svc.weightstore.licences import plan_lines
+
+    chosen = [(f, v, False) for f in factories().values() for v in variants_of(f)]
+    assert len(chosen) >= 16 and all(v.size for _, v, _ in chosen)
+    head, *lines = plan_lines(chosen)
+    assert "unpublished" not in head and not any("unpublished" in line for line in lines)
+    yolo = {line.split(":")[0].strip(): line for line in lines if line.lstrip().startswith("YOLOV8")}
+    assert yolo["YOLOV8 yolov8n"].startswith("  YOLOV8 yolov8n: 6.5 MB; licence AGPL-3.0")
+    assert yolo["YOLOV8 yolov8x"].startswith("  YOLOV8 yolov8x: 139.1 MB;")
+
+
 def pulled(tmp_path, monkeypatch, name: str = "IMAGENET1K_V2"):
     """A fake cache entry for a real variant name (as a pull leaves it)."""
     from svc.weightstore.cache import Record, write_record

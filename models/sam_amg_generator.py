@@ -76,14 +76,18 @@ def generator_class() -> type:
             if self.pred_iou_thresh > 0.0:
                 data.filter(data["iou_preds"] > self.pred_iou_thresh)
             kept = MaskData()
-            for part in self._parts(data):
+            for part in self._parts(data, orig_size):
                 part["masks"] = self._upsample(part["masks"])
                 kept.cat(self._select(part, crop_box, orig_size))
             return kept
 
-        def _parts(self, data: MaskData) -> Iterator[MaskData]:
-            """``data`` in parts of at most :data:`UPSAMPLE_PIXELS` upsampled pixels (one part if it is empty)."""
-            height, width = self.predictor.original_size
+        def _parts(self, data: MaskData, orig_size: tuple[int, ...]) -> Iterator[MaskData]:
+            """``data`` in parts of at most :data:`UPSAMPLE_PIXELS` pixels (one part if it is empty).
+
+            Counted at the image's size (``orig_size``), which a crop's masks
+            are padded to, and which is never smaller than the crop's.
+            """
+            height, width = orig_size
             step = max(1, UPSAMPLE_PIXELS // (height * width))
             count = len(data["masks"])
             for start in range(0, max(count, 1), step):

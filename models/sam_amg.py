@@ -312,7 +312,8 @@ class SamAmgFactory:
                     "items": {"type": "number", "minimum": 0},
                     "minItems": 4,
                     "maxItems": 4,
-                    "description": "[x, y, width, height] of the mask's box in image pixels (COCO convention).",
+                    "description": "[x, y, width, height] of the mask's box in image pixels, as segment-anything "
+                    "gives it: width and height are the last column and row minus the first (0 for one pixel).",
                 },
                 "predicted_iou": {"type": "number", "description": "The model's estimate of the mask's quality."},
                 "stability_score": {"type": "number", "description": "IoU of the mask under threshold changes."},

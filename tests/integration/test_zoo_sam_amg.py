@@ -79,6 +79,8 @@ def test_served_masks_equal_the_generators(sam_server, weights, size):
         assert record["area"] == int(mask.sum())  # area = the mask's pixel count
         x, y, w, h = record["bbox"]
         assert 0 <= x and 0 <= y and x + w <= size[0] and y + h <= size[1]
+        rows, columns = np.nonzero(mask)  # as docs/models.md says: last column and row minus the first
+        assert [x, y, w, h] == [columns.min(), rows.min(), columns.max() - columns.min(), rows.max() - rows.min()]
 
 
 def test_images_past_the_shipped_pixel_limit_fail_their_item(sam_server):

@@ -83,6 +83,9 @@ def read_record(model_id: str, variant: str, env: dict[str, str] | None = None) 
         record = Record(**data)
         if not isinstance(record.files, dict) or not isinstance(record.weights, str):
             raise TypeError("files must be an object and weights a string")
+        if (record.model, record.variant) != (model_id, variant):
+            # A folder copied or renamed by hand: its files would be looked for in another folder.
+            raise ValueError(f"it names {record.model} {record.variant}, not its folder's {model_id} {variant}")
         return record
     except FileNotFoundError:
         return None

@@ -201,13 +201,16 @@ def _model_variant(model_id: str, name: str | None) -> tuple[Any, Any] | None:
 
 
 def _cached(factory: Any, variant: Any) -> bool:
-    """Whether ``variant`` has a record in the cache (the pull then checks it and fetches nothing that matches)."""
+    """Whether ``variant`` is cached with every file of its record there at its size (the pull then checks
+    their digests and fetches nothing that matches); a damaged variant is fetched again, so it is not."""
     from svc.weightstore.cache import RecordError, read_record
+    from svc.weightstore.check import record_problems
 
     try:
-        return read_record(factory.catalog_id, variant.name) is not None
+        record = read_record(factory.catalog_id, variant.name)
     except RecordError:
         return False
+    return record is not None and not record_problems(record, digests=False)
 
 
 def _pull(args: argparse.Namespace) -> int:

@@ -331,8 +331,8 @@ def _pull(factory: Any, variant: Variant, env: dict[str, str], progress_stream: 
     if ok:
         assert old is not None  # ok: it is there and matches
         return Stored(old, fetched=False)
+    # The old record stays until new files pass its check: a failed pull keeps the sha256 it recorded.
     directory = variant_dir(model_id, variant.name, env)
-    _drop_record(model_id, variant.name, env)
     progress = Progress(f"{model_id} {variant.name}", progress_stream)
     source = variant.source
     if isinstance(source, HubSource):

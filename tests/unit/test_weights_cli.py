@@ -27,7 +27,7 @@ from svc.cli import commands as cli
 from svc.config import ConfigError
 from svc.model.api import model_config
 from svc.model.weights import WeightsError
-from svc.weightstore.cache import read_record, variant_dir
+from svc.weightstore.cache import RecordError, read_record, variant_dir
 from svc.weightstore.catalog import FileSource, Variant
 from svc.weightstore.fetch import Progress, mirrored
 from tests.support.weight_source import FakeSource
@@ -206,7 +206,48 @@ def test_no_published_checksum_records_the_first_pull_and_checks_later_ones(sour
     code, out, err = svcctl(capsys, "pull", "MOBILENETV2", "--variant", "TOFU")
     assert code == 1 and out == ""
     assert f"sha256 mismatch: got {hashlib.sha256(other).hexdigest()}, the first pull recorded {SHA}" in err
-    assert read_record("MOBILENETV2", "TOFU") is None  # nothing claims the variant is cached
+    # The record stays, and with it the digest: the same pull again is refused again (it was recorded
+    # the second time), and verify says the cached file is damaged.
+    assert read_record("MOBILENETV2", "TOFU").files["mobilenet_v2-unpublished.pth"]["sha256"] == SHA
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2", "--variant", "TOFU")
+    assert code == 1 and f"the first pull recorded {SHA}" in err
+    code, out, err = svcctl(capsys, "verify")
+    assert code == 1 and "mobilenet_v2-unpublished.pth: 7 bytes, the record says" in err
+    # The source comes back as it was: the pull replaces the damaged file.
+    source.serve(TOFU_URL, BODY)
+    assert svcctl(capsys, "pull", "MOBILENETV2", "--variant", "TOFU")[0] == 0
+    assert svcctl(capsys, "verify")[0] == 0
+
+
+def test_a_pull_that_fails_offline_keeps_the_record_and_the_plan_says_it_fetches(source, capsys, monkeypatch):
+    source.serve(TOFU_URL, BODY)
+    assert svcctl(capsys, "pull", "MOBILENETV2", "--variant", "TOFU")[0] == 0
+    recorded = read_record("MOBILENETV2", "TOFU")
+    (variant_dir("MOBILENETV2", "TOFU") / "mobilenet_v2-unpublished.pth").write_bytes(b"damaged")
+    monkeypatch.setenv("SERVICE_WEIGHTS_MIRROR", "http://127.0.0.1:9")  # nothing listens: connection refused
+    code = cli.main(["weights", "pull", "MOBILENETV2", "--variant", "TOFU"])
+    out, err = capsys.readouterr()
+    assert code == 1 and out == ""
+    assert err.splitlines()[:2] == ["Pull: 1 of 1 variant(s) to fetch, 0.0 MB in all, plus 1 of unpublished size; "
+                                    "licences: BSD-3-Clause", "  MOBILENETV2 TOFU: size unpublished; licence BSD-3-Clause"]
+    assert err.splitlines()[-1].endswith("connection refused")
+    assert read_record("MOBILENETV2", "TOFU") == recorded
+
+
+def test_a_record_in_another_variants_folder_is_refused_not_verified_ok(source, capsys):
+    import shutil
+
+    source.serve(TOFU_URL, BODY)
+    assert svcctl(capsys, "pull", "MOBILENETV2", "--variant", "TOFU")[0] == 0
+    copy = variant_dir("MOBILENETV2", "FULL")
+    shutil.copytree(variant_dir("MOBILENETV2", "TOFU"), copy)
+    (copy / "mobilenet_v2-unpublished.pth").write_bytes(b"damaged")
+    code, out, err = svcctl(capsys, "verify")
+    assert code == 1 and out == "MOBILENETV2 TOFU: ok (1 files)\n"
+    assert f"{copy / 'record.json'}: not a weights record (ValueError: it names MOBILENETV2 TOFU, not its " \
+           "folder's MOBILENETV2 FULL)" in err
+    with pytest.raises(RecordError):
+        read_record("MOBILENETV2", "FULL")
 
 
 def test_exit_status_counts_every_failure(source, capsys):

@@ -277,6 +277,10 @@ def _verify() -> int:
     from svc.weightstore.cache import weights_dir
     from svc.weightstore.store import verify
 
+    root = weights_dir()
+    if root.exists() and not root.is_dir():
+        _fail(f"the weights cache {root} is not a directory (SERVICE_WEIGHTS_DIR)")
+        return EXIT_FAILED
     records, problems = verify()
     for problem in problems:
         _fail(problem)
@@ -285,5 +289,5 @@ def _verify() -> int:
         if f"{record.model} {record.variant}" not in bad:
             print(f"{record.model} {record.variant}: ok ({len(record.files)} files)")
     if not records:
-        print(f"no cached variants in {weights_dir()}")
+        print(f"no cached variants in {root}")
     return EXIT_FAILED if problems else EXIT_OK

@@ -23,8 +23,9 @@ those two recorded.  The rules they share:
   checks); else the digest recorded at the first pull of the same URL (printed
   then), which every later pull, import and verify must match.
 * Re-pulling a cached variant whose files still match its record does
-  nothing; one that no longer matches is fetched again (its old record is
-  removed first, so that no record ever describes other files).
+  nothing; one that no longer matches is fetched again, and its old record
+  stays until the new files passed its check (a failed pull keeps the
+  digests it pinned).
 * ``verify`` (``svc.weightstore.check``) also reports stray files.
 """
 
@@ -79,16 +80,6 @@ def source_text(variant: Variant) -> str:
     return source.url
 
 
-def published_check(source: FileSource | HubSource) -> str:
-    """What the source publishes to check against, in words ('' when nothing)."""
-    if isinstance(source, FileSource):
-        if source.sha256:
-            return f"sha256 {source.sha256}"
-        if source.hash_prefix:
-            return f"sha256 prefix {source.hash_prefix}"
-    return ""
-
-
 def check_digest(source: FileSource, digest: str, known: str | None) -> str | None:
     """Why ``digest`` (of the file ``source`` names) is wrong, or None when it is right (or first seen)."""
     if source.sha256:
@@ -136,8 +127,11 @@ def _locked(directory: Path, what: str) -> Iterator[None]:
     download's ``.part``, kept to resume, keeps its folder; so does whatever another process put there).
     """
     created = [d for d in (directory.parent, directory) if not d.exists()]
-    directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory, os.O_RDONLY)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError as e:  # the cache itself (SERVICE_WEIGHTS_DIR), not the user's file: one line that says so
+        raise StoreError(f"the weights cache cannot hold it: {e.filename or directory}: {e.strerror or e}") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -234,6 +234,26 @@ def test_a_pull_that_fails_offline_keeps_the_record_and_the_plan_says_it_fetches
     assert read_record("MOBILENETV2", "TOFU") == recorded
 
 
+def test_an_unusable_cache_is_one_line_that_names_the_cache_not_the_users_file(source, capsys, tmp_path,
+                                                                                 monkeypatch):
+    cache = tmp_path / "cache-file"
+    cache.write_text("not a folder")
+    monkeypatch.setenv("SERVICE_WEIGHTS_DIR", str(cache))
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
+    assert (code, out) == (1, "")
+    assert err == (f"svcctl: MOBILENETV2 FIXTURE_V2: the weights cache cannot hold it: "
+                   f"{cache / 'MOBILENETV2' / 'FIXTURE_V2'}: Not a directory\n")
+    mine = tmp_path / "mine.pth"
+    mine.write_bytes(BODY)
+    code, out, err = svcctl(capsys, "import", "MOBILENETV2", str(mine))
+    assert (code, out) == (1, "")
+    assert err == (f"svcctl: MOBILENETV2 FIXTURE_V2: the weights cache cannot hold it: "
+                   f"{cache / 'MOBILENETV2' / 'FIXTURE_V2'}: Not a directory\n")
+    code, out, err = svcctl(capsys, "verify")
+    assert (code, out, err) == (1, "", f"svcctl: the weights cache {cache} is not a directory (SERVICE_WEIGHTS_DIR)\n")
+    assert cache.read_text() == "not a folder"
+
+
 def test_a_record_in_another_variants_folder_is_refused_not_verified_ok(source, capsys):
     import shutil
 

@@ -65,9 +65,14 @@ def _keygen(args: argparse.Namespace) -> int:
 
 
 def _openapi(args: argparse.Namespace) -> int:
+    from svc.config import ConfigError
     from svc.openapi import committed as doc
 
-    return doc.main([f"--{args.mode}"])
+    try:
+        return doc.main([f"--{args.mode}"])
+    except ConfigError as e:  # run outside the checkout: conf/server and openapi/ are relative to it
+        print(f"svcctl: openapi {args.mode}: {e} (run it in the checkout)", file=sys.stderr)
+        return 2
 
 
 def _hash(args: argparse.Namespace) -> int:

@@ -44,7 +44,11 @@ def plan_call(args: argparse.Namespace) -> HttpCall:
     gateway would answer 502 without waiting).
     """
     base = args.gateway.rstrip("/")
-    parts = urlsplit(base)
+    try:
+        parts = urlsplit(base)
+        parts.port  # noqa: B018 - read for its check: a port that is not a number raises ValueError
+    except ValueError as e:  # an unclosed IPv6 bracket, a port out of range
+        raise CliError(f"--gateway must be an http:// or https:// URL, got {args.gateway!r} ({e})") from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise CliError(f"--gateway must be an http:// or https:// URL, got {args.gateway!r}")
     model = f"{base}/v1/models/{quote(args.model, safe='')}"
@@ -116,7 +120,7 @@ def add_parsers(sub: Any) -> None:
     infer = sub.add_parser("infer", parents=[request, common], help="synchronous inference: POST /v1/models/MODEL/infer")
     infer.set_defaults(handler=run, uses_client=True)
 
-    jobs = sub.add_parser("jobs", help="asynchronous jobs: submit, get, wait, result")
+    jobs = sub.add_parser("jobs", help="asynchronous jobs: submit, get, wait, result, run")
     actions = jobs.add_subparsers(dest="action", metavar="ACTION", required=True)
     submit = actions.add_parser("submit", parents=[request, common], help="POST /v1/models/MODEL/jobs")
     submit.set_defaults(handler=run, uses_client=True)

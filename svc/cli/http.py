@@ -16,6 +16,7 @@ are imported only when a request is made, so ``svcctl --version``,
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -126,6 +127,21 @@ def react(client: Client, main: Callable[[IClientReactor], Awaitable[int]]) -> t
     return (codes[0] if codes else None), stopped
 
 
+def with_deadline(d: Any, timeout: float, reactor: IClientReactor) -> Any:
+    """``d`` cancelled after ``timeout`` seconds, failing then with ``TimeoutError`` whatever the cancellation raised.
+
+    Cancelled while it connects or resolves the name, the agent fails with
+    ``ConnectingCancelledError`` or a DNS error, which ``addTimeout`` passes
+    through as they are: the user would read a cause other than the deadline.
+    """
+    from twisted.internet.defer import TimeoutError as DeadlineError
+
+    def passed(_result: Any, seconds: float) -> Any:
+        raise DeadlineError(seconds, "request")
+
+    return d.addTimeout(timeout, reactor, onTimeoutCancel=passed)
+
+
 def describe_failure(error: BaseException, call: HttpCall) -> str:
     """One line for a request that could not be made or completed."""
     from twisted.internet import defer
@@ -149,14 +165,24 @@ def describe_failure(error: BaseException, call: HttpCall) -> str:
 
 
 def print_reply(content: bytes) -> None:
-    """A reply body on stdout: JSON indented by 2, anything else as text."""
+    """A reply body on stdout: JSON indented by 2, anything else as text.
+
+    A reader that went away (``svcctl infer ... | head -1``) is not an error
+    of the request: the rest of the output is dropped quietly, as a pipe's
+    writer does, and the exit status still says how the request went.
+    """
     if not content:
         return
     try:
-        print(json.dumps(json.loads(content), indent=2))
-    except ValueError:
-        text = content.decode("utf-8", errors="replace")
-        print(text, end="" if text.endswith("\n") else "\n")
+        try:
+            text = json.dumps(json.loads(content), indent=2) + "\n"
+        except ValueError:
+            text = content.decode("utf-8", errors="replace")
+            text += "" if text.endswith("\n") else "\n"
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush too
 
 
 async def call_gateway(client: Client, reactor: IClientReactor, call: HttpCall, token: str) -> int:
@@ -168,8 +194,7 @@ async def call_gateway(client: Client, reactor: IClientReactor, call: HttpCall, 
     """
     from twisted.internet.defer import ensureDeferred
 
-    d = ensureDeferred(client.exchange(reactor, call, token))
-    d.addTimeout(call.timeout, reactor)
+    d = with_deadline(ensureDeferred(client.exchange(reactor, call, token)), call.timeout, reactor)
     interrupted: list[bool] = []
 
     def on_shutdown() -> None:  # Ctrl-C or SIGTERM: say so, not "connection lost"
@@ -190,7 +215,6 @@ async def call_gateway(client: Client, reactor: IClientReactor, call: HttpCall, 
         reactor.removeSystemEventTrigger(trigger)
     status, phrase, content, retry_after = reply[:4]
     print_reply(content)
-    sys.stdout.flush()
     note_weights(reply)
     if 200 <= status < 300:
         return EXIT_OK

@@ -27,7 +27,15 @@ import sys
 from typing import Any, TextIO
 from urllib.parse import quote, urljoin
 
-from svc.cli.args import DEFAULT_TIMEOUT_S, WAIT_MARGIN_S, find_token, name_value, non_negative_int, request_body
+from svc.cli.args import (
+    DEFAULT_TIMEOUT_S,
+    GATEWAY_RECV_TIMEOUT_MS,
+    WAIT_MARGIN_S,
+    find_token,
+    name_value,
+    non_negative_int,
+    request_body,
+)
 from svc.cli.http import (
     EXIT_HTTP,
     EXIT_INTERRUPTED,
@@ -41,6 +49,7 @@ from svc.cli.http import (
     note_weights,
     print_reply,
     react,
+    with_deadline,
 )
 from svc.contract.protocol import JOB, JOBS, MODEL_PREFIX
 from svc.infra.reactors import IClientReactor
@@ -202,8 +211,8 @@ class JobRun:
 
         if self.interrupted:
             raise _Interrupted()
-        d = ensureDeferred(self.client.exchange(self.reactor, call, self.token))
-        d.addTimeout(call.timeout, self.reactor)
+        d = with_deadline(ensureDeferred(self.client.exchange(self.reactor, call, self.token)), call.timeout,
+                          self.reactor)
         self.current = d
         try:
             reply = await d
@@ -298,6 +307,9 @@ def run(args: argparse.Namespace, client: Client) -> int:
     except CliError as e:
         fail(str(e))
         return EXIT_USAGE
+    if args.out is not None and os.path.exists(args.out) and not os.path.isdir(args.out):
+        fail(f"--out {args.out}: not a directory (nothing submitted)")  # known before the job runs
+        return EXIT_USAGE
 
     async def main(reactor: IClientReactor) -> int:
         job = JobRun(reactor, args, token, sys.stderr, client)
@@ -349,4 +361,7 @@ def _positive_ms(text: str) -> int:
     value = non_negative_int(text)
     if value == 0:
         raise argparse.ArgumentTypeError("expected a number of milliseconds > 0, got 0")
+    if value >= GATEWAY_RECV_TIMEOUT_MS:  # the gateway would answer such a wait 502 (as `jobs wait --timeout`)
+        raise argparse.ArgumentTypeError(f"a wait through the gateway must stay below its upstream_recv_timeout_ms "
+                                         f"({GATEWAY_RECV_TIMEOUT_MS} ms), got {value}")
     return value

@@ -23,7 +23,9 @@ from http import HTTPStatus
 from typing import Any
 from urllib.parse import urlsplit
 
+from twisted.internet.address import HostnameAddress
 from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.error import ConnectingCancelledError, DNSLookupError
 from twisted.internet.task import Clock
 
 from svc.cli.http import HttpCall
@@ -56,7 +58,10 @@ class Reply:
 
     ``error``: an exception the exchange raises instead (a transport failure).
     ``stall``: None, ``"forever"`` (no reply: the command's deadline decides)
-    or ``"interrupt"`` (no reply, and the reactor shuts down as on Ctrl-C).
+    or ``"interrupt"`` (no reply, and the reactor shuts down as on Ctrl-C);
+    ``"connecting"`` and ``"resolving"`` never reply either, and fail when
+    cancelled as the real agent does in those phases
+    (``ConnectingCancelledError``, ``DNSLookupError``).
     """
 
     status: int = 200
@@ -65,6 +70,13 @@ class Reply:
     weights: str | None = None  # the X-Service-Weights header
     error: BaseException | None = None
     stall: str | None = None
+
+
+#: How the real agent fails when cancelled while it connects or resolves the host name.
+CANCELLED: dict[str | None, Callable[[Deferred], None]] = {
+    "connecting": lambda d: d.errback(ConnectingCancelledError(HostnameAddress(b"gw.test", 8080))),
+    "resolving": lambda d: d.errback(DNSLookupError("gw.test")),
+}
 
 
 class FakeReactor(Clock):
@@ -118,6 +130,6 @@ class FakeClient:
         if reply.stall is not None:
             if reply.stall == "interrupt":
                 reactor.callLater(0, reactor.shutdown)
-            await Deferred()  # never fires; a deadline or an interrupt cancels it
+            await Deferred(CANCELLED.get(reply.stall))  # never fires; a deadline or an interrupt cancels it
         body = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
         return HttpReply(reply.status, HTTPStatus(reply.status).phrase, body, reply.retry_after, reply.weights)

@@ -259,6 +259,22 @@ def test_a_gateway_that_is_not_an_http_url_exits_2(capsys, monkeypatch):
     assert capsys.readouterr().err == "svcctl: --gateway must be an http:// or https:// URL, got '127.0.0.1:8080'\n"
 
 
+@pytest.mark.parametrize("url, why", [("http://[::1", "Invalid IPv6 URL"),
+                                      ("http://gw.test:99999", "Port out of range 0-65535"),
+                                      ("http://gw.test:80a", "Port could not be cast to integer value as '80a'")])
+def test_a_gateway_url_that_cannot_be_parsed_is_one_line_exit_2(capsys, monkeypatch, url, why):
+    monkeypatch.setenv("SERVICE_API_KEY", TOKEN)
+    assert cli.main(["infer", "M", "x.jpg", "--gateway", url]) == 2
+    assert capsys.readouterr() == ("", f"svcctl: --gateway must be an http:// or https:// URL, got {url!r} ({why})\n")
+
+
+def test_openapi_check_outside_the_checkout_is_one_line(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["openapi", "check"]) == 2
+    assert capsys.readouterr() == ("", "svcctl: openapi check: conf/server: the model-server config directory does "
+                                       "not exist (run it in the checkout)\n")
+
+
 # ---------------------------------------------------------------- the commands, in-process
 
 
@@ -372,8 +388,11 @@ def test_missing_image_exits_2_and_sends_nothing(gateway, images, tmp_path, caps
     assert gateway.requests == []
 
 
-def test_a_reply_that_never_comes_ends_at_the_deadline(gateway, images, capsys):
-    gateway.reply = Reply(stall="forever")
+@pytest.mark.parametrize("stall", ["forever", "connecting", "resolving"])
+def test_a_reply_that_never_comes_ends_at_the_deadline(gateway, images, capsys, stall):
+    """Whatever the request was doing when the deadline passed (a short ``--timeout-s`` ends it while it
+    connects or resolves the name), the line says the deadline, not what the cancellation raised."""
+    gateway.reply = Reply(stall=stall)
     assert run(gateway, "infer", "M", str(images[0]), "--gateway", GATEWAY, "--timeout-s", "0.5") == 2
     assert capsys.readouterr() == ("", f"svcctl: POST {GATEWAY}/v1/models/M/infer: no complete reply within 0.5 s\n")
     assert gateway.reactor.seconds() == 0.5
@@ -439,6 +458,20 @@ def test_an_interrupted_process_says_so_and_exits_130():
             proc.send_signal(signal.SIGINT)
             done = finish(proc)
     assert (done.returncode, done.stdout, done.stderr) == (130, "", "svcctl: interrupted\n")
+
+
+def test_a_reader_that_goes_away_is_not_an_error():
+    """``svcctl jobs get ... | head -1``: the rest of the reply is dropped, no traceback, the request's exit status."""
+    big = json.dumps({"job_id": "job_1", "state": "done", "pad": ["x" * 100] * 10_000}).encode()  # 1 MB: past a pipe
+    with listener() as (server, url):
+        proc = start("jobs", "get", "M", "job_1", "--gateway", url)
+        proc.stdout.close()  # the reader is gone before the reply comes
+        with read_request_head(server) as conn:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                         % len(big) + big)
+            err = proc.stderr.read()
+            proc.wait(timeout=30)
+    assert (proc.returncode, err) == (0, "")
 
 
 DEMO_NOTE = ("svcctl: note: this reply came from demo weights (random init: the outputs are noise); docs/models.md, "

@@ -114,6 +114,15 @@ def test_no_connection_an_unreadable_image_and_bad_flags_exit_2(gateway, tmp_pat
     with pytest.raises(SystemExit) as exit_:
         run(gateway, "jobs", "run", "M", "--poll-ms", "0", "--gateway", GATEWAY)
     assert exit_.value.code == 2 and "--poll-ms" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # a wait the gateway would answer 502, after the job was submitted
+        run(gateway, "jobs", "run", "M", "--poll-ms", "180000", "--gateway", GATEWAY)
+    assert exit_.value.code == 2 and ("argument --poll-ms: a wait through the gateway must stay below its "
+                                      "upstream_recv_timeout_ms (180000 ms), got 180000") in capsys.readouterr().err
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine")
+    assert run(gateway, "jobs", "run", "M", "--out", str(taken), "--gateway", GATEWAY) == 2
+    assert capsys.readouterr() == ("", f"svcctl: --out {taken}: not a directory (nothing submitted)\n")
+    assert taken.read_text() == "mine"
     monkeypatch.delenv("SERVICE_API_KEY")
     assert run(gateway, "jobs", "run", "M", "--gateway", GATEWAY) == 2
     assert capsys.readouterr().err.startswith("svcctl: no token")

@@ -63,6 +63,11 @@ def read_ultralytics_checkpoint(path: str) -> dict:
         raise
     except Exception as e:  # noqa: BLE001 - any reader error is a bad file; the refusal message is one line
         message = " ".join(str(e).split())  # one line, whatever the reader said
+        if isinstance(e, KeyError) and e.args and isinstance(e.args[0], int):  # the unpickler's unknown opcode
+            message = "not a pickle (a web page or another file saved under this name?)"
+        elif "of a OrderedDict" in message:  # torch.save(model.state_dict()): tensors, no network object
+            message += ("; this is a plain state dict, which needs no conversion: name it in [model] weights "
+                        "(svcctl weights import takes the official yolov8*.pt)")
         raise WeightsError(f"weights file {path}: cannot be read as an ultralytics checkpoint: {message}") from None
     raise WeightsError(f"weights file {path}: neither 'model' nor 'ema' of the checkpoint holds a network")
 

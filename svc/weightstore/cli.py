@@ -82,7 +82,8 @@ def main(args: argparse.Namespace) -> int:
         return _verify()
     except KeyboardInterrupt:
         print(file=sys.stderr)
-        _fail("interrupted (a partial download is kept as .part: pull again to resume)")
+        _fail({"pull": "interrupted (a partial download is kept as .part: pull again to resume)",
+               "import": "interrupted (nothing kept)"}.get(args.action, "interrupted"))
         return EXIT_INTERRUPTED
 
 

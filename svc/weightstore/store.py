@@ -80,8 +80,11 @@ def source_text(variant: Variant) -> str:
     return source.url
 
 
-def check_digest(source: FileSource, digest: str, known: str | None) -> str | None:
-    """Why ``digest`` (of the file ``source`` names) is wrong, or None when it is right (or first seen)."""
+def check_digest(source: FileSource, digest: str, known: str | None, how: str = "pull") -> str | None:
+    """Why ``digest`` (of the file ``source`` names) is wrong, or None when it is right (or first seen).
+
+    ``known`` is the digest the first ``how`` (pull or import) of the variant recorded.
+    """
     if source.sha256:
         if digest != source.sha256.lower():
             return f"sha256 mismatch: got {digest}, the source publishes {source.sha256}"
@@ -89,7 +92,7 @@ def check_digest(source: FileSource, digest: str, known: str | None) -> str | No
         if digest[: len(source.hash_prefix)] != source.hash_prefix.lower():
             return f'invalid hash value (expected prefix "{source.hash_prefix}", got "{digest}")'
     elif known and digest != known:
-        return f"sha256 mismatch: got {digest}, the first pull recorded {known}"
+        return f"sha256 mismatch: got {digest}, the first {how} recorded {known}"
     return None
 
 
@@ -199,7 +202,7 @@ def _install_file(factory: Any, variant: Variant, copy: Path, how: str, old: Rec
     stage = directory / STAGE
     digest = sha256_file(copy)
     known = _known(old, variant, source.filename)
-    problem = check_digest(source, digest, None if replace else known)
+    problem = check_digest(source, digest, None if replace else known, old.how if old is not None else "pull")
     if problem:
         if copy.parent == stage:
             shutil.rmtree(stage)

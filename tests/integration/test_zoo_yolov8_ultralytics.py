@@ -151,6 +151,22 @@ def test_a_checkpoint_that_runs_a_command_is_refused_and_nothing_runs(tmp_path, 
     assert os.listdir(tmp_path) == ["yolov8n.pt"]
 
 
+def test_a_web_page_or_a_plain_state_dict_is_refused_with_what_it_is(tmp_path):
+    page = tmp_path / "yolov8x.pt"  # what a proxy's error page saved under the release name looks like
+    page.write_bytes(b"<!DOCTYPE html><html><body>404 Not Found</body></html>")
+    with pytest.raises(WeightsError) as error:
+        yolov8.convert("ultralytics", str(page), str(tmp_path))
+    assert str(error.value) == (f"weights file {page}: cannot be read as an ultralytics checkpoint: not a pickle (a "
+                                "web page or another file saved under this name?)")
+    plain = tmp_path / "best.pt"
+    torch.save(build_network("n").state_dict(), plain)
+    with pytest.raises(WeightsError) as error:
+        yolov8.convert("ultralytics", str(plain), str(tmp_path))
+    assert str(error.value).endswith("; this is a plain state dict, which needs no conversion: name it in [model] "
+                                     "weights (svcctl weights import takes the official yolov8*.pt)")
+    assert sorted(os.listdir(tmp_path)) == ["best.pt", "yolov8x.pt"]
+
+
 def test_an_unknown_converter_is_refused(tmp_path):
     with pytest.raises(WeightsError, match="^YOLOV8 has no converter 'onnx'; known: ultralytics$"):
         yolov8.convert("onnx", str(tmp_path / "x.pt"), str(tmp_path))

@@ -219,6 +219,34 @@ def test_no_published_checksum_records_the_first_pull_and_checks_later_ones(sour
     assert svcctl(capsys, "verify")[0] == 0
 
 
+def test_a_digest_recorded_by_an_import_is_named_so(source, capsys, tmp_path):
+    mine, other = tmp_path / "mine.pth", tmp_path / "other.pth"
+    mine.write_bytes(BODY)
+    other.write_bytes(state_dict_bytes(3))
+    assert svcctl(capsys, "import", "MOBILENETV2", str(mine), "--variant", "TOFU")[0] == 0
+    code, out, err = svcctl(capsys, "import", "MOBILENETV2", str(other), "--variant", "TOFU")
+    assert (code, out) == (1, "")
+    got = hashlib.sha256(other.read_bytes()).hexdigest()
+    assert err == (f"svcctl: MOBILENETV2 TOFU: {other}: sha256 mismatch: got {got}, the first import recorded {SHA}: "
+                   "pass --replace to replace the cached variant (nothing kept)\n")
+
+
+@pytest.mark.parametrize("action, line", [("pull", "interrupted (a partial download is kept as .part: pull again "
+                                                   "to resume)"),
+                                          ("import", "interrupted (nothing kept)")])
+def test_ctrl_c_says_what_is_left_for_the_command_it_stopped(source, capsys, monkeypatch, tmp_path, action, line):
+    import svc.weightstore.store
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(svc.weightstore.store, "pull" if action == "pull" else "import_path", stop)
+    mine = tmp_path / "mine.pth"
+    mine.write_bytes(BODY)
+    code, out, err = svcctl(capsys, action, "MOBILENETV2", *([str(mine)] if action == "import" else []))
+    assert (code, out, err.splitlines()[-1]) == (130, "", f"svcctl: {line}")
+
+
 def test_a_pull_that_fails_offline_keeps_the_record_and_the_plan_says_it_fetches(source, capsys, monkeypatch):
     source.serve(TOFU_URL, BODY)
     assert svcctl(capsys, "pull", "MOBILENETV2", "--variant", "TOFU")[0] == 0

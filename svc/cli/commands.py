@@ -77,6 +77,9 @@ def _openapi(args: argparse.Namespace) -> int:
 
 def _hash(args: argparse.Namespace) -> int:
     key = sys.stdin.readline().rstrip("\r\n") if args.key == "-" else args.key
+    if not key:  # an empty key never authenticates: its hash in a key file would only mislead
+        print("svcctl: hash: the key is empty" + (" (nothing on stdin)" if args.key == "-" else ""), file=sys.stderr)
+        return 2
     print(hash_key(key))
     return EXIT_OK
 

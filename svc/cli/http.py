@@ -185,34 +185,51 @@ def print_reply(content: bytes) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush too
 
 
-async def call_gateway(client: Client, reactor: IClientReactor, call: HttpCall, token: str) -> int:
-    """Make ``call`` with the Bearer token, print the reply; the exit status.
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM stopped the request (exit 130), whatever the cancelled transfer raised."""
 
-    One deadline of ``call.timeout`` covers connecting, the headers and the
-    body.  The reply body is printed to stdout (JSON indented by 2); a
-    non-2xx status also gets one line on stderr.
+
+async def exchange_once(client: Client, reactor: IClientReactor, call: HttpCall, token: str) -> Reply:
+    """The reply to ``call`` within its deadline (``call.timeout`` covers connecting, the headers and the body).
+
+    Raises :class:`Interrupted` when the reactor shuts down first (Ctrl-C:
+    say so, not "connection lost"), else :class:`CliError` with one line.
     """
     from twisted.internet.defer import ensureDeferred
 
     d = with_deadline(ensureDeferred(client.exchange(reactor, call, token)), call.timeout, reactor)
     interrupted: list[bool] = []
 
-    def on_shutdown() -> None:  # Ctrl-C or SIGTERM: say so, not "connection lost"
+    def on_shutdown() -> None:
         if not d.called:
             interrupted.append(True)
             d.cancel()
 
     trigger = reactor.addSystemEventTrigger("before", "shutdown", on_shutdown)
     try:
-        reply = await d
+        return await d
     except Exception as e:
         if interrupted:
-            fail("interrupted")
-            return EXIT_INTERRUPTED
-        fail(describe_failure(e, call))
-        return EXIT_USAGE
+            raise Interrupted() from None
+        raise CliError(describe_failure(e, call)) from None
     finally:
         reactor.removeSystemEventTrigger(trigger)
+
+
+async def call_gateway(client: Client, reactor: IClientReactor, call: HttpCall, token: str) -> int:
+    """Make ``call`` with the Bearer token, print the reply; the exit status.
+
+    The reply body is printed to stdout (JSON indented by 2); a non-2xx
+    status also gets one line on stderr.
+    """
+    try:
+        reply = await exchange_once(client, reactor, call, token)
+    except Interrupted:
+        fail("interrupted")
+        return EXIT_INTERRUPTED
+    except CliError as e:
+        fail(str(e))
+        return EXIT_USAGE
     status, phrase, content, retry_after = reply[:4]
     print_reply(content)
     note_weights(reply)

@@ -38,7 +38,19 @@ from tomlkit.exceptions import TOMLKitError
 
 from svc.auth import API_TOKEN_ENV, SCOPES, KeyEntry, check_key_name, issue_key, load_key_file
 from svc.cli.args import non_negative_int
-from svc.cli.http import EXIT_HTTP, EXIT_OK, EXIT_USAGE, Client, CliError, HttpCall, describe_failure, fail, react
+from svc.cli.http import (
+    EXIT_HTTP,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Client,
+    CliError,
+    HttpCall,
+    Interrupted,
+    exchange_once,
+    fail,
+    react,
+)
 from svc.config import ConfigError
 from svc.contract.protocol import GATEWAY_RESTART_PATH, SUPERVISOR_PORT, local_url
 from svc.infra.reactors import IClientReactor
@@ -184,15 +196,21 @@ def restart_call(supervisor: str) -> HttpCall:
     return HttpCall("POST", supervisor.rstrip("/") + RESTART_PATH, None, RESTART_TIMEOUT_S)
 
 
+INTERRUPTED = "interrupted: the key file is changed; the gateway restart may not have happened"
+
+
 def restart_gateway(supervisor: str, token: str, client: Client) -> int:
     """Ask the supervisor to restart the gateway; the exit status (one line on stderr when it fails)."""
     call = restart_call(supervisor)
 
     async def main(reactor: IClientReactor) -> int:
         try:
-            status, phrase = (await client.exchange(reactor, call, token))[:2]
-        except Exception as e:
-            fail(f"the key file is changed but the gateway was not restarted: {describe_failure(e, call)}"
+            status, phrase = (await exchange_once(client, reactor, call, token))[:2]
+        except Interrupted:
+            fail(INTERRUPTED)
+            return EXIT_INTERRUPTED
+        except CliError as e:
+            fail(f"the key file is changed but the gateway was not restarted: {e}"
                  .replace("(is the gateway running?)", "(is the supervisor running?)"))
             return EXIT_USAGE
         if 200 <= status < 300:
@@ -203,8 +221,8 @@ def restart_gateway(supervisor: str, token: str, client: Client) -> int:
 
     code, _ = react(client, main)
     if code is None:
-        fail("interrupted: the key file is changed; the gateway restart may not have happened")
-        return EXIT_USAGE
+        fail(INTERRUPTED)
+        return EXIT_INTERRUPTED
     return code
 
 
@@ -215,6 +233,11 @@ def run(args: argparse.Namespace, client: Client) -> int:
     """``svcctl keys ...``: the exit status (``client`` makes the restart request)."""
     path = args.keys_file or default_keys_file()
     try:
+        folder = os.path.dirname(os.path.abspath(path))
+        if args.keys_file is None and args.keys_action == "add" and not os.path.isdir(folder):
+            # Run outside the checkout: a key file made here would be one no gateway reads.
+            raise CliError(f"{path}: no {os.path.dirname(path) or '.'}/ folder here: run svcctl keys in the "
+                           "checkout, or pass --keys-file")
         if args.keys_action == "list":
             try:
                 entries = load_key_file(path)

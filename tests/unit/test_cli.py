@@ -170,6 +170,14 @@ def test_hash_prints_the_sha256_of_the_argument_or_of_stdin(capsys, monkeypatch)
     assert capsys.readouterr().out == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad\n"
 
 
+def test_hash_of_an_empty_key_is_refused(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    assert cli.main(["hash", "-"]) == 2
+    assert capsys.readouterr() == ("", "svcctl: hash: the key is empty (nothing on stdin)\n")
+    assert cli.main(["hash", ""]) == 2
+    assert capsys.readouterr() == ("", "svcctl: hash: the key is empty\n")
+
+
 def test_version(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["--version"])

@@ -73,6 +73,14 @@ def test_add_creates_a_missing_file_with_mode_0600(tmp_path, capsys):
         ("a.b", hash_key(key), "inference", 0, True)
 
 
+def test_add_outside_the_checkout_refuses_to_make_a_key_file_no_gateway_reads(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no conf/ here, and no --keys-file
+    assert cli.main(["keys", "add", "zz", "--no-restart"]) == 2
+    assert capsys.readouterr() == ("", "svcctl: conf/api_keys.toml: no conf/ folder here: run svcctl keys in the "
+                                       "checkout, or pass --keys-file\n")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("name, message", [
     ("tenant-a", "svcctl: a key named 'tenant-a' already exists (disable it, or choose another name)\n"),
     ("no spaces", "svcctl: key name 'no spaces' must be 1 to 64 letters, digits, '_', '.' or '-', starting with a "
@@ -206,11 +214,24 @@ def test_an_interrupted_restart_says_the_file_is_changed(keys, capsys, monkeypat
     supervisor.react = lambda main: None  # the reactor stopped before the request was made
     code = cli.main(["keys", "disable", "tenant-a", "--keys-file", str(keys), "--supervisor", SUPERVISOR],
                     client=supervisor)
-    assert code == 2
+    assert code == 130
     assert capsys.readouterr().err == (f"svcctl: disabled key 'tenant-a' in {keys}\n"
                                        "svcctl: interrupted: the key file is changed; the gateway restart may not "
                                        "have happened\n")
     assert supervisor.requests == []
+
+
+def test_a_restart_interrupted_while_the_supervisor_is_silent_exits_130(keys, capsys, monkeypatch):
+    """Ctrl-C during the restart request: "interrupted", not the connection the interrupt cut."""
+    monkeypatch.setenv("SERVICE_API_TOKEN", MANAGEMENT)
+    supervisor = FakeClient()
+    supervisor.reply = Reply(stall="interrupt")
+    code = cli.main(["keys", "disable", "tenant-a", "--keys-file", str(keys), "--supervisor", SUPERVISOR],
+                    client=supervisor)
+    assert code == 130
+    assert capsys.readouterr().err.splitlines()[-1] == ("svcctl: interrupted: the key file is changed; the gateway "
+                                                        "restart may not have happened")
+    assert len(supervisor.requests) == 1 and "enabled = false" in keys.read_text()
 
 
 def test_an_unreachable_supervisor_is_one_line_exit_2_and_the_file_stays_changed(keys):

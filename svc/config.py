@@ -216,6 +216,14 @@ def max_connections_setting(default: int, refusal: str) -> Any:
                    minimum=1)
 
 
+def upstream_recv_timeout_setting() -> Any:
+    """The gateway's ``upstream_recv_timeout_ms``, which the supervisor reads too (how long a retired gateway drains)."""
+    from svc.contract.protocol import UPSTREAM_RECV_TIMEOUT_MS
+
+    return setting(UPSTREAM_RECV_TIMEOUT_MS, "Longest wait for a model server's whole reply (502 after it); a job "
+                   "wait budget at or above it is 502.", minimum=1)
+
+
 def listen_backlog_setting() -> Any:
     """The ``listen_backlog`` key of every process."""
     return setting(1024, "Queue of connections not yet accepted (the kernel caps it at net.core.somaxconn).",

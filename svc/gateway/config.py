@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from svc import config as base
 from svc.cluster_config import ClusterConfig, cluster_from_table
 from svc.config import ConfigError, Key, apply_keys, keys_of, read_toml, setting, sub_table
-from svc.contract.protocol import GATEWAY_PORT, LOOPBACK, SUPERVISOR_PORT, UPSTREAM_RECV_TIMEOUT_MS, local_url
+from svc.contract.protocol import GATEWAY_PORT, LOOPBACK, SUPERVISOR_PORT, local_url
 
 #: ``rate_limit_store`` of in-process buckets.
 LOCAL_STORE = "local"
@@ -33,10 +33,7 @@ class GatewayConfig:
     keys_file: str = setting("conf/api_keys.toml", "The API key file ([keys.<name>] tables).")
     servers_dir: str = setting("conf/server",
                                "Directory of the model-server configs: the catalog the gateway routes to.")
-    upstream_recv_timeout_ms: int = setting(
-        UPSTREAM_RECV_TIMEOUT_MS,
-        "Longest wait for a model server's whole reply (502 after it); a job wait budget at or above it is 502.",
-        minimum=1)
+    upstream_recv_timeout_ms: int = base.upstream_recv_timeout_setting()
     upstream_connect_timeout_ms: int = setting(5000, "Longest wait for a connection to a model server.", minimum=1)
     upstream_idle_timeout_s: int = setting(
         30,

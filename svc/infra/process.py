@@ -204,14 +204,25 @@ def inline_runner(f: Callable, *args: Any, **kwargs: Any) -> Deferred:
 
 
 def exit_zero_on_signals(reactor: IServiceReactor) -> None:
-    """Make SIGTERM and SIGINT a clean stop that exits 0.
+    """Make SIGTERM, SIGINT and SIGHUP a clean stop that exits 0.
 
     twistd and twist re-raise the stopping signal after a clean shutdown, so
     the exit status would say "killed by SIGTERM".  A graceful stop is a
     normal exit for our processes: once the reactor has installed its own
-    handlers, ours replace them for these two signals.
+    handlers, ours replace them for these signals.  SIGHUP is what a closing
+    terminal sends its foreground processes (the quick start's supervisor);
+    by default it killed them at once, without stopping the children.  A
+    second signal during the shutdown changes nothing.
     """
     import signal
+
+    from twisted.internet.error import ReactorNotRunning
+
+    def _stop_once() -> None:
+        try:
+            reactor.stop()
+        except ReactorNotRunning:  # already stopping: Ctrl-C pressed twice
+            pass
 
     orphan_watchdog: list[threading.Timer] = []
 
@@ -224,11 +235,11 @@ def exit_zero_on_signals(reactor: IServiceReactor) -> None:
         # the first one that finds the supervisor gone bounds the exit.
         if not orphan_watchdog and supervisor_gone():
             orphan_watchdog.append(start_watchdog(ORPHAN_EXIT_S, f"pid {os.getpid()} (orphaned: the supervisor is gone)"))
-        reactor.callFromThread(reactor.stop)
+        reactor.callFromThread(_stop_once)
 
     def _install() -> None:
-        signal.signal(signal.SIGTERM, _stop)
-        signal.signal(signal.SIGINT, _stop)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, _stop)
 
     reactor.callWhenRunning(_install)
 

@@ -16,8 +16,9 @@ them.  docs/CONTRIBUTING.md, "Types".
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import (
     IDelayedCall,
     IReactorCore,
@@ -28,6 +29,7 @@ from twisted.internet.interfaces import (
     IReactorTCP,
     IReactorTime,
 )
+from twisted.python.failure import Failure
 
 
 class IClientReactor(IReactorCore, IReactorTime, IReactorTCP):
@@ -58,3 +60,18 @@ def cancelling(timer: IDelayedCall) -> Callable[[_T], _T]:
         return result
 
     return cancel
+
+
+def follow(d: Deferred) -> Deferred:
+    """A new Deferred with ``d``'s result, leaving ``d``'s own chain as it is (several callers wait on one)."""
+    out: Deferred = Deferred()
+
+    def copy(result: Any) -> Any:
+        if isinstance(result, Failure):
+            out.errback(result)
+        else:
+            out.callback(result)
+        return result
+
+    d.addBoth(copy)
+    return out

@@ -1,37 +1,17 @@
-"""One supervised child process and its state machine.
+"""One supervised child process and its state machine (the states and their transitions:
+:mod:`svc.supervisor.childspec`).
 
-States (docs/contract.md names them; the transitions are ours)::
-
-    stopped --start--> starting --first good probe--> running (ready)
-    starting --exit 1 before ever ready--> start_failed    (refused: bad config)
-    starting --port busy--> starting (no pid; retried on the back-off schedule)
-             --still busy after port_wait--> start_failed
-    starting|running --crash--> backoff --delay--> starting (policy on-failure/always)
-    backoff | crash with policy "no" | crash loop --> failed (no more restarts)
-    starting|running --stop--> stopping --exit--> stopped  (TERM to the group, KILL after the grace)
-    (a child that cannot be spawned at all, or is refused by the supervisor: failed)
-
-``running`` carries a ``ready`` flag from the child's readiness route, probed every
-``probe_running`` seconds.  A new process is spawned only after the old one has exited, so a port
-is never reused too early; how a process is spawned and signalled (its own process group) is
-:mod:`svc.supervisor.spawn`.
-
-A port that is busy when a child is to be spawned (an orphan of a previous supervisor still
-exiting, another program) keeps the child ``starting`` with no pid and ``last_error`` saying why;
-it is tried again on the back-off schedule until ``port_wait`` is used up
-(:mod:`svc.supervisor.backoff`, which also holds the crash-loop limit).  A child that exits 1
-before it was ever ready saying "Address already in use" (it lost a race for the port) is
-treated the same way.
-
-Everything runs on an injected reactor (``spawnProcess``, ``callLater``, ``seconds``) with an
-injected readiness probe and group-kill function: unit tests drive it with ``task.Clock``.
+A new process is spawned only after the old one has exited, so a port is never reused too early;
+how a process is spawned and signalled (its own process group) is :mod:`svc.supervisor.spawn`,
+the back-off, the port wait and the crash-loop limit :mod:`svc.supervisor.backoff`.  Everything
+runs on an injected reactor (``spawnProcess``, ``callLater``, ``seconds``) with an injected
+readiness probe and group-kill function: unit tests drive it with ``task.Clock``.
 """
 
 from __future__ import annotations
 
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from twisted.internet.defer import Deferred, fail, succeed
@@ -39,38 +19,25 @@ from twisted.internet.error import ProcessDone
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 
-from svc.infra.reactors import IServiceReactor, cancelling
+from svc.infra.reactors import IServiceReactor, cancelling, follow
 from svc.supervisor import spawn
 from svc.supervisor.backoff import Backoff, Timing
+from svc.supervisor.childspec import (  # noqa: F401 - the states and the spec are named from here too
+    BACKOFF,
+    FAILED,
+    RUNNING,
+    START_FAILED,
+    STARTING,
+    STATES,
+    STOPPED,
+    STOPPING,
+    ChildError,
+    ChildSpec,
+)
 from svc.supervisor.logsink import LogSink
 from svc.supervisor.spawn import ChildProtocol
 
 log = Logger()
-
-STOPPED, STARTING, RUNNING, STOPPING, BACKOFF, FAILED, START_FAILED = (
-    "stopped", "starting", "running", "stopping", "backoff", "failed", "start_failed")
-STATES = (STOPPED, STARTING, RUNNING, STOPPING, BACKOFF, FAILED, START_FAILED)
-
-
-class ChildError(Exception):
-    """An action on a child that cannot be done (answered 500 by the API)."""
-
-
-@dataclass
-class ChildSpec:
-    """What to run and how to watch it."""
-
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    port: int
-    ready_path: str
-    policy: str = "on-failure"
-    cwd: str | None = None
-    refused: str | None = None  # the supervisor refuses to spawn it (permanent failure)
-    wait_port: bool = True  # a busy port is waited for (port_wait) before start_failed
-    info: dict[str, Any] = field(default_factory=dict)
-
 
 class Child:
     """A supervised process: start, stop, restart, and what happened to it."""
@@ -109,6 +76,9 @@ class Child:
         self._ready_waiters: list[Deferred] = []
         self._exit_waiters: list[Deferred] = []
         self._was_ready = False
+        self._restarting: Deferred | None = None  # a restart waiting for the old process to exit
+        self._closing = False  # the supervisor is shutting down: nothing is spawned any more
+        self._first_line = 0  # the ring's first line of the current process (its own output for last_error)
 
     @property
     def name(self) -> str:
@@ -120,14 +90,21 @@ class Child:
         """Spawn the child; fires when it is ready, fails with ChildError if it cannot start."""
         if self.state in (STARTING, RUNNING, STOPPING):
             return fail(ChildError(f"{self.name} is {self.state}: stop it first or restart it"))
+        if self._closing:
+            return fail(ChildError(f"{self.name}: the supervisor is shutting down"))
         self._cancel_timer()
         self.backoff.reset()
+        self.last_error = None  # a new start: an earlier failure is no longer this child's state
         d = self._wait_ready()
         self._spawn()
         return d
 
     def stop(self) -> Deferred:
-        """TERM the process group, KILL after the grace; fires once it has exited."""
+        """TERM the process group, KILL after the grace; fires once it has exited.
+
+        A restart still waiting for the old process to exit is called off: the stop wins.
+        """
+        self._restarting = None
         if self.state == BACKOFF:
             self._cancel_timer()
             self._set(STOPPED, "stopped during back-off")
@@ -151,20 +128,30 @@ class Child:
         return d
 
     def restart(self) -> Deferred:
-        """Stop if running (waiting for the exit), then start; counts as a restart."""
-        if self.state in (STARTING, RUNNING, STOPPING):
-            d = self.stop()
-        else:
-            d = succeed(None)
+        """Stop if running (waiting for the exit), then start; counts as a restart.
+
+        A second restart while one waits for the exit is the same restart; a
+        stop (or the supervisor's shutdown) in the meantime calls it off, and
+        it fails saying so instead of starting the child again.
+        """
+        if self._restarting is not None:
+            return follow(self._restarting)
+        d = self.stop() if self.state in (STARTING, RUNNING, STOPPING) else succeed(None)
+        self._restarting = pending = Deferred[None]()
 
         def again(_: Any) -> Deferred:
+            if self._restarting is not pending or self._closing:
+                return fail(ChildError(f"{self.name}: stopped before it started again"))
+            self._restarting = None
             self.restarts += 1
             return self.start()
 
-        return d.addCallback(again)
+        d.addCallback(again).chainDeferred(pending)
+        return follow(pending)
 
     def shutdown(self) -> Deferred:
-        """Stop for the supervisor's own shutdown: whatever the state, end up stopped."""
+        """Stop for the supervisor's own shutdown: whatever the state, end up stopped, and spawn nothing more."""
+        self._closing = True
         if self.state in (STARTING, RUNNING, STOPPING, BACKOFF):
             return self.stop()
         return succeed(None)
@@ -174,6 +161,10 @@ class Child:
     def _spawn(self) -> None:
         if self.spec.refused:
             self._give_up(FAILED, self.spec.refused, "not started: ")
+            return
+        if self._closing:  # a port retry or a back-off that outlived the shutdown's stop
+            self._set(STOPPED, "not spawned: the supervisor is shutting down")
+            self._fail_ready_waiters("the supervisor is shutting down")
             return
         if self.spec.wait_port and not self.port_free(self.spec.port):
             self._port_busy(f"port {self.spec.port} is in use")
@@ -186,6 +177,7 @@ class Child:
             self._give_up(START_FAILED, f"cannot spawn: {e}")
             return
         self.pid = transport.pid
+        self._first_line = self.logs.next_seq
         self.started_at = self.reactor.seconds()
         self.ready = False
         self.phase = None
@@ -255,7 +247,7 @@ class Child:
             self._fail_ready_waiters("stopped before it was ready")
             self._fire_exit_waiters()
             return
-        tail = " | ".join(self.logs.tail(2))
+        tail = " | ".join(self.logs.tail(2, since=self._first_line))
         if was == STARTING and not self._was_ready and code == 1 and not sig and self.spec.wait_port \
                 and spawn.PORT_BUSY_TEXT in tail:
             self._fire_exit_waiters()

@@ -65,6 +65,7 @@ class SupervisorConfig:
     gateway_port: int  # type: ignore[misc]
     gateway_listen_backlog: int = 1024
     gateway_probe_interval_ms: int = 1000
+    gateway_recv_timeout_ms: int = 180000
     cluster: ClusterConfig = field(default_factory=ClusterConfig.single_host)
 
     def server(self, server_id: str) -> ServerSettings:
@@ -178,6 +179,7 @@ class _GatewayRead:
     listen_backlog: int = base.listen_backlog_setting()
     replica_probe_interval_ms: int = setting(1000, "How often the gateway probes the replicas' /ready.",
                                              minimum=100, maximum=60000)
+    upstream_recv_timeout_ms: int = base.upstream_recv_timeout_setting()  # a retired gateway drains this long
 
 
 GATEWAY_READ = keys_of(_GatewayRead)
@@ -208,6 +210,7 @@ def load_supervisor_config(path: str) -> SupervisorConfig:
         gateway_listen_backlog=gateway["listen_backlog"],
         # A rolling restart lets the gateway see a restarted replica ready before it stops the next one.
         gateway_probe_interval_ms=gateway["replica_probe_interval_ms"],
+        gateway_recv_timeout_ms=gateway["upstream_recv_timeout_ms"],
         cluster=cluster_from_table(path, sub_table(path, data, "cluster")),
         **values,
     )

@@ -14,7 +14,7 @@ starts, and gives the open socket to every gateway process as fd 3
 3. makes the new process the current one (pid, restarts + 1) and sends
    SIGTERM to the old process group: it stops accepting, says so on its
    pipe (``closed``), finishes the requests it holds, and exits (SIGKILL
-   after ``stop_grace``);
+   after ``upstream_recv_timeout_ms`` + 2 s, or ``stop_grace`` when longer);
 4. answers the restart once the old process said ``closed`` (or exited):
    from then on every new connection reaches the new process, so a key
    added before the restart works on the next request.
@@ -135,9 +135,14 @@ class GatewayChild(Child):
         host: str,
         env: dict[str, str],
         binder: Callable[[str, int], Any] = bind_listening_socket,
+        drain_s: float = 0.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(spec, **kwargs)
+        # A retired gateway answers what it holds before it exits: up to its upstream_recv_timeout_ms
+        # and the second it gives idle connections (docs/operations.md, "Shutdown"). It is killed
+        # only after that, not after stop_grace: a restart that reloads the keys must lose nothing.
+        self.retire_grace = max(self.timing.stop_grace, drain_s)
         # The socket this child holds is its own: only a port held by someone
         # else (an orphaned gateway of a killed supervisor) is waited for.
         port_free = self.port_free
@@ -220,6 +225,8 @@ class GatewayChild(Child):
         """
         if self._handover is not None:
             return fail(ChildError(f"{self.name}: a restart is already under way"))
+        if self._closing:
+            return fail(ChildError(f"{self.name}: the supervisor is shutting down"))
         if self.state != RUNNING or self._protocol is None or self.listener is None:
             self._keep_listener = True
             d = super().restart()
@@ -296,7 +303,7 @@ class GatewayChild(Child):
         Fires once the process accepts no more: its ``closed`` line, its exit, or the SIGKILL.
         """
         self.killer(pid, signal.SIGTERM)
-        timer = self.reactor.callLater(self.timing.stop_grace, self._kill_retired, protocol)
+        timer = self.reactor.callLater(self.retire_grace, self._kill_retired, protocol)
         closed: Deferred = Deferred()
         self._retiring[protocol] = _Retiring(pid, timer, [closed])
         return closed
@@ -312,7 +319,7 @@ class GatewayChild(Child):
     def _kill_retired(self, protocol: _GatewayProtocol) -> None:
         retiring = self._retiring.get(protocol)
         if retiring is not None:
-            self.logs.note(f"previous pid {retiring.pid} still running after {self.timing.stop_grace:g} s: SIGKILL")
+            self.logs.note(f"previous pid {retiring.pid} still running after {self.retire_grace:g} s: SIGKILL")
             self.killer(retiring.pid, signal.SIGKILL)
             self.closed_line(protocol)
 

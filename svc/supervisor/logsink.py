@@ -21,7 +21,10 @@ from collections import deque
 from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
 from twisted.python.logfile import LogFile
+
+log = Logger()
 
 #: Lines wait at most this long (seconds) before they are written to the file...
 FLUSH_DELAY_S = 0.2
@@ -67,6 +70,9 @@ class LogSink:
         self._pending: list[str] = []  # lines for the file, not yet written
         self._pending_size = 0
         self._timer: Any = None
+        self.name = name
+        self.lost = 0  # lines not written to the file while it failed
+        self._write_error: str | None = None  # why the last write failed; None while writes succeed
         self.file: RotatingFile | None = None
         if directory is not None:
             os.makedirs(directory, exist_ok=True)
@@ -119,19 +125,45 @@ class LogSink:
         if self.file is None or not self._pending:
             return
         pending, self._pending, self._pending_size = self._pending, [], 0
-        limit = self.file.rotateLength
-        size = self.file.size
+        try:
+            self._write(self.file, pending)
+        except OSError as e:  # a full or failing disk: the lines stay in the ring; the child is not affected
+            self.lost += len(pending)
+            if self._write_error is None:
+                self._write_error = e.strerror or str(e)
+                log.warn("{name}: cannot write {path}: {error}; its lines are kept in memory only (the API's "
+                         "ring) until it can", name=self.name, path=self.file.path, error=self._write_error)
+                self._ring_note(f"cannot write {self.file.path}: {self._write_error}; lines are not written "
+                                "to the file until it can")
+            return
+        if self._write_error is not None:
+            self._write_error = None
+            text = f"writing {self.file.path} again; {self.lost} lines were not written to it"
+            log.info("{name}: {text}", name=self.name, text=text)
+            self.lost = 0
+            self.line("supervisor", text)
+            self.write_pending()
+
+    @staticmethod
+    def _write(file: RotatingFile, pending: list[str]) -> None:
+        limit = file.rotateLength
+        size = file.size
         stretch: list[str] = []
         for entry in pending:
             if limit and size >= limit:
                 if stretch:
-                    self.file.write("".join(stretch))
+                    file.write("".join(stretch))
                     stretch = []
                 size = 0  # the next write rotates first
             stretch.append(entry)
             size += len(entry)
-        self.file.write("".join(stretch))
-        self.file.flush()
+        file.write("".join(stretch))
+        file.flush()
+
+    def _ring_note(self, text: str) -> None:
+        """A supervisor line in the ring only (the file is what cannot take it)."""
+        self.ring.append((self.next_seq, self.clock.seconds(), "supervisor", text))
+        self.next_seq += 1
 
     def note(self, text: str) -> None:
         """A line from the supervisor about this child (state changes)."""
@@ -155,9 +187,10 @@ class LogSink:
             "end_offset": self.next_seq,
         }
 
-    def tail(self, n: int = 3) -> list[str]:
-        """The last ``n`` lines the child printed (for last_error)."""
-        return [text for _, _, stream, text in list(self.ring)[-50:] if stream != "supervisor" and text.strip()][-n:]
+    def tail(self, n: int = 3, since: int = 0) -> list[str]:
+        """The last ``n`` lines the child printed (for last_error), from line number ``since`` on (its process's)."""
+        return [text for seq, _, stream, text in list(self.ring)[-50:]
+                if seq >= since and stream != "supervisor" and text.strip()][-n:]
 
     def close(self) -> None:
         """Write what waits and close the file; later lines go to the ring only."""

@@ -168,6 +168,7 @@ class ChildManager:
                     def binder(host: str, port: int) -> Any:
                         return bind_listening_socket(host, port, config.gateway_listen_backlog)
                 self.children[spec.name] = GatewayChild(spec, host=config.gateway_host, env=self.env, binder=binder,
+                                                        drain_s=config.gateway_recv_timeout_ms / 1000.0 + 2.0,
                                                         reactor=reactor, probe=probe, logs=logs, timing=timing,
                                                         killer=killer, port_free=port_free)
             else:

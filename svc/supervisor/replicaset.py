@@ -127,7 +127,7 @@ class ReplicaSet:
             out.append({"index": i, "name": child.name, "port": child.spec.port, "gpu": info.get("gpu"),
                         "cpus": list(info["cpus"]) if info.get("cpus") else None,
                         **{k: snap[k] for k in ("state", "ready", "pid", "restarts", "uptime_s", "last_error",
-                                                "last_exit")}})
+                                                "last_exit", "phase")}})
         return out
 
     def snapshot(self) -> dict[str, Any]:

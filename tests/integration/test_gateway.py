@@ -528,6 +528,20 @@ def test_sigterm_exits_zero_and_access_log_names_the_key(stack, tmp_path):
     assert "GET /v1/models/X/jobs/j 404" in line and "key=tenant-new" in line and "rid=log-me" in line
 
 
+def test_sighup_and_a_second_signal_are_a_clean_stop_too(tmp_path):
+    """A closing terminal's SIGHUP killed the processes outright (exit 129, children left to the
+    parent-death signal); a second signal during the shutdown printed a ReactorNotRunning traceback."""
+    servers = tmp_path / "server"
+    servers.mkdir()
+    gateway = start_gateway(tmp_path, servers, keys_toml())
+    gateway.popen.send_signal(signal.SIGHUP)
+    wait_until(lambda: "received signal 1" in gateway.output(), "the first signal's shutdown")
+    gateway.popen.send_signal(signal.SIGINT)
+    assert gateway.popen.wait(30) == 0
+    assert "received signal 1: shutting down" in gateway.output()
+    assert "ReactorNotRunning" not in gateway.output() and "Traceback" not in gateway.output()
+
+
 # -- the command-line client against the real gateway ---------------------------------------------------
 
 

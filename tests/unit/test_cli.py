@@ -477,7 +477,8 @@ def test_a_reader_that_goes_away_is_not_an_error():
         with read_request_head(server) as conn:
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
                          % len(big) + big)
-            err = proc.stderr.read()
+            with proc.stderr:
+                err = proc.stderr.read()
             proc.wait(timeout=30)
     assert (proc.returncode, err) == (0, "")
 

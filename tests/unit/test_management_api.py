@@ -289,7 +289,7 @@ def test_status_shows_the_replicas_of_a_model(two):
     assert [(r["index"], r["name"], r["port"], r["state"], r["ready"]) for r in aaa["replicas"]] == [
         (0, "AAA.0", 9300, "running", True), (1, "AAA.1", 9400, "running", True)]
     assert set(aaa["replicas"][0]) == {"index", "name", "port", "gpu", "cpus", "state", "ready", "pid", "restarts",
-                                       "uptime_s", "last_error", "last_exit"}
+                                       "uptime_s", "last_error", "last_exit", "phase"}  # as docs/processes.md lists
     assert (aaa["state"], aaa["ready"], aaa["pid"], aaa["port"]) == ("running", True, None, 9300)
 
 

@@ -409,3 +409,78 @@ def test_a_starting_child_shows_the_phase_its_ready_route_reports():
     probe.ok = Probed(True)
     reactor.advance(0.5)
     assert (child.state, child.ready, child.snapshot()["phase"], d) == (RUNNING, True, None, [None])
+
+
+# -- actions that overtake each other, and the supervisor's shutdown --------------------------------
+
+
+def test_a_stop_overtaking_a_restart_wins_and_the_restart_says_so():
+    child, reactor, probe, kills = make()
+    running(child, reactor, probe)
+    restart = results(child.restart())
+    stop = results(child.stop())  # while the old process still exits
+    reactor.exit(0)
+    assert (child.state, stop, len(reactor.spawned), child.restarts) == (STOPPED, [None], 1, 0)
+    assert restart[0].check(ChildError) and str(restart[0].value) == "M: stopped before it started again"
+    reactor.advance(100)
+    assert len(reactor.spawned) == 1 and child.state == STOPPED
+
+
+def test_two_restarts_at_once_are_one_restart():
+    child, reactor, probe, kills = make()
+    running(child, reactor, probe)
+    first, second = results(child.restart()), results(child.restart())
+    reactor.exit(0)
+    probe.ok = True
+    reactor.advance(0.5)
+    assert (first, second, len(reactor.spawned), child.restarts, child.state) == ([None], [None], 2, 1, RUNNING)
+
+
+def test_nothing_is_spawned_once_the_shutdown_began():
+    child, reactor, probe, kills = make()
+    results(child.shutdown())  # a stopped child: the supervisor's shutdown came before its start
+    started = results(child.start())
+    assert started[0].check(ChildError) and str(started[0].value) == "M: the supervisor is shutting down"
+    assert reactor.spawned == [] and child.state == STOPPED
+    child, reactor, probe, kills = make()
+    running(child, reactor, probe)
+    restart = results(child.restart())
+    shutdown = results(child.shutdown())  # SIGTERM to the supervisor while the restart waits for the exit
+    reactor.exit(0)
+    assert shutdown == [None] and restart[0].check(ChildError) and len(reactor.spawned) == 1
+    port = Port()
+    port.free = False
+    child, reactor, probe, kills = make(port=port)
+    results(child.start())  # waits for its port; a retry must not spawn after the shutdown
+    results(child.shutdown())
+    port.free = True
+    reactor.advance(100)
+    assert reactor.spawned == [] and child.state == STOPPED
+
+
+def test_last_error_is_this_process_s_and_a_new_start_clears_it():
+    child, reactor, probe, _ = make()
+    results(child.start())
+    reactor.spawned[-1][0].outReceived(b"POST /m/predict 200 30.8ms\nAddress already in use\n")
+    probe.ok = True
+    reactor.advance(0.5)
+    child.stop()
+    reactor.exit(0)
+    d = results(child.start())
+    reactor.exit(1, output=b"service-model: conf/server/M.toml: max_batch_size: must be an integer\n")
+    assert child.state == START_FAILED  # not taken for a busy port by the old process's line
+    assert child.last_error == "service-model: conf/server/M.toml: max_batch_size: must be an integer"
+    assert d[0].check(ChildError)
+    results(child.start())
+    assert child.last_error is None
+
+
+def test_a_full_log_disk_does_not_stop_a_crashed_child_from_restarting(tmp_path):
+    (tmp_path / "M.log").symlink_to("/dev/full")
+    child, reactor, probe, _ = make()
+    child.logs = LogSink("M", str(tmp_path), clock=reactor, max_bytes=1 << 20, backups=1, ring_lines=100)
+    running(child, reactor, probe)
+    reactor.exit(None, signal.SIGKILL, output=b"last words\n")  # lines still waiting for the file
+    assert child.state == BACKOFF and child.pid is None
+    reactor.advance(1)
+    assert child.state == STARTING and len(reactor.spawned) == 2

@@ -54,11 +54,11 @@ class Binder:
         return self.sockets[-1]
 
 
-def make(host="127.0.0.1", env=None, binder=None, refused=None, port_free=lambda port: True):
+def make(host="127.0.0.1", env=None, binder=None, refused=None, port_free=lambda port: True, drain_s=0.0):
     reactor, probe, kills, binder = FdReactor(), Probe(), [], binder or Binder()
     spec = ChildSpec("__gateway", ["/usr/bin/python3", "-m", "twisted", "service-gateway"], {}, 8080, "/healthz",
                      refused=refused)
-    child = GatewayChild(spec, host=host, env=env or {}, binder=binder, reactor=reactor, probe=probe,
+    child = GatewayChild(spec, host=host, env=env or {}, binder=binder, drain_s=drain_s, reactor=reactor, probe=probe,
                          logs=LogSink("__gateway", None, clock=reactor, max_bytes=1 << 20, backups=1, ring_lines=200), timing=TIMING,
                          killer=lambda pid, sig: kills.append((pid, sig)), port_free=port_free)
     return child, reactor, probe, kills, binder
@@ -132,6 +132,22 @@ def test_an_old_gateway_that_does_not_exit_is_killed_after_the_grace():
     line(reactor, 1, b"ready 1002\n")
     reactor.advance(TIMING.stop_grace)
     assert kills == [(1001, signal.SIGTERM), (1001, signal.SIGKILL)] and d == [None]
+
+
+def test_an_old_gateway_draining_long_requests_is_killed_only_after_its_receive_timeout():
+    """A wait or a sync request may take up to upstream_recv_timeout_ms: a restart (a key reload) killed the
+    old gateway after stop_grace, resetting them; it now waits for the gateway's own drain bound."""
+    child, reactor, _, kills, _ = make(drain_s=182.0)
+    running(child, reactor)
+    d = results(child.restart())
+    line(reactor, 1, b"ready 1002\n")
+    line(reactor, 0, b"closed 1001\n")
+    assert d == [None]  # answered once the old one accepts no more
+    reactor.advance(181.9)
+    assert kills == [(1001, signal.SIGTERM)]  # still answering what it holds
+    reactor.advance(0.1)
+    assert kills == [(1001, signal.SIGTERM), (1001, signal.SIGKILL)]
+    assert "previous pid 1001 still running after 182 s: SIGKILL" in notes(child)
 
 
 def test_a_new_gateway_that_exits_before_ready_fails_the_restart_and_the_old_one_stays():

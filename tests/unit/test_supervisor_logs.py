@@ -148,3 +148,42 @@ def test_backups_of_an_earlier_run_beyond_the_cap_go_at_the_first_rotation(tmp_p
     sink.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["M.log", "M.log.1", "M.log.2"]
     assert (tmp_path / "M.log").read_text() == "next\n" and (tmp_path / "M.log.1").read_text() == "z" * 1100 + "\n"
+
+
+def test_a_full_disk_keeps_the_lines_in_the_ring_and_raises_nothing(tmp_path):
+    """A log file that cannot take a write (``/dev/full``: ENOSPC, as a full disk) must not fail the caller:
+    the child's exit handling runs through ``ended()``, and a raise there left a dead child "running"."""
+    (tmp_path / "M.log").symlink_to("/dev/full")
+    sink = sink_in(tmp_path, ring_lines=20)
+    sink.feed("stdout", b"one\ntwo\n")
+    sink.ended()  # the process exited: everything out now
+    sink.feed("stderr", b"three\n")
+    sink.write_pending()
+    lines = [(e["stream"], e["line"]) for e in sink.page(None, 20)["lines"]]
+    assert lines == [("stdout", "one"), ("stdout", "two"),
+                     ("supervisor", f"cannot write {tmp_path / 'M.log'}: No space left on device; lines are not "
+                                    "written to the file until it can"),
+                     ("stderr", "three")]  # said once per outage
+    assert sink.lost == 3
+    sink.close()
+
+
+def test_writes_resume_with_a_count_of_the_lines_lost(tmp_path):
+    sink = sink_in(tmp_path, ring_lines=20)
+    write = sink.file.write
+    failing = [True]
+
+    def full(data):  # the disk fills, then space is freed
+        if failing[0]:
+            raise OSError(28, "No space left on device")
+        write(data)
+
+    sink.file.write = full
+    sink.feed("stdout", b"lost\n")
+    sink.write_pending()
+    failing[0] = False
+    sink.feed("stdout", b"kept\n")
+    sink.write_pending()
+    assert (tmp_path / "M.log").read_text() == ("kept\n[supervisor] writing " + str(tmp_path / "M.log")
+                                                + " again; 1 lines were not written to it\n")
+    assert sink.lost == 0

@@ -16,7 +16,11 @@ latency):
   cancelled.
 * ``max_queue_depth`` counts image items admitted and not yet running
   (decoding or queued).  A request that would push that count above the
-  limit is refused at once with a ``Retry-After`` estimate.
+  limit is refused at once with a ``Retry-After`` estimate.  Items of
+  asynchronous jobs are admitted without it (jobs have their own bound,
+  ``async_max_queue``) and do not count against it either: a job submitter
+  could otherwise refuse every synchronous request for as long as its jobs
+  wait.
 
 Time comes only from the ``clock`` (``IReactorTime``) so unit tests drive it
 with ``task.Clock``.
@@ -55,7 +59,7 @@ class Item:
     """One image on its way through the queue."""
 
     __slots__ = ("input", "params", "options", "key", "deadline", "enqueued_at", "state", "on_done", "on_start",
-                 "progress")
+                 "progress", "limited")
 
     def __init__(
         self,
@@ -78,6 +82,7 @@ class Item:
         self.on_done = on_done
         self.on_start = on_start
         self.progress = progress  # the JobProgress of an asynchronous job's item, else None
+        self.limited = True  # counts against max_queue_depth (a synchronous request's item)
 
     def finish(self, result: ItemResult) -> None:
         if self.state in (DONE, DROPPED):
@@ -89,22 +94,25 @@ class Item:
 class Admission:
     """Room reserved for ``n`` items while their request is decoded."""
 
-    def __init__(self, queue: "BatchQueue", n: int) -> None:
+    def __init__(self, queue: "BatchQueue", n: int, limited: bool = True) -> None:
         self._queue = queue
         self.n = n
+        self.limited = limited  # counted against max_queue_depth
         self.open = True
 
     def enqueue(self, items: list[Item]) -> None:
         """The decoded items enter the queue; the reservation ends."""
         if self.open:
             self.open = False
-            self._queue.enqueue(self.n, items)
+            for item in items:
+                item.limited = self.limited
+            self._queue.enqueue(self.n, items, self.limited)
 
     def release(self) -> None:
         """The request ended before its items were queued."""
         if self.open:
             self.open = False
-            self._queue.release(self.n)
+            self._queue.enqueue(self.n, [], self.limited)
 
 
 RunBatch = Callable[[list[Item]], "Deferred[list[ItemResult]]"]
@@ -134,6 +142,7 @@ class BatchQueue:
         self._queue: deque[Item] = deque()
         self._queued = 0  # live items in _queue
         self._expected = 0  # admitted items still being decoded
+        self._unlimited = 0  # of those (queued or decoding), the items of jobs: not counted by max_queue_depth
         self._free = workers
         self._timer: Any = None
         self._seconds_per_item: float | None = None
@@ -177,22 +186,35 @@ class BatchQueue:
 
         The check and the reservation are one step on the reactor thread.
         """
-        if enforce_limit and self.max_queue_depth and self.waiting + n > self.max_queue_depth:
+        limited = self.waiting - self._unlimited
+        if enforce_limit and self.max_queue_depth and limited + n > self.max_queue_depth:
             if self.metrics is not None:
                 self.metrics.queue_rejected.inc()
-            raise QueueFull(self.retry_after(), self.waiting, self.max_queue_depth)
+            raise QueueFull(self.retry_after(), limited, self.max_queue_depth)
         self._expected += n
+        if not enforce_limit:
+            self._unlimited += n
         self._gauge()
-        return Admission(self, n)
+        return Admission(self, n, limited=enforce_limit)
 
-    def enqueue(self, reserved: int, items: list[Item]) -> None:
+    def _left(self, item: Item) -> None:
+        """``item`` is no longer waiting (started, dropped or expired): one less in the counts."""
+        self._queued -= 1
+        if not item.limited:
+            self._unlimited -= 1
+
+    def enqueue(self, reserved: int, items: list[Item], limited: bool = True) -> None:
         """An admission's decoded ``items`` enter the queue and its reservation of ``reserved`` ends.
 
         Called through :meth:`Admission.enqueue`, which makes sure a
         reservation ends once.
         """
         self._expected -= reserved
+        if not limited:
+            self._unlimited -= reserved - len(items)  # its queued items stay counted until they leave
         if self._closed_result is not None:  # abandoned: late arrivals are answered at once
+            if not limited:
+                self._unlimited -= len(items)
             self._gauge()
             for item in items:
                 item.finish(self._closed_result)
@@ -208,15 +230,11 @@ class BatchQueue:
         self._pump()
         self._check_idle()
 
-    def release(self, reserved: int) -> None:
-        """An admission's reservation of ``reserved`` ends with nothing queued (through :meth:`Admission.release`)."""
-        self.enqueue(reserved, [])
-
     def drop(self, item: Item) -> None:
         """Take a queued item out (its request ended: deadline, disconnect)."""
         if item.state == QUEUED:
             item.state = DROPPED
-            self._queued -= 1
+            self._left(item)
             self._gauge()
             self._check_idle()
 
@@ -250,7 +268,7 @@ class BatchQueue:
                 continue
             if item.deadline is not None and item.deadline <= now:
                 item.state = DROPPED  # leaves without taking a worker
-                self._queued -= 1
+                self._left(item)
                 item.on_done(TIMED_OUT)
                 continue
             keep.append(item)
@@ -277,7 +295,8 @@ class BatchQueue:
     def _start(self, batch: list[Item], now: float) -> None:
         chosen = set(map(id, batch))
         self._queue = deque(i for i in self._queue if id(i) not in chosen)
-        self._queued -= len(batch)
+        for item in batch:
+            self._left(item)
         self._free -= 1
         self.running_batches += 1
         self._running.append(batch)
@@ -342,7 +361,7 @@ class BatchQueue:
         self._timer = None
         held = [i for i in self._queue if i.state == QUEUED] + [i for b in self._running for i in b]
         self._queue.clear()
-        self._queued = 0
+        self._queued = self._unlimited = 0
         self._gauge()
         answered = 0
         for item in held:

@@ -195,6 +195,36 @@ def test_released_admission_frees_its_room():
     q.admit(2)
 
 
+def test_job_items_neither_meet_nor_fill_the_limit_of_synchronous_requests():
+    """A job submitter's items (admitted without the limit: jobs have async_max_queue) pushed the count
+    over max_queue_depth, and every synchronous request was then 429 while they waited."""
+    clock, results = Clock(), {}
+    q, runner = make(clock, max_batch_size=1, max_queue_depth=2)
+    q.admit(1).enqueue([item("busy", results)])  # the worker is taken: everything after it waits
+    jobs = q.admit(4, enforce_limit=False)  # four job items, decoding
+    jobs_more = q.admit(3, enforce_limit=False)
+    assert q.waiting == 7
+    sync = q.admit(2)  # the limit is the synchronous requests' own: room for 2
+    with pytest.raises(QueueFull) as e:
+        q.admit(1)
+    assert str(e.value) == "wait queue full: 2 items waiting, limit 2"
+    jobs.enqueue([item(f"job{i}", results) for i in range(4)])
+    jobs_more.enqueue([item("job4", results)])  # two of three failed to decode: their room ends too
+    sync.enqueue([item("a", results), item("b", results)])
+    assert q.waiting == 7
+    with pytest.raises(QueueFull):
+        q.admit(1)
+    for _ in range(5):  # the busy item and the job items run, in order; the sync items are still waiting
+        runner.finish()
+    assert runner.names()[-1] == ["job4"] and q.waiting == 2
+    with pytest.raises(QueueFull):
+        q.admit(1)
+    runner.finish()  # "a" starts
+    q.admit(1)  # room again
+    q.drop(next(i for i in q._queue if i.input == "b"))
+    assert q.waiting == 1 and q._unlimited == 0
+
+
 # -- a whole request through Inference: 68 versus 4 -----------------------------------
 
 

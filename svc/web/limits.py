@@ -18,8 +18,8 @@ twisted.web's connection handling has three more gaps that
   its connection at will): now it must be complete ``body_timeout_ms``
   after the headers, else 408 in the process's reply shape and close;
 * a request line or a header line longer than ``MAX_LENGTH`` (16 KiB), or
-  a head (request line and headers) larger than ``totalHeadersSize``
-  (16 KiB), got the connection dropped without a word, or a bare 400:
+  a head (request line and headers, their CRLFs counted) larger than
+  ``totalHeadersSize`` (16 KiB), got the connection dropped without a word, or a bare 400:
   now a path too long is answered 414 and a head too large 431, in the
   process's reply shape (the envelope, status 61), and the connection is
   closed;
@@ -302,7 +302,8 @@ class LimitedChannel(HTTPChannel):
             return
         self._head_lines += 1
         too_many = bool(line) and self._head_lines > self.maxHeaders + 1  # twisted: a bare 400 for the 501st
-        if self._receivedHeaderSize + len(line) > self.totalHeadersSize or too_many:
+        # The head's bytes as sent: twisted counts the lines without their CRLFs (450 lines: 900 bytes over).
+        if self._receivedHeaderSize + len(line) + 2 * self._head_lines > self.totalHeadersSize or too_many:
             self._refuse_head(self._head_lines == 1, line, too_many)
             return
         super().lineReceived(line)

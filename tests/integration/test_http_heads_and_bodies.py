@@ -100,6 +100,24 @@ def test_many_headers_past_16_kib_in_all_are_431(processes, name):
     assert_refusal(reply, b"HTTP/1.1 431 Request Header Fields Too Large", shape, "request head")
 
 
+@pytest.mark.parametrize("name", ["model", "gateway"])
+def test_a_head_of_16_kib_with_its_line_ends_is_served_and_one_byte_more_is_431(processes, name):
+    """The head's size is its bytes as sent, CRLFs included: 450 short lines passed 900 bytes over."""
+    port, _, shape = processes[name]
+
+    def head(size: int) -> bytes:
+        start = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        lines = b"".join(b"X%03d: 1234567890\r\n" % i for i in range(400))  # 400 x 19 bytes
+        last = b"Y: " + b"y" * (size - len(start) - len(lines) - len(b"Y: \r\n\r\n")) + b"\r\n"
+        whole = start + lines + last + b"\r\n"
+        assert len(whole) == size
+        return whole
+
+    assert split(raw_exchange(port, head(16384)))[0] == b"HTTP/1.1 200 OK"
+    assert_refusal(raw_exchange(port, head(16385)), b"HTTP/1.1 431 Request Header Fields Too Large", shape,
+                   "request head")
+
+
 @pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])
 def test_more_than_500_header_lines_within_16_kib_are_431_and_500_are_served(processes, name):
     """twisted's own limit of 500 header lines: the 501st got a bare 400; now the 431 of a head too large."""

@@ -120,6 +120,7 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
         registry: Any,
         upstream_recv_timeout_ms: int,
         max_body_bytes: int,
+        key_max_in_flight: int = 0,
         balancer: Balancer | None = None,
         rates: Any = None,
         cluster: Cluster | None = None,
@@ -139,6 +140,8 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
         self.registry = registry
         self.recv_timeout_ms = upstream_recv_timeout_ms
         self.max_body_bytes = max_body_bytes
+        self.key_max_in_flight = key_max_in_flight
+        self.in_flight: dict[str, int] = {}  # per key: requests admitted and not yet answered (or gone)
         #: The per-key buckets: this process's, or Redis (svc.gateway.ratestore); ``take`` returns a Deferred.
         self.rates = rates if rates is not None else LocalRates(KeyedLimiter(clock, 0))
         self.cluster = cluster if cluster is not None else Cluster(
@@ -176,8 +179,29 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
             raise ApiError(st.RATE_LIMITED,
                            f"rate limit of {principal.rate_limit_qps} requests/s for key {principal.name} exceeded",
                            headers={"Retry-After": retry_after_header(wait)})
+        self.hold(request, principal.name)
         self.count_key(request, principal)
         return principal
+
+    def hold(self, request: Any, key: str) -> None:
+        """Count the request among its key's in flight until it is answered or its client is gone; 429 past
+        ``key_max_in_flight`` (checked and counted in one step on the reactor thread, after the bucket's await)."""
+        held = self.in_flight.get(key, 0)
+        if self.key_max_in_flight and held >= self.key_max_in_flight:
+            self.metrics.key_rejections.labels(key, "in_flight").inc()
+            raise ApiError(st.RATE_LIMITED, f"key {key} has {held} requests in flight, the most one key may have "
+                                            f"(key_max_in_flight): retry when one has been answered",
+                           headers={"Retry-After": "1"})
+        self.in_flight[key] = held + 1
+
+        def ended(_: Any) -> None:
+            left = self.in_flight[key] - 1
+            if left:
+                self.in_flight[key] = left
+            else:
+                del self.in_flight[key]
+
+        request.notifyFinish().addBoth(ended)
 
     def count_key(self, request: Any, principal: Principal) -> None:
         """``service_gateway_key_requests_total``: once per request that authenticated with a key, whatever it is

@@ -63,6 +63,7 @@ class Upstream:
     token: str | None
     peer_resp_timeout: int = 600  # the model server closes idle connections after this many seconds
     replicas: tuple[Replica, ...] = field(default=())
+    max_connections: int = 1024  # the model server's own cap (503 past it)
 
     def __post_init__(self) -> None:
         if not self.replicas:  # one process on the config's port
@@ -102,6 +103,22 @@ class Catalog:
         shortest = min((u.peer_resp_timeout for u in self), default=configured_s + 1)
         return min(configured_s, shortest * 0.5) if shortest <= configured_s else configured_s
 
+    def connection_problems(self, pool: int, key_max_in_flight: int) -> list[str]:
+        """Models whose ``max_connections`` the gateway alone can use up: its idle pool of ``pool`` connections
+        (the server then refuses its own probes and other clients, 503, until they expire), or one key's
+        ``key_max_in_flight`` requests (parked waits locking every other key out)."""
+        problems = []
+        for up in self:
+            if up.max_connections <= pool:
+                problems.append(f"{up.id}: max_connections {up.max_connections} is not above the gateway's "
+                                f"upstream_max_connections {pool}: its idle pooled connections can fill the model "
+                                "server")
+            if key_max_in_flight == 0 or up.max_connections <= key_max_in_flight:
+                problems.append(f"{up.id}: max_connections {up.max_connections} is not above key_max_in_flight "
+                                f"{key_max_in_flight or '0 (no limit)'}: one key's requests can take every "
+                                "connection")
+        return problems
+
 
 def upstream_tokens(env: Mapping[str, str]) -> tuple[dict[str, tuple[str, ...] | str], str | None]:
     """Per-model tokens (a tuple per replica, or one string) and the one fallback token from the environment."""
@@ -134,5 +151,5 @@ def load_catalog(servers_dir: str, env: Mapping[str, str]) -> Catalog:
         per_replica = given if isinstance(given, tuple) else (given,) * len(ports)
         replicas = tuple(Replica(c.id, i, port, per_replica[i] or fallback) for i, port in enumerate(ports))
         upstreams.append(Upstream(c.id, ports[0], c.server_uri, c.async_enabled, replicas[0].token,
-                                  c.peer_resp_timeout, replicas))
+                                  c.peer_resp_timeout, replicas, c.max_connections))
     return Catalog(upstreams)

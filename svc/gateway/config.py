@@ -57,6 +57,10 @@ class GatewayConfig:
     body_timeout_ms: int = base.body_timeout_setting()
     max_connections: int = base.max_connections_setting(1024, "503 status 65")
     listen_backlog: int = base.listen_backlog_setting()
+    key_max_in_flight: int = setting(
+        512, "Requests one key may have in flight at once, job waits included (429 status 429 with Retry-After 1 "
+        "past it): within its rate a key could otherwise hold every connection of a model server with parked "
+        "waits. Keep it below the models' max_connections; 0: no limit.", minimum=0)
     rate_limit_store: str = setting(
         LOCAL_STORE,
         'Where the per-key token buckets live: "local" (this process) or "redis://HOST:PORT/DB" (shared by every '

@@ -78,6 +78,7 @@ class GatewayService(ListeningMultiService):
             metrics=self.metrics,
             registry=self.registry,
             upstream_recv_timeout_ms=config.upstream_recv_timeout_ms,
+            key_max_in_flight=config.key_max_in_flight,
             max_body_bytes=config.max_body_bytes,
             balancer=self.balancer,
             rates=self.rates,
@@ -133,6 +134,9 @@ class GatewayService(ListeningMultiService):
             log.warn("upstream_idle_timeout_s {configured} is not below every model's peer_resp_timeout: "
                      "idle upstream connections close after {idle:g} s", configured=self.config.upstream_idle_timeout_s,
                      idle=idle)
+        for problem in self.catalog.connection_problems(self.config.upstream_max_connections,
+                                                        self.config.key_max_in_flight):
+            log.warn("{problem}", problem=problem)
         missing = [u.id for u in self.catalog if not all(r.token for r in u.replicas)]
         if missing:
             log.warn("no upstream token for {ids}: requests to them carry no Authorization "

@@ -152,7 +152,7 @@ class GatewayMetrics(HttpMetrics):
         )
         self.key_rejections = Counter(
             "service_gateway_key_rejections",
-            "Requests of a known key that were refused: reason rate_limited or disabled.",
+            "Requests of a known key that were refused: reason rate_limited, in_flight (key_max_in_flight) or disabled.",
             ("key", "reason"),
             registry=registry,
         )

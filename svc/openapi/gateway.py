@@ -38,7 +38,7 @@ from svc.openapi.operations import (
 GATEWAY_AUTH = (
     "Needs `Authorization: Bearer <credential>`: an API key of the key file (any scope), the static token "
     "`SERVICE_GATEWAY_AUTH_TOKEN` or the management token `SERVICE_API_TOKEN`. Authentication comes first (401 on "
-    "every path without it), then the key's token bucket (429), then routing (404, 405)."
+    "every path without it), then the key's token bucket and its requests in flight (429), then routing (404, 405)."
 )
 SERVICE_KEY_HEADER = header_doc(
     "Name of the credential that authenticated: the key's name in the key file, `static-token` "
@@ -56,8 +56,9 @@ def gateway_responses() -> dict:
                          "404 passed through (unknown job, async disabled); on a job route also `job not found` "
                          "made by the gateway for a job whose host is gone or not among its peers."),
         "405": rejection("Status 62: method not allowed.", {"Allow": header_doc("The methods the path accepts.")}),
-        "429": rejection("Status 429: the key's `rate_limit_qps` is used up (made by the gateway), or the model's own "
-                         "429 (wait queue or async queue full) passed through.", {"Retry-After": RETRY_AFTER_HEADER}),
+        "429": rejection("Status 429: the key's `rate_limit_qps` is used up or it has `key_max_in_flight` requests in "
+                         "flight (made by the gateway), or the model's own 429 (wait queue or async queue full) "
+                         "passed through.", {"Retry-After": RETRY_AFTER_HEADER}),
         "502": rejection("Status 502 (made by the gateway): the connection to the model server was lost after it "
                          "was made (a model server that dies under a parked wait too), or the reply was malformed or "
                          "did not complete within `upstream_recv_timeout_ms`; or a job wait budget at or above it; or "

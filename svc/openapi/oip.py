@@ -156,7 +156,8 @@ def errors(*codes: str) -> dict:
         "404": error("A model id not in the catalog, a version the model does not serve, or a path that is no route."),
         "405": error("Method not allowed.", {"Allow": header_doc("The methods the path accepts.")}),
         "413": error("More rows than `max_request_items`, or a body above the body limit."),
-        "429": error("The key's `rate_limit_qps` is used up, or the model's wait queue is full.",
+        "429": error("The key's `rate_limit_qps` is used up or it has `key_max_in_flight` requests in flight, or the "
+                     "model's wait queue is full.",
                      {"Retry-After": RETRY_AFTER_HEADER}),
         "500": error("A row whose model run or output failed."),
         "502": error("The connection to the model server failed after it was made, or timed out."),

@@ -121,7 +121,7 @@ class FailingAgent:
 
 
 class Harness:
-    def __init__(self, tmp_path, agent=None, upstreams=None, recv_timeout_ms=RECV_TIMEOUT_MS):
+    def __init__(self, tmp_path, agent=None, upstreams=None, recv_timeout_ms=RECV_TIMEOUT_MS, key_max_in_flight=0):
         keys = tmp_path / "keys.toml"
         keys.write_text(
             f'[keys.tenant-a]\nhash = "{hash_key(KEY)}"\n'
@@ -144,7 +144,7 @@ class Harness:
             clock=self.clock, catalog=catalog, authenticator=Authenticator(decide(TOKENS, str(keys))),
             proxy=Proxy(self.clock, self.upstream_agent, recv_timeout_ms / 1000.0),
             metrics=GatewayMetrics(self.registry), registry=self.registry,
-            upstream_recv_timeout_ms=recv_timeout_ms, max_body_bytes=1 << 20,
+            upstream_recv_timeout_ms=recv_timeout_ms, max_body_bytes=1 << 20, key_max_in_flight=key_max_in_flight,
         )
         self.client = StubTreq(CorsResource(self.app.resource(), (ORIGIN, "http://localhost:8787"), self.app.methods))
 
@@ -390,6 +390,27 @@ def test_no_reply_within_the_receive_timeout_is_502(gw):
 
 
 # -- rate limits -----------------------------------------------------------------------------------------
+
+
+def test_a_key_past_key_max_in_flight_is_429_and_other_keys_are_served(tmp_path):
+    """Within its rate one key parked waits until the model server's connections were all taken, and every
+    other key got 503: a key now has at most key_max_in_flight requests in flight at the gateway."""
+    gw = Harness(tmp_path, key_max_in_flight=2)
+    held = [gw.call("POST", "/v1/models/SLOW/infer", body=b"{}", settle=False) for _ in range(2)]
+    gw.upstream_agent.flush()
+    assert len(gw.model.hanging) == 2 and gw.app.in_flight == {"tenant-a": 2}
+    refused = gw.call("POST", "/v1/models/CLS/infer", body=b"{}")
+    body = assert_envelope(refused, 429, 429)
+    assert h(refused, "Retry-After") == "1" and h(refused, "X-Service-Key") == "tenant-a"
+    assert body["error"] == ("key tenant-a has 2 requests in flight, the most one key may have (key_max_in_flight): "
+                             "retry when one has been answered")
+    assert gw.call("POST", "/v1/models/CLS/infer", body=b"{}", token=SLOW_KEY).code == 200  # another key
+    gw.model.hanging.pop(0).callback(b'{"status":0,"results":[]}')
+    assert gw.settle(held[0]).code == 200 and gw.app.in_flight == {"tenant-a": 1}
+    assert gw.call("POST", "/v1/models/CLS/infer", body=b"{}").code == 200  # room again, and answered: freed
+    assert gw.app.in_flight == {"tenant-a": 1}
+    metrics = render(gw.registry).decode()
+    assert 'service_gateway_key_rejections_total{key="tenant-a",reason="in_flight"} 1.0' in metrics
 
 
 def test_token_bucket_per_key(gw):

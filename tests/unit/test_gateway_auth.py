@@ -202,3 +202,16 @@ def test_pool_idle_timeout_stays_below_every_model():
     assert catalog.pool_idle_timeout(30) == 10.0
     assert catalog.pool_idle_timeout(5) == 5
     assert Catalog([]).pool_idle_timeout(30) == 30
+
+
+def test_models_whose_connections_the_gateway_alone_can_fill_are_named():
+    from svc.gateway.catalog import Catalog, Upstream
+
+    catalog = Catalog([Upstream("A", 1, "/a", False, None, max_connections=1024),
+                       Upstream("B", 2, "/b", False, None, max_connections=40)])
+    assert catalog.connection_problems(64, 512) == [
+        "B: max_connections 40 is not above the gateway's upstream_max_connections 64: its idle pooled connections "
+        "can fill the model server",
+        "B: max_connections 40 is not above key_max_in_flight 512: one key's requests can take every connection"]
+    assert catalog.connection_problems(16, 32) == []
+    assert [p.split(":")[0] for p in catalog.connection_problems(16, 0)] == ["A", "B"]  # no limit: any key can

@@ -50,6 +50,24 @@ def tune_malloc() -> bool:
     return ok
 
 
+def trim_malloc() -> bool:
+    """Return the heap's free pages to the system (glibc ``malloc_trim(0)``: the whole heap, not only its top).
+
+    The counterpart of :func:`tune_malloc` for a server that went idle
+    (svc.modelserver.memory).  False where there is no glibc, or nothing was
+    returned.
+    """
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        malloc_trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    malloc_trim.argtypes = [ctypes.c_size_t]
+    return bool(malloc_trim(0))
+
+
 def lower_thread_priority(nice: int) -> bool:
     """Raise the calling thread's nice value (Linux: per thread).
 

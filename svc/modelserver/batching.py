@@ -147,6 +147,7 @@ class BatchQueue:
         self._timer: Any = None
         self._seconds_per_item: float | None = None
         self.running_batches = 0
+        self.batches_started = 0  # since the process started (svc.modelserver.memory watches it)
         self._running: list[list[Item]] = []  # the batches in the workers now
         self._idle_waiters: list[Deferred] = []
         self.closed = False
@@ -299,6 +300,7 @@ class BatchQueue:
             self._left(item)
         self._free -= 1
         self.running_batches += 1
+        self.batches_started += 1
         self._running.append(batch)
         self._gauge()
         for item in batch:

@@ -50,12 +50,14 @@ from svc.infra.process import (
 )
 from svc.infra.reactors import IServiceReactor
 from svc.model.api import IModelFactory
+from svc.model.torchenv import trim_malloc
 from svc.model.weights import MODEL_PLACEHOLDER, WeightsError, weights_kind
 from svc.modelserver.app import ModelServerApp
 from svc.modelserver.batching import BatchQueue
 from svc.modelserver.engine import Engine
 from svc.modelserver.inference import Inference
 from svc.modelserver.jobs import JobTable
+from svc.modelserver.memory import IdleTrim
 from svc.openapi.modelserver import model_server_document
 from svc.web.limits import HttpLimits
 from svc.web.site import JsonSite
@@ -172,6 +174,8 @@ class ModelServerService(ListeningMultiService):
         self.listener.setServiceParent(self)
         self.decode.setServiceParent(self)
         self.workers.setServiceParent(self)
+        if backend.tune_malloc:  # the heap that tuning keeps is given back once idle (svc.modelserver.memory)
+            IdleTrim(clock=reactor, queue=self.queue, run=run_decode, trim=trim_malloc).setServiceParent(self)
         self.replica = str(job_owner.replica if job_owner is not None else 0)
         self.metrics.info.labels(config.id, "loading", device, self.replica).set(1)
         self.device = device

@@ -36,7 +36,14 @@ from typing import Any
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
 from twisted.logger import Logger
 
-from svc.auth import METRICS_TOKEN_ENV, cluster_problem, metrics_token_problem
+from svc.auth import (
+    API_TOKEN_ENV,
+    CLUSTER_TOKEN_ENV,
+    GATEWAY_TOKEN_ENV,
+    METRICS_TOKEN_ENV,
+    cluster_problem,
+    metrics_token_problem,
+)
 from svc.config import ModelServerConfig, model_server_configs
 from svc.contract.jobid import new_secret
 from svc.contract.protocol import (
@@ -67,6 +74,9 @@ from svc.supervisor.replicaset import ReplicaSet
 from svc.supervisor.spawn import kill_group, port_is_free
 
 log = Logger()
+
+#: The credentials only the gateway (and the supervisor itself) use: never in a model server's environment.
+GATEWAY_ONLY_SECRETS = frozenset({API_TOKEN_ENV, GATEWAY_TOKEN_ENV, METRICS_TOKEN_ENV, CLUSTER_TOKEN_ENV})
 
 GATEWAY = GATEWAY_CHILD
 
@@ -210,8 +220,11 @@ class ChildManager:
         flag = self.weights[model.id][0]
         ports = self.ports[model.id]
         specs = []
+        # A model server needs none of the gateway's and the supervisor's credentials: a model process
+        # (running whatever code its weights or plugin bring) could otherwise drive the management API.
+        own = {name: value for name, value in base.items() if name not in GATEWAY_ONLY_SECRETS}
         for i, port in enumerate(ports):
-            env = {**base, MODEL_TOKEN_ENV: self.tokens[model.id][i], REPLICA_ENV: str(i),
+            env = {**own, MODEL_TOKEN_ENV: self.tokens[model.id][i], REPLICA_ENV: str(i),
                    CPU_SHARE_ENV: str(settings.cpu_share(i))}
             gpu, cpus = settings.gpu_of(i), settings.cpus_of(i)
             if gpu is not None:

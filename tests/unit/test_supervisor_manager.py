@@ -90,7 +90,11 @@ def test_gateway_first_then_the_profile_models_with_their_tokens(tmp_path):
         assert (env["SERVICE_REPLICA"], env["SERVICE_CPU_SHARE"]) == ("0", "1")
         assert "--port" not in args and "CUDA_VISIBLE_DEVICES" not in env and "SERVICE_CPU_AFFINITY" not in env
         assert args[args.index("--device") + 1] == "cpu"
-        assert env["SERVICE_API_TOKEN"] == "mgmt"  # children inherit the environment
+        # The environment is inherited, but for the gateway's and the supervisor's credentials.
+        assert env["PATH"] == "/usr/bin" and env["SERVICE_JOB_SECRET"] == gateway_env["SERVICE_JOB_SECRET"]
+        assert not {"SERVICE_API_TOKEN", "SERVICE_METRICS_TOKEN", "SERVICE_GATEWAY_AUTH_TOKEN",
+                    "SERVICE_CLUSTER_TOKEN"} & set(env)
+    assert (gateway_env["SERVICE_API_TOKEN"], gateway_env["SERVICE_METRICS_TOKEN"]) == ("mgmt", "metrics")
     assert m.children["CCC"].state == STOPPED  # not in the profile
     assert m.children["BBB"].spec.policy == "no"
 

@@ -91,6 +91,12 @@ class ManagementApi(routes.JsonApp):
 
     # -- helpers ---------------------------------------------------------------------
 
+    def before_routing_error(self, request: Any) -> None:
+        """Under ``/api/`` a 404 or 405 comes after the credential, as on the gateway: without the management
+        token a caller learns nothing of the API's paths and methods (the UI's files stay open)."""
+        if request.path.startswith(b"/api/"):
+            self.authenticate(request)
+
     def authenticate(self, request: Any, **_route_args: Any) -> None:
         """401 unless the Bearer token is the management token."""
         if not bearer_matches(request, self.token):

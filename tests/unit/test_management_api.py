@@ -134,7 +134,19 @@ def test_a_wrong_method_is_405_with_allow_without_head(sup, method, path, allowe
                                           ("GET", "//"), ("GET", "//ui/app.js"), ("GET", "//api/v1/status"),
                                           ("GET", "///api/v1/status"), ("POST", "//api/v1/servers/AAA/stop")])
 def test_an_unknown_route_is_404(sup, method, path):
-    assert_error(sup.call(method, path, token=None), 404, f"no such route: {path}")
+    assert_error(sup.call(method, path), 404, f"no such route: {path}")
+    if not path.startswith("/api/"):  # the UI's paths, and those that spell no /api/ path: no credential asked
+        assert_error(sup.call(method, path, token=None), 404, f"no such route: {path}")
+
+
+@pytest.mark.parametrize("method, path", [("GET", "/api/v1/nope"), ("POST", "/api/v1/servers/AAA/pause"),
+                                          ("POST", "/api/v1/status"), ("DELETE", "/api/v1/health")])
+def test_under_api_a_404_or_405_comes_after_the_credential(sup, method, path):
+    """As on the gateway: without the management token a caller learns nothing of the API's paths."""
+    r = sup.call(method, path, token=None)
+    assert_error(r, 401, "missing or wrong management token (Authorization: Bearer <SERVICE_API_TOKEN>)")
+    assert r.headers.getRawHeaders(b"www-authenticate") == [b'Bearer realm="supervisor"']
+    assert sup.call("GET", "/api/v1/health", token=None).code == 200  # the open route stays open
 
 
 @pytest.mark.parametrize("query, error", [

@@ -314,8 +314,9 @@ def test_model_server_tree_from_the_config_and_options(torch_setup, environment)
     environment.setenv("SERVICE_AUTH_TOKEN", "model-token")
     service, reactor = build(model_tap, ["--server", str(SERVERS / "MOBILENETV2.toml"), "--port", "19101",
                                          "--device", "cpu", "--weights", "demo"])
-    assert [type(child).__name__ for child in service] == ["TCPServer", "ThreadPoolService", "ThreadPoolService"]
-    assert list(service)[1:] == [service.decode, service.workers]
+    assert [type(child).__name__ for child in service] == ["TCPServer", "ThreadPoolService", "ThreadPoolService",
+                                                           "IdleTrim"]  # tune_malloc on, as shipped
+    assert list(service)[1:3] == [service.decode, service.workers]
     listener = listener_of(service)
     assert listener.args == (19101, service.site)
     assert listener.kwargs == {"backlog": 1024, "interface": "127.0.0.1"}

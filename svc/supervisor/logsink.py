@@ -96,8 +96,7 @@ class LogSink:
 
     def line(self, stream: str, text: str) -> None:
         """One whole line: numbered into the ring now, written to the file with the next batch."""
-        self.ring.append((self.next_seq, self.clock.seconds(), stream, text))
-        self.next_seq += 1
+        self._ring_line(stream, text)
         if self.file is None:
             return
         prefix = "" if stream in ("stdout", "stderr") else f"[{stream}] "
@@ -133,8 +132,8 @@ class LogSink:
                 self._write_error = e.strerror or str(e)
                 log.warn("{name}: cannot write {path}: {error}; its lines are kept in memory only (the API's "
                          "ring) until it can", name=self.name, path=self.file.path, error=self._write_error)
-                self._ring_note(f"cannot write {self.file.path}: {self._write_error}; lines are not written "
-                                "to the file until it can")
+                self._ring_line("supervisor", f"cannot write {self.file.path}: {self._write_error}; lines are "
+                                              "not written to the file until it can")  # the ring only
             return
         if self._write_error is not None:
             self._write_error = None
@@ -160,9 +159,9 @@ class LogSink:
         file.write("".join(stretch))
         file.flush()
 
-    def _ring_note(self, text: str) -> None:
-        """A supervisor line in the ring only (the file is what cannot take it)."""
-        self.ring.append((self.next_seq, self.clock.seconds(), "supervisor", text))
+    def _ring_line(self, stream: str, text: str) -> None:
+        """A line numbered into the ring."""
+        self.ring.append((self.next_seq, self.clock.seconds(), stream, text))
         self.next_seq += 1
 
     def note(self, text: str) -> None:

@@ -14,6 +14,7 @@ from twisted.python.failure import Failure
 from twisted.web._newclient import ResponseFailed
 
 from svc.auth import decide, hash_key
+from svc.contract.errors import ApiError
 from svc.gateway.app import GatewayApp
 from svc.gateway.catalog import Catalog, Upstream
 from svc.gateway.cors import CorsResource
@@ -390,6 +391,25 @@ def test_no_reply_within_the_receive_timeout_is_502(gw):
 
 
 # -- rate limits -----------------------------------------------------------------------------------------
+
+
+def test_a_request_whose_client_went_away_frees_its_keys_slot(tmp_path):
+    gw = Harness(tmp_path, key_max_in_flight=1)
+
+    class Request:  # what hold() uses of a request: notifyFinish errbacks when the connection is lost
+        def __init__(self) -> None:
+            self.finished: Deferred = Deferred()
+
+        def notifyFinish(self) -> Deferred:
+            return self.finished
+
+    gone = Request()
+    gw.app.hold(gone, "tenant-a")
+    with pytest.raises(ApiError):
+        gw.app.hold(Request(), "tenant-a")
+    gone.finished.errback(Failure(ConnectionLost("the client went away")))
+    assert gw.app.in_flight == {}
+    gw.app.hold(Request(), "tenant-a")  # room again
 
 
 def test_a_key_past_key_max_in_flight_is_429_and_other_keys_are_served(tmp_path):

@@ -134,6 +134,15 @@ def test_an_old_gateway_that_does_not_exit_is_killed_after_the_grace():
     assert kills == [(1001, signal.SIGTERM), (1001, signal.SIGKILL)] and d == [None]
 
 
+def test_no_handover_once_the_supervisor_shuts_down():
+    child, reactor, _, kills, _ = make()
+    running(child, reactor)
+    results(child.shutdown())
+    d = results(child.restart())
+    assert d[0].check(ChildError) and str(d[0].value) == "__gateway: the supervisor is shutting down"
+    assert len(reactor.spawned) == 1
+
+
 def test_an_old_gateway_draining_long_requests_is_killed_only_after_its_receive_timeout():
     """A wait or a sync request may take up to upstream_recv_timeout_ms: a restart (a key reload) killed the
     old gateway after stop_grace, resetting them; it now waits for the gateway's own drain bound."""

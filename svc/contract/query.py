@@ -60,6 +60,10 @@ def wait_budget_ms(raw: bytes | None) -> int | None:
 
 
 def shown(raw: bytes | str, limit: int = 40) -> str:
-    """The start of a client-given value, for an error message (``repr`` keeps it one printable line)."""
-    text = raw.decode("latin-1") if isinstance(raw, bytes) else raw
+    """The start of a client-given value, for an error message (``repr`` keeps it one printable line).
+
+    Bytes are read as UTF-8, as a browser or curl percent-encodes text (``%EF%BC%91`` is a fullwidth
+    one, which Latin-1 showed as mojibake); a byte that is not UTF-8 shows as a backslash escape.
+    """
+    text = raw.decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else raw
     return repr(text[:limit])

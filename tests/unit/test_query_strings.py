@@ -23,7 +23,7 @@ from treq.testing import RequestTraversalAgent, StubTreq
 from twisted.internet.task import Clock
 from twisted.web.http import parse_qs
 
-from svc.contract.query import MAX_DIGITS, WAIT_MAX_MS, parse_bounded_int, wait_budget_ms
+from svc.contract.query import MAX_DIGITS, WAIT_MAX_MS, parse_bounded_int, shown, wait_budget_ms
 from svc.gateway.catalog import Upstream
 from svc.infra.metrics import ModelServerMetrics, new_registry
 from svc.modelserver.app import ModelServerApp
@@ -72,6 +72,13 @@ def test_the_parser_never_raises_and_agrees_with_the_oracle(raw):
     data = raw.encode("latin-1", "replace") if isinstance(raw, str) else raw
     expected = int(data) if NUMBER.fullmatch(data) else None
     assert parse_bounded_int(raw) == expected
+
+
+@pytest.mark.parametrize("raw, text", [(b"\xef\xbc\x91", "'１'"), (b"12x", "'12x'"), (b"\xe9", "'\\\\xe9'"),
+                                       ("abc", "'abc'"), (b"\n" + b"9" * 60, "'\\n" + "9" * 39 + "'")])
+def test_a_value_in_an_error_message_is_its_text(raw, text):
+    """A fullwidth digit was echoed as mojibake ('ï¼\\x91'): the value is read as the UTF-8 a client sent."""
+    assert shown(raw) == text
 
 
 # -- query strings -----------------------------------------------------------------------------------

@@ -126,10 +126,10 @@ def _readable_record(model_id: str, name: str, env: dict[str, str] | None) -> Re
 def _locked(directory: Path, what: str) -> Iterator[None]:
     """Hold the variant's directory lock: two pulls or imports of one variant would mix their ``.part``.
 
-    A pull or import that fails removes the folders it created, where they are still empty (a cut
-    download's ``.part``, kept to resume, keeps its folder; so does whatever another process put there).
+    A pull or import that fails removes the variant's folder and its model's where they are empty,
+    whoever made them (a cut download's ``.part``, kept to resume, keeps its folder; so does whatever
+    another process put there): a resumed pull that fails its check leaves no empty folder behind.
     """
-    created = [d for d in (directory.parent, directory) if not d.exists()]
     try:
         directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(directory, os.O_RDONLY)
@@ -142,7 +142,7 @@ def _locked(directory: Path, what: str) -> Iterator[None]:
             raise StoreError(f"{what}: another pull or import of this variant is running ({directory})") from None
         yield
     except BaseException:
-        for folder in reversed(created):
+        for folder in (directory, directory.parent):
             try:
                 folder.rmdir()  # only when empty
             except OSError:

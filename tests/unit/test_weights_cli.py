@@ -162,6 +162,17 @@ def test_checksum_mismatch_leaves_nothing(source, capsys, tmp_path):
     assert cache_files(tmp_path) == []
 
 
+def test_a_resumed_download_that_fails_its_check_leaves_no_empty_folder(source, capsys, tmp_path):
+    path = FakeSource.path_of(URL)
+    source.cut_after[path] = 100_000
+    assert svcctl(capsys, "pull", "MOBILENETV2")[0] == 1  # cut: its .part and folder are kept to resume
+    source.serve(URL, state_dict_bytes(2))  # the rest does not complete the file the name promises
+    source.cut_after.pop(path, None)
+    code, _, err = svcctl(capsys, "pull", "MOBILENETV2")
+    assert code == 1 and "invalid hash value" in err
+    assert cache_files(tmp_path) == [] and list((tmp_path / "cache").iterdir()) == []
+
+
 def test_full_published_sha256_is_checked(source, capsys, tmp_path):
     source.serve(FULL_URL, BODY + b"!")
     code, _, err = svcctl(capsys, "pull", "MOBILENETV2", "--variant", "FULL")

@@ -144,7 +144,11 @@ class ManagementApi(routes.JsonApp):
     @declare.route(app, "/api/v1/servers/<string:name>/replicas/<int:replica>/<any(start,stop,restart):action>",
                   methods=["POST"], name="action", admit="authenticate")
     async def replica_action(self, request: Any, name: str, replica: int, action: str) -> bytes:
-        return await self._act(request, self.child(name, replica), action)
+        child = self.child(name, replica)
+        if getattr(self.target(name), "rolling", False):  # two restarts at once took the model down
+            raise ApiError(st.INTERNAL_ERROR, f"{name}: a rolling restart is under way: act on replica {replica} "
+                                              "once it is done")
+        return await self._act(request, child, action)
 
     async def _act(self, request: Any, target: Any, action: str) -> bytes:
         # The action goes on even if the client disconnects; the reply waits for it.

@@ -11,8 +11,13 @@ model-level action means (``/api/v1/servers/{id}/start|stop|restart``):
 * ``restart``: rolling, one replica at a time: stop it, start it, wait until
   it is ready, then wait ``settle`` seconds (the gateway's probe interval,
   so the gateway has seen it ready) before the next one, so the model keeps
-  serving.  A replica that does not come back stops the roll (500 naming
-  it), leaving the others running.
+  serving.  The replicas that serve nothing (stopped, crashed, starting) go
+  first, and a serving replica is restarted only while another one serves:
+  a roll that began with one replica down took the model down.  A replica
+  that does not come back stops the roll (500 naming it), leaving the others
+  running; so does a serving replica that no other could stand in for.  A
+  second restart during a roll is the same roll, and an action on one
+  replica during it is refused (:attr:`rolling`).
 
 A model of one replica acts exactly as its one child did before replicas
 existed (same messages, same status fields).  With several, the status
@@ -28,6 +33,7 @@ from twisted.internet.defer import Deferred, DeferredList, ensureDeferred, fail
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 
+from svc.infra.reactors import follow
 from svc.supervisor.child import (
     BACKOFF,
     FAILED,
@@ -39,6 +45,12 @@ from svc.supervisor.child import (
     Child,
     ChildError,
 )
+
+
+def serving(child: Child) -> bool:
+    """The replica takes requests: running and ready."""
+    return child.state == RUNNING and child.ready
+
 
 #: The model's ``state`` when its replicas differ: the first of these that any replica is in.
 AGGREGATE_ORDER = (RUNNING, STARTING, STOPPING, BACKOFF, FAILED, START_FAILED, STOPPED)
@@ -55,6 +67,7 @@ class ReplicaSet:
         self.children = children
         self.reactor = reactor
         self.settle = settle
+        self._roll: Deferred | None = None  # the rolling restart under way
 
     @property
     def name(self) -> str:
@@ -92,12 +105,30 @@ class ReplicaSet:
     def restart(self) -> Deferred:
         if len(self.children) == 1:
             return self.children[0].restart()
-        return ensureDeferred(self._rolling())
+        if self._roll is None:
+            self._roll = roll = ensureDeferred(self._rolling())
+            roll.addBoth(self._rolled)
+        return follow(self._roll)
+
+    @property
+    def rolling(self) -> bool:
+        """A rolling restart is under way: the replicas are its to act on."""
+        return self._roll is not None
+
+    def _rolled(self, result: Any) -> Any:
+        self._roll = None
+        return result
 
     async def _rolling(self) -> None:
-        for i, child in enumerate(self.children):
-            if i > 0 and self.settle > 0:
+        # The replicas that serve nothing first (restarting them takes nothing away), in index order.
+        order = sorted(range(len(self.children)), key=lambda i: serving(self.children[i]))
+        for n, i in enumerate(order):
+            child = self.children[i]
+            if n > 0 and self.settle > 0:
                 await deferLater(self.reactor, self.settle, lambda: None)
+            if serving(child) and not any(serving(c) for c in self.children if c is not child):
+                raise ChildError(f"{self.id}: the rolling restart stopped at replica {i}: it is the only replica "
+                                 f"that serves, and restarting it would take {self.id} down")
             try:
                 await child.restart()
             except ChildError as e:

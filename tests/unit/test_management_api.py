@@ -295,6 +295,17 @@ def two(tmp_path):
     return harness
 
 
+def test_a_replica_action_during_a_rolling_restart_is_refused(two):
+    """A restart of replica 1 during the model's roll was accepted, and both replicas went down at once."""
+    two.client.request("POST", "http://supervisor/api/v1/servers/AAA/restart",
+                       headers={"Authorization": f"Bearer {TOKEN}"})  # its reply comes once the roll is done
+    two.client.flush()
+    assert two.manager.sets["AAA"].rolling
+    refused = two.call("POST", "/api/v1/servers/AAA/replicas/1/restart")
+    assert_error(refused, 500, "AAA: a rolling restart is under way: act on replica 1 once it is done")
+    assert two.manager.children["AAA.1"].state == "running"
+
+
 def test_status_shows_the_replicas_of_a_model(two):
     body = json.loads(two.call("GET", "/api/v1/status").body)
     aaa = next(s for s in body["servers"] if s["id"] == "AAA")

@@ -356,6 +356,68 @@ def test_a_replica_that_does_not_come_back_stops_the_roll_and_the_others_keep_ru
     assert (aaa.replica(0).state, aaa.replica(1).state) == (START_FAILED, RUNNING)
 
 
+def test_a_roll_restarts_the_replica_that_serves_nothing_first(tmp_path):
+    """Replica 1 stopped (or crashed), then a model restart: the roll stopped replica 0, the only one
+    serving, and the model answered 503 for seconds. Now replica 1 comes back first."""
+    m, reactor, probe, kills = start_two(tmp_path)
+    aaa = m.sets["AAA"]
+    first, second = aaa.children
+    results(second.stop())
+    end(second)
+    pid = first.pid
+    done = results(aaa.restart())
+    assert (first.state, first.pid, second.state) == (RUNNING, pid, STARTING)  # replica 0 keeps serving
+    reactor.advance(0.5)
+    assert second.state == RUNNING and first.state == RUNNING
+    reactor.advance(1.5)  # the gateway's probe interval (+ 0.5 s): now replica 0
+    assert first.state == STOPPING and second.state == RUNNING
+    end(first)
+    reactor.advance(0.5)
+    assert done == [None] and [c.state for c in aaa.children] == [RUNNING, RUNNING] and first.pid != pid
+
+
+def test_a_roll_never_restarts_the_only_replica_that_serves(tmp_path):
+    """Replica 1 is restarted first (it was down) and comes back, then fails its probe while the roll waits
+    for the gateway to see it: replica 0, the only one serving then, is not stopped; the roll fails."""
+    m, reactor, probe, kills = manager(tmp_path, TWO, probe_interval_ms=3000)  # settle 3.5 s > a 2 s probe
+    started = results(m.start_all())
+    probe.ready.update({8080, 9300, 9400, 9301})
+    reactor.advance(0.5)
+    reactor.advance(0.5)
+    assert started == [None]
+    aaa = m.sets["AAA"]
+    first, second = aaa.children
+    results(second.stop())
+    end(second)
+    done = results(aaa.restart())
+    reactor.advance(0.5)
+    assert second.state == RUNNING and second.ready
+    probe.ready.discard(9400)  # its next probe fails
+    reactor.advance(3.5)
+    assert not second.ready
+    assert isinstance(done[0], Failure) and str(done[0].value) == (
+        "AAA: the rolling restart stopped at replica 0: it is the only replica that serves, and restarting it "
+        "would take AAA down")
+    assert first.state == RUNNING and first.ready and (first.pid, signal.SIGTERM) not in kills
+    assert not aaa.rolling
+
+
+def test_a_second_restart_joins_the_roll_and_a_replica_action_is_refused_during_it(tmp_path):
+    m, reactor, probe, kills = start_two(tmp_path)
+    aaa = m.sets["AAA"]
+    first, second = aaa.children
+    done, again = results(aaa.restart()), results(aaa.restart())
+    assert aaa.rolling and first.state == STOPPING and second.state == RUNNING
+    end(first)
+    reactor.advance(0.5)
+    reactor.advance(1.5)
+    assert second.state == STOPPING
+    end(second)
+    reactor.advance(0.5)
+    assert done == again == [None] and not aaa.rolling
+    assert [c.restarts for c in aaa.children] == [1, 1]
+
+
 def test_one_replica_alone_stops_starts_and_restarts(tmp_path):
     m, reactor, probe, kills = start_two(tmp_path)
     second = m.process("AAA", 1)

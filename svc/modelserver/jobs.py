@@ -68,7 +68,7 @@ class Job:
         self.waiters: list[Deferred] = []
         self.run: Deferred | None = None
         self.expiry: Any = None
-        self.progress = JobProgress()  # written by worker threads, read on polls
+        self.progress = JobProgress(len(request.images))  # written by worker threads, read on polls
 
     @property
     def terminal(self) -> bool:

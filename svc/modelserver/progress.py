@@ -11,8 +11,11 @@ that reports on every sampler step costs the reactor nothing and never
 waits for it: the worker thread replaces one tuple reference, which is
 atomic in CPython, and takes no lock.
 
-A job's progress never goes back (two workers may run batches of one job,
-each reporting its own step) and stops moving once the job is terminal
+A job's items may run in several batches, one after another or on two
+workers at once: the job shows the share of its items' work done, as a step
+of the current batch's ``steps`` (3 images sampled one at a time: the first
+image's last step is step 50 of 150, not 150 of 150 while two images wait).
+It never goes back and stops moving once the job is terminal
 (:meth:`JobProgress.close`: a timed-out job's step kept changing).
 
 The reporter is also where a batch learns that nobody waits for it any
@@ -24,7 +27,10 @@ its next step instead of holding the worker for minutes of wasted work.
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from collections.abc import Iterable
+from fractions import Fraction
 
 from twisted.internet.interfaces import IReactorTime
 
@@ -41,20 +47,32 @@ class BatchAbandoned(Exception):
 
 
 class JobProgress:
-    """The last progress written for one job: ``(step, steps)`` or None before the first report."""
+    """The last progress written for one job of ``items`` images: ``(step, steps)`` or None before the first report."""
 
-    __slots__ = ("closed", "value")
+    __slots__ = ("_batches", "_lock", "closed", "items", "value")
 
-    def __init__(self) -> None:
+    def __init__(self, items: int = 1) -> None:
         self.value: tuple[int, int] | None = None
         self.closed = False
+        self.items = max(1, items)
+        self._batches: dict[int, Fraction] = {}  # per batch: the items of this job in it x the share done
+        self._lock = threading.Lock()  # two workers may write (the reactor reads ``value`` alone)
 
-    def write(self, value: tuple[int, int]) -> None:
-        """Show ``value`` unless the job is terminal or it is behind what is shown (worker thread)."""
-        shown = self.value
-        if self.closed or (shown is not None and value[0] * shown[1] < shown[0] * value[1]):
-            return
-        self.value = value
+    def write(self, value: tuple[int, int], batch: int = 0, count: int | None = None) -> None:
+        """Batch ``batch``, holding ``count`` of the job's items (default: all), is at ``value`` (worker thread).
+
+        Shows the job's share done as a step of ``value``'s steps, unless the job is terminal or that is
+        behind what is shown.
+        """
+        step, steps = value
+        with self._lock:
+            self._batches[batch] = Fraction((self.items if count is None else count) * step, steps)
+            done = min(Fraction(1), sum(self._batches.values(), Fraction(0)) / self.items)
+            shown = self.value
+            new = (int(done * steps), steps)
+            if self.closed or (shown is not None and new[0] * shown[1] < shown[0] * new[1]):
+                return
+            self.value = new
 
     def close(self) -> None:
         """The job is terminal: what is shown stays (reactor thread)."""
@@ -83,7 +101,8 @@ class BatchProgress:
         """``abandon_at``: the latest deadline of the batch's items (None: one has none); a report after it
         raises :class:`BatchAbandoned`."""
         self.clock = clock
-        self.targets = tuple({id(t): t for t in targets}.values())
+        counted = Counter(id(t) for t in targets)  # a job's items in this batch
+        self.targets = tuple((t, counted[id(t)]) for t in {id(t): t for t in targets}.values())
         self.min_interval = min_interval
         self.abandon_at = abandon_at
         self.last: float | None = None
@@ -111,5 +130,5 @@ class BatchProgress:
         self.last = now
         value = (step, steps)
         self.written = value
-        for target in self.targets:
-            target.write(value)
+        for target, count in self.targets:
+            target.write(value, id(self), count)

@@ -23,8 +23,8 @@ from svc.modelserver.progress import BatchAbandoned, BatchProgress, JobProgress
 
 def test_reports_closer_than_100_ms_are_dropped_but_the_last_step_is_always_written():
     clock = Clock()
-    a, b = JobProgress(), JobProgress()
-    reporter = BatchProgress(clock, [a, b, a])  # two items of job a, one of job b
+    a, b = JobProgress(items=2), JobProgress()
+    reporter = BatchProgress(clock, [a, b, a])  # both items of job a, the one of job b
     shown = []
     for step in range(1, 7):
         reporter(step, 6)
@@ -33,6 +33,38 @@ def test_reports_closer_than_100_ms_are_dropped_but_the_last_step_is_always_writ
     # written at 0 ms (first), 120 ms (>= 100 ms after 0), 150 ms (the last step); dropped in between
     assert shown == [(1, 6), (1, 6), (1, 6), (1, 6), (5, 6), (6, 6)]
     assert b.value == (6, 6) and len(reporter.targets) == 2
+
+
+def test_a_job_whose_items_run_one_batch_after_another_shows_its_share_done():
+    """3 images sampled one at a time (max_batch_size 1): the first image's last step showed 150 of 150
+    while two images still waited, and the job stayed `running` for seconds at "done"."""
+    clock = Clock()
+    job = JobProgress(items=3)
+    first = BatchProgress(clock, [job])
+    first(150, 150)
+    assert job.to_json() == {"step": 50, "steps": 150}
+    second = BatchProgress(clock, [job])
+    second(75, 150)
+    assert job.to_json() == {"step": 75, "steps": 150}
+    second(150, 150)
+    third = BatchProgress(clock, [job])
+    third(149, 150)
+    assert job.to_json() == {"step": 149, "steps": 150}
+    third(150, 150)
+    assert job.to_json() == {"step": 150, "steps": 150}
+
+
+def test_two_batches_of_one_job_at_once_add_up_and_never_go_back():
+    clock = Clock()
+    job = JobProgress(items=4)
+    left, right = BatchProgress(clock, [job, job]), BatchProgress(clock, [job, job])  # two workers
+    left(10, 20)
+    assert job.value == (5, 20)
+    right(4, 20)
+    assert job.value == (7, 20)  # (2 x 10 + 2 x 4) / 4 items of 20 steps
+    right(20, 20)
+    left(20, 20)
+    assert job.value == (20, 20)
 
 
 def test_a_report_exactly_100_ms_after_the_last_write_is_written():

@@ -175,7 +175,8 @@ class Forwarder:
             self.metrics.upstream_errors.labels(upstream.id, replica, "unreachable").inc()
             if not last:
                 return None
-            what = upstream.id if len(upstream.replicas) == 1 else f"{upstream.id} (no replica took the request)"
+            what = (upstream.id if len(upstream.replicas) == 1 else f"{upstream.id} (no replica took the request)"
+                    if counted else f"{upstream.id} replica {target.index}, which holds the job,")
             raise ApiError(st.NOT_READY, f"model server {what} is not reachable ({e}): it is not running") from None
         except UpstreamFailed as e:
             self.metrics.upstream_errors.labels(upstream.id, replica, e.kind).inc()

@@ -389,6 +389,8 @@ def test_a_replica_that_refuses_a_poll_is_503_never_another_replica(gw):
     reply = gw.call("GET", f"/v1/models/CLS/jobs/{job_of(1)}")
     assert (reply.code, reply.json["status"]) == (503, 65)
     assert gw.replicas[0].received == []
+    # It names the replica that holds the job ("no replica took the request" while replica 0 served).
+    assert reply.json["error"].startswith("model server CLS replica 1, which holds the job, is not reachable (")
 
 
 @pytest.mark.parametrize("make", [

@@ -27,12 +27,16 @@ its next step instead of holding the worker for minutes of wasted work.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import Counter
 from collections.abc import Iterable
 from fractions import Fraction
 
 from twisted.internet.interfaces import IReactorTime
+
+#: Keys of the batches a job's progress sums (unique for the life of the process).
+_BATCH_KEYS = itertools.count(1)
 
 #: Writes closer together than this are dropped (the last step is always written).
 MIN_INTERVAL_S = 0.1
@@ -101,6 +105,7 @@ class BatchProgress:
         """``abandon_at``: the latest deadline of the batch's items (None: one has none); a report after it
         raises :class:`BatchAbandoned`."""
         self.clock = clock
+        self.key = next(_BATCH_KEYS)  # not id(self): a finished batch's address is reused by the next one
         counted = Counter(id(t) for t in targets)  # a job's items in this batch
         self.targets = tuple((t, counted[id(t)]) for t in {id(t): t for t in targets}.values())
         self.min_interval = min_interval
@@ -131,4 +136,4 @@ class BatchProgress:
         value = (step, steps)
         self.written = value
         for target, count in self.targets:
-            target.write(value, id(self), count)
+            target.write(value, self.key, count)

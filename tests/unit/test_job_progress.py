@@ -54,6 +54,16 @@ def test_a_job_whose_items_run_one_batch_after_another_shows_its_share_done():
     assert job.to_json() == {"step": 150, "steps": 150}
 
 
+def test_a_batch_that_reuses_a_finished_batchs_address_is_still_another_batch():
+    clock = Clock()
+    job = JobProgress(items=3)
+    for _ in range(3):  # each reporter is dropped before the next is made: CPython may reuse its memory
+        reporter = BatchProgress(clock, [job])
+        reporter(150, 150)
+        del reporter
+    assert job.to_json() == {"step": 150, "steps": 150}
+
+
 def test_two_batches_of_one_job_at_once_add_up_and_never_go_back():
     clock = Clock()
     job = JobProgress(items=4)

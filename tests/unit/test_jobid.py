@@ -82,5 +82,5 @@ def test_the_job_table_mints_with_its_owner_and_secret():
                      ttl_ms=1000, max_completed=1, owner=JobOwner("h", 4), secret="deploy")
     from types import SimpleNamespace
 
-    job = table.submit(SimpleNamespace(req_id=None))
+    job = table.submit(SimpleNamespace(req_id=None, images=["x"]))  # what the table reads of a request
     assert jobid.parse(job.id, "deploy") == JobOwner("h", 4)

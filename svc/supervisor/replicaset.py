@@ -105,10 +105,11 @@ class ReplicaSet:
     def restart(self) -> Deferred:
         if len(self.children) == 1:
             return self.children[0].restart()
-        if self._roll is None:
+        roll = self._roll
+        if roll is None:
             self._roll = roll = ensureDeferred(self._rolling())
-            roll.addBoth(self._rolled)
-        return follow(self._roll)
+            roll.addBoth(self._rolled)  # may run at once: a roll whose first replica fails to start at once
+        return follow(roll)
 
     @property
     def rolling(self) -> bool:

@@ -402,6 +402,20 @@ def test_a_roll_never_restarts_the_only_replica_that_serves(tmp_path):
     assert not aaa.rolling
 
 
+def test_a_roll_that_fails_at_once_says_why(tmp_path):
+    """A replica whose start fails at once (here: refused) ended the roll before restart() returned."""
+    m, reactor, probe, kills = start_two(tmp_path)
+    aaa = m.sets["AAA"]
+    first, second = aaa.children
+    results(second.stop())
+    end(second)
+    second.spec.refused = "refused for this test"
+    done = results(aaa.restart())
+    assert isinstance(done[0], Failure) and done[0].check(ChildError), done
+    assert str(done[0].value).startswith("AAA: the rolling restart stopped at replica 1 (the others keep running)")
+    assert first.state == RUNNING and not aaa.rolling
+
+
 def test_a_second_restart_joins_the_roll_and_a_replica_action_is_refused_during_it(tmp_path):
     m, reactor, probe, kills = start_two(tmp_path)
     aaa = m.sets["AAA"]

@@ -102,7 +102,12 @@ class Forwarder:
                 headers.setRawHeaders(name, values)
         body = request.content.getvalue() if request.method == b"POST" else None
         started = self.clock.seconds()
-        reply = await self.exchange(request, upstream, route, path, headers, body, query=query, replica=replica)
+        try:
+            reply = await self.exchange(request, upstream, route, path, headers, body, query=query, replica=replica)
+        finally:
+            if route == "infer":  # the gateway's own 502 and 503 (a hung or dead model) are samples too
+                self.labelled(self.metrics.duration, route, protocol_of(request)).observe(
+                    (self.clock.seconds() - started) * 1000.0)
         if reply.code == 401:
             log.error("{model} refused the gateway's token: is SERVICE_UPSTREAM_TOKENS right?", model=upstream.id)
         request.setResponseCode(reply.code)
@@ -119,9 +124,6 @@ class Forwarder:
         if rewrite and reply.code in (200, 202):
             data = self._rewrite_job_body(upstream.id, data)
         request.setHeader(b"Content-Length", str(len(data)).encode())
-        if route == "infer":
-            self.labelled(self.metrics.duration, route, protocol_of(request)).observe(
-                (self.clock.seconds() - started) * 1000.0)
         return data
 
     async def exchange(self, request: Any, upstream: Upstream, route: str, path: str, headers: Headers,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from klein import Klein
@@ -365,6 +366,8 @@ def test_unreachable_upstream_is_503(tmp_path):
     body = assert_envelope(gw.call("POST", "/v1/models/CLS/infer", body=b"{}", headers={"X-Request-ID": "r-9"}), 503, 65)
     assert "not reachable" in body["error"] and body["task_id"] == "r-9"
     assert 'service_gateway_upstream_errors_total{kind="unreachable",model="CLS",replica="0"} 1.0' in render(gw.registry).decode()
+    # the gateway's own 503 is a sample of the whole-request histogram: an outage shows in its percentiles
+    assert 'service_http_request_duration_ms_count{protocol="contract",route="infer"} 1.0' in render(gw.registry).decode()
 
 
 def test_broken_reply_is_502(tmp_path):
@@ -388,6 +391,10 @@ def test_no_reply_within_the_receive_timeout_is_502(gw):
     body = assert_envelope(gw.settle(d), 502, 502)
     assert "upstream_recv_timeout_ms" in body["error"]
     assert 'service_gateway_upstream_errors_total{kind="timeout",model="SLOW",replica="0"} 1.0' in render(gw.registry).decode()
+    text = render(gw.registry).decode()
+    assert 'service_http_request_duration_ms_count{protocol="contract",route="infer"} 1.0' in text
+    sample = re.search(r'^service_http_request_duration_ms_sum\{protocol="contract",route="infer"\} (\S+)$', text, re.M)
+    assert sample and float(sample.group(1)) == pytest.approx(RECV_TIMEOUT_MS, abs=20)
 
 
 # -- rate limits -----------------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ def render(registry: CollectorRegistry) -> bytes:
 
 
 class HttpMetrics:
-    """Request counters shared by every process that speaks HTTP."""
+    """Request counters shared by every process that speaks HTTP (the supervisor has these alone)."""
 
     #: Labels after the common ones (the gateway's ``protocol``).
     extra_labels: tuple[str, ...] = ()
@@ -64,16 +64,25 @@ class HttpMetrics:
             ("route", "method", "code", *self.extra_labels),
             registry=registry,
         )
+
+
+class InferenceHttpMetrics(HttpMetrics):
+    """The request counters plus the duration of inference requests: the processes that serve inference."""
+
+    duration_help = "Duration of synchronous inference requests in ms (async replies add no sample)."
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry)
         self.duration = Histogram(
             "service_http_request_duration_ms",
-            "Duration of synchronous inference requests in ms (async replies add no sample).",
+            self.duration_help,
             ("route", *self.extra_labels),
             buckets=MS_BUCKETS,
             registry=registry,
         )
 
 
-class ModelServerMetrics(HttpMetrics):
+class ModelServerMetrics(InferenceHttpMetrics):
     """Everything a model server exports."""
 
     def __init__(self, registry: CollectorRegistry, model: str) -> None:
@@ -130,7 +139,7 @@ class ModelServerMetrics(HttpMetrics):
         )
 
 
-class GatewayMetrics(HttpMetrics):
+class GatewayMetrics(InferenceHttpMetrics):
     """Everything the gateway exports: its own requests, per-key counters, upstream errors.
 
     Key names are labels: they come only from the key file and the fixed
@@ -141,6 +150,8 @@ class GatewayMetrics(HttpMetrics):
     """
 
     extra_labels = ("protocol",)
+    duration_help = ("Duration of inference requests through the gateway in ms, its own 502 and 503 included "
+                     "(job routes add no sample).")
 
     def __init__(self, registry: CollectorRegistry) -> None:
         super().__init__(registry)
@@ -158,7 +169,7 @@ class GatewayMetrics(HttpMetrics):
         )
         self.auth_failures = Counter(
             "service_gateway_auth_failures",
-            "Requests refused with 401 without a known key: reason missing or wrong.",
+            "Requests refused with 401: reason missing (no credential) or wrong (not one this route takes).",
             ("reason",),
             registry=registry,
         )

@@ -223,12 +223,18 @@ def gateway_figures(now: _Raw, before: _Raw | None) -> dict[str, Any]:
     errors = _delta(now.counters["upstream_errors"], before.counters["upstream_errors"])
     if errors is None:
         return figures
-    figures["upstream_errors"] = errors / dt
+    rates: dict[str, dict[str, float]] = {}
     for name in GATEWAY_LABELLED:
+        if not before.labelled[name].keys() <= now.labelled[name].keys():
+            return figures  # a series the gateway had is gone: it restarted, and the rate is unknown
+        rates[name] = {}
         for label, value in now.labelled[name].items():
             d = _delta(value, before.labelled[name].get(label, 0.0))
-            if d is not None:
-                figures[name][label] = d / dt
+            if d is None:
+                return figures  # went backwards: a restart, not "no traffic"
+            rates[name][label] = d / dt
+    figures["upstream_errors"] = errors / dt
+    figures.update(rates)
     return figures
 
 
@@ -364,7 +370,7 @@ class SeriesCollector:
             for figure in GATEWAY_LABELLED:
                 labels = sorted({label for row in rows if row for label in row[figure]})
                 # A sample with rates has every label: 0 where the label had no traffic.
-                out[figure] = {label: [row[figure].get(label, 0.0) if row and row["upstream_errors"] is not None
+                out[figure] = {label: [_round(row[figure].get(label, 0.0)) if row and row["upstream_errors"] is not None
                                        else None for row in rows] for label in labels}
             return out
         out = {"t": times, "version": ring.info.get("version"), "device": ring.info.get("device")}

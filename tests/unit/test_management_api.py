@@ -184,6 +184,8 @@ def test_metrics_are_prometheus_text(sup):
     r = sup.call("GET", "/api/v1/metrics")
     assert (r.code, h(r, "Content-Type")) == (200, METRICS_CONTENT_TYPE)
     assert b'service_supervisor_child_state{child="AAA",replica="0",state="stopped"} 1.0' in r.body
+    assert b"service_http_requests_total" in r.body
+    assert b"service_http_request_duration_ms" not in r.body  # it serves no inference: no empty histogram
 
 
 @pytest.mark.parametrize("path, name, ctype", [("/", "index.html", "text/html; charset=utf-8"),

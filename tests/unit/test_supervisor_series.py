@@ -229,6 +229,45 @@ def test_gateway_rates_by_route_rejections_by_reason_and_upstream_errors():
     assert view["upstream_errors"] == [None, 1.0, 0.0]
 
 
+def test_a_gateway_restart_is_a_gap_not_zero_traffic():
+    """A restart resets the gateway's counters while its upstream_errors stay 0: the rates of that interval are
+    unknown (null), not 0 req/s; the next interval has rates again, rounded as the other figures."""
+    from prometheus_client import CollectorRegistry
+
+    clock, stage = Clock(), Stage()
+    collector = stage.collector(clock)
+    stage.gateway.requests.labels("infer", "POST", "200", "contract").inc(100)
+    collector.start()
+    stage.gateway.requests.labels("infer", "POST", "200", "contract").inc(50)
+    clock.advance(5)
+    stage.gateway_registry = CollectorRegistry()  # the gateway restarted: its counters start again
+    stage.gateway = GatewayMetrics(stage.gateway_registry)
+    stage.gateway.requests.labels("infer", "POST", "200", "contract").inc(20)
+    clock.advance(5)
+    stage.gateway.requests.labels("infer", "POST", "200", "contract").inc(31)
+    clock.advance(5)
+    view = collector.view()["gateway"]
+    assert view["rps_by_route"]["infer"] == [None, 10.0, None, 6.2]
+    assert view["upstream_errors"] == [None, 0.0, None, 0.0]
+
+
+def test_a_series_gone_after_a_restart_is_a_gap_too():
+    from prometheus_client import CollectorRegistry
+
+    clock, stage = Clock(), Stage()
+    collector = stage.collector(clock)
+    stage.gateway.requests.labels("infer", "POST", "200", "contract").inc(5)
+    stage.gateway.requests.labels("jobs_submit", "POST", "202", "contract").inc(5)
+    collector.start()
+    clock.advance(5)
+    stage.gateway_registry = CollectorRegistry()
+    stage.gateway = GatewayMetrics(stage.gateway_registry)
+    stage.gateway.requests.labels("infer", "POST", "200", "contract").inc(30)  # above 5: no counter went back
+    clock.advance(5)
+    view = collector.view()["gateway"]
+    assert view["rps_by_route"] == {"infer": [None, 0.0, None], "jobs_submit": [None, 0.0, None]}
+
+
 def test_one_child_view_and_the_interval():
     clock, stage = Clock(), Stage()
     collector = stage.collector(clock)

@@ -1,22 +1,13 @@
-"""Body limits and connection limits of every process's HTTP listener.
+"""Connection limits of every process's HTTP listener (the body's are svc.web.bodylimits).
 
-twisted.web buffers a whole request body before any handler runs and has no
-size limit.  :class:`LimitedRequest` enforces the site's ``max_body_bytes``
-while reading: an oversized ``Content-Length`` (or a chunked body that grows
-past the limit) is answered with the site's 413 at once, the rest of the body
-is discarded unread into memory, and the connection is closed.
-
-twisted.web's connection handling has three more gaps that
-:class:`LimitedChannel` closes (see :class:`HttpLimits` for the knobs):
+twisted.web's connection handling has gaps that :class:`LimitedChannel`
+closes (see :class:`HttpLimits` for the knobs):
 
 * its idle timeout is reset by every byte, so a client that sends one header
   byte every few seconds holds a connection forever (slowloris): a request's
   headers must now be complete within ``header_timeout_ms``;
 * it accepts any number of connections: past ``max_connections`` a new one
   gets the process's 503 and is closed;
-* a body had a size limit but no time limit (a client dripping it held
-  its connection at will): now it must be complete ``body_timeout_ms``
-  after the headers, else 408 in the process's reply shape and close;
 * a request line or a header line longer than ``MAX_LENGTH`` (16 KiB), or
   a head (request line and headers, their CRLFs counted) larger than
   ``totalHeadersSize`` (16 KiB), got the connection dropped without a word, or a bare 400:
@@ -29,6 +20,10 @@ twisted.web's connection handling has three more gaps that
   being handled, and buffered pipelined requests are replayed all at once):
   now reading stops while a connection's replies are unsent, and at most
   :data:`PIPELINE_BURST` pipelined requests are answered per reactor turn.
+* a request twisted cannot parse (a bad request line or version, a bad
+  ``Content-Length`` or chunk size, two framings) got a bare 400 that no
+  counter and no access line saw: now it is the process's 400 (status 50),
+  counted and logged, and the connection is closed.
 
 The site these work for is :class:`svc.web.site.JsonSite`.
 """
@@ -36,24 +31,20 @@ The site these work for is :class:`svc.web.site.JsonSite`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from io import BytesIO
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.interfaces import IDelayedCall, ITCPTransport
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
-from twisted.web import server
 from twisted.web.http import HTTPChannel
 
 from svc.contract import status as st
 from svc.contract.errors import ApiError
-from svc.web.replies import head_too_large, header, raw_reply, reason
+from svc.web.bodylimits import LINGER_SECONDS
+from svc.web.replies import head_too_large, raw_reply
 
 if TYPE_CHECKING:
     from svc.web.site import JsonSite
-
-#: How long a refused upload may keep sending after its 413 before we close.
-LINGER_SECONDS = 5.0
 
 #: How long a connection refused past ``max_connections`` may keep sending
 #: (read and dropped) after its 503, so the client reads the 503 rather than
@@ -96,99 +87,6 @@ class HttpLimits:
     def from_config(cls, config: Any) -> "HttpLimits":
         """The limits from any config object that has the four keys as attributes."""
         return cls(config.header_timeout_ms, config.max_connections, config.listen_backlog, config.body_timeout_ms)
-
-
-class LimitedRequest(server.Request):
-    """A request whose body is held in memory up to its site's limit, and must arrive within its deadline."""
-
-    channel: LimitedChannel  # its site: the limits, the 413 and the 408 (svc.web.site.JsonSite)
-    content: BytesIO  # type: ignore[assignment]  # twisted.web declares it None, its class default
-    _refused = False
-    _received = 0
-    _linger: IDelayedCall | None = None
-    _body_deadline: IDelayedCall | None = None
-    started: float | None = None
-
-    def setResponseCode(self, code: int, message: bytes | None = None) -> None:
-        """twisted's reason phrases, and ours where its table has none (422 "Unprocessable Content", 429)."""
-        super().setResponseCode(code, message if message is not None else reason(code))
-
-    def gotLength(self, length: int | None) -> None:
-        self.content = BytesIO()
-        self._received = 0
-        if length is not None and length > self.channel.site.max_body_bytes:
-            self._refuse()
-        elif length is None or length > 0:  # a body follows (chunked when None): it has body_timeout_ms
-            site = self.channel.site
-            self._body_deadline = site.reactor.callLater(site.body_timeout_s, self._body_too_slow)
-
-    def _body_too_slow(self) -> None:
-        """The body is still incomplete at its deadline: 408 in the process's shape, and close."""
-        self._body_deadline = None
-        site = self.channel.site
-        timeout_ms = round(site.body_timeout_s * 1000)
-        error = ApiError(st.REQUEST_TIMEOUT, f"the request body did not arrive within {timeout_ms} ms "
-                                             f"(body_timeout_ms); {self._received} bytes came")
-        method = getattr(self.channel, "_command", None) or b"-"
-        self._answer_early(*site.limit_reply(self, error, method.decode("latin-1", "replace")))
-
-    def handleContentChunk(self, data: bytes) -> None:
-        if self._refused:
-            return
-        self._received += len(data)
-        if self._received > self.channel.site.max_body_bytes:
-            self.content = BytesIO()
-            self._refuse()
-            return
-        self.content.write(data)
-
-    def _refuse(self) -> None:
-        """Answer 413 now, before the body is read, and close the connection.
-
-        The write side is shut first and the rest of the upload is read and
-        dropped for a short while, so that a client still sending sees the
-        413 instead of a connection reset.
-        """
-        self._answer_early(*self.channel.site.oversize_reply(self))
-
-    def _answer_early(self, code: int, headers: dict[str, str], body: bytes) -> None:
-        """Answer before the body is complete, shut the write side, drop what still comes for a while, close."""
-        self._refused = True
-        self._stop_body_deadline()
-        # No "100 Continue" after a final answer.
-        self.requestHeaders.removeHeader(b"expect")
-        site = self.channel.site
-        transport = self.channel.transport
-        transport.write(raw_reply(code, headers, body))
-        lose_write = getattr(transport, "loseWriteConnection", None)
-        if lose_write is not None:
-            lose_write()
-            self._linger = site.reactor.callLater(LINGER_SECONDS, transport.abortConnection)
-        else:
-            transport.loseConnection()
-        path = getattr(self.channel, "_path", b"?")
-        command = getattr(self.channel, "_command", b"?")
-        site.log_line(command, path, code, 0.0, headers.get("X-Request-ID") or header(self, b"x-request-id"), "-")
-
-    def _stop_body_deadline(self) -> None:
-        if self._body_deadline is not None and self._body_deadline.active():
-            self._body_deadline.cancel()
-        self._body_deadline = None
-
-    def process(self) -> None:
-        if self._refused:
-            return  # the 413 or 408 is already out; drop the rest
-        self._stop_body_deadline()
-        self.started = self.channel.site.reactor.seconds()
-        super().process()
-
-    def connectionLost(self, reason: Any) -> None:
-        self._stop_body_deadline()
-        if self._linger is not None and self._linger.active():
-            self._linger.cancel()
-        if self.started is not None and not self.finished and not self._refused:
-            self.channel.site.log_abandoned(self)  # the client went before its reply: still one access line
-        super().connectionLost(reason)
 
 
 class LimitedChannel(HTTPChannel):
@@ -331,6 +229,26 @@ class LimitedChannel(HTTPChannel):
         path = getattr(self, "_path", None) or (line.split(b" ", 2)[1][:300] if request_line and b" " in line
                                                  else b"-")
         site.log_line(method, path, code, 0.0, None, "-")
+
+    # --- a request twisted cannot parse -------------------------------------
+
+    def _respondToBadRequestAndDisconnect(self) -> None:
+        """twisted's answer to a request it cannot parse (a bad request line, version, ``Content-Length`` or
+        chunk size, two framings): its bare 400 was seen by no counter and no access line.  Now the process's
+        400 (status 50: the request is not one it can read), counted with the method read so far, logged, and
+        the connection closed as after a 414."""
+        if self._refused:
+            return
+        self._refused = True
+        self._stop_header_deadline()
+        site = self.site
+        method = getattr(self, "_command", None) or b"-"
+        error = ApiError(st.JSON_PARSE_ERROR, "malformed HTTP request: its request line, a header or its body's "
+                                              "framing (Content-Length, chunked) is not valid HTTP/1.1")
+        code, headers, body = site.limit_reply(None, error, method.decode("latin-1", "replace"))
+        self.persistent = False
+        self._reply_and_close(raw_reply(code, headers, body), LINGER_SECONDS)
+        site.log_line(method, getattr(self, "_path", None) or b"-", code, 0.0, None, "-")
 
     # --- pipelining ----------------------------------------------------------
 

@@ -20,7 +20,8 @@ from twisted.web import server
 
 from svc.contract.errors import ApiError
 from svc.contract.request import REQ_ID_RE
-from svc.web.limits import HttpLimits, LimitedChannel, LimitedRequest
+from svc.web.bodylimits import LimitedRequest
+from svc.web.limits import HttpLimits, LimitedChannel
 from svc.web.replies import dumps
 
 #: The access log's code for a request whose client closed the connection before its reply (nginx's 499).

@@ -43,7 +43,7 @@ def processes(tmp_path_factory):
                             gateway_table=f"body_timeout_ms = {BODY_TIMEOUT_MS}\n")
     stack = build_stack(root / "stack", {}, supervisor_extra=f"body_timeout_ms = {BODY_TIMEOUT_MS}\n")
     yield {"model": (model.port, model.url, "envelope"), "gateway": (gateway.port, gateway.url, "envelope"),
-           "supervisor": (stack.supervisor.port, stack.url, "ok-error")}
+           "supervisor": (stack.supervisor.port, stack.url, "ok-error"), "model process": model}
     stop_stack(stack)
     gateway.stop()
     model.stop()
@@ -164,3 +164,42 @@ def test_a_body_dripped_past_body_timeout_ms_is_408(processes, name):
     if shape == "envelope":
         assert split(received)[1]["x-request-id"] == "slow-body-1"
     assert_serving(url, name)
+
+
+#: Requests twisted cannot parse: each got its bare ``400 Bad Request`` with no body, no counter, no access line.
+MALFORMED = {
+    "request line": b"garbage\r\n\r\n",
+    "content-length": b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+    "two framings": b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\nabc",
+    "chunk size": b"POST /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
+    "header line": b"GET /healthz HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_a_request_twisted_cannot_parse_gets_the_process_400_and_closes(processes, name, case):
+    port, url, shape = processes[name]
+    reply = raw_exchange(port, MALFORMED[case])
+    assert_refusal(reply, b"HTTP/1.1 400 Bad Request", shape, "malformed HTTP request",
+                   status=(50, "JSON_PARSE_ERROR"))
+    assert_serving(url, name)
+
+
+def test_a_request_twisted_cannot_parse_is_counted_and_logged(processes):
+    """operations.md: the counter has every reply (method ``-`` before it was read), one access line each."""
+    port, url, _ = processes["model"]
+    metric = 'service_http_requests_total{code="400",method="%s",route="unmatched"}'
+
+    def count(method: str) -> float:
+        text = get(url + "/metrics", headers={"Authorization": "Bearer model-token"}, timeout=10).body.decode()
+        line = [x for x in text.splitlines() if x.startswith(metric % method + " ")]
+        return float(line[0].split()[1]) if line else 0.0
+
+    before = count("-"), count("POST")
+    raw_exchange(port, MALFORMED["request line"])
+    raw_exchange(port, MALFORMED["chunk size"])
+    assert (count("-"), count("POST")) == (before[0] + 1, before[1] + 1)
+    lines = processes["model process"].output().splitlines()
+    assert any(line.endswith("- - 400 0.0ms key=- rid=-") for line in lines), lines[-5:]
+    assert any(line.endswith("POST /healthz 400 0.0ms key=- rid=-") for line in lines), lines[-5:]

@@ -1,0 +1,123 @@
+"""The body limits of every process's HTTP listener: its size and its time.
+
+twisted.web buffers a whole request body before any handler runs, and has no
+limit on its size or on the time it takes.  :class:`LimitedRequest` enforces
+the site's ``max_body_bytes`` while reading: an oversized ``Content-Length``
+(or a chunked body that grows past the limit) is answered with the site's 413
+at once, the rest of the body is discarded unread into memory, and the
+connection is closed.  A body must also be complete ``body_timeout_ms`` after
+the headers (a client dripping it held its connection at will), else 408 in
+the process's reply shape and close.  The connection's own limits are
+svc.web.limits.LimitedChannel's.
+"""
+
+from __future__ import annotations
+
+from io import BytesIO
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet.interfaces import IDelayedCall
+from twisted.web import server
+
+from svc.contract import status as st
+from svc.contract.errors import ApiError
+from svc.web.replies import header, raw_reply, reason
+
+if TYPE_CHECKING:
+    from svc.web.limits import LimitedChannel
+
+#: How long a refused upload (or head) may keep sending after its answer before we close.
+LINGER_SECONDS = 5.0
+
+
+class LimitedRequest(server.Request):
+    """A request whose body is held in memory up to its site's limit, and must arrive within its deadline."""
+
+    channel: LimitedChannel  # its site: the limits, the 413 and the 408 (svc.web.site.JsonSite)
+    content: BytesIO  # type: ignore[assignment]  # twisted.web declares it None, its class default
+    _refused = False
+    _received = 0
+    _linger: IDelayedCall | None = None
+    _body_deadline: IDelayedCall | None = None
+    started: float | None = None
+
+    def setResponseCode(self, code: int, message: bytes | None = None) -> None:
+        """twisted's reason phrases, and ours where its table has none (422 "Unprocessable Content", 429)."""
+        super().setResponseCode(code, message if message is not None else reason(code))
+
+    def gotLength(self, length: int | None) -> None:
+        self.content = BytesIO()
+        self._received = 0
+        if length is not None and length > self.channel.site.max_body_bytes:
+            self._refuse()
+        elif length is None or length > 0:  # a body follows (chunked when None): it has body_timeout_ms
+            site = self.channel.site
+            self._body_deadline = site.reactor.callLater(site.body_timeout_s, self._body_too_slow)
+
+    def _body_too_slow(self) -> None:
+        """The body is still incomplete at its deadline: 408 in the process's shape, and close."""
+        self._body_deadline = None
+        site = self.channel.site
+        timeout_ms = round(site.body_timeout_s * 1000)
+        error = ApiError(st.REQUEST_TIMEOUT, f"the request body did not arrive within {timeout_ms} ms "
+                                             f"(body_timeout_ms); {self._received} bytes came")
+        method = getattr(self.channel, "_command", None) or b"-"
+        self._answer_early(*site.limit_reply(self, error, method.decode("latin-1", "replace")))
+
+    def handleContentChunk(self, data: bytes) -> None:
+        if self._refused:
+            return
+        self._received += len(data)
+        if self._received > self.channel.site.max_body_bytes:
+            self.content = BytesIO()
+            self._refuse()
+            return
+        self.content.write(data)
+
+    def _refuse(self) -> None:
+        """Answer 413 now, before the body is read, and close the connection.
+
+        The write side is shut first and the rest of the upload is read and
+        dropped for a short while, so that a client still sending sees the
+        413 instead of a connection reset.
+        """
+        self._answer_early(*self.channel.site.oversize_reply(self))
+
+    def _answer_early(self, code: int, headers: dict[str, str], body: bytes) -> None:
+        """Answer before the body is complete, shut the write side, drop what still comes for a while, close."""
+        self._refused = True
+        self._stop_body_deadline()
+        # No "100 Continue" after a final answer.
+        self.requestHeaders.removeHeader(b"expect")
+        site = self.channel.site
+        transport = self.channel.transport
+        transport.write(raw_reply(code, headers, body))
+        lose_write = getattr(transport, "loseWriteConnection", None)
+        if lose_write is not None:
+            lose_write()
+            self._linger = site.reactor.callLater(LINGER_SECONDS, transport.abortConnection)
+        else:
+            transport.loseConnection()
+        path = getattr(self.channel, "_path", b"?")
+        command = getattr(self.channel, "_command", b"?")
+        site.log_line(command, path, code, 0.0, headers.get("X-Request-ID") or header(self, b"x-request-id"), "-")
+
+    def _stop_body_deadline(self) -> None:
+        if self._body_deadline is not None and self._body_deadline.active():
+            self._body_deadline.cancel()
+        self._body_deadline = None
+
+    def process(self) -> None:
+        if self._refused:
+            return  # the 413 or 408 is already out; drop the rest
+        self._stop_body_deadline()
+        self.started = self.channel.site.reactor.seconds()
+        super().process()
+
+    def connectionLost(self, reason: Any) -> None:
+        self._stop_body_deadline()
+        if self._linger is not None and self._linger.active():
+            self._linger.cancel()
+        if self.started is not None and not self.finished and not self._refused:
+            self.channel.site.log_abandoned(self)  # the client went before its reply: still one access line
+        super().connectionLost(reason)

@@ -187,7 +187,8 @@ class ManagementApi(routes.JsonApp):
         """
         target = self.target(name)
         if name == GATEWAY:
-            raise ApiError(st.NOT_FOUND, "the gateway serves no OpenAPI document (it is committed as openapi/gateway.json)")
+            raise ApiError(st.NOT_FOUND, "this route gives the model servers' documents; the gateway serves "
+                                         "its own at GET /openapi.json (committed as openapi/gateway.json)")
         # Any running replica: they all run the same config.
         child = next((c for c in target.children if c.snapshot()["state"] == "running"), target.children[0])
         if child.snapshot()["state"] != "running" or self.fetch is None:

@@ -211,9 +211,10 @@ def test_every_file_of_the_ui_is_served_and_every_module_it_imports_is_one_of_th
         assert {i.decode() for i in imports} <= set(UI_MODULES), name
 
 
-def test_the_gateway_has_no_openapi_document_and_a_stopped_server_is_503(sup):
+def test_the_gateways_document_is_not_served_here_and_a_stopped_server_is_503(sup):
     assert_error(sup.call("GET", f"/api/v1/servers/{GATEWAY}/openapi"), 404,
-                 "the gateway serves no OpenAPI document (it is committed as openapi/gateway.json)")
+                 "this route gives the model servers' documents; the gateway serves its own at GET /openapi.json "
+                 "(committed as openapi/gateway.json)")
     assert_error(sup.call("GET", "/api/v1/servers/AAA/openapi"), 503,
                  "AAA is not running: its OpenAPI document comes from the running server")
 

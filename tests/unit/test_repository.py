@@ -112,7 +112,7 @@ def test_plugin_files_import_no_torch():
 def test_docs_document_every_service_config_key():
     from svc.cluster_config import CLUSTER_KEYS
     from svc.gateway.config import GATEWAY_KEYS
-    from svc.supervisor.config import SUPERVISOR_KEYS
+    from svc.supervisor.config import PROFILE_KEYS, SERVER_KEYS, SUPERVISOR_KEYS
 
     for key in GATEWAY_KEYS:
         assert f"| `gateway.{key.name}` |" in CONFIGURATION, key.name
@@ -120,6 +120,10 @@ def test_docs_document_every_service_config_key():
         assert f"| `supervisor.{key.name}` |" in CONFIGURATION, key.name
     for key in CLUSTER_KEYS:
         assert f"| `cluster.{key.name}` |" in CONFIGURATION, key.name
+    for key in SERVER_KEYS:
+        assert f"| `servers.<ID>.{key.name}` |" in CONFIGURATION, key.name
+    for key in PROFILE_KEYS:
+        assert f"| `{key.name}` |" in CONFIGURATION.split("## Profiles", 1)[1].split("\n## ", 1)[0], key.name
 
 
 def test_shipped_service_config_loads():

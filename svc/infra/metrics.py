@@ -103,7 +103,8 @@ class ModelServerMetrics(InferenceHttpMetrics):
             "service_stage_duration_ms",
             "Per-stage time in ms: parse (body to request), decode (per request; per batch with "
             "backend.decode_in_worker), "
-            "queue_wait (per item), inference (per batch forward pass), postprocess (per batch).",
+            "queue_wait (per item), inference (per batch forward pass, one that raised or was stopped included), "
+            "postprocess (per batch).",
             ("stage",),
             buckets=MS_BUCKETS,
             registry=registry,

@@ -227,9 +227,10 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - an engine failure fails this run only
             error = ItemResult(st.ENGINE_ERROR, None, f"model error: {type(e).__name__}: {e}")
             return [error] * n, f"predict failed for a batch of {n}:\n{traceback.format_exc()}"
+        finally:  # a pass stopped at its deadline, or one that raised, took its time too
+            if self.metrics is not None:
+                self.metrics.stage.labels("inference").observe((time.perf_counter() - started) * 1000.0)
         inferred = time.perf_counter()
-        if self.metrics is not None:
-            self.metrics.stage.labels("inference").observe((inferred - started) * 1000.0)
         if not isinstance(outputs, (list, tuple)) or len(outputs) != n:
             got = len(outputs) if isinstance(outputs, (list, tuple)) else type(outputs).__name__
             error = ItemResult(st.CONTRACT_FAILURE, None, f"model returned {got} outputs for {n} inputs")

@@ -117,3 +117,31 @@ def test_a_batch_is_counted_while_it_decodes_and_runs_for_the_converted_models()
         e._run_sync([3], {}, [({}, {})])
         assert seen[-1] == 2  # this one beside it: not alone
     assert BATCHES.count == 0 and BATCHES.alone()
+
+
+def test_a_forward_pass_that_raises_or_is_abandoned_is_still_an_inference_sample():
+    """Its time was spent: service_stage_duration_ms{stage="inference"} has one sample per pass that ran."""
+    from prometheus_client import CollectorRegistry
+
+    from svc.infra.metrics import ModelServerMetrics
+    from svc.modelserver.progress import BatchAbandoned
+
+    class Failing(Model):
+        def predict(self, inputs, params):
+            raise RuntimeError("boom")
+
+    class Abandoned(Model):
+        def predict(self, inputs, params):
+            raise BatchAbandoned("every item was answered")
+
+    registry = CollectorRegistry()
+    metrics = ModelServerMetrics(registry, "M")
+    statuses = []
+    for model in (Model(), Failing(), Abandoned()):
+        e = engine(model)
+        e.metrics = metrics
+        results, _ = e._run_sync([1], {}, [({}, {})])
+        statuses.append(results[0].status)
+    assert statuses == [st.SUCCESS, st.ENGINE_ERROR, st.RUN_TIMEOUT]
+    assert registry.get_sample_value("service_stage_duration_ms_count", {"stage": "inference"}) == 3
+    assert registry.get_sample_value("service_stage_duration_ms_count", {"stage": "postprocess"}) == 1

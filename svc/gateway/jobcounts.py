@@ -23,7 +23,11 @@ no line for a state it has not counted yet) is a new process, whose whole
 reading is its increase.  The gateway's value is the replicas' first
 readings plus every increase since, from this gateway's start; a replica
 that restarts and passes its old figures between two scrapes is seen as
-risen, not reset (as Prometheus would see it too).
+risen, not reset (as Prometheus would see it too).  Two scrapes of the
+gateway at once (Prometheus and the supervisor) ask each replica twice, on
+two connections, and the answers may come back in either order: an answer
+older than one already read is dropped, since read as a reading it would
+look lower, like a restart, and count the whole reading again.
 """
 
 from __future__ import annotations
@@ -83,6 +87,9 @@ class JobCounts:
         self.last: dict[tuple[str, int], dict[str, float]] = {}
         #: Each replica's ``state -> total``: its first reading plus every rise since (:func:`increase`).
         self.counted: dict[tuple[str, int], dict[str, float]] = {}
+        #: Per replica: the number of the last request sent, and of the one whose answer was read last.
+        self.sent: dict[tuple[str, int], int] = {}
+        self.read: dict[tuple[str, int], int] = {}
 
     def refresh(self) -> Deferred:
         """Ask every replica once; fires (never fails) when each answered or ran out of time."""
@@ -92,16 +99,18 @@ class JobCounts:
         headers = {b"user-agent": [SUPERVISOR_USER_AGENT.encode()]}
         if replica.token:
             headers[b"authorization"] = [b"Bearer " + replica.token.encode()]
+        number = self.sent[replica.key] = self.sent.get(replica.key, 0) + 1
         d: Deferred[Any] = self.agent.request(b"GET", replica.url(METRICS_PATH), Headers(headers), None)
         d.addCallback(lambda response: readBody(response).addCallback(lambda body: (response.code, body)))
         d.addTimeout(self.timeout_s, self.clock)
-        d.addCallback(self._read, replica)
+        d.addCallback(self._read, replica, number)
         d.addErrback(lambda _: None)  # not answered in time, refused, cut: its last figures stay
         return d
 
-    def _read(self, answer: tuple[int, bytes], replica: Replica) -> None:
+    def _read(self, answer: tuple[int, bytes], replica: Replica, number: int) -> None:
         code, body = answer
-        if code == 200:
+        if code == 200 and number > self.read.get(replica.key, 0):  # else older than a reading already counted
+            self.read[replica.key] = number
             self.add(replica.key, job_counts(body.decode("utf-8", "replace")))
 
     def add(self, key: tuple[str, int], reading: dict[str, float]) -> None:

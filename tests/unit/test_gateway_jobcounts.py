@@ -113,3 +113,25 @@ def test_increase_is_the_rise_or_after_any_lower_state_the_whole_reading():
     assert increase({"submitted": 3.0, "done": 2.0}, {"submitted": 4.0, "done": 1.0}) == {
         "submitted": 4.0, "done": 1.0}
     assert increase({"submitted": 3.0, "done": 2.0}, {"submitted": 4.0}) == {"submitted": 4.0}  # done: no line, 0
+
+
+def test_an_answer_older_than_one_already_read_is_dropped():
+    """Two scrapes of the gateway at once ask each replica twice; the older answer may come back last. Read, it
+    would look lower than the newer one, like a restart, and count the whole reading again."""
+    clock, agent = Clock(), Agent()
+    gen = Upstream("GEN", 9001, "/gen/predict", True, "t0", replicas=(Replica("GEN", 0, 9001, "t0"),))
+    counts = JobCounts(clock=clock, agent=agent, catalog=Catalog([gen]), timeout_s=1.0)
+    registry = new_registry()
+    registry.register(counts)
+    pending: list[Deferred] = []
+    agent.request = lambda method, uri, headers, body: pending.append(Deferred()) or pending[-1]  # answered below
+    counts.refresh()
+    counts.refresh()
+    pending[1].callback(Response(200, model_text(10, 8)))  # the newer answer first
+    pending[0].callback(Response(200, model_text(9, 7)))  # then the older one
+    value = lambda state: registry.get_sample_value(  # noqa: E731
+        "service_async_jobs_total", {"model": "GEN", "state": state})
+    assert (value("submitted"), value("done")) == (10.0, 8.0)  # not 19 and 15
+    agent.request = lambda method, uri, headers, body: succeed(Response(200, model_text(11, 9)))
+    counts.refresh()
+    assert (value("submitted"), value("done")) == (11.0, 9.0)

@@ -35,7 +35,7 @@ from svc.gateway.balancer import Balancer
 from svc.gateway.catalog import Replica, Upstream
 from svc.gateway.cluster import Cluster
 from svc.gateway.owners import OtherHost, locate
-from svc.gateway.proxy import Proxy, UpstreamFailed, UpstreamReply, UpstreamUnreachable, not_admitted
+from svc.gateway.proxy import Proxy, UpstreamFailed, UpstreamReply, UpstreamUnreachable, busy, not_admitted
 from svc.infra.metrics import GatewayMetrics
 from svc.web.oip.replies import protocol_of
 from svc.web.replies import dumps
@@ -134,9 +134,10 @@ class Forwarder:
         Picked (``replica`` None): the request counts as outstanding on its
         replica while it is out; a replica that refuses the connection or does
         not admit the request (:func:`not_admitted`) is marked not ready and
-        the request goes to another replica not tried yet.  With no replica
-        left, a refusal is 503 status 65 and a not-admitted reply is returned
-        as it is, as with one process.
+        the request goes to another replica not tried yet; so does one that
+        answers 429 (:func:`busy`: its wait or job queue is full), without
+        being marked.  With no replica left, a refusal is 503 status 65 and a
+        not-admitted or busy reply is returned as it is, as with one process.
         """
         method = method or request.method
         tried: list[Replica] = []
@@ -156,6 +157,9 @@ class Forwarder:
                 if not last:
                     self.metrics.upstream_retries.labels(upstream.id, "not_admitted").inc()
                     continue
+            if several and not last and busy(reply):  # its queue is full; it stays up, another may have room
+                self.metrics.upstream_retries.labels(upstream.id, "busy").inc()
+                continue
             return reply
 
     async def _exchange(self, method: bytes, upstream: Upstream, target: Replica, route: str, path: str,

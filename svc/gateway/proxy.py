@@ -88,6 +88,15 @@ def not_admitted(reply: UpstreamReply) -> bool:
     return isinstance(body, dict) and body.get("status") == NOT_READY.code and body.get("results") == []
 
 
+def busy(reply: UpstreamReply) -> bool:
+    """Whether a model server refused the request as too busy: 429, its wait queue or its job queue full.
+
+    It took nothing of the request (a 429 is always whole), and it is up:
+    another replica may have room, and this one is not marked down.
+    """
+    return reply.code == 429
+
+
 
 @implementer(IBodyProducer)
 class BytesProducer:

@@ -191,7 +191,8 @@ class GatewayMetrics(InferenceHttpMetrics):
         self.upstream_retries = Counter(
             "service_gateway_upstream_retries",
             "Requests sent to another replica because the first did not take them: reason refused (connection "
-            "refused) or not_admitted (503 status 65 with no results: loading, stopping or full).",
+            "refused), not_admitted (503 status 65 with no results: loading, stopping or full) or busy (429: its "
+            "wait or job queue full).",
             ("model", "reason"),
             registry=registry,
         )

@@ -69,6 +69,9 @@ class FakeReplica:
             return d
         if self.mode == "not_admitted":  # loading, stopping: a process-level rejection, nothing admitted
             return self.reply(request, 503, {"status": 65, "results": [], "error": "the server is shutting down"})
+        if self.mode == "busy":  # its wait queue is full
+            request.setHeader("Retry-After", str(self.index + 1))
+            return self.reply(request, 429, {"status": 429, "results": [], "error": "wait queue full"})
         if self.mode == "cut_short":  # admitted, then cut by the end of a shutdown grace: one result per image
             return self.reply(request, 503, {"status": 65, "results": [{"status": 65, "data": None}]})
         return self.reply(request, 200, {"status": 0, "results": [{"status": 0, "data": {"replica": self.index}}]})
@@ -76,6 +79,9 @@ class FakeReplica:
     @app.route("/jobs", methods=["POST"])
     def submit(self, request):
         self.received.append(("POST", request.uri.decode()))
+        if self.mode == "busy":  # its job queue is full
+            request.setHeader("Retry-After", "3")
+            return self.reply(request, 429, {"status": 429, "results": [], "error": "async queue full"})
         job = jobid.mint(jobid.JobOwner("", self.index), SECRET)
         request.setHeader("Location", f"/jobs/{job}")
         return self.reply(request, 202, {"job_id": job, "state": "pending", "poll_url": f"/jobs/{job}",
@@ -285,6 +291,31 @@ def test_job_submissions_are_retried_like_inference(gw):
     r = gw.call("POST", "/v1/models/CLS/jobs", body=b'{"images":["x"]}')
     assert r.code == 202 and jobid.parse(r.json["job_id"], SECRET) == jobid.JobOwner("", 0)
     assert [port for port, _ in gw.agent.requests] == [PORTS[1], PORTS[0]]
+
+
+def test_a_replica_whose_queue_is_full_is_skipped_but_not_marked_down(gw):
+    """A 429 (wait or job queue full) took nothing: another replica with room serves; the full one stays up."""
+    gw.replicas[0].mode = "busy"
+    gw.balancer.started(gw.catalog.by_id["CLS"].replicas[1])  # replica 0 looks less busy: it is picked first
+    reply = gw.infer()
+    assert (reply.code, reply.json["results"][0]["data"]["replica"]) == (200, 1)
+    assert [port for port, _ in gw.agent.requests] == [PORTS[0], PORTS[1]]
+    assert 'service_gateway_upstream_retries_total{model="CLS",reason="busy"} 1.0' in gw.metrics()
+    submitted = gw.call("POST", "/v1/models/CLS/jobs", body=b'{"images":["x"]}')
+    assert submitted.code == 202 and jobid.parse(submitted.json["job_id"], SECRET) == jobid.JobOwner("", 1)
+    gw.replicas[0].mode = "ok"
+    gw.balancer.finished(gw.catalog.by_id["CLS"].replicas[1])
+    served = {gw.infer().json["results"][0]["data"]["replica"] for _ in range(20)}
+    assert served == {0, 1}  # never marked down: it serves again at once, no probe needed
+
+
+def test_when_every_replica_is_full_the_last_429_is_the_answer(gw):
+    for r in gw.replicas:
+        r.mode = "busy"
+    reply = gw.infer()
+    assert (reply.code, reply.json["status"], reply.json["error"]) == (429, 429, "wait queue full")
+    assert h(reply, "Retry-After") in ("1", "2") and [len(r.received) for r in gw.replicas] == [1, 1]
+    assert gw.infer("ONE").code == 200  # a model of one replica is untouched
 
 
 def test_an_admitted_request_cut_short_is_passed_through_not_retried(gw):

@@ -319,6 +319,10 @@ def load_model_server_config(path: str) -> ModelServerConfig:
     uri = values["server_uri"]
     if any(uri == p.rstrip("/") or uri.startswith(p.rstrip("/") + "/") for p in RESERVED_PATHS):
         raise ConfigError(path, "server_uri", f"{uri!r} collides with a path the server answers itself")
+    if 0 < values["max_queue_depth"] < values["max_request_items"]:  # such a request could never be admitted
+        raise ConfigError(path, "max_queue_depth", f"{values['max_queue_depth']} is below max_request_items "
+                                                   f"({values['max_request_items']}): a request of that many images "
+                                                   "would be 429 on an idle server, forever; 0 is unlimited")
     backend = BackendConfig(**apply_keys(path, sub_table(path, data, "backend"), BACKEND_KEYS, prefix="backend."))
     return ModelServerConfig(path=path, backend=backend, model=sub_table(path, data, "model"), **values)
 

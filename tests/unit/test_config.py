@@ -50,6 +50,9 @@ def test_every_documented_key_is_accepted(tmp_path):
         # an integer key without a bound of its own: 2^63 ms killed the shutdown watchdog with OverflowError
         ("shutdown_grace_ms = 9223372036854775807\n", "shutdown_grace_ms", "must be at most 1000000000000"),
         ("async_timeout = 1000000000001\n", "async_timeout", "must be at most 1000000000000"),
+        # a request of 9 to 16 images got 429 with Retry-After: 1 from an idle server, forever
+        ("max_queue_depth = 8\n", "max_queue_depth", "8 is below max_request_items (16)"),
+        ("max_queue_depth = 3\nmax_request_items = 4\n", "max_queue_depth", "3 is below max_request_items (4)"),
     ],
 )
 def test_problems_name_file_key_and_problem_in_one_line(tmp_path, extra, key, problem):

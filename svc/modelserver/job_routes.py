@@ -52,7 +52,8 @@ def parse_wait_timeout(raw: bytes | None) -> float:
     if budget is None:
         raise ApiError(
             st.INVALID_REQUEST,
-            f"timeout must be a whole number of milliseconds, 0 to {WAIT_MAX_MS}",
+            f"timeout must be a whole number of milliseconds (0 answers at once; above {WAIT_MAX_MS} it is "
+            f"{WAIT_MAX_MS})",
             [FieldError("/timeout", f"must be a non-negative integer (milliseconds, at most {MAX_DIGITS} "
                                     f"ASCII digits), got {shown(raw or b'')}")],
         )

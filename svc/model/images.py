@@ -6,7 +6,9 @@ own status (3 for an empty image, 5 for anything undecodable) and never
 affects the other items of the request.
 
 The image reaches a model upright: an EXIF orientation tag is applied here,
-once, for every model.  Model plugins check every resize with
+once, for every model; and with 8 bits per sample: a 16-bit greyscale PNG or
+TIFF is scaled down here (:func:`eight_bit`), where the plugins'
+``convert("RGB")`` would clip every value above 255 to white.  Model plugins check every resize with
 :func:`check_resize` before any pixel is allocated: the input's pixel count
 says little about the cost (a PNG of about 100 bytes and 8000x1 pixels,
 resized to a short side of 256, is 2 million by 256 pixels), so the size a
@@ -84,7 +86,39 @@ def open_image(data: bytes, max_pixels: int) -> Any:
             st.INVALID_IMAGE,
             f"image is {width}x{height} = {width * height} pixels; at most {max_pixels} are accepted (max_image_pixels)",
         )
-    return upright(image)
+    return eight_bit(upright(image))
+
+
+#: Pillow's single-band modes of more than 8 bits: 16-bit unsigned (I;16 and its byte orders), 32-bit signed
+#: (what older Pillows made of a 16-bit PNG), 32-bit float.
+_WIDE_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I", "F"})
+
+
+def eight_bit(image: Any) -> Any:
+    """``image`` as 8-bit greyscale (mode ``L``) when its one band has more than 8 bits, else as it is.
+
+    Pillow converts such an image to RGB by clipping: a 16-bit greyscale
+    photograph came out white wherever it was not black, and a model
+    answered for that, without a word.  Integers are read as 16-bit samples
+    (0..65535: their top 8 bits); floats as 0..1 when every value is within
+    it, else as 0..255.  Anything outside is clipped.
+    """
+    if image.mode not in _WIDE_MODES:
+        return image
+    import numpy as np
+    from PIL import Image
+
+    try:
+        values = np.asarray(image)
+    except (OSError, ValueError, SyntaxError) as e:
+        raise ItemInputError(st.INVALID_IMAGE, f"image cannot be read: {e}") from None
+    if image.mode == "F":
+        finite = np.nan_to_num(values.astype(np.float64), nan=0.0, posinf=255.0, neginf=0.0)
+        scale = 255.0 if finite.size and finite.min() >= 0.0 and finite.max() <= 1.0 else 1.0
+        eight = np.clip(np.rint(finite * scale), 0, 255)
+    else:
+        eight = np.clip(values.astype(np.int64), 0, 65535) >> 8
+    return Image.fromarray(eight.astype(np.uint8))  # 2-D uint8: mode L
 
 
 #: EXIF orientations that need a transpose (1 is upright; other values are invalid and ignored).

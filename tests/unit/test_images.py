@@ -148,3 +148,39 @@ def test_short_side_size_is_torchvisions():
     sizes += [(rng.randint(100, 1500), rng.randint(100, 1500)) for _ in range(200)]
     for width, height in sizes:
         assert short_side_size(width, height, 256) == F.resize(Image.new("L", (width, height)), [256]).size
+
+
+# -- more than 8 bits per sample -----------------------------------------------------------------
+
+
+def encoded(image: Image.Image, fmt: str) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, fmt)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "TIFF"])
+def test_a_16_bit_greyscale_image_reaches_the_model_as_its_8_bit_picture(fmt):
+    """Pillow's convert("RGB") clipped every 16-bit value above 255 to white: a photograph came out black and
+    white, and the model answered for that. Now the top 8 bits of each sample: the same picture as 8 bits."""
+    picture = np.random.default_rng(3).integers(0, 256, (24, 40), dtype=np.uint8)
+    wide = Image.fromarray(picture.astype(np.uint16) * 257)  # the same picture, 16 bits per sample
+    assert wide.mode == "I;16"
+    image = open_image(encoded(wide, fmt), MAX_PIXELS)
+    assert image.mode == "L" and image.size == (40, 24)
+    assert np.array_equal(np.asarray(image.convert("RGB"))[..., 0], picture)
+    ramp = Image.fromarray(np.arange(0, 65536, 256, dtype=np.uint16)[None, :].repeat(2, 0))
+    assert np.asarray(open_image(encoded(ramp, fmt), MAX_PIXELS).convert("RGB"))[0, :, 0].tolist() == list(range(256))
+
+
+def test_a_float_image_is_read_as_0_to_1_or_else_as_0_to_255():
+    unit = Image.fromarray(np.linspace(0.0, 1.0, 256, dtype=np.float32)[None, :])
+    assert np.asarray(open_image(encoded(unit, "TIFF"), MAX_PIXELS))[0].tolist() == list(range(256))
+    wide = Image.fromarray(np.array([[-5.0, 0.0, 100.4, 255.0, 300.0, np.nan]], dtype=np.float32))
+    assert np.asarray(open_image(encoded(wide, "TIFF"), MAX_PIXELS))[0].tolist() == [0, 0, 100, 255, 255, 0]
+
+
+def test_8_bit_images_are_returned_as_they_are():
+    data = encoded(noise(40, 24), "PNG")
+    image = open_image(data, MAX_PIXELS)
+    assert image.mode == "RGB" and image.format == "PNG"  # the same lazily opened image, not a copy

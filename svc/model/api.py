@@ -191,7 +191,7 @@ class PluginError(Exception):
     """No plugin, or more than one, serves a catalog id."""
 
 
-def model_config(factory: IModelFactory, table: dict, config_path: str) -> dict:
+def model_config(factory: IModelFactory, table: dict, config_path: str, *, files: bool = True) -> dict:
     """The [model] table of ``config_path`` checked and completed for ``factory``.
 
     Checks the table against ``factory.config_schema`` (raising
@@ -201,6 +201,9 @@ def model_config(factory: IModelFactory, table: dict, config_path: str) -> dict:
     checked by the same schema), applies the schema's defaults, and resolves
     a weights path (raising ``svc.model.weights.WeightsError`` when it does not
     exist).  The result is what ``build`` and ``params_schema`` receive.
+    ``files`` False: no weights file is looked for, and ``weights`` is left
+    out of the result (an OpenAPI document needs the params alone, and a
+    missing file is its model server's to report, not every process's).
     """
     from svc.config import ConfigError
     from svc.contract.schema import ObjectSchema
@@ -213,8 +216,11 @@ def model_config(factory: IModelFactory, table: dict, config_path: str) -> dict:
             where = problems[0].pointer.strip("/").replace("/", ".")
             raise ConfigError(config_path, where, problems[0].message)
         if stage == "as written":
-            table = resolve_pretrained(factory, table, config_path)
+            table = resolve_pretrained(factory, table, config_path, files=files)
     config = schema.with_defaults(table)
+    if not files:
+        config.pop("weights", None)
+        return config
     resolved = check_path(config, config_path)
     if resolved is not None:
         config["weights"] = resolved

@@ -69,7 +69,8 @@ def pretrained_variant(config: dict) -> tuple[bool, str | None]:
     return False, None
 
 
-def resolve_pretrained(factory: Any, table: dict, config_path: str, env: dict[str, str] | None = None) -> dict:
+def resolve_pretrained(factory: Any, table: dict, config_path: str, env: dict[str, str] | None = None, *,
+                       files: bool = True) -> dict:
     """The [model] table with ``weights = "pretrained[:VARIANT]"`` resolved from the weights cache.
 
     The variant's implied keys (its ``model`` mapping, e.g. a preprocessing
@@ -79,7 +80,8 @@ def resolve_pretrained(factory: Any, table: dict, config_path: str, env: dict[st
     variant's name.  ``weights`` becomes the cached path; a variant not in
     the cache raises WeightsError naming the file, the variant and the
     ``svcctl weights pull`` command (startup never downloads).  Any other
-    table is returned unchanged.
+    table is returned unchanged.  ``files`` False: the cache is not looked
+    at, and ``weights`` is left out (for what needs the variant's keys only).
     """
     wanted, name = pretrained_variant(table)
     if not wanted:
@@ -99,6 +101,9 @@ def resolve_pretrained(factory: Any, table: dict, config_path: str, env: dict[st
                               f"{table['weights']!r}: the variant {variant.name} implies {key} = {value!r}")
         config[key] = value
     config.setdefault("version", variant.name)
+    if not files:
+        del config["weights"]
+        return config
     model_id = factory.catalog_id
     directory = variant_dir(model_id, variant.name, env)
     command = f"svcctl weights pull {model_id}" + ("" if variant.default or name is None else f" --variant {variant.name}")

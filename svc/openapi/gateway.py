@@ -122,7 +122,9 @@ def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any]) ->
         if factory is None:
             continue
         mid = config.id
-        table = model_config(factory, config.model, config.path)
+        # Without its weights: a file not copied yet, or a variant not pulled, is its model server's to report. The
+        # gateway, in front of every model, failed to start on it (a traceback, then start_failed).
+        table = model_config(factory, config.model, config.path, files=False)
         components.update(model_components(config, factory, table))
         infer = infer_operation(config, factory, summary=f"Synchronous inference with {mid}.", auth_note="")
         paths[MODEL_INFER.format(model_id=mid)] = {"post": _with_gateway_replies(infer, f"infer_{mid}")}

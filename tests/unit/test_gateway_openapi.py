@@ -7,6 +7,7 @@ import collections
 from svc.config import model_server_configs
 from svc.model.api import factories
 from svc.openapi.gateway import gateway_document
+from svc.weightstore.cache import WEIGHTS_DIR_ENV
 from tests.support.processes import REPO
 
 
@@ -73,3 +74,25 @@ def test_every_array_has_items():
 
     walk(doc, "")
     assert arrays and [where for where, ok in arrays if not ok] == []
+
+
+def test_weights_not_there_yet_never_stop_the_gateways_document(tmp_path, monkeypatch):
+    """A weights file not copied yet, or a variant not pulled, is its model server's to report at its start. The
+    gateway's document needs each model's params only: it failed with a traceback (and the gateway with it)."""
+    import shutil
+
+    servers = tmp_path / "server"
+    shutil.copytree(REPO / "conf" / "server", servers)
+    for model, weights in (("YOLOV8", "/nonexistent/best.pt"), ("DDPM", "pretrained")):
+        path = servers / f"{model}.toml"
+        text = path.read_text()
+        assert text.count('weights = "random"') == 1
+        path.write_text(text.replace('weights = "random"', f'weights = "{weights}"'))
+    monkeypatch.setenv(WEIGHTS_DIR_ENV, str(tmp_path / "empty-cache"))  # no weights cache at all
+    doc = gateway_document(model_server_configs(str(servers)), factories())
+    shipped, _ = document()
+    for model in ("YOLOV8", "DDPM"):
+        for suffix in ("Request", "OipRequest"):
+            name = f"{model}_{suffix}"
+            assert doc["components"]["schemas"][name] == shipped["components"]["schemas"][name], name
+        assert "post" in doc["paths"][f"/v1/models/{model}/infer"]

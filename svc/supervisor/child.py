@@ -210,7 +210,7 @@ class Child:
 
     def _spawn_process(self, protocol: ChildProtocol) -> Any:
         """Spawn the group-leader wrapper running the spec's command (a subclass may add descriptors)."""
-        argv = spawn.group_leader_argv(self.spec.argv)
+        argv = spawn.group_leader_argv(self.spec.argv_now() if self.spec.argv_now else self.spec.argv)
         return self.reactor.spawnProcess(protocol, argv[0], argv, env=self.spec.env, path=self.spec.cwd)
 
     def _signal(self, sig: int) -> None:

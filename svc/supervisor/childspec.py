@@ -24,6 +24,7 @@ exits does not start the child again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,3 +51,5 @@ class ChildSpec:
     refused: str | None = None  # the supervisor refuses to spawn it (permanent failure)
     wait_port: bool = True  # a busy port is waited for (port_wait) before start_failed
     info: dict[str, Any] = field(default_factory=dict)
+    #: The command as of each spawn, when it follows a file (a model's ``--weights`` its config); else ``argv``.
+    argv_now: Callable[[], list[str]] | None = None

@@ -20,9 +20,11 @@ the management token, and for the cluster settings it would refuse
 (svc.supervisor.handover): the supervisor holds its listening socket, and a
 restart hands it from the old process to the new one, refusing no connection.
 Each model server gets the profile's weights choice as ``--weights``
-(``svc.supervisor.config.weights_choice``), and the catalog and status views
-say per model whether it runs on demo, pretrained or file weights, read from
-the configs only (the supervisor never imports torch).
+(``svc.supervisor.config.weights_choice``), decided again from its config
+file at each spawn (a ``[model] weights`` edited before a restart is what the
+restart runs), and the catalog and status views say per model whether it
+runs on demo, pretrained or file weights, read from the configs only (the
+supervisor never imports torch).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from svc.auth import (
     cluster_problem,
     metrics_token_problem,
 )
-from svc.config import ModelServerConfig, model_server_configs
+from svc.config import ConfigError, ModelServerConfig, load_model_server_config, model_server_configs
 from svc.contract.jobid import new_secret
 from svc.contract.protocol import (
     CPU_AFFINITY_ENV,
@@ -123,11 +125,10 @@ class ChildManager:
         self.env = dict(os.environ if env is None else env)
         self.catalog = catalog if catalog is not None else model_server_configs(config.servers_dir)
         self.describe = describe or (lambda model_id: {})
-        variant_of = default_variant or (lambda model_id: None)
+        self._variant_of = default_variant or (lambda model_id: None)
+        self._demo_models = demo_models
         # Per model: the --weights argument of its server and what the status API says of its weights.
-        self.weights = {c.id: weights_choice("demo" if c.id in profile.demo else profile.weights,
-                                             c.model.get("weights"), variant_of(c.id), c.id in demo_models)
-                        for c in self.catalog}
+        self.weights = {c.id: self._weights_choice(c.id, c.model.get("weights")) for c in self.catalog}
         unknown = [m for m in profile.models if m not in {c.id for c in self.catalog}]
         if unknown:
             raise ValueError(f"profile {profile.name!r} names models without a config in {config.servers_dir}: {unknown}")
@@ -214,10 +215,25 @@ class ChildManager:
             raise ValueError(clash)
         return ports
 
+    def _weights_choice(self, model_id: str, table_weights: Any) -> tuple[str | None, dict]:
+        profile = self.profile
+        return weights_choice("demo" if model_id in profile.demo else profile.weights, table_weights,
+                              self._variant_of(model_id), model_id in self._demo_models)
+
+    def _weights_flag(self, model: ModelServerConfig) -> str | None:
+        """``--weights`` for a spawn of ``model`` now: its config file read again, so that a ``[model] weights``
+        edited before a restart is what the restart runs (it kept the choice of the supervisor's start).  A file
+        that no longer loads keeps the last choice: the model server reads it too, and says what is wrong."""
+        try:
+            table = load_model_server_config(model.path).model
+        except (ConfigError, OSError):
+            return self.weights[model.id][0]
+        self.weights[model.id] = self._weights_choice(model.id, table.get("weights"))
+        return self.weights[model.id][0]
+
     def _replica_specs(self, model: ModelServerConfig, base: dict[str, str], cwd: str | None) -> list[ChildSpec]:
         """One child per replica of ``model``: its port, token, index, devices and CPUs."""
         settings = self.config.server(model.id)
-        flag = self.weights[model.id][0]
         ports = self.ports[model.id]
         specs = []
         # A model server needs none of the gateway's and the supervisor's credentials: a model process
@@ -231,10 +247,15 @@ class ChildManager:
                 env["CUDA_VISIBLE_DEVICES"] = str(gpu)
             if cpus:
                 env[CPU_AFFINITY_ENV] = ",".join(map(str, cpus))
+            def argv(port: int = port) -> list[str]:
+                flag = self._weights_flag(model)
+                return _twist(MODEL_PROGRAM, "--server", model.path, "--device", self.profile.device,
+                              *(("--weights", flag) if flag else ()), *(("--port", str(port)) if port != model.port else ()))
+
             specs.append(ChildSpec(
                 name=replica_name(model.id, i, len(ports)),
-                argv=_twist(MODEL_PROGRAM, "--server", model.path, "--device", self.profile.device,
-                            *(("--weights", flag) if flag else ()), *(("--port", str(port)) if port != model.port else ())),
+                argv=argv(),
+                argv_now=argv,
                 env=env,
                 port=port,
                 ready_path=READY_PATH,

@@ -184,6 +184,33 @@ def test_a_demo_profile_runs_the_models_whose_config_says_nothing_on_demo_weight
     assert arguments == {"AAA": "demo", "BBB": "pretrained:large", "CCC": None}
 
 
+def test_a_restart_runs_the_weights_its_config_file_names_now(tmp_path):
+    """The config's header says to restart the model after a change: a [model] weights edited to a local file
+    before the restart is what the restart runs, and the status API says so (the restart ran the weights chosen
+    at the supervisor's start, demo, without a word)."""
+    from twisted.internet.error import ProcessDone
+    from twisted.python.failure import Failure
+
+    m, arguments = weights_manager(tmp_path, "demo")
+    assert arguments["AAA"] == "demo"
+    path = tmp_path / "AAA.toml"
+    path.write_text(path.read_text().replace('weights = "random"', 'weights = "new.pth"'))
+    reactor = m.reactor
+    child = m.children["AAA"]
+    old = child._protocol
+    child.restart()
+    old.processEnded(Failure(ProcessDone(0)))
+    args = reactor.spawned[-1][2]
+    assert args[args.index("--server") + 1] == str(path) and "--weights" not in args  # its file, as the config says
+    assert next(s for s in m.status_view()["servers"] if s["id"] == "AAA")["weights"] == {"kind": "file",
+                                                                                          "variant": None}
+    path.write_text("not toml [")  # a file that no longer loads: the last choice, and the server says what is wrong
+    old = child._protocol
+    child.restart()
+    old.processEnded(Failure(ProcessDone(0)))
+    assert "--weights" not in reactor.spawned[-1][2]
+
+
 def test_a_pretrained_profile_runs_the_default_or_configured_variants(tmp_path):
     m, arguments = weights_manager(tmp_path, "pretrained")
     status = m.status_view()

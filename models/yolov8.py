@@ -159,7 +159,7 @@ def select(pred: Any, box: Letterbox, score_threshold: float, nms_threshold: flo
     boxes = (boxes - offset) / box.gain
     boxes[:, 0::2] = boxes[:, 0::2].clamp(0, box.width)
     boxes[:, 1::2] = boxes[:, 1::2].clamp(0, box.height)
-    return boxes, scores, classes
+    return boxes, scores.clamp(0, 1), classes  # a converted sigmoid may give 1 + 1 ulp: not a probability
 
 
 #: The official weights: ultralytics release assets (COCO, 80 classes; mAP50-95 at 640, params; float16 .pt files).

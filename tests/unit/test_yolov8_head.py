@@ -138,6 +138,19 @@ def test_boxes_reaching_into_the_border_are_clipped_to_the_image():
     assert boxes.tolist()[0] == pytest.approx([0.0, 0.0, x2, height], abs=1e-3)
 
 
+def test_a_score_a_converted_sigmoid_rounds_past_1_is_1():
+    """ONNX Runtime's fused sigmoid gave 1.0000001 for a saturated anchor: the item broke its schema's maximum of 1
+    and was answered 500 CONTRACT_FAILURE. Scores are probabilities: within 0..1."""
+    from models.yolov8 import Letterbox
+
+    pred = torch.zeros(2, 4 + 80)
+    pred[:, :4] = torch.tensor([[0.0, 0.0, 50.0, 50.0], [100.0, 0.0, 150.0, 50.0]])
+    pred[0, 4 + 7] = torch.nextafter(torch.tensor(1.0), torch.tensor(2.0))
+    pred[1, 4 + 3] = 0.5
+    _, scores, classes = select(pred, Letterbox(640, 640, 1.0, 0, 0), 0.25, 0.5, 10)
+    assert classes.tolist() == [7, 3] and scores.tolist() == [1.0, 0.5]
+
+
 def test_an_anchor_whose_best_classes_tie_is_detected_as_the_first_of_them():
     """The demo weights score many anchors 1.000 in several classes at once (11,474 anchors in 8 images): the
     class of such a detection is the lowest tied class id, as torch's max over the classes gives it."""

@@ -228,7 +228,11 @@ def calibrate_batchnorm(module: Any, input_shape: tuple[int, ...], seed: int, pa
     networks the activations then vanish (random-init MobileNetV2 gives
     logits of 1e-9 and the same class for every image).  A few forward
     passes in training mode on seeded noise set the running statistics, so
-    the demo weights give input-dependent outputs.  Deterministic for a seed.
+    the demo weights give input-dependent outputs.  Deterministic for a seed,
+    on any machine and with any number of workers: the passes run on one
+    thread, since a sum split over several threads rounds differently (the
+    statistics moved by 1e-8 with ``backend.workers``, enough to change the
+    weights' identity and convert every optimised mode again).
     """
     import torch
 
@@ -237,8 +241,13 @@ def calibrate_batchnorm(module: Any, input_shape: tuple[int, ...], seed: int, pa
         norm.reset_running_stats()
         norm.momentum = None  # cumulative average over the passes
     generator = torch.Generator().manual_seed(seed)
+    threads = torch.get_num_threads()
     module.train()
-    with torch.no_grad():
-        for _ in range(passes):
-            module(torch.randn(*input_shape, generator=generator))
+    try:
+        torch.set_num_threads(1)
+        with torch.no_grad():
+            for _ in range(passes):
+                module(torch.randn(*input_shape, generator=generator))
+    finally:
+        torch.set_num_threads(threads)
     module.eval()

@@ -212,3 +212,29 @@ def test_the_optimisation_target_is_the_network_with_its_input_conversion_and_bo
     assert torch.equal(decoded, expected)
     assert not torch.equal(decoded, decode_head(model.net(x)))  # not the default 0..15 bins
     assert not target.module.training and not model.net.training
+
+
+def test_demo_weights_are_the_same_whatever_the_number_of_threads():
+    """The demo BatchNorm statistics moved by 1e-8 with torch's thread count (a sum split over threads rounds
+    differently): another `backend.workers` or CPU share changed the weights' identity, and every optimised
+    mode was converted again. The calibration runs on one thread, and the caller's thread count comes back."""
+    import hashlib
+
+    from svc.model.weights import calibrate_batchnorm
+
+    def digest(threads: int) -> str:
+        torch.set_num_threads(threads)
+        torch.manual_seed(0)
+        net = build_network("n", 80)
+        calibrate_batchnorm(net, (2, 3, 64, 64), 0)
+        assert torch.get_num_threads() == threads
+        h = hashlib.sha256()
+        for tensor in net.state_dict().values():
+            h.update(tensor.numpy().tobytes())
+        return h.hexdigest()
+
+    before = torch.get_num_threads()
+    try:
+        assert digest(1) == digest(2)
+    finally:
+        torch.set_num_threads(before)

@@ -9,10 +9,12 @@ export class HttpError extends Error {
 }
 
 export async function api(path, options = {}) {
-  const response = await fetch(path, { ...options, headers: { Authorization: `Bearer ${state.token}`, ...(options.headers || {}) } });
+  const token = state.token;
+  const response = await fetch(path, { ...options, headers: { Authorization: `Bearer ${token}`, ...(options.headers || {}) } });
   let body = null;
   try { body = await response.json(); } catch (e) { body = null; }
-  if (response.status === 401) { showLogin("The token was refused."); throw new HttpError(401, body); }
+  // Only the token in use is refused: a request sent before "Forget token" (or a new token) says nothing.
+  if (response.status === 401) { if (token && token === state.token) showLogin("The token was refused."); throw new HttpError(401, body); }
   if (!response.ok) throw new HttpError(response.status, body);
   return body;
 }

@@ -12,12 +12,13 @@ import { modelChosen, run, takeFile } from "./try-it.js";
 document.addEventListener("DOMContentLoaded", () => {
   $("#token-form").addEventListener("submit", async (event) => {
     event.preventDefault();
+    if (state.connecting) return; // a second submit (Enter, a double click) while the first connects
     const token = $("#token-input").value.trim();
     // A header carries printable ASCII only: fetch would throw on anything else, which read as an unreachable
     // supervisor, and the token was kept.  A token is kept only once the supervisor has accepted it.
     if (!/^[\x21-\x7e]+$/.test(token)) { showLogin("The token was refused: it is printable ASCII, without spaces."); return; }
     state.token = token;
-    if (await connect()) localStorage.setItem(TOKEN_KEY, token);
+    connect(); // which keeps the token once the supervisor has accepted it
   });
   $("#forget").addEventListener("click", () => { localStorage.removeItem(TOKEN_KEY); state.token = ""; showLogin(); });
   document.body.addEventListener("click", (event) => {

@@ -1,4 +1,5 @@
-// -- login: asking for the token, connecting, and the selects filled once connected.
+// -- login: asking for the token, connecting, the polling timers of a connected page, and the selects
+// filled once connected.
 
 import { $, state, TOKEN_KEY } from "./state.js";
 import { api, HttpError } from "./api.js";
@@ -7,10 +8,15 @@ import { refreshSeries } from "./charts.js";
 import { followLogs } from "./logs.js";
 import { modelChosen } from "./try-it.js";
 
+// Every timer of the page ends here, and the session count moves on: a reply to a request of the ended
+// session (one in flight at "Forget token") is dropped by whoever checks it.
+export function stopPolling() {
+  for (const key of ["refreshTimer", "logTimer", "seriesTimer"]) { clearInterval(state[key]); state[key] = null; }
+  state.session += 1;
+}
+
 export function showLogin(message) {
-  clearInterval(state.refreshTimer);
-  clearInterval(state.logTimer);
-  clearInterval(state.seriesTimer);
+  stopPolling();
   $("#console").hidden = true;
   $("#login").hidden = false;
   $("#forget").hidden = true;
@@ -18,19 +24,38 @@ export function showLogin(message) {
   $("#token-input").focus();
 }
 
-// Whether the supervisor accepted the token; a refused one is forgotten, so that a reload asks again.
+// Whether the supervisor accepted the token. One connect at a time: a double click on Connect, or Enter
+// while it runs, would start a second set of timers that no later showLogin could stop.
 export async function connect() {
+  if (state.connecting) return false;
+  state.connecting = true;
+  const button = $("#token-form button");
+  button.disabled = true;
+  try {
+    return await connectOnce();
+  } finally {
+    state.connecting = false;
+    button.disabled = false;
+  }
+}
+
+async function connectOnce() {
+  stopPolling();
+  const session = state.session;
   try {
     await refresh();
+    state.catalog = (await api("/api/v1/catalog")).models;
   } catch (e) {
-    if (e instanceof HttpError && e.status === 401) localStorage.removeItem(TOKEN_KEY);
-    else showLogin(`Cannot reach the supervisor: ${e.message}`);
+    // A refused token (api() has shown the login) is forgotten, so that a reload asks again.
+    if (e instanceof HttpError && e.status === 401) { localStorage.removeItem(TOKEN_KEY); return false; }
+    if (session === state.session) showLogin(`Cannot reach the supervisor: ${e.message}`);
     return false;
   }
+  if (session !== state.session) return false; // "Forget token" meanwhile
+  localStorage.setItem(TOKEN_KEY, state.token); // kept only once the supervisor has accepted it
   $("#login").hidden = true;
   $("#console").hidden = false;
   $("#forget").hidden = false;
-  state.catalog = (await api("/api/v1/catalog")).models;
   fillSelects();
   state.refreshTimer = setInterval(() => refresh().catch(() => {}), 2000);
   state.logTimer = setInterval(() => followLogs().catch(() => {}), 1500);

@@ -6,4 +6,5 @@ export const $ = (sel) => document.querySelector(sel);
 
 export const state = { token: localStorage.getItem(TOKEN_KEY) || "", status: null, catalog: [], busy: new Set(),
                 logServer: null, logOffset: null, logLines: [], image: null, imageB64: null,
-                refreshTimer: null, logTimer: null, seriesTimer: null, series: null, defaults: {}, versions: {} };
+                refreshTimer: null, logTimer: null, seriesTimer: null, series: null, defaults: {}, versions: {},
+                connecting: false, session: 0 }; // connect() running; the login session (see stopPolling)

@@ -1,0 +1,89 @@
+"""The web page when things go wrong: a second Connect, a supervisor that goes away or restarts, a bad image,
+a model switched while a run is under way; and the page from the keyboard and in a narrow window.
+
+A real stack (Playwright driving Debian's chromium, as ``test_ui.py``) of
+MOBILENETV2 (a synchronous classifier) and TESTFAULTS (async, two replicas).
+An unreachable supervisor, a rotated token and a restarted supervisor's log
+are the browser's routes (``page.route``): what the page sees of them, without
+stopping the stack.  Each test opens its own browser context (its own
+localStorage), so that none depends on another's login.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlparse
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+from tests.browser.test_ui import ARGS, CHROMIUM, row
+from tests.support.stack import build_stack, stop_stack
+
+MODELS = {"MOBILENETV2": {}, "TESTFAULTS": {"async_enabled": True}}
+TOKEN_KEY = "inference-service.token"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    s = build_stack(tmp_path_factory.mktemp("ui-faults"), MODELS, replicas={"TESTFAULTS": 2})
+    for name in ("__gateway", *MODELS):
+        s.wait_for(name, lambda c: all(r["state"] == "running" and r["ready"] for r in c.get("replicas", [c])),
+                   timeout=240)
+    yield s
+    code, survivors = stop_stack(s)
+    assert code == 0 and survivors == []
+
+
+@pytest.fixture(scope="module")
+def browser(stack):
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield browser
+        browser.close()
+
+
+def new_page(browser, width=1280):
+    context = browser.new_context(viewport={"width": width, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(30000)
+    page.requests = []  # every management API request the page made, in order
+    page.on("request", lambda r: page.requests.append(urlparse(r.url).path) if "/api/v1/" in r.url else None)
+    return page
+
+
+def log_in(page, stack):
+    page.goto(stack.url + "/")
+    page.fill("#token-input", stack.env["SERVICE_API_TOKEN"])
+    page.click("#token-form button")
+    expect(page.locator("#console")).to_be_visible()
+    expect(row(page, "MOBILENETV2").locator(".state")).to_have_text("running")
+
+
+def test_a_second_connect_starts_no_second_polling_and_forget_token_stops_all_of_it(browser, stack):
+    page = new_page(browser)
+    held = []
+    page.route("**/api/v1/status", lambda route: held.append(route))  # the first connect waits on its status until released
+    page.goto(stack.url + "/")
+    page.fill("#token-input", stack.env["SERVICE_API_TOKEN"])
+    with page.expect_request("**/api/v1/status"):
+        page.click("#token-form button")
+    page.press("#token-input", "Enter")  # a second submit while the first connects
+    page.locator("#token-form button").click(force=True)  # and a second click (on the button disabled now)
+    page.wait_for_timeout(500)  # nothing to await: a second connect would have asked for the status by now
+    assert len(held) == 1 and page.requests == ["/api/v1/status"]
+    expect(page.locator("#token-form button")).to_be_disabled()
+    held[0].continue_()
+    page.unroute("**/api/v1/status")
+    expect(page.locator("#console")).to_be_visible()
+    expect(page.locator("#token-form button")).to_be_enabled()
+    with page.expect_request("**/api/v1/status"):  # the 2 s refresh runs
+        pass
+    page.click("#forget")
+    expect(page.locator("#login")).to_be_visible()
+    after = len(page.requests)
+    # Nothing to await: no request may come over the longest period of the page's timers (the charts', 5 s).
+    page.wait_for_timeout(5500)
+    assert page.requests[after:] == []
+    expect(page.locator("#login-error")).to_have_text("")
+    assert page.evaluate(f"() => localStorage.getItem('{TOKEN_KEY}')") is None
+    page.context.close()

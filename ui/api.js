@@ -2,7 +2,7 @@
 // with the management token.
 
 import { state } from "./state.js";
-import { showLogin } from "./session.js";
+import { tokenRefused } from "./session.js";
 
 export class HttpError extends Error {
   constructor(status, body) { super(body && (body.error || body.status_str) || `HTTP ${status}`); this.status = status; this.body = body; }
@@ -14,7 +14,7 @@ export async function api(path, options = {}) {
   let body = null;
   try { body = await response.json(); } catch (e) { body = null; }
   // Only the token in use is refused: a request sent before "Forget token" (or a new token) says nothing.
-  if (response.status === 401) { if (token && token === state.token) showLogin("The token was refused."); throw new HttpError(401, body); }
+  if (response.status === 401) { if (token && token === state.token) tokenRefused(); throw new HttpError(401, body); }
   if (!response.ok) throw new HttpError(response.status, body);
   return body;
 }

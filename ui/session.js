@@ -1,5 +1,5 @@
-// -- login: asking for the token, connecting, the polling timers of a connected page, and the selects
-// filled once connected.
+// -- login: asking for the token, connecting, the polling timers of a connected page, the stale mark
+// when a refresh fails, and the selects filled once connected.
 
 import { $, state, TOKEN_KEY } from "./state.js";
 import { api, HttpError } from "./api.js";
@@ -17,11 +17,19 @@ export function stopPolling() {
 
 export function showLogin(message) {
   stopPolling();
+  setOffline(null);
   $("#console").hidden = true;
   $("#login").hidden = false;
   $("#forget").hidden = true;
   $("#login-error").textContent = message || "";
   $("#token-input").focus();
+}
+
+// The token the supervisor refused (a wrong one, or one rotated while the page polled): forgotten, so
+// that a reload asks again.
+export function tokenRefused() {
+  localStorage.removeItem(TOKEN_KEY);
+  showLogin("The token was refused.");
 }
 
 // Whether the supervisor accepted the token. One connect at a time: a double click on Connect, or Enter
@@ -46,8 +54,7 @@ async function connectOnce() {
     await refresh();
     state.catalog = (await api("/api/v1/catalog")).models;
   } catch (e) {
-    // A refused token (api() has shown the login) is forgotten, so that a reload asks again.
-    if (e instanceof HttpError && e.status === 401) { localStorage.removeItem(TOKEN_KEY); return false; }
+    if (e instanceof HttpError && e.status === 401) return false; // api() has shown the login
     if (session === state.session) showLogin(`Cannot reach the supervisor: ${e.message}`);
     return false;
   }
@@ -57,11 +64,38 @@ async function connectOnce() {
   $("#console").hidden = false;
   $("#forget").hidden = false;
   fillSelects();
-  state.refreshTimer = setInterval(() => refresh().catch(() => {}), 2000);
+  state.refreshTimer = setInterval(poll, 2000);
   state.logTimer = setInterval(() => followLogs().catch(() => {}), 1500);
   refreshSeries().catch(() => {});
   state.seriesTimer = setInterval(() => refreshSeries().catch(() => {}), 5000);
   return true;
+}
+
+// The status refresh of a connected page: a failure other than a refused token (that one shows the
+// login) marks what the page shows as stale until a refresh succeeds.
+export async function poll() {
+  const session = state.session;
+  try {
+    await refresh();
+    if (session === state.session) setOffline(null);
+  } catch (e) {
+    if (session === state.session && !(e instanceof HttpError && e.status === 401)) setOffline(e);
+  }
+}
+
+export function setOffline(error) {
+  const banner = $("#offline");
+  $("#console").classList.toggle("stale", Boolean(error));
+  banner.hidden = !error;
+  if (!error) { state.offlineSince = null; return; }
+  if (!state.offlineSince) state.offlineSince = new Date();
+  banner.textContent = `Cannot reach the supervisor since ${clock(state.offlineSince)}; retrying`;
+  banner.title = error.message;
+}
+
+// HH:MM:SS in the browser's time zone, whatever its locale.
+export function clock(date) {
+  return [date.getHours(), date.getMinutes(), date.getSeconds()].map((n) => String(n).padStart(2, "0")).join(":");
 }
 
 export function fillSelects() {

@@ -7,4 +7,5 @@ export const $ = (sel) => document.querySelector(sel);
 export const state = { token: localStorage.getItem(TOKEN_KEY) || "", status: null, catalog: [], busy: new Set(),
                 logServer: null, logOffset: null, logLines: [], image: null, imageB64: null,
                 refreshTimer: null, logTimer: null, seriesTimer: null, series: null, defaults: {}, versions: {},
-                connecting: false, session: 0 }; // connect() running; the login session (see stopPolling)
+                connecting: false, session: 0, // connect() running; the login session (see stopPolling)
+                offlineSince: null }; // when the first of the status refreshes that fail in a row failed

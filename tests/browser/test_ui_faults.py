@@ -11,12 +11,13 @@ localStorage), so that none depends on another's login.
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlparse
 
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
-from tests.browser.test_ui import ARGS, CHROMIUM, row
+from tests.browser.test_ui import ARGS, CHROMIUM, row, shot
 from tests.support.stack import build_stack, stop_stack
 
 MODELS = {"MOBILENETV2": {}, "TESTFAULTS": {"async_enabled": True}}
@@ -85,5 +86,35 @@ def test_a_second_connect_starts_no_second_polling_and_forget_token_stops_all_of
     page.wait_for_timeout(5500)
     assert page.requests[after:] == []
     expect(page.locator("#login-error")).to_have_text("")
+    assert page.evaluate(f"() => localStorage.getItem('{TOKEN_KEY}')") is None
+    page.context.close()
+
+
+def test_an_unreachable_supervisor_greys_the_page_until_it_answers_and_a_rotated_token_asks_again(browser, stack):
+    page = new_page(browser)
+    log_in(page, stack)
+    expect(page.locator("#offline")).to_be_hidden()
+    page.route("**/api/v1/**", lambda route: route.abort())  # the supervisor is gone
+    banner = page.locator("#offline")
+    expect(banner).to_have_text(re.compile(r"^Cannot reach the supervisor since \d\d:\d\d:\d\d; retrying$"))
+    expect(page.locator("#console")).to_have_class(re.compile(r"\bstale\b"))
+    expect(page.locator("#gateway-panel")).to_have_css("opacity", "0.5")
+    since = banner.text_content()
+    for _ in range(2):  # later failures keep the time of the first
+        with page.expect_request("**/api/v1/status"):
+            pass
+    expect(banner).to_have_text(since)
+    expect(row(page, "MOBILENETV2").locator(".state")).to_have_text("running")  # the last state, shown stale
+    shot(page, "faults-offline")
+    page.unroute("**/api/v1/**")
+    expect(banner).to_be_hidden()
+    expect(page.locator("#console")).not_to_have_class(re.compile(r"\bstale\b"))
+    expect(page.locator("#gateway-panel")).to_have_css("opacity", "1")
+    # The token rotated: the next refresh is refused, and the page asks for the new one.
+    page.route("**/api/v1/status", lambda route: route.fulfill(
+        status=401, content_type="application/json", body='{"ok": false, "error": "missing or wrong bearer token"}'))
+    expect(page.locator("#login")).to_be_visible()
+    expect(page.locator("#login-error")).to_have_text("The token was refused.")
+    expect(banner).to_be_hidden()
     assert page.evaluate(f"() => localStorage.getItem('{TOKEN_KEY}')") is None
     page.context.close()

@@ -44,17 +44,18 @@ export async function followLogs() {
   // appended already, or another log's. Only a fetch from the offset still current appends.
   if (state.logServer !== server || state.logOffset !== from) return;
   const pre = $("#log-lines");
+  // A log that ends before the offset asked is a new one (the supervisor restarted: its lines count from 0
+  // again): without this the page would ask past its end for good and show nothing new.
+  if (from !== null && page.end_offset < from) {
+    restarted(pre);
+    return followLogs();
+  }
   const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
   state.logLevels = state.logLevels || {};
   for (const line of page.lines) {
     const level = lineLevel(line, state.logLevels);
     state.logLevels[line.stream] = level;
-    const span = document.createElement("span");
-    span.className = `${line.stream} level-${level}`;
-    span.textContent = line.line + "\n";
-    span.entry = { level, line: line.line };
-    span.classList.toggle("hidden", !logVisible(span.entry));
-    pre.appendChild(span);
+    pre.appendChild(logLine(line.stream, level, line.line));
   }
   while (pre.childNodes.length > 2000) pre.removeChild(pre.firstChild);
   state.logOffset = page.next_offset;
@@ -63,4 +64,22 @@ export async function followLogs() {
     $("#log-count").textContent = `${shown} of ${pre.children.length} lines`;
   }
   if (atBottom) pre.scrollTop = pre.scrollHeight;
+}
+
+export const RESTARTED = "— the supervisor restarted: its log starts again —";
+
+// The view starts over with a line that says why, and the next fetch reads the new log from its start.
+function restarted(pre) {
+  pre.replaceChildren(logLine("supervisor", "info", RESTARTED));
+  state.logOffset = null;
+  state.logLevels = {};
+}
+
+function logLine(stream, level, text) {
+  const span = document.createElement("span");
+  span.className = `${stream} level-${level}`;
+  span.textContent = text + "\n";
+  span.entry = { level, line: text };
+  span.classList.toggle("hidden", !logVisible(span.entry));
+  return span;
 }

@@ -11,8 +11,9 @@ localStorage), so that none depends on another's login.
 
 from __future__ import annotations
 
+import json
 import re
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, urlparse
 
 import pytest
 from playwright.sync_api import expect, sync_playwright
@@ -21,6 +22,7 @@ from tests.browser.test_ui import ARGS, CHROMIUM, row, shot
 from tests.support.stack import build_stack, stop_stack
 
 MODELS = {"MOBILENETV2": {}, "TESTFAULTS": {"async_enabled": True}}
+RESTARTED = "— the supervisor restarted: its log starts again —"
 TOKEN_KEY = "inference-service.token"
 
 
@@ -117,4 +119,33 @@ def test_an_unreachable_supervisor_greys_the_page_until_it_answers_and_a_rotated
     expect(page.locator("#login-error")).to_have_text("The token was refused.")
     expect(banner).to_be_hidden()
     assert page.evaluate(f"() => localStorage.getItem('{TOKEN_KEY}')") is None
+    page.context.close()
+
+
+def fake_log(lines):
+    """A route answering the gateway's log from ``lines`` (a list the test changes) as the supervisor's logsink."""
+    def answer(route):
+        query = parse_qs(urlparse(route.request.url).query)
+        end, limit = len(lines), int(query["limit"][0])
+        offset = int(query["offset"][0]) if "offset" in query else max(0, end - limit)
+        page = [{"seq": s, "time": 0.0, "stream": "stdout", "line": lines[s]} for s in range(offset, min(end, offset + limit))]
+        body = {"ok": True, "id": "__gateway", "lines": page, "first_offset": 0, "end_offset": end,
+                "next_offset": page[-1]["seq"] + 1 if page else offset}  # past the end: the offset asked
+        route.fulfill(status=200, content_type="application/json", body=json.dumps(body))
+    return answer
+
+
+def test_the_log_view_starts_over_when_the_supervisor_restarted(browser, stack):
+    page = new_page(browser)
+    lines = [f"old line {i}" for i in range(20)]
+    page.route("**/api/v1/servers/__gateway/logs?*", fake_log(lines))
+    log_in(page, stack)
+    spans = page.locator("#log-lines span")
+    expect(spans).to_have_count(20)
+    # The new supervisor's log has 3 lines: the page asks from offset 20, past its end.
+    lines[:] = ["new line 0", "new line 1", "new line 2"]
+    expect(spans).to_have_text([RESTARTED, "new line 0", "new line 1", "new line 2"])
+    lines.append("new line 3")  # and follows it from there
+    expect(spans).to_have_text([RESTARTED, "new line 0", "new line 1", "new line 2", "new line 3"])
+    expect(page.locator("#log-count")).to_have_text("5 of 5 lines")
     page.context.close()

@@ -1,5 +1,6 @@
-// -- login: asking for the token, connecting, the polling timers of a connected page, the stale mark
-// when a refresh fails, and the selects filled once connected.
+// -- login: asking for the token, connecting (again, every few seconds, while the supervisor cannot be
+// reached), the polling timers of a connected page, the stale mark when a refresh fails, and the
+// selects filled once connected.
 
 import { $, state, TOKEN_KEY } from "./state.js";
 import { api, HttpError } from "./api.js";
@@ -8,10 +9,14 @@ import { refreshSeries } from "./charts.js";
 import { followLogs } from "./logs.js";
 import { modelChosen } from "./try-it.js";
 
+export const RETRY_MS = 3000;
+
 // Every timer of the page ends here, and the session count moves on: a reply to a request of the ended
 // session (one in flight at "Forget token") is dropped by whoever checks it.
 export function stopPolling() {
   for (const key of ["refreshTimer", "logTimer", "seriesTimer"]) { clearInterval(state[key]); state[key] = null; }
+  clearTimeout(state.retryTimer);
+  state.retryTimer = null;
   state.session += 1;
 }
 
@@ -55,7 +60,11 @@ async function connectOnce() {
     state.catalog = (await api("/api/v1/catalog")).models;
   } catch (e) {
     if (e instanceof HttpError && e.status === 401) return false; // api() has shown the login
-    if (session === state.session) showLogin(`Cannot reach the supervisor: ${e.message}`);
+    if (session !== state.session) return false;
+    // Unreachable (the supervisor restarting, the page loaded before it): the token is kept and tried again.
+    showLogin("Cannot reach the supervisor; retrying…");
+    $("#forget").hidden = !localStorage.getItem(TOKEN_KEY);
+    state.retryTimer = setTimeout(connect, RETRY_MS);
     return false;
   }
   if (session !== state.session) return false; // "Forget token" meanwhile

@@ -8,4 +8,5 @@ export const state = { token: localStorage.getItem(TOKEN_KEY) || "", status: nul
                 logServer: null, logOffset: null, logLines: [], image: null, imageB64: null,
                 refreshTimer: null, logTimer: null, seriesTimer: null, series: null, defaults: {}, versions: {},
                 connecting: false, session: 0, // connect() running; the login session (see stopPolling)
-                offlineSince: null }; // when the first of the status refreshes that fail in a row failed
+                offlineSince: null, // when the first of the status refreshes that fail in a row failed
+                retryTimer: null }; // the next connect while the supervisor cannot be reached

@@ -22,6 +22,7 @@ from tests.browser.test_ui import ARGS, CHROMIUM, row, shot
 from tests.support.stack import build_stack, stop_stack
 
 MODELS = {"MOBILENETV2": {}, "TESTFAULTS": {"async_enabled": True}}
+RETRYING = "Cannot reach the supervisor; retrying…"
 RESTARTED = "— the supervisor restarted: its log starts again —"
 TOKEN_KEY = "inference-service.token"
 
@@ -148,4 +149,22 @@ def test_the_log_view_starts_over_when_the_supervisor_restarted(browser, stack):
     lines.append("new line 3")  # and follows it from there
     expect(spans).to_have_text([RESTARTED, "new line 0", "new line 1", "new line 2", "new line 3"])
     expect(page.locator("#log-count")).to_have_text("5 of 5 lines")
+    page.context.close()
+
+
+def test_a_supervisor_unreachable_at_load_is_tried_again_with_the_stored_token(browser, stack):
+    page = new_page(browser)
+    page.goto(stack.url + "/")
+    page.evaluate("([key, token]) => localStorage.setItem(key, token)", [TOKEN_KEY, stack.env["SERVICE_API_TOKEN"]])
+    page.route("**/api/v1/**", lambda route: route.abort())
+    page.reload()
+    expect(page.locator("#login-error")).to_have_text(RETRYING)
+    for _ in range(2):  # tried again, every few seconds
+        with page.expect_request("**/api/v1/status", timeout=10000):
+            pass
+    expect(page.locator("#login-error")).to_have_text(RETRYING)
+    assert page.evaluate(f"() => localStorage.getItem('{TOKEN_KEY}')") == stack.env["SERVICE_API_TOKEN"]
+    page.unroute("**/api/v1/**")
+    expect(page.locator("#console")).to_be_visible(timeout=10000)
+    expect(row(page, "MOBILENETV2").locator(".state")).to_have_text("running")
     page.context.close()

@@ -171,7 +171,7 @@ export function show(m, reply, params) {
   raw.querySelector("pre").textContent = JSON.stringify(reply.body, null, 2);
   const env = reply.body || {};
   if (reply.status !== 200 || !env.results) {
-    $("#try-error").textContent = `HTTP ${reply.status}: ${env.status_str || ""} ${env.error || ""}`;
+    $("#try-error").textContent = replyError(reply.status, env);
     return;
   }
   if (env.model && env.model.version) {
@@ -190,4 +190,13 @@ export function show(m, reply, params) {
     const render = { classification: showClasses, detection: showBoxes, generation: showImage, segmentation: showMasks }[m.category];
     (render || (() => {}))(out, item.data, params || {});
   });
+}
+
+// A refused request in one line: the HTTP code, the status, and the reason, which is the envelope's
+// `error` or, for an item that failed (a bad image: 400 INVALID_IMAGE), that item's own.
+export function replyError(code, env) {
+  const items = (env.results || []).filter((r) => r && r.status !== 0 && r.error).map((r) => r.error);
+  const reason = [env.error, ...items].filter(Boolean).join("; ");
+  const text = [env.status_str, reason].filter(Boolean).join(": ");
+  return `HTTP ${code}${text ? `: ${text}` : ""}`;
 }

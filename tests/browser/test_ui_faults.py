@@ -18,7 +18,9 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
-from tests.browser.test_ui import ARGS, CHROMIUM, row, shot
+from tests.browser.test_ui import ARGS, CHROMIUM, choose, row, shot
+from tests.support.http import post
+from tests.support.images import b64
 from tests.support.stack import build_stack, stop_stack
 
 MODELS = {"MOBILENETV2": {}, "TESTFAULTS": {"async_enabled": True}}
@@ -167,4 +169,21 @@ def test_a_supervisor_unreachable_at_load_is_tried_again_with_the_stored_token(b
     page.unroute("**/api/v1/**")
     expect(page.locator("#console")).to_be_visible(timeout=10000)
     expect(row(page, "MOBILENETV2").locator(".state")).to_have_text("running")
+    page.context.close()
+
+
+def test_a_bad_image_shows_the_items_reason(browser, stack):
+    page = new_page(browser)
+    log_in(page, stack)
+    choose(page, "MOBILENETV2")
+    junk = b"this is not an image"
+    reply = post(f"{stack.gateway}/v1/models/MOBILENETV2/infer", {"images": [b64(junk)]},
+                 headers={"Authorization": f"Bearer {stack.key}"})
+    assert reply.status == 400 and "error" not in reply.json
+    expected = f"HTTP 400: {reply.json['status_str']}: {reply.json['results'][0]['error']}"
+    assert expected.startswith("HTTP 400: INVALID_IMAGE: not a decodable image")
+    page.set_input_files("#try-file", files=[{"name": "junk.png", "mimeType": "image/png", "buffer": junk}])
+    expect(page.locator("#try-preview")).to_have_attribute("src", re.compile("^data:"))
+    page.click("#try-run")
+    expect(page.locator("#try-error")).to_have_text(expected)
     page.context.close()

@@ -31,8 +31,11 @@ export function clearImage() {
 }
 
 // A new model starts from a clean form: its own defaults, no result; a generation model needs no photo.
+// A run of the model chosen before is dropped (see isCurrent): its reply belongs to another form.
 export function modelChosen() {
   const m = selectedModel();
+  state.run += 1;
+  $("#try-run").disabled = false;
   clearResult();
   $("#try-params").value = "";
   const note = $("#try-note");
@@ -105,20 +108,30 @@ export function effectiveParams(m, body) {
   return { ...(state.defaults[m.id] || {}), ...(body.params || {}) };
 }
 
+// Whether the run numbered `id` is still the form's: no other model was chosen since it started.
+function isCurrent(id) {
+  return state.run === id;
+}
+
 export async function run() {
   const m = selectedModel();
   clearResult();
   let body;
   try { body = requestBody(); } catch (e) { $("#try-error").textContent = e.message; return; }
+  state.run += 1;
+  const id = state.run;
   $("#try-run").disabled = true;
   try {
     const params = effectiveParams(m, body);
-    if (m.async) await runJob(m, body, params);
-    else show(m, await gateway(`/v1/models/${m.id}/infer`, { method: "POST", body: JSON.stringify(body) }), params);
+    if (m.async) await runJob(m, body, params, id);
+    else {
+      const reply = await gateway(`/v1/models/${m.id}/infer`, { method: "POST", body: JSON.stringify(body) });
+      if (isCurrent(id)) show(m, reply, params);
+    }
   } catch (e) {
-    $("#try-error").textContent = `Request failed: ${e.message} (is the gateway running, and does it allow this page's origin?)`;
+    if (isCurrent(id)) $("#try-error").textContent = `Request failed: ${e.message} (is the gateway running, and does it allow this page's origin?)`;
   } finally {
-    $("#try-run").disabled = false;
+    if (isCurrent(id)) $("#try-run").disabled = false;
   }
 }
 
@@ -139,8 +152,10 @@ export function showProgress(current) {
   $("#job-eta").textContent = `step ${done} of ${p.steps}${eta}`;
 }
 
-export async function runJob(m, body, params) {
+// The job is followed until it ends, or until another model is chosen (the job runs on, unwatched).
+export async function runJob(m, body, params, id) {
   const submitted = await gateway(`/v1/models/${m.id}/jobs`, { method: "POST", body: JSON.stringify(body) });
+  if (!isCurrent(id)) return;
   if (submitted.status !== 202) { show(m, submitted, params); return; }
   const job = submitted.body;
   $("#job").hidden = false;
@@ -150,6 +165,7 @@ export async function runJob(m, body, params) {
   let current = job;
   while (!TERMINAL.includes(current.state)) {
     const polled = await gateway(`${job.poll_url}/wait?timeout=1000`);
+    if (!isCurrent(id)) return;
     if (polled.status !== 200) { show(m, polled, params); return; }
     current = polled.body;
     badge($("#job-state"), current.state);
@@ -162,7 +178,8 @@ export async function runJob(m, body, params) {
     bar.value = bar.max;
     $("#job-eta").textContent = `all ${bar.max} steps`;
   }
-  show(m, await gateway(job.result_url), params);
+  const result = await gateway(job.result_url);
+  if (isCurrent(id)) show(m, result, params);
 }
 
 export function show(m, reply, params) {

@@ -19,8 +19,8 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from tests.browser.test_ui import ARGS, CHROMIUM, choose, row, shot
-from tests.support.http import post
-from tests.support.images import b64
+from tests.support.http import get, post
+from tests.support.images import b64, image_bytes
 from tests.support.stack import build_stack, stop_stack
 
 MODELS = {"MOBILENETV2": {}, "TESTFAULTS": {"async_enabled": True}}
@@ -46,6 +46,13 @@ def browser(stack):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         yield browser
         browser.close()
+
+
+@pytest.fixture(scope="module")
+def picture(tmp_path_factory):
+    path = tmp_path_factory.mktemp("pictures") / "picture.png"
+    path.write_bytes(image_bytes(width=64, height=48, seed=5))
+    return path
 
 
 def new_page(browser, width=1280):
@@ -186,4 +193,49 @@ def test_a_bad_image_shows_the_items_reason(browser, stack):
     expect(page.locator("#try-preview")).to_have_attribute("src", re.compile("^data:"))
     page.click("#try-run")
     expect(page.locator("#try-error")).to_have_text(expected)
+    page.context.close()
+
+
+def test_a_run_of_the_model_chosen_before_leaves_the_new_form_alone(browser, stack, picture):
+    page = new_page(browser)
+    log_in(page, stack)
+    form = [page.locator(s) for s in ("#try-result", "#try-error")]
+    # A synchronous request: its reply comes once TESTFAULTS is the model chosen.
+    held = []
+    page.route("**/v1/models/MOBILENETV2/infer", lambda route: held.append(route))
+    choose(page, "MOBILENETV2")
+    page.set_input_files("#try-file", str(picture))
+    expect(page.locator("#try-preview")).to_be_visible()
+    with page.expect_request("**/v1/models/MOBILENETV2/infer"):
+        page.click("#try-run")
+    choose(page, "TESTFAULTS")
+    expect(page.locator("#try-run")).to_be_enabled()  # the new form runs its own model
+    with page.expect_response("**/v1/models/MOBILENETV2/infer"):
+        held[0].continue_()
+    page.wait_for_timeout(500)  # nothing to await: a reply drawn would be drawn by now
+    expect(page.locator("#try-raw")).to_be_hidden()
+    for part in form:
+        expect(part).to_have_text("")
+    page.unroute("**/v1/models/MOBILENETV2/infer")
+    # A job: not followed once MOBILENETV2 is chosen, and its result is not fetched.
+    jobs = []
+    page.on("request", lambda r: jobs.append(urlparse(r.url).path) if "/v1/models/TESTFAULTS/jobs" in r.url else None)
+    page.fill("#try-params", '{"sleep_ms": 1500}')
+    with page.expect_request("**/jobs/*/wait*"):
+        page.click("#try-run")
+    job_id = page.locator("#job-id").text_content()
+    choose(page, "MOBILENETV2")
+    seen = len(jobs)
+    for _ in range(100):  # the job ends on its own
+        state = get(f"{stack.gateway}/v1/models/TESTFAULTS/jobs/{job_id}", headers={"Authorization": f"Bearer {stack.key}"})
+        if state.json["state"] in ("done", "failed", "timeout"):
+            break
+        page.wait_for_timeout(200)
+    assert state.json["state"] == "done"
+    page.wait_for_timeout(1500)  # nothing to await: the page would have polled (1 s waits) and fetched the result by now
+    assert jobs[seen:] == []  # the wait in flight at the switch was the last
+    expect(page.locator("#job")).to_be_hidden()
+    expect(page.locator("#try-raw")).to_be_hidden()
+    for part in form:
+        expect(part).to_have_text("")
     page.context.close()

@@ -40,6 +40,12 @@ document.addEventListener("DOMContentLoaded", () => {
   drop.addEventListener("dragover", (event) => { event.preventDefault(); drop.classList.add("over"); });
   drop.addEventListener("dragleave", () => drop.classList.remove("over"));
   drop.addEventListener("drop", (event) => { event.preventDefault(); drop.classList.remove("over"); takeFile(event.dataTransfer.files[0]); });
+  // The file input is hidden: from the keyboard, Enter or Space on the drop zone opens the file chooser.
+  drop.addEventListener("keydown", (event) => {
+    if (event.target !== drop || (event.key !== "Enter" && event.key !== " ")) return;
+    event.preventDefault();
+    $("#try-file").click();
+  });
   $("#try-run").addEventListener("click", run);
   if (state.token) connect(); else showLogin();
 });

@@ -58,6 +58,10 @@ export function chart(holder, key, title, span, lines, format) {
     box.innerHTML = `<div class="title"><span class="name"></span><span class="value"></span></div>
       <svg viewBox="0 0 ${W} ${H}" preserveAspectRatio="none" role="img"></svg><div class="legend"></div>`;
     holder.appendChild(box);
+    // The chart's name for a screen reader: whose (a model, a replica "ID.n", else the gateway) and what.
+    const owner = holder.closest("tr.figures");
+    const who = owner ? owner.dataset.for.replace(/\.(\d+)$/, " replica $1") : "gateway";
+    box.querySelector("svg").setAttribute("aria-label", `${who}: ${title}`);
   }
   box.querySelector(".name").textContent = title;
   let max = 0;

@@ -84,6 +84,8 @@ export function serverRow(id, replica) {
   for (const button of row.querySelectorAll("button")) {
     button.dataset.target = id;
     if (replica !== null) button.dataset.replica = String(replica);
+    // Every row has the same three words: a screen reader says which row's button it is.
+    button.setAttribute("aria-label", `${button.textContent} ${id}${replica === null ? "" : ` replica ${replica}`}`);
   }
   return row;
 }

@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
-from tests.browser.test_ui import ARGS, CHROMIUM, choose, row, shot
+from tests.browser.test_ui import ARGS, CHROMIUM, choose, replica_row, row, shot
 from tests.support.http import get, post
 from tests.support.images import b64, image_bytes
 from tests.support.stack import build_stack, stop_stack
@@ -238,4 +238,24 @@ def test_a_run_of_the_model_chosen_before_leaves_the_new_form_alone(browser, sta
     expect(page.locator("#try-raw")).to_be_hidden()
     for part in form:
         expect(part).to_have_text("")
+    page.context.close()
+
+
+def test_the_keyboard_opens_the_file_chooser_and_buttons_and_charts_have_names(browser, stack, picture):
+    page = new_page(browser)
+    log_in(page, stack)
+    choose(page, "MOBILENETV2")
+    for key in ("Enter", " "):
+        with page.expect_file_chooser() as chooser:
+            page.locator("#drop").press(key)  # focuses the drop zone, then the key
+        chooser.value.set_files(str(picture))
+        expect(page.locator("#try-preview")).to_be_visible()
+        page.evaluate("() => document.querySelector('#try-preview').hidden = true")
+    expect(page.get_by_role("button", name="Restart MOBILENETV2", exact=True)).to_have_count(1)
+    expect(row(page, "TESTFAULTS").locator('[data-action="stop"]')).to_have_attribute("aria-label", "Stop TESTFAULTS")
+    expect(replica_row(page, "TESTFAULTS", 1).locator('[data-action="start"]')).to_have_attribute(
+        "aria-label", "Start TESTFAULTS replica 1")
+    expect(page.get_by_role("img", name="MOBILENETV2: latency", exact=True)).to_have_count(1)
+    expect(page.get_by_role("img", name="TESTFAULTS replica 1: jobs", exact=True)).to_have_count(1)
+    expect(page.get_by_role("img", name="gateway: requests/s by route", exact=True)).to_have_count(1)
     page.context.close()

@@ -259,3 +259,15 @@ def test_the_keyboard_opens_the_file_chooser_and_buttons_and_charts_have_names(b
     expect(page.get_by_role("img", name="TESTFAULTS replica 1: jobs", exact=True)).to_have_count(1)
     expect(page.get_by_role("img", name="gateway: requests/s by route", exact=True)).to_have_count(1)
     page.context.close()
+
+
+def test_a_narrow_window_scrolls_the_table_not_the_page(browser, stack):
+    page = new_page(browser, width=375)
+    log_in(page, stack)
+    expect(page.locator("#catalog tr.figures .chart").first).to_be_attached()
+    widths = page.evaluate("""() => ({page: document.documentElement.scrollWidth, window: document.documentElement.clientWidth,
+        table: document.querySelector("#catalog").scrollWidth, box: document.querySelector("#catalog").parentElement.clientWidth})""")
+    assert widths["page"] == widths["window"] == 375, widths
+    assert widths["table"] > widths["box"], widths  # the table is wider: its box scrolls
+    shot(page, "faults-narrow")
+    page.context.close()

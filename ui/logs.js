@@ -20,6 +20,27 @@ export function logVisible(entry) {
   return LEVELS.indexOf(entry.level) >= floor && (!text || entry.line.toLowerCase().includes(text));
 }
 
+// The servers' logs to choose from: the gateway, each model, or each replica of a model that runs several.
+// The log shown stays while it is still there (the select is filled again when the replicas change).
+export function fillLogSelect() {
+  const select = $("#log-server");
+  select.replaceChildren(new Option("gateway", "__gateway"));
+  for (const m of state.catalog) {
+    const s = state.status ? state.status.servers.find((x) => x.id === m.id) : null;
+    const replicas = s && s.replicas && s.replicas.length > 1 ? s.replicas : [];
+    if (!replicas.length) select.add(new Option(m.id, m.id));
+    for (const r of replicas) select.add(new Option(`${m.id} replica ${r.index}`, `${m.id}/${r.index}`));
+  }
+  if ([...select.options].some((o) => o.value === state.logServer)) {
+    select.value = state.logServer;
+    return;
+  }
+  state.logServer = select.value;
+  state.logOffset = null;
+  state.logLevels = {};
+  $("#log-lines").textContent = "";
+}
+
 export function applyLogFilters() {
   const pre = $("#log-lines");
   let shown = 0;

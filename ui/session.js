@@ -4,9 +4,9 @@
 
 import { $, state, TOKEN_KEY } from "./state.js";
 import { api, HttpError } from "./api.js";
-import { refresh, serverStatus } from "./status.js";
+import { refresh } from "./status.js";
 import { refreshSeries } from "./charts.js";
-import { followLogs } from "./logs.js";
+import { fillLogSelect, followLogs } from "./logs.js";
 import { modelChosen } from "./try-it.js";
 
 export const RETRY_MS = 3000;
@@ -108,16 +108,7 @@ export function clock(date) {
 }
 
 export function fillSelects() {
-  const logSelect = $("#log-server");
-  logSelect.innerHTML = "";
-  logSelect.add(new Option("gateway", "__gateway"));
-  for (const m of state.catalog) {
-    const s = serverStatus(m.id);
-    const replicas = s && s.replicas && s.replicas.length > 1 ? s.replicas : [];
-    if (!replicas.length) logSelect.add(new Option(m.id, m.id));
-    for (const r of replicas) logSelect.add(new Option(`${m.id} replica ${r.index}`, `${m.id}/${r.index}`));
-  }
-  state.logServer = logSelect.value;
+  fillLogSelect();
   const trySelect = $("#try-model");
   trySelect.innerHTML = "";
   for (const m of state.catalog) trySelect.add(new Option(`${m.id} (${m.task || m.category || "?"}${m.async ? ", async" : ""})`, m.id));

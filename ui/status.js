@@ -4,6 +4,7 @@
 import { $, state } from "./state.js";
 import { api, gatewayBase } from "./api.js";
 import { updateDemoBanner } from "./try-it.js";
+import { fillLogSelect } from "./logs.js";
 
 export function badge(el, text) {
   // The colour comes from data-tone, so the element keeps its own classes (".state" in the table).
@@ -27,19 +28,23 @@ export async function refresh() {
 
 export function renderServers(servers) {
   const tbody = $("#catalog tbody");
+  let reshaped = false;
   for (const s of servers) {
     const replicas = s.replicas || [];
     const several = replicas.length > 1;
+    // The processes the rows are for: a supervisor restarted with another replica count changes them.
+    const shape = several ? replicas.map((r) => r.name).join(" ") : "";
     let row = tbody.querySelector(`tr.model[data-id="${s.id}"]`);
-    if (!row) {
-      row = serverRow(s.id, null);
-      tbody.appendChild(row);
-      // Charts are per process: the model's own when it runs one, each replica's otherwise.
-      if (!several) tbody.appendChild(figuresRow(s.id));
-      for (const r of several ? replicas : []) {
-        tbody.appendChild(serverRow(s.id, r.index));
-        tbody.appendChild(figuresRow(r.name));
-      }
+    if (!row || row.dataset.shape !== shape) {
+      const rows = modelRows(s.id, several ? replicas : []);
+      rows[0].dataset.shape = shape;
+      if (row) {
+        const old = rowsOf(row);
+        tbody.insertBefore(rowsFragment(rows), old[old.length - 1].nextSibling);
+        for (const r of old) r.remove();
+        reshaped = true;
+      } else tbody.appendChild(rowsFragment(rows));
+      row = rows[0];
     }
     const idCell = row.querySelector(".id");
     idCell.textContent = s.id + (s.in_profile ? "" : " (not in profile)");
@@ -68,6 +73,28 @@ export function renderServers(servers) {
       fillRow(sub, r, r.port, [r]);
     }
   }
+  if (reshaped) fillLogSelect(); // a replica's log to choose, or one no more
+}
+
+// A model's rows: its own, then its charts' when it runs one process, else each replica's row and charts'.
+function modelRows(id, replicas) {
+  const rows = [serverRow(id, null)];
+  if (!replicas.length) rows.push(figuresRow(id));
+  for (const r of replicas) rows.push(serverRow(id, r.index), figuresRow(r.name));
+  return rows;
+}
+
+function rowsFragment(rows) {
+  const fragment = document.createDocumentFragment();
+  fragment.append(...rows);
+  return fragment;
+}
+
+// The rows modelRows made for the model of `row`: up to the next model's.
+function rowsOf(row) {
+  const rows = [row];
+  for (let next = row.nextElementSibling; next && !next.classList.contains("model"); next = next.nextElementSibling) rows.push(next);
+  return rows;
 }
 
 // A row of the table: a model (replica null) or one replica of a model, with its buttons.

@@ -271,3 +271,42 @@ def test_a_narrow_window_scrolls_the_table_not_the_page(browser, stack):
     assert widths["table"] > widths["box"], widths  # the table is wider: its box scrolls
     shot(page, "faults-narrow")
     page.context.close()
+
+
+def test_rows_and_log_choices_follow_a_change_of_the_replica_count(browser, stack):
+    """A supervisor restarted with one replica of TESTFAULTS (the status, changed by a route), then with two again."""
+    page = new_page(browser)
+    log_in(page, stack)
+    rows = page.locator('#catalog tr:is([data-id="TESTFAULTS"], [data-for^="TESTFAULTS"])')
+    shape = "rs => rs.map(r => [r.className, r.dataset.replica || r.dataset.for || r.dataset.id])"
+    options = page.locator("#log-server option")
+    two = [["model", "TESTFAULTS"], ["replica", "0"], ["figures", "TESTFAULTS.0"], ["replica", "1"], ["figures", "TESTFAULTS.1"]]
+    expect(rows).to_have_count(5)
+    assert rows.evaluate_all(shape) == two
+    page.select_option("#log-server", "TESTFAULTS/1")
+
+    def one_replica(route):
+        response = route.fetch()
+        status = response.json()
+        for server in status["servers"]:
+            if server["id"] == "TESTFAULTS":
+                server["replicas"] = server["replicas"][:1]
+        route.fulfill(response=response, json=status)
+
+    page.route("**/api/v1/status", one_replica)
+    expect(rows).to_have_count(2)
+    assert rows.evaluate_all(shape) == [["model", "TESTFAULTS"], ["figures", "TESTFAULTS"]]
+    expect(row(page, "TESTFAULTS").locator(".replica-count")).to_have_count(0)
+    expect(options).to_have_text(["gateway", "MOBILENETV2", "TESTFAULTS"])
+    expect(page.locator("#log-server")).to_have_value("__gateway")  # the replica's log is gone: the first
+    page.unroute("**/api/v1/status")
+    expect(rows).to_have_count(5)
+    assert rows.evaluate_all(shape) == two
+    expect(row(page, "TESTFAULTS").locator(".replica-count")).to_have_text(" 2 replicas, 2 ready")
+    expect(replica_row(page, "TESTFAULTS", 1).locator(".state")).to_have_text("running")
+    expect(replica_row(page, "TESTFAULTS", 1).locator('[data-action="restart"]')).to_be_enabled()
+    expect(page.locator('#catalog tr.figures[data-for="TESTFAULTS.1"] .chart')).to_have_count(5, timeout=15000)
+    expect(options).to_have_text(["gateway", "MOBILENETV2", "TESTFAULTS replica 0", "TESTFAULTS replica 1"])
+    page.select_option("#log-server", "TESTFAULTS/1")
+    expect(page.locator("#log-lines")).to_contain_text(f"listening on 127.0.0.1:{stack.extra['replica_ports']['TESTFAULTS'][1]};")
+    page.context.close()

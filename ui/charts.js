@@ -37,8 +37,9 @@ export function drawGatewayCharts(all) {
   const holder = $("#gateway-charts");
   const span = { t: g.t, now: all.now, window: all.window_s };
   const labelled = (map) => Object.entries(map).map(([name, values]) => ({ name, values }));
-  chart(holder, "rps_by_route", "requests/s by route", span, labelled(g.rps_by_route), (v) => v.toFixed(2));
-  chart(holder, "rejections", "rejections/s by reason", span, labelled(g.rejections_by_reason), (v) => v.toFixed(2));
+  // A line per route (per reason): the title gives their total, the legend their names.
+  chart(holder, "rps_by_route", "requests/s by route", span, labelled(g.rps_by_route), (v) => v.toFixed(2), true);
+  chart(holder, "rejections", "rejections/s by reason", span, labelled(g.rejections_by_reason), (v) => v.toFixed(2), true);
   chart(holder, "upstream_errors", "upstream errors/s", span, [{ name: "errors", values: g.upstream_errors }], (v) => v.toFixed(2));
 }
 
@@ -47,8 +48,9 @@ export function ms(v) {
 }
 
 // One small chart: an inline SVG with a line per series over the window, breaks where a sample is null
-// (a failed scrape), and the newest value of each line in the title.
-export function chart(holder, key, title, span, lines, format) {
+// (a failed scrape, no request to measure), and the newest sample of each line in the title ("–" when it
+// is empty: an older value next to the other lines' newest would read as now), or with `total` their sum.
+export function chart(holder, key, title, span, lines, format, total = false) {
   const W = 190, H = 46, PAD = 3;
   let box = holder.querySelector(`.chart[data-figure="${key}"]`);
   if (!box) {
@@ -77,13 +79,13 @@ export function chart(holder, key, title, span, lines, format) {
     const colour = COLOURS[i % COLOURS.length];
     let d = "";
     let pen = false;
-    let last = null;
     line.values.forEach((v, j) => {
       if (v === null || v === undefined) { pen = false; return; }
       d += `${pen ? "L" : "M"}${x(span.t[j]).toFixed(1)},${y(v).toFixed(1)}`;
       pen = true;
-      last = v;
     });
+    const newest = line.values[line.values.length - 1];
+    const last = newest === undefined ? null : newest;
     line.values.forEach((v, j) => { // a point between two gaps is a dot (a line needs two)
       const gap = (k) => k < 0 || k >= line.values.length || line.values[k] === null || line.values[k] === undefined;
       if (gap(j) || !gap(j - 1) || !gap(j + 1)) return;
@@ -105,7 +107,9 @@ export function chart(holder, key, title, span, lines, format) {
     }
     latest.push({ name: line.name, colour, last });
   });
-  const now = latest.map((l) => (l.last === null ? "–" : format(l.last))).join(" / ");
+  const known = latest.filter((l) => l.last !== null);
+  const now = total ? (known.length ? `total ${format(known.reduce((sum, l) => sum + l.last, 0))}` : "–")
+    : latest.map((l) => (l.last === null ? "–" : format(l.last))).join(" / ");
   box.querySelector(".value").textContent = lines.length ? now : "–";
   box.querySelector(".legend").innerHTML = "";
   for (const l of latest) {

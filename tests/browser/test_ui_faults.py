@@ -310,3 +310,32 @@ def test_rows_and_log_choices_follow_a_change_of_the_replica_count(browser, stac
     page.select_option("#log-server", "TESTFAULTS/1")
     expect(page.locator("#log-lines")).to_contain_text(f"listening on 127.0.0.1:{stack.extra['replica_ports']['TESTFAULTS'][1]};")
     page.context.close()
+
+
+def test_chart_titles_give_the_newest_sample_and_the_routes_total(browser, stack):
+    """The series (changed by a route): MOBILENETV2 had requests until the newest sample, which has none."""
+    page = new_page(browser)
+
+    def quiet_now(route):
+        response = route.fetch()
+        series = response.json()
+        t = [series["now"] - 10, series["now"] - 5, series["now"]]
+        m = series["servers"]["MOBILENETV2"]
+        m.update(t=t, rps=[2.0, 1.0, 0.0], p50_ms=[40.0, 41.0, None], p99_ms=[80.0, 81.0, None],
+                 batch_mean=[1.0, 1.0, None], queue_depth=[0, 0, 0])
+        g = series["gateway"]
+        g.update(t=t, rps_by_route={"infer": [2.0, 1.0, 1.5], "jobs": [0.0, 0.5, 0.25], "openapi": [None, 0.1, None]},
+                 rejections_by_reason={}, upstream_errors=[0.0, 0.0, 0.0])
+        route.fulfill(response=response, json=series)
+
+    page.route("**/api/v1/series", quiet_now)
+    log_in(page, stack)
+    title = lambda owner, figure: page.locator(f'{owner} .chart[data-figure="{figure}"] .value')  # noqa: E731
+    model = 'tr.figures[data-for="MOBILENETV2"]'
+    expect(title(model, "rps")).to_have_text("0.00")
+    expect(title(model, "latency")).to_have_text("– / –")
+    expect(title(model, "batch")).to_have_text("–")
+    expect(title("#gateway-charts", "rps_by_route")).to_have_text("total 1.75")
+    expect(title("#gateway-charts", "rejections")).to_have_text("–")
+    expect(page.locator('#gateway-charts .chart[data-figure="rps_by_route"] .legend span')).to_have_text(["infer", "jobs", "openapi"])
+    page.context.close()

@@ -31,7 +31,7 @@ from svc.contract.errors import ApiError
 from svc.contract.oip import PREFIX, ModelShape, shape_from_document
 from svc.web.declare import route
 from svc.web.oip import codec, translate
-from svc.web.replies import JSON_CONTENT_TYPE, check_content_encoding, header
+from svc.web.replies import OIP_JSON_CONTENT_TYPE, check_content_encoding, header
 
 
 class OipRoute:
@@ -60,6 +60,7 @@ class OipRoute:
 
             def parse(body: bytes) -> tuple[codec.InferRequest, translate.Plan, Any]:
                 asked = codec.parse_request(body, length)
+                translate.check_named(asked, model_id, self.identity.version)
                 plan = translate.plan(shape, asked, request_id)
                 return asked, plan, validator.from_parts(plan.images, plan.req_id, plan.params, plan.options)
 
@@ -86,7 +87,7 @@ class OipRoute:
                 head["id"] = asked.id
             data, header_length = codec.encode_reply(head, outputs)
             request.setResponseCode(200)
-            request.setHeader(b"Content-Type", codec.BINARY_CONTENT_TYPE if header_length else JSON_CONTENT_TYPE)
+            request.setHeader(b"Content-Type", codec.BINARY_CONTENT_TYPE if header_length else OIP_JSON_CONTENT_TYPE)
             if header_length:
                 request.setHeader(b"Inference-Header-Content-Length", str(header_length).encode())
             request.setHeader(b"X-Request-ID", task_id.encode("latin-1"))

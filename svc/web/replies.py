@@ -2,7 +2,10 @@
 
 Every JSON reply of every process goes through :func:`send_json` (or, for an
 answer written before or without a Request, :func:`raw_reply`), so the
-content type is always ``application/json; charset=utf-8``.
+content type is always ``application/json; charset=utf-8``; under ``/v2``
+(the Open Inference Protocol) plain ``application/json``, as Triton, KServe
+and MLServer send it: KServe's client reads the server's error message only
+from a reply of exactly that type.
 """
 
 from __future__ import annotations
@@ -16,8 +19,18 @@ from twisted.web.http import RESPONSES
 from svc.contract import status as st
 from svc.contract.envelope import dumps
 from svc.contract.errors import ApiError
+from svc.contract.oip import PREFIX as OIP_PREFIX
 
 JSON_CONTENT_TYPE = b"application/json; charset=utf-8"
+#: The Open Inference Protocol's (JSON has no charset parameter, RFC 8259; the bytes are UTF-8 all the same).
+OIP_JSON_CONTENT_TYPE = b"application/json"
+_OIP_PREFIX = OIP_PREFIX.encode()
+
+
+def json_content_type(request: Any) -> bytes:
+    """The content type of ``request``'s JSON reply: plain under ``/v2``, else with its charset."""
+    path = getattr(request, "path", None) or b""
+    return OIP_JSON_CONTENT_TYPE if path == _OIP_PREFIX or path.startswith(_OIP_PREFIX + b"/") else JSON_CONTENT_TYPE
 
 #: Reason phrases that twisted's RESPONSES table lacks (it would send "Unknown Status"): RFC 9110 and RFC 6585;
 #: and 408 as RFC 9110 spells it, as the header deadline's reply does (twisted: "Request Time-out").
@@ -33,7 +46,7 @@ def reason(code: int) -> bytes:
 def raw_reply(code: int, headers: Mapping[str, str], body: bytes) -> bytes:
     """A whole HTTP/1.1 reply with ``Connection: close``, for answers written before (or without) a Request."""
     lines = [f"HTTP/1.1 {code} {reason(code).decode()}"]
-    for name, value in {**headers, "Content-Type": JSON_CONTENT_TYPE.decode(), "Content-Length": str(len(body)),
+    for name, value in {"Content-Type": JSON_CONTENT_TYPE.decode(), **headers, "Content-Length": str(len(body)),
                         "Connection": "close"}.items():
         lines.append(f"{name}: {value}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
@@ -51,7 +64,7 @@ def send_json(request: Any, code: int, body: Any, headers: Mapping[str, str] | N
 def send_encoded(request: Any, code: int, data: bytes, headers: Mapping[str, str] | None = None) -> bytes:
     """:func:`send_json` for a body already encoded by :func:`dumps`."""
     request.setResponseCode(code)
-    request.setHeader(b"Content-Type", JSON_CONTENT_TYPE)
+    request.setHeader(b"Content-Type", json_content_type(request))
     for name, value in (headers or {}).items():
         request.setHeader(name.encode("latin-1"), value.encode("latin-1"))
     request.setHeader(b"Content-Length", str(len(data)).encode())

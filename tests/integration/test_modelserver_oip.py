@@ -89,6 +89,8 @@ def test_a_binary_reply_carries_the_protocols_headers(server):
         ("an output named twice", 400, "output PROBABILITIES is asked for twice"),
         ("a compressed body (the server's own 415)", 400, "unsupported content encoding 'gzip'"),
         ("an image that is not one", 400, "row 0 of 1 failed"),
+        ("a body naming another model", 400, "model_name 'YOLOV8' is not the model of the path, MOBILENETV2"),
+        ("a body naming another version", 400, "model_version 'v999' is not the version MOBILENETV2 serves"),
     ],
 )
 def test_errors_take_the_protocols_shape(server, case, status, text):
@@ -131,9 +133,14 @@ def test_errors_take_the_protocols_shape(server, case, status, text):
         body = json.dumps({"inputs": [{"name": "IMAGE", "shape": [1], "datatype": "BYTES",
                                        "data": [b64(b"not an image")]}]}).encode()
         headers = auth()
+    elif case.startswith("a body naming"):
+        named = {"model_name": "YOLOV8"} if "model" in case.split()[-1] else {"model_version": "v999"}
+        body = json.dumps({**named, "inputs": [{"name": "IMAGE", "shape": [1], "datatype": "BYTES",
+                                                "data": [b64(image)]}]}).encode()
+        headers = auth()
     reply = request("POST", server.url + path, body, headers=headers)
     assert reply.status == status, reply.body
-    assert reply.header("Content-Type").startswith("application/json")
+    assert reply.header("Content-Type") == "application/json"  # plain: KServe's client reads the error only so
     error = reply.json
     assert set(error) == {"error"} and text in error["error"]
     if status == 401:
@@ -141,6 +148,28 @@ def test_errors_take_the_protocols_shape(server, case, status, text):
     # the server still answers
     ok_body, ok_headers = binary_body(image)
     assert request("POST", server.url + PATH, ok_body, headers=ok_headers).status == 200
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_a_request_as_kserves_client_writes_it_is_served(server, binary):
+    """KServe's client (kserve 0.21, InferRequest.to_rest) writes the model's name (and version) into every
+    request, and MLServer's content_type into an input's parameters: each was refused as an unsupported field,
+    so no inference of that client ever ran. They are accepted when they agree with the path."""
+    image = image_bytes(width=40, height=30, seed=8)
+    head = {"model_name": "MOBILENETV2", "model_version": served_version(server), "id": "kserve-1",
+            "inputs": [{"name": "IMAGE", "shape": [1], "datatype": "BYTES", "parameters": {"content_type": "str"}}],
+            "outputs": [{"name": "PROBABILITIES", "parameters": {"classification": 3}}]}
+    if binary:
+        head["inputs"][0]["parameters"]["binary_data_size"] = len(image) + 4  # the row's length prefix and bytes
+        body, headers = binary_body(image, head)
+    else:
+        head["inputs"][0]["data"] = [b64(image)]
+        body, headers = json.dumps(head).encode(), auth()
+    reply = request("POST", server.url + PATH, body, headers=headers)
+    assert reply.status == 200, reply.body
+    assert reply.header("Content-Type") == "application/json"
+    assert reply.json["id"] == "kserve-1" and reply.json["model_name"] == "MOBILENETV2"
+    assert reply.json["outputs"][0]["shape"] == [1, 3]
 
 
 def test_the_contract_route_keeps_the_envelope(server):

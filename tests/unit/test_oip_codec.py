@@ -318,3 +318,15 @@ def test_loads_reads_as_json_loads(data):
         except ValueError as e:
             return f"{type(e).__name__}: {e}"
     assert outcome(codec.loads) == outcome(json.loads)
+
+
+def test_the_model_named_in_the_body_is_read_on_both_paths():
+    """KServe's client writes model_name (and model_version) into every request: read, for the route to check."""
+    tensor = {"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["a"], "parameters": {"content_type": "str"}}
+    for head in ({"model_name": "M", "model_version": "v1", "inputs": [tensor]},  # the common path
+                 {"model_name": "M", "model_version": "v1", "inputs": [tensor, tensor]}):  # every field checked
+        asked = parse_request(json.dumps(head).encode(), None)
+        assert (asked.model_name, asked.model_version) == ("M", "v1")
+    for key in ("model_name", "model_version"):
+        with pytest.raises(CodecError, match=f"{key} must be a string"):
+            parse_request(json.dumps({key: 5, "inputs": [tensor]}).encode(), None)

@@ -70,6 +70,9 @@ class InferRequest:
     outputs: list[RequestedOutput] | None  # None: every output of the model
     parameters: dict
     binary_output: bool
+    #: What the body says it is for (KServe's client always sends ``model_name``); the route checks the path's.
+    model_name: str | None = None
+    model_version: str | None = None
 
 
 @dataclass
@@ -83,10 +86,13 @@ class Output:
 
 
 #: The fields of each object of a request; anything else is refused, as a field the server would ignore.
-REQUEST_FIELDS = frozenset({"id", "parameters", "inputs", "outputs"})
+#: ``model_name`` and ``model_version`` are not the protocol's, but KServe's own client writes them into every
+#: request (and MLServer reads them): accepted, and checked against the path.  An input's ``content_type``
+#: (KServe's and MLServer's hint of how to read the tensor) is accepted and changes nothing: the datatype does.
+REQUEST_FIELDS = frozenset({"id", "parameters", "inputs", "outputs", "model_name", "model_version"})
 INPUT_FIELDS = frozenset({"name", "datatype", "shape", "parameters", "data"})
 OUTPUT_FIELDS = frozenset({"name", "parameters"})
-INPUT_PARAMETERS = frozenset({"binary_data_size"})
+INPUT_PARAMETERS = frozenset({"binary_data_size", "content_type"})
 OUTPUT_PARAMETERS = frozenset({"binary_data", "classification"})
 
 
@@ -237,6 +243,10 @@ def _common_request(head: dict, binary: bytes | memoryview) -> InferRequest | No
     request_id = head.get("id")
     if type(parameters) is not dict or (request_id is not None and type(request_id) is not str):
         return None
+    model_name, model_version = head.get("model_name"), head.get("model_version")
+    if (model_name is not None and type(model_name) is not str) or (
+            model_version is not None and type(model_version) is not str):
+        return None
     binary_output = parameters.get("binary_data_output", False)
     if type(binary_output) is not bool:
         return None
@@ -258,7 +268,7 @@ def _common_request(head: dict, binary: bytes | memoryview) -> InferRequest | No
                 return None
             outputs.append(RequestedOutput(out_name, out_binary, k))
     return InferRequest(request_id, [Tensor(name, datatype, [shape[0]], data, params)], outputs, parameters,
-                        binary_output)
+                        binary_output, model_name, model_version)
 
 
 def _checked_request(head: dict, binary: bytes | memoryview) -> InferRequest:
@@ -303,7 +313,11 @@ def _checked_request(head: dict, binary: bytes | memoryview) -> InferRequest:
     binary_output = parameters.get("binary_data_output", False)
     if not isinstance(binary_output, bool):
         raise CodecError("parameters.binary_data_output must be true or false")
-    return InferRequest(request_id, inputs, _outputs(head.get("outputs")), parameters, binary_output)
+    for key in ("model_name", "model_version"):
+        if head.get(key) is not None and not isinstance(head[key], str):
+            raise CodecError(f"{key} must be a string")
+    return InferRequest(request_id, inputs, _outputs(head.get("outputs")), parameters, binary_output,
+                        head.get("model_name"), head.get("model_version"))
 
 
 def _outputs(value: Any) -> list[RequestedOutput] | None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from svc.contract.errors import ApiError
 from svc.contract.oip import PREFIX
-from svc.web.replies import dumps, envelope_headers
+from svc.web.replies import OIP_JSON_CONTENT_TYPE, dumps, envelope_headers
 from svc.web.routes import EnvelopeReplies
 
 #: Values of the ``protocol`` label of the gateway's request metrics.
@@ -42,4 +42,5 @@ class ProtocolReplies(EnvelopeReplies):
     def raw(self, request: Any | None, error: ApiError) -> tuple[int, dict[str, str], bytes]:
         if request is None or not is_oip(request):
             return super().raw(request, error)
-        return error.code, {**envelope_headers(self.task_id(request)), **error.headers}, dumps({"error": error.message})
+        return error.code, {**envelope_headers(self.task_id(request)), **error.headers,
+                            "Content-Type": OIP_JSON_CONTENT_TYPE.decode()}, dumps({"error": error.message})

@@ -60,7 +60,7 @@ class OipRoute:
 
             def parse(body: bytes) -> tuple[codec.InferRequest, translate.Plan, Any]:
                 asked = codec.parse_request(body, length)
-                translate.check_named(asked, model_id, self.identity.version)
+                translate.check_named(asked, model_id)
                 plan = translate.plan(shape, asked, request_id)
                 return asked, plan, validator.from_parts(plan.images, plan.req_id, plan.params, plan.options)
 

@@ -94,7 +94,9 @@ def model_request(config: ModelServerConfig, factory: Any, params: dict) -> dict
                               "datatype": {"const": "BYTES"},
                               "shape": {"type": "array", "items": {"const": k}, "minItems": 1, "maxItems": 1},
                               "data": {"type": "array", "items": STRING, "minItems": k, "maxItems": k},
-                              "parameters": {"type": "object", "maxProperties": 0}}}
+                              "parameters": {"type": "object", "additionalProperties": False, "properties": {
+                                  "content_type": {"type": "string", "description": "KServe's and MLServer's hint; "
+                                                   "ignored (the datatype says how to read the tensor)."}}}}}
               for k in range(1, config.max_request_items + 1)]
     model_params = {k: v for k, v in (params.get("properties") or {}).items()
                     if not (shape.kind == CLASSIFICATION and k == "top_k")}
@@ -119,6 +121,10 @@ def model_request(config: ModelServerConfig, factory: Any, params: dict) -> dict
         "properties": {
             "id": {"type": "string", "description": "Echoed in the reply; also the request id when it is a valid "
                    "one and no X-Request-ID is sent."},
+            "model_name": {"const": config.id, "description": "Not the protocol's, but what KServe's client sends: "
+                           "the path's model (another: 400)."},
+            "model_version": {"type": "string", "description": "As KServe's client sends it; ignored (a version "
+                              "in the path is the one checked)."},
             "parameters": {
                 "type": "object",
                 "additionalProperties": False,

@@ -87,7 +87,7 @@ class Output:
 
 #: The fields of each object of a request; anything else is refused, as a field the server would ignore.
 #: ``model_name`` and ``model_version`` are not the protocol's, but KServe's own client writes them into every
-#: request (and MLServer reads them): accepted, and checked against the path.  An input's ``content_type``
+#: request (and MLServer reads them): accepted; the name is checked against the path, the version ignored.  An input's ``content_type``
 #: (KServe's and MLServer's hint of how to read the tensor) is accepted and changes nothing: the datatype does.
 REQUEST_FIELDS = frozenset({"id", "parameters", "inputs", "outputs", "model_name", "model_version"})
 INPUT_FIELDS = frozenset({"name", "datatype", "shape", "parameters", "data"})

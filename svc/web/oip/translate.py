@@ -121,14 +121,12 @@ def check_version(model_id: str, asked: str | None, served: str) -> None:
         raise ApiError(st.NOT_FOUND, f"model {model_id} serves version {served!r}, not {asked[:80]!r}")
 
 
-def check_named(request: InferRequest, model_id: str, served: str) -> None:
-    """A body's ``model_name`` or ``model_version`` (KServe's client sends them) that is not the path's is a 400:
-    run as it is, the reply would be another model's than the client thinks it asked."""
+def check_named(request: InferRequest, model_id: str) -> None:
+    """A body's ``model_name`` (KServe's client sends it) that is not the path's is a 400: run as it is, the reply
+    would be another model's than the client thinks it asked.  Its ``model_version`` is ignored, as KServe's
+    server ignores it: the version that counts is the path's (:func:`check_version`)."""
     if request.model_name is not None and request.model_name != model_id:
         raise CodecError(f"model_name {request.model_name[:80]!r} is not the model of the path, {model_id}")
-    if request.model_version is not None and request.model_version not in ("", served):
-        raise CodecError(f"model_version {request.model_version[:80]!r} is not the version {model_id} serves, "
-                         f"{served!r}")
 
 
 def failed_item(results: list) -> ApiError | None:

@@ -29,7 +29,7 @@ from playwright.sync_api import expect, sync_playwright
 from tests.support.http import get, post
 from tests.support.images import b64, image_bytes
 from tests.support.processes import REPO
-from tests.support.stack import build_stack, stop_stack
+from tests.support.stack import ready_stack, stop_cleanly
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run", "--disable-background-networking",
@@ -53,13 +53,9 @@ REPLICAS = {"TESTFAULTS": 2}
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = build_stack(tmp_path_factory.mktemp("ui"), MODELS, replicas=REPLICAS)
-    for name in ("__gateway", *MODELS):
-        s.wait_for(name, lambda c: all(r["state"] == "running" and r["ready"] for r in c.get("replicas", [c])),
-                   timeout=240)
+    s = ready_stack(tmp_path_factory.mktemp("ui"), MODELS, replicas=REPLICAS)
     yield s
-    code, survivors = stop_stack(s)
-    assert code == 0 and survivors == []
+    stop_cleanly(s)
 
 
 @pytest.fixture(scope="module")

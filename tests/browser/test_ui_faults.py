@@ -21,7 +21,7 @@ from playwright.sync_api import expect, sync_playwright
 from tests.browser.test_ui import ARGS, CHROMIUM, choose, replica_row, row, shot
 from tests.support.http import get, post
 from tests.support.images import b64, image_bytes
-from tests.support.stack import build_stack, stop_stack
+from tests.support.stack import ready_stack, stop_cleanly
 
 MODELS = {"MOBILENETV2": {}, "TESTFAULTS": {"async_enabled": True}}
 RETRYING = "Cannot reach the supervisor; retrying…"
@@ -31,13 +31,9 @@ TOKEN_KEY = "inference-service.token"
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = build_stack(tmp_path_factory.mktemp("ui-faults"), MODELS, replicas={"TESTFAULTS": 2})
-    for name in ("__gateway", *MODELS):
-        s.wait_for(name, lambda c: all(r["state"] == "running" and r["ready"] for r in c.get("replicas", [c])),
-                   timeout=240)
+    s = ready_stack(tmp_path_factory.mktemp("ui-faults"), MODELS, replicas={"TESTFAULTS": 2})
     yield s
-    code, survivors = stop_stack(s)
-    assert code == 0 and survivors == []
+    stop_cleanly(s)
 
 
 @pytest.fixture(scope="module")

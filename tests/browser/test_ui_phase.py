@@ -15,7 +15,7 @@ from playwright.sync_api import expect, sync_playwright
 
 from tests.browser.test_ui import ARGS, CHROMIUM, row, shot
 from tests.support.processes import write_config
-from tests.support.stack import build_stack, stop_stack
+from tests.support.stack import build_stack, stop_cleanly
 
 LOADING = "the model is loading: building the model and loading its weights"
 
@@ -25,8 +25,7 @@ def stack(tmp_path_factory):
     s = build_stack(tmp_path_factory.mktemp("ui-phase"), {"TESTFAULTS": {"model": {"load_delay_ms": 600000}}})
     s.wait_for("__gateway", lambda c: c["state"] == "running" and c["ready"], timeout=240)
     yield s
-    code, survivors = stop_stack(s)
-    assert code == 0 and survivors == []
+    stop_cleanly(s)
 
 
 @pytest.fixture(scope="module")

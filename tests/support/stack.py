@@ -8,6 +8,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from svc import auth
 from tests.support.http import get
@@ -167,3 +168,18 @@ def stop_stack(stack: Stack) -> tuple[int, list[int]]:
         except ProcessLookupError:
             pass
     return code, survivors
+
+
+def ready_stack(root: Path, models: dict[str, dict], *, timeout: float = 240, **kwargs: Any) -> Stack:
+    """:func:`build_stack`, then wait until the gateway and every replica of every model run and are ready."""
+    stack = build_stack(root, models, **kwargs)
+    for name in ("__gateway", *models):
+        stack.wait_for(name, lambda c: all(r["state"] == "running" and r["ready"] for r in c.get("replicas", [c])),
+                       timeout=timeout)
+    return stack
+
+
+def stop_cleanly(stack: Stack) -> None:
+    """:func:`stop_stack`, asserting that the supervisor exited 0 and left no child behind."""
+    code, survivors = stop_stack(stack)
+    assert code == 0 and survivors == []

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
+from weakref import WeakKeyDictionary
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import (
@@ -62,16 +63,49 @@ def cancelling(timer: IDelayedCall) -> Callable[[_T], _T]:
     return cancel
 
 
-def follow(d: Deferred) -> Deferred:
-    """A new Deferred with ``d``'s result, leaving ``d``'s own chain as it is (several callers wait on one)."""
-    out: Deferred = Deferred()
+class _Followers:
+    """The waiters on one Deferred's result: each gets it in a Deferred of its own, and the source's chain ends
+    with ``None``, so that its failure, handed on, is not also reported as unhandled when it is collected."""
 
-    def copy(result: Any) -> Any:
-        if isinstance(result, Failure):
-            out.errback(result)
+    _NOT_YET = object()
+
+    def __init__(self, source: Deferred) -> None:
+        self.waiting: list[Deferred] = []
+        self.result: Any = self._NOT_YET
+        source.addBoth(self._fire)
+
+    def _fire(self, result: Any) -> None:
+        self.result = result
+        waiting, self.waiting = self.waiting, []
+        for out in waiting:
+            self._hand(out)
+
+    def _hand(self, out: Deferred) -> None:
+        if isinstance(self.result, Failure):
+            out.errback(self.result)
         else:
-            out.callback(result)
-        return result
+            out.callback(self.result)
 
-    d.addBoth(copy)
-    return out
+    def follow(self) -> Deferred:
+        out: Deferred = Deferred()
+        if self.result is self._NOT_YET:
+            self.waiting.append(out)
+        else:
+            self._hand(out)
+        return out
+
+
+_followers: WeakKeyDictionary[Deferred, _Followers] = WeakKeyDictionary()
+
+
+def follow(d: Deferred) -> Deferred:
+    """A new Deferred with ``d``'s result: any number of callers wait on one (a second restart joins the first).
+
+    ``d``'s chain is taken over here: its result goes to each follower, and the chain itself ends with None
+    (a failure is each follower's to handle; left in ``d`` as well, twisted logged it as an "Unhandled error
+    in Deferred" once ``d`` was collected, beside the caller's own one-line answer).
+    """
+    followers = _followers.get(d)
+    if followers is None:
+        followers = _followers[d] = _Followers(d)
+    return followers.follow()

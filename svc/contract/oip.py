@@ -36,6 +36,12 @@ from typing import Any
 
 #: The path prefix of every OIP route: replies under it (errors too) take the protocol's shape.
 PREFIX = "/v2"
+_PREFIX_BYTES = PREFIX.encode()
+
+
+def is_oip_path(path: bytes) -> bool:
+    """Whether a request path is the protocol's: ``/v2`` or under it."""
+    return path == _PREFIX_BYTES or path.startswith(_PREFIX_BYTES + b"/")
 #: The server metadata's name and every model's platform.
 SERVER_NAME = "inference-service"
 PLATFORM = "inference-service"

@@ -247,15 +247,17 @@ class ChildManager:
                 env["CUDA_VISIBLE_DEVICES"] = str(gpu)
             if cpus:
                 env[CPU_AFFINITY_ENV] = ",".join(map(str, cpus))
-            def argv(port: int = port) -> list[str]:
-                flag = self._weights_flag(model)
+            def argv(flag: str | None, port: int = port) -> list[str]:
                 return _twist(MODEL_PROGRAM, "--server", model.path, "--device", self.profile.device,
                               *(("--weights", flag) if flag else ()), *(("--port", str(port)) if port != model.port else ()))
 
+            def argv_now(argv: Callable[[str | None], list[str]] = argv) -> list[str]:
+                return argv(self._weights_flag(model))  # the config file read again at each spawn
+
             specs.append(ChildSpec(
                 name=replica_name(model.id, i, len(ports)),
-                argv=argv(),
-                argv_now=argv,
+                argv=argv(self.weights[model.id][0]),  # as decided from the configs just read
+                argv_now=argv_now,
                 env=env,
                 port=port,
                 ready_path=READY_PATH,

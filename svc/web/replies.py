@@ -19,18 +19,16 @@ from twisted.web.http import RESPONSES
 from svc.contract import status as st
 from svc.contract.envelope import dumps
 from svc.contract.errors import ApiError
-from svc.contract.oip import PREFIX as OIP_PREFIX
+from svc.contract.oip import is_oip_path
 
 JSON_CONTENT_TYPE = b"application/json; charset=utf-8"
 #: The Open Inference Protocol's (JSON has no charset parameter, RFC 8259; the bytes are UTF-8 all the same).
 OIP_JSON_CONTENT_TYPE = b"application/json"
-_OIP_PREFIX = OIP_PREFIX.encode()
 
 
 def json_content_type(request: Any) -> bytes:
     """The content type of ``request``'s JSON reply: plain under ``/v2``, else with its charset."""
-    path = getattr(request, "path", None) or b""
-    return OIP_JSON_CONTENT_TYPE if path == _OIP_PREFIX or path.startswith(_OIP_PREFIX + b"/") else JSON_CONTENT_TYPE
+    return OIP_JSON_CONTENT_TYPE if is_oip_path(getattr(request, "path", None) or b"") else JSON_CONTENT_TYPE
 
 #: Reason phrases that twisted's RESPONSES table lacks (it would send "Unknown Status"): RFC 9110 and RFC 6585;
 #: and 408 as RFC 9110 spells it, as the header deadline's reply does (twisted: "Request Time-out").

@@ -184,3 +184,13 @@ def test_8_bit_images_are_returned_as_they_are():
     data = encoded(noise(40, 24), "PNG")
     image = open_image(data, MAX_PIXELS)
     assert image.mode == "RGB" and image.format == "PNG"  # the same lazily opened image, not a copy
+
+
+def test_a_16_bit_image_cut_short_fails_its_item_with_status_5():
+    """Its pixels are read here (the 8-bit conversion): a truncated file is the item's INVALID_IMAGE, not a 500."""
+    wide = Image.fromarray(np.random.default_rng(1).integers(0, 65535, (64, 64), dtype=np.uint16))
+    data = encoded(wide, "PNG")
+    with pytest.raises(ItemInputError) as caught:
+        open_image(data[: len(data) // 2], MAX_PIXELS)
+    assert caught.value.status == st.INVALID_IMAGE
+    assert caught.value.message == "image cannot be read: image file is truncated"

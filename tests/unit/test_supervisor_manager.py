@@ -204,11 +204,16 @@ def test_a_restart_runs_the_weights_its_config_file_names_now(tmp_path):
     assert args[args.index("--server") + 1] == str(path) and "--weights" not in args  # its file, as the config says
     assert next(s for s in m.status_view()["servers"] if s["id"] == "AAA")["weights"] == {"kind": "file",
                                                                                           "variant": None}
-    path.write_text("not toml [")  # a file that no longer loads: the last choice, and the server says what is wrong
-    old = child._protocol
-    child.restart()
-    old.processEnded(Failure(ProcessDone(0)))
-    assert "--weights" not in reactor.spawned[-1][2]
+    for broken in ("not toml [", None):  # a file that no longer loads, or is gone: the last choice stands, and
+        if broken is None:               # the model server, which reads it too, says what is wrong
+            path.unlink()
+        else:
+            path.write_text(broken)
+        old = child._protocol
+        child.restart()
+        old.processEnded(Failure(ProcessDone(0)))
+        assert "--weights" not in reactor.spawned[-1][2]
+        assert next(s for s in m.status_view()["servers"] if s["id"] == "AAA")["weights"]["kind"] == "file"
 
 
 def test_a_pretrained_profile_runs_the_default_or_configured_variants(tmp_path):

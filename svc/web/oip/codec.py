@@ -72,7 +72,6 @@ class InferRequest:
     binary_output: bool
     #: What the body says it is for (KServe's client always sends ``model_name``); the route checks the path's.
     model_name: str | None = None
-    model_version: str | None = None
 
 
 @dataclass
@@ -268,7 +267,7 @@ def _common_request(head: dict, binary: bytes | memoryview) -> InferRequest | No
                 return None
             outputs.append(RequestedOutput(out_name, out_binary, k))
     return InferRequest(request_id, [Tensor(name, datatype, [shape[0]], data, params)], outputs, parameters,
-                        binary_output, model_name, model_version)
+                        binary_output, model_name)
 
 
 def _checked_request(head: dict, binary: bytes | memoryview) -> InferRequest:
@@ -317,7 +316,7 @@ def _checked_request(head: dict, binary: bytes | memoryview) -> InferRequest:
         if head.get(key) is not None and not isinstance(head[key], str):
             raise CodecError(f"{key} must be a string")
     return InferRequest(request_id, inputs, _outputs(head.get("outputs")), parameters, binary_output,
-                        head.get("model_name"), head.get("model_version"))
+                        head.get("model_name"))
 
 
 def _outputs(value: Any) -> list[RequestedOutput] | None:

@@ -15,13 +15,12 @@ from __future__ import annotations
 from typing import Any
 
 from svc.contract.errors import ApiError
-from svc.contract.oip import PREFIX
+from svc.contract.oip import is_oip_path
 from svc.web.replies import OIP_JSON_CONTENT_TYPE, dumps, envelope_headers
 from svc.web.routes import EnvelopeReplies
 
 #: Values of the ``protocol`` label of the gateway's request metrics.
 CONTRACT, OIP = "contract", "oip"
-_PREFIX = PREFIX.encode()
 
 
 def is_oip(request: Any) -> bool:
@@ -29,7 +28,7 @@ def is_oip(request: Any) -> bool:
     path = getattr(request, "path", None)
     if path is None:  # an early 413: only the channel has seen the request line
         path = getattr(getattr(request, "channel", None), "_path", b"") or b""
-    return path == _PREFIX or path.startswith(_PREFIX + b"/")
+    return is_oip_path(path)
 
 
 def protocol_of(request: Any) -> str:

@@ -33,11 +33,11 @@ class HostStaging:
         arrays = isinstance(items[0], np.ndarray)
         if not self.pinned:
             return torch.from_numpy(np.stack(items)) if arrays else torch.stack(items)
-        first = torch.from_numpy(items[0][:0]) if arrays else items[0]  # (an empty view: only the dtype is read)
-        key = (tuple(items[0].shape), first.dtype)
+        dtype = item_dtype(items[0])
+        key = (tuple(items[0].shape), dtype)
         buffer, event = self._buffers.get(key, (None, None))
         if buffer is None or buffer.shape[0] < len(items):
-            buffer = torch.empty((len(items), *items[0].shape), dtype=first.dtype, pin_memory=True)
+            buffer = torch.empty((len(items), *items[0].shape), dtype=dtype, pin_memory=True)
             event = torch.cuda.Event()
         else:
             event.synchronize()  # the previous copy out of this buffer is done
@@ -50,3 +50,18 @@ class HostStaging:
         event.record()
         self._buffers[key] = (buffer, event)
         return on_device
+
+
+def item_dtype(item: Any) -> Any:
+    """The torch dtype of a tensor or a numpy array, without a tensor view of the array.
+
+    ``torch.from_numpy`` of a read-only array (Pillow's pixels) warns that
+    torch does not support non-writable tensors: the GPU's first batch logged
+    that warning in every model server.
+    """
+    import numpy as np
+    import torch
+
+    if isinstance(item, np.ndarray):
+        return torch.from_numpy(np.empty(0, dtype=item.dtype)).dtype
+    return item.dtype

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import warnings
+
+import numpy as np
 import pytest
 import torch
 
@@ -9,7 +12,7 @@ from svc.modelserver import tap as model_tap
 from svc.optimize import cache, support
 from svc.optimize.buckets import batch_size_of, bucket_for, capture_sizes, copy_into, slice_batch
 from svc.optimize.modes import EAGER_MODE, Mode, ModeError, known_names, mode, parse_mode
-from svc.optimize.transfer import HostStaging
+from svc.optimize.transfer import HostStaging, item_dtype
 from tests.support.processes import SHIPPED_CONF, write_config
 from tests.unit.test_taps import environment, refusal  # noqa: F401 - environment is a fixture
 
@@ -199,3 +202,16 @@ def test_host_staging_on_cpu_is_a_stack():
     for array in pixels:
         array.flags.writeable = False  # as Pillow's pixels are
     assert torch.equal(staging.stack(pixels), torch.stack(items))
+
+
+def test_item_dtype_of_read_only_pixels_does_not_warn():
+    """The pinned (GPU) path reads the items' dtype: a read-only array must not make torch warn."""
+    pixels = np.zeros((2, 2, 3), dtype=np.uint8)
+    pixels.flags.writeable = False  # as Pillow's pixels are
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert item_dtype(pixels) is torch.uint8
+        assert item_dtype(np.zeros(1, dtype=np.float32)) is torch.float32
+        assert item_dtype(torch.zeros(1, dtype=torch.float16)) is torch.float16
+    with pytest.warns(UserWarning, match="not writable"):
+        torch.from_numpy(pixels[:0])  # what the pinned path did before: the warning every GPU server logged

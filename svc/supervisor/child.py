@@ -10,6 +10,7 @@ readiness probe and group-kill function: unit tests drive it with ``task.Clock``
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,7 @@ from twisted.internet.error import ProcessDone
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 
+from svc.infra.process import SUPERVISOR_PID_ENV
 from svc.infra.reactors import IServiceReactor, cancelling, follow
 from svc.supervisor import spawn
 from svc.supervisor.backoff import Backoff, Timing
@@ -211,7 +213,12 @@ class Child:
     def _spawn_process(self, protocol: ChildProtocol) -> Any:
         """Spawn the group-leader wrapper running the spec's command (a subclass may add descriptors)."""
         argv = spawn.group_leader_argv(self.spec.argv_now() if self.spec.argv_now else self.spec.argv)
-        return self.reactor.spawnProcess(protocol, argv[0], argv, env=self.spec.env, path=self.spec.cwd)
+        return self.reactor.spawnProcess(protocol, argv[0], argv, env=self.spawn_env(), path=self.spec.cwd)
+
+    def spawn_env(self) -> dict[str, str]:
+        """The spec's environment with ``SERVICE_SUPERVISOR_PID`` = this pid now: twistd without ``-n`` forks
+        after the service is built, and a pid taken then made every child's wrapper give up (its parent "gone")."""
+        return {**self.spec.env, SUPERVISOR_PID_ENV: str(os.getpid())}
 
     def _signal(self, sig: int) -> None:
         if self.pid is not None:

@@ -203,7 +203,7 @@ class GatewayChild(Child):
             fds[LISTEN_FD] = sock.fileno()
             extra += ["--listen-fd", str(LISTEN_FD)]
         argv = group_leader_argv([*self.spec.argv, *extra])
-        transport = self.reactor.spawnProcess(protocol, argv[0], argv, env=self.spec.env,
+        transport = self.reactor.spawnProcess(protocol, argv[0], argv, env=self.spawn_env(),
                                               path=self.spec.cwd, childFDs=fds)
         protocol.pid = transport.pid
         return transport

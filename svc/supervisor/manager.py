@@ -149,11 +149,11 @@ class ChildManager:
         # The job secret signs job ids (svc.contract.jobid): the gateway checks what the model servers mint.
         # Taken from the environment when given (every host of a cluster shares one), else made here.
         self.job_secret = self.env.get(JOB_SECRET_ENV) or new_secret()
-        # SERVICE_SUPERVISOR_PID: a child whose parent is no longer this pid knows it is orphaned.
         # SERVICE_HOST_ID: the model servers mint job ids naming this host, which the gateway routes by.
-        base = {**self.env, "PYTHONUNBUFFERED": "1", SUPERVISOR_PID_ENV: str(os.getpid()),
-                JOB_SECRET_ENV: self.job_secret, HOST_ID_ENV: config.cluster.host_id}
-        for name in (REPLICA_ENV, CPU_SHARE_ENV, CPU_AFFINITY_ENV):  # set per replica below, never inherited
+        # (SERVICE_SUPERVISOR_PID is set at each spawn, svc.supervisor.child: a daemon's pid is known only then.)
+        base = {**self.env, "PYTHONUNBUFFERED": "1", JOB_SECRET_ENV: self.job_secret,
+                HOST_ID_ENV: config.cluster.host_id}
+        for name in (REPLICA_ENV, CPU_SHARE_ENV, CPU_AFFINITY_ENV, SUPERVISOR_PID_ENV):  # set per replica/spawn
             base.pop(name, None)
         specs = [
             ChildSpec(

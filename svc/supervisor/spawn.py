@@ -37,6 +37,7 @@ GROUP_LEADER = (
     "    pass\n"
     "sup = os.environ.get('SERVICE_SUPERVISOR_PID', '')\n"
     "if sup.isdigit() and os.getppid() != int(sup):\n"
+    "    sys.stderr.write('the supervisor (pid %s) is gone: not starting\\n' % sup)\n"
     "    os._exit(1)\n"
     f"cpus = os.environ.get('{CPU_AFFINITY_ENV}', '')\n"
     "if cpus:\n"

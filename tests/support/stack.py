@@ -86,13 +86,15 @@ class Stack:
 
 def build_stack(root: Path, models: dict[str, dict], *, env_overrides: dict[str, str] | None = None,
                 supervisor_extra: str = "", gateway_extra: str = "", profile: str = "cpu",
-                replicas: dict[str, int] | None = None, server_extra: dict[str, str] | None = None) -> Stack:
+                replicas: dict[str, int] | None = None, server_extra: dict[str, str] | None = None,
+                start: bool = True) -> Stack:
     """Write configs for ``models`` (base config name -> overrides) and start the supervisor.
 
     ``profiles/cpu.toml`` lists ``models``; ``profile`` is the config's ``supervisor.profile``.
     ``replicas``: model id -> replica count, each replica on a free port (``[servers.<ID>] ports``,
     in ``extra["replica_ports"]``: the stride's ports may be anyone's on a shared machine);
-    ``server_extra``: model id -> more lines of its ``[servers.<ID>]`` table.
+    ``server_extra``: model id -> more lines of its ``[servers.<ID>]`` table; ``start`` False: only the
+    files (the stack's ``supervisor`` is None), for a test that starts the supervisor its own way.
     """
     servers, profiles, logs = root / "server", root / "profiles", root / "logs"
     for d in (servers, profiles):
@@ -122,7 +124,7 @@ def build_stack(root: Path, models: dict[str, dict], *, env_overrides: dict[str,
     env = {**TOKENS, **(env_overrides or {})}
     stack = Stack(root, None, gateway_port, ports, keys_file, env, key,  # type: ignore[arg-type]
                   extra={"supervisor_port": supervisor_port, "replica_ports": replica_ports})
-    return start_supervisor(stack)
+    return start_supervisor(stack) if start else stack
 
 
 def start_supervisor(stack: Stack) -> Stack:

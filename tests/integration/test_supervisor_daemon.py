@@ -1,0 +1,61 @@
+"""The supervisor run as a daemon (``twistd`` without ``-n``, docs/processes.md) starts its children.
+
+twistd forks after it has built the service, and the supervisor used to put
+its pid of that moment in the children's ``SERVICE_SUPERVISOR_PID``: the
+parent that exited.  Every child's wrapper then took its supervisor for dead
+and exited 1 at once, and the status said only "refused to start (exit code
+1)" for the gateway and every model.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.support.http import get, post
+from tests.support.images import image_b64
+from tests.support.processes import Proc, child_env
+from tests.support.stack import build_stack
+
+TWISTD = str(Path(sys.executable).parent / "twistd")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_daemonized_supervisor_runs_its_children_and_stops_them(tmp_path: Path) -> None:
+    stack = build_stack(tmp_path, {"TESTFAULTS": {}}, start=False)
+    pidfile, log = tmp_path / "supervisor.pid", tmp_path / "supervisor.log"
+    launcher = subprocess.Popen([TWISTD, "--pidfile", str(pidfile), "--logfile", str(log), "service-supervisor",
+                                 "--config", str(tmp_path / "service.toml")], env=child_env(stack.env), cwd=tmp_path)
+    assert launcher.wait(60) == 0  # the daemon runs on; the launcher returns
+    stack.supervisor = Proc(launcher, stack.extra["supervisor_port"], log, stack.env["SERVICE_API_TOKEN"])
+    deadline = time.monotonic() + 60
+    while not pidfile.exists() or get(stack.url + "/api/v1/health", timeout=5).status != 200:
+        assert time.monotonic() < deadline, log.read_text()[-3000:] if log.exists() else "no log"
+        time.sleep(0.2)
+    daemon = int(pidfile.read_text())
+    try:
+        for name in ("__gateway", "TESTFAULTS"):
+            child = stack.wait_for(name, lambda c: c["state"] == "running" and c["ready"], timeout=120)
+            assert child["restarts"] == 0 and child["last_error"] is None, child
+        reply = post(f"{stack.gateway}/v1/models/TESTFAULTS/infer", {"images": [image_b64()]},
+                     headers={"Authorization": f"Bearer {stack.key}"})
+        assert reply.status == 200 and reply.json["status"] == 0, reply.json
+        pids = [stack.child(n)["pid"] for n in ("__gateway", "TESTFAULTS")]
+    finally:
+        os.kill(daemon, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while pid_alive(daemon) or any(pid_alive(p) for p in pids):
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.2)
+    assert not pidfile.exists()

@@ -312,7 +312,11 @@ def test_bf16_openvino_runs_at_bf16_precision_from_the_same_converted_model(stat
     fp32 = apply_mode(target, mode("openvino"), "cpu", 4)
     before = dict(runtimes.STATS)
     bf16 = apply_mode(target, mode("bf16+openvino"), "cpu", 4)
-    assert bf16.optimised.compiled.get_property("INFERENCE_PRECISION_HINT") == openvino_module().Type.bf16
+    # bf16 where the CPU has it natively (the only CPUs `auto` offers the mode on: support.unsupported); on one
+    # without, OpenVINO itself keeps the float32 it was asked to leave, and the mode's other promises hold.
+    Type = openvino_module().Type
+    expected = Type.bf16 if support.cpu_has_native_bf16() else Type.f32
+    assert bf16.optimised.compiled.get_property("INFERENCE_PRECISION_HINT") == expected
     assert runtimes.STATS["loaded"] == before.get("loaded", 0) + 1  # the float32 IR, read again
     assert len(list((state_dir / "compiled").glob("*.xml"))) == 1
     x = torch.rand(2, 3, 8, 8)

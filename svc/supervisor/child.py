@@ -1,11 +1,9 @@
-"""One supervised child process and its state machine (the states and their transitions:
-:mod:`svc.supervisor.childspec`).
+"""One supervised child process and its state machine (states and transitions: :mod:`svc.supervisor.childspec`).
 
 A new process is spawned only after the old one has exited, so a port is never reused too early;
-how a process is spawned and signalled (its own process group) is :mod:`svc.supervisor.spawn`,
-the back-off, the port wait and the crash-loop limit :mod:`svc.supervisor.backoff`.  Everything
-runs on an injected reactor (``spawnProcess``, ``callLater``, ``seconds``) with an injected
-readiness probe and group-kill function: unit tests drive it with ``task.Clock``.
+how a process is spawned and signalled is :mod:`svc.supervisor.spawn`, the back-off, the port wait
+and the crash-loop limit :mod:`svc.supervisor.backoff`.  The reactor, the readiness probe and the
+group-kill function are injected: unit tests drive it with ``task.Clock``.
 """
 
 from __future__ import annotations
@@ -94,6 +92,8 @@ class Child:
             return fail(ChildError(f"{self.name} is {self.state}: stop it first or restart it"))
         if self._closing:
             return fail(ChildError(f"{self.name}: the supervisor is shutting down"))
+        if problem := self.spec.problem():
+            return fail(ChildError(problem))
         self._cancel_timer()
         self.backoff.reset()
         self.last_error = None  # a new start: an earlier failure is no longer this child's state
@@ -138,6 +138,8 @@ class Child:
         """
         if self._restarting is not None:
             return follow(self._restarting)
+        if problem := self.spec.problem():  # before the stop: a restart that cannot start takes nothing down
+            return fail(ChildError(problem))
         d = self.stop() if self.state in (STARTING, RUNNING, STOPPING) else succeed(None)
         self._restarting = pending = Deferred[None]()
 
@@ -216,8 +218,7 @@ class Child:
         return self.reactor.spawnProcess(protocol, argv[0], argv, env=self.spawn_env(), path=self.spec.cwd)
 
     def spawn_env(self) -> dict[str, str]:
-        """The spec's environment with ``SERVICE_SUPERVISOR_PID`` = this pid now: twistd without ``-n`` forks
-        after the service is built, and a pid taken then made every child's wrapper give up (its parent "gone")."""
+        """The spec's environment with ``SERVICE_SUPERVISOR_PID`` = this pid now (twistd without -n forks later)."""
         return {**self.spec.env, SUPERVISOR_PID_ENV: str(os.getpid())}
 
     def _signal(self, sig: int) -> None:

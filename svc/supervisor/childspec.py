@@ -53,3 +53,10 @@ class ChildSpec:
     info: dict[str, Any] = field(default_factory=dict)
     #: The command as of each spawn, when it follows a file (a model's ``--weights`` its config); else ``argv``.
     argv_now: Callable[[], list[str]] | None = None
+    #: Why a start or restart asked of this child must not go on, checked before anything is stopped (the model's
+    #: edited config, the gateway's key file: svc.supervisor.preflight); None lets it go on.
+    preflight: Callable[[], str | None] | None = None
+
+    def problem(self) -> str | None:
+        """What :attr:`preflight` finds (None without one)."""
+        return self.preflight() if self.preflight else None

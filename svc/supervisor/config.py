@@ -66,6 +66,7 @@ class SupervisorConfig:
     gateway_listen_backlog: int = 1024
     gateway_probe_interval_ms: int = 1000
     gateway_recv_timeout_ms: int = 180000
+    gateway_keys_file: str = "conf/api_keys.toml"
     cluster: ClusterConfig = field(default_factory=ClusterConfig.single_host)
 
     def server(self, server_id: str) -> ServerSettings:
@@ -180,6 +181,7 @@ class _GatewayRead:
     replica_probe_interval_ms: int = setting(1000, "How often the gateway probes the replicas' /ready.",
                                              minimum=100, maximum=60000)
     upstream_recv_timeout_ms: int = base.upstream_recv_timeout_setting()  # a retired gateway drains this long
+    keys_file: str = setting("conf/api_keys.toml", "The API key file ([keys.<name>] tables).")  # checked at restarts
 
 
 GATEWAY_READ = keys_of(_GatewayRead)
@@ -211,6 +213,7 @@ def load_supervisor_config(path: str) -> SupervisorConfig:
         # A rolling restart lets the gateway see a restarted replica ready before it stops the next one.
         gateway_probe_interval_ms=gateway["replica_probe_interval_ms"],
         gateway_recv_timeout_ms=gateway["upstream_recv_timeout_ms"],
+        gateway_keys_file=gateway["keys_file"],
         cluster=cluster_from_table(path, sub_table(path, data, "cluster")),
         **values,
     )

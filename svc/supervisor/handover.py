@@ -229,6 +229,8 @@ class GatewayChild(Child):
             return fail(ChildError(f"{self.name}: a restart is already under way"))
         if self._closing:
             return fail(ChildError(f"{self.name}: the supervisor is shutting down"))
+        if problem := self.spec.problem():  # the running gateway keeps serving
+            return fail(ChildError(problem))
         if self.state != RUNNING or self._protocol is None or self.listener is None:
             self._keep_listener = True
             d = super().restart()

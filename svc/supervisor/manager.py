@@ -33,6 +33,7 @@ import os
 import secrets
 import sys
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
@@ -72,6 +73,7 @@ from svc.supervisor.child import STARTING, Child, ChildError, ChildSpec
 from svc.supervisor.config import Profile, SupervisorConfig, weights_choice
 from svc.supervisor.handover import GatewayChild, bind_listening_socket
 from svc.supervisor.logsink import LogSink
+from svc.supervisor.preflight import key_file_problem, model_config_problem
 from svc.supervisor.replicaset import ReplicaSet
 from svc.supervisor.spawn import kill_group, port_is_free
 
@@ -165,6 +167,7 @@ class ChildManager:
                 policy=config.gateway_restart,
                 cwd=cwd,
                 refused=gateway_refusal(self.env, config.cluster.enabled),
+                preflight=partial(key_file_problem, os.path.abspath(os.path.join(cwd or ".", config.gateway_keys_file))),
             )
         ]
         replicas_of: dict[str, list[str]] = {}
@@ -248,8 +251,9 @@ class ChildManager:
             if cpus:
                 env[CPU_AFFINITY_ENV] = ",".join(map(str, cpus))
             def argv(flag: str | None, port: int = port) -> list[str]:
+                # --port always: the port this supervisor probes and the gateway routes to, whatever the file says now.
                 return _twist(MODEL_PROGRAM, "--server", model.path, "--device", self.profile.device,
-                              *(("--weights", flag) if flag else ()), *(("--port", str(port)) if port != model.port else ()))
+                              *(("--weights", flag) if flag else ()), "--port", str(port))
 
             def argv_now(argv: Callable[[str | None], list[str]] = argv) -> list[str]:
                 return argv(self._weights_flag(model))  # the config file read again at each spawn
@@ -258,6 +262,7 @@ class ChildManager:
                 name=replica_name(model.id, i, len(ports)),
                 argv=argv(self.weights[model.id][0]),  # as decided from the configs just read
                 argv_now=argv_now,
+                preflight=partial(model_config_problem, model),
                 env=env,
                 port=port,
                 ready_path=READY_PATH,

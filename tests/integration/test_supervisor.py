@@ -232,6 +232,42 @@ def test_gateway_restart_picks_up_a_new_key(stack):
     assert reply.status == 200 and reply.header("X-Service-Key") == "tenant-b"
 
 
+def test_a_restart_that_could_not_start_stops_nothing(stack):
+    """A model whose edited config no longer loads, or moves its port or path, and a key file with a bad
+    entry: the restart answers 500 with the reason, and the running process keeps serving as it was."""
+    path = stack.root / "server" / "TESTFAULTS.toml"
+    keys = stack.keys_file
+    config, key_file = path.read_text(), keys.read_text()
+    pid = stack.child("TESTFAULTS")["pid"]
+    body, headers = {"images": [image_b64()]}, {"Authorization": f"Bearer {stack.key}"}
+    port = re.search(r"^port = (\d+)$", config, re.M).group(1)
+    try:
+        for edited, reason in ((re.sub(r"^max_batch_size = \d+$", "max_batch_size = -3", config, flags=re.M),
+                                "its config does not load"),
+                               (config.replace(f"port = {port}", "port = 1"), f"changes port {port} -> 1"),
+                               (re.sub(r'^server_uri = ".*"$', 'server_uri = "/elsewhere"', config, flags=re.M),
+                                "changes server_uri")):
+            path.write_text(edited)
+            reply = api(stack, "POST", "/api/v1/servers/TESTFAULTS/restart")
+            assert_error(reply, 500)
+            assert reply.json["error"].startswith("TESTFAULTS: ") and reason in reply.json["error"], reply.json
+            assert "nothing was stopped" in reply.json["error"]
+            assert stack.child("TESTFAULTS")["pid"] == pid and stack.child("TESTFAULTS")["state"] == "running"
+            assert post(stack.gateway + "/v1/models/TESTFAULTS/infer", body, headers=headers).status == 200
+        path.write_text(config)
+        keys.write_text(key_file + key_entry("typo", "c" * 64).replace("rate_limit_qps = 0", "rate_limit_qps = 0.5"))
+        gateway = stack.child("__gateway")["pid"]
+        reply = api(stack, "POST", "/api/v1/servers/__gateway/restart")
+        assert_error(reply, 500)
+        assert reply.json["error"].startswith("the key file cannot be used (") and "static-token" in reply.json["error"]
+        assert stack.child("__gateway")["pid"] == gateway
+        reply = post(stack.gateway + "/v1/models/TESTFAULTS/infer", body, headers=headers)
+        assert reply.status == 200 and reply.header("X-Service-Key") == "tenant-a"  # the keys it had loaded
+    finally:
+        path.write_text(config)
+        keys.write_text(key_file)
+
+
 # -- startup ---------------------------------------------------------------------------------------
 
 

@@ -88,7 +88,9 @@ def test_gateway_first_then_the_profile_models_with_their_tokens(tmp_path):
         model_id = args[args.index("--server") + 1].rsplit("/", 1)[1][:-5]
         assert [env["SERVICE_AUTH_TOKEN"]] == tokens[model_id]
         assert (env["SERVICE_REPLICA"], env["SERVICE_CPU_SHARE"]) == ("0", "1")
-        assert "--port" not in args and "CUDA_VISIBLE_DEVICES" not in env and "SERVICE_CPU_AFFINITY" not in env
+        assert "CUDA_VISIBLE_DEVICES" not in env and "SERVICE_CPU_AFFINITY" not in env
+        # The port it is probed on and routed to, always given: an edit of the file's port would move it away.
+        assert [int(args[args.index("--port") + 1])] == json.loads(gateway_env["SERVICE_UPSTREAM_PORTS"])[model_id]
         assert args[args.index("--device") + 1] == "cpu"
         # The environment is inherited, but for the gateway's and the supervisor's credentials.
         assert env["PATH"] == "/usr/bin" and env["SERVICE_JOB_SECRET"] == gateway_env["SERVICE_JOB_SECRET"]
@@ -204,15 +206,16 @@ def test_a_restart_runs_the_weights_its_config_file_names_now(tmp_path):
     assert args[args.index("--server") + 1] == str(path) and "--weights" not in args  # its file, as the config says
     assert next(s for s in m.status_view()["servers"] if s["id"] == "AAA")["weights"] == {"kind": "file",
                                                                                           "variant": None}
-    for broken in ("not toml [", None):  # a file that no longer loads, or is gone: the last choice stands, and
-        if broken is None:               # the model server, which reads it too, says what is wrong
+    for broken in ("not toml [", None):  # a file that no longer loads, or is gone: a restart asked for is refused
+        if broken is None:               # before anything stops, and the running process keeps serving
             path.unlink()
         else:
             path.write_text(broken)
-        old = child._protocol
-        child.restart()
-        old.processEnded(Failure(ProcessDone(0)))
-        assert "--weights" not in reactor.spawned[-1][2]
+        running, spawns, failures = child._protocol, len(reactor.spawned), []
+        child.restart().addErrback(failures.append)
+        assert "its config does not load" in failures[0].getErrorMessage(), failures
+        assert "nothing was stopped" in failures[0].getErrorMessage()
+        assert child._protocol is running and len(reactor.spawned) == spawns
         assert next(s for s in m.status_view()["servers"] if s["id"] == "AAA")["weights"]["kind"] == "file"
 
 

@@ -399,7 +399,7 @@ def test_the_gateway_keys_the_supervisor_reads_are_checked_as_the_gateway_checks
 
     gateway = {k.name: k for k in GATEWAY_KEYS}
     assert {k.name for k in GATEWAY_READ} == {"host", "port", "listen_backlog", "replica_probe_interval_ms",
-                                               "upstream_recv_timeout_ms"}
+                                               "upstream_recv_timeout_ms", "keys_file"}
     for key in GATEWAY_READ:
         mine = gateway[key.name]
         assert (key.type, key.default, key.minimum, key.maximum, key.choices, key.pattern) == (

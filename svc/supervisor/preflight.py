@@ -1,0 +1,52 @@
+"""What the supervisor checks before a start or restart asked through the management API stops anything.
+
+A model's restart stops its process before the new one reads the config; an
+edit that no longer loads then took the model down until the file was fixed.
+A model's edited ``port`` or ``server_uri`` is worse: the supervisor probes
+and the gateway routes by what they read at the supervisor's start, so the
+new process answered where nobody asked (``starting`` for good, every request
+503 or 404).  And a gateway started on a key file with one bad entry runs in
+static-token mode (docs/contract.md, Authentication), refusing every API key,
+while its restart answered ``{ok: true}``.  Each check here returns why the
+action must not go on (the running process keeps serving), or None.
+"""
+
+from __future__ import annotations
+
+from svc.auth import load_key_file
+from svc.config import ConfigError, ModelServerConfig, load_model_server_config
+
+#: The keys the gateway and the supervisor route by, read once at the supervisor's start.
+ROUTING_KEYS = ("id", "port", "server_uri")
+
+
+def model_config_problem(model: ModelServerConfig) -> str | None:
+    """Why ``model``'s config file, read again now, must not be started: it does not load, or routes elsewhere."""
+    try:
+        now = load_model_server_config(model.path)
+    except (ConfigError, OSError) as e:
+        return f"{model.id}: its config does not load ({e}): nothing was stopped; fix the file and try again"
+    changed = [f"{key} {getattr(model, key)!r} -> {getattr(now, key)!r}" for key in ROUTING_KEYS
+               if getattr(model, key) != getattr(now, key)]
+    if changed:
+        return (f"{model.id}: {model.path} changes {', '.join(changed)}: the gateway and the supervisor route by "
+                "what they read at the supervisor's start, so restart the supervisor to apply it (nothing was "
+                "stopped)")
+    return None
+
+
+def key_file_problem(path: str) -> str | None:
+    """Why a gateway must not be restarted on the key file at ``path``: it exists but cannot be used.
+
+    A missing file is no problem here (the gateway decides: static-token mode
+    with a token, refused without), nor is an empty one (zero keys, a warning).
+    """
+    try:
+        load_key_file(path)
+    except ConfigError as e:
+        if e.problem == "file not found":
+            return None
+        return (f"the key file cannot be used ({e}): a gateway started on it would run in static-token mode and "
+                "refuse every API key, so the running gateway keeps serving with the keys it loaded; fix the "
+                "file (svcctl keys list checks it), or empty it to run on the static token alone")
+    return None

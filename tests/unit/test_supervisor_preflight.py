@@ -1,0 +1,76 @@
+"""What a start or restart through the management API checks before it stops anything (svc.supervisor.preflight)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from twisted.internet.error import ProcessDone
+from twisted.python.failure import Failure
+
+from svc.auth import key_entry
+from svc.config import load_model_server_config
+from svc.supervisor.preflight import key_file_problem, model_config_problem
+from tests.unit.test_supervisor_manager import weights_manager
+
+
+def model(tmp_path: Path, text: str = ""):
+    path = tmp_path / "AAA.toml"
+    path.write_text(f'id = "AAA"\nport = 9300\nserver_uri = "/aaa"\n{text}')
+    return path, load_model_server_config(str(path))
+
+
+def test_an_unchanged_config_and_other_edits_go_on(tmp_path):
+    path, config = model(tmp_path)
+    assert model_config_problem(config) is None
+    path.write_text(path.read_text() + "max_batch_size = 4\n")  # a key the new process reads itself
+    assert model_config_problem(config) is None
+
+
+def test_a_config_that_no_longer_loads_is_refused_with_its_reason(tmp_path):
+    path, config = model(tmp_path)
+    path.write_text(path.read_text() + "max_batch_size = -3\n")
+    assert model_config_problem(config) == (
+        f"AAA: its config does not load ({path}: max_batch_size: must be at least 1, got -3): nothing was stopped; "
+        "fix the file and try again")
+    path.unlink()
+    assert "its config does not load" in model_config_problem(config)
+
+
+def test_a_port_or_server_uri_edit_needs_the_supervisor_restarted(tmp_path):
+    path, config = model(tmp_path)
+    path.write_text(path.read_text().replace("port = 9300", "port = 9311").replace('"/aaa"', '"/aaa2"'))
+    assert model_config_problem(config) == (
+        f"AAA: {path} changes port 9300 -> 9311, server_uri '/aaa' -> '/aaa2': the gateway and the supervisor "
+        "route by what they read at the supervisor's start, so restart the supervisor to apply it (nothing was "
+        "stopped)")
+
+
+def test_a_key_file_with_a_bad_entry_is_refused_a_missing_or_empty_one_is_not(tmp_path):
+    keys = tmp_path / "api_keys.toml"
+    assert key_file_problem(str(keys)) is None  # missing: the gateway decides (a token, or a refusal)
+    keys.write_text("# no keys\n")
+    assert key_file_problem(str(keys)) is None  # empty: zero keys, a warning of the gateway's
+    keys.write_text(key_entry("alice", "a" * 64) + key_entry("bob", "b" * 64).replace("= 0", "= 0.5"))
+    assert key_file_problem(str(keys)) == (
+        f"the key file cannot be used ({keys}: keys.bob.rate_limit_qps: must be an integer, got float 0.5): a "
+        "gateway started on it would run in static-token mode and refuse every API key, so the running gateway "
+        "keeps serving with the keys it loaded; fix the file (svcctl keys list checks it), or empty it to run on "
+        "the static token alone")
+    keys.write_text("[keys.alice\n")
+    assert key_file_problem(str(keys)).startswith(f"the key file cannot be used ({keys}: ")
+
+
+def test_a_refused_restart_leaves_the_running_process_alone(tmp_path):
+    m, _ = weights_manager(tmp_path, "demo")
+    child, reactor = m.children["AAA"], m.reactor
+    path = tmp_path / "AAA.toml"
+    path.write_text(path.read_text().replace("port = 9300", "port = 9400"))
+    running, spawns, failures = child._protocol, len(reactor.spawned), []
+    child.restart().addErrback(failures.append)
+    assert "changes port 9300 -> 9400" in failures[0].getErrorMessage()
+    assert child._protocol is running and len(reactor.spawned) == spawns and child.restarts == 0
+    failures.clear()
+    child.stop()
+    child._protocol.processEnded(Failure(ProcessDone(0)))
+    child.start().addErrback(failures.append)  # a start after a stop is checked the same way
+    assert "changes port 9300 -> 9400" in failures[0].getErrorMessage() and len(reactor.spawned) == spawns

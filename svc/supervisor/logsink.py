@@ -125,6 +125,9 @@ class LogSink:
             return
         pending, self._pending, self._pending_size = self._pending, [], 0
         try:
+            self._reopen_if_gone(self.file)
+            if self._write_error is not None and not self._ends_a_line(self.file):
+                pending[0] = "\n" + pending[0]  # the write that failed was cut off mid-line
             self._write(self.file, pending)
         except OSError as e:  # a full or failing disk: the lines stay in the ring; the child is not affected
             self.lost += len(pending)
@@ -142,6 +145,27 @@ class LogSink:
             self.lost = 0
             self.line("supervisor", text)
             self.write_pending()
+
+    @staticmethod
+    def _reopen_if_gone(file: RotatingFile) -> None:
+        """Open the path again when it no longer names the open file (deleted or moved by hand or by logrotate).
+
+        Writing on to a deleted file grew it past ``max_bytes`` without a
+        rotation (``LogFile.rotate`` does nothing when the path is gone), out of
+        sight, until the disk was full.
+        """
+        try:
+            same = os.path.samestat(os.stat(file.path), os.fstat(file._file.fileno()))
+        except OSError:
+            same = False
+        if not same:
+            file.reopen()
+
+    @staticmethod
+    def _ends_a_line(file: RotatingFile) -> bool:
+        """Whether the file is empty or ends with a newline (a write cut off by a full disk does not)."""
+        size = os.fstat(file._file.fileno()).st_size
+        return size == 0 or os.pread(file._file.fileno(), 1, size - 1) == b"\n"
 
     @staticmethod
     def _write(file: RotatingFile, pending: list[str]) -> None:

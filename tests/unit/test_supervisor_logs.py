@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from twisted.internet.task import Clock
 from twisted.python.logfile import LogFile
@@ -187,3 +189,47 @@ def test_writes_resume_with_a_count_of_the_lines_lost(tmp_path):
     assert (tmp_path / "M.log").read_text() == ("kept\n[supervisor] writing " + str(tmp_path / "M.log")
                                                 + " again; 1 lines were not written to it\n")
     assert sink.lost == 0
+
+
+def test_a_log_file_deleted_or_moved_by_hand_is_opened_again(tmp_path):
+    """Written on, a deleted file grew out of sight past max_bytes, never rotated, until the disk was full."""
+    sink = sink_in(tmp_path, max_bytes=100, backups=1)
+    log = tmp_path / "M.log"
+    sink.feed("stdout", b"first\n")
+    sink.write_pending()
+    log.unlink()  # an operator's clean-up
+    sink.feed("stdout", b"second\n")
+    sink.write_pending()
+    assert log.read_text() == "second\n"
+    assert log.stat().st_ino == os.fstat(sink.file._file.fileno()).st_ino  # the old inode is let go
+    log.rename(tmp_path / "M.log.old")  # logrotate's move
+    sink.feed("stdout", b"third\n")
+    sink.write_pending()
+    assert log.read_text() == "third\n" and (tmp_path / "M.log.old").read_text() == "second\n"
+    log.unlink()
+    sink.feed("stdout", b"x" * 120 + b"\nnext\n")  # past max_bytes once more: rotation works on the new file
+    sink.write_pending()
+    assert (tmp_path / "M.log.1").read_text() == "x" * 120 + "\n" and log.read_text() == "next\n"
+    sink.close()
+
+
+def test_a_line_cut_off_by_a_full_disk_is_ended_before_the_next_one(tmp_path):
+    sink = sink_in(tmp_path, ring_lines=20)
+    write = sink.file.write
+    failing = [True]
+
+    def full(data):  # the disk fills in the middle of a write, then space is freed
+        if failing[0]:
+            write(data[:4])
+            sink.file.flush()
+            raise OSError(28, "No space left on device")
+        write(data)
+
+    sink.file.write = full
+    sink.feed("stdout", b"cut off\n")
+    sink.write_pending()
+    failing[0] = False
+    sink.feed("stdout", b"kept\n")
+    sink.write_pending()
+    assert (tmp_path / "M.log").read_text().splitlines()[:2] == ["cut ", "kept"]
+    sink.close()

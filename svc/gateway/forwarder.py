@@ -35,7 +35,15 @@ from svc.gateway.balancer import Balancer
 from svc.gateway.catalog import Replica, Upstream
 from svc.gateway.cluster import Cluster
 from svc.gateway.owners import OtherHost, locate
-from svc.gateway.proxy import Proxy, UpstreamFailed, UpstreamReply, UpstreamUnreachable, busy, not_admitted
+from svc.gateway.proxy import (
+    LocalConnectFailed,
+    Proxy,
+    UpstreamFailed,
+    UpstreamReply,
+    UpstreamUnreachable,
+    busy,
+    not_admitted,
+)
 from svc.infra.metrics import GatewayMetrics
 from svc.web.oip.replies import protocol_of
 from svc.web.replies import dumps
@@ -184,6 +192,11 @@ class Forwarder:
             what = (upstream.id if len(upstream.replicas) == 1 else f"{upstream.id} (no replica took the request)"
                     if counted else f"{upstream.id} replica {target.index}, which holds the job,")
             raise ApiError(st.NOT_READY, f"model server {what} is not reachable ({e}): it is not running") from None
+        except LocalConnectFailed as e:
+            self.metrics.upstream_errors.labels(upstream.id, replica, "local").inc()  # counted, not logged: a flood
+            raise ApiError(st.NOT_READY, f"the gateway cannot open a connection to model server {upstream.id} now "
+                                         f"({e}): it is out of file descriptors or local ports; try again",
+                           headers={"Retry-After": "1"}) from None
         except UpstreamFailed as e:
             self.metrics.upstream_errors.labels(upstream.id, replica, e.kind).inc()
             log.warn("{model} replica {replica}: upstream failure on {path}: {error}", model=upstream.id,

@@ -53,6 +53,11 @@ class UpstreamUnreachable(Exception):
     """The model server did not accept the connection (not running, wrong port)."""
 
 
+class LocalConnectFailed(Exception):
+    """The gateway could not make a socket of its own (out of file descriptors or local ports): the model
+    server is not at fault, and is neither marked down nor said not to be running."""
+
+
 class UpstreamFailed(Exception):
     """The exchange broke after connecting, or took longer than the deadline."""
 
@@ -219,6 +224,8 @@ class Proxy:
         if any(r.check(CancelledError) for r in reasons or ()):
             # The same, cancelled mid-exchange, which the agent wraps: no failure of the model server's to count.
             raise CancelledError()
+        if failure.check(net_error.ConnectBindError):  # before _UNREACHABLE: a ConnectError too
+            raise LocalConnectFailed(failure.getErrorMessage())
         if failure.check(*_UNREACHABLE):
             raise UpstreamUnreachable(f"connection refused ({failure.type.__name__})")
         detail = "; ".join(r.getErrorMessage() for r in reasons) if reasons else failure.getErrorMessage()

@@ -110,11 +110,13 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
 
     from svc.config import model_server_configs
     from svc.gateway.service import GatewayService
-    from svc.infra.process import exit_zero_on_signals
+    from svc.infra.process import exit_zero_on_signals, open_file_limit
     from svc.model.api import factories
     from svc.openapi.gateway import gateway_document
 
     exit_zero_on_signals(reactor)
+    # A proxied request holds the client's connection and one to its model server.
+    open_file_limit(2 * config.max_connections, f"{config.path}: gateway.max_connections")
     # The document it serves at /openapi.json, built as openapi/gateway.json is (the plugin lookup imports no torch).
     try:
         openapi = gateway_document(model_server_configs(config.servers_dir), factories())

@@ -68,6 +68,40 @@ def own_pidfile(options: Any, name: str) -> None:
     parent["pidfile"] = "" if parent.get("nodaemon") else f"twistd-{name}.pid"
 
 
+#: Descriptors a process holds beside its connections: log files, pipes, the epoll and waker, listening
+#: sockets, shared libraries' and torch's own.
+FD_RESERVE = 64
+
+
+def open_file_limit(needed: int, setting: str) -> int:
+    """Raise this process's soft open-file limit to its hard one; warn when ``needed`` descriptors do not fit.
+
+    A soft limit of 1024 (systemd's and most shells' default) is below what
+    ``max_connections`` admits (the gateway's 1024, each proxied request two
+    descriptors): past the limit twisted's accept loop closed connections with
+    no reply, and the gateway's own upstream sockets failed.  ``setting``
+    names the key that ``needed`` comes from, for the warning.  Returns the
+    soft limit now in force.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    for target in ((hard,) if hard != resource.RLIM_INFINITY else (1 << 20, 1 << 16)):
+        if soft >= target:
+            break
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+            break
+        except (ValueError, OSError):
+            continue
+    if needed + FD_RESERVE > soft:
+        log.warn("{setting} admits about {needed} open connections, and this process may open {soft} files (its "
+                 "hard limit, ulimit -Hn): past that, new connections are closed with no reply; raise the limit "
+                 "(LimitNOFILE= in a systemd unit) or lower {setting}", setting=setting, needed=needed, soft=soft)
+    return soft
+
+
 def refuse(program: str, message: str) -> SystemExit:
     """The one-line refusal of a process that cannot start (exit code 1)."""
     return SystemExit(f"{program}: {message}")

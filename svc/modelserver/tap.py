@@ -167,10 +167,11 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
 
     device = prepare_torch(config, share)
 
-    from svc.infra.process import exit_zero_on_signals
+    from svc.infra.process import exit_zero_on_signals, open_file_limit
     from svc.modelserver.service import ModelServerService
 
     exit_zero_on_signals(reactor)
+    open_file_limit(config.max_connections, f"{path}: max_connections")
     service = ModelServerService(
         reactor=reactor, config=config, factory=factory, model_config=table, device=device, auth_token=token,
         job_owner=job_owner, job_secret=job_secret,

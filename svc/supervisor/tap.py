@@ -76,7 +76,7 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     from dataclasses import replace
 
     from svc.config import ConfigError
-    from svc.infra.process import exit_zero_on_signals, refuse
+    from svc.infra.process import exit_zero_on_signals, open_file_limit, refuse
     from svc.supervisor.config import load_profile, load_supervisor_config
 
     env = dict(os.environ)
@@ -131,6 +131,7 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     except OSError as e:  # log_dir not a directory, say: one line, not a traceback
         raise refuse(PROGRAM, f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")) from None
     exit_zero_on_signals(reactor)
+    open_file_limit(config.max_connections, f"{config.path}: supervisor.max_connections")
     from svc.web.limits import HttpLimits
 
     return SupervisorService(reactor=reactor, manager=manager, token=token, host=config.host, port=config.port,

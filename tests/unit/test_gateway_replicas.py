@@ -15,7 +15,7 @@ import pytest
 from klein import Klein
 from treq.testing import RequestTraversalAgent, StubTreq
 from twisted.internet.defer import Deferred, fail
-from twisted.internet.error import ConnectionLost, ConnectionRefusedError
+from twisted.internet.error import ConnectBindError, ConnectionLost, ConnectionRefusedError
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.web._newclient import ResponseFailed
@@ -345,6 +345,24 @@ def test_when_every_replica_refuses_it_is_503_not_running(gw):
     # Both are now marked not ready; the next request still tries both (the page the user sees is the same).
     gw.agent.requests.clear()
     assert gw.infer().code == 503 and len(gw.agent.requests) == 2
+
+
+def test_a_socket_the_gateway_cannot_make_is_503_retry_after_and_marks_no_replica_down(gw):
+    """Out of descriptors (EMFILE) or local ports, the gateway's own connect fails with ConnectBindError, a
+    ConnectError: it said the model "is not reachable ... it is not running" and marked it down."""
+    for port in PORTS[:2]:
+        gw.agent.failures[port] = ConnectBindError(24, "Too many open files")
+    reply = gw.infer()
+    assert (reply.code, reply.json["status"], reply.headers.getRawHeaders(b"retry-after")) == (503, 65, [b"1"])
+    assert reply.json["error"].startswith("the gateway cannot open a connection to model server CLS now (")
+    assert "out of file descriptors or local ports; try again" in reply.json["error"]
+    assert len(gw.agent.requests) == 1  # no second replica tried: it would fail the same way
+    metrics = gw.metrics()
+    assert 'service_gateway_upstream_errors_total{kind="local",model="CLS",replica="' in metrics
+    assert 'kind="unreachable"' not in metrics
+    for port in PORTS[:2]:
+        del gw.agent.failures[port]
+    assert {gw.infer().json["results"][0]["data"]["replica"] for _ in range(20)} == {0, 1}  # none marked down
 
 
 def test_when_every_replica_admits_nothing_the_last_answer_is_passed_through(gw):

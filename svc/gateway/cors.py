@@ -34,13 +34,37 @@ class CorsResource(Resource):
         self.origins = frozenset(o.encode("latin-1") for o in origins)
         self.methods = methods
 
-    def render(self, request: Any) -> Any:
+    @classmethod
+    def around(cls, app: Any, origins: tuple[str, ...] | list[str]) -> CorsResource:
+        """CORS around the gateway's ``app``, which also puts its headers on the listener's early replies.
+
+        A preflight's ``Allow`` names the fixed routes' methods, and GET and
+        POST for any other path: the methods of the legacy model paths
+        (``server_uri``) would tell an unauthenticated caller which exist.
+        """
+        cors = cls(app.resource(), origins, lambda path: app.methods(path, configured=False) or {"GET", "POST"})
+        app.early_headers = cors.headers_for
+        return cors
+
+    def headers_for(self, request: Any) -> dict[str, str]:
+        """The CORS headers of a reply to ``request``: ``Vary`` always, the origin's when it is allowed.
+
+        Also for the listener's early replies (413, 408: ``JsonApp.early_headers``), which no resource
+        renders: without them a browser showed a refused upload as "Failed to fetch".
+        """
         origin = (request.requestHeaders.getRawHeaders(b"origin") or [None])[0]
-        allowed = origin is not None and origin in self.origins
+        if origin is None or origin not in self.origins:
+            return {"Vary": "Origin"}
+        return {"Vary": "Origin", "Access-Control-Allow-Origin": origin.decode("latin-1"),
+                "Access-Control-Expose-Headers": EXPOSED_HEADERS.decode()}
+
+    def render(self, request: Any) -> Any:
+        cors = self.headers_for(request)
+        allowed = "Access-Control-Allow-Origin" in cors
         request.responseHeaders.addRawHeader(b"Vary", b"Origin")
-        if allowed:
-            request.setHeader(b"Access-Control-Allow-Origin", origin)
-            request.setHeader(b"Access-Control-Expose-Headers", EXPOSED_HEADERS)
+        for name in ("Access-Control-Allow-Origin", "Access-Control-Expose-Headers"):
+            if name in cors:
+                request.setHeader(name.encode(), cors[name].encode("latin-1"))
         if request.method == b"OPTIONS":
             request.service_route = "preflight"
             request.setResponseCode(204)

@@ -94,7 +94,7 @@ class GatewayService(ListeningMultiService):
                                   interval_s=config.replica_probe_interval_ms / 1000.0)
         self.site = DrainingSite.for_app(
             self.app,
-            CorsResource(self.app.resource(), config.cors_origins, self.app.methods),
+            CorsResource.around(self.app, config.cors_origins),
             max_body_bytes=config.max_body_bytes,
             limits=HttpLimits.from_config(config),
             timeout=config.idle_timeout_s,

@@ -247,16 +247,22 @@ class JsonApp:
     metrics: Any
     registry: Any
     configured: ConfiguredRoutes | None = None
+    #: Headers for a listener's early reply to a request no route saw (its 413 and 408): the gateway's CORS.
+    early_headers: Callable[[Any], dict[str, str]] | None = None
 
     def resource(self) -> Any:
         """The twisted resource of this instance's routes, behind the check of the paths they may see."""
         return RoutablePaths(self, self.app.resource())
 
-    def methods(self, path: str) -> set[str]:
-        """The methods the routes accept on ``path`` (empty for an unknown path); CORS answers with them."""
+    def methods(self, path: str, configured: bool = True) -> set[str]:
+        """The methods the routes accept on ``path`` (empty for an unknown path); CORS answers with them.
+
+        ``configured`` False leaves out the routes from configuration (the
+        gateway's legacy model paths), whose methods would tell which exist.
+        """
         try:
             methods = set(declared_map(self.app).bind("app").allowed_methods(path))
-            if self.configured is not None:
+            if configured and self.configured is not None:
                 methods |= self.configured.allowed_methods(path)
         except Exception:  # noqa: BLE001 - a path werkzeug cannot parse has no methods
             return set()
@@ -296,7 +302,10 @@ class JsonApp:
         """A request refused by a listener limit before any route saw it (svc.web.limits): counted, in this
         process's reply shape; ``request`` is None when none was made yet (a head too large)."""
         self.count_as("unmatched", method, error.code, *self.count_labels(request))
-        return self.replies.raw(request, error)
+        code, headers, body = self.replies.raw(request, error)
+        if request is not None and self.early_headers is not None:
+            headers = {**headers, **self.early_headers(request)}
+        return code, headers, body
 
     #: The texts of the listener's own 413 and 503 (``max_body_bytes`` is filled in).
     oversize_text = "request body larger than {max_body_bytes} bytes (max_body_bytes)"

@@ -209,6 +209,18 @@ def test_a_body_over_max_body_bytes_is_413_before_authentication(stack, credenti
     assert envelope["error"] == f"request body larger than {GATEWAY_MAX_BODY} bytes (gateway max_body_bytes)"
 
 
+def test_an_early_413_carries_the_cors_headers_of_an_allowed_origin(stack):
+    """Written before any resource renders it, the 413 had no CORS headers: the web UI's "Try it" with a large
+    image showed "Failed to fetch" instead of the 413 and its reason."""
+    for origin, allowed in (("http://127.0.0.1:8787", True), ("http://evil.example", False)):
+        reply, _ = raw_post_headers(stack["gateway"].url, {"Content-Type": "application/json", "Origin": origin,
+                                                            "Content-Length": str(GATEWAY_MAX_BODY + 1),
+                                                            **bearer(KEYS["old"])})
+        assert (reply.status, reply.getheader("Vary")) == (413, "Origin")
+        assert reply.getheader("Access-Control-Allow-Origin") == (origin if allowed else None)
+        assert ("X-Request-ID" in (reply.getheader("Access-Control-Expose-Headers") or "")) == allowed
+
+
 def test_rate_limited_key_gets_429_with_retry_after(stack):
     assert infer(stack, key=KEYS["slow"]).status == 200
     # Admission (and its rate limit) comes before routing: requests for an unknown model are quick 404s that

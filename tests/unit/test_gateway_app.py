@@ -148,7 +148,7 @@ class Harness:
             metrics=GatewayMetrics(self.registry), registry=self.registry,
             upstream_recv_timeout_ms=recv_timeout_ms, max_body_bytes=1 << 20, key_max_in_flight=key_max_in_flight,
         )
-        self.client = StubTreq(CorsResource(self.app.resource(), (ORIGIN, "http://localhost:8787"), self.app.methods))
+        self.client = StubTreq(CorsResource.around(self.app, (ORIGIN, "http://localhost:8787")))
 
     def call(self, method, path, *, token=KEY, headers=None, body=None, settle=True):
         headers = dict(headers or {})
@@ -507,8 +507,10 @@ def test_preflight_from_the_ui_origin_needs_no_credentials(gw):
 
 
 @pytest.mark.parametrize("path, allow", [("/healthz", "GET, OPTIONS"), ("/v1/models/CLS/jobs/j", "GET, OPTIONS"),
-                                         ("/classify", "POST, OPTIONS"), ("/nowhere", "OPTIONS")])
+                                         ("/classify", "GET, POST, OPTIONS"), ("/nowhere", "GET, POST, OPTIONS")])
 def test_options_lists_the_methods_of_the_path(gw, path, allow):
+    """A model's legacy path (``/classify``) and a path that is nowhere get the same answer: a preflight, which
+    needs no credential, must not tell which model paths exist."""
     r = gw.call("OPTIONS", path, token=None)
     assert (r.code, h(r, "Allow"), h(r, "Access-Control-Allow-Origin")) == (204, allow, None)
 

@@ -85,7 +85,7 @@ class Host(Harness):
             proxy=Proxy(clock, self.upstream_agent, RECV_TIMEOUT_MS / 1000.0), metrics=metrics,
             registry=self.registry, upstream_recv_timeout_ms=RECV_TIMEOUT_MS, max_body_bytes=1 << 20,
             cluster=self.cluster)
-        resource = CorsResource(self.app.resource(), ("http://127.0.0.1:8787",), self.app.methods)
+        resource = CorsResource.around(self.app, ("http://127.0.0.1:8787",))
         self.client = StubTreq(resource)
         peers.hosts[name] = RequestTraversalAgent(resource)
         self.peers = peers

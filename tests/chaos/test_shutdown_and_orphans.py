@@ -24,6 +24,7 @@ from tests.support.processes import (
     free_port,
     metric,
     model_server_args,
+    pid_alive,
     spawn,
     start_model_server,
     wait_until,
@@ -59,18 +60,6 @@ def port_is_free(port: int) -> bool:
             return True
         except OSError:
             return False
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie (exited, not yet reaped by its new parent) counts as gone.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
 
 
 def test_sigterm_with_long_jobs_queued_exits_within_grace_plus_one_second(tmp_path: Path) -> None:

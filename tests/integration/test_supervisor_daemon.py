@@ -18,18 +18,10 @@ from pathlib import Path
 
 from tests.support.http import get, post
 from tests.support.images import image_b64
-from tests.support.processes import Proc, child_env
+from tests.support.processes import Proc, child_env, pid_alive
 from tests.support.stack import build_stack
 
 TWISTD = str(Path(sys.executable).parent / "twistd")
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_a_daemonized_supervisor_runs_its_children_and_stops_them(tmp_path: Path) -> None:

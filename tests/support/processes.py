@@ -259,3 +259,15 @@ def run_to_exit(args: list[str], *, env: dict[str, str], timeout: float = 120.0)
     """Run a process that is expected to exit by itself; its code and output."""
     done = subprocess.run(args, env=env, cwd=REPO, capture_output=True, timeout=timeout)
     return done.returncode, (done.stdout + done.stderr).decode(errors="replace")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs; a zombie (exited, not yet reaped by its new parent) counts as gone."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False

@@ -227,23 +227,71 @@ def model_config(factory: IModelFactory, table: dict, config_path: str, *, files
     return config
 
 
-def factories() -> dict[str, IModelFactory]:
-    """Every model factory of the ``models`` plugin package, by catalog id."""
-    from twisted.plugin import getPlugins
+def _scan() -> tuple[dict[str, IModelFactory], dict[str, list[str]]]:
+    """Every model factory of the ``models`` plugin package by catalog id, and the ids two or more claim
+    (id -> the claiming modules)."""
+    from twisted.logger import Logger
+    from twisted.plugin import getCache
 
     import models
 
     found: dict[str, IModelFactory] = {}
-    for factory in getPlugins(IModelFactory, models):
-        if factory.catalog_id in found:
-            raise PluginError(f"two model plugins serve catalog id {factory.catalog_id!r}")
-        found[factory.catalog_id] = factory
-    return found
+    modules: dict[str, list[str]] = {}
+    # twisted.plugin.getPlugins, with the module of each plugin kept: a clash names both files.
+    for dropin in getCache(models).values():
+        for plugin in dropin.plugins:
+            if IModelFactory not in plugin.provided:
+                continue
+            try:
+                factory = IModelFactory(plugin.load())
+            except Exception:  # noqa: BLE001 - a broken third-party file must not stop the others
+                Logger().failure("model plugin {name} of {module} did not load", name=plugin.name,
+                                 module=dropin.moduleName)
+                continue
+            modules.setdefault(factory.catalog_id, []).append(dropin.moduleName)
+            found.setdefault(factory.catalog_id, factory)
+    clashes = {cid: sorted(names) for cid, names in modules.items() if len(names) > 1}
+    return {cid: f for cid, f in found.items() if cid not in clashes}, clashes
+
+
+def factories() -> dict[str, IModelFactory]:
+    """Every model factory of the ``models`` plugin package, by catalog id.
+
+    An id that two plugins claim is left out (the model server refuses it,
+    :func:`find_factory`): a duplicate in one third-party file stopped every
+    process, the gateway and the supervisor included, with a traceback.
+    """
+    return _scan()[0]
+
+
+def check_params_schema(catalog_id: str, schema: dict) -> None:
+    """Refuse (PluginError, one line) a plugin's ``params_schema`` the contract cannot keep: not a valid JSON
+    schema (a traceback at start before), not closed (an unknown param reached ``predict`` instead of a 422),
+    or with a default its own property refuses (a value no client could send)."""
+    from jsonschema.exceptions import SchemaError
+
+    from svc.contract.schema import ObjectSchema
+
+    try:
+        checked = ObjectSchema(schema, "parameter")
+    except SchemaError as e:
+        raise PluginError(f"{catalog_id}: its plugin's params_schema is not a valid JSON schema: {e.message}") from None
+    if schema.get("additionalProperties") is not False:
+        raise PluginError(f"{catalog_id}: its plugin's params_schema must be closed (additionalProperties: false), "
+                          "so that an unknown param is 422; svc.contract.schema.object_schema builds one")
+    for name, value in checked.defaults.items():
+        problems = [p for p in checked.errors({name: value}) if name in p.pointer]
+        if problems:
+            raise PluginError(f"{catalog_id}: its plugin's params_schema gives '{name}' the default {value!r}, "
+                              f"which its own schema refuses: {problems[0].message}")
 
 
 def find_factory(catalog_id: str) -> IModelFactory:
-    """The factory serving ``catalog_id``."""
-    found = factories()
+    """The factory serving ``catalog_id``; PluginError when none or several do."""
+    found, clashes = _scan()
+    if catalog_id in clashes:
+        raise PluginError(f"two model plugins serve catalog id {catalog_id!r}: {' and '.join(clashes[catalog_id])}; "
+                          "remove one")
     try:
         return found[catalog_id]
     except KeyError:

@@ -128,9 +128,8 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     tests build the service tree in-process without running a reactor.
     """
     from svc.config import ConfigError, load_model_server_config
-    from svc.contract.schema import ObjectSchema
     from svc.infra.process import refuse
-    from svc.model.api import PluginError, find_factory, model_config
+    from svc.model.api import PluginError, check_params_schema, find_factory, model_config
     from svc.model.weights import WeightsError
 
     path = options["server"]
@@ -145,7 +144,7 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
             config = config.replace(model={**config.model, "weights": weights_override(factory, options["weights"])})
         table = model_config(factory, config.model, path)
         # Params bounds may come from the weights' own config (a diffusers folder's schedule length).
-        ObjectSchema(factory.params_schema(table), "parameter")
+        check_params_schema(config.id, factory.params_schema(table))
     except (ConfigError, PluginError, WeightsError) as e:
         raise refuse(PROGRAM, str(e)) from None
 

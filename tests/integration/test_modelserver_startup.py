@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 
 import pytest
 
+from tests.support.gateway import GATEWAY_TOKENS, LISTENING, gateway_args
 from tests.support.http import get, post
 from tests.support.images import image_b64
 from tests.support.processes import (
+    REPO,
+    TEST_PLUGINS,
+    Proc,
     child_env,
     metric,
     model_server_args,
     run_to_exit,
+    spawn,
     spawn_model_server,
     start_model_server,
     until_all_ready,
+    wait_bound_port,
     wait_until,
     write_config,
 )
@@ -169,3 +176,28 @@ def test_a_loading_server_says_what_it_does_in_its_ready_reply(tmp_path):
             503, 65, "the model is loading: building the model and loading its weights")
     finally:
         proc.stop()
+
+
+def test_a_catalog_id_two_plugins_claim_refuses_that_model_alone(tmp_path):
+    """A third party's plugin folder (``models/`` on the path, outside the repository) claims TESTFAULTS a
+    second time: that model server refuses in one line naming both modules, while the gateway, which reads
+    every plugin for its OpenAPI document, starts (it exited with a traceback, and so did the supervisor)."""
+    vendor = tmp_path / "vendor" / "models"
+    vendor.mkdir(parents=True)
+    (vendor / "acme_dupe.py").write_text("from models.testfaults import FaultFactory\n\nagain = FaultFactory()\n")
+    path = os.pathsep.join([str(REPO), str(TEST_PLUGINS), str(tmp_path / "vendor")])  # the vendor's folder last
+    env = {**TOKEN, "PYTHONPATH": path}
+    (tmp_path / "server").mkdir()
+    config = write_config(tmp_path / "server", "TESTFAULTS")
+    lines = refused(config, env=env)
+    assert lines[-1] == ("service-model: two model plugins serve catalog id 'TESTFAULTS': models.acme_dupe and "
+                         "models.testfaults; remove one"), lines
+    (tmp_path / "service.toml").write_text(f'[gateway]\nkeys_file = "{tmp_path / "none.toml"}"\n'
+                                           f'servers_dir = "{tmp_path / "server"}"\n')
+    popen, log = spawn(gateway_args("--config", str(tmp_path / "service.toml"), "--port", "0"),
+                       env=child_env({**GATEWAY_TOKENS, "PYTHONPATH": path}))
+    gateway = Proc(popen, 0, log)
+    try:
+        wait_bound_port(gateway, 60, LISTENING)
+    finally:
+        gateway.stop()

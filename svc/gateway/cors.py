@@ -38,11 +38,12 @@ class CorsResource(Resource):
     def around(cls, app: Any, origins: tuple[str, ...] | list[str]) -> CorsResource:
         """CORS around the gateway's ``app``, which also puts its headers on the listener's early replies.
 
-        A preflight's ``Allow`` names the fixed routes' methods, and GET and
-        POST for any other path: the methods of the legacy model paths
-        (``server_uri``) would tell an unauthenticated caller which exist.
+        A preflight's ``Allow`` names the fixed routes' methods, and POST for
+        any other path, the methods of a legacy model path (``server_uri``):
+        an unknown path answering otherwise told an unauthenticated caller
+        which of those exist.
         """
-        cors = cls(app.resource(), origins, lambda path: app.methods(path, configured=False) or {"GET", "POST"})
+        cors = cls(app.resource(), origins, lambda path: app.methods(path, configured=False) or {"POST"})
         app.early_headers = cors.headers_for
         return cors
 

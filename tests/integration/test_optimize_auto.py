@@ -17,6 +17,7 @@ import re
 
 import pytest
 
+from svc.optimize.support import cpu_has_native_bf16
 from tests.support.images import b64, image_bytes
 from tests.support.processes import start_model_server, write_config
 from tests.support.zoo import IGNORED_IMAGE, assert_ok, infer
@@ -49,7 +50,9 @@ def test_auto_converts_gates_and_serves_the_mode_it_chose(model_id, tmp_path):
     chosen, figures = found.groups()
     for runtime in ("onnxruntime", "openvino"):  # float32: within 1e-5 of eager, so through every gate
         assert re.search(rf"(^|; ){runtime} [\d.]+ ms [\d.]+x \[", figures), figures
-    assert re.search(r"(^|; )bf16\+openvino ", figures), figures  # passed or dropped, with its reason
+    # bf16 where the CPU has it natively (measured: passed or dropped, with its reason), else not offered at all
+    # (svc.optimize.support.unsupported): CI machines may be either kind.
+    assert bool(re.search(r"(^|; )bf16\+openvino ", figures)) == cpu_has_native_bf16(), figures
     assert "compile" not in figures  # offered only where no runtime imports
     converted = re.search(r"; converted models: (\d+) converted, (\d+) read from the cache\)$", figures)
     assert converted and int(converted.group(1)) >= 1, figures

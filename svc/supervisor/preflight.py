@@ -1,7 +1,8 @@
 """What the supervisor checks before a start or restart asked through the management API stops anything.
 
 A model's restart stops its process before the new one reads the config; an
-edit that no longer loads then took the model down until the file was fixed.
+edit that no longer loads (its plugin's ``[model]`` keys included) then took
+the model down until the file was fixed.
 A model's edited ``port`` or ``server_uri`` is worse: the supervisor probes
 and the gateway routes by what they read at the supervisor's start, so the
 new process answered where nobody asked (``starting`` for good, every request
@@ -22,10 +23,20 @@ ROUTING_KEYS = ("id", "port", "server_uri")
 
 def model_config_problem(model: ModelServerConfig) -> str | None:
     """Why ``model``'s config file, read again now, must not be started: it does not load, or routes elsewhere."""
+    from svc.model.api import factories, model_config
+    from svc.model.weights import WeightsError
+
     try:
         now = load_model_server_config(model.path)
+        # The [model] table against its plugin's schema (the plugins import no torch); a weights file is the
+        # new process's to look for (a --weights of the profile may replace it), and so is a missing plugin.
+        factory = factories().get(now.id)
+        if factory is not None:
+            model_config(factory, now.model, model.path, files=False)
     except (ConfigError, OSError) as e:
         return f"{model.id}: its config does not load ({e}): nothing was stopped; fix the file and try again"
+    except WeightsError:
+        pass
     changed = [f"{key} {getattr(model, key)!r} -> {getattr(now, key)!r}" for key in ROUTING_KEYS
                if getattr(model, key) != getattr(now, key)]
     if changed:

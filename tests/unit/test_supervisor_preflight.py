@@ -74,3 +74,15 @@ def test_a_refused_restart_leaves_the_running_process_alone(tmp_path):
     child._protocol.processEnded(Failure(ProcessDone(0)))
     child.start().addErrback(failures.append)  # a start after a stop is checked the same way
     assert "changes port 9300 -> 9400" in failures[0].getErrorMessage() and len(reactor.spawned) == spawns
+
+
+def test_the_plugins_model_keys_are_checked_too(tmp_path):
+    """The ``[model]`` table is the plugin's (its ``config_schema``): a bad key there took the model down too."""
+    path = tmp_path / "TESTFAULTS.toml"
+    path.write_text('id = "TESTFAULTS"\nport = 9300\nserver_uri = "/faults"\n[model]\nseed = 1\n')
+    config = load_model_server_config(str(path))
+    assert model_config_problem(config) is None
+    path.write_text(path.read_text().replace("seed = 1", "seed = -1"))
+    assert model_config_problem(config) == (
+        f"TESTFAULTS: its config does not load ({path}: model.seed: -1 is less than the minimum of 0): nothing was "
+        "stopped; fix the file and try again")

@@ -86,13 +86,13 @@ class Child:
 
     # -- public actions ---------------------------------------------------------------
 
-    def start(self) -> Deferred:
-        """Spawn the child; fires when it is ready, fails with ChildError if it cannot start."""
+    def start(self, checked: bool = False) -> Deferred:
+        """Spawn the child; fires when ready, fails with ChildError if it cannot (``checked``: preflight done)."""
         if self.state in (STARTING, RUNNING, STOPPING):
             return fail(ChildError(f"{self.name} is {self.state}: stop it first or restart it"))
         if self._closing:
             return fail(ChildError(f"{self.name}: the supervisor is shutting down"))
-        if problem := self.spec.problem():
+        if not checked and (problem := self.spec.problem()):
             return fail(ChildError(problem))
         self._cancel_timer()
         self.backoff.reset()
@@ -148,7 +148,7 @@ class Child:
                 return fail(ChildError(f"{self.name}: stopped before it started again"))
             self._restarting = None
             self.restarts += 1
-            return self.start()
+            return self.start(checked=True)  # the preflight ran before the stop
 
         d.addCallback(again).chainDeferred(pending)
         return follow(pending)

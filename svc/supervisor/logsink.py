@@ -152,10 +152,16 @@ class LogSink:
 
         Writing on to a deleted file grew it past ``max_bytes`` without a
         rotation (``LogFile.rotate`` does nothing when the path is gone), out of
-        sight, until the disk was full.
+        sight, until the disk was full.  A file left closed by a reopen that
+        failed (its folder gone) is opened again once it can be: the OSError
+        of a failure is the caller's to count, as a full disk's.
         """
+        handle = getattr(file, "_file", None)  # LogFile.close deletes it; a failed open leaves none
+        if handle is None:
+            file._openFile()
+            return
         try:
-            same = os.path.samestat(os.stat(file.path), os.fstat(file._file.fileno()))
+            same = os.path.samestat(os.stat(file.path), os.fstat(handle.fileno()))
         except OSError:
             same = False
         if not same:

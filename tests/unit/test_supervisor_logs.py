@@ -31,6 +31,23 @@ def count_writes(sink: LogSink) -> list[str]:
     return writes
 
 
+def disk_fills(sink: LogSink, written: int = 0) -> list[bool]:
+    """The sink's file fails its writes with ENOSPC (after ``written`` bytes of each) while ``flag[0]``: a disk
+    that fills, then has room again once the test sets it False."""
+    write = sink.file.write
+    failing = [True]
+
+    def full(data):
+        if failing[0]:
+            write(data[:written])
+            sink.file.flush()
+            raise OSError(28, "No space left on device")
+        write(data)
+
+    sink.file.write = full
+    return failing
+
+
 def test_paging_by_offset_and_a_bounded_ring(tmp_path):
     sink = sink_in(tmp_path, ring_lines=5)
     sink.feed("stdout", b"".join(b"line %d\n" % i for i in range(8)))
@@ -172,15 +189,7 @@ def test_a_full_disk_keeps_the_lines_in_the_ring_and_raises_nothing(tmp_path):
 
 def test_writes_resume_with_a_count_of_the_lines_lost(tmp_path):
     sink = sink_in(tmp_path, ring_lines=20)
-    write = sink.file.write
-    failing = [True]
-
-    def full(data):  # the disk fills, then space is freed
-        if failing[0]:
-            raise OSError(28, "No space left on device")
-        write(data)
-
-    sink.file.write = full
+    failing = disk_fills(sink)
     sink.feed("stdout", b"lost\n")
     sink.write_pending()
     failing[0] = False
@@ -215,21 +224,32 @@ def test_a_log_file_deleted_or_moved_by_hand_is_opened_again(tmp_path):
 
 def test_a_line_cut_off_by_a_full_disk_is_ended_before_the_next_one(tmp_path):
     sink = sink_in(tmp_path, ring_lines=20)
-    write = sink.file.write
-    failing = [True]
-
-    def full(data):  # the disk fills in the middle of a write, then space is freed
-        if failing[0]:
-            write(data[:4])
-            sink.file.flush()
-            raise OSError(28, "No space left on device")
-        write(data)
-
-    sink.file.write = full
+    failing = disk_fills(sink, written=4)  # in the middle of a write
     sink.feed("stdout", b"cut off\n")
     sink.write_pending()
     failing[0] = False
     sink.feed("stdout", b"kept\n")
     sink.write_pending()
     assert (tmp_path / "M.log").read_text().splitlines()[:2] == ["cut ", "kept"]
+    sink.close()
+
+
+def test_a_log_folder_removed_and_made_again_raises_nothing_and_is_written_again(tmp_path):
+    """The reopen of a file whose folder is gone fails and leaves the file closed: the next write raised
+    AttributeError out of the sink (through a child's exit handling) instead of opening it again."""
+    import shutil
+
+    folder = tmp_path / "logs"
+    sink = sink_in(folder, ring_lines=20)
+    sink.feed("stdout", b"one\n")
+    sink.write_pending()
+    shutil.rmtree(folder)
+    sink.feed("stdout", b"two\n")
+    sink.write_pending()  # the folder is gone: counted as lost, kept in the ring
+    assert sink.lost == 1
+    folder.mkdir()
+    sink.feed("stdout", b"three\n")
+    sink.ended()
+    assert (folder / "M.log").read_text() == ("three\n[supervisor] writing " + str(folder / "M.log")
+                                              + " again; 1 lines were not written to it\n")
     sink.close()

@@ -86,3 +86,14 @@ def test_the_plugins_model_keys_are_checked_too(tmp_path):
     assert model_config_problem(config) == (
         f"TESTFAULTS: its config does not load ({path}: model.seed: -1 is less than the minimum of 0): nothing was "
         "stopped; fix the file and try again")
+
+
+def test_a_restart_checks_once_before_its_stop_not_again_at_its_start(tmp_path):
+    m, _ = weights_manager(tmp_path, "demo")
+    child, reactor = m.children["AAA"], m.reactor
+    checks, check = [], child.spec.preflight
+    child.spec.preflight = lambda: checks.append(1) or check()
+    spawns, old = len(reactor.spawned), child._protocol
+    child.restart()
+    old.processEnded(Failure(ProcessDone(0)))
+    assert len(reactor.spawned) == spawns + 1 and checks == [1]

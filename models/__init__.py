@@ -2,7 +2,8 @@
 
 Each module holds objects providing ``svc.model.api.IModelFactory``.  Modules
 here must import nothing heavy at import time (torch is imported in
-``build``), because ``getPlugins`` imports every module of this package.
+``build``), because every process imports every module of this package
+(``svc.model.api``'s scan).
 """
 
 from twisted.plugin import pluginPackagePaths

@@ -227,31 +227,48 @@ def model_config(factory: IModelFactory, table: dict, config_path: str, *, files
     return config
 
 
-def _scan() -> tuple[dict[str, IModelFactory], dict[str, list[str]]]:
-    """Every model factory of the ``models`` plugin package by catalog id, and the ids two or more claim
-    (id -> the claiming modules)."""
+_WARNED: set[str] = set()  # the broken plugin modules this process has logged (once each: the scan runs per config)
+
+
+def _scan() -> tuple[dict[str, IModelFactory], dict[str, list[str]], dict[str, str]]:
+    """Every model factory of the ``models`` plugin package by catalog id, the ids two or more claim
+    (id -> the claiming modules), and the modules that did not import (name -> the exception, one line).
+
+    ``twisted.plugin.getPlugins`` without its ``dropin.cache``: every module is imported here anyway (each
+    factory is loaded), and a module that failed to import reached ``log.err`` there, an "Unhandled Error"
+    traceback in every process's log (the gateway and the supervisor scan too) that also ended up in a
+    child's ``last_error``. Now each such module is one warning line, and a model it would have served
+    is refused with that line (:func:`find_factory`)."""
     from twisted.logger import Logger
-    from twisted.plugin import getCache
+    from twisted.plugin import IPlugin
+    from twisted.python.modules import getModule
 
     import models
 
     found: dict[str, IModelFactory] = {}
     modules: dict[str, list[str]] = {}
-    # twisted.plugin.getPlugins, with the module of each plugin kept: a clash names both files.
-    for dropin in getCache(models).values():
-        for plugin in dropin.plugins:
-            if IModelFactory not in plugin.provided:
+    broken: dict[str, str] = {}
+    seen: set[int] = set()
+    for module in getModule(models.__name__).iterModules():
+        try:
+            loaded = module.load()
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - a broken third-party file must not stop the others
+            broken[module.name] = f"{type(e).__name__}: {e}"
+            if module.name in _WARNED:
                 continue
-            try:
-                factory = IModelFactory(plugin.load())
-            except Exception:  # noqa: BLE001 - a broken third-party file must not stop the others
-                Logger().failure("model plugin {name} of {module} did not load", name=plugin.name,
-                                 module=dropin.moduleName)
+            _WARNED.add(module.name)
+            Logger().warn("model plugin module {module} did not import, so its models are not served: {error}",
+                          module=module.name, error=broken[module.name])
+            continue
+        for value in list(vars(loaded).values()):
+            if not (IPlugin.providedBy(value) and IModelFactory.providedBy(value)) or id(value) in seen:
                 continue
-            modules.setdefault(factory.catalog_id, []).append(dropin.moduleName)
+            seen.add(id(value))  # one factory imported into a second module is still one plugin
+            factory = IModelFactory(value)
+            modules.setdefault(factory.catalog_id, []).append(module.name)
             found.setdefault(factory.catalog_id, factory)
     clashes = {cid: sorted(names) for cid, names in modules.items() if len(names) > 1}
-    return {cid: f for cid, f in found.items() if cid not in clashes}, clashes
+    return {cid: f for cid, f in found.items() if cid not in clashes}, clashes, broken
 
 
 def factories() -> dict[str, IModelFactory]:
@@ -288,7 +305,7 @@ def check_params_schema(catalog_id: str, schema: dict) -> None:
 
 def find_factory(catalog_id: str) -> IModelFactory:
     """The factory serving ``catalog_id``; PluginError when none or several do."""
-    found, clashes = _scan()
+    found, clashes, broken = _scan()
     if catalog_id in clashes:
         raise PluginError(f"two model plugins serve catalog id {catalog_id!r}: {' and '.join(clashes[catalog_id])}; "
                           "remove one")
@@ -297,4 +314,5 @@ def find_factory(catalog_id: str) -> IModelFactory:
     except KeyError:
         raise PluginError(
             f"no model plugin serves catalog id {catalog_id!r}; known: {', '.join(sorted(found)) or 'none'}"
+            + "".join(f"; {name} did not import ({error})" for name, error in sorted(broken.items()))
         ) from None

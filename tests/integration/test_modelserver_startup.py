@@ -178,6 +178,30 @@ def test_a_loading_server_says_what_it_does_in_its_ready_reply(tmp_path):
         proc.stop()
 
 
+def test_a_plugin_module_that_does_not_import_costs_one_line_and_only_its_models(tmp_path):
+    """A third party's plugin module that fails to import (a dependency not installed): every process logged
+    twisted's "Unhandled Error" traceback from the plugin scan, and a config for its model was refused with
+    "no model plugin serves" and no word of why. Now one warning line names the module and the error, a config
+    for its model is refused naming both, and the other models start."""
+    vendor = tmp_path / "vendor" / "models"
+    vendor.mkdir(parents=True)
+    (vendor / "acme_broken.py").write_text("import acme_runtime_not_installed\n")
+    env = {**TOKEN, "PYTHONPATH": os.pathsep.join([str(REPO), str(TEST_PLUGINS), str(tmp_path / "vendor")])}
+    warning = ("model plugin module models.acme_broken did not import, so its models are not served: "
+               "ModuleNotFoundError: No module named 'acme_runtime_not_installed'")
+    lines = refused(write_config(tmp_path, "TESTFAULTS", name="ACME", id="ACME"), env=env)
+    assert lines[-1].startswith("service-model: no model plugin serves catalog id 'ACME'; known: "), lines
+    assert lines[-1].endswith("; models.acme_broken did not import (ModuleNotFoundError: No module named "
+                              "'acme_runtime_not_installed')"), lines
+    assert not [line for line in lines if "Traceback" in line or "Unhandled Error" in line], lines
+    server = start_model_server(write_config(tmp_path, "TESTFAULTS"), env=env)
+    try:
+        output = server.output()
+        assert output.count(warning) == 1 and "Traceback" not in output and "Unhandled Error" not in output, output
+    finally:
+        server.stop()
+
+
 def test_a_catalog_id_two_plugins_claim_refuses_that_model_alone(tmp_path):
     """A third party's plugin folder (``models/`` on the path, outside the repository) claims TESTFAULTS a
     second time: that model server refuses in one line naming both modules, while the gateway, which reads

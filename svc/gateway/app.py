@@ -15,8 +15,9 @@ Order on every other route: authentication (401), the key's token bucket
 (429 with ``Retry-After``; in the configured store, svc.gateway.ratestore),
 then routing (404 for an unknown id or path, 405 for a wrong method), so
 that an unauthenticated caller learns nothing about the catalog.  A path
-that matches no route is authenticated, then 404 or 405 without a token
-spent (nothing reaches a model).  A job GET for another host's job is
+that matches no route, and a route's model id that the catalog does not
+have, are authenticated, then 404 or 405 without a token spent (nothing
+reaches a model).  A job GET for another host's job is
 answered by that host's gateway (svc.gateway.cluster).
 Errors made here use the unified envelope with ``model.name`` ``gateway``.
 
@@ -160,8 +161,10 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
     def task_id(self, request: Any) -> str:
         return routes.task_id_of(request)
 
-    async def admit(self, request: Any, job_id: str | None = None, **_route_args: Any) -> Principal:
-        """Authenticate, then spend one token of the key's bucket; 401 or 429 otherwise.
+    async def admit(self, request: Any, job_id: str | None = None, model_id: str | None = None,
+                    **_route_args: Any) -> Principal:
+        """Authenticate, then spend one token of the key's bucket; 401 or 429 otherwise (404 first for a
+        ``model_id`` the catalog does not have: the same reply as a path that is no route, without a token).
 
         ``job_id``: a job GET, which a peer gateway also makes with the cluster
         token for a job of this host (svc.gateway.cluster; no bucket: the
@@ -173,6 +176,9 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
             request.service_key = forwarded.name
             request.setHeader(b"X-Service-Key", forwarded.name.encode("latin-1"))
             return forwarded
+        if model_id is not None and model_id not in self.catalog.by_id:
+            self.count_key(request, principal)
+            raise self.not_found(request)  # before the bucket: an unknown id spends no token, as an unknown path
         wait = await self.rates.take(principal.name, principal.rate_limit_qps)
         if wait:
             self.metrics.key_rejections.labels(principal.name, "rate_limited").inc()

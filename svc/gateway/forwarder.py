@@ -58,6 +58,15 @@ FORWARDED_REQUEST_HEADERS = tuple(n.encode() for n in ("content-type", "content-
 PASSED_REPLY_HEADERS = tuple(n.encode() for n in protocol.PASSED_REPLY_HEADERS)
 
 
+def connection_options(request: Any) -> frozenset[bytes]:
+    """The header names the request's ``Connection`` header lists: hop-by-hop, which a proxy must not forward
+    (RFC 9110, section 7.6.1), even where they are on the forwarded list."""
+    values = request.requestHeaders.getRawHeaders(b"connection")
+    if not values:
+        return frozenset()
+    return frozenset(token.strip().lower() for value in values for token in value.split(b",") if token.strip())
+
+
 def job_not_found(job_id: str) -> ApiError:
     """The 404 of a job this gateway can tell is unknown, in the model servers' words."""
     return ApiError(st.NOT_FOUND, f"job not found: {job_id[:80]}")
@@ -104,7 +113,10 @@ class Forwarder:
         with its reply."""
         request.service_route = route
         headers = Headers()
+        hop_by_hop = connection_options(request)
         for name in FORWARDED_REQUEST_HEADERS:
+            if name in hop_by_hop:
+                continue
             values = request.requestHeaders.getRawHeaders(name)
             if values:
                 headers.setRawHeaders(name, values)

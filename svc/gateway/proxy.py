@@ -221,8 +221,9 @@ class Proxy:
         reasons = getattr(failure.value, "reasons", None)  # ResponseFailed and friends wrap the real causes
         if failure.check(CancelledError):
             return failure  # the client went away: nothing to answer
-        if any(r.check(CancelledError) for r in reasons or ()):
-            # The same, cancelled mid-exchange, which the agent wraps: no failure of the model server's to count.
+        if failure.check(net_error.ConnectingCancelledError) or any(r.check(CancelledError) for r in reasons or ()):
+            # The same, cancelled while connecting (the client sent its request and closed at once) or
+            # mid-exchange, which the agent wraps: no failure of the model server's to count.
             raise CancelledError()
         if failure.check(net_error.ConnectBindError):  # before _UNREACHABLE: a ConnectError too
             raise LocalConnectFailed(failure.getErrorMessage())

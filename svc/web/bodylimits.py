@@ -21,6 +21,7 @@ from twisted.web import server
 
 from svc.contract import status as st
 from svc.contract.errors import ApiError
+from svc.web.paths import origin_form
 from svc.web.replies import header, raw_reply, reason
 
 if TYPE_CHECKING:
@@ -44,6 +45,9 @@ class LimitedRequest(server.Request):
     def setResponseCode(self, code: int, message: bytes | None = None) -> None:
         """twisted's reason phrases, and ours where its table has none (422 "Unprocessable Content", 429)."""
         super().setResponseCode(code, message if message is not None else reason(code))
+
+    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        super().requestReceived(command, origin_form(path), version)  # an absolute-form target: its path
 
     def gotLength(self, length: int | None) -> None:
         self.content = BytesIO()

@@ -34,6 +34,24 @@ class PathApp(Protocol):
     def not_found(self, request: Any) -> ApiError: ...
 
 
+def origin_form(target: bytes) -> bytes:
+    """The path and query of a request target in the absolute form, ``http://host[:port]/path?query``.
+
+    RFC 9112 (section 3.2.2) has a server accept that form, which clients
+    configured to go through a proxy send; twisted.web took it as a path
+    (``http:``, an empty segment, the host, ...), so every such request was a
+    404.  Any other target is returned as it is."""
+    head = target[:8].lower()
+    if not (head.startswith(b"http://") or head.startswith(b"https://")):
+        return target
+    rest = target.split(b"://", 1)[1]
+    ends = [i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0]
+    if not ends:
+        return b"/"
+    tail = rest[min(ends):]
+    return tail if tail.startswith(b"/") else b"/" + tail
+
+
 def routable(path: bytes) -> bool:
     """Whether a request path may be routed: no empty segment, no encoded ``/``, and UTF-8 once percent-decoded."""
     if b"//" in path:

@@ -52,6 +52,7 @@ from svc.contract.errors import ApiError
 from svc.contract.request import REQ_ID_RE
 from svc.infra.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from svc.infra.metrics import render
+from svc.web.methods import CaseSensitiveMap, case_sensitive
 from svc.web.paths import RoutablePaths
 from svc.web.replies import dumps, envelope_headers, header, send_encoded
 
@@ -150,7 +151,7 @@ class ConfiguredRoutes:
     STATIC_CACHE_SIZE = 256
 
     def __init__(self) -> None:
-        self._map = Map()
+        self._map = CaseSensitiveMap()
         self._handlers: dict[str, Callable[..., Any]] = {}
         self._mounted: list[Klein] = []
         self._static: dict[tuple[str, str], tuple[Callable[..., Any], str]] = {}
@@ -162,6 +163,7 @@ class ConfiguredRoutes:
         self._static.clear()
 
     def mount(self, app: Klein) -> None:
+        case_sensitive(app.url_map)
         self._mounted.append(app)
         self._static.clear()
 
@@ -225,7 +227,7 @@ def declared_map(app: Klein) -> Map:
     """``app``'s declared routes without the catch-all (built once per class)."""
     found = _DECLARED.get(id(app.url_map))
     if found is None:
-        found = _DECLARED[id(app.url_map)] = Map([r.empty() for r in app.url_map.iter_rules()
+        found = _DECLARED[id(app.url_map)] = CaseSensitiveMap([r.empty() for r in app.url_map.iter_rules()
                                                   if r.endpoint not in CATCH_ALL])
     return found
 
@@ -379,6 +381,7 @@ def install(app: Klein, *, configured: bool = False) -> None:
     if configured:
         app.route("/", endpoint=CATCH_ALL[0])(JsonApp.configured_route)
         app.route("/<path:path>", endpoint=CATCH_ALL[1])(JsonApp.configured_route)
+    case_sensitive(app.url_map)
     app.handle_errors(ApiError)(JsonApp.api_error)
     app.handle_errors(HTTPException)(JsonApp.routing_error)
     app.handle_errors(Exception)(JsonApp.unexpected_error)

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from tests.support.gateway import start_gateway
+from tests.support.gateway import GATEWAY_TOKENS, start_gateway
 from tests.support.http import get, raw_exchange
 from tests.support.processes import start_model_server, write_config
 from tests.support.stack import build_stack, stop_stack
@@ -43,7 +43,9 @@ def processes(tmp_path_factory):
                             gateway_table=f"body_timeout_ms = {BODY_TIMEOUT_MS}\n")
     stack = build_stack(root / "stack", {}, supervisor_extra=f"body_timeout_ms = {BODY_TIMEOUT_MS}\n")
     yield {"model": (model.port, model.url, "envelope"), "gateway": (gateway.port, gateway.url, "envelope"),
-           "supervisor": (stack.supervisor.port, stack.url, "ok-error"), "model process": model}
+           "supervisor": (stack.supervisor.port, stack.url, "ok-error"), "model process": model,
+           "tokens": {"model": "model-token", "gateway": GATEWAY_TOKENS["SERVICE_GATEWAY_AUTH_TOKEN"],
+                      "supervisor": stack.env["SERVICE_API_TOKEN"]}}
     stop_stack(stack)
     gateway.stop()
     model.stop()
@@ -203,3 +205,39 @@ def test_a_request_twisted_cannot_parse_is_counted_and_logged(processes):
     lines = processes["model process"].output().splitlines()
     assert any(line.endswith("- - 400 0.0ms key=- rid=-") for line in lines), lines[-5:]
     assert any(line.endswith("POST /healthz 400 0.0ms key=- rid=-") for line in lines), lines[-5:]
+
+
+@pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])
+@pytest.mark.parametrize("method", [b"post", b"Post"])
+def test_a_method_is_case_sensitive_so_post_in_lower_case_is_405(processes, name, method):
+    """RFC 9110: methods are case-sensitive. werkzeug matched them upper-cased, so ``post`` ran the POST routes
+    of every process: the gateway admitted and charged it, then forwarded it without its body (it sends one with
+    ``POST`` only), and the model server answered 400 "body is not valid JSON". A method in another case is one no
+    route has: 405 status 62 with ``Allow``, after authentication, like any other."""
+    port, url, shape = processes[name]
+    token = processes["tokens"][name].encode()
+    body = b'{"images": []}'
+    reply = raw_exchange(port, method + b" " + POST_PATHS[name] + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                         b"Authorization: Bearer " + token + b"\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    first, headers, data = split(reply)
+    assert first == b"HTTP/1.1 405 Method Not Allowed", reply[:400]
+    assert "POST" in headers["allow"].split(", "), headers
+    got = json.loads(data)
+    if shape == "envelope":
+        assert (got["status"], got["status_str"]) == (62, "METHOD_NOT_ALLOWED"), got
+    else:
+        assert got["ok"] is False, got
+    assert f"method {method.decode()} not allowed" in got["error"], got
+    assert_serving(url, name)
+
+
+@pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])
+def test_a_request_target_in_absolute_form_is_its_path(processes, name):
+    """RFC 9112 section 3.2.2: a server accepts ``GET http://host:port/path`` (what a client set up to use a proxy
+    sends); twisted took the whole URL as the path, so every such request was 404 (found by an HTTP probe)."""
+    port, url, _ = processes[name]
+    path = b"/ui/favicon.svg" if name == "supervisor" else b"/healthz"
+    for target in (b"http://127.0.0.1:%d" % port + path, b"HTTP://localhost" + path + b"?x=1"):
+        reply = raw_exchange(port, b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert split(reply)[0] == b"HTTP/1.1 200 OK", reply[:300]

@@ -247,6 +247,17 @@ def test_request_forwarding_keeps_the_body_and_only_allowed_headers(gw):
         "x-request-id": ["rid-1"], "x-service-params": ['{"top_k":1}'], "x-service-options": ["{}"]}
 
 
+def test_headers_the_connection_header_names_are_not_forwarded(gw):
+    """RFC 9110 section 7.6.1: a header named in ``Connection`` is hop-by-hop, dropped by a proxy even where the
+    gateway forwards it otherwise (an HTTP probe saw ``Connection: close, X-Service-Params`` forwarded)."""
+    r = gw.call("POST", "/v1/models/CLS/infer", body=b'{"images": ["aGk="]}', headers={
+        "Content-Type": "application/json", "Connection": "keep-alive, X-Service-Params,x-request-id",
+        "X-Service-Params": '{"top_k":1}', "X-Request-ID": "rid-hop", "X-Service-Options": "{}"})
+    assert r.code == 200
+    seen = gw.model.received[-1]["headers"]
+    assert "x-service-params" not in seen and "x-request-id" not in seen and seen["x-service-options"] == ["{}"]
+
+
 def test_raw_body_content_type_is_forwarded_verbatim(gw):
     gw.call("POST", "/v1/models/CLS/infer", body=b"\x89PNG...", headers={"Content-Type": "image/png"})
     assert gw.model.received[-1]["headers"]["content-type"] == ["image/png"]
@@ -465,6 +476,22 @@ def test_a_path_that_matches_no_route_is_authenticated_but_spends_no_token(gw):
         assert h(r, "X-Service-Key") == "slow"
     assert [gw.call("POST", "/v1/models/CLS/infer", token=SLOW_KEY, body=b"{}").code for _ in range(3)] == [
         200, 200, 429]
+
+
+@pytest.mark.parametrize("method, path", [
+    ("POST", "/v1/models/NOPE/infer"), ("POST", "/v1/models/NOPE/jobs"), ("GET", "/v1/models/NOPE/jobs/abc"),
+    ("GET", "/v1/models/NOPE/jobs/abc/wait"), ("GET", "/v1/models/NOPE/jobs/abc/result"),
+    ("POST", "/v2/models/NOPE/infer"), ("GET", "/v2/models/NOPE"), ("GET", "/v2/models/NOPE/ready"),
+])
+def test_an_unknown_model_id_is_404_and_spends_no_token_as_an_unknown_path(gw, method, path):
+    """docs/processes.md: an unknown id and an unknown path give the same 404, and spend no token; an HTTP probe
+    found the unknown id charged (404, 404, then 429 for a 2 requests/s key)."""
+    for _ in range(4):
+        r = gw.call(method, path, token=SLOW_KEY, body=b"{}" if method == "POST" else None)
+        assert r.code == 404 and h(r, "X-Service-Key") == "slow"
+    assert [gw.call("POST", "/v1/models/CLS/infer", token=SLOW_KEY, body=b"{}").code for _ in range(3)] == [
+        200, 200, 429]
+    assert 'service_gateway_key_requests_total{key="slow"} 6.0' in render(gw.registry).decode()
 
 
 def test_every_request_that_authenticated_is_counted_once_by_its_key(gw):

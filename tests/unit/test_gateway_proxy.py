@@ -1,8 +1,9 @@
 """How the gateway's proxy classifies the end of an upstream exchange (svc.gateway.proxy)."""
 
 import pytest
+from twisted.internet.address import IPv4Address
 from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.error import ConnectionLost
+from twisted.internet.error import ConnectingCancelledError, ConnectionLost
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
@@ -37,7 +38,10 @@ def outcome(reason, *, cancel: bool):
     Failure(CancelledError()),
     ResponseNeverReceived([Failure(CancelledError())]),  # cancelled before the reply's head
     ResponseFailed([Failure(CancelledError())]),  # cancelled while the body came
-], ids=["bare", "before-the-head", "during-the-body"])
+    # cancelled before the connection was made: a client that sent its request and closed at once (an HTTP
+    # probe found each one logged as an upstream failure, a critical "Unhandled Error", and counted)
+    Failure(ConnectingCancelledError(IPv4Address("TCP", "127.0.0.1", 1))),
+], ids=["bare", "before-the-head", "during-the-body", "while-connecting"])
 def test_a_client_that_went_away_is_a_cancellation_not_an_upstream_failure(reason):
     """The model server did nothing wrong: counting it as a transport failure (502) raised false alerts."""
     failure = outcome(reason, cancel=True)

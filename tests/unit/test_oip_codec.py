@@ -220,9 +220,12 @@ def test_binary_rows_are_the_files_bytes_and_json_rows_their_base64():
     assert raw.params == {"score_threshold": 0.5} and raw.options == {"max_results": 3}
     two = bytes_tensor(b"a", b"b")
     body, length = binary_request({"id": "ok-id", "inputs": [image_input(len(two))]}, two)
-    plan = translate.plan(shape_of(DETECTION), parse_request(body, length), "not valid")
+    plan = translate.plan(shape_of(DETECTION), parse_request(body, length))
     assert plan.images == [b"a", b"b"] and plan.rows == 2  # never base64-encoded
-    assert plan.req_id == "ok-id"  # the request's id: the header's is not a valid one
+    assert plan.req_id == "ok-id"  # the request's id: no header
+    # A header that is not a valid request id is refused, as on /v1 (it was replaced without a word).
+    with pytest.raises(CodecError, match="^X-Request-ID header must be 1 to 128 printable ASCII characters"):
+        translate.plan(shape_of(DETECTION), parse_request(body, length), "not valid")
     assert translate.plan(shape_of(DETECTION), request_for({})).images == ["YQ=="]  # JSON: the base64 as sent
 
 

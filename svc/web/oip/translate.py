@@ -5,7 +5,8 @@ The request runs through the model server's data plane like any other
 element of the ``IMAGE`` input (a binary element's bytes, a JSON element's
 base64), the request's ``parameters`` as ``params`` less the protocol's own
 (:data:`RESERVED`), ``parameters.options`` as ``options``, and the request's
-``id`` as ``req_id`` when it is a valid one.
+``id`` as ``req_id`` when it is a valid one (a client's ``X-Request-ID`` that is
+not one is 400, as on ``/v1``, where it is 422).
 
 The protocol fails a request as a whole, where the envelope isolates
 items: a reply with any item that did not succeed becomes an error with
@@ -33,7 +34,7 @@ from svc.contract.oip import (
     SEGMENTATION,
     ModelShape,
 )
-from svc.contract.request import REQ_ID_RE
+from svc.contract.request import REQ_ID_RE, REQ_ID_RULE
 from svc.web.oip.codec import CodecError, InferRequest, Output, RequestedOutput
 
 #: Model-server statuses that the protocol, which has one "bad request", answers 400.
@@ -109,7 +110,10 @@ def plan(shape: ModelShape, request: InferRequest, request_id: str | None = None
         if options.get("mask_format", "rle") != "rle":
             raise CodecError("masks are COCO RLE here: options.mask_format can only be rle")
         options = {**options, "mask_format": "rle"}
-    rid = request_id if request_id is not None and REQ_ID_RE.fullmatch(request_id) else None
+    if request_id is not None and not REQ_ID_RE.fullmatch(request_id):
+        # refused as on /v1 (docs/api.md), not replaced: a client's correlation is never lost without a word
+        raise CodecError("X-Request-ID header " + REQ_ID_RULE)
+    rid = request_id
     if rid is None and request.id is not None and REQ_ID_RE.fullmatch(request.id):
         rid = request.id
     return Plan(list(tensor.data), params, options, rid, outputs)

@@ -9,7 +9,7 @@ commands do the three steps:
   (:func:`svc.auth.issue_key`), and the name is checked by
   :func:`svc.auth.check_key_name`;
 * the file is checked with the gateway's own loader before it is changed,
-  and written atomically (a temporary file in the same folder, flushed,
+  under a lock that concurrent ``svcctl keys`` runs take in turn, and written atomically (a temporary file in the same folder, flushed,
   then renamed over it) with mode 0600, so the gateway never reads half a
   file and other users never read the hashes;
 * then the supervisor restarts the gateway (``POST
@@ -27,9 +27,12 @@ says so.  ``keys list`` prints name, scope, qps and enabled, never a hash.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -103,6 +106,28 @@ def read_document(path: str, *, missing_ok: bool = False) -> tomlkit.TOMLDocumen
         raise CliError(str(e)) from None
     with open(path, encoding="utf-8") as f:
         return tomlkit.parse(f.read())
+
+
+@contextmanager
+def edit_lock(path: str) -> Iterator[None]:
+    """Hold the key file's edit lock (``flock`` on ``.<name>.lock`` beside it) while it is read, changed, written.
+
+    Each edit reads the whole file and renames a new one over it: two at once
+    (scripts issuing keys, an operator disabling one) each wrote what they
+    had read, and one edit was lost while both said it was made: a key handed
+    out that the gateway refused, or a disabled key still enabled."""
+    directory = os.path.dirname(os.path.abspath(path))
+    lock_path = os.path.join(directory, f".{os.path.basename(path)}.lock")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as e:
+        raise CliError(f"cannot write {path}: {e.strerror or e} (its lock file {lock_path})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def write_atomically(path: str, text: str) -> None:
@@ -252,19 +277,22 @@ def run(args: argparse.Namespace, client: Client) -> int:
             if not token:
                 raise CliError(f"no management token: set {API_TOKEN_ENV} to restart the gateway, or pass "
                                "--no-restart (the file is not changed)")
-        doc = read_document(path, missing_ok=args.keys_action == "add")
+        with edit_lock(path):
+            doc = read_document(path, missing_ok=args.keys_action == "add")
+            if args.keys_action == "add":
+                key = add_key(doc, args.name, args.scope, args.qps)
+                write_atomically(path, tomlkit.dumps(doc))
+            elif not disable_key(doc, args.name):
+                fail(f"key {args.name!r} is already disabled in {path}: nothing changed")
+                return EXIT_OK
+            else:
+                write_atomically(path, tomlkit.dumps(doc))
         if args.keys_action == "add":
-            key = add_key(doc, args.name, args.scope, args.qps)
-            write_atomically(path, tomlkit.dumps(doc))
             print(key)
             sys.stdout.flush()
             fail(f"added key {args.name!r} to {path}; it is shown once and cannot be recovered: give it to the "
                   "client now")
         else:
-            if not disable_key(doc, args.name):
-                fail(f"key {args.name!r} is already disabled in {path}: nothing changed")
-                return EXIT_OK
-            write_atomically(path, tomlkit.dumps(doc))
             fail(f"disabled key {args.name!r} in {path}")
     except CliError as e:
         fail(str(e))

@@ -87,9 +87,12 @@ class Child:
     # -- public actions ---------------------------------------------------------------
 
     def start(self, checked: bool = False) -> Deferred:
-        """Spawn the child; fires when ready, fails with ChildError if it cannot (``checked``: preflight done)."""
-        if self.state in (STARTING, RUNNING, STOPPING):
-            return fail(ChildError(f"{self.name} is {self.state}: stop it first or restart it"))
+        """Spawn the child; fires when ready, fails with ChildError if it cannot (``checked``: preflight done).
+        Running, it is done; starting, it waits for that start; stopping, it starts once stopped."""
+        if self.state in (STARTING, RUNNING):
+            return succeed(None) if self.ready else self._wait_ready()
+        if self.state == STOPPING:
+            return self._wait_exit().addCallback(lambda _: self.start(checked))
         if self._closing:
             return fail(ChildError(f"{self.name}: the supervisor is shutting down"))
         if not checked and (problem := self.spec.problem()):
@@ -102,10 +105,8 @@ class Child:
         return d
 
     def stop(self) -> Deferred:
-        """TERM the process group, KILL after the grace; fires once it has exited.
-
-        A restart still waiting for the old process to exit is called off: the stop wins.
-        """
+        """TERM the process group, KILL after the grace; fires once it has exited (or now: nothing runs).
+        A restart still waiting for the old process to exit is called off: the stop wins."""
         self._restarting = None
         if self.state == BACKOFF:
             self._cancel_timer()
@@ -120,7 +121,7 @@ class Child:
             self._fail_ready_waiters("stopped before it was ready")
             return succeed(None)
         if self.state not in (STARTING, RUNNING):
-            return fail(ChildError(f"{self.name} is {self.state}, not running"))
+            return succeed(None)  # stopped, failed or refused: nothing runs, as asked
         d = self._wait_exit()
         self._set(STOPPING, "SIGTERM to the process group")
         self._cancel_timer()
@@ -130,21 +131,21 @@ class Child:
         return d
 
     def restart(self) -> Deferred:
-        """Stop if running (waiting for the exit), then start; counts as a restart.
-
-        A second restart while one waits for the exit is the same restart; a
-        stop (or the supervisor's shutdown) in the meantime calls it off, and
-        it fails saying so instead of starting the child again.
-        """
+        """Stop if running (waiting for the exit), then start; counts as a restart. A second restart while one
+        waits for the exit is the same restart, and a start (or restart) it overtakes answers with it; a stop (or
+        the supervisor's shutdown) in the meantime calls it off, and it fails saying so instead of starting."""
         if self._restarting is not None:
             return follow(self._restarting)
         if problem := self.spec.problem():  # before the stop: a restart that cannot start takes nothing down
             return fail(ChildError(problem))
+        overtaken, self._ready_waiters = self._ready_waiters, []  # not "stopped before it was ready": it will be
         d = self.stop() if self.state in (STARTING, RUNNING, STOPPING) else succeed(None)
         self._restarting = pending = Deferred[None]()
 
         def again(_: Any) -> Deferred:
+            self._ready_waiters.extend(overtaken)
             if self._restarting is not pending or self._closing:
+                self._fail_ready_waiters("stopped before it started again")
                 return fail(ChildError(f"{self.name}: stopped before it started again"))
             self._restarting = None
             self.restarts += 1
@@ -340,10 +341,8 @@ class Child:
     # -- waiters and bookkeeping -----------------------------------------------------------------
 
     def _wait_ready(self) -> Deferred:
-        d: Deferred = Deferred()
-        self._ready_waiters.append(d)
-        timer = self.reactor.callLater(self.timing.start_timeout, self._start_timed_out, d)
-        d.addBoth(cancelling(timer))
+        self._ready_waiters.append(d := Deferred[None]())
+        d.addBoth(cancelling(self.reactor.callLater(self.timing.start_timeout, self._start_timed_out, d)))
         return d
 
     def _start_timed_out(self, d: Deferred) -> None:
@@ -364,8 +363,7 @@ class Child:
             d.errback(ChildError(f"{self.name} could not start: {why}"))
 
     def _wait_exit(self) -> Deferred:
-        d: Deferred = Deferred()
-        self._exit_waiters.append(d)
+        self._exit_waiters.append(d := Deferred[None]())
         return d
 
     def _fire_exit_waiters(self) -> None:

@@ -37,7 +37,6 @@ another process is waited for first, as a model's is, and the gateway is
 from __future__ import annotations
 
 import signal
-import socket
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,31 +46,12 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IDelayedCall
 
 from svc.auth import bind_problem
+from svc.infra.reactors import follow
 from svc.supervisor.child import BACKOFF, FAILED, RUNNING, START_FAILED, STARTING, STOPPED, Child, ChildError, ChildSpec
-from svc.supervisor.spawn import ChildProtocol, describe_exit, group_leader_argv
+from svc.supervisor.spawn import ChildProtocol, bind_listening_socket, describe_exit, group_leader_argv
 
 #: Descriptors of the gateway process: the listening socket and the ready pipe.
 LISTEN_FD, READY_FD = 3, 4
-#: Connections the kernel queues while no gateway accepts (capped by net.core.somaxconn).
-BACKLOG = 1024
-
-
-def bind_listening_socket(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
-    """A non-blocking listening TCP socket on ``host:port`` (SO_REUSEADDR, as Twisted binds)."""
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                         flags=socket.AI_PASSIVE)[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(backlog)
-        sock.setblocking(False)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
 class _GatewayProtocol(ChildProtocol):
     """One gateway process: whole lines to the log (two processes may write at
     once during a handover), its own last lines, and the ready pipe."""
@@ -157,6 +137,8 @@ class GatewayChild(Child):
         self._retiring: dict[_GatewayProtocol, _Retiring] = {}
         self._retired_waiters: list[Deferred] = []
         self._keep_listener = False
+        self._again: Deferred | None = None  # the restart asked for during a handover, run once it ends
+        self._stops = 0  # stops so far: one made while a restart waits calls that restart off
 
     # -- the socket ------------------------------------------------------------------------
 
@@ -226,7 +208,7 @@ class GatewayChild(Child):
         socket, or when not running, it is a plain stop-then-start.
         """
         if self._handover is not None:
-            return fail(ChildError(f"{self.name}: a restart is already under way"))
+            return self._restart_after(self._handover.done)
         if self._closing:
             return fail(ChildError(f"{self.name}: the supervisor is shutting down"))
         if problem := self.spec.problem():  # the running gateway keeps serving
@@ -252,7 +234,29 @@ class GatewayChild(Child):
         self._handover = _Handover(protocol, transport.pid, done, timer)
         self.logs.note(f"handover: spawned pid {transport.pid} on the same socket beside pid {self.pid}; "
                        "waiting for its ready line")
-        return done
+        return follow(done)
+
+    def _restart_after(self, current: Deferred) -> Deferred:
+        """A restart asked for while one is under way: one more, once that one ends.
+
+        Joining the running one would not do: its new gateway may have read
+        the key file before the edit this restart is asked for (``svcctl keys
+        add`` run twice at once answered 500 to the second, whose key was live
+        only by chance).  Every request made meanwhile shares the one after; a
+        stop (or the supervisor's shutdown) in the meantime calls it off.
+        """
+        if self._again is None:
+            self._again = again = Deferred[None]()
+            stops = self._stops
+
+            def rerun(_: Any) -> Deferred:
+                self._again = None
+                if self._stops != stops or self._closing:
+                    return fail(ChildError(f"{self.name}: stopped before it started again"))
+                return self.restart()
+
+            follow(current).addBoth(rerun).chainDeferred(again)
+        return follow(self._again)
 
     def _promote(self) -> None:
         h = self._handover
@@ -369,6 +373,7 @@ class GatewayChild(Child):
         connections are refused (a load balancer sends them elsewhere)
         instead of waiting in a backlog nobody will accept from, to be reset.
         """
+        self._stops += 1
         self._abort_handover("the gateway is being stopped")
         if not self._keep_listener:
             self._close_listener()

@@ -71,11 +71,11 @@ from svc.infra.replicas import LayoutError, encode, find_clash, replica_name, re
 from svc.supervisor.backoff import Timing
 from svc.supervisor.child import STARTING, Child, ChildError, ChildSpec
 from svc.supervisor.config import Profile, SupervisorConfig, weights_choice
-from svc.supervisor.handover import GatewayChild, bind_listening_socket
+from svc.supervisor.handover import GatewayChild
 from svc.supervisor.logsink import LogSink
 from svc.supervisor.preflight import key_file_problem, model_config_problem
 from svc.supervisor.replicaset import ReplicaSet
-from svc.supervisor.spawn import kill_group, port_is_free
+from svc.supervisor.spawn import bind_listening_socket, kill_group, port_is_free
 
 log = Logger()
 

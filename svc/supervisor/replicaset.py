@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet.defer import Deferred, DeferredList, ensureDeferred, fail
+from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 
@@ -89,18 +89,12 @@ class ReplicaSet:
     def start(self) -> Deferred:
         if len(self.children) == 1:
             return self.children[0].start()
-        idle = [c for c in self.children if c.state not in ACTIVE]
-        if not idle:
-            return fail(ChildError(f"{self.id} is {self.snapshot()['state']}: stop it first or restart it"))
-        return self._together([(c, c.start()) for c in idle])
+        return self._together([(c, c.start()) for c in self.children])  # each: done, joined or started
 
     def stop(self) -> Deferred:
         if len(self.children) == 1:
             return self.children[0].stop()
-        running = [c for c in self.children if c.state in (STARTING, RUNNING, STOPPING, BACKOFF)]
-        if not running:
-            return fail(ChildError(f"{self.id} is {self.snapshot()['state']}, not running"))
-        return self._together([(c, c.stop()) for c in running])
+        return self._together([(c, c.stop()) for c in self.children])  # each: stopped, or already
 
     def restart(self) -> Deferred:
         if len(self.children) == 1:

@@ -3,7 +3,8 @@
 A child runs as the leader of its own process group (``GROUP_LEADER``), so
 a stop signals the whole group (``kill_group``); its output and its end
 reach the supervisor through ``ChildProtocol``.  ``port_is_free`` tells
-whether a child's port could be bound now.  The state machine that decides
+whether a child's port could be bound now, ``bind_listening_socket`` binds
+the socket the supervisor holds for the gateway.  The state machine that decides
 when to do which is :mod:`svc.supervisor.child`.
 """
 
@@ -114,3 +115,23 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
     return True
+
+
+#: Connections the kernel queues while no gateway accepts (capped by net.core.somaxconn).
+BACKLOG = 1024
+
+
+def bind_listening_socket(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
+    """A non-blocking listening TCP socket on ``host:port`` (SO_REUSEADDR, as Twisted binds)."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                         flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock

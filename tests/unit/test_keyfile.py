@@ -243,3 +243,26 @@ def test_an_unreachable_supervisor_is_one_line_exit_2_and_the_file_stays_changed
                            "svcctl: the key file is changed but the gateway was not restarted: "
                            f"POST {url}{RESTART}: connection refused (is the supervisor running?)\n")
     assert "enabled = false\n\n# a retired one" in keys.read_text() and mode(keys) == 0o600
+
+
+def test_edits_made_at_the_same_time_all_land(keys):
+    """A probe ran six ``svcctl keys add`` at once: all said "added", two keys were not in the file (their holders
+    got 401), and a ``disable`` run beside an ``add`` said "disabled" while the key stayed enabled. Each edit now
+    takes the file's lock for its read, change and write: eight real processes at once, every edit is kept."""
+    import subprocess
+    import sys
+
+    from tests.support.processes import REPO, child_env
+
+    def svcctl_process(*args):
+        return subprocess.Popen([sys.executable, "-m", "svc.cli", "keys", *args, "--no-restart", "--keys-file",
+                                 str(keys)], cwd=REPO, env=child_env({}), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+
+    runs = [svcctl_process("add", f"k{i}") for i in range(7)] + [svcctl_process("disable", "tenant-a")]
+    results = [(run.wait(120), run.stderr.read().decode()) for run in runs]
+    assert [code for code, _ in results] == [0] * 8, results
+    entries = {entry.name: entry for entry in load_key_file(str(keys))}
+    assert sorted(entries) == sorted(["tenant-a", "old"] + [f"k{i}" for i in range(7)])
+    assert entries["tenant-a"].enabled is False
+    assert "Keep this comment." in keys.read_text()

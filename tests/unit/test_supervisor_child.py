@@ -253,15 +253,6 @@ def test_stop_during_backoff_cancels_the_restart():
     assert len(reactor.spawned) == 1
 
 
-def test_actions_that_do_not_fit_the_state_fail():
-    child, reactor, probe, _ = make()
-    stop = results(child.stop())
-    assert stop[0].check(ChildError) and "not running" in str(stop[0].value)
-    running(child, reactor, probe)
-    again = results(child.start())
-    assert again[0].check(ChildError) and "running" in str(again[0].value)
-
-
 def test_restart_spawns_only_after_the_old_process_exited():
     child, reactor, probe, kills = make()
     running(child, reactor, probe)
@@ -438,6 +429,27 @@ def test_two_restarts_at_once_are_one_restart():
     assert (first, second, len(reactor.spawned), child.restarts, child.state) == ([None], [None], 2, 1, RUNNING)
 
 
+def test_a_restart_of_a_child_still_starting_answers_the_start_it_overtook_when_it_is_ready():
+    """A management probe: a restart of a model still warming up, then a second restart; the first was answered
+    500 "could not start: stopped before it was ready" although the model came up. The start it was waiting for
+    was overtaken, not failed: it answers when the new process is ready."""
+    child, reactor, probe, kills = make()
+    running(child, reactor, probe)
+    first = results(child.restart())
+    reactor.exit(0)
+    assert child.state == STARTING and len(reactor.spawned) == 2 and first == []  # warming up
+    second = results(child.restart())
+    assert child.state == STOPPING and first == second == []
+    reactor.exit(0)
+    probe.ok = True
+    reactor.advance(0.5)
+    assert (first, second, len(reactor.spawned), child.restarts, child.state) == ([None], [None], 3, 2, RUNNING)
+    third = results(child.restart())
+    results(child.stop())  # a stop calls the restart off, and the start it overtook with it
+    reactor.exit(0)
+    assert third[0].check(ChildError) and "stopped before it started again" in str(third[0].value)
+
+
 def test_nothing_is_spawned_once_the_shutdown_began():
     child, reactor, probe, kills = make()
     results(child.shutdown())  # a stopped child: the supervisor's shutdown came before its start
@@ -486,3 +498,28 @@ def test_a_full_log_disk_does_not_stop_a_crashed_child_from_restarting(tmp_path)
     assert child.state == BACKOFF and child.pid is None
     reactor.advance(1)
     assert child.state == STARTING and len(reactor.spawned) == 2
+
+
+def test_start_and_stop_are_done_when_the_child_is_already_so_or_on_its_way():
+    """Two scripts that both make sure a model runs (or is stopped), or an operator and a script: the second got
+    500 "M is running: stop it first or restart it" or "M is stopped, not running" (a management probe). A start
+    of a running child is done, of a starting one waits for that start, of a stopping one starts it once stopped;
+    a stop of a stopped child is done."""
+    child, reactor, probe, kills = make()
+    first = results(child.start())
+    second = results(child.start())  # while starting: the same start
+    assert len(reactor.spawned) == 1 and first == second == []
+    probe.ok = True
+    reactor.advance(0.5)
+    assert first == second == [None]
+    assert results(child.start()) == [None] and len(reactor.spawned) == 1  # running: done
+    stopped = results(child.stop())
+    again = results(child.start())  # while stopping: it starts once the process has exited
+    assert child.state == STOPPING and again == [] and len(reactor.spawned) == 1
+    reactor.exit(0)
+    assert stopped == [None] and child.state == STARTING and len(reactor.spawned) == 2
+    reactor.advance(0.5)
+    assert again == [None] and child.state == RUNNING
+    assert results(child.stop()) == []
+    reactor.exit(0)
+    assert child.state == STOPPED and results(child.stop()) == [None]  # stopped: done

@@ -63,6 +63,9 @@ METRICS_TOKEN_ENV = "SERVICE_METRICS_TOKEN"
 #: What one gateway of a cluster presents to another when it forwards a job request (svc.gateway.cluster).
 CLUSTER_TOKEN_ENV = "SERVICE_CLUSTER_TOKEN"
 EXPOSE_ENV = "SERVICE_EXPOSE"
+#: What a token from the environment may hold: one bearer credential of visible ASCII (RFC 6750), so that a
+#: client can send it as it is. A token of spaces was taken, and no ``Authorization`` header could match it.
+TOKEN_RE = re.compile(r"[\x21-\x7e]+")
 #: A bind on every address: the spellings that need no parsing (the rest: :func:`is_wildcard`).
 WILDCARDS = ("0.0.0.0", "::", "", "*", "[::]")
 #: ``::ffff:0.0.0.0``: IPv4's wildcard mapped into IPv6.
@@ -180,6 +183,18 @@ class AuthSetup:
     cluster_token: str | None = None
 
 
+def token_problem(env: Mapping[str, str], *names: str) -> str | None:
+    """Why one of the environment's tokens ``names`` that is set cannot be a client's bearer token (None when
+    all can): only spaces, or a space, a control or a non-ASCII character in it (a client's UTF-8 never matched
+    the process's own bytes). Every process refuses to start with such a token instead of accepting no one."""
+    for name in names:
+        value = env.get(name)
+        if value and not TOKEN_RE.fullmatch(value):
+            what = "only spaces" if not value.strip() else "a space, a control or a non-ASCII character"
+            return f"{name} has {what}: a token must be printable ASCII without spaces (a bearer token)"
+    return None
+
+
 def metrics_token_problem(env: Mapping[str, str]) -> str | None:
     """Why the environment's metrics token is unusable (None when fine).
 
@@ -274,7 +289,8 @@ def decide(env: Mapping[str, str], keys_file: str) -> AuthSetup:
     keys (refused without a static token, a warning with one); a key file
     that cannot be used stops the gateway when no static token is set.
     """
-    problem = metrics_token_problem(env)
+    problem = token_problem(env, GATEWAY_TOKEN_ENV, API_TOKEN_ENV, METRICS_TOKEN_ENV, CLUSTER_TOKEN_ENV) or \
+        metrics_token_problem(env)
     if problem:
         raise Refused(problem)
     cluster_token = env.get(CLUSTER_TOKEN_ENV) or None
@@ -293,10 +309,11 @@ def decide(env: Mapping[str, str], keys_file: str) -> AuthSetup:
         note = "no key file" if e.problem == "file not found" else f"the key file cannot be used ({e})"
         return AuthSetup("static-token", (), gateway_token, api_token, env[METRICS_TOKEN_ENV],
                          (f"{note}: static-token mode, only {tokens} is accepted",), cluster_token)
+    if not any(key.enabled for key in keys) and not has_token:
+        what = "no keys" if not keys else "no enabled key"
+        raise Refused(f"the key file {keys_file} has {what} and neither {tokens} is set: "
+                      "no credential would be accepted (there is no anonymous mode)")
     if not keys:
-        if not has_token:
-            raise Refused(f"the key file {keys_file} has no keys and neither {tokens} is set: "
-                          "no credential would be accepted (there is no anonymous mode)")
         return AuthSetup("static-token", (), gateway_token, api_token, env[METRICS_TOKEN_ENV],
                          (f"the key file {keys_file} has no keys: static-token mode, only {tokens} is accepted",),
                          cluster_token)

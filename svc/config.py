@@ -23,7 +23,7 @@ from typing import Any
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
-from svc.contract.protocol import HEALTH_PATH, JOBS, METRICS_PATH, OPENAPI_PATH, READY_PATH
+from svc.contract.protocol import HEALTH_PATH, JOBS, METRICS_PATH, OPENAPI_PATH, READY_PATH, SERVICE_CONFIG
 
 REQUIRED = object()
 
@@ -140,8 +140,18 @@ def not_a_file(path: str) -> str | None:
     return "cannot read: not a regular file (a FIFO, a device or a socket)"
 
 
+def given_config_problem(path: str, default: str = SERVICE_CONFIG) -> str | None:
+    """Why a ``--config`` given on the command line cannot be used: one that does not exist was taken as every
+    default (port 8080, ``conf/api_keys.toml``, ...) without a word, as only the default file may be missing."""
+    if path != default and not os.path.exists(path):
+        return (f"{path}: file not found (a --config that is given must exist; only the default {default} may be "
+                "missing, meaning every default)")
+    return None
+
+
 def read_toml(path: str) -> dict:
-    """The file parsed with tomlkit as plain Python values."""
+    """The file parsed with tomlkit as plain Python values (a leading UTF-8 byte order mark, which some editors
+    write, is skipped: it was refused as "Empty key at line 1 col 0", naming nothing the user could see)."""
     problem = not_a_file(path)
     if problem:
         raise ConfigError(path, None, problem)
@@ -153,7 +163,7 @@ def read_toml(path: str) -> dict:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(path, None, f"cannot read: {e}") from None
     try:
-        return tomlkit.parse(text).unwrap()
+        return tomlkit.parse(text.removeprefix("\ufeff")).unwrap()
     except TOMLKitError as e:
         raise ConfigError(path, None, f"not valid TOML: {e}") from None
 

@@ -55,10 +55,9 @@ from svc.cli.http import (
     react,
 )
 from svc.config import ConfigError
-from svc.contract.protocol import GATEWAY_RESTART_PATH, SUPERVISOR_PORT, local_url
+from svc.contract.protocol import GATEWAY_RESTART_PATH, SERVICE_CONFIG, SUPERVISOR_PORT, local_url
 from svc.infra.reactors import IClientReactor
 
-SERVICE_CONFIG = "conf/service.toml"
 DEFAULT_KEYS_FILE = "conf/api_keys.toml"
 DEFAULT_SUPERVISOR = local_url(SUPERVISOR_PORT)
 SUPERVISOR_ENV = "SERVICE_SUPERVISOR_URL"
@@ -110,19 +109,20 @@ def read_document(path: str, *, missing_ok: bool = False) -> tomlkit.TOMLDocumen
 
 @contextmanager
 def edit_lock(path: str) -> Iterator[None]:
-    """Hold the key file's edit lock (``flock`` on ``.<name>.lock`` beside it) while it is read, changed, written.
+    """Hold the key file's edit lock (``flock`` on its folder) while it is read, changed and written.
 
     Each edit reads the whole file and renames a new one over it: two at once
     (scripts issuing keys, an operator disabling one) each wrote what they
     had read, and one edit was lost while both said it was made: a key handed
-    out that the gateway refused, or a disabled key still enabled."""
+    out that the gateway refused, or a disabled key still enabled.  The
+    folder, not the file, is locked: the rename replaces the file, and a lock
+    file would be one more file in ``conf/``."""
     directory = os.path.dirname(os.path.abspath(path))
-    lock_path = os.path.join(directory, f".{os.path.basename(path)}.lock")
     try:
         os.makedirs(directory, exist_ok=True)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as e:
-        raise CliError(f"cannot write {path}: {e.strerror or e} (its lock file {lock_path})") from None
+        raise CliError(f"cannot write {path}: {e.strerror or e}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

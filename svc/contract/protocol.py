@@ -17,6 +17,8 @@ from __future__ import annotations
 
 # -- programs and addresses -------------------------------------------------------------
 
+#: The service configuration the gateway and the supervisor read when no ``--config`` is given.
+SERVICE_CONFIG = "conf/service.toml"
 #: The twistd plugin names (``twisted/plugins/service_plugins.py``), also the
 #: prefix of each process's refusal lines and pid files.
 MODEL_PROGRAM = "service-model"
@@ -30,6 +32,11 @@ SUPERVISOR_PORT = 8787
 #: Default ``[gateway] upstream_recv_timeout_ms``: ``svcctl jobs wait`` keeps a budget below it,
 #: since the gateway answers 502 to a wait budget at or above it.
 UPSTREAM_RECV_TIMEOUT_MS = 180000
+
+
+def http_url(host: str, port: int) -> str:
+    """``http://<host>:<port>``, an IPv6 address in brackets (``http://[::1]:8080``, not ``http://::1:8080``)."""
+    return f"http://[{host}]:{port}" if ":" in host and not host.startswith("[") else f"http://{host}:{port}"
 
 
 def local_url(port: int) -> str:

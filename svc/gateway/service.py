@@ -22,6 +22,7 @@ from twisted.web.iweb import IAgent
 from svc.auth import Authenticator, AuthSetup, describe
 from svc.cluster_config import own_entry_problem
 from svc.contract.protocol import GATEWAY_PROGRAM as PROGRAM
+from svc.contract.protocol import http_url
 from svc.gateway.app import GatewayApp
 from svc.gateway.balancer import Balancer
 from svc.gateway.catalog import Catalog
@@ -118,9 +119,9 @@ class GatewayService(ListeningMultiService):
         for warning in self.setup.warnings:
             log.warn("{warning}", warning=warning)
         info = describe(self.setup)
-        log.info("gateway on http://{host}:{port}/ in {mode} mode ({keys} keys, {enabled} enabled; static tokens: "
+        log.info("gateway on {url}/ in {mode} mode ({keys} keys, {enabled} enabled; static tokens: "
                  "{static}); routing {models} models: {ids}",
-                 host=self.config.host, port=self.bound_port(), mode=info["mode"], keys=info["keys"],
+                 url=http_url(self.config.host, self.bound_port()), mode=info["mode"], keys=info["keys"],
                  enabled=info["enabled_keys"], static=", ".join(info["static_tokens"]) or "none",
                  models=len(self.catalog), ids=", ".join(u.id if len(u.replicas) == 1 else f"{u.id} x{len(u.replicas)}"
                                                           for u in self.catalog))

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from twisted.python import usage
 
 from svc.contract.protocol import GATEWAY_PROGRAM as PROGRAM
-from svc.contract.protocol import HOST_ID_ENV, JOB_SECRET_ENV
+from svc.contract.protocol import HOST_ID_ENV, JOB_SECRET_ENV, SERVICE_CONFIG
 from svc.infra.process import ProgramOptions
 from svc.infra.reactors import IServiceReactor, global_reactor
 
@@ -35,7 +35,7 @@ class Options(ProgramOptions):
     synopsis = "[--config conf/service.toml] [--host H] [--port P] [--keys conf/api_keys.toml] [--servers conf/server]"
     longdesc = "Authenticate, rate-limit and route inference and job requests to the model servers."
     optParameters = [
-        ["config", "c", "conf/service.toml", "The service config (its [gateway] table; a missing file means defaults)."],
+        ["config", "c", SERVICE_CONFIG, "The service config (its [gateway] table; a missing file means defaults)."],
         ["host", None, None, "Listen on this address instead of the config's."],
         ["port", "p", None, "Listen on this port instead of the config's; 0 takes a free port, named in the "
          "'gateway on http://HOST:N/' log line (for tests: no window between choosing a port and binding it).", int],
@@ -65,12 +65,14 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     tests build the service tree in-process without running a reactor.
     """
     from svc.auth import Refused, bind_problem, cluster_problem, decide
-    from svc.config import ConfigError
+    from svc.config import ConfigError, given_config_problem
     from svc.gateway.catalog import CatalogError, load_catalog
     from svc.gateway.config import load_gateway_config
     from svc.infra.process import refuse
 
     env = dict(os.environ)
+    if problem := given_config_problem(options["config"]):
+        raise refuse(PROGRAM, problem)
     try:
         config = load_gateway_config(options["config"])
         overrides = {name: options[opt] for opt, name in (("host", "host"), ("port", "port"), ("keys", "keys_file"),

@@ -136,7 +136,9 @@ def check_path(config: dict, config_path: str) -> str | None:
     """The weights path resolved next to the config file, checked to exist.
 
     Relative paths are taken from the current directory first, then from the
-    directory of the config file.  Raises WeightsError when missing.
+    directory of the config file.  Raises WeightsError when missing, or when
+    this process may not read it (found only by the load, after the server
+    listened: under a supervisor a crash loop instead of a refused config).
     """
     if is_random(config):
         return None
@@ -149,6 +151,9 @@ def check_path(config: dict, config_path: str) -> str | None:
         candidates.append(os.path.join(os.path.dirname(os.path.abspath(config_path)), path))
     for candidate in candidates:
         if os.path.exists(candidate):
+            if not os.access(candidate, os.R_OK | (os.X_OK if os.path.isdir(candidate) else 0)):
+                raise WeightsError(f"weights {config['weights']!r} (from {config_path}): this process may not read "
+                                   f"{candidate} (permission denied)")
             return candidate
     raise WeightsError(f"weights {config['weights']!r} (from {config_path}): no such file or directory")
 

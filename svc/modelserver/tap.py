@@ -127,6 +127,7 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     twistd passes ``options`` only; ``reactor`` (default: the global one) lets
     tests build the service tree in-process without running a reactor.
     """
+    from svc.auth import token_problem
     from svc.config import ConfigError, load_model_server_config
     from svc.infra.process import refuse
     from svc.model.api import PluginError, check_params_schema, find_factory, model_config
@@ -149,6 +150,8 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
         raise refuse(PROGRAM, str(e)) from None
 
     token = os.environ.get(AUTH_ENV) or None
+    if problem := token_problem(os.environ, AUTH_ENV):
+        raise refuse(PROGRAM, problem)
     if token is None and not options["dev-no-auth"]:
         raise refuse(
             PROGRAM,

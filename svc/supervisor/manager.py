@@ -64,6 +64,7 @@ from svc.contract.protocol import (
     REPLICA_ENV,
     UPSTREAM_PORTS_ENV,
     UPSTREAM_TOKENS_ENV,
+    http_url,
 )
 from svc.infra.process import SUPERVISOR_PID_ENV
 from svc.infra.reactors import IServiceReactor
@@ -359,7 +360,7 @@ class ChildManager:
     def status_view(self) -> dict[str, Any]:
         gateway = {
             "id": GATEWAY,
-            "url": f"http://{self.config.gateway_host}:{self.config.gateway_port}",
+            "url": http_url(self.config.gateway_host, self.config.gateway_port),
             "port": self.config.gateway_port,
             **self.gateway.snapshot(),
         }

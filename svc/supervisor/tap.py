@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
+from svc.contract.protocol import SERVICE_CONFIG
 from svc.contract.protocol import SUPERVISOR_PROGRAM as PROGRAM
 from svc.infra.process import ProgramOptions
 from svc.infra.reactors import IServiceReactor, global_reactor
@@ -39,7 +40,7 @@ class Options(ProgramOptions):
                 "[--demo-models ID,...]")
     longdesc = "Spawn and watch the gateway and the model servers; serve the management API and the web UI."
     optParameters = [
-        ["config", "c", "conf/service.toml", "The service config (its [supervisor] and [servers.<ID>] tables)."],
+        ["config", "c", SERVICE_CONFIG, "The service config (its [supervisor] and [servers.<ID>] tables)."],
         ["host", None, None, "Listen on this address instead of the config's."],
         ["port", "p", None, "Listen on this port instead of the config's.", int],
         ["profile", None, None, "cpu, gpu or auto instead of the config's profile."],
@@ -67,6 +68,15 @@ def check_bind(host: str, env: dict[str, str]) -> str | None:
     return bind_problem(host, env, "the management API")
 
 
+def gateway_bind_problem(config: Any, env: dict[str, str]) -> str | None:
+    """Why the gateway would refuse its ``[gateway] host`` (a wildcard without SERVICE_EXPOSE): the supervisor
+    refuses to start for it, rather than serve its API and models with the gateway ``start_failed``."""
+    from svc.auth import bind_problem
+
+    problem = bind_problem(config.gateway_host, env, "the gateway")
+    return f"[gateway] host: {problem}" if problem else None
+
+
 def makeService(options: Options, reactor: IServiceReactor | None = None) -> IService:
     """The supervisor's service, or a refusal (SystemExit, exit 1) before anything listens or is spawned.
 
@@ -75,7 +85,7 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     """
     from dataclasses import replace
 
-    from svc.config import ConfigError
+    from svc.config import ConfigError, given_config_problem
     from svc.infra.process import exit_zero_on_signals, open_file_limit, refuse
     from svc.supervisor.config import load_profile, load_supervisor_config
 
@@ -83,10 +93,21 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     token = env.get("SERVICE_API_TOKEN") or ""
     if not token:
         raise refuse(PROGRAM, "SERVICE_API_TOKEN is not set: the management API needs it (no anonymous mode)")
-    from svc.auth import metrics_token_problem
+    from svc.auth import (
+        API_TOKEN_ENV,
+        CLUSTER_TOKEN_ENV,
+        GATEWAY_TOKEN_ENV,
+        METRICS_TOKEN_ENV,
+        metrics_token_problem,
+        token_problem,
+    )
 
-    problem = metrics_token_problem(env)
+    # Its own token, and those it hands the gateway (which would refuse them: a supervisor without its gateway).
+    problem = token_problem(env, API_TOKEN_ENV, METRICS_TOKEN_ENV, GATEWAY_TOKEN_ENV, CLUSTER_TOKEN_ENV) or \
+        metrics_token_problem(env)
     if problem:
+        raise refuse(PROGRAM, problem)
+    if problem := given_config_problem(options["config"]):
         raise refuse(PROGRAM, problem)
     try:
         config = load_supervisor_config(options["config"])
@@ -97,7 +118,7 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
             profile = replace(profile, weights=options["weights"])
     except ConfigError as e:
         raise refuse(PROGRAM, str(e)) from None
-    refusal = check_bind(config.host, env)
+    refusal = check_bind(config.host, env) or gateway_bind_problem(config, env)
     if refusal:
         raise refuse(PROGRAM, refusal)
 

@@ -178,6 +178,24 @@ def test_a_loading_server_says_what_it_does_in_its_ready_reply(tmp_path):
         proc.stop()
 
 
+def test_weights_this_process_may_not_read_are_refused_before_it_listens(tmp_path):
+    """A fail-closed probe: an unreadable weights file was found by the load, after the server listened (under a
+    supervisor, a crash loop). Now the config is refused in one line, as a missing file is."""
+    weights = tmp_path / "weights.pth"
+    weights.write_bytes(b"not read")
+    weights.chmod(0)
+    config = write_config(tmp_path, "MOBILENETV2", model={"weights": str(weights)})
+    args = model_server_args(config, 0)
+    if os.geteuid() == 0:  # root reads any file: the process drops that power, as the probe's did
+        caps = "-dac_override,-dac_read_search"
+        args = ["setpriv", f"--inh-caps={caps}", f"--bounding-set={caps}", *args]
+    code, output = run_to_exit(args, env=child_env(TOKEN))
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert code == 1 and lines[-1] == (f"service-model: weights '{weights}' (from {config}): this process may not "
+                                       f"read {weights} (permission denied)"), output
+    assert "listening on" not in output
+
+
 def test_a_plugin_module_that_does_not_import_costs_one_line_and_only_its_models(tmp_path):
     """A third party's plugin module that fails to import (a dependency not installed): every process logged
     twisted's "Unhandled Error" traceback from the plugin scan, and a config for its model was refused with

@@ -84,6 +84,14 @@ def test_broken_toml_and_missing_file(tmp_path):
         load_model_server_config(str(tmp_path / "nope.toml"))
 
 
+def test_a_byte_order_mark_that_an_editor_wrote_is_skipped(tmp_path):
+    """It was refused as "not valid TOML: Empty key at line 1 col 0", naming nothing the user could see."""
+    path = tmp_path / "bom.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + b'id = "M"\r\nport = 1\r\nserver_uri = "/m"\r\n')
+    config = load_model_server_config(str(path))
+    assert (config.id, config.port, config.server_uri) == ("M", 1, "/m")
+
+
 def test_a_fifo_or_a_device_is_refused_instead_of_read(tmp_path):
     """open() of a FIFO waits for a writer: every process hung at start, printing nothing."""
     import os

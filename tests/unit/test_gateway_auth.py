@@ -114,9 +114,19 @@ def test_broken_key_file_with_a_token_falls_back_with_a_warning(tmp_path):
     ({"SERVICE_METRICS_TOKEN": "same", "SERVICE_GATEWAY_AUTH_TOKEN": "same"}, None,
      "SERVICE_METRICS_TOKEN equals SERVICE_GATEWAY_AUTH_TOKEN"),
     ({"SERVICE_METRICS_TOKEN": "same", "SERVICE_API_TOKEN": "same"}, None, "SERVICE_METRICS_TOKEN equals SERVICE_API_TOKEN"),
+    # A fail-closed probe: a token no client can send was taken, and every request was then 401.
+    ({**ENV, "SERVICE_GATEWAY_AUTH_TOKEN": "   "}, None,
+     "SERVICE_GATEWAY_AUTH_TOKEN has only spaces: a token must be printable ASCII without spaces"),
+    ({**ENV, "SERVICE_API_TOKEN": "two words"}, None, "SERVICE_API_TOKEN has a space, a control or a non-ASCII"),
+    ({**ENV, "SERVICE_API_TOKEN": "tökén-abc"}, None, "SERVICE_API_TOKEN has a space, a control or a non-ASCII"),
+    ({"SERVICE_METRICS_TOKEN": "  "}, "ok", "SERVICE_METRICS_TOKEN has only spaces"),
+    ({**ENV, "SERVICE_CLUSTER_TOKEN": "\tx"}, "ok", "SERVICE_CLUSTER_TOKEN has a space, a control or a non-ASCII"),
+    # Every key of the file disabled and no static token: no credential would be accepted.
+    (ENV, "disabled", "has no enabled key and neither SERVICE_GATEWAY_AUTH_TOKEN or SERVICE_API_TOKEN is set"),
 ])
 def test_startup_refusals(tmp_path, env, text, reason):
-    path = keys_file(tmp_path, entry("a", KEY_A) if text == "ok" else text) if text is not None else str(tmp_path / "x.toml")
+    text = {"ok": entry("a", KEY_A), "disabled": entry("a", KEY_A) + "enabled = false\n"}.get(text, text)
+    path = keys_file(tmp_path, text) if text is not None else str(tmp_path / "x.toml")
     with pytest.raises(Refused) as e:
         decide(env, path)
     assert reason in str(e.value)

@@ -174,6 +174,10 @@ def test_gateway_adopts_the_supervisors_socket(gateway_config):
 
 def test_gateway_refusals(gateway_config, environment, tmp_path):
     config = str(gateway_config)
+    typo = str(tmp_path / "servce.toml")  # a --config given that does not exist was every default, without a word
+    assert refusal(gateway_tap, ["--config", typo]) == (
+        f"service-gateway: {typo}: file not found (a --config that is given must exist; only the default "
+        "conf/service.toml may be missing, meaning every default)")
     environment.setenv("SERVICE_EXPOSE", "no")
     assert refusal(gateway_tap, ["--config", config, "--host", "0.0.0.0"]) == (
         "service-gateway: refusing the wildcard bind '0.0.0.0': set SERVICE_EXPOSE=docker (in a container) or "
@@ -281,6 +285,23 @@ def test_supervisor_refusals(supervisor_config, environment, tmp_path):
     logs_in_a_file.write_text(f'[supervisor]\nservers_dir = "{SERVERS}"\nprofiles_dir = "{PROFILES}"\n'
                               f'log_dir = "{bad}"\n')
     assert refusal(supervisor_tap, ["--config", str(logs_in_a_file)]) == f"service-supervisor: {bad}: File exists"
+    typo = str(tmp_path / "servce.toml")
+    assert refusal(supervisor_tap, ["--config", typo]) == (
+        f"service-supervisor: {typo}: file not found (a --config that is given must exist; only the default "
+        "conf/service.toml may be missing, meaning every default)")
+    # A fail-closed probe: a gateway host the gateway refuses started the supervisor and its models without it.
+    wildcard = tmp_path / "wildcard.toml"
+    wildcard.write_text(f'[supervisor]\nservers_dir = "{SERVERS}"\nprofiles_dir = "{PROFILES}"\n[gateway]\nhost = ""\n')
+    assert refusal(supervisor_tap, ["--config", str(wildcard)]) == (
+        "service-supervisor: [gateway] host: refusing the wildcard bind '': set SERVICE_EXPOSE=docker (in a "
+        "container) or SERVICE_EXPOSE=unsafe to expose the gateway")
+    # ... and tokens no client can send: its own, and those it hands the gateway.
+    for name in ("SERVICE_API_TOKEN", "SERVICE_GATEWAY_AUTH_TOKEN"):
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv(name, "   ")
+            assert refusal(supervisor_tap, ["--config", config]) == (
+                f"service-supervisor: {name} has only spaces: a token must be printable ASCII without spaces (a "
+                "bearer token)")
     environment.setenv("SERVICE_METRICS_TOKEN", MANAGEMENT)
     assert refusal(supervisor_tap, ["--config", config]) == (
         "service-supervisor: SERVICE_METRICS_TOKEN equals SERVICE_API_TOKEN: the metrics token must differ from the "
@@ -334,6 +355,11 @@ def test_model_server_refusals(torch_setup, environment, tmp_path):
     assert refusal(model_tap, ["--server", server]) == (
         "service-model: SERVICE_AUTH_TOKEN is not set: set it (the supervisor injects one) or pass --dev-no-auth "
         "for local development")
+    environment.setenv("SERVICE_AUTH_TOKEN", " \t ")  # started, and nothing could ever authenticate
+    assert refusal(model_tap, ["--server", server]) == (
+        "service-model: SERVICE_AUTH_TOKEN has only spaces: a token must be printable ASCII without spaces (a bearer "
+        "token)")
+    environment.delenv("SERVICE_AUTH_TOKEN")
     bad = tmp_path / "bad.toml"
     bad.write_text('id = "MOBILENETV2"\nport = 9101\nserver_uri = "/healthz"\n')
     assert refusal(model_tap, ["--server", str(bad), "--dev-no-auth"]) == (

@@ -26,9 +26,10 @@ on the same socket: connections wait in the backlog meanwhile.  The socket
 is closed when no gateway is meant to serve (stopped, failed, refused), so
 clients are refused then instead of waiting for nothing.
 
-When the supervisor may not or cannot bind (a wildcard without
-SERVICE_EXPOSE, an address the bind refuses), the gateway is started without
-a socket and binds, or refuses, by itself as when started by hand; restarts
+When the supervisor cannot bind (an address the bind refuses; a wildcard
+without SERVICE_EXPOSE stops the supervisor at start, svc.supervisor.tap),
+the gateway is started without a socket and binds, or refuses, by itself as
+when started by hand; restarts
 then stop the old process before starting the new one.  A port held by
 another process is waited for first, as a model's is, and the gateway is
 ``start_failed`` if it is still held after ``port_wait``.

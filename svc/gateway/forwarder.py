@@ -121,9 +121,13 @@ class Forwarder:
             if values:
                 headers.setRawHeaders(name, values)
         body = request.content.getvalue() if request.method == b"POST" else None
+        # A HEAD is asked upstream as the GET it stands for: its Content-Length must be the GET reply's as the
+        # gateway sends it (a job's URLs rewritten), not 0; twisted.web sends no body for a HEAD.
+        method = b"GET" if request.method == b"HEAD" else None
         started = self.clock.seconds()
         try:
-            reply = await self.exchange(request, upstream, route, path, headers, body, query=query, replica=replica)
+            reply = await self.exchange(request, upstream, route, path, headers, body, query=query, replica=replica,
+                                        method=method)
         finally:
             if route == "infer":  # the gateway's own 502 and 503 (a hung or dead model) are samples too
                 self.labelled(self.metrics.duration, route, protocol_of(request)).observe(

@@ -167,7 +167,7 @@ class Harness:
         body = self.result(self.client.content(response))
         response.body = body
         is_json = (response.headers.getRawHeaders(b"content-type") or [b""])[0].startswith(b"application/json")
-        response.json = json.loads(body) if is_json else None
+        response.json = json.loads(body) if is_json and body else None  # a HEAD has no body
         return response
 
     @staticmethod
@@ -256,6 +256,14 @@ def test_headers_the_connection_header_names_are_not_forwarded(gw):
     assert r.code == 200
     seen = gw.model.received[-1]["headers"]
     assert "x-service-params" not in seen and "x-request-id" not in seen and seen["x-service-options"] == ["{}"]
+
+
+def test_a_head_of_a_proxied_route_has_the_content_length_of_its_get(gw):
+    """RFC 9110 section 9.3.2: a HEAD's headers are the GET's. The gateway forwarded the HEAD, and set the length of
+    the empty body it got back (0); it asks the GET upstream and sends its length, without the body."""
+    get, head = gw.call("GET", "/v1/models/CLS/jobs/abc/result"), gw.call("HEAD", "/v1/models/CLS/jobs/abc/result")
+    assert (get.code, head.code, head.body) == (409, 409, b"")
+    assert h(head, "Content-Length") == str(len(get.body)) and gw.model.received[-1]["method"] == "GET"
 
 
 def test_raw_body_content_type_is_forwarded_verbatim(gw):

@@ -275,7 +275,14 @@ def exit_zero_on_signals(reactor: IServiceReactor) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, _stop)
 
+    def _ignore_while_exiting() -> None:
+        # The reactor has stopped and the process exits: Python puts a handler of its own back to the default as
+        # it finalizes, and a second signal in that window killed the process (exit -2, not 0). Ignored ones stay.
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
+
     reactor.callWhenRunning(_install)
+    reactor.addSystemEventTrigger("after", "shutdown", _ignore_while_exiting)
 
 
 class ListeningMultiService(MultiService):

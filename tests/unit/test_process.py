@@ -56,3 +56,25 @@ def test_freeze_heap_frees_the_young_garbage_and_freezes_what_is_alive():
         assert not any(o is kept for o in gc.get_objects())  # frozen objects are out of the collector's lists
     finally:
         gc.unfreeze()
+
+
+def test_stop_signals_are_ignored_once_the_reactor_has_stopped(monkeypatch):
+    """Python puts its own handlers back to the default as it finalizes: a second Ctrl-C in the last moments of a
+    clean stop killed the process (exit -2, seen in the suite). Once the reactor has stopped, they are ignored."""
+    import signal
+
+    from twisted.internet.testing import MemoryReactor
+
+    from svc.infra.process import exit_zero_on_signals
+
+    installed: dict[int, object] = {}
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: installed.__setitem__(signum, handler))
+    reactor = MemoryReactor()
+    exit_zero_on_signals(reactor)
+    for call, args, kwargs in reactor.whenRunningHooks:
+        call(*args, **kwargs)
+    stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    assert set(installed) == set(stops) and all(callable(installed[s]) for s in stops)
+    [(after, args, kwargs)] = reactor.triggers["after"]["shutdown"]
+    after(*args, **kwargs)
+    assert installed == dict.fromkeys(stops, signal.SIG_IGN)

@@ -15,6 +15,7 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.logger import Logger
 
 from svc.contract.protocol import SUPERVISOR_PROGRAM as PROGRAM
+from svc.contract.protocol import http_url
 from svc.infra.metrics import HttpMetrics, new_registry
 from svc.infra.process import ListeningMultiService, freeze_heap
 from svc.infra.reactors import IServiceReactor
@@ -52,8 +53,8 @@ class SupervisorService(ListeningMultiService):
 
     def startService(self) -> None:
         super().startService()
-        log.info("supervisor on http://{host}:{port}/ (profile {profile}, device {device})",
-                 host=self.host, port=self.port, profile=self.manager.profile.name, device=self.manager.profile.device)
+        log.info("supervisor on {url}/ (profile {profile}, device {device})",
+                 url=http_url(self.host, self.port), profile=self.manager.profile.name, device=self.manager.profile.device)
         freeze_heap()  # everything the supervisor keeps for life exists now (svc.infra.process.freeze_heap)
         self.manager.start_all()
         self.series.start()

@@ -274,3 +274,27 @@ def test_a_host_id_left_at_another_hosts_id_is_seen_from_the_port():
     assert own_entry_problem(ClusterConfig(host_id="h3", peers=peers, peer_timeout_ms=1000, peer_connect_timeout_ms=500), 8082) is None
     assert own_entry_problem(ClusterConfig.single_host(), 8080) is None
     assert own_entry_problem(ClusterConfig(host_id="h9", peers=peers, peer_timeout_ms=1000, peer_connect_timeout_ms=500), 8080) is None  # no entry of its own
+
+
+def test_the_probe_reaches_a_gateway_on_an_ipv6_address():
+    """A probe's fetch with an IPv6 literal in its URL raised in treq (hyperlink runs the host through IDNA): the
+    supervisor of a gateway on ``::1`` logged critical tracebacks and its series stopped (a regression probe).
+    Every request names 127.0.0.1 and the endpoint connects where the child listens."""
+    from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint
+    from twisted.internet.testing import MemoryReactorClock
+    from twisted.web.client import URI
+
+    from svc.supervisor.probe import ChildAddresses
+
+    reactor = MemoryReactorClock()
+    probe = HttpProbe(reactor, hosts={18080: "[::1]"})
+    outcomes = []
+    probe(18080, "/healthz").addBoth(outcomes.append)
+    probe.fetch(18080, "/metrics").addBoth(outcomes.append)
+    reactor.advance(probe.timeout)
+    assert [bool(outcomes[0]), outcomes[1]] == [False, None]  # nothing listens in a memory reactor: not ready
+    addresses = ChildAddresses(reactor, {18080: "[::1]"}, 2.0)
+    gateway = addresses.endpointForURI(URI.fromBytes(b"http://127.0.0.1:18080/healthz"))
+    model = addresses.endpointForURI(URI.fromBytes(b"http://127.0.0.1:9101/ready"))
+    assert isinstance(gateway, HostnameEndpoint) and gateway._hostText == "::1" and gateway._port == 18080
+    assert isinstance(model, TCP4ClientEndpoint) and (model._host, model._port) == ("127.0.0.1", 9101)

@@ -159,8 +159,10 @@ class Cluster:
     # -- forwarding ----------------------------------------------------------------------------
 
     def deadline_s(self, budget_ms: int | None) -> float:
-        """How long a forwarded request may take: ``peer_timeout_ms``, plus a wait's budget, within the receive timeout."""
-        return min(self.recv_timeout_s, (budget_ms or 0) / 1000.0 + self.peer_timeout_s)
+        """How long a forwarded request may take: ``peer_timeout_ms`` (within the receive timeout), plus a wait's
+        budget (capped at the receive timeout, a wait asked for just below it, the documented most, raced that
+        deadline and was a 502)."""
+        return min(self.recv_timeout_s, self.peer_timeout_s) + (budget_ms or 0) / 1000.0
 
     async def forward(self, request: Any, host: str, job_id: str, route: str, path: str, query: bytes = b"",
                       budget_ms: int | None = None) -> bytes:

@@ -36,6 +36,7 @@ from svc.gateway.catalog import Replica, Upstream
 from svc.gateway.cluster import Cluster
 from svc.gateway.owners import OtherHost, locate
 from svc.gateway.proxy import (
+    WAIT_MARGIN_S,
     LocalConnectFailed,
     Proxy,
     UpstreamFailed,
@@ -108,7 +109,7 @@ class Forwarder:
         self.labelled = LabelCache()
 
     async def forward(self, request: Any, upstream: Upstream, route: str, path: str, *, query: bytes = b"",
-                      rewrite: bool = False, replica: Replica | None = None) -> bytes:
+                      rewrite: bool = False, replica: Replica | None = None, budget_ms: int | None = None) -> bytes:
         """Send the request to ``replica``, or to the replica the balancer picks (:meth:`exchange`), and answer
         with its reply."""
         request.service_route = route
@@ -127,7 +128,7 @@ class Forwarder:
         started = self.clock.seconds()
         try:
             reply = await self.exchange(request, upstream, route, path, headers, body, query=query, replica=replica,
-                                        method=method)
+                                        method=method, timeout_s=self.wait_deadline_s(budget_ms))
         finally:
             if route == "infer":  # the gateway's own 502 and 503 (a hung or dead model) are samples too
                 self.labelled(self.metrics.duration, route, protocol_of(request)).observe(
@@ -152,7 +153,7 @@ class Forwarder:
 
     async def exchange(self, request: Any, upstream: Upstream, route: str, path: str, headers: Headers,
                        body: bytes | None, *, query: bytes = b"", replica: Replica | None = None,
-                       method: bytes | None = None) -> UpstreamReply:
+                       method: bytes | None = None, timeout_s: float | None = None) -> UpstreamReply:
         """The model's reply to ``body`` (a GET without one) sent to ``replica`` or to the replica the balancer picks.
 
         Picked (``replica`` None): the request counts as outstanding on its
@@ -172,7 +173,7 @@ class Forwarder:
             tried.append(target)
             last = not several or len(tried) == len(upstream.replicas)
             reply = await self._exchange(method, upstream, target, route, path, query, headers, body,
-                                         counted=replica is None, last=last)
+                                         counted=replica is None, last=last, timeout_s=timeout_s)
             if reply is None:
                 self.metrics.upstream_retries.labels(upstream.id, "refused").inc()
                 continue
@@ -188,7 +189,7 @@ class Forwarder:
 
     async def _exchange(self, method: bytes, upstream: Upstream, target: Replica, route: str, path: str,
                         query: bytes, headers: Headers, body: bytes | None, *, counted: bool,
-                        last: bool) -> UpstreamReply | None:
+                        last: bool, timeout_s: float | None = None) -> UpstreamReply | None:
         """One attempt on ``target``: its reply, None when it refused and another replica may be tried, or the
         gateway's own error (503 refused, 502 transport failure or timeout) as an ApiError."""
         attempt = headers.copy()
@@ -199,7 +200,7 @@ class Forwarder:
             self.balancer.started(target)
         started = self.clock.seconds()
         try:
-            reply = await self.proxy.forward(method, target.url(path, query), attempt, body)
+            reply = await self.proxy.forward(method, target.url(path, query), attempt, body, timeout_s)
         except UpstreamUnreachable as e:
             self.balancer.mark_down(target)
             self.metrics.upstream_errors.labels(upstream.id, replica, "unreachable").inc()
@@ -243,7 +244,15 @@ class Forwarder:
         if where is None:
             self.cluster.unverified(job_id)
             raise job_not_found(job_id)
-        return await self.forward(request, upstream, route, path, query=query, rewrite=rewrite, replica=where)
+        return await self.forward(request, upstream, route, path, query=query, rewrite=rewrite, replica=where,
+                                  budget_ms=budget_ms)
+
+    def wait_deadline_s(self, budget_ms: int | None) -> float | None:
+        """A job wait's upstream deadline: at least its budget plus :data:`WAIT_MARGIN_S` (None: the receive
+        timeout, for every other request)."""
+        if budget_ms is None:
+            return None
+        return max(self.proxy.recv_timeout_s, budget_ms / 1000.0 + WAIT_MARGIN_S)
 
     def check_job(self, upstream: Upstream, job_id: str) -> None:
         """404 "job not found" now for an id that no process of this service made (it does not verify, or names

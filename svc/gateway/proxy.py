@@ -48,6 +48,11 @@ from svc.contract.status import NOT_READY
 from svc.infra.reactors import IClientReactor
 from svc.web.client import QuietConnectionPool
 
+#: How much longer than its budget a job wait may take upstream before it is a 502: the model server answers
+#: when its budget is spent, so a wait asked for just below ``upstream_recv_timeout_ms`` (the documented most)
+#: raced the gateway's own deadline and lost (a 502 instead of the 200 of a job still running).
+WAIT_MARGIN_S = 5.0
+
 
 class UpstreamUnreachable(Exception):
     """The model server did not accept the connection (not running, wrong port)."""
@@ -184,12 +189,15 @@ class Proxy:
         self.agent = agent
         self.recv_timeout_s = recv_timeout_s
 
-    def forward(self, method: bytes, url: bytes, headers: Headers, body: bytes | None) -> Deferred:
+    def forward(self, method: bytes, url: bytes, headers: Headers, body: bytes | None,
+                timeout_s: float | None = None) -> Deferred:
         """Fires with an :class:`UpstreamReply`; errbacks with UpstreamUnreachable or UpstreamFailed.
 
         Cancelling the returned Deferred (a client that went away) aborts the
-        upstream exchange.
+        upstream exchange.  ``timeout_s``: this exchange's deadline, when not
+        the receive timeout (a job wait's, which its budget lengthens).
         """
+        timeout_s = self.recv_timeout_s if timeout_s is None else timeout_s
         d = ensureDeferred(self._exchange(method, url, headers, body))
         expired = []
 
@@ -197,7 +205,7 @@ class Proxy:
             expired.append(True)
             d.cancel()  # aborts the connection, wherever the exchange is
 
-        deadline = self.reactor.callLater(self.recv_timeout_s, expire)
+        deadline = self.reactor.callLater(timeout_s, expire)
 
         def settle(result: Any) -> Any:
             if deadline.active():
@@ -205,7 +213,7 @@ class Proxy:
             return result
 
         d.addBoth(settle)
-        d.addErrback(self._classify, expired)
+        d.addErrback(self._classify, expired, timeout_s)
         return d
 
     async def _exchange(self, method: bytes, url: bytes, headers: Headers, body: bytes | None) -> UpstreamReply:
@@ -214,10 +222,11 @@ class Proxy:
         data = await readBody(response)
         return UpstreamReply(response.code, response.headers, data)
 
-    def _classify(self, failure: Any, expired: list) -> Any:
+    def _classify(self, failure: Any, expired: list, timeout_s: float) -> Any:
         if expired:
-            raise UpstreamFailed(f"no complete reply within {self.recv_timeout_s * 1000:.0f} ms "
-                                 "(upstream_recv_timeout_ms)", "timeout")
+            why = ("upstream_recv_timeout_ms" if timeout_s == self.recv_timeout_s
+                   else f"the wait's budget + {WAIT_MARGIN_S:g} s")
+            raise UpstreamFailed(f"no complete reply within {timeout_s * 1000:.0f} ms ({why})", "timeout")
         reasons = getattr(failure.value, "reasons", None)  # ResponseFailed and friends wrap the real causes
         if failure.check(CancelledError):
             return failure  # the client went away: nothing to answer

@@ -8,7 +8,7 @@ import re
 import pytest
 from klein import Klein
 from treq.testing import RequestTraversalAgent, StubTreq
-from twisted.internet.defer import Deferred, fail
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ConnectionLost, ConnectionRefusedError
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
@@ -101,6 +101,11 @@ class FakeModel:
 
     @app.route("/jobs/<job>/wait", methods=["GET"])
     def wait(self, request, job):
+        if job.startswith("parked"):  # a wait that answers when the test says its budget is spent
+            self.record(request)
+            d = Deferred()
+            self.hanging.append(d)
+            return d
         return self.status(request, job)
 
     @app.route("/jobs/<job>/result", methods=["GET"])
@@ -362,6 +367,36 @@ def test_waits_below_the_receive_timeout_are_forwarded(gw, query, forwarded):
     """The timeout value is percent-encoded again (a bad one, cut to 19 bytes, stays bad): the model answers it."""
     assert gw.call("GET", "/v1/models/SLOW/jobs/j/wait" + query).code == 200
     assert gw.model.received[-1]["uri"] == forwarded
+
+
+def test_a_wait_just_below_the_receive_timeout_gets_the_models_answer(gw):
+    """docs/api.md: through the gateway a wait of at most upstream_recv_timeout_ms - 1 is a 200 (the job's state,
+    still running or not). The model answers when that budget is spent, and the gateway's own deadline was the
+    receive timeout itself: the documented most raced it and was a 502 every time (a jobs probe). The deadline of
+    a wait is its budget plus WAIT_MARGIN_S; one the model never answers is still a 502 then."""
+    from svc.gateway.proxy import WAIT_MARGIN_S
+
+    flushed = lambda: (gw.upstream_agent.flush(), gw.client.flush())  # noqa: E731
+    answered, hung = [], []
+    gw.call("GET", f"/v1/models/SLOW/jobs/parked/wait?timeout={RECV_TIMEOUT_MS - 1}", settle=False).addBoth(
+        answered.append)
+    gw.call("GET", f"/v1/models/SLOW/jobs/parked2/wait?timeout={RECV_TIMEOUT_MS - 1}", settle=False).addBoth(
+        hung.append)
+    flushed()
+    assert len(gw.model.hanging) == 2
+    gw.clock.advance(RECV_TIMEOUT_MS / 1000.0 + 0.5)  # past the receive timeout: the model answers the first now
+    flushed()
+    assert answered == hung == []
+    gw.model.hanging[0].callback(json.dumps({"job_id": "parked", "state": "running"}).encode())
+    for _ in range(3):
+        flushed()
+    assert answered[0].code == 200 and hung == []
+    gw.clock.advance(WAIT_MARGIN_S)
+    for _ in range(3):
+        flushed()
+    body = assert_envelope(gw.settle(succeed(hung[0])), 502, 502)
+    assert f"no complete reply within {RECV_TIMEOUT_MS - 1 + WAIT_MARGIN_S * 1000:.0f} ms (the wait's budget" in \
+        body["error"]
 
 
 @pytest.mark.parametrize("query", ["?timeout=20000", "?timeout=300000", "?timeout=999999999"])

@@ -79,3 +79,14 @@ def test_requests_are_counted_with_their_protocol(gw):
     assert 'service_http_requests_total{code="404",method="GET",protocol="oip",route="unmatched"} 1.0' in text
     assert 'service_http_requests_total{code="200",method="GET",protocol="contract",route="healthz"} 1.0' in text
     assert 'service_gateway_key_requests_total{key="tenant-a"} 1.0' in text  # the same admission as /v1
+
+
+@pytest.mark.parametrize("path", ["/v2", "/v2/health/live"])
+def test_the_metadata_routes_echo_a_valid_request_id_and_refuse_an_invalid_one(gw, path):
+    """docs/oip.md: the /v2 routes take the same request ids as /v1 (a regression probe: the metadata routes took
+    any X-Request-ID and echoed none)."""
+    good = gw.call("GET", path, headers={"X-Request-ID": "meta-1"})
+    assert good.code == 200 and h(good, "X-Request-ID") == "meta-1"
+    bad = gw.call("GET", path, headers={"X-Request-ID": "two words"})
+    assert_oip_error(bad, 400)
+    assert bad.json["error"] == "X-Request-ID header must be 1 to 128 printable ASCII characters without spaces"

@@ -41,13 +41,26 @@ from svc.contract import status as st
 from svc.contract.errors import ApiError
 from svc.contract.oip import EXTENSIONS, INPUTS, PLATFORM, PREFIX, SERVER_NAME, ModelShape, shape_from_document
 from svc.contract.protocol import OPENAPI_PATH, READY_PATH
+from svc.contract.request import REQ_ID_RE, REQ_ID_RULE
 from svc.gateway.catalog import Upstream
 from svc.web.declare import route
 from svc.web.oip import translate
-from svc.web.replies import dumps, send_encoded
+from svc.web.replies import dumps, header, send_encoded
+
+
+def request_id(request: Any) -> str | None:
+    """The client's ``X-Request-ID`` when it sent a valid one; 400 for one that is not (docs/oip.md: as on the
+    infer route, refused rather than replaced; the metadata routes took any and echoed none)."""
+    value = header(request, b"x-request-id")
+    if value is not None and not REQ_ID_RE.fullmatch(value):
+        raise ApiError(st.INVALID_REQUEST, "X-Request-ID header " + REQ_ID_RULE, http=400)
+    return value
 
 
 def _ok(request: Any, body: dict) -> bytes:
+    rid = request_id(request)
+    if rid is not None:
+        request.setHeader(b"X-Request-ID", rid.encode("ascii"))
     return send_encoded(request, 200, dumps(body))
 
 
@@ -74,15 +87,18 @@ class OipRoutes:
     oip_shapes: dict[str, ModelShape]
 
     async def oip_server_metadata(self: Any, request: Any) -> bytes:
+        request_id(request)
         return _ok(request, {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS})
 
     async def oip_live(self: Any, request: Any) -> bytes:
+        request_id(request)
         return _ok(request, {"live": True})
 
     async def oip_ready(self: Any, request: Any) -> bytes:
         """Ready when every model of the catalog is: the protocol's "server ready" says whether all the models
         are ready for inferencing (Triton's strict readiness).  Each model's ``/ready`` is asked at once, as its
         own ready route asks it; 503 names the models that are not."""
+        request_id(request)
         answers = await gatherResults([ensureDeferred(self.oip_model_is_ready(request, up)) for up in self.catalog])
         waiting = [up.id for up, ready in zip(self.catalog, answers, strict=True) if not ready]
         if waiting:
@@ -122,6 +138,7 @@ class OipRoutes:
         return served
 
     async def oip_model_metadata(self: Any, request: Any, model_id: str, version: str | None = None) -> bytes:
+        request_id(request)
         upstream = self.upstream(request, model_id)
         served = await self.oip_version(request, upstream, version)
         shape = await self.oip_shape(request, upstream)
@@ -129,6 +146,7 @@ class OipRoutes:
                              "inputs": [s.to_json() for s in INPUTS], "outputs": [s.to_json() for s in shape.outputs]})
 
     async def oip_model_ready(self: Any, request: Any, model_id: str, version: str | None = None) -> bytes:
+        request_id(request)
         upstream = self.upstream(request, model_id)
         await self.oip_version(request, upstream, version)
         return _ok(request, {"name": model_id, "ready": True})

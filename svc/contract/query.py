@@ -18,6 +18,7 @@ does not import the model server's package.
 from __future__ import annotations
 
 import re
+from urllib.parse import unquote_to_bytes
 
 #: Longest number accepted: every such value fits a signed 64-bit integer.
 MAX_DIGITS = 18
@@ -46,6 +47,20 @@ def parse_bounded_int(raw: bytes | str, *, minimum: int = 0, maximum: int | None
     if maximum is not None and value > maximum:
         return maximum if clamp else None
     return value
+
+
+def query_value(uri: bytes, name: bytes) -> bytes | None:
+    """The first value of ``name`` in ``uri``'s query, percent-decoded (None: absent).
+
+    Pairs are split at ``&`` only: twisted's ``request.args`` also splits at
+    ``;``, so ``timeout=500;`` was read as 500 and ``timeout=5;timeout=abc``
+    as two keys, where the value sent is no number.  A name without ``=`` is
+    an empty value (twisted dropped it, and the default applied)."""
+    for pair in uri.partition(b"?")[2].split(b"&"):
+        key, _, value = pair.partition(b"=")
+        if unquote_to_bytes(key.replace(b"+", b" ")) == name:
+            return unquote_to_bytes(value.replace(b"+", b" "))
+    return None
 
 
 def wait_budget_ms(raw: bytes | None) -> int | None:

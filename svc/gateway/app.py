@@ -61,7 +61,7 @@ from svc.contract.protocol import (
     OPENAPI_PATH,
     klein_rule,
 )
-from svc.contract.query import MAX_DIGITS, wait_budget_ms
+from svc.contract.query import MAX_DIGITS, query_value, wait_budget_ms
 from svc.gateway.balancer import Balancer
 from svc.gateway.catalog import Catalog, Upstream
 from svc.gateway.cluster import Cluster
@@ -294,7 +294,7 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
     async def job_wait(self, request: Any, model_id: str, job_id: str) -> bytes:
         upstream = self.upstream(request, model_id)
         self.forwarder.check_job(upstream, job_id)  # an unknown job is 404 whatever the budget
-        raw = (request.args.get(b"timeout") or [None])[0]
+        raw = query_value(request.uri, b"timeout")
         budget = wait_budget_ms(raw)
         if budget is not None and budget >= self.recv_timeout_ms:
             raise ApiError(st.BAD_GATEWAY,

@@ -36,7 +36,7 @@ from svc.contract.envelope import ModelIdentity, rejection
 from svc.contract.errors import ApiError, FieldError
 from svc.contract.jobs import DONE, FAILED, TIMEOUT
 from svc.contract.protocol import JOB, JOB_RESULT, JOB_WAIT, JOBS, SERVICE_REQUEST_HEADERS, job_urls, klein_rule
-from svc.contract.query import MAX_DIGITS, WAIT_MAX_MS, shown, wait_budget_ms
+from svc.contract.query import MAX_DIGITS, WAIT_MAX_MS, query_value, shown, wait_budget_ms
 from svc.modelserver.jobs import AsyncQueueFull, Job, JobTable
 from svc.web import declare
 from svc.web.replies import content_type, dumps, envelope_headers, header, send_encoded, send_json
@@ -165,7 +165,7 @@ class JobRoutes:
     @declare.route(app, klein_rule(JOB_WAIT), methods=["GET"], name="jobs_wait", admit="authenticate")
     async def wait(self, request: Any, job_id: str) -> bytes:
         job = self.find(request, job_id)
-        budget = parse_wait_timeout((request.args.get(b"timeout") or [None])[0])
+        budget = parse_wait_timeout(query_value(request.uri, b"timeout"))
         if self.draining():
             budget = 0.0
         self.waiting += 1

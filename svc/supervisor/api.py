@@ -41,7 +41,7 @@ from svc import __version__
 from svc.contract import status as st
 from svc.contract.errors import ApiError
 from svc.contract.protocol import OPENAPI_PATH
-from svc.contract.query import MAX_DIGITS, parse_bounded_int, shown
+from svc.contract.query import MAX_DIGITS, parse_bounded_int, query_value, shown
 from svc.supervisor.child import ChildError
 from svc.supervisor.manager import GATEWAY, ChildManager
 from svc.web import declare, routes
@@ -241,13 +241,13 @@ class ManagementApi(routes.JsonApp):
 
 def _int_arg(request: Any, name: bytes, default: int | None, *, minimum: int, maximum: int | None = None) -> int | None:
     """A numeric query argument by svc.contract.query's rules (the first of repeated ones); 400 otherwise."""
-    values = request.args.get(name)
-    if not values:
+    raw = query_value(request.uri, name)
+    if raw is None:
         return default
-    value = parse_bounded_int(values[0], minimum=minimum, maximum=maximum)
+    value = parse_bounded_int(raw, minimum=minimum, maximum=maximum)
     if value is None:
         bounds = f"{minimum}..{maximum}" if maximum is not None else f">= {minimum}, at most {MAX_DIGITS} digits"
-        raise ApiError(st.INVALID_REQUEST, f"{name.decode()} must be an integer {bounds}, got {shown(values[0])}",
+        raise ApiError(st.INVALID_REQUEST, f"{name.decode()} must be an integer {bounds}, got {shown(raw)}",
                        http=400)
     return value
 

@@ -13,8 +13,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import tomlkit
+from tomlkit.exceptions import TOMLKitError
+
 from svc.cli.http import CliError
-from svc.contract.protocol import UPSTREAM_RECV_TIMEOUT_MS
+from svc.contract.protocol import SERVICE_CONFIG, UPSTREAM_RECV_TIMEOUT_MS
 from svc.contract.query import WAIT_DEFAULT_MS
 
 #: Variables holding the Bearer token, in the order they are consulted: the management token first, as the
@@ -28,9 +31,31 @@ DEFAULT_WAIT_MS = WAIT_DEFAULT_MS
 WAIT_MARGIN_S = 30.0
 #: The gateway's default ``upstream_recv_timeout_ms`` (svc.contract.protocol).  A
 #: model server takes waits up to 300000 ms, but the gateway answers a budget
-#: at or above this with 502, so ``jobs wait`` refuses such a budget before
-#: sending it: the one number a wait through the gateway must stay below.
+#: at or above its receive timeout with 502, so ``jobs wait`` refuses such a
+#: budget before sending it (:func:`gateway_recv_timeout_ms`).
 GATEWAY_RECV_TIMEOUT_MS = UPSTREAM_RECV_TIMEOUT_MS
+
+
+def gateway_table(service_config: str = SERVICE_CONFIG) -> dict:
+    """``[gateway]`` of the service configuration in this folder ({} when there is none or it does not parse:
+    the gateway would refuse such a file, and the defaults are the best guess)."""
+    try:
+        with open(service_config, encoding="utf-8") as f:
+            table = tomlkit.parse(f.read().removeprefix("\ufeff")).unwrap().get("gateway", {})
+    except (OSError, UnicodeDecodeError, TOMLKitError):
+        return {}
+    return table if isinstance(table, dict) else {}
+
+
+def gateway_recv_timeout_ms(service_config: str = SERVICE_CONFIG) -> int:
+    """The gateway's ``upstream_recv_timeout_ms``: its configured value in this folder, else the default.
+
+    A wait at or above it is refused before it is sent; with the 180000 fixed,
+    a gateway configured higher had such waits refused that it would take, and
+    one configured lower answered them 502 (``jobs run`` after it had submitted
+    the job)."""
+    value = gateway_table(service_config).get("upstream_recv_timeout_ms")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else GATEWAY_RECV_TIMEOUT_MS
 
 
 def parse_value(text: str) -> Any:

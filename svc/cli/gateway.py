@@ -25,6 +25,7 @@ from svc.cli.args import (
     TOKEN_ENVS,
     WAIT_MARGIN_S,
     find_token,
+    gateway_recv_timeout_ms,
     name_value,
     non_negative_int,
     positive_float,
@@ -62,10 +63,10 @@ def plan_call(args: argparse.Namespace) -> HttpCall:
         return HttpCall("GET", job, None, timeout)
     if action == "result":
         return HttpCall("GET", f"{job}/result", None, timeout)
-    if args.wait_ms >= GATEWAY_RECV_TIMEOUT_MS:
+    limit = gateway_recv_timeout_ms()
+    if args.wait_ms >= limit:
         raise CliError(f"--timeout {args.wait_ms}: a wait through the gateway must stay below its "
-                       f"upstream_recv_timeout_ms ({GATEWAY_RECV_TIMEOUT_MS} ms); use at most "
-                       f"{GATEWAY_RECV_TIMEOUT_MS - 1} and wait again to wait longer")
+                       f"upstream_recv_timeout_ms ({limit} ms); use at most {limit - 1} and wait again to wait longer")
     budget = args.wait_ms / 1000 + WAIT_MARGIN_S
     return HttpCall("GET", f"{job}/wait?timeout={args.wait_ms}", None, max(budget, args.timeout_s or 0.0))
 
@@ -132,5 +133,6 @@ def add_parsers(sub: Any) -> None:
         if name == "wait":
             action.add_argument("--timeout", dest="wait_ms", type=non_negative_int, default=DEFAULT_WAIT_MS,
                                 metavar="MS", help=f"wait budget in milliseconds (default {DEFAULT_WAIT_MS}; below "
-                                f"{GATEWAY_RECV_TIMEOUT_MS}, the gateway's upstream_recv_timeout_ms)")
+                                f"{GATEWAY_RECV_TIMEOUT_MS} by default: the gateway's upstream_recv_timeout_ms, read from "
+                                "conf/service.toml when it is here)")
     cli_jobs.add_parser(actions, common)

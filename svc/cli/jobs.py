@@ -29,9 +29,9 @@ from urllib.parse import quote, urljoin
 
 from svc.cli.args import (
     DEFAULT_TIMEOUT_S,
-    GATEWAY_RECV_TIMEOUT_MS,
     WAIT_MARGIN_S,
     find_token,
+    gateway_recv_timeout_ms,
     name_value,
     non_negative_int,
     request_body,
@@ -361,7 +361,8 @@ def _positive_ms(text: str) -> int:
     value = non_negative_int(text)
     if value == 0:
         raise argparse.ArgumentTypeError("expected a number of milliseconds > 0, got 0")
-    if value >= GATEWAY_RECV_TIMEOUT_MS:  # the gateway would answer such a wait 502 (as `jobs wait --timeout`)
+    limit = gateway_recv_timeout_ms()
+    if value >= limit:  # the gateway would answer such a wait 502 (as `jobs wait --timeout`)
         raise argparse.ArgumentTypeError(f"a wait through the gateway must stay below its upstream_recv_timeout_ms "
-                                         f"({GATEWAY_RECV_TIMEOUT_MS} ms), got {value}")
+                                         f"({limit} ms), got {value}")
     return value

@@ -37,10 +37,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import tomlkit
-from tomlkit.exceptions import TOMLKitError
 
 from svc.auth import API_TOKEN_ENV, SCOPES, KeyEntry, check_key_name, issue_key, load_key_file
-from svc.cli.args import non_negative_int
+from svc.cli.args import gateway_table, non_negative_int
 from svc.cli.http import (
     EXIT_HTTP,
     EXIT_INTERRUPTED,
@@ -75,12 +74,7 @@ def default_keys_file(service_config: str = SERVICE_CONFIG) -> str:
     unreadable service configuration falls back to the default (the
     gateway would refuse to start with it anyway).
     """
-    try:
-        with open(service_config, encoding="utf-8") as f:
-            gateway = tomlkit.parse(f.read()).unwrap().get("gateway", {})
-    except (OSError, UnicodeDecodeError, TOMLKitError):
-        return DEFAULT_KEYS_FILE
-    value = gateway.get("keys_file") if isinstance(gateway, dict) else None
+    value = gateway_table(service_config).get("keys_file")
     return value if isinstance(value, str) and value else DEFAULT_KEYS_FILE
 
 

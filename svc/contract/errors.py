@@ -31,7 +31,9 @@ class ApiError(Exception):
     ``Allow``).  ``http`` overrides the status's HTTP code, for a reply that
     carries no envelope status: the management API answers a bad query
     argument 400, where the data plane's envelope would say 422
-    (INVALID_REQUEST); without it the code is ``status.http``.
+    (INVALID_REQUEST); without it the code is ``status.http``.  ``task_id``:
+    the request's own id when the request that is refused named a valid one
+    (its ``req_id``: a 422 lost it, and with it the client's correlation).
     """
 
     status: Status
@@ -39,6 +41,7 @@ class ApiError(Exception):
     errors: list[FieldError] = field(default_factory=list)
     headers: dict[str, str] = field(default_factory=dict)
     http: int | None = None
+    task_id: str | None = None
 
     @property
     def code(self) -> int:

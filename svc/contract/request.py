@@ -107,7 +107,8 @@ class RequestValidator:
         params = self._object(doc, "params", self.params, errors)
         options = self._object(doc, "options", self.options, errors)
         if errors:
-            raise ApiError(st.INVALID_REQUEST, _summary(errors), errors)
+            named = req_id if isinstance(req_id, str) and REQ_ID_RE.fullmatch(req_id) else None
+            raise ApiError(st.INVALID_REQUEST, _summary(errors), errors, task_id=named)
         assert images is not None  # _images_errors requires them
         self._check_count(len(images))
         return InferenceRequest(images=images, req_id=req_id, params=params, options=options)

@@ -121,7 +121,7 @@ class EnvelopeReplies(Replies):
         self.not_found = not_found
 
     def raw(self, request: Any | None, error: ApiError) -> tuple[int, dict[str, str], bytes]:
-        task_id = self.task_id(request) if request is not None else new_task_id()
+        task_id = error.task_id or (self.task_id(request) if request is not None else new_task_id())
         return envelope_reply(error, task_id, self.identity())
 
 

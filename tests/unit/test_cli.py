@@ -252,6 +252,27 @@ def test_a_wait_at_or_above_the_gateway_receive_timeout_is_refused_before_sendin
     assert call.url.endswith("/wait?timeout=179999")
 
 
+def test_the_wait_limit_is_the_gateways_configured_receive_timeout(capsys, monkeypatch, tmp_path):
+    """docs/cli.md: refused at or above the gateway's upstream_recv_timeout_ms. It was 180000 whatever the gateway's
+    config said (a docs probe: a gateway set to 250000 took a 200000 wait svcctl refused; one set to 60000 answered
+    502 to a wait svcctl sent). The service config of the folder svcctl runs in says it."""
+    monkeypatch.setenv("SERVICE_API_KEY", "k")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "conf").mkdir()
+    config = tmp_path / "conf" / "service.toml"
+    argv = ["jobs", "wait", "M", "job_1", "--gateway", "http://127.0.0.1:9/", "--timeout"]
+    config.write_text("[gateway]\nupstream_recv_timeout_ms = 250000\n")
+    assert cli_gateway.plan_call(cli.build_parser().parse_args([*argv, "200000"])).url.endswith("?timeout=200000")
+    config.write_text("[gateway]\nupstream_recv_timeout_ms = 60000\n")
+    assert cli.main([*argv, "100000"]) == 2
+    assert capsys.readouterr().err == ("svcctl: --timeout 100000: a wait through the gateway must stay below its "
+                                       "upstream_recv_timeout_ms (60000 ms); use at most 59999 and wait again to "
+                                       "wait longer\n")
+    with pytest.raises(SystemExit):
+        cli.main(["jobs", "run", "M", "--poll-ms", "100000", "--gateway", "http://127.0.0.1:9/"])
+    assert "upstream_recv_timeout_ms (60000 ms), got 100000" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flags", [["--param", "novalue"], ["--param", "=1"], ["--timeout-s", "0"],
                                    ["--timeout-s", "x"]])
 def test_bad_client_flags_exit_2(capsys, flags):

@@ -113,6 +113,18 @@ def test_req_id_becomes_the_task_id_of_the_result(server):
     assert result.json["task_id"] == "client-7" and result.headers["x-request-id"] == "client-7"
 
 
+@pytest.mark.parametrize("path", ["/jobs", "/testfaults/predict"])
+def test_a_422_keeps_the_req_id_the_body_named(path, server):
+    """docs/api.md: a req_id is echoed as task_id and X-Request-ID, a correlation never lost without a word. A 422
+    of the same body made a new id (a docs probe: svcctl infer --req-id with a bad option lost it); a req_id that
+    is itself invalid is not one to keep."""
+    reply = server.call("POST", path, body={"images": [RED], "req_id": "client-8", "params": {"nope": 1}})
+    assert reply.code == 422 and reply.json["status"] == 66
+    assert reply.json["task_id"] == "client-8" and reply.headers["x-request-id"] == "client-8"
+    bad = server.call("POST", path, body={"images": [RED], "req_id": "two words", "params": {"nope": 1}})
+    assert bad.code == 422 and bad.json["task_id"] != "two words" and bad.json["task_id"]
+
+
 def test_a_job_of_several_images_is_done_when_all_are(server):
     job_id = server.submit([RED, RED, RED]).json["job_id"]
     for left in (3, 2, 1):

@@ -24,7 +24,7 @@ from twisted.web.client import Agent
 from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
-from svc.contract.protocol import local_url
+from svc.contract.protocol import http_url, local_url
 from svc.web.client import QuietConnectionPool
 from svc.web.site import SUPERVISOR_USER_AGENT
 
@@ -97,7 +97,7 @@ class HttpProbe:
     def url(self, port: int, path: str) -> str:
         """Where a child on ``port`` answers ``path``: loopback, unless ``hosts`` names its address (the requests
         connect there through :class:`ChildAddresses`)."""
-        return f"http://{self.hosts.get(port, '127.0.0.1')}:{port}{path}"
+        return http_url(self.hosts.get(port, "127.0.0.1"), port) + path
 
     def fetch(self, port: int, path: str, token: str | None = None) -> Deferred:
         """The body of a 200 reply to GET ``path`` (bytes), or None on any other status, error or timeout.

@@ -162,11 +162,12 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
 def probe_hosts(config: Any) -> dict[int, str]:
     """The gateway's address for the probe when it is bound to one other than 127.0.0.1 (a cluster host's own).
 
-    A wildcard bind answers on 127.0.0.1 too; an IPv6 address is written in brackets.
+    A wildcard bind answers on 127.0.0.1 too; an IPv6 address is kept as it is written (the probe brackets it
+    in a URL, svc.contract.protocol.http_url).
     """
     from svc.auth import is_wildcard
 
     host = config.gateway_host.strip()
     if host in ("127.0.0.1", "localhost") or is_wildcard(host):
         return {}
-    return {config.gateway_port: f"[{host}]" if ":" in host and not host.startswith("[") else host}
+    return {config.gateway_port: host}

@@ -266,3 +266,11 @@ def test_edits_made_at_the_same_time_all_land(keys):
     assert sorted(entries) == sorted(["tenant-a", "old"] + [f"k{i}" for i in range(7)])
     assert entries["tenant-a"].enabled is False
     assert "Keep this comment." in keys.read_text()
+
+
+def test_a_folder_that_cannot_be_made_or_locked_is_one_line_and_exit_2(tmp_path, capsys):
+    blocker = tmp_path / "conf"
+    blocker.write_text("a file where the folder should be")
+    path = blocker / "api_keys.toml"
+    assert cli.main(["keys", "add", "k1", "--keys-file", str(path), "--no-restart"]) == 2
+    assert capsys.readouterr().err == f"svcctl: cannot write {path}: File exists\n"  # os.makedirs on the file

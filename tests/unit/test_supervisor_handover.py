@@ -205,6 +205,19 @@ def test_restarts_asked_for_during_a_handover_share_one_more_handover_after_it()
     assert kills == [(1001, signal.SIGTERM), (1002, signal.SIGTERM)]
 
 
+def test_the_restart_asked_for_during_a_handover_that_fails_still_runs():
+    """The edit it was asked for (a key added) must still be read: the failed handover's new gateway never
+    served, and the old one read the key file before the edit."""
+    child, reactor, _, _, _ = make()
+    running(child, reactor)
+    first, second = results(child.restart()), results(child.restart())
+    reactor.advance(TIMING.start_timeout)  # the first new gateway never says ready
+    assert "did not become ready" in str(first[0].value) and second == [] and len(reactor.spawned) == 3
+    line(reactor, 2, b"ready 1003\n")
+    line(reactor, 0, b"closed 1001\n")
+    assert second == [None] and child.pid == 1003
+
+
 def test_a_stop_calls_off_the_restart_waiting_for_a_handover():
     child, reactor, _, _, _ = make()
     running(child, reactor)

@@ -188,7 +188,19 @@ class LimitedChannel(HTTPChannel):
     def allHeadersReceived(self) -> None:
         self._stop_header_deadline()
         self._head_lines = 0
+        hosts = self.requests[-1].requestHeaders.getRawHeaders(b"Host") or []
+        if len(hosts) > 1 or (not hosts and self._version == b"HTTP/1.1"):
+            # RFC 9112, section 3.2: an HTTP/1.1 request without Host, or any with two, is a 400.
+            self._refuse_unparsable("malformed HTTP request: an HTTP/1.1 request carries exactly one Host header"
+                                    if hosts else "malformed HTTP request: an HTTP/1.1 request needs a Host header")
+            self.length = 0  # no body is read: twisted calls allContentReceived next, which drops the request
+            return
         super().allHeadersReceived()
+
+    def allContentReceived(self) -> None:
+        if self._refused:  # answered at the end of its head (no Host): the request is not handled
+            return
+        super().allContentReceived()
 
     # --- the head's size -----------------------------------------------------
 
@@ -237,14 +249,18 @@ class LimitedChannel(HTTPChannel):
         chunk size, two framings): its bare 400 was seen by no counter and no access line.  Now the process's
         400 (status 50: the request is not one it can read), counted with the method read so far, logged, and
         the connection closed as after a 414."""
+        self._refuse_unparsable("malformed HTTP request: its request line, a header or its body's framing "
+                                "(Content-Length, chunked) is not valid HTTP/1.1")
+
+    def _refuse_unparsable(self, message: str) -> None:
+        """The process's 400 (status 50) for a request it cannot read, counted, logged, and the connection closed."""
         if self._refused:
             return
         self._refused = True
         self._stop_header_deadline()
         site = self.site
         method = getattr(self, "_command", None) or b"-"
-        error = ApiError(st.JSON_PARSE_ERROR, "malformed HTTP request: its request line, a header or its body's "
-                                              "framing (Content-Length, chunked) is not valid HTTP/1.1")
+        error = ApiError(st.JSON_PARSE_ERROR, message)
         code, headers, body = site.limit_reply(None, error, method.decode("latin-1", "replace"))
         self.persistent = False
         self._reply_and_close(raw_reply(code, headers, body), LINGER_SECONDS)

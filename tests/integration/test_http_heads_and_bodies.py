@@ -175,6 +175,10 @@ MALFORMED = {
     "two framings": b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\nabc",
     "chunk size": b"POST /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
     "header line": b"GET /healthz HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n",
+    # RFC 9112 section 3.2: an HTTP/1.1 request without Host, or any with two, is a 400 (twisted served both).
+    "no host": b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n",
+    "two hosts": b"GET /healthz HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
+    "two hosts, a body": b"POST /healthz HTTP/1.1\r\nHost: x\r\nHost: y\r\nContent-Length: 3\r\n\r\nabc",
 }
 
 
@@ -186,6 +190,15 @@ def test_a_request_twisted_cannot_parse_gets_the_process_400_and_closes(processe
     assert_refusal(reply, b"HTTP/1.1 400 Bad Request", shape, "malformed HTTP request",
                    status=(50, "JSON_PARSE_ERROR"))
     assert_serving(url, name)
+
+
+@pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])
+def test_an_http_1_0_request_without_host_is_served(processes, name):
+    """Host is required of HTTP/1.1 only: an HTTP/1.0 client (``ab``, old tools) may leave it out."""
+    port, _, _ = processes[name]
+    path = b"/ui/favicon.svg" if name == "supervisor" else b"/healthz"
+    reply = raw_exchange(port, b"GET " + path + b" HTTP/1.0\r\n\r\n")
+    assert split(reply)[0] == b"HTTP/1.0 200 OK", reply[:300]  # twisted answers in the version asked
 
 
 def test_a_request_twisted_cannot_parse_is_counted_and_logged(processes):

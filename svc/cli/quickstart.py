@@ -272,7 +272,22 @@ def main(argv: list[str] | None = None) -> int:
             child.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
             pass
-    return child.wait()
+    return exit_status(child.wait())
+
+
+def exit_status(returncode: int) -> int:
+    """The quick start's exit status for the supervisor's ``returncode``: its own, or 128 + N when signal N killed
+    it, with a line that says so (the supervisor could not: ``sys.exit(-9)`` exited 247 in silence)."""
+    if returncode >= 0:
+        return returncode
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    hint = " (when nobody sent it, usually the kernel's OOM killer: see `dmesg`)" if name == "SIGKILL" else ""
+    print(f"quickstart: the supervisor was killed by {name} ({-returncode}){hint}; its model servers and gateway "
+          "stop on their own within seconds", file=sys.stderr, flush=True)
+    return 128 - returncode
 
 
 if __name__ == "__main__":

@@ -3,7 +3,11 @@
 import hashlib
 import io
 import os
+import signal
 import stat
+import subprocess
+
+import pytest
 
 from svc.cli.quickstart import KEY_FILE, SECRETS, next_steps, prepare, read_env_file, service_addresses, settled
 
@@ -238,3 +242,23 @@ def test_one_line_per_change_of_what_each_model_does():
                                         ("DDPM", "starting", False, None))) == []  # the same: nothing printed
     assert progress_lines(seen, servers(("YOLOV8", "running", True, None), ("DDPM", "failed", False, None))) == [
         "   YOLOV8: ready", "   DDPM: failed"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
+def test_a_supervisor_killed_by_a_signal_exits_128_plus_it_with_a_line(capsys, sig):
+    """A supervisor killed with ``kill -9`` made the quick start exit 247 (``sys.exit(-9)``) without a word."""
+    from svc.cli.quickstart import exit_status
+
+    child = subprocess.Popen(["sleep", "30"])
+    child.send_signal(sig)
+    assert exit_status(child.wait()) == 128 + sig
+    err = capsys.readouterr().err
+    assert err.startswith(f"quickstart: the supervisor was killed by {sig.name} ({int(sig)})"), err
+    assert ("OOM killer" in err) == (sig == signal.SIGKILL), err
+
+
+def test_a_supervisor_that_exits_keeps_its_status(capsys):
+    from svc.cli.quickstart import exit_status
+
+    assert (exit_status(0), exit_status(1)) == (0, 1)
+    assert capsys.readouterr().err == ""

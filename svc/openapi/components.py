@@ -16,7 +16,7 @@ from svc.config import ModelServerConfig
 from svc.contract import status as st
 from svc.contract.jobs import PENDING, STATES
 from svc.contract.options import options_schema
-from svc.contract.request import REQ_ID_RE, REQ_ID_RULE
+from svc.contract.request import MAX_FIELD_ERRORS, REQ_ID_RE, REQ_ID_RULE
 
 REF = "#/components/schemas/"
 #: The request-id rule as a JSON Schema pattern (``REQ_ID_RE`` must match the whole value).
@@ -42,7 +42,8 @@ EMPTY_RESULTS = {
 #: The fields every envelope has (``svc.contract.envelope``).
 ENVELOPE_FIELDS = ["status", "status_str", "task_id", "model", "results", "server_time_ms", "partial"]
 BOOLEAN = {"type": "boolean"}
-FIELD_ERRORS = {"type": "array", "items": ref("FieldError")}
+FIELD_ERRORS = {"type": "array", "items": ref("FieldError"), "maxItems": MAX_FIELD_ERRORS,
+                "description": f"The first {MAX_FIELD_ERRORS} problems; `error` counts them all."}
 
 
 def envelope_schema(description: str, required: list[str], *, results: dict = EMPTY_RESULTS,

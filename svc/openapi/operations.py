@@ -121,7 +121,7 @@ def infer_operation(config: ModelServerConfig, factory: Any, *, summary: str, au
             "401": rejection("Status 401: missing or wrong bearer token.", {"WWW-Authenticate": header_doc("Bearer challenge.")}),
             "413": rejection("Status 61: body over the size limit; status 67: more images than max_request_items."),
             "415": rejection("Status 60: unsupported content type."),
-            "422": rejection("Status 66: the request breaks the contract; `errors[]` has one `{pointer, message}` per problem."),
+            "422": rejection("Status 66: the request breaks the contract; `errors[]` has one `{pointer, message}` per problem, the first 50 of them."),
             "429": rejection(
                 "Status 429: per-client rate limit, or the wait queue (max_queue_depth image items) is full.",
                 {"Retry-After": RETRY_AFTER_HEADER},

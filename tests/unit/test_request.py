@@ -129,6 +129,30 @@ def test_too_many_items_is_413_status_67():
     assert err.status is st.TOO_MANY_ITEMS and err.status.http == 413
 
 
+@pytest.mark.parametrize("images", [[0] * 4, [0] * 1_000_000, ["x", 0, None, 1.5]])
+def test_too_many_items_is_413_before_any_item_is_checked(images):
+    """A million numbers in ``images`` were each made a 422 entry first: a reply of hundreds of MB (security probe)."""
+    err = rejected({"images": images})
+    assert (err.status, err.errors) == (st.TOO_MANY_ITEMS, [])
+    assert err.message == f"{len(images)} images in one request; at most 3 are accepted (max_request_items)"
+
+
+@pytest.mark.parametrize("doc, where", [
+    ({"images": ["x"], **{f"k{i}": 1 for i in range(200_000)}}, "/k0"),
+    ({"images": ["x"], "params": {f"k{i}": 1 for i in range(100_000)}}, "/params/k0"),
+    ({"images": ["x"], "options": {f"k{i}": 1 for i in range(100_000)}}, "/options/k0"),
+])
+def test_a_422_lists_its_first_50_errors_and_counts_them_all(doc, where):
+    from svc.contract.request import MAX_FIELD_ERRORS
+
+    err = rejected(doc)
+    total = len(doc) - 1 if where == "/k0" else len(doc[where.split("/")[1]])
+    assert err.status is st.INVALID_REQUEST and len(err.errors) == MAX_FIELD_ERRORS == 50
+    assert err.errors[0].pointer == where
+    assert err.message.startswith(f"invalid request: {where}: "), err.message
+    assert err.message.endswith(f" (and {total - 1} more); errors[] lists the first 50"), err.message
+
+
 def test_several_problems_are_all_reported():
     err = rejected({"images": [], "extra": 1, "params": {"top_k": 0}})
     assert pointers(err) == ["/extra", "/images", "/params/top_k"]

@@ -76,10 +76,16 @@ def header(request: Any, name: bytes) -> str | None:
 
 
 def bearer_token(request: Any) -> str | None:
-    """The token of ``Authorization: Bearer <token>``, or None."""
-    value = header(request, b"authorization")
-    if not value:
+    """The token of ``Authorization: Bearer <token>``, or None.
+
+    None too for a request with two ``Authorization`` headers: which one
+    counts is ambiguous (the first won here; a proxy in front that checks the
+    last would disagree), so such a request carries no credential.
+    """
+    values = request.requestHeaders.getRawHeaders(b"authorization")
+    if not values or len(values) > 1:
         return None
+    value = values[0].decode("latin-1")
     scheme, _, token = value.strip().partition(" ")
     if scheme.lower() != "bearer":
         return None

@@ -246,6 +246,29 @@ def test_a_method_is_case_sensitive_so_post_in_lower_case_is_405(processes, name
 
 
 @pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])
+def test_two_authorization_headers_carry_no_credential(processes, name):
+    """The first of two ``Authorization`` headers won (good then bad: 200; bad then good: 401), where a proxy in
+    front that checks the last would disagree (security probe): with two, a request is unauthenticated, 401."""
+    port, url, shape = processes[name]
+    token = processes["tokens"][name].encode()
+    body = b'{"images": []}'
+
+    def post(*credentials: bytes) -> bytes:
+        auth = b"".join(b"Authorization: Bearer " + c + b"\r\n" for c in credentials)
+        return raw_exchange(port, b"POST " + POST_PATHS[name] + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + auth
+                            + b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode()
+                            + b"\r\n\r\n" + body)
+
+    assert split(post(token))[0] != b"HTTP/1.1 401 Unauthorized"  # one: authenticated (422, or 200 on the supervisor)
+    for credentials in ((token, token), (token, b"wrong"), (b"wrong", token)):
+        first, _, data = split(post(*credentials))
+        assert first == b"HTTP/1.1 401 Unauthorized", (credentials, data)
+        got = json.loads(data)
+        assert (got["status"], got["status_str"]) == (401, "UNAUTHORIZED") if shape == "envelope" else got["ok"] is False
+    assert_serving(url, name)
+
+
+@pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])
 def test_a_request_target_in_absolute_form_is_its_path(processes, name):
     """RFC 9112 section 3.2.2: a server accepts ``GET http://host:port/path`` (what a client set up to use a proxy
     sends); twisted took the whole URL as the path, so every such request was 404 (found by an HTTP probe)."""

@@ -30,6 +30,8 @@ log = Logger()
 FLUSH_DELAY_S = 0.2
 #: ...or until this many characters wait.
 FLUSH_SIZE = 64 * 1024
+#: The mode of every log file, set on an existing one too (a folder made here is 0700).
+LOG_FILE_MODE = 0o600
 
 
 class RotatingFile(LogFile):
@@ -75,8 +77,10 @@ class LogSink:
         self._write_error: str | None = None  # why the last write failed; None while writes succeed
         self.file: RotatingFile | None = None
         if directory is not None:
-            os.makedirs(directory, exist_ok=True)
-            self.file = RotatingFile(f"{name}.log", directory, rotateLength=max_bytes, maxRotatedFiles=backups)
+            # Owner only: the access lines carry job ids, which are the bearer handles of their jobs.
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            self.file = RotatingFile(f"{name}.log", directory, rotateLength=max_bytes, defaultMode=LOG_FILE_MODE,
+                                     maxRotatedFiles=backups)
 
     def feed(self, stream: str, data: bytes) -> None:
         """Bytes from a pipe: complete lines go to the file and the ring."""

@@ -253,3 +253,22 @@ def test_a_log_folder_removed_and_made_again_raises_nothing_and_is_written_again
     assert (folder / "M.log").read_text() == ("three\n[supervisor] writing " + str(folder / "M.log")
                                               + " again; 1 lines were not written to it\n")
     sink.close()
+
+
+def test_log_files_and_a_folder_made_for_them_are_the_owners_only(tmp_path):
+    """The access lines carry job ids, the bearer handles of their jobs: the files were 0644 in a 0755 folder, for
+    any local user to read (security probe). An existing file gets the mode too; so do files after a rotation."""
+    folder = tmp_path / "logs"
+    (folder).mkdir(mode=0o755)
+    (folder / "M.log").write_text("from before\n")
+    os.chmod(folder / "M.log", 0o644)
+    sink = LogSink("M", str(folder), clock=Clock(), max_bytes=100, backups=2, ring_lines=10)
+    for i in range(20):
+        sink.line("stdout", f"line {i} " + "x" * 20)
+    sink.close()
+    assert sorted(os.listdir(folder)) == ["M.log", "M.log.1", "M.log.2"]
+    assert {os.stat(folder / f).st_mode & 0o777 for f in os.listdir(folder)} == {0o600}
+    assert os.stat(folder).st_mode & 0o777 == 0o755  # a folder the operator made keeps its mode
+    made = tmp_path / "new" / "logs"
+    LogSink("M", str(made), clock=Clock(), max_bytes=100, backups=0, ring_lines=10).close()
+    assert (os.stat(made).st_mode & 0o777, os.stat(made / "M.log").st_mode & 0o777) == (0o700, 0o600)

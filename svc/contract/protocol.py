@@ -114,6 +114,9 @@ CPU_SHARE_ENV = "SERVICE_CPU_SHARE"
 CPU_AFFINITY_ENV = "SERVICE_CPU_AFFINITY"
 #: The host id of a cluster member (``[cluster] host_id``; "" on a single host).
 HOST_ID_ENV = "SERVICE_HOST_ID"
+#: A client's API key (``secrets/local.env`` has the quick start's first one, for svcctl and curl): no process of
+#: the service reads it, so the supervisor gives it to none of its children.
+CLIENT_KEY_ENV = "SERVICE_API_KEY"
 
 # -- a cluster of hosts (docs/scaling.md) ---------------------------------------------------------
 

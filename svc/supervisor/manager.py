@@ -50,6 +50,7 @@ from svc.auth import (
 from svc.config import ConfigError, ModelServerConfig, load_model_server_config, model_server_configs
 from svc.contract.jobid import new_secret
 from svc.contract.protocol import (
+    CLIENT_KEY_ENV,
     CPU_AFFINITY_ENV,
     CPU_SHARE_ENV,
     GATEWAY_CHILD,
@@ -158,6 +159,7 @@ class ChildManager:
                 HOST_ID_ENV: config.cluster.host_id}
         for name in (REPLICA_ENV, CPU_SHARE_ENV, CPU_AFFINITY_ENV, SUPERVISOR_PID_ENV):  # set per replica/spawn
             base.pop(name, None)
+        base.pop(CLIENT_KEY_ENV, None)  # a client's key, when the shell that started the supervisor had one
         specs = [
             ChildSpec(
                 name=GATEWAY,

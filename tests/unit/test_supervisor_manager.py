@@ -74,7 +74,8 @@ def test_gateway_refusal_rules(env, expected):
 
 
 def test_gateway_first_then_the_profile_models_with_their_tokens(tmp_path):
-    m, reactor, probe, _ = manager(tmp_path)
+    # SERVICE_API_KEY: a client's key, when the supervisor was started from a shell that sourced secrets/local.env.
+    m, reactor, probe, _ = manager(tmp_path, env={**ENV, "SERVICE_API_KEY": "a-client-key"})
     m.start_all()
     assert spawned_names(reactor) == ["service-gateway"]
     probe.ok = True
@@ -95,8 +96,9 @@ def test_gateway_first_then_the_profile_models_with_their_tokens(tmp_path):
         # The environment is inherited, but for the gateway's and the supervisor's credentials.
         assert env["PATH"] == "/usr/bin" and env["SERVICE_JOB_SECRET"] == gateway_env["SERVICE_JOB_SECRET"]
         assert not {"SERVICE_API_TOKEN", "SERVICE_METRICS_TOKEN", "SERVICE_GATEWAY_AUTH_TOKEN",
-                    "SERVICE_CLUSTER_TOKEN"} & set(env)
+                    "SERVICE_CLUSTER_TOKEN", "SERVICE_API_KEY"} & set(env)
     assert (gateway_env["SERVICE_API_TOKEN"], gateway_env["SERVICE_METRICS_TOKEN"]) == ("mgmt", "metrics")
+    assert "SERVICE_API_KEY" not in gateway_env  # no process of the service reads a client's key
     assert m.children["CCC"].state == STOPPED  # not in the profile
     assert m.children["BBB"].spec.policy == "no"
 

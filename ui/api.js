@@ -8,9 +8,16 @@ export class HttpError extends Error {
   constructor(status, body) { super(body && (body.error || body.status_str) || `HTTP ${status}`); this.status = status; this.body = body; }
 }
 
+// A read of the management API that has no reply within this many ms fails (an AbortError), so that a
+// supervisor that hangs (stopped with SIGSTOP, a network path that drops packets) counts as a failed refresh
+// like one that is gone. Actions (POST) wait as long as they take: a model's restart may take minutes.
+export const READ_TIMEOUT_MS = 10000;
+
 export async function api(path, options = {}) {
   const token = state.token;
-  const response = await fetch(path, { ...options, headers: { Authorization: `Bearer ${token}`, ...(options.headers || {}) } });
+  const read = !options.method || options.method === "GET";
+  const signal = options.signal || (read ? AbortSignal.timeout(READ_TIMEOUT_MS) : undefined);
+  const response = await fetch(path, { ...options, signal, headers: { Authorization: `Bearer ${token}`, ...(options.headers || {}) } });
   let body = null;
   try { body = await response.json(); } catch (e) { body = null; }
   // Only the token in use is refused: a request sent before "Forget token" (or a new token) says nothing.

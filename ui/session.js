@@ -73,11 +73,24 @@ async function connectOnce() {
   $("#console").hidden = false;
   $("#forget").hidden = false;
   fillSelects();
-  state.refreshTimer = setInterval(poll, 2000);
-  state.logTimer = setInterval(() => followLogs().catch(() => {}), 1500);
-  refreshSeries().catch(() => {});
-  state.seriesTimer = setInterval(() => refreshSeries().catch(() => {}), 5000);
+  state.refreshTimer = setInterval(oneAtATime(poll), 2000);
+  state.logTimer = setInterval(oneAtATime(followLogs), 1500);
+  const series = oneAtATime(refreshSeries);
+  series();
+  state.seriesTimer = setInterval(series, 5000);
   return true;
+}
+
+// ``task`` for a timer: a tick while the previous call still waits for its reply does nothing, so that a
+// slow or hung supervisor is never sent a pile of requests (they all arrived at once when it woke up).
+// A call's failure is the task's to show (poll marks the page stale); here it only ends the call.
+export function oneAtATime(task) {
+  let busy = false;
+  return async () => {
+    if (busy) return;
+    busy = true;
+    try { await task(); } catch (e) { /* shown by the task, or by the next refresh */ } finally { busy = false; }
+  };
 }
 
 // The status refresh of a connected page: a failure other than a refused token (that one shows the

@@ -3,7 +3,7 @@
 
 import { $, state } from "./state.js";
 import { api, gatewayBase } from "./api.js";
-import { updateDemoBanner } from "./try-it.js";
+import { defaultsWhenRunning, updateDemoBanner } from "./try-it.js";
 import { fillLogSelect } from "./logs.js";
 
 export function badge(el, text) {
@@ -23,6 +23,7 @@ export async function refresh() {
   $("#gateway-error").textContent = gw.last_error || "";
   renderServers(status.servers);
   updateDemoBanner();
+  defaultsWhenRunning();
   return status;
 }
 

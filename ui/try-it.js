@@ -58,12 +58,25 @@ export function updateDemoBanner() {
   $("#try-demo").hidden = !(weights && weights.demo);
 }
 
+// The chosen model's defaults once it runs, when it was not running as it was chosen (stopped, or still
+// starting when the page connected): called by every status refresh, it asks only then, once.
+export function defaultsWhenRunning() {
+  const m = selectedModel();
+  if (!m || state.defaults[m.id] || state.loadingDefaults) return;
+  const server = state.status && state.status.servers.find((s) => s.id === m.id);
+  if (server && server.state === "running" && (server.ready || (server.replicas || []).some((r) => r.ready))) {
+    loadDefaults(m).catch(() => {});
+  }
+}
+
 // The params' defaults as the running model server states them in its OpenAPI document.
 export async function loadDefaults(m) {
   const input = $("#try-params");
   if (!state.defaults[m.id]) {
     input.placeholder = "loading the defaults…";
-    const reply = await api(`/api/v1/servers/${encodeURIComponent(m.id)}/openapi`).catch(() => null);
+    state.loadingDefaults = true;
+    const reply = await api(`/api/v1/servers/${encodeURIComponent(m.id)}/openapi`).catch(() => null)
+      .finally(() => { state.loadingDefaults = false; });
     const schema = reply && reply.openapi.components && reply.openapi.components.schemas[`${m.id}_Params`];
     if (!schema) {
       if (selectedModel() === m) input.placeholder = "{} (the model's defaults: it is not running)";

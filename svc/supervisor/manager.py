@@ -332,12 +332,20 @@ class ChildManager:
                 log.warn("{name} not ready: {error}", name=name, error=value.getErrorMessage())
 
     def stop_all(self) -> Deferred:
-        """Every child ends: the models first, then the gateway."""
+        """Every child ends: the gateway first, then the models.
+
+        The gateway's socket closes at once, so new connections are refused
+        (a load balancer in front sends them to another host at once), and
+        the requests it already holds finish against models still running.
+        Models first answered every request of the gateway's last seconds
+        503 "not reachable" while its ``/healthz`` still said 200, so a load
+        balancer kept sending them there (found by a scaling probe).
+        """
         return ensureDeferred(self._stop_all())
 
     async def _stop_all(self) -> None:
-        await DeferredList([s.shutdown() for s in self.models()], consumeErrors=True)
         await DeferredList([self.gateway.shutdown()], consumeErrors=True)
+        await DeferredList([s.shutdown() for s in self.models()], consumeErrors=True)
         for child in self.children.values():
             child.logs.close()
 

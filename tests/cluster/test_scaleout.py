@@ -12,12 +12,13 @@ requests sent meanwhile are redispatched, and none fails after it.
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
 
 from svc.contract import jobid
-from tests.support.cluster import ENV, KEYS, LIMITED_QPS, Cluster
+from tests.support.cluster import ENV, KEYS, LIMITED_QPS, Cluster, ready, start_supervisor
 from tests.support.http import get, post
 from tests.support.images import image_b64
 from tests.support.processes import wait_until
@@ -182,6 +183,25 @@ def test_haproxy_routes_around_a_stopped_gateway_and_its_jobs_are_404(cluster):
     assert h3.api("POST", "/api/v1/servers/__gateway/start").status == 200
     wait_until(lambda: cluster.balancer.servers_state().get("h3") == "UP", "HAProxy took h3 back", timeout=15)
     assert cluster.call(get, h1.gateway + job_path, headers=auth).json["state"] == "done"
+
+
+def test_a_host_whose_supervisor_stops_loses_no_request_behind_haproxy(cluster):
+    """SIGTERM to one host's supervisor (a host taken down: ``systemctl stop``) under traffic that reaches its model.
+    It stopped the models first: for a second or two its gateway answered 503 "not reachable" while its /healthz
+    still said 200, so HAProxy kept sending requests there (a scaling probe: 13 of 157 were 503). Now its gateway
+    stops first: its socket closes, HAProxy sends new connections to another host, and what the gateway held
+    finishes against its running model. Then the host is started again, for the tests after this one."""
+    h2 = cluster.hosts["h2"]
+    path = "/v2/models/TESTFAULTS/ready"  # proxied to the model server of the host that takes it
+    background = cluster.client.submit(paced, cluster.url + path, KEYS["free"], time.monotonic(), 0.05, 100)
+    time.sleep(1.0)  # traffic under way on every host before the stop: pacing, not a wait for a condition
+    h2.supervisor.stop(signal.SIGTERM, timeout=30)
+    assert h2.supervisor.popen.returncode == 0, h2.supervisor.output()[-3000:]
+    replies = background.result()
+    assert {status for _, status in replies} == {ADMITTED}, [r for r in replies if r[1] != ADMITTED]
+    start_supervisor(h2)
+    wait_until(lambda: ready(h2) or not h2.supervisor.alive(), "h2 ready again", timeout=180)
+    wait_until(lambda: cluster.balancer.servers_state().get("h2") == "UP", "HAProxy took h2 back", timeout=15)
 
 
 @pytest.fixture(autouse=True)

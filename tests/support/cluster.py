@@ -121,6 +121,15 @@ def write_host(root: Path, name: str, subnet: str) -> Path:
     return config
 
 
+def start_supervisor(host: StackHost) -> Proc:
+    """The host's supervisor, started in its namespace on the configuration ``write_host`` wrote (again after a stop)."""
+    popen, log = spawn(host.host.command(sys.executable, "-m", "twisted", "--log-format", "text",
+                                         "service-supervisor", "--config", str(host.root / "service.toml")),
+                       env=child_env(ENV), log_dir=host.root)
+    host.supervisor = Proc(popen, SUPERVISOR_PORT, log)
+    return host.supervisor
+
+
 def ready(host: StackHost) -> bool:
     try:
         status = host.status()
@@ -145,12 +154,9 @@ def running_cluster(root: Path) -> Iterator[Cluster]:
         hosts = {}
         for name, last in HOSTS.items():
             host = StackHost(name, network.add(name, last), root / name)
-            config = write_host(host.root, name, subnet)
-            popen, log = spawn(host.host.command(sys.executable, "-m", "twisted", "--log-format", "text",
-                                                 "service-supervisor", "--config", str(config)),
-                               env=child_env(ENV), log_dir=host.root)
-            host.supervisor = Proc(popen, SUPERVISOR_PORT, log)
-            started.append(host.supervisor)
+            write_host(host.root, name, subnet)
+            start_supervisor(host)
+            started.append(host)
             hosts[name] = host
         balancer_host = network.add("lb", BALANCER)
         balancer = HAProxy(root, f"{balancer_host.address}:{BALANCER_PORT}",
@@ -167,8 +173,9 @@ def running_cluster(root: Path) -> Iterator[Cluster]:
         yield Cluster(network, client, hosts, redis, balancer)
     finally:
         for thing in reversed(started):
-            if isinstance(thing, Proc):
-                thing.stop(signal.SIGTERM, timeout=30)
+            if isinstance(thing, StackHost):
+                if thing.supervisor is not None:
+                    thing.supervisor.stop(signal.SIGTERM, timeout=30)
             else:
                 thing.stop()
         network.close()

@@ -5,6 +5,7 @@
 - :mod:`svc.cli.keyfile`: ``svcctl keys``, the key file and the gateway's restart;
 - :mod:`svc.cli.args`: argument and token helpers the commands share (a leaf);
 - :mod:`svc.cli.http`: the HTTP client, exit codes and failure lines;
+- :mod:`svc.cli.output`: stdout that cannot be written (a reader gone, a full device), for every command;
 - :mod:`svc.cli.quickstart` and :mod:`svc.cli.quickstart_weights`: ``bin/quickstart``.
 
 Nothing below this package imports it: the CLI is the top layer (the import-linter contracts in ``pyproject.toml``).
@@ -16,11 +17,14 @@ from typing import Any
 
 
 def main(argv: list[str] | None = None, client: Any = None) -> int:
-    """The ``svcctl`` console script (``svc.cli:main``): :func:`svc.cli.commands.main`, imported when called.
+    """The ``svcctl`` console script (``svc.cli:main``) and ``python -m svc.cli``: :func:`svc.cli.commands.main`,
+    imported when called, with stdout guarded (:func:`svc.cli.output.run_guarded`).
 
     The console script of every install names this function, so a ``.venv`` made before the CLI
-    became a package keeps working; importing a module of the package stays light.
+    became a package keeps working; importing a module of the package stays light.  Every way in
+    goes through here, so that what a failed stdout means is decided in one place.
     """
     from svc.cli.commands import main as run
+    from svc.cli.output import run_guarded
 
-    return run(argv, client)
+    return run_guarded(lambda: run(argv, client))

@@ -136,4 +136,6 @@ def main(argv: list[str] | None = None, client: Client | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from svc.cli import main as entry  # the one entry, which guards stdout
+
+    sys.exit(entry())

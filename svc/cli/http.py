@@ -16,13 +16,13 @@ are imported only when a request is made, so ``svcctl --version``,
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from svc import __version__
+from svc.cli.output import StdoutError
 from svc.contract.protocol import WEIGHTS_HEADER
 from svc.infra.reactors import IClientReactor
 
@@ -112,18 +112,28 @@ def react(client: Client, main: Callable[[IClientReactor], Awaitable[int]]) -> t
 
     The first is None when the reactor stopped before ``main`` ended (Ctrl-C
     before the request began); the second is the status ``task.react``
-    exited with (0 when it stopped cleanly).
+    exited with (0 when it stopped cleanly).  An exception of ``main`` (stdout
+    that cannot be written, :mod:`svc.cli.output`) is raised again here, once
+    the reactor has stopped, for the entry to report: left in the coroutine,
+    ``task.react`` logged it as "main function encountered error" and exited
+    1, which the commands took for an interrupt.
     """
     codes: list[int] = []
+    errors: list[Exception] = []
 
     async def run(reactor: IClientReactor) -> None:
-        codes.append(await main(reactor))
+        try:
+            codes.append(await main(reactor))
+        except Exception as e:
+            errors.append(e)
 
     stopped = 0
     try:
         client.react(run)
     except SystemExit as e:
         stopped = e.code if isinstance(e.code, int) else 0
+    if errors:
+        raise errors[0]
     return (codes[0] if codes else None), stopped
 
 
@@ -168,21 +178,24 @@ def print_reply(content: bytes) -> None:
     """A reply body on stdout: JSON indented by 2, anything else as text.
 
     A reader that went away (``svcctl infer ... | head -1``) is not an error
-    of the request: the rest of the output is dropped quietly, as a pipe's
-    writer does, and the exit status still says how the request went.
+    of the request: the rest of the output is dropped quietly, and the exit
+    status still says how the request went when it went wrong (1 for an HTTP
+    error; a 0 becomes 141 at the entry, :mod:`svc.cli.output`).  Any other
+    failure of stdout (a full device) is raised, for the entry to report.
     """
     if not content:
         return
     try:
-        try:
-            text = json.dumps(json.loads(content), indent=2) + "\n"
-        except ValueError:
-            text = content.decode("utf-8", errors="replace")
-            text += "" if text.endswith("\n") else "\n"
+        text = json.dumps(json.loads(content), indent=2) + "\n"
+    except ValueError:
+        text = content.decode("utf-8", errors="replace")
+        text += "" if text.endswith("\n") else "\n"
+    try:
         sys.stdout.write(text)
         sys.stdout.flush()
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush too
+    except StdoutError as e:
+        if not e.gone:
+            raise
 
 
 class Interrupted(Exception):

@@ -258,8 +258,7 @@ class JobRun:
         finally:
             bar.close()
         if body["state"] != "done":
-            print(json.dumps(body, indent=2))
-            sys.stdout.flush()
+            print_reply(content)  # a reader gone away leaves the exit status 1 (svc.cli.output)
             note_weights(self.last, self.stderr)
             fail(f"job {job_id} ended {body['state']}: {body.get('error') or 'no reason given'}")
             return EXIT_HTTP
@@ -268,8 +267,7 @@ class JobRun:
         envelope = _json(content)
         if not 200 <= status < 300 or not isinstance(envelope, dict):
             return self.http_error(status, phrase, content, "GET", result_url)
-        print(json.dumps(envelope, indent=2))
-        sys.stdout.flush()
+        print_reply(content)  # a reader gone away: the files are still written
         note_weights(self.last, self.stderr)
         if args.out is not None:
             written = write_files(args.out, result_files(envelope))

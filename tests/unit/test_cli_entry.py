@@ -1,0 +1,143 @@
+"""svcctl's one entry (``svc.cli.main``, ``python -m svc.cli``): stdout that cannot be written, for every command.
+
+Real processes whose stdout is a pipe with no reader (``| true``, made deterministic: the reader is closed before
+the process starts) or ``/dev/full``, each run buffered and unbuffered (the error then comes from the write itself
+or from the last flush at exit); the commands that call the gateway answered by hand on a real listener.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+import svc.cli
+from tests.support.fake_client import Reply
+from tests.unit.test_cli import GATEWAY, fake_client, listener, start
+
+FULL = "svcctl: cannot write to stdout: No space left on device\n"
+JOB = {"job_id": "job_1", "state": "pending", "poll_url": "/v1/models/M/jobs/job_1",
+       "result_url": "/v1/models/M/jobs/job_1/result"}
+ENVELOPE = {"status": 0, "status_str": "OK", "task_id": "t", "results": [{"status": 0, "data": {"class_id": 3}}]}
+BUFFERING = pytest.mark.parametrize("unbuffered", ["1", ""], ids=["unbuffered", "buffered"])
+
+
+@contextmanager
+def no_reader() -> Iterator[int]:
+    """The write end of a pipe whose read end is already closed: every write fails with EPIPE (``| true``)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        yield write
+    finally:
+        os.close(write)
+
+
+def run_to(stdout: int, *args: str, unbuffered: str = "1", env: dict[str, str] | None = None) -> tuple[int, str]:
+    proc = start(*args, stdout=stdout, env={"PYTHONUNBUFFERED": unbuffered, **(env or {})})
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+@pytest.fixture
+def offline(tmp_path) -> dict[str, str]:
+    """A key file and an empty weights cache for the commands that only read local files."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[keys.a]\nhash = "' + "a" * 64 + '"\n')
+    return {"keys": str(keys), "SERVICE_WEIGHTS_DIR": str(tmp_path / "weights")}
+
+
+LOCAL = [["keygen", "foo"], ["hash", "abc"], ["--version"], ["keys", "list", "--keys-file", "{keys}"],
+         ["weights", "list"], ["weights", "list", "--json"], ["weights", "verify"]]
+
+
+@BUFFERING
+@pytest.mark.parametrize("argv", LOCAL, ids=[" ".join(a[:3]) for a in LOCAL])
+def test_a_reader_gone_away_is_quiet_and_exit_141(offline, argv, unbuffered):
+    """``svcctl keys list | true`` and the others ended in a BrokenPipeError traceback, exit 1."""
+    argv = [a.format(**offline) for a in argv]
+    with no_reader() as stdout:
+        assert run_to(stdout, *argv, unbuffered=unbuffered, env=offline) == (141, "")
+
+
+@BUFFERING
+@pytest.mark.parametrize("argv", [["hash", "abc"], ["--version"], ["weights", "list", "--json"]])
+def test_a_full_device_is_one_line_and_exit_2(offline, argv, unbuffered):
+    with open("/dev/full", "w") as full:
+        assert run_to(full.fileno(), *argv, unbuffered=unbuffered, env=offline) == (2, FULL)
+
+
+def answer(server: socket.socket, status: str, body: dict) -> None:
+    """Accept one connection, read its whole request (head and body) and answer ``body`` as JSON, then close."""
+    conn, _ = server.accept()
+    with conn:
+        conn.settimeout(10)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            assert chunk, data
+            data += chunk
+        head, _, rest = data.partition(b"\r\n\r\n")
+        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        while len(rest) < length:
+            rest += conn.recv(65536)
+        content = json.dumps(body).encode()
+        conn.sendall(b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n"
+                     b"\r\n%s" % (status.encode(), len(content), content))
+
+
+@BUFFERING
+def test_jobs_run_with_its_reader_gone_is_quiet_and_exit_141_not_interrupted(unbuffered):
+    """``svcctl jobs run ... | true`` printed Twisted's "main function encountered error", a traceback and
+    "svcctl: interrupted" (exit 1): the failed print was inside the reactor."""
+    with listener() as (server, url), no_reader() as stdout:
+        proc = start("jobs", "run", "M", "--gateway", url, stdout=stdout, env={"PYTHONUNBUFFERED": unbuffered})
+        answer(server, "202 Accepted", JOB)
+        answer(server, "200 OK", {**JOB, "state": "done"})
+        answer(server, "200 OK", ENVELOPE)
+        _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (141, "job_1 pending\njob_1 done\n")
+
+
+@BUFFERING
+def test_infer_to_a_full_device_is_one_line_and_exit_2(tmp_path, unbuffered):
+    """``svcctl infer MODEL a.jpg > /dev/full``: "main function encountered error", OSError ENOSPC, "interrupted"."""
+    image = tmp_path / "a.jpg"
+    image.write_bytes(b"\xff\xd8\xff")
+    with listener() as (server, url), open("/dev/full", "w") as full:
+        proc = start("infer", "M", str(image), "--gateway", url, stdout=full.fileno(),
+                     env={"PYTHONUNBUFFERED": unbuffered})
+        answer(server, "200 OK", ENVELOPE)
+        _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (2, FULL)
+
+
+class GoneReader:
+    """A stdout whose reader went away (in-process: no file descriptor to point elsewhere)."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_failure_to_report_keeps_its_status_when_the_reader_is_gone(monkeypatch, capsys):
+    """141 only when the command has nothing worse to say: a job that failed still exits 1, with its line."""
+    gateway = fake_client(monkeypatch)
+    gateway.script = [Reply(202, JOB), Reply(200, {**JOB, "state": "failed", "error": "bad input"})]
+    monkeypatch.setattr(sys, "stdout", GoneReader())
+    assert svc.cli.main(["jobs", "run", "M", "--gateway", GATEWAY], client=gateway) == 1
+    assert capsys.readouterr().err == "job_1 pending\njob_1 failed\nsvcctl: job job_1 ended failed: bad input\n"
+    gateway.script = [Reply(404, {"error": "no such job"})]
+    assert svc.cli.main(["jobs", "get", "M", "job_1", "--gateway", GATEWAY], client=gateway) == 1
+    assert capsys.readouterr().err == f"svcctl: HTTP 404 Not Found from GET {GATEWAY}/v1/models/M/jobs/job_1\n"
+    gateway.script = [Reply(200, {**JOB, "state": "done"})]
+    assert svc.cli.main(["jobs", "get", "M", "job_1", "--gateway", GATEWAY], client=gateway) == 141
+    assert capsys.readouterr().err == ""

@@ -275,6 +275,10 @@ def run(args: argparse.Namespace, client: Client) -> int:
             doc = read_document(path, missing_ok=args.keys_action == "add")
             if args.keys_action == "add":
                 key = add_key(doc, args.name, args.scope, args.qps)
+                # The key reaches stdout before its entry reaches the file: written first, a failed print left
+                # a working key whose secret nobody had.  A stdout that fails raises (svc.cli.output) past the write.
+                print(key)
+                sys.stdout.flush()
                 write_atomically(path, tomlkit.dumps(doc))
             elif not disable_key(doc, args.name):
                 fail(f"key {args.name!r} is already disabled in {path}: nothing changed")
@@ -282,8 +286,6 @@ def run(args: argparse.Namespace, client: Client) -> int:
             else:
                 write_atomically(path, tomlkit.dumps(doc))
         if args.keys_action == "add":
-            print(key)
-            sys.stdout.flush()
             fail(f"added key {args.name!r} to {path}; it is shown once and cannot be recovered: give it to the "
                   "client now")
         else:

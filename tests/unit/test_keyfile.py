@@ -274,3 +274,18 @@ def test_a_folder_that_cannot_be_made_or_locked_is_one_line_and_exit_2(tmp_path,
     path = blocker / "api_keys.toml"
     assert cli.main(["keys", "add", "k1", "--keys-file", str(path), "--no-restart"]) == 2
     assert capsys.readouterr().err == f"svcctl: cannot write {path}: File exists\n"  # os.makedirs on the file
+
+
+@pytest.mark.parametrize("unbuffered", ["1", ""], ids=["unbuffered", "buffered"])
+def test_a_key_that_cannot_be_printed_is_not_added(keys, unbuffered):
+    """``keys add`` wrote the entry first and printed the key after: with its stdout gone (``| true``) or full, the
+    file held a working key whose secret nobody had. The key is printed and flushed first; a failure writes nothing."""
+    from tests.unit.test_cli_entry import FULL, no_reader, run_to
+
+    with no_reader() as stdout:
+        assert run_to(stdout, "keys", "add", "lost", "--keys-file", str(keys), "--no-restart",
+                      unbuffered=unbuffered) == (141, "")
+    with open("/dev/full", "w") as full:
+        assert run_to(full.fileno(), "keys", "add", "lost", "--keys-file", str(keys), "--no-restart",
+                      unbuffered=unbuffered) == (2, FULL)
+    assert keys.read_text() == ORIGINAL and sorted(os.listdir(keys.parent)) == ["api_keys.toml"]

@@ -16,6 +16,7 @@ from typing import Any
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
+from svc.auth import KEY_ENTRY_KEYS
 from svc.cli.http import CliError
 from svc.contract.protocol import SERVICE_CONFIG, UPSTREAM_RECV_TIMEOUT_MS
 from svc.contract.query import WAIT_DEFAULT_MS
@@ -83,13 +84,27 @@ def name_value(text: str) -> tuple[str, Any]:
 
 
 def non_negative_int(text: str) -> int:
-    """An argparse type: an integer >= 0 (``--qps``, ``--timeout``)."""
+    """An argparse type: an integer >= 0 (``--timeout``; ``--qps`` through :func:`key_qps`)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def key_qps(text: str) -> int:
+    """An argparse type: a key's ``rate_limit_qps`` (``keygen``/``keys add --qps``), within the key file's bounds.
+
+    Checked by the key-file loader's own declaration of the key (:data:`svc.auth.KEY_ENTRY_KEYS`), so that no
+    entry is made that the gateway, and every later ``keys`` command, would refuse: one above its bound
+    (:data:`svc.config.INT_MAXIMUM`) was written, and the gateway's restart failed on the file."""
+    value = non_negative_int(text)
+    try:
+        next(key for key in KEY_ENTRY_KEYS if key.name == "rate_limit_qps").check(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"a key's rate_limit_qps {e}") from None
     return value
 
 

@@ -36,7 +36,7 @@ import sys
 from svc import version_line
 from svc.auth import SCOPES, check_key_name, hash_key, issue_key
 from svc.cli import gateway as cli_gateway
-from svc.cli.args import non_negative_int
+from svc.cli.args import key_qps
 from svc.cli.http import EXIT_OK, EXIT_USAGE, Client, HttpClient, fail
 from svc.contract.protocol import GATEWAY_RESTART_PATH, SUPERVISOR_PORT, local_url
 
@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                             description="Print a new API key once, and the [keys.NAME] entry for conf/api_keys.toml.")
     keygen.add_argument("name", metavar="NAME", help="key name (the X-Service-Key header of its replies)")
     keygen.add_argument("--scope", choices=SCOPES, default="inference", help="default: inference")
-    keygen.add_argument("--qps", type=non_negative_int, default=0, metavar="N",
+    keygen.add_argument("--qps", type=key_qps, default=0, metavar="N",
                         help="requests per second for this key; 0 = unlimited (default)")
     keygen.set_defaults(handler=_keygen)
 

@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 import tomlkit
 
 from svc.auth import API_TOKEN_ENV, SCOPES, KeyEntry, check_key_name, issue_key, load_key_file
-from svc.cli.args import gateway_table, non_negative_int
+from svc.cli.args import gateway_table, key_qps
 from svc.cli.http import (
     EXIT_HTTP,
     EXIT_INTERRUPTED,
@@ -54,6 +54,7 @@ from svc.cli.http import (
     react,
 )
 from svc.config import ConfigError
+from svc.contract.envelope import error_text
 from svc.contract.protocol import GATEWAY_RESTART_PATH, SERVICE_CONFIG, SUPERVISOR_PORT, local_url
 from svc.infra.reactors import IClientReactor
 
@@ -224,7 +225,7 @@ def restart_gateway(supervisor: str, token: str, client: Client) -> int:
 
     async def main(reactor: IClientReactor) -> int:
         try:
-            status, phrase = (await exchange_once(client, reactor, call, token))[:2]
+            status, phrase, content = (await exchange_once(client, reactor, call, token))[:3]
         except Interrupted:
             fail(INTERRUPTED)
             return EXIT_INTERRUPTED
@@ -234,8 +235,9 @@ def restart_gateway(supervisor: str, token: str, client: Client) -> int:
             return EXIT_USAGE
         if 200 <= status < 300:
             return EXIT_OK
+        reason = error_text(content, limit=500)  # why, in the supervisor's words: {ok: false, error}
         fail(f"the key file is changed but the gateway was not restarted: HTTP {status} {phrase} "
-             f"from {call.method} {call.url}")
+             f"from {call.method} {call.url}" + (f": {reason}" if reason else ""))
         return EXIT_HTTP
 
     code, _ = react(client, main)
@@ -322,7 +324,7 @@ def add_parser(sub: Any) -> None:
     add = actions.add_parser("add", parents=[common, changing], help="issue a key: print it once, store its hash")
     add.add_argument("name", metavar="NAME", help="key name (the X-Service-Key header of its replies)")
     add.add_argument("--scope", choices=SCOPES, default="inference", help="default: inference")
-    add.add_argument("--qps", type=non_negative_int, default=0, metavar="N",
+    add.add_argument("--qps", type=key_qps, default=0, metavar="N",
                      help="requests per second for this key; 0 = unlimited (default)")
     disable = actions.add_parser("disable", parents=[common, changing], help="set enabled = false on a key")
     disable.add_argument("name", metavar="NAME", help="key name")

@@ -30,6 +30,17 @@ def dumps(body: Any) -> bytes:
     return _ENCODER.encode(body).encode("utf-8")
 
 
+def error_text(body: bytes, limit: int = 200) -> str | None:
+    """The ``error`` text of a JSON reply (an envelope's, the management API's ``{ok: false, error}``), at most
+    ``limit`` characters; None when the body has none.  What a client shows of a refusal: the supervisor's
+    probe (a model that is not ready) and ``svcctl`` (a gateway restart that failed)."""
+    try:
+        value = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return None
+    return value[:limit] if isinstance(value, str) and value else None
+
+
 @dataclass(frozen=True)
 class ModelIdentity:
     """``model`` of the envelope: catalog id and version of the weights."""

@@ -12,7 +12,6 @@ are not kept (a request every few seconds gains nothing from a pool).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +23,7 @@ from twisted.web.client import Agent
 from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
+from svc.contract.envelope import error_text
 from svc.contract.protocol import http_url, local_url
 from svc.web.client import QuietConnectionPool
 from svc.web.site import SUPERVISOR_USER_AGENT
@@ -41,15 +41,6 @@ class Probed:
 
     def __bool__(self) -> bool:
         return self.ok
-
-
-def _reason(body: bytes) -> str | None:
-    """The ``error`` text of an envelope reply (a not-ready model server's reason), or None."""
-    try:
-        value = json.loads(body).get("error")
-    except (ValueError, AttributeError):
-        return None
-    return value[:200] if isinstance(value, str) and value else None
 
 
 @implementer(IAgentEndpointFactory)
@@ -89,7 +80,7 @@ class HttpProbe:
         probe_headers: dict[bytes | str, bytes | str] = {"User-Agent": SUPERVISOR_USER_AGENT}
         d = self.client.get(local_url(port) + path, headers=probe_headers)  # sent where url() says: ChildAddresses
         d.addCallback(lambda response: response.content().addCallback(lambda body: Probed(response.code == 200,
-                                                                                          _reason(body))))
+                                                                                          error_text(body))))
         d.addTimeout(self.timeout, self.reactor)
         d.addErrback(lambda _: Probed(False))
         return d

@@ -196,6 +196,7 @@ def test_add_then_restarts_the_gateway_with_the_management_token(keys, capsys, m
 
 
 def test_a_restart_refused_by_the_supervisor_exits_1_and_the_file_stays_changed(keys, capsys, monkeypatch):
+    """The line says why, from the supervisor's JSON ``error`` (it said only "HTTP 500 Internal Server Error")."""
     monkeypatch.setenv("SERVICE_API_TOKEN", MANAGEMENT)
     supervisor = FakeClient()
     supervisor.reply = Reply(500, {"error": "restart failed"})
@@ -204,8 +205,16 @@ def test_a_restart_refused_by_the_supervisor_exits_1_and_the_file_stays_changed(
     assert code == 1
     assert capsys.readouterr().err.splitlines()[-1] == (
         "svcctl: the key file is changed but the gateway was not restarted: "
-        f"HTTP 500 Internal Server Error from POST {SUPERVISOR}{RESTART}")
+        f"HTTP 500 Internal Server Error from POST {SUPERVISOR}{RESTART}: restart failed")
     assert "enabled = false\n\n# a retired one" in keys.read_text()
+    supervisor.reply = Reply(502, b"<html>bad gateway</html>")  # no JSON error to tell: the status alone
+    assert cli.main(["keys", "disable", "old", "--keys-file", str(keys), "--supervisor", SUPERVISOR],
+                    client=supervisor) == 0  # already disabled: nothing to restart
+    assert cli.main(["keys", "add", "k2", "--keys-file", str(keys), "--supervisor", SUPERVISOR],
+                    client=supervisor) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "svcctl: the key file is changed but the gateway was not restarted: "
+        f"HTTP 502 Bad Gateway from POST {SUPERVISOR}{RESTART}")
 
 
 def test_an_interrupted_restart_says_the_file_is_changed(keys, capsys, monkeypatch):
@@ -289,3 +298,22 @@ def test_a_key_that_cannot_be_printed_is_not_added(keys, unbuffered):
         assert run_to(full.fileno(), "keys", "add", "lost", "--keys-file", str(keys), "--no-restart",
                       unbuffered=unbuffered) == (2, FULL)
     assert keys.read_text() == ORIGINAL and sorted(os.listdir(keys.parent)) == ["api_keys.toml"]
+
+
+@pytest.mark.parametrize("command", [["keys", "add", "big"], ["keygen", "big"]])
+def test_a_qps_the_key_file_refuses_is_refused_before_anything_is_made(keys, capsys, command):
+    """``--qps 2000000000000`` was taken: the entry was written, the gateway's restart answered 500 and every
+    ``keys`` command failed on the file after it. The key-file loader's bound is the argument's, at parse time."""
+    from svc.config import INT_MAXIMUM
+
+    where = ["--keys-file", str(keys), "--no-restart"] if command[0] == "keys" else []
+    with pytest.raises(SystemExit) as exit_:
+        cli.main([*command, "--qps", str(INT_MAXIMUM + 1), *where])
+    out, err = capsys.readouterr()
+    assert (exit_.value.code, out) == (2, "")
+    assert err.endswith(f"error: argument --qps: a key's rate_limit_qps must be at most {INT_MAXIMUM}, "
+                        f"got {INT_MAXIMUM + 1}\n")
+    assert keys.read_text() == ORIGINAL
+    assert cli.main([*command, "--qps", str(INT_MAXIMUM), *where]) == 0  # the most the file takes
+    if command[0] == "keys":
+        assert load_key_file(str(keys))[-1].rate_limit_qps == INT_MAXIMUM

@@ -13,6 +13,7 @@ Nothing below this package imports it: the CLI is the top layer (the import-lint
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 
@@ -22,9 +23,15 @@ def main(argv: list[str] | None = None, client: Any = None) -> int:
 
     The console script of every install names this function, so a ``.venv`` made before the CLI
     became a package keeps working; importing a module of the package stays light.  Every way in
-    goes through here, so that what a failed stdout means is decided in one place.
+    goes through here, so that what a failed stdout means is decided in one place, and so is
+    Ctrl-C where no command says more: ``svcctl: interrupted`` and 130 (docs/cli.md), also while
+    the commands are imported, which takes a second or two (a traceback before).
     """
-    from svc.cli.commands import main as run
-    from svc.cli.output import run_guarded
+    try:
+        from svc.cli.commands import main as run
+        from svc.cli.output import run_guarded
 
-    return run_guarded(lambda: run(argv, client))
+        return run_guarded(lambda: run(argv, client))
+    except KeyboardInterrupt:
+        print("svcctl: interrupted", file=sys.stderr)
+        return 130

@@ -84,7 +84,12 @@ class HttpClient:
     """The real client: treq over a non-persistent pool, on the global reactor."""
 
     def react(self, main: Callable[[IClientReactor], Coroutine[Any, Any, None]]) -> None:
-        from twisted.internet import task
+        # What the request needs is imported before task.react: it starts ``main`` before the reactor runs and
+        # installs its signal handlers, so a Ctrl-C during an import inside ``main`` failed the coroutine
+        # ("main function encountered error", exit 1) instead of stopping the reactor (react below).
+        import treq.client  # noqa: F401
+        import twisted.web.client  # noqa: F401
+        from twisted.internet import reactor, task  # noqa: F401 - the reactor installed here, not inside task.react
 
         task.react(main)
 
@@ -112,18 +117,25 @@ def react(client: Client, main: Callable[[IClientReactor], Awaitable[int]]) -> t
 
     The first is None when the reactor stopped before ``main`` ended (Ctrl-C
     before the request began); the second is the status ``task.react``
-    exited with (0 when it stopped cleanly).  An exception of ``main`` (stdout
-    that cannot be written, :mod:`svc.cli.output`) is raised again here, once
-    the reactor has stopped, for the entry to report: left in the coroutine,
-    ``task.react`` logged it as "main function encountered error" and exited
-    1, which the commands took for an interrupt.
+    exited with (0 when it stopped cleanly, 130 when interrupted).  Ctrl-C
+    before the reactor's own handler is installed (the imports, ``main``'s
+    start: ``task.react`` runs it before the reactor) is a KeyboardInterrupt,
+    here or in ``main``: it is the same interrupt, so the caller says so in
+    its own words.  An exception of ``main`` (stdout that cannot be written,
+    :mod:`svc.cli.output`) is raised again here, once the reactor has
+    stopped, for the entry to report: left in the coroutine, ``task.react``
+    logged it as "main function encountered error" and exited 1, which the
+    commands took for an interrupt.
     """
     codes: list[int] = []
     errors: list[Exception] = []
+    interrupted: list[bool] = []
 
     async def run(reactor: IClientReactor) -> None:
         try:
             codes.append(await main(reactor))
+        except KeyboardInterrupt:
+            interrupted.append(True)
         except Exception as e:
             errors.append(e)
 
@@ -132,8 +144,12 @@ def react(client: Client, main: Callable[[IClientReactor], Awaitable[int]]) -> t
         client.react(run)
     except SystemExit as e:
         stopped = e.code if isinstance(e.code, int) else 0
+    except KeyboardInterrupt:
+        interrupted.append(True)
     if errors:
         raise errors[0]
+    if interrupted:
+        return None, EXIT_INTERRUPTED
     return (codes[0] if codes else None), stopped
 
 

@@ -36,20 +36,20 @@ CLEARED = (*cli_args.TOKEN_ENVS, cli_gateway.GATEWAY_ENV, "OTHER_TOKEN")
 
 
 def start(*args: str, env: dict[str, str] | None = None, token: str | None = TOKEN,
-          stdout: Any = subprocess.PIPE) -> subprocess.Popen:
+          stdout: Any = subprocess.PIPE, entry: tuple[str, ...] = ("-m", "svc.cli")) -> subprocess.Popen:
     """Start ``python -m svc.cli`` as the console script would, with only the given credentials.
 
     SIGINT is reset to its default in the child, as a shell's foreground job
     has it: a process started in the background (a CI runner, ``cmd &``)
     inherits SIGINT ignored, and Python then installs no handler for it.
-    ``stdout``: where the child writes (a pipe read here by default).
+    ``stdout``: where the child writes (a pipe read here by default); ``entry``: how Python is told to run it.
     """
     full = {k: v for k, v in os.environ.items() if k not in CLEARED}
     full["PYTHONPATH"] = str(REPO)
     if token is not None:
         full["SERVICE_API_KEY"] = token
     full.update(env or {})
-    return subprocess.Popen([sys.executable, "-m", "svc.cli", *args], env=full, stdin=subprocess.DEVNULL,
+    return subprocess.Popen([sys.executable, *entry, *args], env=full, stdin=subprocess.DEVNULL,
                             stdout=stdout, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 

@@ -17,8 +17,8 @@ from contextlib import contextmanager
 import pytest
 
 import svc.cli
-from tests.support.fake_client import Reply
-from tests.unit.test_cli import GATEWAY, fake_client, listener, start
+from tests.support.fake_client import FakeClient, Reply
+from tests.unit.test_cli import GATEWAY, fake_client, free_port, listener, start
 
 FULL = "svcctl: cannot write to stdout: No space left on device\n"
 JOB = {"job_id": "job_1", "state": "pending", "poll_url": "/v1/models/M/jobs/job_1",
@@ -141,3 +141,62 @@ def test_a_failure_to_report_keeps_its_status_when_the_reader_is_gone(monkeypatc
     gateway.script = [Reply(200, {**JOB, "state": "done"})]
     assert svc.cli.main(["jobs", "get", "M", "job_1", "--gateway", GATEWAY], client=gateway) == 141
     assert capsys.readouterr().err == ""
+
+
+# ---------------------------------------------------------------- Ctrl-C before the reactor's handlers
+
+#: Run as ``python -c``: svcctl by its ``python -m svc.cli`` entry, stopped at the first import of ``$BLOCK_AT``
+#: until a signal comes, once it has said so on stderr (the test waits for that line, then sends SIGINT).
+BLOCKING_ENTRY = """
+import os, runpy, signal, sys
+
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == os.environ["BLOCK_AT"]:
+            sys.meta_path.remove(self)
+            os.write(2, b"importing " + name.encode() + b"\\n")
+            signal.pause()  # Ctrl-C's KeyboardInterrupt is raised here, inside the import
+        return None
+
+sys.meta_path.insert(0, Block())
+runpy.run_module("svc.cli", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("module", ["svc.cli.commands", "twisted.internet.defer", "treq.client",
+                                    "twisted.internet.reactor"])
+def test_ctrl_c_while_svcctl_imports_is_interrupted_and_130(module):
+    """docs/cli.md promises 130 when interrupted; Ctrl-C in the first second or two gave a KeyboardInterrupt
+    traceback (the commands' imports, the reactor's inside task.react) or "main function encountered error" and
+    exit 1 (treq, imported inside the coroutine that task.react starts before the reactor's handlers exist)."""
+    import signal
+
+    proc = start("jobs", "get", "M", "job_1", "--gateway", f"http://127.0.0.1:{free_port()}",
+                 env={"BLOCK_AT": module}, entry=("-c", BLOCKING_ENTRY))
+    assert proc.stderr.readline() == f"importing {module}\n"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out, err) == (130, "", "svcctl: interrupted\n")
+
+
+class InterruptedClient(FakeClient):
+    """Ctrl-C inside the coroutine before the reactor runs (task.react starts it first): a KeyboardInterrupt."""
+
+    async def exchange(self, reactor, call, token):
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["jobs", "get", "M", "job_1", "--gateway", GATEWAY], "svcctl: interrupted\n"),
+    (["jobs", "run", "M", "--gateway", GATEWAY], "svcctl: interrupted\n"),
+    (["keys", "disable", "a", "--keys-file", "{keys}", "--supervisor", "http://sup.test:8787"],
+     "svcctl: interrupted: the key file is changed; the gateway restart may not have happened\n"),
+])
+def test_ctrl_c_inside_the_request_before_the_reactor_runs_is_130(monkeypatch, capsys, offline, argv, line):
+    fake_client(monkeypatch)
+    monkeypatch.setenv("SERVICE_API_TOKEN", "management")
+    try:
+        code = svc.cli.main([a.format(**offline) for a in argv], client=InterruptedClient())
+    except KeyboardInterrupt:
+        pytest.fail("the interrupt went past svcctl's entry")
+    assert (code, capsys.readouterr().err.splitlines(keepends=True)[-1]) == (130, line)

@@ -20,10 +20,11 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 from svc import __version__
 from svc.cli.output import StdoutError
-from svc.contract.protocol import WEIGHTS_HEADER
+from svc.contract.protocol import LOOPBACK, WEIGHTS_HEADER
 from svc.infra.reactors import IClientReactor
 
 EXIT_OK, EXIT_HTTP, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -91,25 +92,51 @@ class HttpClient:
         import twisted.web.client  # noqa: F401
         from twisted.internet import reactor, task  # noqa: F401 - the reactor installed here, not inside task.react
 
+        import svc.web.client  # noqa: F401
+
         task.react(main)
 
     async def exchange(self, reactor: IClientReactor, call: HttpCall, token: str) -> Reply:
         from treq.client import HTTPClient
         from twisted.web.client import Agent, HTTPConnectionPool
 
+        from svc.web.client import AddressByPort
+
         pool = HTTPConnectionPool(reactor, persistent=False)
-        client = HTTPClient(Agent(reactor, connectTimeout=call.timeout, pool=pool))
         headers: dict[bytes | str, bytes | str] = {"Authorization": f"Bearer {token}", "Accept": "application/json",
                    "User-Agent": f"svcctl/{__version__}"}
+        url, ipv6 = loopback_stand_in(call.url)
+        if ipv6 is None:
+            agent = Agent(reactor, connectTimeout=call.timeout, pool=pool)
+        else:  # treq cannot take the IPv6 literal: the URL names loopback, the endpoint connects to the address
+            port, host = ipv6
+            agent = Agent.usingEndpointFactory(reactor, AddressByPort(reactor, {port: host}, call.timeout), pool=pool)
+            headers["Host"] = urlsplit(call.url).netloc.rpartition("@")[2]
+        client = HTTPClient(agent)
         if call.body is not None:
             headers["Content-Type"] = "application/json"
         # treq's timeout ends when the headers arrive; the caller's deadline also covers the body.
-        response = await client.request(call.method, call.url, headers=headers, data=call.body, timeout=call.timeout)
+        response = await client.request(call.method, url, headers=headers, data=call.body, timeout=call.timeout)
         content = await response.content()
         retry_after = response.headers.getRawHeaders("retry-after", [None])[0]
         weights = response.headers.getRawHeaders(WEIGHTS_HEADER, [None])[0]
         phrase = response.phrase.decode("latin-1") if isinstance(response.phrase, bytes) else str(response.phrase)
         return Reply(response.code, phrase, content, retry_after, weights)
+
+
+def loopback_stand_in(url: str) -> tuple[str, tuple[int, str] | None]:
+    """``url`` as treq can take it, and ``(port, IPv6 address)`` when its host is an IPv6 literal.
+
+    treq (hyperlink) refuses an IPv6 literal host (``InvalidCodepoint: Codepoint U+003A``): such a URL
+    names loopback and its port instead, and :class:`svc.web.client.AddressByPort` connects to the
+    address, as the supervisor's probes of a gateway on ``::1`` do.  Any other URL is unchanged.
+    """
+    parts = urlsplit(url)
+    host = parts.hostname
+    if not host or ":" not in host:
+        return url, None
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return urlunsplit(parts._replace(netloc=f"{LOOPBACK}:{port}")), (port, host)
 
 
 def react(client: Client, main: Callable[[IClientReactor], Awaitable[int]]) -> tuple[int | None, int]:

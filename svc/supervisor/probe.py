@@ -17,15 +17,12 @@ from typing import Any
 
 from treq.client import HTTPClient
 from twisted.internet.defer import Deferred
-from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.client import Agent
-from twisted.web.iweb import IAgentEndpointFactory
-from zope.interface import implementer
 
 from svc.contract.envelope import error_text
 from svc.contract.protocol import http_url, local_url
-from svc.web.client import QuietConnectionPool
+from svc.web.client import AddressByPort, QuietConnectionPool
 from svc.web.site import SUPERVISOR_USER_AGENT
 
 #: The most of a reply kept by :meth:`HttpProbe.fetch` (a model's /metrics is a few tens of KiB).
@@ -43,26 +40,6 @@ class Probed:
         return self.ok
 
 
-@implementer(IAgentEndpointFactory)
-class ChildAddresses:
-    """Where a child listens, by its port: loopback, or the address ``hosts`` names (a cluster host's own).
-
-    Every request URL names 127.0.0.1 and this picks the address to connect to: treq cannot take an IPv6
-    literal in a URL (hyperlink runs it through IDNA), so a gateway bound to ``::1`` had every probe and
-    scrape raise, its series stopped and a critical traceback in the supervisor's log."""
-
-    def __init__(self, reactor: Any, hosts: dict[int, str], timeout: float) -> None:
-        self.reactor = reactor
-        self.hosts = hosts
-        self.timeout = timeout
-
-    def endpointForURI(self, uri: Any) -> Any:
-        host = self.hosts.get(uri.port)
-        if host is None:
-            return TCP4ClientEndpoint(self.reactor, "127.0.0.1", uri.port, timeout=self.timeout)
-        return HostnameEndpoint(self.reactor, host.strip("[]"), uri.port, timeout=self.timeout)
-
-
 class HttpProbe:
     """Readiness probe (``probe(port, path)`` -> Deferred[Probed]) and a small GET client (:meth:`fetch`)."""
 
@@ -71,14 +48,14 @@ class HttpProbe:
         self.timeout = timeout
         self.hosts = hosts or {}
         pool = QuietConnectionPool(reactor, persistent=False)
-        self.client = HTTPClient(Agent.usingEndpointFactory(reactor, ChildAddresses(reactor, self.hosts, timeout),
+        self.client = HTTPClient(Agent.usingEndpointFactory(reactor, AddressByPort(reactor, self.hosts, timeout),
                                                             pool=pool))
 
     def __call__(self, port: int, path: str) -> Deferred:
         """Fires with a :class:`Probed`: whether the reply was 200, and a 503's reason (what a loading model
         server is doing: ``the model is loading: measuring mode 2 of 4 (compile)``)."""
         probe_headers: dict[bytes | str, bytes | str] = {"User-Agent": SUPERVISOR_USER_AGENT}
-        d = self.client.get(local_url(port) + path, headers=probe_headers)  # sent where url() says: ChildAddresses
+        d = self.client.get(local_url(port) + path, headers=probe_headers)  # sent where url() says: AddressByPort
         d.addCallback(lambda response: response.content().addCallback(lambda body: Probed(response.code == 200,
                                                                                           error_text(body))))
         d.addTimeout(self.timeout, self.reactor)
@@ -87,7 +64,7 @@ class HttpProbe:
 
     def url(self, port: int, path: str) -> str:
         """Where a child on ``port`` answers ``path``: loopback, unless ``hosts`` names its address (the requests
-        connect there through :class:`ChildAddresses`)."""
+        connect there through :class:`AddressByPort`)."""
         return http_url(self.hosts.get(port, "127.0.0.1"), port) + path
 
     def fetch(self, port: int, path: str, token: str | None = None) -> Deferred:

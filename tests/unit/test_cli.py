@@ -24,6 +24,7 @@ from svc.auth import hash_key, load_key_file
 from svc.cli import args as cli_args
 from svc.cli import commands as cli
 from svc.cli import gateway as cli_gateway
+from svc.contract.protocol import http_url
 from tests.support.fake_client import FakeClient, Reply
 
 REPO = Path(__file__).resolve().parents[2]
@@ -442,17 +443,40 @@ def test_an_interrupted_request_says_so_and_exits_130(gateway, capsys):
 
 
 @contextmanager
-def listener():
-    """A real listening socket on loopback (the kernel completes connections; the test answers by hand)."""
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
+def listener(host: str = "127.0.0.1"):
+    """A real listening socket on loopback (the kernel completes connections; the test answers by hand); ``::1``
+    for IPv6 (the :func:`ipv6_loopback` fixture says whether the machine has it)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as server:
+        server.bind((host, 0))
         server.listen(8)
         server.settimeout(10)
-        yield server, f"http://127.0.0.1:{server.getsockname()[1]}"
+        yield server, http_url(host, server.getsockname()[1])
+
+
+@pytest.fixture
+def ipv6_loopback() -> None:
+    """Skips a test on a machine without IPv6 loopback (:func:`need_ipv6_loopback`)."""
+    need_ipv6_loopback()
+
+
+def need_ipv6_loopback() -> None:
+    """Skip the calling test on a machine without IPv6 loopback (no IPv6 in Python, or ``::1`` cannot be bound)."""
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 support in this Python")
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError as e:
+        pytest.skip(f"no IPv6 loopback on this machine: {e}")
 
 
 def read_request_head(server: socket.socket) -> socket.socket:
     """Accept one connection and read its request line and headers; the connection."""
+    return accept_request_head(server)[0]
+
+
+def accept_request_head(server: socket.socket) -> tuple[socket.socket, bytes]:
+    """Accept one connection and read its request line and headers: the connection, and what was read."""
     conn, _ = server.accept()
     conn.settimeout(10)
     head = b""
@@ -460,7 +484,7 @@ def read_request_head(server: socket.socket) -> socket.socket:
         chunk = conn.recv(4096)
         assert chunk, head
         head += chunk
-    return conn
+    return conn, head
 
 
 def test_connection_refused_exits_2_with_one_line():
@@ -482,6 +506,23 @@ def test_one_deadline_covers_the_headers_and_the_body():
                 done = finish(proc)
                 assert (done.returncode, done.stdout) == (2, "")
                 assert done.stderr == f"svcctl: GET {url}/v1/models/M/jobs/job_1: no complete reply within 0.5 s\n"
+
+
+def test_an_ipv6_gateway_url_reaches_the_gateway_with_its_host_header(ipv6_loopback):
+    """``--gateway http://[::1]:PORT`` failed before any connection: treq refuses an IPv6 literal host
+    (``InvalidCodepoint: Codepoint U+003A ... '::1'``). The request goes to ::1, with the Host the URL names."""
+    with listener("::1") as (server, url):
+        assert url.startswith("http://[::1]:")
+        proc = start("jobs", "get", "M", "job_x", "--gateway", url)
+        conn, head = accept_request_head(server)
+        with conn:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 17\r\n\r\n"
+                         b'{"state": "done"}')
+            done = finish(proc)
+    assert (done.returncode, done.stdout, done.stderr) == (0, '{\n  "state": "done"\n}\n', "")
+    lines = head.decode("latin-1").split("\r\n")
+    assert lines[0] == "GET /v1/models/M/jobs/job_x HTTP/1.1"
+    assert f"Host: {url.removeprefix('http://')}" in lines
 
 
 def test_an_interrupted_process_says_so_and_exits_130():

@@ -284,7 +284,7 @@ def test_the_probe_reaches_a_gateway_on_an_ipv6_address():
     from twisted.internet.testing import MemoryReactorClock
     from twisted.web.client import URI
 
-    from svc.supervisor.probe import ChildAddresses
+    from svc.web.client import AddressByPort
 
     reactor = MemoryReactorClock()
     probe = HttpProbe(reactor, hosts={18080: "[::1]"})
@@ -293,8 +293,10 @@ def test_the_probe_reaches_a_gateway_on_an_ipv6_address():
     probe.fetch(18080, "/metrics").addBoth(outcomes.append)
     reactor.advance(probe.timeout)
     assert [bool(outcomes[0]), outcomes[1]] == [False, None]  # nothing listens in a memory reactor: not ready
-    addresses = ChildAddresses(reactor, {18080: "[::1]"}, 2.0)
+    addresses = AddressByPort(reactor, {18080: "[::1]"}, 2.0)
     gateway = addresses.endpointForURI(URI.fromBytes(b"http://127.0.0.1:18080/healthz"))
     model = addresses.endpointForURI(URI.fromBytes(b"http://127.0.0.1:9101/ready"))
     assert isinstance(gateway, HostnameEndpoint) and gateway._hostText == "::1" and gateway._port == 18080
     assert isinstance(model, TCP4ClientEndpoint) and (model._host, model._port) == ("127.0.0.1", 9101)
+    tls = addresses.endpointForURI(URI.fromBytes(b"https://127.0.0.1:18080/"))  # svcctl --gateway https://[::1]:...
+    assert tls._wrappedEndpoint._hostText == "::1" and tls._wrapperFactory is not None  # TLS over that address

@@ -317,3 +317,23 @@ def test_a_qps_the_key_file_refuses_is_refused_before_anything_is_made(keys, cap
     assert cli.main([*command, "--qps", str(INT_MAXIMUM), *where]) == 0  # the most the file takes
     if command[0] == "keys":
         assert load_key_file(str(keys))[-1].rate_limit_qps == INT_MAXIMUM
+
+
+def test_the_restart_reaches_a_supervisor_on_an_ipv6_address(keys):
+    """``keys add --supervisor http://[::1]:PORT`` changed the file and then failed to ask for the restart (treq
+    refuses an IPv6 literal host): the supervisor on ::1 gets the request, with its management token."""
+    from tests.unit.test_cli import accept_request_head, finish, listener, need_ipv6_loopback, start
+
+    need_ipv6_loopback()
+    with listener("::1") as (server, url):
+        proc = start("keys", "disable", "tenant-a", "--keys-file", str(keys), "--supervisor", url,
+                     env={"SERVICE_API_TOKEN": MANAGEMENT})
+        conn, head = accept_request_head(server)
+        with conn:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 12\r\n\r\n"
+                         b'{"ok": true}')
+            done = finish(proc)
+    assert (done.returncode, done.stderr.splitlines()[-1]) == (0, "svcctl: the gateway restarted and applies the "
+                                                                  "change")
+    lines = head.decode("latin-1").split("\r\n")
+    assert lines[0] == f"POST {RESTART} HTTP/1.1" and f"Authorization: Bearer {MANAGEMENT}" in lines

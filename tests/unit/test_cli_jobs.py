@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from svc.cli.jobs import PLACEHOLDER_PNG, ProgressBar, result_files
+from svc.cli.jobs import PLACEHOLDER_PNG, ProgressBar
+from svc.cli.results import result_files
 from tests.support.fake_client import Reply
 from tests.unit.test_cli import GATEWAY, TOKEN, fake_client, run
 

@@ -89,14 +89,16 @@ def run(args: argparse.Namespace, client: Client) -> int:
 # ---------------------------------------------------------------- arguments
 
 
-def client_options() -> argparse.ArgumentParser:
-    """--gateway, --timeout-s and --token-env: the options of every gateway command (``jobs run`` too)."""
+def client_options(timeout_help: str | None = None) -> argparse.ArgumentParser:
+    """--gateway, --timeout-s and --token-env: the options of every gateway command (``jobs run`` too, with its
+    own ``timeout_help``: there it bounds the whole run)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--gateway", default=os.environ.get(GATEWAY_ENV) or DEFAULT_GATEWAY, metavar="URL",
                         help=f"gateway base URL (default: ${GATEWAY_ENV}, else {DEFAULT_GATEWAY})")
     common.add_argument("--timeout-s", type=positive_float, default=None, metavar="S",
-                        help=f"deadline of the whole request in seconds (default {DEFAULT_TIMEOUT_S:g}; "
-                             f"`jobs wait` takes at least its MS/1000 + {WAIT_MARGIN_S:g})")
+                        help=timeout_help or f"deadline of the whole request in seconds (default "
+                                             f"{DEFAULT_TIMEOUT_S:g}; `jobs wait` takes at least its MS/1000 + "
+                                             f"{WAIT_MARGIN_S:g})")
     common.add_argument("--token-env", metavar="NAME",
                         help=f"read the Bearer token from this variable only (default: {', '.join(TOKEN_ENVS)})")
     return common
@@ -135,4 +137,4 @@ def add_parsers(sub: Any) -> None:
                                 metavar="MS", help=f"wait budget in milliseconds (default {DEFAULT_WAIT_MS}; below "
                                 f"{GATEWAY_RECV_TIMEOUT_MS} by default: the gateway's upstream_recv_timeout_ms, read from "
                                 "conf/service.toml when it is here)")
-    cli_jobs.add_parser(actions, common)
+    cli_jobs.add_parser(actions, client_options(cli_jobs.TIMEOUT_HELP))

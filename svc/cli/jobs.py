@@ -12,8 +12,8 @@ images and masks that the results carry into files (:mod:`svc.cli.results`).
 Exit status as the other client commands: 0 when the job is done and its
 result read; 1 when the job ends ``failed`` or ``timeout`` or a reply has an
 error status; 2 when no request could be made or completed (usage, token,
-unreadable image, connection, deadline, an output file that cannot be
-written); 130 when interrupted.
+unreadable image, connection, the deadline of a request or ``--timeout-s``,
+the run's, an output file that cannot be written); 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 from typing import Any, TextIO
 from urllib.parse import quote, urljoin
 
@@ -60,6 +61,10 @@ PLACEHOLDER_PNG = ("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAAAAAA6fptVAAAACklEQVR42mNg
 #: the gateway's receive timeout (default 180000 ms), at or above which a wait is a 502.
 DEFAULT_POLL_MS = 1000
 TERMINAL = ("done", "failed", "timeout")
+#: ``jobs run --timeout-s``: what it bounds there (the other commands: one request).
+TIMEOUT_HELP = (f"deadline of the whole run in seconds: submit, waits and result; past it, exit 2 with a line "
+                f"naming the job, which goes on (default: none, the run follows the job to its end; each request "
+                f"has its own deadline, {DEFAULT_TIMEOUT_S:g} s, a wait --poll-ms + {WAIT_MARGIN_S:g} s)")
 BAR_WIDTH = 30
 
 
@@ -114,8 +119,17 @@ class _Interrupted(Exception):
     pass
 
 
+class _RunOver(Exception):
+    """The run's ``--timeout-s`` passed (during a request, or between two)."""
+
+
 class JobRun:
-    """One ``jobs run``: the requests in turn, each under its own deadline."""
+    """One ``jobs run``: the requests in turn, each under its own deadline, all under the run's ``--timeout-s``.
+
+    ``--timeout-s`` bounds the whole run, as its help says, not each request: a job that outlived it was
+    waited for to its end (``--timeout-s 3`` on a 10 s job ran 10 s and exited 0).  Without it the run has no
+    bound of its own, so that a long job (DDPM's 1000 steps) is followed to its end by default, and each
+    request keeps its own deadline (:data:`DEFAULT_TIMEOUT_S`; a wait ``--poll-ms`` + 30 s)."""
 
     def __init__(self, reactor: IClientReactor, args: argparse.Namespace, token: str, stderr: TextIO,
                  client: Client) -> None:
@@ -127,13 +141,23 @@ class JobRun:
         self.current: Any = None
         self.interrupted = False
         self.last: Any = None
+        self.deadline = None if args.timeout_s is None else reactor.seconds() + args.timeout_s
 
     async def call(self, call: HttpCall) -> tuple[int, str, bytes]:
-        """One request; CliError (one line) when it cannot be made or completed."""
+        """One request; CliError (one line) when it cannot be made or completed, _RunOver when the run's
+        deadline passed first (the request is then cut at it)."""
+        from twisted.internet.defer import TimeoutError as DeadlineError
         from twisted.internet.defer import ensureDeferred
 
         if self.interrupted:
             raise _Interrupted()
+        run_bound = False
+        if self.deadline is not None:
+            remaining = self.deadline - self.reactor.seconds()
+            if remaining <= 0:
+                raise _RunOver()
+            run_bound = remaining <= call.timeout
+            call = replace(call, timeout=min(call.timeout, remaining))
         d = with_deadline(ensureDeferred(self.client.exchange(self.reactor, call, self.token)), call.timeout,
                           self.reactor)
         self.current = d
@@ -142,6 +166,8 @@ class JobRun:
         except Exception as e:
             if self.interrupted:
                 raise _Interrupted() from None
+            if run_bound and isinstance(e, DeadlineError):
+                raise _RunOver() from None
             raise CliError(describe_failure(e, call)) from None
         finally:
             self.current = None
@@ -159,15 +185,31 @@ class JobRun:
         model_prefix = MODEL_PREFIX.format(model_id=quote(args.model, safe=""))
         model = base + model_prefix
         timeout = args.timeout_s if args.timeout_s is not None else DEFAULT_TIMEOUT_S
-        status, phrase, content = await self.call(HttpCall("POST", model + JOBS, self.body(), timeout))
+        submit = HttpCall("POST", model + JOBS, self.body(), timeout)
+        try:
+            status, phrase, content = await self.call(submit)
+        except _RunOver:  # no job id yet: the request's own line (the deadline is the run's, and so the request's)
+            raise CliError(f"{submit.method} {submit.url}: no complete reply within {timeout:g} s") from None
         submitted = _json(content)
         if status != 202 or not isinstance(submitted, dict) or not isinstance(submitted.get("job_id"), str):
             return self.http_error(status, phrase, content, "POST", model + JOBS)
         job_id = submitted["job_id"]
+        try:
+            return await self.follow(submitted, content, base, model_prefix, timeout)
+        except _RunOver:
+            fail(f"job {job_id} is not finished within --timeout-s {args.timeout_s:g}: it goes on; follow it with "
+                 f"svcctl jobs wait {args.model} {job_id} (or jobs get|result)")
+            return EXIT_USAGE
+
+    async def follow(self, submitted: dict, content: bytes, base: str, model_prefix: str, timeout: float) -> int:
+        """Wait for the submitted job (``content``: the submit's reply) with the progress bar, then print (and
+        write) its result; the exit status."""
+        args = self.args
+        job_id = submitted["job_id"]
         poll = urljoin(base + "/", submitted.get("poll_url") or model_prefix + JOB.format(job_id=job_id))
         bar = ProgressBar(self.stderr, job_id)
         body = submitted
-        wait_timeout = max(args.poll_ms / 1000 + WAIT_MARGIN_S, args.timeout_s or 0.0)
+        wait_timeout = args.poll_ms / 1000 + WAIT_MARGIN_S
         try:
             bar.show(body.get("state", "pending"), body.get("progress"))
             while body.get("state") not in TERMINAL:
@@ -254,13 +296,15 @@ def run(args: argparse.Namespace, client: Client) -> int:
 
 
 def add_parser(actions: Any, common: argparse.ArgumentParser) -> None:
-    """Register ``jobs run`` under the ``jobs`` subcommand (``common``: --gateway, --timeout-s, --token-env)."""
+    """Register ``jobs run`` under the ``jobs`` subcommand (``common``: --gateway, --timeout-s with
+    :data:`TIMEOUT_HELP`, --token-env)."""
     parser = actions.add_parser(
         "run", parents=[common], help="submit a job, show its progress, print and save its result",
         description="Submit a job, draw its progress on stderr until it is terminal, print the result envelope "
                     "on stdout, and with --out write its images (<task>_<i>.png), masks (<task>_<i>_mask<j>.png, "
                     "or .json for RLE) and the envelope (<task>.json). Exit 0 when done, 1 when the job fails or "
-                    "times out or a reply is an HTTP error, 2 when no request could be made.")
+                    "times out or a reply is an HTTP error, 2 when no request could be made or --timeout-s "
+                    "passed.")
     parser.add_argument("model", metavar="MODEL", help="catalog model id")
     parser.add_argument("images", metavar="IMAGE", nargs="*",
                         help="image file, sent base64-encoded; for generative models it may be omitted: one 1x1 "

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 from twisted.internet.address import HostnameAddress
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.error import ConnectingCancelledError, DNSLookupError
-from twisted.internet.task import Clock
+from twisted.internet.task import Clock, deferLater
 
 from svc.cli.http import HttpCall
 from svc.cli.http import Reply as HttpReply
@@ -61,7 +61,8 @@ class Reply:
     or ``"interrupt"`` (no reply, and the reactor shuts down as on Ctrl-C);
     ``"connecting"`` and ``"resolving"`` never reply either, and fail when
     cancelled as the real agent does in those phases
-    (``ConnectingCancelledError``, ``DNSLookupError``).
+    (``ConnectingCancelledError``, ``DNSLookupError``).  ``delay``: the
+    reply comes that many seconds of the fake clock later (cancellable).
     """
 
     status: int = 200
@@ -70,6 +71,7 @@ class Reply:
     weights: str | None = None  # the X-Service-Weights header
     error: BaseException | None = None
     stall: str | None = None
+    delay: float = 0.0  # seconds of the fake clock before the reply comes (a wait that takes its budget)
 
 
 #: How the real agent fails when cancelled while it connects or resolves the host name.
@@ -125,6 +127,8 @@ class FakeClient:
     async def exchange(self, reactor: Any, call: HttpCall, token: str) -> HttpReply:
         self.requests.append(Recorded(call.method, call.url, call.body, token, call.timeout))
         reply = self.script.pop(0) if self.script else self.reply
+        if reply.delay:
+            await deferLater(reactor, reply.delay)
         if reply.error is not None:
             raise reply.error
         if reply.stall is not None:

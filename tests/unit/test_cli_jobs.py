@@ -175,3 +175,32 @@ def test_run_says_once_that_the_job_ran_on_demo_weights(gateway, capsys):
     stdout, stderr = capsys.readouterr()
     assert stdout == json.dumps(ENVELOPE, indent=2) + "\n"
     assert stderr == "job_1 pending\njob_1 done [##############################] 4/4\n" + DEMO_NOTE
+
+
+def test_timeout_s_bounds_the_whole_run_and_names_the_job_which_goes_on(gateway, capsys):
+    """``--timeout-s 3`` on a 10 s job ran 10 s and exited 0: it was each request's deadline (the help said
+    "deadline of the whole request"). It bounds the run: past it, exit 2 and a line naming the job."""
+    running = Reply(200, status("running", {"step": 1, "steps": 10}), delay=100.0)  # each wait takes its budget
+    gateway.script = [Reply(202, JOB), running, running, running, Reply(200, status("done")), Reply(200, ENVELOPE)]
+    assert run(gateway, "jobs", "run", "M", "--timeout-s", "250", "--poll-ms", "100000", "--gateway", GATEWAY) == 2
+    assert capsys.readouterr() == ("", "job_1 pending\njob_1 running [###...........................] 1/10\n"
+                                       "svcctl: job job_1 is not finished within --timeout-s 250: it goes on; follow "
+                                       "it with svcctl jobs wait M job_1 (or jobs get|result)\n")
+    assert gateway.reactor.seconds() == 250.0  # cut during the third wait, not after it
+    assert [r.timeout for r in gateway.requests] == [250.0, 130.0, 130.0, 50.0]  # the last one cut at the run's
+    assert gateway.reactor.triggers == {}
+
+
+def test_without_timeout_s_a_long_job_is_followed_to_its_end(gateway, capsys):
+    """The default bounds no run (a DDPM of 1000 steps takes minutes): each request keeps its own deadline."""
+    running = Reply(200, status("running", {"step": 1, "steps": 10}), delay=30.0)
+    gateway.script = [Reply(202, JOB), *[running] * 20, Reply(200, status("done")), Reply(200, ENVELOPE)]
+    assert run(gateway, "jobs", "run", "M", "--gateway", GATEWAY) == 0
+    assert gateway.reactor.seconds() == 600.0 and capsys.readouterr().out == json.dumps(ENVELOPE, indent=2) + "\n"
+    assert {r.timeout for r in gateway.requests} == {300.0, 31.0}
+
+
+def test_timeout_s_that_passes_during_the_submit_is_the_requests_line(gateway, capsys):
+    gateway.script = [Reply(stall="forever")]
+    assert run(gateway, "jobs", "run", "M", "--timeout-s", "5", "--gateway", GATEWAY) == 2
+    assert capsys.readouterr() == ("", f"svcctl: POST {GATEWAY}/v1/models/M/jobs: no complete reply within 5 s\n")

@@ -12,15 +12,18 @@ import base64
 import json
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
 from svc.auth import KEY_ENTRY_KEYS
 from svc.cli.http import CliError
-from svc.contract.protocol import SERVICE_CONFIG, UPSTREAM_RECV_TIMEOUT_MS
+from svc.contract.protocol import GATEWAY_PORT, SERVICE_CONFIG, UPSTREAM_RECV_TIMEOUT_MS, local_url
 from svc.contract.query import WAIT_DEFAULT_MS
 
+DEFAULT_GATEWAY = local_url(GATEWAY_PORT)
+GATEWAY_ENV = "SERVICE_GATEWAY_URL"
 #: Variables holding the Bearer token, in the order they are consulted: the management token first, as the
 #: contract has the command-line client send it (docs/contract.md), then an API key for a user who has
 #: only that, then the static inference token.
@@ -35,6 +38,34 @@ WAIT_MARGIN_S = 30.0
 #: at or above its receive timeout with 502, so ``jobs wait`` refuses such a
 #: budget before sending it (:func:`gateway_recv_timeout_ms`).
 GATEWAY_RECV_TIMEOUT_MS = UPSTREAM_RECV_TIMEOUT_MS
+
+
+def base_url(given: str | None, flag: str, env_name: str, default: str, env: Mapping[str, str]) -> str:
+    """The base URL a command talks to: ``flag``'s value, else the variable ``env_name``'s, else ``default``.
+
+    Raises :class:`CliError` for one that is not an http(s) URL with a host (or whose port is not a port),
+    naming where it came from: a bad ``SERVICE_GATEWAY_URL`` was reported as a bad ``--gateway`` that no one
+    had given."""
+    if given is not None:
+        value, source = given, flag
+    elif env.get(env_name):
+        value, source = env[env_name], f"{env_name} (the default of {flag})"
+    else:
+        return default
+    problem = f"{source} must be an http:// or https:// URL, got {value!r}"
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - read for its check: a port that is not a number raises ValueError
+    except ValueError as e:  # an unclosed IPv6 bracket, a port out of range
+        raise CliError(f"{problem} ({e})") from None
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise CliError(problem)
+    return value
+
+
+def gateway_url(given: str | None, env: Mapping[str, str]) -> str:
+    """``--gateway``, else ``$SERVICE_GATEWAY_URL``, else the local default (:func:`base_url`)."""
+    return base_url(given, "--gateway", GATEWAY_ENV, DEFAULT_GATEWAY, env)
 
 
 def gateway_table(service_config: str = SERVICE_CONFIG) -> dict:
@@ -81,6 +112,20 @@ def name_value(text: str) -> tuple[str, Any]:
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
     return name, parse_value(value)
+
+
+def positive_ms(text: str) -> int:
+    """An argparse type: a number of milliseconds > 0 (``jobs run --poll-ms``; its bound above: the caller's).
+
+    Its own message for every refusal: ``--poll-ms abc`` was "expected an integer >= 0", and 0 then refused
+    as "> 0"."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of milliseconds > 0, got {text!r}")
+    return value
 
 
 def non_negative_int(text: str) -> int:

@@ -15,27 +15,28 @@ from __future__ import annotations
 import argparse
 import os
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from svc.cli import jobs as cli_jobs
 from svc.cli.args import (
+    DEFAULT_GATEWAY,
     DEFAULT_TIMEOUT_S,
     DEFAULT_WAIT_MS,
+    GATEWAY_ENV,
     GATEWAY_RECV_TIMEOUT_MS,
     TOKEN_ENVS,
     WAIT_MARGIN_S,
     find_token,
     gateway_recv_timeout_ms,
+    gateway_url,
     name_value,
     non_negative_int,
     positive_float,
     request_body,
 )
 from svc.cli.http import EXIT_INTERRUPTED, EXIT_USAGE, Client, CliError, HttpCall, call_gateway, fail, react
-from svc.contract.protocol import GATEWAY_PORT, local_url
 
-DEFAULT_GATEWAY = local_url(GATEWAY_PORT)
-GATEWAY_ENV = "SERVICE_GATEWAY_URL"
+
 def plan_call(args: argparse.Namespace) -> HttpCall:
     """The request that an ``infer`` or ``jobs`` command makes (reads the image files).
 
@@ -44,14 +45,7 @@ def plan_call(args: argparse.Namespace) -> HttpCall:
     budget at or above the gateway's receive timeout is refused here (the
     gateway would answer 502 without waiting).
     """
-    base = args.gateway.rstrip("/")
-    try:
-        parts = urlsplit(base)
-        parts.port  # noqa: B018 - read for its check: a port that is not a number raises ValueError
-    except ValueError as e:  # an unclosed IPv6 bracket, a port out of range
-        raise CliError(f"--gateway must be an http:// or https:// URL, got {args.gateway!r} ({e})") from None
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise CliError(f"--gateway must be an http:// or https:// URL, got {args.gateway!r}")
+    base = gateway_url(args.gateway, os.environ).rstrip("/")
     model = f"{base}/v1/models/{quote(args.model, safe='')}"
     timeout = args.timeout_s if args.timeout_s is not None else DEFAULT_TIMEOUT_S
     action = args.command if args.command == "infer" else args.action
@@ -93,7 +87,7 @@ def client_options(timeout_help: str | None = None) -> argparse.ArgumentParser:
     """--gateway, --timeout-s and --token-env: the options of every gateway command (``jobs run`` too, with its
     own ``timeout_help``: there it bounds the whole run)."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--gateway", default=os.environ.get(GATEWAY_ENV) or DEFAULT_GATEWAY, metavar="URL",
+    common.add_argument("--gateway", metavar="URL",
                         help=f"gateway base URL (default: ${GATEWAY_ENV}, else {DEFAULT_GATEWAY})")
     common.add_argument("--timeout-s", type=positive_float, default=None, metavar="S",
                         help=timeout_help or f"deadline of the whole request in seconds (default "

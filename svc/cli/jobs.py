@@ -31,8 +31,9 @@ from svc.cli.args import (
     WAIT_MARGIN_S,
     find_token,
     gateway_recv_timeout_ms,
+    gateway_url,
     name_value,
-    non_negative_int,
+    positive_ms,
     request_body,
 )
 from svc.cli.http import (
@@ -256,6 +257,24 @@ class JobRun:
         return EXIT_HTTP
 
 
+def refuse_placeholder(model: str) -> None:
+    """CliError when ``model`` reads its images: the placeholder sent without an IMAGE is for generative models.
+
+    A 1x1 image was sent to any model, and a classifier answered for it.  The local catalog says which
+    models ignore the pixels (``needs_image``), in a fraction of a second and only when no IMAGE is
+    given; a model it does not know (another version of the catalog) gets the placeholder, and its
+    server the last word."""
+    from svc.model.api import PluginError, find_factory
+
+    try:
+        factory = find_factory(model)
+    except PluginError:
+        return
+    if getattr(factory, "needs_image", True):
+        raise CliError(f"jobs run {model}: the model reads its input images: give at least one IMAGE (a placeholder "
+                       "is sent only to generative models; nothing submitted)")
+
+
 def _json(content: bytes) -> Any:
     try:
         return json.loads(content)
@@ -267,6 +286,9 @@ def run(args: argparse.Namespace, client: Client) -> int:
     """``svcctl jobs run``: the exit status (``client`` makes the requests)."""
     try:
         token = find_token(os.environ, args.token_env)
+        args.gateway = gateway_url(args.gateway, os.environ)  # the flag, else $SERVICE_GATEWAY_URL, else the default
+        if not args.images:
+            refuse_placeholder(args.model)
     except CliError as e:
         fail(str(e))
         return EXIT_USAGE
@@ -309,23 +331,22 @@ def add_parser(actions: Any, common: argparse.ArgumentParser) -> None:
     parser.add_argument("images", metavar="IMAGE", nargs="*",
                         help="image file, sent base64-encoded; for generative models it may be omitted: one 1x1 "
                              "PNG placeholder is sent instead (images are required, and those models ignore the "
-                             "pixels; send N files for N samples)")
+                             "pixels; send N files for N samples); any other model of the catalog is refused "
+                             "without one")
     parser.add_argument("--param", type=name_value, action="append", metavar="NAME=VALUE",
                         help="a model parameter; VALUE is JSON when it parses, else a string (repeatable)")
     parser.add_argument("--option", type=name_value, action="append", metavar="NAME=VALUE",
                         help="a request option, like --param (repeatable)")
     parser.add_argument("--req-id", metavar="ID", help="client correlation id (echoed as task_id)")
     parser.add_argument("--out", metavar="DIR", help="write the result's images, masks and envelope under DIR")
-    parser.add_argument("--poll-ms", type=_positive_ms, default=DEFAULT_POLL_MS, metavar="MS",
+    parser.add_argument("--poll-ms", type=_poll_ms, default=DEFAULT_POLL_MS, metavar="MS",
                         help=f"wait budget of each progress request in milliseconds (default {DEFAULT_POLL_MS}); "
                              "keep it below the gateway's upstream_recv_timeout_ms")
     parser.set_defaults(handler=run, uses_client=True)
 
 
-def _positive_ms(text: str) -> int:
-    value = non_negative_int(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("expected a number of milliseconds > 0, got 0")
+def _poll_ms(text: str) -> int:
+    value = positive_ms(text)
     limit = gateway_recv_timeout_ms()
     if value >= limit:  # the gateway would answer such a wait 502 (as `jobs wait --timeout`)
         raise argparse.ArgumentTypeError(f"a wait through the gateway must stay below its upstream_recv_timeout_ms "

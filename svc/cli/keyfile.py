@@ -34,12 +34,11 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import urlsplit
 
 import tomlkit
 
 from svc.auth import API_TOKEN_ENV, SCOPES, KeyEntry, check_key_name, issue_key, load_key_file
-from svc.cli.args import gateway_table, key_qps
+from svc.cli.args import base_url, gateway_table, key_qps
 from svc.cli.http import (
     EXIT_HTTP,
     EXIT_INTERRUPTED,
@@ -111,8 +110,9 @@ def edit_lock(path: str) -> Iterator[None]:
     had read, and one edit was lost while both said it was made: a key handed
     out that the gateway refused, or a disabled key still enabled.  The
     folder, not the file, is locked: the rename replaces the file, and a lock
-    file would be one more file in ``conf/``."""
-    directory = os.path.dirname(os.path.abspath(path))
+    file would be one more file in ``conf/``.  The folder of the file a
+    symbolic link names, which is the folder the write renames in."""
+    directory = os.path.dirname(os.path.realpath(path))
     try:
         os.makedirs(directory, exist_ok=True)
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
@@ -131,12 +131,15 @@ def write_atomically(path: str, text: str) -> None:
     The temporary file is created in the same folder (so the rename stays
     on one file system), with mode 0600 from its creation, flushed to disk
     before the rename; on any failure it is removed and the old file is
-    left as it was.
+    left as it was.  A ``path`` that is a symbolic link is written through:
+    the file it names is replaced, in its own folder, and the link stays (the
+    rename replaced the link by a file, and the file it named kept the old keys).
     """
-    directory = os.path.dirname(os.path.abspath(path))
+    target = os.path.realpath(path)
+    directory = os.path.dirname(target)
     try:
         os.makedirs(directory, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+        fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(target)}.", suffix=".tmp")
     except OSError as e:
         raise CliError(f"cannot write {path}: {e.strerror or e}") from None
     try:
@@ -145,7 +148,7 @@ def write_atomically(path: str, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(temporary, path)
+        os.replace(temporary, target)
     except OSError as e:
         try:
             os.unlink(temporary)
@@ -208,18 +211,17 @@ def list_lines(entries: list[KeyEntry]) -> list[str]:
 # ---------------------------------------------------------------- the restart
 
 
-def restart_call(supervisor: str) -> HttpCall:
-    """The supervisor request that restarts the gateway."""
-    parts = urlsplit(supervisor)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise CliError(f"--supervisor must be an http:// or https:// URL, got {supervisor!r}")
-    return HttpCall("POST", supervisor.rstrip("/") + RESTART_PATH, None, RESTART_TIMEOUT_S)
+def restart_call(supervisor: str | None) -> HttpCall:
+    """The supervisor request that restarts the gateway (``--supervisor``, else ``$SERVICE_SUPERVISOR_URL``, else
+    the local default; CliError naming which one is not a URL)."""
+    base = base_url(supervisor, "--supervisor", SUPERVISOR_ENV, DEFAULT_SUPERVISOR, os.environ)
+    return HttpCall("POST", base.rstrip("/") + RESTART_PATH, None, RESTART_TIMEOUT_S)
 
 
 INTERRUPTED = "interrupted: the key file is changed; the gateway restart may not have happened"
 
 
-def restart_gateway(supervisor: str, token: str, client: Client) -> int:
+def restart_gateway(supervisor: str | None, token: str, client: Client) -> int:
     """Ask the supervisor to restart the gateway; the exit status (one line on stderr when it fails)."""
     call = restart_call(supervisor)
 
@@ -316,7 +318,6 @@ def add_parser(sub: Any) -> None:
                              f"{DEFAULT_KEYS_FILE})")
     changing = argparse.ArgumentParser(add_help=False)
     changing.add_argument("--supervisor", metavar="URL",
-                          default=os.environ.get(SUPERVISOR_ENV) or DEFAULT_SUPERVISOR,
                           help=f"supervisor base URL (default: ${SUPERVISOR_ENV}, else {DEFAULT_SUPERVISOR})")
     changing.add_argument("--no-restart", action="store_true",
                           help="only edit the file; the gateway applies it when it next starts")

@@ -293,6 +293,19 @@ def test_a_gateway_that_is_not_an_http_url_exits_2(capsys, monkeypatch):
     assert capsys.readouterr().err == "svcctl: --gateway must be an http:// or https:// URL, got '127.0.0.1:8080'\n"
 
 
+@pytest.mark.parametrize("argv", [["jobs", "get", "M", "job_1"], ["jobs", "run", "M"], ["infer", "M", "x.jpg"]])
+def test_a_bad_gateway_url_from_the_environment_names_the_variable(gateway, capsys, monkeypatch, argv):
+    """``SERVICE_GATEWAY_URL=garbage`` was reported as "--gateway must be ..." when no --gateway was given (and
+    ``jobs run`` did not check it at all before it sent)."""
+    monkeypatch.setenv(cli_gateway.GATEWAY_ENV, "garbage")
+    assert run(gateway, *argv) == 2
+    assert capsys.readouterr() == ("", "svcctl: SERVICE_GATEWAY_URL (the default of --gateway) must be an http:// "
+                                       "or https:// URL, got 'garbage'\n")
+    assert run(gateway, *argv, "--gateway", "gw.test") == 2
+    assert capsys.readouterr() == ("", "svcctl: --gateway must be an http:// or https:// URL, got 'gw.test'\n")
+    assert gateway.requests == []
+
+
 @pytest.mark.parametrize("url, why", [("http://[::1", "Invalid IPv6 URL"),
                                       ("http://gw.test:99999", "Port out of range 0-65535"),
                                       ("http://gw.test:80a", "Port could not be cast to integer value as '80a'")])

@@ -204,3 +204,27 @@ def test_timeout_s_that_passes_during_the_submit_is_the_requests_line(gateway, c
     gateway.script = [Reply(stall="forever")]
     assert run(gateway, "jobs", "run", "M", "--timeout-s", "5", "--gateway", GATEWAY) == 2
     assert capsys.readouterr() == ("", f"svcctl: POST {GATEWAY}/v1/models/M/jobs: no complete reply within 5 s\n")
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "1.5"])
+def test_a_poll_ms_that_is_not_a_positive_number_says_so_in_one_message(gateway, capsys, value):
+    """``--poll-ms abc`` said "expected an integer >= 0", and 0 was then refused as "> 0"."""
+    with pytest.raises(SystemExit) as exit_:
+        run(gateway, "jobs", "run", "M", "--poll-ms", value, "--gateway", GATEWAY)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.endswith(
+        f"error: argument --poll-ms: expected a number of milliseconds > 0, got {value!r}\n")
+
+
+def test_without_an_image_a_model_that_reads_images_is_refused_and_a_generative_one_gets_the_placeholder(
+        gateway, capsys):
+    """``jobs run MOBILENETV2`` with no IMAGE sent a 1x1 placeholder to a classifier, which answered for it; the
+    local catalog says which models ignore their pixels (``needs_image``)."""
+    assert run(gateway, "jobs", "run", "MOBILENETV2", "--gateway", GATEWAY) == 2
+    assert capsys.readouterr() == ("", "svcctl: jobs run MOBILENETV2: the model reads its input images: give at "
+                                       "least one IMAGE (a placeholder is sent only to generative models; nothing "
+                                       "submitted)\n")
+    assert gateway.requests == []
+    gateway.script = [Reply(202, JOB), Reply(200, status("done")), Reply(200, ENVELOPE)]
+    assert run(gateway, "jobs", "run", "DDPM", "--gateway", GATEWAY) == 0
+    assert gateway.requests[0].json() == {"images": [PLACEHOLDER_PNG]}

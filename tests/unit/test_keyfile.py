@@ -337,3 +337,34 @@ def test_the_restart_reaches_a_supervisor_on_an_ipv6_address(keys):
                                                                   "change")
     lines = head.decode("latin-1").split("\r\n")
     assert lines[0] == f"POST {RESTART} HTTP/1.1" and f"Authorization: Bearer {MANAGEMENT}" in lines
+
+
+def test_a_key_file_that_is_a_symbolic_link_is_written_through_it(keys, tmp_path, monkeypatch, capsys):
+    """``--keys-file LINK`` replaced the link by a regular file (the rename), and the file it named, which the
+    gateway may read, kept the old keys. The file it names is replaced, by a rename in its own folder."""
+    link = tmp_path / "elsewhere" / "keys.toml"
+    link.parent.mkdir()
+    link.symlink_to(keys)
+    renames = []
+    real_replace = os.replace
+
+    def replace(source, target):
+        renames.append((os.path.dirname(source), target))
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "replace", replace)
+    assert cli.main(["keys", "add", "via-link", "--keys-file", str(link), "--no-restart"]) == 0
+    key = capsys.readouterr().out.strip()
+    assert link.is_symlink() and os.readlink(link) == str(keys)
+    assert keys.read_text() == ORIGINAL + "\n" + key_entry("via-link", hash_key(key)) and mode(keys) == 0o600
+    assert renames == [(str(keys.parent), str(keys))]
+    assert sorted(os.listdir(keys.parent)) == ["api_keys.toml"] and os.listdir(link.parent) == ["keys.toml"]
+
+
+def test_a_bad_supervisor_url_from_the_environment_names_the_variable(keys, capsys, monkeypatch):
+    monkeypatch.setenv("SERVICE_API_TOKEN", MANAGEMENT)
+    monkeypatch.setenv("SERVICE_SUPERVISOR_URL", "supervisor:8787")
+    assert cli.main(["keys", "disable", "tenant-a", "--keys-file", str(keys)]) == 2
+    assert capsys.readouterr() == ("", "svcctl: SERVICE_SUPERVISOR_URL (the default of --supervisor) must be an "
+                                       "http:// or https:// URL, got 'supervisor:8787'\n")
+    assert keys.read_text() == ORIGINAL

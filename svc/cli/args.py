@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,7 +20,13 @@ from tomlkit.exceptions import TOMLKitError
 
 from svc.auth import KEY_ENTRY_KEYS
 from svc.cli.http import CliError
-from svc.contract.protocol import GATEWAY_PORT, SERVICE_CONFIG, UPSTREAM_RECV_TIMEOUT_MS, local_url
+from svc.contract.protocol import (
+    GATEWAY_MAX_BODY_BYTES,
+    GATEWAY_PORT,
+    SERVICE_CONFIG,
+    UPSTREAM_RECV_TIMEOUT_MS,
+    local_url,
+)
 from svc.contract.query import WAIT_DEFAULT_MS
 
 DEFAULT_GATEWAY = local_url(GATEWAY_PORT)
@@ -88,6 +95,12 @@ def gateway_recv_timeout_ms(service_config: str = SERVICE_CONFIG) -> int:
     the job)."""
     value = gateway_table(service_config).get("upstream_recv_timeout_ms")
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else GATEWAY_RECV_TIMEOUT_MS
+
+
+def gateway_max_body_bytes(service_config: str = SERVICE_CONFIG) -> int:
+    """The gateway's ``max_body_bytes``: its configured value in this folder, else the default."""
+    value = gateway_table(service_config).get("max_body_bytes")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else GATEWAY_MAX_BODY_BYTES
 
 
 def parse_value(text: str) -> Any:
@@ -185,8 +198,23 @@ def request_body(images: list[str], params: list[tuple[str, Any]] | None = None,
     """The JSON inference request for image files (docs/contract.md, Requests).
 
     ``params``, ``options`` and ``req_id`` appear only when given; a repeated
-    NAME keeps its last value.  An unreadable file raises :class:`CliError`.
+    NAME keeps its last value.  An unreadable file raises :class:`CliError`,
+    and so do files whose base64 alone would pass the gateway's
+    ``max_body_bytes`` (:func:`gateway_max_body_bytes`), before any is read:
+    the gateway would answer 413, and reading and encoding a 300 MB file
+    first took 1.3 GB of memory (a CLI probe).
     """
+    limit = gateway_max_body_bytes()
+    sizes = []
+    for path in images:
+        try:
+            sizes.append(os.stat(path).st_size)  # 0 for a pipe (/dev/stdin): known only once read
+        except OSError as e:
+            raise CliError(f"cannot read image {path}: {e.strerror or e}") from None
+    encoded_size = sum(4 * ((size + 2) // 3) for size in sizes)
+    if encoded_size > limit:
+        raise CliError(f"the images are {encoded_size} bytes as base64, more than the gateway takes in one request "
+                       f"(max_body_bytes {limit}; it would answer 413): send fewer or smaller images")
     encoded = []
     for path in images:
         try:

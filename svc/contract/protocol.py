@@ -32,6 +32,9 @@ SUPERVISOR_PORT = 8787
 #: Default ``[gateway] upstream_recv_timeout_ms``: ``svcctl jobs wait`` keeps a budget below it,
 #: since the gateway answers 502 to a wait budget at or above it.
 UPSTREAM_RECV_TIMEOUT_MS = 180000
+#: Default ``[gateway] max_body_bytes``: ``svcctl infer`` refuses images whose request would be larger,
+#: before it reads them (a 300 MB file took 1.3 GB of the client's memory to be answered 413).
+GATEWAY_MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 def http_url(host: str, port: int) -> str:

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from svc import config as base
 from svc.cluster_config import ClusterConfig, cluster_from_table
 from svc.config import ConfigError, Key, apply_keys, keys_of, read_toml, setting, sub_table
-from svc.contract.protocol import GATEWAY_PORT, LOOPBACK, SUPERVISOR_PORT, local_url
+from svc.contract.protocol import GATEWAY_MAX_BODY_BYTES, GATEWAY_PORT, LOOPBACK, SUPERVISOR_PORT, local_url
 
 #: ``rate_limit_store`` of in-process buckets.
 LOCAL_STORE = "local"
@@ -42,7 +42,7 @@ class GatewayConfig:
     upstream_max_connections: int = setting(
         64, "Persistent connections kept per model server (the pool does not cap concurrency).", minimum=1)
     max_body_bytes: int = setting(
-        64 * 1024 * 1024,
+        GATEWAY_MAX_BODY_BYTES,
         "Largest request body the gateway accepts (413 status 61 above); each model server has its own limit.",
         minimum=1024)
     cors_origins: tuple[str, ...] = setting(

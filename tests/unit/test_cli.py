@@ -435,6 +435,31 @@ def test_missing_image_exits_2_and_sends_nothing(gateway, images, tmp_path, caps
     assert gateway.requests == []
 
 
+def test_images_over_the_gateways_max_body_bytes_are_refused_before_they_are_read(gateway, tmp_path, capsys,
+                                                                               monkeypatch):
+    """A 300 MB file was read and base64-encoded whole (1.3 GB of memory) to be answered 413 (a CLI probe). The
+    limit is the gateway's ``max_body_bytes`` in conf/service.toml of this folder, else its default (64 MiB)."""
+    monkeypatch.chdir(tmp_path)
+    huge = tmp_path / "huge.jpg"
+    with open(huge, "wb") as f:
+        f.truncate(300 * 1024 * 1024)  # sparse: its size, without the disk
+    assert run(gateway, "infer", "M", str(huge), "--gateway", GATEWAY) == 2
+    assert capsys.readouterr() == ("", "svcctl: the images are 419430400 bytes as base64, more than the gateway "
+                                       "takes in one request (max_body_bytes 67108864; it would answer 413): send "
+                                       "fewer or smaller images\n")
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "service.toml").write_text("[gateway]\nmax_body_bytes = 2048\n")
+    small, over = tmp_path / "small.jpg", tmp_path / "over.jpg"
+    small.write_bytes(b"x" * 1500)  # 2000 bytes as base64
+    over.write_bytes(b"x" * 1540)  # 2056
+    assert run(gateway, "infer", "M", str(over), "--gateway", GATEWAY) == 2
+    assert "(max_body_bytes 2048; it would answer 413)" in capsys.readouterr().err
+    assert gateway.requests == []
+    gateway.reply = Reply(200, ENVELOPE)
+    assert run(gateway, "infer", "M", str(small), "--gateway", GATEWAY) == 0
+    assert len(gateway.requests) == 1
+
+
 @pytest.mark.parametrize("stall", ["forever", "connecting", "resolving"])
 def test_a_reply_that_never_comes_ends_at_the_deadline(gateway, images, capsys, stall):
     """Whatever the request was doing when the deadline passed (a short ``--timeout-s`` ends it while it

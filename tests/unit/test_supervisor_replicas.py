@@ -467,10 +467,11 @@ def test_metrics_label_each_replica(tmp_path):
 def test_stop_all_stops_every_replica(tmp_path):
     m, reactor, probe, kills = start_two(tmp_path)
     done = results(m.stop_all())
+    assert m.gateway.state == STOPPING  # first: its socket closes while the models still answer what it holds
+    assert all(m.children[name].state != STOPPING for name in ("AAA.0", "AAA.1", "BBB"))
+    end(m.gateway)
     for name in ("AAA.0", "AAA.1", "BBB"):
         assert m.children[name].state == STOPPING
         end(m.children[name])
-    assert m.gateway.state == STOPPING
-    end(m.gateway)
     assert done == [None] and all(c.state == STOPPED for c in m.children.values())
     assert FAILED not in {c.state for c in m.children.values()}

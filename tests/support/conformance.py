@@ -38,14 +38,19 @@ from svc.contract.request import REQ_ID_RE
 #: 404: an unknown job id (any string is a valid ``job_id``); 409: the result of an unfinished job;
 #: 429: a full job queue; 5xx: judged by not_a_server_error where it applies.
 ACCEPTED_STATUSES = ["2xx", "400", "401", "404", "409", "429", "5xx"]
+#: How a schema-violating request may be refused: schemathesis's default list plus 413, the documented refusal of
+#: more ``images`` than ``maxItems`` (``max_request_items``: status 67), which comes first whatever else is wrong.
+REJECTED_STATUSES = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422", "428", "429", "5xx"]
 #: Request headers that apply to raw bodies only: ignored with a JSON body.
 RAW_BODY_HEADERS = {"x-service-params", "x-service-options"}
 
 
 def config() -> SchemathesisConfig:
-    """The schemathesis configuration of the conformance tests: every check on, positive acceptance as above."""
+    """The schemathesis configuration of the conformance tests: every check on, positive acceptance and negative
+    rejection as above."""
     return SchemathesisConfig.from_dict(
-        {"checks": {"positive_data_acceptance": {"enabled": True, "expected-statuses": ACCEPTED_STATUSES}}}
+        {"checks": {"positive_data_acceptance": {"enabled": True, "expected-statuses": ACCEPTED_STATUSES},
+                    "negative_data_rejection": {"expected-statuses": REJECTED_STATUSES}}}
     )
 
 

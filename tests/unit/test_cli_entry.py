@@ -18,7 +18,7 @@ import pytest
 
 import svc.cli
 from tests.support.fake_client import FakeClient, Reply
-from tests.unit.test_cli import GATEWAY, fake_client, free_port, listener, start
+from tests.unit.test_cli import GATEWAY, accept_request_head, fake_client, free_port, listener, start
 
 FULL = "svcctl: cannot write to stdout: No space left on device\n"
 JOB = {"job_id": "job_1", "state": "pending", "poll_url": "/v1/models/M/jobs/job_1",
@@ -74,14 +74,8 @@ def test_a_full_device_is_one_line_and_exit_2(offline, argv, unbuffered):
 
 def answer(server: socket.socket, status: str, body: dict) -> None:
     """Accept one connection, read its whole request (head and body) and answer ``body`` as JSON, then close."""
-    conn, _ = server.accept()
+    conn, data = accept_request_head(server)
     with conn:
-        conn.settimeout(10)
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = conn.recv(65536)
-            assert chunk, data
-            data += chunk
         head, _, rest = data.partition(b"\r\n\r\n")
         length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
                        if line.lower().startswith(b"content-length:")), 0)

@@ -188,7 +188,8 @@ def reporting_progress(reporter: ProgressReporter | None) -> Iterator[None]:
 
 
 class PluginError(Exception):
-    """No plugin, or more than one, serves a catalog id."""
+    """No plugin, or more than one, serves a catalog id, or its declarations cannot be used
+    (:mod:`svc.model.plugincheck`); ``str()`` is one line."""
 
 
 def model_config(factory: IModelFactory, table: dict, config_path: str, *, files: bool = True) -> dict:
@@ -279,28 +280,6 @@ def factories() -> dict[str, IModelFactory]:
     process, the gateway and the supervisor included, with a traceback.
     """
     return _scan()[0]
-
-
-def check_params_schema(catalog_id: str, schema: dict) -> None:
-    """Refuse (PluginError, one line) a plugin's ``params_schema`` the contract cannot keep: not a valid JSON
-    schema (a traceback at start before), not closed (an unknown param reached ``predict`` instead of a 422),
-    or with a default its own property refuses (a value no client could send)."""
-    from jsonschema.exceptions import SchemaError
-
-    from svc.contract.schema import ObjectSchema
-
-    try:
-        checked = ObjectSchema(schema, "parameter")
-    except SchemaError as e:
-        raise PluginError(f"{catalog_id}: its plugin's params_schema is not a valid JSON schema: {e.message}") from None
-    if schema.get("additionalProperties") is not False:
-        raise PluginError(f"{catalog_id}: its plugin's params_schema must be closed (additionalProperties: false), "
-                          "so that an unknown param is 422; svc.contract.schema.object_schema builds one")
-    for name, value in checked.defaults.items():
-        problems = [p for p in checked.errors({name: value}) if name in p.pointer]
-        if problems:
-            raise PluginError(f"{catalog_id}: its plugin's params_schema gives '{name}' the default {value!r}, "
-                              f"which its own schema refuses: {problems[0].message}")
 
 
 def find_factory(catalog_id: str) -> IModelFactory:

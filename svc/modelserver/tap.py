@@ -2,8 +2,9 @@
 
 Everything that can be refused before the reactor runs is refused here with
 one line and exit code 1: the config file (types, unknown keys, the model
-table against the plugin's schema), the missing auth token, the device, a
-missing weights file.
+table against the plugin's schema), the plugin's declarations
+(svc.model.plugincheck), the missing auth token, the device, a missing
+weights file.
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     from svc.auth import token_problem
     from svc.config import ConfigError, load_model_server_config
     from svc.infra.process import refuse
-    from svc.model.api import PluginError, check_params_schema, find_factory, model_config
+    from svc.model.api import PluginError, find_factory
+    from svc.model.plugincheck import check_declarations, checked_config
     from svc.model.weights import WeightsError
 
     path = options["server"]
@@ -141,11 +143,11 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
         if options["device"] is not None:
             config = config.replace(backend=config.backend.__class__(**{**config.backend.__dict__, "device": options["device"]}))
         factory = find_factory(config.id)
+        check_declarations(factory)  # its config_schema is read next
         if options["weights"] is not None and "weights" in factory.config_schema.get("properties", {}):
             config = config.replace(model={**config.model, "weights": weights_override(factory, options["weights"])})
-        table = model_config(factory, config.model, path)
         # Params bounds may come from the weights' own config (a diffusers folder's schedule length).
-        check_params_schema(config.id, factory.params_schema(table))
+        table = checked_config(factory, config.model, path).config
     except (ConfigError, PluginError, WeightsError) as e:
         raise refuse(PROGRAM, str(e)) from None
 

@@ -13,7 +13,7 @@ import sys
 
 import svc.openapi
 from svc.config import model_server_configs
-from svc.model.api import factories
+from svc.model.api import PluginError, factories
 from svc.openapi.gateway import gateway_document
 from svc.openapi.modelserver import model_server_document
 
@@ -75,11 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--check", action="store_true", help="fail when a committed document is stale")
     group.add_argument("--write", action="store_true", help="regenerate the committed documents")
     args = parser.parse_args(argv)
-    if args.write:
-        for path in write():
-            print(f"wrote {path}")
-        return 0
-    problems = check()
+    try:
+        if args.write:
+            for path in write():
+                print(f"wrote {path}")
+            return 0
+        problems = check()
+    except PluginError as e:  # a plugin of a documented config declares what cannot be used (svc.model.plugincheck)
+        print(f"python -m svc.openapi: {e}", file=sys.stderr)
+        return 1
     for p in problems:
         print(p, file=sys.stderr)
     if problems:

@@ -10,6 +10,7 @@ committed as ``openapi/gateway.json`` and the gateway serves it at
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from svc import __version__
@@ -23,7 +24,8 @@ from svc.contract.protocol import (
     OPENAPI_PATH,
     local_url,
 )
-from svc.model.api import model_config
+from svc.model.api import PluginError
+from svc.model.plugincheck import checked_config
 from svc.openapi import oip
 from svc.openapi.components import job_components, model_components, ref, status_components
 from svc.openapi.operations import (
@@ -80,8 +82,15 @@ def _with_gateway_replies(operation: dict, operation_id: str) -> dict:
     return op
 
 
-def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any]) -> dict:
-    """The contract of the gateway: every catalog model's routes under /v1/models/{id}."""
+def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any],
+                     refused: Callable[[str, str], None] | None = None) -> dict:
+    """The contract of the gateway: every catalog model's routes under /v1/models/{id}.
+
+    A model whose plugin declares what cannot be used (:mod:`svc.model.plugincheck`) raises its
+    PluginError, or, given ``refused``, is left out, as a model without a plugin is, and
+    ``refused(model_id, line)`` is called: the gateway in front of every model starts without it
+    (it stopped on one third-party plugin's mistake, and every model with it).
+    """
     paths: dict[str, Any] = {
         HEALTH_PATH: {
             "get": {
@@ -118,13 +127,19 @@ def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any]) ->
     components = {**status_components(), **oip.components()}
     any_async = False
     for config in configs:
-        factory = found.get(config.id)
+        factory, mid = found.get(config.id), config.id
         if factory is None:
             continue
-        mid = config.id
         # Without its weights: a file not copied yet, or a variant not pulled, is its model server's to report. The
         # gateway, in front of every model, failed to start on it (a traceback, then start_failed).
-        table = model_config(factory, config.model, config.path, files=False)
+        try:
+            checked = checked_config(factory, config.model, config.path, files=False)
+        except PluginError as e:
+            if refused is None:
+                raise
+            refused(mid, str(e))
+            continue
+        table = checked.config
         components.update(model_components(config, factory, table))
         infer = infer_operation(config, factory, summary=f"Synchronous inference with {mid}.", auth_note="")
         paths[MODEL_INFER.format(model_id=mid)] = {"post": _with_gateway_replies(infer, f"infer_{mid}")}
@@ -132,7 +147,7 @@ def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any]) ->
             {**infer, "summary": f"Legacy path of {mid} (exact match; synchronous inference only)."},
             f"legacy_infer_{mid}")}
         paths.update(oip.oip_paths(config, factory))
-        components[f"{mid}_OipRequest"] = oip.model_request(config, factory, factory.params_schema(table))
+        components[f"{mid}_OipRequest"] = oip.model_request(config, factory, checked.params)
         if config.async_enabled:
             any_async = True
             for path, item in job_paths(config, factory, prefix=MODEL_PREFIX.format(model_id=mid)).items():

@@ -11,7 +11,7 @@ from typing import Any
 from svc import __version__
 from svc.config import ModelServerConfig
 from svc.contract.protocol import HEALTH_PATH, METRICS_PATH, OPENAPI_PATH, READY_PATH
-from svc.model.api import model_config
+from svc.model.plugincheck import checked_config
 from svc.openapi import oip
 from svc.openapi.components import job_components, model_components, ref, status_components
 from svc.openapi.operations import infer_operation, job_paths, json_reply, not_found_405, rejection
@@ -21,11 +21,12 @@ def model_server_document(config: ModelServerConfig, factory: Any, table: dict |
     """The contract of one model-server process (served at /openapi.json).
 
     ``table``: the completed [model] table (``svc.model.api.model_config``);
-    computed from ``config`` when not given.
+    computed from ``config``, with the plugin's declarations checked
+    (``svc.model.plugincheck``, PluginError), when not given.
     """
     mid = config.id
     if table is None:
-        table = model_config(factory, config.model, config.path)
+        table = checked_config(factory, config.model, config.path).config
     auth = (
         "Needs `Authorization: Bearer <SERVICE_AUTH_TOKEN>` when the process has a token "
         "(authentication comes before the per-client rate limit)."

@@ -23,19 +23,22 @@ ROUTING_KEYS = ("id", "port", "server_uri")
 
 def model_config_problem(model: ModelServerConfig) -> str | None:
     """Why ``model``'s config file, read again now, must not be started: it does not load, or routes elsewhere."""
-    from svc.model.api import factories, model_config
+    from svc.model.api import PluginError, factories
+    from svc.model.plugincheck import checked_config
     from svc.model.weights import WeightsError
 
     try:
         now = load_model_server_config(model.path)
         # The [model] table against its plugin's schema (the plugins import no torch); a weights file is the
-        # new process's to look for (a --weights of the profile may replace it), and so is a missing plugin.
+        # new process's to look for (a --weights of the profile may replace it), and so are a missing plugin
+        # and one whose declarations cannot be used: the new process imports the plugin afresh (a fixed file
+        # included, where this process keeps what it imported at its start), and refuses in one line.
         factory = factories().get(now.id)
         if factory is not None:
-            model_config(factory, now.model, model.path, files=False)
+            checked_config(factory, now.model, model.path, files=False)
     except (ConfigError, OSError) as e:
         return f"{model.id}: its config does not load ({e}): nothing was stopped; fix the file and try again"
-    except WeightsError:
+    except (WeightsError, PluginError):
         pass
     changed = [f"{key} {getattr(model, key)!r} -> {getattr(now, key)!r}" for key in ROUTING_KEYS
                if getattr(model, key) != getattr(now, key)]

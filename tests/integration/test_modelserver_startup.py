@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from tests.support.gateway import GATEWAY_TOKENS, LISTENING, gateway_args
+from tests.support.gateway import GATEWAY_TOKENS, LISTENING, gateway_args, start_gateway
 from tests.support.http import get, post
 from tests.support.images import image_b64
 from tests.support.processes import (
@@ -16,6 +16,7 @@ from tests.support.processes import (
     TEST_PLUGINS,
     Proc,
     child_env,
+    free_port,
     metric,
     model_server_args,
     run_to_exit,
@@ -241,5 +242,67 @@ def test_a_catalog_id_two_plugins_claim_refuses_that_model_alone(tmp_path):
     gateway = Proc(popen, 0, log)
     try:
         wait_bound_port(gateway, 60, LISTENING)
+    finally:
+        gateway.stop()
+
+
+BROKEN_DECLARATIONS = '''
+from models.testfaults import FaultFactory
+
+
+class UnknownOption(FaultFactory):
+    catalog_id = "ACME_OPTION"
+    options = ("max_results", "colour")
+
+
+class ParamsRaise(FaultFactory):
+    catalog_id = "ACME_PARAMS"
+
+    def params_schema(self, config):
+        return {"top_k": {"maximum": config["max_top_k"]}}
+
+
+option, params = UnknownOption(), ParamsRaise()
+'''
+
+
+def test_a_plugin_whose_declarations_break_costs_one_line_and_only_its_model(tmp_path):
+    """A third party's factory that names an unknown option, or whose ``params_schema(config)`` raises: the
+    gateway, which reads every plugin for its OpenAPI document, exited with a traceback (under the supervisor,
+    ``__gateway`` start_failed and every model unreachable), and so did that model's server. Now the model
+    server refuses in one line naming the model, the plugin module and the problem; the gateway starts with
+    one warning line for each, leaves them out of its document and answers 503 for them, as for a model
+    without a plugin, and serves the others."""
+    vendor = tmp_path / "vendor" / "models"
+    vendor.mkdir(parents=True)
+    (vendor / "acme_declared.py").write_text(BROKEN_DECLARATIONS)
+    path = os.pathsep.join([str(REPO), str(TEST_PLUGINS), str(tmp_path / "vendor")])
+    (tmp_path / "server").mkdir()
+    problems = {
+        "ACME_OPTION": "ACME_OPTION: its plugin models.acme_declared declares unknown options 'colour'; known: "
+                       "image_format, mask_format, max_results",
+        "ACME_PARAMS": "ACME_PARAMS: its plugin models.acme_declared raised KeyError in params_schema(config): "
+                       "'max_top_k'",
+    }
+    for model in problems:
+        write_config(tmp_path / "server", "TESTFAULTS", name=f"{model}.toml", id=model, port=free_port(),
+                     server_uri=f"/{model.lower()}/predict")
+        assert refused(tmp_path / "server" / f"{model}.toml", env={**TOKEN, "PYTHONPATH": path}) == [
+            f"service-model: {problems[model]}"]
+    write_config(tmp_path / "server", "TESTFAULTS", name="TESTFAULTS.toml", port=free_port())
+    gateway = start_gateway(tmp_path, tmp_path / "server", None, env={"PYTHONPATH": path})
+    try:
+        output = gateway.output()
+        for model, problem in problems.items():
+            assert output.count(problem) == 1, output
+            assert f"{problem}: {model} is left out of the gateway's OpenAPI document, and its model server " \
+                   "refuses to start (503 here)" in output
+        assert "Traceback" not in output, output
+        auth = {"Authorization": f"Bearer {gateway.token}"}
+        paths = get(gateway.url + "/openapi.json", headers=auth).json["paths"]
+        assert "/v1/models/TESTFAULTS/infer" in paths
+        assert not [p for p in paths if "ACME" in p], paths
+        reply = post(gateway.url + "/v1/models/ACME_OPTION/infer", {"images": [image_b64()]}, headers=auth)
+        assert (reply.status, reply.json["status"]) == (503, 65), reply.body
     finally:
         gateway.stop()

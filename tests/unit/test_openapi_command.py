@@ -57,3 +57,19 @@ def test_write_regenerates_the_committed_bytes(checkout, capsys):
         assert (checkout / "openapi" / name).read_bytes() == (REPO / "openapi" / name).read_bytes(), name
     assert run(capsys, "check") == (0, ["openapi documents are current"], [])
 
+
+
+def test_a_documented_model_whose_plugin_breaks_is_one_line_and_exit_1(checkout, capsys, monkeypatch):
+    """A plugin of a documented config whose params_schema raises: the check and the write ended in a traceback."""
+    import svc.openapi.committed
+    from models.diffusion import DDPMFactory
+    from svc.model.api import factories
+
+    class Broken(DDPMFactory):
+        def params_schema(self, config: dict) -> dict:
+            raise KeyError("max_top_k")
+
+    monkeypatch.setattr(svc.openapi.committed, "factories", lambda: {**factories(), "DDPM": Broken()})
+    line = f"python -m svc.openapi: DDPM: its plugin {__name__} raised KeyError in params_schema(config): 'max_top_k'"
+    for mode in ("check", "write"):
+        assert run(capsys, mode) == (1, [], [line])

@@ -97,3 +97,21 @@ def test_a_restart_checks_once_before_its_stop_not_again_at_its_start(tmp_path):
     child.restart()
     old.processEnded(Failure(ProcessDone(0)))
     assert len(reactor.spawned) == spawns + 1 and checks == [1]
+
+
+def test_a_plugin_whose_declarations_break_is_the_new_processs_to_report(tmp_path, monkeypatch):
+    """A config_schema that is no JSON schema raised jsonschema's SchemaError out of the restart (a traceback in
+    the supervisor's log). This process keeps the plugin it imported at its start, and the new process imports
+    it afresh (a fixed file included) and refuses in one line: the check leaves it to that process."""
+    import svc.model.api
+    from tests.unit.test_plugin_checks import Acme
+
+    class Broken(Acme):
+        catalog_id = "AAA"
+        config_schema = {"type": "object", "properties": {"seed": {"type": "int"}}}
+
+    monkeypatch.setattr(svc.model.api, "factories", lambda: {"AAA": Broken()})
+    path, config = model(tmp_path, "[model]\nseed = 1\n")
+    assert model_config_problem(config) is None
+    path.write_text(path.read_text().replace("port = 9300", "port = 9311"))  # what it checks of its own still counts
+    assert "changes port 9300 -> 9311" in model_config_problem(config)

@@ -8,7 +8,9 @@ OpenAPI document (it leaves the model out with one warning line), the
 supervisor before a restart, and ``python -m svc.openapi``.  Before, each read
 them where it needed them: one third-party plugin naming an unknown option,
 or whose ``params_schema`` raised, stopped the gateway with a traceback (and
-every model behind it).
+every model behind it), and a ``data_schema`` that is no JSON Schema was a
+jsonschema traceback in the model server's log (the supervisor's
+``last_error`` showed its tail, ``On schema['type']: |  'objekt'``).
 
 Each refusal is a :class:`svc.model.api.PluginError` whose text names the
 catalog id, the plugin's module and the problem.
@@ -70,7 +72,7 @@ def _schema_problem(schema: Any, name: str, *, closed: bool) -> str | None:
 
 def check_declarations(factory: IModelFactory) -> None:
     """Refuse (PluginError) the declarations that do not depend on a config: ``options`` names that
-    ``svc.contract.options`` does not know, a ``config_schema`` that is not JSON Schema."""
+    ``svc.contract.options`` does not know, a ``config_schema`` or ``data_schema`` that is not JSON Schema."""
     options = _declared(factory, "options")
     if isinstance(options, str) or not isinstance(options, (tuple, list)):
         raise _refusal(factory, f"declares options as a {type(options).__name__}, not a tuple of option names")
@@ -78,9 +80,10 @@ def check_declarations(factory: IModelFactory) -> None:
     if unknown:
         raise _refusal(factory, f"declares unknown options {', '.join(map(repr, unknown))}; known: "
                                 f"{', '.join(sorted(CATALOG))}")
-    problem = _schema_problem(_declared(factory, "config_schema"), "config_schema", closed=False)
-    if problem:
-        raise _refusal(factory, problem)
+    for name in ("config_schema", "data_schema"):
+        problem = _schema_problem(_declared(factory, name), name, closed=False)
+        if problem:
+            raise _refusal(factory, problem)
 
 
 def check_params_schema(factory: IModelFactory, schema: Any) -> None:

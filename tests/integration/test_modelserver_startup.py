@@ -262,14 +262,20 @@ class ParamsRaise(FaultFactory):
         return {"top_k": {"maximum": config["max_top_k"]}}
 
 
-option, params = UnknownOption(), ParamsRaise()
+class DataSchema(FaultFactory):
+    catalog_id = "ACME_DATA"
+    data_schema = {"type": "objekt"}
+
+
+option, params, data = UnknownOption(), ParamsRaise(), DataSchema()
 '''
 
 
 def test_a_plugin_whose_declarations_break_costs_one_line_and_only_its_model(tmp_path):
     """A third party's factory that names an unknown option, or whose ``params_schema(config)`` raises: the
     gateway, which reads every plugin for its OpenAPI document, exited with a traceback (under the supervisor,
-    ``__gateway`` start_failed and every model unreachable), and so did that model's server. Now the model
+    ``__gateway`` start_failed and every model unreachable), and so did that model's server; so did a model
+    server whose plugin's data_schema is no JSON schema. Now the model
     server refuses in one line naming the model, the plugin module and the problem; the gateway starts with
     one warning line for each, leaves them out of its document and answers 503 for them, as for a model
     without a plugin, and serves the others."""
@@ -283,6 +289,9 @@ def test_a_plugin_whose_declarations_break_costs_one_line_and_only_its_model(tmp
                        "image_format, mask_format, max_results",
         "ACME_PARAMS": "ACME_PARAMS: its plugin models.acme_declared raised KeyError in params_schema(config): "
                        "'max_top_k'",
+        # A jsonschema traceback as the model server compiled it, whose last line was the supervisor's last_error.
+        "ACME_DATA": "ACME_DATA: its plugin models.acme_declared declares a data_schema that is not a valid JSON "
+                     "schema: 'objekt' is not valid under any of the given schemas (at /type)",
     }
     for model in problems:
         write_config(tmp_path / "server", "TESTFAULTS", name=f"{model}.toml", id=model, port=free_port(),

@@ -65,6 +65,15 @@ def test_a_params_schema_that_raises_is_one_line():
                              "classes.json: not found")
 
 
+def test_a_data_schema_that_is_no_json_schema_is_one_line():
+    """The model server printed jsonschema's traceback (compiling it for the engine), and the supervisor's
+    ``last_error`` showed its last line, "'objekt'"."""
+    acme = Acme()
+    acme.data_schema = {"type": "objekt"}
+    assert refusal(acme) == (f"ACME: its plugin {__name__} declares a data_schema that is not a valid JSON schema: "
+                             "'objekt' is not valid under any of the given schemas (at /type)")
+
+
 def test_a_config_schema_that_is_no_json_schema_or_raises_is_one_line():
     acme = Acme()
     acme.config_schema = {"type": "object", "properties": {"seed": {"type": "int"}}}

@@ -29,6 +29,7 @@ from svc.model.api import IModelFactory, PluginError, model_config
 
 #: Why a schema must be closed, by declaration: what an open one let through.
 _CLOSED_BECAUSE = {
+    "config_schema": "so that a misspelt [model] key is refused instead of ignored",
     "params_schema": "so that an unknown param is 422",
 }
 
@@ -72,7 +73,8 @@ def _schema_problem(schema: Any, name: str, *, closed: bool) -> str | None:
 
 def check_declarations(factory: IModelFactory) -> None:
     """Refuse (PluginError) the declarations that do not depend on a config: ``options`` names that
-    ``svc.contract.options`` does not know, a ``config_schema`` or ``data_schema`` that is not JSON Schema."""
+    ``svc.contract.options`` does not know, a ``config_schema`` that is not a closed JSON schema (an open one let a
+    misspelt ``[model]`` key through, unread), a ``data_schema`` that is not JSON Schema."""
     options = _declared(factory, "options")
     if isinstance(options, str) or not isinstance(options, (tuple, list)):
         raise _refusal(factory, f"declares options as a {type(options).__name__}, not a tuple of option names")
@@ -81,7 +83,7 @@ def check_declarations(factory: IModelFactory) -> None:
         raise _refusal(factory, f"declares unknown options {', '.join(map(repr, unknown))}; known: "
                                 f"{', '.join(sorted(CATALOG))}")
     for name in ("config_schema", "data_schema"):
-        problem = _schema_problem(_declared(factory, name), name, closed=False)
+        problem = _schema_problem(_declared(factory, name), name, closed=name in _CLOSED_BECAUSE)
         if problem:
             raise _refusal(factory, problem)
 

@@ -267,7 +267,12 @@ class DataSchema(FaultFactory):
     data_schema = {"type": "objekt"}
 
 
-option, params, data = UnknownOption(), ParamsRaise(), DataSchema()
+class OpenConfig(FaultFactory):
+    catalog_id = "ACME_CONFIG"
+    config_schema = {"type": "object", "properties": dict(FaultFactory.config_schema["properties"])}
+
+
+option, params, data, config = UnknownOption(), ParamsRaise(), DataSchema(), OpenConfig()
 '''
 
 
@@ -275,7 +280,7 @@ def test_a_plugin_whose_declarations_break_costs_one_line_and_only_its_model(tmp
     """A third party's factory that names an unknown option, or whose ``params_schema(config)`` raises: the
     gateway, which reads every plugin for its OpenAPI document, exited with a traceback (under the supervisor,
     ``__gateway`` start_failed and every model unreachable), and so did that model's server; so did a model
-    server whose plugin's data_schema is no JSON schema. Now the model
+    server whose plugin's data_schema is no JSON schema, and one with an open config_schema served. Now the model
     server refuses in one line naming the model, the plugin module and the problem; the gateway starts with
     one warning line for each, leaves them out of its document and answers 503 for them, as for a model
     without a plugin, and serves the others."""
@@ -292,6 +297,10 @@ def test_a_plugin_whose_declarations_break_costs_one_line_and_only_its_model(tmp
         # A jsonschema traceback as the model server compiled it, whose last line was the supervisor's last_error.
         "ACME_DATA": "ACME_DATA: its plugin models.acme_declared declares a data_schema that is not a valid JSON "
                      "schema: 'objekt' is not valid under any of the given schemas (at /type)",
+        # Served before, with a misspelt [model] key ignored.
+        "ACME_CONFIG": "ACME_CONFIG: its plugin models.acme_declared declares a config_schema that is not closed "
+                       "(additionalProperties: false), so that a misspelt [model] key is refused instead of "
+                       "ignored; svc.contract.schema.object_schema builds one",
     }
     for model in problems:
         write_config(tmp_path / "server", "TESTFAULTS", name=f"{model}.toml", id=model, port=free_port(),

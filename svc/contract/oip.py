@@ -7,13 +7,18 @@ answers its inference, :mod:`svc.modelserver.oip_route`, with
 model server serves.
 
 The gateway loads no model code, and nothing in ``svc`` names a model: a
-model's OIP shape follows from the schema of its results' ``data``
-(``components.schemas["<ID>_Data"]`` of its own document), which every model
-server serves without a credential:
+model's OIP shape follows from the schema of its results' ``data`` and of its
+params (``components.schemas["<ID>_Data"]`` and ``["<ID>_Params"]`` of its
+own document), which every model server serves without a credential; the
+first rule that fits:
 
-- an object with ``class_ids`` and ``scores``: ``PROBABILITIES`` FP32
-  ``[rows, classes]`` (classes: ``class_id``'s maximum + 1), with the
-  classification extension on it;
+- an object that requires ``class_ids``, ``scores`` and ``categories``, whose
+  ``class_id`` has a ``maximum``, of a model whose ``top_k`` param reaches
+  the class count (``class_id``'s maximum + 1): ``PROBABILITIES`` FP32
+  ``[rows, classes]``, with the classification extension on it (the plain
+  tensor sets ``top_k`` to the class count, ``classification: k`` to k; a
+  ``top_k`` that stops short, or no ``top_k``, made every plain request a
+  400, so such a classifier falls through to ``DATA``);
 - an array of ``bbox``, ``score``, ``class_id``: ``BOXES`` FP32 ``[n, 4]``,
   ``SCORES`` FP32 ``[n]``, ``CLASSES`` INT32 ``[n]`` and ``ROWS`` INT32
   ``[n]``, every row's detections in turn;
@@ -102,14 +107,29 @@ def _required(schema: Any) -> set:
     return set(schema.get("required") or ()) if isinstance(schema, dict) else set()
 
 
-def shape_from_data_schema(data: Any) -> ModelShape:
-    """The model's shape from the JSON Schema of its results' ``data`` (the module docstring's table)."""
+def _bound(value: Any) -> float:
+    """A schema's numeric bound, or infinity where it states none."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else float("inf")
+
+
+def top_k_reaches(params: Any, classes: int) -> bool:
+    """Whether the params schema has a ``top_k`` that may be ``classes``: what ``PROBABILITIES`` asks of it."""
+    props = params.get("properties") if isinstance(params, dict) else None
+    top_k = props.get("top_k") if isinstance(props, dict) else None
+    if not isinstance(top_k, dict):
+        return False
+    return _bound(top_k.get("maximum")) >= classes and _bound(top_k.get("exclusiveMaximum")) > classes
+
+
+def shape_from_data_schema(data: Any, params: Any) -> ModelShape:
+    """The model's shape from the JSON Schemas of its results' ``data`` and of its ``params`` (the module
+    docstring's rules)."""
     if not isinstance(data, dict):
         return shape_of(GENERIC)
     props = data.get("properties") or {}
     if data.get("type") == "object" and {"class_ids", "scores", "categories"} <= _required(data):
         maximum = (props.get("class_id") or {}).get("maximum")
-        if isinstance(maximum, int):
+        if isinstance(maximum, int) and top_k_reaches(params, maximum + 1):
             return shape_of(CLASSIFICATION, maximum + 1)
     if data.get("type") == "array":
         items = _required(data.get("items"))
@@ -129,4 +149,4 @@ def shape_from_document(model_id: str, body: bytes) -> ModelShape:
     data = schemas.get(f"{model_id}_Data")
     if data is None:
         raise ValueError(f"the OpenAPI document of {model_id} has no {model_id}_Data schema")
-    return shape_from_data_schema(data)
+    return shape_from_data_schema(data, schemas.get(f"{model_id}_Params"))

@@ -88,7 +88,7 @@ def components() -> dict:
 
 def model_request(config: ModelServerConfig, factory: Any, params: dict) -> dict:
     """The JSON inference request of one model (``params``: its params schema)."""
-    shape = shape_from_data_schema(factory.data_schema)
+    shape = shape_from_data_schema(factory.data_schema, params)
     inputs = [{"type": "object", "additionalProperties": False, "required": ["name", "datatype", "shape", "data"],
                "properties": {"name": {"const": INPUT, "description": "The model's one input (another name: 400)."},
                               "datatype": {"const": "BYTES"},

@@ -18,6 +18,7 @@ from svc.contract.oip import (
     shape_from_data_schema,
     shape_of,
 )
+from svc.contract.schema import object_schema
 from svc.web.oip import codec, translate
 from svc.web.oip.codec import CodecError, Output, parse_request
 
@@ -163,12 +164,30 @@ def test_replies_mix_binary_and_json_outputs():
 def test_model_shapes_follow_the_data_schema():
     classification = {"type": "object", "required": ["class_id", "scores", "class_ids", "categories"],
                       "properties": {"class_id": {"type": "integer", "maximum": 999}}}
-    assert shape_from_data_schema(classification) == shape_of(CLASSIFICATION, 1000)
+    assert shape_from_data_schema(classification, top_k(1000)) == shape_of(CLASSIFICATION, 1000)
     detection = {"type": "array", "items": {"required": ["class_id", "category", "score", "bbox"]}}
-    assert shape_from_data_schema(detection).kind == DETECTION
-    assert shape_from_data_schema({"type": "array", "items": {"required": ["segmentation", "area"]}}).kind == SEGMENTATION
-    assert shape_from_data_schema({"type": "object", "required": ["image", "seed"]}).kind == GENERATION
-    assert shape_from_data_schema({"type": "object", "required": ["mean"]}).kind == GENERIC
+    assert shape_from_data_schema(detection, None).kind == DETECTION
+    segmentation = {"type": "array", "items": {"required": ["segmentation", "area"]}}
+    assert shape_from_data_schema(segmentation, None).kind == SEGMENTATION
+    assert shape_from_data_schema({"type": "object", "required": ["image", "seed"]}, None).kind == GENERATION
+    assert shape_from_data_schema({"type": "object", "required": ["mean"]}, None).kind == GENERIC
+
+
+def top_k(maximum: int | None = None, **more: object) -> dict:
+    return object_schema({"top_k": {"type": "integer", "minimum": 1, **({"maximum": maximum} if maximum else {}),
+                                    **more}})
+
+
+def test_a_classifier_has_probabilities_only_when_its_top_k_reaches_every_class():
+    """The plain PROBABILITIES tensor sets top_k to the class count: a third-party classifier of 10 classes whose
+    top_k stops at 7 answered every plain request ``400 /params/top_k: 10 is greater than the maximum of 7``
+    (and ``classification: 8`` the same). Such a model, or one without top_k, has the DATA output instead."""
+    ten = {"type": "object", "required": ["class_id", "scores", "class_ids", "categories"],
+           "properties": {"class_id": {"type": "integer", "minimum": 0, "maximum": 9}}}
+    for params in (top_k(10), top_k(), top_k(30), top_k(exclusiveMaximum=11)):
+        assert shape_from_data_schema(ten, params) == shape_of(CLASSIFICATION, 10), params
+    for params in (top_k(7), top_k(exclusiveMaximum=10), object_schema({}), None):
+        assert shape_from_data_schema(ten, params) == shape_of(GENERIC), params
 
 
 def request_for(parameters: dict, outputs: list | None = None) -> codec.InferRequest:

@@ -106,18 +106,20 @@ export function showBoxes(out, detections, params) {
   });
 }
 
-// Generated images are small (16 to 64 pixels): scaled up by a whole factor, pixels kept sharp.
+// Generated images are small (16 to 64 pixels): scaled up by a whole factor, pixels kept sharp. The seed is
+// named when the data has one (a diffusion sample's; an image-to-image model's result has none).
 export function showImage(out, data) {
   const img = document.createElement("img");
   const format = (data.format || "png").toLowerCase();
   const factor = Math.max(1, Math.floor(256 / Math.max(data.width || 256, data.height || 256)));
+  const seed = data.seed === undefined ? "" : `, seed ${data.seed}`;
   img.src = `data:image/${format === "jpg" ? "jpeg" : format};base64,${data.image}`;
-  img.alt = `generated ${data.width}x${data.height}, seed ${data.seed}`;
+  img.alt = `generated ${data.width}x${data.height}${seed}`;
   img.className = "generated";
   img.width = data.width * factor;
   img.height = data.height * factor;
   out.appendChild(img);
-  out.appendChild(caption(`${data.width}×${data.height} px, shown ×${factor}; seed ${data.seed}`));
+  out.appendChild(caption(`${data.width}×${data.height} px, shown ×${factor}${seed.replace(",", ";")}`));
 }
 
 // Each mask: a translucent fill in its own colour and an opaque outline; or a plain message when none.

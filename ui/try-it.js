@@ -30,7 +30,13 @@ export function clearImage() {
   preview.hidden = true;
 }
 
-// A new model starts from a clean form: its own defaults, no result; a generation model needs no photo.
+// Whether the model reads no photo: its plugin's needs_image is false (a diffusion model). An image-to-image
+// model of category generation reads one, so the category alone does not decide.
+export function takesNoPhoto(m) {
+  return Boolean(m) && m.needs_image === false;
+}
+
+// A new model starts from a clean form: its own defaults, no result; a model that reads no photo asks for none.
 // A run of the model chosen before is dropped (see isCurrent): its reply belongs to another form.
 export function modelChosen() {
   const m = selectedModel();
@@ -39,9 +45,11 @@ export function modelChosen() {
   clearResult();
   $("#try-params").value = "";
   const note = $("#try-note");
-  if (m && m.category === "generation") {
+  if (takesNoPhoto(m)) {
     clearImage();
-    note.textContent = `${m.id} generates an image from noise: the pixels of a photo are ignored, so none is needed.`;
+    note.textContent = m.category === "generation"
+      ? `${m.id} generates an image from noise: the pixels of a photo are ignored, so none is needed.`
+      : `${m.id} ignores the pixels of a photo, so none is needed.`;
     note.hidden = false;
     $("#drop").hidden = true;
   } else {
@@ -112,7 +120,7 @@ export function requestBody() {
     try { body.params = JSON.parse(text); } catch (e) { throw new Error(`params are not JSON: ${e.message}`); }
   }
   if (m && (m.category === "detection" || m.category === "segmentation")) body.options = { max_results: DETECTION_MAX_RESULTS };
-  if (!state.imageB64 && m && m.category !== "generation") throw new Error("choose or drop an image first");
+  if (!state.imageB64 && m && !takesNoPhoto(m)) throw new Error("choose or drop an image first");
   return body;
 }
 

@@ -22,11 +22,15 @@ class IModelFactory(Interface):
     """Describes one catalog model and builds it."""
 
     catalog_id = Attribute("The catalog id served, for example 'MOBILENETV2'.")
-    category = Attribute("Family of task: classification, detection, generation or segmentation.")
+    category = Attribute(
+        "Family of task: classification, detection, generation or segmentation. It picks the accuracy gate of "
+        "backend.optimize (svc.optimize.gates; another category is served eager) and how the web UI draws a result."
+    )
     task = Attribute("The task in words, for example 'image-classification'.")
     needs_image = Attribute(
         "False for models that ignore the input pixels (generative models): the "
-        "items are still required to be valid base64 but are not decoded as images."
+        "items are still required to be valid base64 but are not decoded as images, and the web UI's "
+        "'Try it' asks for no photo (the supervisor's catalog says it)."
     )
     data_schema = Attribute("JSON Schema of results[].data of a successful item.")
     options = Attribute("Names from svc.contract.options.CATALOG that this model honours.")

@@ -133,8 +133,11 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     found = factories()
 
     def describe(model_id: str) -> dict:
+        # needs_image: whether "Try it" asks for a photo (an image-to-image model of category generation does).
         factory = found.get(model_id)
-        return {"category": factory.category, "task": factory.task} if factory else {"category": None, "task": None}
+        if factory is None:
+            return {"category": None, "task": None, "needs_image": None}
+        return {"category": factory.category, "task": factory.task, "needs_image": bool(factory.needs_image)}
 
     def default_variant(model_id: str) -> str | None:
         from svc.weightstore.catalog import find_variant, variants_of

@@ -57,6 +57,7 @@ def test_catalog_and_status_bodies(stack):
     assert catalog["ok"] is True and catalog["profile"] == "cpu"
     mobilenet = next(m for m in catalog["models"] if m["id"] == "MOBILENETV2")
     assert mobilenet == {"id": "MOBILENETV2", "category": "classification", "task": "image-classification",
+                         "needs_image": True,
                          "server_uri": "/mobilenetv2/predict", "infer_path": "/v1/models/MOBILENETV2/infer",
                          "port": stack.model_ports["MOBILENETV2"], "async": False, "in_profile": True,
                          "weights": {"kind": "demo", "variant": None}}

@@ -1,17 +1,22 @@
-"""A tiny model as a third party writes one, for tests of what follows from a plugin's declarations.
+"""Two tiny models as a third party writes them, for tests of what follows from a plugin's declarations.
 
 Found through the ``models`` plugin package when ``tests/plugins`` is on
-``sys.path`` (never shipped), as ``testfaults.py`` is.  It imports no
-torch and computes a few numbers per image, so its model server is ready in
-seconds:
+``sys.path`` (never shipped), as ``testfaults.py`` is.  Neither imports
+torch, nor computes more than a few numbers per image, so their model servers
+are ready in seconds:
 
 - ``TESTCLASSES``: a classifier over four colour classes, whose ``top_k``
   maximum is its ``[model] max_top_k`` (the Open Inference Protocol's
-  ``PROBABILITIES`` needs it to reach the class count, docs/oip.md).
+  ``PROBABILITIES`` needs it to reach the class count, docs/oip.md);
+- ``TESTIMAGE``: an image-to-image model (category ``generation``,
+  ``needs_image`` true) that returns the photo's negative: the web UI's
+  "Try it" must ask for a photo for it.
 """
 
 from __future__ import annotations
 
+import base64
+import io
 from typing import Any
 
 from twisted.plugin import IPlugin
@@ -90,4 +95,53 @@ class ColourClassesFactory:
         return ColourClasses()
 
 
+@implementer(IModel)
+class Negative:
+    version = "test-image"
+
+    def preprocess(self, image: Any, params: dict) -> Any:
+        return small(image)
+
+    def batch_key(self, params: dict) -> Any:
+        return None
+
+    def predict(self, inputs: list, params: dict) -> list:
+        return [255 - pixels for pixels in inputs]
+
+    def postprocess(self, output: Any, params: dict, options: dict) -> dict:
+        from PIL import Image
+
+        buffer = io.BytesIO()
+        Image.fromarray(output.astype("uint8"), "RGB").save(buffer, format="PNG")
+        return {"image": base64.b64encode(buffer.getvalue()).decode(), "width": SIDE, "height": SIDE}
+
+    def warmup_input(self) -> Any:
+        import numpy
+
+        return numpy.zeros((SIDE, SIDE, 3), dtype=numpy.float32)
+
+
+@implementer(IPlugin, IModelFactory)
+class NegativeFactory:
+    catalog_id = "TESTIMAGE"
+    category = "generation"
+    task = "image-to-image"
+    needs_image = True
+    options = ()
+    data_schema = {
+        "type": "object",
+        "required": ["image", "width", "height"],
+        "properties": {"image": {"type": "string"}, "width": {"type": "integer", "minimum": 1},
+                       "height": {"type": "integer", "minimum": 1}},
+    }
+    config_schema = object_schema({**WEIGHTS_PROPERTIES})
+
+    def params_schema(self, config: dict) -> dict:
+        return object_schema({})
+
+    def build(self, config: dict, device: str) -> Negative:
+        return Negative()
+
+
 testclasses = ColourClassesFactory()
+testimage = NegativeFactory()

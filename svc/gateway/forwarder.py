@@ -23,6 +23,7 @@ import json
 from typing import Any
 from urllib.parse import quote
 
+from twisted.internet.defer import CancelledError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web.http_headers import Headers
@@ -129,10 +130,12 @@ class Forwarder:
         try:
             reply = await self.exchange(request, upstream, route, path, headers, body, query=query, replica=replica,
                                         method=method, timeout_s=self.wait_deadline_s(budget_ms))
-        finally:
-            if route == "infer":  # the gateway's own 502 and 503 (a hung or dead model) are samples too
-                self.labelled(self.metrics.duration, route, protocol_of(request)).observe(
-                    (self.clock.seconds() - started) * 1000.0)
+        except CancelledError:
+            raise  # the client went away (499): no reply went out, so no sample, as service_http_requests_total
+        except BaseException:
+            self._observe(request, route, started)  # the gateway's own 502 and 503 (a hung or dead model)
+            raise
+        self._observe(request, route, started)
         if reply.code == 401:
             log.error("{model} refused the gateway's token: is SERVICE_UPSTREAM_TOKENS right?", model=upstream.id)
         request.setResponseCode(reply.code)
@@ -150,6 +153,12 @@ class Forwarder:
             data = self._rewrite_job_body(upstream.id, data)
         request.setHeader(b"Content-Length", str(len(data)).encode())
         return data
+
+    def _observe(self, request: Any, route: str, started: float) -> None:
+        """The duration sample of an inference request that got a reply, the gateway's own 502 and 503 included."""
+        if route == "infer":
+            self.labelled(self.metrics.duration, route, protocol_of(request)).observe(
+                (self.clock.seconds() - started) * 1000.0)
 
     async def exchange(self, request: Any, upstream: Upstream, route: str, path: str, headers: Headers,
                        body: bytes | None, *, query: bytes = b"", replica: Replica | None = None,

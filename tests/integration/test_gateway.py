@@ -399,10 +399,21 @@ def test_upstream_that_accepts_no_connection_is_503_after_the_connect_timeout(st
 
 def test_a_client_that_goes_away_is_no_upstream_failure(stack):
     """A client that resets its connection while the model server works: the gateway drops the upstream exchange
-    and counts no failure of the model server's (it answered no 502; counting one raised false alerts)."""
+    and counts no failure of the model server's (it answered no 502; counting one raised false alerts). No reply
+    went out, so neither the request counter nor the duration histogram has it (the histogram had a sample:
+    found by a metrics probe)."""
     hang = stack["hang"]
     label = '{kind="transport",model="HANG",replica="0"}'
     before = samples(gateway_metrics(stack), "service_gateway_upstream_errors_total").get(label, 0.0)
+
+    def infer_replies() -> tuple[float, float]:
+        """The gateway's inference replies as its request counter and its duration histogram count them."""
+        text = gateway_metrics(stack)
+        counted = sum(v for k, v in samples(text, "service_http_requests_total").items() if 'route="infer"' in k)
+        timed = samples(text, "service_http_request_duration_ms_count").get('{protocol="contract",route="infer"}', 0.0)
+        return counted, timed
+
+    replies_before = infer_replies()
     asked, ended = hang.requests, hang.ended
     body = json.dumps({"images": [image_b64()]}).encode()
     with socket.create_connection(("127.0.0.1", stack["gateway"].port)) as client:
@@ -415,7 +426,9 @@ def test_a_client_that_goes_away_is_no_upstream_failure(stack):
     wait_until(lambda: "POST /v1/models/HANG/infer 499 " in stack["gateway"].output(), "its 499 access line")
     after = samples(gateway_metrics(stack), "service_gateway_upstream_errors_total").get(label, 0.0)
     assert after == before
+    assert infer_replies() == replies_before
     assert infer(stack).status == 200  # the gateway is unharmed
+    assert infer_replies() == (replies_before[0] + 1, replies_before[1] + 1)  # a reply is in both
 
 
 def test_upstream_that_closes_mid_reply_is_502(stack):

@@ -20,6 +20,8 @@ import json
 import re
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -65,19 +67,28 @@ def picture(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def page(stack):
+@contextmanager
+def watched_page(height: int) -> Iterator:
+    """A chromium page 1280 px wide that records its console errors and uncaught exceptions in ``page.problems``."""
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        context = browser.new_context(viewport={"width": 1280, "height": 1400})
+        context = browser.new_context(viewport={"width": 1280, "height": height})
         page = context.new_page()
         page.set_default_timeout(30000)
         page.problems = []  # console errors and uncaught exceptions
         page.on("console", lambda m: page.problems.append(f"console: {m.text}") if m.type == "error" else None)
         page.on("pageerror", lambda e: page.problems.append(f"exception: {e}"))
+        try:
+            yield page
+        finally:
+            context.close()
+            browser.close()
+
+
+@pytest.fixture(scope="module")
+def page(stack):
+    with watched_page(1400) as page:
         yield page
-        context.close()
-        browser.close()
 
 
 @pytest.fixture

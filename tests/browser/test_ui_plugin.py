@@ -16,9 +16,9 @@ import io
 import numpy as np
 import pytest
 from PIL import Image
-from playwright.sync_api import expect, sync_playwright
+from playwright.sync_api import expect
 
-from tests.browser.test_ui import ARGS, CHROMIUM, choose, shot, through_gateway
+from tests.browser.test_ui import choose, shot, through_gateway, watched_page
 from tests.support.http import get
 from tests.support.images import b64, image_bytes
 from tests.support.stack import ready_stack, stop_cleanly
@@ -33,17 +33,8 @@ def stack(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page(stack):
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        context = browser.new_context(viewport={"width": 1280, "height": 1000})
-        page = context.new_page()
-        page.set_default_timeout(30000)
-        page.problems = []  # console errors and uncaught exceptions
-        page.on("console", lambda m: page.problems.append(f"console: {m.text}") if m.type == "error" else None)
-        page.on("pageerror", lambda e: page.problems.append(f"exception: {e}"))
+    with watched_page(1000) as page:
         yield page
-        context.close()
-        browser.close()
 
 
 def test_an_image_to_image_model_of_category_generation_asks_for_a_photo_and_shows_its_result(page, stack, tmp_path):

@@ -93,14 +93,18 @@ def gateway_recv_timeout_ms(service_config: str = SERVICE_CONFIG) -> int:
     a gateway configured higher had such waits refused that it would take, and
     one configured lower answered them 502 (``jobs run`` after it had submitted
     the job)."""
-    value = gateway_table(service_config).get("upstream_recv_timeout_ms")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else GATEWAY_RECV_TIMEOUT_MS
+    return _gateway_setting(service_config, "upstream_recv_timeout_ms", GATEWAY_RECV_TIMEOUT_MS)
 
 
 def gateway_max_body_bytes(service_config: str = SERVICE_CONFIG) -> int:
     """The gateway's ``max_body_bytes``: its configured value in this folder, else the default."""
-    value = gateway_table(service_config).get("max_body_bytes")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else GATEWAY_MAX_BODY_BYTES
+    return _gateway_setting(service_config, "max_body_bytes", GATEWAY_MAX_BODY_BYTES)
+
+
+def _gateway_setting(service_config: str, key: str, default: int) -> int:
+    """A positive integer of ``[gateway]`` in this folder's service configuration, else ``default``."""
+    value = gateway_table(service_config).get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
 
 def parse_value(text: str) -> Any:

@@ -153,6 +153,15 @@ def test_a_422_lists_its_first_50_errors_and_counts_them_all(doc, where):
     assert err.message.endswith(f" (and {total - 1} more); errors[] lists the first 50"), err.message
 
 
+def test_a_raw_bodys_header_params_get_the_same_cut_to_50_errors():
+    from svc.contract.request import MAX_FIELD_ERRORS
+
+    with pytest.raises(ApiError) as e:
+        V.parse(b"abc", "image/jpeg", {}, {"x-service-params": json.dumps({f"k{i}": 1 for i in range(10_000)})})
+    assert e.value.status is st.INVALID_REQUEST and len(e.value.errors) == MAX_FIELD_ERRORS
+    assert e.value.message.endswith(" (and 9999 more); errors[] lists the first 50"), e.value.message
+
+
 def test_several_problems_are_all_reported():
     err = rejected({"images": [], "extra": 1, "params": {"top_k": 0}})
     assert pointers(err) == ["/extra", "/images", "/params/top_k"]

@@ -129,7 +129,7 @@ def next_steps(status: dict, *, ui_url: str, gateway_url: str, api_key: str | No
     first API key when this run generated it (on later runs the block says
     where it is instead of printing it again).
     """
-    servers = status.get("servers", [])
+    servers = profile_servers(status)
     ready = [s["id"] for s in servers if s.get("ready")]
     if len(ready) == len(servers):
         lines = [f"== All models ready: {len(ready)} on the {status.get('profile')} profile "
@@ -140,6 +140,9 @@ def next_steps(status: dict, *, ui_url: str, gateway_url: str, api_key: str | No
             if not s.get("ready"):
                 why = f": {s['last_error']}" if s.get("last_error") else ""
                 lines.append(f"     {s['id']} ({s.get('state')}{why}; its log: logs/{s['id']}.log)")
+    others = [s["id"] for s in status.get("servers", []) if s not in servers]
+    if others:
+        lines.append(f"   Not in the profile, stopped (start one in the web UI): {', '.join(others)}")
     gateway = status.get("gateway", {})
     if not gateway.get("ready"):
         why = f": {gateway['last_error']}" if gateway.get("last_error") else ""
@@ -164,7 +167,7 @@ def progress_lines(seen: dict[str, str], status: dict) -> list[str]:
     reason, such as ``measuring mode 2 of 4 (compile)``), else its state.
     """
     lines = []
-    for server in status.get("servers", []):
+    for server in profile_servers(status):
         if not_started(server):
             continue  # "stopped" before its first start would read as a failure
         if server.get("ready"):
@@ -180,6 +183,16 @@ def progress_lines(seen: dict[str, str], status: dict) -> list[str]:
     return lines
 
 
+def profile_servers(status: dict) -> list[dict]:
+    """The model servers of the status that the supervisor starts: those of its profile.
+
+    The catalog's other models are listed too (``in_profile`` false), stopped
+    until someone starts them: the quick start neither waits for them nor
+    counts them as not ready.
+    """
+    return [s for s in status.get("servers", []) if s.get("in_profile", True)]
+
+
 def not_started(child: dict) -> bool:
     """Whether the supervisor has not spawned ``child`` yet: stopped, with no exit and no error behind it.
 
@@ -192,7 +205,7 @@ def not_started(child: dict) -> bool:
 
 def settled(status: dict) -> bool:
     """True once no child is still on its way: each is ready, or stopped trying (failed, start_failed, ...)."""
-    children = [status.get("gateway", {}), *status.get("servers", [])]
+    children = [status.get("gateway", {}), *profile_servers(status)]
     return all(c.get("ready") or (c.get("state") not in ("starting", "backoff", "running") and not not_started(c))
                for c in children)
 
@@ -238,10 +251,15 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(args.root)
     ui_url, gateway_url = service_addresses()
     env = {**os.environ, **{k: v for k, v in values.items() if k != "SERVICE_API_KEY"}}
+    from svc.config import ConfigError
     from svc.supervisor.config import load_profile, load_supervisor_config
 
-    weights = args.weights or load_profile(load_supervisor_config(SERVICE_CONFIG)).weights
-    demo = fetch_missing(pretrained_pulls(".", weights), env, accept=tuple(args.accept))
+    try:
+        weights = args.weights or load_profile(load_supervisor_config(SERVICE_CONFIG)).weights
+        demo = fetch_missing(pretrained_pulls(".", weights), env, accept=tuple(args.accept))
+    except ConfigError as e:  # one line naming the file and the key, as the supervisor would refuse it
+        print(f"quickstart: {e}", file=sys.stderr, flush=True)
+        return 1
     print(f"Starting the supervisor ({weights} weights): UI and management API on {ui_url}, gateway on "
           f"{gateway_url}; the models load for a minute or two (logs below)...", flush=True)
     # twist, as the supervisor runs its children: it writes info and above, so the debug lines of this

@@ -9,15 +9,17 @@ from tests.support.processes import child_env, free_port, spawn, write_config
 TOKENS = ("SERVICE_API_TOKEN", "SERVICE_GATEWAY_AUTH_TOKEN", "SERVICE_METRICS_TOKEN", "SERVICE_API_KEY")
 
 
-def quickstart_tree(root, model: str, profile_extra: str = "") -> tuple[int, int]:
-    """A checkout-like tree under ``root`` with one model (a copy of its shipped config, on a free port).
+def quickstart_tree(root, model: str, profile_extra: str = "", others: tuple[str, ...] = ()) -> tuple[int, int]:
+    """A checkout-like tree under ``root`` with one model (a copy of its shipped config, on a free port) in its
+    profile, and the configs of ``others`` beside it, outside the profile.
 
     Returns (gateway port, supervisor port).
     """
     conf = root / "conf"
     (conf / "server").mkdir(parents=True)
     (conf / "profiles").mkdir()
-    write_config(conf / "server", model, name=f"{model}.toml", port=free_port())
+    for name in (model, *others):
+        write_config(conf / "server", name, name=f"{name}.toml", port=free_port())
     (conf / "profiles" / "cpu.toml").write_text(f'device = "cpu"\nmodels = ["{model}"]\n{profile_extra}')
     gateway_port, supervisor_port = free_port(), free_port()
     (conf / "service.toml").write_text(f'[gateway]\nport = {gateway_port}\n[supervisor]\nport = {supervisor_port}\n'
@@ -37,25 +39,28 @@ def run_quickstart(root, env: dict | None = None, args: tuple[str, ...] = ()):
     return popen, log
 
 
-def start_quickstart(root, model: str, profile_extra: str = "", env: dict | None = None):
+def start_quickstart(root, model: str, profile_extra: str = "", env: dict | None = None,
+                     others: tuple[str, ...] = ()):
     """:func:`quickstart_tree` and :func:`run_quickstart`: (process, log path, gateway port, supervisor port)."""
-    gateway_port, supervisor_port = quickstart_tree(root, model, profile_extra)
+    gateway_port, supervisor_port = quickstart_tree(root, model, profile_extra, others)
     popen, log = run_quickstart(root, env)
     return popen, log, gateway_port, supervisor_port
 
 
 def test_the_block_comes_once_the_models_are_ready_and_sigterm_stops_everything(tmp_path):
-    popen, log, gateway_port, supervisor_port = start_quickstart(tmp_path, "MOBILENETV2")
+    """A catalog model outside the profile (TESTFAULTS: a config beside it) is listed, not waited for."""
+    popen, log, gateway_port, supervisor_port = start_quickstart(tmp_path, "MOBILENETV2", others=("TESTFAULTS",))
     try:
         out = log.read_text()
-        block = out[out.index("== All models ready"):].splitlines()[:7]
+        block = out[out.index("== All models ready"):].splitlines()[:8]
         key = (tmp_path / "secrets" / "local.env").read_text().split("SERVICE_API_KEY=")[1].split()[0]
         assert block[0] == (f"== All models ready: 1 on the cpu profile (cpu), gateway http://127.0.0.1:{gateway_port}")
-        assert block[1].split() == ["Web", "UI:", f"http://127.0.0.1:{supervisor_port}/", "(paste", "the",
+        assert block[1] == "   Not in the profile, stopped (start one in the web UI): TESTFAULTS"
+        assert block[2].split() == ["Web", "UI:", f"http://127.0.0.1:{supervisor_port}/", "(paste", "the",
                                     "management", "token)"]
-        assert block[3].split() == ["First", "API", "key:", key]
+        assert block[4].split() == ["First", "API", "key:", key]
         assert out.count(key) == 1  # "shown once"
-        assert "svcctl infer MOBILENETV2" in block[5]
+        assert "svcctl infer MOBILENETV2" in block[6]
         assert out.count("== All models ready") == 1
         # the quick start's own once-a-second status poll is not in the terminal, nor "stopped" before a start
         assert "/api/v1/status" not in out and "MOBILENETV2: stopped" not in out
@@ -143,3 +148,15 @@ def test_offline_the_cached_variant_is_served_and_nothing_is_dialled(tmp_path, m
         popen.send_signal(signal.SIGTERM)
         code = popen.wait(60)
     assert code == 0, log.read_text()[-3000:]
+
+
+def test_a_bad_setting_is_one_line_and_exit_1_not_a_traceback(tmp_path):
+    """The profile's ``demo`` naming a model not in its ``models`` (what trimming ``models`` to fewer models
+    gives): the quick start read it before the supervisor and printed a 12-line traceback."""
+    quickstart_tree(tmp_path, "TESTFAULTS", profile_extra='demo = ["DDPM"]\n')
+    popen, log = spawn([sys.executable, "-m", "svc.cli.quickstart", "--root", str(tmp_path)],
+                       env=child_env(None, drop=TOKENS), log_dir=tmp_path)
+    assert popen.wait(60) == 1
+    out = log.read_text().splitlines()
+    assert out[0].startswith("Generated ")  # the secrets, made before the configuration is read
+    assert out[1:] == ["quickstart: conf/profiles/cpu.toml: demo: names 'DDPM', which is not in models"]

@@ -262,3 +262,21 @@ def test_a_supervisor_that_exits_keeps_its_status(capsys):
 
     assert (exit_status(0), exit_status(1)) == (0, 1)
     assert capsys.readouterr().err == ""
+
+
+def test_the_catalog_models_outside_the_profile_are_neither_waited_for_nor_counted():
+    """A profile of two models beside the seven shipped configs: the other five are listed stopped with
+    ``in_profile`` false. The block came once they had "started" (never: no block, and no first key)."""
+    from svc.cli.quickstart import progress_lines
+
+    trimmed = status(("MOBILENETV2", "running", True, None), ("DDPM", "running", True, None),
+                     ("YOLOV8", "stopped", False, None), ("SAM_AMG", "stopped", False, None))
+    for server in trimmed["servers"]:
+        server["in_profile"] = server["id"] in ("MOBILENETV2", "DDPM")
+    assert settled(trimmed)
+    assert progress_lines({}, trimmed) == ["   MOBILENETV2: ready", "   DDPM: ready"]
+    lines = next_steps(trimmed, ui_url="u", gateway_url="g", api_key=None).splitlines()
+    assert lines[0] == "== All models ready: 2 on the cpu profile (cpu), gateway g"
+    assert lines[1] == "   Not in the profile, stopped (start one in the web UI): YOLOV8, SAM_AMG"
+    trimmed["servers"][1].update(state="starting", ready=False)
+    assert not settled(trimmed)

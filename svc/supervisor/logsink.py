@@ -38,8 +38,15 @@ class RotatingFile(LogFile):
     """Twisted's size-rotated file, keeping at most ``maxRotatedFiles`` backups.
 
     ``LogFile`` keeps one backup when asked for none; ``log_backups = 0``
-    means none.
+    means none.  The backups already there get the file's mode too: those of
+    an earlier version were 0644, and they hold the same access lines.
     """
+
+    def __init__(self, name: str, directory: str, **kw: Any) -> None:
+        super().__init__(name, directory, **kw)
+        if self.defaultMode is not None:
+            for n in self.listLogs():
+                os.chmod(f"{self.path}.{n}", self.defaultMode)
 
     def rotate(self) -> None:
         super().rotate()

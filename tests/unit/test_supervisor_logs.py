@@ -260,9 +260,12 @@ def test_log_files_and_a_folder_made_for_them_are_the_owners_only(tmp_path):
     any local user to read (security probe). An existing file gets the mode too; so do files after a rotation."""
     folder = tmp_path / "logs"
     (folder).mkdir(mode=0o755)
-    (folder / "M.log").write_text("from before\n")
-    os.chmod(folder / "M.log", 0o644)
+    for name in ("M.log", "M.log.1", "M.log.3"):  # an earlier version's file and backups (one past log_backups)
+        (folder / name).write_text("from before\n")
+        os.chmod(folder / name, 0o644)
     sink = LogSink("M", str(folder), clock=Clock(), max_bytes=100, backups=2, ring_lines=10)
+    assert {name: os.stat(folder / name).st_mode & 0o777 for name in os.listdir(folder)} == {
+        "M.log": 0o600, "M.log.1": 0o600, "M.log.3": 0o600}
     for i in range(20):
         sink.line("stdout", f"line {i} " + "x" * 20)
     sink.close()

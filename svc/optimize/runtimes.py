@@ -207,6 +207,9 @@ def _convert_openvino(module: Any, example: tuple, batched: bool, path: Path, on
             openvino.save_model(model, tmp, compress_to_fp16=False)  # float32 weights: the bf16 precision is a hint
         except RuntimeError as e:  # how OpenVINO reports a full disk ("basic_ios::clear: iostream error")
             raise OSError(f"OpenVINO could not write {path.name}: {str(e)[:200]}") from e
+        # OpenVINO makes the .bin (the weights) under the umask, 0644 as a rule: the owner's only, as the
+        # weights file and every other file of the cache (made by mkstemp) are.
+        os.chmod(tmp[:-4] + ".bin", 0o600)
         os.replace(tmp[:-4] + ".bin", path.with_suffix(".bin"))
         os.replace(tmp, path)  # the .xml last: a cut conversion never looks cached
     finally:

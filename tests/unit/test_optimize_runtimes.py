@@ -331,6 +331,8 @@ def test_a_second_load_reads_the_cache_and_new_weights_convert_afresh(name, stat
     assert report.mode == name and not report.fell_back, report.line
     assert report.line.endswith("; converted models: 1 converted, 0 read from the cache)"), report.line
     files = sorted(p.name for p in (state_dir / "compiled").iterdir())
+    # the owner's only, as the weights they hold: OpenVINO's .bin was 0644 (upgrade probe)
+    assert {p.name: p.stat().st_mode & 0o777 for p in (state_dir / "compiled").iterdir()} == dict.fromkeys(files, 0o600)
 
     def no_conversion(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("converted again")

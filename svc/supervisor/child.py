@@ -96,6 +96,8 @@ class Child:
         if self._closing:
             return fail(ChildError(f"{self.name}: the supervisor is shutting down"))
         if not checked and (problem := self.spec.problem()):
+            if self.state != BACKOFF:  # nothing runs: the status says why not (it read "stopped", no error)
+                self._give_up(START_FAILED, problem, "not started: ")
             return fail(ChildError(problem))
         self._cancel_timer()
         self.backoff.reset()

@@ -265,7 +265,7 @@ class ChildManager:
                 name=replica_name(model.id, i, len(ports)),
                 argv=argv(self.weights[model.id][0]),  # as decided from the configs just read
                 argv_now=argv_now,
-                preflight=partial(model_config_problem, model),
+                preflight=partial(model_config_problem, model, self.profile.device),
                 env=env,
                 port=port,
                 ready_path=READY_PATH,

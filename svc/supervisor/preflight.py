@@ -21,14 +21,25 @@ from svc.config import ConfigError, ModelServerConfig, load_model_server_config
 ROUTING_KEYS = ("id", "port", "server_uri")
 
 
-def model_config_problem(model: ModelServerConfig) -> str | None:
-    """Why ``model``'s config file, read again now, must not be started: it does not load, or routes elsewhere."""
+def model_config_problem(model: ModelServerConfig, device: str = "cpu") -> str | None:
+    """Why ``model``'s config file, read again now, must not be started: it does not load, or routes elsewhere.
+
+    ``device`` is the profile's (``cpu`` or ``gpu``), which the model server
+    runs on whatever its file says: its ``backend.optimize`` is read for it
+    (torch-free; whether this machine can run the mode is the new process's
+    to say).
+    """
     from svc.model.api import PluginError, factories
     from svc.model.plugincheck import checked_config
     from svc.model.weights import WeightsError
+    from svc.optimize.modes import ModeError, parse_mode
 
     try:
         now = load_model_server_config(model.path)
+        try:
+            parse_mode(now.backend.optimize, "cuda" if device == "gpu" else "cpu")
+        except ModeError as e:
+            raise ConfigError(model.path, "backend.optimize", str(e)) from None
         # The [model] table against its plugin's schema (the plugins import no torch); a weights file is the
         # new process's to look for (a --weights of the profile may replace it), and so are a missing plugin
         # and one whose declarations cannot be used: the new process imports the plugin afresh (a fixed file
@@ -61,6 +72,6 @@ def key_file_problem(path: str) -> str | None:
         if e.problem == "file not found":
             return None
         return (f"the key file cannot be used ({e}): a gateway started on it would run in static-token mode and "
-                "refuse every API key, so the running gateway keeps serving with the keys it loaded; fix the "
-                "file (svcctl keys list checks it), or empty it to run on the static token alone")
+                "refuse every API key, so none is started (a running one keeps serving with the keys it "
+                "loaded); fix the file (svcctl keys list checks it), or empty it to run on the static token alone")
     return None

@@ -53,9 +53,9 @@ def test_a_key_file_with_a_bad_entry_is_refused_a_missing_or_empty_one_is_not(tm
     keys.write_text(key_entry("alice", "a" * 64) + key_entry("bob", "b" * 64).replace("= 0", "= 0.5"))
     assert key_file_problem(str(keys)) == (
         f"the key file cannot be used ({keys}: keys.bob.rate_limit_qps: must be an integer, got float 0.5): a "
-        "gateway started on it would run in static-token mode and refuse every API key, so the running gateway "
-        "keeps serving with the keys it loaded; fix the file (svcctl keys list checks it), or empty it to run on "
-        "the static token alone")
+        "gateway started on it would run in static-token mode and refuse every API key, so none is started (a "
+        "running one keeps serving with the keys it loaded); fix the file (svcctl keys list checks it), or empty "
+        "it to run on the static token alone")
     keys.write_text("[keys.alice\n")
     assert key_file_problem(str(keys)).startswith(f"the key file cannot be used ({keys}: ")
 
@@ -74,6 +74,9 @@ def test_a_refused_restart_leaves_the_running_process_alone(tmp_path):
     child._protocol.processEnded(Failure(ProcessDone(0)))
     child.start().addErrback(failures.append)  # a start after a stop is checked the same way
     assert "changes port 9300 -> 9400" in failures[0].getErrorMessage() and len(reactor.spawned) == spawns
+    # and the status says why nothing runs (it read "stopped" with no error, for a gateway at the supervisor's start)
+    assert child.snapshot()["state"] == "start_failed"
+    assert child.snapshot()["last_error"] == failures[0].getErrorMessage()
 
 
 def test_the_plugins_model_keys_are_checked_too(tmp_path):
@@ -115,3 +118,18 @@ def test_a_plugin_whose_declarations_break_is_the_new_processs_to_report(tmp_pat
     assert model_config_problem(config) is None
     path.write_text(path.read_text().replace("port = 9300", "port = 9311"))  # what it checks of its own still counts
     assert "changes port 9300 -> 9311" in model_config_problem(config)
+
+
+def test_an_optimize_mode_the_new_process_would_refuse_is_refused_before_the_stop(tmp_path):
+    """``backend.optimize = "bogus"``: the restart stopped the serving model, whose new process then refused the
+    file (start_failed, every request 503). The mode is read for the profile's device, as the process reads it."""
+    path, config = model(tmp_path, '[backend]\noptimize = "channels_last+jit"\n')
+    assert model_config_problem(config) is None
+    path.write_text(path.read_text().replace("channels_last+jit", "bogus"))
+    assert model_config_problem(config) == (
+        f"AAA: its config does not load ({path}: backend.optimize: unknown mode 'bogus' in 'bogus'; known: auto, "
+        "eager, channels_last, bf16, jit, compile, openvino, onnxruntime (steps combine with '+', for example "
+        "'channels_last+jit')): nothing was stopped; fix the file and try again")
+    path.write_text(path.read_text().replace("bogus", "fp16"))
+    assert model_config_problem(config, "gpu") is None
+    assert "'fp16' needs backend.device" in model_config_problem(config, "cpu")

@@ -272,6 +272,23 @@ def nvidia_present(driver_file: str = NVIDIA_DRIVER_FILE) -> bool:
     return os.path.exists(driver_file)
 
 
+def check_folders(config: SupervisorConfig) -> None:
+    """Refuse ``servers_dir`` and ``profiles_dir`` that are no folder, and a ``log_dir`` that cannot be one
+    (empty, or a file): ``svc.config.ConfigError`` naming the key, where the supervisor's start gave
+    "No such file or directory" or "cpu.toml: file not found" without it.  Relative paths are the
+    supervisor's working directory's, so this is checked where it starts, not where the file is read.
+    """
+    for key, must_exist in (("servers_dir", True), ("profiles_dir", True), ("log_dir", False)):
+        value = getattr(config, key)
+        if not value.strip():
+            raise ConfigError(config.path, f"supervisor.{key}", "must name a folder, got an empty string")
+        if os.path.exists(value) and not os.path.isdir(value):
+            raise ConfigError(config.path, f"supervisor.{key}", f"{value} is not a folder")
+        if must_exist and not os.path.exists(value):
+            raise ConfigError(config.path, f"supervisor.{key}",
+                              f"{value} does not exist (relative to {os.getcwd()})")
+
+
 def load_profile(config: SupervisorConfig, name: str | None = None,
                  gpu_present: Callable[[], bool] = nvidia_present) -> Profile:
     """The profile chosen by name (or by the config); ``auto`` is ``gpu`` when ``gpu_present()``, else ``cpu``.

@@ -276,15 +276,22 @@ def test_supervisor_refusals(supervisor_config, environment, tmp_path):
         assert refusal(supervisor_tap, ["--config", str(wrong)]) == f"service-supervisor: {wrong}: {problem}"
     with pytest.raises(usage.UsageError, match=r"^--port must be 1\.\.65535, not 70000$"):  # exit 64, as the others
         build(supervisor_tap, ["--config", config, "--port", "70000"])
-    for servers_dir, problem in ((tmp_path / "none", "the model-server config directory does not exist"),
-                                 (bad, "cannot list the model-server configs: Not a directory")):
+    # the folders, each named by its key (an empty log_dir gave "No such file or directory", an empty
+    # profiles_dir "cpu.toml: file not found", an empty servers_dir ": the model-server config directory ...")
+    folders = {"servers_dir": SERVERS, "profiles_dir": PROFILES, "log_dir": tmp_path / "logs"}
+    for key, value, problem in (
+            ("servers_dir", tmp_path / "none", f"{tmp_path / 'none'} does not exist (relative to {os.getcwd()})"),
+            ("servers_dir", bad, f"{bad} is not a folder"),
+            ("servers_dir", "", "must name a folder, got an empty string"),
+            ("profiles_dir", tmp_path / "none", f"{tmp_path / 'none'} does not exist (relative to {os.getcwd()})"),
+            ("profiles_dir", " ", "must name a folder, got an empty string"),
+            ("log_dir", bad, f"{bad} is not a folder"),
+            ("log_dir", "", "must name a folder, got an empty string")):
         elsewhere = tmp_path / "elsewhere.toml"
-        elsewhere.write_text(f'[supervisor]\nservers_dir = "{servers_dir}"\nprofiles_dir = "{PROFILES}"\n')
-        assert refusal(supervisor_tap, ["--config", str(elsewhere)]) == f"service-supervisor: {servers_dir}: {problem}"
-    logs_in_a_file = tmp_path / "logs.toml"
-    logs_in_a_file.write_text(f'[supervisor]\nservers_dir = "{SERVERS}"\nprofiles_dir = "{PROFILES}"\n'
-                              f'log_dir = "{bad}"\n')
-    assert refusal(supervisor_tap, ["--config", str(logs_in_a_file)]) == f"service-supervisor: {bad}: File exists"
+        elsewhere.write_text("[supervisor]\n" + "".join(f'{k} = "{value if k == key else v}"\n'
+                                                        for k, v in folders.items()))
+        assert refusal(supervisor_tap, ["--config", str(elsewhere)]) == (
+            f"service-supervisor: {elsewhere}: supervisor.{key}: {problem}")
     typo = str(tmp_path / "servce.toml")
     assert refusal(supervisor_tap, ["--config", typo]) == (
         f"service-supervisor: {typo}: file not found (a --config that is given must exist; only the default "

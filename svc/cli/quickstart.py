@@ -244,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
                         dest="accept", help="pull pretrained weights under this non-permissive licence (e.g. "
                         "AGPL-3.0; repeatable); without it, a terminal is asked")
     args = parser.parse_args(argv)
+    if not os.path.isdir(os.path.join(args.root, "conf")):  # else its secrets and key file went anywhere
+        print(f"quickstart: {os.path.abspath(args.root)} is not a checkout of the service (no conf/ folder); "
+              "run it in the checkout or give --root", file=sys.stderr, flush=True)
+        return 1
     first_run = not os.path.exists(os.path.join(args.root, SECRETS))
     values = prepare(args.root, show_key=args.prepare_only)  # else shown once, in the next-steps block
     if args.prepare_only:

@@ -280,3 +280,13 @@ def test_the_catalog_models_outside_the_profile_are_neither_waited_for_nor_count
     assert lines[1] == "   Not in the profile, stopped (start one in the web UI): YOLOV8, SAM_AMG"
     trimmed["servers"][1].update(state="starting", ready=False)
     assert not settled(trimmed)
+
+
+def test_a_root_that_is_no_checkout_is_refused_and_nothing_is_made(tmp_path, capsys):
+    """``--root /nonexistent --prepare-only`` made that folder with secrets and a key file, and printed a key."""
+    from svc.cli.quickstart import main
+
+    assert main(["--root", str(tmp_path / "none"), "--prepare-only"]) == 1
+    assert not (tmp_path / "none").exists()
+    assert capsys.readouterr().err == (f"quickstart: {tmp_path / 'none'} is not a checkout of the service (no conf/ "
+                                       "folder); run it in the checkout or give --root\n")

@@ -10,8 +10,8 @@ from twisted.logger import capturedLogs
 from twisted.python import usage
 
 from models.diffusion import ddpm
-from svc.modelserver.tap import Options, weights_override
 from svc.model.api import find_factory, model_config
+from svc.modelserver.tap import Options, weights_override
 
 SHIPPED = Path(__file__).resolve().parents[2] / "conf" / "server"
 

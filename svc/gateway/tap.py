@@ -121,15 +121,16 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     # A proxied request holds the client's connection and one to its model server.
     open_file_limit(2 * config.max_connections, f"{config.path}: gateway.max_connections")
     # The document it serves at /openapi.json, built as openapi/gateway.json is (the plugin lookup imports no torch).
-    # A model whose plugin declares what cannot be used is left out, as one without a plugin is: its model server
-    # refuses to start with the same line, so the gateway answers 503 for it, and serves the others.
+    # A model whose plugin declares what cannot be used, or whose [model] table it refuses, is left out, as one
+    # without a plugin is: its model server refuses to start with the same line, so the gateway answers 503 for
+    # it, and serves the others.
     def refused(model_id: str, problem: str) -> None:
         Logger().warn("{problem}: {model} is left out of the gateway's OpenAPI document, and its model server "
                       "refuses to start (503 here)", problem=problem, model=model_id)
 
     try:
         openapi = gateway_document(model_server_configs(config.servers_dir), factories(), refused)
-    except ConfigError:  # a [model] table its model server will refuse: no document, the routes still serve
+    except ConfigError:  # a config file changed since the catalog was read: no document, the routes still serve
         openapi = None
     # Job ids name their replica and host under the deployment's secret (svc.gateway.owners).
     return GatewayService(reactor=reactor, config=config, setup=setup, catalog=catalog,

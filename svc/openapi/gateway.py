@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from svc import __version__
-from svc.config import ModelServerConfig
+from svc.config import ConfigError, ModelServerConfig
 from svc.contract.protocol import (
     GATEWAY_PORT,
     HEALTH_PATH,
@@ -86,10 +86,11 @@ def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any],
                      refused: Callable[[str, str], None] | None = None) -> dict:
     """The contract of the gateway: every catalog model's routes under /v1/models/{id}.
 
-    A model whose plugin declares what cannot be used (:mod:`svc.model.plugincheck`) raises its
-    PluginError, or, given ``refused``, is left out, as a model without a plugin is, and
-    ``refused(model_id, line)`` is called: the gateway in front of every model starts without it
-    (it stopped on one third-party plugin's mistake, and every model with it).
+    A model whose plugin declares what cannot be used (:mod:`svc.model.plugincheck`), or whose
+    ``[model]`` table its plugin refuses, raises its PluginError or ConfigError, or, given
+    ``refused``, is left out, as a model without a plugin is, and ``refused(model_id, line)`` is
+    called: the gateway in front of every model starts without it (it stopped on one third-party
+    plugin's mistake, and every model with it; a bad table dropped the whole document).
     """
     paths: dict[str, Any] = {
         HEALTH_PATH: {
@@ -134,7 +135,7 @@ def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any],
         # gateway, in front of every model, failed to start on it (a traceback, then start_failed).
         try:
             checked = checked_config(factory, config.model, config.path, files=False)
-        except PluginError as e:
+        except (PluginError, ConfigError) as e:  # a [model] table its model server refuses too: the same
             if refused is None:
                 raise
             refused(mid, str(e))

@@ -308,6 +308,10 @@ def test_a_plugin_whose_declarations_break_costs_one_line_and_only_its_model(tmp
         assert refused(tmp_path / "server" / f"{model}.toml", env={**TOKEN, "PYTHONPATH": path}) == [
             f"service-model: {problems[model]}"]
     write_config(tmp_path / "server", "TESTFAULTS", name="TESTFAULTS.toml", port=free_port())
+    # and a [model] table the plugin refuses: the gateway served no /openapi.json at all (404) for it
+    bad_table = tmp_path / "server" / "TESTCLASSES.toml"
+    write_config(tmp_path / "server", "TESTCLASSES", name="TESTCLASSES.toml", port=free_port(), model={"seed": -1})
+    problems["TESTCLASSES"] = f"{bad_table}: model.seed: -1 is less than the minimum of 0"
     gateway = start_gateway(tmp_path, tmp_path / "server", None, env={"PYTHONPATH": path})
     try:
         output = gateway.output()
@@ -319,7 +323,7 @@ def test_a_plugin_whose_declarations_break_costs_one_line_and_only_its_model(tmp
         auth = {"Authorization": f"Bearer {gateway.token}"}
         paths = get(gateway.url + "/openapi.json", headers=auth).json["paths"]
         assert "/v1/models/TESTFAULTS/infer" in paths
-        assert not [p for p in paths if "ACME" in p], paths
+        assert not [p for p in paths if "ACME" in p or "TESTCLASSES" in p], paths
         reply = post(gateway.url + "/v1/models/ACME_OPTION/infer", {"images": [image_b64()]}, headers=auth)
         assert (reply.status, reply.json["status"]) == (503, 65), reply.body
     finally:

@@ -128,6 +128,10 @@ def load_gateway_config(path: str) -> GatewayConfig:
         if not isinstance(origin, str) or not origin.startswith(("http://", "https://")) or origin.endswith("/"):
             raise ConfigError(path, "gateway.cors_origins",
                               f"each origin must be scheme://host[:port] without a path, got {origin!r}")
+    for key in ("keys_file", "servers_dir"):  # "" reached the file system as a path: no key or file named
+        if not values[key].strip():
+            raise ConfigError(path, f"gateway.{key}", "must name a " + ("file" if key == "keys_file" else "folder")
+                              + ", got an empty string")
     try:
         redis_address(values["rate_limit_store"])
     except ValueError as e:

@@ -198,6 +198,10 @@ def test_gateway_refusals(gateway_config, environment, tmp_path):
     bad.write_text("[gateway]\nport = 0\n")
     assert refusal(gateway_tap, ["--config", str(bad)]) == (
         f"service-gateway: {bad}: gateway.port: must be at least 1, got 0")
+    for key, kind in (("keys_file", "file"), ("servers_dir", "folder")):  # "" gave ": the model-server config ..."
+        bad.write_text(f'[gateway]\n{key} = " "\n')
+        assert refusal(gateway_tap, ["--config", str(bad)]) == (
+            f"service-gateway: {bad}: gateway.{key}: must name a {kind}, got an empty string")
     environment.setenv("SERVICE_GATEWAY_AUTH_TOKEN", INFERENCE)
     misspelt = tmp_path / "misspelt.toml"
     misspelt.write_text("[gatway]\nport = 18080\n")

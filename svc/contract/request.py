@@ -126,8 +126,9 @@ class RequestValidator:
         doc = {"params": params, "options": options}
         params = self._object(doc, "params", self.params, errors)
         options = self._object(doc, "options", self.options, errors)
-        if errors:
-            raise invalid_request(errors)
+        if errors:  # named by its id, as the JSON body's 422 is (a valid req_id: the protocol's checked one)
+            raise invalid_request(errors, task_id=req_id if req_id is not None and REQ_ID_RE.fullmatch(req_id)
+                                  else None)
         self._check_count(len(images))
         return InferenceRequest(images=images, req_id=req_id, params=params, options=options)
 

@@ -60,18 +60,23 @@ class OipRoute:
 
             def parse(body: bytes) -> tuple[codec.InferRequest, translate.Plan, Any]:
                 asked = codec.parse_request(body, length)
-                translate.check_named(asked, model_id)
-                plan = translate.plan(shape, asked, request_id)
+                try:
+                    translate.check_named(asked, model_id)
+                    plan = translate.plan(shape, asked, request_id)
+                except codec.CodecError as e:
+                    e.request_id = asked.id
+                    raise
                 return asked, plan, validator.from_parts(plan.images, plan.req_id, plan.params, plan.options)
 
             try:
                 check_content_encoding(request)  # its 415 is the protocol's 400, like a 422
                 asked, plan, parsed = await self.inference.parse_with(parse, request.content.getvalue())
-            except codec.CodecError as e:
-                raise ApiError(st.INVALID_REQUEST, str(e), http=400) from None
+            except codec.CodecError as e:  # the body's id, when valid, names the 400 as it names a 200
+                raise ApiError(st.INVALID_REQUEST, str(e), http=400,
+                               task_id=translate.request_id_of(request_id, e.request_id)) from None
             except ApiError as e:
                 if e.code in translate.AS_BAD_REQUEST:
-                    raise ApiError(e.status, e.message, headers=e.headers, http=400) from None
+                    raise ApiError(e.status, e.message, headers=e.headers, http=400, task_id=e.task_id) from None
                 raise
             task_id, results = await self.run_inference(request, parsed, started)
             items = [result.to_json() for result in results]

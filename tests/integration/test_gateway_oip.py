@@ -251,6 +251,30 @@ def test_request_ids_cors_and_metrics(stack):
     assert re.search(r'^service_http_request_duration_ms_count\{protocol="oip",route="infer"\} [1-9]', text, re.M)
 
 
+@pytest.mark.parametrize("case, body", [
+    ("a wrong datatype", {"inputs": [{"name": "IMAGE", "datatype": "FP32", "shape": [1], "data": [1]}]}),
+    ("a shape its data does not fill", {"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [2],
+                                                    "data": ["aGk="]}]}),
+    ("an unknown output", {"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["aGk="]}],
+                           "outputs": [{"name": "NOPE"}]}),
+    ("a bad parameter", {"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["aGk="]}],
+                         "parameters": {"fail": "x"}}),
+])
+def test_a_refused_request_carries_its_body_id_as_a_served_one_does(stack, case, body):
+    """docs/oip.md: the body's ``id`` is the request id when no header names one. A 400 carried a new id (and
+    both access lines logged it): a client correlating by ``id`` lost it on exactly the errors it traces. A
+    header still wins, and an invalid one names no id of the client's."""
+    url = stack["gateway"].url + "/v2/models/TESTFAULTS/infer"
+    reply = post(url, {"id": f"e-{len(case)}", **body}, headers=auth())
+    assert (reply.status, reply.header("X-Request-ID")) == (400, f"e-{len(case)}"), (case, reply.body)
+    assert set(reply.json) == {"error"}
+    reply = post(url, {"id": "e-body", **body}, headers={**auth(), "X-Request-ID": "h-7"})
+    assert (reply.status, reply.header("X-Request-ID")) == (400, "h-7")
+    reply = post(url, {"id": "e-body", **body}, headers={**auth(), "X-Request-ID": "bad id"})
+    assert reply.status == 400 and reply.header("X-Request-ID") not in ("bad id", "e-body")
+    assert f"rid=e-{len(case)}" in stack["gateway"].output()
+
+
 def test_the_gateway_serves_its_committed_openapi_document(tmp_path):
     gateway = start_gateway(tmp_path, SHIPPED_CONF, None)
     try:

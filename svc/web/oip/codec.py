@@ -42,7 +42,13 @@ BINARY_CONTENT_TYPE = b"application/octet-stream"
 
 
 class CodecError(Exception):
-    """A request whose tensors cannot be read: the reply is 400 with this text."""
+    """A request whose tensors cannot be read: the reply is 400 with this text.
+
+    ``request_id`` is the body's ``id`` when the body was read that far (a
+    string, unchecked), so that the 400 can carry the client's correlation.
+    """
+
+    request_id: str | None = None
 
 
 @dataclass
@@ -197,9 +203,14 @@ def parse_request(body: bytes, header_length: str | None) -> InferRequest:
     """An inference request from its body and its ``Inference-Header-Content-Length`` (None: all JSON)."""
     head, binary = split_body(body, header_length)
     try:
-        return _common_request(head, binary) or _checked_request(head, binary)
-    except RecursionError:  # a tensor's data or shape nested past the stack: the client's error, as in JSON
-        raise CodecError("the inference request nests its data or parameters too deeply") from None
+        try:
+            return _common_request(head, binary) or _checked_request(head, binary)
+        except RecursionError:  # a tensor's data or shape nested past the stack: the client's error, as in JSON
+            raise CodecError("the inference request nests its data or parameters too deeply") from None
+    except CodecError as e:
+        if isinstance(head.get("id"), str):
+            e.request_id = head["id"]
+        raise
 
 
 def _plain_count(value: Any) -> bool:

@@ -41,5 +41,5 @@ class ProtocolReplies(EnvelopeReplies):
     def raw(self, request: Any | None, error: ApiError) -> tuple[int, dict[str, str], bytes]:
         if request is None or not is_oip(request):
             return super().raw(request, error)
-        return error.code, {**envelope_headers(self.task_id(request)), **error.headers,
+        return error.code, {**envelope_headers(error.task_id or self.task_id(request)), **error.headers,
                             "Content-Type": OIP_JSON_CONTENT_TYPE.decode()}, dumps({"error": error.message})

@@ -61,7 +61,7 @@ class Plan:
 
 def _outputs(shape: ModelShape, request: InferRequest) -> list[tuple[RequestedOutput, bool]]:
     requested = request.outputs
-    if requested is None:
+    if not requested:  # absent or [] (Triton and KServe read an empty list so too): every output
         requested = [RequestedOutput(o.name, None, None) for o in shape.outputs]
     found: list[tuple[RequestedOutput, bool]] = []
     for out in requested:
@@ -105,7 +105,7 @@ def plan(shape: ModelShape, request: InferRequest, request_id: str | None = None
         if "max_results" in options:  # it would cut the classes below what the outputs ask for
             raise CodecError("max_results is not an option here: the outputs asked for set it (classification: k)")
         wanted = [o.classification or 0 for o, _ in outputs]
-        params["top_k"] = shape.classes if 0 in wanted else max(wanted, default=1)  # outputs: [] asks for none
+        params["top_k"] = shape.classes if 0 in wanted else max(wanted)
     elif shape.kind == SEGMENTATION:
         if options.get("mask_format", "rle") != "rle":
             raise CodecError("masks are COCO RLE here: options.mask_format can only be rle")
@@ -113,10 +113,16 @@ def plan(shape: ModelShape, request: InferRequest, request_id: str | None = None
     if request_id is not None and not REQ_ID_RE.fullmatch(request_id):
         # refused as on /v1 (docs/api.md), not replaced: a client's correlation is never lost without a word
         raise CodecError("X-Request-ID header " + REQ_ID_RULE)
-    rid = request_id
-    if rid is None and request.id is not None and REQ_ID_RE.fullmatch(request.id):
-        rid = request.id
-    return Plan(list(tensor.data), params, options, rid, outputs)
+    return Plan(list(tensor.data), params, options, request_id_of(request_id, request.id), outputs)
+
+
+def request_id_of(header_id: str | None, body_id: str | None) -> str | None:
+    """The request id of a request: its ``X-Request-ID`` header, else its body's ``id`` when that is a valid
+    one (docs/oip.md), else None (the server makes one).  A header that is not a valid id gives None: such a
+    request is refused, and its reply names no id of the client's."""
+    if header_id is not None:
+        return header_id if REQ_ID_RE.fullmatch(header_id) else None
+    return body_id if body_id is not None and REQ_ID_RE.fullmatch(body_id) else None
 
 
 def check_version(model_id: str, asked: str | None, served: str) -> None:

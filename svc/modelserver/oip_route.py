@@ -55,6 +55,9 @@ class OipRoute:
         self.in_flight += 1
         try:
             shape = self.oip_shape
+            if len(set(request.requestHeaders.getRawHeaders(codec.HEADER_LENGTH) or ())) > 1:
+                # which one splits the body is ambiguous (the first counted): refused, as two Content-Lengths are
+                raise ApiError(st.INVALID_REQUEST, "two different Inference-Header-Content-Length headers", http=400)
             length, request_id = header(request, codec.HEADER_LENGTH), header(request, b"x-request-id")
             validator = self.inference.validator
 

@@ -13,7 +13,7 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from tests.support.gateway import GATEWAY_TOKENS, start_gateway
-from tests.support.http import get, post, request
+from tests.support.http import get, post, raw_exchange, request
 from tests.support.images import image_b64, image_bytes
 from tests.support.processes import REPO, SHIPPED_CONF, free_port, spawn_model_server, until_all_ready, write_config
 from tests.support.stack import key_entry
@@ -216,6 +216,24 @@ def test_bad_binary_lengths_are_400(stack):
     reply = post(stack["gateway"].url + "/v2/models/MOBILENETV2/infer", head + blob,
                  headers={**auth(), "Inference-Header-Content-Length": str(len(head))})
     assert reply.status == 400 and "runs past" in reply.json["error"]
+
+
+def test_two_different_header_lengths_are_400(stack):
+    """Which ``Inference-Header-Content-Length`` splits the body was the first one's to say, silently."""
+    head = json.dumps({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": [image_b64()]}]})
+    body = head.encode()
+    port = stack["gateway"].port
+
+    def exchange(*lengths: int) -> bytes:
+        fields = "".join(f"Inference-Header-Content-Length: {n}\r\n" for n in lengths)
+        return raw_exchange(port, (f"POST /v2/models/TESTFAULTS/infer HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                                   f"{KEY}\r\nConnection: close\r\nContent-Length: {len(body)}\r\n{fields}\r\n"
+                                   ).encode() + body)
+
+    reply = exchange(len(body), 5)
+    assert reply.startswith(b"HTTP/1.1 400 ") and reply.endswith(
+        b'{"error":"two different Inference-Header-Content-Length headers"}'), reply
+    assert exchange(len(body), len(body)).startswith(b"HTTP/1.1 200 ")  # the same twice says one thing
 
 
 def test_too_large_is_413(stack):

@@ -234,8 +234,30 @@ class _ProxiedConnection(http.client.HTTPConnection):
             self.putheader(name, value)
 
 
+def _proxy_cause(error: BaseException, proxy: str) -> str:
+    """Why the connection to the proxy itself failed, naming the proxy (without its credentials).
+
+    Without this a dead proxy read as the source refusing ("connection
+    refused" after the source's URL), and the user looked at the wrong host.
+    """
+    parts = urlsplit(proxy)
+    shown = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    if isinstance(error, ConnectionRefusedError):
+        return f"the proxy {shown} refused the connection"
+    if isinstance(error, socket.gaierror):
+        return f"cannot resolve the proxy's host name ({shown})"
+    if isinstance(error, socket.timeout | TimeoutError):
+        return f"the proxy {shown} did not answer the connection (timed out)"
+    return f"the proxy {shown}: {_cause(error)}"
+
+
+def _tunnel_refused(error: BaseException) -> bool:
+    """Whether ``error`` is http.client's answer to a CONNECT the proxy refused."""
+    return type(error) is OSError and str(error).startswith("Tunnel connection failed")
+
+
 def _cause(error: BaseException) -> str:
-    if type(error) is OSError and str(error).startswith("Tunnel connection failed"):
+    if _tunnel_refused(error):
         return f"the proxy refused the tunnel: {str(error).partition(': ')[2]}"
     if isinstance(error, ConnectionRefusedError):
         return "connection refused"
@@ -316,6 +338,11 @@ def download(url: str, part: Path, progress: Progress | None = None, *,
         except (OSError, http.client.HTTPException) as e:
             if progress is not None:
                 progress.interrupted()
+            proxy = proxy_for(current, env)
+            if proxy is not None and connection.sock is None and isinstance(e, OSError) and not _tunnel_refused(e):
+                # No socket: the TCP connection to the proxy failed (http.client also drops the socket of a
+                # tunnel the proxy refused, which _cause words).
+                raise FetchError(current, _proxy_cause(e, proxy)) from None
             raise FetchError(current, _cause(e)) from None
         finally:
             connection.close()

@@ -712,3 +712,21 @@ def test_an_https_pull_tunnels_through_https_proxy(source, proxy, capsys, monkey
     assert proxy.requests == [("CONNECT", f"127.0.0.1:{closed}", None)]
     assert err.splitlines() == [f"svcctl: MOBILENETV2 FIXTURE_V2: https://127.0.0.1:{closed}/download.pytorch.org/"
                                 f"models/{FILENAME}: the proxy refused the tunnel: 502 Bad Gateway"]
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_dead_proxy_is_named_not_taken_for_the_source(source, proxy, capsys, monkeypatch, scheme):
+    """Nothing listens at the proxy's port: the line names the proxy (without its credentials), not the source
+    refusing; an https URL (a CONNECT tunnel) the same."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    if scheme == "https":
+        monkeypatch.setenv("SERVICE_WEIGHTS_MIRROR", source.mirror.replace("http://", "https://"))
+    monkeypatch.setenv(f"{scheme.upper()}_PROXY", f"http://me:s%40cret@127.0.0.1:{dead}")
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
+    assert (code, out) == (1, "")
+    fetched = f"{scheme}://{source.mirror.split('://')[1]}/download.pytorch.org/models/{FILENAME}"
+    assert err.splitlines() == [f"svcctl: MOBILENETV2 FIXTURE_V2: {fetched}: the proxy http://127.0.0.1:{dead} "
+                                "refused the connection"]
+    assert source.requests == []

@@ -114,6 +114,7 @@ def describe(factory: Any, variant: Any) -> dict[str, Any]:
         "cached": path is not None,
         "path": str(path) if path is not None else None,
         "recorded_sha256": None,
+        "recorded_files": len(record.files) if record is not None else None,
         "how": record.how if record is not None else None,
     }
     if record is not None and isinstance(source, FileSource) and source.filename in record.files:
@@ -145,9 +146,12 @@ def _list(args: argparse.Namespace) -> int:
     header = ("MODEL", "VARIANT", "SIZE", "CHECKSUM", "LICENSE", "CACHED", "SOURCE")
     table = [header]
     for row in rows:
+        # A hub variant's check is the sha256 of each file its record lists: "first pull" until there is one.
         check = (f"sha256:{row['sha256'][:12]}" if row["sha256"] else
                  f"prefix:{row['hash_prefix']}" if row["hash_prefix"] else
-                 f"recorded:{row['recorded_sha256'][:12]}" if row["recorded_sha256"] else "first pull")
+                 f"recorded:{row['recorded_sha256'][:12]}" if row["recorded_sha256"] else
+                 f"recorded:{row['recorded_files']} files" if row["kind"] == "hub" and row["recorded_files"] else
+                 "first pull")
         table.append((row["model"], row["variant"] + (" (default)" if row["default"] else ""), _size(row["size"]),
                       check, row["license"], "yes" if row["cached"] else "no", row["source"]))
     widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]

@@ -730,3 +730,29 @@ def test_a_dead_proxy_is_named_not_taken_for_the_source(source, proxy, capsys, m
     assert err.splitlines() == [f"svcctl: MOBILENETV2 FIXTURE_V2: {fetched}: the proxy http://127.0.0.1:{dead} "
                                 "refused the connection"]
     assert source.requests == []
+
+
+def test_list_shows_what_an_imported_hub_variant_recorded(source, capsys, monkeypatch, tmp_path):
+    """A hub variant has no one digest: once imported (or pulled), `list` says how many files' sha256 its record
+    holds, not "first pull" (which it says before)."""
+    from tests.integration.test_weights_hub import write_google_ddpm
+
+    def ddpm_row() -> dict:
+        rows = json.loads(svcctl(capsys, "list", "--json")[1])
+        return next(r for r in rows if (r["model"], r["variant"]) == ("DDPM", "cifar10-32"))
+
+    def ddpm_line() -> list[str]:
+        return next(x for x in svcctl(capsys, "list")[1].splitlines() if x.startswith("DDPM ")).split()
+
+    monkeypatch.setenv("HF_ENDPOINT", source.mirror)
+    assert ddpm_line()[5:7] == ["first", "pull"] and ddpm_row().get("recorded_files") is None
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    write_google_ddpm(folder)
+    code, _, err = svcctl(capsys, "import", "DDPM", str(folder))
+    assert code == 0, err
+    recorded = len(read_record("DDPM", "cifar10-32").files)
+    assert svcctl(capsys, "verify")[1] == f"DDPM cifar10-32: ok ({recorded} files)\n"
+    assert ddpm_line()[:9] == ["DDPM", "cifar10-32", "(default)", "143.0", "MB", f"recorded:{recorded}", "files",
+                               "Apache-2.0", "yes"]
+    assert ddpm_row()["recorded_files"] == recorded

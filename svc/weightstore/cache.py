@@ -93,14 +93,27 @@ def read_record(model_id: str, variant: str, env: dict[str, str] | None = None) 
         raise RecordError(f"{path}: not a weights record ({type(e).__name__}: {e})") from None
 
 
-def write_record(record: Record, env: dict[str, str] | None = None) -> Path:
-    """Write ``record.json`` atomically (a temporary file renamed into place)."""
+def stage_record(record: Record, env: dict[str, str] | None = None) -> Path:
+    """Write ``record.json`` under a temporary name (``record.json.tmp``) and return that path.
+
+    The caller renames it into place once the files it lists are there; a write that fails (a full disk)
+    removes its temporary file and raises the ``OSError``, naming the file when the error did not.
+    """
     directory = variant_dir(record.model, record.variant, env)
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / RECORD_NAME
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record.to_json(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    tmp = (directory / RECORD_NAME).with_suffix(".json.tmp")
+    try:
+        tmp.write_text(json.dumps(record.to_json(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, e.strerror or str(e), e.filename or str(tmp)) from None
+    return tmp
+
+
+def write_record(record: Record, env: dict[str, str] | None = None) -> Path:
+    """Write ``record.json`` atomically (a temporary file renamed into place)."""
+    path = variant_dir(record.model, record.variant, env) / RECORD_NAME
+    os.replace(stage_record(record, env), path)
     return path
 
 

@@ -7,9 +7,10 @@ those two recorded.  The rules they share:
 
 * Checked before installed: a download or a copy goes into ``<name>.part``
   (a hub snapshot into ``hub.part/``) and is renamed into place only after
-  its digest was checked; ``record.json`` is written last.  A failed or cut
-  pull leaves at most a ``.part``, which never looks complete and which the
-  next pull resumes.
+  its digest was checked, with ``record.json`` renamed last
+  (``svc.weightstore.commit``: all or nothing, so a full disk at the end
+  keeps the cached variant as it was).  A failed or cut pull leaves at most
+  a ``.part``, which never looks complete and which the next pull resumes.
 * A pull or an import is load-checked before it is recorded: the model is
   built on the download or copy (``svc.model.api.model_config`` and the
   factory's ``build``, as a model server does at start), so every tensor name
@@ -41,17 +42,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
-from svc.weightstore.cache import (
-    HUB_DIR,
-    RECORD_NAME,
-    Record,
-    RecordError,
-    read_record,
-    variant_dir,
-    write_record,
-)
+from svc.weightstore.cache import HUB_DIR, Record, RecordError, read_record, variant_dir
 from svc.weightstore.catalog import FileSource, HubSource, Variant
 from svc.weightstore.check import cached_records, in_words, load_problem, record_problems, stray_files, verify  # noqa: F401
+from svc.weightstore.commit import cache_failure, cache_trouble, install
 from svc.weightstore.fetch import FetchError, Progress, download, mirrored, sha256_file
 
 PART = ".part"
@@ -61,6 +55,10 @@ STAGE = "new" + PART
 
 class StoreError(Exception):
     """A pull, import or verify that failed; ``str()`` is one line (the URL or file, and the cause)."""
+
+
+class CacheFailure(StoreError):
+    """The cache, not the file, failed (full, read-only): the line names the cache's path, not the URL or file."""
 
 
 @dataclass(frozen=True)
@@ -134,7 +132,7 @@ def _locked(directory: Path, what: str) -> Iterator[None]:
         directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(directory, os.O_RDONLY)
     except OSError as e:  # the cache itself (SERVICE_WEIGHTS_DIR), not the user's file: one line that says so
-        raise StoreError(f"the weights cache cannot hold it: {e.filename or directory}: {e.strerror or e}") from None
+        raise StoreError(cache_trouble(e, directory)) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -163,29 +161,16 @@ def _known(record: Record | None, variant: Variant, rel: str) -> str | None:
     return record.files.get(rel, {}).get("sha256")
 
 
-def _drop_record(model_id: str, name: str, env: dict[str, str] | None) -> None:
+def _commit(stage: Path, entries: dict[str, Path], record: Record, old: Record | None,
+            env: dict[str, str] | None) -> None:
+    """Install the checked ``entries`` and ``record`` (``svc.weightstore.commit``); on a failure of the cache
+    (a full disk, a read-only folder), one line naming the cache's path, and ``stage`` removed."""
     try:
-        (variant_dir(model_id, name, env) / RECORD_NAME).unlink()
-    except FileNotFoundError:
-        pass
-
-
-def _move_into_place(stage: Path, directory: Path, old: Record | None, keep: set[str]) -> None:
-    """Move every entry of ``stage`` into ``directory`` and drop what the old record listed that is not kept."""
-    for entry in sorted(stage.iterdir()):
-        target = directory / entry.name
-        if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(target)
-        os.replace(entry, target)
-    stage.rmdir()
-    for rel in sorted(old.files if old is not None else ()):
-        top = rel.split("/", 1)[0]
-        if top not in keep:
-            path = directory / top
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            elif path.exists():
-                path.unlink()
+        install(entries, record, old, env)
+    except OSError as e:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise StoreError(f"{cache_trouble(e, stage.parent)} (nothing kept)") from None
+    shutil.rmtree(stage, ignore_errors=True)  # a file install's emptied stage folder
 
 
 def _install_file(factory: Any, variant: Variant, copy: Path, how: str, old: Record | None,
@@ -224,6 +209,9 @@ def _install_file(factory: Any, variant: Variant, copy: Path, how: str, old: Rec
             try:
                 weights = factory.convert(source.convert, str(copy), str(stage))
             except Exception as e:  # noqa: BLE001 - any converter failure is reported in one line
+                failed = cache_failure(e)
+                if failed is not None:  # the cache is full or read-only: not the file's fault
+                    raise CacheFailure(f"{cache_trouble(failed, stage)} (nothing kept)") from None
                 raise StoreError(f"converter {source.convert!r} failed: {in_words(e, staged)}") from None
             staged[str(stage / weights)] = where
         if copy.name != source.filename:
@@ -234,19 +222,17 @@ def _install_file(factory: Any, variant: Variant, copy: Path, how: str, old: Rec
             raise StoreError(problem)
     except StoreError as e:
         shutil.rmtree(stage, ignore_errors=True)
-        raise StoreError(f"{where}: {e} (nothing kept)") from None
-    _drop_record(model_id, variant.name, env)  # checked: from here the files change
+        raise e if isinstance(e, CacheFailure) else StoreError(f"{where}: {e} (nothing kept)") from None
     notes = []
     if not source.sha256 and not source.hash_prefix and (replace or not known):
         notes.append(f"{model_id} {variant.name}: {source.url} publishes no checksum: recorded sha256 {digest} "
                      "(later pulls, imports and verify check against it)")
-    _move_into_place(stage, directory, old, {source.filename, weights.split("/", 1)[0]})
-    files = {source.filename: file_entry(directory / source.filename, digest)}
+    files = {source.filename: file_entry(stage / source.filename, digest)}
     if weights != source.filename:
-        files.update(_tree_entries(directory / weights, weights))
+        files.update(_tree_entries(stage / weights, weights))
     record = Record(model=model_id, variant=variant.name, source=source.url, weights=weights, files=files,
                     pulled_at=_now(), how=how)
-    write_record(record, env)
+    _commit(stage, {entry.name: entry for entry in stage.iterdir()}, record, old, env)
     return Stored(record, tuple(notes))
 
 
@@ -262,7 +248,6 @@ def _install_tree(factory: Any, variant: Variant, stage: Path, how: str, old: Re
     is, for an import, a different set of files.
     """
     model_id = factory.catalog_id
-    directory = variant_dir(model_id, variant.name, env)
     files = _tree_entries(stage, HUB_DIR)
     try:
         if not files:
@@ -290,14 +275,9 @@ def _install_tree(factory: Any, variant: Variant, stage: Path, how: str, old: Re
         shutil.rmtree(stage, ignore_errors=True)
         raise StoreError(f"{e} (nothing kept)" if str(e).startswith(where) else f"{where}: {e} (nothing kept)") \
             from None
-    _drop_record(model_id, variant.name, env)  # checked: from here the files change
-    final = directory / HUB_DIR
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(stage, final)
     record = Record(model=model_id, variant=variant.name, source=source_text(variant), weights=weights,
                     files=files, pulled_at=_now(), how=how)
-    write_record(record, env)
+    _commit(stage, {HUB_DIR: stage}, record, old, env)
     return Stored(record, tuple(notes))
 
 

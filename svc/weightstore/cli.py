@@ -269,8 +269,8 @@ def _import(args: argparse.Namespace) -> int:
     except StoreError as e:
         _fail(f"{factory.catalog_id} {variant.name}: {e}")
         return EXIT_FAILED
-    except OSError as e:  # the copy failed (a full disk, a file that cannot be read): nothing was kept
-        _fail(f"{factory.catalog_id} {variant.name}: {args.path}: {e.strerror or e} (nothing kept)")
+    except OSError as e:  # not worded by the store: the path the error names (the user's or the cache's)
+        _fail(f"{factory.catalog_id} {variant.name}: {e.filename or args.path}: {e.strerror or e} (nothing kept)")
         return EXIT_FAILED
     for note in stored.notes:
         print(note)

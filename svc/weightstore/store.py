@@ -46,6 +46,7 @@ from svc.weightstore.cache import HUB_DIR, Record, RecordError, read_record, var
 from svc.weightstore.catalog import FileSource, HubSource, Variant
 from svc.weightstore.check import cached_records, in_words, load_problem, record_problems, stray_files, verify  # noqa: F401
 from svc.weightstore.commit import cache_failure, cache_trouble, install
+from svc.weightstore.copyin import CopyError, copy_file, make_folder
 from svc.weightstore.fetch import FetchError, Progress, download, mirrored, sha256_file
 
 PART = ".part"
@@ -359,19 +360,25 @@ def _import(factory: Any, variant: Variant, given: Path, env: dict[str, str], re
     old = _readable_record(model_id, variant.name, env)
     directory = variant_dir(model_id, variant.name, env)
     stage = directory / STAGE
-    if stage.exists():
-        shutil.rmtree(stage)
-    if isinstance(source, HubSource):
-        if not given.is_dir():
-            raise StoreError(f"{given}: {model_id} {variant.name} is a hub repository ({source_text(variant)}): "
-                             "import its folder, not a file")
-        shutil.copytree(given, stage, ignore=shutil.ignore_patterns(".*"))
-        return _install_tree(factory, variant, stage, "import", old, env, str(given), replace=replace)
-    if not given.is_file():
+    if isinstance(source, HubSource) and not given.is_dir():
+        raise StoreError(f"{given}: {model_id} {variant.name} is a hub repository ({source_text(variant)}): "
+                         "import its folder, not a file")
+    if not isinstance(source, HubSource) and not given.is_file():
         raise StoreError(f"{given}: {model_id} {variant.name} is one file ({source.filename}), not a folder")
-    stage.mkdir()
     copy = stage / given.name  # the user's name: a converter that checks a file name sees theirs
-    shutil.copyfile(given, copy)
+    try:
+        shutil.rmtree(stage, ignore_errors=True)  # a killed import's (what stays fails the copy, named)
+        make_folder(stage)
+        if isinstance(source, HubSource):
+            shutil.copytree(given, stage, ignore=shutil.ignore_patterns(".*"), dirs_exist_ok=True)
+        else:
+            copy_file(given, copy)
+    except CopyError as e:  # a failed read names the user's file; a failed write or folder, the cache's path
+        if e.cache:
+            raise CacheFailure(f"{cache_trouble(e.error, e.path)} (nothing kept)") from None
+        raise StoreError(f"{e.path}: {e.error.strerror or e.error} (nothing kept)") from None
+    if isinstance(source, HubSource):
+        return _install_tree(factory, variant, stage, "import", old, env, str(given), replace=replace)
     return _install_file(factory, variant, copy, "import", old, env, str(given), replace=replace)
 
 

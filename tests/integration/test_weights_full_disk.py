@@ -21,7 +21,7 @@ from models.yolov8_net import build_network
 from svc.cli import commands as cli
 from svc.weightstore.cache import read_record, variant_dir
 from tests.support.fake_ultralytics import save_checkpoint
-from tests.support.small_disk import blocks, fill_leaving, small_disk
+from tests.support.small_disk import BLOCK, blocks, fill_leaving, small_disk
 from tests.support.weight_source import FakeSource
 
 URL = "https://github.com/ultralytics/assets/releases/download/v8.1.0/yolov8n.pt"
@@ -139,3 +139,15 @@ def test_a_rename_that_fails_midway_puts_the_cached_variant_back(disk, capsys, t
                      "Input/output error (nothing kept)"]
     assert contents(directory) == before
     assert svcctl(capsys, "verify")[:2] == (0, "YOLOV8 yolov8n: ok (2 files)\n")
+
+
+def test_a_copy_that_fills_the_disk_names_the_cache_not_the_users_file(disk, capsys, tmp_path):
+    """An import whose copy does not fit: the write to the cache failed, so the line names the cache's copy."""
+    mounted, _ = disk
+    path, size, _ = checkpoint(tmp_path, 11)
+    fill_leaving(mounted, blocks(size) - 2 * BLOCK)
+    directory = variant_dir("YOLOV8", "yolov8n")
+    assert svcctl(capsys, "import", "YOLOV8", str(path)) == (1, "", [
+        f"svcctl: YOLOV8 yolov8n: the weights cache cannot hold it: {directory / 'new.part' / 'yolov8n.pt'}: "
+        "No space left on device (nothing kept)"])
+    assert contents(mounted) == {"filler": (mounted / "filler").read_bytes()}

@@ -18,6 +18,7 @@ from svc.cli import commands as cli
 from svc.weightstore.cache import read_record, variant_dir
 from tests.integration.test_weights_hub import write_google_ddpm
 from tests.support.fake_ultralytics import save_checkpoint
+from tests.support.small_disk import read_only, small_disk
 
 
 @pytest.fixture
@@ -147,17 +148,22 @@ def test_verify_reports_stray_files(cache, capsys, tmp_path):
     ]
 
 
-def test_an_import_cut_short_while_copying_leaves_nothing(cache, capsys, tmp_path, monkeypatch):
-    import shutil
-
-    def disk_full(src, dst, *args, **kwargs):
-        with open(dst, "wb") as f:
-            f.write(b"half of it")
-        raise OSError(28, "No space left on device")
-
-    src = tmp_path / "yolov8n.pt"
-    src.write_bytes(b"\x00" * 1000)
-    monkeypatch.setattr(shutil, "copyfile", disk_full)
-    assert svcctl(capsys, "import", "YOLOV8", str(src)) == (
-        1, "", f"svcctl: YOLOV8 yolov8n: {src}: No space left on device (nothing kept)\n")
-    assert everything_under(cache) == []
+def test_an_import_into_a_read_only_cache_names_the_cache_not_the_file(capsys, monkeypatch, tmp_path):
+    """The cache cannot take the copy (a read-only file system, root included): the line names the cache's
+    folder the copy was to go to, not the user's file, and the cached variant stays."""
+    first, second = tmp_path / "first" / "yolov8n.pt", tmp_path / "second" / "yolov8n.pt"
+    for seed, path in ((11, first), (12, second)):
+        path.parent.mkdir()
+        torch.manual_seed(seed)
+        save_checkpoint(path, build_network("n"), "n")
+    with small_disk(tmp_path / "disk", 40 * 1024 * 1024) as disk:
+        monkeypatch.setenv("SERVICE_WEIGHTS_DIR", str(disk / "cache"))
+        assert svcctl(capsys, "import", "YOLOV8", str(first))[0] == 0
+        recorded = read_record("YOLOV8", "yolov8n")
+        before = everything_under(disk)
+        read_only(disk)
+        directory = variant_dir("YOLOV8", "yolov8n")
+        assert svcctl(capsys, "import", "YOLOV8", str(second), "--replace") == (
+            1, "", f"svcctl: YOLOV8 yolov8n: the weights cache cannot hold it: {directory / 'new.part'}: "
+            "Read-only file system (nothing kept)\n")
+        assert everything_under(disk) == before and read_record("YOLOV8", "yolov8n") == recorded

@@ -36,6 +36,12 @@ def small_disk(path: Path, size: int) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
+def read_only(disk: Path) -> None:
+    """Remount the tmpfs ``disk`` read-only (every write then fails with EROFS, root's too)."""
+    done = subprocess.run(["mount", "-o", "remount,ro", str(disk)], capture_output=True, text=True)
+    assert done.returncode == 0, f"cannot remount {disk} read-only: {done.stderr.strip()}"
+
+
 def blocks(*sizes: int) -> int:
     """The bytes that files of ``sizes`` bytes take on the disk (whole blocks)."""
     return sum(-(-size // BLOCK) * BLOCK for size in sizes)

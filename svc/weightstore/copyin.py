@@ -1,11 +1,14 @@
 """Copying a user's file (or folder) into the weights cache for an import, saying whose side failed.
 
-Why not ``shutil.copyfile``: its ``OSError`` does not say whether reading
-the user's file or writing the cache's copy failed (a full or read-only
-cache read as "<your file>: No space left on device"), and an import's
-message must name the user's file only when that file is what failed, else
-the cache's path.  Every read here is of the user's side and every write
-(and folder made) of the cache's.
+Why not ``shutil.copyfile`` and ``copytree``: the first's ``OSError`` does
+not say whether reading the user's file or writing the cache's copy failed
+(a full or read-only cache read as "<your file>: No space left on device"),
+and the second gathers its failures into one ``shutil.Error`` whose text is
+a list of (source, copy, reason) tuples naming the cache's staging copy.
+An import's message must be one line naming the user's file only when that
+file is what failed, else the cache's path.  Every read here (a file, a
+folder listed) is of the user's side and every write (and folder made) of
+the cache's.
 """
 
 from __future__ import annotations
@@ -64,3 +67,32 @@ def copy_file(src: Path, dst: Path) -> None:
                 raise CopyError(e, dst, cache=True) from None
     finally:
         os.close(reader)
+
+
+def user_files(root: Path) -> list[str]:
+    """The relative paths of the files under the user's folder ``root``, hidden folders (``.git``, a
+    downloader's ``.cache``) and hidden files left out, symlinks followed (a hub cache's snapshot links to its
+    blobs), each folder once; CopyError (the user's) for a folder that cannot be listed."""
+
+    def unreadable(error: OSError) -> None:
+        raise CopyError(error, Path(error.filename or root), cache=False)
+
+    found: list[str] = []
+    seen: set[str] = set()
+    for directory, dirs, files in os.walk(root, onerror=unreadable, followlinks=True):
+        real = os.path.realpath(directory)
+        if real in seen:  # a link back up the tree
+            dirs[:] = []
+            continue
+        seen.add(real)
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found.extend((Path(directory) / name).relative_to(root).as_posix()
+                     for name in sorted(files) if not name.startswith("."))
+    return found
+
+
+def copy_tree(root: Path, files: list[str], dst: Path) -> None:
+    """Copy ``files`` (relative to the user's folder ``root``) into the cache's folder ``dst``."""
+    for rel in files:
+        make_folder((dst / rel).parent)
+        copy_file(root / rel, dst / rel)

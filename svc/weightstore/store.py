@@ -46,7 +46,7 @@ from svc.weightstore.cache import HUB_DIR, Record, RecordError, read_record, var
 from svc.weightstore.catalog import FileSource, HubSource, Variant
 from svc.weightstore.check import cached_records, in_words, load_problem, record_problems, stray_files, verify  # noqa: F401
 from svc.weightstore.commit import cache_failure, cache_trouble, install
-from svc.weightstore.copyin import CopyError, copy_file, make_folder
+from svc.weightstore.copyin import CopyError, copy_file, copy_tree, make_folder, user_files
 from svc.weightstore.fetch import FetchError, Progress, download, mirrored, sha256_file
 
 PART = ".part"
@@ -370,7 +370,7 @@ def _import(factory: Any, variant: Variant, given: Path, env: dict[str, str], re
         shutil.rmtree(stage, ignore_errors=True)  # a killed import's (what stays fails the copy, named)
         make_folder(stage)
         if isinstance(source, HubSource):
-            shutil.copytree(given, stage, ignore=shutil.ignore_patterns(".*"), dirs_exist_ok=True)
+            copy_tree(given, user_files(given), stage)
         else:
             copy_file(given, copy)
     except CopyError as e:  # a failed read names the user's file; a failed write or folder, the cache's path

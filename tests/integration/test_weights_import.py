@@ -167,3 +167,42 @@ def test_an_import_into_a_read_only_cache_names_the_cache_not_the_file(capsys, m
             1, "", f"svcctl: YOLOV8 yolov8n: the weights cache cannot hold it: {directory / 'new.part'}: "
             "Read-only file system (nothing kept)\n")
         assert everything_under(disk) == before and read_record("YOLOV8", "yolov8n") == recorded
+
+
+def without_file_permission_override(argv: list[str]) -> list[str]:
+    """``argv`` run so that file modes bind: as root (CI), under setpriv without CAP_DAC_OVERRIDE and
+    CAP_DAC_READ_SEARCH; as anyone else, as it is."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0:
+        return argv
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.fail("as root this test needs setpriv (util-linux) to run svcctl without CAP_DAC_OVERRIDE")
+    return [setpriv, "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search", "--", *argv]
+
+
+@pytest.mark.parametrize("unreadable", ["config.json", "images"])
+def test_an_unreadable_file_in_an_imported_folder_is_named_in_one_line(cache, tmp_path, unreadable):
+    """A file (or folder) of the user's that cannot be read: one line naming it and the cause (not a list of
+    (source, staging copy, reason) tuples), and nothing in the cache."""
+    import subprocess
+    import sys
+
+    from tests.support.processes import REPO, child_env
+
+    folder = tmp_path / "ddpm"
+    folder.mkdir()
+    write_google_ddpm(folder)
+    (folder / unreadable).chmod(0)
+    try:
+        done = subprocess.run(without_file_permission_override(
+            [sys.executable, "-m", "svc.cli", "weights", "import", "DDPM", str(folder)]),
+            env=child_env({"SERVICE_WEIGHTS_DIR": str(cache)}), cwd=REPO, capture_output=True, text=True,
+            timeout=300)
+    finally:
+        (folder / unreadable).chmod(0o755)
+    assert (done.returncode, done.stdout) == (1, ""), done.stderr
+    assert done.stderr == f"svcctl: DDPM cifar10-32: {folder / unreadable}: Permission denied (nothing kept)\n"
+    assert everything_under(cache) == []

@@ -7,7 +7,7 @@ Layout, under ``$SERVICE_WEIGHTS_DIR`` (default
     <MODEL_ID>/<VARIANT>/record.json   what was fetched, from where, its digests
     <MODEL_ID>/<VARIANT>/<files>       the file or folder ``build`` loads
     <MODEL_ID>/<VARIANT>/<file>.part   a download under way or cut (resumed by the next pull)
-    <MODEL_ID>/<VARIANT>/hub/          a hub repository's files (``hub.part/`` while fetched)
+    <MODEL_ID>/<VARIANT>/hub/<REPO>/   a hub repository's files, pulled or imported (``hub.part/`` while fetched)
     <MODEL_ID>/<VARIANT>/new.part/     a new file converted, or an import load-checked, before it is moved into place
 
 A variant is cached when its ``record.json`` exists: the record is written

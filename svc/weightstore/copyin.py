@@ -71,8 +71,8 @@ def copy_file(src: Path, dst: Path) -> None:
 
 def user_files(root: Path) -> list[str]:
     """The relative paths of the files under the user's folder ``root``, hidden folders (``.git``, a
-    downloader's ``.cache``) and hidden files left out, symlinks followed (a hub cache's snapshot links to its
-    blobs), each folder once; CopyError (the user's) for a folder that cannot be listed."""
+    downloader's ``.cache``) left out as a pull's record leaves them out, symlinks followed (a hub cache's
+    snapshot links to its blobs), each folder once; CopyError (the user's) for a folder that cannot be listed."""
 
     def unreadable(error: OSError) -> None:
         raise CopyError(error, Path(error.filename or root), cache=False)
@@ -87,7 +87,7 @@ def user_files(root: Path) -> list[str]:
         seen.add(real)
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         found.extend((Path(directory) / name).relative_to(root).as_posix()
-                     for name in sorted(files) if not name.startswith("."))
+                     for name in sorted(files))
     return found
 
 

@@ -48,6 +48,7 @@ from svc.weightstore.check import cached_records, in_words, load_problem, record
 from svc.weightstore.commit import cache_failure, cache_trouble, install
 from svc.weightstore.copyin import CopyError, copy_file, copy_tree, make_folder, user_files
 from svc.weightstore.fetch import FetchError, Progress, download, mirrored, sha256_file
+from svc.weightstore.hub import folder_name, select_files
 
 PART = ".part"
 #: The folder a new file is converted (and an import load-checked) in before it is moved into place.
@@ -254,22 +255,23 @@ def _install_tree(factory: Any, variant: Variant, stage: Path, how: str, old: Re
         if not files:
             raise StoreError(f"{where}: no files")
         notes = []
+        weights = HUB_DIR if loads in ("", ".") else f"{HUB_DIR}/{loads}"
         if old is not None and old.source == source_text(variant) and not replace:
-            for rel, entry in sorted(old.files.items()):
-                if rel in files and files[rel]["sha256"] != entry.get("sha256"):
-                    raise StoreError(f"{where}: {rel}: sha256 mismatch: got {files[rel]['sha256']}, the first "
+            mine, theirs = _inside(files, weights), _inside(old.files, old.weights)
+            for rel, entry in sorted(theirs.items()):
+                if rel in mine and mine[rel]["sha256"] != entry.get("sha256"):
+                    raise StoreError(f"{where}: {rel}: sha256 mismatch: got {mine[rel]['sha256']}, the first "
                                      f"{old.how} recorded {entry.get('sha256')}: pass --replace to replace the "
                                      "cached variant")
-            if how == "import" and set(files) != set(old.files):
-                differ = sorted(set(files) ^ set(old.files))
+            if how == "import" and set(mine) != set(theirs):
+                differ = sorted(set(mine) ^ set(theirs))
                 raise StoreError(f"{where}: other files than the cached {model_id} {variant.name} "
                                  f"({len(differ)} differ, first {differ[0]}): pass --replace to replace it")
         else:
             notes.append(f"{model_id} {variant.name}: {source_text(variant)}: recorded the sha256 of {len(files)} "
                          "files (later pulls, imports and verify check against them)")
-        weights = HUB_DIR if loads in ("", ".") else f"{HUB_DIR}/{loads}"
         loaded = stage if loads in ("", ".") else stage / loads
-        problem = load_problem(factory, variant, loaded, {str(stage): where})
+        problem = load_problem(factory, variant, loaded, {str(loaded): where, str(stage): where})
         if problem:
             raise StoreError(problem)
     except StoreError as e:
@@ -280,6 +282,13 @@ def _install_tree(factory: Any, variant: Variant, stage: Path, how: str, old: Re
                     files=files, pulled_at=_now(), how=how)
     _commit(stage, {HUB_DIR: stage}, record, old, env)
     return Stored(record, tuple(notes))
+
+
+def _inside(files: Mapping[str, Any], weights: str) -> dict[str, Any]:
+    """A hub record's ``files`` by their path in the repository (inside ``weights``), so that a pull's record
+    (``hub/<repo>/...``) and one of an import made before imports were stored so (``hub/...``) compare."""
+    prefix = weights.rstrip("/") + "/"
+    return {rel[len(prefix):] if rel.startswith(prefix) else rel: entry for rel, entry in files.items()}
 
 
 def _already(model_id: str, variant: Variant, env: dict[str, str] | None) -> tuple[Record | None, bool]:
@@ -369,8 +378,12 @@ def _import(factory: Any, variant: Variant, given: Path, env: dict[str, str], re
     try:
         shutil.rmtree(stage, ignore_errors=True)  # a killed import's (what stays fails the copy, named)
         make_folder(stage)
-        if isinstance(source, HubSource):
-            copy_tree(given, user_files(given), stage)
+        if isinstance(source, HubSource):  # the files a pull fetches, where it puts them
+            chosen = sorted(select_files(dict.fromkeys(user_files(given)), source.allow_patterns))
+            if not chosen:
+                raise StoreError(f"{given}: no file matches {', '.join(source.allow_patterns)} (what a pull of "
+                                 f"{source_text(variant)} fetches) (nothing kept)")
+            copy_tree(given, chosen, stage / folder_name(source))
         else:
             copy_file(given, copy)
     except CopyError as e:  # a failed read names the user's file; a failed write or folder, the cache's path
@@ -378,7 +391,8 @@ def _import(factory: Any, variant: Variant, given: Path, env: dict[str, str], re
             raise CacheFailure(f"{cache_trouble(e.error, e.path)} (nothing kept)") from None
         raise StoreError(f"{e.path}: {e.error.strerror or e.error} (nothing kept)") from None
     if isinstance(source, HubSource):
-        return _install_tree(factory, variant, stage, "import", old, env, str(given), replace=replace)
+        return _install_tree(factory, variant, stage, "import", old, env, str(given), folder_name(source),
+                             replace=replace)
     return _install_file(factory, variant, copy, "import", old, env, str(given), replace=replace)
 
 

@@ -350,3 +350,57 @@ def test_svcctl_pulls_a_hub_variant_and_a_model_server_serves_it_as_pretrained(h
                                                  output_type="np").images
     got = np.asarray(decode_image(result["results"][0]["data"]["image"]))
     assert np.array_equal(got, (images[0] * 255).round().astype("uint8"))
+
+
+def test_an_imported_copy_of_a_pulled_repository_is_stored_as_the_pull_and_loads_the_same(
+        hub, endpoint, monkeypatch, capsys, tmp_path):
+    """`weights import` of a byte-identical copy of what a pull stored, or of the repository as the hub has it
+    (README.md, images/, the .bin twin), is stored as the pull stores it: the same files in the same place,
+    so it compares equal to the pull, and a model server loads the same folder.  A variant imported before
+    imports were stored so (the whole folder as hub/) still loads, and --replace moves it to the pull's layout."""
+    import hashlib
+    import shutil
+
+    from svc.cli import commands as cli
+    from svc.model.api import model_config
+    from svc.weightstore.cache import Record, read_record, variant_dir, write_record
+
+    def svcctl(*args: str) -> tuple[int, str, str]:
+        code = cli.main(["weights", *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    monkeypatch.setenv("SERVICE_WEIGHTS_DIR", str(tmp_path / "cache"))
+    assert svcctl("pull", "DDPM")[0] == 0
+    pulled = read_record("DDPM", "cifar10-32")
+    folder = variant_dir("DDPM", "cifar10-32") / "hub" / "ddpm-cifar10-32"
+    copy = tmp_path / "x" / "ddpm-cifar10-32"
+    shutil.copytree(folder, copy)
+    for source in (copy, hub.repos["google/ddpm-cifar10-32"]):
+        code, out, err = svcctl("import", "DDPM", str(source))
+        assert (code, out, err) == (0, f"DDPM cifar10-32: imported: {folder}\n", "")
+        imported = read_record("DDPM", "cifar10-32")
+        assert (imported.how, imported.weights, imported.files) == ("import", pulled.weights, pulled.files)
+    assert svcctl("verify")[:2] == (0, "DDPM cifar10-32: ok (4 files)\n")
+    config = model_config(ddpm, {"weights": "pretrained"}, "DDPM.toml")
+    assert config["weights"] == str(folder)
+    ddpm.build(config, "cpu")
+
+    # An import made before: the whole folder under hub/, loaded from there.
+    shutil.rmtree(variant_dir("DDPM", "cifar10-32"))
+    shutil.copytree(hub.repos["google/ddpm-cifar10-32"], variant_dir("DDPM", "cifar10-32") / "hub")
+    files = {f"hub/{rel}": {"sha256": hashlib.sha256((variant_dir("DDPM", "cifar10-32") / "hub" / rel).read_bytes())
+                            .hexdigest(), "size": (variant_dir("DDPM", "cifar10-32") / "hub" / rel).stat().st_size}
+             for rel in files_under(variant_dir("DDPM", "cifar10-32") / "hub")}
+    write_record(Record("DDPM", "cifar10-32", "google/ddpm-cifar10-32@main", "hub", files, "2026-11-01T00:00:00Z",
+                        "import"))
+    assert svcctl("verify")[:2] == (0, "DDPM cifar10-32: ok (7 files)\n")
+    config = model_config(ddpm, {"weights": "pretrained"}, "DDPM.toml")
+    assert config["weights"] == str(variant_dir("DDPM", "cifar10-32") / "hub")
+    ddpm.build(config, "cpu")
+    assert svcctl("import", "DDPM", str(copy)) == (1, "", (
+        f"svcctl: DDPM cifar10-32: {copy}: other files than the cached DDPM cifar10-32 (3 differ, first "
+        "README.md): pass --replace to replace it (nothing kept)\n"))
+    assert svcctl("import", "DDPM", str(copy), "--replace")[0] == 0
+    assert read_record("DDPM", "cifar10-32").files == pulled.files
+    assert svcctl("verify")[:2] == (0, "DDPM cifar10-32: ok (4 files)\n")  # nothing of the old layout stays

@@ -44,6 +44,11 @@ def test_a_folder_that_does_not_build_is_refused_named_and_leaves_nothing(cache,
     folder = tmp_path / "my-ddpm"
     folder.mkdir()
     (folder / "notes.txt").write_text("not a model")
+    code, out, err = svcctl(capsys, "import", "DDPM", str(folder))  # nothing a pull would fetch
+    assert (code, out, err) == (1, "", f"svcctl: DDPM cifar10-32: {folder}: no file matches *.json, *.safetensors, "
+                                "*.bin (what a pull of google/ddpm-cifar10-32@main fetches) (nothing kept)\n")
+    assert everything_under(cache) == []
+    (folder / "config.json").write_text("{}")
     code, out, err = svcctl(capsys, "import", "DDPM", str(folder))
     assert (code, out) == (1, "")
     assert len(err.splitlines()) == 1, err
@@ -64,17 +69,18 @@ def test_a_different_folder_replaces_a_cached_variant_only_with_replace(cache, c
     (second / "config.json").write_text(json.dumps({**config, "sample_size": 8}))  # another, loadable, folder
     code, out, err = svcctl(capsys, "import", "DDPM", str(first))
     assert code == 0, err
-    assert out.splitlines()[-1] == f"DDPM cifar10-32: imported: {variant_dir('DDPM', 'cifar10-32') / 'hub'}"
+    assert out.splitlines()[-1] == (f"DDPM cifar10-32: imported: "
+                                    f"{variant_dir('DDPM', 'cifar10-32') / 'hub' / 'ddpm-cifar10-32'}")
     recorded = read_record("DDPM", "cifar10-32")
-    assert recorded.how == "import" and "hub/config.json" in recorded.files
+    assert recorded.how == "import" and "hub/ddpm-cifar10-32/config.json" in recorded.files
     assert svcctl(capsys, "verify")[:2] == (0, f"DDPM cifar10-32: ok ({len(recorded.files)} files)\n")
 
     code, out, err = svcctl(capsys, "import", "DDPM", str(second))
     assert (code, out) == (1, "")
-    assert err == (f"svcctl: DDPM cifar10-32: {second}: hub/config.json: sha256 mismatch: got "
+    assert err == (f"svcctl: DDPM cifar10-32: {second}: config.json: sha256 mismatch: got "
                    f"{err.split('got ')[1].split(',')[0]}, the first import recorded "
-                   f"{recorded.files['hub/config.json']['sha256']}: pass --replace to replace the cached variant "
-                   "(nothing kept)\n")
+                   f"{recorded.files['hub/ddpm-cifar10-32/config.json']['sha256']}: pass --replace to replace the "
+                   "cached variant (nothing kept)\n")
     assert read_record("DDPM", "cifar10-32") == recorded
     directory = variant_dir("DDPM", "cifar10-32")
     assert sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file()) == sorted(
@@ -83,7 +89,7 @@ def test_a_different_folder_replaces_a_cached_variant_only_with_replace(cache, c
     code, out, err = svcctl(capsys, "import", "DDPM", str(second), "--replace")
     assert code == 0, err
     replaced = read_record("DDPM", "cifar10-32")
-    assert replaced.files["hub/config.json"] != recorded.files["hub/config.json"]
+    assert replaced.files["hub/ddpm-cifar10-32/config.json"] != recorded.files["hub/ddpm-cifar10-32/config.json"]
     assert svcctl(capsys, "verify")[0] == 0
 
 
@@ -92,13 +98,13 @@ def test_a_folder_of_other_files_is_not_a_silent_replacement(cache, capsys, tmp_
     for folder in (first, second):
         folder.mkdir()
         write_google_ddpm(folder)
-    (second / "README.md").unlink()
+    (second / "scheduler_config.json").unlink()
     assert svcctl(capsys, "import", "DDPM", str(first))[0] == 0
     recorded = read_record("DDPM", "cifar10-32")
     code, out, err = svcctl(capsys, "import", "DDPM", str(second))
     assert (code, out) == (1, "")
     assert err == (f"svcctl: DDPM cifar10-32: {second}: other files than the cached DDPM cifar10-32 (1 differ, "
-                   "first hub/README.md): pass --replace to replace it (nothing kept)\n")
+                   "first scheduler_config.json): pass --replace to replace it (nothing kept)\n")
     assert read_record("DDPM", "cifar10-32") == recorded
 
 

@@ -567,21 +567,22 @@ def test_hub_variants_import_a_folder_and_a_failed_hub_pull_is_one_line(source, 
     code, out, err = svcctl(capsys, "import", "DDPM", str(folder))
     assert code == 0, err
     record = read_record("DDPM", "cifar10-32")
-    expected = sorted(f"hub/{p.relative_to(folder).as_posix()}" for p in folder.rglob("*")
-                      if p.is_file() and ".git" not in p.parts)
+    # What a pull fetches and where it puts it: no README.md, images/ or .bin twin; not .git.
+    expected = [f"hub/ddpm-cifar10-32/{name}" for name in (
+        "config.json", "diffusion_pytorch_model.safetensors", "model_index.json", "scheduler_config.json")]
     assert (record.source, record.weights, record.how, sorted(record.files)) == (
-        "google/ddpm-cifar10-32@main", "hub", "import", expected)
+        "google/ddpm-cifar10-32@main", "hub/ddpm-cifar10-32", "import", expected)
     assert out.splitlines()[0] == (f"DDPM cifar10-32: google/ddpm-cifar10-32@main: recorded the sha256 of "
                                    f"{len(expected)} files (later pulls, imports and verify check against them)")
     assert svcctl(capsys, "verify")[0] == 0
     (folder / "model_index.json").write_text('{"a": 2}')
     code, _, err = svcctl(capsys, "import", "DDPM", str(folder))
-    assert code == 1 and "hub/model_index.json: sha256 mismatch" in err
+    assert code == 1 and f"{folder}: model_index.json: sha256 mismatch" in err
     assert read_record("DDPM", "cifar10-32") == record
     assert not (variant_dir("DDPM", "cifar10-32") / "new.part").exists()
-    assert svcctl(capsys, "pull", "DDPM")[:2] == (
-        0, f"DDPM cifar10-32: already cached and verified: {variant_dir('DDPM', 'cifar10-32') / 'hub'}\n")
-    (variant_dir("DDPM", "cifar10-32") / "hub" / "model_index.json").write_text("damaged")
+    loaded = variant_dir("DDPM", "cifar10-32") / "hub" / "ddpm-cifar10-32"
+    assert svcctl(capsys, "pull", "DDPM")[:2] == (0, f"DDPM cifar10-32: already cached and verified: {loaded}\n")
+    (loaded / "model_index.json").write_text("damaged")
     code, out, err = svcctl(capsys, "pull", "DDPM")
     assert code == 1 and len(err.splitlines()) == 1
     assert err.startswith("svcctl: DDPM cifar10-32: google/ddpm-cifar10-32@main: ")

@@ -140,6 +140,7 @@ class JobRoutes:
         job = self.jobs.get(job_id)
         if job is None:
             raise ApiError(st.NOT_FOUND, f"job not found: {job_id[:80]}")
+        request.service_task_id = job.task_id  # the access line's rid, also of a wait its client abandons (499)
         return job
 
     # -- routes ------------------------------------------------------------------------

@@ -173,12 +173,14 @@ class JsonSite(server.Site):
     def _access_line(self, request: Any, code: int) -> None:
         started = getattr(request, "started", None)
         duration = (self.reactor.seconds() - started) * 1000.0 if started is not None else 0.0
-        rid = request.responseHeaders.getRawHeaders(b"x-request-id") or request.requestHeaders.getRawHeaders(
-            b"x-request-id"
-        )
+        # The id the reply carries; else the one its handler settled on (a 499 sends none: an abandoned job wait
+        # is named by its job's task id); else the client's.
+        sent = request.responseHeaders.getRawHeaders(b"x-request-id")
+        rid = sent[0].decode("latin-1") if sent else getattr(request, "service_task_id", None)
+        if rid is None and (asked := request.requestHeaders.getRawHeaders(b"x-request-id")):
+            rid = asked[0].decode("latin-1")
         key = getattr(request, "service_key", None) or "-"
-        self.log_line(request.method, request.uri, code, duration, rid[0].decode("latin-1") if rid else None, key,
-                      debug=is_supervisor_probe(request))
+        self.log_line(request.method, request.uri, code, duration, rid, key, debug=is_supervisor_probe(request))
 
     def log_line(self, method: bytes, path: bytes, code: int, duration_ms: float, request_id: str | None, key: str,
                  *, debug: bool = False) -> None:

@@ -76,3 +76,24 @@ def test_sigterm_answers_parked_waiters_and_exits_0(tmp_path):
     assert time.monotonic() - started < 5
     assert replies["wait"].status == 200 and replies["wait"].json["state"] == "running"
     assert server.popen.wait(30) == 0
+
+
+def test_a_wait_its_client_abandons_is_logged_with_its_jobs_task_id(tmp_path):
+    """docs/api.md: one id (``rid=``) follows a job from its submission to its result in the access lines. A
+    wait whose client went away (499: no reply, so no ``X-Request-ID`` to log) was ``rid=-``."""
+    import socket
+
+    config = write_config(tmp_path, "TESTFAULTS", async_enabled=True, max_batch_size=1)
+    server = start_model_server(config)
+    try:
+        job = submit(server, sleep_ms=3000).json
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall(f"GET /jobs/{job['job_id']}/wait?timeout=30000 HTTP/1.1\r\nHost: x\r\n"
+                         f"Authorization: {server.auth['Authorization']}\r\n\r\n".encode())
+            wait_until(lambda: metric(server, "service_async_waiters") == 1.0, "the wait is parked")
+        line = f"GET /jobs/{job['job_id']}/wait?timeout=30000 499 "
+        wait_until(lambda: line in server.output(), "the abandoned wait's access line")
+        logged = next(text for text in server.output().splitlines() if line in text)
+        assert logged.endswith(f"key=- rid={job['task_id']}"), logged
+    finally:
+        server.stop()

@@ -140,7 +140,7 @@ def next_steps(status: dict, *, ui_url: str, gateway_url: str, api_key: str | No
             if not s.get("ready"):
                 why = f": {s['last_error']}" if s.get("last_error") else ""
                 lines.append(f"     {s['id']} ({s.get('state')}{why}; its log: logs/{s['id']}.log)")
-    others = [s["id"] for s in status.get("servers", []) if s not in servers]
+    others = [s["id"] for s in status.get("servers", []) if not s.get("in_profile", True)]
     if others:
         lines.append(f"   Not in the profile, stopped (start one in the web UI): {', '.join(others)}")
     gateway = status.get("gateway", {})

@@ -46,7 +46,10 @@ class RotatingFile(LogFile):
         super().__init__(name, directory, **kw)
         if self.defaultMode is not None:
             for n in self.listLogs():
-                os.chmod(f"{self.path}.{n}", self.defaultMode)
+                try:
+                    os.chmod(f"{self.path}.{n}", self.defaultMode)
+                except OSError:  # another user's backup: as LogFile does for the file itself, it is left as it is
+                    pass
 
     def rotate(self) -> None:
         super().rotate()

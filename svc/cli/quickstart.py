@@ -140,7 +140,7 @@ def next_steps(status: dict, *, ui_url: str, gateway_url: str, api_key: str | No
             if not s.get("ready"):
                 why = f": {s['last_error']}" if s.get("last_error") else ""
                 lines.append(f"     {s['id']} ({s.get('state')}{why}; its log: logs/{s['id']}.log)")
-    others = [s["id"] for s in status.get("servers", []) if not s.get("in_profile", True)]
+    others = [s["id"] for s in status.get("servers", []) if not in_profile(s)]
     if others:
         lines.append(f"   Not in the profile, stopped (start one in the web UI): {', '.join(others)}")
     gateway = status.get("gateway", {})
@@ -190,7 +190,12 @@ def profile_servers(status: dict) -> list[dict]:
     until someone starts them: the quick start neither waits for them nor
     counts them as not ready.
     """
-    return [s for s in status.get("servers", []) if s.get("in_profile", True)]
+    return [s for s in status.get("servers", []) if in_profile(s)]
+
+
+def in_profile(server: dict) -> bool:
+    """Whether the supervisor starts ``server``: its status's ``in_profile`` (absent: it does)."""
+    return bool(server.get("in_profile", True))
 
 
 def not_started(child: dict) -> bool:

@@ -133,3 +133,22 @@ def test_an_optimize_mode_the_new_process_would_refuse_is_refused_before_the_sto
     path.write_text(path.read_text().replace("bogus", "fp16"))
     assert model_config_problem(config, "gpu") is None
     assert "'fp16' needs backend.device" in model_config_problem(config, "cpu")
+
+
+def test_a_refused_start_during_back_off_leaves_the_back_off_as_it_is(tmp_path):
+    """A crashed child waits out its back-off and respawns by itself: a start asked meanwhile that the checks
+    refuse fails with the reason, but does not mark it start_failed (the back-off is still its state)."""
+    from twisted.internet.error import ProcessTerminated
+
+    m, _ = weights_manager(tmp_path, "demo")
+    child = m.children["AAA"]
+    m.reactor.advance(5)  # ready: a crash now backs off (one while starting is start_failed)
+    assert child.state == "running"
+    child._protocol.processEnded(Failure(ProcessTerminated(1)))
+    assert child.state == "backoff"
+    path = tmp_path / "AAA.toml"
+    path.write_text(path.read_text().replace("port = 9300", "port = 9400"))
+    failures: list = []
+    child.start().addErrback(failures.append)
+    assert "changes port 9300 -> 9400" in failures[0].getErrorMessage()
+    assert child.snapshot()["state"] == "backoff"

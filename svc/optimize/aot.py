@@ -25,10 +25,13 @@ optimisation line.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import inspect
 import os
+import shutil
 import tempfile
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -151,27 +154,26 @@ def compiled(module: Any, make_example: Any, batch: int, device: str, batched: b
     path = directory / f"{name}-{mode_name}-{key[:32]}.pt2"
     meta = path.with_suffix(".json")
     layouts = [_layout(v) if isinstance(v, torch.Tensor) else "" for v in example]
-    package = read_cached(meta, [path], lambda record: _load(path, record["batches"], layouts, module), STATS)
+    package = read_cached(meta, [path], lambda record: _load(path, record["batches"], layouts, module, device), STATS)
     if package is not None:
         return package
-    batches, example = _build(module, example, example_of, batch, batched, path)
+    batches, example = _build(module, example, example_of, batch, batched, path, device)
     write_record(meta, [path], {"batches": batches})
     STATS["built"] += 1
     layouts = [_layout(v) if isinstance(v, torch.Tensor) else "" for v in example]
-    return _load(path, batches, layouts, module)
+    return _load(path, batches, layouts, module, device)
 
 
-def _load(path: Path, batches: list[int] | None, layouts: list[str], module: Any) -> Package:
-    from torch._inductor.package.package import load_package
-
+def _load(path: Path, batches: list[int] | None, layouts: list[str], module: Any, device: str) -> Package:
     if batches is not None and not (isinstance(batches, list) and len(batches) == 2
                                     and all(isinstance(b, int) for b in batches)):
         raise ValueError(f"its record says it holds batches {batches!r}")
-    return Package(load_package(str(path), num_runners=max(1, RUNNERS)), layouts,
+    return Package(load_runner(path, device, RUNNERS), layouts,
                    (batches[0], batches[1]) if batches else None, module, path)
 
 
-def _build(module: Any, example: tuple, example_of: Any, batch: int, batched: bool, path: Path) -> tuple:
+def _build(module: Any, example: tuple, example_of: Any, batch: int, batched: bool, path: Path,
+           device: str) -> tuple:
     """Export and compile ``module`` into ``path``; (the batch range compiled or None, the example used).
 
     A dynamic program whose batch starts at 1 is checked at build time: a
@@ -194,7 +196,7 @@ def _build(module: Any, example: tuple, example_of: Any, batch: int, batched: bo
         batches = _batch_range(program, max_batch(batch))
     if batches is not None and batches[0] <= batch <= batches[1]:
         _compile(program, path)
-        if batches[0] == 1 and not _one_matches_eager(path, module, example_of):
+        if batches[0] == 1 and not _one_matches_eager(path, module, example_of, device):
             batches[0] = 2
         if batches[0] <= batch:
             return batches, example
@@ -225,11 +227,74 @@ def _compile(program: Any, path: Path) -> None:
             os.unlink(tmp)
 
 
+#: One package unpacked at a time: where it unpacks is chosen through ``TMPDIR``, which the process shares.
+_UNPACKING = threading.Lock()
+#: Folders of ours that packages unpacked into: ``svc-aot-<pid>-XXXXXXXX`` in the temporary folder.
+UNPACK_PREFIX = "svc-aot-"
+
+
+def load_runner(path: Path, device: str, runners: int = 1) -> Any:
+    """The package at ``path`` loaded with ``runners`` runners, its unpacked files in a folder of ours.
+
+    The loader unpacks a package into ``$TMPDIR/aotinductor_XXXXXX`` and
+    removes that folder only when the runner is destroyed: a model server
+    that ends without destroying it (killed, stopped by its watchdog, or
+    ended with ``os._exit`` after a failed start) left the package's size
+    (7 to 16 MB for MobileNetV2) in /tmp at every start.  On a CPU the
+    compiled library is mapped into the process once loaded and its files
+    are not read again, so the folder goes at once.  A CUDA package loads
+    each kernel from its file at the kernel's first call: its folder stays
+    while the process lives, goes at a clean exit, and otherwise goes at
+    the next load on this machine once its process has ended
+    (:func:`sweep_unpacked`).
+    """
+    from torch._inductor.package.package import load_package
+
+    sweep_unpacked()
+    with _UNPACKING:
+        scratch = tempfile.mkdtemp(prefix=f"{UNPACK_PREFIX}{os.getpid()}-")
+        previous = os.environ.get("TMPDIR")
+        os.environ["TMPDIR"] = scratch
+        try:
+            runner = load_package(str(path), num_runners=max(1, runners))
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        finally:
+            if previous is None:
+                del os.environ["TMPDIR"]
+            else:
+                os.environ["TMPDIR"] = previous
+    if device == "cpu":
+        shutil.rmtree(scratch, ignore_errors=True)
+    else:
+        atexit.register(shutil.rmtree, scratch, True)
+    return runner
+
+
+def sweep_unpacked() -> None:
+    """Remove the unpacked folders (:func:`load_runner`) of processes that no longer run."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{UNPACK_PREFIX}*-*"):
+        pid = folder.name[len(UNPACK_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _running(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 #: Build-time check of a batch of one: the package's outputs within this fraction of eager's largest output.
 ONE_RTOL = 0.05
 
 
-def _one_matches_eager(path: Path, module: Any, example_of: Any) -> bool:
+def _one_matches_eager(path: Path, module: Any, example_of: Any, device: str) -> bool:
     """Whether the package gives a batch of one what the module itself gives it (within ``ONE_RTOL``).
 
     Loose enough for a compiled half-precision mode, tight enough for code
@@ -238,7 +303,7 @@ def _one_matches_eager(path: Path, module: Any, example_of: Any) -> bool:
     import torch
 
     one = example_of(1)
-    runner = torch._inductor.aoti_load_package(str(path))
+    runner = load_runner(path, device)
     with torch.inference_mode():
         got, expected = runner(*[_dense(v) for v in one]), module(*one)
     gots = got if isinstance(got, (list, tuple)) else [got]

@@ -235,11 +235,11 @@ class LimitedChannel(HTTPChannel):
         limit = self.MAX_LENGTH if len(line) > self.MAX_LENGTH else self.totalHeadersSize
         error = head_too_large(request_line, limit, self.maxHeaders if too_many else None)
         method = getattr(self, "_command", None) or line.split(b" ", 1)[0][:20]  # counted as "other" if no method
-        code, headers, body = site.limit_reply(None, error, method.decode("latin-1", "replace"))
-        self.persistent = False
-        self._reply_and_close(raw_reply(code, headers, body), LINGER_SECONDS)
         path = getattr(self, "_path", None) or (line.split(b" ", 2)[1][:300] if request_line and b" " in line
                                                  else b"-")
+        code, headers, body = site.limit_reply(None, error, method.decode("latin-1", "replace"), path)
+        self.persistent = False
+        self._reply_and_close(raw_reply(code, headers, body), LINGER_SECONDS)
         site.log_line(method, path, code, 0.0, None, "-")
 
     # --- a request twisted cannot parse -------------------------------------
@@ -261,10 +261,11 @@ class LimitedChannel(HTTPChannel):
         site = self.site
         method = getattr(self, "_command", None) or b"-"
         error = ApiError(st.JSON_PARSE_ERROR, message)
-        code, headers, body = site.limit_reply(None, error, method.decode("latin-1", "replace"))
+        path = getattr(self, "_path", None) or b"-"
+        code, headers, body = site.limit_reply(None, error, method.decode("latin-1", "replace"), path)
         self.persistent = False
         self._reply_and_close(raw_reply(code, headers, body), LINGER_SECONDS)
-        site.log_line(method, getattr(self, "_path", None) or b"-", code, 0.0, None, "-")
+        site.log_line(method, path, code, 0.0, None, "-")
 
     # --- pipelining ----------------------------------------------------------
 

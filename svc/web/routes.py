@@ -101,8 +101,9 @@ class Replies:
     not_found = "no route for {path}"
     internal = "internal server error"
 
-    def raw(self, request: Any | None, error: ApiError) -> tuple[int, dict[str, str], bytes]:
-        """Code, headers and body of ``error`` (``request`` is None for a reply before any request)."""
+    def raw(self, request: Any | None, error: ApiError, path: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+        """Code, headers and body of ``error``; ``request`` is None for a reply before any request, with the
+        ``path`` read so far if any (a head too large)."""
         raise NotImplementedError
 
     def error(self, request: Any, error: ApiError) -> bytes:
@@ -120,7 +121,7 @@ class EnvelopeReplies(Replies):
         self.task_id = task_id
         self.not_found = not_found
 
-    def raw(self, request: Any | None, error: ApiError) -> tuple[int, dict[str, str], bytes]:
+    def raw(self, request: Any | None, error: ApiError, path: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
         task_id = error.task_id or (self.task_id(request) if request is not None else new_task_id())
         return envelope_reply(error, task_id, self.identity())
 
@@ -131,7 +132,7 @@ class OkErrorReplies(Replies):
     not_found = "no such route: {path}"
     internal = "internal error"
 
-    def raw(self, request: Any | None, error: ApiError) -> tuple[int, dict[str, str], bytes]:
+    def raw(self, request: Any | None, error: ApiError, path: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
         return ok_error_reply(error)
 
 
@@ -300,11 +301,13 @@ class JsonApp:
             counter = counters[key] = self.metrics.requests.labels(route, method, str(code), *extra)
         counter.inc()
 
-    def limit_reply(self, request: Any | None, error: ApiError, method: str = "-") -> tuple[int, dict[str, str], bytes]:
+    def limit_reply(self, request: Any | None, error: ApiError, method: str = "-",
+                    path: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
         """A request refused by a listener limit before any route saw it (svc.web.limits): counted, in this
-        process's reply shape; ``request`` is None when none was made yet (a head too large)."""
+        process's reply shape; ``request`` is None when none was made yet (a head too large, whose ``path``
+        chooses the shape where it was read)."""
         self.count_as("unmatched", method, error.code, *self.count_labels(request))
-        code, headers, body = self.replies.raw(request, error)
+        code, headers, body = self.replies.raw(request, error, path)
         if request is not None and self.early_headers is not None:
             headers = {**headers, **self.early_headers(request)}
         return code, headers, body

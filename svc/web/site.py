@@ -54,12 +54,14 @@ class SiteApp(Protocol):
 
     def busy_reply(self) -> tuple[int, dict[str, str], bytes]: ...
 
-    def limit_reply(self, request: Any, error: ApiError, method: str = "-") -> tuple[int, dict[str, str], bytes]: ...
+    def limit_reply(self, request: Any, error: ApiError, method: str = "-",
+                    path: bytes | None = None) -> tuple[int, dict[str, str], bytes]: ...
 
     def count(self, request: Any) -> None: ...
 
 
-def plain_limit_reply(request: Any, error: ApiError, method: str = "-") -> tuple[int, dict[str, str], bytes]:
+def plain_limit_reply(request: Any, error: ApiError, method: str = "-",
+                      path: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
     """A listener limit's reply where no app gives its shape (sites built without one, in unit tests)."""
     return error.code, dict(error.headers), dumps({"error": error.message})
 

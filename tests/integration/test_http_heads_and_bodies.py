@@ -93,6 +93,29 @@ def test_a_70_kb_header_is_431(processes, name):
     assert_serving(url, name)
 
 
+def assert_oip_refusal(reply: bytes, status_line: bytes, text: str) -> None:
+    """The protocol's ``{"error"}`` (docs/oip.md), with the headers of every data-plane reply."""
+    first, headers, body = split(reply)
+    assert first == status_line, reply[:300]
+    assert headers["content-type"] == "application/json" and headers["connection"] == "close"
+    assert headers["cache-control"] == "no-store" and len(headers["x-request-id"]) == 32
+    assert list(json.loads(body)) == ["error"] and text in json.loads(body)["error"], body
+
+
+@pytest.mark.parametrize("name", ["model", "gateway"])
+def test_heads_too_large_under_v2_answer_in_the_protocols_shape(processes, name):
+    """A 414 and a 431 under /v2 came back in the /v1 envelope: the reply is made before any request exists,
+    so the shape is chosen from the path read so far."""
+    port, url, _ = processes[name]
+    reply = raw_exchange(port, b"GET /v2/models/" + b"a" * BIG + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert_oip_refusal(reply, b"HTTP/1.1 414 Request-URI Too Long", "the path is too long")
+    reply = raw_exchange(port, b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * BIG + b"\r\n\r\n")
+    assert_oip_refusal(reply, b"HTTP/1.1 431 Request Header Fields Too Large", "request head")
+    reply = raw_exchange(port, b"GET /v2x/" + b"a" * BIG + b" HTTP/1.1\r\nHost: x\r\n\r\n")  # not under /v2
+    assert_refusal(reply, b"HTTP/1.1 414 Request-URI Too Long", "envelope", "the path is too long")
+    assert_serving(url, name)
+
+
 @pytest.mark.parametrize("name", ["model", "gateway"])
 def test_many_headers_past_16_kib_in_all_are_431(processes, name):
     """Each header line is short; together they pass the head's 16 KiB (twisted answered a bare 400)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from svc.contract.envelope import new_task_id
 from svc.contract.errors import ApiError
 from svc.contract.oip import is_oip_path
 from svc.web.replies import OIP_JSON_CONTENT_TYPE, dumps, envelope_headers
@@ -38,8 +39,9 @@ def protocol_of(request: Any) -> str:
 class ProtocolReplies(EnvelopeReplies):
     """The unified envelope, or ``{"error": message}`` for a request under ``/v2``."""
 
-    def raw(self, request: Any | None, error: ApiError) -> tuple[int, dict[str, str], bytes]:
-        if request is None or not is_oip(request):
-            return super().raw(request, error)
-        return error.code, {**envelope_headers(error.task_id or self.task_id(request)), **error.headers,
+    def raw(self, request: Any | None, error: ApiError, path: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+        if not (is_oip(request) if request is not None else is_oip_path(path or b"")):
+            return super().raw(request, error, path)
+        task_id = error.task_id or (self.task_id(request) if request is not None else new_task_id())
+        return error.code, {**envelope_headers(task_id), **error.headers,
                             "Content-Type": OIP_JSON_CONTENT_TYPE.decode()}, dumps({"error": error.message})

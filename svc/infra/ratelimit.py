@@ -24,8 +24,12 @@ class TokenBucket:
         self.stamp = now
 
     def take(self, now: float) -> float:
-        """Spend one token; 0.0 when allowed, else seconds until one is back."""
-        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        """Spend one token; 0.0 when allowed, else seconds until one is back.
+
+        Time that went backwards (a clock stepped back) refills nothing: it
+        took tokens away, and locked a key out for as long as the step.
+        """
+        self.tokens = min(self.burst, self.tokens + max(0.0, now - self.stamp) * self.rate)
         self.stamp = now
         if self.tokens >= 1.0:
             self.tokens -= 1.0

@@ -15,6 +15,8 @@ them.  docs/CONTRIBUTING.md, "Types".
 
 from __future__ import annotations
 
+import heapq
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 from weakref import WeakKeyDictionary
@@ -43,10 +45,52 @@ class IServiceReactor(IClientReactor, IReactorSocket, IReactorProcess, IReactorF
 
 
 def global_reactor() -> IServiceReactor:
-    """Twisted's global reactor (installing the default one on first use), typed as what it provides."""
+    """Twisted's global reactor (installing the default one on first use), typed as what it provides, with
+    its clock made monotonic (:func:`use_monotonic_clock`)."""
     from twisted.internet import reactor
 
+    use_monotonic_clock(reactor)
     return cast(IServiceReactor, reactor)
+
+
+#: Set on a reactor whose ``seconds()`` is :func:`time.monotonic` (:func:`use_monotonic_clock`).
+MONOTONIC_MARK = "_svc_monotonic_clock"
+
+
+def use_monotonic_clock(reactor: Any) -> None:
+    """Make ``reactor.seconds()`` (every timer, timeout, deadline, bucket and duration) monotonic.
+
+    Twisted's reactor reads the wall clock, so a clock stepped while a
+    process ran (an NTP correction, a virtual machine or laptop resumed)
+    moved every timer with it: a step back parked job waits and timeouts
+    for as long as the step and locked rate-limited keys out, a step
+    forward killed running jobs as past their deadline and expired
+    finished ones at once.  Calls already scheduled are moved onto the new
+    clock in order.  Times that people read as dates (the supervisor's
+    series and log lines) are converted back with :func:`wall_time`.
+    """
+    if getattr(reactor, MONOTONIC_MARK, False):
+        return
+    shift = time.monotonic() - reactor.seconds()
+    # Every call the reactor holds, cancelled ones too (they stay in its heap until their time), is shifted alike,
+    # and the heap is made again, so that the order twisted relies on holds.
+    pending, new = getattr(reactor, "_pendingTimedCalls", None), getattr(reactor, "_newTimedCalls", None)
+    calls = [*pending, *new] if pending is not None and new is not None else reactor.getDelayedCalls()
+    for call in calls:
+        call.time += shift
+        call.seconds = time.monotonic
+    if pending is not None:
+        heapq.heapify(pending)
+    reactor.seconds = time.monotonic
+    setattr(reactor, MONOTONIC_MARK, True)
+
+
+def wall_time(clock: IReactorTime, at: float) -> float:
+    """``at``, a reading of ``clock.seconds()``, as seconds since the epoch (unchanged for a clock that is not
+    monotonic: a test's ``task.Clock``)."""
+    if not getattr(clock, MONOTONIC_MARK, False):
+        return at
+    return time.time() - (clock.seconds() - at)
 
 
 _T = TypeVar("_T")

@@ -218,7 +218,7 @@ class ManagementApi(routes.JsonApp):
     def _series(self, request: Any, name: str, child: Any, replica: int | None = None) -> bytes:
         where = {} if replica is None else {"replica": replica}
         return self.ok(request, {"id": name, **where, "interval_s": self.series.interval,
-                                 "window_s": self.series.window, "now": round(self.manager.reactor.seconds(), 3),
+                                 "window_s": self.series.window, "now": self.series.now(),
                                  **self.series.child_view(child.name)})
 
     @declare.route(app, "/api/v1/metrics", methods=["GET"], name="metrics", admit="authenticate")

@@ -24,6 +24,8 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.logfile import LogFile
 
+from svc.infra.reactors import wall_time
+
 log = Logger()
 
 #: Lines wait at most this long (seconds) before they are written to the file...
@@ -205,7 +207,7 @@ class LogSink:
 
     def _ring_line(self, stream: str, text: str) -> None:
         """A line numbered into the ring."""
-        self.ring.append((self.next_seq, self.clock.seconds(), stream, text))
+        self.ring.append((self.next_seq, wall_time(self.clock, self.clock.seconds()), stream, text))
         self.next_seq += 1
 
     def note(self, text: str) -> None:

@@ -32,6 +32,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from svc.contract.protocol import METRICS_PATH
+from svc.infra.reactors import wall_time
 
 log = Logger()
 
@@ -347,10 +348,14 @@ class SeriesCollector:
         return {
             "interval_s": self.interval,
             "window_s": self.window,
-            "now": round(self.reactor.seconds(), 3),
+            "now": self.now(),
             "gateway": self.child_view(self.gateway),
             "servers": {name: self.child_view(name) for name in self.rings if name != self.gateway},
         }
+
+    def now(self) -> float:
+        """The time of a view, in seconds since the epoch as its ``t`` are."""
+        return round(wall_time(self.reactor, self.reactor.seconds()), 3)
 
     def child_view(self, name: str) -> dict[str, Any]:
         """``{t: [...], <figure>: [...]}``, one column per figure, null where a sample is a gap.
@@ -361,7 +366,10 @@ class SeriesCollector:
         seen in the window.
         """
         ring = self.rings.get(name) or _Ring(self.size)
-        times = [round(at, 3) for at, _ in ring.samples]
+        # Samples are taken on the process's monotonic clock (a clock step neither stops the scrapes nor bends
+        # the rates) and shown as dates, all by the same shift, so that they line up with ``now``.
+        shift = wall_time(self.reactor, 0.0)
+        times = [round(at + shift, 3) for at, _ in ring.samples]
         rows = [figures for _, figures in ring.samples]
         if name == self.gateway:
             out: dict[str, Any] = {"t": times}

@@ -37,3 +37,16 @@ def test_retry_after_header_is_whole_seconds_at_least_one():
     # a rate too small to refill (5e-324/s) waits forever: math.ceil(inf) was a 500 for every later request
     assert retry_after_header(float("inf")) == retry_after_header(1e300) == "86400"
     assert retry_after_header(1.2) == "2"
+
+
+def test_a_clock_stepped_back_takes_no_tokens_away():
+    """Time going backwards added a negative refill: two minutes back answered Retry-After: 118."""
+    clock = Clock()
+    clock.advance(1000.0)
+    limiter = KeyedLimiter(clock, rate=3)
+    assert [limiter.take("k") for _ in range(2)] == [0.0, 0.0]
+    clock.rightNow -= 120.0
+    assert limiter.take("k") == 0.0  # the third token of the burst is still there
+    assert 0 < limiter.take("k") <= 1 / 3
+    clock.advance(1 / 3)
+    assert limiter.take("k") == 0.0

@@ -52,9 +52,10 @@ SERVER_NAME = "inference-service"
 PLATFORM = "inference-service"
 #: The protocol's extensions the gateway supports (server metadata).
 EXTENSIONS = ["binary_tensor_data", "classification", "parameters"]
-#: Request parameters of the protocol (and of tritonclient) that are not model params.
+#: Request parameters of the protocol (and of tritonclient, and MLServer's codec hint ``content_type``) that are
+#: not model params.
 RESERVED = frozenset({"binary_data_output", "options", "sequence_id", "sequence_start", "sequence_end", "priority",
-                      "timeout", "headers"})
+                      "timeout", "headers", "content_type"})
 RESERVED_PREFIX = "triton_"
 
 INPUT = "IMAGE"

@@ -43,7 +43,8 @@ class InferenceRequest:
 MAX_FIELD_ERRORS = 50
 
 
-def _reject_constant(name: str) -> Any:
+def reject_constant(name: str) -> Any:
+    """``json.loads``'s ``parse_constant``: NaN, Infinity and -Infinity, which Python writes by default, are not JSON."""
     raise ValueError(f"{name} is not valid JSON")
 
 
@@ -93,7 +94,7 @@ class RequestValidator:
 
     def parse_json(self, body: bytes, header_request_id: str | None = None) -> InferenceRequest:
         try:
-            doc = json.loads(body, parse_constant=_reject_constant)
+            doc = json.loads(body, parse_constant=reject_constant)
         except JSON_ERRORS as e:
             raise ApiError(st.JSON_PARSE_ERROR, f"body is not valid JSON: {json_error_text(e)}") from None
         if not isinstance(doc, dict):
@@ -216,7 +217,7 @@ class RequestValidator:
         if raw is None:
             return schema.with_defaults({})
         try:
-            value = json.loads(raw, parse_constant=_reject_constant)
+            value = json.loads(raw, parse_constant=reject_constant)
         except JSON_ERRORS as e:
             errors.append(FieldError(pointer(name), f"{header_name} header is not valid JSON: {json_error_text(e)}"))
             return {}

@@ -104,13 +104,15 @@ def assert_oip_refusal(reply: bytes, status_line: bytes, text: str) -> None:
 
 @pytest.mark.parametrize("name", ["model", "gateway"])
 def test_heads_too_large_under_v2_answer_in_the_protocols_shape(processes, name):
-    """A 414 and a 431 under /v2 came back in the /v1 envelope: the reply is made before any request exists,
-    so the shape is chosen from the path read so far."""
+    """A 414, a 431 and the 400 of a head that is not HTTP came back under /v2 in the /v1 envelope: the reply is
+    made before any request exists, so the shape is chosen from the path read so far."""
     port, url, _ = processes[name]
     reply = raw_exchange(port, b"GET /v2/models/" + b"a" * BIG + b" HTTP/1.1\r\nHost: x\r\n\r\n")
     assert_oip_refusal(reply, b"HTTP/1.1 414 Request-URI Too Long", "the path is too long")
     reply = raw_exchange(port, b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * BIG + b"\r\n\r\n")
     assert_oip_refusal(reply, b"HTTP/1.1 431 Request Header Fields Too Large", "request head")
+    reply = raw_exchange(port, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n")
+    assert_oip_refusal(reply, b"HTTP/1.1 400 Bad Request", "not valid HTTP/1.1")  # unparsable framing
     reply = raw_exchange(port, b"GET /v2x/" + b"a" * BIG + b" HTTP/1.1\r\nHost: x\r\n\r\n")  # not under /v2
     assert_refusal(reply, b"HTTP/1.1 414 Request-URI Too Long", "envelope", "the path is too long")
     assert_serving(url, name)

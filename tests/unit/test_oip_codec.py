@@ -224,9 +224,11 @@ def test_plan_sends_params_options_and_the_classification_top_k():
         translate.plan(shape, request_for({}, [{"name": "BOXES"}]))
     with pytest.raises(CodecError, match="does not support the classification"):
         translate.plan(shape_of(DETECTION), request_for({}, [{"name": "BOXES", "parameters": {"classification": 0}}]))
-    with pytest.raises(CodecError, match="one BYTES input"):
-        translate.plan(shape, parse_request(json.dumps({"inputs": [
-            {"name": "IMAGE", "datatype": "BYTES", "shape": [1, 1], "data": ["YQ=="]}]}).encode(), None))
+    for bad in ([1, 2], [2, 1, 1], [1, 0]):
+        with pytest.raises(CodecError, match="one BYTES input"):
+            translate.plan(shape, parse_request(json.dumps({"inputs": [
+                {"name": "IMAGE", "datatype": "BYTES", "shape": bad, "data": ["YQ=="] * (bad[0] * bad[-1])}]}).encode(),
+                None))
     with pytest.raises(CodecError, match="more than the model's 10 classes"):
         translate.plan(shape, request_for({}, [{"name": "PROBABILITIES", "parameters": {"classification": 11}}]))
 
@@ -353,3 +355,33 @@ def test_the_model_named_in_the_body_is_read_on_both_paths():
     for key in ("model_name", "model_version"):
         with pytest.raises(CodecError, match=f"{key} must be a string"):
             parse_request(json.dumps({key: 5, "inputs": [tensor]}).encode(), None)
+
+
+def test_mlserver_codecs_requests_are_read_as_the_same_rows():
+    """MLServer's codecs shape N elements [N, 1] and write content_type into the request's and an output's
+    parameters: all three were 400s, while docs/oip.md says its clients work unchanged."""
+    shape = shape_of(CLASSIFICATION, 10)
+    for data in (["YQ==", "Yg=="], [["YQ=="], ["Yg=="]]):
+        request = parse_request(json.dumps({
+            "inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [2, 1], "data": data,
+                        "parameters": {"content_type": "base64"}}],
+            "parameters": {"content_type": "np"},
+            "outputs": [{"name": "PROBABILITIES", "parameters": {"content_type": "np", "classification": 2}}],
+        }).encode(), None)
+        plan = translate.plan(shape, request)
+        assert (plan.images, plan.rows, plan.params) == (["YQ==", "Yg=="], 2, {"top_k": 2})
+
+
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity"])
+def test_nan_and_infinity_are_not_json_on_either_path(constant):
+    """Python's json.dumps writes NaN by default, and json.loads read it: a NaN score_threshold dropped every
+    detection with a 200, a NaN nms_threshold turned NMS off (/v1 refuses it as not JSON)."""
+    head = (b'{"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["YQ=="]}], '
+            b'"parameters": {"score_threshold": ' + constant + b"}}")
+    with pytest.raises(CodecError, match=f"not JSON: {constant.decode().lstrip('-')}|not JSON: {constant.decode()}"):
+        parse_request(head, None)
+    blob = bytes_tensor(b"a")
+    body, length = binary_request({"inputs": [image_input(len(blob), [1])], "parameters": {"nms_threshold": 1}}, blob)
+    body = body.replace(b'"nms_threshold": 1', b'"nms_threshold": ' + constant)
+    with pytest.raises(CodecError, match="not JSON"):
+        parse_request(body, str(int(length) + len(constant) - 1))

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from math import prod
 from typing import Any
 
-from svc.contract.request import JSON_ERRORS, json_error_text
+from svc.contract.request import JSON_ERRORS, json_error_text, reject_constant
 from svc.web.replies import dumps
 
-_decoder = json.JSONDecoder()
+_decoder = json.JSONDecoder(parse_constant=reject_constant)  # NaN and Infinity are not JSON: /v1 refuses them too
 _decode, _raw_decode = _decoder.decode, _decoder.raw_decode
 
 #: Width in bytes and struct code of every datatype the protocol names (BYTES is variable).
@@ -93,12 +93,13 @@ class Output:
 #: The fields of each object of a request; anything else is refused, as a field the server would ignore.
 #: ``model_name`` and ``model_version`` are not the protocol's, but KServe's own client writes them into every
 #: request (and MLServer reads them): accepted; the name is checked against the path, the version ignored.  An input's ``content_type``
-#: (KServe's and MLServer's hint of how to read the tensor) is accepted and changes nothing: the datatype does.
+#: (KServe's and MLServer's hint of how to read the tensor), and an output's (MLServer's codecs write one there
+#: too), are accepted and change nothing: the datatype does.
 REQUEST_FIELDS = frozenset({"id", "parameters", "inputs", "outputs", "model_name", "model_version"})
 INPUT_FIELDS = frozenset({"name", "datatype", "shape", "parameters", "data"})
 OUTPUT_FIELDS = frozenset({"name", "parameters"})
 INPUT_PARAMETERS = frozenset({"binary_data_size", "content_type"})
-OUTPUT_PARAMETERS = frozenset({"binary_data", "classification"})
+OUTPUT_PARAMETERS = frozenset({"binary_data", "classification", "content_type"})
 
 
 def _object(value: Any, what: str, fields: frozenset | None = None) -> dict:
@@ -130,7 +131,7 @@ def loads(data: bytes) -> Any:
     nor its whitespace scans where the object ends the data (else ``json.loads`` reads it, or says what is
     wrong, as ever)."""
     if data[:2] != b'{"':
-        return json.loads(data)
+        return json.loads(data, parse_constant=reject_constant)
     text = data.decode("utf-8", "surrogatepass")
     parsed, end = _raw_decode(text)
     return parsed if end == len(text) else _decode(text)

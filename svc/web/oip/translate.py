@@ -86,8 +86,11 @@ def plan(shape: ModelShape, request: InferRequest, request_id: str | None = None
     checks params and options against its schemas (``RequestValidator.from_parts``).
     """
     tensor = request.inputs[0] if len(request.inputs) == 1 else None
-    if tensor is None or tensor.datatype != "BYTES" or len(tensor.shape) != 1:
-        raise CodecError(f"the model takes one BYTES input {INPUT} of shape [-1]: one encoded image per row")
+    # [rows], or [rows, 1] as Triton's batched BYTES inputs and MLServer's codecs shape one element per row
+    if tensor is None or tensor.datatype != "BYTES" or not (
+            len(tensor.shape) == 1 or (len(tensor.shape) == 2 and tensor.shape[1] == 1)):
+        raise CodecError(f"the model takes one BYTES input {INPUT} of shape [-1] (or [-1, 1]): one encoded image "
+                         "per row")
     if tensor.name != INPUT:
         raise CodecError(f"unexpected input {tensor.name[:80]!r}: the model takes one BYTES input {INPUT}")
     if not tensor.data:

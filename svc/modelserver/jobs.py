@@ -208,7 +208,7 @@ class JobTable:
         if job.state == RUNNING:
             self.running -= 1
         job.state = state
-        job.progress.close()  # a timed-out job's batch may still report: what is shown stays
+        job.progress.close(done=state == DONE)  # a timed-out job's batch may still report: what is shown stays
         job.finished = now
         job.error = error
         job.result = result

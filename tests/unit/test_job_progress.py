@@ -286,3 +286,30 @@ def test_postprocessing_past_every_deadline_stops_too():
     runner.run_next()
     assert len(encoded) == 1  # the first item's took it past the deadline: the other two were not encoded
     assert [result.status.code for result in answered[0]] == [4, 4, 4]
+
+
+def test_a_done_job_whose_items_did_not_all_run_shows_its_last_step():
+    """An item that failed before it ran (not base64) never reports its share: a done job showed 2 of 4."""
+    progress = JobProgress(items=2)
+    progress.write((4, 4), count=1)
+    assert progress.to_json() == {"step": 2, "steps": 4}
+    progress.close(done=True)
+    assert progress.to_json() == {"step": 4, "steps": 4}
+    quiet = JobProgress(items=2)  # a model that reports nothing stays null
+    quiet.close(done=True)
+    assert quiet.to_json() is None
+    failed = JobProgress(items=2)  # failed or timed out: what was shown stays
+    failed.write((4, 4), count=1)
+    failed.close()
+    assert failed.to_json() == {"step": 2, "steps": 4}
+
+
+def test_a_done_job_with_an_item_that_failed_before_it_ran_ends_at_its_last_step():
+    clock = Clock()
+    jobs, runner, model, status, _ = setup(clock)
+    job = jobs.submit(InferenceRequest(images=["aGk=", "!!!"], req_id=None))
+    model.jobs = [job]
+    model.plan = [(1, 2), (2, 2)]
+    clock.advance(0)
+    runner.run_next()
+    assert job.state == DONE and status(job)["progress"] == {"step": 2, "steps": 2}

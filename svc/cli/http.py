@@ -195,17 +195,31 @@ def with_deadline(d: Any, timeout: float, reactor: IClientReactor) -> Any:
     return d.addTimeout(timeout, reactor, onTimeoutCancel=passed)
 
 
-def describe_failure(error: BaseException, call: HttpCall) -> str:
-    """One line for a request that could not be made or completed."""
-    from twisted.internet import defer
-    from twisted.internet import error as net
+def _wrapped(error: BaseException) -> Any:
+    """``error`` when it is the agent's failure that carries the reasons it failed, else None."""
     from twisted.web.client import RequestTransmissionFailed, ResponseFailed, ResponseNeverReceived
 
-    where = f"{call.method} {call.url}"
+    return error if isinstance(error, ResponseFailed | ResponseNeverReceived | RequestTransmissionFailed) else None
+
+
+def is_timeout(error: BaseException) -> bool:
+    """Whether a request failed because its deadline passed: its own, or treq's timeout, which cancels the
+    request, so that the agent reports the cancellation as the reason."""
+    from twisted.internet import defer
+    from twisted.internet import error as net
+
     timeouts = (defer.TimeoutError, defer.CancelledError, net.TimeoutError)
-    # treq's own timeout cancels the request: the agent reports the cancellation as the reason.
-    wrapped = error if isinstance(error, ResponseFailed | ResponseNeverReceived | RequestTransmissionFailed) else None
-    if isinstance(error, timeouts) or (wrapped and any(r.check(*timeouts) for r in wrapped.reasons)):
+    wrapped = _wrapped(error)
+    return isinstance(error, timeouts) or bool(wrapped and any(r.check(*timeouts) for r in wrapped.reasons))
+
+
+def describe_failure(error: BaseException, call: HttpCall) -> str:
+    """One line for a request that could not be made or completed."""
+    from twisted.internet import error as net
+
+    where = f"{call.method} {call.url}"
+    wrapped = _wrapped(error)
+    if is_timeout(error):
         return f"{where}: no complete reply within {call.timeout:g} s"
     if isinstance(error, net.ConnectionRefusedError):
         return f"{where}: connection refused (is the gateway running?)"

@@ -46,6 +46,7 @@ from svc.cli.http import (
     HttpCall,
     describe_failure,
     fail,
+    is_timeout,
     note_weights,
     print_reply,
     react,
@@ -147,7 +148,6 @@ class JobRun:
     async def call(self, call: HttpCall) -> tuple[int, str, bytes]:
         """One request; CliError (one line) when it cannot be made or completed, _RunOver when the run's
         deadline passed first (the request is then cut at it)."""
-        from twisted.internet.defer import TimeoutError as DeadlineError
         from twisted.internet.defer import ensureDeferred
 
         if self.interrupted:
@@ -167,7 +167,7 @@ class JobRun:
         except Exception as e:
             if self.interrupted:
                 raise _Interrupted() from None
-            if run_bound and isinstance(e, DeadlineError):
+            if run_bound and is_timeout(e):  # the deadline's, or the client's own timeout at the same moment
                 raise _RunOver() from None
             raise CliError(describe_failure(e, call)) from None
         finally:

@@ -24,9 +24,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from twisted.internet.address import HostnameAddress
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import CancelledError, Deferred, ensureDeferred
 from twisted.internet.error import ConnectingCancelledError, DNSLookupError
 from twisted.internet.task import Clock, deferLater
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseNeverReceived
 
 from svc.cli.http import HttpCall
 from svc.cli.http import Reply as HttpReply
@@ -61,7 +63,10 @@ class Reply:
     or ``"interrupt"`` (no reply, and the reactor shuts down as on Ctrl-C);
     ``"connecting"`` and ``"resolving"`` never reply either, and fail when
     cancelled as the real agent does in those phases
-    (``ConnectingCancelledError``, ``DNSLookupError``).  ``delay``: the
+    (``ConnectingCancelledError``, ``DNSLookupError``); ``"own-timeout"``
+    fails at the request's own timeout as treq's does (the agent's
+    ``ResponseNeverReceived`` of a cancellation), before the command's
+    deadline at the same moment.  ``delay``: the
     reply comes that many seconds of the fake clock later (cancellable).
     """
 
@@ -131,6 +136,9 @@ class FakeClient:
             await deferLater(reactor, reply.delay)
         if reply.error is not None:
             raise reply.error
+        if reply.stall == "own-timeout":
+            await deferLater(reactor, call.timeout)
+            raise ResponseNeverReceived([Failure(CancelledError())])
         if reply.stall is not None:
             if reply.stall == "interrupt":
                 reactor.callLater(0, reactor.shutdown)

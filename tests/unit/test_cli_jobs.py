@@ -191,6 +191,16 @@ def test_timeout_s_bounds_the_whole_run_and_names_the_job_which_goes_on(gateway,
     assert gateway.reactor.triggers == {}
 
 
+def test_timeout_s_names_the_job_when_the_clients_own_timeout_fires_first(gateway, capsys):
+    """The real client's request has treq's timeout at the same moment as the run's deadline, and it fires
+    first: the line was the wait request's own ("no complete reply within 0.74643 s"), without the job."""
+    gateway.script = [Reply(202, JOB), Reply(stall="own-timeout")]
+    assert run(gateway, "jobs", "run", "M", "--timeout-s", "3", "--poll-ms", "100000", "--gateway", GATEWAY) == 2
+    assert capsys.readouterr().err.endswith("svcctl: job job_1 is not finished within --timeout-s 3: it goes on; "
+                                            "follow it with svcctl jobs wait M job_1 (or jobs get|result)\n")
+    assert gateway.reactor.seconds() == 3.0
+
+
 def test_without_timeout_s_a_long_job_is_followed_to_its_end(gateway, capsys):
     """The default bounds no run (a DDPM of 1000 steps takes minutes): each request keeps its own deadline."""
     running = Reply(200, status("running", {"step": 1, "steps": 10}), delay=30.0)

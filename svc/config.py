@@ -282,7 +282,7 @@ class ModelServerConfig:
     async_enabled: bool = setting(False, "When false, all /jobs routes answer 404.")
     async_timeout: int = setting(600000, "Job budget in ms (wait for a worker plus inference); 0 = none.", minimum=0)
     async_max_queue: int = setting(8, "Admission limit on pending + running jobs.", minimum=1)
-    async_job_ttl: int = setting(300000, "How long finished jobs stay readable, in ms.", minimum=0)
+    async_job_ttl: int = setting(300000, "How long finished jobs stay readable, in ms.", minimum=1)
     async_max_completed: int = setting(100, "LRU cap on finished jobs kept.", minimum=1)
     max_queue_depth: int = setting(0, "Sync wait-queue limit in image items; 0 = unlimited.", minimum=0)
     max_batch_size: int = setting(1, "Above 1, items are collected into batches of up to this size.",

@@ -38,6 +38,8 @@ def test_every_documented_key_is_accepted(tmp_path):
     [
         ('max_batch_size = "8"\n', "max_batch_size", "must be an integer, got string '8'"),
         ("max_batch_size = 0\n", "max_batch_size", "must be at least 1"),
+        # finished jobs gone at once: every result route 404, as async_max_completed = 0 (refused) would do
+        ("async_job_ttl = 0\n", "async_job_ttl", "must be at least 1, got 0"),
         ("async_enabled = 1\n", "async_enabled", "must be a boolean"),
         ("max_batch_size = true\n", "max_batch_size", "must be an integer, got boolean True"),
         ("colour = 1\n", "colour", "unknown key"),

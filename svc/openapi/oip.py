@@ -8,7 +8,7 @@ are.  The inference request is described as JSON tensors only: the binary
 tensor data extension (``Inference-Header-Content-Length``) is a body
 OpenAPI cannot describe, so the operation's description states it.  The
 request schema states exactly what the gateway accepts: one ``BYTES``
-input whose ``shape`` is ``[k]`` with ``k`` strings of data (``k`` up to
+input whose ``shape`` is ``[k]`` (or ``[k, 1]``) with ``k`` strings of data (``k`` up to
 ``max_request_items``), the model's params and the protocol's own
 parameters, and the model's outputs by name.
 """
@@ -89,20 +89,28 @@ def components() -> dict:
 def model_request(config: ModelServerConfig, factory: Any, params: dict) -> dict:
     """The JSON inference request of one model (``params``: its params schema)."""
     shape = shape_from_data_schema(factory.data_schema, params)
-    inputs = [{"type": "object", "additionalProperties": False, "required": ["name", "datatype", "shape", "data"],
-               "properties": {"name": {"const": INPUT, "description": "The model's one input (another name: 400)."},
-                              "datatype": {"const": "BYTES"},
-                              "shape": {"type": "array", "items": {"const": k}, "minItems": 1, "maxItems": 1},
-                              "data": {"type": "array", "items": STRING, "minItems": k, "maxItems": k},
-                              "parameters": {"type": "object", "additionalProperties": False, "properties": {
-                                  "content_type": {"type": "string", "description": "KServe's and MLServer's hint; "
-                                                   "ignored (the datatype says how to read the tensor)."}}}}}
-              for k in range(1, config.max_request_items + 1)]
+    def image_input(shape: dict, data: dict) -> dict:
+        return {"type": "object", "additionalProperties": False, "required": ["name", "datatype", "shape", "data"],
+                "properties": {"name": {"const": INPUT, "description": "The model's one input (another name: 400)."},
+                               "datatype": {"const": "BYTES"}, "shape": shape, "data": data,
+                               "parameters": {"type": "object", "additionalProperties": False, "properties": {
+                                   "content_type": {"type": "string", "description": "KServe's and MLServer's hint; "
+                                                    "ignored (the datatype says how to read the tensor)."}}}}}
+
+    def rows(k: int, items: dict) -> dict:
+        return {"type": "array", "items": items, "minItems": k, "maxItems": k}
+
+    inputs = [variant for k in range(1, config.max_request_items + 1) for variant in (
+        image_input(rows(1, {"const": k}), rows(k, STRING)),
+        # [rows, 1], as Triton's batched BYTES inputs and MLServer's codecs shape them: data flat or nested so
+        image_input({"type": "array", "prefixItems": [{"const": k}, {"const": 1}], "minItems": 2, "maxItems": 2},
+                    {"anyOf": [rows(k, STRING), rows(k, rows(1, STRING))]}))]
     model_params = {k: v for k, v in (params.get("properties") or {}).items()
                     if not (shape.kind == CLASSIFICATION and k == "top_k")}
     reserved = {name: {"description": "A protocol parameter; ignored."} for name in sorted(RESERVED - {
         "binary_data_output", "options"})}
-    output_params: dict[str, Any] = {"binary_data": BOOLEAN}
+    output_params: dict[str, Any] = {"binary_data": BOOLEAN, "content_type": {
+        "type": "string", "description": "MLServer's codecs' hint; ignored."}}
     if shape.kind == CLASSIFICATION:
         output_params["classification"] = {"type": "integer", "minimum": 0, "maximum": shape.classes,
                                            "description": "The k best classes as `score:index:label` (0: the plain "
@@ -135,10 +143,10 @@ def model_request(config: ModelServerConfig, factory: Any, params: dict) -> dict
                 + ", `options`, and the protocol's own parameters.",
             },
             "inputs": {"type": "array", "minItems": 1, "maxItems": 1, "items": {"oneOf": inputs},
-                       "description": f"One BYTES input of shape [rows]: one base64 image file per row, at most "
+                       "description": f"One BYTES input of shape [rows] or [rows, 1]: one base64 image file per row, at most "
                        f"{config.max_request_items} (max_request_items; more: 413)."},
             "outputs": {"type": "array", "description": "The outputs to answer with, each named once "
-                        "(twice: 400); every output when absent, none when empty.",
+                        "(twice: 400); every output when absent or empty.",
                         "allOf": [{"contains": {"required": ["name"], "properties": {"name": {"const": o.name}}},
                                    "minContains": 0, "maxContains": 1} for o in shape.outputs], "items": {
                 "type": "object", "additionalProperties": False, "required": ["name"],

@@ -13,11 +13,14 @@ export class HttpError extends Error {
 // like one that is gone. Actions (POST) wait as long as they take: a model's restart may take minutes.
 export const READ_TIMEOUT_MS = 10000;
 
-export async function api(path, options = {}) {
+// A timed read (`{ poll: true }`: the status, a model's log, the series) says so in X-Service-Poll, and the
+// supervisor logs it at debug level: with a tab open it was a line every second or so in its output.
+export async function api(path, { poll = false, ...options } = {}) {
   const token = state.token;
   const read = !options.method || options.method === "GET";
   const signal = options.signal || (read ? AbortSignal.timeout(READ_TIMEOUT_MS) : undefined);
-  const response = await fetch(path, { ...options, signal, headers: { Authorization: `Bearer ${token}`, ...(options.headers || {}) } });
+  const headers = { Authorization: `Bearer ${token}`, ...(poll ? { "X-Service-Poll": "ui" } : {}), ...(options.headers || {}) };
+  const response = await fetch(path, { ...options, signal, headers });
   let body = null;
   try { body = await response.json(); } catch (e) { body = null; }
   // Only the token in use is refused: a request sent before "Forget token" (or a new token) says nothing.

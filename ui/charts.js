@@ -8,7 +8,7 @@ import { updateDemoBanner } from "./try-it.js";
 export const COLOURS = ["#2f7ed8", "#e4572e", "#17a398", "#9c59d1", "#f0a202", "#6c757d"];
 
 export async function refreshSeries() {
-  const series = await api("/api/v1/series");
+  const series = await api("/api/v1/series", { poll: true });
   state.series = series;
   for (const [id, s] of Object.entries(series.servers)) if (s.version) state.versions[modelOf(id)] = s.version;
   drawGatewayCharts(series);

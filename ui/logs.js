@@ -60,7 +60,7 @@ export async function followLogs() {
   const [id, replica] = state.logServer.split("/");
   const where = `/api/v1/servers/${encodeURIComponent(id)}${replica === undefined ? "" : `/replicas/${replica}`}`;
   const [server, from] = [state.logServer, state.logOffset];
-  const page = await api(`${where}/logs?${query}`);
+  const page = await api(`${where}/logs?${query}`, { poll: true });
   // Another fetch (the 1.5 s timer, a change of server) may have run meanwhile: these lines are then
   // appended already, or another log's. Only a fetch from the offset still current appends.
   if (state.logServer !== server || state.logOffset !== from) return;

@@ -13,7 +13,7 @@ export function badge(el, text) {
 }
 
 export async function refresh() {
-  const status = await api("/api/v1/status");
+  const status = await api("/api/v1/status", { poll: true });
   state.status = status;
   $("#summary").textContent = `version ${status.version} · profile ${status.profile} · device ${status.device}`;
   const gw = status.gateway;

@@ -41,6 +41,12 @@ QUICKSTART_PATHS = frozenset({b"/api/v1/status"})
 #: Every path any poller logged at debug level polls.
 ANY_PROBE_PATH = PROBE_PATHS | QUICKSTART_PATHS
 
+#: The web UI's timed reads of the management API (its status every 2 s, a model's log every 1.5 s, the series
+#: every 5 s) carry this header (ui/api.js): with a tab open they were a line every second or so in the
+#: supervisor's output, the quick start's terminal.  Answered below 400, they are logged at debug level.
+UI_POLL_HEADER, UI_POLL_VALUE = b"x-service-poll", b"ui"
+UI_POLL_PREFIX = b"/api/v1/"
+
 #: Client addresses the supervisor polls from: its children listen on loopback only.
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "::1", "::ffff:127.0.0.1"})
 
@@ -74,6 +80,13 @@ def loggable_request_id(value: str | None) -> str:
     answer): unchecked, any client could forge fields of the line, write
     terminal escapes into it, or fill the rotated logs with 16 KB ids."""
     return value if value is not None and REQ_ID_RE.fullmatch(value) else "-"
+
+
+def is_ui_poll(request: Any) -> bool:
+    """Whether ``request`` is one of the web UI's timed reads (:data:`UI_POLL_HEADER`): a GET of the management
+    API that says so.  A client that sends the header only hides its own reads."""
+    return (request.method == b"GET" and request.path.startswith(UI_POLL_PREFIX)
+            and request.requestHeaders.getRawHeaders(UI_POLL_HEADER) == [UI_POLL_VALUE])
 
 
 def is_supervisor_probe(request: Any) -> bool:
@@ -182,7 +195,8 @@ class JsonSite(server.Site):
         if rid is None and (asked := request.requestHeaders.getRawHeaders(b"x-request-id")):
             rid = asked[0].decode("latin-1")
         key = getattr(request, "service_key", None) or "-"
-        self.log_line(request.method, request.uri, code, duration, rid, key, debug=is_supervisor_probe(request))
+        self.log_line(request.method, request.uri, code, duration, rid, key,
+                      debug=is_supervisor_probe(request) or (code < 400 and is_ui_poll(request)))
 
     def log_line(self, method: bytes, path: bytes, code: int, duration_ms: float, request_id: str | None, key: str,
                  *, debug: bool = False) -> None:

@@ -69,6 +69,31 @@ def test_the_quick_starts_status_poll_is_logged_at_debug_level_and_nothing_else_
     assert not is_supervisor_probe(request(b"/api/v1/servers/X/restart", method=b"POST", agent=QUICKSTART_USER_AGENT))
 
 
+def ui_read(path: bytes, *, method: bytes = b"GET", code: int = 200, value: bytes = b"ui") -> DummyRequest:
+    req = request(path, method=method, agent="Mozilla/5.0", host="10.1.2.3")  # a browser anywhere
+    req.code = code
+    req.requestHeaders.setRawHeaders(b"x-service-poll", [value])
+    return req
+
+
+def test_the_web_uis_timed_reads_are_logged_at_debug_level_and_its_actions_and_errors_at_info():
+    """With a UI tab open, its status, log and series reads were a line every second or so in the supervisor's
+    output (the quick start's terminal)."""
+    for path in (b"/api/v1/status", b"/api/v1/series", b"/api/v1/servers/X/logs?offset=3"):
+        with capturedLogs() as events:
+            site().log(ui_read(path.split(b"?")[0]))
+        assert [e["log_level"] for e in events] == [LogLevel.debug], path
+    for req in (ui_read(b"/api/v1/servers/X/restart", method=b"POST"),  # an action is never hidden
+                ui_read(b"/api/v1/status", code=401),  # a refused token is seen
+                ui_read(b"/api/v1/status", code=500),
+                ui_read(b"/v1/models/X/infer"),  # not the management API
+                ui_read(b"/api/v1/status", value=b"yes"),
+                request(b"/api/v1/status", agent="Mozilla/5.0")):  # a read without the header
+        with capturedLogs() as events:
+            site().log(req)
+        assert [e["log_level"] for e in events] == [LogLevel.info], req.path
+
+
 def test_the_line_reads_method_path_code_duration_key_and_request_id_and_keeps_the_fields():
     """The line is rendered once by JsonSite.log_line; braces in a path are text, not a format."""
     with capturedLogs() as events:

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 from svc import __version__
 from svc.cli.output import StdoutError
 from svc.contract.protocol import LOOPBACK, WEIGHTS_HEADER
-from svc.infra.reactors import IClientReactor
+from svc.infra.reactors import IClientReactor, use_monotonic_clock
 
 EXIT_OK, EXIT_HTTP, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -90,10 +90,11 @@ class HttpClient:
         # ("main function encountered error", exit 1) instead of stopping the reactor (react below).
         import treq.client  # noqa: F401
         import twisted.web.client  # noqa: F401
-        from twisted.internet import reactor, task  # noqa: F401 - the reactor installed here, not inside task.react
+        from twisted.internet import reactor, task
 
         import svc.web.client  # noqa: F401
 
+        use_monotonic_clock(reactor)  # --timeout-s and the waits hold across a clock step, as in the processes
         task.react(main)
 
     async def exchange(self, reactor: IClientReactor, call: HttpCall, token: str) -> Reply:

@@ -22,6 +22,7 @@ sources of the tests).
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import http.client
 import os
@@ -29,12 +30,13 @@ import socket
 import ssl
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO
 from urllib.parse import unquote, urljoin, urlsplit
 
 from svc import __version__
+from svc.weightstore.commit import cache_trouble
 
 MIRROR_ENV = "SERVICE_WEIGHTS_MIRROR"
 #: Seconds a connect or a single read may take before the pull gives up (the .part stays for a resume).
@@ -50,6 +52,24 @@ class FetchError(Exception):
         super().__init__(f"{url}: {cause}")
         self.url = url
         self.cause = cause
+
+
+class CacheWriteError(FetchError):
+    """The download's own file could not be written (a full or read-only cache): one line naming the file,
+    not the URL, which did nothing wrong (it read "URL: [Errno 28] No space left on device")."""
+
+    def __init__(self, url: str, error: OSError, part: Path) -> None:
+        super().__init__(url, cache_trouble(error, part))
+        self.args = (self.cause,)
+
+
+@contextlib.contextmanager
+def _on_disk(part: Path, url: str) -> Iterator[None]:
+    """A step on the local ``part``: its OSError is the cache's (:class:`CacheWriteError`), not the source's."""
+    try:
+        yield
+    except OSError as e:
+        raise CacheWriteError(url, e, part) from None
 
 
 def mirrored(url: str, env: Mapping[str, str] | None = None) -> str:
@@ -317,17 +337,24 @@ def download(url: str, part: Path, progress: Progress | None = None, *,
             if progress is not None:
                 progress.begin(total, have)
             done = have
-            with open(part, mode) as f:
+            with _on_disk(part, current):
+                f = open(part, mode)  # noqa: SIM115 - closed below, its errors told apart from the network's
+            try:
                 while True:
                     block = response.read(CHUNK)
                     if not block:
                         break
-                    f.write(block)
+                    with _on_disk(part, current):
+                        f.write(block)
                     done += len(block)
                     if progress is not None:
                         progress.update(done)
-                f.flush()
-                os.fsync(f.fileno())
+                with _on_disk(part, current):
+                    f.flush()
+                    os.fsync(f.fileno())
+            finally:
+                with contextlib.suppress(OSError):  # the buffer is empty after the flush, or the error is told
+                    f.close()
             if total is not None and done != total:
                 if progress is not None:
                     progress.interrupted()

@@ -21,7 +21,7 @@ from models.yolov8_net import build_network
 from svc.cli import commands as cli
 from svc.weightstore.cache import read_record, variant_dir
 from tests.support.fake_ultralytics import save_checkpoint
-from tests.support.small_disk import BLOCK, blocks, fill_leaving, small_disk
+from tests.support.small_disk import BLOCK, blocks, fill_leaving, read_only, small_disk
 from tests.support.weight_source import FakeSource
 
 URL = "https://github.com/ultralytics/assets/releases/download/v8.1.0/yolov8n.pt"
@@ -151,3 +151,34 @@ def test_a_copy_that_fills_the_disk_names_the_cache_not_the_users_file(disk, cap
         f"svcctl: YOLOV8 yolov8n: the weights cache cannot hold it: {directory / 'new.part' / 'yolov8n.pt'}: "
         "No space left on device (nothing kept)"])
     assert contents(mounted) == {"filler": (mounted / "filler").read_bytes()}
+
+
+def test_a_full_disk_during_the_download_names_the_cache_not_the_url(disk, capsys, tmp_path):
+    """It read "<URL>: [Errno 28] No space left on device": the source did nothing wrong."""
+    mounted, source = disk
+    path, size, _ = checkpoint(tmp_path, 11)
+    source.serve(URL, path.read_bytes())
+    fill_leaving(mounted, blocks(size // 2))
+    code, out, lines = store(capsys, "pull", path)
+    part = variant_dir("YOLOV8", "yolov8n") / "yolov8n.pt.part"
+    assert (code, out) == (1, "")
+    assert lines == [f"svcctl: YOLOV8 yolov8n: the weights cache cannot hold it: {part}: No space left on device"]
+    (mounted / "filler").unlink()  # room again: the pull resumes the .part it kept and completes
+    code, out, lines = store(capsys, "pull", path)
+    assert (code, lines) == (0, []) and out.endswith(f"cached: {part.parent / 'yolov8n.safetensors'}\n"), out
+    assert read_record("YOLOV8", "yolov8n").how == "pull"
+
+
+def test_a_pull_into_a_read_only_cache_names_the_cache(disk, capsys, tmp_path):
+    """The variant's folder already there (an earlier pull's, cut): the line named the URL, then the .part's
+    PermissionError or EROFS, as if the download had failed."""
+    mounted, source = disk
+    path, _, _ = checkpoint(tmp_path, 11)
+    source.serve(URL, path.read_bytes())
+    directory = variant_dir("YOLOV8", "yolov8n")
+    directory.mkdir(parents=True)
+    read_only(mounted)
+    code, out, lines = store(capsys, "pull", path)
+    assert (code, out) == (1, "")
+    assert len(lines) == 1 and lines[0].startswith("svcctl: YOLOV8 yolov8n: the weights cache cannot hold it: "), lines
+    assert lines[0].endswith(": Read-only file system") and URL not in lines[0] and "mirror" not in lines[0], lines

@@ -9,9 +9,19 @@ path and ``Range`` header.
 
 from __future__ import annotations
 
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
+
+
+class QuietServer(ThreadingHTTPServer):
+    """A client that hangs up midway (a pull whose disk is full) is no error of the source's: http.server
+    printed its traceback into the command's captured stderr."""
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class FakeSource:
@@ -69,7 +79,7 @@ class FakeSource:
                     return
                 self.wfile.write(body[start:])
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = QuietServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()

@@ -120,12 +120,13 @@ class RequestValidator:
         return InferenceRequest(images=images, req_id=req_id, params=params, options=options)
 
     def from_parts(self, images: list[str | bytes], req_id: str | None, params: dict,
-                   options: dict) -> InferenceRequest:
+                   options: dict, set_params: frozenset[str] = frozenset()) -> InferenceRequest:
         """A request whose parts another encoding carried (the Open Inference Protocol's tensors: an image is
-        a file's bytes or its base64): the JSON body's checks of ``req_id``, ``params`` and ``options``."""
+        a file's bytes or its base64): the JSON body's checks of ``req_id``, ``params`` and ``options``.
+        ``set_params`` are params the encoding set itself: an unknown param's error does not offer them."""
         errors = self._req_id_errors(req_id, pointer("req_id")) if req_id is not None else []
         doc = {"params": params, "options": options}
-        params = self._object(doc, "params", self.params, errors)
+        params = self._object(doc, "params", self.params, errors, set_params)
         options = self._object(doc, "options", self.options, errors)
         if errors:  # named by its id, as the JSON body's 422 is (a valid req_id: the protocol's checked one)
             raise invalid_request(errors, task_id=req_id if req_id is not None and REQ_ID_RE.fullmatch(req_id)
@@ -176,14 +177,15 @@ class RequestValidator:
         return []
 
     @staticmethod
-    def _object(doc: dict, name: str, schema: ObjectSchema, errors: list[FieldError]) -> dict:
+    def _object(doc: dict, name: str, schema: ObjectSchema, errors: list[FieldError],
+                unlisted: frozenset[str] = frozenset()) -> dict:
         if name not in doc:
             return schema.with_defaults({})
         value = doc[name]
         if not isinstance(value, dict):
             errors.append(FieldError(pointer(name), f"must be an object, got {_json_type(value)}"))
             return {}
-        found = schema.errors(value, name)
+        found = schema.errors(value, name, unlisted=unlisted)
         errors.extend(found)
         return schema.with_defaults(value) if not found else {}
 

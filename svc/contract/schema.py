@@ -62,15 +62,16 @@ class ObjectSchema:
         """
         return self if self.json_numbers else ObjectSchema(self.schema, self.what, json_numbers=True)
 
-    def errors(self, instance: Any, *base: object) -> list[FieldError]:
-        """Every problem of ``instance``, each with its JSON pointer."""
+    def errors(self, instance: Any, *base: object, unlisted: frozenset[str] = frozenset()) -> list[FieldError]:
+        """Every problem of ``instance``, each with its JSON pointer; an unknown key's error lists the accepted
+        ones but those ``unlisted`` (set by the caller, not the client: the OIP route's ``top_k``)."""
         found: list[FieldError] = []
         for err in self._validator.iter_errors(instance):
             where = [*base, *err.absolute_path]
             if err.validator == "additionalProperties" and isinstance(err.instance, dict):
                 allowed = sorted(err.schema.get("properties", {}))
                 for key in sorted(set(err.instance) - set(allowed)):
-                    names = ", ".join(allowed) if allowed else "none"
+                    names = ", ".join(a for a in allowed if a not in unlisted) or "none"
                     found.append(FieldError(pointer(*where, key), f"unknown {self.what} '{key}'; accepted: {names}"))
             else:
                 found.append(FieldError(pointer(*where), err.message))

@@ -84,6 +84,8 @@ def test_a_binary_reply_carries_the_protocols_headers(server):
         ("top_k as a parameter", 400, "top_k is not a parameter here"),
         ("a class count above the model's", 400, "more than the model's 1000 classes"),
         ("an unknown option (the server's own 422)", 400, "nope"),
+        # top_k is set from the outputs (a top_k param is refused): an unknown param's error offered it
+        ("an unknown parameter", 400, "invalid request: /params/bogus: unknown parameter 'bogus'; accepted: none"),
         ("max_results as an option", 400, "max_results is not an option here"),
         ("an input of another name", 400, "unexpected input 'IMAGES'"),
         ("an output named twice", 400, "output PROBABILITIES is asked for twice"),
@@ -112,6 +114,10 @@ def test_errors_take_the_protocols_shape(server, case, status, text):
     elif case == "a class count above the model's":
         body = json.dumps({"inputs": [{"name": "IMAGE", "shape": [1], "datatype": "BYTES", "data": [b64(image)]}],
                            "outputs": [{"name": "PROBABILITIES", "parameters": {"classification": 2000}}]}).encode()
+        headers = auth()
+    elif case == "an unknown parameter":
+        body = json.dumps({"inputs": [{"name": "IMAGE", "shape": [1], "datatype": "BYTES", "data": [b64(image)]}],
+                           "parameters": {"bogus": 1}}).encode()
         headers = auth()
     elif case.startswith("an unknown option") or case == "max_results as an option":
         options = {"nope": 1} if case.startswith("an unknown option") else {"max_results": 2}

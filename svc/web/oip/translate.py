@@ -59,6 +59,11 @@ class Plan:
         return len(self.images)
 
 
+#: Params the plan sets from the request's outputs, per kind of model (400 from the client): an unknown
+#: param's error does not offer them ("unknown parameter 'bogus'; accepted: top_k", then top_k refused).
+SET_PARAMS = {CLASSIFICATION: frozenset({"top_k"})}
+
+
 def _outputs(shape: ModelShape, request: InferRequest) -> list[tuple[RequestedOutput, bool]]:
     requested = request.outputs
     if not requested:  # absent or [] (Triton and KServe read an empty list so too): every output

@@ -1,10 +1,8 @@
 """One supervised child process and its state machine (states and transitions: :mod:`svc.supervisor.childspec`).
 
-A new process is spawned only after the old one has exited, so a port is never reused too early;
-how a process is spawned and signalled is :mod:`svc.supervisor.spawn`, the back-off, the port wait
-and the crash-loop limit :mod:`svc.supervisor.backoff`.  The reactor, the readiness probe and the
-group-kill function are injected: unit tests drive it with ``task.Clock``.
-"""
+A new process is spawned only after the old one has exited, so a port is never reused too early; how a process
+is spawned and signalled is :mod:`svc.supervisor.spawn`, the back-off, the port wait and the crash-loop limit
+:mod:`svc.supervisor.backoff`.  The reactor, the readiness probe and the group-kill function are injected."""
 
 from __future__ import annotations
 
@@ -133,9 +131,8 @@ class Child:
         return d
 
     def restart(self) -> Deferred:
-        """Stop if running (waiting for the exit), then start; counts as a restart. A second restart while one
-        waits for the exit is the same restart, and a start (or restart) it overtakes answers with it; a stop (or
-        the supervisor's shutdown) in the meantime calls it off, and it fails saying so instead of starting."""
+        """Stop if running (waiting for the exit), then start; counts as a restart. A second restart while one waits
+        for the exit is the same restart, and a start it overtakes answers with it; a stop or shutdown calls it off."""
         if self._restarting is not None:
             return follow(self._restarting)
         if problem := self.spec.problem():  # before the stop: a restart that cannot start takes nothing down
@@ -293,6 +290,9 @@ class Child:
     def _respawn(self) -> None:
         self._timer = None
         if self.state != BACKOFF:
+            return
+        if problem := self.spec.problem():  # broken since its start: a gateway then refused every API key
+            self._give_up(START_FAILED, problem, "not restarted: ")
             return
         self.backoff.restarted(self.reactor.seconds())
         self.restarts += 1

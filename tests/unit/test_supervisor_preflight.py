@@ -152,3 +152,29 @@ def test_a_refused_start_during_back_off_leaves_the_back_off_as_it_is(tmp_path):
     child.start().addErrback(failures.append)
     assert "changes port 9300 -> 9400" in failures[0].getErrorMessage()
     assert child.snapshot()["state"] == "backoff"
+
+
+def test_a_crashed_child_whose_files_broke_since_its_start_is_not_respawned_on_them(tmp_path):
+    """A respawn skipped the checks a start makes: a gateway killed (an OOM kill) after its key file broke came
+    back in static-token mode and refused every API key, while its status said running with no error. The same
+    check (the child's preflight) for a model whose config broke since its start."""
+    from twisted.internet.error import ProcessTerminated
+
+    m, _ = weights_manager(tmp_path, "demo")
+    child = m.children["AAA"]
+    m.reactor.advance(5)
+    assert child.state == "running"
+    path = tmp_path / "AAA.toml"
+    path.write_text(path.read_text().replace("port = 9300", "port = 9400"))
+    spawned = len(m.reactor.spawned)
+    child._protocol.processEnded(Failure(ProcessTerminated(1)))
+    assert child.state == "backoff"
+    m.reactor.advance(60)  # the back-off is over: the respawn finds the file broken
+    snapshot = child.snapshot()
+    assert snapshot["state"] == "start_failed" and "changes port 9300 -> 9400" in snapshot["last_error"], snapshot
+    assert len(m.reactor.spawned) == spawned  # nothing was spawned on it
+    path.write_text(path.read_text().replace("port = 9400", "port = 9300"))
+    m.reactor.advance(1)
+    assert child.state == "start_failed"  # until a start is asked, as for any start_failed
+    child.start()
+    assert child.state == "starting" and len(m.reactor.spawned) == spawned + 1

@@ -68,6 +68,18 @@ def own_pidfile(options: Any, name: str) -> None:
     parent["pidfile"] = "" if parent.get("nodaemon") else f"twistd-{name}.pid"
 
 
+def pid_running(pid: int) -> bool:
+    """Whether process ``pid`` runs (another user's counts): a temporary file named by a pid that does not is
+    a killed process's leftover, to remove."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 #: Descriptors a process holds beside its connections: log files, pipes, the epoll and waker, listening
 #: sockets, shared libraries' and torch's own.
 FD_RESERVE = 64

@@ -36,8 +36,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from svc.infra.process import pid_running
 from svc.optimize.buckets import batch_size_of
-from svc.optimize.cache import read_cached, write_record
+from svc.optimize.cache import read_cached, temporary_file, write_record
 
 #: A package's dynamic batch dimension goes up to this many times the warm-up batch (``max_batch_size``, the
 #: largest batch the server forms; twice it for a denoiser that doubles its batch for guidance).
@@ -216,8 +217,7 @@ def _compile(program: Any, path: Path) -> None:
     import torch
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".building-", suffix=".pt2")
-    os.close(fd)
+    tmp = temporary_file(path, "building", ".pt2")
     try:
         with torch.no_grad():  # inductor freezes (constant weights, folded conv+BatchNorm) only without grad
             torch._inductor.aoti_compile_and_package(program, package_path=tmp, inductor_configs={"freezing": True})
@@ -276,18 +276,8 @@ def sweep_unpacked() -> None:
     """Remove the unpacked folders (:func:`load_runner`) of processes that no longer run."""
     for folder in Path(tempfile.gettempdir()).glob(f"{UNPACK_PREFIX}*-*"):
         pid = folder.name[len(UNPACK_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not _running(int(pid)):
+        if pid.isdigit() and not pid_running(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 #: Build-time check of a batch of one: the package's outputs within this fraction of eager's largest output.

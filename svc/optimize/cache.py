@@ -24,12 +24,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import TypeVar
 
+from svc.infra.process import pid_running
 from svc.infra.userdirs import configured_dir
 
 T = TypeVar("T")
@@ -72,11 +75,50 @@ def compiled_dir(env: dict[str, str] | None = None) -> Path:
     return state_dir(env) / "compiled"
 
 
+#: A temporary file of the cache: ``.<what>-<pid>-XXXXXXXX<suffix>`` (:func:`temporary_file`); earlier versions
+#: named no pid.
+_TEMPORARY = re.compile(r"^\.(building|writing|converting|exporting)-(?:(\d+)-)?")
+#: A temporary file that names no pid is a leftover once it is this old (no build takes an hour).
+UNNAMED_LEFTOVER_S = 3600.0
+
+
+def temporary_file(path: Path, what: str, suffix: str) -> str:
+    """A new empty file (0600) beside ``path`` to make it in, named by this process's pid.
+
+    A process killed while it made an artefact (a restart or a stop during
+    a model's first ``compile``) left its temporary file for good; each new
+    one first removes those of processes that no longer run
+    (:func:`sweep_leftovers`).
+    """
+    sweep_leftovers(path.parent)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{what}-{os.getpid()}-", suffix=suffix)
+    os.close(fd)
+    return tmp
+
+
+def sweep_leftovers(directory: Path) -> None:
+    """Remove the temporary files in ``directory`` that a process which no longer runs left."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return
+    for entry in entries:
+        found = _TEMPORARY.match(entry.name)
+        if found is None:
+            continue
+        try:
+            if (not pid_running(int(found.group(2))) if found.group(2)
+                    else time.time() - entry.stat().st_mtime > UNNAMED_LEFTOVER_S):
+                os.unlink(entry.path)
+        except OSError:
+            pass  # gone meanwhile, or not ours to remove
+
+
 def write_atomically(path: Path, text: str) -> None:
     """``path`` complete or absent, never cut short: written beside it under a temporary name, then renamed."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".writing-", suffix=path.suffix)
+    tmp = temporary_file(path, "writing", path.suffix)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
     finally:

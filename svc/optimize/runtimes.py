@@ -37,14 +37,13 @@ alone, batch sizes compiled with fixed shapes): :mod:`svc.optimize.runtime_calls
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from svc.optimize.cache import read_cached, write_record
+from svc.optimize.cache import read_cached, temporary_file, write_record
 from svc.optimize.runtime_calls import OnnxRuntimeCall, OpenVINOCall, fixed_batches
 
 #: Models converted and read from the cache by this process (``converted``, ``loaded``).
@@ -200,8 +199,7 @@ def _convert_openvino(module: Any, example: tuple, batched: bool, path: Path, on
                 if value.dim() >= 1:
                     shapes[port] = openvino.PartialShape([-1, *value.shape[1:]])
             model.reshape(shapes)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".converting-", suffix=".xml")
-    os.close(fd)
+    tmp = temporary_file(path, "converting", ".xml")
     try:
         try:
             openvino.save_model(model, tmp, compress_to_fp16=False)  # float32 weights: the bf16 precision is a hint
@@ -224,8 +222,7 @@ def _export_onnx(module: Any, example: tuple, batched: bool, path: Path) -> None
     names = [f"input{i}" for i in range(len(example))]
     dynamic = {n: {0: "batch"} for n, v in zip(names, example)
                if batched and isinstance(v, torch.Tensor) and v.dim() >= 1}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".exporting-", suffix=".onnx")
-    os.close(fd)
+    tmp = temporary_file(path, "exporting", ".onnx")
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # the TorchScript exporter warns that it is deprecated, and about traced values

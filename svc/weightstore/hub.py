@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from svc.infra.process import pid_running
 from svc.weightstore.catalog import HubSource, Variant
 
 Progress = Callable[[int, "int | None"], None]
@@ -76,16 +77,6 @@ def _size_under(path: Path) -> int:
     return total
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_leftovers(dest_dir: Path) -> None:
     """Remove the temporary siblings of ``dest_dir`` that a killed fetch left (their pid is gone)."""
     if not dest_dir.parent.is_dir():
@@ -93,7 +84,7 @@ def remove_leftovers(dest_dir: Path) -> None:
     for prefix in (f".{dest_dir.name}.partial-", f".{dest_dir.name}.old-"):
         for path in dest_dir.parent.glob(prefix + "*"):
             pid = path.name[len(prefix):].split("-", 1)[0]
-            if prefix.endswith("old-") or (pid.isdigit() and not _alive(int(pid))):
+            if prefix.endswith("old-") or (pid.isdigit() and not pid_running(int(pid))):
                 shutil.rmtree(path, ignore_errors=True)
 
 

@@ -59,8 +59,8 @@ class Plan:
         return len(self.images)
 
 
-#: Params the plan sets from the request's outputs, per kind of model (400 from the client): an unknown
-#: param's error does not offer them ("unknown parameter 'bogus'; accepted: top_k", then top_k refused).
+#: Params the plan sets from the request's outputs, per kind of model, and refuses from the client; an unknown
+#: param's error does not offer them (it said "accepted: top_k", and a top_k param is a 400).
 SET_PARAMS = {CLASSIFICATION: frozenset({"top_k"})}
 
 

@@ -75,9 +75,13 @@ def open_image(data: bytes, max_pixels: int) -> Any:
         raise ItemInputError(st.INVALID_IMAGE, f"image is too large ({e}); at most {max_pixels} pixels are accepted "
                                                "(max_image_pixels)") from None
     except UnidentifiedImageError:
-        raise ItemInputError(st.INVALID_IMAGE, "not a decodable image (JPEG, PNG, WebP, BMP, GIF or TIFF)") from None
-    except (OSError, ValueError, SyntaxError) as e:
-        raise ItemInputError(st.INVALID_IMAGE, f"image cannot be read: {e}") from None
+        raise ItemInputError(st.INVALID_IMAGE, "not a decodable image (JPEG, PNG, WebP, GIF, BMP, TIFF, AVIF or "
+                                               "another format Pillow reads)") from None
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the client's bytes: whatever a format's plugin raises (AVIF's
+        # RuntimeError was a 500) says that the image cannot be read
+        raise ItemInputError(st.INVALID_IMAGE, f"image cannot be read: {_reason(e)}") from None
     width, height = image.size
     if width <= 0 or height <= 0:
         raise ItemInputError(st.INVALID_IMAGE, f"image has no pixels ({width}x{height})")
@@ -86,7 +90,17 @@ def open_image(data: bytes, max_pixels: int) -> Any:
             st.INVALID_IMAGE,
             f"image is {width}x{height} = {width * height} pixels; at most {max_pixels} are accepted (max_image_pixels)",
         )
-    return eight_bit(upright(image))
+    try:
+        return eight_bit(upright(image))  # an orientation other than 1 decodes the pixels here
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - as above: a truncated file with an EXIF orientation
+        raise ItemInputError(st.INVALID_IMAGE, f"image cannot be decoded: {_reason(e)}") from None
+
+
+def _reason(error: Exception) -> str:
+    """Pillow's message, named by its type where that is not an OSError or ValueError (a plugin's own)."""
+    return str(error) if isinstance(error, (OSError, ValueError, SyntaxError)) else f"{type(error).__name__}: {error}"
 
 
 #: Pillow's single-band modes of more than 8 bits: 16-bit unsigned (I;16 and its byte orders), 32-bit signed

@@ -18,6 +18,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
 
 from svc.contract import status as st
 from svc.contract.envelope import TIMED_OUT, ItemResult
@@ -26,6 +27,8 @@ from svc.model.images import ItemInputError, decode_base64, open_image
 from svc.modelserver.batching import Admission, BatchQueue, Item
 from svc.modelserver.engine import Engine, LazyInput
 from svc.modelserver.progress import JobProgress
+
+log = Logger()
 
 #: Bodies up to this size are validated on the reactor thread (JSON parsing
 #: costs about 3 ms per MB; 64 KiB stays well under a millisecond).
@@ -140,6 +143,9 @@ class Inference:
                 raise ItemInputError(st.INVALID_IMAGE, f"image cannot be decoded: {e}") from None
         except ItemInputError as e:
             return ItemResult(e.status, None, e.message)
+        except Exception as e:  # noqa: BLE001 - ours, not the client's: the item fails alone, in the decode pool too
+            log.failure("decoding an item failed")  # (where it failed every item of its request)
+            return ItemResult(st.INTERNAL_ERROR, None, f"decoding failed: {type(e).__name__}: {e}")
 
     def lazy_items(self, request: InferenceRequest) -> list[LazyInput]:
         """The items as inputs that the worker decodes (``decode_in_worker``)."""

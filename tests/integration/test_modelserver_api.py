@@ -17,7 +17,7 @@ import pytest
 from PIL import Image
 
 from tests.support.http import get, post, raw_exchange, request
-from tests.support.images import b64, image_b64, image_bytes, jpeg_with_orientation, stored_pixels
+from tests.support.images import b64, image_b64, image_bytes, jpeg_with_orientation, stored_pixels, undecodable_avif
 from tests.support.processes import start_model_server, write_config
 
 URI = "/mobilenetv2/predict"
@@ -349,13 +349,17 @@ def decode_pool(conf_dir):
 def test_decoding_in_the_worker_answers_as_the_decode_pool_does(mobilenet, decode_pool):
     assert "images decoded in the inference thread" in mobilenet.output()  # the CPU default
     assert "images decoded in the decode pool" in decode_pool.output()
-    images = [image_b64(seed=1), "", "%%%not-base64", b64(b"not an image"), image_b64(seed=2, fmt="JPEG")]
+    # An AVIF that Pillow cannot decode raises RuntimeError: a 500 item in the worker, and in the decode pool
+    # every item of the request failed 500 with it.
+    images = [image_b64(seed=1), "", "%%%not-base64", b64(b"not an image"), b64(undecodable_avif()),
+              image_b64(seed=2, fmt="JPEG")]
     in_worker = infer(mobilenet, {"images": images, "params": {"top_k": 3}})
     pooled = infer(decode_pool, {"images": images, "params": {"top_k": 3}})
     for reply in (in_worker, pooled):
         assert (reply.status, reply.json["status"]) == (200, 0)
-        assert [r["status"] for r in reply.json["results"]] == [0, 3, 5, 5, 0]
-        assert all(r["error"] for r in reply.json["results"][1:4])
+        assert [r["status"] for r in reply.json["results"]] == [0, 3, 5, 5, 5, 0]
+        assert all(r["error"] for r in reply.json["results"][1:5])
+        assert reply.json["results"][4]["error"] == "image cannot be read: RuntimeError: Failed to decode image: Not implemented"
     for mine, theirs in zip(in_worker.json["results"], pooled.json["results"]):
         assert mine["data"] == theirs["data"]  # same classes and scores; None for the bad items
     # Every item bad: nothing reaches the forward pass; both answer 400 with the first item's status.

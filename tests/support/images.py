@@ -47,6 +47,18 @@ def stored_pixels(data: bytes) -> Image.Image:
     return image
 
 
+def undecodable_avif() -> bytes:
+    """An AVIF file that Pillow opens and cannot decode: its ``pixi`` box says 9 bits per channel. Pillow's AVIF
+    plugin raises RuntimeError, which no other format's does (it was a 500 item)."""
+    out = io.BytesIO()
+    Image.new("RGB", (40, 30), (90, 160, 30)).save(out, "AVIF")
+    data = bytearray(out.getvalue())
+    depth = data.index(b"pixi") + 9  # "pixi", version and flags (4 bytes), the channel count, then each depth
+    assert data[depth - 1:depth + 2] == b"\x03\x08\x08", bytes(data[depth - 5:depth + 3])
+    data[depth] = 9
+    return bytes(data)
+
+
 def uint8_tensors(n: int, seed: int = 5, side: int = 8) -> list:
     """``n`` seeded random uint8 images as C x H x W tensors (what TESTFAULTS' preprocess gives)."""
     import torch

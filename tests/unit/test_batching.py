@@ -7,6 +7,7 @@ import json
 import pytest
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
+from twisted.logger import capturedLogs
 
 from svc.contract import status as st
 from svc.contract.envelope import ItemResult, ModelIdentity, result_envelope
@@ -373,3 +374,30 @@ def test_when_idle_is_already_fired_on_an_idle_queue():
     idle = []
     q.when_idle().addCallback(idle.append)
     assert idle == [None]
+
+
+def test_a_failure_of_our_own_decoding_in_the_decode_pool_fails_its_item_alone():
+    """In the decode pool one item's unexpected exception failed every item of its request with 500. (A
+    non-image model's preprocess that fails for one input: a fault of the server's own code, which no client
+    input causes on the shipped models.) In the worker an item fails alone already: test_engine_lazy_inputs.py."""
+    clock = Clock()
+    inf, runner = inference(clock, decode_in_worker=False, max_batch_size=4)
+    calls = []
+
+    def preprocess(image, params):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyError("the plugin's own bug")
+        return "input"
+
+    inf.engine.model.preprocess = preprocess
+    answered = []
+    with capturedLogs() as events:
+        inf.run(InferenceRequest(images=["aGk=", "aGk=", "aGk="], req_id=None), deadline=None).addCallback(
+            answered.append)
+        runner.finish()
+    code, body = envelope(answered[0])
+    assert (code, body["status"]) == (200, 0)
+    assert [r["status"] for r in body["results"]] == [0, 500, 0]
+    assert body["results"][1]["error"] == "decoding failed: KeyError: \"the plugin's own bug\""
+    assert [e["log_format"] for e in events if e.get("log_failure")] == ["decoding an item failed"]

@@ -217,9 +217,10 @@ class ManagementApi(routes.JsonApp):
 
     def _series(self, request: Any, name: str, child: Any, replica: int | None = None) -> bytes:
         where = {} if replica is None else {"replica": replica}
+        shift = self.series.shift()
         return self.ok(request, {"id": name, **where, "interval_s": self.series.interval,
-                                 "window_s": self.series.window, "now": self.series.now(),
-                                 **self.series.child_view(child.name)})
+                                 "window_s": self.series.window, "now": self.series.now(shift),
+                                 **self.series.child_view(child.name, shift)})
 
     @declare.route(app, "/api/v1/metrics", methods=["GET"], name="metrics", admit="authenticate")
     def metrics_route(self, request: Any) -> bytes:

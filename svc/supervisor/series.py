@@ -345,19 +345,25 @@ class SeriesCollector:
 
     def view(self) -> dict[str, Any]:
         """Every child's series, column-wise (see :meth:`child_view`)."""
+        shift = self.shift()  # one for the whole view: a clock stepped meanwhile moves none of it apart
         return {
             "interval_s": self.interval,
             "window_s": self.window,
-            "now": self.now(),
-            "gateway": self.child_view(self.gateway),
-            "servers": {name: self.child_view(name) for name in self.rings if name != self.gateway},
+            "now": self.now(shift),
+            "gateway": self.child_view(self.gateway, shift),
+            "servers": {name: self.child_view(name, shift) for name in self.rings if name != self.gateway},
         }
 
-    def now(self) -> float:
-        """The time of a view, in seconds since the epoch as its ``t`` are."""
-        return round(wall_time(self.reactor, self.reactor.seconds()), 3)
+    def shift(self) -> float:
+        """What turns the process's clock into a date: samples are taken on its monotonic clock (a clock step
+        neither stops the scrapes nor bends the rates) and shown as dates, all by the same shift."""
+        return wall_time(self.reactor, 0.0)
 
-    def child_view(self, name: str) -> dict[str, Any]:
+    def now(self, shift: float) -> float:
+        """The time of a view made with ``shift``, in seconds since the epoch as its ``t`` are."""
+        return round(self.reactor.seconds() + shift, 3)
+
+    def child_view(self, name: str, shift: float) -> dict[str, Any]:
         """``{t: [...], <figure>: [...]}``, one column per figure, null where a sample is a gap.
 
         Model servers also say ``version`` and ``device`` (from
@@ -366,9 +372,6 @@ class SeriesCollector:
         seen in the window.
         """
         ring = self.rings.get(name) or _Ring(self.size)
-        # Samples are taken on the process's monotonic clock (a clock step neither stops the scrapes nor bends
-        # the rates) and shown as dates, all by the same shift, so that they line up with ``now``.
-        shift = wall_time(self.reactor, 0.0)
         times = [round(at + shift, 3) for at, _ in ring.samples]
         rows = [figures for _, figures in ring.samples]
         if name == self.gateway:

@@ -274,7 +274,7 @@ def test_one_child_view_and_the_interval():
     collector.start()
     view = collector.view()
     assert (view["interval_s"], view["window_s"], view["now"]) == (5.0, 600.0, 0.0)
-    assert collector.child_view("unknown") == {"t": [], "version": None, "device": None, "rps": [], "p50_ms": [],
+    assert collector.child_view("unknown", 0.0) == {"t": [], "version": None, "device": None, "rps": [], "p50_ms": [],
                                                "p99_ms": [], "batch_mean": [], "queue_depth": [], "jobs_pending": [],
                                                "jobs_running": []}
 

@@ -16,6 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: The longest wait between two tries of a busy port (a bind, cheap): a freed port is noticed within it.
+PORT_RETRY_MAX_S = 4.0
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -66,14 +69,20 @@ class Backoff:
     # -- a busy port ---------------------------------------------------------------------------
 
     def next_port_try(self, now: float) -> float | None:
-        """Seconds until the busy port is tried again, or None once ``port_wait`` is used up (the wait ends)."""
+        """Seconds until the busy port is tried again, or None once ``port_wait`` is used up (the wait ends).
+
+        The delays double as a crash's do, but never past :data:`PORT_RETRY_MAX_S`: at the crash back-off's
+        30 s a port freed meanwhile was noticed up to 30 s late (a start answered after 63 s, the port free
+        from 26 s).
+        """
         if self.port_since is None:
             self.port_since, self._port_tries = now, 0
         left = self.timing.port_wait - (now - self.port_since)
         if left <= 0:
             self.port_since = None
             return None
-        delay = min(self.timing.backoff_max, self.timing.backoff_initial * 2 ** self._port_tries, left)
+        delay = min(self.timing.backoff_max, PORT_RETRY_MAX_S, self.timing.backoff_initial * 2 ** self._port_tries,
+                    left)
         self._port_tries += 1
         return delay
 

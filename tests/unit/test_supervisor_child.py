@@ -323,16 +323,18 @@ def test_port_still_busy_after_port_wait_is_start_failed_and_stays_so():
     port.free = False
     child, reactor, probe, _ = make(port=port)
     d = results(child.start())
-    for _ in range(15):  # checks at 0, 1, 3, 7, 15 (the back-off caps at 8)
+    for _ in range(15):  # checks at 0, 1, 3, 7, 11, 15 (a busy port's tries are at most 4 s apart)
         reactor.advance(1)
-    assert child.state == STARTING and d == [] and len(port.checks) == 5
-    assert "trying again in 5 s" in child.last_error  # the last wait ends at port_wait (20 s)
-    reactor.advance(5)
-    assert child.state == START_FAILED and len(port.checks) == 6
+    assert child.state == STARTING and d == [] and len(port.checks) == 6
+    assert "trying again in 4 s" in child.last_error
+    reactor.advance(4)
+    assert "trying again in 1 s" in child.last_error  # the last wait ends at port_wait (20 s)
+    reactor.advance(1)
+    assert child.state == START_FAILED and len(port.checks) == 8
     assert "port 9101 is in use" in child.last_error and "after waiting 20 s" in child.last_error
     assert isinstance(d[0], Failure) and d[0].check(ChildError) and "port 9101 is in use" in str(d[0].value)
     reactor.advance(100)
-    assert len(port.checks) == 6 and reactor.spawned == []
+    assert len(port.checks) == 8 and reactor.spawned == []
     assert child.snapshot()["state"] == "start_failed"
     port.free = True
     running(child, reactor, probe)  # an operator may try again

@@ -92,7 +92,7 @@ def open_image(data: bytes, max_pixels: int) -> Any:
         )
     try:
         return eight_bit(upright(image))  # an orientation other than 1 decodes the pixels here
-    except MemoryError:
+    except (ItemInputError, MemoryError):
         raise
     except Exception as e:  # noqa: BLE001 - as above: a truncated file with an EXIF orientation
         raise ItemInputError(st.INVALID_IMAGE, f"image cannot be decoded: {_reason(e)}") from None

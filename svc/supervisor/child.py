@@ -51,13 +51,8 @@ class Child:
         killer: Callable[[int, int], None] = spawn.kill_group,
         port_free: Callable[[int], bool] = spawn.port_is_free,
     ) -> None:
-        self.spec = spec
-        self.reactor = reactor
-        self.probe = probe
-        self.logs = logs
-        self.timing = timing
-        self.killer = killer
-        self.port_free = port_free
+        self.spec, self.reactor, self.probe, self.logs = spec, reactor, probe, logs
+        self.timing, self.killer, self.port_free = timing, killer, port_free
         self.state = STOPPED
         self.ready = False
         self.pid: int | None = None
@@ -75,6 +70,7 @@ class Child:
         self._exit_waiters: list[Deferred] = []
         self._was_ready = False
         self._restarting: Deferred | None = None  # a restart waiting for the old process to exit
+        self._stops = 0  # stops asked: a start waiting for an exit is called off by a stop asked after it
         self._closing = False  # the supervisor is shutting down: nothing is spawned any more
         self._first_line = 0  # the ring's first line of the current process (its own output for last_error)
 
@@ -89,8 +85,10 @@ class Child:
         Running, it is done; starting, it waits for that start; stopping, it starts once stopped."""
         if self.state in (STARTING, RUNNING):
             return succeed(None) if self.ready else self._wait_ready()
-        if self.state == STOPPING:
-            return self._wait_exit().addCallback(lambda _: self.start(checked))
+        if self.state == STOPPING:  # starts once stopped, unless a stop asked after it wins (the last call wins)
+            stops = self._stops
+            return self._wait_exit().addCallback(lambda _: self.start(checked) if self._stops == stops else fail(
+                ChildError(f"{self.name}: stopped before it started again")))
         if self._closing:
             return fail(ChildError(f"{self.name}: the supervisor is shutting down"))
         if not checked and (problem := self.spec.problem()):
@@ -106,8 +104,8 @@ class Child:
 
     def stop(self) -> Deferred:
         """TERM the process group, KILL after the grace; fires once it has exited (or now: nothing runs).
-        A restart still waiting for the old process to exit is called off: the stop wins."""
-        self._restarting = None
+        A restart or a start still waiting for the old process to exit is called off: the stop wins."""
+        self._restarting, self._stops = None, self._stops + 1
         if self.state == BACKOFF:
             self._cancel_timer()
             self._set(STOPPED, "stopped during back-off")

@@ -139,7 +139,6 @@ class GatewayChild(Child):
         self._retired_waiters: list[Deferred] = []
         self._keep_listener = False
         self._again: Deferred | None = None  # the restart asked for during a handover, run once it ends
-        self._stops = 0  # stops so far: one made while a restart waits calls that restart off
 
     # -- the socket ------------------------------------------------------------------------
 
@@ -374,7 +373,7 @@ class GatewayChild(Child):
         connections are refused (a load balancer sends them elsewhere)
         instead of waiting in a backlog nobody will accept from, to be reset.
         """
-        self._stops += 1
+        self._stops += 1  # before the handover is abandoned: the restart waiting on it reads it (counted twice)
         self._abort_handover("the gateway is being stopped")
         if not self._keep_listener:
             self._close_listener()

@@ -421,6 +421,29 @@ def test_a_stop_overtaking_a_restart_wins_and_the_restart_says_so():
     assert len(reactor.spawned) == 1 and child.state == STOPPED
 
 
+def test_a_stop_asked_after_a_start_that_waits_for_an_exit_wins():
+    """Restarts, a start and then a stop at once: every stop answered ok, and then the start queued behind the
+    first stop spawned the model again, which stayed up with no caller asking for it (a concurrency probe)."""
+    child, reactor, probe, kills = make()
+    running(child, reactor, probe)
+    first_stop = results(child.stop())
+    start = results(child.start())  # stopping: it starts once stopped...
+    last_stop = results(child.stop())  # ...unless a stop asked after it wins
+    reactor.exit(0)
+    assert (child.state, first_stop, last_stop, len(reactor.spawned)) == (STOPPED, [None], [None], 1)
+    assert start[0].check(ChildError) and str(start[0].value) == "M: stopped before it started again"
+    reactor.advance(100)
+    assert len(reactor.spawned) == 1 and child.state == STOPPED
+    # a start asked after the last stop is the last word: it starts once stopped
+    running(child, reactor, probe)
+    child.stop()
+    again = results(child.start())
+    reactor.exit(0)
+    probe.ok = True
+    reactor.advance(0.5)
+    assert (child.state, again, len(reactor.spawned)) == (RUNNING, [None], 3)
+
+
 def test_two_restarts_at_once_are_one_restart():
     child, reactor, probe, kills = make()
     running(child, reactor, probe)

@@ -303,8 +303,6 @@ def load_profile(config: SupervisorConfig, name: str | None = None,
     models = values["models"]
     if not all(isinstance(m, str) for m in models):
         raise ConfigError(path, "models", "must be an array of catalog ids")
-    demo = values["demo"]
-    strays = [m for m in demo if m not in models]
-    if strays:
-        raise ConfigError(path, "demo", f"names {strays[0]!r}, which is not in models")
-    return Profile(name, values["device"], tuple(models), values["weights"], tuple(demo))
+    # ``demo`` may name models that ``models`` leaves out (trimming ``models`` refused the start): they are not
+    # started, and what they are checked against is the catalog (svc.supervisor.manager).
+    return Profile(name, values["device"], tuple(models), values["weights"], tuple(values["demo"]))

@@ -133,9 +133,11 @@ class ChildManager:
         self._demo_models = demo_models
         # Per model: the --weights argument of its server and what the status API says of its weights.
         self.weights = {c.id: self._weights_choice(c.id, c.model.get("weights")) for c in self.catalog}
-        unknown = [m for m in profile.models if m not in {c.id for c in self.catalog}]
-        if unknown:
-            raise ValueError(f"profile {profile.name!r} names models without a config in {config.servers_dir}: {unknown}")
+        known = {c.id for c in self.catalog}
+        for key, named in (("models", profile.models), ("demo", profile.demo)):
+            if unknown := [m for m in named if m not in known]:
+                raise ValueError(f"profile {profile.name!r} names {key} without a config in {config.servers_dir}: "
+                                 f"{unknown}")
         timing = Timing(
             stop_grace=config.stop_grace_ms / 1000.0,
             start_timeout=config.start_timeout_ms / 1000.0,

@@ -151,12 +151,12 @@ def test_offline_the_cached_variant_is_served_and_nothing_is_dialled(tmp_path, m
 
 
 def test_a_bad_setting_is_one_line_and_exit_1_not_a_traceback(tmp_path):
-    """The profile's ``demo`` naming a model not in its ``models`` (what trimming ``models`` to fewer models
-    gives): the quick start read it before the supervisor and printed a 12-line traceback."""
-    quickstart_tree(tmp_path, "TESTFAULTS", profile_extra='demo = ["DDPM"]\n')
+    """A profile's setting that is not valid: the quick start read it before the supervisor and printed a 12-line
+    traceback."""
+    quickstart_tree(tmp_path, "TESTFAULTS", profile_extra='weights = "best"\n')
     popen, log = spawn([sys.executable, "-m", "svc.cli.quickstart", "--root", str(tmp_path)],
                        env=child_env(None, drop=TOKENS), log_dir=tmp_path)
     assert popen.wait(60) == 1
     out = log.read_text().splitlines()
     assert out[0].startswith("Generated ")  # the secrets, made before the configuration is read
-    assert out[1:] == ["quickstart: conf/profiles/cpu.toml: demo: names 'DDPM', which is not in models"]
+    assert out[1:] == ["quickstart: conf/profiles/cpu.toml: weights: must be one of 'demo', 'pretrained', got 'best'"]

@@ -283,11 +283,14 @@ def test_profiles_and_unknown_models(tmp_path):
     assert load_profile(config, "real") == Profile("real", "gpu", ("AAA",), "pretrained")
     with pytest.raises(ConfigError, match="weights: must be one of"):
         load_profile(config, "worse")
-    with pytest.raises(ConfigError, match="demo: names 'BBB', which is not in models"):
-        load_profile(config, "stray")
-    with pytest.raises(ValueError, match="ZZZ"):
+    # demo naming a model that models leaves out (what trimming models gives): that model is simply not started
+    assert load_profile(config, "stray") == Profile("stray", "cpu", ("AAA",), "demo", ("BBB",))
+    with pytest.raises(ValueError, match="names models without a config in .*: \\['ZZZ'\\]"):
         ChildManager(reactor=ProcessReactor(), config=config, profile=Profile("cpu", "cpu", ("ZZZ",)), probe=Probe(),
                      env=ENV, catalog=catalog(tmp_path))
+    with pytest.raises(ValueError, match="names demo without a config in .*: \\['YYY'\\]"):  # a typo, not a model
+        ChildManager(reactor=ProcessReactor(), config=config, profile=Profile("cpu", "cpu", ("AAA",), "demo", ("YYY",)),
+                     probe=Probe(), env=ENV, catalog=catalog(tmp_path))
 
 
 @pytest.mark.parametrize("gpu, expected", [(True, Profile("gpu", "gpu", ("AAA",), "demo")),

@@ -55,11 +55,17 @@ def _keygen(args: argparse.Namespace) -> int:
     print(f"key: {key}\n")
     print(entry, end="")
     sys.stdout.flush()
+    from svc.cli.http import CliError
+    from svc.cli.keyfile import default_keys_file, restart_call
+
+    try:  # the supervisor and the key file that `keys add` would use ($SERVICE_SUPERVISOR_URL, [gateway] keys_file)
+        restart = restart_call(None).url
+    except CliError:
+        restart = f"{local_url(SUPERVISOR_PORT)}{GATEWAY_RESTART_PATH}"
     print("\nThe key is shown once and cannot be recovered from its hash: give it to the client now.\n"
-          "Paste the entry into conf/api_keys.toml, then restart the gateway so that it reloads the file:\n"
+          f"Paste the entry into {default_keys_file()}, then restart the gateway so that it reloads the file:\n"
           f"  {GATEWAY_RESTART} on the supervisor (Bearer SERVICE_API_TOKEN), e.g.\n"
-          '  curl -X POST -H "Authorization: Bearer $SERVICE_API_TOKEN" '
-          f"{local_url(SUPERVISOR_PORT)}{GATEWAY_RESTART_PATH}",
+          f'  curl -X POST -H "Authorization: Bearer $SERVICE_API_TOKEN" {restart}',
           file=sys.stderr)
     return EXIT_OK
 

@@ -602,3 +602,18 @@ def test_a_reply_from_demo_weights_gets_one_line_on_stderr(gateway, images, caps
     gateway.reply = Reply(200, JOB, weights=weights)
     assert run(gateway, "jobs", "get", "M", "job_1", "--gateway", GATEWAY) == 0
     assert capsys.readouterr() == (json.dumps(JOB, indent=2) + "\n", note)
+
+
+def test_keygen_names_the_key_file_and_the_supervisor_that_keys_add_would_use(capsys, monkeypatch, tmp_path):
+    """Its hint named conf/api_keys.toml and 127.0.0.1:8787 whatever the service's configuration said."""
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "service.toml").write_text('[gateway]\nkeys_file = "/etc/inference/keys.toml"\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SERVICE_SUPERVISOR_URL", "http://10.0.0.7:18787")
+    assert cli.main(["keygen", "web"]) == 0
+    err = capsys.readouterr().err
+    assert "Paste the entry into /etc/inference/keys.toml, then restart the gateway" in err
+    assert err.endswith(' http://10.0.0.7:18787/api/v1/servers/__gateway/restart\n')
+    monkeypatch.setenv("SERVICE_SUPERVISOR_URL", "not a url")  # the hint falls back; the key is still made
+    assert cli.main(["keygen", "web"]) == 0
+    assert capsys.readouterr().err.endswith(" http://127.0.0.1:8787/api/v1/servers/__gateway/restart\n")

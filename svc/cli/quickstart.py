@@ -267,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         weights = args.weights or load_profile(load_supervisor_config(SERVICE_CONFIG)).weights
         demo = fetch_missing(pretrained_pulls(".", weights), env, accept=tuple(args.accept))
     except ConfigError as e:  # one line naming the file and the key, as the supervisor would refuse it
+        show_unseen_key(values if first_run else None)
         print(f"quickstart: {e}", file=sys.stderr, flush=True)
         return 1
     print(f"Starting the supervisor ({weights} weights): UI and management API on {ui_url}, gateway on "
@@ -294,12 +295,23 @@ def main(argv: list[str] | None = None) -> int:
         if status is not None and settled(status):
             print(next_steps(status, ui_url=ui_url, gateway_url=gateway_url,
                              api_key=values["SERVICE_API_KEY"] if first_run else None), flush=True)
+            first_run = False  # shown
             break
         try:
             child.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
             pass
-    return exit_status(child.wait())
+    code = child.wait()
+    show_unseen_key(values if first_run else None)
+    return exit_status(code)
+
+
+def show_unseen_key(values: dict[str, str] | None) -> None:
+    """The first API key of a first run that ends before its next-steps block (a bad setting, a supervisor that
+    stops): shown now, or it was never shown (the next run only names the secrets file)."""
+    if values is not None:
+        print("Your first API key (shown once; it is also in the secrets file):", flush=True)
+        print(f"  {values['SERVICE_API_KEY']}", flush=True)
 
 
 def exit_status(returncode: int) -> int:

@@ -12,6 +12,7 @@ import os
 import subprocess
 import tempfile
 
+import pytest
 import torch
 
 from models.testfaults import NetFaultModel
@@ -108,3 +109,17 @@ def test_a_loaded_package_leaves_no_unpacked_copy_behind(tmp_path, monkeypatch):
     assert torch.allclose(kept(x), x * 2 + 1)
     aot.sweep_unpacked()  # a running process's copy stays
     assert copy.exists()
+
+
+def test_a_package_that_does_not_load_leaves_no_folder_behind(tmp_path, monkeypatch):
+    """A cut or foreign file given to the loader fails the load; the folder it was to unpack into goes too."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    broken = tmp_path / "broken.pt2"
+    broken.write_bytes(b"PK\x03\x04 not a package")
+    with pytest.raises(Exception):  # noqa: B017 - whatever torch's loader raises for a file that is no package
+        aot.load_runner(broken, "cpu")
+    # (torch's import may make its own torchinductor_<user> there: not a package's)
+    assert [p.name for p in scratch.iterdir() if p.name.startswith(("svc-aot-", "aotinductor_"))] == []
+    assert os.environ.get("TMPDIR") != str(scratch) and not os.environ.get("TMPDIR", "").startswith(str(scratch))

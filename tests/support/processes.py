@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import tomlkit
 
 from tests.support.http import get
+from tests.support.scratch import scratch_dir
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_PLUGINS = REPO / "tests" / "plugins"
@@ -126,7 +126,7 @@ class Proc:
 
 
 def spawn(args: list[str], *, env: dict[str, str], log_dir: Path | None = None, cwd: Path = REPO) -> tuple[subprocess.Popen, Path]:
-    log_dir = log_dir or Path(tempfile.mkdtemp(prefix="svc-test-"))
+    log_dir = log_dir or scratch_dir("svc-test-")
     log_path = log_dir / f"proc-{time.monotonic_ns()}.log"
     out = open(log_path, "wb")
     popen = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from tests.support.scratch import scratch_dir
 
 REDIS_SERVER = "/usr/bin/redis-server"
 REDIS_CLI = "/usr/bin/redis-cli"
@@ -44,7 +45,7 @@ class RedisServer:
 
     def start(self) -> "RedisServer":
         require(REDIS_SERVER, REDIS_CLI)
-        workdir = Path(tempfile.mkdtemp(prefix="svc-redis-"))
+        workdir = scratch_dir("svc-redis-")
         self.log_path = workdir / "redis.log"
         args = [*self.prefix, REDIS_SERVER, "--bind", self.host, "--port", str(self.port), "--save", "",
                 "--appendonly", "no", "--protected-mode", "no", "--daemonize", "no", "--dir", str(workdir),

@@ -10,3 +10,5 @@ PENDING, RUNNING, DONE, FAILED, TIMEOUT = "pending", "running", "done", "failed"
 TERMINAL = frozenset({DONE, FAILED, TIMEOUT})
 #: Every state in its order of life.
 STATES = (PENDING, RUNNING, DONE, FAILED, TIMEOUT)
+#: The transitions ``service_async_jobs_total{state}`` counts: a submit, then the states a job enters after it.
+COUNTED = ("submitted", RUNNING, DONE, FAILED, TIMEOUT)

@@ -43,6 +43,7 @@ from twisted.web.client import readBody
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent
 
+from svc.contract.jobs import COUNTED
 from svc.contract.protocol import METRICS_PATH
 from svc.gateway.catalog import Catalog, Replica
 from svc.web.site import SUPERVISOR_USER_AGENT
@@ -50,7 +51,7 @@ from svc.web.site import SUPERVISOR_USER_AGENT
 #: The sample read from each model server, and the name of the gateway's sum.
 SAMPLE = "service_async_jobs_total"
 #: The states a model server counts (svc.infra.metrics), in its order.
-STATES = ("submitted", "running", "done", "failed", "timeout")
+STATES = COUNTED
 
 
 def job_counts(text: str) -> dict[str, float]:

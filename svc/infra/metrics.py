@@ -20,6 +20,8 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from svc.contract.jobs import COUNTED
+
 disable_created_metrics()
 
 #: Buckets in milliseconds, from sub-millisecond proxying to long diffusion jobs.
@@ -122,6 +124,8 @@ class ModelServerMetrics(InferenceHttpMetrics):
             ("state",),
             registry=registry,
         )
+        for state in COUNTED:  # every state at 0 from the start, as the gateway's sum shows them
+            self.async_jobs.labels(state)
         self.async_duration = Histogram(
             "service_async_job_duration_ms",
             "Job duration from submission to its terminal state, in ms.",

@@ -306,7 +306,7 @@ def test_invalid_bodies_get_no_job_and_no_slot(server):
         assert reply.code == 422 and reply.json["status"] == 66 and "job_id" not in reply.json
     reply = server.call("POST", "/jobs", body=b"{nope", headers={"Content-Type": "application/json"})
     assert reply.code == 400 and reply.json["status"] == 50
-    assert server.metric("service_async_jobs_total", '{state="submitted"}') is None
+    assert server.metric("service_async_jobs_total", '{state="submitted"}') == 0.0
     assert server.metric("service_async_queue_depth") == 0.0 and server.jobs.jobs == {}
     assert server.workers.held == 0
 
@@ -371,8 +371,10 @@ def test_job_metrics(server):
     server.clock.advance(0.5)
     server.workers.release()
     assert server.settle(d).json["state"] == "done"
-    counts = {s: server.metric("service_async_jobs_total", f'{{state="{s}"}}') for s in ("submitted", "running", "done")}
-    assert counts == {"submitted": 1.0, "running": 1.0, "done": 1.0}
+    states = ("submitted", "running", "done", "failed", "timeout")
+    counts = {s: server.metric("service_async_jobs_total", f'{{state="{s}"}}') for s in states}
+    # every state the contract names is a sample, 0 until it happens (a query for failed had no data)
+    assert counts == {"submitted": 1.0, "running": 1.0, "done": 1.0, "failed": 0.0, "timeout": 0.0}
     assert server.metric("service_async_job_duration_ms_count") == 1.0
     assert server.metric("service_async_job_duration_ms_sum") == 500.0
     text = server.call("GET", "/metrics").body.decode()

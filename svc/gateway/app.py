@@ -13,7 +13,7 @@
 
 Order on every other route: authentication (401), the key's token bucket
 (429 with ``Retry-After``; in the configured store, svc.gateway.ratestore),
-then routing (404 for an unknown id or path, 405 for a wrong method), so
+then routing (404 for an unknown id or path, with any method; 405 for a wrong method), so
 that an unauthenticated caller learns nothing about the catalog.  A path
 that matches no route, and a route's model id that the catalog does not
 have, are authenticated, then 404 or 405 without a token spent (nothing
@@ -28,13 +28,14 @@ only whether it may pass.
 The routes are declared once in the class body, each with its name and its
 admission (:func:`svc.web.routes.route`); the legacy ``{server_uri}``
 routes come from the catalog, so each instance adds them to its
-:class:`svc.web.routes.ConfiguredRoutes`, which the class's catch-all asks
+:class:`svc.web.configured.ConfiguredRoutes`, which the class's catch-all asks
 when no declared route matches (404 and 405 stay as if they were declared,
 and come only after authentication, ``before_routing_error``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import partial
 from typing import Any
 from urllib.parse import quote
@@ -72,6 +73,7 @@ from svc.gateway.ratestore import LocalRates
 from svc.infra.metrics import GatewayMetrics
 from svc.infra.ratelimit import KeyedLimiter, retry_after_header
 from svc.web import declare, routes
+from svc.web.configured import ConfiguredRoutes
 from svc.web.oip.replies import ProtocolReplies, protocol_of
 from svc.web.replies import bearer_token, dumps, envelope_headers, send_encoded, send_json
 
@@ -152,7 +154,7 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
                                    cluster=self.cluster)
         self.oip_shapes = {}
         self.openapi_bytes = dumps(openapi) if openapi is not None else None
-        self.configured = routes.ConfiguredRoutes()
+        self.configured = ConfiguredRoutes()
         for upstream in catalog:
             self.configured.add(upstream.server_uri, ["POST"], partial(self.legacy_infer, upstream=upstream))
 
@@ -314,6 +316,12 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
         """404 and 405 only after authentication: an unauthenticated caller gets 401 on every path, and one that
         authenticated is counted by its key as a routed request is (no token is spent: see the module docstring)."""
         self.count_key(request, self.authenticate(request))
+
+    def known_target(self, args: Mapping[str, Any]) -> bool:
+        """A model id the catalog lacks is 404 whatever the method (405 only for a model that exists): an unknown
+        id answers as an unknown path and an unknown ``server_uri`` do."""
+        model_id = args.get("model_id")
+        return model_id is None or model_id in self.catalog.by_id
 
     def count_labels(self, request: Any) -> tuple[str, ...]:
         """The ``protocol`` label of the request metrics: ``oip`` under ``/v2``, else ``contract``."""

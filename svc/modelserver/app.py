@@ -11,7 +11,7 @@ protocol's).
 The fixed routes are declared once in the class body.  The inference route's
 path is the config's ``server_uri`` and the job routes exist only with
 ``async_enabled``: each instance adds those to its
-:class:`svc.web.routes.ConfiguredRoutes` (``enable_jobs`` mounts the routes
+:class:`svc.web.configured.ConfiguredRoutes` (``enable_jobs`` mounts the routes
 :class:`svc.modelserver.job_routes.JobRoutes` declares), which the class's
 catch-all asks when no declared route matches.  So ``GET {server_uri}`` is
 405 with ``Allow: POST``, ``GET /jobs`` is 405 with jobs enabled and 404
@@ -43,6 +43,7 @@ from svc.modelserver.jobs import JobTable
 from svc.modelserver.oip_route import OipRoute
 from svc.modelserver.oip_route import declare as declare_oip
 from svc.web import declare, routes
+from svc.web.configured import ConfiguredRoutes
 from svc.web.oip.replies import ProtocolReplies
 from svc.web.replies import bearer_matches, content_type, dumps, envelope_headers, header, send_encoded, send_json
 
@@ -52,7 +53,7 @@ class ModelServerApp(OipRoute, routes.JsonApp):
     served by a JsonSite."""
 
     app = Klein()
-    configured: routes.ConfiguredRoutes
+    configured: ConfiguredRoutes
 
     def __init__(
         self,
@@ -83,7 +84,7 @@ class ModelServerApp(OipRoute, routes.JsonApp):
         self.in_flight = 0
         self.job_routes: JobRoutes | None = None
         self.replies = ProtocolReplies(lambda: self.identity, self.task_id)  # {"error"} under /v2
-        self.configured = routes.ConfiguredRoutes()
+        self.configured = ConfiguredRoutes()
         self.configured.add(config.server_uri, ["POST"], self.infer)
 
     def enable_jobs(self, jobs: JobTable) -> JobRoutes:

@@ -24,7 +24,7 @@ class is one, the configurations many.  ``install(app, configured=True)``
 adds one catch-all route of lowest priority; werkzeug tries every declared
 route first (static parts before converters, and a ``path`` converter
 last), so the catch-all only sees a request no declared route accepts.  It
-asks the instance's :class:`ConfiguredRoutes` (a werkzeug map of its own),
+asks the instance's :class:`svc.web.configured.ConfiguredRoutes` (a werkzeug map of its own),
 and when that has nothing either, it raises the declared routes' own
 verdict, matched again without the catch-all: a path known with another
 method is 405 with that method in ``Allow``, anything else 404, exactly as if
@@ -35,16 +35,14 @@ other route.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from inspect import iscoroutine
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from klein import Klein
 from klein.interfaces import IKleinRequest
-from twisted.internet.defer import ensureDeferred
 from twisted.logger import Logger
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
-from werkzeug.routing import Map, MapAdapter, Rule
+from werkzeug.routing import Map
 
 from svc.contract import status as st
 from svc.contract.envelope import ModelIdentity, new_task_id, rejection
@@ -52,6 +50,7 @@ from svc.contract.errors import ApiError
 from svc.contract.request import REQ_ID_RE
 from svc.infra.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from svc.infra.metrics import render
+from svc.web.configured import ConfiguredRoutes
 from svc.web.methods import CaseSensitiveMap, case_sensitive
 from svc.web.paths import RoutablePaths
 from svc.web.replies import dumps, envelope_headers, header, send_encoded
@@ -136,91 +135,6 @@ class OkErrorReplies(Replies):
         return ok_error_reply(error)
 
 
-# -- routes from configuration ----------------------------------------------------------------
-
-
-class ConfiguredRoutes:
-    """The routes of one app instance whose paths come from its configuration.
-
-    ``add`` takes one path and its handler; ``mount`` takes every route
-    another class declares (its bound Klein, e.g. the job routes of a model
-    server with jobs enabled).  Matched with werkzeug's own rules, like the
-    declared routes.
-    """
-
-    #: At most this many (path, method) pairs are remembered (:meth:`dispatch`).
-    STATIC_CACHE_SIZE = 256
-
-    def __init__(self) -> None:
-        self._map = CaseSensitiveMap()
-        self._handlers: dict[str, Callable[..., Any]] = {}
-        self._mounted: list[Klein] = []
-        self._static: dict[tuple[str, str], tuple[Callable[..., Any], str]] = {}
-
-    def add(self, path: str, methods: list[str], handler: Callable[..., Any]) -> None:
-        endpoint = f"configured:{len(self._handlers)}"
-        self._map.add(Rule(path, methods=methods, endpoint=endpoint))
-        self._handlers[endpoint] = handler
-        self._static.clear()
-
-    def mount(self, app: Klein) -> None:
-        case_sensitive(app.url_map)
-        self._mounted.append(app)
-        self._static.clear()
-
-    def _run(self, endpoint: str, request: Any, **kwargs: Any) -> Any:
-        result = self._handlers[endpoint](request, **kwargs)
-        return ensureDeferred(result) if iscoroutine(result) else result
-
-    def _tables(self) -> Iterator[tuple[Map, Callable[..., Any]]]:
-        yield self._map, self._run
-        for app in self._mounted:
-            yield app.url_map, app.execute_endpoint
-
-    def allowed_methods(self, path: str) -> set[str]:
-        """The methods these routes accept on ``path``."""
-        methods: set[str] = set()
-        for url_map, _ in self._tables():
-            methods.update(url_map.bind("configured").allowed_methods(path))
-        return methods
-
-    def dispatch(self, request: Any, mapper: MapAdapter) -> Any:
-        """Run the route matching the request (as ``mapper`` saw it); else raise werkzeug's verdict.
-
-        A path and method that matched a rule without arguments (``POST
-        /jobs``, ``POST {server_uri}``) are remembered with what they matched:
-        werkzeug's answer depends on nothing else here (no host or subdomain
-        rules), and binding and matching each table again cost about a
-        tenth of the reactor's work per job submit (bench/README.md,
-        jobs_burst).  Paths with arguments (a job id) are matched each time.
-        """
-        key = (mapper.path_info, mapper.default_method)
-        known = self._static.get(key)
-        if known is not None:
-            return known[0](known[1], request)
-        allowed: set[str] = set()
-        other: HTTPException | None = None
-        for url_map, run in self._tables():
-            adapter = url_map.bind(mapper.server_name, mapper.script_name, path_info=mapper.path_info,
-                                   default_method=mapper.default_method, url_scheme=mapper.url_scheme)
-            try:
-                endpoint, kwargs = adapter.match()
-            except MethodNotAllowed as e:
-                allowed.update(e.valid_methods or ())
-                continue
-            except NotFound:
-                continue
-            except HTTPException as e:  # a redirect (merged slashes): answered 404 like any routing error
-                other = other or e
-                continue
-            if not kwargs and len(self._static) < self.STATIC_CACHE_SIZE:
-                self._static[key] = (run, endpoint)
-            return run(endpoint, request, **kwargs)
-        if allowed:
-            raise MethodNotAllowed(sorted(allowed))
-        raise other or NotFound()
-
-
 _DECLARED: dict[int, Map] = {}
 
 
@@ -273,6 +187,23 @@ class JsonApp:
 
     def before_routing_error(self, request: Any) -> None:
         """Runs before a 404 or 405 is answered; may raise ApiError instead (the gateway authenticates here)."""
+
+    def known_target(self, args: Mapping[str, Any]) -> bool:
+        """Whether a route's arguments name something that exists; a wrong method on one that does not is 404,
+        not 405 (the gateway: a model id its catalog lacks).  Everything exists here."""
+        return True
+
+    def route_args(self, request: Any, methods: Any) -> Mapping[str, Any]:
+        """The arguments of the declared route that ``request``'s path matches with one of ``methods``."""
+        mapper = IKleinRequest(request).mapper
+        adapter = declared_map(self.app).bind(mapper.server_name, mapper.script_name, path_info=mapper.path_info,
+                                              url_scheme=mapper.url_scheme)
+        for method in methods:
+            try:
+                return adapter.match(method=method)[1]
+            except HTTPException:
+                continue
+        return {}
 
     def count(self, request: Any) -> None:
         """Called by the site for every finished request: ``service_http_requests_total``."""
@@ -351,14 +282,15 @@ class JsonApp:
         return self.replies.error(request, failure.value)
 
     def routing_error(self, request: Any, failure: Any) -> bytes:
-        """404 and 405 (every other werkzeug routing answer, a redirect for merged slashes, is 404 too)."""
+        """404 and 405 (every other werkzeug routing answer, a redirect for merged slashes, is 404 too; so is a
+        wrong method on a route whose arguments name nothing that exists, ``known_target``)."""
         request.service_route = "unmatched"
         try:
             self.before_routing_error(request)
         except ApiError as e:
             return self.replies.error(request, e)
         err = failure.value
-        if isinstance(err, MethodNotAllowed):
+        if isinstance(err, MethodNotAllowed) and self.known_target(self.route_args(request, err.valid_methods or ())):
             allowed = allowed_header(err.valid_methods)
             return self.replies.error(request, ApiError(
                 st.METHOD_NOT_ALLOWED, f"method {request.method.decode('latin-1')} not allowed; allowed: {allowed}",

@@ -332,6 +332,20 @@ def test_wrong_method_is_405_with_allow(gw, method, path, allow):
     assert h(r, "Allow") == allow and h(r, "X-Service-Key") == "tenant-a"
 
 
+@pytest.mark.parametrize("method, path", [("GET", "/v1/models/NOPE/infer"), ("GET", "/v1/models/NOPE/jobs"),
+                                          ("PUT", "/v1/models/NOPE/jobs"), ("POST", "/v1/models/NOPE/jobs/job_1"),
+                                          ("DELETE", "/v1/models/NOPE/jobs/job_1/wait"), ("GET", "/v2/models/NOPE/infer")])
+def test_a_wrong_method_on_an_unknown_model_is_its_404_not_405(gw, method, path):
+    """The contract: an unknown catalog id gives the 404 of an unknown path (``GET /nope/predict``); a probe
+    found ``GET /v1/models/NOPE/infer`` answered 405 with ``Allow: POST``, as if the model were there."""
+    r = gw.call(method, path, body=b"{}" if method != "GET" else None)
+    assert r.code == 404 and h(r, "Allow") is None and h(r, "X-Service-Key") == "tenant-a"
+    expected = ({"error": f"no route for {path}: unknown model or path"} if path.startswith("/v2/")
+                else {"status": 63, "error": f"no route for {path}: unknown model or path"})
+    assert {k: r.json.get(k) for k in expected} == expected
+    assert gw.model.received == []
+
+
 def test_gateway_errors_echo_the_request_id(gw):
     r = gw.call("POST", "/v1/models/NOPE/infer", body=b"{}", headers={"X-Request-ID": "my-req-7"})
     assert h(r, "X-Request-ID") == "my-req-7" and r.json["task_id"] == "my-req-7"

@@ -280,7 +280,7 @@ def test_wrong_methods_are_405_with_allow(server):
 
 
 def test_a_submit_path_is_matched_once_then_remembered_and_other_answers_stay(server):
-    """svc.web.routes.ConfiguredRoutes.dispatch remembers POST /jobs after its first match."""
+    """svc.web.configured.ConfiguredRoutes.dispatch remembers POST /jobs after its first match."""
     binds: list[Map] = []
     real_bind = Map.bind
 

@@ -226,7 +226,7 @@ def _connect(url: str, timeout: float, env: Mapping[str, str] | None = None) -> 
         return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout), target
     via = urlsplit(proxy)
     if via.scheme != "http" or not via.hostname:
-        raise FetchError(url, f"proxy {proxy}: only http:// proxies are supported")
+        raise FetchError(url, f"proxy {_shown(proxy)}: only http:// proxies are supported")
     headers: dict[str, str] = {}
     if via.username:
         credentials = f"{unquote(via.username)}:{unquote(via.password or '')}".encode()
@@ -254,14 +254,19 @@ class _ProxiedConnection(http.client.HTTPConnection):
             self.putheader(name, value)
 
 
+def _shown(proxy: str) -> str:
+    """``proxy`` as a failure line names it: scheme, host and port, never its ``user:password@``."""
+    parts = urlsplit(proxy)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+
+
 def _proxy_cause(error: BaseException, proxy: str) -> str:
     """Why the connection to the proxy itself failed, naming the proxy (without its credentials).
 
     Without this a dead proxy read as the source refusing ("connection
     refused" after the source's URL), and the user looked at the wrong host.
     """
-    parts = urlsplit(proxy)
-    shown = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    shown = _shown(proxy)
     if isinstance(error, ConnectionRefusedError):
         return f"the proxy {shown} refused the connection"
     if isinstance(error, socket.gaierror):

@@ -733,6 +733,18 @@ def test_a_dead_proxy_is_named_not_taken_for_the_source(source, proxy, capsys, m
     assert source.requests == []
 
 
+@pytest.mark.parametrize("scheme", ["https", "socks5"])
+def test_a_proxy_of_another_scheme_is_refused_without_its_credentials(source, proxy, capsys, monkeypatch, scheme):
+    """Only http:// proxies are supported: the line says so naming the proxy, and (as every proxy line) without
+    its ``user:password@`` (a probe found an https:// proxy's password printed)."""
+    monkeypatch.setenv("HTTP_PROXY", f"{scheme}://me:s%40cret@127.0.0.1:3128")
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
+    assert (code, out) == (1, "")
+    assert err.splitlines() == [f"svcctl: MOBILENETV2 FIXTURE_V2: {source.mirror}/download.pytorch.org/models/"
+                                f"{FILENAME}: proxy {scheme}://127.0.0.1:3128: only http:// proxies are supported"]
+    assert "cret" not in err and proxy.requests == [] and source.requests == []
+
+
 def test_list_shows_what_an_imported_hub_variant_recorded(source, capsys, monkeypatch, tmp_path):
     """A hub variant has no one digest: once imported (or pulled), `list` says how many files' sha256 its record
     holds, not "first pull" (which it says before)."""

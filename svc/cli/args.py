@@ -11,6 +11,7 @@ import argparse
 import base64
 import json
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -50,16 +51,20 @@ GATEWAY_RECV_TIMEOUT_MS = UPSTREAM_RECV_TIMEOUT_MS
 def base_url(given: str | None, flag: str, env_name: str, default: str, env: Mapping[str, str]) -> str:
     """The base URL a command talks to: ``flag``'s value, else the variable ``env_name``'s, else ``default``.
 
-    Raises :class:`CliError` for one that is not an http(s) URL with a host (or whose port is not a port),
-    naming where it came from: a bad ``SERVICE_GATEWAY_URL`` was reported as a bad ``--gateway`` that no one
-    had given."""
+    Raises :class:`CliError` for one that is not an http(s) URL with a host (or whose port is not a port, or
+    that holds ``user:password@``, which failed inside the HTTP client with the password in its line), naming
+    where it came from: a bad ``SERVICE_GATEWAY_URL`` was reported as a bad ``--gateway`` that no one had
+    given."""
     if given is not None:
         value, source = given, flag
     elif env.get(env_name):
         value, source = env[env_name], f"{env_name} (the default of {flag})"
     else:
         return default
-    problem = f"{source} must be an http:// or https:// URL, got {value!r}"
+    shown = re.sub(r"//[^/?#]*@", "//", value)  # never a user name or password in a line
+    problem = f"{source} must be an http:// or https:// URL, got {shown!r}"
+    if shown != value:
+        raise CliError(f"{problem} without a user name or password (svcctl sends its token in Authorization)")
     try:
         parts = urlsplit(value)
         parts.port  # noqa: B018 - read for its check: a port that is not a number raises ValueError

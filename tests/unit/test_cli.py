@@ -315,6 +315,15 @@ def test_a_gateway_url_that_cannot_be_parsed_is_one_line_exit_2(capsys, monkeypa
     assert capsys.readouterr() == ("", f"svcctl: --gateway must be an http:// or https:// URL, got {url!r} ({why})\n")
 
 
+def test_a_gateway_url_with_credentials_is_refused_naming_the_variable_not_the_password(capsys, monkeypatch):
+    monkeypatch.setenv("SERVICE_API_KEY", TOKEN)
+    monkeypatch.setenv("SERVICE_GATEWAY_URL", "https://u:UrlPw-secret@gw.test:8443")
+    assert cli.main(["infer", "M", "x.jpg"]) == 2
+    assert capsys.readouterr() == ("", "svcctl: SERVICE_GATEWAY_URL (the default of --gateway) must be an http:// "
+                                       "or https:// URL, got 'https://gw.test:8443' without a user name or "
+                                       "password (svcctl sends its token in Authorization)\n")
+
+
 def test_openapi_check_outside_the_checkout_is_one_line(capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["openapi", "check"]) == 2

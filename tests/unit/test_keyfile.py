@@ -368,3 +368,16 @@ def test_a_bad_supervisor_url_from_the_environment_names_the_variable(keys, caps
     assert capsys.readouterr() == ("", "svcctl: SERVICE_SUPERVISOR_URL (the default of --supervisor) must be an "
                                        "http:// or https:// URL, got 'supervisor:8787'\n")
     assert keys.read_text() == ORIGINAL
+
+
+@pytest.mark.parametrize("url", ["http://admin:hunter2secret@127.0.0.1:8787", "http://admin@127.0.0.1:8787/x"])
+def test_a_supervisor_url_with_credentials_is_refused_without_them_and_the_file_unchanged(keys, capsys, monkeypatch,
+                                                                                          url):
+    """svcctl sends its token in Authorization; ``user:password@`` in the URL failed inside the HTTP client
+    ("ValueError: invalid hostname") with the password in the line, after the key file had changed."""
+    monkeypatch.setenv("SERVICE_API_TOKEN", MANAGEMENT)
+    assert cli.main(["keys", "add", "k9", "--keys-file", str(keys), "--supervisor", url]) == 2
+    shown = url.replace("admin:hunter2secret@", "").replace("admin@", "")
+    assert capsys.readouterr() == ("", f"svcctl: --supervisor must be an http:// or https:// URL, got {shown!r} "
+                                       "without a user name or password (svcctl sends its token in Authorization)\n")
+    assert keys.read_text() == ORIGINAL

@@ -7,7 +7,8 @@
 - :mod:`svc.cli.args`: argument and token helpers the commands share (a leaf);
 - :mod:`svc.cli.http`: the HTTP client, exit codes and failure lines;
 - :mod:`svc.cli.output`: stdout that cannot be written (a reader gone, a full device), for every command;
-- :mod:`svc.cli.quickstart` and :mod:`svc.cli.quickstart_weights`: ``bin/quickstart``.
+- :mod:`svc.cli.quickstart`, :mod:`svc.cli.quickstart_secrets` and :mod:`svc.cli.quickstart_weights`:
+  ``bin/quickstart``.
 
 Nothing below this package imports it: the CLI is the top layer (the import-linter contracts in ``pyproject.toml``).
 """

@@ -290,3 +290,101 @@ def test_a_root_that_is_no_checkout_is_refused_and_nothing_is_made(tmp_path, cap
     assert not (tmp_path / "none").exists()
     assert capsys.readouterr().err == (f"quickstart: {tmp_path / 'none'} is not a checkout of the service (no conf/ "
                                        "folder); run it in the checkout or give --root\n")
+
+
+# -- the secrets file: replaced, unreadable, unwritable ----------------------------------------------
+
+
+def test_a_removed_secrets_file_gets_new_secrets_and_the_first_key_replaced_not_added_twice(tmp_path):
+    """A probe removed secrets/local.env and ran the quick start again: a second [keys.local] was appended, and
+    the gateway refused the key file ("Key "local" already exists")."""
+    from svc.auth import load_key_file
+
+    first = prepare(str(tmp_path), io.StringIO())
+    (tmp_path / SECRETS).unlink()
+    out = io.StringIO()
+    second = prepare(str(tmp_path), out, show_key=False)
+    assert second["SERVICE_API_KEY"] != first["SERVICE_API_KEY"]
+    assert out.getvalue() == (f"Generated {tmp_path / SECRETS} (mode 0600) and replaced the key 'local' in "
+                              f"{tmp_path / KEY_FILE} (its old key no longer works).\n")
+    entries = load_key_file(str(tmp_path / KEY_FILE))
+    assert [(e.name, e.hash) for e in entries] == [
+        ("local", hashlib.sha256(second["SERVICE_API_KEY"].encode()).hexdigest())]
+    assert read_env_file(str(tmp_path / SECRETS)) == second
+
+
+def test_other_keys_of_the_key_file_stay_when_the_first_key_is_replaced(tmp_path):
+    from svc.auth import issue_key, load_key_file
+
+    prepare(str(tmp_path), io.StringIO())
+    with open(tmp_path / KEY_FILE, "a") as f:
+        f.write("\n" + issue_key("tenant-b", "all", 5)[1])
+    (tmp_path / SECRETS).unlink()
+    prepare(str(tmp_path), io.StringIO())
+    assert [(e.name, e.scope, e.rate_limit_qps) for e in load_key_file(str(tmp_path / KEY_FILE))] == [
+        ("local", "inference", 0), ("tenant-b", "all", 5)]
+
+
+@pytest.mark.parametrize("content, problem", [
+    ("", "has no SERVICE_API_TOKEN, SERVICE_GATEWAY_AUTH_TOKEN, SERVICE_METRICS_TOKEN, SERVICE_API_KEY: remove the "
+         "file to generate new secrets (the key 'local' is then replaced by a new one)"),
+    ("SERVICE_API_TOKEN=a\nSERVICE_GATEWAY_AUTH_TOKEN=b\nSERVICE_METRICS_TOKEN=c\n",
+     "has no SERVICE_API_KEY: remove the file to generate new secrets (the key 'local' is then replaced by a new "
+     "one)"),
+    (None, "cannot read {path}: Is a directory"),
+])
+def test_a_secrets_file_that_cannot_be_used_is_one_line_exit_1(tmp_path, capsys, content, problem):
+    """An empty file (left by a write that failed), one lacking a secret, or a folder in its place: a traceback
+    (KeyError, IsADirectoryError) on every run before."""
+    from svc.cli.quickstart import main
+
+    (tmp_path / "conf").mkdir()
+    path = tmp_path / SECRETS
+    path.parent.mkdir()
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_text(content)
+    assert main(["--root", str(tmp_path), "--prepare-only"]) == 1
+    shown = f"{path} {problem}" if not problem.startswith("cannot") else problem.format(path=path)
+    assert capsys.readouterr() == ("", f"quickstart: {shown}\n")
+    assert not (tmp_path / KEY_FILE).exists()
+
+
+def test_a_secrets_write_that_fails_leaves_no_secrets_and_the_next_run_recovers(tmp_path, capsys, monkeypatch):
+    """A full disk: a traceback, an empty secrets/local.env, and every later run failed with KeyError.  Now one
+    line, no secrets file (each file is replaced in one rename), and the next run makes them and replaces the key."""
+    import errno
+
+    from svc.auth import load_key_file
+    from svc.cli.quickstart import main
+
+    (tmp_path / "conf").mkdir()
+    real_fsync = os.fsync
+
+    def full(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(str(tmp_path / "secrets")):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full)
+    assert main(["--root", str(tmp_path), "--prepare-only"]) == 1
+    assert capsys.readouterr() == ("", f"quickstart: cannot write {tmp_path / SECRETS}: No space left on device\n")
+    assert os.listdir(tmp_path / "secrets") == []
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert main(["--root", str(tmp_path), "--prepare-only"]) == 0
+    values = read_env_file(str(tmp_path / SECRETS))
+    assert [e.hash for e in load_key_file(str(tmp_path / KEY_FILE))] == [
+        hashlib.sha256(values["SERVICE_API_KEY"].encode()).hexdigest()]
+
+
+def test_the_secrets_folder_is_private_under_any_umask(tmp_path):
+    """Under umask 000 secrets/ was 0777: another user could move local.env away and put their own tokens in."""
+    old = os.umask(0)
+    try:
+        prepare(str(tmp_path), io.StringIO())
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "secrets").st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(tmp_path / SECRETS).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(tmp_path / KEY_FILE).st_mode) == 0o600

@@ -1,0 +1,132 @@
+"""The quick start's first-run secrets: ``secrets/local.env`` and the first API key (``bin/quickstart``).
+
+Why a module of its own: these files hold every token of a local service,
+so how they are written matters.  Each is replaced in one rename, mode 0600
+(``secrets/`` 0700 whatever the umask); a file that cannot be read or
+written is one line, not a traceback; and a run whose secrets file was
+removed replaces the first key in the key file instead of appending a
+second ``[keys.local]``, which the gateway refused.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+
+SECRETS = os.path.join("secrets", "local.env")
+KEY_FILE = os.path.join("conf", "api_keys.toml")
+FIRST_KEY_NAME = "local"
+
+
+class QuickstartError(Exception):
+    """One line saying why the quick start cannot go on (a secrets file it cannot read or write)."""
+
+
+def _write_private(path: str, text: str) -> None:
+    """``path`` replaced by ``text`` in one rename, mode 0600, in a folder of mode 0700 (whatever the umask:
+    under ``umask 000`` the folder was 0777, and another user could swap in a secrets file of their own)."""
+    from svc.cli.args import CliError
+    from svc.cli.keyfile import write_atomically
+
+    folder = os.path.dirname(path)
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        os.chmod(folder, 0o700)
+        write_atomically(path, text)
+    except OSError as e:
+        raise QuickstartError(f"cannot write {path}: {e.strerror or e}") from None
+    except CliError as e:
+        raise QuickstartError(str(e)) from None
+
+
+def read_env_file(path: str) -> dict[str, str]:
+    values = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if line and not line.startswith("#") and "=" in line:
+                name, _, value = line.partition("=")
+                values[name.strip()] = value.strip()
+    return values
+
+
+#: What ``secrets/local.env`` holds.
+SECRET_NAMES = ("SERVICE_API_TOKEN", "SERVICE_GATEWAY_AUTH_TOKEN", "SERVICE_METRICS_TOKEN", "SERVICE_API_KEY")
+
+
+def read_secrets(path: str) -> dict[str, str]:
+    """The secrets of an earlier run; QuickstartError (one line) for a file that cannot be read or lacks one."""
+    try:
+        values = read_env_file(path)
+    except (OSError, UnicodeDecodeError) as e:
+        raise QuickstartError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    missing = [name for name in SECRET_NAMES if not values.get(name)]
+    if missing:
+        raise QuickstartError(f"{path} has no {', '.join(missing)}: remove the file to generate new secrets "
+                              f"(the key {FIRST_KEY_NAME!r} is then replaced by a new one)")
+    return values
+
+
+def store_first_key(key_path: str, entry: str) -> bool:
+    """Put ``[keys.local]`` (``entry``, svc.auth.issue_key's text) in the key file, replacing one an earlier
+    run left (its secrets file removed): appended again, the duplicate table stopped the gateway.  True when
+    it replaced one."""
+    import tomlkit
+
+    from svc.cli.args import CliError
+    from svc.cli.keyfile import edit_lock, read_document, write_atomically
+
+    try:
+        with edit_lock(key_path):
+            if os.path.exists(key_path):
+                doc = read_document(key_path)
+            else:
+                doc = tomlkit.document()
+                doc.add(tomlkit.comment("API keys of the gateway: [keys.<name>] with the SHA-256 of the key "
+                                        "(svcctl keygen NAME)."))
+                doc.add(tomlkit.nl())
+            keys = doc.get("keys")
+            replaced = keys is not None and FIRST_KEY_NAME in keys
+            if keys is None:
+                doc["keys"] = keys = tomlkit.table(is_super_table=True)
+            keys[FIRST_KEY_NAME] = tomlkit.parse(entry)["keys"][FIRST_KEY_NAME]
+            write_atomically(key_path, tomlkit.dumps(doc))
+    except CliError as e:
+        raise QuickstartError(str(e)) from None
+    return replaced
+
+
+def prepare(root: str = ".", out=sys.stdout, show_key: bool = True) -> dict[str, str]:
+    """Create the secrets and the first key if there are none; the secrets as a dict.
+
+    ``show_key`` False leaves the key to the next-steps block (the quick start
+    shows it there, once); ``--prepare-only`` shows it here.  The key file
+    is written before the secrets file: a run that fails between the two
+    leaves no secrets, so the next run makes them again and replaces the key.
+    """
+    secrets_path = os.path.join(root, SECRETS)
+    if os.path.lexists(secrets_path):
+        return read_secrets(secrets_path)
+    from svc.auth import issue_key
+
+    api_key, entry = issue_key(FIRST_KEY_NAME)
+    values = {
+        "SERVICE_API_TOKEN": secrets.token_hex(32),
+        "SERVICE_GATEWAY_AUTH_TOKEN": secrets.token_hex(32),
+        "SERVICE_METRICS_TOKEN": secrets.token_hex(32),
+        "SERVICE_API_KEY": api_key,
+    }
+    key_path = os.path.join(root, KEY_FILE)
+    replaced = store_first_key(key_path, entry)
+    _write_private(
+        secrets_path,
+        "# Local secrets of the inference service (mode 0600). Generated by bin/quickstart.\n"
+        + "".join(f"{name}={value}\n" for name, value in values.items()),
+    )
+    done = "replaced the key '{}' in {} (its old key no longer works)" if replaced else "added the key '{}' to {}"
+    print(f"Generated {secrets_path} (mode 0600) and {done.format(FIRST_KEY_NAME, key_path)}.", file=out)
+    if show_key:
+        print("Your first API key (shown once; it is also in the secrets file):", file=out)
+        print(f"  {values['SERVICE_API_KEY']}", file=out)
+    return values

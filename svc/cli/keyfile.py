@@ -130,7 +130,8 @@ def write_atomically(path: str, text: str) -> None:
 
     The temporary file is created in the same folder (so the rename stays
     on one file system), with mode 0600 from its creation, flushed to disk
-    before the rename; on any failure it is removed and the old file is
+    before the rename, with the old file's owner and group where this process
+    may (:func:`_keep_owner`); on any failure it is removed and the old file is
     left as it was.  A ``path`` that is a symbolic link is written through:
     the file it names is replaced, in its own folder, and the link stays (the
     rename replaced the link by a file, and the file it named kept the old keys).
@@ -145,6 +146,7 @@ def write_atomically(path: str, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             os.fchmod(f.fileno(), 0o600)
+            _keep_owner(f.fileno(), target)
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -155,6 +157,20 @@ def write_atomically(path: str, text: str) -> None:
         except OSError:
             pass
         raise CliError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def _keep_owner(fd: int, target: str) -> None:
+    """Give the new file the owner and group of the one it replaces, where this process may: ``sudo svcctl keys
+    add`` replaced the service user's key file by root's own, which the gateway could then not read."""
+    try:
+        old = os.stat(target)
+    except OSError:
+        return
+    if (old.st_uid, old.st_gid) != (os.geteuid(), os.getegid()):
+        try:
+            os.fchown(fd, old.st_uid if os.geteuid() == 0 else -1, old.st_gid)
+        except OSError:  # not root, and not in that group: the file is ours, as any new file
+            pass
 
 
 def add_key(doc: tomlkit.TOMLDocument, name: str, scope: str, qps: int) -> str:

@@ -61,6 +61,20 @@ def test_add_appends_the_keygen_entry_keeps_comments_and_order_and_prints_the_ke
     assert sorted(os.listdir(keys.parent)) == ["api_keys.toml"]  # no temporary file left
 
 
+@pytest.mark.parametrize("action", [["add", "k2"], ["disable", "tenant-a"]])
+def test_an_edit_by_root_keeps_the_service_users_owner_and_group(keys, capsys, action):
+    """``sudo svcctl keys add`` replaced a probe user's key file by one of root's (0600), which that user's
+    gateway could then not read (the restart failed with Permission denied).  The suite runs as root (CI
+    does), so it can hand the file to another user; ``nobody`` (65534) stands for the service's user."""
+    assert os.geteuid() == 0, "this test gives the key file to another user: run the suite as root, as CI does"
+    os.chown(keys, 65534, 65534)
+    assert cli.main(["keys", *action, "--keys-file", str(keys), "--no-restart"]) == 0
+    capsys.readouterr()
+    found = os.stat(keys)
+    assert (found.st_uid, found.st_gid, mode(keys)) == (65534, 65534, 0o600)
+    assert keys.read_text() != ORIGINAL
+
+
 def test_add_creates_a_missing_file_with_mode_0600(tmp_path, capsys):
     path = tmp_path / "new" / "keys.toml"
     assert cli.main(["keys", "add", "a.b", "--keys-file", str(path), "--no-restart"]) == 0

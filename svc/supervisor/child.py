@@ -53,22 +53,20 @@ class Child:
     ) -> None:
         self.spec, self.reactor, self.probe, self.logs = spec, reactor, probe, logs
         self.timing, self.killer, self.port_free = timing, killer, port_free
-        self.state = STOPPED
-        self.ready = False
+        self.state, self.ready = STOPPED, False
         self.pid: int | None = None
         self.restarts = 0
         self.started_at: float | None = None
-        self.last_error: str | None = None
+        self.last_error: str | None = None  # why the last start or run failed
         self.last_exit: str | None = None
         self.phase: str | None = None  # what a starting child says it does (its /ready's 503 reason)
         self._protocol: ChildProtocol | None = None
         self.backoff = Backoff(timing)
         self._timer: IDelayedCall | None = None  # backoff restart or probe
         self._kill_timer: IDelayedCall | None = None
-        self._probing = False
+        self._probing, self._was_ready = False, False
         self._ready_waiters: list[Deferred] = []
         self._exit_waiters: list[Deferred] = []
-        self._was_ready = False
         self._restarting: Deferred | None = None  # a restart waiting for the old process to exit
         self._stops = 0  # stops asked: a start waiting for an exit is called off by a stop asked after it
         self._closing = False  # the supervisor is shutting down: nothing is spawned any more
@@ -168,8 +166,12 @@ class Child:
             self._set(STOPPED, "not spawned: the supervisor is shutting down")
             self._fail_ready_waiters("the supervisor is shutting down")
             return
-        if self.spec.wait_port and not self.port_free(self.spec.port):
-            self._port_busy(f"port {self.spec.port} is in use")
+        try:
+            if self.spec.wait_port and not self.port_free(self.spec.port):
+                self._port_busy(f"port {self.spec.port} is in use")
+                return
+        except OSError as e:  # not a port in use (no privilege, no such address): no wait changes it
+            self._give_up(START_FAILED, f"cannot listen on port {self.spec.port}: {e.strerror or e}", "not started: ")
             return
         self._protocol = protocol = self._new_protocol()
         try:

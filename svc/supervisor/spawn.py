@@ -10,6 +10,7 @@ when to do which is :mod:`svc.supervisor.child`.
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import sys
@@ -102,18 +103,23 @@ def kill_group(pid: int, sig: int) -> None:
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether a listener could bind ``host:port`` now.
+    """Whether a listener could bind ``host:port`` now: False while another holds it.
 
     SO_REUSEADDR as the children's listeners set it, so connections of a
     previous owner still in TIME_WAIT do not count as busy; on Linux a
-    listening socket (also one on the wildcard address) does.
+    listening socket (also one on the wildcard address) does.  Any other
+    failure to bind (a port below 1024 without the privilege, an address the
+    host lacks) is raised: waiting would not change it, and it was reported
+    as "in use" for a minute while nothing listened there.
     """
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
-        except OSError:
-            return False
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                return False
+            raise
     return True
 
 

@@ -340,6 +340,38 @@ def test_port_still_busy_after_port_wait_is_start_failed_and_stays_so():
     running(child, reactor, probe)  # an operator may try again
 
 
+def test_a_port_that_cannot_be_bound_for_another_reason_fails_the_start_at_once():
+    """A port below 1024 for a user without the privilege was "in use" and retried for port_wait (60 s) while
+    nothing listened there; it is no wait's business: start_failed at once, saying why."""
+    def denied(port: int) -> bool:
+        raise PermissionError(13, "Permission denied")
+
+    child, reactor, probe, _ = make(port=denied)
+    d = results(child.start())
+    assert child.state == START_FAILED and reactor.spawned == []
+    assert child.last_error == "cannot listen on port 9101: Permission denied"
+    assert isinstance(d[0], Failure) and d[0].check(ChildError)
+    reactor.advance(100)
+    assert child.state == START_FAILED and reactor.spawned == []
+
+
+def test_the_real_port_check_tells_a_busy_port_from_one_that_cannot_be_bound():
+    import errno
+    import socket
+
+    from svc.supervisor.spawn import port_is_free
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert port_is_free(port) is False
+    assert port_is_free(port) is True
+    with pytest.raises(OSError) as raised:
+        port_is_free(port, host="192.0.2.1")  # TEST-NET-1: an address no host of ours has
+    assert raised.value.errno == errno.EADDRNOTAVAIL
+
+
 def test_child_losing_the_race_for_its_port_waits_too():
     child, reactor, probe, _ = make()
     d = results(child.start())

@@ -117,7 +117,7 @@ class KeyEntry:
     """One ``[keys.<name>]`` of the key file; each :func:`svc.config.setting` field is one key of the table."""
 
     name: str
-    hash: str = setting(None, "Lowercase hex SHA-256 of the key string (required).", pattern=HASH_RE)
+    hash: str = setting(None, "Lowercase hex SHA-256 of the key string (required).", pattern=HASH_RE, secret=True)
     scope: str = setting("inference", "inference, admin or all.", choices=SCOPES)
     rate_limit_qps: int = setting(0, "Requests per second for this key; 0 = unlimited.", minimum=0)
     enabled: bool = setting(True, "false disables the key without deleting it.")

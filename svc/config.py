@@ -64,6 +64,8 @@ class Key:
     maximum: float | None = None
     choices: tuple | None = None
     pattern: str | None = None
+    #: A value that may be a secret (a key file's ``hash``, where a raw key is pasted by mistake): never echoed.
+    secret: bool = False
 
     def check(self, value: Any) -> Any:
         """``value`` converted to the key's type; raises ValueError with the problem."""
@@ -85,7 +87,8 @@ class Key:
         if self.choices is not None and value not in self.choices:
             raise ValueError(f"must be one of {', '.join(repr(c) for c in self.choices)}, got {value!r}")
         if self.pattern is not None and not re.fullmatch(self.pattern, value):
-            raise ValueError(f"must match {self.pattern}, got {value!r}")
+            got = f"a value of {len(value)} characters (not shown)" if self.secret else repr(value)
+            raise ValueError(f"must match {self.pattern}, got {got}")
         return float(value) if self.type is float else value
 
 
@@ -95,7 +98,7 @@ _KEY_METADATA = "svc.config.key"
 
 def setting(default: Any, doc: str, *, type: type | None = None, minimum: float | None = None,
             maximum: float | None = None, choices: tuple | None = None, pattern: str | None = None,
-            dataclass_default: bool = False) -> Any:
+            secret: bool = False, dataclass_default: bool = False) -> Any:
     """A dataclass field that is also a configuration key: the key's one declaration.
 
     Why: the table that validates a file and the dataclass that carries its
@@ -106,7 +109,7 @@ def setting(default: Any, doc: str, *, type: type | None = None, minimum: float 
     so the loader passes every value, unless ``dataclass_default`` makes the
     config default also the constructor's.
     """
-    key = Key("", type, default, doc, minimum, maximum, choices, pattern)  # type: ignore[arg-type]
+    key = Key("", type, default, doc, minimum, maximum, choices, pattern, secret)  # type: ignore[arg-type]
     if dataclass_default:
         return field(default=default, metadata={_KEY_METADATA: key})
     return field(metadata={_KEY_METADATA: key})

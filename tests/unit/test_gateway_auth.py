@@ -64,6 +64,17 @@ def test_key_file_errors_name_the_key(tmp_path, text, key, problem):
     assert e.value.key == key and problem in e.value.problem
 
 
+def test_a_bad_hash_is_refused_without_echoing_it(tmp_path):
+    """A raw key pasted as ``hash`` was echoed whole (``got 'sk-live-...'``) into the restart's 500, the
+    supervisor's log and the gateway's last_error: the line gives its length only."""
+    pasted = "sk-live-" + "Q" * 40
+    with pytest.raises(ConfigError) as e:
+        load_key_file(keys_file(tmp_path, f'[keys.eve]\nhash = "{pasted}"\n'))
+    assert (e.value.key, e.value.problem) == ("keys.eve.hash",
+                                              "must match [0-9a-f]{64}, got a value of 48 characters (not shown)")
+    assert "QQQQ" not in str(e.value)
+
+
 def test_key_file_parse_error_and_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_key_file(keys_file(tmp_path, "[keys.a\n"))

@@ -295,9 +295,10 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
     @declare.route(app, klein_rule(MODEL_PREFIX + JOB_WAIT), methods=["GET"], name="jobs_wait", admit="admit")
     async def job_wait(self, request: Any, model_id: str, job_id: str) -> bytes:
         upstream = self.upstream(request, model_id)
-        self.forwarder.check_job(upstream, job_id)  # an unknown job is 404 whatever the budget
-        raw = query_value(request.uri, b"timeout")
-        budget = wait_budget_ms(raw)
+        raw, budget = query_value(request.uri, b"timeout"), None
+        if upstream.async_enabled:  # else the model's own 404 passes through (to_job), whatever the budget
+            self.forwarder.check_job(upstream, job_id)  # an unknown job is 404 whatever the budget
+            budget = wait_budget_ms(raw)
         if budget is not None and budget >= self.recv_timeout_ms:
             raise ApiError(st.BAD_GATEWAY,
                            f"a wait budget of {budget} ms is at or above the gateway's upstream receive timeout "

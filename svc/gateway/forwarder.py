@@ -243,9 +243,13 @@ class Forwarder:
         replica of this host, another host's gateway (svc.gateway.cluster;
         ``budget_ms``, a wait's budget, lengthens its deadline), or 404 "job
         not found" (an id that does not verify, a replica that is gone).
+        A model with jobs off is asked as it is: the contract passes its own
+        404 through unchanged, whatever the id.
         """
-        where = locate(upstream, job_id, secret=self.cluster.secret, host=self.cluster.host_id)
         path = template.format(job_id=quote(job_id, safe=""))
+        if not upstream.async_enabled:
+            return await self.forward(request, upstream, route, path, query=query, rewrite=rewrite)
+        where = locate(upstream, job_id, secret=self.cluster.secret, host=self.cluster.host_id)
         if isinstance(where, OtherHost):
             host = self.cluster.peer_for(request, job_id, where.host)
             return await self.cluster.forward(request, host, job_id, route, model_path(upstream.id, path), query,

@@ -271,6 +271,16 @@ def test_a_head_of_a_proxied_route_has_the_content_length_of_its_get(gw):
     assert h(head, "Content-Length") == str(len(get.body)) and gw.model.received[-1]["method"] == "GET"
 
 
+@pytest.mark.parametrize("suffix", ["/wait?timeout=999999", "/wait?timeout=-1", "/wait", "", "/result"])
+def test_a_job_get_for_a_model_with_jobs_off_is_the_models_own_answer(gw, suffix):
+    """The contract: with async disabled, the model's 404 for /jobs passes through unchanged.  The gateway
+    checked the wait budget first (a probe got its 502 "at or above the gateway's upstream receive timeout")
+    and, with a cluster secret, the job id (its own 404 "job not found", model.name gateway)."""
+    r = gw.call("GET", f"/v1/models/CLS/jobs/job_zzz{suffix}")  # CLS: async_enabled false
+    assert gw.model.received and gw.model.received[-1]["uri"] == f"/jobs/job_zzz{suffix}"
+    assert r.code == (409 if suffix == "/result" else 200)  # what this fake model says, passed through
+
+
 def test_raw_body_content_type_is_forwarded_verbatim(gw):
     gw.call("POST", "/v1/models/CLS/infer", body=b"\x89PNG...", headers={"Content-Type": "image/png"})
     assert gw.model.received[-1]["headers"]["content-type"] == ["image/png"]

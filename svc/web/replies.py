@@ -22,6 +22,31 @@ from svc.contract.errors import ApiError
 from svc.contract.oip import is_oip_path
 
 JSON_CONTENT_TYPE = b"application/json; charset=utf-8"
+
+
+def _spell_request_id() -> None:
+    """Send ``X-Request-ID`` as the contract and the docs spell it.
+
+    twisted.web writes every header name in its canonical capitalisation,
+    ``X-Request-Id``, but for the few irregular ones in its table of
+    mappings (``WWW-Authenticate``, ``ETag``); the replies written before
+    any request (413, 431, 408) spelled it ``X-Request-ID``.  Names are
+    case-insensitive in HTTP, but a log filter or a client matching the
+    documented spelling saw two.  Added to that table (a class attribute,
+    left as it is if a Twisted release drops it).
+    """
+    from twisted.web import http_headers
+
+    mappings = getattr(getattr(http_headers, "_NameEncoder", None), "_caseMappings", None)
+    if isinstance(mappings, dict):
+        mappings[b"X-Request-Id"] = b"X-Request-ID"
+        cache = getattr(getattr(http_headers, "_nameEncoder", None), "_canonicalHeaderCache", None)
+        for name in list(cache or ()):  # a name already met keeps its old spelling in the cache
+            if cache[name] == b"X-Request-Id":
+                del cache[name]
+
+
+_spell_request_id()
 #: The Open Inference Protocol's (JSON has no charset parameter, RFC 8259; the bytes are UTF-8 all the same).
 OIP_JSON_CONTENT_TYPE = b"application/json"
 

@@ -270,6 +270,19 @@ def test_a_method_is_case_sensitive_so_post_in_lower_case_is_405(processes, name
     assert_serving(url, name)
 
 
+@pytest.mark.parametrize("name", ["model", "gateway"])
+@pytest.mark.parametrize("request_line", [b"GET /healthz", b"GET /nowhere", b"POST /nowhere"])
+def test_x_request_id_is_spelled_as_the_contract_spells_it(processes, name, request_line):
+    """twisted.web wrote ``X-Request-Id`` on every routed reply, while the early replies (413, 431, 408) wrote
+    ``X-Request-ID``, the contract's spelling: a client or log filter matching it saw two names."""
+    port, url, shape = processes[name]
+    token = processes["tokens"][name].encode()
+    reply = raw_exchange(port, request_line + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Request-ID: rid-7\r\n"
+                         b"Authorization: Bearer " + token + b"\r\nContent-Length: 0\r\n\r\n")
+    head = reply.partition(b"\r\n\r\n")[0].split(b"\r\n")
+    assert b"X-Request-ID: rid-7" in head, head
+
+
 @pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])
 def test_two_authorization_headers_carry_no_credential(processes, name):
     """The first of two ``Authorization`` headers won (good then bad: 200; bad then good: 401), where a proxy in

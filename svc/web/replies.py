@@ -41,8 +41,8 @@ def _spell_request_id() -> None:
     if isinstance(mappings, dict):
         mappings[b"X-Request-Id"] = b"X-Request-ID"
         cache = getattr(getattr(http_headers, "_nameEncoder", None), "_canonicalHeaderCache", None)
-        for name in list(cache or ()):  # a name already met keeps its old spelling in the cache
-            if cache[name] == b"X-Request-Id":
+        if isinstance(cache, dict):  # a name already met keeps its old spelling in the cache
+            for name in [n for n, spelled in cache.items() if spelled == b"X-Request-Id"]:
                 del cache[name]
 
 

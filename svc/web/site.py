@@ -10,6 +10,7 @@ in ``service_http_requests_total`` (routes ``ready``, ``healthz``, ``metrics``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, Protocol, Self
 
@@ -80,6 +81,18 @@ def loggable_request_id(value: str | None) -> str:
     answer): unchecked, any client could forge fields of the line, write
     terminal escapes into it, or fill the rotated logs with 16 KB ids."""
     return value if value is not None and REQ_ID_RE.fullmatch(value) else "-"
+
+
+#: A query parameter whose name says it holds a credential (``api_key``, ``token``, ``password``...): none of
+#: ours does (the service reads credentials from ``Authorization`` only), so its value is a client's mistake.
+_CREDENTIAL_PARAMETER = re.compile(r"([?&][^=&#]*(?:key|token|secret|passw|auth|sig)[^=&#]*=)[^&#]*", re.I)
+
+
+def loggable_path(path: str) -> str:
+    """``path`` for the access line, with the value of any credential-like query parameter replaced by
+    ``REDACTED``: a client that sent its key as ``?api_key=`` had it written, whole, to a log that the
+    management API serves and log shippers read."""
+    return _CREDENTIAL_PARAMETER.sub(r"\1REDACTED", path) if "?" in path else path
 
 
 def is_ui_poll(request: Any) -> bool:
@@ -209,7 +222,7 @@ class JsonSite(server.Site):
         fields stay in the event for any observer that reads them.
         """
         text_method = method.decode("latin-1", "replace")
-        text_path = path.decode("latin-1", "replace")[:300]
+        text_path = loggable_path(path.decode("latin-1", "replace")[:300])
         request_id = loggable_request_id(request_id)
         (log.debug if debug else log.info)(
             "{access_line}",

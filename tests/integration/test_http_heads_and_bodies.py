@@ -20,7 +20,7 @@ import pytest
 
 from tests.support.gateway import GATEWAY_TOKENS, start_gateway
 from tests.support.http import get, raw_exchange
-from tests.support.processes import start_model_server, write_config
+from tests.support.processes import start_model_server, wait_until, write_config
 from tests.support.stack import build_stack, stop_stack
 
 BIG = 70_000
@@ -268,6 +268,25 @@ def test_a_method_is_case_sensitive_so_post_in_lower_case_is_405(processes, name
         assert got["ok"] is False, got
     assert f"method {method.decode()} not allowed" in got["error"], got
     assert_serving(url, name)
+
+
+def test_a_credential_sent_in_the_query_string_is_not_written_to_the_access_log(processes):
+    """The service reads credentials from Authorization only; a client that sent its key as ``?api_key=`` (a 401)
+    had it written whole to the log, which the management API serves (secrets probe)."""
+    port, url, _ = processes["model"]
+    secret = "sk-live-" + "Z" * 24
+    for path in (f"/testfaults/predict?api_key={secret}&timeout=5", f"/healthz?x=1&access_token={secret}"):
+        raw_exchange(port, f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+                     .encode())
+    def redacted() -> list[str]:
+        found = [x for x in processes["model process"].output().splitlines() if "REDACTED" in x]
+        return found if len(found) >= 2 else []
+
+    lines = wait_until(redacted, "two access lines", timeout=10)
+    output = processes["model process"].output()
+    assert secret not in output and "ZZZZ" not in output
+    assert any("POST /testfaults/predict?api_key=REDACTED&timeout=5 401" in x for x in lines), lines
+    assert any("POST /healthz?x=1&access_token=REDACTED 405" in x for x in lines), lines
 
 
 @pytest.mark.parametrize("name", ["model", "gateway"])

@@ -24,6 +24,7 @@ from svc.cli.http import CliError
 from svc.contract.protocol import (
     GATEWAY_MAX_BODY_BYTES,
     GATEWAY_PORT,
+    LOOPBACK,
     SERVICE_CONFIG,
     UPSTREAM_RECV_TIMEOUT_MS,
     local_url,
@@ -76,19 +77,38 @@ def base_url(given: str | None, flag: str, env_name: str, default: str, env: Map
 
 
 def gateway_url(given: str | None, env: Mapping[str, str]) -> str:
-    """``--gateway``, else ``$SERVICE_GATEWAY_URL``, else the local default (:func:`base_url`)."""
-    return base_url(given, "--gateway", GATEWAY_ENV, DEFAULT_GATEWAY, env)
+    """``--gateway``, else ``$SERVICE_GATEWAY_URL``, else where this folder's gateway listens (:func:`base_url`,
+    :func:`configured_url`)."""
+    return base_url(given, "--gateway", GATEWAY_ENV, configured_url("gateway", GATEWAY_PORT), env)
 
 
-def gateway_table(service_config: str = SERVICE_CONFIG) -> dict:
-    """``[gateway]`` of the service configuration in this folder ({} when there is none or it does not parse:
-    the gateway would refuse such a file, and the defaults are the best guess)."""
+def configured_url(table: str, default_port: int, service_config: str = SERVICE_CONFIG) -> str:
+    """``http://host:port`` of ``[gateway]`` or ``[supervisor]`` in this folder's service configuration: where
+    that process listens when started here.  With the supervisor on another port, ``keys add`` sent the
+    management token to 127.0.0.1:8787, whatever listened there.  The local default for a missing or
+    unusable value (the process would refuse it)."""
+    values = service_table(table, service_config)
+    host, port = values.get("host", LOOPBACK), values.get("port", default_port)
+    if (not isinstance(host, str) or not host or any(c in host for c in "/@[]?# ") or not isinstance(port, int)
+            or isinstance(port, bool) or not 0 < port < 65536):
+        return local_url(default_port)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def service_table(name: str, service_config: str = SERVICE_CONFIG) -> dict:
+    """``[name]`` of the service configuration in this folder ({} when there is none or it does not parse:
+    the process would refuse such a file, and the defaults are the best guess)."""
     try:
         with open(service_config, encoding="utf-8") as f:
-            table = tomlkit.parse(f.read().removeprefix("\ufeff")).unwrap().get("gateway", {})
+            table = tomlkit.parse(f.read().removeprefix("\ufeff")).unwrap().get(name, {})
     except (OSError, UnicodeDecodeError, TOMLKitError):
         return {}
     return table if isinstance(table, dict) else {}
+
+
+def gateway_table(service_config: str = SERVICE_CONFIG) -> dict:
+    """``[gateway]`` of the service configuration in this folder (:func:`service_table`)."""
+    return service_table("gateway", service_config)
 
 
 def gateway_recv_timeout_ms(service_config: str = SERVICE_CONFIG) -> int:

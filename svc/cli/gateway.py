@@ -88,7 +88,8 @@ def client_options(timeout_help: str | None = None) -> argparse.ArgumentParser:
     own ``timeout_help``: there it bounds the whole run)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--gateway", metavar="URL",
-                        help=f"gateway base URL (default: ${GATEWAY_ENV}, else {DEFAULT_GATEWAY})")
+                        help=f"gateway base URL (default: ${GATEWAY_ENV}, else [gateway] host and port of "
+                             f"conf/service.toml, else {DEFAULT_GATEWAY})")
     common.add_argument("--timeout-s", type=positive_float, default=None, metavar="S",
                         help=timeout_help or f"deadline of the whole request in seconds (default "
                                              f"{DEFAULT_TIMEOUT_S:g}; `jobs wait` takes at least its MS/1000 + "

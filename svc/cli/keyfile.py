@@ -38,7 +38,7 @@ from typing import Any
 import tomlkit
 
 from svc.auth import API_TOKEN_ENV, SCOPES, KeyEntry, check_key_name, issue_key, load_key_file
-from svc.cli.args import base_url, gateway_table, key_qps
+from svc.cli.args import base_url, configured_url, gateway_table, key_qps
 from svc.cli.http import (
     EXIT_HTTP,
     EXIT_INTERRUPTED,
@@ -230,7 +230,8 @@ def list_lines(entries: list[KeyEntry]) -> list[str]:
 def restart_call(supervisor: str | None) -> HttpCall:
     """The supervisor request that restarts the gateway (``--supervisor``, else ``$SERVICE_SUPERVISOR_URL``, else
     the local default; CliError naming which one is not a URL)."""
-    base = base_url(supervisor, "--supervisor", SUPERVISOR_ENV, DEFAULT_SUPERVISOR, os.environ)
+    base = base_url(supervisor, "--supervisor", SUPERVISOR_ENV, configured_url("supervisor", SUPERVISOR_PORT),
+                    os.environ)
     return HttpCall("POST", base.rstrip("/") + RESTART_PATH, None, RESTART_TIMEOUT_S)
 
 
@@ -334,7 +335,8 @@ def add_parser(sub: Any) -> None:
                              f"{DEFAULT_KEYS_FILE})")
     changing = argparse.ArgumentParser(add_help=False)
     changing.add_argument("--supervisor", metavar="URL",
-                          help=f"supervisor base URL (default: ${SUPERVISOR_ENV}, else {DEFAULT_SUPERVISOR})")
+                          help=f"supervisor base URL (default: ${SUPERVISOR_ENV}, else [supervisor] host and port of "
+                               f"{SERVICE_CONFIG}, else {DEFAULT_SUPERVISOR})")
     changing.add_argument("--no-restart", action="store_true",
                           help="only edit the file; the gateway applies it when it next starts")
     actions = keys.add_subparsers(dest="keys_action", metavar="ACTION", required=True)

@@ -395,3 +395,17 @@ def test_a_supervisor_url_with_credentials_is_refused_without_them_and_the_file_
     assert capsys.readouterr() == ("", f"svcctl: --supervisor must be an http:// or https:// URL, got {shown!r} "
                                        "without a user name or password (svcctl sends its token in Authorization)\n")
     assert keys.read_text() == ORIGINAL
+
+
+def test_without_a_flag_or_variable_the_restart_goes_to_the_supervisor_this_folders_config_names(keys, capsys,
+                                                                                                 monkeypatch):
+    """With the supervisor on 18787 in conf/service.toml, ``keys add`` sent the management token to
+    127.0.0.1:8787, whatever listened there (secrets probe)."""
+    (keys.parent / "service.toml").write_text('[supervisor]\nport = 18787\n')
+    monkeypatch.chdir(keys.parent.parent)
+    monkeypatch.delenv("SERVICE_SUPERVISOR_URL", raising=False)
+    monkeypatch.setenv("SERVICE_API_TOKEN", MANAGEMENT)
+    client = FakeClient()
+    client.reply = Reply(200, {"ok": True})
+    assert cli.main(["keys", "disable", "tenant-a", "--keys-file", str(keys)], client=client) == 0
+    assert [(r.method, r.url) for r in client.requests] == [("POST", f"http://127.0.0.1:18787{RESTART}")]

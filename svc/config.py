@@ -162,6 +162,8 @@ def read_toml(path: str) -> dict:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
+        if os.path.islink(path):  # not "no file": the operator made a link, and it points nowhere
+            raise ConfigError(path, None, f"a symbolic link to {os.readlink(path)}, which does not exist") from None
         raise ConfigError(path, None, "file not found") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(path, None, f"cannot read: {e}") from None

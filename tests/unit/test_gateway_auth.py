@@ -82,6 +82,19 @@ def test_key_file_parse_error_and_missing_file(tmp_path):
         load_key_file(str(tmp_path / "nope.toml"))
 
 
+def test_a_key_file_that_is_a_dangling_link_is_named_as_one(tmp_path):
+    """It was "no key file: static-token mode", as if no file had been configured (non-root probe)."""
+    link = tmp_path / "api_keys.toml"
+    link.symlink_to(tmp_path / "moved" / "keys.toml")
+    with pytest.raises(ConfigError) as e:
+        load_key_file(str(link))
+    assert e.value.problem == f"a symbolic link to {tmp_path / 'moved' / 'keys.toml'}, which does not exist"
+    setup = decide({"SERVICE_GATEWAY_AUTH_TOKEN": "g" * 32, "SERVICE_METRICS_TOKEN": "m" * 32}, str(link))
+    assert setup.mode == "static-token"
+    assert setup.warnings == (f"the key file cannot be used ({e.value}): static-token mode, only "
+                              "SERVICE_GATEWAY_AUTH_TOKEN or SERVICE_API_TOKEN is accepted",)
+
+
 def test_comment_only_file_is_zero_keys(tmp_path):
     assert load_key_file(keys_file(tmp_path, "# nothing yet\n\n")) == []
 

@@ -159,6 +159,18 @@ def write_atomically(path: str, text: str) -> None:
         raise CliError(f"cannot write {path}: {e.strerror or e}") from None
 
 
+def check_writable(path: str) -> None:
+    """CliError (as :func:`write_atomically` words it) when no file can be made in ``path``'s folder; the
+    key of a ``keys add`` was printed, then the write failed, and the key worked nowhere."""
+    directory = os.path.dirname(os.path.realpath(path))
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise CliError(f"cannot write {path}: {e.strerror or e}") from None
+
+
 def _keep_owner(fd: int, target: str) -> None:
     """Give the new file the owner and group of the one it replaces, where this process may: ``sudo svcctl keys
     add`` replaced the service user's key file by root's own, which the gateway could then not read."""
@@ -296,6 +308,7 @@ def run(args: argparse.Namespace, client: Client) -> int:
             doc = read_document(path, missing_ok=args.keys_action == "add")
             if args.keys_action == "add":
                 key = add_key(doc, args.name, args.scope, args.qps)
+                check_writable(path)  # a folder it cannot write: no key shown that is stored nowhere
                 # The key reaches stdout before its entry reaches the file: written first, a failed print left
                 # a working key whose secret nobody had.  A stdout that fails raises (svc.cli.output) past the write.
                 print(key)

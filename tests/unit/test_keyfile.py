@@ -409,3 +409,12 @@ def test_without_a_flag_or_variable_the_restart_goes_to_the_supervisor_this_fold
     client.reply = Reply(200, {"ok": True})
     assert cli.main(["keys", "disable", "tenant-a", "--keys-file", str(keys)], client=client) == 0
     assert [(r.method, r.url) for r in client.requests] == [("POST", f"http://127.0.0.1:18787{RESTART}")]
+
+
+def test_add_into_a_folder_it_cannot_write_shows_no_key(capsys, monkeypatch):
+    """The key was printed, then "cannot write": a key handed out that is stored nowhere (non-root probe, a folder
+    not the user's).  /proc is a folder where no file can be made, for root too."""
+    monkeypatch.delenv("SERVICE_API_TOKEN", raising=False)
+    assert cli.main(["keys", "add", "k3", "--keys-file", "/proc/svc-test-keys.toml", "--no-restart"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("svcctl: cannot write /proc/svc-test-keys.toml: ") and err.count("\n") == 1

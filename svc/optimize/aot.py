@@ -38,7 +38,7 @@ from typing import Any
 
 from svc.infra.process import pid_running
 from svc.optimize.buckets import batch_size_of
-from svc.optimize.cache import read_cached, temporary_file, write_record
+from svc.optimize.cache import make_private_dirs, read_cached, temporary_file, write_record
 
 #: A package's dynamic batch dimension goes up to this many times the warm-up batch (``max_batch_size``, the
 #: largest batch the server forms; twice it for a denoiser that doubles its batch for guidance).
@@ -216,7 +216,7 @@ def _export(module: Any, example: tuple, dim: Any) -> Any:
 def _compile(program: Any, path: Path) -> None:
     import torch
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(path.parent)
     tmp = temporary_file(path, "building", ".pt2")
     try:
         with torch.no_grad():  # inductor freezes (constant weights, folded conv+BatchNorm) only without grad

@@ -54,6 +54,24 @@ def inductor_cache_dir(env: Mapping[str, str] | None = None) -> Path:
     return state_dir(env) / "inductor"
 
 
+def make_private_dirs(path: Path) -> Path:
+    """``path`` and the folders above it that are missing, each made mode 0700 whatever the umask.
+
+    The state directory holds code the model servers load (compiled packages,
+    inductor's kernels): under ``umask 000`` its folders were 0777, and any
+    local user could replace a package.  A folder that exists keeps its mode.
+    """
+    missing = []
+    folder = path
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for folder in reversed(missing):
+        folder.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(folder, 0o700)  # mkdir's mode is masked by the umask, which may take more
+    return path
+
+
 def use_inductor_cache(env: MutableMapping[str, str] | None = None) -> Path | None:
     """Point inductor at :func:`inductor_cache_dir` (sets the variable in ``env``); the directory, or None when
     it cannot be made (a read-only state directory): torch then keeps its own default under the temporary
@@ -63,7 +81,7 @@ def use_inductor_cache(env: MutableMapping[str, str] | None = None) -> Path | No
         return inductor_cache_dir(env)
     path = inductor_cache_dir(env)
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(path)
     except OSError:
         return None
     env[INDUCTOR_CACHE_ENV] = str(path)

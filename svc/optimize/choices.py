@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from svc.optimize.cache import write_atomically
+from svc.optimize.cache import make_private_dirs, write_atomically
 
 #: The folder of records under ``<state dir>/compiled``.
 CHOICES = "choices"
@@ -170,7 +170,7 @@ def _finite(value: object) -> bool:
 
 def write(directory: Path, model_id: str, key: str, mode: str, speedup: float | None, line: str) -> Path:
     """Record ``mode`` under ``key``: the file complete or absent (two servers of one model may write at once)."""
-    directory.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(directory)
     path = record_path(directory, model_id, key)
     record = {"format": FORMAT, "model": model_id, "key": key, "mode": mode, "chosen_at": time.time(),
               "speedup": speedup, "line": line}

@@ -43,7 +43,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from svc.optimize.cache import read_cached, temporary_file, write_record
+from svc.optimize.cache import make_private_dirs, read_cached, temporary_file, write_record
 from svc.optimize.runtime_calls import OnnxRuntimeCall, OpenVINOCall, fixed_batches
 
 #: Models converted and read from the cache by this process (``converted``, ``loaded``).
@@ -120,7 +120,7 @@ def converted(module: Any, make_example: Any, batch: int, batched: bool, runtime
                                                                batched), STATS)
     if call is not None:
         return call
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(path.parent)
     returns = _returns(module, example)
     if runtime == "openvino":
         _convert_openvino(module, example, batched, path, _onnx_file(module, example, batched, name, directory,

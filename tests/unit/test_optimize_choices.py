@@ -195,3 +195,27 @@ def test_eager_alone_is_timed_once(folder):
     assert report.mode == "eager" and counted.timed == 1
     assert report.line.startswith("TINY: optimize auto chose eager, batch 4: eager 10.0 ms; channels_last dropped (")
     assert "; timed in fewer of 3 rounds: eager 1 (" in report.line
+
+
+def test_the_state_directorys_folders_are_private_whatever_the_umask(tmp_path):
+    """Under ``umask 000`` the state directory, ``inductor/`` and ``compiled/`` were 0777 (non-root probe): any
+    local user could replace a compiled package that a model server then loads.  A folder that exists keeps
+    its mode."""
+    import os
+    import stat
+
+    from svc.optimize.cache import compiled_dir, use_inductor_cache
+
+    env = {"SERVICE_STATE_DIR": str(tmp_path / "state" / "svc")}
+    (tmp_path / "state").mkdir(mode=0o755)
+    os.chmod(tmp_path / "state", 0o755)
+    old = os.umask(0)
+    try:
+        inductor = use_inductor_cache(env)
+        choices.write(compiled_dir(env) / choices.CHOICES, "M", "k", "eager", None, "line")
+    finally:
+        os.umask(old)
+    modes = {p: stat.S_IMODE(os.stat(p).st_mode) for p in (tmp_path / "state" / "svc", inductor, compiled_dir(env),
+                                                           compiled_dir(env) / choices.CHOICES)}
+    assert set(modes.values()) == {0o700}, modes
+    assert stat.S_IMODE(os.stat(tmp_path / "state").st_mode) == 0o755

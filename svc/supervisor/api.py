@@ -36,6 +36,7 @@ from typing import Any
 
 from klein import Klein
 from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.logger import Logger
 
 from svc import __version__
 from svc.contract import status as st
@@ -43,9 +44,12 @@ from svc.contract.errors import ApiError
 from svc.contract.protocol import OPENAPI_PATH
 from svc.contract.query import MAX_DIGITS, parse_bounded_int, query_value, shown
 from svc.supervisor.child import ChildError
+from svc.supervisor.logsink import LogSink
 from svc.supervisor.manager import GATEWAY, ChildManager
 from svc.web import declare, routes
 from svc.web.replies import bearer_matches, send_json
+
+log = Logger()
 
 #: The page's ES modules: app.js wires the page and imports the others (no build step). A module
 #: is served only when it is named here; the browser refuses a module without a JavaScript type.
@@ -155,7 +159,13 @@ class ManagementApi(routes.JsonApp):
         done = ensureDeferred(self._do(target, action))
         try:
             await _uncancellable(done)
-        except ChildError as e:
+        except ChildError as e:  # its reason in the supervisor's output and the child's log too, not the reply only
+            name = getattr(target, "name", "?")
+            log.warn("{name}: {action} asked through the management API failed: {why}", name=name, action=action,
+                     why=str(e))
+            for child in getattr(target, "children", [target]):  # a model's replicas, or the one process
+                if isinstance(getattr(child, "logs", None), LogSink):
+                    child.logs.note(f"{action} failed: {e}")
             raise ApiError(st.INTERNAL_ERROR, str(e)) from None
         return self.ok(request)
 

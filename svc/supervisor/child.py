@@ -323,7 +323,8 @@ class Child:
             self._became_ready()
         elif not ok and self.ready:
             self.ready = False
-            self.logs.note(f"not ready: {self.spec.ready_path} did not answer 200")
+            self.logs.note(why := f"not ready: {self.spec.ready_path} did not answer 200")
+            log.warn("{name}: {why}", name=self.name, why=why)
         interval = self.timing.probe_running if self.state == RUNNING else self.timing.probe_starting
         self._schedule_probe(interval)
 
@@ -336,6 +337,7 @@ class Child:
             self._set(RUNNING, "ready")
         else:
             self.logs.note("ready again")
+            log.info("{name}: ready again", name=self.name)
         waiters, self._ready_waiters = self._ready_waiters, []
         for d in waiters:
             d.callback(None)
@@ -380,21 +382,15 @@ class Child:
 
     def _set(self, state: str, why: str) -> None:
         self.state = state
-        self.logs.note(f"{state}: {why}")
-        log.info("{name}: {state}: {why}", name=self.name, state=state, why=why)
+        self.logs.note(f"{state}: {why}")  # a failure at error, a crash's back-off at warn: not among the info
+        (log.error if state in (FAILED, START_FAILED) else log.warn if state == BACKOFF else log.info)(
+            "{name}: {state}: {why}", name=self.name, state=state, why=why)
 
     def snapshot(self) -> dict[str, Any]:
         """What /api/v1/status shows of this child."""
         now = self.reactor.seconds()
         started = self.started_at if self.state in (STARTING, RUNNING) else None
-        return {
-            "state": self.state,
-            "ready": self.ready,
-            "pid": self.pid,
-            "restarts": self.restarts,
-            "uptime_s": round(now - started, 1) if started is not None else None,
-            "last_error": self.last_error,
-            "last_exit": self.last_exit,
-            "policy": self.spec.policy,
-            "phase": self.phase if started is not None and not self.ready else None,
-        }
+        return {"state": self.state, "ready": self.ready, "pid": self.pid, "restarts": self.restarts,
+                "uptime_s": round(now - started, 1) if started is not None else None,
+                "last_error": self.last_error, "last_exit": self.last_exit, "policy": self.spec.policy,
+                "phase": self.phase if started is not None and not self.ready else None}

@@ -45,11 +45,14 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IDelayedCall
+from twisted.logger import Logger
 
 from svc.auth import bind_problem
 from svc.infra.reactors import follow
 from svc.supervisor.child import BACKOFF, FAILED, RUNNING, START_FAILED, STARTING, STOPPED, Child, ChildError, ChildSpec
 from svc.supervisor.spawn import ChildProtocol, bind_listening_socket, describe_exit, group_leader_argv
+
+log = Logger()
 
 #: Descriptors of the gateway process: the listening socket and the ready pipe.
 LISTEN_FD, READY_FD = 3, 4
@@ -160,7 +163,8 @@ class GatewayChild(Child):
         if self.listener is not None:
             self.listener.close()
             self.listener = None
-            self.logs.note("listening socket closed: connections are refused until the gateway starts again")
+            self.logs.note(why := "listening socket closed: connections are refused until the gateway starts again")
+            (log.info if self._closing else log.warn)("{name}: {why}", name=self.name, why=why)
 
     def _set(self, state: str, why: str) -> None:
         super()._set(state, why)

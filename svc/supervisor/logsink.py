@@ -21,7 +21,7 @@ from collections import deque
 from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger
+from twisted.logger import Logger, formatTime
 from twisted.python.logfile import LogFile
 
 from svc.infra.reactors import wall_time
@@ -115,7 +115,8 @@ class LogSink:
         self._ring_line(stream, text)
         if self.file is None:
             return
-        prefix = "" if stream in ("stdout", "stderr") else f"[{stream}] "
+        # The child's own lines carry their time; the supervisor's notes get theirs (an outage's start had none).
+        prefix = "" if stream in ("stdout", "stderr") else f"{formatTime(self.ring[-1][1])} [{stream}] "
         entry = prefix + text + "\n"
         self._pending.append(entry)
         self._pending_size += len(entry)

@@ -21,6 +21,7 @@ from svc.infra.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from svc.infra.metrics import HttpMetrics, new_registry
 from svc.supervisor.api import UI_FILES, UI_HEADERS, UI_MODULES, ManagementApi
 from svc.supervisor.child import ChildError
+from svc.supervisor.logsink import LogSink
 from svc.supervisor.manager import GATEWAY
 from svc.supervisor.metrics import ChildCollector
 from svc.supervisor.series import SeriesCollector
@@ -230,9 +231,10 @@ class FakeManager:
                 raise action_error
 
         child = SimpleNamespace(snapshot=lambda: {"state": "running"}, spec=SimpleNamespace(port=9300),
-                                start=act, stop=act, restart=act)
+                                start=act, stop=act, restart=act, name="M",
+                                logs=LogSink("M", None, clock=reactor, max_bytes=1 << 20, backups=1, ring_lines=10))
         self.children = {"M": child}
-        self.model = SimpleNamespace(children=[child], start=act, stop=act, restart=act)
+        self.model = SimpleNamespace(children=[child], start=act, stop=act, restart=act, name="M")
 
     def target(self, name):
         if name != "M":
@@ -263,9 +265,18 @@ def test_openapi_is_relayed_from_the_running_server(tmp_path, answer, code, expe
 
 
 def test_an_action_that_fails_is_500_with_its_reason_and_one_that_succeeds_is_ok(tmp_path):
+    """The reason was in the reply only (logs probe): the supervisor's output and the child's log have it too."""
+    from twisted.logger import LogLevel, capturedLogs
+
     _, reactor, _, _ = child_manager(tmp_path)
-    sup = Harness(tmp_path, FakeManager(reactor, ChildError("M did not become ready within 60 s")))
-    assert_error(sup.call("POST", "/api/v1/servers/M/restart"), 500, "M did not become ready within 60 s")
+    manager = FakeManager(reactor, ChildError("M did not become ready within 60 s"))
+    sup = Harness(tmp_path, manager)
+    with capturedLogs() as events:
+        assert_error(sup.call("POST", "/api/v1/servers/M/restart"), 500, "M did not become ready within 60 s")
+    assert [(e["log_level"], e["log_format"].format(**e)) for e in events if e.get("action")] == [
+        (LogLevel.warn, "M: restart asked through the management API failed: M did not become ready within 60 s")]
+    assert [e["line"] for e in manager.children["M"].logs.page(None, 10)["lines"]] == [
+        "restart failed: M did not become ready within 60 s"]
     sup = Harness(tmp_path, FakeManager(reactor))
     r = sup.call("POST", "/api/v1/servers/M/stop")
     assert (r.code, json.loads(r.body)) == (200, {"ok": True})

@@ -580,3 +580,41 @@ def test_start_and_stop_are_done_when_the_child_is_already_so_or_on_its_way():
     assert results(child.stop()) == []
     reactor.exit(0)
     assert child.state == STOPPED and results(child.stop()) == [None]  # stopped: done
+
+
+def test_a_failure_is_logged_at_error_a_crash_at_warn_and_the_rest_at_info():
+    """Every state line was info, a crash loop and a refused gateway among them, while getting-started says only
+    a real failure is a warning (logs probe); a model that stops answering /ready was noted in its file only."""
+    from twisted.logger import LogLevel, capturedLogs
+
+    child, reactor, probe, _ = make()
+    with capturedLogs() as events:
+        running(child, reactor, probe)
+        probe.ok = False
+        reactor.advance(2)
+        probe.ok = True
+        reactor.advance(2)
+        for _ in range(5):
+            reactor.exit(2)
+            reactor.advance(8)
+        reactor.exit(2)
+    lines = [(e["log_level"], e["log_format"].format(**e)) for e in events if e.get("name") == "M"]
+    assert lines[:5] == [
+        (LogLevel.info, "M: starting: spawned pid 1001: -m twisted service-model ..."),
+        (LogLevel.info, "M: running: ready"),
+        (LogLevel.warn, "M: not ready: /ready did not answer 200"),
+        (LogLevel.info, "M: ready again"),
+        (LogLevel.warn, "M: backoff: exited (exit code 2); restarting in 1 s"),
+    ]
+    assert lines[-1][0] == LogLevel.error and lines[-1][1].startswith("M: failed: crash loop")
+    assert {level for level, text in lines if text.startswith("M: starting")} == {LogLevel.info}
+
+
+def test_a_start_refused_at_once_is_logged_at_error():
+    from twisted.logger import LogLevel, capturedLogs
+
+    child, reactor, probe, _ = make(refused="M.toml: port: must be an integer")
+    with capturedLogs() as events:
+        results(child.start())
+    assert [(e["log_level"], e["log_format"].format(**e)) for e in events if e.get("name") == "M"] == [
+        (LogLevel.error, "M: failed: not started: M.toml: port: must be an integer")]

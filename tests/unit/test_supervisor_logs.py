@@ -6,9 +6,14 @@ import os
 
 import pytest
 from twisted.internet.task import Clock
+from twisted.logger import formatTime
 from twisted.python.logfile import LogFile
 
 from svc.supervisor.logsink import FLUSH_DELAY_S, LogSink
+
+#: How the file shows a supervisor's note made at time 0 of a test's clock: a note carries its time (a SIGSTOPped
+#: model's "not ready" in the file said nothing of when the outage began).
+T0 = formatTime(0.0)
 
 
 def sink_in(tmp_path, clock=None, **kw) -> LogSink:
@@ -81,8 +86,8 @@ def test_lines_are_written_together_after_the_flush_delay(tmp_path):
     clock.advance(FLUSH_DELAY_S - 0.01)
     assert writes == []
     clock.advance(0.01)
-    assert writes == ["one\ntwo\n[supervisor] three\n"]
-    assert (tmp_path / "M.log").read_text() == "one\ntwo\n[supervisor] three\n"
+    assert writes == [f"one\ntwo\n{T0} [supervisor] three\n"]
+    assert (tmp_path / "M.log").read_text() == f"one\ntwo\n{T0} [supervisor] three\n"
     assert clock.getDelayedCalls() == []  # nothing waits: no timer
     sink.feed("stderr", b"four\n")
     clock.advance(FLUSH_DELAY_S)
@@ -107,7 +112,7 @@ def test_the_end_of_the_process_and_close_write_everything(tmp_path):
     assert (tmp_path / "M.log").read_text() == "whole\nno newline\n"
     sink.note("stopped")
     sink.close()
-    assert (tmp_path / "M.log").read_text() == "whole\nno newline\n[supervisor] stopped\n"
+    assert (tmp_path / "M.log").read_text() == f"whole\nno newline\n{T0} [supervisor] stopped\n"
     assert clock.getDelayedCalls() == []
     sink.note("after close")  # the ring only
     assert sink.page(None, 1)["lines"][0]["line"] == "after close"
@@ -195,7 +200,7 @@ def test_writes_resume_with_a_count_of_the_lines_lost(tmp_path):
     failing[0] = False
     sink.feed("stdout", b"kept\n")
     sink.write_pending()
-    assert (tmp_path / "M.log").read_text() == ("kept\n[supervisor] writing " + str(tmp_path / "M.log")
+    assert (tmp_path / "M.log").read_text() == (f"kept\n{T0} [supervisor] writing " + str(tmp_path / "M.log")
                                                 + " again; 1 lines were not written to it\n")
     assert sink.lost == 0
 
@@ -250,7 +255,7 @@ def test_a_log_folder_removed_and_made_again_raises_nothing_and_is_written_again
     folder.mkdir()
     sink.feed("stdout", b"three\n")
     sink.ended()
-    assert (folder / "M.log").read_text() == ("three\n[supervisor] writing " + str(folder / "M.log")
+    assert (folder / "M.log").read_text() == (f"three\n{T0} [supervisor] writing " + str(folder / "M.log")
                                               + " again; 1 lines were not written to it\n")
     sink.close()
 

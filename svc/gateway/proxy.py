@@ -39,7 +39,14 @@ from twisted.internet import error as net_error
 from twisted.internet.defer import CancelledError, Deferred, ensureDeferred, succeed
 from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.interfaces import IReactorTCP, IReactorTime
-from twisted.web.client import Agent, HTTPConnectionPool, readBody
+from twisted.web.client import (
+    Agent,
+    HTTPConnectionPool,
+    RequestTransmissionFailed,
+    ResponseFailed,
+    ResponseNeverReceived,
+    readBody,
+)
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
@@ -177,6 +184,24 @@ def make_agent(reactor: IClientReactor, pool: HTTPConnectionPool, connect_timeou
     return Agent.usingEndpointFactory(reactor, LoopbackEndpoints(reactor, connect_timeout_s), pool=pool)
 
 
+#: What an agent's failure of an exchange means, in words (its own read "ResponseNeverReceived: Connection was
+#: closed cleanly." for a model server killed mid-request, and "ResponseFailed: ...; " for a reply cut short).
+_TRANSPORT_WORDS = {
+    ResponseNeverReceived: "the model server closed the connection without answering (did it stop or crash?)",
+    ResponseFailed: "the model server's reply was cut short",
+    RequestTransmissionFailed: "the request could not be sent to the model server",
+}
+
+
+def transport_failure(kind: type, reasons: list[Any]) -> str:
+    """One line for a failed exchange: what happened, then its causes that say more than that the connection
+    closed ("cleanly", or an empty message)."""
+    causes = [r.getErrorMessage() for r in reasons]
+    causes = [c for c in causes if c and c != "Connection was closed cleanly."]
+    what = _TRANSPORT_WORDS.get(kind, kind.__name__)
+    return f"{what}: {'; '.join(causes)}" if causes else what
+
+
 _UNREACHABLE = (net_error.ConnectionRefusedError, net_error.ConnectError, net_error.NoRouteError,
                 net_error.DNSLookupError, net_error.TCPTimedOutError)
 
@@ -238,5 +263,4 @@ class Proxy:
             raise LocalConnectFailed(failure.getErrorMessage())
         if failure.check(*_UNREACHABLE):
             raise UpstreamUnreachable(f"connection refused ({failure.type.__name__})")
-        detail = "; ".join(r.getErrorMessage() for r in reasons) if reasons else failure.getErrorMessage()
-        raise UpstreamFailed(f"{failure.type.__name__}: {detail}"[:300], "transport")
+        raise UpstreamFailed(transport_failure(failure.type, reasons or [failure])[:300], "transport")

@@ -9,10 +9,10 @@ import pytest
 from klein import Klein
 from treq.testing import RequestTraversalAgent, StubTreq
 from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.error import ConnectionLost, ConnectionRefusedError
+from twisted.internet.error import ConnectionDone, ConnectionLost, ConnectionRefusedError
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
-from twisted.web._newclient import ResponseFailed
+from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
 
 from svc.auth import decide, hash_key
 from svc.contract.errors import ApiError
@@ -451,8 +451,22 @@ def test_unreachable_upstream_is_503(tmp_path):
 def test_broken_reply_is_502(tmp_path):
     gw = Harness(tmp_path, agent=FailingAgent(ResponseFailed([Failure(ConnectionLost("gone"))])))
     body = assert_envelope(gw.call("POST", "/v1/models/CLS/infer", body=b"{}"), 502, 502)
-    assert "ResponseFailed" in body["error"] and "gone" in body["error"]
+    assert body["error"] == ("model server CLS: the model server's reply was cut short: Connection to the other "
+                             "side was lost in a non-clean fashion: gone.")
     assert 'service_gateway_upstream_errors_total{kind="transport",model="CLS",replica="0"} 1.0' in render(gw.registry).decode()
+
+
+@pytest.mark.parametrize("error, words", [
+    (ResponseNeverReceived([Failure(ConnectionDone())]),
+     "the model server closed the connection without answering (did it stop or crash?)"),
+    (ResponseFailed([Failure(ConnectionDone()), Failure(Exception())]), "the model server's reply was cut short"),
+])
+def test_a_connection_closed_without_a_whole_reply_is_said_in_words(tmp_path, error, words):
+    """A model server killed mid-request read "ResponseNeverReceived: Connection was closed cleanly." and a reply
+    cut short "ResponseFailed: Connection was closed cleanly.; " (logs probe): neither was clean."""
+    gw = Harness(tmp_path, agent=FailingAgent(error))
+    assert assert_envelope(gw.call("POST", "/v1/models/CLS/infer", body=b"{}"), 502, 502)["error"] == \
+        f"model server CLS: {words}"
 
 
 def test_no_reply_within_the_receive_timeout_is_502(gw):

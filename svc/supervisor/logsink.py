@@ -17,6 +17,7 @@ line: a file is rotated before the first line that finds it at
 from __future__ import annotations
 
 import os
+import re
 from collections import deque
 from typing import Any
 
@@ -27,6 +28,13 @@ from twisted.python.logfile import LogFile
 from svc.infra.reactors import wall_time
 
 log = Logger()
+
+#: The start of a line in Twisted's text log format: ``2026-11-28T05:20:39+0000 [svc.infra.process#critical] ``.
+_LOG_PREFIX = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d{4}|Z)? \[[^\]]*\] ")
+#: The access log's lines (svc.web.site), one per request.
+_ACCESS_LINE = " [svc.access#"
+#: What a reactor prints as it stops, after the line that says why.
+_REACTOR_NOISE = re.compile(r"\((?:TCP|UDP) Port \d+ Closed\)|Main loop terminated\.|Server Shut Down\.")
 
 #: Lines wait at most this long (seconds) before they are written to the file...
 FLUSH_DELAY_S = 0.2
@@ -234,9 +242,13 @@ class LogSink:
         }
 
     def tail(self, n: int = 3, since: int = 0) -> list[str]:
-        """The last ``n`` lines the child printed (for last_error), from line number ``since`` on (its process's)."""
-        return [text for seq, _, stream, text in list(self.ring)[-50:]
-                if seq >= since and stream != "supervisor" and text.strip()][-n:]
+        """The last ``n`` lines the child printed (for last_error), from line number ``since`` on (its process's):
+        without the time and ``[namespace#level]`` that Twisted's text format puts first, and without the lines
+        a stopping reactor prints (``(TCP Port 9101 Closed)``) or the access log, which say nothing of why it
+        stopped (a model killed by signal 9 showed its last two requests as its error)."""
+        said = (_LOG_PREFIX.sub("", text).strip() for seq, _, stream, text in list(self.ring)[-50:]
+                if seq >= since and stream != "supervisor" and _ACCESS_LINE not in text)
+        return [text for text in said if text and not _REACTOR_NOISE.fullmatch(text)][-n:]
 
     def close(self) -> None:
         """Write what waits and close the file; later lines go to the ring only."""

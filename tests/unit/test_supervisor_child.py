@@ -618,3 +618,27 @@ def test_a_start_refused_at_once_is_logged_at_error():
         results(child.start())
     assert [(e["log_level"], e["log_format"].format(**e)) for e in events if e.get("name") == "M"] == [
         (LogLevel.error, "M: failed: not started: M.toml: port: must be an integer")]
+
+
+def test_last_error_is_what_the_child_said_without_its_log_prefix_or_the_reactors_goodbye():
+    """last_error was the last two raw lines: times, namespaces, and "(TCP Port 18913 Closed)" (logs probe)."""
+    child, reactor, probe, _ = make()
+    results(child.start())
+    reactor.exit(1, output=b"2026-11-28T05:20:39+0000 [svc.modelserver.engine#error] loading the weights\n"
+                          b"2026-11-28T05:20:39+0000 [svc.infra.process#critical] service-model: M: model failed to "
+                          b"load: RuntimeError: injected load failure\n"
+                          b"2026-11-28T05:20:39+0000 [svc.access#info] GET /ready 503 0.4ms key=- rid=-\n"
+                          b"2026-11-28T05:20:39+0000 [-] (TCP Port 9101 Closed)\n"
+                          b"2026-11-28T05:20:39+0000 [-] Main loop terminated.\n")
+    assert child.state == START_FAILED
+    assert child.last_error == ("loading the weights | service-model: M: model failed to load: RuntimeError: "
+                                "injected load failure")
+
+
+def test_a_model_killed_by_signal_9_has_no_requests_for_its_last_error():
+    """A kill -9 leaves no last words: last_error showed the last two access lines (UI probe)."""
+    child, reactor, probe, _ = make()
+    running(child, reactor, probe)
+    reactor.exit(None, sig=9, output=b"2026-11-28T05:20:39+0000 [svc.access#info] GET /openapi.json 200 3.1ms "
+                                     b"key=- rid=-\n")
+    assert child.last_error == "killed by signal 9"

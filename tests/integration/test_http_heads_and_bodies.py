@@ -39,8 +39,11 @@ def processes(tmp_path_factory):
                                             body_timeout_ms=BODY_TIMEOUT_MS))
     servers = root / "server"
     servers.mkdir()
+    # The gateway routes to it: a route whose model the catalog lacks is 404 whatever the method.
+    write_config(servers, "TESTFAULTS", name="TESTFAULTS.toml", port=model.port)
     gateway = start_gateway(root, servers, "# no keys: the static token only\n",
-                            gateway_table=f"body_timeout_ms = {BODY_TIMEOUT_MS}\n")
+                            gateway_table=f"body_timeout_ms = {BODY_TIMEOUT_MS}\n",
+                            env={"SERVICE_UPSTREAM_TOKEN": "model-token"})
     stack = build_stack(root / "stack", {}, supervisor_extra=f"body_timeout_ms = {BODY_TIMEOUT_MS}\n")
     yield {"model": (model.port, model.url, "envelope"), "gateway": (gateway.port, gateway.url, "envelope"),
            "supervisor": (stack.supervisor.port, stack.url, "ok-error"), "model process": model,

@@ -6,11 +6,13 @@ import { api } from "./api.js";
 export const LEVELS = ["debug", "info", "warn", "error", "critical"];
 
 // The level of a line as `twist --log-format text` writes it ("... [namespace#warn] ..."); a line
-// without one (a traceback, a print) takes the level of the line before it on the same stream.
+// without one (a traceback, a print) takes the level of the line before it on the same stream, but
+// Twisted's own lines that name no level ("... [-] (TCP Port 9101 Closed)") and blank ones are info:
+// after a traceback they showed among the errors.
 export function lineLevel(line, previous) {
   const match = /\[[^\]\s]*#(debug|info|warn|error|critical)\]/.exec(line.line);
   if (match) return match[1];
-  if (line.stream === "supervisor") return "info";
+  if (line.stream === "supervisor" || !line.line.trim() || /^\S+ \[[^\]]*\] /.test(line.line)) return "info";
   return previous[line.stream] || (line.stream === "stderr" ? "error" : "info");
 }
 
@@ -74,6 +76,8 @@ export async function followLogs() {
   const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
   state.logLevels = state.logLevels || {};
   for (const line of page.lines) {
+    // A supervisor's note (a new process among them) ends what the lines before it carried over.
+    if (line.stream === "supervisor") state.logLevels = {};
     const level = lineLevel(line, state.logLevels);
     state.logLevels[line.stream] = level;
     pre.appendChild(logLine(line.stream, level, line.line));

@@ -98,11 +98,26 @@ export function oneAtATime(task) {
 export async function poll() {
   const session = state.session;
   try {
-    await refresh();
-    if (session === state.session) setOffline(null);
+    const status = await refresh();
+    if (session !== state.session) return;
+    setOffline(null);
+    await followCatalog(status, session);
   } catch (e) {
     if (session === state.session && !(e instanceof HttpError && e.status === 401)) setOffline(e);
   }
+}
+
+const modelIds = (list) => list.map((m) => m.id).sort().join(" ");
+
+// A supervisor restarted with other models (a config added or removed) while the page was open: the
+// catalog is read again, so that the log view and "Try it" offer what is served now (a model added could
+// not be chosen until a reload).
+async function followCatalog(status, session) {
+  if (modelIds(status.servers) === modelIds(state.catalog)) return;
+  const models = (await api("/api/v1/catalog")).models;
+  if (session !== state.session) return;
+  state.catalog = models;
+  fillSelects();
 }
 
 export function setOffline(error) {
@@ -120,13 +135,17 @@ export function clock(date) {
   return [date.getHours(), date.getMinutes(), date.getSeconds()].map((n) => String(n).padStart(2, "0")).join(":");
 }
 
+// The log view's and "Try it"'s lists, from the catalog; a model chosen in "Try it" stays chosen (and its
+// form as it is) while the catalog still has it.
 export function fillSelects() {
   fillLogSelect();
   const trySelect = $("#try-model");
+  const chosen = trySelect.value;
   trySelect.innerHTML = "";
   for (const m of state.catalog) trySelect.add(new Option(`${m.id} (${m.task || m.category || "?"}${m.async ? ", async" : ""})`, m.id));
+  $("#try-run").disabled = false;
+  if (state.catalog.some((m) => m.id === chosen)) { trySelect.value = chosen; return; }
   const classifier = state.catalog.find((m) => m.category === "classification");
   if (classifier) trySelect.value = classifier.id;
-  $("#try-run").disabled = false;
   modelChosen();
 }

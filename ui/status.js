@@ -30,6 +30,13 @@ export async function refresh() {
 export function renderServers(servers) {
   const tbody = $("#catalog tbody");
   let reshaped = false;
+  // A model no longer served (a supervisor restarted without its config) loses its rows: they stayed, frozen.
+  const ids = new Set(servers.map((s) => s.id));
+  for (const row of [...tbody.querySelectorAll("tr.model")]) {
+    if (ids.has(row.dataset.id)) continue;
+    for (const r of rowsOf(row)) r.remove();
+    reshaped = true;
+  }
   for (const s of servers) {
     const replicas = s.replicas || [];
     const several = replicas.length > 1;

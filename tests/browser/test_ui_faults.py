@@ -407,3 +407,84 @@ def test_chart_titles_give_the_newest_sample_and_the_routes_total(browser, stack
     expect(title("#gateway-charts", "rejections")).to_have_text("–")
     expect(page.locator('#gateway-charts .chart[data-figure="rps_by_route"] .legend span')).to_have_text(["infer", "jobs", "openapi"])
     page.context.close()
+
+
+def test_a_model_the_supervisor_no_longer_serves_leaves_the_page_and_one_it_serves_again_returns(browser, stack):
+    """A supervisor restarted without MOBILENETV2's config (the status and the catalog, changed by routes), then
+    with it again, while the page stays open: its row stayed, frozen, until a reload, and a model added could not
+    be chosen in the log view or "Try it" (UI probe)."""
+    page = new_page(browser)
+    log_in(page, stack)
+    page.select_option("#try-model", "TESTFAULTS")
+
+    def without(path):
+        def answer(route):
+            response = route.fetch()
+            body = response.json()
+            key = "servers" if path == "status" else "models"
+            body[key] = [m for m in body[key] if m["id"] != "MOBILENETV2"]
+            route.fulfill(response=response, json=body)
+        return answer
+
+    page.route("**/api/v1/status", without("status"))
+    page.route("**/api/v1/catalog", without("catalog"))
+    expect(row(page, "MOBILENETV2")).to_have_count(0)
+    expect(page.locator('#catalog tr.figures[data-for="MOBILENETV2"]')).to_have_count(0)
+    expect(page.locator("#log-server option")).to_have_text(["gateway", "TESTFAULTS replica 0", "TESTFAULTS replica 1"])
+    expect(page.locator("#try-model option")).to_have_count(1)
+    expect(page.locator("#try-model")).to_have_value("TESTFAULTS")  # the model chosen stays chosen
+    page.unroute("**/api/v1/status")
+    page.unroute("**/api/v1/catalog")
+    expect(row(page, "MOBILENETV2").locator(".state")).to_have_text("running")
+    expect(page.locator("#log-server option")).to_have_text(
+        ["gateway", "MOBILENETV2", "TESTFAULTS replica 0", "TESTFAULTS replica 1"])
+    expect(page.locator("#try-model option")).to_have_count(2)
+    expect(page.locator("#try-model")).to_have_value("TESTFAULTS")
+    page.select_option("#log-server", "MOBILENETV2")
+    expect(page.locator("#log-lines")).to_contain_text("listening on 127.0.0.1:")
+    page.context.close()
+
+
+def test_a_long_gateway_error_wraps_in_a_narrow_window(browser, stack):
+    """A URL in the gateway's last error made a 360 px page 627 px wide (UI probe)."""
+    page = new_page(browser, width=360)
+
+    def long_error(route):
+        response = route.fetch()
+        body = response.json()
+        body["gateway"]["last_error"] = "killed by signal 9: GET /v1/models/DDPM/jobs/job_" + "c178" * 30 + "/wait"
+        route.fulfill(response=response, json=body)
+
+    page.route("**/api/v1/status", long_error)
+    log_in(page, stack)
+    expect(page.locator("#gateway-error")).to_contain_text("c178c178")
+    width = page.evaluate("() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+    assert width == [360, 360], width
+    page.context.close()
+
+
+def test_the_errors_filter_shows_a_crash_not_the_next_process_or_twisteds_goodbye(browser, stack):
+    """After a crashed start's traceback, the next process's lines without a level took the traceback's level
+    ("critical"), and so did "[-] (TCP Port N Closed)" and blank lines (UI probe)."""
+    page = new_page(browser)
+    lines = [("stdout", "2026-11-28T05:27:30+0000 [svc.infra.process#critical] M: model failed to load"),
+             ("stdout", "Traceback (most recent call last):"), ("stdout", "RuntimeError: boom"),
+             ("stdout", ""), ("stdout", "2026-11-28T05:27:30+0000 [-] (TCP Port 9101 Closed)"),
+             ("supervisor", "start_failed: could not start: M: model failed to load"),
+             ("supervisor", "starting: spawned pid 77: -m twisted service-model ..."),
+             ("stdout", "2026-11-28T05:27:33+0000 [-] JsonSite starting on 9101"), ("stdout", "a print of the plugin")]
+
+    def answer(route):
+        page_lines = [{"seq": i, "time": 0.0, "stream": s, "line": t} for i, (s, t) in enumerate(lines)]
+        route.fulfill(status=200, content_type="application/json", body=json.dumps(
+            {"ok": True, "id": "__gateway", "lines": page_lines, "first_offset": 0, "end_offset": len(lines),
+             "next_offset": len(lines)}))
+
+    page.route("**/api/v1/servers/__gateway/logs?*", answer)
+    log_in(page, stack)
+    expect(page.locator("#log-lines span")).to_have_count(len(lines))
+    page.select_option("#log-level", "error")
+    expect(page.locator("#log-lines span:not(.hidden)")).to_have_text(
+        ["2026-11-28T05:27:30+0000 [svc.infra.process#critical] M: model failed to load",
+         "Traceback (most recent call last):", "RuntimeError: boom"])
+    page.context.close()

@@ -185,7 +185,7 @@ class ModelServerApp(OipRoute, routes.JsonApp):
         """Run an admitted, parsed inference request under ``run_timeout_ms`` from ``started``: its task id (set
         on ``request`` for the access line) and its items' results; a full wait queue is 429 with Retry-After.
         ``POST {server_uri}`` and the Open Inference Protocol's route (svc.modelserver.oip_route) share it."""
-        task_id = request.service_task_id = parsed.req_id or new_task_id()
+        task_id = request.service_task_id = parsed.req_id = parsed.req_id or new_task_id()  # its items carry it
         try:
             results = await self.inference.run(parsed, deadline=started + self.config.run_timeout_ms / 1000.0)
         except QueueFull as e:

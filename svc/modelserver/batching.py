@@ -59,7 +59,7 @@ class Item:
     """One image on its way through the queue."""
 
     __slots__ = ("input", "params", "options", "key", "deadline", "enqueued_at", "state", "on_done", "on_start",
-                 "progress", "limited")
+                 "progress", "limited", "task_id")
 
     def __init__(
         self,
@@ -71,6 +71,7 @@ class Item:
         on_done: Callable[[ItemResult], None],
         on_start: Callable[[], None] | None = None,
         progress: Any = None,
+        task_id: str | None = None,
     ) -> None:
         self.input = input
         self.params = params
@@ -83,6 +84,7 @@ class Item:
         self.on_start = on_start
         self.progress = progress  # the JobProgress of an asynchronous job's item, else None
         self.limited = True  # counts against max_queue_depth (a synchronous request's item)
+        self.task_id = task_id  # its request's (or job's): a failed batch's log line names the requests in it
 
     def finish(self, result: ItemResult) -> None:
         if self.state in (DONE, DROPPED):

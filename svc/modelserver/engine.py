@@ -38,6 +38,9 @@ from svc.web.replies import dumps
 
 log = Logger()
 
+#: A batch failure's traceback is logged once per this many seconds for each cause; its repeats in one line.
+TRACEBACK_EVERY_S = 60.0
+
 
 class LazyInput:
     """A model input that the worker running its batch makes, right before the forward pass.
@@ -77,6 +80,7 @@ class Engine:
     ) -> None:
         self.factory = factory
         self.clock = clock  # the reactor: times the progress reports of batches with job items
+        self._traced: dict[str, float] = {}  # a failure's cause -> when its traceback was last logged
         self.model_config = model_config
         self.device = device
         self.run_worker = run_worker  # svc.infra.process.Runner of the worker pool
@@ -157,14 +161,28 @@ class Engine:
         if (targets or abandon_at is not None) and self.clock is not None:
             reporter = BatchProgress(self.clock, targets, abandon_at=abandon_at)
         d = self.run_worker(self._run_sync, inputs, items[0].params, per_item, reporter)
-        d.addCallback(self._log_problems)
+        d.addCallback(self._log_problems, sorted({item.task_id for item in items if getattr(item, "task_id", None)}))
         return d
 
-    def _log_problems(self, outcome: tuple[list[ItemResult], str | None]) -> list[ItemResult]:
-        """Log what went wrong in the worker, here on the reactor thread (as every log line of the process)."""
+    def _log_problems(self, outcome: tuple[list[ItemResult], str | None], tasks: list[str]) -> list[ItemResult]:
+        """Log what went wrong in the worker, here on the reactor thread (as every log line of the process):
+        naming the batch's requests (their task ids, as the access lines' ``rid=``), and a traceback once a
+        minute per failure (one per request flooded the log: 500 lines for 50 requests)."""
         results, problem = outcome
         if problem:
-            log.error("{problem}", problem=problem)
+            head, _, trace = problem.partition("\n")
+            named = f"{head.rstrip(':')} (task {', '.join(tasks[:8])}{' ...' if len(tasks) > 8 else ''})"
+            cause = trace.strip().splitlines()[-1] if trace.strip() else ""
+            now = time.monotonic()
+            last = self._traced.get(cause or head)
+            if trace and last is not None and now - last < TRACEBACK_EVERY_S:
+                log.error("{named}: {cause} (its traceback is in the log at most once a minute)", named=named,
+                          cause=cause)
+            else:
+                if len(self._traced) >= 256:  # causes that name varying values: the memory stays bounded
+                    self._traced.clear()
+                self._traced[cause or head] = now
+                log.error("{named}{trace}", named=named, trace=f":\n{trace.rstrip()}" if trace else "")
         stopped = [r.error for r in results if r.error and r.error.startswith(ABANDONED)]
         if stopped:
             log.info("a batch of {n} stopped: {why}", n=len(results), why=stopped[0])

@@ -205,7 +205,7 @@ class _Run:
                 self._settle(index, entry)
             else:
                 self.items.append(Item(entry, params, options, key, self.deadline, self._settler(index), self.on_start,
-                                       self.progress))
+                                       self.progress, self.request.req_id))
         self.admission.enqueue(self.items)
 
     def _decode_failed(self, failure: Any) -> None:

@@ -58,7 +58,7 @@ class Job:
     def __init__(self, job_id: str, request: InferenceRequest, created: float) -> None:
         self.id = job_id
         self.request = request
-        self.task_id = request.req_id or job_id
+        self.task_id = request.req_id = request.req_id or job_id  # its items carry it (a failed batch's line)
         self.state = PENDING
         self.created = created
         self.started: float | None = None

@@ -145,3 +145,34 @@ def test_a_forward_pass_that_raises_or_is_abandoned_is_still_an_inference_sample
     assert statuses == [st.SUCCESS, st.ENGINE_ERROR, st.RUN_TIMEOUT]
     assert registry.get_sample_value("service_stage_duration_ms_count", {"stage": "inference"}) == 3
     assert registry.get_sample_value("service_stage_duration_ms_count", {"stage": "postprocess"}) == 1
+
+
+def test_a_failing_batch_is_logged_naming_its_requests_with_its_traceback_once_a_minute():
+    """Each failed request logged its 8-line traceback (500 lines for 50 requests) and no line named a request
+    (logs probe): the line names the batch's task ids, the same cause's traceback comes once a minute."""
+    from types import SimpleNamespace
+
+    from twisted.logger import LogLevel, capturedLogs
+
+    class Failing(Model):
+        def predict(self, inputs, params):
+            raise ValueError("injected request failure")
+
+    e = engine(Failing())
+
+    def item(task_id):
+        return SimpleNamespace(input=1, params={}, options={}, progress=None, deadline=None, task_id=task_id)
+
+    with capturedLogs() as events:
+        for batch in (["r-2", "r-1", "r-2"], ["r-3"], ["job_x"]):
+            got = []
+            e.run_batch([item(t) for t in batch]).addCallback(got.append)
+            assert [r.status for r in got[0]] == [st.ENGINE_ERROR] * len(batch)
+    lines = [(ev["log_level"], ev["log_format"].format(**ev)) for ev in events]
+    assert [level for level, _ in lines] == [LogLevel.error] * 3
+    first, second, third = (text for _, text in lines)
+    assert first.startswith("predict failed for a batch of 3 (task r-1, r-2):\nTraceback (most recent call last):")
+    assert first.endswith("ValueError: injected request failure")
+    assert second == ("predict failed for a batch of 1 (task r-3): ValueError: injected request failure (its "
+                      "traceback is in the log at most once a minute)")
+    assert third.startswith("predict failed for a batch of 1 (task job_x): ValueError")

@@ -75,7 +75,9 @@ class IModel(Interface):
 
         Runs in the decode thread pool (in the inference thread, right before
         ``predict``, with ``backend.decode_in_worker``); an exception fails
-        only this item.
+        only this item: one that Pillow raises while working on the image
+        (or an ``ItemInputError``) with the client's status 5, any other as
+        the model's own fault (500, logged).
         Do pixel work with Pillow or numpy here and leave tensor arithmetic
         to ``predict``: a torch op that starts OpenMP work on a second thread
         makes the GNU OpenMP runtime throttle its spinning, which made batch-1

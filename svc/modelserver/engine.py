@@ -31,15 +31,13 @@ from zope.interface.verify import verifyObject
 from svc.contract import status as st
 from svc.contract.envelope import ItemResult
 from svc.contract.schema import compile_schema
+from svc.infra.repeats import TracebackBudget
 from svc.model.api import IModel, IModelFactory, ProgressReporter, reporting_progress
 from svc.modelserver.progress import ABANDONED, BatchAbandoned, BatchProgress
 from svc.optimize.runtime_calls import BATCHES
 from svc.web.replies import dumps
 
 log = Logger()
-
-#: A batch failure's traceback is logged once per this many seconds for each cause; its repeats in one line.
-TRACEBACK_EVERY_S = 60.0
 
 
 class LazyInput:
@@ -80,7 +78,7 @@ class Engine:
     ) -> None:
         self.factory = factory
         self.clock = clock  # the reactor: times the progress reports of batches with job items
-        self._traced: dict[str, float] = {}  # a failure's cause -> when its traceback was last logged
+        self._traced = TracebackBudget()  # a failed batch's traceback: once a minute per cause
         self.model_config = model_config
         self.device = device
         self.run_worker = run_worker  # svc.infra.process.Runner of the worker pool
@@ -173,15 +171,10 @@ class Engine:
             head, _, trace = problem.partition("\n")
             named = f"{head.rstrip(':')} (task {', '.join(tasks[:8])}{' ...' if len(tasks) > 8 else ''})"
             cause = trace.strip().splitlines()[-1] if trace.strip() else ""
-            now = time.monotonic()
-            last = self._traced.get(cause or head)
-            if trace and last is not None and now - last < TRACEBACK_EVERY_S:
+            if trace and not self._traced.allows(cause):
                 log.error("{named}: {cause} (its traceback is in the log at most once a minute)", named=named,
                           cause=cause)
             else:
-                if len(self._traced) >= 256:  # causes that name varying values: the memory stays bounded
-                    self._traced.clear()
-                self._traced[cause or head] = now
                 log.error("{named}{trace}", named=named, trace=f":\n{trace.rstrip()}" if trace else "")
         stopped = [r.error for r in results if r.error and r.error.startswith(ABANDONED)]
         if stopped:

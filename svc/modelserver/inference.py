@@ -12,10 +12,13 @@ Synchronous requests and asynchronous jobs both run through
 from __future__ import annotations
 
 import functools
+import os
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import PIL
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -23,12 +26,22 @@ from twisted.logger import Logger
 from svc.contract import status as st
 from svc.contract.envelope import TIMED_OUT, ItemResult
 from svc.contract.request import InferenceRequest, RequestValidator
+from svc.infra.repeats import TracebackBudget
 from svc.model.images import ItemInputError, decode_base64, open_image
 from svc.modelserver.batching import Admission, BatchQueue, Item
 from svc.modelserver.engine import Engine, LazyInput
 from svc.modelserver.progress import JobProgress
 
 log = Logger()
+#: Where Pillow's modules are: an error raised there, while a model's preprocess reads the image, is the image's.
+_PILLOW = os.path.dirname(PIL.__file__) + os.sep
+
+
+def raised_in_pillow(error: BaseException) -> bool:
+    """Whether ``error`` was raised inside Pillow (a broken or hostile image; any type, as its plugins raise),
+    rather than by the model's own preprocess (an AttributeError of a plugin's read as the client's bad image)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and frames[-1].filename.startswith(_PILLOW)
 
 #: Bodies up to this size are validated on the reactor thread (JSON parsing
 #: costs about 3 ms per MB; 64 KiB stays well under a millisecond).
@@ -61,6 +74,7 @@ class Inference:
         self.queue = queue
         self.run_decode = run_decode  # svc.infra.process.Runner of the decode pool
         self.max_image_pixels = max_image_pixels
+        self.traced = TracebackBudget()  # an item whose decoding failed by our fault: once a minute per cause
         self.metrics = metrics
         # The labelled children, looked up once (a labels() lookup costs about 5 us, on the reactor).
         self.stage = functools.cache(metrics.stage.labels) if metrics is not None else None
@@ -140,12 +154,18 @@ class Inference:
             except ItemInputError:
                 raise
             except Exception as e:  # noqa: BLE001 - a bad image fails its own item
+                if not raised_in_pillow(e):  # the model's own code: its bug, not the client's image
+                    raise
                 raise ItemInputError(st.INVALID_IMAGE, f"image cannot be decoded: {e}") from None
         except ItemInputError as e:
             return ItemResult(e.status, None, e.message)
         except Exception as e:  # noqa: BLE001 - ours, not the client's: the item fails alone, in the decode pool too
-            log.failure("decoding an item failed")  # (where it failed every item of its request)
-            return ItemResult(st.INTERNAL_ERROR, None, f"decoding failed: {type(e).__name__}: {e}")
+            cause = f"{type(e).__name__}: {e}"
+            if self.traced.allows(cause):  # (where it failed every item of its request)
+                log.failure("decoding an item failed (its traceback is in the log at most once a minute)")
+            else:
+                log.error("decoding an item failed: {cause}", cause=cause)
+            return ItemResult(st.INTERNAL_ERROR, None, f"decoding failed: {cause}")
 
     def lazy_items(self, request: InferenceRequest) -> list[LazyInput]:
         """The items as inputs that the worker decodes (``decode_in_worker``)."""

@@ -400,4 +400,38 @@ def test_a_failure_of_our_own_decoding_in_the_decode_pool_fails_its_item_alone()
     assert (code, body["status"]) == (200, 0)
     assert [r["status"] for r in body["results"]] == [0, 500, 0]
     assert body["results"][1]["error"] == "decoding failed: KeyError: \"the plugin's own bug\""
-    assert [e["log_format"] for e in events if e.get("log_failure")] == ["decoding an item failed"]
+    assert [e["log_format"] for e in events if e.get("log_failure")] == [
+        "decoding an item failed (its traceback is in the log at most once a minute)"]
+
+
+def test_a_bug_of_the_models_preprocess_is_its_500_and_a_broken_image_the_clients_status_5():
+    """Any exception of an image model's preprocess was INVALID_IMAGE, "image cannot be decoded: <the plugin's
+    AttributeError>", logged nowhere (logs probe).  What Pillow raises while the preprocess works on the image stays
+    the client's status 5; the model's own exception is a 500, logged, its traceback once a minute per cause."""
+    from tests.support.images import b64, image_bytes
+
+    clock = Clock()
+    inf, runner = inference(clock, max_batch_size=4)  # the decode pool; the worker calls the same decode_item
+    inf.engine.factory = type("ImageFactory", (Factory,), {"needs_image": True})()
+
+    def preprocess(image, params):
+        if image.size == (40, 30):
+            image.resize((0, 0))  # Pillow refuses inside itself, as it does pixels it cannot read
+        if image.size == (64, 48):
+            raise AttributeError("injected preprocess bug")
+        return "input"
+
+    inf.engine.model.preprocess = preprocess
+    images = [b64(image_bytes()), b64(image_bytes(width=40, height=30)), b64(image_bytes(width=8, height=8)),
+              b64(image_bytes())]
+    answered = []
+    with capturedLogs() as events:
+        inf.run(InferenceRequest(images=images, req_id=None), deadline=None).addCallback(answered.append)
+        runner.finish()
+    code, body = envelope(answered[0])
+    assert [r["status"] for r in body["results"]] == [500, 5, 0, 500]
+    assert body["results"][0]["error"] == "decoding failed: AttributeError: injected preprocess bug"
+    assert body["results"][1]["error"] == "image cannot be decoded: height and width must be > 0"
+    assert [(bool(e.get("log_failure")), e["log_format"]) for e in events if "decoding" in e["log_format"]] == [
+        (True, "decoding an item failed (its traceback is in the log at most once a minute)"),
+        (False, "decoding an item failed: {cause}")]

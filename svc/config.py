@@ -169,8 +169,11 @@ def read_toml(path: str) -> dict:
         raise ConfigError(path, None, f"cannot read: {e}") from None
     try:
         return tomlkit.parse(text.removeprefix("\ufeff")).unwrap()
-    except TOMLKitError as e:
-        raise ConfigError(path, None, f"not valid TOML: {e}") from None
+    except TOMLKitError as e:  # tomlkit names the end of the text by the NUL it reads there ("Unexpected
+        # character: '\x00'", an unclosed array), which the file does not have
+        problem = str(e) if "\x00" in text else str(e).replace("Unexpected character: '\\x00'",
+                                                                "Unexpected end of file", 1)
+        raise ConfigError(path, None, f"not valid TOML: {problem}") from None
 
 
 def apply_keys(path: str, table: Mapping[str, Any], keys: tuple[Key, ...], prefix: str = "") -> dict[str, Any]:

@@ -147,3 +147,18 @@ def test_shipped_configs_have_jobs_on_exactly_for_diffusion_and_segmentation():
             (600000, 8, 300000, 100, 600), model_id
     for model_id in JOBS_OFF:
         assert configs[model_id].async_enabled is False, model_id
+
+
+def test_an_unclosed_array_is_the_end_of_the_file_not_a_nul_the_file_lacks(tmp_path):
+    """tomlkit says "Unexpected character: '\\x00'" at the end of the text (logs probe); a real NUL keeps it."""
+    from svc.config import read_toml
+
+    path = tmp_path / "keys.toml"
+    path.write_text("a = 1\nx = [\n")
+    with pytest.raises(ConfigError) as e:
+        read_toml(str(path))
+    assert e.value.problem == "not valid TOML: Unexpected end of file at line 2 col 0"
+    path.write_text("a = 1\nb = \x00\n")
+    with pytest.raises(ConfigError) as e:
+        read_toml(str(path))
+    assert "\\x00" in e.value.problem

@@ -3,9 +3,10 @@
 Creates, once, ``secrets/local.env`` (mode 0600) with the management, inference
 and metrics tokens (all different) and a first API key, and puts that key's
 hash in the gateway's key file as ``[keys.local]`` (``conf/api_keys.toml``,
-created mode 0600 if missing; :mod:`svc.cli.quickstart_secrets`).  The key is printed once: in the block that follows the start (or at once
-with ``--prepare-only``), with the path of the secrets file; later runs keep
-what exists.  Then the supervisor runs in the foreground with those
+created mode 0600 if missing; :mod:`svc.cli.quickstart_secrets`).  The key is
+printed once: in the block that follows the start (or at once with
+``--prepare-only``), with the path of the secrets file; later runs keep what
+exists.  Then the supervisor runs in the foreground with those
 secrets in its environment (profile ``auto``: cpu on a machine without CUDA);
 while the models load, one line per change says what each does (loading,
 measuring mode N of M, ready), and once every model is ready (or has

@@ -26,7 +26,7 @@ class QuickstartError(Exception):
 def _write_private(path: str, text: str) -> None:
     """``path`` replaced by ``text`` in one rename, mode 0600, in a folder of mode 0700 (whatever the umask:
     under ``umask 000`` the folder was 0777, and another user could swap in a secrets file of their own)."""
-    from svc.cli.args import CliError
+    from svc.cli.http import CliError
     from svc.cli.keyfile import write_atomically
 
     folder = os.path.dirname(path)
@@ -74,7 +74,7 @@ def store_first_key(key_path: str, entry: str) -> bool:
     it replaced one."""
     import tomlkit
 
-    from svc.cli.args import CliError
+    from svc.cli.http import CliError
     from svc.cli.keyfile import edit_lock, read_document, write_atomically
 
     try:

@@ -73,5 +73,6 @@ def key_file_problem(path: str) -> str | None:
             return None
         return (f"the key file cannot be used ({e}): a gateway started on it would run in static-token mode and "
                 "refuse every API key, so none is started (a gateway still running, if any, keeps serving with "
-                "the keys it loaded); fix the file (svcctl keys list checks it), or empty it to run on the static token alone")
+                "the keys it loaded); fix the file (svcctl keys list checks it), or empty it to run on the static "
+                "token alone")
     return None

@@ -169,7 +169,8 @@ class Engine:
         results, problem = outcome
         if problem:
             head, _, trace = problem.partition("\n")
-            named = f"{head.rstrip(':')} (task {', '.join(tasks[:8])}{' ...' if len(tasks) > 8 else ''})"
+            named = head.rstrip(":") + (f" (task {', '.join(tasks[:8])}{' ...' if len(tasks) > 8 else ''})"
+                                        if tasks else "")
             cause = trace.strip().splitlines()[-1] if trace.strip() else ""
             if trace and not self._traced.allows(cause):
                 log.error("{named}: {cause} (its traceback is in the log at most once a minute)", named=named,

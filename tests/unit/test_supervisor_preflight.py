@@ -54,8 +54,8 @@ def test_a_key_file_with_a_bad_entry_is_refused_a_missing_or_empty_one_is_not(tm
     assert key_file_problem(str(keys)) == (
         f"the key file cannot be used ({keys}: keys.bob.rate_limit_qps: must be an integer, got float 0.5): a "
         "gateway started on it would run in static-token mode and refuse every API key, so none is started (a "
-        "running one keeps serving with the keys it loaded); fix the file (svcctl keys list checks it), or empty "
-        "it to run on the static token alone")
+        "gateway still running, if any, keeps serving with the keys it loaded); fix the file (svcctl keys list "
+        "checks it), or empty it to run on the static token alone")
     keys.write_text("[keys.alice\n")
     assert key_file_problem(str(keys)).startswith(f"the key file cannot be used ({keys}: ")
 

@@ -33,8 +33,9 @@ log = Logger()
 _LOG_PREFIX = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d{4}|Z)? \[[^\]]*\] ")
 #: The access log's lines (svc.web.site), one per request.
 _ACCESS_LINE = " [svc.access#"
-#: What a reactor prints as it stops, after the line that says why.
-_REACTOR_NOISE = re.compile(r"\((?:TCP|UDP) Port \d+ Closed\)|Main loop terminated\.|Server Shut Down\.")
+#: What a reactor prints as it starts and stops, around the line that says why.
+_REACTOR_NOISE = re.compile(r"\((?:TCP|UDP) Port \d+ Closed\)|Main loop terminated\.|Server Shut Down\.|"
+                            r"Starting reactor\.\.\.|\w+ (?:starting|stopping) on \d+|(?:Starting|Stopping) factory .*")
 
 #: Lines wait at most this long (seconds) before they are written to the file...
 FLUSH_DELAY_S = 0.2

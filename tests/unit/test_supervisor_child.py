@@ -624,7 +624,9 @@ def test_last_error_is_what_the_child_said_without_its_log_prefix_or_the_reactor
     """last_error was the last two raw lines: times, namespaces, and "(TCP Port 18913 Closed)" (logs probe)."""
     child, reactor, probe, _ = make()
     results(child.start())
-    reactor.exit(1, output=b"2026-11-28T05:20:39+0000 [svc.modelserver.engine#error] loading the weights\n"
+    reactor.exit(1, output=b"2026-11-28T05:20:38+0000 [-] Starting reactor...\n"
+                          b"2026-11-28T05:20:38+0000 [-] JsonSite starting on 9101\n"
+                          b"2026-11-28T05:20:39+0000 [svc.modelserver.engine#error] loading the weights\n"
                           b"2026-11-28T05:20:39+0000 [svc.infra.process#critical] service-model: M: model failed to "
                           b"load: RuntimeError: injected load failure\n"
                           b"2026-11-28T05:20:39+0000 [svc.access#info] GET /ready 503 0.4ms key=- rid=-\n"
@@ -639,6 +641,8 @@ def test_a_model_killed_by_signal_9_has_no_requests_for_its_last_error():
     """A kill -9 leaves no last words: last_error showed the last two access lines (UI probe)."""
     child, reactor, probe, _ = make()
     running(child, reactor, probe)
-    reactor.exit(None, sig=9, output=b"2026-11-28T05:20:39+0000 [svc.access#info] GET /openapi.json 200 3.1ms "
+    reactor.exit(None, sig=9, output=b"2026-11-28T05:20:39+0000 [-] Starting reactor...\n"
+                                     b"2026-11-28T05:20:39+0000 [svc.modelserver.service#info] M: ready (version x)\n"
+                                     b"2026-11-28T05:20:39+0000 [svc.access#info] GET /openapi.json 200 3.1ms "
                                      b"key=- rid=-\n")
     assert child.last_error == "killed by signal 9"

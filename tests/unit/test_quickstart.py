@@ -306,7 +306,8 @@ def test_a_removed_secrets_file_gets_new_secrets_and_the_first_key_replaced_not_
     second = prepare(str(tmp_path), out, show_key=False)
     assert second["SERVICE_API_KEY"] != first["SERVICE_API_KEY"]
     assert out.getvalue() == (f"Generated {tmp_path / SECRETS} (mode 0600) and replaced the key 'local' in "
-                              f"{tmp_path / KEY_FILE} (its old key no longer works).\n")
+                              f"{tmp_path / KEY_FILE} (its old key works until the gateway restarts: restart the "
+                              "service to use the new secrets).\n")
     entries = load_key_file(str(tmp_path / KEY_FILE))
     assert [(e.name, e.hash) for e in entries] == [
         ("local", hashlib.sha256(second["SERVICE_API_KEY"].encode()).hexdigest())]
@@ -388,3 +389,18 @@ def test_the_secrets_folder_is_private_under_any_umask(tmp_path):
     assert stat.S_IMODE(os.stat(tmp_path / "secrets").st_mode) == 0o700
     assert stat.S_IMODE(os.stat(tmp_path / SECRETS).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(tmp_path / KEY_FILE).st_mode) == 0o600
+
+
+def test_the_first_key_goes_to_the_key_file_the_gateway_loads(tmp_path):
+    """With ``[gateway] keys_file`` set, the first key was still added to conf/api_keys.toml, where no gateway read
+    it (regression probe)."""
+    from svc.auth import load_key_file
+
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "service.toml").write_text('[gateway]\nkeys_file = "conf/prod_keys.toml"\n')
+    out = io.StringIO()
+    values = prepare(str(tmp_path), out, show_key=False)
+    assert not (tmp_path / KEY_FILE).exists()
+    assert [e.hash for e in load_key_file(str(tmp_path / "conf" / "prod_keys.toml"))] == [
+        hashlib.sha256(values["SERVICE_API_KEY"].encode()).hexdigest()]
+    assert f"added the key 'local' to {tmp_path / 'conf' / 'prod_keys.toml'}." in out.getvalue()

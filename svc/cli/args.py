@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -91,8 +92,21 @@ def configured_url(table: str, default_port: int, service_config: str = SERVICE_
     host, port = values.get("host", LOOPBACK), values.get("port", default_port)
     if (not isinstance(host, str) or not host or any(c in host for c in "/@[]?# ") or not isinstance(port, int)
             or isinstance(port, bool) or not 0 < port < 65536):
+        _say_once(f"{service_config}: [{table}] host {host!r} and port {port!r} are not an address: using "
+                  f"{local_url(default_port)}")
         return local_url(default_port)
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+_said: set[str] = set()
+
+
+def _say_once(line: str) -> None:
+    """One stderr line, once per process: svcctl went on with its defaults without a word (the management token
+    to 127.0.0.1:8787 when the file that named another port could not be read)."""
+    if line not in _said:
+        _said.add(line)
+        print(f"svcctl: {line}", file=sys.stderr)
 
 
 def service_table(name: str, service_config: str = SERVICE_CONFIG) -> dict:
@@ -101,7 +115,10 @@ def service_table(name: str, service_config: str = SERVICE_CONFIG) -> dict:
     try:
         with open(service_config, encoding="utf-8") as f:
             table = tomlkit.parse(f.read().removeprefix("\ufeff")).unwrap().get(name, {})
-    except (OSError, UnicodeDecodeError, TOMLKitError):
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError, TOMLKitError) as e:
+        _say_once(f"{service_config} cannot be read ({e}): using the default addresses and files")
         return {}
     return table if isinstance(table, dict) else {}
 

@@ -245,22 +245,29 @@ def test_planned_urls_and_timeouts_keep_the_client_above_the_wait_budget(argv, u
     assert (call.method, call.url, call.body, call.timeout) == ("GET", url, None, timeout)
 
 
-@pytest.mark.parametrize("table, url", [
-    ('[gateway]\nport = 18080\n', "http://127.0.0.1:18080/v1/models/M/jobs/job_1"),
-    ('[gateway]\nhost = "::1"\nport = 18081\n', "http://[::1]:18081/v1/models/M/jobs/job_1"),
-    ('[gateway]\nport = "x"\n', "http://127.0.0.1:8080/v1/models/M/jobs/job_1"),  # refused by the gateway
-    ("[gateway\n", "http://127.0.0.1:8080/v1/models/M/jobs/job_1"),
+@pytest.mark.parametrize("table, url, said", [
+    ('[gateway]\nport = 18080\n', "http://127.0.0.1:18080/v1/models/M/jobs/job_1", ""),
+    ('[gateway]\nhost = "::1"\nport = 18081\n', "http://[::1]:18081/v1/models/M/jobs/job_1", ""),
+    ('[gateway]\nport = "x"\n', "http://127.0.0.1:8080/v1/models/M/jobs/job_1",  # refused by the gateway
+     "svcctl: conf/service.toml: [gateway] host '127.0.0.1' and port 'x' are not an address: using "
+     "http://127.0.0.1:8080\n"),
+    ("[gateway\n", "http://127.0.0.1:8080/v1/models/M/jobs/job_1",
+     "svcctl: conf/service.toml cannot be read (Unexpected character: '\\n' at line 1 col 8): using the default "
+     "addresses and files\n"),
 ])
 def test_without_a_flag_or_variable_the_gateway_is_where_this_folders_config_has_it(gateway, monkeypatch, tmp_path,
-                                                                                    table, url):
+                                                                                    capsys, table, url, said):
     """svcctl read keys_file and max_body_bytes from conf/service.toml but sent to 127.0.0.1:8080 whatever its
-    [gateway] port said: the key to another port's listener, if any (secrets probe)."""
+    [gateway] port said: the key to another port's listener, if any (secrets probe); a file it cannot use is
+    said once, not passed over in silence (regression probe)."""
     (tmp_path / "conf").mkdir()
     (tmp_path / "conf" / "service.toml").write_text(table)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli_args, "_said", set())
     gateway.reply = Reply(200, {"job_id": "job_1", "state": "running"})
     run(gateway, "jobs", "get", "M", "job_1")
     assert [r.url for r in gateway.requests] == [url]
+    assert capsys.readouterr().err == said
 
 
 @pytest.mark.parametrize("wait_ms", ["180000", "300000", "999999"])

@@ -137,13 +137,14 @@ class Inference:
     def decode_items(self, request: InferenceRequest) -> list[Any]:
         """Per item: the model input, or an ItemResult for a bad input (decode pool)."""
         started = time.perf_counter()
-        out = [self.decode_item(raw, request.params) for raw in request.images]
+        out = [self.decode_item(raw, request.params, request.req_id) for raw in request.images]
         if self.stage is not None:
             self.stage("decode").observe((time.perf_counter() - started) * 1000.0)
         return out
 
-    def decode_item(self, raw: str | bytes, params: dict) -> Any:
-        """One item's model input, or its ItemResult when the input is bad (any thread but the reactor)."""
+    def decode_item(self, raw: str | bytes, params: dict, task_id: str | None = None) -> Any:
+        """One item's model input, or its ItemResult when the input is bad (any thread but the reactor);
+        ``task_id``, its request's, names it in a failure's log line."""
         try:
             data = decode_base64(raw) if isinstance(raw, str) else raw
             if not self.engine.needs_image:
@@ -162,17 +163,19 @@ class Inference:
         except Exception as e:  # noqa: BLE001 - ours, not the client's: the item fails alone, in the decode pool too
             cause = f"{type(e).__name__}: {e}"
             if self.traced.allows(cause):  # (where it failed every item of its request)
-                log.failure("decoding an item failed (its traceback is in the log at most once a minute)")
+                log.failure("the model's preprocess failed for an item of task {task} (its traceback is in the log "
+                            "at most once a minute)", task=task_id or "-")
             else:
-                log.error("decoding an item failed: {cause}", cause=cause)
-            return ItemResult(st.INTERNAL_ERROR, None, f"decoding failed: {cause}")
+                log.error("the model's preprocess failed for an item of task {task}: {cause}", task=task_id or "-",
+                          cause=cause)
+            return ItemResult(st.INTERNAL_ERROR, None, f"the model's preprocess failed: {cause}")
 
     def lazy_items(self, request: InferenceRequest) -> list[LazyInput]:
         """The items as inputs that the worker decodes (``decode_in_worker``)."""
-        params = request.params
+        params, task_id = request.params, request.req_id
 
         def make(raw: str | bytes) -> Callable[[], Any]:
-            return lambda: self.decode_item(raw, params)
+            return lambda: self.decode_item(raw, params, task_id)
 
         return [LazyInput(make(raw)) for raw in request.images]
 

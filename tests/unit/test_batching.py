@@ -399,9 +399,9 @@ def test_a_failure_of_our_own_decoding_in_the_decode_pool_fails_its_item_alone()
     code, body = envelope(answered[0])
     assert (code, body["status"]) == (200, 0)
     assert [r["status"] for r in body["results"]] == [0, 500, 0]
-    assert body["results"][1]["error"] == "decoding failed: KeyError: \"the plugin's own bug\""
-    assert [e["log_format"] for e in events if e.get("log_failure")] == [
-        "decoding an item failed (its traceback is in the log at most once a minute)"]
+    assert body["results"][1]["error"] == "the model's preprocess failed: KeyError: \"the plugin's own bug\""
+    assert [e["log_format"].format(**e) for e in events if e.get("log_failure")] == [
+        "the model's preprocess failed for an item of task - (its traceback is in the log at most once a minute)"]
 
 
 def test_a_bug_of_the_models_preprocess_is_its_500_and_a_broken_image_the_clients_status_5():
@@ -426,12 +426,14 @@ def test_a_bug_of_the_models_preprocess_is_its_500_and_a_broken_image_the_client
               b64(image_bytes())]
     answered = []
     with capturedLogs() as events:
-        inf.run(InferenceRequest(images=images, req_id=None), deadline=None).addCallback(answered.append)
+        inf.run(InferenceRequest(images=images, req_id="r-7"), deadline=None).addCallback(answered.append)
         runner.finish()
     code, body = envelope(answered[0])
     assert [r["status"] for r in body["results"]] == [500, 5, 0, 500]
-    assert body["results"][0]["error"] == "decoding failed: AttributeError: injected preprocess bug"
+    assert body["results"][0]["error"] == "the model's preprocess failed: AttributeError: injected preprocess bug"
     assert body["results"][1]["error"] == "image cannot be decoded: height and width must be > 0"
-    assert [(bool(e.get("log_failure")), e["log_format"]) for e in events if "decoding" in e["log_format"]] == [
-        (True, "decoding an item failed (its traceback is in the log at most once a minute)"),
-        (False, "decoding an item failed: {cause}")]
+    assert [(bool(e.get("log_failure")), e["log_format"].format(**e)) for e in events
+            if "preprocess" in e["log_format"]] == [
+        (True, "the model's preprocess failed for an item of task r-7 (its traceback is in the log at most once a "
+               "minute)"),
+        (False, "the model's preprocess failed for an item of task r-7: AttributeError: injected preprocess bug")]

@@ -10,10 +10,19 @@ export const LEVELS = ["debug", "info", "warn", "error", "critical"];
 // Twisted's own lines that name no level ("... [-] (TCP Port 9101 Closed)") and blank ones are info:
 // after a traceback they showed among the errors.
 export function lineLevel(line, previous) {
+  if (line.stream === "supervisor") return noteLevel(line.line);
   const match = /\[[^\]\s]*#(debug|info|warn|error|critical)\]/.exec(line.line);
   if (match) return match[1];
-  if (line.stream === "supervisor" || !line.line.trim() || /^\S+ \[[^\]]*\] /.test(line.line)) return "info";
+  if (!line.line.trim() || /^\S+ \[[^\]]*\] /.test(line.line)) return "info";
   return previous[line.stream] || (line.stream === "stderr" ? "error" : "info");
+}
+
+// A supervisor's note at the level its own output gives it: a failed start or a crash loop is an error;
+// a crash's back-off, a model that stopped answering, a failed action, a closed socket, a log it cannot write a warning.
+export function noteLevel(text) {
+  if (/^(failed|start_failed):/.test(text)) return "error";
+  if (/^(backoff:|not ready:|\w+ failed:|listening socket closed|cannot write )/.test(text)) return "warn";
+  return "info";
 }
 
 export function logVisible(entry) {

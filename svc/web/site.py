@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from typing import Any, Protocol, Self
+from urllib.parse import unquote
 
 from twisted.internet import reactor as _default_reactor
 from twisted.internet.interfaces import IReactorTime
@@ -83,16 +84,21 @@ def loggable_request_id(value: str | None) -> str:
     return value if value is not None and REQ_ID_RE.fullmatch(value) else "-"
 
 
-#: A query parameter whose name says it holds a credential (``api_key``, ``token``, ``password``...): none of
-#: ours does (the service reads credentials from ``Authorization`` only), so its value is a client's mistake.
-_CREDENTIAL_PARAMETER = re.compile(r"([?&][^=&#]*(?:key|token|secret|passw|auth|sig)[^=&#]*=)[^&#]*", re.I)
+#: A parameter (``?name=value``, ``&``- or ``;``-separated, or a ``;name=value`` path parameter).
+_PARAMETER = re.compile(r"([?&;])([^=&;#?]*)=([^&;#?]*)")
+#: A parameter name that says it holds a credential (``api_key``, ``token``, ``password``, percent-encoded or
+#: not): none of ours does (the service reads credentials from ``Authorization`` only), so it is a client's mistake.
+_CREDENTIAL_NAME = re.compile(r"key|token|secret|passw|auth|bearer|cred|sig", re.I)
 
 
 def loggable_path(path: str) -> str:
-    """``path`` for the access line, with the value of any credential-like query parameter replaced by
-    ``REDACTED``: a client that sent its key as ``?api_key=`` had it written, whole, to a log that the
-    management API serves and log shippers read."""
-    return _CREDENTIAL_PARAMETER.sub(r"\1REDACTED", path) if "?" in path else path
+    """``path`` for the access line, with the value of any credential-like parameter replaced by ``REDACTED``:
+    a client that sent its key as ``?api_key=`` had it written, whole, to a log that the management API serves
+    and log shippers read."""
+    if "=" not in path:
+        return path
+    return _PARAMETER.sub(lambda m: f"{m[1]}{m[2]}=REDACTED" if _CREDENTIAL_NAME.search(unquote(m[2])) else m[0],
+                          path)
 
 
 def is_ui_poll(request: Any) -> bool:

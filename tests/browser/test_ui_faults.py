@@ -465,12 +465,14 @@ def test_a_long_gateway_error_wraps_in_a_narrow_window(browser, stack):
 
 def test_the_errors_filter_shows_a_crash_not_the_next_process_or_twisteds_goodbye(browser, stack):
     """After a crashed start's traceback, the next process's lines without a level took the traceback's level
-    ("critical"), and so did "[-] (TCP Port N Closed)" and blank lines (UI probe)."""
+    ("critical"), and so did "[-] (TCP Port N Closed)" and blank lines (UI probe); the supervisor's own failure
+    notes were info, hidden by "errors" (regression probe)."""
     page = new_page(browser)
     lines = [("stdout", "2026-11-28T05:27:30+0000 [svc.infra.process#critical] M: model failed to load"),
              ("stdout", "Traceback (most recent call last):"), ("stdout", "RuntimeError: boom"),
              ("stdout", ""), ("stdout", "2026-11-28T05:27:30+0000 [-] (TCP Port 9101 Closed)"),
              ("supervisor", "start_failed: could not start: M: model failed to load"),
+             ("supervisor", "restart failed: M could not start: M: model failed to load"),
              ("supervisor", "starting: spawned pid 77: -m twisted service-model ..."),
              ("stdout", "2026-11-28T05:27:33+0000 [-] JsonSite starting on 9101"), ("stdout", "a print of the plugin")]
 
@@ -486,5 +488,8 @@ def test_the_errors_filter_shows_a_crash_not_the_next_process_or_twisteds_goodby
     page.select_option("#log-level", "error")
     expect(page.locator("#log-lines span:not(.hidden)")).to_have_text(
         ["2026-11-28T05:27:30+0000 [svc.infra.process#critical] M: model failed to load",
-         "Traceback (most recent call last):", "RuntimeError: boom"])
+         "Traceback (most recent call last):", "RuntimeError: boom",
+         "start_failed: could not start: M: model failed to load"])  # the supervisor's failure notes too
+    page.select_option("#log-level", "warn")
+    expect(page.locator("#log-lines span:not(.hidden)")).to_have_count(5)  # and its failed action
     page.context.close()

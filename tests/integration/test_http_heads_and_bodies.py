@@ -278,18 +278,23 @@ def test_a_credential_sent_in_the_query_string_is_not_written_to_the_access_log(
     had it written whole to the log, which the management API serves (secrets probe)."""
     port, url, _ = processes["model"]
     secret = "sk-live-" + "Z" * 24
-    for path in (f"/testfaults/predict?api_key={secret}&timeout=5", f"/healthz?x=1&access_token={secret}"):
+    for path in (f"/testfaults/predict?api_key={secret}&timeout=5", f"/healthz?x=1&access_token={secret}",
+                 f"/healthz?bearer={secret}", f"/healthz?%74oken={secret}", f"/healthz?a=1;token={secret}",
+                 f"/healthz;api_key={secret}?x=1"):
         raw_exchange(port, f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
                      .encode())
     def redacted() -> list[str]:
         found = [x for x in processes["model process"].output().splitlines() if "REDACTED" in x]
-        return found if len(found) >= 2 else []
+        return found if len(found) >= 6 else []
 
     lines = wait_until(redacted, "two access lines", timeout=10)
     output = processes["model process"].output()
     assert secret not in output and "ZZZZ" not in output
     assert any("POST /testfaults/predict?api_key=REDACTED&timeout=5 401" in x for x in lines), lines
     assert any("POST /healthz?x=1&access_token=REDACTED 405" in x for x in lines), lines
+    for shown in ("/healthz?bearer=REDACTED ", "/healthz?%74oken=REDACTED ", "/healthz?a=1;token=REDACTED ",
+                  "/healthz;api_key=REDACTED?x=1 "):  # a percent-encoded name, ";" separators, a path parameter
+        assert any(shown in x for x in lines), (shown, lines)
 
 
 @pytest.mark.parametrize("name", ["model", "gateway"])

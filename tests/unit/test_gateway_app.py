@@ -12,7 +12,7 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ConnectionDone, ConnectionLost, ConnectionRefusedError
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
-from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
+from twisted.web._newclient import RequestTransmissionFailed, ResponseFailed, ResponseNeverReceived
 
 from svc.auth import decide, hash_key
 from svc.contract.errors import ApiError
@@ -460,6 +460,8 @@ def test_broken_reply_is_502(tmp_path):
     (ResponseNeverReceived([Failure(ConnectionDone())]),
      "the model server closed the connection without answering (did it stop or crash?)"),
     (ResponseFailed([Failure(ConnectionDone()), Failure(Exception())]), "the model server's reply was cut short"),
+    (RequestTransmissionFailed([Failure(ConnectionLost("reset"))]), "the request could not be sent to the model "
+     "server: Connection to the other side was lost in a non-clean fashion: reset."),
 ])
 def test_a_connection_closed_without_a_whole_reply_is_said_in_words(tmp_path, error, words):
     """A model server killed mid-request read "ResponseNeverReceived: Connection was closed cleanly." and a reply

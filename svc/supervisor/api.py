@@ -44,7 +44,6 @@ from svc.contract.errors import ApiError
 from svc.contract.protocol import OPENAPI_PATH
 from svc.contract.query import MAX_DIGITS, parse_bounded_int, query_value, shown
 from svc.supervisor.child import ChildError
-from svc.supervisor.logsink import LogSink
 from svc.supervisor.manager import GATEWAY, ChildManager
 from svc.web import declare, routes
 from svc.web.replies import bearer_matches, send_json
@@ -164,8 +163,7 @@ class ManagementApi(routes.JsonApp):
             log.warn("{name}: {action} asked through the management API failed: {why}", name=name, action=action,
                      why=str(e))
             for child in getattr(target, "children", [target]):  # a model's replicas, or the one process
-                if isinstance(getattr(child, "logs", None), LogSink):
-                    child.logs.note(f"{action} failed: {e}")
+                child.logs.note(f"{action} failed: {e}")
             raise ApiError(st.INTERNAL_ERROR, str(e)) from None
         return self.ok(request)
 

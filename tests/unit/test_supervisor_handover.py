@@ -342,3 +342,26 @@ def test_a_port_held_by_another_process_is_waited_for_then_bound_and_held():
     line(reactor, 1, b"ready 1002\n")
     line(reactor, 0, b"closed 1001\n")
     assert r == [None] and child.pid == 1002
+
+
+def test_the_closed_socket_is_a_warning_in_the_supervisors_output_and_info_at_its_shutdown():
+    """It was noted in the gateway's log file only: while no gateway runs, connections are refused, which the
+    supervisor's own output did not say (logs probe); at the supervisor's shutdown it is what was asked."""
+    from twisted.logger import LogLevel, capturedLogs
+
+    closed = "__gateway: listening socket closed: connections are refused until the gateway starts again"
+
+    def closing_lines(events):
+        return [(e["log_level"], e["log_format"].format(**e)) for e in events if "socket closed" in e["log_format"]
+                .format(**e)]
+
+    child, reactor, _, _, binder = make()
+    with capturedLogs() as events:
+        results(child.start())
+        ended(reactor, 0, code=1)  # a refused start
+    assert child.state == START_FAILED and closing_lines(events) == [(LogLevel.warn, closed)]
+    child, reactor, _, _, binder = make()
+    running(child, reactor)
+    with capturedLogs() as events:
+        results(child.shutdown())
+    assert binder.sockets[0].closed and closing_lines(events) == [(LogLevel.info, closed)]

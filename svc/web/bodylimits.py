@@ -41,6 +41,7 @@ class LimitedRequest(server.Request):
     _linger: IDelayedCall | None = None
     _body_deadline: IDelayedCall | None = None
     started: float | None = None
+    _head_done = 0.0  # when the head was complete (the duration of an early 413 or 408)
 
     def setResponseCode(self, code: int, message: bytes | None = None) -> None:
         """twisted's reason phrases, and ours where its table has none (422 "Unprocessable Content", 429)."""
@@ -50,6 +51,7 @@ class LimitedRequest(server.Request):
         super().requestReceived(command, origin_form(path), version)  # an absolute-form target: its path
 
     def gotLength(self, length: int | None) -> None:
+        self._head_done = self.channel.site.reactor.seconds()
         self.content = BytesIO()
         self._received = 0
         if length is not None and length > self.channel.site.max_body_bytes:
@@ -104,7 +106,8 @@ class LimitedRequest(server.Request):
             transport.loseConnection()
         path = getattr(self.channel, "_path", b"?")
         command = getattr(self.channel, "_command", b"?")
-        site.log_line(command, path, code, 0.0, headers.get("X-Request-ID") or header(self, b"x-request-id"), "-")
+        site.log_line(command, path, code, (site.reactor.seconds() - self._head_done) * 1000.0,
+                      headers.get("X-Request-ID") or header(self, b"x-request-id"), "-")
 
     def _stop_body_deadline(self) -> None:
         if self._body_deadline is not None and self._body_deadline.active():

@@ -98,6 +98,7 @@ class LimitedChannel(HTTPChannel):
     _head_lines = 0  # lines of the current request's head received so far
     _counted = False
     _header_deadline: IDelayedCall | None = None
+    _head_started = 0.0  # when the current request's head began (its first byte; the first: the connection)
     _between_requests = False  # the next byte starts a request (and its header deadline)
     _held = False  # replies unsent or burst used up: pipelined requests wait
     _burst = 0
@@ -127,6 +128,7 @@ class LimitedChannel(HTTPChannel):
         site = self.site
         site.refused_connections += 1
         code, headers, body = site.busy_reply()
+        site.count_refused("-", code)  # no request was read: method "-"
         self._reply_and_close(raw_reply(code, headers, body), REFUSED_LINGER_SECONDS)
         site.warn_limit("connections past max_connections ({limit}) refused with {code}: {count} so far",
                         limit=site.max_connections, code=code, count=site.refused_connections)
@@ -145,7 +147,12 @@ class LimitedChannel(HTTPChannel):
 
     def _start_header_deadline(self) -> None:
         self._between_requests = False
+        self._head_started = self.site.reactor.seconds()
         self._header_deadline = self.site.reactor.callLater(self.site.header_timeout_s, self._headers_too_slow)
+
+    def _head_ms(self) -> float:
+        """How long the current request's head has taken so far (the access line's duration of its refusal)."""
+        return (self.site.reactor.seconds() - self._head_started) * 1000.0
 
     def _stop_header_deadline(self) -> None:
         if self._header_deadline is not None and self._header_deadline.active():
@@ -161,7 +168,9 @@ class LimitedChannel(HTTPChannel):
         self._header_deadline = None
         site = self.site
         site.header_timeouts += 1
-        site.log_line(getattr(self, "_command", b"-"), getattr(self, "_path", b"-"), 408, 0.0, None, "-")
+        method = getattr(self, "_command", None) or b"-"
+        site.count_refused(method.decode("latin-1", "replace"), 408)
+        site.log_line(method, getattr(self, "_path", b"-"), 408, self._head_ms(), None, "-")
         self.transport.write(HEADER_TIMEOUT_REPLY)
         self.persistent = False
         self.loseConnection()
@@ -240,7 +249,7 @@ class LimitedChannel(HTTPChannel):
         code, headers, body = site.limit_reply(None, error, method.decode("latin-1", "replace"), path)
         self.persistent = False
         self._reply_and_close(raw_reply(code, headers, body), LINGER_SECONDS)
-        site.log_line(method, path, code, 0.0, None, "-")
+        site.log_line(method, path, code, self._head_ms(), None, "-")
 
     # --- a request twisted cannot parse -------------------------------------
 
@@ -265,7 +274,7 @@ class LimitedChannel(HTTPChannel):
         code, headers, body = site.limit_reply(None, error, method.decode("latin-1", "replace"), path)
         self.persistent = False
         self._reply_and_close(raw_reply(code, headers, body), LINGER_SECONDS)
-        site.log_line(method, path, code, 0.0, None, "-")
+        site.log_line(method, path, code, self._head_ms(), None, "-")
 
     # --- pipelining ----------------------------------------------------------
 

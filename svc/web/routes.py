@@ -256,6 +256,12 @@ class JsonApp:
         """The 503 status 65 for a connection past ``max_connections`` (svc.web.limits.LimitedChannel)."""
         return self.replies.raw(None, ApiError(st.NOT_READY, self.busy_text, headers={"Retry-After": "1"}))
 
+    def count_refused(self, method: str, code: int) -> None:
+        """Count a reply the listener sent before any request was routed (the bare 408 of headers that did not
+        arrive in time, the 503 past ``max_connections``): every reply is counted, or a slowloris or a connection
+        flood is invisible to the metrics."""
+        self.count_as("unmatched", method, code, *self.count_labels(None))
+
     def metrics_body(self, request: Any) -> bytes:
         """The registry as Prometheus text: the body of ``GET /metrics`` once its caller is admitted."""
         request.setHeader(b"Content-Type", METRICS_CONTENT_TYPE.encode())

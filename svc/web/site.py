@@ -67,6 +67,12 @@ class SiteApp(Protocol):
 
     def count(self, request: Any) -> None: ...
 
+    def count_refused(self, method: str, code: int) -> None: ...
+
+
+def count_nothing(method: str, code: int) -> None:
+    """A site built without an app (unit tests) counts its listener's bare replies nowhere."""
+
 
 def plain_limit_reply(request: Any, error: ApiError, method: str = "-",
                       path: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
@@ -153,6 +159,7 @@ class JsonSite(server.Site):
         reactor: IReactorTime | None = None,
         on_logged: Callable[[Any], None] | None = None,
         limit_reply: Callable[..., tuple[int, dict[str, str], bytes]] = plain_limit_reply,
+        count_refused: Callable[[str, int], None] = count_nothing,
     ) -> None:
         kwargs = {"timeout": timeout} if timeout is not None else {}
         self.reactor = reactor or _default_reactor
@@ -163,6 +170,7 @@ class JsonSite(server.Site):
         self.oversize_reply = oversize_reply
         self.busy_reply = busy_reply
         self.limit_reply = limit_reply
+        self.count_refused = count_refused
         self.max_connections = limits.max_connections
         self.header_timeout_s = limits.header_timeout_ms / 1000.0
         self.body_timeout_s = limits.body_timeout_ms / 1000.0
@@ -185,7 +193,7 @@ class JsonSite(server.Site):
         """
         return cls(resource, max_body_bytes=max_body_bytes, oversize_reply=app.oversize_reply,
                    busy_reply=app.busy_reply, limits=limits, timeout=timeout, reactor=reactor, on_logged=app.count,
-                   limit_reply=app.limit_reply)
+                   limit_reply=app.limit_reply, count_refused=app.count_refused)
 
     def warn_limit(self, text: str, **fields: Any) -> None:
         """A warning about a connection limit, at most one per 10 s (they come in floods)."""

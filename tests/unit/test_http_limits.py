@@ -312,6 +312,8 @@ def test_busy_replies_have_each_process_error_shape():
 def test_a_body_incomplete_at_body_timeout_ms_gets_408_however_steadily_it_comes():
     """The body deadline runs from the headers: bytes that keep coming (each in time for the idle timeout) do
     not move it; at it the request is answered 408 and the connection closed, and the handler never runs."""
+    from twisted.logger import capturedLogs
+
     clock = Clock()
     site, res = make_site(clock, body_timeout_ms=2000)
     channel, transport = connect(site)
@@ -320,7 +322,10 @@ def test_a_body_incomplete_at_body_timeout_ms_gets_408_however_steadily_it_comes
         clock.advance(0.1)
         channel.dataReceived(b"a")
     assert transport.value() == b""
-    clock.advance(0.1)
+    with capturedLogs() as events:
+        clock.advance(0.1)
+    # its access line has the time it took: the deadline (it said 0.0 ms)
+    assert [e["access_line"] for e in events if "access_line" in e] == ["POST /x 408 2000.0ms key=- rid=r-1"]
     reply = transport.value()
     assert reply.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), reply
     assert b"Connection: close" in reply

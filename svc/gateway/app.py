@@ -181,19 +181,21 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
         if model_id is not None and model_id not in self.catalog.by_id:
             self.count_key(request, principal)
             raise self.not_found(request)  # before the bucket: an unknown id spends no token, as an unknown path
+        # The in-flight slot first: a request refused for it spends no token (it spent one, so the retry its
+        # 429 asks for met the rate limit). A slot held over the bucket's await is freed by the 429's finish.
+        self.hold(request, principal.name)
         wait = await self.rates.take(principal.name, principal.rate_limit_qps)
         if wait:
             self.metrics.key_rejections.labels(principal.name, "rate_limited").inc()
             raise ApiError(st.RATE_LIMITED,
                            f"rate limit of {principal.rate_limit_qps} requests/s for key {principal.name} exceeded",
                            headers={"Retry-After": retry_after_header(wait)})
-        self.hold(request, principal.name)
         self.count_key(request, principal)
         return principal
 
     def hold(self, request: Any, key: str) -> None:
         """Count the request among its key's in flight until it is answered or its client is gone; 429 past
-        ``key_max_in_flight`` (checked and counted in one step on the reactor thread, after the bucket's await)."""
+        ``key_max_in_flight`` (checked and counted in one step on the reactor thread, before the bucket)."""
         held = self.in_flight.get(key, 0)
         if self.key_max_in_flight and held >= self.key_max_in_flight:
             self.metrics.key_rejections.labels(key, "in_flight").inc()

@@ -534,6 +534,23 @@ def test_a_key_past_key_max_in_flight_is_429_and_other_keys_are_served(tmp_path)
     assert 'service_gateway_key_rejections_total{key="tenant-a",reason="in_flight"} 1.0' in metrics
 
 
+def test_a_request_refused_past_key_max_in_flight_spends_no_token(tmp_path):
+    """The in-flight 429 asks for a retry "when one has been answered"; it spent a token of the key's bucket, so
+    that retry met the rate limit (a key of 2 requests/s: one held, two refused, then a 429 for the rate)."""
+    gw = Harness(tmp_path, key_max_in_flight=1)
+    held = gw.call("POST", "/v1/models/SLOW/infer", body=b"{}", token=SLOW_KEY, settle=False)
+    gw.upstream_agent.flush()
+    for _ in range(2):
+        refused = gw.call("POST", "/v1/models/CLS/infer", body=b"{}", token=SLOW_KEY)
+        assert "requests in flight" in assert_envelope(refused, 429, 429)["error"]
+    gw.model.hanging.pop(0).callback(b'{"status":0,"results":[]}')
+    assert gw.settle(held).code == 200
+    assert gw.call("POST", "/v1/models/CLS/infer", body=b"{}", token=SLOW_KEY).code == 200  # the burst's second
+    metrics = render(gw.registry).decode()
+    assert 'service_gateway_key_rejections_total{key="slow",reason="in_flight"} 2.0' in metrics
+    assert 'service_gateway_key_rejections_total{key="slow",reason="rate_limited"}' not in metrics
+
+
 def test_token_bucket_per_key(gw):
     infer = lambda token=SLOW_KEY: gw.call("POST", "/v1/models/CLS/infer", token=token, body=b"{}")  # noqa: E731
     assert [infer().code, infer().code] == [200, 200]

@@ -175,6 +175,31 @@ class JobRun:
         self.last = reply  # its X-Service-Weights is noted once, under the envelope (note_weights)
         return reply.status, reply.phrase, reply.content
 
+    async def follow_up(self, call: HttpCall) -> tuple[int, str, bytes]:
+        """A GET of the submitted job, repeated after a 429's ``Retry-After`` (at most :data:`RETRY_AFTER_CAP_S`
+        s a time, within ``--timeout-s``): on a key of 1 or 2 requests/s the submit spent the second's token and
+        the first wait, or the result after a short job, met the rate limit, and the run exited 1 while its job
+        went on to be done."""
+        from twisted.internet.task import deferLater
+
+        while True:
+            reply = await self.call(call)
+            if reply[0] != 429:
+                return reply
+            delay = retry_delay(self.last.retry_after)
+            if self.deadline is not None and self.reactor.seconds() + delay >= self.deadline:
+                raise _RunOver()
+            waited = deferLater(self.reactor, delay, lambda: None)
+            self.current = waited
+            try:
+                await waited
+            except Exception:
+                if self.interrupted:
+                    raise _Interrupted() from None
+                raise
+            finally:
+                self.current = None
+
     def interrupt(self) -> None:
         self.interrupted = True
         if self.current is not None and not self.current.called:
@@ -215,7 +240,7 @@ class JobRun:
             bar.show(body.get("state", "pending"), body.get("progress"))
             while body.get("state") not in TERMINAL:
                 url = f"{poll}/wait?timeout={args.poll_ms}"
-                status, phrase, content = await self.call(HttpCall("GET", url, None, wait_timeout))
+                status, phrase, content = await self.follow_up(HttpCall("GET", url, None, wait_timeout))
                 body = _json(content)
                 if status != 200 or not isinstance(body, dict):
                     bar.close()
@@ -229,7 +254,7 @@ class JobRun:
             fail(f"job {job_id} ended {body['state']}: {body.get('error') or 'no reason given'}")
             return EXIT_HTTP
         result_url = urljoin(base + "/", body.get("result_url") or f"{poll}/result")
-        status, phrase, content = await self.call(HttpCall("GET", result_url, None, timeout))
+        status, phrase, content = await self.follow_up(HttpCall("GET", result_url, None, timeout))
         envelope = _json(content)
         if not 200 <= status < 300 or not isinstance(envelope, dict):
             return self.http_error(status, phrase, content, "GET", result_url)
@@ -255,6 +280,20 @@ class JobRun:
         print_reply(content)
         fail(f"HTTP {status} {phrase} from {method} {url}")
         return EXIT_HTTP
+
+
+#: The longest one 429's ``Retry-After`` makes a run wait before asking again.
+RETRY_AFTER_CAP_S = 60.0
+
+
+def retry_delay(retry_after: str | None) -> float:
+    """Seconds to wait after a 429: its ``Retry-After`` in whole seconds (1 when absent or unreadable, at most
+    :data:`RETRY_AFTER_CAP_S`)."""
+    try:
+        seconds = float(int((retry_after or "").strip()))
+    except ValueError:
+        seconds = 1.0
+    return min(max(seconds, 1.0), RETRY_AFTER_CAP_S)
 
 
 def refuse_placeholder(model: str) -> None:

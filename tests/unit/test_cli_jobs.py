@@ -177,6 +177,27 @@ def test_run_says_once_that_the_job_ran_on_demo_weights(gateway, capsys):
     assert stderr == "job_1 pending\njob_1 done [##############################] 4/4\n" + DEMO_NOTE
 
 
+def test_a_wait_or_the_result_answered_429_is_asked_again_after_its_retry_after(gateway, capsys):
+    """On a key of 1 request/s the submit spent the second's token and the first wait got 429: the run exited 1
+    while its job went on to be done. The follow-up GETs now wait out ``Retry-After`` and ask again."""
+    limited = Reply(429, {"status": 429, "status_str": "RATE_LIMITED", "results": []}, retry_after="2")
+    gateway.script = [Reply(202, JOB), limited, Reply(200, status("done")), Reply(429, limited.body), Reply(200, ENVELOPE)]
+    assert run(gateway, "jobs", "run", "M", "--gateway", GATEWAY) == 0
+    assert capsys.readouterr().out == json.dumps(ENVELOPE, indent=2) + "\n"
+    assert [r.path for r in gateway.requests] == ["/v1/models/M/jobs", *["/v1/models/M/jobs/job_1/wait?timeout=1000"] * 2,
+                                                  *["/v1/models/M/jobs/job_1/result"] * 2]
+    assert gateway.reactor.seconds() == 3.0  # Retry-After: 2, then 1 where the reply had none
+
+
+def test_a_429_whose_retry_after_passes_timeout_s_ends_the_run_naming_the_job(gateway, capsys):
+    limited = Reply(429, {"status": 429, "status_str": "RATE_LIMITED", "results": []}, retry_after="30")
+    gateway.script = [Reply(202, JOB), limited]
+    assert run(gateway, "jobs", "run", "M", "--timeout-s", "10", "--gateway", GATEWAY) == 2
+    assert capsys.readouterr().err.endswith("svcctl: job job_1 is not finished within --timeout-s 10: it goes on; "
+                                            "follow it with svcctl jobs wait M job_1 (or jobs get|result)\n")
+    assert len(gateway.requests) == 2
+
+
 def test_timeout_s_bounds_the_whole_run_and_names_the_job_which_goes_on(gateway, capsys):
     """``--timeout-s 3`` on a 10 s job ran 10 s and exited 0: it was each request's deadline (the help said
     "deadline of the whole request"). It bounds the run: past it, exit 2 and a line naming the job."""

@@ -82,9 +82,17 @@ def _openapi(args: argparse.Namespace) -> int:
 
 
 def _hash(args: argparse.Namespace) -> int:
-    key = sys.stdin.readline().rstrip("\r\n") if args.key == "-" else args.key
-    if not key:  # an empty key never authenticates: its hash in a key file would only mislead
-        print("svcctl: hash: the key is empty" + (" (nothing on stdin)" if args.key == "-" else ""), file=sys.stderr)
+    """The key's hash as the gateway will compute it: of the key without the whitespace around it (the gateway
+    strips it from the bearer string), refused when no bearer token can carry it (an empty key, a space or a
+    character outside visible ASCII inside it, several lines on stdin), as its hash would never match."""
+    raw = sys.stdin.read() if args.key == "-" else args.key
+    key = raw.strip()
+    problem = ("the key is empty" + (" (nothing on stdin)" if args.key == "-" else "") if not key
+               else "stdin holds more than one line: give one key" if args.key == "-" and "\n" in key
+               else "the key has a space or a character outside visible ASCII, which no bearer token carries"
+               if not all("!" <= c <= "~" for c in key) else None)
+    if problem:
+        print(f"svcctl: hash: {problem}", file=sys.stderr)
         return 2
     print(hash_key(key))
     return EXIT_OK

@@ -183,6 +183,26 @@ def test_hash_of_an_empty_key_is_refused(capsys, monkeypatch):
     assert capsys.readouterr() == ("", "svcctl: hash: the key is empty\n")
 
 
+ABC_HASH = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+
+
+def test_hash_is_of_the_key_the_gateway_reads_and_refuses_one_no_bearer_token_carries(capsys, monkeypatch):
+    """The gateway strips the whitespace around a bearer string, so the hash of " abc" could never match (it is
+    of "abc" now); a key with a space inside, or a stdin of two lines (the second was dropped), is refused."""
+    assert cli.main(["hash", " abc "]) == 0
+    assert capsys.readouterr().out == ABC_HASH + "\n"
+    monkeypatch.setattr(sys, "stdin", io.StringIO(" abc \r\n"))
+    assert cli.main(["hash", "-"]) == 0
+    assert capsys.readouterr().out == ABC_HASH + "\n"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("a\nb\n"))
+    assert cli.main(["hash", "-"]) == 2
+    assert capsys.readouterr() == ("", "svcctl: hash: stdin holds more than one line: give one key\n")
+    for key in ("a b", "ab\u00e9"):
+        assert cli.main(["hash", key]) == 2
+        assert capsys.readouterr() == ("", "svcctl: hash: the key has a space or a character outside visible "
+                                           "ASCII, which no bearer token carries\n")
+
+
 def test_version(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["--version"])

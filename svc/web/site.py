@@ -90,8 +90,9 @@ def loggable_request_id(value: str | None) -> str:
     return value if value is not None and REQ_ID_RE.fullmatch(value) else "-"
 
 
-#: A parameter (``?name=value``, ``&``- or ``;``-separated, or a ``;name=value`` path parameter).
-_PARAMETER = re.compile(r"([?&;])([^=&;#?]*)=([^&;#?]*)")
+#: A parameter (``?name=value``, ``&``- or ``;``-separated, or a ``;name=value`` path parameter); its ``=`` may
+#: come percent-encoded (``?api_key%3D...``), which a lenient server or a proxy reads as a parameter too.
+_PARAMETER = re.compile(r"([?&;])([^=&;#?]*?)(=|%3[dD])([^&;#?]*)")
 #: A parameter name that says it holds a credential (``api_key``, ``token``, ``password``, percent-encoded or
 #: not): none of ours does (the service reads credentials from ``Authorization`` only), so it is a client's mistake.
 _CREDENTIAL_NAME = re.compile(r"key|token|secret|passw|auth|bearer|cred|sig", re.I)
@@ -101,9 +102,9 @@ def loggable_path(path: str) -> str:
     """``path`` for the access line, with the value of any credential-like parameter replaced by ``REDACTED``:
     a client that sent its key as ``?api_key=`` had it written, whole, to a log that the management API serves
     and log shippers read."""
-    if "=" not in path:
+    if "=" not in path and "%3d" not in path.lower():
         return path
-    return _PARAMETER.sub(lambda m: f"{m[1]}{m[2]}=REDACTED" if _CREDENTIAL_NAME.search(unquote(m[2])) else m[0],
+    return _PARAMETER.sub(lambda m: f"{m[1]}{m[2]}{m[3]}REDACTED" if _CREDENTIAL_NAME.search(unquote(m[2])) else m[0],
                           path)
 
 

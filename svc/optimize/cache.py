@@ -54,12 +54,15 @@ def inductor_cache_dir(env: Mapping[str, str] | None = None) -> Path:
     return state_dir(env) / "inductor"
 
 
-def make_private_dirs(path: Path) -> Path:
+def make_private_dirs(path: Path, env: Mapping[str, str] | None = None) -> Path:
     """``path`` and the folders above it that are missing, each made mode 0700 whatever the umask.
 
     The state directory holds code the model servers load (compiled packages,
     inductor's kernels): under ``umask 000`` its folders were 0777, and any
-    local user could replace a package.  A folder that exists keeps its mode.
+    local user could replace a package.  A folder that exists keeps its mode,
+    but for the write permission of others on those of the state directory
+    that this user owns (:func:`_no_write_by_others`): an install of 0.12.0
+    or earlier made under such a umask kept them.
     """
     missing = []
     folder = path
@@ -69,7 +72,29 @@ def make_private_dirs(path: Path) -> Path:
     for folder in reversed(missing):
         folder.mkdir(mode=0o700, exist_ok=True)
         os.chmod(folder, 0o700)  # mkdir's mode is masked by the umask, which may take more
+    root = state_dir(env)
+    for folder in (path, *path.parents):
+        if folder != root and root not in folder.parents:
+            break
+        if folder not in missing:
+            _no_write_by_others(folder)
     return path
+
+
+def _no_write_by_others(folder: Path) -> None:
+    """Take the group's and others' write permission off ``folder`` when this user owns it (one warning line)."""
+    from twisted.logger import Logger
+
+    try:
+        info = folder.stat()
+        mode = info.st_mode & 0o7777
+        if info.st_uid != os.getuid() or not mode & 0o022:
+            return
+        os.chmod(folder, mode & ~0o022)
+    except OSError:
+        return  # not ours to change, or gone: the load that needs it says so
+    Logger().warn("{folder} was writable by other users (mode {old:o}), and it holds code the model servers load: "
+                  "made mode {new:o}", folder=str(folder), old=mode, new=mode & ~0o022)
 
 
 def use_inductor_cache(env: MutableMapping[str, str] | None = None) -> Path | None:
@@ -81,7 +106,7 @@ def use_inductor_cache(env: MutableMapping[str, str] | None = None) -> Path | No
         return inductor_cache_dir(env)
     path = inductor_cache_dir(env)
     try:
-        make_private_dirs(path)
+        make_private_dirs(path, env)
     except OSError:
         return None
     env[INDUCTOR_CACHE_ENV] = str(path)

@@ -219,3 +219,26 @@ def test_the_state_directorys_folders_are_private_whatever_the_umask(tmp_path):
                                                            compiled_dir(env) / choices.CHOICES)}
     assert set(modes.values()) == {0o700}, modes
     assert stat.S_IMODE(os.stat(tmp_path / "state").st_mode) == 0o755
+
+
+def test_state_directory_folders_an_older_install_left_writable_by_others_are_made_private(tmp_path):
+    """Folders made by 0.12.0 under ``umask 000`` stayed 0777 after an upgrade (only the folders made now were
+    0700): those of the state directory this user owns lose the group's and others' write permission, with one
+    warning each; a folder above the state directory keeps its mode."""
+    import os
+    import stat
+
+    from twisted.logger import capturedLogs
+
+    from svc.optimize.cache import use_inductor_cache
+
+    state = tmp_path / "shared" / "svc"
+    (state / "inductor").mkdir(parents=True)
+    for folder in (tmp_path / "shared", state, state / "inductor"):
+        os.chmod(folder, 0o777)
+    with capturedLogs() as events:
+        assert use_inductor_cache({"SERVICE_STATE_DIR": str(state)}) == state / "inductor"
+    modes = {p.name: stat.S_IMODE(os.stat(p).st_mode) for p in (tmp_path / "shared", state, state / "inductor")}
+    assert modes == {"shared": 0o777, "svc": 0o755, "inductor": 0o755}
+    warned = sorted(e["folder"] for e in events if e.get("log_level").name == "warn")
+    assert warned == [str(state), str(state / "inductor")]

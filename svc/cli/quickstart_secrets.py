@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+from typing import TextIO
 
 SECRETS = os.path.join("secrets", "local.env")
 KEY_FILE = os.path.join("conf", "api_keys.toml")
@@ -106,6 +107,40 @@ def store_first_key(key_path: str, entry: str) -> bool:
     return replaced
 
 
+def keep_private(secrets_path: str, out: TextIO) -> None:
+    """The secrets of an earlier run made private again when others could reach them (one line): an install of
+    0.12.0 or earlier made under ``umask 000`` kept a 0777 ``secrets/``, in which another user could swap in
+    tokens of their own."""
+    for path, private in ((os.path.dirname(secrets_path), 0o700), (secrets_path, 0o600)):
+        try:
+            info = os.stat(path)
+            mode = info.st_mode & 0o777
+            if info.st_uid != os.getuid() or not mode & 0o077:
+                continue
+            os.chmod(path, private)
+        except OSError:
+            continue  # not ours to change: reading it already worked
+        print(f"quickstart: {path} was mode {mode:o}, open to other users: made {private:o}", file=out)
+
+
+def check_first_key(api_key: str, key_path: str, secrets_path: str, out: TextIO) -> None:
+    """Say (one line) when the first key of ``secrets_path`` is in no entry of the key file the gateway loads:
+    an earlier version stored it in ``conf/api_keys.toml`` whatever ``[gateway] keys_file`` said, and the key
+    the next-steps block names then gets 401.  It is not added behind the operator's back (they may have
+    removed it on purpose)."""
+    from svc.auth import hash_key, load_key_file
+    from svc.config import ConfigError
+
+    try:
+        hashes = {entry.hash for entry in load_key_file(key_path)} if os.path.exists(key_path) else set()
+    except ConfigError:
+        return  # a key file that does not load: the gateway says so, in its own words
+    if hash_key(api_key) not in hashes:
+        print(f"quickstart: the SERVICE_API_KEY of {secrets_path} is in no entry of {key_path}, the key file the "
+              f"gateway loads, so it gets 401: remove {secrets_path} to make new secrets and a key there, or add "
+              f"one with svcctl keys add", file=out)
+
+
 def prepare(root: str = ".", out=sys.stdout, show_key: bool = True) -> dict[str, str]:
     """Create the secrets and the first key if there are none; the secrets as a dict.
 
@@ -116,7 +151,10 @@ def prepare(root: str = ".", out=sys.stdout, show_key: bool = True) -> dict[str,
     """
     secrets_path = os.path.join(root, SECRETS)
     if os.path.lexists(secrets_path):
-        return read_secrets(secrets_path)
+        values = read_secrets(secrets_path)
+        keep_private(secrets_path, out)
+        check_first_key(values["SERVICE_API_KEY"], key_file_of(root), secrets_path, out)
+        return values
     from svc.auth import issue_key
 
     api_key, entry = issue_key(FIRST_KEY_NAME)

@@ -404,3 +404,39 @@ def test_the_first_key_goes_to_the_key_file_the_gateway_loads(tmp_path):
     assert [e.hash for e in load_key_file(str(tmp_path / "conf" / "prod_keys.toml"))] == [
         hashlib.sha256(values["SERVICE_API_KEY"].encode()).hexdigest()]
     assert f"added the key 'local' to {tmp_path / 'conf' / 'prod_keys.toml'}." in out.getvalue()
+
+
+def test_secrets_an_older_run_left_open_to_other_users_are_made_private_again(tmp_path):
+    """An install of 0.12.0 made under umask 000 kept a 0777 secrets/ after the upgrade (only new ones were
+    0700), in which another user could swap in their own tokens."""
+    values = prepare(str(tmp_path), io.StringIO())
+    os.chmod(tmp_path / "secrets", 0o777)
+    os.chmod(tmp_path / SECRETS, 0o666)
+    out = io.StringIO()
+    assert prepare(str(tmp_path), out) == values
+    assert stat.S_IMODE(os.stat(tmp_path / "secrets").st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(tmp_path / SECRETS).st_mode) == 0o600
+    assert out.getvalue() == (f"quickstart: {tmp_path / 'secrets'} was mode 777, open to other users: made 700\n"
+                              f"quickstart: {tmp_path / SECRETS} was mode 666, open to other users: made 600\n")
+    again = io.StringIO()
+    prepare(str(tmp_path), again)
+    assert again.getvalue() == ""
+
+
+def test_a_first_key_the_gateways_key_file_lacks_is_named_in_one_line(tmp_path):
+    """0.12.0 stored the first key in conf/api_keys.toml whatever [gateway] keys_file said; after the upgrade the
+    quick start said nothing and its next-steps block named a key that gets 401. It is not added behind the
+    operator's back (they may have removed it on purpose), but said."""
+    prepare(str(tmp_path), io.StringIO())  # the key in conf/api_keys.toml
+    (tmp_path / "conf").mkdir(exist_ok=True)
+    (tmp_path / "conf" / "service.toml").write_text('[gateway]\nkeys_file = "conf/prod_keys.toml"\n')
+    out = io.StringIO()
+    prepare(str(tmp_path), out)
+    assert out.getvalue() == (
+        f"quickstart: the SERVICE_API_KEY of {tmp_path / SECRETS} is in no entry of "
+        f"{tmp_path / 'conf' / 'prod_keys.toml'}, the key file the gateway loads, so it gets 401: remove "
+        f"{tmp_path / SECRETS} to make new secrets and a key there, or add one with svcctl keys add\n")
+    (tmp_path / "conf" / "service.toml").write_text("")  # back to conf/api_keys.toml, which holds it
+    quiet = io.StringIO()
+    prepare(str(tmp_path), quiet)
+    assert quiet.getvalue() == ""

@@ -64,7 +64,7 @@ class Child:
         self.backoff = Backoff(timing)
         self._timer: IDelayedCall | None = None  # backoff restart or probe
         self._kill_timer: IDelayedCall | None = None
-        self._probing, self._was_ready = False, False
+        self._probing, self._was_ready, self._readied = False, False, 0  # _readied: times it became ready
         self._ready_waiters: list[Deferred] = []
         self._exit_waiters: list[Deferred] = []
         self._restarting: Deferred | None = None  # a restart waiting for the old process to exit
@@ -310,27 +310,28 @@ class Child:
         if self.state not in (STARTING, RUNNING) or self._probing:
             return
         self._probing = True
-        pid = self.pid
+        pid, readied = self.pid, self._readied  # a probe sent before the ready line cannot undo it (a slow start)
         d = self.probe(self.spec.port, self.spec.ready_path)
-        d.addCallbacks(lambda ok: self._probed(pid, bool(ok), getattr(ok, "reason", None)),
-                       lambda f: self._probed(pid, False))
+        d.addCallbacks(lambda ok: self._probed(pid, bool(ok), getattr(ok, "reason", None), readied),
+                       lambda f: self._probed(pid, False, None, readied))
 
-    def _probed(self, pid: int | None, ok: bool, reason: str | None = None) -> None:
+    def _probed(self, pid: int | None, ok: bool, reason: str | None = None, readied: int = 0) -> None:
         self._probing = False
         if pid != self.pid or self.state not in (STARTING, RUNNING):
             return
-        self.phase = None if ok else reason
-        if ok and not self.ready:
-            self._became_ready()
-        elif not ok and self.ready:
-            self.ready = False
-            self.logs.note(why := f"not ready: {self.spec.ready_path} did not answer 200")
-            log.warn("{name}: {why}", name=self.name, why=why)
+        if ok or readied == self._readied:  # else a probe sent before the ready line failed late: stale
+            self.phase = None if ok else reason
+            if ok and not self.ready:
+                self._became_ready()
+            elif not ok and self.ready:
+                self.ready = False
+                self.logs.note(why := f"not ready: {self.spec.ready_path} did not answer 200")
+                log.warn("{name}: {why}", name=self.name, why=why)
         interval = self.timing.probe_running if self.state == RUNNING else self.timing.probe_starting
         self._schedule_probe(interval)
 
     def _became_ready(self) -> None:
-        self.ready = True
+        self.ready, self._readied = True, self._readied + 1
         self._was_ready = True
         if self.backoff.end_port_wait():  # the wait is over: its note is no error any more
             self.last_error = None

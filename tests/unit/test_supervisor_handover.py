@@ -365,3 +365,34 @@ def test_the_closed_socket_is_a_warning_in_the_supervisors_output_and_info_at_it
     with capturedLogs() as events:
         results(child.shutdown())
     assert binder.sockets[0].closed and closing_lines(events) == [(LogLevel.info, closed)]
+
+
+class HeldProbe:
+    """A probe whose replies the test gives: each call's Deferred waits in ``pending``."""
+
+    def __init__(self) -> None:
+        self.pending: list = []
+
+    def __call__(self, port: int, path: str):
+        from twisted.internet.defer import Deferred
+
+        self.pending.append(d := Deferred())
+        return d
+
+
+def test_a_probe_sent_before_the_ready_line_that_fails_after_it_does_not_unmake_the_ready_gateway():
+    """A slow first start: the probe sent while the gateway was starting timed out after its ready line came,
+    and the supervisor warned "not ready" then "ready again" two seconds later on a healthy start."""
+    child, reactor, _, _, _ = make()
+    child.probe = probe = HeldProbe()
+    d = results(child.start())
+    reactor.advance(0.5)
+    assert len(probe.pending) == 1  # sent while starting: no answer yet (the gateway is still importing)
+    line(reactor, 0, b"ready 1001\n")
+    assert (child.state, child.ready, d) == (RUNNING, True, [None])
+    probe.pending.pop().callback(False)  # its timeout, now
+    assert child.ready and not any("not ready" in text for text in notes(child)), notes(child)
+    reactor.advance(TIMING.probe_running)
+    assert len(probe.pending) == 1  # probed on, as before
+    probe.pending.pop().callback(False)  # a probe sent after the ready line does count
+    assert not child.ready and notes(child)[-1] == "not ready: /healthz did not answer 200"

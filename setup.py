@@ -87,6 +87,7 @@ setup(
     long_description=open(os.path.join(HERE, "README.md"), encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
+    license_files=["LICENSE"],  # the licence's text, in the wheel's .dist-info/licenses/ and in the sdist
     python_requires=">=3.11",
     packages=find_packages(include=["svc", "svc.*", "models"]) + ["twisted.plugins"],
     package_data={"models": ["data/*.txt", "data/photos/*.jpg", "data/photos/*.md"], "twisted.plugins": ["service_plugins.py"]},

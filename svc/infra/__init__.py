@@ -1,5 +1,6 @@
 """Infrastructure the processes share, with no knowledge of the contract's bodies.
 
+:mod:`~svc.infra.install` (where the installation's code and data are),
 :mod:`~svc.infra.metrics` (Prometheus registries), :mod:`~svc.infra.process` (child
 processes and their output), :mod:`~svc.infra.ratelimit` (token buckets),
 :mod:`~svc.infra.reactors` (the reactor interfaces parameters are typed with),

@@ -13,7 +13,9 @@ the tokens as ``SERVICE_UPSTREAM_PORTS`` and ``SERVICE_UPSTREAM_TOKENS``
 two replicas, a replica and the gateway or the supervisor) refuses to start,
 one line naming both.  Children inherit the supervisor's environment plus
 what is injected, and ``SERVICE_HOST_ID`` is ``[cluster] host_id`` for all of
-them (job ids name the host).  The gateway is refused (permanent failure, no
+them (job ids name the host).  They run ``python -P`` with the supervisor's own
+code first on ``PYTHONPATH`` (svc.infra.install.child_pythonpath): a
+``models/`` folder in the working directory is no plugin folder of theirs.  The gateway is refused (permanent failure, no
 retry) when ``SERVICE_METRICS_TOKEN`` is missing or equal to the inference or
 the management token, and for the cluster settings it would refuse
 (svc.auth.cluster_problem).  The gateway is a ``GatewayChild``
@@ -67,6 +69,7 @@ from svc.contract.protocol import (
     UPSTREAM_TOKENS_ENV,
     http_url,
 )
+from svc.infra.install import child_pythonpath
 from svc.infra.process import SUPERVISOR_PID_ENV
 from svc.infra.reactors import IServiceReactor
 from svc.infra.replicas import LayoutError, encode, find_clash, replica_name, replica_ports
@@ -99,8 +102,12 @@ def gateway_refusal(env: dict[str, str], has_peers: bool = False) -> str | None:
 
 
 def _twist(*args: str) -> list[str]:
-    """A child command: this interpreter running a twistd plugin of ours (twist runner)."""
-    return [sys.executable, "-m", "twisted", "--log-format", "text", *args]
+    """A child command: this interpreter running a twistd plugin of ours (twist runner).
+
+    ``-P``: not the working directory first on the child's ``sys.path``, where a user's own ``models/`` folder
+    shadowed the plugin package; the code comes from the ``PYTHONPATH`` of :func:`child_pythonpath`.
+    """
+    return [sys.executable, "-P", "-m", "twisted", "--log-format", "text", *args]
 
 
 class ChildManager:
@@ -159,8 +166,10 @@ class ChildManager:
         # (SERVICE_SUPERVISOR_PID is set at each spawn, svc.supervisor.child: a daemon's pid is known only then.)
         base = {**self.env, "PYTHONUNBUFFERED": "1", JOB_SECRET_ENV: self.job_secret,
                 HOST_ID_ENV: config.cluster.host_id}
-        for name in (REPLICA_ENV, CPU_SHARE_ENV, CPU_AFFINITY_ENV, SUPERVISOR_PID_ENV):  # set per replica/spawn
-            base.pop(name, None)
+        for name in (REPLICA_ENV, CPU_SHARE_ENV, CPU_AFFINITY_ENV, SUPERVISOR_PID_ENV, "PYTHONPATH"):
+            base.pop(name, None)  # set per replica or spawn, or (PYTHONPATH) below
+        if pythonpath := child_pythonpath(self.env):  # the children run the code this supervisor runs
+            base["PYTHONPATH"] = pythonpath
         base.pop(CLIENT_KEY_ENV, None)  # a client's key, when the shell that started the supervisor had one
         specs = [
             ChildSpec(

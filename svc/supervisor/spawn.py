@@ -56,8 +56,11 @@ PORT_BUSY_TEXT = "Address already in use"
 
 
 def group_leader_argv(argv: list[str]) -> list[str]:
-    """The arguments of ``spawnProcess`` that run ``argv`` under the group-leader wrapper."""
-    return [sys.executable, "-c", GROUP_LEADER, *argv]
+    """The arguments of ``spawnProcess`` that run ``argv`` under the group-leader wrapper.
+
+    ``-P``: the wrapper's imports (ctypes) come from the interpreter, not from the working directory.
+    """
+    return [sys.executable, "-P", "-c", GROUP_LEADER, *argv]
 
 
 class Watcher(Protocol):

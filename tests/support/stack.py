@@ -12,7 +12,7 @@ from typing import Any
 
 from svc import auth
 from tests.support.http import get
-from tests.support.processes import Proc, child_env, free_port, spawn, write_config
+from tests.support.processes import REPO, Proc, child_env, free_port, spawn, write_config
 
 TOKENS = {
     "SERVICE_API_TOKEN": "management-" + secrets.token_hex(8),
@@ -127,13 +127,17 @@ def build_stack(root: Path, models: dict[str, dict], *, env_overrides: dict[str,
     return start_supervisor(stack) if start else stack
 
 
-def start_supervisor(stack: Stack) -> Stack:
-    """Start a supervisor on ``stack``'s config (again, after the first one died); returns once it answers."""
+def start_supervisor(stack: Stack, *, cwd: Path = REPO, flags: tuple[str, ...] = ()) -> Stack:
+    """Start a supervisor on ``stack``'s config (again, after the first one died); returns once it answers.
+
+    ``cwd``: its working directory (its children's too); ``flags``: the interpreter's own (``-P``: no working
+    directory on ``sys.path``, as for the ``twist`` and ``twistd`` scripts).
+    """
     supervisor_port = stack.extra["supervisor_port"]
     popen, log_path = spawn(
-        [__import__("sys").executable, "-m", "twisted", "--log-format", "text", "service-supervisor",
+        [__import__("sys").executable, *flags, "-m", "twisted", "--log-format", "text", "service-supervisor",
          "--config", str(stack.root / "service.toml")],
-        env=child_env(stack.env),
+        env=child_env(stack.env), cwd=cwd,
     )
     proc = Proc(popen, supervisor_port, log_path, stack.env.get("SERVICE_API_TOKEN"))
     stack = Stack(stack.root, proc, stack.gateway_port, stack.model_ports, stack.keys_file, stack.env, stack.key,

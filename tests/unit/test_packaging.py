@@ -28,3 +28,19 @@ def test_the_licence_setup_py_names_is_in_the_repository_and_shipped(setup_args)
     assert [line.strip() for line in lines[:3]] == ["Apache License", "Version 2.0, January 2004",
                                                     "http://www.apache.org/licenses/"]
     assert "END OF TERMS AND CONDITIONS" in [line.strip() for line in lines]
+
+
+# -- where an installed copy finds its code and data (svc.infra.install) ------------------------------
+
+
+def test_a_checkout_goes_first_on_a_childs_path_and_an_installed_copy_adds_nothing(tmp_path, monkeypatch):
+    from svc.infra import install
+
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    assert install.source_root() == REPO
+    assert install.child_pythonpath({}, checkout) == str(checkout)
+    assert install.child_pythonpath({"PYTHONPATH": f":/x:{checkout}"}, checkout) == f"{checkout}:/x"
+    monkeypatch.setattr(install, "site_dirs", lambda: {checkout.resolve()})  # the same folder, installed
+    assert install.child_pythonpath({"PYTHONPATH": "/x::/y"}, checkout) == "/x:/y"
+    assert install.child_pythonpath({}, checkout) == ""

@@ -107,7 +107,7 @@ def test_start_spawns_a_group_leader_and_becomes_running_when_ready():
     child, reactor, probe, _ = make()
     d = results(child.start())
     protocol, executable, args, env, _ = reactor.spawned[0]
-    assert args[1:3] == ["-c", GROUP_LEADER] and args[3:] == child.spec.argv
+    assert args[1:4] == ["-P", "-c", GROUP_LEADER] and args[4:] == child.spec.argv
     assert env == {"A": "1", "SERVICE_SUPERVISOR_PID": str(os.getpid())}  # this pid at the spawn (a daemon's own)
     assert (child.state, child.ready, child.pid) == (STARTING, False, 1001)
     reactor.advance(0.5)

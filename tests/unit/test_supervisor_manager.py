@@ -57,7 +57,7 @@ def manager(tmp_path, env=ENV, models=("AAA", "BBB")):
 
 
 def spawned_names(reactor):
-    return [args[3:][5] for _, _, args, _, _ in reactor.spawned]  # the twistd plugin name
+    return [args[4:][6] for _, _, args, _, _ in reactor.spawned]  # the twistd plugin name (python -P -m twisted ...)
 
 
 @pytest.mark.parametrize("env, expected", [
@@ -359,3 +359,21 @@ def test_the_gateway_drains_for_its_own_receive_timeout_when_retired(tmp_path):
     conf.write_text(conf.read_text() + "[gateway]\nupstream_recv_timeout_ms = 30000\n")
     config = load_supervisor_config(str(conf))
     assert config.gateway_recv_timeout_ms == 30000
+
+
+def test_children_run_without_the_working_directory_and_with_this_code_first(tmp_path):
+    """A user's ``models/`` folder in the supervisor's working directory was first on every child's ``sys.path``
+    (``python -m`` puts it there): the children run ``-P``, this checkout first on ``PYTHONPATH`` and the
+    environment's own entries after it (a third-party plugin folder), its empty ones (the working directory) out."""
+    import sys
+
+    from tests.support.processes import REPO
+
+    m, reactor, probe, _ = manager(tmp_path, env={**ENV, "PYTHONPATH": f"/plugins::{REPO}"})
+    m.start_all()
+    probe.ok = True
+    reactor.advance(0.5)
+    assert len(reactor.spawned) == 3
+    for _, _, args, env, _ in reactor.spawned:
+        assert args[4:8] == [sys.executable, "-P", "-m", "twisted"]
+        assert env["PYTHONPATH"] == f"{REPO}:/plugins"

@@ -61,7 +61,7 @@ def spawned(reactor, child):
     """What ``child``'s current process was spawned with: (argv of the command, env)."""
     for protocol, _, args, env, _ in reactor.spawned:
         if protocol is child._protocol:
-            return args[3:], env
+            return args[4:], env  # after the wrapper: -P -c GROUP_LEADER
     raise AssertionError(f"{child.name} has no process")
 
 

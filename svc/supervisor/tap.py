@@ -4,8 +4,8 @@
 Fail-closed: no ``SERVICE_API_TOKEN``, no usable ``SERVICE_METRICS_TOKEN``
 (missing, or equal to the inference or the management token: the gateway
 child would be refused for it), a wildcard bind without ``SERVICE_EXPOSE`` =
-docker/unsafe, a bad config or profile: one line, exit 1, before anything
-listens or is spawned.
+docker/unsafe, a bad config or profile, no complete copy of the web UI's
+files: one line, exit 1, before anything listens or is spawned.
 """
 
 from __future__ import annotations
@@ -25,14 +25,23 @@ if TYPE_CHECKING:
     from twisted.application.service import IService
 
 
-def ui_dir() -> str:
-    """The web UI's files: the checkout's ui/, else the installed copy (setup.py data_files)."""
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    for candidate in (os.path.join(here, "ui"), os.path.join(os.getcwd(), "ui"),
-                      os.path.join(sys.prefix, "share", "inference-service", "ui")):
-        if os.path.isfile(os.path.join(candidate, "index.html")):
-            return candidate
-    raise FileNotFoundError("the web UI files (ui/index.html) are missing")
+def ui_dir() -> str | None:
+    """The web UI's files: the checkout's ui/, else the installed copy (setup.py data_files) beside the installed
+    code or under ``sys.prefix`` (svc.infra.install.data_dir); None when no folder holds every file the supervisor
+    serves (a partial copy failed the start with a traceback).
+
+    Never the working directory's ``ui/``: a folder of the user's, not the service's.
+    """
+    from svc.infra.install import data_dir
+    from svc.supervisor.api import UI_FILES
+
+    found = data_dir("ui", sorted({name for name, _ in UI_FILES.values()}))
+    return None if found is None else str(found)
+
+
+#: The refusal when :func:`ui_dir` finds no complete copy of the UI.
+NO_UI = ("the web UI's files are missing: no complete copy in the checkout's ui/, in share/inference-service/ui "
+         "beside the installed package, or in {prefix}/share/inference-service/ui; reinstall the service")
 
 
 class Options(ProgramOptions):
@@ -122,6 +131,9 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     refusal = check_bind(config.host, env) or gateway_bind_problem(config, env)
     if refusal:
         raise refuse(PROGRAM, refusal)
+    ui = ui_dir()
+    if ui is None:
+        raise refuse(PROGRAM, NO_UI.format(prefix=sys.prefix))
 
     if reactor is None:
         reactor = global_reactor()
@@ -160,7 +172,7 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     from svc.web.limits import HttpLimits
 
     return SupervisorService(reactor=reactor, manager=manager, token=token, host=config.host, port=config.port,
-                             ui_dir=ui_dir(), fetch=probe.fetch, limits=HttpLimits.from_config(config))
+                             ui_dir=ui, fetch=probe.fetch, limits=HttpLimits.from_config(config))
 
 
 def probe_hosts(config: Any) -> dict[int, str]:

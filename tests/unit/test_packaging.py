@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import runpy
+import sys
+from pathlib import Path
 
 import pytest
 import setuptools
@@ -44,3 +46,56 @@ def test_a_checkout_goes_first_on_a_childs_path_and_an_installed_copy_adds_nothi
     monkeypatch.setattr(install, "site_dirs", lambda: {checkout.resolve()})  # the same folder, installed
     assert install.child_pythonpath({"PYTHONPATH": "/x::/y"}, checkout) == "/x:/y"
     assert install.child_pythonpath({}, checkout) == ""
+
+
+def ui_files() -> list[str]:
+    from svc.supervisor.api import UI_FILES
+
+    return sorted({name for name, _ in UI_FILES.values()})
+
+
+def install_tree(base: Path, *, ui: list[str] | None = None) -> Path:
+    """``<base>/lib/python3.11/site-packages`` (returned), with ``<base>/share/inference-service/ui`` holding
+    ``ui`` (the UI's file names; None: no folder)."""
+    site_packages = base / "lib" / "python3.11" / "site-packages"
+    site_packages.mkdir(parents=True)
+    if ui is not None:
+        shared = base / "share" / "inference-service" / "ui"
+        shared.mkdir(parents=True)
+        for name in ui:
+            (shared / name).write_text(name)
+    return site_packages
+
+
+def test_the_ui_of_a_user_or_debian_install_is_found_beside_the_code_not_in_the_working_directory(
+        tmp_path, monkeypatch):
+    """``pip install --user`` (under site.USER_BASE) and Debian's pip (``/usr/local``, sys.prefix ``/usr``) put the
+    UI where ``sys.prefix/share`` is not; and a ``ui/`` folder in the working directory won over the installed UI."""
+    from svc.infra import install
+    from svc.supervisor.tap import ui_dir
+
+    assert ui_dir() == str(REPO / "ui")  # a checkout serves its own
+    user_base = tmp_path / "home" / ".local"
+    site_packages = install_tree(user_base, ui=ui_files())
+    install_tree(tmp_path / "usr", ui=ui_files())  # sys.prefix: holds a UI too, found after the code's own
+    (tmp_path / "work" / "ui").mkdir(parents=True)
+    for name in ui_files():
+        (tmp_path / "work" / "ui" / name).write_text("the user's")
+    monkeypatch.chdir(tmp_path / "work")
+    monkeypatch.setattr(install, "source_root", lambda: site_packages)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "usr"))
+    assert ui_dir() == str(user_base / "share" / "inference-service" / "ui")
+
+
+def test_a_ui_folder_missing_one_served_file_is_passed_over(tmp_path, monkeypatch):
+    from svc.infra import install
+    from svc.supervisor.tap import ui_dir
+
+    partial = [name for name in ui_files() if name != "try-it.js"]
+    site_packages = install_tree(tmp_path / "venv", ui=partial)
+    monkeypatch.setattr(install, "source_root", lambda: site_packages)
+    install_tree(tmp_path / "prefix", ui=ui_files())
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "prefix"))
+    assert ui_dir() == str(tmp_path / "prefix" / "share" / "inference-service" / "ui")
+    (tmp_path / "prefix" / "share" / "inference-service" / "ui" / "index.html").unlink()
+    assert ui_dir() is None

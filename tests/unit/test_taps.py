@@ -253,6 +253,28 @@ def test_supervisor_options_override_the_config_and_the_profile(supervisor_confi
         "gpu", "gpu", "pretrained")
 
 
+def test_a_supervisor_without_a_complete_ui_is_refused_with_one_line(supervisor_config, environment, tmp_path):
+    """A partial copy of the UI (here, every file but one under the prefix) failed the start with a
+    FileNotFoundError traceback; a working directory's complete ui/ was served as the management UI."""
+    import shutil
+    import sys
+
+    from svc.infra import install
+
+    site_packages = tmp_path / "base" / "lib" / "python3.11" / "site-packages"
+    site_packages.mkdir(parents=True)
+    shutil.copytree(REPO / "ui", tmp_path / "prefix" / "share" / "inference-service" / "ui")
+    (tmp_path / "prefix" / "share" / "inference-service" / "ui" / "results.js").unlink()
+    shutil.copytree(REPO / "ui", tmp_path / "work" / "ui")  # the user's own folder: never the service's UI
+    environment.setattr(install, "source_root", lambda: site_packages)
+    environment.setattr(sys, "prefix", str(tmp_path / "prefix"))
+    environment.chdir(tmp_path / "work")
+    assert refusal(supervisor_tap, ["--config", str(supervisor_config)]) == (
+        "service-supervisor: the web UI's files are missing: no complete copy in the checkout's ui/, in "
+        "share/inference-service/ui beside the installed package, or in "
+        f"{tmp_path / 'prefix'}/share/inference-service/ui; reinstall the service")
+
+
 def test_supervisor_refusals(supervisor_config, environment, tmp_path):
     config = str(supervisor_config)
     assert refusal(supervisor_tap, ["--config", config, "--host", "::"]) == (

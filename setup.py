@@ -91,9 +91,14 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["svc", "svc.*", "models"]) + ["twisted.plugins"],
     package_data={"models": ["data/*.txt", "data/photos/*.jpg", "data/photos/*.md"], "twisted.plugins": ["service_plugins.py"]},
-    # the web UI's files, every one of them (its ES modules included), served by the supervisor
+    # the web UI's files, every one of them (its ES modules included), served by the supervisor; and the default
+    # configuration, which the quick start copies into a folder without conf/ (svc/cli/quickstart.py): never
+    # conf/api_keys.toml, a checkout's own keys
     data_files=[("share/inference-service/ui", sorted(glob.glob("ui/*.html") + glob.glob("ui/*.js")
-                                                      + glob.glob("ui/*.css") + glob.glob("ui/*.svg")))],
+                                                      + glob.glob("ui/*.css") + glob.glob("ui/*.svg"))),
+                ("share/inference-service/conf", ["conf/service.toml", "conf/api_keys.example.toml"]),
+                ("share/inference-service/conf/profiles", sorted(glob.glob("conf/profiles/*.toml"))),
+                ("share/inference-service/conf/server", sorted(glob.glob("conf/server/*.toml")))],
     install_requires=RUNTIME,
     extras_require={"test": TEST, "docs": DOCS, "lint": LINT},
     entry_points={"console_scripts": ["svcctl = svc.cli:main"]},

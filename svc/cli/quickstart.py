@@ -1,5 +1,9 @@
 """First-run setup of a local service, used by ``bin/quickstart``.
 
+Run in a folder without ``conf/`` (an installed package has no checkout to run
+in), it first copies the installed default configuration there
+(``share/inference-service/conf``, :func:`copy_default_conf`), with one line
+saying so; without installed defaults it refuses, one line and exit 1.
 Creates, once, ``secrets/local.env`` (mode 0600) with the management, inference
 and metrics tokens (all different) and a first API key, and puts that key's
 hash in the gateway's key file as ``[keys.local]`` (``conf/api_keys.toml``,
@@ -33,9 +37,12 @@ import argparse
 import http.client
 import json
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
+from typing import Any
 from urllib.parse import urlsplit
 
 from svc.cli.quickstart_secrets import (  # noqa: F401 - the quick start's secrets step, named here too
@@ -56,6 +63,50 @@ from svc.cli.quickstart_weights import (  # noqa: F401 - the quick start's weigh
 )
 
 SERVICE_CONFIG = os.path.join("conf", "service.toml")
+#: What setup.py installs as ``share/inference-service/conf`` (the folders' ``*.toml`` files), and what a copy of
+#: the defaults takes: never ``conf/api_keys.toml``, a checkout's own keys.
+DEFAULT_CONF = ("service.toml", "api_keys.example.toml", "profiles/*.toml", "server/*.toml")
+#: Without these, a folder is no set of defaults.
+REQUIRED_CONF = ("service.toml", "profiles/cpu.toml", "profiles/gpu.toml")
+
+
+def copy_default_conf(root: str, out: Any = None) -> bool:
+    """Copy the installed default configuration into ``<root>/conf`` (a folder without one): True when done.
+
+    An installed package has no checkout to run in; its defaults are
+    ``share/inference-service/conf`` (svc.infra.install.data_dir: a checkout's
+    own ``conf/`` when this code runs from one).  False when there are none,
+    or ``root`` is no folder: nothing is made.
+    """
+    from glob import escape, glob
+
+    from svc.infra.install import data_dir
+
+    source = data_dir("conf", REQUIRED_CONF)
+    if source is None or not os.path.isdir(root):
+        return False
+    target = os.path.join(root, "conf")
+    for pattern in DEFAULT_CONF:
+        for path in sorted(glob(os.path.join(escape(str(source)), pattern))):
+            dest = os.path.join(target, os.path.relpath(path, source))
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            shutil.copyfile(path, dest)
+    print(f"quickstart: no conf/ folder in {os.path.abspath(root)}: copied the default configuration from {source}",
+          file=out or sys.stdout, flush=True)
+    return True
+
+
+def svcctl_command(root: str = ".") -> str:
+    """The ``svcctl`` beside the running interpreter (``sys.executable``'s bin folder), relative to ``root`` when it
+    is under it: ``.venv/bin/svcctl`` after ``bin/quickstart``, the environment's own path after an install; else
+    ``python -m svc.cli``, the same program (a ``pip install --user`` puts its scripts in ``~/.local/bin``)."""
+    script = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "svcctl")
+    base = os.path.abspath(root)
+    if os.path.commonpath([script, base]) == base:
+        script = os.path.relpath(script, base)
+    if not os.path.exists(os.path.join(base, script)):  # pip install --user: the script is elsewhere
+        return f"{shlex.quote(sys.executable)} -m svc.cli"
+    return shlex.quote(script)
 
 
 def service_addresses(root: str = ".") -> tuple[str, str]:
@@ -73,12 +124,14 @@ def service_addresses(root: str = ".") -> tuple[str, str]:
 
 
 def next_steps(status: dict, *, ui_url: str, gateway_url: str, api_key: str | None,
-               secrets_path: str = SECRETS) -> str:
+               secrets_path: str = SECRETS, svcctl: str | None = None) -> str:
     """The block printed once every model has settled: what runs, and what to do next.
 
     ``status`` is the supervisor's ``GET /api/v1/status``; ``api_key`` the
     first API key when this run generated it (on later runs the block says
-    where it is instead of printing it again).
+    where it is instead of printing it again); ``svcctl`` the command to show
+    (default :func:`svcctl_command` of the working directory: it said
+    ``.venv/bin/svcctl`` where there was no ``.venv``).
     """
     servers = profile_servers(status)
     ready = [s["id"] for s in servers if s.get("ready")]
@@ -104,7 +157,7 @@ def next_steps(status: dict, *, ui_url: str, gateway_url: str, api_key: str | No
         f"   Management token:  SERVICE_API_TOKEN in {secrets_path} (mode 0600)",
         f"   First API key:     {key}",
         "   Try it from another shell in this folder (some.jpg: any photo of yours):",
-        f"     set -a; . {secrets_path}; set +a; .venv/bin/svcctl infer MOBILENETV2 some.jpg --param top_k=3",
+        f"     set -a; . {secrets_path}; set +a; {svcctl or svcctl_command()} infer MOBILENETV2 some.jpg --param top_k=3",
         "   More in README.md, \"Try it\". Ctrl-C stops everything.",
     ]
     return "\n".join(lines) + "\n"
@@ -192,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     and print the next-steps block once, after the last model settled.
     """
     parser = argparse.ArgumentParser(prog="python -m svc.cli.quickstart", description=__doc__.splitlines()[0])
-    parser.add_argument("--root", default=".", help="the checkout (default: the current directory)")
+    parser.add_argument("--root", default=".", help="the checkout, or a folder of yours for an installed package "
+                        "(default: the current directory)")
     parser.add_argument("--prepare-only", action="store_true", help="create the secrets, do not run the service")
     parser.add_argument("--weights", choices=("demo", "pretrained"), default=None,
                         help="demo or pretrained instead of the profile's weights")
@@ -200,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
                         dest="accept", help="pull pretrained weights under this non-permissive licence (e.g. "
                         "AGPL-3.0; repeatable); without it, a terminal is asked")
     args = parser.parse_args(argv)
-    if not os.path.isdir(os.path.join(args.root, "conf")):  # else its secrets and key file went anywhere
+    if not os.path.isdir(os.path.join(args.root, "conf")) and not copy_default_conf(args.root):
+        # else its secrets and key file went anywhere
         print(f"quickstart: {os.path.abspath(args.root)} is not a checkout of the service (no conf/ folder); "
               "run it in the checkout or give --root", file=sys.stderr, flush=True)
         return 1
@@ -228,9 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Starting the supervisor ({weights} weights): UI and management API on {ui_url}, gateway on "
           f"{gateway_url}; the models load for a minute or two (logs below)...", flush=True)
     # twist, as the supervisor runs its children: it writes info and above, so the debug lines of this
-    # process's own status poll (svc.web.site) stay out of the terminal; twistd would write them all.
-    twist = os.path.join(os.path.dirname(sys.executable), "twist")
-    command = [twist, "--log-format", "text", "service-supervisor", "--weights", weights]
+    # process's own status poll (svc.web.site) stay out of the terminal; twistd would write them all.  This
+    # interpreter with -P (svc.supervisor.manager._twist): a models/ folder here is the user's, not the plugins',
+    # and a pip install --user has no twist script beside the interpreter.
+    command = [sys.executable, "-P", "-m", "twisted", "--log-format", "text", "service-supervisor", "--weights", weights]
     if demo:
         command += ["--demo-models", ",".join(demo)]
     child = subprocess.Popen(command, env=env)

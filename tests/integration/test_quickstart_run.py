@@ -4,7 +4,7 @@ import signal
 import sys
 import time
 
-from svc.cli.quickstart import read_env_file
+from svc.cli.quickstart import read_env_file, svcctl_command
 from tests.support.processes import child_env, free_port, spawn, write_config
 
 TOKENS = ("SERVICE_API_TOKEN", "SERVICE_GATEWAY_AUTH_TOKEN", "SERVICE_METRICS_TOKEN", "SERVICE_API_KEY")
@@ -61,7 +61,8 @@ def test_the_block_comes_once_the_models_are_ready_and_sigterm_stops_everything(
                                     "management", "token)"]
         assert block[4].split() == ["First", "API", "key:", key]
         assert out.count(key) == 1  # "shown once"
-        assert "svcctl infer MOBILENETV2" in block[6]
+        # the svcctl of the interpreter that ran it (this one), or python -m svc.cli where it has none
+        assert f"; {svcctl_command(str(tmp_path))} infer MOBILENETV2 some.jpg" in block[6]
         assert out.count("== All models ready") == 1
         # the quick start's own once-a-second status poll is not in the terminal, nor "stopped" before a start
         assert "/api/v1/status" not in out and "MOBILENETV2: stopped" not in out
@@ -164,3 +165,21 @@ def test_a_bad_setting_is_one_line_and_exit_1_not_a_traceback(tmp_path):
     # the first run's key, shown although the run ends before its next-steps block (else it was never shown)
     assert out[1:] == ["Your first API key (shown once; it is also in the secrets file):", f"  {key}",
                        "quickstart: conf/profiles/cpu.toml: weights: must be one of 'demo', 'pretrained', got 'best'"]
+
+
+def test_a_models_package_where_the_quick_start_runs_is_not_the_plugin_package(tmp_path):
+    """The quick start runs in a folder of the user's, which may hold their own ``models/``: the supervisor it
+    starts (and its children) must not import it.  It ran the ``twist`` beside the interpreter, which is not there
+    after a ``pip install --user`` and, where it is ``python -m twisted``, put the folder first on ``sys.path``."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "__init__.py").write_text("raise SystemExit('the user models package was imported')\n")
+    popen, log, gateway_port, _ = start_quickstart(tmp_path, "TESTFAULTS")
+    try:
+        out = log.read_text()
+        assert out[out.index("== All models ready"):].splitlines()[0] == (
+            f"== All models ready: 1 on the cpu profile (cpu), gateway http://127.0.0.1:{gateway_port}")
+        assert "the user models package was imported" not in out
+    finally:
+        popen.send_signal(signal.SIGTERM)
+        code = popen.wait(60)
+    assert code == 0, log.read_text()[-3000:]

@@ -99,3 +99,15 @@ def test_a_ui_folder_missing_one_served_file_is_passed_over(tmp_path, monkeypatc
     assert ui_dir() == str(tmp_path / "prefix" / "share" / "inference-service" / "ui")
     (tmp_path / "prefix" / "share" / "inference-service" / "ui" / "index.html").unlink()
     assert ui_dir() is None
+
+
+def test_the_default_configuration_is_shipped_without_the_key_file(setup_args):
+    """The wheel shipped no conf/: an installed user could not run the quick start ("not a checkout")."""
+    shipped = {f"{folder}/{path.rsplit('/', 1)[1]}": path for folder, paths in setup_args["data_files"]
+               for path in paths}
+    conf = {name: path for name, path in shipped.items() if name.startswith("share/inference-service/conf/")}
+    expected = sorted(str(p.relative_to(REPO)) for p in (REPO / "conf").rglob("*.toml") if p.name != "api_keys.toml")
+    assert sorted(conf.values()) == expected
+    assert all(name == f"share/inference-service/{path}" for name, path in conf.items())
+    assert {"conf/service.toml", "conf/api_keys.example.toml", "conf/profiles/cpu.toml",
+            "conf/server/MOBILENETV2.toml"} <= set(conf.values())

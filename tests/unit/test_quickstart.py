@@ -6,6 +6,7 @@ import os
 import signal
 import stat
 import subprocess
+import sys
 
 import pytest
 
@@ -157,7 +158,11 @@ def status(*servers, gateway_ready=True):
             "servers": [{"id": i, "state": state, "ready": ready, "last_error": err} for i, state, ready, err in servers]}
 
 
-def test_the_next_steps_block_after_the_first_run_shows_the_key_and_what_to_run():
+def test_the_next_steps_block_after_the_first_run_shows_the_key_and_what_to_run(tmp_path, monkeypatch):
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "svcctl").write_text("")
+    monkeypatch.setattr(sys, "executable", str(tmp_path / ".venv" / "bin" / "python"))  # bin/quickstart's
+    monkeypatch.chdir(tmp_path)
     ready = status(("MOBILENETV2", "running", True, None), ("DDPM", "running", True, None))
     block = next_steps(ready, ui_url="http://127.0.0.1:8787/", gateway_url="http://127.0.0.1:8080", api_key="k" * 64)
     assert block == (
@@ -290,6 +295,70 @@ def test_a_root_that_is_no_checkout_is_refused_and_nothing_is_made(tmp_path, cap
     assert not (tmp_path / "none").exists()
     assert capsys.readouterr().err == (f"quickstart: {tmp_path / 'none'} is not a checkout of the service (no conf/ "
                                        "folder); run it in the checkout or give --root\n")
+
+
+def test_the_block_names_the_svcctl_of_the_running_interpreter(tmp_path, monkeypatch):
+    """An installed package has no .venv in the folder it runs in: the block said ``.venv/bin/svcctl`` anyway."""
+    for env in ("work/env", "service env"):
+        (tmp_path / env / "bin").mkdir(parents=True)
+        (tmp_path / env / "bin" / "svcctl").write_text("")
+    monkeypatch.chdir(tmp_path / "work")
+    ready = status(("MOBILENETV2", "running", True, None))
+    for executable, shown in ((tmp_path / "work" / "env" / "bin" / "python3", "env/bin/svcctl"),
+                              (tmp_path / "service env" / "bin" / "python", f"'{tmp_path}/service env/bin/svcctl'"),
+                              # pip install --user: the interpreter's folder holds no svcctl
+                              (tmp_path / "usr" / "bin" / "python3", f"{tmp_path}/usr/bin/python3 -m svc.cli")):
+        monkeypatch.setattr(sys, "executable", str(executable))
+        lines = next_steps(ready, ui_url="u", gateway_url="g", api_key=None).splitlines()
+        assert lines[5] == f"     set -a; . {SECRETS}; set +a; {shown} infer MOBILENETV2 some.jpg --param top_k=3"
+
+
+def fake_install(tmp_path, monkeypatch, *, conf: bool):
+    """The code in ``<tmp>/base/lib/python3.11/site-packages``, its data in ``<tmp>/base/share/inference-service``
+    (the default configuration when ``conf``, and a key file that must never be copied); ``sys.prefix`` empty."""
+    from svc.infra import install
+
+    site_packages = tmp_path / "base" / "lib" / "python3.11" / "site-packages"
+    site_packages.mkdir(parents=True)
+    shared = tmp_path / "base" / "share" / "inference-service" / "conf"
+    if conf:
+        for name in ("service.toml", "api_keys.example.toml", "profiles/cpu.toml", "profiles/gpu.toml",
+                     "server/MOBILENETV2.toml", "api_keys.toml"):
+            (shared / name).parent.mkdir(parents=True, exist_ok=True)
+            (shared / name).write_text(f"# {name}\n")
+    monkeypatch.setattr(install, "source_root", lambda: site_packages)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "prefix"))
+    return shared
+
+
+def test_in_a_folder_without_conf_the_installed_defaults_are_copied_first(tmp_path, monkeypatch, capsys):
+    """An installed user could not run the quick start: "not a checkout of the service (no conf/ folder)"."""
+    from svc.cli.quickstart import main
+
+    shared = fake_install(tmp_path, monkeypatch, conf=True)
+    work = tmp_path / "work"
+    work.mkdir()
+    assert main(["--root", str(work), "--prepare-only"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"quickstart: no conf/ folder in {work}: copied the default configuration from {shared}"
+    copied = sorted(str(p.relative_to(work / "conf")) for p in (work / "conf").rglob("*") if p.is_file())
+    assert copied == ["api_keys.example.toml", "api_keys.toml", "profiles/cpu.toml", "profiles/gpu.toml",
+                      "server/MOBILENETV2.toml", "service.toml"]
+    assert (work / "conf" / "service.toml").read_text() == "# service.toml\n"
+    assert "[keys.local]" in (work / "conf" / "api_keys.toml").read_text()  # the quick start's own, not the copy's
+    assert (work / SECRETS).is_file()
+
+
+def test_without_installed_defaults_a_folder_without_conf_is_still_refused(tmp_path, monkeypatch, capsys):
+    from svc.cli.quickstart import main
+
+    fake_install(tmp_path, monkeypatch, conf=False)
+    work = tmp_path / "work"
+    work.mkdir()
+    assert main(["--root", str(work), "--prepare-only"]) == 1
+    assert capsys.readouterr().err == (f"quickstart: {work} is not a checkout of the service (no conf/ folder); "
+                                       "run it in the checkout or give --root\n")
+    assert list(work.iterdir()) == []
 
 
 # -- the secrets file: replaced, unreadable, unwritable ----------------------------------------------

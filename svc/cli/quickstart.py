@@ -4,6 +4,7 @@ Run in a folder without ``conf/`` (an installed package has no checkout to run
 in), it first copies the installed default configuration there
 (``share/inference-service/conf``, :func:`copy_default_conf`), with one line
 saying so; without installed defaults it refuses, one line and exit 1.
+
 Creates, once, ``secrets/local.env`` (mode 0600) with the management, inference
 and metrics tokens (all different) and a first API key, and puts that key's
 hash in the gateway's key file as ``[keys.local]`` (``conf/api_keys.toml``,

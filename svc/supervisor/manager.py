@@ -15,9 +15,10 @@ one line naming both.  Children inherit the supervisor's environment plus
 what is injected, and ``SERVICE_HOST_ID`` is ``[cluster] host_id`` for all of
 them (job ids name the host).  They run ``python -P`` with the supervisor's own
 code first on ``PYTHONPATH`` (svc.infra.install.child_pythonpath): a
-``models/`` folder in the working directory is no plugin folder of theirs.  The gateway is refused (permanent failure, no
-retry) when ``SERVICE_METRICS_TOKEN`` is missing or equal to the inference or
-the management token, and for the cluster settings it would refuse
+``models/`` folder in the working directory is no plugin folder of theirs.
+The gateway is refused (permanent failure, no retry) when
+``SERVICE_METRICS_TOKEN`` is missing or equal to the inference or the
+management token, and for the cluster settings it would refuse
 (svc.auth.cluster_problem).  The gateway is a ``GatewayChild``
 (svc.supervisor.handover): the supervisor holds its listening socket, and a
 restart hands it from the old process to the new one, refusing no connection.

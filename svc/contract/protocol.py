@@ -97,6 +97,16 @@ WEIGHTS_HEADER = "X-Service-Weights"
 PASSED_REPLY_HEADERS = ("content-type", "x-request-id", "cache-control", "retry-after", "allow", WEIGHTS_HEADER.lower(),
                         "inference-header-content-length")
 
+
+def bearer_challenge(realm: str) -> str:
+    """The ``WWW-Authenticate`` value of a 401: one spelling for the processes that send it and the OpenAPI
+    documents that state it."""
+    return f'Bearer realm="{realm}"'
+
+
+#: The realms of the 401s: the gateway's routes, its ``/metrics`` (the metrics token only), a model server's.
+GATEWAY_REALM, GATEWAY_METRICS_REALM, MODEL_SERVER_REALM = "gateway", "gateway-metrics", "model-server"
+
 # -- the environment the supervisor gives its children ----------------------------------------
 
 #: A model server's bearer token.

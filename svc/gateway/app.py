@@ -51,6 +51,8 @@ from svc.contract import status as st
 from svc.contract.envelope import ModelIdentity, rejection
 from svc.contract.errors import ApiError
 from svc.contract.protocol import (
+    GATEWAY_METRICS_REALM,
+    GATEWAY_REALM,
     HEALTH_PATH,
     JOB,
     JOB_RESULT,
@@ -60,6 +62,7 @@ from svc.contract.protocol import (
     MODEL_INFER,
     MODEL_PREFIX,
     OPENAPI_PATH,
+    bearer_challenge,
     klein_rule,
 )
 from svc.contract.query import MAX_DIGITS, query_value, wait_budget_ms
@@ -232,7 +235,7 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
             else:
                 self.metrics.auth_failures.labels("missing" if "missing" in e.reason else "wrong").inc()
             raise ApiError(st.UNAUTHORIZED, f"{e.reason}: send Authorization: Bearer <API key or token>",
-                           headers={"WWW-Authenticate": 'Bearer realm="gateway"'}) from None
+                           headers={"WWW-Authenticate": bearer_challenge(GATEWAY_REALM)}) from None
         request.service_key = principal.name
         request.setHeader(b"X-Service-Key", principal.name.encode("latin-1"))
         return principal
@@ -265,7 +268,7 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
         if not self.auth.is_metrics(token):
             self.metrics.auth_failures.labels("wrong" if token else "missing").inc()
             raise ApiError(st.UNAUTHORIZED, "GET /metrics needs Authorization: Bearer <SERVICE_METRICS_TOKEN>",
-                           headers={"WWW-Authenticate": 'Bearer realm="gateway-metrics"'})
+                           headers={"WWW-Authenticate": bearer_challenge(GATEWAY_METRICS_REALM)})
         request.service_key = METRICS_TOKEN_NAME
         request.setHeader(b"X-Service-Key", METRICS_TOKEN_NAME.encode())
 

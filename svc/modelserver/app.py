@@ -31,10 +31,12 @@ from svc.contract.errors import ApiError
 from svc.contract.protocol import (
     HEALTH_PATH,
     METRICS_PATH,
+    MODEL_SERVER_REALM,
     OPENAPI_PATH,
     READY_PATH,
     SERVICE_REQUEST_HEADERS,
     WEIGHTS_HEADER,
+    bearer_challenge,
 )
 from svc.infra.ratelimit import KeyedLimiter, retry_after_header
 from svc.modelserver.batching import QueueFull
@@ -116,7 +118,7 @@ class ModelServerApp(OipRoute, routes.JsonApp):
             raise ApiError(
                 st.UNAUTHORIZED,
                 "missing or wrong bearer token",
-                headers={"WWW-Authenticate": 'Bearer realm="model-server"'},
+                headers={"WWW-Authenticate": bearer_challenge(MODEL_SERVER_REALM)},
             )
         wait = self.ip_limiter.take(request.getClientAddress().host)
         if wait:

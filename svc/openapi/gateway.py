@@ -16,7 +16,9 @@ from typing import Any
 from svc import __version__
 from svc.config import ConfigError, ModelServerConfig
 from svc.contract.protocol import (
+    GATEWAY_METRICS_REALM,
     GATEWAY_PORT,
+    GATEWAY_REALM,
     HEALTH_PATH,
     METRICS_PATH,
     MODEL_INFER,
@@ -29,12 +31,14 @@ from svc.model.plugincheck import checked_config
 from svc.openapi import oip
 from svc.openapi.components import job_components, model_components, ref, status_components
 from svc.openapi.operations import (
+    ENVELOPE_HEADERS,
     RETRY_AFTER_HEADER,
     header_doc,
     infer_operation,
     job_paths,
     json_reply,
     rejection,
+    unauthorized,
 )
 
 GATEWAY_AUTH = (
@@ -45,15 +49,19 @@ GATEWAY_AUTH = (
 SERVICE_KEY_HEADER = header_doc(
     "Name of the credential that authenticated: the key's name in the key file, `static-token` "
     "(SERVICE_GATEWAY_AUTH_TOKEN), `management-token` (SERVICE_API_TOKEN), `metrics-token` (GET /metrics) or "
-    "`cluster-token` (a job request forwarded by another host's gateway)."
+    "`cluster-token` (a job request forwarded by another host's gateway). On every reply to a request that "
+    "authenticated; not on a 401, nor on the replies made before authentication (the listener's 413 of a body over "
+    "max_body_bytes)."
 )
+#: ``X-Service-Key`` on a reply: a reference to the one description (``components/headers``), which a reply of
+#: nearly every operation repeats.
+SERVICE_KEY_REF = {"$ref": "#/components/headers/ServiceKey"}
 
 
 def gateway_responses() -> dict:
     """Replies the gateway itself makes on every authenticated route."""
     return {
-        "401": rejection("Status 401 (made by the gateway): missing, wrong or disabled credential.",
-                         {"WWW-Authenticate": header_doc("Bearer challenge.")}),
+        "401": unauthorized(GATEWAY_REALM, "Status 401 (made by the gateway): missing, wrong or disabled credential."),
         "404": rejection("Status 63: unknown catalog id or path (the same envelope for both), or the model's own "
                          "404 passed through (unknown job, async disabled); on a job route also `job not found` "
                          "made by the gateway for a job whose host is gone or not among its peers."),
@@ -71,15 +79,40 @@ def gateway_responses() -> dict:
 
 
 def _with_gateway_replies(operation: dict, operation_id: str) -> dict:
-    """A model server's operation as the gateway serves it: its id, the gateway's auth note and replies."""
+    """A model server's operation as the gateway serves it: its id, the gateway's auth note and replies.
+
+    A status both make keeps the model's body and gets the gateway's description (which names the model's case)
+    and headers too; the 401 is the gateway's alone: it authenticates before any model server is asked.
+    """
     op = json.loads(json.dumps(operation))  # a deep copy: the model-server document shares the builders
     op["operationId"] = operation_id
     op["description"] = (op.get("description", "") + " " + GATEWAY_AUTH).strip()
     for code, reply in gateway_responses().items():
-        op["responses"].setdefault(code, reply)
-    for reply in op["responses"].values():
-        reply.setdefault("headers", {})["X-Service-Key"] = SERVICE_KEY_HEADER
+        own = op["responses"].get(code)
+        if own is None or code == "401":
+            op["responses"][code] = reply
+            continue
+        own["description"] = reply["description"]
+        own["headers"] = {**own.get("headers", {})}
+        for name, doc in reply["headers"].items():
+            own["headers"].setdefault(name, doc)
     return op
+
+
+def _authenticated(operation: dict) -> dict:
+    """``operation`` with ``X-Service-Key`` on each of its replies but the 401 (no credential authenticated)."""
+    for code, reply in operation["responses"].items():
+        if code != "401":
+            reply["headers"] = {**reply.get("headers", {}), "X-Service-Key": SERVICE_KEY_REF}
+    return operation
+
+
+def _finish(paths: dict) -> None:
+    """What every operation shares: ``X-Service-Key`` where a credential authenticated (all but ``/healthz``)."""
+    for item in paths.values():
+        for op in item.values():
+            if op.get("security") != []:
+                _authenticated(op)
 
 
 def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any],
@@ -98,7 +131,8 @@ def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any],
                 "security": [],
                 "operationId": "healthz",
                 "summary": "Liveness of the gateway; no credential.",
-                "responses": {"200": json_reply("Alive (status 0, `model.name` gateway).", ref("Health"))},
+                "responses": {"200": json_reply("Alive (status 0, `model.name` gateway).", ref("Health"),
+                                                ENVELOPE_HEADERS)},
             }
         },
         METRICS_PATH: {
@@ -107,8 +141,9 @@ def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any],
                 "summary": "Prometheus metrics: only `Authorization: Bearer <SERVICE_METRICS_TOKEN>`; API keys, the "
                 "static and the management token get 401.",
                 "responses": {
-                    "200": {"description": "Metrics text.", "content": {"text/plain": {"schema": {"type": "string"}}}},
-                    "401": rejection("Status 401: not the metrics token."),
+                    "200": {"description": "Metrics text.", "content": {"text/plain": {"schema": {"type": "string"}}},
+                            "headers": {"X-Service-Key": SERVICE_KEY_REF}},
+                    "401": unauthorized(GATEWAY_METRICS_REALM, "Status 401: not the metrics token."),
                 },
             }
         },
@@ -147,7 +182,7 @@ def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any],
         paths[config.server_uri] = {"post": _with_gateway_replies(
             {**infer, "summary": f"Legacy path of {mid} (exact match; synchronous inference only)."},
             f"legacy_infer_{mid}")}
-        paths.update(oip.oip_paths(config, factory))
+        paths.update(oip.oip_paths(config, factory, GATEWAY_REALM))
         components[f"{mid}_OipRequest"] = oip.model_request(config, factory, checked.params)
         if config.async_enabled:
             any_async = True
@@ -155,6 +190,7 @@ def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any],
                 paths[path] = {method: _with_gateway_replies(op, op["operationId"]) for method, op in item.items()}
     if any_async:
         components.update(job_components())
+    _finish(paths)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -177,6 +213,7 @@ def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any],
         "paths": paths,
         "components": {
             "schemas": components,
+            "headers": {"ServiceKey": SERVICE_KEY_HEADER},
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     }

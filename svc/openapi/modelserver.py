@@ -10,11 +10,19 @@ from typing import Any
 
 from svc import __version__
 from svc.config import ModelServerConfig
-from svc.contract.protocol import HEALTH_PATH, METRICS_PATH, OPENAPI_PATH, READY_PATH
+from svc.contract.protocol import HEALTH_PATH, METRICS_PATH, MODEL_SERVER_REALM, OPENAPI_PATH, READY_PATH
 from svc.model.plugincheck import checked_config
 from svc.openapi import oip
 from svc.openapi.components import job_components, model_components, ref, status_components
-from svc.openapi.operations import infer_operation, job_paths, json_reply, not_found_405, rejection
+from svc.openapi.operations import (
+    ENVELOPE_HEADERS,
+    infer_operation,
+    job_paths,
+    json_reply,
+    not_found_405,
+    rate_limited,
+    unauthorized,
+)
 
 
 def model_server_document(config: ModelServerConfig, factory: Any, table: dict | None = None) -> dict:
@@ -38,7 +46,7 @@ def model_server_document(config: ModelServerConfig, factory: Any, table: dict |
                 **simple,
                 "operationId": "healthz",
                 "summary": "Liveness: 200 while the process runs.",
-                "responses": {"200": json_reply("Alive.", ref("Health"))},
+                "responses": {"200": json_reply("Alive.", ref("Health"), ENVELOPE_HEADERS)},
             }
         },
         READY_PATH: {
@@ -47,8 +55,9 @@ def model_server_document(config: ModelServerConfig, factory: Any, table: dict |
                 "operationId": "ready",
                 "summary": "Readiness: 200 once the model is loaded and one warm-up batch at max_batch_size has run.",
                 "responses": {
-                    "200": json_reply("Ready (status 0).", ref("Health")),
-                    "503": json_reply("Status 65: loading, warming up, or shutting down.", ref("Health")),
+                    "200": json_reply("Ready (status 0).", ref("Health"), ENVELOPE_HEADERS),
+                    "503": json_reply("Status 65: loading, warming up, or shutting down.", ref("Health"),
+                                      ENVELOPE_HEADERS),
                 },
             }
         },
@@ -61,7 +70,8 @@ def model_server_document(config: ModelServerConfig, factory: Any, table: dict |
                         "description": "Metrics text.",
                         "content": {"text/plain": {"schema": {"type": "string"}}},
                     },
-                    "401": rejection("Status 401: missing or wrong bearer token."),
+                    "401": unauthorized(MODEL_SERVER_REALM),
+                    "429": rate_limited(),
                 },
             }
         },
@@ -79,7 +89,8 @@ def model_server_document(config: ModelServerConfig, factory: Any, table: dict |
     }
     if config.async_enabled:
         paths.update(job_paths(config, factory))
-    for path, item in oip.oip_paths(config, factory).items():  # the protocol's inference (svc.modelserver.oip_route)
+    # The protocol's inference (svc.modelserver.oip_route).
+    for path, item in oip.oip_paths(config, factory, MODEL_SERVER_REALM).items():
         if path.endswith("/infer"):
             item["post"]["responses"].pop("502")  # the gateway's: no upstream here
             paths[path] = item

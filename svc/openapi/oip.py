@@ -31,8 +31,16 @@ from svc.contract.oip import (
     SERVER_NAME,
     shape_from_data_schema,
 )
+from svc.contract.protocol import GATEWAY_REALM, WEIGHTS_HEADER
 from svc.openapi.components import ref
-from svc.openapi.operations import NO_STORE_HEADER, RETRY_AFTER_HEADER, header_doc, json_reply
+from svc.openapi.operations import (
+    ENVELOPE_HEADERS,
+    RETRY_AFTER_HEADER,
+    WEIGHTS_HEADER_DOC,
+    challenge_header,
+    header_doc,
+    json_reply,
+)
 
 STRING, BOOLEAN = {"type": "string"}, {"type": "boolean"}
 SHAPE = {"type": "array", "items": {"type": "integer"}}
@@ -158,15 +166,16 @@ def model_request(config: ModelServerConfig, factory: Any, params: dict) -> dict
 
 
 def error(description: str, headers: dict | None = None) -> dict:
-    return json_reply(description, ref("OipError"), {"Cache-Control": NO_STORE_HEADER, **(headers or {})})
+    """An error under /v2: ``{"error"}`` with the headers of the envelope's errors (svc.web.oip.replies)."""
+    return json_reply(description, ref("OipError"), {**ENVELOPE_HEADERS, **(headers or {})})
 
 
-def errors(*codes: str) -> dict:
-    """The error replies of a route, from the gateway's and the model's conditions."""
+def errors(*codes: str, realm: str) -> dict:
+    """The error replies of a route, from the gateway's and the model's conditions; ``realm``: its 401's."""
     table = {
-        "400": error("A request the protocol or the model cannot take (a 422 of the model is a 400 here), or a row "
-                     "that failed on its input."),
-        "401": error("Missing, wrong or disabled credential.", {"WWW-Authenticate": header_doc("Bearer challenge.")}),
+        "400": error("A request the protocol or the model cannot take (a 422 of the model is a 400 here; an "
+                     "`X-Request-ID` that breaks the request-id rule), or a row that failed on its input."),
+        "401": error("Missing, wrong or disabled credential.", {"WWW-Authenticate": challenge_header(realm)}),
         "404": error("A model id not in the catalog, a version the model does not serve, or a path that is no route."),
         "405": error("Method not allowed.", {"Allow": header_doc("The methods the path accepts.")}),
         "413": error("More rows than `max_request_items`, or a body above the body limit."),
@@ -181,16 +190,31 @@ def errors(*codes: str) -> dict:
     return {code: table[code] for code in codes}
 
 
+#: The request id of a gateway's own /v2 reply (svc.gateway.oip.routes): the client's, when it sent one.
+ECHOED_REQUEST_ID = {"X-Request-ID": header_doc("The request's `X-Request-ID`, when it sent one.")}
+
+
 def _get(operation_id: str, summary: str, schema: str, *codes: str, parameters: list | None = None) -> dict:
+    """A GET the gateway answers itself (its 401: the gateway's realm)."""
     op = {"operationId": operation_id, "summary": summary,
-          "responses": {"200": json_reply("OK.", ref(schema)), **errors("401", "405", "429", *codes)}}
+          "responses": {"200": json_reply("OK.", ref(schema), ECHOED_REQUEST_ID),
+                        **errors("400", "401", "405", "429", *codes, realm=GATEWAY_REALM)}}
     if parameters:
         op["parameters"] = parameters
     return {"get": op}
 
 
-def oip_paths(config: ModelServerConfig, factory: Any) -> dict:
-    """The /v2 routes of one model."""
+#: The headers of an inference's 200 (svc.modelserver.oip_route; the gateway passes them back).
+INFER_HEADERS = {
+    **ENVELOPE_HEADERS,
+    WEIGHTS_HEADER: WEIGHTS_HEADER_DOC,
+    "Inference-Header-Content-Length": header_doc("The length of the reply's JSON part, when an output is binary.",
+                                                  {"type": "integer", "minimum": 0}),
+}
+
+
+def oip_paths(config: ModelServerConfig, factory: Any, realm: str) -> dict:
+    """The /v2 routes of one model; ``realm``: the 401's of its inference (the gateway's, or the model server's)."""
     mid = config.id
     base = f"{PREFIX}/models/{mid}"
     version = [{"name": "version", "in": "path", "required": True, "schema": STRING,
@@ -208,9 +232,10 @@ def oip_paths(config: ModelServerConfig, factory: Any) -> dict:
             "requestBody": {"required": True, "content": {"application/json": {"schema": ref(f"{mid}_OipRequest")}}},
             "responses": {
                 "200": {"description": "The outputs asked for (every output when none is named).",
+                        "headers": INFER_HEADERS,
                         "content": {"application/json": {"schema": ref("OipInferResponse")},
                                     "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
-                **errors("400", "401", "404", "405", "413", "429", "500", "502", "503", "504"),
+                **errors("400", "401", "404", "405", "413", "429", "500", "502", "503", "504", realm=realm),
             },
         }
         if params:

@@ -11,7 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 from svc.config import ModelServerConfig
-from svc.contract.protocol import JOB, JOB_RESULT, JOB_WAIT, JOBS, WEIGHTS_HEADER
+from svc.contract.protocol import (
+    JOB,
+    JOB_RESULT,
+    JOB_WAIT,
+    JOBS,
+    MODEL_SERVER_REALM,
+    WEIGHTS_HEADER,
+    bearer_challenge,
+)
 from svc.contract.query import MAX_DIGITS, WAIT_DEFAULT_MS, WAIT_MAX_MS
 from svc.openapi.components import REQ_ID_PATTERN, ref
 
@@ -66,12 +74,29 @@ WEIGHTS_HEADER_DOC = header_doc(
     {"type": "string", "enum": ["demo", "pretrained", "file"]})
 NO_STORE_HEADER = header_doc("Always `no-store`.", {"type": "string", "const": "no-store"})
 RETRY_AFTER_HEADER = header_doc("Seconds to wait before retrying.", {"type": "integer", "minimum": 1, "maximum": 60})
+#: The headers of every envelope reply (svc.web.replies.envelope_headers), errors included.
+ENVELOPE_HEADERS = {"X-Request-ID": REQUEST_ID_HEADER, "Cache-Control": NO_STORE_HEADER}
 
 
-def rejection(description: str, extra_headers: dict | None = None) -> dict:
-    """A process-level error reply: the ``Rejection`` envelope with ``X-Request-ID`` and ``Cache-Control``."""
-    headers = {"X-Request-ID": REQUEST_ID_HEADER, "Cache-Control": NO_STORE_HEADER, **(extra_headers or {})}
-    return json_reply(description, ref("Rejection"), headers)
+def challenge_header(realm: str) -> dict:
+    """The ``WWW-Authenticate`` of a 401 from ``realm``: the value is fixed, so the document states it."""
+    return header_doc("The bearer challenge.", {"type": "string", "const": bearer_challenge(realm)})
+
+
+def rejection(description: str, extra_headers: dict | None = None, schema: dict | None = None) -> dict:
+    """A process-level error reply: the ``Rejection`` envelope (or ``schema``) with ``X-Request-ID`` and
+    ``Cache-Control``, as every error of the envelope's processes has them (svc.web.routes.envelope_reply)."""
+    return json_reply(description, schema or ref("Rejection"), {**ENVELOPE_HEADERS, **(extra_headers or {})})
+
+
+def unauthorized(realm: str, description: str = "Status 401: missing or wrong bearer token.") -> dict:
+    """The 401 of ``realm``: the envelope with its challenge (and never a credential's name: none authenticated)."""
+    return rejection(description, {"WWW-Authenticate": challenge_header(realm)})
+
+
+def rate_limited(description: str = "Status 429: the per-client rate limit (rate_limit_qps) is used up.") -> dict:
+    """A 429 with ``Retry-After``."""
+    return rejection(description, {"Retry-After": RETRY_AFTER_HEADER})
 
 
 def infer_operation(config: ModelServerConfig, factory: Any, *, summary: str, auth_note: str) -> dict:
@@ -118,7 +143,7 @@ def infer_operation(config: ModelServerConfig, factory: Any, *, summary: str, au
                 "headers": {"X-Request-ID": REQUEST_ID_HEADER, "Cache-Control": NO_STORE_HEADER,
                             WEIGHTS_HEADER: WEIGHTS_HEADER_DOC},
             },
-            "401": rejection("Status 401: missing or wrong bearer token.", {"WWW-Authenticate": header_doc("Bearer challenge.")}),
+            "401": unauthorized(MODEL_SERVER_REALM),
             "413": rejection("Status 61: body over the size limit; status 67: more images than max_request_items."),
             "415": rejection("Status 60: unsupported content type."),
             "422": rejection("Status 66: the request breaks the contract; `errors[]` has one `{pointer, message}` per problem, the first 50 of them."),
@@ -143,11 +168,10 @@ def job_paths(config: ModelServerConfig, factory: Any, prefix: str = "") -> dict
     """The four job routes (``prefix`` is '' on a model server, /v1/models/<id> on the gateway)."""
     mid = config.id
     job_param = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
-    ids = {"X-Request-ID": REQUEST_ID_HEADER}
-    about_job = {**ids, WEIGHTS_HEADER: WEIGHTS_HEADER_DOC}
-    not_found = json_reply("Status 63: `error` contains `job not found` (unknown, expired or evicted job, or "
-                           "one from before a restart).", ref("JobRejection"), ids)
-    unauthorized = json_reply("Status 401: missing or wrong bearer token.", ref("JobRejection"))
+    about_job = {**ENVELOPE_HEADERS, WEIGHTS_HEADER: WEIGHTS_HEADER_DOC}  # JobRoutes.reply and job_error
+    not_found = rejection("Status 63: `error` contains `job not found` (unknown, expired or evicted job, or "
+                          "one from before a restart).", schema=ref("JobRejection"))
+    admission = {"401": unauthorized(MODEL_SERVER_REALM), "429": rate_limited()}  # the server's authenticate
     timeout_s = f"{config.async_timeout} ms" if config.async_timeout else "no limit"
     infer = infer_operation(config, factory, summary="", auth_note="")
     return {
@@ -167,13 +191,14 @@ def job_paths(config: ModelServerConfig, factory: Any, prefix: str = "") -> dict
                     "202": json_reply("Admitted (state pending).", ref("JobAccepted"), {
                         "Location": header_doc("The job's status path."), **about_job}),
                     "400": rejection("Status 50: body is not JSON or not an object."),
-                    "401": unauthorized,
+                    "401": admission["401"],
                     "413": rejection("Status 61 (body size) or 67 (too many images)."),
                     "415": rejection("Status 60: unsupported content type."),
                     "422": rejection("Status 66: the request breaks the contract (`errors[]`)."),
                     "429": json_reply("Status 429: `error` contains `async queue full`. Retry-After: the mean job "
-                                      "duration over the workers, 1 to 60 s.", ref("JobRejection"),
-                                      {"Retry-After": RETRY_AFTER_HEADER}),
+                                      "duration over the workers, 1 to 60 s. Or the per-client rate limit "
+                                      "(rate_limit_qps).", ref("JobRejection"),
+                                      {**about_job, "Retry-After": RETRY_AFTER_HEADER}),
                     "503": rejection("Status 65: loading or shutting down."),
                 },
             }
@@ -183,7 +208,7 @@ def job_paths(config: ModelServerConfig, factory: Any, prefix: str = "") -> dict
                 "operationId": f"job_status_{mid}",
                 "summary": "Poll a job.",
                 "parameters": [job_param],
-                "responses": {"200": json_reply("The job's state.", ref("JobStatus"), about_job), "401": unauthorized,
+                "responses": {"200": json_reply("The job's state.", ref("JobStatus"), about_job), **admission,
                               "404": not_found},
             }
         },
@@ -210,9 +235,9 @@ def job_paths(config: ModelServerConfig, factory: Any, prefix: str = "") -> dict
                 ],
                 "responses": {
                     "200": json_reply("The job's state.", ref("JobStatus"), about_job),
-                    "401": unauthorized,
+                    **admission,
                     "404": not_found,
-                    "422": json_reply("Status 66: timeout is not a non-negative integer.", ref("JobRejection")),
+                    "422": rejection("Status 66: timeout is not a non-negative integer.", schema=ref("JobRejection")),
                 },
             }
         },
@@ -224,11 +249,11 @@ def job_paths(config: ModelServerConfig, factory: Any, prefix: str = "") -> dict
                 "responses": {
                     "200": json_reply("The unified envelope of the finished job (status 0; items may carry their own "
                                       "failure status).", ref(f"{mid}_Envelope"), about_job),
-                    "401": unauthorized,
+                    **admission,
                     "404": not_found,
                     "409": json_reply("Status 409: the job is pending, running, failed or timeout; `error` states "
                                       "which. The reason of a failure is in the poll/wait body. failed and timeout "
-                                      "are legal outcomes, not API errors.", ref("JobRejection"), ids),
+                                      "are legal outcomes, not API errors.", ref("JobRejection"), about_job),
                 },
             }
         },

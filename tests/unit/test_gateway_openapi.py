@@ -37,7 +37,10 @@ def test_operation_ids_are_unique_and_gateway_replies_documented():
     assert [k for k, v in counts.items() if v > 1] == []
     infer = doc["paths"]["/v1/models/MOBILENETV2/infer"]["post"]
     assert {"200", "401", "404", "405", "413", "415", "422", "429", "502", "503", "504"} <= set(infer["responses"])
-    assert all("X-Service-Key" in reply["headers"] for reply in infer["responses"].values())
+    # A credential's name on every reply that can follow authentication; never on a 401.
+    assert [code for code, reply in infer["responses"].items() if "X-Service-Key" in reply["headers"]] == [
+        code for code in infer["responses"] if code != "401"]
+    assert list(infer["responses"]["401"]["headers"]) == ["X-Request-ID", "Cache-Control", "WWW-Authenticate"]
     assert "Retry-After" in infer["responses"]["429"]["headers"]
 
 

@@ -33,10 +33,12 @@ from svc.openapi.components import job_components, model_components, ref, status
 from svc.openapi.operations import (
     ENVELOPE_HEADERS,
     RETRY_AFTER_HEADER,
+    add_listener_replies,
     header_doc,
     infer_operation,
     job_paths,
     json_reply,
+    listener_components,
     rejection,
     unauthorized,
 )
@@ -50,8 +52,8 @@ SERVICE_KEY_HEADER = header_doc(
     "Name of the credential that authenticated: the key's name in the key file, `static-token` "
     "(SERVICE_GATEWAY_AUTH_TOKEN), `management-token` (SERVICE_API_TOKEN), `metrics-token` (GET /metrics) or "
     "`cluster-token` (a job request forwarded by another host's gateway). On every reply to a request that "
-    "authenticated; not on a 401, nor on the replies made before authentication (the listener's 413 of a body over "
-    "max_body_bytes)."
+    "authenticated; not on a 401, nor on the replies made before authentication (the listener's 400, 408, 413, 414, "
+    "431 and 503)."
 )
 #: ``X-Service-Key`` on a reply: a reference to the one description (``components/headers``), which a reply of
 #: nearly every operation repeats.
@@ -100,7 +102,8 @@ def _with_gateway_replies(operation: dict, operation_id: str) -> dict:
 
 
 def _authenticated(operation: dict) -> dict:
-    """``operation`` with ``X-Service-Key`` on each of its replies but the 401 (no credential authenticated)."""
+    """``operation`` with ``X-Service-Key`` on each of its own replies but the 401 (no credential authenticated);
+    the listener's replies, made before authentication, come later (:func:`_finish`)."""
     for code, reply in operation["responses"].items():
         if code != "401":
             reply["headers"] = {**reply.get("headers", {}), "X-Service-Key": SERVICE_KEY_REF}
@@ -108,11 +111,13 @@ def _authenticated(operation: dict) -> dict:
 
 
 def _finish(paths: dict) -> None:
-    """What every operation shares: ``X-Service-Key`` where a credential authenticated (all but ``/healthz``)."""
-    for item in paths.values():
+    """What every operation shares: ``X-Service-Key`` where a credential authenticated (all but ``/healthz``),
+    then the listener's replies (``/v2``: the protocol's error body)."""
+    for path, item in paths.items():
         for op in item.values():
             if op.get("security") != []:
                 _authenticated(op)
+            add_listener_replies(op["responses"], path)
 
 
 def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any],
@@ -213,6 +218,7 @@ def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any],
         "paths": paths,
         "components": {
             "schemas": components,
+            "responses": listener_components(),
             "headers": {"ServiceKey": SERVICE_KEY_HEADER},
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },

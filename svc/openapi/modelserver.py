@@ -16,9 +16,11 @@ from svc.openapi import oip
 from svc.openapi.components import job_components, model_components, ref, status_components
 from svc.openapi.operations import (
     ENVELOPE_HEADERS,
+    add_listener_replies,
     infer_operation,
     job_paths,
     json_reply,
+    listener_components,
     not_found_405,
     rate_limited,
     unauthorized,
@@ -94,9 +96,10 @@ def model_server_document(config: ModelServerConfig, factory: Any, table: dict |
         if path.endswith("/infer"):
             item["post"]["responses"].pop("502")  # the gateway's: no upstream here
             paths[path] = item
-    for item in paths.values():
+    for path, item in paths.items():
         for op in item.values():
             op["responses"].update({k: v for k, v in not_found_405().items() if k not in op["responses"]})
+            add_listener_replies(op["responses"], path)
     components = {**status_components(), **model_components(config, factory, table)}
     components.update({name: oip.components()[name] for name in ("OipError", "OipInferResponse")})
     components[f"{mid}_OipRequest"] = oip.model_request(config, factory, factory.params_schema(table))
@@ -116,6 +119,7 @@ def model_server_document(config: ModelServerConfig, factory: Any, table: dict |
         "paths": paths,
         "components": {
             "schemas": components,
+            "responses": listener_components(),
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     }

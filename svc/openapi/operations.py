@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from svc.config import ModelServerConfig
+from svc.contract.oip import is_oip_path
 from svc.contract.protocol import (
     JOB,
     JOB_RESULT,
@@ -22,6 +23,7 @@ from svc.contract.protocol import (
 )
 from svc.contract.query import MAX_DIGITS, WAIT_DEFAULT_MS, WAIT_MAX_MS
 from svc.openapi.components import REQ_ID_PATTERN, ref
+from svc.web.limits import LimitedChannel
 
 #: The largest query number svc.contract.query accepts (MAX_DIGITS nines).
 MAX_QUERY_NUMBER = 10**MAX_DIGITS - 1
@@ -74,6 +76,8 @@ WEIGHTS_HEADER_DOC = header_doc(
     {"type": "string", "enum": ["demo", "pretrained", "file"]})
 NO_STORE_HEADER = header_doc("Always `no-store`.", {"type": "string", "const": "no-store"})
 RETRY_AFTER_HEADER = header_doc("Seconds to wait before retrying.", {"type": "integer", "minimum": 1, "maximum": 60})
+CONNECTION_CLOSE_HEADER = header_doc("Always `close`: the connection is closed after this reply.",
+                                     {"type": "string", "const": "close"})
 #: The headers of every envelope reply (svc.web.replies.envelope_headers), errors included.
 ENVELOPE_HEADERS = {"X-Request-ID": REQUEST_ID_HEADER, "Cache-Control": NO_STORE_HEADER}
 
@@ -266,3 +270,75 @@ def not_found_405() -> dict:
         "404": rejection("Status 63: not found."),
         "405": rejection("Status 62: method not allowed.", {"Allow": header_doc("The methods the path accepts.")}),
     }
+
+
+#: The names of the listener's replies under ``components/responses`` (the ``/v2`` ones: ``Oip`` before them).
+LISTENER_REPLIES = {"400": "MalformedHttp", "408": "RequestTimeout", "413": "BodyTooLarge",
+                    "414": "RequestLineTooLong", "431": "HeadTooLarge", "503": "TooManyConnections"}
+
+
+def listener_replies(oip: bool) -> dict:
+    """The replies a process's listener makes before any route sees the request, whatever its path and method
+    (svc.web.limits, svc.web.bodylimits): every operation of every document can get them.
+
+    ``oip``: for a path under ``/v2``, whose errors are the protocol's ``{"error"}`` rather than the
+    envelope; but the 400 of a request line that could not be read, and the 503 of a connection refused
+    before any request, are the envelope whatever the path: no path was read to choose the shape by.
+    """
+    closed = {**ENVELOPE_HEADERS, "Connection": CONNECTION_CLOSE_HEADER}
+    error_schema = ref("OipError") if oip else ref("Rejection")
+    unread = {"anyOf": [error_schema, ref("Rejection")]} if oip else error_schema
+    shape = " (the envelope when not even the path could be read)" if oip else ""
+    channel = LimitedChannel
+    return {
+        "400": json_reply("Status 50 (the listener's): the request is not valid HTTP/1.1 (its request line, a "
+                          "header, its Content-Length or chunked framing; an HTTP/1.1 request without Host, any with "
+                          f"two); the connection is then closed{shape}.", unread, closed),
+        "408": json_reply("Status 408 (the listener's): the request body did not arrive within body_timeout_ms of "
+                          "its head; the connection is then closed. A head not complete within header_timeout_ms "
+                          "gets a bare 408 instead: no body, and of these headers only `Connection: close`.",
+                          error_schema, closed),
+        "413": json_reply("Status 61 (the listener's): a body over max_body_bytes, whatever the method, answered from "
+                          "its Content-Length (or as a chunked body grows past it) before it is read; the connection "
+                          "is then closed.", error_schema, closed),
+        "414": json_reply(f"Status 61 (the listener's): the request line (its path) is over {channel.MAX_LENGTH} "
+                          "bytes; the connection is then closed.", error_schema, closed),
+        "431": json_reply(f"Status 61 (the listener's): the head (request line and headers) is over "
+                          f"{channel.totalHeadersSize} bytes, or has more than {channel.maxHeaders} header lines; "
+                          "the connection is then closed.", error_schema, closed),
+        "503": json_reply(f"Status 65 (the listener's): a connection past max_connections, answered at once with "
+                          f"`Retry-After: 1` and closed{shape}.", unread,
+                          {**closed, "Retry-After": RETRY_AFTER_HEADER}),
+    }
+
+
+def listener_components() -> dict:
+    """The listener's replies as ``components/responses``, which :func:`add_listener_replies` refers to."""
+    return {("Oip" if oip else "") + LISTENER_REPLIES[code]: reply
+            for oip in (False, True) for code, reply in listener_replies(oip).items()}
+
+
+def _either(own: dict, other: dict) -> dict:
+    """A schema that is ``own`` or ``other`` (``anyOf``, without repeating a member either has)."""
+    members = list(own.get("anyOf", [own]))
+    members += [m for m in other.get("anyOf", [other]) if m not in members]
+    return members[0] if len(members) == 1 else {"anyOf": members}
+
+
+def add_listener_replies(responses: dict, path: str) -> None:
+    """Give the operation of ``path`` the listener's replies (:func:`listener_replies`): a reference to the
+    shared one, or, for a status the operation answers itself, its own reply with the listener's case added to
+    its description, headers and JSON body."""
+    oip = is_oip_path(path.encode())
+    for code, reply in listener_replies(oip).items():
+        own = responses.get(code)
+        if own is None:
+            responses[code] = {"$ref": "#/components/responses/" + ("Oip" if oip else "") + LISTENER_REPLIES[code]}
+            continue
+        own["description"] = f"{own['description']} Or {reply['description']}"
+        own["headers"] = {**own.get("headers", {})}  # a copy: replies of one builder may share their headers
+        for name, doc in reply["headers"].items():
+            own["headers"].setdefault(name, doc)
+        body = own.setdefault("content", {}).setdefault("application/json", {})
+        wanted = reply["content"]["application/json"]["schema"]
+        body["schema"] = _either(body["schema"], wanted) if "schema" in body else wanted

@@ -4,9 +4,10 @@ documents list for the same operation and status.
 A probe found the documents and the wire apart: every gateway 401 was documented with `X-Service-Key`,
 which a 401 never carries, and without the `X-Request-ID`, `Cache-Control` and `WWW-Authenticate` it does
 carry (`realm="gateway-metrics"` on `/metrics`); the job submit's 429 lacked `X-Request-ID` and
-`Cache-Control`.  Here each sampled reply's headers must be exactly the documented ones (less those the
+`Cache-Control`; and the listener's own replies, which answer any path (408, 414, 431), were in no
+document at all.  Here each sampled reply's headers must be exactly the documented ones (less those the
 document gives for another case of the same status, named where it is checked), with every documented
-constant value (`WWW-Authenticate`, `Cache-Control`) as sent.
+constant value (`WWW-Authenticate`, `Cache-Control`, `Connection`) as sent.
 
 The gateway's catalog is the shipped one (conf/server), so its document is the committed
 openapi/gateway.json; no model server runs behind it: every reply sampled is the gateway's own.  The model
@@ -22,9 +23,10 @@ from typing import Any
 import pytest
 
 from tests.support.gateway import GATEWAY_TOKENS, start_gateway
-from tests.support.http import get, request
+from tests.support.http import get, raw_exchange, request
 from tests.support.processes import REPO, SHIPPED_CONF, start_model_server, wait_until, write_config
 
+TIMEOUT_MS = 1000  # header_timeout_ms and body_timeout_ms of both processes: a 408 takes a second
 SLOW_KEY = "slow-key"  # rate_limit_qps = 1: its second request within the second is 429
 #: Headers no operation lists: the framing, and the gateway's CORS `Vary` (stated in the document's description).
 UNLISTED = {"content-type", "content-length", "date", "server", "vary"}
@@ -36,7 +38,8 @@ STATIC = {"Authorization": f"Bearer {GATEWAY_TOKENS['SERVICE_GATEWAY_AUTH_TOKEN'
 def gateway(tmp_path_factory):
     root = tmp_path_factory.mktemp("reply-headers")
     keys = f'[keys.slow]\nhash = "{hashlib.sha256(SLOW_KEY.encode()).hexdigest()}"\nrate_limit_qps = 1\n'
-    proc = start_gateway(root, SHIPPED_CONF, keys)
+    proc = start_gateway(root, SHIPPED_CONF, keys, gateway_table=f"header_timeout_ms = {TIMEOUT_MS}\n"
+                                                                 f"body_timeout_ms = {TIMEOUT_MS}\n")
     yield proc
     proc.stop()
 
@@ -45,7 +48,7 @@ def gateway(tmp_path_factory):
 def model(tmp_path_factory):
     root = tmp_path_factory.mktemp("reply-headers-model")
     proc = start_model_server(write_config(root, "TESTFAULTS", name="TESTFAULTS.toml", async_enabled=True,
-                                           rate_limit_qps=1))
+                                           rate_limit_qps=1, header_timeout_ms=TIMEOUT_MS, body_timeout_ms=TIMEOUT_MS))
     proc.extra["doc"] = get(proc.url + "/openapi.json").json
     yield proc
     proc.stop()
@@ -66,6 +69,14 @@ def documented(doc: dict, path: str, method: str, code: int) -> dict[str, dict]:
     return {name.lower(): resolve(doc, header) for name, header in reply.get("headers", {}).items()}
 
 
+def parse_raw(data: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Status, headers (lowercase names) and body of one raw HTTP/1.1 reply."""
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+    return int(status_line.split(" ")[1]), headers, body
+
+
 def check(doc: dict, path: str, method: str, code: int, reply: tuple[int, dict[str, str], bytes], *,
           unsent: tuple[str, ...] = ()) -> dict[str, str]:
     """The reply is ``code`` with exactly the documented headers but ``unsent``, their constants as documented."""
@@ -83,6 +94,14 @@ def call(url: str, method: str, path: str, headers: dict[str, str] | None = None
          body: Any = None) -> tuple[int, dict[str, str], bytes]:
     reply = request(method, url + path, body, headers=headers, timeout=30)
     return reply.status, {name.lower(): value for name, value in reply.headers.items()}, reply.body
+
+
+def raw(port: int, method: str, path: str, *headers: str, body_promised: int = 0) -> tuple[int, dict[str, str], bytes]:
+    """A request whose head is sent whole, with ``body_promised`` bytes of body promised and none sent."""
+    lines = [f"{method} {path} HTTP/1.1", "Host: x", *headers]
+    if body_promised:
+        lines += ["Content-Type: application/json", f"Content-Length: {body_promised}"]
+    return parse_raw(raw_exchange(port, ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")))
 
 
 GATEWAY_401 = [
@@ -120,6 +139,46 @@ def test_the_gateway_job_submit_429_carries_what_its_document_lists(gateway):
     assert (headers["x-request-id"], headers["x-service-key"], headers["retry-after"]) == ("probe-429", "slow", "1")
 
 
+@pytest.mark.parametrize(("path", "shape"), [("/v1/models/MOBILENETV2/infer", "status"),
+                                             ("/v2/models/MOBILENETV2/infer", "error")])
+def test_a_gateway_408_of_a_body_too_slow_carries_what_its_document_lists(gateway, path, shape):
+    reply = raw(gateway.port, "POST", path, "X-Request-ID: probe-408", *[f"{k}: {v}" for k, v in STATIC.items()],
+                body_promised=10)
+    headers = check(GATEWAY_DOC, path, "post", 408, reply)
+    assert headers["x-request-id"] == "probe-408" and shape in json.loads(reply[2])
+
+
+def test_the_bare_408_of_a_head_too_slow_has_only_connection(gateway):
+    """The document's 408 says so: no body, and of its headers only ``Connection: close``."""
+    data = raw_exchange(gateway.port, b"GET /v1/models/DDPM/jobs/job_00 HTTP/1.1\r\nHost: x\r\n")
+    assert data == b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    listed = documented(GATEWAY_DOC, "/v1/models/DDPM/jobs/{job_id}", "get", 408)
+    assert listed["connection"]["schema"]["const"] == "close" and "header_timeout_ms" in resolve(
+        GATEWAY_DOC, GATEWAY_DOC["paths"]["/v1/models/DDPM/jobs/{job_id}"]["get"]["responses"]["408"])["description"]
+
+
+GATEWAY_LISTENER = [
+    (414, "/v1/models/DDPM/jobs/{job_id}", "get", "/v1/models/DDPM/jobs/" + "j" * 17000, (), 0),
+    (414, "/v2/models/MOBILENETV2/infer", "post", "/v2/models/MOBILENETV2/infer?" + "q" * 17000, (), 0),
+    (431, "/v1/models/MOBILENETV2/infer", "post", "/v1/models/MOBILENETV2/infer", ("A: " + "a" * 9000,) * 2, 0),
+    (431, "/metrics", "get", "/metrics", ("A: a",) * 600, 0),
+    (413, "/v1/models/DDPM/jobs/{job_id}", "get", "/v1/models/DDPM/jobs/job_00", (), 70_000_000),
+    (400, "/healthz", "get", "/healthz", ("Host: y",), 0),  # two Host headers: not valid HTTP/1.1
+]
+#: The envelope's status of each listener reply.
+STATUS = {400: 50, 408: 408, 413: 61, 414: 61, 431: 61}
+
+
+@pytest.mark.parametrize(("code", "path", "method", "target", "extra", "promised"), GATEWAY_LISTENER,
+                         ids=[f"{c} {m} {p}" for c, p, m, _, _, _ in GATEWAY_LISTENER])
+def test_a_gateway_listener_reply_carries_what_its_document_lists(gateway, code, path, method, target, extra,
+                                                                  promised):
+    reply = raw(gateway.port, method.upper(), target, *extra, body_promised=promised)
+    check(GATEWAY_DOC, path, method, code, reply)
+    body = json.loads(reply[2])
+    assert set(body) == {"error"} if path.startswith("/v2/") else body["status"] == STATUS[code]
+
+
 MODEL_401 = [
     ("/testfaults/predict", "post", "/testfaults/predict"),
     ("/jobs", "post", "/jobs"),
@@ -143,3 +202,21 @@ def test_a_model_server_job_submit_429_carries_what_its_document_lists(model):
                        and r, "a 429 of the per-client limit")
     # X-Service-Weights: a full job queue's 429 has it; the per-client limit's, made before any job, has not.
     check(model.extra["doc"], "/jobs", "post", 429, reply, unsent=("X-Service-Weights",))
+
+
+MODEL_LISTENER = [
+    (408, "/testfaults/predict", "post", "/testfaults/predict", (), 10),
+    (408, "/v2/models/TESTFAULTS/infer", "post", "/v2/models/TESTFAULTS/infer", (), 10),
+    (414, "/jobs/{job_id}", "get", "/jobs/" + "j" * 17000, (), 0),
+    (431, "/testfaults/predict", "post", "/testfaults/predict", ("A: " + "a" * 9000,) * 2, 0),
+]
+
+
+@pytest.mark.parametrize(("code", "path", "method", "target", "extra", "promised"), MODEL_LISTENER,
+                         ids=[f"{c} {m} {p}" for c, p, m, _, _, _ in MODEL_LISTENER])
+def test_a_model_server_listener_reply_carries_what_its_document_lists(model, code, path, method, target, extra,
+                                                                      promised):
+    reply = raw(model.port, method.upper(), target, *extra, body_promised=promised)
+    check(model.extra["doc"], path, method, code, reply)
+    body = json.loads(reply[2])
+    assert set(body) == {"error"} if path.startswith("/v2/") else body["status"] == STATUS[code]

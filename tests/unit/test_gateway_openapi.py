@@ -37,11 +37,28 @@ def test_operation_ids_are_unique_and_gateway_replies_documented():
     assert [k for k, v in counts.items() if v > 1] == []
     infer = doc["paths"]["/v1/models/MOBILENETV2/infer"]["post"]
     assert {"200", "401", "404", "405", "413", "415", "422", "429", "502", "503", "504"} <= set(infer["responses"])
-    # A credential's name on every reply that can follow authentication; never on a 401.
-    assert [code for code, reply in infer["responses"].items() if "X-Service-Key" in reply["headers"]] == [
-        code for code in infer["responses"] if code != "401"]
+    # A credential's name on every reply that can follow authentication; never on a 401, nor on the listener's
+    # own replies, made before it (shared under components/responses).
+    assert [code for code, reply in infer["responses"].items() if "X-Service-Key" in reply.get("headers", {})] == [
+        code for code in infer["responses"] if code not in ("401", "408", "414", "431")]
+    assert {code: reply["$ref"] for code, reply in infer["responses"].items() if "$ref" in reply} == {
+        "408": "#/components/responses/RequestTimeout", "414": "#/components/responses/RequestLineTooLong",
+        "431": "#/components/responses/HeadTooLarge"}
     assert list(infer["responses"]["401"]["headers"]) == ["X-Request-ID", "Cache-Control", "WWW-Authenticate"]
     assert "Retry-After" in infer["responses"]["429"]["headers"]
+
+
+def test_every_operation_lists_the_listeners_replies():
+    doc, _ = document()
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            assert {"400", "408", "413", "414", "431", "503"} <= set(op["responses"]), (method, path)
+    oip = doc["paths"]["/v2/health/live"]["get"]["responses"]
+    assert (oip["408"], oip["503"]) == ({"$ref": "#/components/responses/OipRequestTimeout"},
+                                        {"$ref": "#/components/responses/OipTooManyConnections"})
+    # The 503 past max_connections is the envelope whatever the path (no path was read).
+    assert doc["components"]["responses"]["OipTooManyConnections"]["content"]["application/json"]["schema"] == {
+        "anyOf": [{"$ref": "#/components/schemas/OipError"}, {"$ref": "#/components/schemas/Rejection"}]}
 
 
 def test_the_document_states_what_the_server_enforces():

@@ -48,7 +48,7 @@ from svc.gateway.proxy import (
 )
 from svc.infra.metrics import GatewayMetrics
 from svc.web.oip.replies import protocol_of
-from svc.web.replies import dumps
+from svc.web.replies import connection_options, dumps
 
 log = Logger()
 
@@ -58,15 +58,6 @@ FORWARDED_REQUEST_HEADERS = tuple(n.encode() for n in ("content-type", "content-
                                                        "inference-header-content-length"))
 #: Model reply headers passed back (svc.contract.protocol); Location is rewritten.
 PASSED_REPLY_HEADERS = tuple(n.encode() for n in protocol.PASSED_REPLY_HEADERS)
-
-
-def connection_options(request: Any) -> frozenset[bytes]:
-    """The header names the request's ``Connection`` header lists: hop-by-hop, which a proxy must not forward
-    (RFC 9110, section 7.6.1), even where they are on the forwarded list."""
-    values = request.requestHeaders.getRawHeaders(b"connection")
-    if not values:
-        return frozenset()
-    return frozenset(token.strip().lower() for value in values for token in value.split(b",") if token.strip())
 
 
 def job_not_found(job_id: str) -> ApiError:

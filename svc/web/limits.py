@@ -41,7 +41,7 @@ from twisted.web.http import HTTPChannel
 from svc.contract import status as st
 from svc.contract.errors import ApiError
 from svc.web.bodylimits import LINGER_SECONDS
-from svc.web.replies import head_too_large, raw_reply
+from svc.web.replies import connection_options, head_too_large, raw_reply
 
 if TYPE_CHECKING:
     from svc.web.site import JsonSite
@@ -187,9 +187,10 @@ class LimitedChannel(HTTPChannel):
         super().dataReceived(data)
 
     def checkPersistence(self, request: Any, version: bytes) -> bool:
-        """Closed after its reply while the process is stopping (``site.closing``), so that a client's pool
+        """Closed after its reply when the request asks it (``close`` among the options of any ``Connection``
+        line, RFC 9112 section 9.6), or while the process is stopping (``site.closing``), so that a client's pool
         opens its next request elsewhere instead of on a connection the stop is about to cut."""
-        if self.site.closing:
+        if self.site.closing or b"close" in connection_options(request):
             request.responseHeaders.setRawHeaders(b"Connection", [b"close"])
             return False
         return super().checkPersistence(request, version)

@@ -100,6 +100,16 @@ def header(request: Any, name: bytes) -> str | None:
     return value[0].decode("latin-1") if value else None
 
 
+def connection_options(request: Any) -> frozenset[bytes]:
+    """The options of every ``Connection`` field line, lowercase: ``close``, and the names of hop-by-hop headers,
+    which a proxy must not forward (RFC 9110, section 7.6.1).  A list across lines and commas: twisted read
+    only the first line's space-separated words, so ``Connection: close, X-Foo`` did not close."""
+    values = request.requestHeaders.getRawHeaders(b"connection")
+    if not values:
+        return frozenset()
+    return frozenset(token.strip().lower() for value in values for token in value.split(b",") if token.strip())
+
+
 def bearer_token(request: Any) -> str | None:
     """The token of ``Authorization: Bearer <token>``, or None.
 

@@ -343,3 +343,22 @@ def test_a_request_target_in_absolute_form_is_its_path(processes, name):
     for target in (b"http://127.0.0.1:%d" % port + path, b"HTTP://localhost" + path + b"?x=1"):
         reply = raw_exchange(port, b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert split(reply)[0] == b"HTTP/1.1 200 OK", reply[:300]
+
+
+def probe_path(name: str) -> bytes:
+    """A GET that each process answers 200 without a credential."""
+    return b"/ui/favicon.svg" if name == "supervisor" else b"/healthz"
+
+
+@pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])
+@pytest.mark.parametrize("connection", [b"Connection: close, X-Foo\r\n", b"Connection: keep-alive\r\nConnection: Close\r\n",
+                                        b"Connection: X-Foo , CLOSE\r\n"], ids=["first", "second-line", "last"])
+def test_connection_close_anywhere_in_the_connection_lines_closes_after_the_reply(processes, name, connection):
+    """RFC 9112 section 9.6: ``close`` among the options of any Connection line closes the connection after the
+    reply, which says ``Connection: close``; twisted read only the first line, split at spaces, so these stayed
+    open (the read below timed out)."""
+    port, _, _ = processes[name]
+    reply = raw_exchange(port, b"GET " + probe_path(name) + b" HTTP/1.1\r\nHost: x\r\n" + connection + b"\r\n",
+                         timeout=5)
+    first, headers, _ = split(reply)
+    assert (first, headers["connection"]) == (b"HTTP/1.1 200 OK", "close"), reply[:300]

@@ -55,10 +55,12 @@ class OipRoute:
         self.in_flight += 1
         try:
             shape = self.oip_shape
-            if len(set(request.requestHeaders.getRawHeaders(codec.HEADER_LENGTH) or ())) > 1:
+            lengths = set(request.requestHeaders.getRawHeaders(codec.HEADER_LENGTH) or ())
+            if len(lengths) > 1:
                 # which one splits the body is ambiguous (the first counted): refused, as two Content-Lengths are
                 raise ApiError(st.INVALID_REQUEST, "two different Inference-Header-Content-Length headers", http=400)
-            length, request_id = header(request, codec.HEADER_LENGTH), header(request, b"x-request-id")
+            length = lengths.pop().decode("latin-1") if lengths else None  # the same value twice is that value
+            request_id = header(request, b"x-request-id")
             validator = self.inference.validator
 
             def parse(body: bytes) -> tuple[codec.InferRequest, translate.Plan, Any]:

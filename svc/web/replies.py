@@ -95,9 +95,11 @@ def send_encoded(request: Any, code: int, data: bytes, headers: Mapping[str, str
 
 
 def header(request: Any, name: bytes) -> str | None:
-    """A request header as text (latin-1), or None."""
+    """A request header as text (latin-1), or None; its field lines joined with ``", "`` as RFC 9110 section 5.3
+    combines them, so that a second line is judged with the first instead of ignored (``Content-Encoding:
+    identity`` then ``gzip`` was read as identity; two ``X-Service-Params`` ran with the first's params)."""
     value = request.requestHeaders.getRawHeaders(name)
-    return value[0].decode("latin-1") if value else None
+    return ", ".join(v.decode("latin-1") for v in value) if value else None
 
 
 def connection_options(request: Any) -> frozenset[bytes]:
@@ -142,9 +144,9 @@ def envelope_headers(task_id: str) -> dict[str, str]:
 
 def check_content_encoding(request: Any) -> None:
     """415 status 60 for a body sent compressed (``Content-Encoding``): no route decodes one, and read as it is,
-    a gzip body was reported as JSON that does not parse."""
+    a gzip body was reported as JSON that does not parse.  Every coding of every line counts (a list)."""
     encoding = header(request, b"content-encoding")
-    if encoding and encoding.strip().lower() != "identity":
+    if encoding and any(c.strip().lower() not in ("identity", "") for c in encoding.split(",")):
         raise ApiError(st.UNSUPPORTED_MEDIA_TYPE,
                        f"unsupported content encoding {encoding[:40]!r}: send the body uncompressed")
 

@@ -12,6 +12,7 @@ afterwards.
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import socket
@@ -362,3 +363,39 @@ def test_connection_close_anywhere_in_the_connection_lines_closes_after_the_repl
                          timeout=5)
     first, headers, _ = split(reply)
     assert (first, headers["connection"]) == (b"HTTP/1.1 200 OK", "close"), reply[:300]
+
+
+@pytest.mark.parametrize("name", ["model", "gateway"])
+def test_every_content_encoding_line_is_judged(processes, name):
+    """``Content-Encoding: identity`` then ``gzip`` on a second line: only the first was read, and the gzip body
+    was answered 400 "body is not valid JSON"; the lines are one list (RFC 9110 section 5.3): 415 status 60."""
+    port, _, _ = processes[name]
+    token = processes["tokens"][name].encode()
+    body = gzip.compress(b'{"images": ["AAAA"]}')
+    reply = raw_exchange(port, b"POST " + POST_PATHS[name] + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                         b"Authorization: Bearer " + token + b"\r\nContent-Type: application/json\r\n"
+                         b"Content-Encoding: identity\r\nContent-Encoding: gzip\r\nX-Request-ID: two-codings\r\n"
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    first, headers, data = split(reply)
+    assert (first, headers["x-request-id"]) == (b"HTTP/1.1 415 Unsupported Media Type", "two-codings"), reply[:400]
+    got = json.loads(data)
+    assert (got["status"], got["status_str"]) == (60, "UNSUPPORTED_MEDIA_TYPE"), got
+    assert got["error"] == "unsupported content encoding 'identity, gzip': send the body uncompressed", got
+
+
+@pytest.mark.parametrize("name", ["model", "gateway"])
+def test_a_second_x_service_params_line_is_not_ignored(processes, name):
+    """A raw-body request's ``X-Service-Params`` on two lines ran with the first line's params, the second
+    dropped without a word: the lines joined are not one JSON object, so 422 status 66 at ``/params``."""
+    port, _, _ = processes[name]
+    token = processes["tokens"][name].encode()
+    body = b"\x89PNG not really"
+    reply = raw_exchange(port, b"POST " + POST_PATHS[name] + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                         b"Authorization: Bearer " + token + b"\r\nContent-Type: image/png\r\n"
+                         b'X-Service-Params: {}\r\nX-Service-Params: {"nope": 1}\r\n'
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    first, _, data = split(reply)
+    assert first == b"HTTP/1.1 422 Unprocessable Content", reply[:400]
+    got = json.loads(data)
+    assert (got["status"], [e["pointer"] for e in got["errors"]]) == (66, ["/params"]), got
+    assert got["errors"][0]["message"].startswith("X-Service-Params header is not valid JSON"), got

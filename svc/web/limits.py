@@ -22,7 +22,8 @@ closes (see :class:`HttpLimits` for the knobs):
   :data:`PIPELINE_BURST` pipelined requests are answered per reactor turn.
 * a request twisted cannot parse (a bad request line or version, a bad
   ``Content-Length`` or chunk size, two framings) got a bare 400 that no
-  counter and no access line saw: now it is the process's 400 (status 50),
+  counter and no access line saw, and one with a ``Transfer-Encoding`` other
+  than ``chunked`` was served: now each is the process's 400 (status 50),
   counted and logged, and the connection is closed.
 
 The site these work for is :class:`svc.web.site.JsonSite`.
@@ -261,6 +262,18 @@ class LimitedChannel(HTTPChannel):
         the connection closed as after a 414."""
         self._refuse_unparsable("malformed HTTP request: its request line, a header or its body's framing "
                                 "(Content-Length, chunked) is not valid HTTP/1.1")
+
+    def _maybeChooseTransferDecoder(self, header: bytes, data: bytes) -> bool:  # noqa: N802 (twisted's name)
+        """A ``Transfer-Encoding`` line that is not exactly ``chunked`` is a 400 and close (RFC 9112 section 6.3:
+        chunked must be the final coding).  twisted ignored ``identity``: with a ``Content-Length`` the body was
+        framed by it, without one the body was read as the next request; and after a ``chunked`` line it
+        ignored a second ``identity`` line."""
+        if header == b"Transfer-Encoding" and data.lower() != b"chunked":
+            self._refuse_unparsable("malformed HTTP request: Transfer-Encoding other than chunked (chunked must be "
+                                    "its one and final coding)")
+            self.length = None  # as twisted's own refusal: no body is read
+            return False
+        return bool(super()._maybeChooseTransferDecoder(header, data))
 
     def _refuse_unparsable(self, message: str) -> None:
         """The process's 400 (status 50) for a request it cannot read, counted, logged, and the connection closed."""

@@ -399,3 +399,22 @@ def test_a_second_x_service_params_line_is_not_ignored(processes, name):
     got = json.loads(data)
     assert (got["status"], [e["pointer"] for e in got["errors"]]) == (66, ["/params"]), got
     assert got["errors"][0]["message"].startswith("X-Service-Params header is not valid JSON"), got
+
+
+#: Transfer-Encoding that does not end in chunked (RFC 9112 section 6.3): twisted ignored ``identity``.
+NOT_CHUNKED = {
+    "identity with a length": b"Transfer-Encoding: identity\r\nContent-Length: 2\r\n\r\n{}",
+    "identity alone": b"Transfer-Encoding: identity\r\n\r\n{}",  # the body was read as the next request: a hang
+    "identity after chunked": b"Transfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])
+@pytest.mark.parametrize("case", sorted(NOT_CHUNKED))
+def test_a_transfer_encoding_other_than_chunked_is_the_process_400(processes, name, case):
+    port, url, shape = processes[name]
+    reply = raw_exchange(port, b"POST " + POST_PATHS[name] + b" HTTP/1.1\r\nHost: x\r\n" + NOT_CHUNKED[case],
+                         timeout=5)
+    assert_refusal(reply, b"HTTP/1.1 400 Bad Request", shape, "Transfer-Encoding other than chunked",
+                   status=(50, "JSON_PARSE_ERROR"))
+    assert_serving(url, name)

@@ -186,6 +186,17 @@ class LimitedChannel(HTTPChannel):
         if self._between_requests and not self._handlingRequest:
             self._start_header_deadline()
         super().dataReceived(data)
+        if self._bare_lf_in_head():
+            self._refuse_unparsable("malformed HTTP request: a line of its head ends in a bare LF; HTTP/1.1 "
+                                    "lines end in CRLF")
+
+    def _bare_lf_in_head(self) -> bool:
+        """Whether the head being read has a line that ends in LF alone.  Every CRLF-ended line was taken out
+        of LineReceiver's buffer, so an LF left there has no CR before it: such a head was never complete, and
+        the client got nothing until the header deadline's bare 408.  (A line with an LF inside and a CRLF at
+        its end is already refused: an LF is valid in no request line or field value.)"""
+        return bool(self.line_mode and not self.paused and not self._busyReceiving and not self._refused
+                and not self.transport.disconnecting and b"\n" in self._buffer)  # type: ignore[attr-defined]
 
     def checkPersistence(self, request: Any, version: bytes) -> bool:
         """Closed after its reply when the request asks it (``close`` among the options of any ``Connection``

@@ -418,3 +418,15 @@ def test_a_transfer_encoding_other_than_chunked_is_the_process_400(processes, na
     assert_refusal(reply, b"HTTP/1.1 400 Bad Request", shape, "Transfer-Encoding other than chunked",
                    status=(50, "JSON_PARSE_ERROR"))
     assert_serving(url, name)
+
+
+@pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])
+@pytest.mark.parametrize("head", [b"GET /healthz HTTP/1.1\nHost: x\n\n", b"GET /healthz HTTP/1.1\r\nHost: x\n\n"],
+                         ids=["every-line", "after-the-request-line"])
+def test_a_head_with_bare_lf_line_ends_is_the_process_400_at_once(processes, name, head):
+    """A head whose lines end in LF alone was never complete to twisted: nothing came back until the bare 408
+    of header_timeout_ms (10 s here, past this read's 5 s).  Now the process's 400 status 50 at once (docs/api.md)."""
+    port, url, shape = processes[name]
+    assert_refusal(raw_exchange(port, head, timeout=5), b"HTTP/1.1 400 Bad Request", shape, "bare LF",
+                   status=(50, "JSON_PARSE_ERROR"))
+    assert_serving(url, name)

@@ -97,6 +97,7 @@ class LimitedChannel(HTTPChannel):
     transport: ITCPTransport  # TCP (the listener's or an adopted one's); it has `disconnecting`, undeclared there
     _refused = False  # answered already (503 past max_connections, 414, 431): the rest is read and dropped
     _head_lines = 0  # lines of the current request's head received so far
+    _empty_lines = 0  # empty lines before the current request's line (ignored, counted in the head's size)
     _counted = False
     _header_deadline: IDelayedCall | None = None
     _head_started = 0.0  # when the current request's head began (its first byte; the first: the connection)
@@ -209,7 +210,7 @@ class LimitedChannel(HTTPChannel):
 
     def allHeadersReceived(self) -> None:
         self._stop_header_deadline()
-        self._head_lines = 0
+        self._head_lines = self._empty_lines = 0
         hosts = self.requests[-1].requestHeaders.getRawHeaders(b"Host") or []
         if len(hosts) > 1 or (not hosts and self._version == b"HTTP/1.1"):
             # RFC 9112, section 3.2: an HTTP/1.1 request without Host, or any with two, is a 400.
@@ -230,15 +231,24 @@ class LimitedChannel(HTTPChannel):
         if self._refused:
             return
         if self._head_lines == 0 and not line:
-            super().lineReceived(line)  # the empty line some clients send after a body: twisted skips it
+            self._skip_empty_line()
             return
         self._head_lines += 1
         too_many = bool(line) and self._head_lines > self.maxHeaders + 1  # twisted: a bare 400 for the 501st
         # The head's bytes as sent: twisted counts the lines without their CRLFs (450 lines: 900 bytes over).
-        if self._receivedHeaderSize + len(line) + 2 * self._head_lines > self.totalHeadersSize or too_many:
+        sent = self._receivedHeaderSize + len(line) + 2 * (self._head_lines + self._empty_lines)
+        if sent > self.totalHeadersSize or too_many:
             self._refuse_head(self._head_lines == 1, line, too_many)
             return
         super().lineReceived(line)
+
+    def _skip_empty_line(self) -> None:
+        """An empty line before a request line is ignored (RFC 9112 section 2.2: a client may send a CRLF after a
+        body).  twisted ignored one only, and answered a second with a 400, losing the requests pipelined after
+        it.  They count in the head's size, so an endless run of them is a 431, not a loop."""
+        self._empty_lines += 1
+        if 2 * self._empty_lines > self.totalHeadersSize:
+            self._refuse_head(False, b"")
 
     def lineLengthExceeded(self, line: bytes) -> None:
         """A line longer than MAX_LENGTH (whole or still arriving): 414 for the request line, else 431."""

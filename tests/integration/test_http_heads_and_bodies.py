@@ -430,3 +430,14 @@ def test_a_head_with_bare_lf_line_ends_is_the_process_400_at_once(processes, nam
     assert_refusal(raw_exchange(port, head, timeout=5), b"HTTP/1.1 400 Bad Request", shape, "bare LF",
                    status=(50, "JSON_PARSE_ERROR"))
     assert_serving(url, name)
+
+
+@pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])
+def test_empty_lines_before_a_request_line_are_ignored(processes, name):
+    """RFC 9112 section 2.2: a client may send a CRLF after a POST body. twisted ignored one only: the request
+    after two was answered 400 and the connection closed, losing what was pipelined behind it."""
+    port, _, _ = processes[name]
+    reply = raw_exchange(port, b"\r\n\r\nPOST " + POST_PATHS[name] + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+                         b"\r\n{}\r\n\r\n\r\nGET " + probe_path(name) + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    codes = re.findall(rb"HTTP/1\.1 (\d{3}) ", reply)
+    assert codes == [b"401", b"200"], reply[:600]

@@ -438,3 +438,18 @@ def test_the_access_line_logs_a_clients_request_id_only_when_it_is_valid():
     lines = [e["access_line"] for e in events if "access_line" in e]
     assert lines == [*["GET /ok 200 0.0ms key=- rid=-"] * len(forged), "GET /ok 200 0.0ms key=- rid=ok-7",
                      "POST /ok 413 0.0ms key=- rid=made-1"]
+
+
+def test_empty_lines_before_a_request_count_in_the_heads_size():
+    """Empty lines before a request line are ignored (RFC 9112 section 2.2), however many, within the head's
+    16 KiB: a request after 100 is served, and 16 KiB of them alone is the 431 of a head too large."""
+    clock = Clock()
+    site, _ = make_site(clock)
+    channel, transport = connect(site)
+    channel.dataReceived(b"\r\n" * 100 + REQUEST)
+    assert transport.value().startswith(b"HTTP/1.1 200 OK") and not transport.disconnecting
+    transport.clear()
+    channel.dataReceived(b"\r\n" * 8192)
+    assert not transport.disconnecting  # 16384 bytes: the limit itself
+    channel.dataReceived(b"\r\n")
+    assert transport.value().startswith(b"HTTP/1.1 431 Request Header Fields Too Large") and transport.disconnecting

@@ -42,7 +42,7 @@ from twisted.web.http import HTTPChannel
 from svc.contract import status as st
 from svc.contract.errors import ApiError
 from svc.web.bodylimits import LINGER_SECONDS
-from svc.web.replies import connection_options, head_too_large, raw_reply
+from svc.web.replies import connection_options, head_too_large, raw_reply, valid_host
 
 if TYPE_CHECKING:
     from svc.web.site import JsonSite
@@ -211,14 +211,22 @@ class LimitedChannel(HTTPChannel):
     def allHeadersReceived(self) -> None:
         self._stop_header_deadline()
         self._head_lines = self._empty_lines = 0
-        hosts = self.requests[-1].requestHeaders.getRawHeaders(b"Host") or []
-        if len(hosts) > 1 or (not hosts and self._version == b"HTTP/1.1"):
-            # RFC 9112, section 3.2: an HTTP/1.1 request without Host, or any with two, is a 400.
-            self._refuse_unparsable("malformed HTTP request: an HTTP/1.1 request carries exactly one Host header"
-                                    if hosts else "malformed HTTP request: an HTTP/1.1 request needs a Host header")
+        problem = self._host_problem(self.requests[-1].requestHeaders.getRawHeaders(b"Host") or [])
+        if problem is not None:
+            self._refuse_unparsable("malformed HTTP request: " + problem)
             self.length = 0  # no body is read: twisted calls allContentReceived next, which drops the request
             return
         super().allHeadersReceived()
+
+    def _host_problem(self, hosts: list[bytes]) -> str | None:
+        """Why the request's ``Host`` lines make it a 400, or None (RFC 9112, section 3.2: an HTTP/1.1 request
+        carries one, any request at most one, and its value is a host and optional port; twisted served them all).
+        """
+        if len(hosts) > 1:
+            return "an HTTP/1.1 request carries exactly one Host header"
+        if not hosts:
+            return "an HTTP/1.1 request needs a Host header" if self._version == b"HTTP/1.1" else None
+        return None if valid_host(hosts[0]) else "its Host header is not a valid host[:port]"
 
     def allContentReceived(self) -> None:
         if self._refused:  # answered at the end of its head (no Host): the request is not handled

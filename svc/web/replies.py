@@ -11,6 +11,7 @@ from a reply of exactly that type.
 from __future__ import annotations
 
 import hmac
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -100,6 +101,16 @@ def header(request: Any, name: bytes) -> str | None:
     identity`` then ``gzip`` was read as identity; two ``X-Service-Params`` ran with the first's params)."""
     value = request.requestHeaders.getRawHeaders(name)
     return ", ".join(v.decode("latin-1") for v in value) if value else None
+
+
+#: RFC 9112 section 3.2: ``Host`` is ``uri-host [ ":" port ]`` (RFC 3986): a bracketed IP literal, or a registered
+#: name or IPv4 address of unreserved, percent-encoded and sub-delimiter characters; empty is allowed.
+_HOST = re.compile(rb"(\[[0-9A-Za-z:._~!$&'()*+,;=%-]+\]|[0-9A-Za-z._~!$&'()*+,;=%-]*)(:[0-9]*)?")
+
+
+def valid_host(value: bytes) -> bool:
+    """Whether ``value`` is a valid ``Host`` field value; one that is not (``a b/c``) makes the request a 400."""
+    return _HOST.fullmatch(value) is not None
 
 
 def connection_options(request: Any) -> frozenset[bytes]:

@@ -209,6 +209,9 @@ MALFORMED = {
     "no host": b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n",
     "two hosts": b"GET /healthz HTTP/1.1\r\nHost: x\r\nHost: y\r\n\r\n",
     "two hosts, a body": b"POST /healthz HTTP/1.1\r\nHost: x\r\nHost: y\r\nContent-Length: 3\r\n\r\nabc",
+    # RFC 9112 section 3.2: Host is a host and an optional port (twisted served any value).
+    "host not an authority": b"GET /healthz HTTP/1.1\r\nHost: a b/c\r\n\r\n",
+    "host with a path, a body": b"POST /healthz HTTP/1.1\r\nHost: x/y\r\nContent-Length: 3\r\n\r\nabc",
 }
 
 
@@ -441,3 +444,13 @@ def test_empty_lines_before_a_request_line_are_ignored(processes, name):
                          b"\r\n{}\r\n\r\n\r\nGET " + probe_path(name) + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     codes = re.findall(rb"HTTP/1\.1 (\d{3}) ", reply)
     assert codes == [b"401", b"200"], reply[:600]
+
+
+@pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])
+def test_every_form_of_a_valid_host_is_served(processes, name):
+    """A name, an IPv4 or IPv6 address, a port, or nothing (RFC 9112 section 3.2): each is served."""
+    port, _, _ = processes[name]
+    for host in (b"localhost", b"127.0.0.1:%d" % port, b"[::1]:80", b"[fe80::1%25lo]", b"xn--bcher-kva.example.", b""):
+        reply = raw_exchange(port, b"GET " + probe_path(name) + b" HTTP/1.1\r\nHost: " + host
+                             + b"\r\nConnection: close\r\n\r\n", timeout=5)
+        assert split(reply)[0] == b"HTTP/1.1 200 OK", (host, reply[:300])

@@ -47,13 +47,14 @@ class CorsResource(Resource):
         app.early_headers = cors.headers_for
         return cors
 
-    def headers_for(self, request: Any) -> dict[str, str]:
+    def headers_for(self, request: Any | None) -> dict[str, str]:
         """The CORS headers of a reply to ``request``: ``Vary`` always, the origin's when it is allowed.
 
-        Also for the listener's early replies (413, 408: ``JsonApp.early_headers``), which no resource
-        renders: without them a browser showed a refused upload as "Failed to fetch".
+        Also for the listener's early replies (413, 408, 400, 431: ``JsonApp.early_headers``), which no
+        resource renders: without them a browser showed a refused upload as "Failed to fetch".  ``request`` is
+        None for a reply before any request was read (a 414, the 503 past ``max_connections``): ``Vary`` only.
         """
-        origin = (request.requestHeaders.getRawHeaders(b"origin") or [None])[0]
+        origin = None if request is None else (request.requestHeaders.getRawHeaders(b"origin") or [None])[0]
         if origin is None or origin not in self.origins:
             return {"Vary": "Origin"}
         return {"Vary": "Origin", "Access-Control-Allow-Origin": origin.decode("latin-1"),

@@ -42,7 +42,7 @@ from twisted.web.http import HTTPChannel
 from svc.contract import status as st
 from svc.contract.errors import ApiError
 from svc.web.bodylimits import LINGER_SECONDS
-from svc.web.replies import connection_options, head_too_large, raw_reply, valid_host
+from svc.web.replies import bare_reply, connection_options, head_too_large, raw_reply, valid_host
 
 if TYPE_CHECKING:
     from svc.web.site import JsonSite
@@ -55,12 +55,6 @@ REFUSED_LINGER_SECONDS = 2.0
 #: Pipelined requests answered one after another on one connection before
 #: the reactor serves others (the rest wait for the next reactor turn).
 PIPELINE_BURST = 16
-
-#: The reply to a request whose headers did not arrive in time.  No JSON body:
-#: the request was never read, so there is nothing to echo and no envelope
-#: status fits.
-HEADER_TIMEOUT_REPLY = b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
-
 
 @dataclass(frozen=True)
 class HttpLimits:
@@ -173,7 +167,8 @@ class LimitedChannel(HTTPChannel):
         method = getattr(self, "_command", None) or b"-"
         site.count_refused(method.decode("latin-1", "replace"), 408)
         site.log_line(method, getattr(self, "_path", b"-"), 408, self._head_ms(), None, "-")
-        self.transport.write(HEADER_TIMEOUT_REPLY)
+        # No JSON body: nothing was read to echo, and no envelope status fits.
+        self.transport.write(bare_reply(408, site.bare_headers()))
         self.persistent = False
         self.loseConnection()
         if self.abortTimeout is not None:
@@ -277,10 +272,16 @@ class LimitedChannel(HTTPChannel):
         method = getattr(self, "_command", None) or line.split(b" ", 1)[0][:20]  # counted as "other" if no method
         path = getattr(self, "_path", None) or (line.split(b" ", 2)[1][:300] if request_line and b" " in line
                                                  else b"-")
-        code, headers, body = site.limit_reply(None, error, method.decode("latin-1", "replace"), path)
+        code, headers, body = site.limit_reply(self._request_read(), error, method.decode("latin-1", "replace"),
+                                               path)
         self.persistent = False
         self._reply_and_close(raw_reply(code, headers, body), LINGER_SECONDS)
         site.log_line(method, path, code, self._head_ms(), None, "-")
+
+    def _request_read(self) -> Any | None:
+        """The request whose head is being read (None before its request line), so that an early reply keeps
+        its valid ``X-Request-ID`` (docs/api.md) and gets the gateway's CORS headers, as the early 413 did."""
+        return self.requests[-1] if self.requests else None
 
     # --- a request twisted cannot parse -------------------------------------
 
@@ -314,7 +315,8 @@ class LimitedChannel(HTTPChannel):
         method = getattr(self, "_command", None) or b"-"
         error = ApiError(st.JSON_PARSE_ERROR, message)
         path = getattr(self, "_path", None) or b"-"
-        code, headers, body = site.limit_reply(None, error, method.decode("latin-1", "replace"), path)
+        code, headers, body = site.limit_reply(self._request_read(), error, method.decode("latin-1", "replace"),
+                                               path)
         self.persistent = False
         self._reply_and_close(raw_reply(code, headers, body), LINGER_SECONDS)
         site.log_line(method, path, code, self._head_ms(), None, "-")

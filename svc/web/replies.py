@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from twisted.web.http import RESPONSES
+from twisted.web.http import RESPONSES, datetimeToString
 
 from svc.contract import status as st
 from svc.contract.envelope import dumps
@@ -68,10 +68,21 @@ def reason(code: int) -> bytes:
 
 
 def raw_reply(code: int, headers: Mapping[str, str], body: bytes) -> bytes:
-    """A whole HTTP/1.1 reply with ``Connection: close``, for answers written before (or without) a Request."""
-    lines = [f"HTTP/1.1 {code} {reason(code).decode()}"]
-    for name, value in {"Content-Type": JSON_CONTENT_TYPE.decode(), **headers, "Content-Length": str(len(body)),
-                        "Connection": "close"}.items():
+    """A whole HTTP/1.1 JSON reply with ``Connection: close``, for answers written before (or without) a Request."""
+    return _whole_reply(code, {"Content-Type": JSON_CONTENT_TYPE.decode(), **headers}, body)
+
+
+def bare_reply(code: int, headers: Mapping[str, str]) -> bytes:
+    """A whole reply with no body and ``Connection: close`` (the header deadline's 408: no request was read, so
+    no envelope fits)."""
+    return _whole_reply(code, headers, b"")
+
+
+def _whole_reply(code: int, headers: Mapping[str, str], body: bytes) -> bytes:
+    """The bytes of a reply written on the transport, with the ``Date`` that twisted puts on every routed reply
+    (RFC 9110 section 6.6.1: a server with a clock sends it, on a 4xx too); the listener's early replies had none."""
+    lines = [f"HTTP/1.1 {code} {reason(code).decode()}", f"Date: {datetimeToString().decode()}"]
+    for name, value in {**headers, "Content-Length": str(len(body)), "Connection": "close"}.items():
         lines.append(f"{name}: {value}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 

@@ -164,8 +164,9 @@ class JsonApp:
     metrics: Any
     registry: Any
     configured: ConfiguredRoutes | None = None
-    #: Headers for a listener's early reply to a request no route saw (its 413 and 408): the gateway's CORS.
-    early_headers: Callable[[Any], dict[str, str]] | None = None
+    #: Headers for a listener's early reply to a request no route saw (its 413, 408, 400, 414, 431 and 503; the
+    #: request is None where none was read yet): the gateway's CORS.
+    early_headers: Callable[[Any | None], dict[str, str]] | None = None
 
     def resource(self) -> Any:
         """The twisted resource of this instance's routes, behind the check of the paths they may see."""
@@ -238,10 +239,16 @@ class JsonApp:
         process's reply shape; ``request`` is None when none was made yet (a head too large, whose ``path``
         chooses the shape where it was read)."""
         self.count_as("unmatched", method, error.code, *self.count_labels(request))
-        code, headers, body = self.replies.raw(request, error, path)
-        if request is not None and self.early_headers is not None:
-            headers = {**headers, **self.early_headers(request)}
-        return code, headers, body
+        return self.with_early_headers(request, self.replies.raw(request, error, path))
+
+    def with_early_headers(self, request: Any | None,
+                           reply: tuple[int, dict[str, str], bytes]) -> tuple[int, dict[str, str], bytes]:
+        """``reply`` with :attr:`early_headers` added, also where no request was read yet (the gateway's
+        ``Vary: Origin``, which every one of its replies carries, was missing from its early 400, 414 and 431)."""
+        if self.early_headers is None:
+            return reply
+        code, headers, body = reply
+        return code, {**headers, **self.early_headers(request)}, body
 
     #: The texts of the listener's own 413 and 503 (``max_body_bytes`` is filled in).
     oversize_text = "request body larger than {max_body_bytes} bytes (max_body_bytes)"
@@ -254,7 +261,12 @@ class JsonApp:
 
     def busy_reply(self) -> tuple[int, dict[str, str], bytes]:
         """The 503 status 65 for a connection past ``max_connections`` (svc.web.limits.LimitedChannel)."""
-        return self.replies.raw(None, ApiError(st.NOT_READY, self.busy_text, headers={"Retry-After": "1"}))
+        return self.with_early_headers(None, self.replies.raw(None, ApiError(st.NOT_READY, self.busy_text,
+                                                                              headers={"Retry-After": "1"})))
+
+    def bare_headers(self) -> dict[str, str]:
+        """The headers of the listener's bare 408 (its header deadline: no request was read): the early ones."""
+        return self.with_early_headers(None, (408, {}, b""))[1]
 
     def count_refused(self, method: str, code: int) -> None:
         """Count a reply the listener sent before any request was routed (the bare 408 of headers that did not

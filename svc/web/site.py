@@ -69,9 +69,16 @@ class SiteApp(Protocol):
 
     def count_refused(self, method: str, code: int) -> None: ...
 
+    def bare_headers(self) -> dict[str, str]: ...
+
 
 def count_nothing(method: str, code: int) -> None:
     """A site built without an app (unit tests) counts its listener's bare replies nowhere."""
+
+
+def no_headers() -> dict[str, str]:
+    """A site built without an app (unit tests) adds nothing to its bare 408."""
+    return {}
 
 
 def plain_limit_reply(request: Any, error: ApiError, method: str = "-",
@@ -161,6 +168,7 @@ class JsonSite(server.Site):
         on_logged: Callable[[Any], None] | None = None,
         limit_reply: Callable[..., tuple[int, dict[str, str], bytes]] = plain_limit_reply,
         count_refused: Callable[[str, int], None] = count_nothing,
+        bare_headers: Callable[[], dict[str, str]] = no_headers,
     ) -> None:
         kwargs = {"timeout": timeout} if timeout is not None else {}
         self.reactor = reactor or _default_reactor
@@ -172,6 +180,8 @@ class JsonSite(server.Site):
         self.busy_reply = busy_reply
         self.limit_reply = limit_reply
         self.count_refused = count_refused
+        #: The headers of the header deadline's bare 408 (the gateway's ``Vary: Origin``).
+        self.bare_headers = bare_headers
         self.max_connections = limits.max_connections
         self.header_timeout_s = limits.header_timeout_ms / 1000.0
         self.body_timeout_s = limits.body_timeout_ms / 1000.0
@@ -194,7 +204,7 @@ class JsonSite(server.Site):
         """
         return cls(resource, max_body_bytes=max_body_bytes, oversize_reply=app.oversize_reply,
                    busy_reply=app.busy_reply, limits=limits, timeout=timeout, reactor=reactor, on_logged=app.count,
-                   limit_reply=app.limit_reply, count_refused=app.count_refused)
+                   limit_reply=app.limit_reply, count_refused=app.count_refused, bare_headers=app.bare_headers)
 
     def warn_limit(self, text: str, **fields: Any) -> None:
         """A warning about a connection limit, at most one per 10 s (they come in floods)."""

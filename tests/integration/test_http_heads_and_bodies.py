@@ -20,6 +20,7 @@ import time
 
 import pytest
 
+from svc.contract.protocol import SUPERVISOR_PORT
 from tests.support.gateway import GATEWAY_TOKENS, start_gateway
 from tests.support.http import get, raw_exchange
 from tests.support.processes import start_model_server, wait_until, write_config
@@ -56,6 +57,10 @@ def processes(tmp_path_factory):
     model.stop()
 
 
+#: An IMF-fixdate (RFC 9110 section 5.6.7), as twisted writes ``Date``.
+HTTP_DATE = r"(Mon|Tue|Wed|Thu|Fri|Sat|Sun), \d\d (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) \d{4} \d\d:\d\d:\d\d GMT"
+
+
 def split(reply: bytes) -> tuple[bytes, dict[str, str], bytes]:
     head, _, body = reply.partition(b"\r\n\r\n")
     lines = head.split(b"\r\n")
@@ -69,6 +74,7 @@ def assert_refusal(reply: bytes, status_line: bytes, shape: str, text: str,
     assert first == status_line, reply[:300]
     assert headers["content-type"] == "application/json; charset=utf-8" and headers["connection"] == "close"
     assert int(headers["content-length"]) == len(body)
+    assert re.fullmatch(HTTP_DATE, headers["date"]), headers  # RFC 9110 section 6.6.1, as on routed replies
     got = json.loads(body)
     if shape == "envelope":
         assert (got["status"], got["status_str"], got["results"]) == (*status, []), got
@@ -103,6 +109,7 @@ def assert_oip_refusal(reply: bytes, status_line: bytes, text: str) -> None:
     first, headers, body = split(reply)
     assert first == status_line, reply[:300]
     assert headers["content-type"] == "application/json" and headers["connection"] == "close"
+    assert re.fullmatch(HTTP_DATE, headers["date"]), headers
     assert headers["cache-control"] == "no-store" and len(headers["x-request-id"]) == 32
     assert list(json.loads(body)) == ["error"] and text in json.loads(body)["error"], body
 
@@ -454,3 +461,37 @@ def test_every_form_of_a_valid_host_is_served(processes, name):
         reply = raw_exchange(port, b"GET " + probe_path(name) + b" HTTP/1.1\r\nHost: " + host
                              + b"\r\nConnection: close\r\n\r\n", timeout=5)
         assert split(reply)[0] == b"HTTP/1.1 200 OK", (host, reply[:300])
+
+
+#: Requests refused at their head once the client's X-Request-ID was read.
+REFUSED_WITH_AN_ID = {
+    "content-length": b"POST /healthz HTTP/1.1\r\nHost: x\r\nX-Request-ID: early-rid-1\r\nContent-Length: abc\r\n\r\n",
+    "no host": b"GET /healthz HTTP/1.1\r\nX-Request-ID: early-rid-1\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("name", ["model", "gateway"])
+@pytest.mark.parametrize("case", sorted(REFUSED_WITH_AN_ID))
+def test_an_early_400_keeps_the_clients_request_id(processes, name, case):
+    """The 400 of a bad Content-Length or a missing Host replaced a valid X-Request-ID with a generated one (the
+    early 413 kept it); docs/api.md: a valid client id is echoed."""
+    port, _, shape = processes[name]
+    reply = raw_exchange(port, REFUSED_WITH_AN_ID[case])
+    assert_refusal(reply, b"HTTP/1.1 400 Bad Request", shape, "malformed HTTP request", status=(50, "JSON_PARSE_ERROR"))
+    assert json.loads(split(reply)[2])["task_id"] == "early-rid-1"
+
+
+def test_the_gateways_early_replies_carry_vary_origin(processes):
+    """processes.md: every gateway reply carries ``Vary: Origin``; its early 400, 414 and 431 had none (its early
+    413 and 408 had it), and with an allowed Origin the early replies a browser can read reflect it."""
+    port, _, _ = processes["gateway"]
+    heads = [b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+             b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"b" * BIG + b"\r\n\r\n",
+             b"GET /" + b"a" * BIG + b" HTTP/1.1\r\nHost: x\r\n\r\n"]
+    for head in heads:
+        _, headers, _ = split(raw_exchange(port, head))
+        assert headers.get("vary") == "Origin" and "access-control-allow-origin" not in headers, headers
+    origin = b"http://localhost:%d" % SUPERVISOR_PORT  # the gateway's default origins: the supervisor's UI
+    _, headers, _ = split(raw_exchange(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nOrigin: " + origin
+                                       + b"\r\nContent-Length: abc\r\n\r\n"))
+    assert (headers.get("vary"), headers.get("access-control-allow-origin")) == ("Origin", origin.decode()), headers

@@ -106,9 +106,23 @@ def test_headers_incomplete_after_the_deadline_get_408_and_close_even_while_byte
         channel.dataReceived(b"X")
     assert not transport.disconnecting
     clock.advance(1.001)
-    assert transport.value() == b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    assert re.fullmatch(rb"HTTP/1\.1 408 Request Timeout\r\nDate: [A-Z][a-z]{2}, \d\d [A-Z][a-z]{2} \d{4} [0-9:]{8} GMT"
+                        rb"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", transport.value()), transport.value()
     assert transport.disconnecting
     assert site.header_timeouts == 1
+
+
+def test_the_bare_408_carries_the_sites_bare_headers():
+    """The header deadline's 408 has the headers the app gives every reply before a request (the gateway's
+    ``Vary: Origin``), and a ``Date``."""
+    clock = Clock()
+    site = JsonSite(Ok(), max_body_bytes=1024, oversize_reply=lambda r: (413, {}, b"{}"), busy_reply=busy,
+                    limits=HttpLimits(header_timeout_ms=1000), timeout=660, reactor=clock,
+                    bare_headers=lambda: {"Vary": "Origin"})
+    channel, transport = connect(site)
+    clock.advance(1.001)
+    assert re.fullmatch(rb"HTTP/1\.1 408 Request Timeout\r\nDate: [^\r]+ GMT\r\nVary: Origin\r\n"
+                        rb"Content-Length: 0\r\nConnection: close\r\n\r\n", transport.value()), transport.value()
 
 
 def test_a_connection_that_sends_nothing_is_closed_after_the_header_deadline():
@@ -290,10 +304,12 @@ def test_busy_replies_have_each_process_error_shape():
     from svc.gateway.app import GatewayApp
     from svc.modelserver.app import ModelServerApp
     from svc.supervisor.api import ManagementApi
-    from svc.web.routes import EnvelopeReplies, task_id_of
+    from svc.web.routes import EnvelopeReplies, JsonApp, task_id_of
 
-    def app(cls, replies):  # what busy_reply reads of an instance: its reply shape and its text
-        return SimpleNamespace(replies=replies, busy_text=cls.busy_text)
+    def app(cls, replies):  # what busy_reply reads of an instance: its reply shape, its text, no early headers
+        fake = SimpleNamespace(replies=replies, busy_text=cls.busy_text, early_headers=None)
+        fake.with_early_headers = lambda request, reply: JsonApp.with_early_headers(fake, request, reply)
+        return fake
 
     model_replies = EnvelopeReplies(lambda: ModelIdentity("M1", "v1"), task_id_of)
     for cls, replies, message in (

@@ -78,7 +78,7 @@ from svc.infra.ratelimit import KeyedLimiter, retry_after_header
 from svc.web import declare, routes
 from svc.web.configured import ConfiguredRoutes
 from svc.web.oip.replies import ProtocolReplies, protocol_of
-from svc.web.replies import bearer_token, dumps, envelope_headers, send_encoded, send_json
+from svc.web.replies import bearer_token, dumps, envelope_headers, send_encoded, send_json, unauthorized_reason
 
 log = Logger()
 
@@ -230,11 +230,12 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
         try:
             principal = self.auth.authenticate(bearer_token(request))
         except Unauthorized as e:
+            reason = unauthorized_reason(request, e.reason)
             if e.key is not None:
                 self.metrics.key_rejections.labels(e.key, "disabled").inc()
-            else:
-                self.metrics.auth_failures.labels("missing" if "missing" in e.reason else "wrong").inc()
-            raise ApiError(st.UNAUTHORIZED, f"{e.reason}: send Authorization: Bearer <API key or token>",
+            else:  # two Authorization headers are "wrong": a credential was sent
+                self.metrics.auth_failures.labels("missing" if "missing" in reason else "wrong").inc()
+            raise ApiError(st.UNAUTHORIZED, f"{reason}: send Authorization: Bearer <API key or token>",
                            headers={"WWW-Authenticate": bearer_challenge(GATEWAY_REALM)}) from None
         request.service_key = principal.name
         request.setHeader(b"X-Service-Key", principal.name.encode("latin-1"))

@@ -47,7 +47,16 @@ from svc.modelserver.oip_route import declare as declare_oip
 from svc.web import declare, routes
 from svc.web.configured import ConfiguredRoutes
 from svc.web.oip.replies import ProtocolReplies
-from svc.web.replies import bearer_matches, content_type, dumps, envelope_headers, header, send_encoded, send_json
+from svc.web.replies import (
+    bearer_matches,
+    content_type,
+    dumps,
+    envelope_headers,
+    header,
+    send_encoded,
+    send_json,
+    unauthorized_reason,
+)
 
 
 class ModelServerApp(OipRoute, routes.JsonApp):
@@ -117,7 +126,7 @@ class ModelServerApp(OipRoute, routes.JsonApp):
         if self.auth_token is not None and not bearer_matches(request, self.auth_token):
             raise ApiError(
                 st.UNAUTHORIZED,
-                "missing or wrong bearer token",
+                unauthorized_reason(request, "missing or wrong bearer token"),
                 headers={"WWW-Authenticate": bearer_challenge(MODEL_SERVER_REALM)},
             )
         wait = self.ip_limiter.take(request.getClientAddress().host)

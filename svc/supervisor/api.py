@@ -46,7 +46,7 @@ from svc.contract.query import MAX_DIGITS, parse_bounded_int, query_value, shown
 from svc.supervisor.child import ChildError
 from svc.supervisor.manager import GATEWAY, ChildManager
 from svc.web import declare, routes
-from svc.web.replies import bearer_matches, send_json
+from svc.web.replies import bearer_matches, send_json, unauthorized_reason
 
 log = Logger()
 
@@ -103,8 +103,8 @@ class ManagementApi(routes.JsonApp):
     def authenticate(self, request: Any, **_route_args: Any) -> None:
         """401 unless the Bearer token is the management token."""
         if not bearer_matches(request, self.token):
-            raise ApiError(st.UNAUTHORIZED,
-                           "missing or wrong management token (Authorization: Bearer <SERVICE_API_TOKEN>)",
+            reason = unauthorized_reason(request, "missing or wrong management token")
+            raise ApiError(st.UNAUTHORIZED, f"{reason} (Authorization: Bearer <SERVICE_API_TOKEN>)",
                            headers={"WWW-Authenticate": 'Bearer realm="supervisor"'})
 
     def child(self, name: str, replica: int | None = None) -> Any:

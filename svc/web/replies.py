@@ -152,6 +152,14 @@ def bearer_token(request: Any) -> str | None:
     return token or None
 
 
+def unauthorized_reason(request: Any, usual: str) -> str:
+    """The reason of a 401: ``usual``, unless the request sent two ``Authorization`` headers, which
+    :func:`bearer_token` reads as no credential: the 401 said "missing bearer token" to a client that sent two."""
+    if len(request.requestHeaders.getRawHeaders(b"authorization") or ()) > 1:
+        return "two Authorization headers were sent"
+    return usual
+
+
 def bearer_matches(request: Any, expected: str) -> bool:
     """Whether the request's Bearer token is ``expected`` (compared in constant time); a missing one is not."""
     token = bearer_token(request)

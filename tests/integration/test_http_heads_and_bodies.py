@@ -322,6 +322,14 @@ def test_x_request_id_is_spelled_as_the_contract_spells_it(processes, name, requ
     assert b"X-Request-ID: rid-7" in head, head
 
 
+#: Each process's 401 for a request with two ``Authorization`` headers.
+TWO_AUTHORIZATIONS = {
+    "model": "two Authorization headers were sent",
+    "gateway": "two Authorization headers were sent: send Authorization: Bearer <API key or token>",
+    "supervisor": "two Authorization headers were sent (Authorization: Bearer <SERVICE_API_TOKEN>)",
+}
+
+
 @pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])
 def test_two_authorization_headers_carry_no_credential(processes, name):
     """The first of two ``Authorization`` headers won (good then bad: 200; bad then good: 401), where a proxy in
@@ -342,6 +350,8 @@ def test_two_authorization_headers_carry_no_credential(processes, name):
         assert first == b"HTTP/1.1 401 Unauthorized", (credentials, data)
         got = json.loads(data)
         assert (got["status"], got["status_str"]) == (401, "UNAUTHORIZED") if shape == "envelope" else got["ok"] is False
+        # It said "missing bearer token" (the gateway) or "missing or wrong ..." to a client that sent two.
+        assert got["error"] == TWO_AUTHORIZATIONS[name], got
     assert_serving(url, name)
 
 

@@ -17,6 +17,7 @@ from io import BytesIO
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.interfaces import IDelayedCall
+from twisted.python.failure import Failure
 from twisted.web import server
 
 from svc.contract import status as st
@@ -49,6 +50,19 @@ class LimitedRequest(server.Request):
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
         super().requestReceived(command, origin_form(path), version)  # an absolute-form target: its path
+
+    def _handleStar(self) -> None:  # noqa: N802 (twisted's name)
+        """The asterisk-form target ``*`` is for OPTIONS (RFC 9112 section 3.2.4), which keeps twisted's empty
+        200.  twisted answered any other method with a bare 405 and ``Allow: OPTIONS``: no envelope, no
+        ``X-Request-ID``, no authentication.  Now the site's routes answer it as a path that is no route
+        (svc.web.paths.RoutablePaths): the process's 404, or 401 first on the gateway."""
+        if self.method == b"OPTIONS":
+            super()._handleStar()
+            return
+        try:
+            self.render(self.channel.site.getResourceFor(self))
+        except BaseException:  # as twisted's process(): any failure is the request's 500
+            self.processingFailed(Failure())
 
     def gotLength(self, length: int | None) -> None:
         self._head_done = self.channel.site.reactor.seconds()

@@ -8,7 +8,8 @@ around a front proxy's rule for a path, and the contract matches a legacy
 dropped the empty segment, so ``//v1/models/M/infer`` and the supervisor's
 ``//api/v1/status`` were served, and its ``//`` reached the UI's file
 lookup with a path it had no file for (a 500).  No route has an empty
-segment, so a path with ``//`` anywhere is no route.  Klein answers a segment that is not UTF-8 itself,
+segment, so a path with ``//`` anywhere is no route, nor is a target that is
+not a path (``GET *``).  Klein answers a segment that is not UTF-8 itself,
 with an HTML 400 and no authentication.  :class:`RoutablePaths` stands in
 front of the routes and answers both as a path that is no route: 401 to a
 caller without credentials, else the process's 404 in its own reply shape.
@@ -53,8 +54,9 @@ def origin_form(target: bytes) -> bytes:
 
 
 def routable(path: bytes) -> bool:
-    """Whether a request path may be routed: no empty segment, no encoded ``/``, and UTF-8 once percent-decoded."""
-    if b"//" in path:
+    """Whether a request path may be routed: a path (``/`` first: not ``*``), no empty segment, no encoded ``/``,
+    and UTF-8 once percent-decoded."""
+    if b"//" in path or not path.startswith(b"/"):
         return False
     if b"%" not in path and path.isascii():
         return True  # nearly every request: nothing to decode

@@ -505,3 +505,25 @@ def test_the_gateways_early_replies_carry_vary_origin(processes):
     _, headers, _ = split(raw_exchange(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nOrigin: " + origin
                                        + b"\r\nContent-Length: abc\r\n\r\n"))
     assert (headers.get("vary"), headers.get("access-control-allow-origin")) == ("Origin", origin.decode()), headers
+
+
+@pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])
+@pytest.mark.parametrize("method", [b"GET", b"POST"])
+def test_the_asterisk_target_with_another_method_than_options_is_the_process_404(processes, name, method):
+    """``GET *`` got twisted's bare 405 with ``Allow: OPTIONS``: no envelope, no X-Request-ID, no authentication.
+    It is answered as any path that is no route (the gateway authenticates first); ``OPTIONS *`` keeps its 200."""
+    port, url, shape = processes[name]
+    token = processes["tokens"][name].encode()
+    for credential, code in ((b"", 401 if name == "gateway" else 404), (b"Authorization: Bearer " + token + b"\r\n", 404)):
+        reply = raw_exchange(port, method + b" * HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Request-ID: star-1\r\n"
+                             + credential + b"Content-Length: 0\r\n\r\n", timeout=5)
+        first, headers, data = split(reply)
+        assert first.startswith(b"HTTP/1.1 %d " % code), reply[:400]
+        got = json.loads(data)
+        if shape == "envelope":
+            assert (got["status"], got["task_id"], headers["x-request-id"]) == (code if code == 401 else 63, "star-1",
+                                                                                   "star-1"), got
+        else:
+            assert got == {"ok": False, "error": "no such route: *"}, got
+    reply = raw_exchange(port, b"OPTIONS * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout=5)
+    assert split(reply)[0] == b"HTTP/1.1 200 OK", reply[:300]

@@ -3,9 +3,10 @@
 twisted.web buffers a whole request body before any handler runs, and has no
 limit on its size or on the time it takes.  :class:`LimitedRequest` enforces
 the site's ``max_body_bytes`` while reading: an oversized ``Content-Length``
-(or a chunked body that grows past the limit) is answered with the site's 413
-at once, the rest of the body is discarded unread into memory, and the
-connection is closed.  A body must also be complete ``body_timeout_ms`` after
+is answered with the site's 413 at once, and a chunked body as soon as the
+bytes received pass the limit (a huge chunk size alone is no body yet: it
+waits for the body deadline); the rest of the body is discarded unread into
+memory, and the connection is closed.  A body must also be complete ``body_timeout_ms`` after
 the headers (a client dripping it held its connection at will), else 408 in
 the process's reply shape and close.  The connection's own limits are
 svc.web.limits.LimitedChannel's.

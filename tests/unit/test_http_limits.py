@@ -469,3 +469,22 @@ def test_empty_lines_before_a_request_count_in_the_heads_size():
     assert not transport.disconnecting  # 16384 bytes: the limit itself
     channel.dataReceived(b"\r\n")
     assert transport.value().startswith(b"HTTP/1.1 431 Request Header Fields Too Large") and transport.disconnecting
+
+
+def test_a_chunked_body_is_413_once_its_bytes_pass_the_limit_and_a_huge_chunk_size_alone_waits():
+    """docs/ARCHITECTURE.md, "Body limit": a chunk-size line is no body yet, however large; the 413 comes when the
+    bytes received pass max_body_bytes (1024 here), and a body that never comes gets the 408 of body_timeout_ms."""
+    head = b"POST /ok HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nfffffff\r\n"
+    clock = Clock()
+    site, _ = make_site(clock, body_timeout_ms=5000)
+    channel, transport = connect(site)
+    channel.dataReceived(head + b"a" * 1024)
+    assert transport.value() == b""
+    channel.dataReceived(b"a")
+    assert transport.value().startswith(b"HTTP/1.1 413 ")
+    channel, transport = connect(site)
+    channel.dataReceived(head)
+    clock.advance(4.999)
+    assert transport.value() == b""
+    clock.advance(0.002)
+    assert transport.value().startswith(b"HTTP/1.1 408 Request Timeout")

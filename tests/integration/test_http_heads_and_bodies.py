@@ -7,7 +7,10 @@ shape (the envelope, status 61, on the data plane; ``{ok: false, error}``
 on the supervisor), and the connection is closed; twisted dropped the
 connection without a word.  A body dripped slower than ``body_timeout_ms``
 allows is answered 408 (status 408) and closed.  The process serves on
-afterwards.
+afterwards.  The framing of a request as RFC 9112 has it (found by a probe
+with raw sockets): ``Connection`` options, ``Transfer-Encoding``, ``Host``,
+line ends, empty lines, header fields sent on two lines, the ``*`` target,
+and the headers of the replies written before any route.
 """
 
 from __future__ import annotations

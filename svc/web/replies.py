@@ -86,6 +86,7 @@ def _whole_reply(code: int, headers: Mapping[str, str], body: bytes) -> bytes:
         lines.append(f"{name}: {value}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
+
 def send_json(request: Any, code: int, body: Any, headers: Mapping[str, str] | None = None) -> bytes:
     """Set code and headers of a JSON reply and return its bytes.
 

@@ -176,15 +176,22 @@ class LogSink:
 
     @staticmethod
     def _reopen_if_gone(file: RotatingFile) -> None:
-        """Open the path again when it no longer names the open file (deleted or moved by hand or by logrotate).
+        """Open the path again when it no longer names the open file (deleted or moved by hand or by logrotate),
+        and write on at the end of a file cut short in place (logrotate's ``copytruncate``).
 
         Writing on to a deleted file grew it past ``max_bytes`` without a
         rotation (``LogFile.rotate`` does nothing when the path is gone), out of
         sight, until the disk was full.  A file left closed by a reopen that
-        failed (its folder gone) is opened again once it can be: the OSError
-        of a failure is the caller's to count, as a full disk's.
+        failed (its folder gone) is opened again once it can be, its folder
+        made again (0700) when it was removed; the OSError of a failure is the
+        caller's to count, as a full disk's.  A truncated file was written on
+        at the old offset (``LogFile`` opens it ``rb+``, not for appending):
+        a hole of NUL bytes as long as the file had been, in it and in its
+        backups.
         """
         handle = getattr(file, "_file", None)  # LogFile.close deletes it; a failed open leaves none
+        if handle is None or not os.path.isdir(file.directory):
+            os.makedirs(file.directory, mode=0o700, exist_ok=True)
         if handle is None:
             file._openFile()
             return
@@ -194,6 +201,11 @@ class LogSink:
             same = False
         if not same:
             file.reopen()
+            return
+        size = os.fstat(handle.fileno()).st_size
+        if size < file.size:  # cut short in place: on from its new end
+            handle.seek(0, os.SEEK_END)
+            file.size = size
 
     @staticmethod
     def _ends_a_line(file: RotatingFile) -> bool:

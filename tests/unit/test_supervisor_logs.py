@@ -227,6 +227,40 @@ def test_a_log_file_deleted_or_moved_by_hand_is_opened_again(tmp_path):
     sink.close()
 
 
+def test_a_log_file_cut_short_in_place_is_written_on_at_its_new_end(tmp_path):
+    """logrotate's ``copytruncate``: the file was written on at the old offset (opened ``rb+``, not for
+    appending), a hole of NUL bytes as long as the file had been, carried into its backups too."""
+    sink = sink_in(tmp_path, max_bytes=100, backups=1)
+    log = tmp_path / "M.log"
+    sink.feed("stdout", b"a" * 60 + b"\n")
+    sink.write_pending()
+    (tmp_path / "M.log.copy").write_bytes(log.read_bytes())  # the copy, then the cut
+    os.truncate(log, 0)
+    sink.feed("stdout", b"after\n")
+    sink.write_pending()
+    assert log.read_bytes() == b"after\n"
+    sink.feed("stdout", b"b" * 60 + b"\n" + b"c\n")  # the count of what the file holds went down with it
+    sink.write_pending()
+    assert log.read_bytes() == b"after\n" + b"b" * 60 + b"\nc\n" and not (tmp_path / "M.log.1").exists()
+    sink.close()
+
+
+def test_a_log_folder_removed_is_made_again(tmp_path):
+    """``rm -r logs`` (a clean-up) lost every child's file log for good: one warning, then the ring only."""
+    import shutil
+    import stat
+
+    sink = sink_in(tmp_path / "logs")
+    sink.feed("stdout", b"first\n")
+    sink.write_pending()
+    shutil.rmtree(tmp_path / "logs")
+    sink.feed("stdout", b"second\n")
+    sink.write_pending()
+    assert (tmp_path / "logs" / "M.log").read_text() == "second\n"
+    assert stat.S_IMODE(os.stat(tmp_path / "logs").st_mode) == 0o700
+    sink.close()
+
+
 def test_a_line_cut_off_by_a_full_disk_is_ended_before_the_next_one(tmp_path):
     sink = sink_in(tmp_path, ring_lines=20)
     failing = disk_fills(sink, written=4)  # in the middle of a write
@@ -249,9 +283,11 @@ def test_a_log_folder_removed_and_made_again_raises_nothing_and_is_written_again
     sink.feed("stdout", b"one\n")
     sink.write_pending()
     shutil.rmtree(folder)
+    folder.write_text("a file where the folder was")  # the folder cannot be made again either
     sink.feed("stdout", b"two\n")
-    sink.write_pending()  # the folder is gone: counted as lost, kept in the ring
+    sink.write_pending()  # no folder: counted as lost, kept in the ring
     assert sink.lost == 1
+    folder.unlink()
     folder.mkdir()
     sink.feed("stdout", b"three\n")
     sink.ended()

@@ -258,7 +258,10 @@ def exit_zero_on_signals(reactor: IServiceReactor) -> None:
     handlers, ours replace them for these signals.  SIGHUP is what a closing
     terminal sends its foreground processes (the quick start's supervisor);
     by default it killed them at once, without stopping the children.  A
-    second signal during the shutdown changes nothing.
+    second signal during the shutdown changes nothing.  SIGUSR1, the signal
+    logrotate's ``postrotate`` usually sends, ended the process (its default
+    action): it is ignored where nothing handles it (twistd's daemon reopens
+    its own log on it), since the supervisor follows moved log files itself.
     """
     import signal
 
@@ -286,6 +289,8 @@ def exit_zero_on_signals(reactor: IServiceReactor) -> None:
     def _install() -> None:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, _stop)
+        if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
     def _ignore_while_exiting() -> None:
         # The reactor has stopped and the process exits: Python puts a handler of its own back to the default as

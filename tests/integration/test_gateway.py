@@ -554,6 +554,16 @@ def test_sigterm_exits_zero_and_access_log_names_the_key(stack, tmp_path):
     assert "GET /v1/models/X/jobs/j 404" in line and "key=tenant-new" in line and "rid=log-me" in line
 
 
+def test_sigusr1_logrotates_usual_signal_leaves_the_gateway_serving(tmp_path):
+    """SIGUSR1's default action ended the process: an operator's logrotate postrotate took the gateway down."""
+    servers = tmp_path / "server"
+    servers.mkdir()
+    gateway = start_gateway(tmp_path, servers, keys_toml())
+    gateway.popen.send_signal(signal.SIGUSR1)
+    assert get(gateway.url + "/healthz", timeout=10).status == 200 and gateway.popen.poll() is None
+    gateway.stop()
+
+
 def test_sighup_and_a_second_signal_are_a_clean_stop_too(tmp_path):
     """A closing terminal's SIGHUP killed the processes outright (exit 129, children left to the
     parent-death signal); a second signal during the shutdown printed a ReactorNotRunning traceback."""

@@ -69,12 +69,14 @@ def test_stop_signals_are_ignored_once_the_reactor_has_stopped(monkeypatch):
 
     installed: dict[int, object] = {}
     monkeypatch.setattr(signal, "signal", lambda signum, handler: installed.__setitem__(signum, handler))
+    monkeypatch.setattr(signal, "getsignal", lambda signum: signal.SIG_DFL)
     reactor = MemoryReactor()
     exit_zero_on_signals(reactor)
     for call, args, kwargs in reactor.whenRunningHooks:
         call(*args, **kwargs)
     stops = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-    assert set(installed) == set(stops) and all(callable(installed[s]) for s in stops)
+    assert set(installed) == {*stops, signal.SIGUSR1} and all(callable(installed[s]) for s in stops)
+    assert installed[signal.SIGUSR1] == signal.SIG_IGN  # logrotate's usual signal ended the process
     [(after, args, kwargs)] = reactor.triggers["after"]["shutdown"]
     after(*args, **kwargs)
-    assert installed == dict.fromkeys(stops, signal.SIG_IGN)
+    assert installed == dict.fromkeys((*stops, signal.SIGUSR1), signal.SIG_IGN)

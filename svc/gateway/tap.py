@@ -69,7 +69,9 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     from svc.config import ConfigError, given_config_problem
     from svc.gateway.catalog import CatalogError, load_catalog
     from svc.gateway.config import load_gateway_config
-    from svc.infra.process import refuse
+    from svc.infra.process import private_daemon_log, refuse
+
+    private_daemon_log(options)  # before twistd opens it
 
     env = dict(os.environ)
     if problem := given_config_problem(options["config"]):

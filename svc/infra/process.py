@@ -51,7 +51,7 @@ class ProgramOptions(usage.Options):
 
 
 def own_pidfile(options: Any, name: str) -> None:
-    """Give a process of ours its own pidfile, so that several run side by side from one folder.
+    """Give a process of ours its own pidfile and log file, so that several run side by side from one folder.
 
     Called from a tap's ``postOptions``, which runs while twistd parses its
     command line and before it checks the pidfile: ``options.parent`` is then
@@ -60,12 +60,32 @@ def own_pidfile(options: Any, name: str) -> None:
     (``-n``) no pidfile is written at all (the process is stopped with Ctrl-C
     or a signal to the pid it prints), as a daemon it is
     ``twistd-<name>.pid``, which ``kill $(cat ...)`` needs.  ``python -m
-    twisted`` (twist) has no pidfile option and is left alone.
+    twisted`` (twist) has no pidfile option and is left alone.  Likewise a
+    daemon without ``--logfile`` writes ``twistd-<name>.log``, not the
+    ``twistd.log`` that two daemons of one folder shared, each at its own
+    offset (lines overwritten, a rotation followed by one of them only).
     """
     parent = getattr(options, "parent", None)
     if parent is None or "pidfile" not in parent or parent["pidfile"] != TWISTD_DEFAULT_PIDFILE:
         return
     parent["pidfile"] = "" if parent.get("nodaemon") else f"twistd-{name}.pid"
+    if not parent.get("nodaemon") and not parent.get("logfile") and not parent.get("syslog"):
+        parent["logfile"] = os.path.abspath(f"twistd-{name}.log")
+
+
+def private_daemon_log(options: Any) -> None:
+    """Make a daemon's log file (twistd's ``--logfile``) the owner's only, 0600, before twistd opens it: it
+    holds the access lines, and a job id is all it takes to read that job's result.  twistd opens it before
+    it applies a daemon's umask, so it was 0644.  Nothing for a process in the foreground or under twist."""
+    parent = getattr(options, "parent", None)
+    logfile = parent.get("logfile") if parent is not None and not parent.get("nodaemon") else None
+    if not logfile or logfile == "-":
+        return
+    try:
+        os.close(os.open(logfile, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+        os.chmod(logfile, 0o600)
+    except OSError:
+        pass  # twistd's own open says what is wrong with the path
 
 
 def pid_running(pid: int) -> bool:

@@ -130,10 +130,12 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     """
     from svc.auth import token_problem
     from svc.config import ConfigError, load_model_server_config
-    from svc.infra.process import refuse
+    from svc.infra.process import private_daemon_log, refuse
     from svc.model.api import PluginError, find_factory
     from svc.model.plugincheck import check_declarations, checked_config
     from svc.model.weights import WeightsError
+
+    private_daemon_log(options)  # before twistd opens it
 
     path = options["server"]
     try:

@@ -94,6 +94,10 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     """
     from dataclasses import replace
 
+    from svc.infra.process import private_daemon_log
+
+    private_daemon_log(options)  # before twistd opens it
+
     from svc.config import ConfigError, given_config_problem
     from svc.infra.process import exit_zero_on_signals, open_file_limit, refuse
     from svc.supervisor.config import check_folders, load_profile, load_supervisor_config

@@ -1,4 +1,4 @@
-"""Our twistd programs do not share twistd's default pidfile (svc.infra.process.own_pidfile)."""
+"""Our twistd programs do not share twistd's default pidfile or log file (svc.infra.process.own_pidfile)."""
 
 import pytest
 from twisted.scripts.twistd import ServerOptions
@@ -37,3 +37,27 @@ def test_an_explicit_pidfile_is_kept():
 
 def test_a_plain_twistd_program_keeps_the_default():
     assert parsed("-n", "portforward")["pidfile"].endswith("/" + TWISTD_DEFAULT_PIDFILE)
+
+
+def test_as_a_daemon_each_program_has_its_own_log_file_and_it_is_the_owners_only(tmp_path, monkeypatch):
+    """Two daemons of one folder shared twistd.log, each writing at its own offset (lines overwritten, a
+    rotation followed by one only), and it was 0644 with the access lines' job ids in it."""
+    import os
+    import stat
+
+    from svc.infra.process import private_daemon_log
+
+    monkeypatch.chdir(tmp_path)
+    gateway = parsed("service-gateway")
+    assert gateway["logfile"].endswith("/twistd-service-gateway.log")
+    assert parsed("service-supervisor")["logfile"].endswith("/twistd-service-supervisor.log")
+    assert parsed("service-model", "--server", "conf/server/DDPM.toml")["logfile"].endswith(
+        "/twistd-service-model-DDPM.log")
+    assert parsed("--logfile", "mine.log", "service-gateway")["logfile"] == "mine.log"  # an explicit one is kept
+    assert parsed("-n", "service-gateway")["logfile"] is None  # the foreground writes to stdout
+    old = os.umask(0o022)
+    try:
+        private_daemon_log(gateway.subOptions)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "twistd-service-gateway.log").st_mode) == 0o600

@@ -112,6 +112,9 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
 
     if reactor is None:
         reactor = global_reactor()
+    from svc.infra.output import unblock_log_output
+
+    unblock_log_output(options, reactor)  # a paused supervisor must not stop the public port: never block on it
 
     from svc.config import model_server_configs
     from svc.gateway.service import GatewayService

@@ -170,6 +170,9 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
 
     if reactor is None:
         reactor = global_reactor()
+    from svc.infra.output import unblock_log_output
+
+    unblock_log_output(options, reactor)  # a paused supervisor must not hold the model: never block on its pipe
 
     device = prepare_torch(config, share)
 

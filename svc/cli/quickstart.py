@@ -295,8 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     def forward(signum: int, frame: object) -> None:
         child.send_signal(signal.SIGTERM)
 
-    # Ctrl-C reaches the supervisor from the terminal (same process group): only wait for it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ctrl-C reaches the supervisor from the terminal too (same process group): a second stop signal changes
+    # nothing there.  A SIGINT sent to this process alone (kill -INT <pid>) did nothing when it was ignored.
+    signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGHUP, forward)
     seen: dict[str, str] = {}

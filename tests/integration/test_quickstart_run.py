@@ -4,6 +4,8 @@ import signal
 import sys
 import time
 
+import pytest
+
 from svc.cli.quickstart import read_env_file, svcctl_command
 from tests.support.processes import child_env, free_port, spawn, write_config
 
@@ -48,8 +50,10 @@ def start_quickstart(root, model: str, profile_extra: str = "", env: dict | None
     return popen, log, gateway_port, supervisor_port
 
 
-def test_the_block_comes_once_the_models_are_ready_and_sigterm_stops_everything(tmp_path):
-    """A catalog model outside the profile (TESTFAULTS: a config beside it) is listed, not waited for."""
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_the_block_comes_once_the_models_are_ready_and_a_stop_signal_stops_everything(tmp_path, stop):
+    """A catalog model outside the profile (TESTFAULTS: a config beside it) is listed, not waited for. A SIGINT
+    sent to the quick start alone (``kill -INT <pid>``, not Ctrl-C to the group) was ignored: it stops it too."""
     popen, log, gateway_port, supervisor_port = start_quickstart(tmp_path, "MOBILENETV2", others=("TESTFAULTS",))
     try:
         out = log.read_text()
@@ -68,7 +72,7 @@ def test_the_block_comes_once_the_models_are_ready_and_sigterm_stops_everything(
         assert "/api/v1/status" not in out and "MOBILENETV2: stopped" not in out
         assert "   MOBILENETV2: ready" in out
     finally:
-        popen.send_signal(signal.SIGTERM)
+        popen.send_signal(stop)
         code = popen.wait(60)
     assert code == 0, log.read_text()[-3000:]
 

@@ -276,7 +276,7 @@ class LimitedChannel(HTTPChannel):
                                                path)
         self.persistent = False
         self._reply_and_close(raw_reply(code, headers, body), LINGER_SECONDS)
-        site.log_line(method, path, code, self._head_ms(), None, "-")
+        site.log_line(method, path, code, self._head_ms(), headers.get("X-Request-ID"), "-")  # the reply's id
 
     def _request_read(self) -> Any | None:
         """The request whose head is being read (None before its request line), so that an early reply keeps
@@ -319,7 +319,7 @@ class LimitedChannel(HTTPChannel):
                                                path)
         self.persistent = False
         self._reply_and_close(raw_reply(code, headers, body), LINGER_SECONDS)
-        site.log_line(method, path, code, self._head_ms(), None, "-")
+        site.log_line(method, path, code, self._head_ms(), headers.get("X-Request-ID"), "-")  # the reply's id
 
     # --- pipelining ----------------------------------------------------------
 

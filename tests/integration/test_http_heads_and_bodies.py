@@ -255,12 +255,12 @@ def test_a_request_twisted_cannot_parse_is_counted_and_logged(processes):
         return float(line[0].split()[1]) if line else 0.0
 
     before = count("-"), count("POST")
-    raw_exchange(port, MALFORMED["request line"])
-    raw_exchange(port, MALFORMED["chunk size"])
+    ids = [split(raw_exchange(port, MALFORMED[case]))[1]["x-request-id"] for case in ("request line", "chunk size")]
     assert (count("-"), count("POST")) == (before[0] + 1, before[1] + 1)
     lines = processes["model process"].output().splitlines()
-    assert any(re.search(r" - - 400 [0-9.]+ms key=- rid=-$", line) for line in lines), lines[-5:]
-    assert any(re.search(r" POST /healthz 400 [0-9.]+ms key=- rid=-$", line) for line in lines), lines[-5:]
+    # the line names the reply's request id (it said rid=- while the reply carried one)
+    assert any(re.search(rf" - - 400 [0-9.]+ms key=- rid={ids[0]}$", line) for line in lines), lines[-5:]
+    assert any(re.search(rf" POST /healthz 400 [0-9.]+ms key=- rid={ids[1]}$", line) for line in lines), lines[-5:]
 
 
 @pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])

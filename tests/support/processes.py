@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -24,14 +25,41 @@ TEST_CONF = REPO / "tests" / "conf"
 SHIPPED_CONF = REPO / "conf" / "server"
 
 
+def _fixed_port_range() -> tuple[int, int]:
+    """Ports below the kernel's ephemeral range (``ip_local_port_range``), which no outgoing connection and no
+    ``--port 0`` listener takes: 12,000 of them, or the kernel's own choice where that range starts too low."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    return (low - 12_000, low - 1) if low > 14_000 else (0, 0)
+
+
+_FIXED_PORTS = _fixed_port_range()
+_PICK = random.Random(os.urandom(16))  # its own: a test may seed the module's generator, and every worker would pick alike
+
+
 def free_port() -> int:
-    """A port that was free a moment ago.
+    """A port that was free a moment ago, below the kernel's ephemeral range where it has one.
 
     Racy: the port is released before the child binds it, and another process
     may take it meanwhile.  Only for ports that must be known before a child
     starts (the configs of a gateway's catalog or a supervisor's stack); a model
     server started alone binds port 0 instead (:func:`start_model_server`).
+    A port the kernel gave (port 0) is one it also gives to outgoing connections
+    and to those ``--port 0`` servers of other test processes: one of them took
+    a stack's model port before it started (CI: "port ... is in use; still in
+    use after waiting 2 s"), which no port of the fixed range is exposed to.
     """
+    low, high = _FIXED_PORTS
+    for _ in range(100 if high else 0):
+        port = _PICK.randint(low, high)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import secrets
 import signal
@@ -140,6 +141,7 @@ def start_supervisor(stack: Stack, *, cwd: Path = REPO, flags: tuple[str, ...] =
         env=child_env(stack.env), cwd=cwd,
     )
     proc = Proc(popen, supervisor_port, log_path, stack.env.get("SERVICE_API_TOKEN"))
+    atexit.register(stop_at_exit, proc)
     stack = Stack(stack.root, proc, stack.gateway_port, stack.model_ports, stack.keys_file, stack.env, stack.key,
                   {**stack.extra, "spawned_at": time.monotonic()})
     deadline = time.monotonic() + 60
@@ -153,6 +155,14 @@ def start_supervisor(stack: Stack, *, cwd: Path = REPO, flags: tuple[str, ...] =
             raise RuntimeError(f"supervisor did not come up:\n{proc.output()}")
         time.sleep(0.2)
     return stack
+
+
+def stop_at_exit(proc: Proc) -> None:
+    """Stop a supervisor (and so its children) that is still running when the test process exits: a module
+    fixture that failed after starting one (a model that never became ready) never reaches its teardown, and a
+    CI run left a supervisor, a gateway and a model running after the suite."""
+    if proc.alive():
+        proc.stop(signal.SIGTERM, timeout=30)
 
 
 def stop_stack(stack: Stack) -> tuple[int, list[int]]:

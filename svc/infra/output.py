@@ -19,6 +19,7 @@ import atexit
 import io
 import os
 import select
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, TextIO
@@ -43,7 +44,9 @@ class UnblockedOutput(io.TextIOBase):
         self.limit = limit
         self.pending = bytearray()
         self.dropped = 0
-        self._retry: Any = None
+        self._retrying = False
+        # Worker threads log too (a failed batch): the observer runs in the thread that logged.
+        self._lock = threading.RLock()
         self._poll = select.poll()
         self._poll.register(fd, select.POLLOUT)
 
@@ -58,11 +61,12 @@ class UnblockedOutput(io.TextIOBase):
 
     def write(self, text: str) -> int:
         data = text.encode("utf-8", "replace")
-        if len(self.pending) + len(data) > self.limit:
-            self.dropped += max(text.count("\n"), 1)
-        else:
-            self.pending += data
-        self.drain()
+        with self._lock:
+            if len(self.pending) + len(data) > self.limit:
+                self.dropped += max(text.count("\n"), 1)
+            else:
+                self.pending += data
+            self.drain()
         return len(text)
 
     def flush(self) -> None:
@@ -70,7 +74,11 @@ class UnblockedOutput(io.TextIOBase):
 
     def drain(self, wait_s: float = 0.0) -> None:
         """Write what the pipe takes now (or within ``wait_s``); then the count of the lines dropped."""
-        deadline = time.monotonic() + wait_s
+        with self._lock:
+            self._retrying = False
+            self._drain(time.monotonic() + wait_s)
+
+    def _drain(self, deadline: float) -> None:
         while self.pending or self.dropped:
             if not self.pending:
                 self.pending += self._dropped_line()
@@ -95,12 +103,13 @@ class UnblockedOutput(io.TextIOBase):
                 "did not read this process's output\n").encode()
 
     def _retry_later(self) -> None:
-        if self.call_later is None or (self._retry is not None and self._retry.active()):
+        if self.call_later is None or self._retrying:
             return
+        self._retrying = True
         try:
-            self._retry = self.call_later(RETRY_S, self.drain)
+            self.call_later(RETRY_S, self.drain)
         except Exception:  # noqa: BLE001 - a reactor that no longer runs: the exit's drain writes them
-            self._retry = None
+            self._retrying = False
 
 
 def unblock_log_output(options: Any, reactor: Any, env: Mapping[str, str] | None = None) -> UnblockedOutput | None:
@@ -116,7 +125,8 @@ def unblock_log_output(options: Any, reactor: Any, env: Mapping[str, str] | None
     if stream is not sys.stdout:
         return None
     stream.flush()
-    output = UnblockedOutput(stream.fileno(), reactor.callLater)
+    # From any thread: the reactor's own timer, scheduled through callFromThread (callLater is not thread-safe).
+    output = UnblockedOutput(stream.fileno(), lambda delay, f: reactor.callFromThread(reactor.callLater, delay, f))
     parent["logFile"] = output
     atexit.register(output.drain, EXIT_WAIT_S)
     return output

@@ -90,3 +90,22 @@ def test_only_a_child_of_the_supervisor_run_by_twist_gets_it(monkeypatch):
     monkeypatch.setattr("atexit.register", lambda *a: None)
     output = unblock_log_output(Sub(), Clock(), env={"SERVICE_SUPERVISOR_PID": "1"})
     assert output is not None and Sub.parent["logFile"] is output and output.fileno() == sys.stdout.fileno()
+
+
+def test_lines_written_from_several_threads_come_out_whole(pipe):
+    """Worker threads log too (the observer runs in the thread that logged): the pending bytes are shared."""
+    import threading
+
+    read, write = pipe
+    out = UnblockedOutput(write, None, limit=1 << 22)
+    threads = [threading.Thread(target=lambda n=n: [out.write(line(n * 1000 + i)) for i in range(300)])
+               for n in range(4)]
+    received = b""
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads) or out.pending:
+        received += read_all(read)
+        out.flush()
+    received += read_all(read)
+    assert sorted(received.decode().splitlines(keepends=True)) == sorted(
+        line(n * 1000 + i) for n in range(4) for i in range(300))

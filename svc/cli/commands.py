@@ -16,6 +16,8 @@ JSON envelope, base64 images and the Bearer header.  It has:
   status, 2 when no request could be made or completed (no token, unreadable
   image, connection failure, deadline), 130 when interrupted;
 * ``svcctl openapi check|write``: the committed OpenAPI documents;
+* ``svcctl cache list|prune``: the compiled cache of the model servers
+  (:mod:`svc.optimize.prune`);
 * ``svcctl weights list|pull|import|verify``: pretrained weights in the
   local cache (``svc.weightstore.cli``).
 
@@ -124,11 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     hashing.set_defaults(handler=_hash)
 
     from svc.cli import keyfile
+    from svc.optimize import prune
     from svc.weightstore import cli as weights
 
     cli_gateway.add_parsers(sub)
     keyfile.add_parser(sub)
     weights.add_parser(sub)
+    prune.add_parser(sub)
     return parser
 
 

@@ -11,6 +11,7 @@
 - :mod:`svc.optimize.aot`: ``compile``: export, AOTInductor, packages keyed and cached on disk;
 - :mod:`svc.optimize.runtimes`: ``openvino`` / ``onnxruntime``: the target converted at load, cached on disk;
 - :mod:`svc.optimize.cache`: the state directory, its ``compiled/`` and ``inductor/`` (torch-free);
+- :mod:`svc.optimize.prune`: ``svcctl cache list|prune``: the compiled cache's artefacts by last use (torch-free);
 - :mod:`svc.optimize.buckets`: batch-shape buckets (pad to a captured size, slice back);
 - :mod:`svc.optimize.cudagraphs`: CUDA graphs per bucket (GPU only);
 - :mod:`svc.optimize.transfer`: pinned-memory host-to-device batches (GPU only).

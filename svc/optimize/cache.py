@@ -125,6 +125,11 @@ _TEMPORARY = re.compile(r"^\.(building|writing|converting|exporting)-(?:(\d+)-)?
 UNNAMED_LEFTOVER_S = 3600.0
 
 
+def is_temporary(name: str) -> bool:
+    """Whether a file of the cache named ``name`` is a temporary one (:func:`temporary_file`), not an artefact."""
+    return _TEMPORARY.match(name) is not None
+
+
 def temporary_file(path: Path, what: str, suffix: str) -> str:
     """A new empty file (0600) beside ``path`` to make it in, named by this process's pid.
 
@@ -199,6 +204,7 @@ def read_cached(meta: Path, files: list[Path], load: Callable[[dict], T], stats:
             found = load(record)
             if stats is not None:
                 stats["loaded"] += 1
+            _mark_used(meta)
             return found
         except MemoryError:
             raise
@@ -207,6 +213,15 @@ def read_cached(meta: Path, files: list[Path], load: Callable[[dict], T], stats:
                 stats["unusable"] += 1  # the optimisation line says so (svc.optimize.report.describe_cache)
     meta.unlink(missing_ok=True)
     return None
+
+
+def _mark_used(meta: Path) -> None:
+    """Set the record's modification time to now: the time a start last used its artefact, which ``svcctl cache
+    prune`` goes by (:mod:`svc.optimize.prune`); a read-only cache keeps the time it was made."""
+    try:
+        os.utime(meta)
+    except OSError:
+        pass
 
 
 def write_record(meta: Path, files: list[Path], fields: dict) -> None:

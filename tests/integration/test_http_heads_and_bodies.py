@@ -347,6 +347,12 @@ def test_two_authorization_headers_carry_no_credential(processes, name):
                             + b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode()
                             + b"\r\n\r\n" + body)
 
+    def wrong_credentials() -> float:  # operations.md: two Authorization headers count as reason "wrong"
+        text = get(url + "/metrics", headers={"Authorization": "Bearer gw-metrics-token"}, timeout=10).body.decode()
+        line = [x for x in text.splitlines() if x.startswith('service_gateway_auth_failures_total{reason="wrong"} ')]
+        return float(line[0].split()[1]) if line else 0.0
+
+    before = wrong_credentials() if name == "gateway" else 0.0
     assert split(post(token))[0] != b"HTTP/1.1 401 Unauthorized"  # one: authenticated (422, or 200 on the supervisor)
     for credentials in ((token, token), (token, b"wrong"), (b"wrong", token)):
         first, _, data = split(post(*credentials))
@@ -355,6 +361,8 @@ def test_two_authorization_headers_carry_no_credential(processes, name):
         assert (got["status"], got["status_str"]) == (401, "UNAUTHORIZED") if shape == "envelope" else got["ok"] is False
         # It said "missing bearer token" (the gateway) or "missing or wrong ..." to a client that sent two.
         assert got["error"] == TWO_AUTHORIZATIONS[name], got
+    if name == "gateway":
+        assert wrong_credentials() == before + 3
     assert_serving(url, name)
 
 

@@ -181,26 +181,48 @@ def react(client: Client, main: Callable[[IClientReactor], Awaitable[int]]) -> t
     return (codes[0] if codes else None), stopped
 
 
-def with_deadline(d: Any, timeout: float, reactor: IClientReactor) -> Any:
-    """``d`` cancelled after ``timeout`` seconds, failing then with ``TimeoutError`` whatever the cancellation raised.
+def with_deadline(start: Callable[[], Any], timeout: float, reactor: IClientReactor) -> Any:
+    """The Deferred that ``start()`` returns, cancelled after ``timeout`` seconds, failing then with
+    ``TimeoutError`` whatever the cancellation raised.
 
     Cancelled while it connects or resolves the name, the agent fails with
-    ``ConnectingCancelledError`` or a DNS error, which ``addTimeout`` passes
-    through as they are: the user would read a cause other than the deadline.
+    ``ConnectingCancelledError`` or a DNS error (``RequestGenerationFailed``
+    while it sends the body), which ``addTimeout`` passes through as they
+    are: the user would read a cause other than the deadline.  The same
+    errors come when treq's own timeout or the agent's connect timeout,
+    both of ``timeout`` and started first, cancel the request at the same
+    moment: so any failure once the deadline is due is the deadline's
+    (``--timeout-s 0.005`` read "cannot resolve the host name" for an IP
+    address).  The deadline is taken before ``start`` runs, so that it is
+    never later than those timers.
     """
     from twisted.internet.defer import TimeoutError as DeadlineError
+
+    due = reactor.seconds() + timeout
 
     def passed(_result: Any, seconds: float) -> Any:
         raise DeadlineError(seconds, "request")
 
-    return d.addTimeout(timeout, reactor, onTimeoutCancel=passed)
+    def at_deadline(failure: Any) -> Any:
+        if reactor.seconds() >= due and not failure.check(DeadlineError):
+            raise DeadlineError(timeout, "request")
+        return failure
+
+    d = start().addTimeout(timeout, reactor, onTimeoutCancel=passed)
+    return d.addErrback(at_deadline)
 
 
 def _wrapped(error: BaseException) -> Any:
     """``error`` when it is the agent's failure that carries the reasons it failed, else None."""
-    from twisted.web.client import RequestTransmissionFailed, ResponseFailed, ResponseNeverReceived
+    from twisted.web.client import (
+        RequestGenerationFailed,
+        RequestTransmissionFailed,
+        ResponseFailed,
+        ResponseNeverReceived,
+    )
 
-    return error if isinstance(error, ResponseFailed | ResponseNeverReceived | RequestTransmissionFailed) else None
+    wrappers = ResponseFailed | ResponseNeverReceived | RequestTransmissionFailed | RequestGenerationFailed
+    return error if isinstance(error, wrappers) else None
 
 
 def is_timeout(error: BaseException) -> bool:
@@ -268,7 +290,7 @@ async def exchange_once(client: Client, reactor: IClientReactor, call: HttpCall,
     """
     from twisted.internet.defer import ensureDeferred
 
-    d = with_deadline(ensureDeferred(client.exchange(reactor, call, token)), call.timeout, reactor)
+    d = with_deadline(lambda: ensureDeferred(client.exchange(reactor, call, token)), call.timeout, reactor)
     interrupted: list[bool] = []
 
     def on_shutdown() -> None:

@@ -159,8 +159,8 @@ class JobRun:
                 raise _RunOver()
             run_bound = remaining <= call.timeout
             call = replace(call, timeout=min(call.timeout, remaining))
-        d = with_deadline(ensureDeferred(self.client.exchange(self.reactor, call, self.token)), call.timeout,
-                          self.reactor)
+        d = with_deadline(lambda: ensureDeferred(self.client.exchange(self.reactor, call, self.token)),
+                          call.timeout, self.reactor)
         self.current = d
         try:
             reply = await d

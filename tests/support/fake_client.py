@@ -28,7 +28,7 @@ from twisted.internet.defer import CancelledError, Deferred, ensureDeferred
 from twisted.internet.error import ConnectingCancelledError, DNSLookupError
 from twisted.internet.task import Clock, deferLater
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseNeverReceived
+from twisted.web.client import RequestGenerationFailed, ResponseNeverReceived
 
 from svc.cli.http import HttpCall
 from svc.cli.http import Reply as HttpReply
@@ -66,7 +66,9 @@ class Reply:
     (``ConnectingCancelledError``, ``DNSLookupError``); ``"own-timeout"``
     fails at the request's own timeout as treq's does (the agent's
     ``ResponseNeverReceived`` of a cancellation), before the command's
-    deadline at the same moment.  ``delay``: the
+    deadline at the same moment; ``"own-timeout-connecting"``,
+    ``"own-timeout-resolving"`` and ``"own-timeout-sending"`` the same, in
+    the phase whose error the agent then raises (as :data:`OWN_TIMEOUT`).  ``delay``: the
     reply comes that many seconds of the fake clock later (cancellable).
     """
 
@@ -83,6 +85,15 @@ class Reply:
 CANCELLED: dict[str | None, Callable[[Deferred], None]] = {
     "connecting": lambda d: d.errback(ConnectingCancelledError(HostnameAddress(b"gw.test", 8080))),
     "resolving": lambda d: d.errback(DNSLookupError("gw.test")),
+}
+
+
+#: How the real agent fails when treq's own timeout (or its connect timeout) cancels the request first, by stall.
+OWN_TIMEOUT: dict[str, Callable[[], BaseException]] = {
+    "own-timeout": lambda: ResponseNeverReceived([Failure(CancelledError())]),
+    "own-timeout-connecting": lambda: ConnectingCancelledError(HostnameAddress(b"127.0.0.1", 8080)),
+    "own-timeout-resolving": lambda: DNSLookupError("127.0.0.1"),
+    "own-timeout-sending": lambda: RequestGenerationFailed([Failure(CancelledError())]),
 }
 
 
@@ -136,9 +147,9 @@ class FakeClient:
             await deferLater(reactor, reply.delay)
         if reply.error is not None:
             raise reply.error
-        if reply.stall == "own-timeout":
+        if reply.stall in OWN_TIMEOUT:
             await deferLater(reactor, call.timeout)
-            raise ResponseNeverReceived([Failure(CancelledError())])
+            raise OWN_TIMEOUT[reply.stall]()
         if reply.stall is not None:
             if reply.stall == "interrupt":
                 reactor.callLater(0, reactor.shutdown)

@@ -524,6 +524,18 @@ def test_a_reply_that_never_comes_ends_at_the_deadline(gateway, images, capsys, 
     assert gateway.reactor.seconds() == 0.5
 
 
+@pytest.mark.parametrize("stall", ["own-timeout-connecting", "own-timeout-resolving", "own-timeout-sending"])
+def test_a_deadline_that_the_clients_own_timeout_meets_first_is_still_the_deadline_line(gateway, images, capsys,
+                                                                                        stall):
+    """treq's timeout (and the agent's connect timeout) fire at the deadline's moment, before it: the agent's
+    error of that phase was the line (``--timeout-s 0.005`` read "cannot resolve the host name" for an IP, or
+    ``ConnectingCancelledError: HostnameAddress(...)``, or ``RequestGenerationFailed``)."""
+    gateway.reply = Reply(stall=stall)
+    assert run(gateway, "infer", "M", str(images[0]), "--gateway", GATEWAY, "--timeout-s", "0.5") == 2
+    assert capsys.readouterr() == ("", f"svcctl: POST {GATEWAY}/v1/models/M/infer: no complete reply within 0.5 s\n")
+    assert gateway.reactor.seconds() == 0.5
+
+
 def test_an_interrupted_request_says_so_and_exits_130(gateway, capsys):
     gateway.reply = Reply(stall="interrupt")
     assert run(gateway, "jobs", "get", "M", "job_1", "--gateway", GATEWAY) == 130
@@ -600,6 +612,31 @@ def test_one_deadline_covers_the_headers_and_the_body():
                 done = finish(proc)
                 assert (done.returncode, done.stdout) == (2, "")
                 assert done.stderr == f"svcctl: GET {url}/v1/models/M/jobs/job_1: no complete reply within 0.5 s\n"
+
+
+def test_a_deadline_that_passes_while_connecting_is_the_deadline_line():
+    """A listener whose backlog is full never completes the connection: ``--timeout-s`` ended it with
+    ``ConnectingCancelledError: HostnameAddress(...)``; and a deadline shorter than a loopback connect read
+    "cannot resolve the host name" for an IP address. Both are the documented deadline line, exit 2."""
+    with socket.socket() as full:
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        port = full.getsockname()[1]
+        fillers = [socket.socket() for _ in range(8)]  # the queue fills; later SYNs are dropped, never refused
+        for filler in fillers:
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+        with listener() as (_, quick_url):
+            procs = [(f"http://127.0.0.1:{port}", "1", start("jobs", "get", "M", "job_1", "--gateway",
+                                                              f"http://127.0.0.1:{port}", "--timeout-s", "1"))]
+            procs += [(quick_url, "0.001", start("jobs", "get", "M", "job_1", "--gateway", quick_url,
+                                                 "--timeout-s", "0.001")) for _ in range(4)]
+            for url, seconds, proc in procs:
+                done = finish(proc)
+                assert (done.returncode, done.stdout) == (2, "")
+                assert done.stderr == f"svcctl: GET {url}/v1/models/M/jobs/job_1: no complete reply within {seconds} s\n"
+        for filler in fillers:
+            filler.close()
 
 
 def test_an_ipv6_gateway_url_reaches_the_gateway_with_its_host_header(ipv6_loopback):

@@ -222,6 +222,17 @@ def test_timeout_s_names_the_job_when_the_clients_own_timeout_fires_first(gatewa
     assert gateway.reactor.seconds() == 3.0
 
 
+@pytest.mark.parametrize("stall", ["own-timeout-connecting", "own-timeout-resolving"])
+def test_timeout_s_that_passes_while_a_wait_connects_names_the_job(gateway, capsys, stall):
+    """The run's deadline fell while a wait poll connected, and the client's own timeout fired first: the line was
+    ``GET .../wait?timeout=1000: cannot resolve the host name``, not the job's."""
+    gateway.script = [Reply(202, JOB), Reply(stall=stall)]
+    assert run(gateway, "jobs", "run", "M", "--timeout-s", "3", "--gateway", GATEWAY) == 2
+    assert capsys.readouterr() == ("", "job_1 pending\nsvcctl: job job_1 is not finished within --timeout-s 3: it "
+                                       "goes on; follow it with svcctl jobs wait M job_1 (or jobs get|result)\n")
+    assert gateway.reactor.seconds() == 3.0
+
+
 def test_without_timeout_s_a_long_job_is_followed_to_its_end(gateway, capsys):
     """The default bounds no run (a DDPM of 1000 steps takes minutes): each request keeps its own deadline."""
     running = Reply(200, status("running", {"step": 1, "steps": 10}), delay=30.0)

@@ -323,11 +323,17 @@ async def call_gateway(client: Client, reactor: IClientReactor, call: HttpCall, 
     except CliError as e:
         fail(str(e))
         return EXIT_USAGE
-    status, phrase, content, retry_after = reply[:4]
+    status, content = reply.status, reply.content
     print_reply(content)
     note_weights(reply)
     if 200 <= status < 300:
         return EXIT_OK
-    more = f" (Retry-After: {retry_after})" if retry_after else ""
-    fail(f"HTTP {status} {phrase}{more} from {call.method} {call.url}")
+    fail(http_error_line(reply, call.method, call.url))
     return EXIT_HTTP
+
+
+def http_error_line(reply: Reply, method: str, url: str) -> str:
+    """The line of an error reply, with its ``Retry-After`` when it has one (a 429 says when to ask again): one
+    wording for ``infer``, ``jobs ...`` and ``jobs run``."""
+    more = f" (Retry-After: {reply.retry_after})" if reply.retry_after else ""
+    return f"HTTP {reply.status} {reply.phrase}{more} from {method} {url}"

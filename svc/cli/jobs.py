@@ -46,6 +46,7 @@ from svc.cli.http import (
     HttpCall,
     describe_failure,
     fail,
+    http_error_line,
     is_timeout,
     note_weights,
     print_reply,
@@ -177,7 +178,7 @@ class JobRun:
 
     async def follow_up(self, call: HttpCall) -> tuple[int, str, bytes]:
         """A GET of the submitted job, repeated after a 429's ``Retry-After`` (at most :data:`RETRY_AFTER_CAP_S`
-        s a time, within ``--timeout-s``): on a key of 1 or 2 requests/s the submit spent the second's token and
+        s a time, and no longer than ``--timeout-s`` has left, so that the run ends when it really passed): on a key of 1 or 2 requests/s the submit spent the second's token and
         the first wait, or the result after a short job, met the rate limit, and the run exited 1 while its job
         went on to be done."""
         from twisted.internet.task import deferLater
@@ -187,8 +188,10 @@ class JobRun:
             if reply[0] != 429:
                 return reply
             delay = retry_delay(self.last.retry_after)
-            if self.deadline is not None and self.reactor.seconds() + delay >= self.deadline:
-                raise _RunOver()
+            if self.deadline is not None:  # wait no longer than the run has left; the next call then says it passed
+                delay = min(delay, self.deadline - self.reactor.seconds())
+                if delay <= 0:
+                    raise _RunOver()
             waited = deferLater(self.reactor, delay, lambda: None)
             self.current = waited
             try:
@@ -213,12 +216,12 @@ class JobRun:
         timeout = args.timeout_s if args.timeout_s is not None else DEFAULT_TIMEOUT_S
         submit = HttpCall("POST", model + JOBS, self.body(), timeout)
         try:
-            status, phrase, content = await self.call(submit)
+            status, _, content = await self.call(submit)
         except _RunOver:  # no job id yet: the request's own line (the deadline is the run's, and so the request's)
             raise CliError(f"{submit.method} {submit.url}: no complete reply within {timeout:g} s") from None
         submitted = _json(content)
         if status != 202 or not isinstance(submitted, dict) or not isinstance(submitted.get("job_id"), str):
-            return self.http_error(status, phrase, content, "POST", model + JOBS)
+            return self.http_error("POST", model + JOBS)
         job_id = submitted["job_id"]
         try:
             return await self.follow(submitted, content, base, model_prefix, timeout)
@@ -240,11 +243,11 @@ class JobRun:
             bar.show(body.get("state", "pending"), body.get("progress"))
             while body.get("state") not in TERMINAL:
                 url = f"{poll}/wait?timeout={args.poll_ms}"
-                status, phrase, content = await self.follow_up(HttpCall("GET", url, None, wait_timeout))
+                status, _, content = await self.follow_up(HttpCall("GET", url, None, wait_timeout))
                 body = _json(content)
                 if status != 200 or not isinstance(body, dict):
                     bar.close()
-                    return self.http_error(status, phrase, content, "GET", url)
+                    return self.http_error("GET", url)
                 bar.show(body.get("state", "?"), body.get("progress"))
         finally:
             bar.close()
@@ -254,10 +257,10 @@ class JobRun:
             fail(f"job {job_id} ended {body['state']}: {body.get('error') or 'no reason given'}")
             return EXIT_HTTP
         result_url = urljoin(base + "/", body.get("result_url") or f"{poll}/result")
-        status, phrase, content = await self.follow_up(HttpCall("GET", result_url, None, timeout))
+        status, _, content = await self.follow_up(HttpCall("GET", result_url, None, timeout))
         envelope = _json(content)
         if not 200 <= status < 300 or not isinstance(envelope, dict):
-            return self.http_error(status, phrase, content, "GET", result_url)
+            return self.http_error("GET", result_url)
         print_reply(content)  # a reader gone away: the files are still written
         note_weights(self.last, self.stderr)
         if args.out is not None:
@@ -275,10 +278,11 @@ class JobRun:
         body["images"] = [PLACEHOLDER_PNG]
         return json.dumps(body).encode("utf-8")
 
-    @staticmethod
-    def http_error(status: int, phrase: str, content: bytes, method: str, url: str) -> int:
-        print_reply(content)
-        fail(f"HTTP {status} {phrase} from {method} {url}")
+    def http_error(self, method: str, url: str) -> int:
+        """Print the last reply, an error, and its line as ``infer`` does (a 429's ``Retry-After`` included);
+        exit 1."""
+        print_reply(self.last.content)
+        fail(http_error_line(self.last, method, url))
         return EXIT_HTTP
 
 

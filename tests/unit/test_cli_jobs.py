@@ -94,7 +94,8 @@ def test_a_refused_submit_and_an_expired_job_exit_1_with_the_reply(gateway, caps
     gateway.script = [Reply(429, full, retry_after="3")]
     assert run(gateway, "jobs", "run", "M", "--gateway", GATEWAY) == 1
     assert capsys.readouterr() == (json.dumps(full, indent=2) + "\n",
-                                   f"svcctl: HTTP 429 Too Many Requests from POST {GATEWAY}/v1/models/M/jobs\n")
+                                   f"svcctl: HTTP 429 Too Many Requests (Retry-After: 3) from POST {GATEWAY}"
+                                   "/v1/models/M/jobs\n")  # the line infer gives the same reply
     gone = {"status": 63, "error": "job not found: job_1"}
     gateway.script = [Reply(202, JOB), Reply(404, gone)]
     assert run(gateway, "jobs", "run", "M", "--gateway", GATEWAY) == 1
@@ -189,13 +190,25 @@ def test_a_wait_or_the_result_answered_429_is_asked_again_after_its_retry_after(
     assert gateway.reactor.seconds() == 3.0  # Retry-After: 2, then 1 where the reply had none
 
 
-def test_a_429_whose_retry_after_passes_timeout_s_ends_the_run_naming_the_job(gateway, capsys):
-    limited = Reply(429, {"status": 429, "status_str": "RATE_LIMITED", "results": []}, retry_after="30")
-    gateway.script = [Reply(202, JOB), limited]
+def test_a_429_whose_retry_after_passes_timeout_s_is_asked_again_until_the_deadline_really_passes(gateway, capsys):
+    """Every wait answered 429 with ``Retry-After: 30`` under ``--timeout-s 10``: the run gave up at once (1.3 s),
+    saying the job was not finished within 10 s. It waits at most what the run has left, asks again while time is
+    left, and says the deadline only once it has passed."""
+    limited = Reply(429, {"status": 429, "status_str": "RATE_LIMITED", "results": []}, retry_after="30",
+                    delay=1.0)  # each 429 takes a second to come
+    gateway.reply = limited
+    gateway.script = [Reply(202, JOB)]
     assert run(gateway, "jobs", "run", "M", "--timeout-s", "10", "--gateway", GATEWAY) == 2
-    assert capsys.readouterr().err.endswith("svcctl: job job_1 is not finished within --timeout-s 10: it goes on; "
-                                            "follow it with svcctl jobs wait M job_1 (or jobs get|result)\n")
-    assert len(gateway.requests) == 2
+    assert capsys.readouterr() == ("", "job_1 pending\nsvcctl: job job_1 is not finished within --timeout-s 10: it "
+                                       "goes on; follow it with svcctl jobs wait M job_1 (or jobs get|result)\n")
+    assert gateway.reactor.seconds() == 10.0
+    # the 429 came at 1 s: it waited the 9 s left (not 30), and ended then, asking nothing past the deadline
+    assert [r.path for r in gateway.requests] == ["/v1/models/M/jobs", "/v1/models/M/jobs/job_1/wait?timeout=1000"]
+    gateway.requests.clear()
+    gateway.script = [Reply(202, JOB), Reply(429, limited.body, retry_after="3"), Reply(200, status("done")),
+                      Reply(200, ENVELOPE)]
+    assert run(gateway, "jobs", "run", "M", "--timeout-s", "10", "--gateway", GATEWAY) == 0
+    assert gateway.reactor.seconds() == 13.0 and len(gateway.requests) == 4  # asked again after 3 s, within 10
 
 
 def test_timeout_s_bounds_the_whole_run_and_names_the_job_which_goes_on(gateway, capsys):

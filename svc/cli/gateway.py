@@ -42,8 +42,10 @@ def plan_call(args: argparse.Namespace) -> HttpCall:
 
     ``jobs wait`` sends ``?timeout=MS`` and keeps the client timeout above the
     wait budget: MS/1000 + 30 s, or ``--timeout-s`` when that is larger.  A
-    budget at or above the gateway's receive timeout is refused here (the
-    gateway would answer 502 without waiting).
+    ``--timeout`` at or above the gateway's receive timeout is refused here
+    (the gateway would answer 502 without waiting); without one, the default
+    is kept below it (a gateway set to 30000 or less refused a plain ``jobs
+    wait`` naming a ``--timeout`` the user never gave).
     """
     base = gateway_url(args.gateway, os.environ).rstrip("/")
     model = f"{base}/v1/models/{quote(args.model, safe='')}"
@@ -58,11 +60,15 @@ def plan_call(args: argparse.Namespace) -> HttpCall:
     if action == "result":
         return HttpCall("GET", f"{job}/result", None, timeout)
     limit = gateway_recv_timeout_ms()
-    if args.wait_ms >= limit:
+    if args.wait_ms is None:  # not given: the default, kept below a gateway configured under it
+        wait_ms = min(DEFAULT_WAIT_MS, limit - 1)
+    elif args.wait_ms >= limit:
         raise CliError(f"--timeout {args.wait_ms}: a wait through the gateway must stay below its "
                        f"upstream_recv_timeout_ms ({limit} ms); use at most {limit - 1} and wait again to wait longer")
-    budget = args.wait_ms / 1000 + WAIT_MARGIN_S
-    return HttpCall("GET", f"{job}/wait?timeout={args.wait_ms}", None, max(budget, args.timeout_s or 0.0))
+    else:
+        wait_ms = args.wait_ms
+    budget = wait_ms / 1000 + WAIT_MARGIN_S
+    return HttpCall("GET", f"{job}/wait?timeout={wait_ms}", None, max(budget, args.timeout_s or 0.0))
 
 
 def run(args: argparse.Namespace, client: Client) -> int:
@@ -128,8 +134,9 @@ def add_parsers(sub: Any) -> None:
         action.add_argument("job", metavar="JOB", help="job id (job_...)")
         action.set_defaults(handler=run, uses_client=True)
         if name == "wait":
-            action.add_argument("--timeout", dest="wait_ms", type=non_negative_int, default=DEFAULT_WAIT_MS,
-                                metavar="MS", help=f"wait budget in milliseconds (default {DEFAULT_WAIT_MS}; below "
+            action.add_argument("--timeout", dest="wait_ms", type=non_negative_int, default=None,
+                                metavar="MS", help=f"wait budget in milliseconds (default {DEFAULT_WAIT_MS}, or "
+                                "1 less than the gateway's limit where that is lower; below "
                                 f"{GATEWAY_RECV_TIMEOUT_MS} by default: the gateway's upstream_recv_timeout_ms, read from "
                                 "conf/service.toml when it is here)")
     cli_jobs.add_parser(actions, client_options(cli_jobs.TIMEOUT_HELP))

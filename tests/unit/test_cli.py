@@ -323,6 +323,28 @@ def test_the_wait_limit_is_the_gateways_configured_receive_timeout(capsys, monke
     assert "upstream_recv_timeout_ms (60000 ms), got 100000" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("limit, sent", [(30000, 29999), (20000, 19999), (30001, 30000), (180000, 30000)])
+def test_a_wait_without_timeout_stays_below_a_gateway_configured_under_the_default(capsys, monkeypatch, tmp_path,
+                                                                                   limit, sent):
+    """A plain ``jobs wait`` was refused, exit 2, naming ``--timeout 30000`` which the user never gave, where the
+    gateway's upstream_recv_timeout_ms was 30000 or less. The default is kept below it; a given --timeout is not."""
+    monkeypatch.setenv("SERVICE_API_KEY", "k")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "service.toml").write_text(f"[gateway]\nupstream_recv_timeout_ms = {limit}\n")
+    client = fake_client(monkeypatch)
+    client.reply = Reply(200, {"job_id": "job_1", "state": "running"})
+    assert run(client, "jobs", "wait", "M", "job_1", "--gateway", GATEWAY) == 0
+    assert [(r.path, r.timeout) for r in client.requests] == [(f"/v1/models/M/jobs/job_1/wait?timeout={sent}",
+                                                               sent / 1000 + 30)]
+    capsys.readouterr()
+    assert run(client, "jobs", "wait", "M", "job_1", "--gateway", GATEWAY, "--timeout", str(limit)) == 2
+    assert capsys.readouterr() == ("", f"svcctl: --timeout {limit}: a wait through the gateway must stay below its "
+                                       f"upstream_recv_timeout_ms ({limit} ms); use at most {limit - 1} and wait "
+                                       "again to wait longer\n")
+    assert len(client.requests) == 1
+
+
 @pytest.mark.parametrize("flags", [["--param", "novalue"], ["--param", "=1"], ["--timeout-s", "0"],
                                    ["--timeout-s", "x"]])
 def test_bad_client_flags_exit_2(capsys, flags):

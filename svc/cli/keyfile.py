@@ -27,6 +27,7 @@ says so.  ``keys list`` prints name, scope, qps and enabled, never a hash.
 from __future__ import annotations
 
 import argparse
+import errno
 import fcntl
 import os
 import sys
@@ -285,11 +286,7 @@ def run(args: argparse.Namespace, client: Client) -> int:
     """``svcctl keys ...``: the exit status (``client`` makes the restart request)."""
     path = args.keys_file or default_keys_file()
     try:
-        folder = os.path.dirname(os.path.abspath(path))
-        if args.keys_file is None and args.keys_action == "add" and not os.path.isdir(folder):
-            # Run outside the checkout: a key file made here would be one no gateway reads.
-            raise CliError(f"{path}: no {os.path.dirname(path) or '.'}/ folder here: run svcctl keys in the "
-                           "checkout, or pass --keys-file")
+        check_path(path, args.keys_file is not None, args.keys_action)
         if args.keys_action == "list":
             try:
                 entries = load_key_file(path)
@@ -327,13 +324,44 @@ def run(args: argparse.Namespace, client: Client) -> int:
     except CliError as e:
         fail(str(e))
         return EXIT_USAGE
+    other = gateway_reads(path)  # the gateway reads another file: never say that it applies this one
+    reads = f"reads {other}, not {path}: the change does not apply to it"
     if token is None:
-        fail("not restarted (--no-restart): the gateway applies the change when it next starts")
+        fail(f"not restarted (--no-restart); the gateway {reads}" if other else
+             "not restarted (--no-restart): the gateway applies the change when it next starts")
         return EXIT_OK
     code = restart_gateway(args.supervisor, token, client)
     if code == EXIT_OK:
-        fail("the gateway restarted and applies the change")
+        fail(f"the gateway restarted, but it {reads}" if other else "the gateway restarted and applies the change")
     return code
+
+
+def check_path(path: str, explicit: bool, action: str) -> None:
+    """CliError (one line, nothing written) for a key file that no edit should make: in a folder that does not
+    exist (a typo in ``--keys-file`` made its folders, and the gateway, reading another file, answered the new
+    key 401; without ``--keys-file``, run outside the checkout), or a loop of symbolic links (replaced by a
+    regular file)."""
+    folder = os.path.dirname(os.path.realpath(path))
+    if action != "list" and not os.path.isdir(folder):
+        if not explicit:  # a key file made here would be one no gateway reads
+            raise CliError(f"{path}: no {os.path.dirname(path) or '.'}/ folder here: run svcctl keys in the "
+                           "checkout, or pass --keys-file")
+        raise CliError(f"{path}: no folder {folder} (nothing written): create it, or check the path")
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CliError(f"{path}: a loop of symbolic links (nothing written): give the key file itself") from None
+
+
+def gateway_reads(path: str) -> str | None:
+    """The key file the gateway reads (``keys_file`` of ``[gateway]`` in this folder's service configuration,
+    which the supervisor starts it with) when ``path`` is another file; None when it is that one, or when no
+    configuration here says (run outside the checkout)."""
+    if not os.path.isfile(SERVICE_CONFIG):
+        return None
+    configured = default_keys_file()
+    return None if os.path.realpath(configured) == os.path.realpath(path) else configured
 
 
 def add_parser(sub: Any) -> None:

@@ -40,11 +40,18 @@ def keys(tmp_path):
     return path
 
 
+def in_checkout(monkeypatch, keys) -> None:
+    """Run from the folder above ``keys``'s, whose ``conf/service.toml`` names it as the gateway's key file."""
+    (keys.parent / "service.toml").write_text(f'[gateway]\nkeys_file = "conf/{keys.name}"\n')
+    monkeypatch.chdir(keys.parent.parent)
+
+
 def mode(path) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
 
 
-def test_add_appends_the_keygen_entry_keeps_comments_and_order_and_prints_the_key_once(keys, capsys):
+def test_add_appends_the_keygen_entry_keeps_comments_and_order_and_prints_the_key_once(keys, capsys, monkeypatch):
+    in_checkout(monkeypatch, keys)
     code = cli.main(["keys", "add", "tenant-b", "--scope", "all", "--qps", "3", "--keys-file", str(keys),
                      "--no-restart"])
     out, err = capsys.readouterr()
@@ -58,7 +65,7 @@ def test_add_appends_the_keygen_entry_keeps_comments_and_order_and_prints_the_ke
                    "svcctl: not restarted (--no-restart): the gateway applies the change when it next starts\n")
     assert mode(keys) == 0o600
     assert [e.name for e in load_key_file(str(keys))] == ["tenant-a", "old", "tenant-b"]
-    assert sorted(os.listdir(keys.parent)) == ["api_keys.toml"]  # no temporary file left
+    assert sorted(os.listdir(keys.parent)) == ["api_keys.toml", "service.toml"]  # no temporary file left
 
 
 @pytest.mark.parametrize("action", [["add", "k2"], ["disable", "tenant-a"]])
@@ -77,6 +84,7 @@ def test_an_edit_by_root_keeps_the_service_users_owner_and_group(keys, capsys, a
 
 def test_add_creates_a_missing_file_with_mode_0600(tmp_path, capsys):
     path = tmp_path / "new" / "keys.toml"
+    path.parent.mkdir()
     assert cli.main(["keys", "add", "a.b", "--keys-file", str(path), "--no-restart"]) == 0
     key = capsys.readouterr().out.strip()
     text = path.read_text()
@@ -194,6 +202,7 @@ SUPERVISOR = "http://supervisor.test:8787"
 
 
 def test_add_then_restarts_the_gateway_with_the_management_token(keys, capsys, monkeypatch):
+    in_checkout(monkeypatch, keys)
     monkeypatch.setenv("SERVICE_API_TOKEN", MANAGEMENT)
     supervisor = FakeClient()
     supervisor.reply = Reply(200, {"ok": True})
@@ -291,12 +300,60 @@ def test_edits_made_at_the_same_time_all_land(keys):
     assert "Keep this comment." in keys.read_text()
 
 
-def test_a_folder_that_cannot_be_made_or_locked_is_one_line_and_exit_2(tmp_path, capsys):
+def test_a_folder_that_is_a_file_is_one_line_and_exit_2(tmp_path, capsys):
     blocker = tmp_path / "conf"
     blocker.write_text("a file where the folder should be")
     path = blocker / "api_keys.toml"
     assert cli.main(["keys", "add", "k1", "--keys-file", str(path), "--no-restart"]) == 2
-    assert capsys.readouterr().err == f"svcctl: cannot write {path}: File exists\n"  # os.makedirs on the file
+    assert capsys.readouterr() == ("", f"svcctl: {path}: no folder {blocker} (nothing written): create it, or check "
+                                       "the path\n")
+
+
+@pytest.mark.parametrize("action", [["add", "k1"], ["disable", "tenant-a"]])
+def test_a_keys_file_in_a_missing_folder_is_refused_and_nothing_is_made(tmp_path, capsys, monkeypatch, action):
+    """``--keys-file /path/typo/api_keys.toml`` made the missing folders, wrote a new file there, restarted the
+    gateway and said it applied the change, exit 0: the gateway read another file and answered the key 401."""
+    monkeypatch.setenv("SERVICE_API_TOKEN", MANAGEMENT)
+    supervisor = FakeClient()
+    path = tmp_path / "typo" / "conf" / "api_keys.toml"
+    assert cli.main(["keys", *action, "--keys-file", str(path), "--supervisor", SUPERVISOR], client=supervisor) == 2
+    assert capsys.readouterr() == ("", f"svcctl: {path}: no folder {path.parent} (nothing written): create it, or "
+                                       "check the path\n")
+    assert list(tmp_path.iterdir()) == [] and supervisor.requests == []
+
+
+def test_a_keys_file_that_is_a_loop_of_symbolic_links_is_refused_and_stays_a_link(tmp_path, capsys):
+    """A ``--keys-file`` that is a symbolic link loop was replaced by a regular file holding the new key."""
+    one, two = tmp_path / "one.toml", tmp_path / "two.toml"
+    one.symlink_to(two)
+    two.symlink_to(one)
+    for action in (["add", "k1"], ["disable", "k1"], ["list"]):
+        extra = ["--no-restart"] if action[0] != "list" else []
+        assert cli.main(["keys", *action, "--keys-file", str(one), *extra]) == 2
+        assert capsys.readouterr() == ("", f"svcctl: {one}: a loop of symbolic links (nothing written): give the "
+                                           "key file itself\n")
+    assert one.is_symlink() and two.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["one.toml",
+                                                                                                    "two.toml"]
+
+
+def test_a_keys_file_that_the_gateway_does_not_read_is_not_said_to_apply(keys, tmp_path, capsys, monkeypatch):
+    """An edit of another file than the gateway's ``[gateway] keys_file`` said "the gateway restarted and applies
+    the change": it names the file the gateway reads instead."""
+    in_checkout(monkeypatch, keys)
+    other = tmp_path / "other.toml"
+    monkeypatch.setenv("SERVICE_API_TOKEN", MANAGEMENT)
+    supervisor = FakeClient()
+    supervisor.reply = Reply(200, {"ok": True})
+    assert cli.main(["keys", "add", "k1", "--keys-file", str(other), "--supervisor", SUPERVISOR],
+                    client=supervisor) == 0
+    assert capsys.readouterr().err.splitlines()[-1] == (f"svcctl: the gateway restarted, but it reads "
+                                                        f"conf/api_keys.toml, not {other}: the change does not apply "
+                                                        "to it")
+    assert cli.main(["keys", "disable", "k1", "--keys-file", str(other), "--no-restart"]) == 0
+    assert capsys.readouterr().err == (f"svcctl: disabled key 'k1' in {other}\nsvcctl: not restarted (--no-restart); "
+                                       f"the gateway reads conf/api_keys.toml, not {other}: the change does not "
+                                       "apply to it\n")
+    assert keys.read_text() == ORIGINAL and len(supervisor.requests) == 1
 
 
 @pytest.mark.parametrize("unbuffered", ["1", ""], ids=["unbuffered", "buffered"])
@@ -333,12 +390,13 @@ def test_a_qps_the_key_file_refuses_is_refused_before_anything_is_made(keys, cap
         assert load_key_file(str(keys))[-1].rate_limit_qps == INT_MAXIMUM
 
 
-def test_the_restart_reaches_a_supervisor_on_an_ipv6_address(keys):
+def test_the_restart_reaches_a_supervisor_on_an_ipv6_address(keys, monkeypatch):
     """``keys add --supervisor http://[::1]:PORT`` changed the file and then failed to ask for the restart (treq
     refuses an IPv6 literal host): the supervisor on ::1 gets the request, with its management token."""
     from tests.unit.test_cli import accept_request_head, finish, listener, need_ipv6_loopback, start
 
     need_ipv6_loopback()
+    in_checkout(monkeypatch, keys)  # the process runs there too
     with listener("::1") as (server, url):
         proc = start("keys", "disable", "tenant-a", "--keys-file", str(keys), "--supervisor", url,
                      env={"SERVICE_API_TOKEN": MANAGEMENT})

@@ -1,7 +1,9 @@
 """The committed copies under ``openapi/``: ``python -m svc.openapi --check`` and ``--write``.
 
 ``--check`` (run by tox and the tests) fails when a committed copy differs
-from what the code generates; ``--write`` regenerates them.
+from what the code generates, is missing, or is no longer generated;
+``--write`` regenerates them and removes those no longer generated (files
+named as generated ones only: ``gateway.json``, ``model-<ID>.json``).
 """
 
 from __future__ import annotations
@@ -50,23 +52,47 @@ def check(directory: str = OPENAPI_DIR, conf_dir: str = "conf/server") -> list[s
             continue
         if committed != serialise(doc):
             problems.append(f"{path}: differs from what the code generates")
-    if os.path.isdir(directory):
-        for name in sorted(os.listdir(directory)):
-            if name.endswith(".json") and name not in docs:
-                problems.append(f"{os.path.join(directory, name)}: no longer generated")
+    for path in stale(directory, docs):
+        problems.append(f"{path}: no longer generated")
+    if os.path.isdir(directory):  # what --write leaves alone: said apart from the documents it removes
+        problems += [f"{os.path.join(directory, name)}: not a generated document (remove it by hand)"
+                     for name in sorted(os.listdir(directory)) if name.endswith(".json") and not is_generated_name(name)]
     return problems
 
 
-def write(directory: str = OPENAPI_DIR, conf_dir: str = "conf/server") -> list[str]:
-    """Regenerate every committed document; the paths written."""
+def is_generated_name(name: str) -> bool:
+    """Whether ``name`` is one that :func:`documents` gives (``gateway.json``, ``model-<ID>.json``): the only files
+    of the folder that :func:`write` may remove."""
+    return name == "gateway.json" or (name.startswith("model-") and name.endswith(".json"))
+
+
+def stale(directory: str, docs: dict[str, dict]) -> list[str]:
+    """The paths of documents under ``directory`` named as generated ones that are no longer generated (the
+    config of a model removed)."""
+    if not os.path.isdir(directory):
+        return []
+    return [os.path.join(directory, name) for name in sorted(os.listdir(directory))
+            if is_generated_name(name) and name not in docs]
+
+
+def write(directory: str = OPENAPI_DIR, conf_dir: str = "conf/server") -> tuple[list[str], list[str]]:
+    """Regenerate every committed document and remove those no longer generated: the paths written, and removed.
+
+    The documents are made before anything is written, so that a refusal (no ``conf/server`` here: run outside
+    the checkout) creates nothing, not even the folder; and a stale ``model-<ID>.json`` that ``--check``
+    reports is removed, or the check kept failing after the ``--write`` it advises."""
+    docs = documents(conf_dir)
     os.makedirs(directory, exist_ok=True)
     written = []
-    for name, doc in documents(conf_dir).items():
+    for name, doc in docs.items():
         path = os.path.join(directory, name)
         with open(path, "w", encoding="utf-8") as f:
             f.write(serialise(doc))
         written.append(path)
-    return written
+    removed = stale(directory, docs)
+    for path in removed:
+        os.remove(path)
+    return written, removed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,8 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.write:
-            for path in write():
+            written, removed = write()
+            for path in written:
                 print(f"wrote {path}")
+            for path in removed:
+                print(f"removed {path} (no longer generated)")
             return 0
         problems = check()
     except PluginError as e:  # a plugin of a documented config declares what cannot be used (svc.model.plugincheck)

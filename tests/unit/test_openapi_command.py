@@ -59,6 +59,39 @@ def test_write_regenerates_the_committed_bytes(checkout, capsys):
 
 
 
+def test_write_removes_the_documents_no_longer_generated_that_check_reports(checkout, capsys):
+    """A model's config removed: check said ``no longer generated`` and ``run: python -m svc.openapi --write``,
+    but the write left the file, and the check kept failing. The write removes it (and says so); a JSON file of
+    another name is not one it made: it stays, and the check names it apart."""
+    (checkout / "conf" / "server" / "YOLOV8.toml").unlink()
+    (checkout / "openapi" / "model-OLD.json").write_text("{}\n")
+    (checkout / "openapi" / "notes.json").write_text("{}\n")
+    assert run(capsys, "check") == (1, [], [
+        "openapi/gateway.json: differs from what the code generates",  # it lists the models
+        "openapi/model-OLD.json: no longer generated",
+        "openapi/model-YOLOV8.json: no longer generated",
+        "openapi/notes.json: not a generated document (remove it by hand)",
+        "run: python -m svc.openapi --write",
+    ])
+    code, out, err = run(capsys, "write")
+    assert (code, err) == (0, [])
+    assert out[-2:] == ["removed openapi/model-OLD.json (no longer generated)",
+                        "removed openapi/model-YOLOV8.json (no longer generated)"]
+    left = sorted(p.name for p in (checkout / "openapi").iterdir())
+    assert left == sorted([*(n for n in NAMES if n != "model-YOLOV8.json"), "notes.json"])
+    (checkout / "openapi" / "notes.json").unlink()
+    assert run(capsys, "check") == (0, ["openapi documents are current"], [])
+
+
+def test_a_write_refused_outside_the_checkout_creates_nothing(tmp_path, capsys, monkeypatch):
+    """``svcctl openapi write`` where there is no conf/server said so, and left an empty openapi/ folder behind."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "write")
+    assert (code, out, len(err)) == (2, [], 1) and err[0].startswith("svcctl: openapi write: ")
+    assert err[0].endswith("(run it in the checkout)") and "conf/server" in err[0]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_documented_model_whose_plugin_breaks_is_one_line_and_exit_1(checkout, capsys, monkeypatch):
     """A plugin of a documented config whose params_schema raises: the check and the write ended in a traceback."""
     import svc.openapi.committed

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO
-from urllib.parse import unquote, urljoin, urlsplit
+from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 from svc import __version__
 from svc.weightstore.commit import cache_trouble
@@ -49,7 +49,7 @@ class FetchError(Exception):
     """A download that failed; ``str()`` is one line naming the URL and the cause."""
 
     def __init__(self, url: str, cause: str) -> None:
-        super().__init__(f"{url}: {cause}")
+        super().__init__(f"{without_credentials(url)}: {cause}")  # a mirror's user:password@ is never printed
         self.url = url
         self.cause = cause
 
@@ -256,8 +256,15 @@ class _ProxiedConnection(http.client.HTTPConnection):
 
 def _shown(proxy: str) -> str:
     """``proxy`` as a failure line names it: scheme, host and port, never its ``user:password@``."""
-    parts = urlsplit(proxy)
-    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    parts = urlsplit(without_credentials(proxy))
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def without_credentials(url: str) -> str:
+    """``url`` without its ``user:password@``, as a line may print it (a proxy's, the mirror's of
+    ``$SERVICE_WEIGHTS_MIRROR``: ``http://u:p@host`` printed ``u:p@`` in the pull's failure line)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])) if "@" in parts.netloc else url
 
 
 def _proxy_cause(error: BaseException, proxy: str) -> str:

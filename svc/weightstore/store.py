@@ -47,7 +47,7 @@ from svc.weightstore.catalog import FileSource, HubSource, Variant
 from svc.weightstore.check import cached_records, in_words, load_problem, record_problems, stray_files, verify  # noqa: F401
 from svc.weightstore.commit import cache_failure, cache_trouble, install
 from svc.weightstore.copyin import CopyError, copy_file, copy_tree, make_folder, user_files
-from svc.weightstore.fetch import FetchError, Progress, download, mirrored, sha256_file
+from svc.weightstore.fetch import FetchError, Progress, download, mirrored, sha256_file, without_credentials
 from svc.weightstore.hub import folder_name, select_files
 
 PART = ".part"
@@ -336,7 +336,7 @@ def _pull(factory: Any, variant: Variant, env: dict[str, str], progress_stream: 
         download(source.url, part, progress, env=env)
     except FetchError as e:
         raise StoreError(str(e)) from None
-    return _install_file(factory, variant, part, "pull", old, env, mirrored(source.url, env))
+    return _install_file(factory, variant, part, "pull", old, env, without_credentials(mirrored(source.url, env)))
 
 
 def import_path(factory: Any, variant: Variant, path: str, *, env: Mapping[str, str] | None = None,

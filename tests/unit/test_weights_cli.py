@@ -733,6 +733,28 @@ def test_a_dead_proxy_is_named_not_taken_for_the_source(source, proxy, capsys, m
     assert source.requests == []
 
 
+def test_a_mirror_with_credentials_is_named_without_them(source, capsys, monkeypatch):
+    """``SERVICE_WEIGHTS_MIRROR=http://u:p@host`` printed ``u:p@`` in the pull's failure line, a refused connection
+    or a file that fails its check: a URL is printed without its ``user:password@``, as a proxy's is."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]
+    monkeypatch.setenv("SERVICE_WEIGHTS_MIRROR", f"http://me:s%40cret@127.0.0.1:{dead}")
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
+    assert (code, out) == (1, "")
+    assert err.splitlines() == [f"svcctl: MOBILENETV2 FIXTURE_V2: http://127.0.0.1:{dead}/download.pytorch.org/models/"
+                                f"{FILENAME}: connection refused"]
+    monkeypatch.setenv("SERVICE_WEIGHTS_MIRROR", source.mirror.replace("http://", "http://me:s%40cret@"))
+    source.serve(URL, state_dict_bytes(2))  # not the file the name's hash prefix promises
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
+    got = hashlib.sha256(state_dict_bytes(2)).hexdigest()
+    assert (code, out) == (1, "")
+    failures = [line for line in err.splitlines() if line.startswith("svcctl:")]  # under the progress lines
+    assert failures == [f"svcctl: MOBILENETV2 FIXTURE_V2: {source.mirror}{FakeSource.path_of(URL)}: invalid hash "
+                        f'value (expected prefix "{PREFIX}", got "{got}") (nothing kept)']
+    assert "cret" not in err and "me:" not in err
+
+
 @pytest.mark.parametrize("scheme", ["https", "socks5"])
 def test_a_proxy_of_another_scheme_is_refused_without_its_credentials(source, proxy, capsys, monkeypatch, scheme):
     """Only http:// proxies are supported: the line says so naming the proxy, and (as every proxy line) without

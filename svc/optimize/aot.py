@@ -36,9 +36,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from svc.infra.process import pid_running
 from svc.optimize.buckets import batch_size_of
-from svc.optimize.cache import make_private_dirs, read_cached, temporary_file, write_record
+from svc.optimize.cache import (
+    make_private_dirs,
+    read_cached,
+    sweep_dead_folders,
+    temporary_file,
+    usable_dir,
+    write_record,
+)
 
 #: A package's dynamic batch dimension goes up to this many times the warm-up batch (``max_batch_size``, the
 #: largest batch the server forms; twice it for a denoiser that doubles its batch for guidance).
@@ -150,6 +156,7 @@ def compiled(module: Any, make_example: Any, batch: int, device: str, batched: b
     def example_of(n: int) -> tuple:
         return tuple(v.clone() if isinstance(v, torch.Tensor) else v for v in make_example(n))  # not inference
 
+    directory = usable_dir(directory)  # not a folder another user can change: a package is code
     example = example_of(max(batch, COMPILE_MIN_BATCH) if batched else batch)
     key = package_key(module, example, device, f"{mode_name}|batch {batch}" if batched else mode_name)
     path = directory / f"{name}-{mode_name}-{key[:32]}.pt2"
@@ -274,10 +281,7 @@ def load_runner(path: Path, device: str, runners: int = 1) -> Any:
 
 def sweep_unpacked() -> None:
     """Remove the unpacked folders (:func:`load_runner`) of processes that no longer run."""
-    for folder in Path(tempfile.gettempdir()).glob(f"{UNPACK_PREFIX}*-*"):
-        pid = folder.name[len(UNPACK_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not pid_running(int(pid)):
-            shutil.rmtree(folder, ignore_errors=True)
+    sweep_dead_folders(UNPACK_PREFIX)
 
 
 #: Build-time check of a batch of one: the package's outputs within this fraction of eager's largest output.

@@ -15,17 +15,26 @@ made (cut short, overwritten, bit rot) is made again, never served unchecked (``
 ``svc.optimize.aot``) -- it passed the accuracy gate as it was made, and ``auto``'s recorded choice is
 applied without gating again.
 
+Nothing is read from a folder another user can change, nor from a file another user made
+(:func:`trust_problem`, :func:`file_problem`), and this user's folders lose others' write permission before
+anything is read from them: a model server loads the packages as code, and applies a recorded mode without its
+gate.  An untrusted folder is replaced by a private one for the process (:func:`usable_dir`).
+
 Torch-free; :func:`use_inductor_cache` must run before torch compiles
 anything (``svc.model.torchenv.configure_compile_cache`` calls it at startup).
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
 import re
+import shutil
+import stat
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, MutableMapping
@@ -54,6 +63,11 @@ def inductor_cache_dir(env: Mapping[str, str] | None = None) -> Path:
     return state_dir(env) / "inductor"
 
 
+class UntrustedCache(OSError):
+    """A folder of the state directory that another user can change (:func:`trust_problem`): nothing is read
+    from it or written to it."""
+
+
 def make_private_dirs(path: Path, env: Mapping[str, str] | None = None) -> Path:
     """``path`` and the folders above it that are missing, each made mode 0700 whatever the umask.
 
@@ -61,9 +75,13 @@ def make_private_dirs(path: Path, env: Mapping[str, str] | None = None) -> Path:
     inductor's kernels): under ``umask 000`` its folders were 0777, and any
     local user could replace a package.  A folder that exists keeps its mode,
     but for the write permission of others on those of the state directory
-    that this user owns (:func:`_no_write_by_others`): an install of 0.12.0
-    or earlier made under such a umask kept them.
+    that this user owns (:func:`trust_problem`): an install of 0.12.0 or
+    earlier made under such a umask kept them.  Raises :class:`UntrustedCache`,
+    before making anything, when another user can change a folder on the way.
     """
+    problem = trust_problem(path, env)
+    if problem is not None:
+        raise UntrustedCache(problem)
     missing = []
     folder = path
     while not folder.exists() and folder != folder.parent:
@@ -72,41 +90,142 @@ def make_private_dirs(path: Path, env: Mapping[str, str] | None = None) -> Path:
     for folder in reversed(missing):
         folder.mkdir(mode=0o700, exist_ok=True)
         os.chmod(folder, 0o700)  # mkdir's mode is masked by the umask, which may take more
-    root = state_dir(env)
-    for folder in (path, *path.parents):
-        if folder != root and root not in folder.parents:
-            break
-        if folder not in missing:
-            _no_write_by_others(folder)
     return path
 
 
-def _no_write_by_others(folder: Path) -> None:
-    """Take the group's and others' write permission off ``folder`` when this user owns it (one warning line)."""
+#: The folders and files of the cache this process has warned about: one warning each, however often read.
+_WARNED: set[str] = set()
+_lock = threading.Lock()  # guards _WARNED and _scratch
+
+
+def trust_problem(path: Path, env: Mapping[str, str] | None = None) -> str | None:
+    """Why nothing may be read from the cache folder ``path`` or written to it; None when both may be.
+
+    Checked before anything is read (a recorded choice is applied without its
+    gate, and a package is code): each folder from the state directory down
+    to ``path`` that exists (``path`` alone when it lies elsewhere).  One of
+    this user's loses the group's and others' write permission, with one
+    warning (:func:`_no_write_by_others`); one owned by another user but
+    root, or writable by others and not this user's, makes all below it
+    untrusted, with one warning: its owner or any local user could swap what
+    a model server loads, with files whose records match.  A few ``stat``
+    calls per start.
+    """
+    root = state_dir(env)
+    chain = [folder for folder in (path, *path.parents) if folder == root or root in folder.parents] or [path]
+    for folder in reversed(chain):
+        try:
+            info = folder.stat()
+        except OSError:
+            continue  # not there (yet): nothing in it to read
+        if info.st_uid == os.getuid():
+            _no_write_by_others(folder, info)
+            continue
+        problem = _not_trusted(info)
+        if problem is not None:
+            problem = f"{folder} {problem}"
+            _warn_once(str(folder), "{problem}: another user could replace what the model servers load from it, "
+                       "so nothing is read from it or written to it (converted and compiled in a private "
+                       "temporary folder at each start, no choice recorded)", problem=problem)
+            return problem
+    return None
+
+
+def file_problem(path: Path) -> str | None:
+    """Why the cache file ``path`` must not be read (owned by another user but root, or writable by others);
+    None when it may be, or is not there.  A symbolic link is judged by its own owner and by its target's."""
+    try:
+        infos = [os.lstat(path)]
+        if stat.S_ISLNK(infos[0].st_mode):
+            infos.append(os.stat(path))
+    except OSError:
+        return None
+    return next(filter(None, (_not_trusted(info) for info in infos)), None)
+
+
+def _not_trusted(info: os.stat_result) -> str | None:
+    """Why a folder or file with ``info`` is not trusted: another owner than this user or root, or others' or
+    the group's write permission (a link's own mode says nothing)."""
+    if info.st_uid not in (os.getuid(), 0):
+        return f"is owned by another user (uid {info.st_uid})"
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o022 and not stat.S_ISLNK(info.st_mode):
+        return f"is writable by other users (mode {mode:o})"
+    return None
+
+
+def _warn_once(what: str, text: str, **fields: object) -> None:
+    with _lock:
+        if what in _WARNED:
+            return
+        _WARNED.add(what)
     from twisted.logger import Logger
 
+    Logger().warn(text, **fields)
+
+
+def _no_write_by_others(folder: Path, info: os.stat_result) -> None:
+    """Take the group's and others' write permission off ``folder``, which this user owns (one warning line)."""
+    from twisted.logger import Logger
+
+    mode = info.st_mode & 0o7777
+    if not mode & 0o022:
+        return
     try:
-        info = folder.stat()
-        mode = info.st_mode & 0o7777
-        if info.st_uid != os.getuid() or not mode & 0o022:
-            return
         os.chmod(folder, mode & ~0o022)
     except OSError:
-        return  # not ours to change, or gone: the load that needs it says so
+        return  # gone, or a read-only file system: the load that needs it says so
     Logger().warn("{folder} was writable by other users (mode {old:o}), and it holds code the model servers load: "
                   "made mode {new:o}", folder=str(folder), old=mode, new=mode & ~0o022)
+
+
+#: This process's private folders for what an untrusted cache folder would hold (:func:`usable_dir`):
+#: ``svc-untrusted-<pid>-XXXXXXXX`` in the temporary folder.
+SCRATCH_PREFIX = "svc-untrusted-"
+_scratch: Path | None = None
+
+
+def usable_dir(directory: Path, env: Mapping[str, str] | None = None) -> Path:
+    """``directory`` when it may be read and written (:func:`trust_problem`), else a folder of the same name in
+    this process's private scratch folder: what is converted or compiled there serves this process only."""
+    if trust_problem(directory, env) is None:
+        return directory
+    return scratch_dir() / directory.name
+
+
+def scratch_dir() -> Path:
+    """This process's private folder (0700) in the temporary folder, made once, removed when the process exits;
+    those of processes that no longer run (killed) are removed first."""
+    global _scratch
+    with _lock:
+        if _scratch is None:
+            sweep_dead_folders(SCRATCH_PREFIX)
+            _scratch = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}-"))
+            atexit.register(shutil.rmtree, _scratch, True)
+        return _scratch
+
+
+def sweep_dead_folders(prefix: str) -> None:
+    """Remove the folders ``<prefix><pid>-*`` of the temporary folder whose process no longer runs."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{prefix}*-*"):
+        pid = folder.name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and not pid_running(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def use_inductor_cache(env: MutableMapping[str, str] | None = None) -> Path | None:
     """Point inductor at :func:`inductor_cache_dir` (sets the variable in ``env``); the directory, or None when
     it cannot be made (a read-only state directory): torch then keeps its own default under the temporary
-    directory, since importing torchvision makes inductor's directory and would fail the load, eager included."""
+    directory, since importing torchvision makes inductor's directory and would fail the load, eager included.
+    One that another user can change (:func:`trust_problem`) is replaced by this process's private folder."""
     env = os.environ if env is None else env
     if env.get(INDUCTOR_CACHE_ENV):
         return inductor_cache_dir(env)
     path = inductor_cache_dir(env)
     try:
         make_private_dirs(path, env)
+    except UntrustedCache:
+        path = make_private_dirs(scratch_dir() / path.name)  # not another user's kernels (trust_problem warned)
     except OSError:
         return None
     env[INDUCTOR_CACHE_ENV] = str(path)
@@ -197,7 +316,9 @@ def read_cached(meta: Path, files: list[Path], load: Callable[[dict], T], stats:
     """``load(record)`` of an artefact whose ``.json`` (``meta``) and ``files`` are in the cache and match; None
     when they are not there, or are there but cannot be used (cut short, overwritten: counted in ``stats`` as
     ``unusable``, and the ``.json`` removed, so that the artefact never looks cached while it is made again)."""
-    if meta.is_file() and all(f.is_file() for f in files):
+    if trust_problem(meta.parent) is not None:
+        return None  # not to be read, nor changed: the caller makes it elsewhere (usable_dir)
+    if meta.is_file() and all(f.is_file() for f in files) and not _untrusted_files([meta, *files], stats):
         try:
             record = json.loads(meta.read_text())
             check_digests(record, files)
@@ -213,6 +334,19 @@ def read_cached(meta: Path, files: list[Path], load: Callable[[dict], T], stats:
                 stats["unusable"] += 1  # the optimisation line says so (svc.optimize.report.describe_cache)
     meta.unlink(missing_ok=True)
     return None
+
+
+def _untrusted_files(paths: list[Path], stats: Counter | None) -> bool:
+    """Whether a file of an artefact is not trusted (:func:`file_problem`; one warning, counted ``unusable``):
+    another user may have made it while its folder was open to others, with a record that matches."""
+    for path in paths:
+        problem = file_problem(path)
+        if problem is not None:
+            _warn_once(str(path), "{path} {problem}: not read, made again", path=str(path), problem=problem)
+            if stats is not None:
+                stats["unusable"] += 1
+            return True
+    return False
 
 
 def _mark_used(meta: Path) -> None:

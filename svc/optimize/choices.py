@@ -19,7 +19,9 @@ start with the same key applies the recorded mode at once:
 Anything else changed makes another key, and that start measures afresh.
 Records are ``<state dir>/compiled/choices/<model id>-<key>.json``, written
 atomically; delete the folder (or one file) to make ``auto`` measure again.
-A record that cannot be read is ignored (the start measures and replaces it).
+A record that cannot be read is ignored (the start measures and replaces it),
+and so is one another user could have written: in a folder that user can
+change, nothing is read or written (:func:`svc.optimize.cache.trust_problem`).
 
 Torch is imported inside the functions, as in the rest of the package.
 """
@@ -37,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from svc.optimize.cache import make_private_dirs, write_atomically
+from svc.optimize.cache import file_problem, make_private_dirs, trust_problem, write_atomically
 
 #: The folder of records under ``<state dir>/compiled``.
 CHOICES = "choices"
@@ -136,9 +138,18 @@ def record_path(directory: Path, model_id: str, key: str) -> Path:
 def read(directory: Path, model_id: str, key: str, allowed: list[str]) -> Recorded | None:
     """The record of ``key`` (None: there is none); raises :class:`RecordError` when it cannot be used.
 
-    ``allowed``: the mode names it may hold (the candidates and eager).
+    ``allowed``: the mode names it may hold (the candidates and eager).  A
+    folder another user can change is read as if it held none
+    (:func:`svc.optimize.cache.trust_problem` warns); a record not made by
+    this user or root, or writable by others, cannot be used: its mode would
+    be applied without a gate.
     """
+    if trust_problem(directory) is not None:
+        return None
     path = record_path(directory, model_id, key)
+    problem = file_problem(path)
+    if problem is not None:
+        raise RecordError(f"not trusted: it {problem}")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:

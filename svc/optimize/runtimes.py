@@ -43,7 +43,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from svc.optimize.cache import make_private_dirs, read_cached, temporary_file, write_record
+from svc.optimize.cache import make_private_dirs, read_cached, temporary_file, usable_dir, write_record
 from svc.optimize.runtime_calls import OnnxRuntimeCall, OpenVINOCall, fixed_batches
 
 #: Models converted and read from the cache by this process (``converted``, ``loaded``).
@@ -112,6 +112,7 @@ def converted(module: Any, make_example: Any, batch: int, batched: bool, runtime
     """
     import torch
 
+    directory = usable_dir(directory)  # not a folder another user can change (svc.optimize.cache.trust_problem)
     example = tuple(v.clone() if isinstance(v, torch.Tensor) else v
                     for v in make_example(max(batch, CONVERT_MIN_BATCH) if batched else batch))
     path = artifact_path(module, example, runtime, name, batched, directory)

@@ -7,6 +7,7 @@ second, with ``auto`` and the same state directory, loads it: the
 optimisation line counts the packages a load built and loaded.  The third,
 ``auto`` again, applies the mode the second one chose and recorded, without
 measuring.  Reuse is asserted with those counts and lines, not with timings.
+A cache hit first checks the folders it reads from (svc/optimize/cache.py).
 """
 
 from __future__ import annotations
@@ -100,3 +101,43 @@ def test_a_state_directory_where_nothing_can_be_written_does_not_stop_an_eager_l
     finally:
         assert server.stop() == 0
     assert f"cannot make {blocked}/inductor (is the state directory writable?)" in output, output
+
+
+def test_a_cache_hit_checks_the_compiled_folder_before_it_reads_from_it(tmp_path):
+    """A restart that found its conversion cached read it from a 0777 compiled/ without a word (only the state
+    directory and inductor/ lost others' write permission); one owned by another user was read as well, and that
+    user could swap the model served.  Now: this user's folders are made 0755 (one warning each), another user's
+    folder is neither read nor written (one warning: converted in a private folder)."""
+    import os
+    import stat
+
+    state, compiled = tmp_path / "state", tmp_path / "state" / "compiled"
+    converted = re.compile(r"TESTFAULTS: optimize onnxruntime: gate passed [^\n]*; converted models: (\d+) converted, "
+                           r"(\d+) read from the cache\)")
+
+    def run() -> str:
+        server = start(tmp_path, "onnxruntime")
+        try:
+            assert served_means(server) == [[10.0, 20.0, 30.0], [200.0, 0.0, 7.0]]
+            return server.output()
+        finally:
+            assert server.stop() == 0
+
+    assert converted.search(run()).groups() == ("1", "0")
+    for folder in (state, state / "inductor", compiled):
+        os.chmod(folder, 0o777)  # what 0.12.0 left under umask 000
+    output = run()
+    assert converted.search(output).groups() == ("0", "1"), output  # a cache hit
+    for folder in (state, state / "inductor", compiled):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o755
+        assert output.count(f"{folder} was writable by other users (mode 777), and it holds code the model servers "
+                            "load: made mode 755") == 1, output
+
+    os.chown(compiled, 65534, 65534)
+    os.chmod(compiled, 0o777)
+    before = {p.name: p.read_bytes() for p in compiled.iterdir()}
+    output = run()
+    assert converted.search(output).groups() == ("1", "0"), output  # not read: converted for this process
+    assert output.count(f"{compiled} is owned by another user (uid 65534): another user could replace what the "
+                        "model servers load from it, so nothing is read from it or written to it") == 1, output
+    assert {p.name: p.read_bytes() for p in compiled.iterdir()} == before

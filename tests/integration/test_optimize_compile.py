@@ -77,6 +77,39 @@ def test_a_batch_outside_the_compiled_sizes_runs_eager(tmp_path):
     assert json.loads(alone.path.with_suffix(".json").read_text())["batches"] == [1, 1]
 
 
+def test_a_package_is_neither_read_from_nor_built_in_a_folder_of_another_user(tmp_path, monkeypatch):
+    """A package is code: one in a compiled/ another user owns (there under this key's name, its record matching)
+    was loaded, or on failing replaced there.  It is neither read nor replaced; the build goes to the process's
+    private folder."""
+    from svc.optimize import cache
+
+    state = tmp_path / "st"
+    monkeypatch.setenv("SERVICE_STATE_DIR", str(state))
+    monkeypatch.setattr(cache, "_WARNED", set(), raising=False)
+    (tmp_path / "scratch").mkdir(mode=0o700)
+    monkeypatch.setattr(cache, "_scratch", tmp_path / "scratch", raising=False)
+    module = BatchOfOneApart()
+
+    def example_of(n):
+        return (torch.rand(n, 3, generator=torch.Generator().manual_seed(n)),)
+
+    compiled = state / "compiled"
+    compiled.mkdir(parents=True)
+    key = aot.package_key(module, example_of(4), "cpu", "compile|batch 4")
+    theirs = compiled / f"apart-compile-{key[:32]}.pt2"
+    theirs.write_bytes(b"PK\x03\x04 their code")
+    cache.write_record(theirs.with_suffix(".json"), [theirs], {"batches": [1, 8]})
+    for path in (compiled, theirs, theirs.with_suffix(".json")):
+        os.chown(path, 65534, 65534)
+    before = {p.name: p.read_bytes() for p in compiled.iterdir()}
+    built = aot.STATS["built"]
+    package = aot.compiled(module, example_of, 4, "cpu", True, "compile", "apart", compiled)
+    assert aot.STATS["built"] == built + 1 and package.path == tmp_path / "scratch" / "compiled" / theirs.name
+    assert {p.name: p.read_bytes() for p in compiled.iterdir()} == before
+    x = torch.rand(5, 3)
+    assert torch.allclose(package(x), x * 2 + 1)
+
+
 def test_a_loaded_package_leaves_no_unpacked_copy_behind(tmp_path, monkeypatch):
     """torch unpacks a package into ``$TMPDIR/aotinductor_*`` and keeps it until the runner dies: a killed server
     left 7 to 16 MB in /tmp at every start. A CPU package's copy goes once it is loaded; a CUDA package's copy

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import threading
 from types import SimpleNamespace
@@ -427,6 +428,53 @@ def test_a_cached_conversion_changed_since_it_passed_is_converted_again_also_for
     images = torch.rand(3, 3, 8, 8)
     assert torch.allclose(torch.stack(model.predict(list(images), {})), model.net(images), atol=1e-5)
     assert load(TinyClassifier(candidates=(name,))).line.endswith("0 converted, 1 read from the cache)")
+
+
+@pytest.mark.parametrize("name", RUNTIMES)
+def test_a_conversion_swapped_in_a_folder_of_another_user_is_not_served(name, state_dir, tmp_path, monkeypatch):
+    """As nobody, owner of a 0777 compiled/, a probe put another model's conversion under this key's name with
+    its record's SHA-256s rewritten: the next auto start applied the recorded mode, ungated, and served the other
+    model's results.  Nothing in such a folder is read or written: auto measures, and converts in a private
+    folder of the process."""
+    from svc.optimize import cache
+
+    monkeypatch.setattr(cache, "_WARNED", set(), raising=False)
+    (tmp_path / "scratch").mkdir(mode=0o700)
+    monkeypatch.setattr(cache, "_scratch", tmp_path / "scratch", raising=False)
+    compiled = state_dir / "compiled"
+
+    def timer(pairs: list, batch: int) -> float:  # the runtime wins on speed
+        return 10.0 if all(fn is target.module for target, fn in pairs) else 1.0
+
+    def load(model: TinyClassifier) -> Any:
+        return Optimizer(model, "classification", "cpu", "auto", 4, "TINY", timer=timer,
+                         choices=compiled / "choices").run()
+
+    assert load(TinyClassifier(candidates=(name,))).mode == name
+    wrong = TinyClassifier(candidates=(name,))
+    with torch.no_grad():
+        wrong.net[0].weight.mul_(-3.0)
+    Optimizer(wrong, "classification", "cpu", name, 4, "TINY").run()  # another key: its own files
+    suffixes = (".xml", ".bin") if name == "openvino" else (".onnx",)
+    right, other = sorted(compiled.glob(f"net-{name}-*{suffixes[0]}"), key=lambda p: p.stat().st_mtime)
+    for suffix in suffixes:  # the other weights' conversion under this key's name, its digests rewritten
+        right.with_suffix(suffix).write_bytes(other.with_suffix(suffix).read_bytes())
+    record = json.loads(right.with_suffix(".json").read_text())
+    record["sha256"] = cache.file_digests([right.with_suffix(suffix) for suffix in suffixes])
+    right.with_suffix(".json").write_text(json.dumps(record))
+    os.chown(compiled, 65534, 65534)
+    os.chmod(compiled, 0o777)
+    swapped = {p.name: p.read_bytes() for p in compiled.iterdir() if p.is_file()}
+    model = TinyClassifier(candidates=(name,))
+    report = load(model)
+    assert report.mode == name and report.recorded is None and model.gate_calls > 0, report.line
+    assert (f"; choice not recorded (UntrustedCache: {compiled} is owned by another user (uid 65534)); "
+            in report.line), report.line
+    assert report.line.endswith("; converted models: 1 converted, 0 read from the cache)"), report.line
+    images = torch.rand(3, 3, 8, 8)
+    assert torch.allclose(torch.stack(model.predict(list(images), {})), model.net(images), atol=1e-5)
+    assert {p.name: p.read_bytes() for p in compiled.iterdir() if p.is_file()} == swapped
+    assert any((tmp_path / "scratch" / "compiled").glob(f"net-{name}-*{suffixes[0]}"))
 
 
 def test_openvino_failing_to_write_its_conversion_is_a_passing_failure_and_records_nothing(state_dir, monkeypatch):

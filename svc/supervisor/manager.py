@@ -142,10 +142,12 @@ class ChildManager:
         # Per model: the --weights argument of its server and what the status API says of its weights.
         self.weights = {c.id: self._weights_choice(c.id, c.model.get("weights")) for c in self.catalog}
         known = {c.id for c in self.catalog}
-        for key, named in (("models", profile.models), ("demo", profile.demo)):
+        # --demo-models as the profile's demo: a misspelt id was dropped without a word (its model pulled weights)
+        for what, named in ((f"profile {profile.name!r} names models", profile.models),
+                            (f"profile {profile.name!r} names demo", profile.demo),
+                            ("--demo-models names ids", demo_models)):
             if unknown := [m for m in named if m not in known]:
-                raise ValueError(f"profile {profile.name!r} names {key} without a config in {config.servers_dir}: "
-                                 f"{unknown}")
+                raise ValueError(f"{what} without a config in {config.servers_dir}: {unknown}")
         timing = Timing(
             stop_grace=config.stop_grace_ms / 1000.0,
             start_timeout=config.start_timeout_ms / 1000.0,

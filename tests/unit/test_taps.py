@@ -318,6 +318,9 @@ def test_supervisor_refusals(supervisor_config, environment, tmp_path):
                                                         for k, v in folders.items()))
         assert refusal(supervisor_tap, ["--config", str(elsewhere)]) == (
             f"service-supervisor: {elsewhere}: supervisor.{key}: {problem}")
+    # --demo-models as the profile's demo: a misspelt id (here a lowercase one) was dropped without a word
+    assert refusal(supervisor_tap, ["--config", config, "--demo-models", "MOBILENETV2, mobilenetv2,NOPE"]) == (
+        f"service-supervisor: --demo-models names ids without a config in {SERVERS}: ['mobilenetv2', 'NOPE']")
     typo = str(tmp_path / "servce.toml")
     assert refusal(supervisor_tap, ["--config", typo]) == (
         f"service-supervisor: {typo}: file not found (a --config that is given must exist; only the default "

@@ -76,10 +76,22 @@ def own_pidfile(options: Any, name: str) -> None:
 def private_daemon_log(options: Any) -> None:
     """Make a daemon's log file (twistd's ``--logfile``) the owner's only, 0600, before twistd opens it: it
     holds the access lines, and a job id is all it takes to read that job's result.  twistd opens it before
-    it applies a daemon's umask, so it was 0644.  Nothing for a process in the foreground or under twist."""
+    it applies a daemon's umask, so it was 0644.  Nothing for a process under twist.
+
+    SIGUSR1 is ignored from here on, too, wherever twistd writes a log file (a daemon's, or ``-n
+    --logfile``): as it opens the file, twistd makes SIGUSR1 rotate it where the signal still has its
+    default action, so a daemon renamed its log to ``.1`` on logrotate's usual ``postrotate`` signal while
+    every other process ignored it (:func:`exit_zero_on_signals`;
+    docs/operations.md).  twistd still rotates the file by size (1 MB) itself."""
     parent = getattr(options, "parent", None)
-    logfile = parent.get("logfile") if parent is not None and not parent.get("nodaemon") else None
-    if not logfile or logfile == "-":
+    logfile = parent.get("logfile") if parent is not None else None
+    if parent is None or not logfile or logfile == "-":
+        return
+    import signal
+
+    if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):  # makeService runs before twistd's log starts
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    if parent.get("nodaemon"):
         return
     try:
         os.close(os.open(logfile, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
@@ -280,8 +292,9 @@ def exit_zero_on_signals(reactor: IServiceReactor) -> None:
     by default it killed them at once, without stopping the children.  A
     second signal during the shutdown changes nothing.  SIGUSR1, the signal
     logrotate's ``postrotate`` usually sends, ended the process (its default
-    action): it is ignored where nothing handles it (twistd's daemon reopens
-    its own log on it), since the supervisor follows moved log files itself.
+    action): it is ignored (a daemon's since :func:`private_daemon_log`, before
+    twistd could make it rotate its own log), since the supervisor follows
+    moved log files itself.
     """
     import signal
 

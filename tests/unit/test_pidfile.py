@@ -61,3 +61,29 @@ def test_as_a_daemon_each_program_has_its_own_log_file_and_it_is_the_owners_only
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(tmp_path / "twistd-service-gateway.log").st_mode) == 0o600
+
+
+@pytest.mark.parametrize("argv, ignored", [((), True), (("-n", "--logfile", "fg.log"), True), (("-n",), False)],
+                         ids=["daemon", "foreground-logfile", "foreground-stdout"])
+def test_sigusr1_does_not_rotate_twistds_own_log(tmp_path, monkeypatch, argv, ignored):
+    """twistd makes SIGUSR1 rotate the log file it writes where the signal still has its default action when
+    it opens the file, which it does after makeService (private_daemon_log): ``twistd service-supervisor``
+    renamed its log to ``.1`` on logrotate's usual signal, which docs/operations.md says every process ignores.
+    Writing to stdout, twistd installs nothing: the default stays until the reactor runs
+    (svc.infra.process.exit_zero_on_signals ignores it then)."""
+    import signal
+
+    from twisted.scripts._twistd_unix import UnixAppLogger
+
+    from svc.infra.process import private_daemon_log
+
+    monkeypatch.chdir(tmp_path)
+    previous = signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    try:
+        options = parsed(*argv, "service-gateway")
+        private_daemon_log(options.subOptions)
+        UnixAppLogger(options)._getLogObserver()  # what twistd does as it starts its log, after makeService
+        installed = signal.getsignal(signal.SIGUSR1)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert installed == (signal.SIG_IGN if ignored else signal.SIG_DFL)

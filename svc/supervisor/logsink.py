@@ -271,3 +271,58 @@ class LogSink:
         if self.file is not None:
             self.file.close()
             self.file = None
+
+
+#: The file of the logs folder that a running supervisor holds locked (``flock``) for its whole life, its pid in it.
+LOCK_FILE = "supervisor.lock"
+
+
+class LogDirLock:
+    """One supervisor per logs folder: an exclusive ``flock`` on ``<log_dir>/supervisor.lock``.
+
+    A second supervisor on the same folder (other ports, same configs) wrote
+    its children's lines into the first one's ``<id>.log`` files, and both
+    rotated them.  The lock goes with the open file, which no child inherits
+    (Python opens it close-on-exec) and a daemon's fork keeps; the kernel
+    releases it when the process ends, so a ``kill -9`` leaves nothing stale.
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.path = os.path.join(directory, LOCK_FILE)
+        self.file: Any = None
+
+    def acquire(self) -> str | None:
+        """Take the lock and write this pid in it: None, or why not (naming the folder and the holder's pid).
+
+        OSError when the folder or the file cannot be made or opened (another user's folder).
+        """
+        import fcntl
+
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        file = os.fdopen(os.open(self.path, os.O_RDWR | os.O_CREAT, LOG_FILE_MODE), "r+")
+        try:
+            fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = file.read().strip() or "unknown: it is starting"
+            file.close()
+            return (f"{self.directory} ({os.path.abspath(self.directory)}) is in use by another supervisor (pid "
+                    f"{holder}), which writes and rotates the log files there: stop it, or give this one another "
+                    "[supervisor] log_dir")
+        self.file = file
+        self.claim()
+        return None
+
+    def claim(self) -> None:
+        """Write this process's pid in the lock file: again once a daemon runs, whose pid changed as twistd forked."""
+        if self.file is not None:
+            self.file.seek(0)
+            self.file.truncate()
+            self.file.write(f"{os.getpid()}\n")
+            self.file.flush()
+
+    def release(self) -> None:
+        """Let another supervisor have the folder (this one has stopped its children, or refused to start)."""
+        if self.file is not None:
+            self.file.close()
+            self.file = None

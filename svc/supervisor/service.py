@@ -3,7 +3,7 @@
 On start the listener comes up, then the gateway and the profile's model
 servers are started.  On stop (SIGTERM/SIGINT) every child is stopped (TERM
 to its process group, KILL after the grace) before the process exits 0, so
-no child is left behind.
+no child is left behind; the logs folder's lock is let go only then.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from svc.infra.metrics import HttpMetrics, new_registry
 from svc.infra.process import ListeningMultiService, freeze_heap
 from svc.infra.reactors import IServiceReactor
 from svc.supervisor.api import ManagementApi
+from svc.supervisor.logsink import LogDirLock
 from svc.supervisor.manager import GATEWAY, ChildManager
 from svc.supervisor.metrics import ChildCollector
 from svc.supervisor.series import SeriesCollector
@@ -33,8 +34,10 @@ class SupervisorService(ListeningMultiService):
     program = PROGRAM
 
     def __init__(self, *, reactor: IServiceReactor, manager: ChildManager, token: str, host: str, port: int,
-                 ui_dir: str, fetch: Callable[[int, str, str | None], Deferred], limits: HttpLimits | None = None) -> None:
+                 ui_dir: str, fetch: Callable[[int, str, str | None], Deferred], limits: HttpLimits | None = None,
+                 log_lock: LogDirLock | None = None) -> None:
         super().__init__()
+        self.log_lock = log_lock  # held until every child has stopped
         self.reactor = reactor
         self.manager = manager
         self.host, self.port = host, port
@@ -55,6 +58,8 @@ class SupervisorService(ListeningMultiService):
         super().startService()
         log.info("supervisor on {url}/ (profile {profile}, device {device})",
                  url=http_url(self.host, self.port), profile=self.manager.profile.name, device=self.manager.profile.device)
+        if self.log_lock is not None:
+            self.log_lock.claim()  # a daemon's pid, now that twistd has forked
         freeze_heap()  # everything the supervisor keeps for life exists now (svc.infra.process.freeze_heap)
         self.manager.start_all()
         self.series.start()
@@ -66,4 +71,6 @@ class SupervisorService(ListeningMultiService):
         log.info("stopping every child")
         self.series.stop()
         await self.manager.stop_all()
+        if self.log_lock is not None:
+            self.log_lock.release()
         await super().stopService()

@@ -5,7 +5,9 @@ Fail-closed: no ``SERVICE_API_TOKEN``, no usable ``SERVICE_METRICS_TOKEN``
 (missing, or equal to the inference or the management token: the gateway
 child would be refused for it), a wildcard bind without ``SERVICE_EXPOSE`` =
 docker/unsafe, a bad config or profile, no complete copy of the web UI's
-files: one line, exit 1, before anything listens or is spawned.
+files, a logs folder that another running supervisor holds
+(svc.supervisor.logsink.LogDirLock): one line, exit 1, before anything
+listens or is spawned.
 """
 
 from __future__ import annotations
@@ -162,21 +164,28 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
         factory = found.get(model_id)
         return find_variant(factory, None).name if factory is not None and variants_of(factory) else None
 
+    from svc.supervisor.logsink import LogDirLock
+
+    log_lock = LogDirLock(config.log_dir)  # before any log file of the folder is opened
     try:
+        if in_use := log_lock.acquire():
+            raise refuse(PROGRAM, in_use)
         probe = HttpProbe(reactor, hosts=probe_hosts(config))
         demo_models = tuple(m.strip() for m in options["demo-models"].split(",") if m.strip())
         manager = ChildManager(reactor=reactor, config=config, profile=profile, probe=probe, env=env,
                                describe=describe, default_variant=default_variant, demo_models=demo_models)
     except (ConfigError, ValueError) as e:
+        log_lock.release()
         raise refuse(PROGRAM, str(e)) from None
     except OSError as e:  # log_dir not a directory, say: one line, not a traceback
+        log_lock.release()
         raise refuse(PROGRAM, f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")) from None
     exit_zero_on_signals(reactor)
     open_file_limit(config.max_connections, f"{config.path}: supervisor.max_connections")
     from svc.web.limits import HttpLimits
 
     return SupervisorService(reactor=reactor, manager=manager, token=token, host=config.host, port=config.port,
-                             ui_dir=ui, fetch=probe.fetch, limits=HttpLimits.from_config(config))
+                             ui_dir=ui, fetch=probe.fetch, limits=HttpLimits.from_config(config), log_lock=log_lock)
 
 
 def probe_hosts(config: Any) -> dict[int, str]:

@@ -309,3 +309,26 @@ def test_refuses_to_start_without_a_separate_metrics_token(metrics, message):
     assert output.strip().splitlines() == [f"service-supervisor: {message}"]
     with socket.socket() as probe:  # nothing listened: the port is still free
         probe.bind(("127.0.0.1", port))
+
+
+def test_a_second_supervisor_on_the_same_logs_folder_is_refused(stack):
+    """A second supervisor of one folder on other ports (the same model configs and logs folder) started, its
+    models ended start_failed (their ports in use), and its lines went into the first one's logs/__gateway.log and
+    logs/<id>.log, which both would rotate.  It is refused with one line naming the folder and the running
+    supervisor's pid, before anything listens."""
+    first = (stack.root / "service.toml").read_text()
+    gateway_port, supervisor_port = free_port(), free_port()
+    second = stack.root / "service2.toml"
+    second.write_text(first.replace(f"port = {stack.gateway_port}\n", f"port = {gateway_port}\n")
+                      .replace(f"port = {stack.extra['supervisor_port']}\n", f"port = {supervisor_port}\n"))
+    assert second.read_text() != first
+    code, output = run_to_exit(supervisor_args("--config", str(second)), env=child_env(stack.env), timeout=60)
+    logs = stack.root / "logs"
+    assert code == 1
+    assert output.strip().splitlines() == [
+        f"service-supervisor: {logs} ({logs}) is in use by another supervisor (pid {stack.supervisor.popen.pid}), "
+        "which writes and rotates the log files there: stop it, or give this one another [supervisor] log_dir"]
+    for port in (gateway_port, supervisor_port):  # nothing listened
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", port))
+    assert stack.child("__gateway")["state"] == "running"

@@ -44,6 +44,8 @@ def test_a_daemonized_supervisor_runs_its_children_and_stops_them(tmp_path: Path
                      headers={"Authorization": f"Bearer {stack.key}"})
         assert reply.status == 200 and reply.json["status"] == 0, reply.json
         pids = [stack.child(n)["pid"] for n in ("__gateway", "TESTFAULTS")]
+        # the logs folder's lock names the daemon, not the process that forked it (docs/processes.md)
+        assert (tmp_path / "logs" / "supervisor.lock").read_text() == f"{daemon}\n"
         # logrotate's usual postrotate signal: twistd rotated the daemon's own log on it (supervisor.log.1), where
         # docs/operations.md says every process ignores it.  The handler runs on the reactor's thread as the signal
         # arrives; the status request after it is answered by the same reactor, after the rotation it would queue.

@@ -318,3 +318,39 @@ def test_log_files_and_a_folder_made_for_them_are_the_owners_only(tmp_path):
     made = tmp_path / "new" / "logs"
     LogSink("M", str(made), clock=Clock(), max_bytes=100, backups=0, ring_lines=10).close()
     assert (os.stat(made).st_mode & 0o777, os.stat(made / "M.log").st_mode & 0o777) == (0o700, 0o600)
+
+
+def test_one_supervisor_per_logs_folder_and_a_killed_one_leaves_no_stale_lock(tmp_path):
+    """Two supervisors of one folder (other ports, same configs) wrote into the same <id>.log files and both
+    rotated them.  The folder's lock is an flock held by a real other process here: the kernel lets it go when
+    that process is killed with SIGKILL, so nothing stale is left behind."""
+    import signal
+    import stat
+    import subprocess
+    import sys
+
+    from svc.supervisor.logsink import LogDirLock
+
+    logs = tmp_path / "logs"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from svc.supervisor.logsink import LogDirLock\n"
+         f"lock = LogDirLock({str(logs)!r})\nassert lock.acquire() is None; print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert (logs / "supervisor.lock").read_text() == f"{holder.pid}\n"
+        lock = LogDirLock(str(logs))
+        assert lock.acquire() == (
+            f"{logs} ({logs}) is in use by another supervisor (pid {holder.pid}), which writes and rotates the log "
+            "files there: stop it, or give this one another [supervisor] log_dir")
+        assert lock.file is None and (logs / "supervisor.lock").read_text() == f"{holder.pid}\n"
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(30)
+    assert lock.acquire() is None  # no stale lock after kill -9
+    assert (logs / "supervisor.lock").read_text() == f"{os.getpid()}\n"
+    assert stat.S_IMODE(os.stat(logs / "supervisor.lock").st_mode) == 0o600
+    lock.release()
+    after = LogDirLock(str(logs))
+    assert after.acquire() is None  # released: the next one takes it
+    after.release()

@@ -16,7 +16,10 @@ secrets in its environment (profile ``auto``: cpu on a machine without CUDA);
 while the models load, one line per change says what each does (loading,
 measuring mode N of M, ready), and once every model is ready (or has
 failed) one block says where the UI,
-the management token and the first API key are, and what to run first.
+the management token and the first API key are, and what to run first, read
+from the status of its own supervisor only (the status's ``pid``).  In a
+folder whose service already runs (its supervisor answers with the folder's
+management token) it starts nothing: one line, exit 1.
 
 Weights: the profile's ``weights`` (or ``--weights``) says demo or pretrained.
 Every pretrained variant the service would run is looked up in the weights
@@ -238,6 +241,28 @@ def fetch_status(ui_url: str, token: str, timeout: float = 5.0) -> dict | None:
         connection.close()
 
 
+def already_running(ui_url: str, token: str) -> str | None:
+    """Why no second service starts in this folder: its supervisor answers on ``ui_url`` with this folder's
+    management token (None when nothing answers so).  A second quick start took that supervisor's readiness
+    for its own and printed the whole next-steps block, then failed with its own supervisor's refusal."""
+    status = fetch_status(ui_url, token)
+    if status is None:
+        return None
+    pid = status.get("pid")
+    return (f"a service of this folder already runs: its supervisor (pid {pid}) answers on {ui_url}; use it as it "
+            f"is, or stop it first (Ctrl-C in its terminal, or kill -TERM {pid})")
+
+
+def own_status(status: dict | None, pid: int) -> dict | None:
+    """``status`` when the supervisor that answered is the quick start's own (``pid``), else None.
+
+    While its supervisor still imports, another one on the same port (a run
+    started meanwhile in the same folder, with the same token) may answer:
+    its readiness is not this run's.
+    """
+    return status if status is not None and status.get("pid") == pid else None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Prepare the secrets, run the supervisor, and say what to do once the models are up.
 
@@ -270,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     os.chdir(args.root)
     ui_url, gateway_url = service_addresses()
+    if running := already_running(ui_url, values["SERVICE_API_TOKEN"]):
+        print(f"quickstart: {running}", file=sys.stderr, flush=True)
+        return 1
     env = {**os.environ, **{k: v for k, v in values.items() if k != "SERVICE_API_KEY"}}
     from svc.config import ConfigError
     from svc.supervisor.config import load_profile, load_supervisor_config
@@ -302,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, forward)
     seen: dict[str, str] = {}
     while child.poll() is None:
-        status = fetch_status(ui_url, values["SERVICE_API_TOKEN"])
+        status = own_status(fetch_status(ui_url, values["SERVICE_API_TOKEN"]), child.pid)
         for line in progress_lines(seen, status or {}):
             print(line, flush=True)
         if status is not None and settled(status):

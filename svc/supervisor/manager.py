@@ -392,6 +392,7 @@ class ChildManager:
             "profile": self.profile.name,
             "device": self.profile.device,
             "weights": self.profile.weights,
+            "pid": os.getpid(),  # whose status it is: the quick start trusts only its own supervisor's
             "gateway": gateway,
             "servers": [{**self.model_info(m), **m.snapshot(), "replicas": m.replica_views()} for m in self.models()],
         }

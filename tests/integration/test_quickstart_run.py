@@ -187,3 +187,30 @@ def test_a_models_package_where_the_quick_start_runs_is_not_the_plugin_package(t
         popen.send_signal(signal.SIGTERM)
         code = popen.wait(60)
     assert code == 0, log.read_text()[-3000:]
+
+
+def test_a_second_quick_start_in_the_same_folder_starts_nothing_and_says_so(tmp_path):
+    """A second run in the folder of a running service took the first supervisor's readiness for its own (the same
+    port, the same token): it printed the whole next-steps block, then failed with its own supervisor's
+    "cannot listen ... Address already in use"."""
+    from tests.support.http import get
+
+    popen, log, _, supervisor_port = start_quickstart(tmp_path, "TESTFAULTS")
+    try:
+        [pid] = map(int, open(f"/proc/{popen.pid}/task/{popen.pid}/children").read().split())  # its supervisor
+        (tmp_path / "second").mkdir()
+        second, second_log = spawn([sys.executable, "-m", "svc.cli.quickstart", "--root", str(tmp_path)],
+                                   env=child_env(None, drop=TOKENS), log_dir=tmp_path / "second")
+        assert second.wait(60) == 1
+        assert second_log.read_text().splitlines() == [
+            f"quickstart: a service of this folder already runs: its supervisor (pid {pid}) answers on "
+            f"http://127.0.0.1:{supervisor_port}/; use it as it is, or stop it first (Ctrl-C in its terminal, or "
+            f"kill -TERM {pid})"]
+        assert popen.poll() is None  # the first runs on
+        token = read_env_file(str(tmp_path / "secrets" / "local.env"))["SERVICE_API_TOKEN"]
+        assert get(f"http://127.0.0.1:{supervisor_port}/api/v1/status",
+                   headers={"Authorization": f"Bearer {token}"}).json["pid"] == pid  # whose status it is
+    finally:
+        popen.send_signal(signal.SIGTERM)
+        code = popen.wait(60)
+    assert code == 0, log.read_text()[-3000:]

@@ -63,6 +63,7 @@ def test_catalog_and_status_bodies(stack):
                          "weights": {"kind": "demo", "variant": None}}
     status = api(stack, "GET", "/api/v1/status").json
     assert status["ok"] is True and status["profile"] == "cpu" and status["device"] == "cpu"
+    assert status["pid"] == stack.supervisor.popen.pid  # whose status it is (the quick start trusts only its own)
     assert status["gateway"]["state"] == "running" and status["gateway"]["port"] == stack.gateway_port
     faults = next(s for s in status["servers"] if s["id"] == "TESTFAULTS")
     assert faults["async"] is True and faults["state"] == "running" and faults["ready"] is True

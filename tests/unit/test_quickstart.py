@@ -509,3 +509,15 @@ def test_a_first_key_the_gateways_key_file_lacks_is_named_in_one_line(tmp_path):
     quiet = io.StringIO()
     prepare(str(tmp_path), quiet)
     assert quiet.getvalue() == ""
+
+
+def test_only_the_quick_starts_own_supervisor_is_trusted():
+    """While its supervisor still imported, another one on the same port (the same folder's, with the same token)
+    answered, and the quick start printed that one's readiness as its own block before its own supervisor failed."""
+    from svc.cli.quickstart import own_status
+
+    theirs = {"pid": 4242, "gateway": {"ready": True}, "servers": []}
+    assert own_status(theirs, 4243) is None
+    assert own_status({"gateway": {"ready": True}, "servers": []}, 4243) is None  # a status that names no pid
+    assert own_status(None, 4242) is None
+    assert own_status(theirs, 4242) is theirs

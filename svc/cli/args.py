@@ -232,11 +232,41 @@ def find_token(env: Mapping[str, str], token_env: str | None = None) -> str:
     names = (token_env,) if token_env else TOKEN_ENVS
     for name in names:
         if env.get(name):
-            return env[name]
+            return checked_token(name, env[name])
     if token_env:
         raise CliError(f"no token: {token_env} is not set (named by --token-env)")
     raise CliError(f"no token: set {', '.join(TOKEN_ENVS[:-1])} or {TOKEN_ENVS[-1]} "
                    "(or name another variable with --token-env)")
+
+
+def checked_token(name: str, value: str) -> str:
+    """``value``, the token of the variable ``name``; :class:`CliError` naming the variable, never the value, when
+    it holds a character that no bearer token carries: one outside printable ASCII (``SERVICE_API_TOKEN=$'\\xe9'``
+    failed inside the request, ``POST ...: UnicodeEncodeError``, after a connection was made).  The whitespace
+    around it is the gateway's to strip, as a token read from a file with its newline worked."""
+    if all(" " <= c <= "~" for c in value.strip()):
+        return value
+    raise CliError(f"{name} holds a character outside printable ASCII, which no bearer token carries (its value "
+                   "is not shown; nothing sent)")
+
+
+#: The arguments that become a segment of a request's path: dest and metavar.
+PATH_ARGUMENTS = {"model": "MODEL", "job": "JOB"}
+
+
+def check_path_arguments(args: argparse.Namespace) -> None:
+    """:class:`CliError` for a MODEL or JOB that is not valid UTF-8 (bytes a shell passed, ``$'M\\xff'``): no
+    URL can carry it, and quoting it into one failed with a UnicodeEncodeError traceback.  Shown as the bytes
+    it was given, escaped."""
+    for dest, metavar in PATH_ARGUMENTS.items():
+        value = getattr(args, dest, None)
+        if not isinstance(value, str):
+            continue
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = value.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")
+            raise CliError(f"{metavar} {shown} is not valid UTF-8 (nothing sent)") from None
 
 
 def request_body(images: list[str], params: list[tuple[str, Any]] | None = None,

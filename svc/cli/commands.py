@@ -38,8 +38,8 @@ import sys
 from svc import version_line
 from svc.auth import SCOPES, check_key_name, hash_key, issue_key
 from svc.cli import gateway as cli_gateway
-from svc.cli.args import key_qps
-from svc.cli.http import EXIT_OK, EXIT_USAGE, Client, HttpClient, fail
+from svc.cli.args import check_path_arguments, key_qps
+from svc.cli.http import EXIT_OK, EXIT_USAGE, Client, CliError, HttpClient, fail
 from svc.contract.protocol import GATEWAY_RESTART_PATH, SUPERVISOR_PORT, local_url
 
 GATEWAY_RESTART = f"POST {GATEWAY_RESTART_PATH}"
@@ -57,7 +57,6 @@ def _keygen(args: argparse.Namespace) -> int:
     print(f"key: {key}\n")
     print(entry, end="")
     sys.stdout.flush()
-    from svc.cli.http import CliError
     from svc.cli.keyfile import default_keys_file, restart_call
 
     try:  # the supervisor and the key file that `keys add` would use ($SERVICE_SUPERVISOR_URL, [gateway] keys_file)
@@ -149,6 +148,11 @@ def main(argv: list[str] | None = None, client: Client | None = None) -> int:
         parser.print_help()
         return 2
     if getattr(args, "uses_client", False):
+        try:
+            check_path_arguments(args)  # before any command of the gateway quotes them into its URL
+        except CliError as e:
+            fail(str(e))
+            return EXIT_USAGE
         return handler(args, client if client is not None else HttpClient())
     return handler(args)
 

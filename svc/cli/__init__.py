@@ -30,8 +30,10 @@ def main(argv: list[str] | None = None, client: Any = None) -> int:
     the commands are imported, which takes a second or two (a traceback before).
     """
     try:
+        from svc.cli.output import open_standard_streams, run_guarded
+
+        open_standard_streams()  # before any file is opened: none may become stdout or stderr
         from svc.cli.commands import main as run
-        from svc.cli.output import run_guarded
 
         return run_guarded(lambda: run(argv, client))
     except KeyboardInterrupt:

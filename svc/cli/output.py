@@ -14,8 +14,11 @@ command writes, so the entry can answer it the same way for every command:
 * the reader went away (EPIPE): quiet, as a writer that a shell's pipe kills;
   the exit status is the command's own when it has a failure to report, else
   :data:`EXIT_PIPE` (141, 128 + SIGPIPE, what the shell reports for such a writer);
-* any other error (ENOSPC, EIO): one line, ``svcctl: cannot write to stdout: ...``,
-  and exit 2.
+* any other error (ENOSPC, EIO, a stdout the shell closed: EBADF): one line,
+  ``svcctl: cannot write to stdout: ...``, and exit 2.
+
+A descriptor 0, 1 or 2 that svcctl was started without is held on ``/dev/null``
+first (:func:`open_standard_streams`), so that no file the command opens takes it.
 
 In both cases the rest of the output goes to ``/dev/null`` (the descriptor
 itself, so that the interpreter's own last flush is quiet too).  A command
@@ -26,6 +29,7 @@ error still exits 1.  A leaf of :mod:`svc.cli`: it imports nothing of it.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Callable
@@ -53,6 +57,38 @@ class StdoutError(Exception):
         return isinstance(self.error, BrokenPipeError)
 
 
+#: The descriptors a shell may have closed (``>&-``), how each is opened again on ``/dev/null`` and how read.
+STANDARD_STREAMS = (("stdin", os.O_RDONLY, "r"), ("stdout", os.O_RDONLY, "w"), ("stderr", os.O_WRONLY, "w"))
+
+
+def open_standard_streams() -> None:
+    """Give a descriptor 0, 1 or 2 that svcctl was started without (``>&-``, ``2>&-``) ``/dev/null``, and its stream.
+
+    Why: Python leaves ``sys.stdout`` (or ``sys.stderr``) None then, and the descriptor free for the next file
+    opened.  A print to stdout failed with an AttributeError traceback, and ``print(..., file=sys.stderr)`` went
+    to *stdout*: ``svcctl infer ... 2>&- > out.json`` put its stderr lines into out.json.  Now stderr's lines go
+    nowhere, stdin reads empty, and stdout's descriptor is held read-only, so that its first write fails
+    (EBADF) and :func:`run_guarded` reports it as any failed stdout: one line and exit 2, before a key file is
+    changed.  A descriptor that something else took already is left to it: only the stream is made.
+    """
+    for fd, (name, flags, mode) in enumerate(STANDARD_STREAMS):
+        if getattr(sys, name) is not None:
+            continue
+        try:
+            os.fstat(fd)
+        except OSError:  # free: hold it, so that no file of the command becomes stdout or stderr
+            null = os.open(os.devnull, flags)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            if name == "stdout":
+                continue  # None: GuardedStdout fails its writes
+            setattr(sys, name, open(fd, mode, buffering=1, closefd=False, errors="backslashreplace"))
+        else:
+            if name != "stdout":
+                setattr(sys, name, open(os.devnull, mode, buffering=1, errors="backslashreplace"))
+
+
 class GuardedStdout:
     """``sys.stdout`` while a command runs: a write or flush that fails raises :class:`StdoutError`, once.
 
@@ -63,7 +99,7 @@ class GuardedStdout:
     is the stream's own (``isatty``, ``fileno``, ``encoding``).
     """
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO | None) -> None:
         self.stream = stream
         self.failure: StdoutError | None = None
 
@@ -71,12 +107,14 @@ class GuardedStdout:
         if self.failure is not None:
             return len(text)
         try:
+            if self.stream is None:  # started without a stdout (``>&-``): open_standard_streams
+                raise OSError(errno.EBADF, os.strerror(errno.EBADF))
             return self.stream.write(text)
         except OSError as e:
             raise self._failed(e) from None
 
     def flush(self) -> None:
-        if self.failure is not None:
+        if self.failure is not None or self.stream is None:
             return
         try:
             self.stream.flush()
@@ -88,6 +126,8 @@ class GuardedStdout:
 
     def _failed(self, error: OSError) -> StdoutError:
         self.failure = StdoutError(error)
+        if self.stream is None:  # its descriptor already fails every write
+            return self.failure
         try:
             null = os.open(os.devnull, os.O_WRONLY)
             try:
@@ -107,7 +147,7 @@ def run_guarded(command: Callable[[], int]) -> int:
     120 there).  SystemExit (argparse's ``--version``, a usage error) passes
     through once flushed the same way.
     """
-    real = sys.stdout
+    real: TextIO | None = sys.stdout
     guard = GuardedStdout(real)
     sys.stdout = cast(TextIO, guard)
     code: int | None = None

@@ -10,15 +10,27 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
 import svc.cli
 from tests.support.fake_client import FakeClient, Reply
-from tests.unit.test_cli import GATEWAY, accept_request_head, fake_client, free_port, listener, start
+from tests.unit.test_cli import (
+    CLEARED,
+    GATEWAY,
+    REPO,
+    TOKEN,
+    accept_request_head,
+    fake_client,
+    free_port,
+    listener,
+    start,
+)
 
 FULL = "svcctl: cannot write to stdout: No space left on device\n"
 JOB = {"job_id": "job_1", "state": "pending", "poll_url": "/v1/models/M/jobs/job_1",
@@ -194,3 +206,57 @@ def test_ctrl_c_inside_the_request_before_the_reactor_runs_is_130(monkeypatch, c
     except KeyboardInterrupt:
         pytest.fail("the interrupt went past svcctl's entry")
     assert (code, capsys.readouterr().err.splitlines(keepends=True)[-1]) == (130, line)
+
+
+# ---------------------------------------------------------------- started without a stdout or stderr (>&-, 2>&-)
+
+CLOSED = "svcctl: cannot write to stdout: Bad file descriptor\n"
+
+
+def start_without(fd: int, *args: str, stdout: Any = subprocess.PIPE, env: dict[str, str] | None = None
+                  ) -> subprocess.Popen:
+    """``python -m svc.cli ARGS`` started with descriptor ``fd`` closed, as ``>&-`` (1) or ``2>&-`` (2) leave it."""
+    full = {k: v for k, v in os.environ.items() if k not in CLEARED}
+    full.update({"PYTHONPATH": str(REPO), "SERVICE_API_KEY": TOKEN, **(env or {})})
+    return subprocess.Popen([sys.executable, "-m", "svc.cli", *args], env=full, stdin=subprocess.DEVNULL,
+                            stdout=None if fd == 1 else stdout, stderr=None if fd == 2 else subprocess.PIPE,
+                            text=True, preexec_fn=lambda: os.close(fd))
+
+
+@BUFFERING
+@pytest.mark.parametrize("argv", [["hash", "abc"], ["keygen", "q"], ["keys", "list", "--keys-file", "{keys}"],
+                                  ["keys", "add", "bob", "--keys-file", "{keys}", "--no-restart"]],
+                         ids=["hash", "keygen", "keys list", "keys add"])
+def test_a_closed_stdout_is_one_line_and_exit_2_and_no_key_is_stored(offline, argv, unbuffered):
+    """``svcctl hash abc >&-`` and the others: ``AttributeError: 'NoneType' object has no attribute 'write'``,
+    exit 1 (Python leaves sys.stdout None).  ``keys add`` leaves the key file as it was, as with /dev/full."""
+    before = open(offline["keys"]).read()
+    proc = start_without(1, *[a.format(**offline) for a in argv], env={"PYTHONUNBUFFERED": unbuffered})
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err, open(offline["keys"]).read()) == (2, CLOSED, before)
+
+
+def test_infer_with_a_closed_stdout_is_one_line_and_exit_2(tmp_path):
+    image = tmp_path / "a.jpg"
+    image.write_bytes(b"\xff\xd8\xff")
+    with listener() as (server, url):
+        proc = start_without(1, "infer", "M", str(image), "--gateway", url)
+        answer(server, "200 OK", ENVELOPE)
+        _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (2, CLOSED)
+
+
+def test_a_closed_stderr_never_puts_its_lines_into_stdouts_file(tmp_path):
+    """``svcctl infer ... 2>&- > out.json`` wrote the demo-weights note into out.json: ``print(file=sys.stderr)``
+    with sys.stderr None prints to stdout."""
+    image, out = tmp_path / "a.jpg", tmp_path / "out.json"
+    image.write_bytes(b"\xff\xd8\xff")
+    with listener() as (server, url), open(out, "w") as stdout:
+        proc = start_without(2, "infer", "M", str(image), "--gateway", url, stdout=stdout)
+        conn, _ = accept_request_head(server)
+        with conn:
+            content = json.dumps(ENVELOPE).encode()
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Service-Weights: demo\r\n"
+                         b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(content), content))
+            assert proc.wait(timeout=60) == 0
+    assert out.read_text() == json.dumps(ENVELOPE, indent=2) + "\n"

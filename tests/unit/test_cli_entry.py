@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -175,8 +176,6 @@ def test_ctrl_c_while_svcctl_imports_is_interrupted_and_130(module):
     """docs/cli.md promises 130 when interrupted; Ctrl-C in the first second or two gave a KeyboardInterrupt
     traceback (the commands' imports, the reactor's inside task.react) or "main function encountered error" and
     exit 1 (treq, imported inside the coroutine that task.react starts before the reactor's handlers exist)."""
-    import signal
-
     proc = start("jobs", "get", "M", "job_1", "--gateway", f"http://127.0.0.1:{free_port()}",
                  env={"BLOCK_AT": module}, entry=("-c", BLOCKING_ENTRY))
     assert proc.stderr.readline() == f"importing {module}\n"
@@ -260,3 +259,36 @@ def test_a_closed_stderr_never_puts_its_lines_into_stdouts_file(tmp_path):
                          b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(content), content))
             assert proc.wait(timeout=60) == 0
     assert out.read_text() == json.dumps(ENVELOPE, indent=2) + "\n"
+
+
+# ---------------------------------------------------------------- Ctrl-C before main()
+
+#: A ``sitecustomize`` (first on the child's PYTHONPATH, so imported at start-up) that sends the process SIGINT at
+#: the first import of ``$SIGINT_AT``: Ctrl-C at that exact moment, without a race against the process's start.
+SIGINT_AT_IMPORT = """
+import os
+import sys
+
+
+class SigintAt:
+    def find_spec(self, name, path=None, target=None):
+        if name == os.environ["SIGINT_AT"]:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), 2)  # SIGINT; the signal module is not imported here: it imports enum
+        return None
+
+
+sys.meta_path.insert(0, SigintAt())
+"""
+
+
+@pytest.mark.parametrize("module", ["enum", "svc.cli.__main__"])
+def test_ctrl_c_before_main_is_interrupted_and_130(tmp_path, module):
+    """docs/cli.md promises ``svcctl: interrupted`` and 130 from the moment svcctl starts; Ctrl-C before main()'s
+    handler (enum: imported with the package's first import; ``svc.cli.__main__``: runpy looks for it once the
+    package is imported) gave a KeyboardInterrupt traceback and exit 1."""
+    (tmp_path / "sitecustomize.py").write_text(SIGINT_AT_IMPORT)
+    proc = start("hash", "abc", env={"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]), "SIGINT_AT": module})
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out, err) == (130, "", "svcctl: interrupted\n")
+

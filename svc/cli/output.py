@@ -30,6 +30,7 @@ error still exits 1.  A leaf of :mod:`svc.cli`: it imports nothing of it.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import sys
 from collections.abc import Callable
@@ -109,9 +110,28 @@ class GuardedStdout:
         try:
             if self.stream is None:  # started without a stdout (``>&-``): open_standard_streams
                 raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+            raw = getattr(self.stream, "buffer", None)
+            if isinstance(raw, io.RawIOBase):
+                return self._write_all(raw, text)
             return self.stream.write(text)
         except OSError as e:
             raise self._failed(e) from None
+
+    def _write_all(self, raw: io.RawIOBase, text: str) -> int:
+        """``text`` written whole to an unbuffered stdout (``python -u``, ``PYTHONUNBUFFERED``), write after write.
+
+        Its TextIOWrapper makes one write and ignores a short count: a reader that went away during a
+        1 MB reply took 73728 bytes, and the rest was dropped without an error (exit 0, not 141).  A
+        write after the short one meets the closed pipe (EPIPE) as any write does."""
+        assert self.stream is not None
+        self.stream.flush()
+        data = memoryview(text.encode(self.stream.encoding, self.stream.errors or "strict"))
+        while data:
+            written = raw.write(data)
+            if written is None:  # non-blocking, and full: what a buffered stdout raises then
+                raise BlockingIOError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+            data = data[written:]
+        return len(text)
 
     def flush(self) -> None:
         if self.failure is not None or self.stream is None:

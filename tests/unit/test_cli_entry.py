@@ -125,6 +125,22 @@ def test_infer_to_a_full_device_is_one_line_and_exit_2(tmp_path, unbuffered):
     assert (proc.returncode, err) == (2, FULL)
 
 
+@BUFFERING
+def test_a_reader_gone_in_the_middle_of_a_large_reply_is_141(unbuffered):
+    """``svcctl infer ... | head -1`` of a 1.1 MB reply exited 0: unbuffered, its one write(1) returned a short count
+    when the reader left, and Python's TextIOWrapper dropped the rest without an error."""
+    big = {"job_id": "job_1", "state": "done", "pad": ["x" * 100] * 10_000}  # 1 MB: many times a pipe's capacity
+    with listener() as (server, url):
+        proc = start("jobs", "get", "M", "job_1", "--gateway", url, env={"PYTHONUNBUFFERED": unbuffered})
+        answer(server, "200 OK", big)
+        assert proc.stdout.readline() == "{\n"  # the reply is being written: the reader leaves in its middle
+        proc.stdout.close()
+        with proc.stderr:
+            err = proc.stderr.read()
+        proc.wait(timeout=60)
+    assert (proc.returncode, err) == (141, "")
+
+
 class GoneReader:
     """A stdout whose reader went away (in-process: no file descriptor to point elsewhere)."""
 

@@ -12,7 +12,10 @@ import base64
 import json
 import os
 import re
+import select
+import stat
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -270,7 +273,8 @@ def check_path_arguments(args: argparse.Namespace) -> None:
 
 
 def request_body(images: list[str], params: list[tuple[str, Any]] | None = None,
-                 options: list[tuple[str, Any]] | None = None, req_id: str | None = None) -> bytes:
+                 options: list[tuple[str, Any]] | None = None, req_id: str | None = None,
+                 wait_s: float = DEFAULT_TIMEOUT_S) -> bytes:
     """The JSON inference request for image files (docs/contract.md, Requests).
 
     ``params``, ``options`` and ``req_id`` appear only when given; a repeated
@@ -278,24 +282,33 @@ def request_body(images: list[str], params: list[tuple[str, Any]] | None = None,
     and so do files whose base64 alone would pass the gateway's
     ``max_body_bytes`` (:func:`gateway_max_body_bytes`), before any is read:
     the gateway would answer 413, and reading and encoding a 300 MB file
-    first took 1.3 GB of memory (a CLI probe).
+    first took 1.3 GB of memory (a CLI probe).  A file whose size is known
+    only once read (a pipe, ``/dev/stdin``, a device) is read up to what is
+    left of the limit, within ``wait_s`` seconds (:func:`_read_stream`).
     """
     limit = gateway_max_body_bytes()
-    sizes = []
+    sizes: list[int | None] = []
     for path in images:
         try:
-            sizes.append(os.stat(path).st_size)  # 0 for a pipe (/dev/stdin): known only once read
+            st = os.stat(path)
         except OSError as e:
             raise CliError(f"cannot read image {path}: {e.strerror or e}") from None
-    encoded_size = sum(4 * ((size + 2) // 3) for size in sizes)
-    if encoded_size > limit:
-        raise CliError(f"the images are {encoded_size} bytes as base64, more than the gateway takes in one request "
-                       f"(max_body_bytes {limit}; it would answer 413): send fewer or smaller images")
+        sizes.append(st.st_size if stat.S_ISREG(st.st_mode) else None)  # a pipe's size: known only once read
+    known = sum(_base64_size(size) for size in sizes if size is not None)
+    if known > limit:
+        raise _too_large(known, limit)
     encoded = []
-    for path in images:
+    for path, size in zip(images, sizes):
         try:
-            with open(path, "rb") as f:
-                encoded.append(base64.b64encode(f.read()).decode("ascii"))
+            if size is None:
+                data = _read_stream(path, 3 * ((limit - known) // 4), wait_s)  # the most bytes that fit, as base64
+                known += _base64_size(len(data))
+                if known > limit:
+                    raise _too_large(known, limit, read_to_limit=True)
+            else:
+                with open(path, "rb") as f:
+                    data = f.read()
+            encoded.append(base64.b64encode(data).decode("ascii"))
         except OSError as e:
             raise CliError(f"cannot read image {path}: {e.strerror or e}") from None
     body: dict[str, Any] = {"images": encoded}
@@ -308,3 +321,43 @@ def request_body(images: list[str], params: list[tuple[str, Any]] | None = None,
     return json.dumps(body).encode("utf-8")
 
 
+def _base64_size(size: int) -> int:
+    return 4 * ((size + 2) // 3)
+
+
+def _too_large(encoded_size: int, limit: int, read_to_limit: bool = False) -> CliError:
+    """The one line for images over the gateway's ``max_body_bytes`` (``read_to_limit``: a pipe, read that far)."""
+    return CliError(f"the images are {'at least ' if read_to_limit else ''}{encoded_size} bytes as base64, more "
+                    f"than the gateway takes in one request (max_body_bytes {limit}; it would answer 413): send "
+                    "fewer or smaller images")
+
+
+def _read_stream(path: str, most: int, wait_s: float) -> bytes:
+    """At most ``most`` + 1 bytes of a file that is not a regular file, all come within ``wait_s`` seconds.
+
+    ``/dev/zero`` was read until MemoryError, 100 MB from a pipe were read before the gateway's 413, and
+    a FIFO that no one writes held svcctl forever, whatever ``--timeout-s`` said: the file is opened
+    without blocking (a FIFO then opens with no writer yet) and polled, each wait within the deadline.
+    One byte past ``most`` says that it is too large, without reading the rest."""
+    deadline = time.monotonic() + wait_s
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        chunks, size = [], 0
+        while size <= most:
+            left = deadline - time.monotonic()
+            if left <= 0 or not poller.poll(left * 1000):
+                raise CliError(f"cannot read image {path}: it did not all come within {wait_s:g} s (--timeout-s; "
+                               "nothing sent)")
+            try:
+                chunk = os.read(fd, min(1 << 20, most + 1 - size))
+            except BlockingIOError:  # ready, then taken by another reader of the same pipe
+                continue
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

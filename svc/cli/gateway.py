@@ -52,7 +52,7 @@ def plan_call(args: argparse.Namespace) -> HttpCall:
     timeout = args.timeout_s if args.timeout_s is not None else DEFAULT_TIMEOUT_S
     action = args.command if args.command == "infer" else args.action
     if action in ("infer", "submit"):
-        body = request_body(args.images, args.param, args.option, args.req_id)
+        body = request_body(args.images, args.param, args.option, args.req_id, timeout)
         return HttpCall("POST", f"{model}/{'infer' if action == 'infer' else 'jobs'}", body, timeout)
     job = f"{model}/jobs/{quote(args.job, safe='')}"
     if action == "get":

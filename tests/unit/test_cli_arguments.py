@@ -5,6 +5,12 @@ Each case came from a black-box probe of svcctl, where it ended in a traceback o
 
 from __future__ import annotations
 
+import base64
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 
 from svc import cli
@@ -39,3 +45,58 @@ def test_a_token_read_with_its_newline_is_still_sent(monkeypatch, capsys):
     monkeypatch.setenv("SERVICE_API_TOKEN", "tok-1\n")
     assert cli.main(["jobs", "get", "M", "job_1", "--gateway", GATEWAY], client=gateway) == 0
     assert [r.token for r in gateway.requests] == ["tok-1\n"]
+
+
+@pytest.fixture
+def small_limit(monkeypatch, tmp_path):
+    """This folder's gateway takes 2048 bytes of base64 at most (1536 bytes of image)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "service.toml").write_text("[gateway]\nmax_body_bytes = 2048\n")
+
+
+@contextmanager
+def pipe_holding(data: bytes) -> Iterator[str]:
+    """A pipe that holds ``data`` and whose writer is gone, by its path (as ``/dev/stdin`` or ``<(cat x)`` name one)."""
+    read, write = os.pipe()
+    os.write(write, data)
+    os.close(write)
+    try:
+        yield f"/dev/fd/{read}"
+    finally:
+        os.close(read)
+
+
+def test_an_image_from_a_pipe_is_read_up_to_the_limit_and_refused_past_it(monkeypatch, capsys, small_limit):
+    """``head -c 100000000 /dev/urandom | svcctl infer M /dev/stdin`` read 100 MB, then met the gateway's 413 (and
+    ``/dev/zero`` grew to a MemoryError): a pipe's size is known once read, so it is read up to the limit + 1 byte."""
+    gateway = fake_client(monkeypatch)
+    with pipe_holding(b"x" * 1537) as path:
+        assert cli.main(["infer", "M", path, "--gateway", GATEWAY], client=gateway) == 2
+    assert capsys.readouterr() == ("", "svcctl: the images are at least 2052 bytes as base64, more than the gateway "
+                                       "takes in one request (max_body_bytes 2048; it would answer 413): send fewer "
+                                       "or smaller images\n")
+    assert gateway.requests == []
+    with pipe_holding(b"x" * 1536) as path:  # 2048 bytes as base64: all it takes
+        assert cli.main(["infer", "M", path, "--gateway", GATEWAY], client=gateway) == 0
+    assert json.loads(gateway.requests[0].body) == {"images": [base64.b64encode(b"x" * 1536).decode()]}
+
+
+def test_a_device_is_read_up_to_the_limit_left_by_the_files(monkeypatch, capsys, small_limit, tmp_path):
+    gateway = fake_client(monkeypatch)
+    image = tmp_path / "a.jpg"
+    image.write_bytes(b"x" * 1500)  # 2000 bytes as base64: 36 bytes left
+    assert cli.main(["infer", "M", str(image), "/dev/zero", "--gateway", GATEWAY], client=gateway) == 2
+    assert capsys.readouterr().err.startswith("svcctl: the images are at least 2052 bytes as base64, more than")
+    assert gateway.requests == []
+
+
+def test_a_fifo_that_no_one_writes_ends_at_the_timeout(monkeypatch, capsys, tmp_path):
+    """``svcctl infer M fifo`` waited forever for a writer, whatever ``--timeout-s`` said."""
+    gateway = fake_client(monkeypatch)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert cli.main(["infer", "M", str(fifo), "--gateway", GATEWAY, "--timeout-s", "0.2"], client=gateway) == 2
+    assert capsys.readouterr() == ("", f"svcctl: cannot read image {fifo}: it did not all come within 0.2 s "
+                                       "(--timeout-s; nothing sent)\n")
+    assert gateway.requests == []

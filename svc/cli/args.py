@@ -232,6 +232,9 @@ def find_token(env: Mapping[str, str], token_env: str | None = None) -> str:
     ``token_env`` names the only variable to read; without it the first
     non-empty one of :data:`TOKEN_ENVS` is used.
     """
+    if token_env and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", token_env):  # a token given by mistake: not shown
+        raise CliError("--token-env takes the name of a variable (letters, digits and '_'), and what it was given "
+                       "is not one (not shown: it may be a token)")
     names = (token_env,) if token_env else TOKEN_ENVS
     for name in names:
         if env.get(name):

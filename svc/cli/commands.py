@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from svc import version_line
 from svc.auth import SCOPES, check_key_name, hash_key, issue_key
 from svc.cli import gateway as cli_gateway
-from svc.cli.args import check_path_arguments, key_qps
+from svc.cli.args import TOKEN_ENVS, check_path_arguments, key_qps
 from svc.cli.http import EXIT_OK, EXIT_USAGE, Client, CliError, HttpClient, fail
 from svc.contract.protocol import GATEWAY_RESTART_PATH, SUPERVISOR_PORT, local_url
 
@@ -102,9 +103,37 @@ def _hash(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- arguments
 
 
+class Parser(argparse.ArgumentParser):
+    """svcctl's parsers: an option is taken only by its whole name, never by a prefix (``allow_abbrev``).
+
+    ``--token s3cr3t`` was taken as ``--token-env`` and the secret echoed in its line.  The class,
+    not the flag: ``add_subparsers`` makes every subcommand's parser of its parser's class, so
+    each one, in whichever module adds it, is one of these."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
+#: ``--token`` (and ``--token=VALUE``): no such flag (docs/cli.md), refused before parsing, as argparse's own
+#: error echoes what it does not know, and this is a secret.
+NO_TOKEN_FLAG = (f"there is no --token flag (a token on the command line shows in the process list; its value is "
+                 f"not shown): set {', '.join(TOKEN_ENVS)}, or name another variable with --token-env")
+
+
+def token_flag_given(argv: list[str]) -> bool:
+    """Whether ``argv`` gives ``--token`` or ``--token=...`` as an option (not after ``--``)."""
+    for arg in argv:
+        if arg == "--":
+            return False
+        if arg == "--token" or arg.startswith("--token="):
+            return True
+    return False
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``svcctl`` argument parser with every subcommand."""
-    parser = argparse.ArgumentParser(prog="svcctl", description="Command-line tool of the inference service.")
+    parser = Parser(prog="svcctl", description="Command-line tool of the inference service.")
     parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -141,6 +170,9 @@ def main(argv: list[str] | None = None, client: Client | None = None) -> int:
     ``client`` makes the requests of the commands that call the gateway or
     the supervisor (default: the real :class:`svc.cli.http.HttpClient`).
     """
+    if token_flag_given(sys.argv[1:] if argv is None else argv):
+        fail(NO_TOKEN_FLAG)
+        return EXIT_USAGE
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)

@@ -5,6 +5,7 @@ Each case came from a black-box probe of svcctl, where it ended in a traceback o
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import os
@@ -14,6 +15,7 @@ from contextlib import contextmanager
 import pytest
 
 from svc import cli
+from svc.cli import commands
 from tests.unit.test_cli import GATEWAY, fake_client, svcctl
 
 
@@ -99,4 +101,48 @@ def test_a_fifo_that_no_one_writes_ends_at_the_timeout(monkeypatch, capsys, tmp_
     assert cli.main(["infer", "M", str(fifo), "--gateway", GATEWAY, "--timeout-s", "0.2"], client=gateway) == 2
     assert capsys.readouterr() == ("", f"svcctl: cannot read image {fifo}: it did not all come within 0.2 s "
                                        "(--timeout-s; nothing sent)\n")
+    assert gateway.requests == []
+
+
+def parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """``parser`` and every subcommand's parser below it."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from parsers(sub)
+
+
+def test_no_parser_of_svcctl_takes_an_abbreviated_option():
+    every = list(parsers(commands.build_parser()))
+    assert len(every) > 20  # keys add, jobs wait, weights pull, ...: all of them
+    assert [p.prog for p in every if p.allow_abbrev] == []
+
+
+@pytest.mark.parametrize("argv", [["infer", "M", "red.jpg", "--token", "s3cr3t"],
+                                  ["jobs", "get", "M", "job_1", "--token=s3cr3t"],
+                                  ["keys", "list", "--token", "s3cr3t"]], ids=["infer", "jobs get", "keys list"])
+def test_a_token_flag_is_refused_in_one_line_that_never_shows_it(argv):
+    """``--token s3cr3t`` was taken as ``--token-env`` (a prefix) and the secret echoed:
+    ``svcctl: no token: s3cr3t is not set (named by --token-env)``."""
+    done = svcctl(*argv, "--gateway", "http://127.0.0.1:9")
+    assert (done.returncode, done.stdout, done.stderr) == (
+        2, "", "svcctl: there is no --token flag (a token on the command line shows in the process list; its value "
+               "is not shown): set SERVICE_API_TOKEN, SERVICE_API_KEY, SERVICE_GATEWAY_AUTH_TOKEN, or name another "
+               "variable with --token-env\n")
+
+
+def test_a_prefix_of_an_option_is_not_taken(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["jobs", "get", "M", "job_1", "--gateway", GATEWAY, "--timeout", "5"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.endswith("svcctl: error: unrecognized arguments: --timeout 5\n")
+
+
+def test_a_token_env_that_is_no_variable_name_is_not_shown(monkeypatch, capsys):
+    gateway = fake_client(monkeypatch)
+    assert cli.main(["jobs", "get", "M", "job_1", "--gateway", GATEWAY, "--token-env", "s3cr3t-!"],
+                    client=gateway) == 2
+    assert capsys.readouterr() == ("", "svcctl: --token-env takes the name of a variable (letters, digits and '_'), "
+                                       "and what it was given is not one (not shown: it may be a token)\n")
     assert gateway.requests == []

@@ -57,7 +57,8 @@ def base_url(given: str | None, flag: str, env_name: str, default: str, env: Map
     """The base URL a command talks to: ``flag``'s value, else the variable ``env_name``'s, else ``default``.
 
     Raises :class:`CliError` for one that is not an http(s) URL with a host (or whose port is not a port, or
-    that holds ``user:password@``, which failed inside the HTTP client with the password in its line), naming
+    that holds ``user:password@``, which failed inside the HTTP client with the password in its line, or a
+    query or fragment, which the routes were appended to), naming
     where it came from: a bad ``SERVICE_GATEWAY_URL`` was reported as a bad ``--gateway`` that no one had
     given."""
     if given is not None:
@@ -77,6 +78,8 @@ def base_url(given: str | None, flag: str, env_name: str, default: str, env: Map
         raise CliError(f"{problem} ({e})") from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise CliError(problem)
+    if "?" in value or "#" in value:  # the routes were appended after it: ...:8080?x=1/v1/models/...
+        raise CliError(f"{problem} without a query or fragment (a path is kept, as a prefix of the routes)")
     return value
 
 

@@ -146,3 +146,30 @@ def test_a_token_env_that_is_no_variable_name_is_not_shown(monkeypatch, capsys):
     assert capsys.readouterr() == ("", "svcctl: --token-env takes the name of a variable (letters, digits and '_'), "
                                        "and what it was given is not one (not shown: it may be a token)\n")
     assert gateway.requests == []
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:22080?x=1", "http://127.0.0.1:22080/#top", "http://gw.test?"])
+def test_a_gateway_url_with_a_query_or_fragment_is_refused(monkeypatch, capsys, url):
+    """``--gateway 'http://127.0.0.1:22080?x=1'`` sent its requests to ``...22080?x=1/v1/models/...``."""
+    gateway = fake_client(monkeypatch)
+    assert cli.main(["jobs", "get", "M", "job_1", "--gateway", url], client=gateway) == 2
+    assert capsys.readouterr() == ("", f"svcctl: --gateway must be an http:// or https:// URL, got {url!r} without "
+                                       "a query or fragment (a path is kept, as a prefix of the routes)\n")
+    assert gateway.requests == []
+
+
+def test_a_supervisor_url_with_a_query_is_refused_naming_the_variable(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("SERVICE_SUPERVISOR_URL", "http://127.0.0.1:8787?x=1")
+    monkeypatch.setenv("SERVICE_API_TOKEN", "management")
+    keys = tmp_path / "keys.toml"
+    assert cli.main(["keys", "add", "bob", "--keys-file", str(keys)], client=fake_client(monkeypatch)) == 2
+    assert capsys.readouterr() == ("", "svcctl: SERVICE_SUPERVISOR_URL (the default of --supervisor) must be an "
+                                       "http:// or https:// URL, got 'http://127.0.0.1:8787?x=1' without a query or "
+                                       "fragment (a path is kept, as a prefix of the routes)\n")
+    assert not keys.exists()
+
+
+def test_a_gateway_url_with_a_path_keeps_it_as_a_prefix(monkeypatch):
+    gateway = fake_client(monkeypatch)
+    assert cli.main(["jobs", "get", "M", "job_1", "--gateway", "http://proxy.test/svc/"], client=gateway) == 0
+    assert [r.url for r in gateway.requests] == ["http://proxy.test/svc/v1/models/M/jobs/job_1"]

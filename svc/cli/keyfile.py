@@ -39,7 +39,7 @@ from typing import Any
 import tomlkit
 
 from svc.auth import API_TOKEN_ENV, SCOPES, KeyEntry, check_key_name, issue_key, load_key_file
-from svc.cli.args import base_url, configured_url, gateway_table, key_qps
+from svc.cli.args import base_url, checked_token, configured_url, gateway_table, key_qps
 from svc.cli.http import (
     EXIT_HTTP,
     EXIT_INTERRUPTED,
@@ -301,6 +301,7 @@ def run(args: argparse.Namespace, client: Client) -> int:
             if not token:
                 raise CliError(f"no management token: set {API_TOKEN_ENV} to restart the gateway, or pass "
                                "--no-restart (the file is not changed)")
+            token = checked_token(API_TOKEN_ENV, token)  # refused before the file changes
         with edit_lock(path):
             doc = read_document(path, missing_ok=args.keys_action == "add")
             if args.keys_action == "add":

@@ -195,6 +195,16 @@ def test_without_the_management_token_nothing_changes(keys, capsys, monkeypatch)
     assert keys.read_text() == ORIGINAL
 
 
+@pytest.mark.parametrize("action", [["add", "new"], ["disable", "tenant-a"]])
+def test_a_management_token_no_header_carries_changes_nothing(keys, capsys, monkeypatch, action):
+    """It changed the key file, then failed inside the restart request (``UnicodeEncodeError``)."""
+    monkeypatch.setenv("SERVICE_API_TOKEN", "\xe9t\xe9")
+    assert cli.main(["keys", *action, "--keys-file", str(keys)]) == 2
+    assert capsys.readouterr() == ("", "svcctl: SERVICE_API_TOKEN holds a character outside printable ASCII, which "
+                                       "no bearer token carries (its value is not shown; nothing sent)\n")
+    assert keys.read_text() == ORIGINAL
+
+
 # -- the restart: in-process with the in-memory client, and one real process ----------------------------------
 
 

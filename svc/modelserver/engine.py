@@ -43,15 +43,19 @@ log = Logger()
 class LazyInput:
     """A model input that the worker running its batch makes, right before the forward pass.
 
-    ``make()`` returns the input, or the :class:`ItemResult` of an item that
-    cannot be made (a bad image): that item fails alone.  Used with
-    ``backend.decode_in_worker``; the batching queue carries it like any input.
+    ``open()`` peeks at the item (cheap: its base64 and its image's header) and returns what ``make(opened)``
+    turns into the input, or the :class:`ItemResult` of an item that cannot be used (a bad image): that item
+    fails alone, and ``tell`` (when given) gets its result at once, before the worker decodes the batch's other
+    images.  Used with ``backend.decode_in_worker``; the batching queue carries it like any input.
     """
 
-    __slots__ = ("make",)
+    __slots__ = ("make", "open", "tell")
 
-    def __init__(self, make: Callable[[], Any]) -> None:
+    def __init__(self, open: Callable[[], Any], make: Callable[[Any], Any],
+                 tell: Callable[[ItemResult], None] | None = None) -> None:
+        self.open = open
         self.make = make
+        self.tell = tell
 
 
 class Engine:
@@ -191,22 +195,30 @@ class Engine:
             self._thread.niced = True
 
     def _make_inputs(self, inputs: list) -> list:
-        """The batch's inputs with every :class:`LazyInput` made: an input or a bad item's ItemResult."""
+        """The batch's inputs with every :class:`LazyInput` made: an input or a bad item's ItemResult.
+
+        Every lazy input is opened before any is made, and a bad one is told at once: decoding the others
+        may outlast the deadline, which must not hide an item's own error (a 504 for a junk image)."""
         if not any(isinstance(x, LazyInput) for x in inputs):
             return inputs
         started = time.perf_counter()
-        made = []
-        for x in inputs:
-            if not isinstance(x, LazyInput):
-                made.append(x)
-                continue
-            try:
-                made.append(x.make())
-            except Exception as e:  # noqa: BLE001 - an input that cannot be made fails its item only
-                made.append(ItemResult(st.INTERNAL_ERROR, None, f"decoding failed: {type(e).__name__}: {e}"))
+        opened = [self._lazily(x.open) if isinstance(x, LazyInput) else x for x in inputs]
+        for x, entry in zip(inputs, opened):
+            if isinstance(x, LazyInput) and isinstance(entry, ItemResult) and x.tell is not None:
+                x.tell(entry)
+        made = [self._lazily(x.make, entry) if isinstance(x, LazyInput) and not isinstance(entry, ItemResult)
+                else entry for x, entry in zip(inputs, opened)]
         if self.metrics is not None:
             self.metrics.stage.labels("decode").observe((time.perf_counter() - started) * 1000.0)
         return made
+
+    @staticmethod
+    def _lazily(step: Callable[..., Any], *args: Any) -> Any:
+        """One step of a lazy input; an exception fails its item only."""
+        try:
+            return step(*args)
+        except Exception as e:  # noqa: BLE001 - an input that cannot be made fails its item only
+            return ItemResult(st.INTERNAL_ERROR, None, f"decoding failed: {type(e).__name__}: {e}")
 
     def _run_sync(self, inputs: list, params: dict, per_item: list[tuple[dict, dict]],
                   reporter: ProgressReporter | None = None) -> tuple[list[ItemResult], str | None]:

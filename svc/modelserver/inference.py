@@ -4,7 +4,9 @@ validate (decode pool) -> admit (reactor) -> decode items (decode pool) ->
 batching queue -> worker pool -> per-item results, under one deadline.
 With ``decode_in_worker`` the items enter the queue undecoded
 (:class:`~svc.modelserver.engine.LazyInput`) and the worker decodes a
-batch's images right before its forward pass.
+batch's images right before its forward pass.  Either way every item is
+peeked at (base64, image header) before any is decoded, and a bad one is
+settled at once: a deadline passing while the others decode keeps its status.
 Synchronous requests and asynchronous jobs both run through
 :meth:`Inference.run`; only their deadline and admission differ.
 """
@@ -27,7 +29,7 @@ from svc.contract import status as st
 from svc.contract.envelope import TIMED_OUT, ItemResult
 from svc.contract.request import InferenceRequest, RequestValidator
 from svc.infra.repeats import TracebackBudget
-from svc.model.images import ItemInputError, decode_base64, open_image
+from svc.model.images import ItemInputError, decode_base64, finish_image, peek_image
 from svc.modelserver.batching import Admission, BatchQueue, Item
 from svc.modelserver.engine import Engine, LazyInput
 from svc.modelserver.progress import JobProgress
@@ -134,10 +136,18 @@ class Inference:
         """A job's run: jobs have their own admission, so no wait-queue limit."""
         return self.run(request, deadline=deadline, enforce_queue_limit=False, on_start=on_start, progress=progress)
 
-    def decode_items(self, request: InferenceRequest) -> list[Any]:
-        """Per item: the model input, or an ItemResult for a bad input (decode pool)."""
+    def decode_items(self, request: InferenceRequest, tell: Callable[[int, ItemResult], None] | None = None) -> list[Any]:
+        """Per item: the model input, or an ItemResult for a bad input (decode pool).
+
+        Every item is peeked at (:meth:`open_item`) before any is decoded, and ``tell(index, result)`` gets each
+        bad one's result on the reactor at once: decoding the others may outlast the deadline."""
         started = time.perf_counter()
-        out = [self.decode_item(raw, request.params, request.req_id) for raw in request.images]
+        opened = [self.open_item(raw, request.req_id) for raw in request.images]
+        if tell is not None:
+            for index, entry in enumerate(opened):
+                if isinstance(entry, ItemResult):
+                    self.on_reactor(tell, index, entry)
+        out = [self.prepare_item(entry, request.params, request.req_id) for entry in opened]
         if self.stage is not None:
             self.stage("decode").observe((time.perf_counter() - started) * 1000.0)
         return out
@@ -145,11 +155,27 @@ class Inference:
     def decode_item(self, raw: str | bytes, params: dict, task_id: str | None = None) -> Any:
         """One item's model input, or its ItemResult when the input is bad (any thread but the reactor);
         ``task_id``, its request's, names it in a failure's log line."""
-        try:
+        return self.prepare_item(self.open_item(raw, task_id), params, task_id)
+
+    def open_item(self, raw: str | bytes, task_id: str | None = None) -> Any:
+        """The item's image opened from its header (its bytes for a model that reads no pixels), or the
+        ItemResult of an input that is not base64, empty, not an image or too large: cheap, no pixel decoded."""
+        def peek() -> Any:
             data = decode_base64(raw) if isinstance(raw, str) else raw
+            return peek_image(data, self.max_image_pixels) if self.engine.needs_image else data
+
+        return self._item(peek, task_id)
+
+    def prepare_item(self, opened: Any, params: dict, task_id: str | None = None) -> Any:
+        """The model input of an item that :meth:`open_item` opened (its pixels decoded and preprocessed), or
+        its ItemResult (``opened`` itself when that is one)."""
+        if isinstance(opened, ItemResult):
+            return opened
+
+        def prepare() -> Any:
             if not self.engine.needs_image:
                 return self.engine.preprocess(None, params)
-            image = open_image(data, self.max_image_pixels)
+            image = finish_image(opened)
             try:
                 return self.engine.preprocess(image, params)
             except ItemInputError:
@@ -158,6 +184,14 @@ class Inference:
                 if not raised_in_pillow(e):  # the model's own code: its bug, not the client's image
                     raise
                 raise ItemInputError(st.INVALID_IMAGE, f"image cannot be decoded: {e}") from None
+
+        return self._item(prepare, task_id)
+
+    def _item(self, step: Callable[[], Any], task_id: str | None) -> Any:
+        """``step()``, or the ItemResult of its failure: the client's input (its own status), else ours (500,
+        logged with its traceback once a minute per cause); one item fails alone either way."""
+        try:
+            return step()
         except ItemInputError as e:
             return ItemResult(e.status, None, e.message)
         except Exception as e:  # noqa: BLE001 - ours, not the client's: the item fails alone, in the decode pool too
@@ -170,14 +204,24 @@ class Inference:
                           cause=cause)
             return ItemResult(st.INTERNAL_ERROR, None, f"the model's preprocess failed: {cause}")
 
-    def lazy_items(self, request: InferenceRequest) -> list[LazyInput]:
-        """The items as inputs that the worker decodes (``decode_in_worker``)."""
+    def lazy_items(self, request: InferenceRequest, tell: Callable[[int, ItemResult], None] | None = None,
+                   ) -> list[LazyInput]:
+        """The items as inputs that the worker decodes (``decode_in_worker``); ``tell(index, result)`` gets a
+        bad one's result on the reactor as soon as the worker has peeked at it (:meth:`decode_items`)."""
         params, task_id = request.params, request.req_id
 
-        def make(raw: str | bytes) -> Callable[[], Any]:
-            return lambda: self.decode_item(raw, params, task_id)
+        def lazy(index: int, raw: str | bytes) -> LazyInput:
+            told = (lambda result: self.on_reactor(tell, index, result)) if tell is not None else None
+            return LazyInput(lambda: self.open_item(raw, task_id),
+                             lambda opened: self.prepare_item(opened, params, task_id), told)
 
-        return [LazyInput(make(raw)) for raw in request.images]
+        return [lazy(index, raw) for index, raw in enumerate(request.images)]
+
+    def on_reactor(self, f: Callable[..., Any], *args: Any) -> None:
+        """``f(*args)`` on the reactor thread, from a decode or inference thread (a test's Clock, whose runners run
+        on the test's own thread: at once)."""
+        call = getattr(self.clock, "callFromThread", None)
+        call(f, *args) if call is not None else f(*args)
 
 
 class _Run:
@@ -211,9 +255,9 @@ class _Run:
         if self.deadline is not None:
             self.timer = clock.callLater(max(0.0, self.deadline - clock.seconds()), self._deadline_passed)
         if self.inference.decode_in_worker:
-            self._decoded(self.inference.lazy_items(self.request))
+            self._decoded(self.inference.lazy_items(self.request, self._settle))
             return self.done
-        d = self.inference.run_decode(self.inference.decode_items, self.request)
+        d = self.inference.run_decode(self.inference.decode_items, self.request, self._settle)
         d.addCallbacks(self._decoded, self._decode_failed)
         return self.done
 

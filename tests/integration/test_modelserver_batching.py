@@ -1,7 +1,8 @@
 """Batching and deadlines on real processes of the test model TESTFAULTS (tests/plugins/models).
 
 Only what needs a real process is here: a batch computed by real torch in a
-real worker thread, and a forward pass outliving its request.  The logic
+real worker thread, a forward pass outliving its request, and an image whose
+real decoding outlives it.  The logic
 (batch formation, the wait queue, partial deadlines, fault containment,
 auth before the per-IP limit) is driven step by step in memory in
 tests/unit/test_modelserver_routes.py.
@@ -9,17 +10,29 @@ tests/unit/test_modelserver_routes.py.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from svc.model.images import open_image
 from tests.support.http import post
-from tests.support.images import image_b64
-from tests.support.processes import metric, start_model_server, wait_until, write_config
+from tests.support.images import b64, image_b64, image_bytes
+from tests.support.processes import (
+    metric,
+    spawn_model_server,
+    start_model_server,
+    until_all_ready,
+    wait_until,
+    write_config,
+)
 
 URI = "/testfaults/predict"
 RED = image_b64(color=(250, 10, 10))
 BLUE = image_b64(color=(10, 10, 250))
 #: Forward passes that finished (``predict`` returned), from /metrics.
 PASSES = 'service_stage_duration_ms_count{stage="inference"}'
+#: Decodings that finished: one per request in the decode pool, one per batch in the worker.
+DECODES = 'service_stage_duration_ms_count{stage="decode"}'
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +68,31 @@ def test_deadline_with_nothing_done_is_504_status_4_and_the_late_pass_is_harmles
     assert infer(faults, [RED]).json["status"] == 0
 
 
+
+
+def test_a_bad_image_keeps_its_status_beside_an_image_whose_decoding_outlasts_the_deadline(tmp_path):
+    """A junk or empty image beside a 6000x6000 PNG (about 1.2 s to decode here) was answered 504 with both items
+    status 4, in the worker and in the decode pool (probe): the bad item keeps its own status, the reply is 200
+    status 68.  The deadline is a quarter of the PNG's decoding as timed here, so the PNG always outlasts it."""
+    png = image_bytes(width=6000, height=6000, color=(10, 200, 30))
+    started = time.perf_counter()
+    open_image(png, 40_000_000).convert("RGB")
+    deadline_ms = max(100, int((time.perf_counter() - started) * 1000 / 4))
+    servers = until_all_ready(*(spawn_model_server(write_config(tmp_path, "TESTFAULTS", run_timeout_ms=deadline_ms,
+                                                                backend={"decode_in_worker": in_worker}))
+                                for in_worker in (True, False)))
+    timed_out = {"status": 4, "data": None, "error": "the deadline passed before this item finished"}
+    junk = {"status": 5, "data": None,
+            "error": "not a decodable image (JPEG, PNG, WebP, GIF, BMP, TIFF, AVIF or another format Pillow reads)"}
+    empty = {"status": 3, "data": None, "error": "input image is empty"}
+    try:
+        for server in servers:
+            for images, results in (([b64(b"junk"), b64(png)], [junk, timed_out]), ([b64(png), ""], [timed_out, empty])):
+                decoded = metric(server, DECODES)
+                reply = infer(server, images)
+                assert (reply.status, reply.json["status"], reply.json["partial"]) == (200, 68, True), reply.json
+                assert reply.json["results"] == results
+                wait_until(lambda s=server, n=decoded + 1: metric(s, DECODES) == n, "the PNG's decoding ends")
+    finally:
+        for server in servers:
+            server.stop()

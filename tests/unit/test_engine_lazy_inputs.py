@@ -36,14 +36,26 @@ def engine(model: Model) -> Engine:
     return e
 
 
-def broken() -> int:
+def broken(opened) -> int:
     raise RuntimeError("boom")
+
+
+def lazy(made, tell=None) -> LazyInput:
+    """A lazy input whose peek passes and whose making gives ``made`` (a callable: what it returns)."""
+    return LazyInput(lambda: "opened", made if callable(made) else (lambda opened: made), tell)
+
+
+def bad_at_peek(result, tell=None) -> LazyInput:
+    """A lazy input whose peek finds it bad: never made."""
+    def never(opened):
+        raise AssertionError("a bad input is not made")
+    return LazyInput(lambda: result, never, tell)
 
 
 def test_lazy_inputs_are_made_in_the_worker_and_bad_ones_fail_alone():
     model = Model()
     bad = ItemResult(st.INVALID_IMAGE, None, "image cannot be decoded")
-    inputs = [LazyInput(lambda: 1), LazyInput(lambda: bad), LazyInput(broken), 4]
+    inputs = [lazy(1), lazy(bad), lazy(broken), 4]
     results, problem = engine(model)._run_sync(inputs, {}, [({}, {})] * 4)
     assert model.batches == [[1, 4]]  # only the good inputs, in order
     assert [r.status for r in results] == [st.SUCCESS, st.INVALID_IMAGE, st.INTERNAL_ERROR, st.SUCCESS]
@@ -55,7 +67,7 @@ def test_lazy_inputs_are_made_in_the_worker_and_bad_ones_fail_alone():
 def test_a_batch_of_only_bad_inputs_never_reaches_the_model():
     model = Model()
     bad = ItemResult(st.IMAGE_EMPTY, None, "empty")
-    results, _ = engine(model)._run_sync([LazyInput(lambda: bad)] * 2, {}, [({}, {})] * 2)
+    results, _ = engine(model)._run_sync([bad_at_peek(bad), lazy(bad)], {}, [({}, {})] * 2)
     assert model.batches == [] and [r.status for r in results] == [st.IMAGE_EMPTY] * 2
 
 
@@ -65,9 +77,22 @@ def test_an_engine_failure_fails_the_good_items_and_keeps_the_bad_items_status()
             raise MemoryError("out of memory")
 
     bad = ItemResult(st.INVALID_IMAGE, None, "bad")
-    results, problem = engine(Failing())._run_sync([LazyInput(lambda: 1), LazyInput(lambda: bad)], {}, [({}, {})] * 2)
+    results, problem = engine(Failing())._run_sync([lazy(1), bad_at_peek(bad)], {}, [({}, {})] * 2)
     assert [r.status for r in results] == [st.ENGINE_ERROR, st.INVALID_IMAGE]
     assert "predict failed for a batch of 1" in problem
+
+
+def test_a_bad_input_is_told_before_any_input_of_its_batch_is_made():
+    """A junk image beside one whose decoding outlasted the deadline was answered status 4 (probe): the worker
+    peeks at every input first and tells the bad ones at once, so their own status reaches the request in time."""
+    events = []
+    bad = ItemResult(st.INVALID_IMAGE, None, "not a decodable image")
+    empty = ItemResult(st.IMAGE_EMPTY, None, "input image is empty")
+    inputs = [lazy(lambda opened: events.append("made 0") or 1), bad_at_peek(bad, lambda r: events.append(("told", r))),
+              bad_at_peek(empty, lambda r: events.append(("told", r)))]
+    results, _ = engine(Model())._run_sync(inputs, {}, [({}, {})] * 3)
+    assert events == [("told", bad), ("told", empty), "made 0"]
+    assert [r.status for r in results] == [st.SUCCESS, st.INVALID_IMAGE, st.IMAGE_EMPTY]
 
 
 def no_pool(*args, **kwargs):
@@ -81,7 +106,7 @@ def test_inference_queues_lazy_items_without_the_decode_pool():
     inf.run(InferenceRequest(images=["aGk=", "%%%"], req_id=None), deadline=None)
     (batch,) = runner.batches  # both items in one batch, still undecoded
     assert all(isinstance(item.input, LazyInput) for item in batch)
-    good, bad = (item.input.make() for item in batch)
+    good, bad = (item.input.make(item.input.open()) for item in batch)
     assert good == "input"
     assert bad.status == st.INVALID_IMAGE and "base64" in bad.error
 
@@ -109,7 +134,7 @@ def test_a_batch_is_counted_while_it_decodes_and_runs_for_the_converted_models()
     predict = model.predict
     model.predict = lambda inputs, params: seen.append(BATCHES.count) or predict(inputs, params)
     e = engine(model)
-    inputs = [LazyInput(lambda: seen.append(BATCHES.count) or 1), 2]
+    inputs = [lazy(lambda opened: seen.append(BATCHES.count) or 1), 2]
     e._run_sync(inputs, {}, [({}, {})] * 2)
     assert seen == [1, 1] and BATCHES.count == 0  # during the decode and the forward pass; not after
     with BATCHES.running():  # another worker's batch

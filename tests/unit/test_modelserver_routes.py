@@ -15,7 +15,7 @@ import pytest
 
 from svc.infra.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from svc.openapi.modelserver import model_server_document
-from tests.support.images import image_b64
+from tests.support.images import b64, image_b64
 from tests.support.inmemory import TOKEN, URI, build_model_server
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using readBody with a transport:DeprecationWarning")
@@ -241,6 +241,35 @@ def test_an_item_past_its_deadline_leaves_the_queue_without_a_worker():
     assert server.settle(busy).code == 504 and server.settle(late).code == 504
     server.workers.release()
     assert server.workers.held == 0 and server.model.batches == [1]
+
+
+@pytest.mark.parametrize("decode_in_worker", [True, False])
+def test_a_bad_item_keeps_its_status_when_another_items_decoding_outlasts_the_deadline(decode_in_worker):
+    """A junk (or empty) image beside an image whose decoding outlasted run_timeout_ms was answered 504 with both
+    items status 4 (probe, a 6000x6000 PNG): every item is peeked at before any is decoded, so the bad one keeps
+    its own status and the reply is the partial 200 of docs/api.md."""
+    server = build_model_server(run_timeout_ms=1000, backend={"decode_in_worker": decode_in_worker})
+    decode = server.model.preprocess
+
+    def slow(image, params):
+        server.clock.advance(1.0)  # decoding this image takes the whole deadline
+        return decode(image, params)
+
+    server.model.preprocess = slow
+    timed_out = {"status": 4, "data": None, "error": "the deadline passed before this item finished"}
+    junk = {"status": 5, "data": None,
+            "error": "not a decodable image (JPEG, PNG, WebP, GIF, BMP, TIFF, AVIF or another format Pillow reads)"}
+    empty = {"status": 3, "data": None, "error": "input image is empty"}
+    for images, results in (([b64(b"junk"), RED], [junk, timed_out]), ([RED, ""], [timed_out, empty])):
+        d = server.infer(images)
+        server.workers.release_all()
+        reply = server.settle(d)
+        assert reply.code == 200, reply.body
+        assert (reply.json["status"], reply.json["status_str"], reply.json["partial"]) == (68, "PARTIAL", True)
+        assert reply.json["results"] == results
+    assert server.metric("service_items_total", '{status="RUN_TIMEOUT"}') == 2.0
+    assert server.metric("service_items_total", '{status="INVALID_IMAGE"}') == 1.0
+    assert server.metric("service_items_total", '{status="IMAGE_EMPTY"}') == 1.0
 
 
 # -- the wait queue (max_queue_depth) ------------------------------------------------------------------------

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 #: How long a refused upload (or head) may keep sending after its answer before we close.
 LINGER_SECONDS = 5.0
 
+#: The access log's code for a request whose client closed the connection before its reply (nginx's 499).
+CLIENT_CLOSED = 499
+
 
 class LimitedRequest(server.Request):
     """A request whose body is held in memory up to its site's limit, and must arrive within its deadline."""
@@ -44,6 +47,7 @@ class LimitedRequest(server.Request):
     _body_deadline: IDelayedCall | None = None
     started: float | None = None
     _head_done = 0.0  # when the head was complete (the duration of an early 413 or 408)
+    _head_read = False  # the head is complete: from then on this is a request the access log names
 
     def setResponseCode(self, code: int, message: bytes | None = None) -> None:
         """twisted's reason phrases, and ours where its table has none (422 "Unprocessable Content", 429)."""
@@ -67,6 +71,7 @@ class LimitedRequest(server.Request):
 
     def gotLength(self, length: int | None) -> None:
         self._head_done = self.channel.site.reactor.seconds()
+        self._head_read = True
         self.content = BytesIO()
         self._received = 0
         if length is not None and length > self.channel.site.max_body_bytes:
@@ -119,10 +124,15 @@ class LimitedRequest(server.Request):
             self._linger = site.reactor.callLater(LINGER_SECONDS, transport.abortConnection)
         else:
             transport.loseConnection()
+        self._log_unprocessed(code, headers.get("X-Request-ID") or header(self, b"x-request-id"))
+
+    def _log_unprocessed(self, code: int, request_id: str | None) -> None:
+        """The access line of a request that ended before its body was complete (no route saw it): its method and
+        path as its head gave them, the time since its head."""
+        site = self.channel.site
         path = getattr(self.channel, "_path", b"?")
         command = getattr(self.channel, "_command", b"?")
-        site.log_line(command, path, code, (site.reactor.seconds() - self._head_done) * 1000.0,
-                      headers.get("X-Request-ID") or header(self, b"x-request-id"), "-")
+        site.log_line(command, path, code, (site.reactor.seconds() - self._head_done) * 1000.0, request_id, "-")
 
     def _stop_body_deadline(self) -> None:
         if self._body_deadline is not None and self._body_deadline.active():
@@ -140,6 +150,9 @@ class LimitedRequest(server.Request):
         self._stop_body_deadline()
         if self._linger is not None and self._linger.active():
             self._linger.cancel()
-        if self.started is not None and not self.finished and not self._refused:
-            self.channel.site.log_abandoned(self)  # the client went before its reply: still one access line
+        if not self.finished and not self._refused:  # the client went before its reply: still one access line
+            if self.started is not None:
+                self.channel.site.log_abandoned(self)
+            elif self._head_read:  # mid-upload: logged nowhere before, though its head named it (logs probe)
+                self._log_unprocessed(CLIENT_CLOSED, header(self, b"x-request-id"))
         super().connectionLost(reason)

@@ -22,12 +22,9 @@ from twisted.web import server
 
 from svc.contract.errors import ApiError
 from svc.contract.request import REQ_ID_RE
-from svc.web.bodylimits import LimitedRequest
+from svc.web.bodylimits import CLIENT_CLOSED, LimitedRequest
 from svc.web.limits import HttpLimits, LimitedChannel
 from svc.web.replies import dumps
-
-#: The access log's code for a request whose client closed the connection before its reply (nginx's 499).
-CLIENT_CLOSED = 499
 
 #: The User-Agent of the supervisor's readiness probe and metrics scrape (svc.supervisor.probe).
 SUPERVISOR_USER_AGENT = "service-supervisor-probe"

@@ -431,6 +431,29 @@ def test_a_client_that_goes_away_is_no_upstream_failure(stack):
     assert infer_replies() == (replies_before[0] + 1, replies_before[1] + 1)  # a reply is in both
 
 
+def test_a_client_that_goes_away_mid_upload_gets_its_499_access_line_on_the_gateway_and_the_model_server(stack):
+    """A client that sent the head, ``X-Request-ID: cut-1`` and the first 100 bytes of its body, then closed, was
+    logged by neither process (logs probe); a client that went after its whole body was logged 499.  Now both log
+    the 499 with the head's method and path and its request id; no reply went out, so no request is counted."""
+    body = json.dumps({"images": [image_b64()]}).encode()
+    targets = [(stack["gateway"], "/v1/models/MOBILENETV2/infer", gateway_metrics),
+               (stack["mobilenet"], "/mobilenetv2/predict",
+                lambda _: get(stack["mobilenet"].url + "/metrics", headers=stack["mobilenet"].auth).body.decode())]
+    def requests(metrics) -> dict[str, float]:
+        """The request counter, but for the scrapes of /metrics that read it."""
+        return {k: v for k, v in samples(metrics(stack), "service_http_requests_total").items()
+                if 'route="metrics"' not in k}
+
+    for proc, path, metrics in targets:
+        counted = requests(metrics)
+        with socket.create_connection(("127.0.0.1", proc.port)) as client:
+            client.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           f"X-Request-ID: cut-1\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body[:100])
+        line = re.compile(rf"POST {re.escape(path)} 499 \d+\.\dms key=- rid=cut-1$", re.M)
+        wait_until(lambda p=proc, line=line: line.search(p.output()), f"the 499 access line of {path}")
+        assert requests(metrics) == counted
+
+
 def test_upstream_that_closes_mid_reply_is_502(stack):
     reply = infer(stack, model="CUT")
     assert reply.status == 502 and reply.json["status"] == 502 and reply.json["model"]["name"] == "gateway"

@@ -418,6 +418,27 @@ def test_a_request_whose_client_went_before_its_reply_gets_its_499_access_line()
     assert len(res.pending) == 1  # the handler was not answered: nothing was written after the loss
 
 
+def test_a_request_whose_client_went_mid_upload_gets_its_499_access_line():
+    """A client that sent a head with ``Content-Length``, part of the body, then closed was logged nowhere (logs
+    probe, on every process): its head named it, so it gets the 499 line too, with the method and path of its head,
+    its request id and the time since its head; a connection that went before a whole head is no request."""
+    from twisted.logger import capturedLogs
+
+    clock = Clock()
+    site, res = make_site(clock)
+    with capturedLogs() as events:
+        channel, transport = connect(site)
+        channel.dataReceived(b"POST /x HTTP/1.1\r\nHost: h\r\nX-Request-ID: cut-1\r\nContent-Length: 500\r\n\r\n"
+                             + b"a" * 100)
+        clock.advance(1.5)
+        lose(channel, transport)
+        channel, transport = connect(site)
+        channel.dataReceived(b"POST /x HTTP/1.1\r\nHost: h\r\nContent-Le")  # no whole head
+        lose(channel, transport)
+    assert [e["access_line"] for e in events if "access_line" in e] == ["POST /x 499 1500.0ms key=- rid=cut-1"]
+    assert res.posted == [] and transport.value() == b""  # no handler ran, nothing was written
+
+
 def test_while_the_process_stops_every_connection_closes_after_its_reply():
     """site.closing (a model server's drain): a kept-alive connection would be reused by the gateway's pool right
     when the stop cuts it (a 502); closed after its reply, the next request goes on a new connection."""

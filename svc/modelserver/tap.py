@@ -144,7 +144,10 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
             config = config.replace(port=options["port"])
         if options["device"] is not None:
             config = config.replace(backend=config.backend.__class__(**{**config.backend.__dict__, "device": options["device"]}))
-        factory = find_factory(config.id)
+        try:
+            factory = find_factory(config.id)
+        except PluginError as e:  # the file's `id` names no plugin (or two): one line naming the file and key
+            raise ConfigError(path, "id", str(e)) from None
         check_declarations(factory)  # its config_schema is read next
         if options["weights"] is not None and "weights" in factory.config_schema.get("properties", {}):
             config = config.replace(model={**config.model, "weights": weights_override(factory, options["weights"])})

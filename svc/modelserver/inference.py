@@ -152,14 +152,10 @@ class Inference:
             self.stage("decode").observe((time.perf_counter() - started) * 1000.0)
         return out
 
-    def decode_item(self, raw: str | bytes, params: dict, task_id: str | None = None) -> Any:
-        """One item's model input, or its ItemResult when the input is bad (any thread but the reactor);
-        ``task_id``, its request's, names it in a failure's log line."""
-        return self.prepare_item(self.open_item(raw, task_id), params, task_id)
-
     def open_item(self, raw: str | bytes, task_id: str | None = None) -> Any:
         """The item's image opened from its header (its bytes for a model that reads no pixels), or the
-        ItemResult of an input that is not base64, empty, not an image or too large: cheap, no pixel decoded."""
+        ItemResult of an input that is not base64, empty, not an image or too large: cheap, no pixel decoded
+        (any thread but the reactor; ``task_id``, its request's, names it in a failure's log line)."""
         def peek() -> Any:
             data = decode_base64(raw) if isinstance(raw, str) else raw
             return peek_image(data, self.max_image_pixels) if self.engine.needs_image else data

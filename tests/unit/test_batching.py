@@ -411,7 +411,7 @@ def test_a_bug_of_the_models_preprocess_is_its_500_and_a_broken_image_the_client
     from tests.support.images import b64, image_bytes
 
     clock = Clock()
-    inf, runner = inference(clock, max_batch_size=4)  # the decode pool; the worker calls the same decode_item
+    inf, runner = inference(clock, max_batch_size=4)  # the decode pool; the worker calls the same open_item and prepare_item
     inf.engine.factory = type("ImageFactory", (Factory,), {"needs_image": True})()
 
     def preprocess(image, params):

@@ -45,7 +45,8 @@ class SupervisorConfig:
     stop_grace_ms: int = setting(15000, "After SIGTERM, how long a child may take before SIGKILL.", minimum=0)
     start_timeout_ms: int = setting(180000, "How long a start action waits for readiness before answering 500.",
                                     minimum=1000)
-    backoff_initial_ms: int = setting(1000, "First restart delay after a crash; doubles per crash.", minimum=0)
+    backoff_initial_ms: int = setting(1000, "First restart delay after a crash; doubles per crash (at most "
+                                                         "backoff_max_ms).", minimum=0)
     backoff_max_ms: int = setting(30000, "Largest restart delay.", minimum=0)
     crash_loop_restarts: int = setting(5, "Restarts within crash_loop_window_ms after which a child is failed.",
                                        minimum=1)
@@ -195,6 +196,9 @@ def load_supervisor_config(path: str) -> SupervisorConfig:
         if name not in ("gateway", "supervisor", "servers", "cluster"):
             raise ConfigError(path, name, "unknown table; known: gateway, supervisor, servers, cluster")
     values = apply_keys(path, sub_table(path, data, "supervisor"), SUPERVISOR_KEYS, prefix="supervisor.")
+    if values["backoff_initial_ms"] > values["backoff_max_ms"]:  # every delay, the first too, was the largest
+        raise ConfigError(path, "supervisor.backoff_initial_ms",
+                          f"{values['backoff_initial_ms']} is above backoff_max_ms ({values['backoff_max_ms']})")
     servers = {}
     for server_id, table in sub_table(path, data, "servers").items():
         if not isinstance(table, dict):
@@ -303,6 +307,9 @@ def load_profile(config: SupervisorConfig, name: str | None = None,
     models = values["models"]
     if not all(isinstance(m, str) for m in models):
         raise ConfigError(path, "models", "must be an array of catalog ids")
+    twice = sorted({m for m in models if models.count(m) > 1})
+    if twice:  # a second entry started nothing more: a slip for another id, most likely
+        raise ConfigError(path, "models", f"names {', '.join(twice)} more than once")
     # ``demo`` may name models that ``models`` leaves out (trimming ``models`` refused the start): they are not
     # started, and what they are checked against is the catalog (svc.supervisor.manager).
     return Profile(name, values["device"], tuple(models), values["weights"], tuple(values["demo"]))

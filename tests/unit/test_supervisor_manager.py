@@ -272,6 +272,7 @@ def test_profiles_and_unknown_models(tmp_path):
     (profiles / "real.toml").write_text('device = "gpu"\nmodels = ["AAA"]\nweights = "pretrained"\n')
     (profiles / "worse.toml").write_text('weights = "best"\n')
     (profiles / "stray.toml").write_text('models = ["AAA"]\ndemo = ["BBB"]\n')
+    (profiles / "twice.toml").write_text('models = ["AAA", "BBB", "AAA"]\n')  # a slip for another id
     conf = tmp_path / "service.toml"
     conf.write_text(f'[supervisor]\nprofiles_dir = "{profiles}"\nprofile = "cpu"\n')
     config = load_supervisor_config(str(conf))
@@ -285,12 +286,31 @@ def test_profiles_and_unknown_models(tmp_path):
         load_profile(config, "worse")
     # demo naming a model that models leaves out (what trimming models gives): that model is simply not started
     assert load_profile(config, "stray") == Profile("stray", "cpu", ("AAA",), "demo", ("BBB",))
+    with pytest.raises(ConfigError, match="twice.toml: models: names AAA more than once$"):
+        load_profile(config, "twice")
     with pytest.raises(ValueError, match="names models without a config in .*: \\['ZZZ'\\]"):
         ChildManager(reactor=ProcessReactor(), config=config, profile=Profile("cpu", "cpu", ("ZZZ",)), probe=Probe(),
                      env=ENV, catalog=catalog(tmp_path))
     with pytest.raises(ValueError, match="names demo without a config in .*: \\['YYY'\\]"):  # a typo, not a model
         ChildManager(reactor=ProcessReactor(), config=config, profile=Profile("cpu", "cpu", ("AAA",), "demo", ("YYY",)),
                      probe=Probe(), env=ENV, catalog=catalog(tmp_path))
+
+
+@pytest.mark.parametrize("initial, largest, refused", [(1000, 30000, False), (5000, 5000, False),
+                                                      (60000, 30000, True), (1, 0, True)])
+def test_a_first_restart_delay_above_the_largest_is_refused(tmp_path, initial, largest, refused):
+    """The largest delay capped every restart, the first too: a back-off that never backs off."""
+    from svc.config import ConfigError
+
+    conf = tmp_path / "service.toml"
+    conf.write_text(f"[supervisor]\nbackoff_initial_ms = {initial}\nbackoff_max_ms = {largest}\n")
+    if not refused:
+        assert load_supervisor_config(str(conf)).backoff_initial_ms == initial
+        return
+    with pytest.raises(ConfigError) as refusal:
+        load_supervisor_config(str(conf))
+    assert str(refusal.value) == (f"{conf}: supervisor.backoff_initial_ms: {initial} is above backoff_max_ms "
+                                  f"({largest})")
 
 
 @pytest.mark.parametrize("gpu, expected", [(True, Profile("gpu", "gpu", ("AAA",), "demo")),

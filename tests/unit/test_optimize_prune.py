@@ -51,6 +51,16 @@ def records(compiled: Path) -> list[Path]:
     return sorted(compiled.glob("heads-onnxruntime-*.json"))
 
 
+def two_artefacts(state_dir: Path, days: float) -> tuple[Path, Path, Path]:
+    """Two nets converted (one key each), the first's last use ``days`` ago: the folder, and the two records."""
+    convert(1)
+    convert(2)
+    compiled = state_dir / "compiled"
+    old, new = records(compiled)
+    age([old, old.with_suffix(".onnx")], days)
+    return compiled, old, new
+
+
 def svcctl(capsys, *argv: str) -> tuple[int, str, str]:
     code = cli.main(["cache", *argv])
     out, err = capsys.readouterr()
@@ -70,11 +80,7 @@ def test_a_start_that_reads_an_artefact_from_the_cache_marks_it_used(state_dir):
 
 
 def test_list_shows_each_artefact_its_size_and_last_use_oldest_first(state_dir, capsys):
-    convert(1)
-    convert(2)
-    compiled = state_dir / "compiled"
-    old, new = records(compiled)
-    age([old, old.with_suffix(".onnx")], 40)
+    compiled, old, new = two_artefacts(state_dir, 40)
     (compiled / "choices").mkdir()
     (compiled / "choices" / "MOBILENETV2-0123.json").write_text("{}")  # auto's records: not artefacts
     (compiled / f".converting-{os.getpid()}-abc.onnx").write_bytes(b"x")  # a build under way: not an artefact
@@ -100,11 +106,7 @@ def test_list_shows_each_artefact_its_size_and_last_use_oldest_first(state_dir, 
 
 
 def test_prune_removes_what_no_start_used_for_the_days_given_and_keeps_the_rest(state_dir, capsys):
-    convert(1)
-    convert(2)
-    compiled = state_dir / "compiled"
-    old, new = records(compiled)
-    age([old, old.with_suffix(".onnx")], 31)
+    compiled, old, new = two_artefacts(state_dir, 31)
     leftover = compiled / "heads-openvino-0123456789abcdef.bin"  # its record was removed as unusable
     leftover.write_bytes(b"\0" * 1000)
     age([leftover], 31)

@@ -399,27 +399,36 @@ def test_a_cached_conversion_that_cannot_be_read_is_converted_again(name, state_
     assert torch.allclose(torch.stack(model.predict(list(images), {})), model.net(images), atol=1e-5)
 
 
+def auto_loader(choices: Any) -> Any:
+    """A load with ``auto`` recording in ``choices``, where the runtime wins on speed."""
+    def timer(pairs: list, batch: int) -> float:
+        return 10.0 if all(fn is target.module for target, fn in pairs) else 1.0
+
+    return lambda model: Optimizer(model, "classification", "cpu", "auto", 4, "TINY", timer=timer,
+                                   choices=choices).run()
+
+
+def swap_in_other_weights(name: str, compiled: Any) -> tuple[Any, tuple[str, ...]]:
+    """Convert other weights (their own key), then copy their files over the first conversion's under its name:
+    the first artefact's path and the runtime's file suffixes."""
+    wrong = TinyClassifier(candidates=(name,))
+    with torch.no_grad():
+        wrong.net[0].weight.mul_(-3.0)
+    Optimizer(wrong, "classification", "cpu", name, 4, "TINY").run()
+    suffixes = (".xml", ".bin") if name == "openvino" else (".onnx",)
+    right, other = sorted(compiled.glob(f"net-{name}-*{suffixes[0]}"), key=lambda p: p.stat().st_mtime)
+    for suffix in suffixes:
+        right.with_suffix(suffix).write_bytes(other.with_suffix(suffix).read_bytes())
+    return right, suffixes
+
+
 @pytest.mark.parametrize("name", RUNTIMES)
 def test_a_cached_conversion_changed_since_it_passed_is_converted_again_also_for_a_recorded_choice(name, state_dir):
     """A recorded choice is applied without its gate: a cached file overwritten since (same size, other weights)
     served wrong classes as successes.  Each file's SHA-256 is kept beside it; one that differs is made again."""
-    choices = state_dir / "compiled" / "choices"
-
-    def timer(pairs: list, batch: int) -> float:  # the runtime wins on speed
-        return 10.0 if all(fn is target.module for target, fn in pairs) else 1.0
-
-    def load(model: TinyClassifier) -> Any:
-        return Optimizer(model, "classification", "cpu", "auto", 4, "TINY", timer=timer, choices=choices).run()
-
+    load = auto_loader(state_dir / "compiled" / "choices")
     assert load(TinyClassifier(candidates=(name,))).mode == name
-    wrong = TinyClassifier(candidates=(name,))
-    with torch.no_grad():
-        wrong.net[0].weight.mul_(-3.0)
-    Optimizer(wrong, "classification", "cpu", name, 4, "TINY").run()  # another key: its own files
-    suffixes = (".xml", ".bin") if name == "openvino" else (".onnx",)
-    right, other = sorted((state_dir / "compiled").glob(f"net-{name}-*{suffixes[0]}"), key=lambda p: p.stat().st_mtime)
-    for suffix in suffixes:  # the other weights' conversion under this key's name
-        right.with_suffix(suffix).write_bytes(other.with_suffix(suffix).read_bytes())
+    swap_in_other_weights(name, state_dir / "compiled")  # the other weights' conversion under this key's name
     model = TinyClassifier(candidates=(name,))
     report = load(model)  # the record's mode, not gated: the cached files are checked instead
     assert report.mode == name and report.recorded is not None and model.gate_calls == 0, report.line
@@ -442,23 +451,9 @@ def test_a_conversion_swapped_in_a_folder_of_another_user_is_not_served(name, st
     (tmp_path / "scratch").mkdir(mode=0o700)
     monkeypatch.setattr(cache, "_scratch", tmp_path / "scratch", raising=False)
     compiled = state_dir / "compiled"
-
-    def timer(pairs: list, batch: int) -> float:  # the runtime wins on speed
-        return 10.0 if all(fn is target.module for target, fn in pairs) else 1.0
-
-    def load(model: TinyClassifier) -> Any:
-        return Optimizer(model, "classification", "cpu", "auto", 4, "TINY", timer=timer,
-                         choices=compiled / "choices").run()
-
+    load = auto_loader(compiled / "choices")
     assert load(TinyClassifier(candidates=(name,))).mode == name
-    wrong = TinyClassifier(candidates=(name,))
-    with torch.no_grad():
-        wrong.net[0].weight.mul_(-3.0)
-    Optimizer(wrong, "classification", "cpu", name, 4, "TINY").run()  # another key: its own files
-    suffixes = (".xml", ".bin") if name == "openvino" else (".onnx",)
-    right, other = sorted(compiled.glob(f"net-{name}-*{suffixes[0]}"), key=lambda p: p.stat().st_mtime)
-    for suffix in suffixes:  # the other weights' conversion under this key's name, its digests rewritten
-        right.with_suffix(suffix).write_bytes(other.with_suffix(suffix).read_bytes())
+    right, suffixes = swap_in_other_weights(name, compiled)  # its digests rewritten below
     record = json.loads(right.with_suffix(".json").read_text())
     record["sha256"] = cache.file_digests([right.with_suffix(suffix) for suffix in suffixes])
     right.with_suffix(".json").write_text(json.dumps(record))

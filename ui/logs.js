@@ -70,18 +70,13 @@ export async function followLogs() {
   // A model's replica is "ID/n" in the select: its own log (replicas/n/logs).
   const [id, replica] = state.logServer.split("/");
   const where = `/api/v1/servers/${encodeURIComponent(id)}${replica === undefined ? "" : `/replicas/${replica}`}`;
-  const [server, from] = [state.logServer, state.logOffset];
+  const [server, from, epoch] = [state.logServer, state.logOffset, state.logEpoch];
   const page = await api(`${where}/logs?${query}`, { poll: true });
   // Another fetch (the 1.5 s timer, a change of server) may have run meanwhile: these lines are then
-  // appended already, or another log's. Only a fetch from the offset still current appends.
-  if (state.logServer !== server || state.logOffset !== from) return;
+  // appended already, or another log's; a supervisor restarted meanwhile (a new epoch) sent the old log's.
+  // Only a fetch from the offset and epoch still current appends.
+  if (state.logServer !== server || state.logOffset !== from || state.logEpoch !== epoch) return;
   const pre = $("#log-lines");
-  // A log that ends before the offset asked is a new one (the supervisor restarted: its lines count from 0
-  // again): without this the page would ask past its end for good and show nothing new.
-  if (from !== null && page.end_offset < from) {
-    restarted(pre);
-    return followLogs();
-  }
   const atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
   state.logLevels = state.logLevels || {};
   for (const line of page.lines) {
@@ -93,20 +88,34 @@ export async function followLogs() {
   }
   while (pre.childNodes.length > 2000) pre.removeChild(pre.firstChild);
   state.logOffset = page.next_offset;
-  if (page.lines.length) {
-    const shown = [...pre.children].filter((c) => !c.classList.contains("hidden")).length;
-    $("#log-count").textContent = `${shown} of ${pre.children.length} lines`;
-  }
+  if (page.lines.length) showCount(pre);
   if (atBottom) pre.scrollTop = pre.scrollHeight;
+}
+
+function showCount(pre) {
+  const shown = [...pre.children].filter((c) => !c.classList.contains("hidden")).length;
+  $("#log-count").textContent = `${shown} of ${pre.children.length} lines`;
 }
 
 export const RESTARTED = "— the supervisor restarted: its log starts again —";
 
-// The view starts over with a line that says why, and the next fetch reads the new log from its start.
+// The supervisor's pid as each status refresh reads it. A new pid is a new supervisor, whose logs count
+// from 0 again: the view starts over. The offsets cannot tell: the new log may already be longer than the
+// offset the page reached in the old one (it then carried on from there, and skipped the new log's start).
+export function supervisorSeen(pid) {
+  const before = state.supervisorPid;
+  state.supervisorPid = pid;
+  if (before !== null && pid !== before) restarted($("#log-lines"));
+}
+
+// The view starts over with a line that says why (and its count), and the next fetch reads the new log
+// from its start; a fetch still under way (from the old supervisor) is dropped (the epoch).
 function restarted(pre) {
   pre.replaceChildren(logLine("supervisor", "info", RESTARTED));
   state.logOffset = null;
   state.logLevels = {};
+  state.logEpoch += 1;
+  showCount(pre);
 }
 
 function logLine(stream, level, text) {

@@ -5,7 +5,9 @@ export const TOKEN_KEY = "inference-service.token";
 export const $ = (sel) => document.querySelector(sel);
 
 export const state = { token: localStorage.getItem(TOKEN_KEY) || "", status: null, catalog: [], busy: new Set(),
-                logServer: null, logOffset: null, logLines: [], image: null, imageB64: null,
+                logServer: null, logOffset: null, logLines: [], logEpoch: 0, // see restarted() in logs.js
+                supervisorPid: null, // the supervisor's pid in the last status: a new one restarted
+                image: null, imageB64: null,
                 refreshTimer: null, logTimer: null, seriesTimer: null, series: null, defaults: {}, versions: {},
                 connecting: false, session: 0, // connect() running; the login session (see stopPolling)
                 loadingDefaults: false, // a model's OpenAPI document asked for, for its params' defaults

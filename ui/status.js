@@ -4,7 +4,7 @@
 import { $, state } from "./state.js";
 import { api, gatewayBase } from "./api.js";
 import { defaultsWhenRunning, updateDemoBanner } from "./try-it.js";
-import { fillLogSelect } from "./logs.js";
+import { fillLogSelect, supervisorSeen } from "./logs.js";
 
 export function badge(el, text) {
   // The colour comes from data-tone, so the element keeps its own classes (".state" in the table).
@@ -15,6 +15,7 @@ export function badge(el, text) {
 export async function refresh() {
   const status = await api("/api/v1/status", { poll: true });
   state.status = status;
+  supervisorSeen(status.pid);
   $("#summary").textContent = `version ${status.version} · profile ${status.profile} · device ${status.device}`;
   const gw = status.gateway;
   badge($("#gateway-state"), gw.state + (gw.state === "running" ? (gw.ready ? " · ready" : " · not ready") : ""));

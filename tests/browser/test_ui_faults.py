@@ -201,19 +201,61 @@ def fake_log(lines):
     return answer
 
 
+def with_pid(pid):
+    """A route answering the real status with the supervisor's ``pid`` replaced by ``pid[0]`` once the test sets it."""
+    def answer(route):
+        response = route.fetch()
+        body = response.json()
+        if pid:
+            body["pid"] = pid[0]
+        route.fulfill(response=response, json=body)
+    return answer
+
+
 def test_the_log_view_starts_over_when_the_supervisor_restarted(browser, stack):
     page = new_page(browser)
-    lines = [f"old line {i}" for i in range(20)]
+    lines, pid = [f"old line {i}" for i in range(20)], []
     page.route("**/api/v1/servers/__gateway/logs?*", fake_log(lines))
+    page.route("**/api/v1/status", with_pid(pid))
     log_in(page, stack)
     spans = page.locator("#log-lines span")
     expect(spans).to_have_count(20)
-    # The new supervisor's log has 3 lines: the page asks from offset 20, past its end.
+    # The new supervisor (another pid) has 3 lines in its log.
     lines[:] = ["new line 0", "new line 1", "new line 2"]
+    pid.append(1)
     expect(spans).to_have_text([RESTARTED, "new line 0", "new line 1", "new line 2"])
     lines.append("new line 3")  # and follows it from there
     expect(spans).to_have_text([RESTARTED, "new line 0", "new line 1", "new line 2", "new line 3"])
     expect(page.locator("#log-count")).to_have_text("5 of 5 lines")
+    page.context.close()
+
+
+def test_a_new_supervisor_pid_starts_the_log_view_over_whatever_the_offsets(browser, stack):
+    """A supervisor restarted while the view did not follow, whose new log outgrew the old one's 8 lines before
+    "follow" was ticked again: the view carried on from offset 8 (the old lines, then the new log's from 8), with
+    no marker (a UI probe); an empty new log kept the old count. A new pid in the status starts the view over."""
+    page = new_page(browser)
+    lines, pid = [f"old line {i}" for i in range(8)], []
+    page.route("**/api/v1/servers/__gateway/logs?*", fake_log(lines))
+    page.route("**/api/v1/status", with_pid(pid))
+    log_in(page, stack)
+    spans, count = page.locator("#log-lines span"), page.locator("#log-count")
+    expect(spans).to_have_count(8)
+    expect(count).to_have_text("8 of 8 lines")
+    page.uncheck("#log-follow")
+    lines[:] = []  # the new supervisor's gateway has logged nothing yet
+    pid.append(1)
+    expect(spans).to_have_text([RESTARTED])
+    expect(count).to_have_text("1 of 1 lines")
+    lines[:] = [f"new line {i}" for i in range(14)]
+    page.check("#log-follow")
+    expect(spans).to_have_text([RESTARTED, *lines])
+    expect(count).to_have_text("15 of 15 lines")
+    # Restarted again while followed, its log already longer than the offset the view reached (14).
+    lines[:] = [f"third line {i}" for i in range(20)]
+    pid[0] = 2
+    expect(spans).to_have_text([RESTARTED, *lines])
+    expect(count).to_have_text("21 of 21 lines")
     page.context.close()
 
 

@@ -57,7 +57,10 @@ export function modelChosen() {
     $("#drop").hidden = false;
   }
   updateDemoBanner();
-  if (m) loadDefaults(m).catch(() => {});
+  if (!m) return;
+  // A model not running gets its defaults from defaultsWhenRunning, once it runs.
+  if (state.defaults[m.id] || runs(m)) loadDefaults(m).catch(() => {});
+  else $("#try-params").placeholder = NOT_RUNNING;
 }
 
 export function updateDemoBanner() {
@@ -66,15 +69,21 @@ export function updateDemoBanner() {
   $("#try-demo").hidden = !(weights && weights.demo);
 }
 
+export const NOT_RUNNING = "{} (the model's defaults: it is not running)";
+
+// Whether the model runs and answers, as the last status refresh saw it: only then is its OpenAPI document
+// asked for (the supervisor answers 503 for a model that is not running, and the browser logs that as an error).
+export function runs(m) {
+  const server = state.status && state.status.servers.find((s) => s.id === m.id);
+  return Boolean(server && server.state === "running" && (server.ready || (server.replicas || []).some((r) => r.ready)));
+}
+
 // The chosen model's defaults once it runs, when it was not running as it was chosen (stopped, or still
 // starting when the page connected): called by every status refresh, it asks only then, once.
 export function defaultsWhenRunning() {
   const m = selectedModel();
   if (!m || state.defaults[m.id] || state.loadingDefaults) return;
-  const server = state.status && state.status.servers.find((s) => s.id === m.id);
-  if (server && server.state === "running" && (server.ready || (server.replicas || []).some((r) => r.ready))) {
-    loadDefaults(m).catch(() => {});
-  }
+  if (runs(m)) loadDefaults(m).catch(() => {});
 }
 
 // The params' defaults as the running model server states them in its OpenAPI document.
@@ -87,7 +96,7 @@ export async function loadDefaults(m) {
       .finally(() => { state.loadingDefaults = false; });
     const schema = reply && reply.openapi.components && reply.openapi.components.schemas[`${m.id}_Params`];
     if (!schema) {
-      if (selectedModel() === m) input.placeholder = "{} (the model's defaults: it is not running)";
+      if (selectedModel() === m) input.placeholder = NOT_RUNNING;
       return;
     }
     const defaults = {};

@@ -35,10 +35,11 @@ def page(stack):
         context = browser.new_context(viewport={"width": 1280, "height": 900})
         page = context.new_page()
         page.set_default_timeout(30000)
-        # Uncaught exceptions only: the browser logs the 503s a starting model answers (its OpenAPI document,
-        # asked for "Try it") as console errors, and those are the model's state, not the page's fault.
-        page.exceptions = []
-        page.on("pageerror", lambda e: page.exceptions.append(str(e)))
+        # Console errors and uncaught exceptions: the starting model chosen in "Try it" is not asked for its
+        # OpenAPI document (a 503, which the browser logged as an error) until it runs.
+        page.problems = []
+        page.on("console", lambda m: page.problems.append(f"console: {m.text}") if m.type == "error" else None)
+        page.on("pageerror", lambda e: page.problems.append(f"exception: {e}"))
         yield page
         context.close()
         browser.close()
@@ -71,4 +72,5 @@ def test_a_starting_model_shows_its_phase_until_it_runs(page, stack):
     expect(model.locator(".phase")).to_have_attribute("title", "")
     assert stack.child("TESTFAULTS")["phase"] is None
     shot(page, "phase-running")
-    assert page.exceptions == []
+    expect(page.locator("#try-params")).to_have_attribute("placeholder", '{"sleep_ms":0,"fail":"none"}')
+    assert page.problems == []

@@ -11,6 +11,7 @@ export const state = { token: localStorage.getItem(TOKEN_KEY) || "", status: nul
                 refreshTimer: null, logTimer: null, seriesTimer: null, series: null, defaults: {}, versions: {},
                 connecting: false, session: 0, // connect() running; the login session (see stopPolling)
                 loadingDefaults: false, // a model's OpenAPI document asked for, for its params' defaults
+                processKeys: {}, // by model: its processes in the last status (see forgetChangedDefaults)
                 offlineSince: null, // when the first of the status refreshes that fail in a row failed
                 retryTimer: null, // the next connect while the supervisor cannot be reached
                 run: 0 }; // the number of the last run of "Try it" (a new model's form drops older ones)

@@ -3,7 +3,7 @@
 
 import { $, state } from "./state.js";
 import { api, gatewayBase } from "./api.js";
-import { defaultsWhenRunning, updateDemoBanner } from "./try-it.js";
+import { defaultsWhenRunning, forgetChangedDefaults, updateDemoBanner } from "./try-it.js";
 import { fillLogSelect, supervisorSeen } from "./logs.js";
 
 export function badge(el, text) {
@@ -24,6 +24,7 @@ export async function refresh() {
   $("#gateway-error").textContent = gw.last_error || "";
   renderServers(status.servers);
   updateDemoBanner();
+  forgetChangedDefaults(status.servers);
   defaultsWhenRunning();
   return status;
 }

@@ -79,11 +79,33 @@ export function runs(m) {
 }
 
 // The chosen model's defaults once it runs, when it was not running as it was chosen (stopped, or still
-// starting when the page connected): called by every status refresh, it asks only then, once.
+// starting when the page connected), or once it runs again after a restart: called by every status refresh,
+// it asks only then, once.
 export function defaultsWhenRunning() {
   const m = selectedModel();
   if (!m || state.defaults[m.id] || state.loadingDefaults) return;
   if (runs(m)) loadDefaults(m).catch(() => {});
+}
+
+// Which processes serve a model: a restart (a new pid, one more restart) or a state other than running
+// means they may run another config, whose params' defaults differ.
+function processKey(s) {
+  return JSON.stringify([s.state, s.pid, s.restarts, (s.replicas || []).map((r) => [r.state, r.pid, r.restarts])]);
+}
+
+// Called by every status refresh: a model whose processes changed forgets its defaults (they were kept for
+// the page's life, and a model restarted with another config showed the old ones), and defaultsWhenRunning
+// reads them again once it runs.
+export function forgetChangedDefaults(servers) {
+  for (const s of servers) {
+    const key = processKey(s);
+    if (state.processKeys[s.id] !== undefined && state.processKeys[s.id] !== key && state.defaults[s.id]) {
+      delete state.defaults[s.id];
+      const m = selectedModel();
+      if (m && m.id === s.id) $("#try-params").placeholder = NOT_RUNNING;
+    }
+    state.processKeys[s.id] = key;
+  }
 }
 
 // The params' defaults as the running model server states them in its OpenAPI document.
@@ -92,8 +114,14 @@ export async function loadDefaults(m) {
   if (!state.defaults[m.id]) {
     input.placeholder = "loading the defaults…";
     state.loadingDefaults = true;
+    const key = state.processKeys[m.id];
     const reply = await api(`/api/v1/servers/${encodeURIComponent(m.id)}/openapi`).catch(() => null)
       .finally(() => { state.loadingDefaults = false; });
+    // Processes that changed meanwhile may have answered with their old config: a refresh asks again once it runs.
+    if (state.processKeys[m.id] !== key) {
+      if (selectedModel() === m) input.placeholder = NOT_RUNNING;
+      return;
+    }
     const schema = reply && reply.openapi.components && reply.openapi.components.schemas[`${m.id}_Params`];
     if (!schema) {
       if (selectedModel() === m) input.placeholder = NOT_RUNNING;

@@ -198,6 +198,31 @@ def test_a_stopped_model_is_not_asked_for_its_defaults_until_it_runs(browser, st
     page.context.close()
 
 
+def test_a_model_restarted_with_other_defaults_shows_its_new_ones(browser, stack):
+    """The params' defaults were read once for the page's life: a model restarted with another config (DDPM's
+    num_train_timesteps 50 to 40) kept showing the old default until a reload (a UI probe). Here the running
+    server's document says top_k 5, then 3 after the Restart button (the browser's route rewrites it)."""
+    default = [5]
+
+    def rewritten(route):
+        response = route.fetch()
+        body = response.json()
+        body["openapi"]["components"]["schemas"]["MOBILENETV2_Params"]["properties"]["top_k"]["default"] = default[0]
+        route.fulfill(response=response, json=body)
+
+    page = new_page(browser)
+    page.route("**/api/v1/servers/MOBILENETV2/openapi", rewritten)
+    log_in(page, stack)
+    params = page.locator("#try-params")
+    expect(params).to_have_attribute("placeholder", '{"top_k":5}')
+    default[0] = 3
+    row(page, "MOBILENETV2").locator('[data-action="restart"]').click()
+    expect(page.locator("#action-message")).to_have_text("MOBILENETV2: restart done", timeout=120000)
+    expect(params).to_have_attribute("placeholder", '{"top_k":3}', timeout=30000)
+    expect(row(page, "MOBILENETV2").locator(".ready")).to_have_text("yes")
+    page.context.close()
+
+
 def fake_log(lines):
     """A route answering the gateway's log from ``lines`` (a list the test changes) as the supervisor's logsink."""
     def answer(route):

@@ -114,6 +114,28 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """As argparse's, but an unknown option's value is not shown in the error: ``--tok SECRET`` (a token
+        mistyped for the refused ``--token``) was echoed, ``unrecognized arguments: --tok SECRET``."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(hide_option_values(extras))}")
+        return namespace
+
+
+def hide_option_values(extras: list[str]) -> list[str]:
+    """``extras`` with the value of each unknown option replaced by ``...``: the word after one (``--tok VALUE``)
+    and what follows its ``=`` (``--tok=VALUE``); an argument that follows no option is shown as it is."""
+    shown, after_option = [], False
+    for arg in extras:
+        if arg.startswith("-") and arg != "-":
+            shown.append(arg.split("=", 1)[0] + ("=..." if "=" in arg else ""))
+            after_option = "=" not in arg
+        else:
+            shown.append("..." if after_option else arg)
+            after_option = False
+    return shown
+
 
 #: ``--token`` (and ``--token=VALUE``): no such flag (docs/cli.md), refused before parsing, as argparse's own
 #: error echoes what it does not know, and this is a secret.

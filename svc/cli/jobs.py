@@ -271,7 +271,9 @@ class JobRun:
     def body(self) -> bytes:
         """The request: the image files, or one placeholder PNG when none is given."""
         args = self.args
-        raw = request_body(args.images, args.param, args.option, args.req_id)
+        # an IMAGE from a pipe must come within --timeout-s, as for infer and jobs submit (it was read within 300 s)
+        raw = request_body(args.images, args.param, args.option, args.req_id,
+                           args.timeout_s if args.timeout_s is not None else DEFAULT_TIMEOUT_S)
         if args.images:
             return raw
         body = json.loads(raw)

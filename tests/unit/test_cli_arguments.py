@@ -93,12 +93,14 @@ def test_a_device_is_read_up_to_the_limit_left_by_the_files(monkeypatch, capsys,
     assert gateway.requests == []
 
 
-def test_a_fifo_that_no_one_writes_ends_at_the_timeout(monkeypatch, capsys, tmp_path):
-    """``svcctl infer M fifo`` waited forever for a writer, whatever ``--timeout-s`` said."""
+@pytest.mark.parametrize("command", [["infer"], ["jobs", "submit"], ["jobs", "run"]])
+def test_a_fifo_that_no_one_writes_ends_at_the_timeout(monkeypatch, capsys, tmp_path, command):
+    """``svcctl infer M fifo`` waited forever for a writer, whatever ``--timeout-s`` said; ``jobs run`` then
+    waited 300 s (its read did not get ``--timeout-s``)."""
     gateway = fake_client(monkeypatch)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    assert cli.main(["infer", "M", str(fifo), "--gateway", GATEWAY, "--timeout-s", "0.2"], client=gateway) == 2
+    assert cli.main([*command, "M", str(fifo), "--gateway", GATEWAY, "--timeout-s", "0.2"], client=gateway) == 2
     assert capsys.readouterr() == ("", f"svcctl: cannot read image {fifo}: it did not all come within 0.2 s "
                                        "(--timeout-s; nothing sent)\n")
     assert gateway.requests == []
@@ -136,7 +138,23 @@ def test_a_prefix_of_an_option_is_not_taken(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["jobs", "get", "M", "job_1", "--gateway", GATEWAY, "--timeout", "5"])
     assert exit_.value.code == 2
-    assert capsys.readouterr().err.endswith("svcctl: error: unrecognized arguments: --timeout 5\n")
+    assert capsys.readouterr().err.endswith("svcctl: error: unrecognized arguments: --timeout ...\n")
+
+
+@pytest.mark.parametrize("argv, shown", [
+    (["infer", "M", "red.jpg", "--tok", "SECRETX"], "--tok ..."),
+    (["infer", "M", "red.jpg", "--toke=SECRETX"], "--toke=..."),
+    (["jobs", "get", "M", "job_1", "--tokn", "SECRETX", "extra"], "--tokn ... extra"),
+    (["hash", "a", "b"], "b"),
+])
+def test_an_unknown_options_value_is_not_shown(capsys, argv, shown):
+    """``--tok SECRET``, a token mistyped for the refused ``--token``: argparse echoed
+    ``unrecognized arguments: --tok SECRET``; an argument that follows no option is still shown."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "SECRETX" not in err
+    assert err.endswith(f"svcctl: error: unrecognized arguments: {shown}\n"), err
 
 
 def test_a_token_env_that_is_no_variable_name_is_not_shown(monkeypatch, capsys):

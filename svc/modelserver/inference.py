@@ -136,18 +136,25 @@ class Inference:
         """A job's run: jobs have their own admission, so no wait-queue limit."""
         return self.run(request, deadline=deadline, enforce_queue_limit=False, on_start=on_start, progress=progress)
 
-    def decode_items(self, request: InferenceRequest, tell: Callable[[int, ItemResult], None] | None = None) -> list[Any]:
+    def decode_items(self, request: InferenceRequest, tell: Callable[[int, ItemResult], None] | None = None,
+                     live: Callable[[], bool] | None = None) -> list[Any]:
         """Per item: the model input, or an ItemResult for a bad input (decode pool).
 
         Every item is peeked at (:meth:`open_item`) before any is decoded, and ``tell(index, result)`` gets each
-        bad one's result on the reactor at once: decoding the others may outlast the deadline."""
+        bad one's result on the reactor at once: decoding the others may outlast the deadline.  Nothing is
+        decoded once ``live()`` is false (the request was answered: its deadline passed while it waited for the
+        pool), so that a busy pool does not spend itself on requests already answered 504 while the next ones
+        wait: their own bad items came back 504 as well."""
+        if live is not None and not live():
+            return []
         started = time.perf_counter()
         opened = [self.open_item(raw, request.req_id) for raw in request.images]
         if tell is not None:
             for index, entry in enumerate(opened):
                 if isinstance(entry, ItemResult):
                     self.on_reactor(tell, index, entry)
-        out = [self.prepare_item(entry, request.params, request.req_id) for entry in opened]
+        out = [self.prepare_item(entry, request.params, request.req_id) if live is None or live() else entry
+               for entry in opened]
         if self.stage is not None:
             self.stage("decode").observe((time.perf_counter() - started) * 1000.0)
         return out
@@ -253,7 +260,8 @@ class _Run:
         if self.inference.decode_in_worker:
             self._decoded(self.inference.lazy_items(self.request, self._settle))
             return self.done
-        d = self.inference.run_decode(self.inference.decode_items, self.request, self._settle)
+        d = self.inference.run_decode(self.inference.decode_items, self.request, self._settle,
+                                      lambda: not self.finished)
         d.addCallbacks(self._decoded, self._decode_failed)
         return self.done
 

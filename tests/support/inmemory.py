@@ -200,12 +200,13 @@ def _loaded(warmup: tuple[float, int], service: ModelServerService) -> None:
 
 
 def build_model_server(clock: Clock | None = None, *, token: str | None = TOKEN, ready: bool = True,
-                       **overrides: Any) -> InMemoryModelServer:
+                       decoders: GatedWorkers | None = None, **overrides: Any) -> InMemoryModelServer:
     """The TESTFAULTS server of tests/conf with top-level config keys overridden (``backend={...}`` merges).
 
     The load is started as ``startService`` starts it (its listener aside).
     ``ready``: the warm-up is released, as after a real start; otherwise it is
-    still held in ``workers`` (release it to make the server ready).
+    still held in ``workers`` (release it to make the server ready).  ``decoders``: the decode pool's runner
+    (default inline), gated to hold a request's validation and decoding.
     """
     clock = clock or Clock()
     config = load_model_server_config(str(TEST_CONF / "TESTFAULTS.toml"))
@@ -216,7 +217,7 @@ def build_model_server(clock: Clock | None = None, *, token: str | None = TOKEN,
     workers = GatedWorkers()
     service = ModelServerService(reactor=clock, config=config, factory=factory,
                                  model_config=model_config(factory, config.model, config.path), device="cpu",
-                                 auth_token=token, run_worker=workers, run_decode=inline_runner)
+                                 auth_token=token, run_worker=workers, run_decode=decoders or inline_runner)
     service.engine.load(config.max_batch_size).addCallback(_loaded, service)
     if ready:
         workers.release()

@@ -16,7 +16,7 @@ import pytest
 from svc.infra.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from svc.openapi.modelserver import model_server_document
 from tests.support.images import b64, image_b64
-from tests.support.inmemory import TOKEN, URI, build_model_server
+from tests.support.inmemory import TOKEN, URI, GatedWorkers, build_model_server
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using readBody with a transport:DeprecationWarning")
 
@@ -270,6 +270,28 @@ def test_a_bad_item_keeps_its_status_when_another_items_decoding_outlasts_the_de
     assert server.metric("service_items_total", '{status="RUN_TIMEOUT"}') == 2.0
     assert server.metric("service_items_total", '{status="INVALID_IMAGE"}') == 1.0
     assert server.metric("service_items_total", '{status="IMAGE_EMPTY"}') == 1.0
+
+
+def test_a_request_answered_while_it_waited_for_the_decode_pool_is_not_decoded():
+    """A busy decode pool decoded requests already answered 504, one after the other, while the next request's
+    own junk image waited behind them and came back 504 too (a regression probe): a request whose deadline
+    passed before the pool took it is not decoded."""
+    decoders = GatedWorkers()
+    server = build_model_server(run_timeout_ms=1000, backend={"decode_in_worker": False}, decoders=decoders)
+    decode, decoded = server.model.preprocess, []
+    server.model.preprocess = lambda image, params: decoded.append(image) or decode(image, params)
+    d = server.infer([RED])  # validated inline (a small body); its decoding waits for the pool
+    assert decoders.held == 1
+    server.clock.advance(1.0)  # the deadline passes while it waits
+    decoders.release()
+    reply = server.settle(d)
+    assert reply.code == 504 and reply.json["results"] == [
+        {"status": 4, "data": None, "error": "the deadline passed before this item finished"}]
+    assert decoded == [] and server.workers.held == 0
+    d = server.infer([RED])  # the pool and the admission are free again
+    decoders.release_all()
+    server.workers.release_all()
+    assert server.settle(d).json["status"] == 0 and len(decoded) == 1
 
 
 # -- the wait queue (max_queue_depth) ------------------------------------------------------------------------

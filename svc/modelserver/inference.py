@@ -224,7 +224,10 @@ class Inference:
         """``f(*args)`` on the reactor thread, from a decode or inference thread (a test's Clock, whose runners run
         on the test's own thread: at once)."""
         call = getattr(self.clock, "callFromThread", None)
-        call(f, *args) if call is not None else f(*args)
+        if call is None:
+            f(*args)
+        else:
+            call(f, *args)
 
 
 class _Run:

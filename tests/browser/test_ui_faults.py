@@ -60,6 +60,14 @@ def new_page(browser, width=1280):
     return page
 
 
+def close(page):
+    """Closes the page's context, dropping its routes first: a handler still running (a status poll whose
+    ``route.fetch()`` reply is disposed by the close) would otherwise raise its error at the next test's first
+    Playwright call."""
+    page.unroute_all(behavior="ignoreErrors")
+    page.context.close()
+
+
 def log_in(page, stack):
     page.goto(stack.url + "/")
     page.fill("#token-input", stack.env["SERVICE_API_TOKEN"])
@@ -95,7 +103,7 @@ def test_a_second_connect_starts_no_second_polling_and_forget_token_stops_all_of
     assert page.requests[after:] == []
     expect(page.locator("#login-error")).to_have_text("")
     assert page.evaluate(f"() => localStorage.getItem('{TOKEN_KEY}')") is None
-    page.context.close()
+    close(page)
 
 
 def test_an_unreachable_supervisor_greys_the_page_until_it_answers_and_a_rotated_token_asks_again(browser, stack):
@@ -125,7 +133,7 @@ def test_an_unreachable_supervisor_greys_the_page_until_it_answers_and_a_rotated
     expect(page.locator("#login-error")).to_have_text("The token was refused.")
     expect(banner).to_be_hidden()
     assert page.evaluate(f"() => localStorage.getItem('{TOKEN_KEY}')") is None
-    page.context.close()
+    close(page)
 
 
 def test_a_hung_supervisor_greys_the_page_and_is_never_sent_a_pile_of_requests(browser, stack):
@@ -169,7 +177,7 @@ def test_a_hung_supervisor_greys_the_page_and_is_never_sent_a_pile_of_requests(b
             pass
     expect(banner).to_be_hidden(timeout=15000)
     expect(page.locator("#console")).not_to_have_class(re.compile(r"\bstale\b"))
-    page.context.close()
+    close(page)
 
 
 def test_a_stopped_model_is_not_asked_for_its_defaults_until_it_runs(browser, stack):
@@ -195,7 +203,7 @@ def test_a_stopped_model_is_not_asked_for_its_defaults_until_it_runs(browser, st
     expect(params).to_have_attribute("placeholder", '{"top_k":5}', timeout=60000)
     expect(params).to_have_value("")
     assert page.requests.count("/api/v1/servers/MOBILENETV2/openapi") == 1 and problems == []
-    page.context.close()
+    close(page)
 
 
 def test_a_model_restarted_with_other_defaults_shows_its_new_ones(browser, stack):
@@ -220,7 +228,7 @@ def test_a_model_restarted_with_other_defaults_shows_its_new_ones(browser, stack
     expect(page.locator("#action-message")).to_have_text("MOBILENETV2: restart done", timeout=120000)
     expect(params).to_have_attribute("placeholder", '{"top_k":3}', timeout=30000)
     expect(row(page, "MOBILENETV2").locator(".ready")).to_have_text("yes")
-    page.context.close()
+    close(page)
 
 
 def fake_log(lines):
@@ -262,7 +270,7 @@ def test_the_log_view_starts_over_when_the_supervisor_restarted(browser, stack):
     lines.append("new line 3")  # and follows it from there
     expect(spans).to_have_text([RESTARTED, "new line 0", "new line 1", "new line 2", "new line 3"])
     expect(page.locator("#log-count")).to_have_text("5 of 5 lines")
-    page.context.close()
+    close(page)
 
 
 def test_a_new_supervisor_pid_starts_the_log_view_over_whatever_the_offsets(browser, stack):
@@ -291,7 +299,7 @@ def test_a_new_supervisor_pid_starts_the_log_view_over_whatever_the_offsets(brow
     pid[0] = 2
     expect(spans).to_have_text([RESTARTED, *lines])
     expect(count).to_have_text("21 of 21 lines")
-    page.context.close()
+    close(page)
 
 
 def test_a_supervisor_unreachable_at_load_is_tried_again_with_the_stored_token(browser, stack):
@@ -309,7 +317,7 @@ def test_a_supervisor_unreachable_at_load_is_tried_again_with_the_stored_token(b
     page.unroute("**/api/v1/**")
     expect(page.locator("#console")).to_be_visible(timeout=10000)
     expect(row(page, "MOBILENETV2").locator(".state")).to_have_text("running")
-    page.context.close()
+    close(page)
 
 
 def test_a_bad_image_shows_the_items_reason(browser, stack):
@@ -326,7 +334,7 @@ def test_a_bad_image_shows_the_items_reason(browser, stack):
     expect(page.locator("#try-preview")).to_have_attribute("src", re.compile("^data:"))
     page.click("#try-run")
     expect(page.locator("#try-error")).to_have_text(expected)
-    page.context.close()
+    close(page)
 
 
 def test_a_run_of_the_model_chosen_before_leaves_the_new_form_alone(browser, stack, picture):
@@ -371,7 +379,7 @@ def test_a_run_of_the_model_chosen_before_leaves_the_new_form_alone(browser, sta
     expect(page.locator("#try-raw")).to_be_hidden()
     for part in form:
         expect(part).to_have_text("")
-    page.context.close()
+    close(page)
 
 
 def test_the_keyboard_opens_the_file_chooser_and_buttons_and_charts_have_names(browser, stack, picture):
@@ -391,7 +399,7 @@ def test_the_keyboard_opens_the_file_chooser_and_buttons_and_charts_have_names(b
     expect(page.get_by_role("img", name="MOBILENETV2: latency", exact=True)).to_have_count(1)
     expect(page.get_by_role("img", name="TESTFAULTS replica 1: jobs", exact=True)).to_have_count(1)
     expect(page.get_by_role("img", name="gateway: requests/s by route", exact=True)).to_have_count(1)
-    page.context.close()
+    close(page)
 
 
 def test_a_narrow_window_scrolls_the_table_not_the_page(browser, stack):
@@ -415,7 +423,7 @@ def test_a_narrow_window_scrolls_the_table_not_the_page(browser, stack):
     assert widths["page"] == widths["window"] == 375, widths
     assert widths["table"] > widths["box"], widths  # the table is wider: its box scrolls
     shot(page, "faults-narrow")
-    page.context.close()
+    close(page)
 
 
 def test_rows_and_log_choices_follow_a_change_of_the_replica_count(browser, stack):
@@ -454,7 +462,7 @@ def test_rows_and_log_choices_follow_a_change_of_the_replica_count(browser, stac
     expect(options).to_have_text(["gateway", "MOBILENETV2", "TESTFAULTS replica 0", "TESTFAULTS replica 1"])
     page.select_option("#log-server", "TESTFAULTS/1")
     expect(page.locator("#log-lines")).to_contain_text(f"listening on 127.0.0.1:{stack.extra['replica_ports']['TESTFAULTS'][1]};")
-    page.context.close()
+    close(page)
 
 
 def test_chart_titles_give_the_newest_sample_and_the_routes_total(browser, stack):
@@ -483,7 +491,7 @@ def test_chart_titles_give_the_newest_sample_and_the_routes_total(browser, stack
     expect(title("#gateway-charts", "rps_by_route")).to_have_text("total 1.75")
     expect(title("#gateway-charts", "rejections")).to_have_text("–")
     expect(page.locator('#gateway-charts .chart[data-figure="rps_by_route"] .legend span')).to_have_text(["infer", "jobs", "openapi"])
-    page.context.close()
+    close(page)
 
 
 def test_a_model_the_supervisor_no_longer_serves_leaves_the_page_and_one_it_serves_again_returns(browser, stack):
@@ -519,7 +527,7 @@ def test_a_model_the_supervisor_no_longer_serves_leaves_the_page_and_one_it_serv
     expect(page.locator("#try-model")).to_have_value("TESTFAULTS")
     page.select_option("#log-server", "MOBILENETV2")
     expect(page.locator("#log-lines")).to_contain_text("listening on 127.0.0.1:")
-    page.context.close()
+    close(page)
 
 
 def test_a_long_gateway_error_wraps_in_a_narrow_window(browser, stack):
@@ -537,7 +545,7 @@ def test_a_long_gateway_error_wraps_in_a_narrow_window(browser, stack):
     expect(page.locator("#gateway-error")).to_contain_text("c178c178")
     width = page.evaluate("() => [document.documentElement.scrollWidth, document.documentElement.clientWidth]")
     assert width == [360, 360], width
-    page.context.close()
+    close(page)
 
 
 def test_the_errors_filter_shows_a_crash_not_the_next_process_or_twisteds_goodbye(browser, stack):
@@ -569,4 +577,4 @@ def test_the_errors_filter_shows_a_crash_not_the_next_process_or_twisteds_goodby
          "start_failed: could not start: M: model failed to load"])  # the supervisor's failure notes too
     page.select_option("#log-level", "warn")
     expect(page.locator("#log-lines span:not(.hidden)")).to_have_count(5)  # and its failed action
-    page.context.close()
+    close(page)

@@ -70,6 +70,32 @@ def test_the_classification_extension_and_a_top_k_past_the_maximum_are_400_namin
     assert reply.status == 400 and "/params/top_k: 4 is greater than the maximum of 3" in reply.json["error"]
 
 
+def test_the_metadata_follows_a_model_restarted_with_another_config(tmp_path):
+    """The gateway read a model's outputs once: after its model server restarted with ``max_top_k`` raised to
+    the class count, the metadata still named ``DATA`` and an infer asking for it was 400 (an OIP probe)."""
+    servers = tmp_path / "server"
+    servers.mkdir()
+    port = free_port()
+    server = start_model_server(write_config(servers, "TESTCLASSES", name="TESTCLASSES.toml", port=port,
+                                             model={"max_top_k": 3}), token="upstream", port=port)
+    gateway = start_gateway(tmp_path, servers, key_entry("tenant-a", KEY), env={"SERVICE_UPSTREAM_TOKEN": "upstream"})
+    try:
+        client = triton.InferenceServerClient(f"127.0.0.1:{gateway.port}")
+        assert client.get_model_metadata("TESTCLASSES", headers=auth())["outputs"] == [
+            {"name": "DATA", "datatype": "BYTES", "shape": [-1]}]
+        server.stop()
+        server = start_model_server(write_config(servers, "TESTCLASSES", name="TESTCLASSES.toml", port=port,
+                                                 model={"max_top_k": 4}), token="upstream", port=port)
+        assert client.get_model_metadata("TESTCLASSES", headers=auth())["outputs"] == [
+            {"name": "PROBABILITIES", "datatype": "FP32", "shape": [-1, 4]}]
+        asked = [triton.InferRequestedOutput("PROBABILITIES")]
+        result = client.infer("TESTCLASSES", [images_input(*FILES)], outputs=asked, headers=auth())
+        assert result.as_numpy("PROBABILITIES").shape == (2, 4)
+    finally:
+        gateway.stop()
+        server.stop()
+
+
 def test_a_classifier_whose_top_k_reaches_every_class_has_probabilities(tmp_path):
     """The same plugin with ``top_k`` up to its 4 classes, straight to its model server (which answers the
     protocol itself): the plain tensor of every class, and ``classification: k`` up to the class count."""

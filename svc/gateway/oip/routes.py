@@ -84,7 +84,7 @@ class OipRoutes:
     :func:`declare` names each route and admits its caller with the GatewayApp's ``admit``, as the
     contract's routes are."""
 
-    oip_shapes: dict[str, ModelShape]
+    oip_shapes: dict[str, tuple[bytes, ModelShape]]  # per model: its document's bytes, and their tensors
 
     async def oip_server_metadata(self: Any, request: Any) -> bytes:
         request_id(request)
@@ -116,16 +116,21 @@ class OipRoutes:
         return reply.code == 200
 
     async def oip_shape(self: Any, request: Any, upstream: Upstream) -> ModelShape:
-        """The model's tensors, from its model server's document (read once per model)."""
-        shape = self.oip_shapes.get(upstream.id)
-        if shape is None:
-            reply = await self.forwarder.exchange(request, upstream, "openapi", OPENAPI_PATH, Headers(), None, method=b"GET")
-            if reply.code != 200:
-                raise upstream_error(reply)
-            try:
-                shape = self.oip_shapes[upstream.id] = shape_from_document(upstream.id, reply.body)
-            except (ValueError, AttributeError) as e:
-                raise ApiError(st.BAD_GATEWAY, f"model server {upstream.id}: unreadable OpenAPI document: {e}") from None
+        """The model's tensors, from its model server's document, read on every metadata request: a model
+        restarted with another ``[model]`` table declares other outputs (a ``max_top_k`` that reaches its classes
+        makes ``DATA`` ``PROBABILITIES``), and the gateway's metadata named the first process's outputs until the
+        gateway itself restarted.  The document is parsed again only when its bytes changed."""
+        reply = await self.forwarder.exchange(request, upstream, "openapi", OPENAPI_PATH, Headers(), None, method=b"GET")
+        if reply.code != 200:
+            raise upstream_error(reply)
+        known = self.oip_shapes.get(upstream.id)
+        if known is not None and known[0] == reply.body:
+            return known[1]
+        try:
+            shape = shape_from_document(upstream.id, reply.body)
+        except (ValueError, AttributeError) as e:
+            raise ApiError(st.BAD_GATEWAY, f"model server {upstream.id}: unreadable OpenAPI document: {e}") from None
+        self.oip_shapes[upstream.id] = (reply.body, shape)
         return shape
 
     async def oip_version(self: Any, request: Any, upstream: Upstream, version: str | None) -> str:

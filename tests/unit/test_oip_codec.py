@@ -74,6 +74,16 @@ def test_nested_json_data_follows_the_shape():
     assert parse_request(json.dumps(body).encode(), None).inputs[0].data == [1, 2, 3, 4]
 
 
+def test_a_tensor_with_both_data_and_binary_data_is_refused():
+    """Its ``data`` was dropped unread and the binary elements used (an OIP probe): which one the client meant
+    is not known, so the request is 400, as a tensor with neither."""
+    blob = bytes_tensor(b"abc", b"de")
+    body, length = binary_request({"inputs": [{**image_input(len(blob)), "data": ["YQ==", "Yg=="]}]}, blob)
+    with pytest.raises(CodecError, match=r"^inputs\[0\] has both data and parameters.binary_data_size: send its "
+                                         r"elements in one of them$"):
+        parse_request(body, length)
+
+
 def test_numeric_binary_tensors_are_little_endian():
     blob = struct.pack("<3f", 1.5, -2.0, 0.25)
     body, length = binary_request({"inputs": [{"name": "X", "datatype": "FP32", "shape": [3],

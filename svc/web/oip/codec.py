@@ -240,7 +240,7 @@ def _common_request(head: dict, binary: bytes | memoryview) -> InferRequest | No
         return None
     size = params.get("binary_data_size")
     if size is not None:
-        if not _plain_count(size) or size != len(binary) or shape[0] != 1 or size < 4:
+        if not _plain_count(size) or size != len(binary) or shape[0] != 1 or size < 4 or "data" in entry:
             return None
         (length,) = struct.unpack_from("<I", binary, 0)
         if length + 4 != size:
@@ -300,6 +300,8 @@ def _checked_request(head: dict, binary: bytes | memoryview) -> InferRequest:
         shape, params = _shape(entry, what), _parameters(entry, what, INPUT_PARAMETERS)
         count = prod(shape)
         size = params.get("binary_data_size")
+        if size is not None and "data" in entry:  # two payloads: the binary one was used, the other dropped unread
+            raise CodecError(f"{what} has both data and parameters.binary_data_size: send its elements in one of them")
         if size is not None:
             size = count_of(size)
             if size is None:

@@ -53,6 +53,7 @@ class Child:
     ) -> None:
         self.spec, self.reactor, self.probe, self.logs = spec, reactor, probe, logs
         self.timing, self.killer, self.port_free = timing, killer, port_free
+        self.kill_grace = timing.stop_grace  # how long a stopping process may take after SIGTERM before SIGKILL
         self.state, self.ready = STOPPED, False
         self.pid: int | None = None
         self.restarts = 0
@@ -123,7 +124,7 @@ class Child:
         self._cancel_timer()
         self.ready = False
         self._signal(signal.SIGTERM)
-        self._kill_timer = self.reactor.callLater(self.timing.stop_grace, self._kill)
+        self._kill_timer = self.reactor.callLater(self.kill_grace, self._kill)
         return d
 
     def restart(self) -> Deferred:
@@ -228,7 +229,7 @@ class Child:
     def _kill(self) -> None:
         self._kill_timer = None
         if self.state == STOPPING:
-            self.logs.note(f"still running after {self.timing.stop_grace:g} s: SIGKILL to the process group")
+            self.logs.note(f"still running after {self.kill_grace:g} s: SIGKILL to the process group")
             self._signal(signal.SIGKILL)
 
     # -- exits ------------------------------------------------------------------------------

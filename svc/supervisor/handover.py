@@ -125,10 +125,10 @@ class GatewayChild(Child):
         **kwargs: Any,
     ) -> None:
         super().__init__(spec, **kwargs)
-        # A retired gateway answers what it holds before it exits: up to its upstream_recv_timeout_ms
-        # and the second it gives idle connections (docs/operations.md, "Shutdown"). It is killed
-        # only after that, not after stop_grace: a restart that reloads the keys must lose nothing.
-        self.retire_grace = max(self.timing.stop_grace, drain_s)
+        # A retired or stopping gateway answers what it holds before it exits: up to its upstream_recv_timeout_ms and
+        # the second it gives idle connections (docs/operations.md, "Shutdown"); it is killed only after that, so that
+        # a key reload, a stop or a host's shutdown loses nothing (a request cut was run again on another host).
+        self.kill_grace = max(self.timing.stop_grace, drain_s)
         # The socket this child holds is its own: only a port held by someone
         # else (an orphaned gateway of a killed supervisor) is waited for.
         port_free = self.port_free
@@ -315,7 +315,7 @@ class GatewayChild(Child):
         Fires once the process accepts no more: its ``closed`` line, its exit, or the SIGKILL.
         """
         self.killer(pid, signal.SIGTERM)
-        timer = self.reactor.callLater(self.retire_grace, self._kill_retired, protocol)
+        timer = self.reactor.callLater(self.kill_grace, self._kill_retired, protocol)
         closed: Deferred = Deferred()
         self._retiring[protocol] = _Retiring(pid, timer, [closed])
         return closed
@@ -331,7 +331,7 @@ class GatewayChild(Child):
     def _kill_retired(self, protocol: _GatewayProtocol) -> None:
         retiring = self._retiring.get(protocol)
         if retiring is not None:
-            self.logs.note(f"previous pid {retiring.pid} still running after {self.retire_grace:g} s: SIGKILL")
+            self.logs.note(f"previous pid {retiring.pid} still running after {self.kill_grace:g} s: SIGKILL")
             self.killer(retiring.pid, signal.SIGKILL)
             self.closed_line(protocol)
 

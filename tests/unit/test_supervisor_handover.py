@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 
+import pytest
 from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.python.failure import Failure
 
@@ -157,6 +158,22 @@ def test_an_old_gateway_draining_long_requests_is_killed_only_after_its_receive_
     reactor.advance(0.1)
     assert kills == [(1001, signal.SIGTERM), (1001, signal.SIGKILL)]
     assert "previous pid 1001 still running after 182 s: SIGKILL" in notes(child)
+
+
+@pytest.mark.parametrize("how", ["stop", "shutdown"])
+def test_a_stopping_gateway_is_killed_only_after_its_receive_timeout_too(how):
+    """A stop through the management API, or the supervisor's own (a host taken down), killed the gateway after
+    stop_grace (15 s): a 22 s request it held was cut, and HAProxy ran it again on another host (a scaling probe)."""
+    child, reactor, _, kills, _ = make(drain_s=182.0)
+    running(child, reactor)
+    done = results(getattr(child, how)())
+    reactor.advance(181.9)
+    assert kills == [(1001, signal.SIGTERM)] and done == []  # still answering what it holds
+    reactor.advance(0.1)
+    assert kills == [(1001, signal.SIGTERM), (1001, signal.SIGKILL)]
+    assert "still running after 182 s: SIGKILL to the process group" in notes(child)
+    ended(reactor, 0, sig=signal.SIGKILL)
+    assert done == [None]
 
 
 def test_a_new_gateway_that_exits_before_ready_fails_the_restart_and_the_old_one_stays():

@@ -374,7 +374,7 @@ def test_a_model_still_measuring_its_modes_at_the_start_timeout_is_no_warning(tm
 
 def test_the_gateway_drains_for_its_own_receive_timeout_when_retired(tmp_path):
     m, *_ = manager(tmp_path)
-    assert m.gateway.retire_grace == 182.0  # upstream_recv_timeout_ms 180000 + 2 s, beyond stop_grace_ms
+    assert m.gateway.kill_grace == 182.0  # upstream_recv_timeout_ms 180000 + 2 s, beyond stop_grace_ms
     conf = tmp_path / "service.toml"
     conf.write_text(conf.read_text() + "[gateway]\nupstream_recv_timeout_ms = 30000\n")
     config = load_supervisor_config(str(conf))

@@ -313,6 +313,25 @@ class LogDirLock:
         self.claim()
         return None
 
+    def keep(self) -> str | None:
+        """Take the lock again when its path no longer names the file this process locked: the logs folder (or
+        the file) removed by hand, the folder made again by the next log line, let a second supervisor start on
+        it and lock a file of its own.  None, or why not (another supervisor locked the new file first).
+
+        OSError when the folder or the file cannot be made again."""
+        if self.file is None:
+            return None
+        try:
+            if os.path.samestat(os.stat(self.path), os.fstat(self.file.fileno())):
+                return None
+        except FileNotFoundError:
+            pass
+        held = self.file
+        problem = self.acquire()  # on success self.file is the new file; on a refusal the old one stays
+        if problem is None:
+            held.close()
+        return problem
+
     def claim(self) -> None:
         """Write this process's pid in the lock file: again once a daemon runs, whose pid changed as twistd forked."""
         if self.file is not None:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from twisted.application.internet import TCPServer
 from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from svc.contract.protocol import SUPERVISOR_PROGRAM as PROGRAM
@@ -29,6 +30,9 @@ from svc.web.site import JsonSite
 
 log = Logger()
 
+#: How often the logs folder's lock file is checked (a stat): removed with its folder, it is made and locked again.
+LOCK_CHECK_S = 1.0
+
 
 class SupervisorService(ListeningMultiService):
     program = PROGRAM
@@ -38,6 +42,8 @@ class SupervisorService(ListeningMultiService):
                  log_lock: LogDirLock | None = None) -> None:
         super().__init__()
         self.log_lock = log_lock  # held until every child has stopped
+        self._lock_loop = LoopingCall(self._keep_log_lock)
+        self._lock_problem: str | None = None
         self.reactor = reactor
         self.manager = manager
         self.host, self.port = host, port
@@ -60,9 +66,22 @@ class SupervisorService(ListeningMultiService):
                  url=http_url(self.host, self.port), profile=self.manager.profile.name, device=self.manager.profile.device)
         if self.log_lock is not None:
             self.log_lock.claim()  # a daemon's pid, now that twistd has forked
+            self._lock_loop.clock = self.reactor
+            self._lock_loop.start(LOCK_CHECK_S, now=False)
         freeze_heap()  # everything the supervisor keeps for life exists now (svc.infra.process.freeze_heap)
         self.manager.start_all()
         self.series.start()
+
+    def _keep_log_lock(self) -> None:
+        """The logs folder's lock, taken again if the folder or its lock file was removed (said once if not)."""
+        assert self.log_lock is not None
+        try:
+            problem = self.log_lock.keep()
+        except OSError as e:
+            problem = f"cannot lock {self.log_lock.path} again: {e.strerror or e}"
+        if problem is not None and problem != self._lock_problem:
+            log.warn("the logs folder's lock file was removed and could not be taken again: {problem}", problem=problem)
+        self._lock_problem = problem
 
     def stopService(self) -> Deferred:
         return ensureDeferred(self._stop())
@@ -71,6 +90,8 @@ class SupervisorService(ListeningMultiService):
         log.info("stopping every child")
         self.series.stop()
         await self.manager.stop_all()
+        if self._lock_loop.running:
+            self._lock_loop.stop()
         if self.log_lock is not None:
             self.log_lock.release()
         await super().stopService()

@@ -10,12 +10,14 @@ and exited 1 at once, and the status said only "refused to start (exit code
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from svc.supervisor.logsink import LogDirLock
 from tests.support.http import get, post
 from tests.support.images import image_b64
 from tests.support.processes import Proc, child_env, pid_alive
@@ -54,6 +56,16 @@ def test_a_daemonized_supervisor_runs_its_children_and_stops_them(tmp_path: Path
             assert get(stack.url + "/api/v1/status", headers={"Authorization": f"Bearer {stack.env['SERVICE_API_TOKEN']}"},
                        timeout=10).status == 200
         assert sorted(p.name for p in tmp_path.glob("supervisor.log*")) == ["supervisor.log"]
+        # The logs folder removed by hand: the daemon makes its lock again, so that a second supervisor on the
+        # folder is still refused (it started, wrote into the same files and held the folder's only lock).
+        shutil.rmtree(tmp_path / "logs")
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "logs" / "supervisor.lock").exists():
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        second = LogDirLock(str(tmp_path / "logs"))
+        assert (second.acquire() or "").startswith(f"{tmp_path / 'logs'} ({tmp_path / 'logs'}) is in use by another "
+                                                   f"supervisor (pid {daemon}")
     finally:
         os.kill(daemon, signal.SIGTERM)
     deadline = time.monotonic() + 60

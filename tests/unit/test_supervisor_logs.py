@@ -354,3 +354,30 @@ def test_one_supervisor_per_logs_folder_and_a_killed_one_leaves_no_stale_lock(tm
     after = LogDirLock(str(logs))
     assert after.acquire() is None  # released: the next one takes it
     after.release()
+
+
+def test_the_lock_is_taken_again_when_its_folder_was_removed(tmp_path):
+    """A logs folder removed by hand took the lock's file with it: a second supervisor then started on the folder
+    made again, and wrote its children's lines into the same files (a docs probe).  ``keep`` locks the new file."""
+    import shutil
+    import stat
+
+    from svc.supervisor.logsink import LogDirLock
+
+    logs = tmp_path / "logs"
+    lock = LogDirLock(str(logs))
+    assert lock.acquire() is None and lock.keep() is None  # nothing removed: nothing to do
+    first = lock.file
+    shutil.rmtree(logs)
+    assert lock.keep() is None and lock.file is not first and first.closed
+    assert (logs / "supervisor.lock").read_text() == f"{os.getpid()}\n"
+    assert stat.S_IMODE(os.stat(logs).st_mode) == 0o700
+    second = LogDirLock(str(logs))
+    assert second.acquire().startswith(f"{logs} ({logs}) is in use by another supervisor (pid {os.getpid()})")
+    # Another supervisor locks the new file first: this one says so and keeps its old file.
+    (logs / "supervisor.lock").unlink()
+    assert second.acquire() is None
+    held = lock.file
+    assert lock.keep().startswith(f"{logs} ({logs}) is in use by another supervisor") and lock.file is held
+    second.release()
+    lock.release()

@@ -332,18 +332,20 @@ class ChildManager:
         try:
             await self.gateway.start()
         except Exception as e:  # noqa: BLE001 - the models start anyway
-            log.warn("gateway not ready: {error}", error=e)
-        starting = [self.sets[m].start() for m in self.profile.models]
-        results = await DeferredList(starting, consumeErrors=True)
+            self._not_ready(GATEWAY, self.gateway.snapshot(), str(e))
+        results = await DeferredList([self.sets[m].start() for m in self.profile.models], consumeErrors=True)
         for (ok, value), name in zip(results, self.profile.models):
-            if ok:
-                continue
-            snapshot = self.sets[name].snapshot()
-            if snapshot["state"] == STARTING:  # slow, not failed: a model measuring its modes goes on
-                log.info("{name} is still starting after start_timeout_ms ({phase}); the supervisor keeps "
-                         "waiting for it", name=name, phase=snapshot.get("phase") or "no phase reported yet")
-            else:
-                log.warn("{name} not ready: {error}", name=name, error=value.getErrorMessage())
+            if not ok:
+                self._not_ready(name, self.sets[name].snapshot(), value.getErrorMessage())
+
+    @staticmethod
+    def _not_ready(name: str, snapshot: dict, error: str) -> None:
+        """A start not ready in time: still starting (slow: modes measured, a loaded machine) is info, a failure warns."""
+        if snapshot["state"] == STARTING:
+            log.info("{name} is still starting after start_timeout_ms ({phase}); the supervisor keeps "
+                     "waiting for it", name=name, phase=snapshot.get("phase") or "no phase reported yet")
+        else:
+            log.warn("{name} not ready: {error}", name=name, error=error)
 
     def stop_all(self) -> Deferred:
         """Every child ends: the gateway first, then the models.

@@ -372,6 +372,22 @@ def test_a_model_still_measuring_its_modes_at_the_start_timeout_is_no_warning(tm
     assert m.status_view()["servers"][0]["phase"] == "the model is loading: measuring mode 1 of 2 (jit)"
 
 
+def test_a_gateway_still_starting_at_the_start_timeout_is_no_warning_either(tmp_path):
+    """"gateway not ready: __gateway did not become ready within 3 s (state starting)" was a warning for a gateway
+    that was only slow on a loaded machine (a docs probe), where a model as slow got an info line."""
+    from twisted.logger import LogLevel, capturedLogs
+
+    m, reactor, probe, _ = manager(tmp_path)
+    with capturedLogs() as events:
+        m.start_all()
+        probe.ok = False
+        reactor.advance(181)
+    said = [(e["log_level"], e.get("name")) for e in events
+            if "not ready" in e.get("log_format", "") or "still starting" in e.get("log_format", "")]
+    assert said[0] == (LogLevel.info, "__gateway")
+    assert m.status_view()["gateway"]["state"] == "starting"
+
+
 def test_the_gateway_drains_for_its_own_receive_timeout_when_retired(tmp_path):
     m, *_ = manager(tmp_path)
     assert m.gateway.kill_grace == 182.0  # upstream_recv_timeout_ms 180000 + 2 s, beyond stop_grace_ms

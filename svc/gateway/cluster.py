@@ -181,7 +181,8 @@ class Cluster:
         deadline = self.deadline_s(budget_ms)
         assert self.agent is not None  # a peer to ask: the agent was made (or given) with the peers
         try:
-            reply = await Proxy(self.reactor, self.agent, deadline).forward(b"GET", url, headers, None)
+            reply = await Proxy(self.reactor, self.agent, deadline, upstream="its gateway").forward(
+                b"GET", url, headers, None)
         except UpstreamUnreachable as e:
             self._count(host, "unreachable")
             raise job_not_found(job_id, f"its host {host} is not reachable: {e}") from None

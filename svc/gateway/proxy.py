@@ -187,18 +187,18 @@ def make_agent(reactor: IClientReactor, pool: HTTPConnectionPool, connect_timeou
 #: What an agent's failure of an exchange means, in words (its own read "ResponseNeverReceived: Connection was
 #: closed cleanly." for a model server killed mid-request, and "ResponseFailed: ...; " for a reply cut short).
 _TRANSPORT_WORDS = {
-    ResponseNeverReceived: "the model server closed the connection without answering (did it stop or crash?)",
-    ResponseFailed: "the model server's reply was cut short",
-    RequestTransmissionFailed: "the request could not be sent to the model server",
+    ResponseNeverReceived: "{upstream} closed the connection without answering (did it stop or crash?)",
+    ResponseFailed: "{upstream}'s reply was cut short",
+    RequestTransmissionFailed: "the request could not be sent to {upstream}",
 }
 
 
-def transport_failure(kind: type, reasons: list[Any]) -> str:
-    """One line for a failed exchange: what happened, then its causes that say more than that the connection
-    closed ("cleanly", or an empty message)."""
+def transport_failure(kind: type, reasons: list[Any], upstream: str = "the model server") -> str:
+    """One line for a failed exchange with ``upstream`` (the model server, or a peer's gateway): what happened,
+    then its causes that say more than that the connection closed ("cleanly", or an empty message)."""
     causes = [r.getErrorMessage() for r in reasons]
     causes = [c for c in causes if c and c != "Connection was closed cleanly."]
-    what = _TRANSPORT_WORDS.get(kind, kind.__name__)
+    what = _TRANSPORT_WORDS.get(kind, kind.__name__).format(upstream=upstream)
     return f"{what}: {'; '.join(causes)}" if causes else what
 
 
@@ -209,10 +209,12 @@ _UNREACHABLE = (net_error.ConnectionRefusedError, net_error.ConnectError, net_er
 class Proxy:
     """Sends a request upstream and returns the whole reply, or raises a classified failure."""
 
-    def __init__(self, reactor: IReactorTime, agent: IAgent, recv_timeout_s: float) -> None:
+    def __init__(self, reactor: IReactorTime, agent: IAgent, recv_timeout_s: float,
+                 upstream: str = "the model server") -> None:
         self.reactor = reactor
         self.agent = agent
         self.recv_timeout_s = recv_timeout_s
+        self.upstream = upstream  # what a failure's words call the other end
 
     def forward(self, method: bytes, url: bytes, headers: Headers, body: bytes | None,
                 timeout_s: float | None = None) -> Deferred:
@@ -263,4 +265,4 @@ class Proxy:
             raise LocalConnectFailed(failure.getErrorMessage())
         if failure.check(*_UNREACHABLE):
             raise UpstreamUnreachable(f"connection refused ({failure.type.__name__})")
-        raise UpstreamFailed(transport_failure(failure.type, reasons or [failure])[:300], "transport")
+        raise UpstreamFailed(transport_failure(failure.type, reasons or [failure], self.upstream)[:300], "transport")

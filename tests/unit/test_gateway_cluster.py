@@ -14,8 +14,10 @@ from urllib.parse import urlsplit
 import pytest
 from treq.testing import RequestTraversalAgent, StubTreq
 from twisted.internet.defer import Deferred, fail
-from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.error import ConnectionDone, ConnectionRefusedError
 from twisted.internet.task import Clock
+from twisted.python.failure import Failure
+from twisted.web._newclient import ResponseNeverReceived
 
 from svc.auth import Authenticator, decide, hash_key
 from svc.cluster_config import ClusterConfig
@@ -33,13 +35,14 @@ pytestmark = pytest.mark.filterwarnings("ignore:Using readBody with a transport:
 SECRET = "cluster-job-secret"
 CLUSTER_TOKEN = "cluster-tok"
 PEERS = {"h1": "http://10.0.0.1:8080", "h2": "http://10.0.0.2:8080", "h3": "http://10.0.0.3:8080",
-         "h4": "http://10.0.0.4:8080"}
+         "h4": "http://10.0.0.4:8080", "h5": "http://10.0.0.5:8080"}
 RECV_TIMEOUT_MS = 20000
 PEER_TIMEOUT_MS = 3000
 
 
 class PeerAgent:
-    """Delivers a forwarded request to the gateway of the host its URL names; h3 refuses, h4 never answers."""
+    """Delivers a forwarded request to the gateway of the host its URL names; h3 refuses, h4 never answers, h5
+    closes the connection without answering (its gateway killed mid-exchange)."""
 
     def __init__(self) -> None:
         self.hosts: dict[str, RequestTraversalAgent] = {}
@@ -56,6 +59,8 @@ class PeerAgent:
             d = Deferred()
             self.silent.append(d)
             return d
+        if host == "h5":
+            return fail(ResponseNeverReceived([Failure(ConnectionDone())]))
         return self.hosts[host].request(method, uri, headers, bodyProducer)
 
     def flush(self) -> None:
@@ -199,6 +204,17 @@ def test_a_peer_that_refuses_the_connection_makes_the_job_404_at_once(hosts):
         body = assert_envelope(h1.call("GET", f"/v1/models/GEN/jobs/{job}{path}"), 404, 63)
         assert body["error"].startswith(f"job not found: {job}") and "host h3 is not reachable" in body["error"]
     assert 'service_gateway_forwarded_total{outcome="unreachable",peer="h3"} 3.0' in h1.metrics()
+
+
+def test_a_peer_gateway_that_closes_without_answering_is_named_as_the_gateway(hosts):
+    """The 404's reason blamed "the model server" when it was the peer's gateway that closed the connection (a
+    scaling probe killed a gateway with a forwarded wait in flight)."""
+    h1, _ = hosts
+    job = job_of("h5")
+    body = assert_envelope(h1.call("GET", f"/v1/models/GEN/jobs/{job}"), 404, 63)
+    assert body["error"] == (f"job not found: {job} (the exchange with its host h5 failed: its gateway closed the "
+                             "connection without answering (did it stop or crash?))")
+    assert 'service_gateway_forwarded_total{outcome="transport",peer="h5"} 1.0' in h1.metrics()
 
 
 def pending(host: Host, path: str) -> tuple[Deferred, list]:

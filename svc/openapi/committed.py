@@ -15,7 +15,7 @@ import sys
 
 import svc.openapi
 from svc.config import model_server_configs
-from svc.model.api import PluginError, factories
+from svc.model.api import PluginError, factories, find_factory
 from svc.openapi.gateway import gateway_document
 from svc.openapi.modelserver import model_server_document
 
@@ -23,9 +23,16 @@ OPENAPI_DIR = "openapi"
 
 
 def documents(conf_dir: str = "conf/server") -> dict[str, dict]:
-    """Every committed document by file name, generated from code and shipped configs."""
+    """Every committed document by file name, generated from code and shipped configs.
+
+    PluginError when a shipped config's model has no plugin to serve it (two claim its id, or its module did
+    not import): the model was left out, so ``--write`` removed its committed document as no longer generated
+    and exited 0 (a plugin probe)."""
     found = factories()
     configs = model_server_configs(conf_dir)
+    for config in configs:
+        if config.id not in found:
+            find_factory(config.id)  # raises, naming the modules that claim it or the one that did not import
     docs: dict[str, dict] = {"gateway.json": gateway_document(configs, found)}
     for config in configs:
         if config.id in found:

@@ -106,3 +106,27 @@ def test_a_documented_model_whose_plugin_breaks_is_one_line_and_exit_1(checkout,
     line = f"python -m svc.openapi: DDPM: its plugin {__name__} raised KeyError in params_schema(config): 'max_top_k'"
     for mode in ("check", "write"):
         assert run(capsys, mode) == (1, [], [line])
+
+
+def test_a_shipped_model_claimed_by_a_second_plugin_is_refused_not_removed(checkout):
+    """A third party's plugin claiming MOBILENETV2 (a folder on PYTHONPATH): the id was left out of the plugins
+    found, so ``--write`` removed model-MOBILENETV2.json as no longer generated and exited 0, and ``--check``
+    advised that ``--write``.  Both now exit 1 naming the clash, and nothing is written."""
+    import os
+    import subprocess
+    import sys
+
+    vendor = checkout / "vendor" / "models"
+    vendor.mkdir(parents=True)
+    (vendor / "acme_dupe.py").write_text("from models.mobilenetv2 import MobileNetV2Factory\n\n"
+                                         "again = MobileNetV2Factory()\n")
+    before = {name: (checkout / "openapi" / name).read_bytes() for name in NAMES}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(checkout / "vendor")])}
+    for mode in ("--check", "--write"):
+        done = subprocess.run([sys.executable, "-m", "svc.openapi", mode], cwd=checkout, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert (done.returncode, done.stdout) == (1, ""), done
+        assert done.stderr.splitlines()[-1] == (
+            "python -m svc.openapi: two model plugins serve catalog id 'MOBILENETV2': models.acme_dupe and "
+            "models.mobilenetv2; remove one"), done.stderr
+    assert {name: (checkout / "openapi" / name).read_bytes() for name in NAMES} == before

@@ -26,7 +26,7 @@ from svc.contract.protocol import (
     OPENAPI_PATH,
     local_url,
 )
-from svc.model.api import PluginError
+from svc.model.api import PluginError, find_factory
 from svc.model.plugincheck import checked_config
 from svc.openapi import oip
 from svc.openapi.components import job_components, model_components, ref, status_components
@@ -127,7 +127,7 @@ def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any],
     A model whose plugin declares what cannot be used (:mod:`svc.model.plugincheck`), or whose
     ``[model]`` table its plugin refuses, raises its PluginError or ConfigError, or, given
     ``refused``, is left out, as a model without a plugin is, and ``refused(model_id, line)`` is
-    called: the gateway in front of every model starts without it (it stopped on one third-party
+    called (for a model without a plugin too: two claim its id, or its module did not import): the gateway in front of every model starts without it (it stopped on one third-party
     plugin's mistake, and every model with it; a bad table dropped the whole document).
     """
     paths: dict[str, Any] = {
@@ -169,7 +169,12 @@ def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any],
     any_async = False
     for config in configs:
         factory, mid = found.get(config.id), config.id
-        if factory is None:
+        if factory is None:  # no plugin serves it (two claim its id; its module did not import): said, as a refusal
+            if refused is not None:
+                try:
+                    find_factory(mid)
+                except PluginError as e:
+                    refused(mid, str(e))
             continue
         # Without its weights: a file not copied yet, or a variant not pulled, is its model server's to report. The
         # gateway, in front of every model, failed to start on it (a traceback, then start_failed).

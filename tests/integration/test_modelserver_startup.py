@@ -241,6 +241,10 @@ def test_a_catalog_id_two_plugins_claim_refuses_that_model_alone(tmp_path):
     gateway = Proc(popen, 0, log)
     try:
         wait_bound_port(gateway, 60, LISTENING)
+        # and says why the model is left out of its document, as for any other plugin it cannot use (it said nothing)
+        assert ("two model plugins serve catalog id 'TESTFAULTS': models.acme_dupe and models.testfaults; remove "
+                "one: TESTFAULTS is left out of the gateway's OpenAPI document, and its model server refuses to start "
+                "(503 here)") in gateway.output()
     finally:
         gateway.stop()
 

@@ -30,7 +30,7 @@ from svc.contract.envelope import TIMED_OUT, ItemResult
 from svc.contract.request import InferenceRequest, RequestValidator
 from svc.infra.repeats import TracebackBudget
 from svc.model.images import ItemInputError, decode_base64, finish_image, peek_image
-from svc.modelserver.batching import Admission, BatchQueue, Item
+from svc.modelserver.batching import DROPPED, QUEUED, Admission, BatchQueue, Item
 from svc.modelserver.engine import Engine, LazyInput
 from svc.modelserver.progress import JobProgress
 
@@ -251,6 +251,7 @@ class _Run:
         n = len(request.images)
         self.results: list[ItemResult | None] = [None] * n
         self.items: list[Item] = []
+        self.lazy: dict[int, Item] = {}  # by index: the items queued undecoded (decode_in_worker)
         self.remaining = n
         self.finished = False
         self.done: Deferred = Deferred(canceller=self._cancelled)
@@ -278,8 +279,11 @@ class _Run:
             if isinstance(entry, ItemResult):
                 self._settle(index, entry)
             else:
-                self.items.append(Item(entry, params, options, key, self.deadline, self._settler(index), self.on_start,
-                                       self.progress, self.request.req_id))
+                item = Item(entry, params, options, key, self.deadline, self._settler(index), self.on_start,
+                            self.progress, self.request.req_id)
+                self.items.append(item)
+                if isinstance(entry, LazyInput):
+                    self.lazy[index] = item
         self.admission.enqueue(self.items)
 
     def _decode_failed(self, failure: Any) -> None:
@@ -289,7 +293,7 @@ class _Run:
             self._settle(index, error)
 
     def _settler(self, index: int) -> Any:
-        return lambda result: self._settle(index, result)
+        return lambda result: self._settle(index, self._expired(index) if result is TIMED_OUT else result)
 
     def _settle(self, index: int, result: ItemResult) -> None:
         if self.finished or self.results[index] is not None:
@@ -305,7 +309,21 @@ class _Run:
         self.timer = None
         for index, result in enumerate(self.results):
             if result is None:
-                self._settle(index, TIMED_OUT)
+                self._settle(index, self._expired(index))
+
+    def _expired(self, index: int) -> ItemResult:
+        """What an item gets when the deadline passed before it ran: TIMED_OUT, or, for one still queued
+        undecoded (``decode_in_worker``), its own status when its base64 or image header is bad.
+
+        The worker peeks at an item only when its batch starts, so a bad image queued behind a busy worker (or
+        in a request's later batch) was answered 504 status 4 after the whole deadline, and a request of bad
+        images alone 504 instead of 400 (a batching probe).  The peek (the base64 and the header, no pixel)
+        runs on the reactor, for expired items alone."""
+        item = self.lazy.get(index)
+        if item is None or item.state not in (QUEUED, DROPPED):
+            return TIMED_OUT
+        opened = self.inference.open_item(self.request.images[index], self.request.req_id)
+        return opened if isinstance(opened, ItemResult) else TIMED_OUT
 
     def _finish(self) -> None:
         self.finished = True

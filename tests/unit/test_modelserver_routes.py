@@ -272,6 +272,32 @@ def test_a_bad_item_keeps_its_status_when_another_items_decoding_outlasts_the_de
     assert server.metric("service_items_total", '{status="IMAGE_EMPTY"}') == 1.0
 
 
+def test_a_bad_item_queued_behind_a_busy_worker_gets_its_own_status_at_the_deadline():
+    """With decode_in_worker the worker peeks at an item only when its batch starts: a request of an empty and a
+    junk image queued behind a busy worker was answered 504 status 4 after the whole deadline (a batching
+    probe), so a client retried the same bad images.  At the deadline a queued item's base64 and header are
+    checked: bad images get their own statuses (400 for a request of them alone, 68 beside a timed-out good
+    one), and none of them takes a worker."""
+    server = build_model_server(max_batch_size=1, run_timeout_ms=1000, backend={"decode_in_worker": True})
+    busy = server.infer([RED], sleep_ms=1)  # the one worker, until the test releases it
+    junk = {"status": 5, "data": None,
+            "error": "not a decodable image (JPEG, PNG, WebP, GIF, BMP, TIFF, AVIF or another format Pillow reads)"}
+    empty = {"status": 3, "data": None, "error": "input image is empty"}
+    timed_out = {"status": 4, "data": None, "error": "the deadline passed before this item finished"}
+    bad = server.infer(["", b64(b"junk")])
+    mixed = server.infer([BLUE, b64(b"junk")])
+    server.clock.advance(1.0)
+    assert server.settle(busy).code == 504
+    reply = server.settle(bad)
+    assert (reply.code, reply.json["status"], reply.json["results"]) == (400, 3, [empty, junk])
+    reply = server.settle(mixed)
+    assert (reply.code, reply.json["status"], reply.json["results"]) == (200, 68, [timed_out, junk])
+    server.workers.release_all()
+    assert server.model.batches == [1]  # only the busy request's item ever ran
+    assert server.metric("service_items_total", '{status="INVALID_IMAGE"}') == 2.0
+    assert server.metric("service_items_total", '{status="RUN_TIMEOUT"}') == 2.0
+
+
 def test_a_request_answered_while_it_waited_for_the_decode_pool_is_not_decoded():
     """A busy decode pool decoded requests already answered 504, one after the other, while the next request's
     own junk image waited behind them and came back 504 too (a regression probe): a request whose deadline

@@ -13,7 +13,8 @@ counted), and knows whether each replica is ready:
 
 :meth:`Balancer.pick` takes the ready replicas not yet tried for this
 request (all untried ones when none is ready: the request then meets what
-they answer, as with one process), keeps those with the fewest outstanding
+they answer, as with one process; only ready ones once a replica answered
+it with a full queue's 429, which is the answer when none is left), keeps those with the fewest outstanding
 requests and picks one of them at random, so equal replicas share the load
 without a rotation that a client could synchronise with.  A model of one
 replica always gets its one process: with one replica the gateway behaves
@@ -39,10 +40,15 @@ class Balancer:
         self.outstanding: dict[tuple[str, int], int] = {}
         self.down: set[tuple[str, int]] = set()
 
-    def pick(self, upstream: Upstream, tried: Iterable[Replica] = ()) -> Replica | None:
-        """The replica for the next attempt of a request, or None when every replica was tried."""
+    def pick(self, upstream: Upstream, tried: Iterable[Replica] = (), ready_only: bool = False) -> Replica | None:
+        """The replica for the next attempt of a request, or None when every replica was tried.
+
+        ``ready_only``: a ready one or None (a request that holds a replica's answer already, a 429 of a full
+        queue: a replica known not to be ready would only turn it into a hang or a 503 "not running")."""
         done = {r.key for r in tried}
         untried = [r for r in upstream.replicas if r.key not in done]
+        if ready_only:
+            untried = [r for r in untried if r.key not in self.down]
         if len(untried) <= 1:
             return untried[0] if untried else None
         candidates = [r for r in untried if r.key not in self.down] or untried

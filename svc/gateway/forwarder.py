@@ -163,27 +163,36 @@ class Forwarder:
         answers 429 (:func:`busy`: its wait or job queue is full), without
         being marked.  With no replica left, a refusal is 503 status 65 and a
         not-admitted or busy reply is returned as it is, as with one process.
+        Once a replica answered so, only ready replicas are tried, and the last
+        such answer is the reply when none is left: a full replica's 429 beside
+        a stopped one became 503 "not running", and beside a hung one a 502
+        after ``upstream_recv_timeout_ms`` (a replicas probe).
         """
         method = method or request.method
         tried: list[Replica] = []
+        held: UpstreamReply | None = None  # a replica's busy or not-admitted answer, given when no other takes it
         several = replica is None and len(upstream.replicas) > 1
         while True:
-            target = replica if replica is not None else self.balancer.pick(upstream, tried)
-            assert target is not None  # one is untried: after the last attempt the loop ends (_exchange)
+            target = replica if replica is not None else self.balancer.pick(upstream, tried, held is not None)
+            if target is None:  # only after a held answer: without one the last attempt ends the loop
+                assert held is not None
+                return held
             tried.append(target)
-            last = not several or len(tried) == len(upstream.replicas)
+            more = several and len(tried) < len(upstream.replicas)
             reply = await self._exchange(method, upstream, target, route, path, query, headers, body,
-                                         counted=replica is None, last=last, timeout_s=timeout_s)
+                                         counted=replica is None, last=not more and held is None, timeout_s=timeout_s)
             if reply is None:
                 self.metrics.upstream_retries.labels(upstream.id, "refused").inc()
                 continue
             if several and not_admitted(reply):
                 self.balancer.mark_down(target)
-                if not last:
+                if more:
                     self.metrics.upstream_retries.labels(upstream.id, "not_admitted").inc()
+                    held = reply
                     continue
-            if several and not last and busy(reply):  # its queue is full; it stays up, another may have room
+            if more and busy(reply):  # its queue is full; it stays up, another may have room
                 self.metrics.upstream_retries.labels(upstream.id, "busy").inc()
+                held = reply
                 continue
             return reply
 

@@ -318,6 +318,33 @@ def test_when_every_replica_is_full_the_last_429_is_the_answer(gw):
     assert gw.infer("ONE").code == 200  # a model of one replica is untouched
 
 
+def test_a_full_replica_s_429_is_not_sent_on_to_a_replica_that_is_not_ready(gw):
+    """A replica probe: one replica full, the other SIGSTOPped and marked not ready; the request went on to the
+    hung one and came back 502 after upstream_recv_timeout_ms.  Once a replica answered 429 only ready ones are
+    tried: none is left, so the 429 and its Retry-After are the answer, at once."""
+    gw.replicas[0].mode = "busy"
+    gw.balancer.probed(gw.catalog.by_id["CLS"].replicas[1], False)
+    reply = gw.infer()
+    assert (reply.code, reply.json["status"], reply.json["error"]) == (429, 429, "wait queue full")
+    assert h(reply, "Retry-After") in ("1", "2") and [port for port, _ in gw.agent.requests] == [PORTS[0]]
+    assert 'service_gateway_upstream_retries_total{model="CLS",reason="busy"} 1.0' in gw.metrics()
+
+
+def test_a_full_replica_s_429_beside_a_stopped_one_is_still_the_answer(gw):
+    """The same probe: one replica full, the other stopped (its port refuses) before any probe noticed: the
+    client got 503 "model server CLS (no replica took the request) is not reachable: it is not running", for a
+    model that runs and is only full."""
+    gw.replicas[0].mode = "busy"
+    gw.agent.failures[PORTS[1]] = ConnectionRefusedError()
+    gw.balancer.started(gw.catalog.by_id["CLS"].replicas[1])  # replica 0 looks less busy: it is picked first
+    reply = gw.infer()
+    assert (reply.code, reply.json["status"], reply.json["error"]) == (429, 429, "wait queue full")
+    assert [port for port, _ in gw.agent.requests] == [PORTS[0], PORTS[1]]
+    assert not gw.balancer.is_ready(gw.catalog.by_id["CLS"].replicas[1])  # marked down by the refusal
+    gw.agent.requests.clear()
+    assert gw.infer().code == 429 and [port for port, _ in gw.agent.requests] == [PORTS[0]]
+
+
 def test_an_admitted_request_cut_short_is_passed_through_not_retried(gw):
     for r in gw.replicas:
         r.mode = "cut_short"

@@ -241,8 +241,10 @@ def server_settings(path: str, server_id: str, table: dict) -> ServerSettings:
     if ports and len(ports) != values["replicas"]:
         raise ConfigError(path, prefix + "ports", f"lists {len(ports)} port(s) for {values['replicas']} replica(s) "
                                                   "(replicas): give one port per replica")
-    if len(set(ports)) != len(ports):
-        raise ConfigError(path, prefix + "ports", "names a port twice")
+    for index, port in enumerate(ports):  # one line naming the port and both replicas, as for any port used twice
+        if port in ports[:index]:
+            raise ConfigError(path, prefix + "ports", f"port {port} is used twice: by replica {ports.index(port)} "
+                                                      f"and by replica {index}")
     devices = _ints(path, prefix + "devices", values["devices"], 0)
     cpus = []
     available = available_cpus()

@@ -97,7 +97,8 @@ def test_replica_ports_follow_the_stride_unless_listed():
     ("replicas = 65", "servers.AAA.replicas: must be at most 64, got 65"),
     ("replicas = 2\nports = [9300]", "servers.AAA.ports: lists 1 port(s) for 2 replica(s) (replicas): give one port "
                                      "per replica"),
-    ("replicas = 2\nports = [9300, 9300]", "servers.AAA.ports: names a port twice"),
+    ("replicas = 3\nports = [9300, 9301, 9300]", "servers.AAA.ports: port 9300 is used twice: by replica 0 and by "
+                                                 "replica 2"),
     ('ports = ["9300"]', "servers.AAA.ports: must be an array of integers (1 to 65535), got '9300' in it"),
     ("ports = [70000]", "servers.AAA.ports: must be an array of integers (1 to 65535), got 70000 in it"),
     ("devices = [-1]", "servers.AAA.devices: must be an array of integers (at least 0), got -1 in it"),

@@ -68,6 +68,7 @@ class ReplicaSet:
         self.reactor = reactor
         self.settle = settle
         self._roll: Deferred | None = None  # the rolling restart under way
+        self._stops = 0  # stops asked: one during a roll ends it (the last one asked wins)
 
     @property
     def name(self) -> str:
@@ -92,6 +93,7 @@ class ReplicaSet:
         return self._together([(c, c.start()) for c in self.children])  # each: done, joined or started
 
     def stop(self) -> Deferred:
+        self._stops += 1
         if len(self.children) == 1:
             return self.children[0].stop()
         return self._together([(c, c.stop()) for c in self.children])  # each: stopped, or already
@@ -117,16 +119,21 @@ class ReplicaSet:
     async def _rolling(self) -> None:
         # The replicas that serve nothing first (restarting them takes nothing away), in index order.
         order = sorted(range(len(self.children)), key=lambda i: serving(self.children[i]))
+        stops = self._stops
         for n, i in enumerate(order):
             child = self.children[i]
             if n > 0 and self.settle > 0:
                 await deferLater(self.reactor, self.settle, lambda: None)
+            if self._stops != stops:  # the model was stopped meanwhile: no replica is started again
+                raise ChildError(f"{self.id}: stopped before it started again")
             if serving(child) and not any(serving(c) for c in self.children if c is not child):
                 raise ChildError(f"{self.id}: the rolling restart stopped at replica {i}: it is the only replica "
                                  f"that serves, and restarting it would take {self.id} down")
             try:
                 await child.restart()
             except ChildError as e:
+                if self._stops != stops:  # not the replica's failure: "the others keep running" was untrue
+                    raise ChildError(f"{self.id}: stopped before it started again") from None
                 raise ChildError(f"{self.id}: the rolling restart stopped at replica {i} (the others keep "
                                  f"running): {e}") from None
 

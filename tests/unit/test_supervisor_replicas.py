@@ -355,6 +355,34 @@ def test_a_replica_that_does_not_come_back_stops_the_roll_and_the_others_keep_ru
     assert (aaa.replica(0).state, aaa.replica(1).state) == (START_FAILED, RUNNING)
 
 
+def test_a_stop_during_a_roll_ends_it_and_no_replica_starts_again(tmp_path):
+    """A model stop while its roll restarted replica 0: every replica ended stopped, as asked, but the roll's
+    500 said it "stopped at replica 0 (the others keep running)" (a replicas probe); and a stop during the pause
+    between replicas let the roll restart the next one.  The roll now ends with the documented
+    "stopped before it started again", and nothing is started after the stop."""
+    m, reactor, probe, kills = start_two(tmp_path)
+    aaa = m.sets["AAA"]
+    done = results(aaa.restart())
+    stopped = results(aaa.stop())  # replica 0 is stopping for the roll; replica 1 runs
+    end(aaa.replica(0))
+    end(aaa.replica(1))
+    assert isinstance(done[0], Failure) and str(done[0].value) == "AAA: stopped before it started again"
+    assert stopped == [None] and [c.state for c in aaa.children] == [STOPPED, STOPPED] and not aaa.rolling
+    # Stopped during the pause between two replicas: the second one is not restarted.
+    results(aaa.start())
+    reactor.advance(0.5)
+    done = results(aaa.restart())
+    end(aaa.replica(0))
+    reactor.advance(0.5)  # replica 0 is back; the roll waits for the gateway's probe before replica 1
+    stopped = results(aaa.stop())
+    end(aaa.replica(0))
+    end(aaa.replica(1))
+    spawned = len(reactor.spawned)
+    reactor.advance(2.0)
+    assert isinstance(done[0], Failure) and str(done[0].value) == "AAA: stopped before it started again"
+    assert len(reactor.spawned) == spawned and [c.state for c in aaa.children] == [STOPPED, STOPPED]
+
+
 def test_a_roll_restarts_the_replica_that_serves_nothing_first(tmp_path):
     """Replica 1 stopped (or crashed), then a model restart: the roll stopped replica 0, the only one
     serving, and the model answered 503 for seconds. Now replica 1 comes back first."""

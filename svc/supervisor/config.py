@@ -109,9 +109,12 @@ class ServerSettings:
         return self.devices[index % len(self.devices)] if self.devices else None
 
     def cpu_share(self, index: int) -> int:
-        """How many replicas of this model run on replica ``index``'s CPUs (the same list, or all when not pinned)."""
-        mine = self.cpus_of(index)
-        return sum(1 for i in range(self.replicas) if self.cpus_of(i) == mine)
+        """How many replicas of this model run on replica ``index``'s CPUs: every replica when none is pinned,
+        else the most on any one of its CPUs (lists that overlap, ``[[0], [1], [0, 1]]``, share CPUs too: counting
+        equal lists only, the third ran two threads on the cores the other two used)."""
+        if not self.cpus:
+            return self.replicas
+        return max(sum(1 for i in range(self.replicas) if cpu in self.cpus_of(i)) for cpu in self.cpus_of(index))
 
 
 @dataclass(frozen=True)

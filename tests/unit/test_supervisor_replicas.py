@@ -121,8 +121,12 @@ def test_server_settings_per_replica():
     settings = ServerSettings(replicas=3, devices=(0, 1), cpus=((cpu0,), (cpu0, cpu0 + 1)))
     assert [settings.gpu_of(i) for i in range(3)] == [0, 1, 0]
     assert [settings.cpus_of(i) for i in range(3)] == [(cpu0,), (cpu0, cpu0 + 1), (cpu0,)]
-    assert [settings.cpu_share(i) for i in range(3)] == [2, 1, 2]  # replicas 0 and 2 share one list
+    assert [settings.cpu_share(i) for i in range(3)] == [3, 3, 3]  # all three run on cpu0
     assert ServerSettings(replicas=4).cpu_share(1) == 4 and ServerSettings().gpu_of(0) is None
+    # Lists that overlap share their common CPUs: the third replica on both cores runs one thread, not two.
+    overlapping = ServerSettings(replicas=3, cpus=((0,), (1,), (0, 1)))
+    assert [overlapping.cpu_share(i) for i in range(3)] == [2, 2, 2]
+    assert [ServerSettings(replicas=2, cpus=((0, 1), (1, 2))).cpu_share(i) for i in range(2)] == [2, 2]
 
 
 @pytest.mark.parametrize("servers, gateway, message", [

@@ -138,6 +138,7 @@ class ReplicaSet:
                                  f"running): {e}") from None
 
     def shutdown(self) -> Deferred:
+        self._stops += 1  # a stop too: a roll under way ends with "stopped before it started again"
         return DeferredList([c.shutdown() for c in self.children], consumeErrors=True)
 
     def _together(self, actions: list[tuple[Child, Deferred]]) -> Deferred:

@@ -385,6 +385,14 @@ def test_a_stop_during_a_roll_ends_it_and_no_replica_starts_again(tmp_path):
     reactor.advance(2.0)
     assert isinstance(done[0], Failure) and str(done[0].value) == "AAA: stopped before it started again"
     assert len(reactor.spawned) == spawned and [c.state for c in aaa.children] == [STOPPED, STOPPED]
+    # The supervisor's own shutdown during a roll is a stop too (a regression probe: "the others keep running").
+    results(aaa.start())
+    reactor.advance(0.5)
+    done = results(aaa.restart())
+    results(aaa.shutdown())
+    end(aaa.replica(0))
+    end(aaa.replica(1))
+    assert isinstance(done[0], Failure) and str(done[0].value) == "AAA: stopped before it started again"
 
 
 def test_a_roll_restarts_the_replica_that_serves_nothing_first(tmp_path):

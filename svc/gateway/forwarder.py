@@ -153,7 +153,8 @@ class Forwarder:
 
     async def exchange(self, request: Any, upstream: Upstream, route: str, path: str, headers: Headers,
                        body: bytes | None, *, query: bytes = b"", replica: Replica | None = None,
-                       method: bytes | None = None, timeout_s: float | None = None) -> UpstreamReply:
+                       method: bytes | None = None, timeout_s: float | None = None,
+                       timeout_name: str | None = None) -> UpstreamReply:
         """The model's reply to ``body`` (a GET without one) sent to ``replica`` or to the replica the balancer picks.
 
         Picked (``replica`` None): the request counts as outstanding on its
@@ -180,7 +181,8 @@ class Forwarder:
             tried.append(target)
             more = several and len(tried) < len(upstream.replicas)
             reply = await self._exchange(method, upstream, target, route, path, query, headers, body,
-                                         counted=replica is None, last=not more and held is None, timeout_s=timeout_s)
+                                         counted=replica is None, last=not more and held is None, timeout_s=timeout_s,
+                                         timeout_name=timeout_name)
             if reply is None:
                 self.metrics.upstream_retries.labels(upstream.id, "refused").inc()
                 continue
@@ -198,7 +200,8 @@ class Forwarder:
 
     async def _exchange(self, method: bytes, upstream: Upstream, target: Replica, route: str, path: str,
                         query: bytes, headers: Headers, body: bytes | None, *, counted: bool,
-                        last: bool, timeout_s: float | None = None) -> UpstreamReply | None:
+                        last: bool, timeout_s: float | None = None,
+                        timeout_name: str | None = None) -> UpstreamReply | None:
         """One attempt on ``target``: its reply, None when it refused and another replica may be tried, or the
         gateway's own error (503 refused, 502 transport failure or timeout) as an ApiError."""
         attempt = headers.copy()
@@ -209,7 +212,7 @@ class Forwarder:
             self.balancer.started(target)
         started = self.clock.seconds()
         try:
-            reply = await self.proxy.forward(method, target.url(path, query), attempt, body, timeout_s)
+            reply = await self.proxy.forward(method, target.url(path, query), attempt, body, timeout_s, timeout_name)
         except UpstreamUnreachable as e:
             self.balancer.mark_down(target)
             self.metrics.upstream_errors.labels(upstream.id, replica, "unreachable").inc()

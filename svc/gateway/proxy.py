@@ -217,12 +217,13 @@ class Proxy:
         self.upstream = upstream  # what a failure's words call the other end
 
     def forward(self, method: bytes, url: bytes, headers: Headers, body: bytes | None,
-                timeout_s: float | None = None) -> Deferred:
+                timeout_s: float | None = None, timeout_name: str | None = None) -> Deferred:
         """Fires with an :class:`UpstreamReply`; errbacks with UpstreamUnreachable or UpstreamFailed.
 
         Cancelling the returned Deferred (a client that went away) aborts the
         upstream exchange.  ``timeout_s``: this exchange's deadline, when not
-        the receive timeout (a job wait's, which its budget lengthens).
+        the receive timeout (a job wait's, which its budget lengthens);
+        ``timeout_name``: the setting it comes from, which a timeout's words name.
         """
         timeout_s = self.recv_timeout_s if timeout_s is None else timeout_s
         d = ensureDeferred(self._exchange(method, url, headers, body))
@@ -240,7 +241,7 @@ class Proxy:
             return result
 
         d.addBoth(settle)
-        d.addErrback(self._classify, expired, timeout_s)
+        d.addErrback(self._classify, expired, timeout_s, timeout_name)
         return d
 
     async def _exchange(self, method: bytes, url: bytes, headers: Headers, body: bytes | None) -> UpstreamReply:
@@ -249,10 +250,10 @@ class Proxy:
         data = await readBody(response)
         return UpstreamReply(response.code, response.headers, data)
 
-    def _classify(self, failure: Any, expired: list, timeout_s: float) -> Any:
+    def _classify(self, failure: Any, expired: list, timeout_s: float, timeout_name: str | None = None) -> Any:
         if expired:
-            why = ("upstream_recv_timeout_ms" if timeout_s == self.recv_timeout_s
-                   else f"the wait's budget + {WAIT_MARGIN_S:g} s")
+            why = timeout_name or ("upstream_recv_timeout_ms" if timeout_s == self.recv_timeout_s
+                                   else f"the wait's budget + {WAIT_MARGIN_S:g} s")
             raise UpstreamFailed(f"no complete reply within {timeout_s * 1000:.0f} ms ({why})", "timeout")
         reasons = getattr(failure.value, "reasons", None)  # ResponseFailed and friends wrap the real causes
         if failure.check(CancelledError):

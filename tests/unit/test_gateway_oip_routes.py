@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from twisted.internet.defer import Deferred
 
 from svc.infra.metrics import render
 from tests.unit.test_gateway_app import OFF_KEY, SLOW_KEY, Harness, h
@@ -90,3 +91,40 @@ def test_the_metadata_routes_echo_a_valid_request_id_and_refuse_an_invalid_one(g
     bad = gw.call("GET", path, headers={"X-Request-ID": "two words"})
     assert_oip_error(bad, 400)
     assert bad.json["error"] == "X-Request-ID header must be 1 to 128 printable ASCII characters without spaces"
+
+
+class HungReady:
+    """The upstream agent, but a model server's ``/ready`` is never answered (its process SIGSTOPped)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def request(self, method, uri, headers=None, bodyProducer=None):
+        if uri.endswith(b"/ready"):
+            return Deferred()
+        return self.inner.request(method, uri, headers, bodyProducer)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+
+@pytest.mark.parametrize("path", ["/v2/models/CLS/ready", "/v2/models/CLS", "/v2/health/ready"])
+def test_a_model_server_that_does_not_answer_is_not_ready_within_the_probe_interval(gw, path):
+    """A hung model server of one replica held the ready and metadata routes for upstream_recv_timeout_ms (180 s
+    by default, longer than any readiness probe waits) and then answered 502 (a regression probe): its /ready is
+    asked within 5 s, and no answer in time is 503, not ready."""
+    gw.app.proxy.agent = HungReady(gw.upstream_agent)
+    d = gw.call("GET", path, settle=False)
+    answered: list = []
+    d.addBoth(lambda r: answered.append(r) or r)
+    gw.clock.advance(4.999)
+    gw.client.flush()
+    assert answered == []
+    gw.clock.advance(0.001)
+    reply = gw.settle(d)
+    assert_oip_error(reply, 503)
+    if path == "/v2/health/ready":
+        assert reply.json["error"].startswith("not every model is ready: CLS, ")
+    else:
+        assert reply.json["error"] == ("model server CLS: no complete reply within 5000 ms (the readiness routes' "
+                                       "bound): it is not ready")

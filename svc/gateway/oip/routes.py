@@ -78,6 +78,10 @@ def upstream_error(reply: Any) -> ApiError:
                     http=400 if reply.code in translate.AS_BAD_REQUEST else reply.code)
 
 
+#: How long the ready, health and metadata routes wait for a model server's ``/ready``: it answers from its
+#: reactor at once, so one silent this long is hung (or its machine is far past its capacity): not ready.
+READY_TIMEOUT_S = 5.0
+
 class OipRoutes:
     """The route methods; ``self`` is the GatewayApp, whose ``upstream`` and ``forwarder`` they use.
 
@@ -109,11 +113,22 @@ class OipRoutes:
     async def oip_model_is_ready(self: Any, request: Any, upstream: Upstream) -> bool:
         """Whether a replica of ``upstream`` answers its ``/ready`` with 200 (a refusal or a failure: not)."""
         try:
-            reply = await self.forwarder.exchange(request, upstream, "ready", READY_PATH, Headers(), None,
-                                                  method=b"GET")
+            reply = await self.oip_ask_ready(request, upstream)
         except ApiError:
             return False
         return reply.code == 200
+
+    async def oip_ask_ready(self: Any, request: Any, upstream: Upstream) -> Any:
+        """A replica's reply to ``/ready``, within :data:`READY_TIMEOUT_S`: a hung model server (its one replica
+        SIGSTOPped) held the ready and metadata routes for ``upstream_recv_timeout_ms`` (180 s), longer than any
+        readiness probe waits, and answered 502.  No answer in time, or none at all, is 503: not ready."""
+        try:
+            return await self.forwarder.exchange(request, upstream, "ready", READY_PATH, Headers(), None, method=b"GET",
+                                                 timeout_s=READY_TIMEOUT_S, timeout_name="the readiness routes' bound")
+        except ApiError as e:
+            if e.status is not st.BAD_GATEWAY:
+                raise
+            raise ApiError(st.NOT_READY, f"{e.message}: it is not ready") from None
 
     async def oip_shape(self: Any, request: Any, upstream: Upstream) -> ModelShape:
         """The model's tensors, from its model server's document, read on every metadata request: a model
@@ -135,7 +150,7 @@ class OipRoutes:
 
     async def oip_version(self: Any, request: Any, upstream: Upstream, version: str | None) -> str:
         """The version the model serves, from a ready replica (503 when none is); 404 for another ``version``."""
-        reply = await self.forwarder.exchange(request, upstream, "ready", READY_PATH, Headers(), None, method=b"GET")
+        reply = await self.oip_ask_ready(request, upstream)
         if reply.code != 200:
             raise upstream_error(reply)
         served = str(json.loads(reply.body).get("model", {}).get("version", ""))

@@ -14,8 +14,9 @@ counted), and knows whether each replica is ready:
 :meth:`Balancer.pick` takes the ready replicas not yet tried for this
 request (all untried ones when none is ready: the request then meets what
 they answer, as with one process; only ready ones once a replica answered
-it with a full queue's 429, which is the answer when none is left), keeps those with the fewest outstanding
-requests and picks one of them at random, so equal replicas share the load
+it with a full queue's 429, which is the answer when none is left), keeps
+those with the fewest outstanding requests and picks one of them at
+random, so equal replicas share the load
 without a rotation that a client could synchronise with.  A model of one
 replica always gets its one process: with one replica the gateway behaves
 exactly as before replicas existed.

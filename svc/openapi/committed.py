@@ -30,13 +30,10 @@ def documents(conf_dir: str = "conf/server") -> dict[str, dict]:
     and exited 0 (a plugin probe)."""
     found = factories()
     configs = model_server_configs(conf_dir)
-    for config in configs:
-        if config.id not in found:
-            find_factory(config.id)  # raises, naming the modules that claim it or the one that did not import
+    plugins = {c.id: found[c.id] if c.id in found else find_factory(c.id) for c in configs}  # it raises, naming why
     docs: dict[str, dict] = {"gateway.json": gateway_document(configs, found)}
     for config in configs:
-        if config.id in found:
-            docs[f"model-{config.id}.json"] = model_server_document(config, found[config.id])
+        docs[f"model-{config.id}.json"] = model_server_document(config, plugins[config.id])
     return docs
 
 

@@ -127,7 +127,8 @@ def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any],
     A model whose plugin declares what cannot be used (:mod:`svc.model.plugincheck`), or whose
     ``[model]`` table its plugin refuses, raises its PluginError or ConfigError, or, given
     ``refused``, is left out, as a model without a plugin is, and ``refused(model_id, line)`` is
-    called (for a model without a plugin too: two claim its id, or its module did not import): the gateway in front of every model starts without it (it stopped on one third-party
+    called (for a model without a plugin too: two claim its id, or its module did not import):
+    the gateway in front of every model starts without it (it stopped on one third-party
     plugin's mistake, and every model with it; a bad table dropped the whole document).
     """
     paths: dict[str, Any] = {

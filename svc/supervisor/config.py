@@ -42,8 +42,8 @@ class SupervisorConfig:
     log_max_bytes: int = setting(5 * 1024 * 1024, "Size at which a child's log file is rotated.", minimum=1024)
     log_backups: int = setting(3, "Rotated log files kept per child (0 keeps none).", minimum=0)
     log_ring_lines: int = setting(2000, "Lines per child kept in memory for the logs API.", minimum=10)
-    stop_grace_ms: int = setting(15000, "After SIGTERM, how long a child may take before SIGKILL (the gateway: at least "
-                                        "`upstream_recv_timeout_ms` + 2 s, to answer what it holds).", minimum=0)
+    stop_grace_ms: int = setting(15000, "After SIGTERM, how long a child may take before SIGKILL (the gateway: at "
+                                        "least `upstream_recv_timeout_ms` + 2 s, to answer what it holds).", minimum=0)
     start_timeout_ms: int = setting(180000, "How long a start action waits for readiness before answering 500.",
                                     minimum=1000)
     backoff_initial_ms: int = setting(1000, "First restart delay after a crash; doubles per crash (at most "

@@ -340,7 +340,7 @@ class ChildManager:
 
     @staticmethod
     def _not_ready(name: str, snapshot: dict, error: str) -> None:
-        """A start not ready in time: still starting (slow: modes measured, a loaded machine) is info, a failure warns."""
+        """A start not ready in time: still starting (slow: modes measured, a loaded machine) is info; failed, warn."""
         if snapshot["state"] == STARTING:
             log.info("{name} is still starting after start_timeout_ms ({phase}); the supervisor keeps "
                      "waiting for it", name=name, phase=snapshot.get("phase") or "no phase reported yet")

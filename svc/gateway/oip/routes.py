@@ -82,6 +82,7 @@ def upstream_error(reply: Any) -> ApiError:
 #: reactor at once, so one silent this long is hung (or its machine is far past its capacity): not ready.
 READY_TIMEOUT_S = 5.0
 
+
 class OipRoutes:
     """The route methods; ``self`` is the GatewayApp, whose ``upstream`` and ``forwarder`` they use.
 
@@ -135,7 +136,8 @@ class OipRoutes:
         restarted with another ``[model]`` table declares other outputs (a ``max_top_k`` that reaches its classes
         makes ``DATA`` ``PROBABILITIES``), and the gateway's metadata named the first process's outputs until the
         gateway itself restarted.  The document is parsed again only when its bytes changed."""
-        reply = await self.forwarder.exchange(request, upstream, "openapi", OPENAPI_PATH, Headers(), None, method=b"GET")
+        reply = await self.forwarder.exchange(request, upstream, "openapi", OPENAPI_PATH, Headers(), None,
+                                              method=b"GET")
         if reply.code != 200:
             raise upstream_error(reply)
         known = self.oip_shapes.get(upstream.id)

@@ -238,8 +238,8 @@ def _common_request(head: dict, binary: bytes | memoryview) -> InferRequest | No
     if (type(name) is not str or datatype != "BYTES" or type(shape) is not list or len(shape) != 1
             or not _plain_count(shape[0]) or type(params) is not dict or not INPUT_PARAMETERS.issuperset(params)):
         return None
-    size = params.get("binary_data_size")
-    if size is not None:
+    if "binary_data_size" in params:
+        size = params["binary_data_size"]
         if not _plain_count(size) or size != len(binary) or shape[0] != 1 or size < 4 or "data" in entry:
             return None
         (length,) = struct.unpack_from("<I", binary, 0)
@@ -299,11 +299,11 @@ def _checked_request(head: dict, binary: bytes | memoryview) -> InferRequest:
             raise CodecError(f"{what}.datatype must be one of {', '.join(DATATYPES)}")
         shape, params = _shape(entry, what), _parameters(entry, what, INPUT_PARAMETERS)
         count = prod(shape)
-        size = params.get("binary_data_size")
-        if size is not None and "data" in entry:  # two payloads: the binary one was used, the other dropped unread
+        binary_input = "binary_data_size" in params  # a null size is a bad size, not none (it was read as none)
+        if binary_input and "data" in entry:  # two payloads: the binary one was used, the other dropped unread
             raise CodecError(f"{what} has both data and parameters.binary_data_size: send its elements in one of them")
-        if size is not None:
-            size = count_of(size)
+        if binary_input:
+            size = count_of(params["binary_data_size"])
             if size is None:
                 raise CodecError(f"{what}.parameters.binary_data_size must be a non-negative integer")
             if offset + size > len(binary):

@@ -316,13 +316,16 @@ class LogDirLock:
     def keep(self) -> str | None:
         """Take the lock again when its path no longer names the file this process locked: the logs folder (or
         the file) removed by hand, the folder made again by the next log line, let a second supervisor start on
-        it and lock a file of its own.  None, or why not (another supervisor locked the new file first).
+        it and lock a file of its own.  None, or why not (another supervisor locked the new file first).  A lock
+        file emptied in place gets this pid again, which a second supervisor's refusal names.
 
         OSError when the folder or the file cannot be made again."""
         if self.file is None:
             return None
         try:
             if os.path.samestat(os.stat(self.path), os.fstat(self.file.fileno())):
+                if not os.fstat(self.file.fileno()).st_size:  # emptied in place: a refusal named "unknown"
+                    self.claim()
                 return None
         except FileNotFoundError:
             pass

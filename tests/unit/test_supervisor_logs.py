@@ -368,6 +368,9 @@ def test_the_lock_is_taken_again_when_its_folder_was_removed(tmp_path):
     lock = LogDirLock(str(logs))
     assert lock.acquire() is None and lock.keep() is None  # nothing removed: nothing to do
     first = lock.file
+    (logs / "supervisor.lock").write_text("")  # emptied in place: a refusal named its holder "unknown"
+    assert lock.keep() is None and lock.file is first
+    assert (logs / "supervisor.lock").read_text() == f"{os.getpid()}\n"
     shutil.rmtree(logs)
     assert lock.keep() is None and lock.file is not first and first.closed
     assert (logs / "supervisor.lock").read_text() == f"{os.getpid()}\n"

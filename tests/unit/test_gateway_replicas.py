@@ -345,6 +345,17 @@ def test_a_full_replica_s_429_beside_a_stopped_one_is_still_the_answer(gw):
     assert gw.infer().code == 429 and [port for port, _ in gw.agent.requests] == [PORTS[0]]
 
 
+def test_a_replica_that_admits_nothing_beside_one_not_ready_is_the_answer_at_once(gw):
+    """The other answer a request holds (503 status 65 with no results: loading, stopping) is kept as a 429 is:
+    a replica marked not ready is not tried after it, so the client gets that 503 at once, not a hang."""
+    gw.replicas[0].mode = "not_admitted"
+    gw.balancer.probed(gw.catalog.by_id["CLS"].replicas[1], False)
+    reply = gw.infer()
+    assert (reply.code, reply.json) == (503, {"status": 65, "results": [], "error": "the server is shutting down"})
+    assert [port for port, _ in gw.agent.requests] == [PORTS[0]]
+    assert 'service_gateway_upstream_retries_total{model="CLS",reason="not_admitted"} 1.0' in gw.metrics()
+
+
 def test_an_admitted_request_cut_short_is_passed_through_not_retried(gw):
     for r in gw.replicas:
         r.mode = "cut_short"

@@ -101,6 +101,10 @@ def wait_query(raw: bytes | None) -> bytes:
     return b"timeout=" + quote(raw[:MAX_DIGITS + 1], safe="").encode("ascii")
 
 
+#: The largest body the gateway reads from a request without a valid credential before its 401 (larger ones, chunked
+#: ones and those awaiting ``100 Continue`` are refused unread: :meth:`GatewayApp.refusal_before_body`).
+BODY_READ_WITHOUT_CREDENTIAL = 64 * 1024
+
 #: The gateway's error replies: the unified envelope with the gateway's identity.
 REPLIES = ProtocolReplies(lambda: GATEWAY_IDENTITY, routes.task_id_of, not_found="no route for {path}: unknown model or path")
 
@@ -225,10 +229,38 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
         request.key_counted = True
         self.forwarder.labelled(self.metrics.key_requests, principal.name).inc()
 
+    def refusal_before_body(self, request: Any, length: int | None) -> tuple[int, dict[str, str], bytes] | None:
+        """The 401 of a request without a valid credential, as soon as its head is read (svc.web.bodylimits), when
+        its body is larger than :data:`BODY_READ_WITHOUT_CREDENTIAL`, chunked, or awaits ``100 Continue``: that body
+        is never read, so a client without a key cannot make the gateway hold ``max_body_bytes``; the connection
+        closes after the 401.  A smaller body is read, and its route answers the same 401 on a connection that stays
+        open.  Every route that takes a body authenticates first; GET, HEAD and OPTIONS keep their routes' order
+        (``/healthz`` and the CORS preflight need no credential).  The principal found is kept for
+        :meth:`authenticate`."""
+        method = getattr(request.channel, "_command", None) or b"-"
+        if method in (b"GET", b"HEAD", b"OPTIONS"):
+            return None
+        small = length is not None and length <= BODY_READ_WITHOUT_CREDENTIAL
+        if small and not request.requestHeaders.hasHeader(b"expect"):
+            return None
+        try:
+            request.early_principal = self.credential(request)
+        except ApiError as e:
+            return self.limit_reply(request, e, method.decode("latin-1", "replace"))
+        return None
+
     def authenticate(self, request: Any) -> Principal:
         """The request's principal (``X-Service-Key`` set), or 401."""
+        principal = getattr(request, "early_principal", None) or self.credential(request)
+        request.service_key = principal.name
+        request.setHeader(b"X-Service-Key", principal.name.encode("latin-1"))
+        return principal
+
+    def credential(self, request: Any) -> Principal:
+        """The principal of the request's Bearer credential, or the 401 (counted as an authentication failure or a
+        disabled key's rejection)."""
         try:
-            principal = self.auth.authenticate(bearer_token(request))
+            return self.auth.authenticate(bearer_token(request))
         except Unauthorized as e:
             reason = unauthorized_reason(request, e.reason)
             if e.key is not None:
@@ -237,9 +269,6 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
                 self.metrics.auth_failures.labels("missing" if "missing" in reason else "wrong").inc()
             raise ApiError(st.UNAUTHORIZED, f"{reason}: send Authorization: Bearer <API key or token>",
                            headers={"WWW-Authenticate": bearer_challenge(GATEWAY_REALM)}) from None
-        request.service_key = principal.name
-        request.setHeader(b"X-Service-Key", principal.name.encode("latin-1"))
-        return principal
 
     def upstream(self, request: Any, model_id: str) -> Upstream:
         """The catalog's model ``model_id``; else the 404 of a path that is no route, word for word (the contract:

@@ -6,7 +6,9 @@ the site's ``max_body_bytes`` while reading: an oversized ``Content-Length``
 is answered with the site's 413 at once, and a chunked body as soon as the
 bytes received pass the limit (a huge chunk size alone is no body yet: it
 waits for the body deadline); the rest of the body is discarded unread into
-memory, and the connection is closed.  A body must also be complete ``body_timeout_ms`` after
+memory, and the connection is closed.  A request that its head alone refuses (the app's
+``refusal_before_body``: the gateway's 401 for a missing or wrong credential) is answered the same way, before
+any of its body is read.  A body must also be complete ``body_timeout_ms`` after
 the headers (a client dripping it held its connection at will), else 408 in
 the process's reply shape and close.  The connection's own limits are
 svc.web.limits.LimitedChannel's.
@@ -78,6 +80,10 @@ class LimitedRequest(server.Request):
             self._refuse()
         elif length is None or length > 0:  # a body follows (chunked when None): it has body_timeout_ms
             site = self.channel.site
+            refusal = site.refusal_before_body(self, length)
+            if refusal is not None:  # its head alone refuses it (the gateway's 401): the body is never read
+                self._answer_early(*refusal)
+                return
             self._body_deadline = site.reactor.callLater(site.body_timeout_s, self._body_too_slow)
 
     def _body_too_slow(self) -> None:

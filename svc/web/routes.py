@@ -268,6 +268,13 @@ class JsonApp:
         """The headers of the listener's bare 408 (its header deadline: no request was read): the early ones."""
         return self.with_early_headers(None, (408, {}, b""))[1]
 
+    def refusal_before_body(self, request: Any, length: int | None) -> tuple[int, dict[str, str], bytes] | None:
+        """The reply to a request that its head alone refuses, written before its body (``length`` bytes; None:
+        chunked) is read; None reads the body (within the listener's limits) and routes it.  The gateway refuses a
+        large body without a valid credential here: an unauthenticated client could otherwise make it hold
+        ``max_body_bytes`` per connection."""
+        return None
+
     def count_refused(self, method: str, code: int) -> None:
         """Count a reply the listener sent before any request was routed (the bare 408 of headers that did not
         arrive in time, the 503 past ``max_connections``): every reply is counted, or a slowloris or a connection

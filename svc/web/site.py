@@ -68,6 +68,9 @@ class SiteApp(Protocol):
 
     def bare_headers(self) -> dict[str, str]: ...
 
+    def refusal_before_body(self, request: LimitedRequest,
+                            length: int | None) -> tuple[int, dict[str, str], bytes] | None: ...
+
 
 def count_nothing(method: str, code: int) -> None:
     """A site built without an app (unit tests) counts its listener's bare replies nowhere."""
@@ -76,6 +79,11 @@ def count_nothing(method: str, code: int) -> None:
 def no_headers() -> dict[str, str]:
     """A site built without an app (unit tests) adds nothing to its bare 408."""
     return {}
+
+
+def no_refusal(request: LimitedRequest, length: int | None) -> None:
+    """A site built without an app (unit tests) reads every body its limits allow."""
+    return None
 
 
 def plain_limit_reply(request: Any, error: ApiError, method: str = "-",
@@ -166,6 +174,8 @@ class JsonSite(server.Site):
         limit_reply: Callable[..., tuple[int, dict[str, str], bytes]] = plain_limit_reply,
         count_refused: Callable[[str, int], None] = count_nothing,
         bare_headers: Callable[[], dict[str, str]] = no_headers,
+        refusal_before_body: Callable[[LimitedRequest, int | None],
+                                      tuple[int, dict[str, str], bytes] | None] = no_refusal,
     ) -> None:
         kwargs = {"timeout": timeout} if timeout is not None else {}
         self.reactor = reactor or _default_reactor
@@ -179,6 +189,8 @@ class JsonSite(server.Site):
         self.count_refused = count_refused
         #: The headers of the header deadline's bare 408 (the gateway's ``Vary: Origin``).
         self.bare_headers = bare_headers
+        #: The reply to a request whose head alone refuses it, before its body is read (the gateway's 401), or None.
+        self.refusal_before_body = refusal_before_body
         self.max_connections = limits.max_connections
         self.header_timeout_s = limits.header_timeout_ms / 1000.0
         self.body_timeout_s = limits.body_timeout_ms / 1000.0
@@ -201,7 +213,8 @@ class JsonSite(server.Site):
         """
         return cls(resource, max_body_bytes=max_body_bytes, oversize_reply=app.oversize_reply,
                    busy_reply=app.busy_reply, limits=limits, timeout=timeout, reactor=reactor, on_logged=app.count,
-                   limit_reply=app.limit_reply, count_refused=app.count_refused, bare_headers=app.bare_headers)
+                   limit_reply=app.limit_reply, count_refused=app.count_refused, bare_headers=app.bare_headers,
+                   refusal_before_body=app.refusal_before_body)
 
     def warn_limit(self, text: str, **fields: Any) -> None:
         """A warning about a connection limit, at most one per 10 s (they come in floods)."""

@@ -181,9 +181,11 @@ def test_a_body_dripped_past_body_timeout_ms_is_408(processes, name):
     timeout, the whole body never: 408 with the reply shape once body_timeout_ms has passed, then closed."""
     port, url, shape = processes[name]
     received, dripped = b"", 0
+    # With its credential: the gateway answers a request without one 401 before reading any body.
+    auth = b"Authorization: Bearer " + processes["tokens"][name].encode() + b"\r\n"
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(b"POST " + POST_PATHS[name] + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 50000\r\nX-Request-ID: slow-body-1\r\n\r\n")
+                     b"Content-Length: 50000\r\nX-Request-ID: slow-body-1\r\n" + auth + b"\r\n")
         sock.settimeout(0.1)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -229,7 +231,10 @@ MALFORMED = {
 @pytest.mark.parametrize("case", sorted(MALFORMED))
 def test_a_request_twisted_cannot_parse_gets_the_process_400_and_closes(processes, name, case):
     port, url, shape = processes[name]
-    reply = raw_exchange(port, MALFORMED[case])
+    head = MALFORMED[case]
+    if name == "gateway":  # with a credential: the gateway answers 401 to a valid head without one, body unread
+        head = head.replace(b"\r\n", b"\r\nAuthorization: Bearer " + processes["tokens"][name].encode() + b"\r\n", 1)
+    reply = raw_exchange(port, head)
     assert_refusal(reply, b"HTTP/1.1 400 Bad Request", shape, "malformed HTTP request",
                    status=(50, "JSON_PARSE_ERROR"))
     assert_serving(url, name)
@@ -538,3 +543,102 @@ def test_the_asterisk_target_with_another_method_than_options_is_the_process_404
             assert got == {"ok": False, "error": "no such route: *"}, got
     reply = raw_exchange(port, b"OPTIONS * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", timeout=5)
     assert split(reply)[0] == b"HTTP/1.1 200 OK", reply[:300]
+
+
+def read_reply(sock: socket.socket, timeout: float = 10.0) -> bytes:
+    """What the server sends on ``sock`` until it closes (or ``timeout`` passes)."""
+    sock.settimeout(timeout)
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return received
+
+
+#: Heads of requests with a body and no valid credential; none of them sends a byte of its body.
+UNAUTHENTICATED_HEADS = {
+    "no Authorization": b"",
+    "a wrong token": b"Authorization: Bearer not-a-key\r\n",
+    "another scheme": b"Authorization: Basic dXNlcjpwYXNz\r\n",
+    "two Authorization headers": b"Authorization: Bearer gw-static-token\r\nAuthorization: Bearer gw-static-token\r\n",
+}
+
+
+def auth_failures(url: str) -> float:
+    """``service_gateway_auth_failures_total`` over its reasons."""
+    text = get(url + "/metrics", headers={"Authorization": "Bearer gw-metrics-token"}, timeout=10).body.decode()
+    return sum(float(x.split()[1]) for x in text.splitlines() if x.startswith("service_gateway_auth_failures_total{"))
+
+
+#: Bodies the gateway does not read without a credential: larger than 64 KiB, chunked, or awaiting 100 Continue.
+UNREAD_FRAMINGS = {"900000 bytes": b"Content-Length: 900000\r\n", "chunked": b"Transfer-Encoding: chunked\r\n",
+                   "100-continue": b"Content-Length: 20\r\nExpect: 100-continue\r\n"}
+
+
+@pytest.mark.parametrize("framing", sorted(UNREAD_FRAMINGS))
+@pytest.mark.parametrize("case", sorted(UNAUTHENTICATED_HEADS))
+def test_the_gateway_answers_401_before_reading_the_body_of_a_request_without_a_credential(processes, case, framing):
+    """A client without a valid key could make the gateway read and hold ``max_body_bytes`` per connection before
+    its 401 (it waited for the whole body, or answered 408 at ``body_timeout_ms`` when none came).  Now the head
+    decides: 401 with the envelope, ``WWW-Authenticate`` and the client's request id at once, no ``100 Continue``,
+    and the connection closes; the gateway serves on."""
+    port, url, _ = processes["gateway"]
+    before = auth_failures(url)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/models/TESTFAULTS/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + UNREAD_FRAMINGS[framing] + UNAUTHENTICATED_HEADS[case] + b"X-Request-ID: no-key-1\r\n\r\n")
+        started = time.monotonic()
+        received = read_reply(sock)
+    assert time.monotonic() - started < BODY_TIMEOUT_MS / 1000.0  # before the body deadline's 408
+    assert_refusal(received, b"HTTP/1.1 401 Unauthorized", "envelope", "send Authorization: Bearer",
+                   status=(401, "UNAUTHORIZED"))
+    headers = split(received)[1]
+    assert headers["www-authenticate"].startswith("Bearer realm=") and headers["x-request-id"] == "no-key-1", headers
+    assert headers["vary"] == "Origin" and "x-service-key" not in headers, headers
+    assert auth_failures(url) == before + 1  # counted as the route's 401 is
+    assert_serving(url, "gateway")
+
+
+def test_the_401_before_the_body_under_v2_is_in_the_protocols_shape(processes):
+    """Under /v2 the early 401 is the protocol's ``{"error"}``, as the route's own 401 is (docs/oip.md)."""
+    port, url, _ = processes["gateway"]
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"POST /v2/models/TESTFAULTS/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 900000\r\n\r\n")
+        received = read_reply(sock)
+    assert_oip_refusal(received, b"HTTP/1.1 401 Unauthorized", "missing bearer token")
+    assert split(received)[1]["www-authenticate"].startswith("Bearer realm="), received[:400]
+    assert_serving(url, "gateway")
+
+
+def test_a_body_of_64_kib_without_a_credential_is_read_and_its_connection_stays_open(processes):
+    """Up to 64 KiB the body is read as before and the route answers 401 on a connection that stays open: the
+    request pipelined behind it is served."""
+    port, _, _ = processes["gateway"]
+    body = b"{" + b" " * (64 * 1024 - 2) + b"}"
+    reply = raw_exchange(port, b"POST /v1/models/TESTFAULTS/infer HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                         + str(len(body)).encode() + b"\r\n\r\n" + body
+                         + b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", reply) == [b"401", b"200"], reply[:600]
+
+
+def test_a_request_with_a_valid_credential_still_gets_100_continue_and_its_route(processes):
+    """The check before the body lets a valid credential through: ``Expect: 100-continue`` is answered 100, and
+    the body sent then reaches the route (the model's 422 for an empty image list), on the same connection."""
+    port, _, _ = processes["gateway"]
+    body = b'{"images": []}'
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/models/TESTFAULTS/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Connection: close\r\nExpect: 100-continue\r\nAuthorization: Bearer gw-static-token\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+        sock.settimeout(10)
+        interim = sock.recv(64)
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n", interim
+        sock.sendall(body)
+        received = read_reply(sock)
+    first, headers, data = split(received)
+    assert first == b"HTTP/1.1 422 Unprocessable Content", received[:300]
+    assert headers["x-service-key"] == "static-token" and json.loads(data)["status_str"] != "UNAUTHORIZED", headers
+

@@ -99,6 +99,16 @@ def gpu_memory() -> str:
     return done.stdout.strip().replace("\n", "; ")
 
 
+HEADER = (f"{'path':>8} {'replicas':>8} {'gateways':>8} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6} "
+          f"{'model cores':>11} {'gateway cores':>13}")
+
+
+def row(p: Point) -> str:
+    return (f"{p.path:>8} {p.replicas:8d} {p.gateways:8d} {p.rate:7.0f} {max(r.p50 for r in p.results):7.1f} "
+            f"{max(r.p99 for r in p.results):7.1f} {sum(r.errors for r in p.results):6d} {p.model_cores:11.2f} "
+            f"{p.gateway_cores:13.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--optimize", default="channels_last+fp16+cuda_graphs",
@@ -162,16 +172,6 @@ def main() -> None:
     best = max(points, key=lambda p: p.rate if p.path == "gateway" else 0.0)
     print(f"\nbest through gateways: {best.rate:.0f} req/s with {best.replicas} replica(s) and {best.gateways} "
           f"gateway(s); {args.concurrency} clients, one 224x224 JPEG per request")
-
-
-HEADER = (f"{'path':>8} {'replicas':>8} {'gateways':>8} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6} "
-          f"{'model cores':>11} {'gateway cores':>13}")
-
-
-def row(p: Point) -> str:
-    return (f"{p.path:>8} {p.replicas:8d} {p.gateways:8d} {p.rate:7.0f} {max(r.p50 for r in p.results):7.1f} "
-            f"{max(r.p99 for r in p.results):7.1f} {sum(r.errors for r in p.results):6d} {p.model_cores:11.2f} "
-            f"{p.gateway_cores:13.2f}")
 
 
 if __name__ == "__main__":

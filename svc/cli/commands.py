@@ -77,7 +77,7 @@ def _openapi(args: argparse.Namespace) -> int:
     from svc.openapi import committed as doc
 
     try:
-        return doc.main([f"--{args.mode}"])
+        return doc.main([f"--{args.mode}"], prog=f"svcctl: openapi {args.mode}", write_command="svcctl openapi write")
     except ConfigError as e:  # run outside the checkout: conf/server and openapi/ are relative to it
         print(f"svcctl: openapi {args.mode}: {e} (run it in the checkout)", file=sys.stderr)
         return 2

@@ -99,8 +99,11 @@ def write(directory: str = OPENAPI_DIR, conf_dir: str = "conf/server") -> tuple[
     return written, removed
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m svc.openapi", description=svc.openapi.__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, *, prog: str = "python -m svc.openapi",
+         write_command: str = "python -m svc.openapi --write") -> int:
+    """``--check`` or ``--write``; ``prog`` and ``write_command`` name the command as its user typed it
+    (``svcctl openapi`` passes its own)."""
+    parser = argparse.ArgumentParser(prog=prog, description=svc.openapi.__doc__.splitlines()[0])
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--check", action="store_true", help="fail when a committed document is stale")
     group.add_argument("--write", action="store_true", help="regenerate the committed documents")
@@ -115,12 +118,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         problems = check()
     except PluginError as e:  # a plugin of a documented config declares what cannot be used (svc.model.plugincheck)
-        print(f"python -m svc.openapi: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 1
     for p in problems:
         print(p, file=sys.stderr)
     if problems:
-        print("run: python -m svc.openapi --write", file=sys.stderr)
+        print(f"run: {write_command}", file=sys.stderr)
         return 1
     print("openapi documents are current")
     return 0

@@ -42,7 +42,7 @@ def test_check_names_every_stale_missing_and_extra_document_and_exits_1(checkout
         "openapi/gateway.json: differs from what the code generates",
         "openapi/model-DDPM.json: missing",
         "openapi/model-OLD.json: no longer generated",
-        "run: python -m svc.openapi --write",
+        "run: svcctl openapi write",  # it advised the module's own command
     ])
 
 
@@ -71,7 +71,7 @@ def test_write_removes_the_documents_no_longer_generated_that_check_reports(chec
         "openapi/model-OLD.json: no longer generated",
         "openapi/model-YOLOV8.json: no longer generated",
         "openapi/notes.json: not a generated document (remove it by hand)",
-        "run: python -m svc.openapi --write",
+        "run: svcctl openapi write",
     ])
     code, out, err = run(capsys, "write")
     assert (code, err) == (0, [])
@@ -103,9 +103,11 @@ def test_a_documented_model_whose_plugin_breaks_is_one_line_and_exit_1(checkout,
             raise KeyError("max_top_k")
 
     monkeypatch.setattr(svc.openapi.committed, "factories", lambda: {**factories(), "DDPM": Broken()})
-    line = f"python -m svc.openapi: DDPM: its plugin {__name__} raised KeyError in params_schema(config): 'max_top_k'"
-    for mode in ("check", "write"):
-        assert run(capsys, mode) == (1, [], [line])
+    problem = f"DDPM: its plugin {__name__} raised KeyError in params_schema(config): 'max_top_k'"
+    for mode in ("check", "write"):  # named as the user typed it (it said "python -m svc.openapi:")
+        assert run(capsys, mode) == (1, [], [f"svcctl: openapi {mode}: {problem}"])
+    assert svc.openapi.committed.main(["--check"]) == 1
+    assert capsys.readouterr().err == f"python -m svc.openapi: {problem}\n"
 
 
 def test_a_shipped_model_claimed_by_a_second_plugin_is_refused_not_removed(checkout):

@@ -5,7 +5,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, fail
+from twisted.internet.error import ConnectionLost
+from twisted.python.failure import Failure
+from twisted.web._newclient import ResponseFailed
 
 from svc.infra.metrics import render
 from tests.unit.test_gateway_app import OFF_KEY, SLOW_KEY, Harness, h
@@ -128,3 +131,27 @@ def test_a_model_server_that_does_not_answer_is_not_ready_within_the_probe_inter
     else:
         assert reply.json["error"] == ("model server CLS: no complete reply within 5000 ms (the readiness routes' "
                                        "bound): it is not ready")
+
+
+class LostReady(HungReady):
+    """The upstream agent, but the connection of a model server's ``/ready`` is lost before its reply (the process
+    killed as it answered)."""
+
+    def request(self, method, uri, headers=None, bodyProducer=None):
+        if uri.endswith(b"/ready"):
+            return fail(ResponseFailed([Failure(ConnectionLost())]))
+        return self.inner.request(method, uri, headers, bodyProducer)
+
+
+@pytest.mark.parametrize("path", ["/v2/models/CLS/ready", "/v2/models/CLS", "/v2/health/ready"])
+def test_a_model_server_whose_ready_connection_is_lost_is_not_ready(gw, path):
+    """A transport failure of the readiness question is the model's 503, not ready, as no answer in time is: the
+    forwarder's 502 of a lost connection (whose request may have run, so never sent again) is no reply a
+    readiness probe can act on."""
+    gw.app.proxy.agent = LostReady(gw.upstream_agent)
+    reply = gw.call("GET", path)
+    assert_oip_error(reply, 503)
+    if path == "/v2/health/ready":
+        assert reply.json["error"].startswith("not every model is ready: CLS, ")
+    else:
+        assert reply.json["error"].startswith("model server CLS: ") and reply.json["error"].endswith(": it is not ready")

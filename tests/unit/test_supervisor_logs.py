@@ -384,3 +384,41 @@ def test_the_lock_is_taken_again_when_its_folder_was_removed(tmp_path):
     assert lock.keep().startswith(f"{logs} ({logs}) is in use by another supervisor") and lock.file is held
     second.release()
     lock.release()
+
+
+def test_the_supervisor_says_once_that_another_supervisor_locked_the_folder_made_again(tmp_path, monkeypatch):
+    """The supervisor's check each second (``SupervisorService._keep_log_lock``): when another supervisor locked
+    the folder made again first, one warning naming it, not one a second; once that one lets go, the lock is taken
+    again without a word, and a later refusal is said again."""
+    import shutil
+    from types import SimpleNamespace
+
+    from svc.supervisor import service
+    from svc.supervisor.logsink import LogDirLock
+
+    warnings: list[str] = []
+    monkeypatch.setattr(service.log, "warn", lambda text, **fields: warnings.append(text.format(**fields)))
+    logs = tmp_path / "logs"
+    this = SimpleNamespace(log_lock=LogDirLock(str(logs)), _lock_problem=None)
+    assert this.log_lock.acquire() is None
+    other = LogDirLock(str(logs))
+
+    def removed_and_taken_by_the_other() -> None:
+        shutil.rmtree(logs)
+        assert other.acquire() is None
+
+    removed_and_taken_by_the_other()
+    for _ in range(3):
+        service.SupervisorService._keep_log_lock(this)
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("the logs folder's lock file was removed and could not be taken again: "
+                                  f"{logs} ({logs}) is in use by another supervisor (pid {os.getpid()})")
+    other.release()
+    service.SupervisorService._keep_log_lock(this)
+    assert len(warnings) == 1 and this._lock_problem is None
+    assert this.log_lock.file is not None and (logs / "supervisor.lock").read_text() == f"{os.getpid()}\n"
+    removed_and_taken_by_the_other()
+    service.SupervisorService._keep_log_lock(this)
+    assert len(warnings) == 2
+    other.release()
+    this.log_lock.release()

@@ -230,22 +230,24 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
         self.forwarder.labelled(self.metrics.key_requests, principal.name).inc()
 
     def refusal_before_body(self, request: Any, length: int | None) -> tuple[int, dict[str, str], bytes] | None:
-        """The 401 of a request without a valid credential, as soon as its head is read (svc.web.bodylimits), when
-        its body is larger than :data:`BODY_READ_WITHOUT_CREDENTIAL`, chunked, or awaits ``100 Continue``: that body
-        is never read, so a client without a key cannot make the gateway hold ``max_body_bytes``; the connection
-        closes after the 401.  A smaller body is read, and its route answers the same 401 on a connection that stays
-        open.  Every route that takes a body authenticates first; GET, HEAD and OPTIONS keep their routes' order
-        (``/healthz`` and the CORS preflight need no credential).  The principal found is kept for
-        :meth:`authenticate`."""
-        method = getattr(request.channel, "_command", None) or b"-"
-        if method in (b"GET", b"HEAD", b"OPTIONS"):
-            return None
+        """The 401 of a request without a credential this gateway knows, as soon as its head is read
+        (svc.web.bodylimits), when its body is larger than :data:`BODY_READ_WITHOUT_CREDENTIAL`, chunked, or awaits
+        ``100 Continue``: that body is never read, so a client without a key cannot make the gateway hold
+        ``max_body_bytes``; the connection closes after the 401.  A smaller body is read, and its route answers as
+        before (401 on a connection that stays open).  Whatever the method and path: no route reads the body of a
+        GET, HEAD or OPTIONS, and ``/healthz`` and a CORS preflight, which need no credential, carry none.  The
+        metrics and cluster tokens count as known (their routes check them); an API key's or static token's
+        principal is kept for :meth:`authenticate`."""
         small = length is not None and length <= BODY_READ_WITHOUT_CREDENTIAL
         if small and not request.requestHeaders.hasHeader(b"expect"):
+            return None
+        token = bearer_token(request)
+        if self.auth.is_metrics(token) or self.auth.is_cluster(token):
             return None
         try:
             request.early_principal = self.credential(request)
         except ApiError as e:
+            method = getattr(request.channel, "_command", None) or b"-"
             return self.limit_reply(request, e, method.decode("latin-1", "replace"))
         return None
 

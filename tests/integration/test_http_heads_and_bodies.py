@@ -601,6 +601,39 @@ def test_the_gateway_answers_401_before_reading_the_body_of_a_request_without_a_
     assert_serving(url, "gateway")
 
 
+@pytest.mark.parametrize("framing", sorted(UNREAD_FRAMINGS))
+@pytest.mark.parametrize("target", [b"GET /metrics", b"GET /healthz", b"HEAD /openapi.json",
+                                    b"OPTIONS /v1/models/TESTFAULTS/infer", b"GET /v1/models/TESTFAULTS/jobs/x"])
+def test_every_method_without_a_credential_is_401_before_its_body(processes, target, framing):
+    """A security probe: GET, HEAD and OPTIONS were left out, so a 60 MB body on ``GET /v1/models/X/infer``
+    without a key was read whole (the gateway's RSS grew by the body) before its 401.  No route reads such a body,
+    and ``/healthz`` and a CORS preflight, which need no credential, carry none: the same 401 from the head."""
+    port, url, _ = processes["gateway"]
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(target + b" HTTP/1.1\r\nHost: x\r\n" + UNREAD_FRAMINGS[framing] + b"\r\n")
+        started = time.monotonic()
+        received = read_reply(sock)
+    assert time.monotonic() - started < BODY_TIMEOUT_MS / 1000.0
+    first, headers, body = split(received)
+    assert first == b"HTTP/1.1 401 Unauthorized" and headers["connection"] == "close", received[:300]
+    assert json.loads(body)["status_str"] == "UNAUTHORIZED"
+    assert_serving(url, "gateway")
+
+
+def test_the_metrics_token_is_a_credential_before_the_body(processes):
+    """The metrics token is known to the check before the body (its route checks it): ``Expect: 100-continue`` on
+    ``GET /metrics`` with it is answered 100 and then the route's reply."""
+    port, _, _ = processes["gateway"]
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\nExpect: 100-continue\r\n"
+                     b"Authorization: Bearer gw-metrics-token\r\nContent-Length: 2\r\n\r\n")
+        sock.settimeout(10)
+        assert sock.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(b"{}")
+        received = read_reply(sock)
+    assert received.startswith(b"HTTP/1.1 200 OK\r\n") and b"service_http_requests_total" in received
+
+
 def test_the_401_before_the_body_under_v2_is_in_the_protocols_shape(processes):
     """Under /v2 the early 401 is the protocol's ``{"error"}``, as the route's own 401 is (docs/oip.md)."""
     port, url, _ = processes["gateway"]

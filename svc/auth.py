@@ -7,8 +7,9 @@ Everything here is decided once at startup (docs/contract.md, Authentication):
   ``rate_limit_qps``, ``enabled``; anything else is an error);
 * the mode is ``api-keys`` when the file loaded with keys, ``static-token``
   when no usable file but a token is set; there is no anonymous mode;
-* the metrics token is required and must differ from the other tokens, and a
-  wildcard bind needs ``SERVICE_EXPOSE``;
+* the metrics token is required and must differ from the other tokens, the
+  management token (it opens the supervisor) from the inference token and
+  from every key, and a wildcard bind needs ``SERVICE_EXPOSE``;
 * on a host of a cluster (``[cluster] peers``), the cluster token
   ``SERVICE_CLUSTER_TOKEN`` that the gateways present to one another is
   required, must differ from every other token and key, and every host must
@@ -195,18 +196,22 @@ def token_problem(env: Mapping[str, str], *names: str) -> str | None:
     return None
 
 
-def metrics_token_problem(env: Mapping[str, str]) -> str | None:
-    """Why the environment's metrics token is unusable (None when fine).
-
-    Shared with the supervisor, which refuses to spawn the gateway for the
-    same reasons (a permanent failure, not a retry).
-    """
+def separate_tokens_problem(env: Mapping[str, str]) -> str | None:
+    """Why the environment's tokens are unusable together (None when fine): the metrics token is required and
+    differs from the inference and management tokens, and the management token, which opens the supervisor,
+    differs from the inference token (or every holder of that one could manage the service).  Shared with the
+    supervisor, which refuses to start, or to spawn the gateway, for the same reasons."""
     metrics = env.get(METRICS_TOKEN_ENV) or ""
     if not metrics:
         return f"{METRICS_TOKEN_ENV} is not set: the gateway needs its own metrics token (also on loopback)"
-    for name in (GATEWAY_TOKEN_ENV, API_TOKEN_ENV):
-        if env.get(name) and hmac.compare_digest(env[name].encode(), metrics.encode()):
-            return f"{METRICS_TOKEN_ENV} equals {name}: the metrics token must differ from the inference and management tokens"
+    for name, other, differ in ((GATEWAY_TOKEN_ENV, METRICS_TOKEN_ENV, "the metrics token must differ from the "
+                                 "inference and management tokens"),
+                                (API_TOKEN_ENV, METRICS_TOKEN_ENV, "the metrics token must differ from the "
+                                 "inference and management tokens"),
+                                (GATEWAY_TOKEN_ENV, API_TOKEN_ENV, "the management token opens the supervisor and "
+                                 "must differ from the inference token")):
+        if env.get(name) and env.get(other) and hmac.compare_digest(env[name].encode(), env[other].encode()):
+            return f"{other} equals {name}: {differ}"
     return None
 
 
@@ -290,7 +295,7 @@ def decide(env: Mapping[str, str], keys_file: str) -> AuthSetup:
     that cannot be used stops the gateway when no static token is set.
     """
     problem = token_problem(env, GATEWAY_TOKEN_ENV, API_TOKEN_ENV, METRICS_TOKEN_ENV, CLUSTER_TOKEN_ENV) or \
-        metrics_token_problem(env)
+        separate_tokens_problem(env)
     if problem:
         raise Refused(problem)
     cluster_token = env.get(CLUSTER_TOKEN_ENV) or None
@@ -319,6 +324,8 @@ def decide(env: Mapping[str, str], keys_file: str) -> AuthSetup:
                          cluster_token)
     for name, token, differ in ((METRICS_TOKEN_ENV, env[METRICS_TOKEN_ENV], "the metrics token must differ from "
                                  "every inference credential"),
+                                (API_TOKEN_ENV, api_token, "the management token opens the supervisor, which no key "
+                                 "may"),
                                 (CLUSTER_TOKEN_ENV, cluster_token, "the cluster token must differ from every key")):
         key_name = key_of(keys, token)
         if key_name is not None:

@@ -48,7 +48,7 @@ from svc.auth import (
     GATEWAY_TOKEN_ENV,
     METRICS_TOKEN_ENV,
     cluster_problem,
-    metrics_token_problem,
+    separate_tokens_problem,
 )
 from svc.config import ConfigError, ModelServerConfig, load_model_server_config, model_server_configs
 from svc.contract.jobid import new_secret
@@ -98,7 +98,7 @@ def gateway_refusal(env: dict[str, str], has_peers: bool = False) -> str | None:
     permanent failure here instead of a crash loop there.  ``has_peers``:
     ``[cluster] peers`` is configured.
     """
-    problem = metrics_token_problem(env) or cluster_problem(env, has_peers)
+    problem = separate_tokens_problem(env) or cluster_problem(env, has_peers)
     return f"{problem} (set it and restart the supervisor)" if problem else None
 
 

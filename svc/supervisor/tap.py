@@ -113,13 +113,13 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
         CLUSTER_TOKEN_ENV,
         GATEWAY_TOKEN_ENV,
         METRICS_TOKEN_ENV,
-        metrics_token_problem,
+        separate_tokens_problem,
         token_problem,
     )
 
     # Its own token, and those it hands the gateway (which would refuse them: a supervisor without its gateway).
     problem = token_problem(env, API_TOKEN_ENV, METRICS_TOKEN_ENV, GATEWAY_TOKEN_ENV, CLUSTER_TOKEN_ENV) or \
-        metrics_token_problem(env)
+        separate_tokens_problem(env)
     if problem:
         raise refuse(PROGRAM, problem)
     if problem := given_config_problem(options["config"]):

@@ -521,6 +521,8 @@ def refusal(tmp_path, env, *extra, keys_text="ok"):
     ({"SERVICE_GATEWAY_AUTH_TOKEN": "s", "SERVICE_METRICS_TOKEN": "s"}, "ok",
      "SERVICE_METRICS_TOKEN equals SERVICE_GATEWAY_AUTH_TOKEN"),
     ({"SERVICE_API_TOKEN": "s", "SERVICE_METRICS_TOKEN": "s"}, "ok", "SERVICE_METRICS_TOKEN equals SERVICE_API_TOKEN"),
+    ({"SERVICE_API_TOKEN": "s", "SERVICE_GATEWAY_AUTH_TOKEN": "s", "SERVICE_METRICS_TOKEN": "m"}, "ok",
+     "SERVICE_API_TOKEN equals SERVICE_GATEWAY_AUTH_TOKEN: the management token opens the supervisor"),
 ])
 def test_refuses_to_start(tmp_path, env, keys_text, message):
     assert message in refusal(tmp_path, env, keys_text=keys_text)

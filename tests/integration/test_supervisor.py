@@ -312,6 +312,20 @@ def test_refuses_to_start_without_a_separate_metrics_token(metrics, message):
         probe.bind(("127.0.0.1", port))
 
 
+def test_refuses_to_start_when_the_management_token_is_the_inference_token():
+    """A security probe: with ``SERVICE_API_TOKEN`` equal to ``SERVICE_GATEWAY_AUTH_TOKEN`` every holder of the
+    inference token could manage the service.  One line and exit 1, before anything listens."""
+    port = free_port()
+    code, output = run_to_exit(supervisor_args("--port", str(port)), env=child_env(
+        {**TOKENS, "SERVICE_API_TOKEN": TOKENS["SERVICE_GATEWAY_AUTH_TOKEN"]}))
+    assert code == 1
+    assert output.strip().splitlines() == ["service-supervisor: SERVICE_API_TOKEN equals SERVICE_GATEWAY_AUTH_TOKEN: "
+                                           "the management token opens the supervisor and must differ from the "
+                                           "inference token"]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", port))
+
+
 def test_a_second_supervisor_on_the_same_logs_folder_is_refused(stack):
     """A second supervisor of one folder on other ports (the same model configs and logs folder) started, its
     models ended start_failed (their ports in use), and its lines went into the first one's logs/__gateway.log and

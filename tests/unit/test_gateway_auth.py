@@ -138,6 +138,10 @@ def test_broken_key_file_with_a_token_falls_back_with_a_warning(tmp_path):
     ({"SERVICE_METRICS_TOKEN": "same", "SERVICE_GATEWAY_AUTH_TOKEN": "same"}, None,
      "SERVICE_METRICS_TOKEN equals SERVICE_GATEWAY_AUTH_TOKEN"),
     ({"SERVICE_METRICS_TOKEN": "same", "SERVICE_API_TOKEN": "same"}, None, "SERVICE_METRICS_TOKEN equals SERVICE_API_TOKEN"),
+    # A security probe: the inference token equal to the management token opened the supervisor to its holders.
+    ({**ENV, "SERVICE_API_TOKEN": "same", "SERVICE_GATEWAY_AUTH_TOKEN": "same"}, "ok",
+     "SERVICE_API_TOKEN equals SERVICE_GATEWAY_AUTH_TOKEN: the management token opens the supervisor and must differ "
+     "from the inference token"),
     # A fail-closed probe: a token no client can send was taken, and every request was then 401.
     ({**ENV, "SERVICE_GATEWAY_AUTH_TOKEN": "   "}, None,
      "SERVICE_GATEWAY_AUTH_TOKEN has only spaces: a token must be printable ASCII without spaces"),
@@ -155,6 +159,18 @@ def test_startup_refusals(tmp_path, env, text, reason):
         decide(env, path)
     assert reason in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_the_management_token_cannot_be_an_api_key(tmp_path):
+    """A security probe: ``SERVICE_API_TOKEN`` equal to an inference key was accepted, and that key then opened the
+    supervisor, where docs/processes.md says no key ever does.  The gateway refuses to start (a restart with such a
+    key file is refused, and the running gateway stays)."""
+    path = keys_file(tmp_path, entry("a", KEY_A) + entry("b", KEY_B))
+    with pytest.raises(Refused) as e:
+        decide({**ENV, "SERVICE_API_TOKEN": KEY_A}, path)
+    assert str(e.value) == (f"SERVICE_API_TOKEN is the API key a of {path}: the management token opens the "
+                            "supervisor, which no key may")
+    assert decide({**ENV, "SERVICE_API_TOKEN": "another"}, path).mode == "api-keys"
 
 
 def test_the_metrics_token_cannot_be_an_api_key(tmp_path):

@@ -323,7 +323,9 @@ class JsonApp:
         return self.replies.error(request, self.not_found(request))
 
     def not_found(self, request: Any) -> ApiError:
-        """The 404 of ``request``'s path: for a path no route takes, and for a route's unknown model alike."""
+        """The 404 of ``request``'s path: for a path no route takes, and for a route's unknown model alike, counted
+        alike as ``route="unmatched"`` (an unknown model's was counted under its route's name)."""
+        request.service_route = "unmatched"
         path = request.path.decode("latin-1", "replace")[:200]
         return ApiError(st.NOT_FOUND, self.replies.not_found.format(path=path))
 

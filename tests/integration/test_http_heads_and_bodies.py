@@ -675,3 +675,21 @@ def test_a_request_with_a_valid_credential_still_gets_100_continue_and_its_route
     assert first == b"HTTP/1.1 422 Unprocessable Content", received[:300]
     assert headers["x-service-key"] == "static-token" and json.loads(data)["status_str"] != "UNAUTHORIZED", headers
 
+
+
+def test_an_unknown_model_is_counted_as_a_path_that_is_no_route(processes):
+    """docs/operations.md: a path that is no route is ``route="unmatched"``, and an unknown model id gets the same 404
+    (docs/processes.md); a soak probe found that 404 counted under the route's name (``route="infer"``)."""
+    port, url, _ = processes["gateway"]
+
+    def count(route: str) -> float:
+        text = get(url + "/metrics", headers={"Authorization": "Bearer gw-metrics-token"}, timeout=10).body.decode()
+        sample = f'service_http_requests_total{{code="404",method="POST",protocol="contract",route="{route}"}} '
+        return next((float(x.split()[-1]) for x in text.splitlines() if x.startswith(sample)), 0.0)
+
+    before = count("unmatched"), count("infer")
+    for path in (b"/v1/models/NOPE/infer", b"/v1/models/TESTFAULTS/nowhere"):
+        reply = raw_exchange(port, b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                             b"Authorization: Bearer gw-static-token\r\nContent-Length: 2\r\n\r\n{}")
+        assert reply.startswith(b"HTTP/1.1 404 Not Found\r\n"), reply[:300]
+    assert (count("unmatched"), count("infer")) == (before[0] + 2, before[1])

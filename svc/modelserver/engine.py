@@ -156,12 +156,9 @@ class Engine:
         inputs = [item.input for item in items]
         per_item = [(item.params, item.options) for item in items]
         targets = [item.progress for item in items if getattr(item, "progress", None) is not None]
-        deadlines: list[float | None] = [getattr(item, "deadline", None) for item in items]
-        known = [d for d in deadlines if d is not None]
-        abandon_at = max(known) if len(known) == len(deadlines) else None  # nobody waits after the last one
         reporter = None
-        if (targets or abandon_at is not None) and self.clock is not None:
-            reporter = BatchProgress(self.clock, targets, abandon_at=abandon_at)
+        if self.clock is not None:  # nobody waits once every item is past its deadline, or its client went away
+            reporter = BatchProgress(self.clock, targets, items=items)
         d = self.run_worker(self._run_sync, inputs, items[0].params, per_item, reporter)
         d.addCallback(self._log_problems, sorted({item.task_id for item in items if getattr(item, "task_id", None)}))
         return d

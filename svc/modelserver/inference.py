@@ -30,7 +30,7 @@ from svc.contract.envelope import TIMED_OUT, ItemResult
 from svc.contract.request import InferenceRequest, RequestValidator
 from svc.infra.repeats import TracebackBudget
 from svc.model.images import ItemInputError, decode_base64, finish_image, peek_image
-from svc.modelserver.batching import DROPPED, QUEUED, Admission, BatchQueue, Item
+from svc.modelserver.batching import DROPPED, QUEUED, RUNNING, Admission, BatchQueue, Item
 from svc.modelserver.engine import Engine, LazyInput
 from svc.modelserver.progress import JobProgress
 
@@ -334,8 +334,15 @@ class _Run:
         self.done.callback(list(self.results))
 
     def _cancelled(self, _: Deferred) -> None:
+        """The client went away (its request's Deferred cancelled): its queued items leave the queue, and the
+        deadline of those running is now, so that their batch stops at its next report once nobody else waits
+        for it (svc.modelserver.progress.BatchProgress): a diffusion run of a client gone kept its worker to its
+        deadline."""
         self.finished = True
         if self.timer is not None and self.timer.active():
             self.timer.cancel()
+        now = self.inference.clock.seconds()
         for item in self.items:
             self.inference.queue.drop(item)
+            if item.state == RUNNING:
+                item.deadline = now

@@ -30,8 +30,9 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from fractions import Fraction
+from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
 
@@ -43,11 +44,12 @@ MIN_INTERVAL_S = 0.1
 
 
 #: The error of the items of a batch stopped because nobody waits for it (the engine logs such a batch at info).
-ABANDONED = "every item of the batch is past its deadline"
+ABANDONED = "every item of the batch is past its deadline or its client went away"
 
 
 class BatchAbandoned(Exception):
-    """Raised by a report once every item of the running batch is past its deadline (its answer is gone)."""
+    """Raised by a report once every item of the running batch is past its deadline or its client went away (its
+    answer is gone)."""
 
 
 class JobProgress:
@@ -108,10 +110,13 @@ class BatchProgress:
     """
 
     def __init__(self, clock: IReactorTime, targets: Iterable[JobProgress],
-                 min_interval: float = MIN_INTERVAL_S, abandon_at: float | None = None) -> None:
-        """``abandon_at``: the latest deadline of the batch's items (None: one has none); a report after it
-        raises :class:`BatchAbandoned`."""
+                 min_interval: float = MIN_INTERVAL_S, abandon_at: float | None = None,
+                 items: Sequence[Any] = ()) -> None:
+        """``items``: the batch's queue items, whose ``deadline`` (None: none) the reactor moves to now when their
+        client goes away (svc.modelserver.inference); once each is past its own, a report raises
+        :class:`BatchAbandoned`.  ``abandon_at``: a fixed latest deadline instead, for a batch given no items."""
         self.clock = clock
+        self.items = tuple(items)
         self.key = next(_BATCH_KEYS)  # not id(self): a finished batch's address is reused by the next one
         counted = Counter(id(t) for t in targets)  # a job's items in this batch
         self.targets = tuple((t, counted[id(t)]) for t in {id(t): t for t in targets}.values())
@@ -121,8 +126,12 @@ class BatchProgress:
         self.written: tuple[int, int] | None = None
 
     def abandoned(self) -> bool:
-        """Whether every item of the batch is past its deadline: nobody waits for what it would give."""
-        return self.abandon_at is not None and self.clock.seconds() >= self.abandon_at
+        """Whether every item of the batch is past its deadline, or its client went away: nobody waits for what it
+        would give.  Read in the worker thread; the reactor only ever moves a deadline earlier."""
+        now = self.clock.seconds()
+        if self.items:
+            return all(item.deadline is not None and now >= item.deadline for item in self.items)
+        return self.abandon_at is not None and now >= self.abandon_at
 
     def __call__(self, step: int, steps: int) -> None:
         if self.abandoned():

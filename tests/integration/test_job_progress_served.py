@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ from svc.cli.args import TOKEN_ENVS
 from svc.cli.gateway import GATEWAY_ENV
 from tests.support.gateway import GATEWAY_TOKENS, start_gateway
 from tests.support.http import get, post
-from tests.support.processes import REPO, free_port, start_model_server, write_config
+from tests.support.processes import REPO, free_port, start_model_server, wait_until, write_config
 from tests.support.zoo import IGNORED_IMAGE
 
 UPSTREAM_TOKEN = "upstream-secret"
@@ -114,3 +115,25 @@ def test_svcctl_jobs_run_shows_the_bar_and_writes_the_sample_and_the_envelope(st
     assert re.fullmatch(r"job_[0-9a-f]{42} done \[#{30}\] 5/5", lines[-3])
     assert lines[-2] == f"svcctl: {cli_http.DEMO_NOTE}"  # the stack serves demo weights
     assert lines[-1] == f"svcctl: wrote 2 files under {out}"
+
+
+def test_a_sampling_request_whose_client_went_away_stops_at_its_next_step(stack):
+    """A soak probe: a synchronous DDPM run whose client closed its connection (499) sampled on to its deadline
+    (120 s here) or its last step, holding a worker.  Through the gateway, the client gone mid-sampling: the model
+    server stops the batch at its next step and says so (docs/api.md, "Work that nobody waits for stops")."""
+    from bench.threadcpu import process_cpu_ms
+
+    server = stack["server"]
+    body = json.dumps({"images": [IGNORED_IMAGE], "params": {"timesteps": 1000, "seed": 1}}).encode()
+    cpu_before = process_cpu_ms(server.popen.pid)
+    with socket.create_connection(("127.0.0.1", stack["gateway"].port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/models/DDPM/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + GATEWAY_TOKENS["SERVICE_GATEWAY_AUTH_TOKEN"].encode()
+                     + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        # Sampling: the model server has spent CPU on the run (a tiny body decodes in microseconds).
+        wait_until(lambda: process_cpu_ms(server.popen.pid) - cpu_before >= 300, "the sampling started", 60)
+    line = wait_until(lambda: re.search(r"a batch of 1 stopped: every item of the batch is past its deadline or its "
+                                        r"client went away \(reported step (\d+) of 1000\)", server.output()),
+                      "the model server stopped the batch of the client gone", 30)
+    assert 1 <= int(line.group(1)) < 1000
+    assert "POST /ddpm/predict 499 " in server.output(), server.output()[-2000:]  # its access line: client gone

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from twisted.internet.defer import Deferred
+import pytest
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
+from twisted.logger import capturedLogs, formatEvent
 
 from svc.contract.envelope import ModelIdentity
 from svc.contract.jobs import DONE, RUNNING, TIMEOUT
@@ -202,16 +204,77 @@ def test_every_job_of_a_batch_sees_the_batch_progress_throttled_and_the_final_po
     assert status(first)["progress"] is None
 
 
-def test_a_synchronous_request_gets_no_reporter_and_its_reports_go_nowhere():
+def test_a_synchronous_requests_reports_write_no_progress():
+    """A synchronous request's batch has a reporter (its client may go away: below) that writes no job's progress."""
     clock = Clock()
     _, runner, model, _, inference = setup(clock)
     model.plan = [(1, 2), (2, 2)]
     answered = []
     inference.run(InferenceRequest(images=["aGk="], req_id=None), deadline=None).addCallback(answered.append)
     _, args, _ = runner.calls[0]
-    assert args[-1] is None  # no JobProgress in the batch: no reporter
+    assert isinstance(args[-1], BatchProgress) and args[-1].targets == ()
     runner.run_next()
     assert answered[0][0].data == {"v": "out"} and len(model.seen) == 2
+
+
+class LeavingModel(SteppingModel):
+    """Its clients go away (their requests' Deferreds cancelled, as Klein does on a lost connection) during
+    the step named in ``leave``."""
+
+    def __init__(self, clock: Clock, leave: dict) -> None:
+        super().__init__(clock, [])
+        self.leave = leave  # step -> the requests' Deferreds to cancel then
+
+    def predict(self, inputs, params):
+        for step, steps in self.plan:
+            self.clock.advance(0.04)
+            for d in self.leave.get(step, ()):
+                d.cancel()
+            report_progress(step, steps)
+            self.seen.append(step)
+        return ["out"] * len(inputs)
+
+
+@pytest.mark.parametrize("deadline", [None, 60.0])
+def test_a_synchronous_request_whose_client_went_away_stops_its_batch_at_the_next_report(deadline):
+    """A soak probe: a diffusion run whose client left (logged 499) kept its worker to its deadline, or to its
+    last step without one, while other requests waited (docs/api.md, "Work that nobody waits for stops")."""
+    clock = Clock()
+    _, runner, _, _, inference = setup(clock)
+    model = inference.engine.model = LeavingModel(clock, {})
+    model.plan = [(step, 10) for step in range(1, 11)]
+    d = inference.run(InferenceRequest(images=["aGk="], req_id=None),
+                      deadline=None if deadline is None else clock.seconds() + deadline)
+    gone = []
+    d.addErrback(lambda f: gone.append(f.trap(CancelledError)))
+    model.leave = {3: [d]}
+    clock.advance(0.01)
+    with capturedLogs() as events:
+        runner.run_next()
+    assert gone and model.seen == [1, 2]  # the report of step 3, after the client left, stopped predict
+    assert [formatEvent(e) for e in events] == [
+        "a batch of 1 stopped: every item of the batch is past its deadline or its client went away (reported step "
+        "3 of 10)"]
+
+
+def test_a_batch_goes_on_while_one_of_its_requests_still_waits():
+    """Two requests in one batch: the first's client leaves, the second's still waits, so every step runs and the
+    second gets its result."""
+    clock = Clock()
+    _, runner, _, _, inference = setup(clock)
+    model = inference.engine.model = LeavingModel(clock, {})
+    inference.run(InferenceRequest(images=["aGk="], req_id=None), deadline=None)  # the worker busy meanwhile
+    first = inference.run(InferenceRequest(images=["aGk="], req_id=None), deadline=None)
+    first.addErrback(lambda f: f.trap(CancelledError))
+    answered = []
+    inference.run(InferenceRequest(images=["aGk="], req_id=None), deadline=None).addCallback(answered.append)
+    runner.run_next()  # the first batch ends: the two waiting requests make the next one
+    _, args, _ = runner.calls[0]
+    assert len(args[0]) == 2
+    model.plan = [(step, 5) for step in range(1, 6)]
+    model.leave = {2: [first]}
+    runner.run_next()
+    assert model.seen == [1, 2, 3, 4, 5] and answered[0][0].data == {"v": "out"}
 
 
 def test_a_jobs_progress_never_goes_back_and_stays_once_the_job_is_terminal():
@@ -234,7 +297,7 @@ def test_a_report_after_every_items_deadline_stops_the_batch():
     try:
         reporter(2, 5)
     except BatchAbandoned as e:
-        assert str(e) == "every item of the batch is past its deadline (reported step 2 of 5)"
+        assert str(e) == "every item of the batch is past its deadline or its client went away (reported step 2 of 5)"
     else:
         raise AssertionError("the reporter let a batch past its deadline go on")
 
@@ -257,8 +320,6 @@ def test_a_job_past_its_timeout_stops_at_its_next_step_and_its_progress_stays():
 def test_a_synchronous_request_past_its_deadline_stops_the_work_it_no_longer_waits_for():
     clock = Clock()
     _, runner, model, _, inference = setup(clock)
-    from twisted.logger import capturedLogs, formatEvent
-
     model.plan = [(step, 10) for step in range(1, 11)]
     answered = []
     inference.run(InferenceRequest(images=["aGk="], req_id=None), deadline=clock.seconds() + 0.1).addCallback(
@@ -269,7 +330,7 @@ def test_a_synchronous_request_past_its_deadline_stops_the_work_it_no_longer_wai
     assert len(model.seen) == 2  # stopped at the report of step 3, at 120 ms
     assert [result.status.code for result in answered[0]] == [4]  # answered at its deadline, RUN_TIMEOUT
     assert [formatEvent(e) for e in events] == [  # logged once, on the reactor's side of the batch
-        "a batch of 1 stopped: every item of the batch is past its deadline (reported step 3 of 10)"]
+        "a batch of 1 stopped: every item of the batch is past its deadline or its client went away (reported step 3 of 10)"]
 
 
 def test_postprocessing_past_every_deadline_stops_too():

@@ -3,7 +3,8 @@
 - :mod:`svc.cli.commands`: ``svcctl``'s parser and its key commands;
 - :mod:`svc.cli.gateway` and :mod:`svc.cli.jobs`: ``svcctl infer`` and ``svcctl jobs`` (:mod:`svc.cli.results`:
   the files of ``jobs run --out``);
-- :mod:`svc.cli.keyfile`: ``svcctl keys``, the key file and the gateway's restart;
+- :mod:`svc.cli.keyfile`: ``svcctl keys`` and the key file; :mod:`svc.cli.gateway_restart`: the gateway's restart
+  that follows, and which key file the supervisor says it reads;
 - :mod:`svc.cli.args`: argument and token helpers the commands share (a leaf);
 - :mod:`svc.cli.http`: the HTTP client, exit codes and failure lines;
 - :mod:`svc.cli.output`: stdout that cannot be written (a reader gone, a full device), for every command;

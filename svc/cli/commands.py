@@ -58,7 +58,8 @@ def _keygen(args: argparse.Namespace) -> int:
     print(f"key: {key}\n")
     print(entry, end="")
     sys.stdout.flush()
-    from svc.cli.keyfile import default_keys_file, restart_call
+    from svc.cli.gateway_restart import restart_call
+    from svc.cli.keyfile import default_keys_file
 
     try:  # the supervisor and the key file that `keys add` would use ($SERVICE_SUPERVISOR_URL, [gateway] keys_file)
         restart = restart_call(None).url

@@ -14,8 +14,9 @@ commands do the three steps:
   file and other users never read the hashes;
 * then the supervisor restarts the gateway (``POST
   /api/v1/servers/__gateway/restart`` with the management token
-  ``SERVICE_API_TOKEN``), which loads the file at startup.  With
-  ``--no-restart`` the change waits for the next restart.
+  ``SERVICE_API_TOKEN``, svc.cli.gateway_restart), which loads the file at
+  startup, and says whether that is the file edited.  With ``--no-restart``
+  the change waits for the next restart.
 
 Exit status: 0 on success; 1 when the supervisor answers the restart with an
 error status; 2 for a refused change (bad or duplicate name, unknown key,
@@ -39,30 +40,13 @@ from typing import Any
 import tomlkit
 
 from svc.auth import API_TOKEN_ENV, SCOPES, KeyEntry, check_key_name, issue_key, load_key_file
-from svc.cli.args import base_url, checked_token, configured_url, gateway_table, key_qps
-from svc.cli.http import (
-    EXIT_HTTP,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_USAGE,
-    Client,
-    CliError,
-    HttpCall,
-    Interrupted,
-    exchange_once,
-    fail,
-    react,
-)
+from svc.cli.args import checked_token, gateway_table, key_qps
+from svc.cli.gateway_restart import DEFAULT_SUPERVISOR, SUPERVISOR_ENV, restart_call, restart_gateway
+from svc.cli.http import EXIT_OK, EXIT_USAGE, Client, CliError, fail
 from svc.config import ConfigError
-from svc.contract.envelope import error_text
-from svc.contract.protocol import GATEWAY_RESTART_PATH, SERVICE_CONFIG, SUPERVISOR_PORT, local_url
-from svc.infra.reactors import IClientReactor
+from svc.contract.protocol import SERVICE_CONFIG
 
 DEFAULT_KEYS_FILE = "conf/api_keys.toml"
-DEFAULT_SUPERVISOR = local_url(SUPERVISOR_PORT)
-SUPERVISOR_ENV = "SERVICE_SUPERVISOR_URL"
-RESTART_PATH = GATEWAY_RESTART_PATH
-RESTART_TIMEOUT_S = 60.0
 #: The first lines of a key file that ``keys add`` creates.
 NEW_FILE_HEADER = ("The gateway's API keys, one [keys.<name>] table per key (svcctl keys add|disable|list).",
                    "Changes take effect when the gateway restarts: POST /api/v1/servers/__gateway/restart.")
@@ -237,48 +221,6 @@ def list_lines(entries: list[KeyEntry]) -> list[str]:
     return [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}" for r in rows]
 
 
-# ---------------------------------------------------------------- the restart
-
-
-def restart_call(supervisor: str | None) -> HttpCall:
-    """The supervisor request that restarts the gateway (``--supervisor``, else ``$SERVICE_SUPERVISOR_URL``, else
-    the local default; CliError naming which one is not a URL)."""
-    base = base_url(supervisor, "--supervisor", SUPERVISOR_ENV, configured_url("supervisor", SUPERVISOR_PORT),
-                    os.environ)
-    return HttpCall("POST", base.rstrip("/") + RESTART_PATH, None, RESTART_TIMEOUT_S)
-
-
-INTERRUPTED = "interrupted: the key file is changed; the gateway restart may not have happened"
-
-
-def restart_gateway(supervisor: str | None, token: str, client: Client) -> int:
-    """Ask the supervisor to restart the gateway; the exit status (one line on stderr when it fails)."""
-    call = restart_call(supervisor)
-
-    async def main(reactor: IClientReactor) -> int:
-        try:
-            status, phrase, content = (await exchange_once(client, reactor, call, token))[:3]
-        except Interrupted:
-            fail(INTERRUPTED)
-            return EXIT_INTERRUPTED
-        except CliError as e:
-            fail(f"the key file is changed but the gateway was not restarted: {e}"
-                 .replace("(is the gateway running?)", "(is the supervisor running?)"))
-            return EXIT_USAGE
-        if 200 <= status < 300:
-            return EXIT_OK
-        reason = error_text(content, limit=500)  # why, in the supervisor's words: {ok: false, error}
-        fail(f"the key file is changed but the gateway was not restarted: HTTP {status} {phrase} "
-             f"from {call.method} {call.url}" + (f": {reason}" if reason else ""))
-        return EXIT_HTTP
-
-    code, _ = react(client, main)
-    if code is None:
-        fail(INTERRUPTED)
-        return EXIT_INTERRUPTED
-    return code
-
-
 # ---------------------------------------------------------------- the commands
 
 
@@ -325,15 +267,17 @@ def run(args: argparse.Namespace, client: Client) -> int:
     except CliError as e:
         fail(str(e))
         return EXIT_USAGE
-    other = gateway_reads(path)  # the gateway reads another file: never say that it applies this one
-    reads = f"reads {other}, not {path}: the change does not apply to it"
     if token is None:
-        fail(f"not restarted (--no-restart); the gateway {reads}" if other else
-             "not restarted (--no-restart): the gateway applies the change when it next starts")
+        other = gateway_reads(path)  # the gateway reads another file: never say that it applies this one
+        fail(f"not restarted (--no-restart); the gateway reads {other}, not {path}: the change does not apply to it"
+             if other else "not restarted (--no-restart): the gateway applies the change when it next starts")
         return EXIT_OK
-    code = restart_gateway(args.supervisor, token, client)
-    if code == EXIT_OK:
-        fail(f"the gateway restarted, but it {reads}" if other else "the gateway restarted and applies the change")
+    code, named = restart_gateway(args.supervisor, token, client)
+    if code == EXIT_OK:  # the file the supervisor says the gateway reads; a configuration here only without it
+        other = gateway_reads(path) if named is None else (
+            None if os.path.realpath(named) == os.path.realpath(path) else named)
+        fail(f"the gateway restarted, but it reads {other}, not {path}: the change does not apply to it" if other
+             else "the gateway restarted and applies the change")
     return code
 
 
@@ -356,9 +300,9 @@ def check_path(path: str, explicit: bool, action: str) -> None:
 
 
 def gateway_reads(path: str) -> str | None:
-    """The key file the gateway reads (``keys_file`` of ``[gateway]`` in this folder's service configuration,
-    which the supervisor starts it with) when ``path`` is another file; None when it is that one, or when no
-    configuration here says (run outside the checkout)."""
+    """The key file the gateway would read by this folder's service configuration (``keys_file`` of
+    ``[gateway]``) when ``path`` is another file; None when it is that one, or when no configuration here says
+    (run outside the checkout).  A guess, for when the supervisor does not say (svc.cli.gateway_restart)."""
     if not os.path.isfile(SERVICE_CONFIG):
         return None
     configured = default_keys_file()

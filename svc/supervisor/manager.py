@@ -94,9 +94,8 @@ GATEWAY = GATEWAY_CHILD
 def gateway_refusal(env: dict[str, str], has_peers: bool = False) -> str | None:
     """Why the gateway must not be spawned with this environment (None: fine).
 
-    The same checks the gateway makes at startup (svc.auth), so a refusal is a
-    permanent failure here instead of a crash loop there.  ``has_peers``:
-    ``[cluster] peers`` is configured.
+    The same checks the gateway makes at startup (svc.auth), so a refusal is a permanent failure here instead
+    of a crash loop there.  ``has_peers``: ``[cluster] peers`` is configured.
     """
     problem = separate_tokens_problem(env) or cluster_problem(env, has_peers)
     return f"{problem} (set it and restart the supervisor)" if problem else None
@@ -162,8 +161,7 @@ class ChildManager:
         self.tokens = {c.id: [secrets.token_hex(32) for _ in self.ports[c.id]] for c in self.catalog}
         self.children: dict[str, Child] = {}
         self.sets: dict[str, ReplicaSet] = {}
-        # The job secret signs job ids (svc.contract.jobid): the gateway checks what the model servers mint.
-        # Taken from the environment when given (every host of a cluster shares one), else made here.
+        # The job secret signs job ids (svc.contract.jobid): the environment's (a cluster shares one), else new.
         self.job_secret = self.env.get(JOB_SECRET_ENV) or new_secret()
         # SERVICE_HOST_ID: the model servers mint job ids naming this host, which the gateway routes by.
         # (SERVICE_SUPERVISOR_PID is set at each spawn, svc.supervisor.child: a daemon's pid is known only then.)
@@ -174,6 +172,7 @@ class ChildManager:
         if pythonpath := child_pythonpath(self.env):  # the children run the code this supervisor runs
             base["PYTHONPATH"] = pythonpath
         base.pop(CLIENT_KEY_ENV, None)  # a client's key, when the shell that started the supervisor had one
+        self.keys_file = os.path.abspath(os.path.join(cwd or ".", config.gateway_keys_file))  # the gateway's
         specs = [
             ChildSpec(
                 name=GATEWAY,
@@ -184,7 +183,7 @@ class ChildManager:
                 policy=config.gateway_restart,
                 cwd=cwd,
                 refused=gateway_refusal(self.env, config.cluster.enabled),
-                preflight=partial(key_file_problem, os.path.abspath(os.path.join(cwd or ".", config.gateway_keys_file))),
+                preflight=partial(key_file_problem, self.keys_file),
             )
         ]
         replicas_of: dict[str, list[str]] = {}
@@ -388,6 +387,7 @@ class ChildManager:
             "id": GATEWAY,
             "url": http_url(self.config.gateway_host, self.config.gateway_port),
             "port": self.config.gateway_port,
+            "keys_file": self.keys_file,  # what svcctl keys compares the file it edited with
             **self.gateway.snapshot(),
         }
         return {

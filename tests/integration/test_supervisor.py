@@ -65,6 +65,7 @@ def test_catalog_and_status_bodies(stack):
     assert status["ok"] is True and status["profile"] == "cpu" and status["device"] == "cpu"
     assert status["pid"] == stack.supervisor.popen.pid  # whose status it is (the quick start trusts only its own)
     assert status["gateway"]["state"] == "running" and status["gateway"]["port"] == stack.gateway_port
+    assert status["gateway"]["keys_file"] == str(stack.keys_file)  # absolute: what svcctl keys compares with
     faults = next(s for s in status["servers"] if s["id"] == "TESTFAULTS")
     assert faults["async"] is True and faults["state"] == "running" and faults["ready"] is True
     assert isinstance(faults["pid"], int) and faults["uptime_s"] > 0 and faults["last_error"] is None

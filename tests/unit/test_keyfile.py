@@ -215,14 +215,15 @@ def test_add_then_restarts_the_gateway_with_the_management_token(keys, capsys, m
     in_checkout(monkeypatch, keys)
     monkeypatch.setenv("SERVICE_API_TOKEN", MANAGEMENT)
     supervisor = FakeClient()
-    supervisor.reply = Reply(200, {"ok": True})
+    supervisor.script = [Reply(200, {"ok": True}), Reply(200, {"gateway": {"keys_file": str(keys)}})]
     code = cli.main(["keys", "add", "tenant-b", "--keys-file", str(keys), "--supervisor", SUPERVISOR],
                     client=supervisor)
     out, err = capsys.readouterr()
     assert code == 0, err
-    [seen] = supervisor.requests
-    assert (seen.method, seen.url, seen.body, seen.token, seen.timeout) == (
+    restart, status = supervisor.requests  # then which key file the gateway reads
+    assert (restart.method, restart.url, restart.body, restart.token, restart.timeout) == (
         "POST", SUPERVISOR + RESTART, None, MANAGEMENT, 60.0)
+    assert (status.method, status.url, status.token) == ("GET", SUPERVISOR + "/api/v1/status", MANAGEMENT)
     key = out.strip()
     assert keys.read_text() == ORIGINAL + "\n" + key_entry("tenant-b", hash_key(key))
     assert err.endswith("svcctl: the gateway restarted and applies the change\n")
@@ -363,7 +364,29 @@ def test_a_keys_file_that_the_gateway_does_not_read_is_not_said_to_apply(keys, t
     assert capsys.readouterr().err == (f"svcctl: disabled key 'k1' in {other}\nsvcctl: not restarted (--no-restart); "
                                        f"the gateway reads conf/api_keys.toml, not {other}: the change does not "
                                        "apply to it\n")
-    assert keys.read_text() == ORIGINAL and len(supervisor.requests) == 1
+    assert keys.read_text() == ORIGINAL and len(supervisor.requests) == 2  # the restart, then the status
+
+
+def test_the_key_file_the_supervisor_names_decides_not_a_configuration_here(keys, tmp_path, capsys, monkeypatch):
+    """An upgrade probe: a supervisor run with ``--config`` elsewhere, and ``svcctl keys add --keys-file <its key
+    file>`` run in the checkout, whose conf/service.toml names conf/api_keys.toml: "the gateway restarted, but it
+    reads conf/api_keys.toml ... does not apply", while the key worked.  The supervisor's status names the file its
+    gateway reads; that decides, either way."""
+    in_checkout(monkeypatch, keys)  # this folder's configuration names ``keys``
+    deployed = tmp_path / "deploy" / "api_keys.toml"
+    deployed.parent.mkdir()
+    deployed.write_text(ORIGINAL)
+    monkeypatch.setenv("SERVICE_API_TOKEN", MANAGEMENT)
+    supervisor = FakeClient()
+    supervisor.script = [Reply(200, {"ok": True}), Reply(200, {"gateway": {"keys_file": str(deployed)}})]
+    assert cli.main(["keys", "add", "k1", "--keys-file", str(deployed), "--supervisor", SUPERVISOR],
+                    client=supervisor) == 0
+    assert capsys.readouterr().err.splitlines()[-1] == "svcctl: the gateway restarted and applies the change"
+    supervisor.script = [Reply(200, {"ok": True}), Reply(200, {"gateway": {"keys_file": str(deployed)}})]
+    assert cli.main(["keys", "add", "k2", "--keys-file", str(keys), "--supervisor", SUPERVISOR],
+                    client=supervisor) == 0
+    assert capsys.readouterr().err.splitlines()[-1] == (f"svcctl: the gateway restarted, but it reads {deployed}, "
+                                                        f"not {keys}: the change does not apply to it")
 
 
 @pytest.mark.parametrize("unbuffered", ["1", ""], ids=["unbuffered", "buffered"])
@@ -476,7 +499,8 @@ def test_without_a_flag_or_variable_the_restart_goes_to_the_supervisor_this_fold
     client = FakeClient()
     client.reply = Reply(200, {"ok": True})
     assert cli.main(["keys", "disable", "tenant-a", "--keys-file", str(keys)], client=client) == 0
-    assert [(r.method, r.url) for r in client.requests] == [("POST", f"http://127.0.0.1:18787{RESTART}")]
+    assert [(r.method, r.url) for r in client.requests] == [("POST", f"http://127.0.0.1:18787{RESTART}"),
+                                                            ("GET", "http://127.0.0.1:18787/api/v1/status")]
 
 
 def test_add_into_a_folder_it_cannot_write_shows_no_key(capsys, monkeypatch):

@@ -75,10 +75,12 @@ def package_key(module: Any, example: tuple, device: str, mode_name: str) -> str
     for name, tensor in list(module.state_dict(keep_vars=False).items()):
         h.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}:{tuple(tensor.stride())}\n".encode())
         h.update(_tensor_bytes(tensor))
-    sources = sorted({inspect.getsourcefile(type(m)) or "" for m in module.modules()})
-    for source in sources:
+    # Each class's module by name and its file by content, never by path: the same code installed in another folder
+    # (a new virtual environment per release, a checkout moved) has the same key, and its cache stays good.
+    sources = sorted({(type(m).__module__, inspect.getsourcefile(type(m)) or "") for m in module.modules()})
+    for name, source in sources:
         if source and os.path.isfile(source):
-            h.update(source.encode())
+            h.update(f"{name}\n".encode())
             h.update(Path(source).read_bytes())
     for value in example:
         if isinstance(value, torch.Tensor):

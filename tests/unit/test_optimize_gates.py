@@ -231,6 +231,42 @@ def test_bf16_modes_run_in_bfloat16_and_return_float32(name):
     assert torch.allclose(out, eager, rtol=2e-2) and not torch.equal(out, eager)  # bfloat16 arithmetic
 
 
+RELOCATED_NET = """import torch
+
+
+class RelocNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return self.conv(x)
+"""
+
+
+def test_a_package_key_is_the_same_for_the_same_code_in_another_folder(tmp_path, monkeypatch):
+    """An upgrade probe: the key held each source file's path, so the same release installed into a new folder
+    (a virtual environment per release) converted and measured everything again, and chose differently.  The
+    module's name and its file's content count, not where it lies; changed content still changes the key."""
+    import importlib.util
+    import sys
+
+    def key_of(folder: str, text: str) -> str:
+        path = tmp_path / folder / "relocnet.py"
+        path.parent.mkdir()
+        path.write_text(text)
+        spec = importlib.util.spec_from_file_location("relocnet", path)
+        loaded = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, "relocnet", loaded)
+        spec.loader.exec_module(loaded)
+        torch.manual_seed(0)
+        return aot.package_key(loaded.RelocNet(), (torch.zeros(1, 3, 8, 8),), "cpu", "compile")
+
+    first = key_of("release-1", RELOCATED_NET)
+    assert key_of("release-1-moved", RELOCATED_NET) == first
+    assert key_of("release-2", RELOCATED_NET + "# changed\n") != first
+
+
 def test_a_package_key_follows_the_weights_the_mode_and_the_input_shapes():
     net = NetFaultModel().net
     x = (torch.zeros(2, 3, 8, 8),)

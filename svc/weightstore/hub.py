@@ -35,6 +35,10 @@ from svc.weightstore.catalog import HubSource, Variant
 
 Progress = Callable[[int, "int | None"], None]
 POLL_S = 0.25
+#: How long the hub may leave a connection, a request or a reply silent (huggingface_hub's client has no limit of
+#: its own: a hub endpoint that accepted and never answered held ``svcctl weights pull`` forever).  The file pulls'
+#: limit (svc.weightstore.fetch.SOCKET_TIMEOUT_S).
+SILENCE_TIMEOUT_S = 60.0
 
 
 class HubError(Exception):
@@ -135,6 +139,21 @@ def fetch_hub(variant: Variant, dest_dir: Path, progress: Progress | None = None
     return name
 
 
+def _limit_silence() -> None:
+    """huggingface_hub's shared HTTP client, with :data:`SILENCE_TIMEOUT_S` on its connects, reads and writes (its
+    own factory's client, hooks and proxies as they are, with ``timeout`` set); made again if one was made before."""
+    import httpx2
+    from huggingface_hub.utils import _http, close_session, set_client_factory
+
+    def factory() -> Any:
+        client = _http.default_client_factory()
+        client.timeout = httpx2.Timeout(SILENCE_TIMEOUT_S)
+        return client
+
+    set_client_factory(factory)
+    close_session()
+
+
 def _download(source: HubSource, endpoint: str | None, tmp: Path, name: str,
               progress: Progress | None) -> dict[str, int | None]:
     """The listing, then the snapshot of the selected files under ``tmp/name``; the selected files and sizes."""
@@ -143,8 +162,9 @@ def _download(source: HubSource, endpoint: str | None, tmp: Path, name: str,
     from huggingface_hub.utils import disable_progress_bars
 
     where = f"hub repository {source.repo_id}@{source.revision}"
+    _limit_silence()
     api = HfApi(endpoint=endpoint)
-    commit = api.repo_info(source.repo_id, revision=source.revision).sha
+    commit = api.repo_info(source.repo_id, revision=source.revision, timeout=SILENCE_TIMEOUT_S).sha  # None: none
     if not commit:
         raise HubError(f"{where}: the hub gave no commit for the revision")
     listing = {f.path: f.size for f in api.list_repo_tree(source.repo_id, revision=commit, recursive=True)

@@ -227,6 +227,42 @@ def test_an_unreachable_hub_fails_in_one_line_and_keeps_what_was_there(monkeypat
     assert files_under(tmp_path) == ["LDM/celebahq-256/keep.txt"]
 
 
+def test_a_hub_that_never_answers_fails_in_one_line_within_its_silence_limit(monkeypatch, tmp_path):
+    """A CLI probe: ``weights pull DDPM`` against an ``HF_ENDPOINT`` that accepted and never answered printed its
+    header and nothing more for 581 s, until killed (huggingface_hub's client has no timeout).  The hub may stay
+    silent ``SILENCE_TIMEOUT_S`` (60 s; 1 s here), then the pull fails in one line and leaves nothing."""
+    import socket
+    import threading
+    import time
+
+    import svc.weightstore.hub as hub
+
+    monkeypatch.setattr(hub, "SILENCE_TIMEOUT_S", 1.0)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts (the kernel does), never answers
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{silent.getsockname()[1]}")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    outcome: list = []
+
+    def pull() -> None:
+        try:
+            fetch_hub(find_variant(ddpm, None), tmp_path / "DDPM" / "cifar10-32")
+        except HubError as e:
+            outcome.append(str(e))
+
+    started = time.monotonic()
+    worker = threading.Thread(target=pull, daemon=True)
+    worker.start()
+    worker.join(30)
+    silent.close()
+    assert not worker.is_alive(), "the pull still waits on a silent hub"
+    assert time.monotonic() - started < 15
+    assert len(outcome) == 1 and outcome[0].startswith("hub repository google/ddpm-cifar10-32@main: ReadTimeout"), \
+        outcome
+    assert "\n" not in outcome[0] and files_under(tmp_path) == []
+
+
 def test_an_unknown_repository_is_named(endpoint, tmp_path):
     from svc.weightstore.catalog import HubSource, Variant
 

@@ -238,11 +238,12 @@ class JobRun:
         poll = urljoin(base + "/", submitted.get("poll_url") or model_prefix + JOB.format(job_id=job_id))
         bar = ProgressBar(self.stderr, job_id)
         body = submitted
-        wait_timeout = args.poll_ms / 1000 + WAIT_MARGIN_S
+        poll_ms = args.poll_ms if args.poll_ms is not None else min(DEFAULT_POLL_MS, gateway_recv_timeout_ms() - 1)
+        wait_timeout = poll_ms / 1000 + WAIT_MARGIN_S  # the default kept below a gateway configured under it
         try:
             bar.show(body.get("state", "pending"), body.get("progress"))
             while body.get("state") not in TERMINAL:
-                url = f"{poll}/wait?timeout={args.poll_ms}"
+                url = f"{poll}/wait?timeout={poll_ms}"
                 status, _, content = await self.follow_up(HttpCall("GET", url, None, wait_timeout))
                 body = _json(content)
                 if status != 200 or not isinstance(body, dict):
@@ -384,9 +385,9 @@ def add_parser(actions: Any, common: argparse.ArgumentParser) -> None:
                         help="a request option, like --param (repeatable)")
     parser.add_argument("--req-id", metavar="ID", help="client correlation id (echoed as task_id)")
     parser.add_argument("--out", metavar="DIR", help="write the result's images, masks and envelope under DIR")
-    parser.add_argument("--poll-ms", type=_poll_ms, default=DEFAULT_POLL_MS, metavar="MS",
-                        help=f"wait budget of each progress request in milliseconds (default {DEFAULT_POLL_MS}); "
-                             "keep it below the gateway's upstream_recv_timeout_ms")
+    parser.add_argument("--poll-ms", type=_poll_ms, metavar="MS",
+                        help=f"wait budget of each progress request in milliseconds (default {DEFAULT_POLL_MS}, or "
+                             "just below the gateway's upstream_recv_timeout_ms when that is lower); below it")
     parser.set_defaults(handler=run, uses_client=True)
 
 

@@ -283,3 +283,18 @@ def test_without_an_image_a_model_that_reads_images_is_refused_and_a_generative_
     gateway.script = [Reply(202, JOB), Reply(200, status("done")), Reply(200, ENVELOPE)]
     assert run(gateway, "jobs", "run", "DDPM", "--gateway", GATEWAY) == 0
     assert gateway.requests[0].json() == {"images": [PLACEHOLDER_PNG]}
+
+
+@pytest.mark.parametrize("limit, sent", [(800, 799), (1000, 999), (180000, 1000)])
+def test_run_without_poll_ms_stays_below_a_gateway_configured_under_the_default(gateway, capsys, monkeypatch,
+                                                                                tmp_path, limit, sent):
+    """A CLI probe: with the gateway's upstream_recv_timeout_ms at 800, a plain ``jobs run`` submitted the job and
+    then got 502 for its first wait of 1000 ms (exit 1, the job left running); ``--poll-ms 1000`` was refused before
+    anything was sent.  The default is kept below the gateway's limit, as ``jobs wait``'s is."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "service.toml").write_text(f"[gateway]\nupstream_recv_timeout_ms = {limit}\n")
+    gateway.script = [Reply(202, JOB), Reply(200, status("done")), Reply(200, ENVELOPE)]
+    assert run(gateway, "jobs", "run", "M", "--gateway", GATEWAY) == 0, capsys.readouterr().err
+    assert [(r.path, r.timeout) for r in gateway.requests][1] == (f"/v1/models/M/jobs/job_1/wait?timeout={sent}",
+                                                                  sent / 1000 + 30)

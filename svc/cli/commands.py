@@ -120,8 +120,27 @@ class Parser(argparse.ArgumentParser):
         mistyped for the refused ``--token``) was echoed, ``unrecognized arguments: --tok SECRET``."""
         namespace, extras = self.parse_known_args(args, namespace)
         if extras:
-            self.error(f"unrecognized arguments: {' '.join(hide_option_values(extras))}")
+            chosen = self.chosen(namespace)  # its usage, not the top level's: the extras came from its arguments
+            chosen.error(f"unrecognized arguments: {' '.join(hide_option_values(extras))}{chosen.hint(extras)}")
         return namespace
+
+    def chosen(self, namespace: Any) -> Parser:
+        """The innermost subcommand's parser that ``namespace`` names (``svcctl keys add``), else this one."""
+        parser = self
+        while True:
+            subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+            inner = subs[0].choices.get(getattr(namespace, subs[0].dest, None) or "") if subs else None
+            if not isinstance(inner, Parser):
+                return parser
+            parser = inner
+
+    def hint(self, extras: list[str]) -> str:
+        """The whole names of this parser's options that an unknown one begins (``--keys``: ``--keys-file``), as
+        prefixes were taken before 0.14.0; empty when none."""
+        known = [o for action in self._actions for o in action.option_strings if o.startswith("--")]
+        names = [arg.split("=", 1)[0] for arg in extras if arg.startswith("--")]
+        wholes = sorted({o for name in names for o in known if o.startswith(name) and o != name})
+        return f" (options are taken by their whole name: did you mean {' or '.join(wholes)}?)" if wholes else ""
 
 
 def hide_option_values(extras: list[str]) -> list[str]:

@@ -26,6 +26,24 @@ from svc.infra.reactors import IServiceReactor, global_reactor
 if TYPE_CHECKING:
     from twisted.application.service import IService
 
+    from svc.supervisor.config import SupervisorConfig
+
+
+def management_key(config: SupervisorConfig, token: str) -> str | None:
+    """Why the management token must not open this supervisor: it is an API key of the gateway's key file, which
+    every holder of that key could then use here (the gateway refuses it too, but only the gateway: the service
+    looked healthy with every inference refused).  A key file that cannot be read is the gateway's to report."""
+    from svc.auth import API_TOKEN_ENV, key_of, load_key_file
+    from svc.config import ConfigError
+
+    path = os.path.abspath(config.gateway_keys_file)
+    try:
+        name = key_of(load_key_file(path), token)
+    except ConfigError:
+        return None
+    return (f"{API_TOKEN_ENV} is the API key {name} of {path}: the management token opens the supervisor, which no "
+            "key may") if name else None
+
 
 def ui_dir() -> str | None:
     """The web UI's files: the checkout's ui/, else the installed copy (setup.py data_files) beside the installed
@@ -134,7 +152,7 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
             profile = replace(profile, weights=options["weights"])
     except ConfigError as e:
         raise refuse(PROGRAM, str(e)) from None
-    refusal = check_bind(config.host, env) or gateway_bind_problem(config, env)
+    refusal = check_bind(config.host, env) or gateway_bind_problem(config, env) or management_key(config, token)
     if refusal:
         raise refuse(PROGRAM, refusal)
     ui = ui_dir()

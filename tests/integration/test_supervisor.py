@@ -327,6 +327,23 @@ def test_refuses_to_start_when_the_management_token_is_the_inference_token():
         probe.bind(("127.0.0.1", port))
 
 
+def test_refuses_to_start_when_the_management_token_is_an_api_key(tmp_path):
+    """An upgrade probe: with ``SERVICE_API_TOKEN`` an API key of the key file, only the gateway refused; the
+    supervisor and the models came up, the status said ok, and every inference was refused.  The supervisor refuses
+    at start, one line naming the key and the file, before anything listens."""
+    built = build_stack(tmp_path, {}, start=False)
+    built.keys_file.write_text(built.keys_file.read_text() + key_entry("ops", TOKENS["SERVICE_API_TOKEN"]))
+    port = built.extra["supervisor_port"]
+    code, output = run_to_exit(supervisor_args("--config", str(tmp_path / "service.toml")),
+                               env=child_env(built.env))
+    assert code == 1
+    assert output.strip().splitlines() == [f"service-supervisor: SERVICE_API_TOKEN is the API key ops of "
+                                           f"{built.keys_file}: the management token opens the supervisor, which no "
+                                           "key may"]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", port))
+
+
 def test_a_second_supervisor_on_the_same_logs_folder_is_refused(stack):
     """A second supervisor of one folder on other ports (the same model configs and logs folder) started, its
     models ended start_failed (their ports in use), and its lines went into the first one's logs/__gateway.log and

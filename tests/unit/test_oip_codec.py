@@ -118,7 +118,8 @@ def test_bad_binary_lengths_are_refused(blob, size, length, message):
     ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1]}]}, "neither data"),
     # A null size is a bad size, not none: with data it was read as a JSON tensor (a regression probe).
     ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["a"],
-                  "parameters": {"binary_data_size": None}}]}, r"^inputs\[0\] has both data and parameters"),
+                  "parameters": {"binary_data_size": None}}]},
+     r"^inputs\[0\] has data and a null parameters\.binary_data_size: leave the parameter out$"),
     ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": None}}]},
      r"^inputs\[0\]\.parameters\.binary_data_size must be a non-negative integer$"),
     ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["a"]}], "outputs": {}}, "outputs"),

@@ -301,6 +301,8 @@ def _checked_request(head: dict, binary: bytes | memoryview) -> InferRequest:
         count = prod(shape)
         binary_input = "binary_data_size" in params  # a null size is a bad size, not none (it was read as none)
         if binary_input and "data" in entry:  # two payloads: the binary one was used, the other dropped unread
+            if params["binary_data_size"] is None:  # a client's "no binary part" (an upgrade probe: 0.13.0 took it)
+                raise CodecError(f"{what} has data and a null parameters.binary_data_size: leave the parameter out")
             raise CodecError(f"{what} has both data and parameters.binary_data_size: send its elements in one of them")
         if binary_input:
             size = count_of(params["binary_data_size"])

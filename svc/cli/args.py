@@ -70,7 +70,8 @@ def base_url(given: str | None, flag: str, env_name: str, default: str, env: Map
     shown = re.sub(r"//[^/?#]*@", "//", value)  # never a user name or password in a line
     problem = f"{source} must be an http:// or https:// URL, got {shown!r}"
     if shown != value:
-        raise CliError(f"{problem} without a user name or password (svcctl sends its token in Authorization)")
+        raise CliError(f"{source} must be a URL without a user name or password (svcctl sends its token in "
+                       f"Authorization), got {shown!r} with them (not shown)")
     try:
         parts = urlsplit(value)
         parts.port  # noqa: B018 - read for its check: a port that is not a number raises ValueError

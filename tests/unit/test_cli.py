@@ -386,9 +386,11 @@ def test_a_gateway_url_with_credentials_is_refused_naming_the_variable_not_the_p
     monkeypatch.setenv("SERVICE_API_KEY", TOKEN)
     monkeypatch.setenv("SERVICE_GATEWAY_URL", "https://u:UrlPw-secret@gw.test:8443")
     assert cli.main(["infer", "M", "x.jpg"]) == 2
-    assert capsys.readouterr() == ("", "svcctl: SERVICE_GATEWAY_URL (the default of --gateway) must be an http:// "
-                                       "or https:// URL, got 'https://gw.test:8443' without a user name or "
-                                       "password (svcctl sends its token in Authorization)\n")
+    # It read "must be an http:// or https:// URL, got 'https://gw.test:8443' without a user name or password", as
+    # if the URL lacked them (a CLI probe).
+    assert capsys.readouterr() == ("", "svcctl: SERVICE_GATEWAY_URL (the default of --gateway) must be a URL without "
+                                       "a user name or password (svcctl sends its token in Authorization), got "
+                                       "'https://gw.test:8443' with them (not shown)\n")
 
 
 def test_openapi_check_outside_the_checkout_is_one_line(capsys, monkeypatch, tmp_path):

@@ -218,9 +218,9 @@ def main(argv: list[str] | None = None, client: Client | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = getattr(args, "handler", None)
-    if handler is None:
-        parser.print_help()
-        return 2
+    if handler is None:  # no command: a usage error, its help on stderr (stdout is for what a command prints)
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
     if getattr(args, "uses_client", False):
         try:
             check_path_arguments(args)  # before any command of the gateway quotes them into its URL

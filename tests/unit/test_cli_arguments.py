@@ -205,3 +205,10 @@ def test_a_gateway_url_with_a_path_keeps_it_as_a_prefix(monkeypatch):
     gateway = fake_client(monkeypatch)
     assert cli.main(["jobs", "get", "M", "job_1", "--gateway", "http://proxy.test/svc/"], client=gateway) == 0
     assert [r.url for r in gateway.requests] == ["http://proxy.test/svc/v1/models/M/jobs/job_1"]
+
+
+def test_svcctl_without_a_command_is_a_usage_error_on_stderr(capsys):
+    """A CLI probe: its help went to stdout with exit 2, so ``svcctl | cmd`` fed the help to ``cmd``."""
+    assert cli.main([]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("usage: svcctl [-h] [--version] COMMAND ...") and "keys" in err

@@ -110,18 +110,16 @@ class BatchProgress:
     """
 
     def __init__(self, clock: IReactorTime, targets: Iterable[JobProgress],
-                 min_interval: float = MIN_INTERVAL_S, abandon_at: float | None = None,
-                 items: Sequence[Any] = ()) -> None:
+                 min_interval: float = MIN_INTERVAL_S, items: Sequence[Any] = ()) -> None:
         """``items``: the batch's queue items, whose ``deadline`` (None: none) the reactor moves to now when their
         client goes away (svc.modelserver.inference); once each is past its own, a report raises
-        :class:`BatchAbandoned`.  ``abandon_at``: a fixed latest deadline instead, for a batch given no items."""
+        :class:`BatchAbandoned` (never for a batch given no items)."""
         self.clock = clock
         self.items = tuple(items)
         self.key = next(_BATCH_KEYS)  # not id(self): a finished batch's address is reused by the next one
         counted = Counter(id(t) for t in targets)  # a job's items in this batch
         self.targets = tuple((t, counted[id(t)]) for t in {id(t): t for t in targets}.values())
         self.min_interval = min_interval
-        self.abandon_at = abandon_at
         self.last: float | None = None
         self.written: tuple[int, int] | None = None
 
@@ -129,9 +127,7 @@ class BatchProgress:
         """Whether every item of the batch is past its deadline, or its client went away: nobody waits for what it
         would give.  Read in the worker thread; the reactor only ever moves a deadline earlier."""
         now = self.clock.seconds()
-        if self.items:
-            return all(item.deadline is not None and now >= item.deadline for item in self.items)
-        return self.abandon_at is not None and now >= self.abandon_at
+        return bool(self.items) and all(item.deadline is not None and now >= item.deadline for item in self.items)
 
     def __call__(self, step: int, steps: int) -> None:
         if self.abandoned():

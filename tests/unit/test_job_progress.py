@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
@@ -291,13 +293,15 @@ def test_a_jobs_progress_never_goes_back_and_stays_once_the_job_is_terminal():
 
 def test_a_report_after_every_items_deadline_stops_the_batch():
     clock = Clock()
-    reporter = BatchProgress(clock, [], abandon_at=1.0)
+    reporter = BatchProgress(clock, [], items=[SimpleNamespace(deadline=0.5), SimpleNamespace(deadline=1.0)])
     reporter(1, 5)
-    clock.advance(1.0)
+    clock.advance(0.6)
+    reporter(2, 5)  # the second item's deadline has not passed: someone still waits
+    clock.advance(0.4)
     try:
-        reporter(2, 5)
+        reporter(3, 5)
     except BatchAbandoned as e:
-        assert str(e) == "every item of the batch is past its deadline or its client went away (reported step 2 of 5)"
+        assert str(e) == "every item of the batch is past its deadline or its client went away (reported step 3 of 5)"
     else:
         raise AssertionError("the reporter let a batch past its deadline go on")
 

@@ -37,7 +37,7 @@ Progress = Callable[[int, "int | None"], None]
 POLL_S = 0.25
 #: How long the hub may leave a connection, a request or a reply silent (huggingface_hub's client has no limit of
 #: its own: a hub endpoint that accepted and never answered held ``svcctl weights pull`` forever).  The file pulls'
-#: limit (svc.weightstore.fetch.SOCKET_TIMEOUT_S).
+#: limit (svc.weightstore.fetch.SOCKET_TIMEOUT_S); huggingface_hub tries its file listing six times.
 SILENCE_TIMEOUT_S = 60.0
 
 
@@ -140,14 +140,20 @@ def fetch_hub(variant: Variant, dest_dir: Path, progress: Progress | None = None
 
 
 def _limit_silence() -> None:
-    """huggingface_hub's shared HTTP client, with :data:`SILENCE_TIMEOUT_S` on its connects, reads and writes (its
-    own factory's client, hooks and proxies as they are, with ``timeout`` set); made again if one was made before."""
+    """huggingface_hub's shared HTTP client, every request of it bounded by :data:`SILENCE_TIMEOUT_S` where it asks
+    for no bound: its listing passes ``timeout=None`` itself, which lifts a client's default, so a request hook
+    sets it (its factory's client otherwise as it is: hooks, proxies).  Made again if one was made before."""
     import httpx2
     from huggingface_hub.utils import _http, close_session, set_client_factory
 
+    def bounded(request: Any) -> None:
+        timeout = request.extensions.get("timeout") or {}
+        if all(value is None for value in timeout.values()):
+            request.extensions["timeout"] = httpx2.Timeout(SILENCE_TIMEOUT_S).as_dict()
+
     def factory() -> Any:
         client = _http.default_client_factory()
-        client.timeout = httpx2.Timeout(SILENCE_TIMEOUT_S)
+        client.event_hooks = {**client.event_hooks, "request": [*client.event_hooks["request"], bounded]}
         return client
 
     set_client_factory(factory)

@@ -263,6 +263,48 @@ def test_a_hub_that_never_answers_fails_in_one_line_within_its_silence_limit(mon
     assert "\n" not in outcome[0] and files_under(tmp_path) == []
 
 
+def test_a_hub_silent_after_its_first_answer_fails_within_the_silence_limit(monkeypatch, tmp_path):
+    """The listing (``list_repo_tree``) takes no timeout of its own: the silence limit is the client's, so a hub
+    that gives the revision and then never lists its files fails as one that never answers."""
+    import json as json_module
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import svc.weightstore.hub as hub
+
+    released = threading.Event()
+
+    class RevisionThenSilence(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            if "/tree/" in self.path:
+                released.wait(30)  # the listing: no answer
+                return
+            body = json_module.dumps({"id": "google/ddpm-cifar10-32", "sha": "a" * 40}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), RevisionThenSilence)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(hub, "SILENCE_TIMEOUT_S", 1.0)
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    try:
+        with pytest.raises(HubError) as raised:
+            fetch_hub(find_variant(ddpm, None), tmp_path / "DDPM" / "cifar10-32")
+    finally:
+        released.set()
+        server.shutdown()
+        server.server_close()
+    assert str(raised.value).startswith("hub repository google/ddpm-cifar10-32@main: ReadTimeout"), raised.value
+    assert files_under(tmp_path) == []
+
+
 def test_an_unknown_repository_is_named(endpoint, tmp_path):
     from svc.weightstore.catalog import HubSource, Variant
 

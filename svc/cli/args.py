@@ -151,9 +151,18 @@ def gateway_max_body_bytes(service_config: str = SERVICE_CONFIG) -> int:
 
 
 def _gateway_setting(service_config: str, key: str, default: int) -> int:
-    """A positive integer of ``[gateway]`` in this folder's service configuration, else ``default``."""
-    value = gateway_table(service_config).get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
+    """A positive integer of ``[gateway]`` in this folder's service configuration, else ``default``.
+
+    A value that is no such integer is said once: the gateway refuses to start
+    with it, and svcctl goes on with the default rather than in silence."""
+    table = gateway_table(service_config)
+    value = table.get(key)
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if key in table:
+        _say_once(f"{service_config}: [gateway] {key} {value!r} is not a positive integer (the gateway refuses it): "
+                  f"using {default}")
+    return default
 
 
 def parse_value(text: str) -> Any:

@@ -323,6 +323,24 @@ def test_the_wait_limit_is_the_gateways_configured_receive_timeout(capsys, monke
     assert "upstream_recv_timeout_ms (60000 ms), got 100000" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value, shown", [('"60000"', "'60000'"), ("0", "0"), ("-5", "-5"), ("1.5", "1.5"),
+                                          ("true", "True")])
+def test_a_receive_timeout_the_gateway_would_refuse_is_said_once_and_the_default_used(capsys, monkeypatch, tmp_path,
+                                                                                      value, shown):
+    """svcctl went on with 180000 without a word when conf/service.toml's upstream_recv_timeout_ms was no
+    positive integer (probe): the gateway refuses such a file, so the default is a guess worth saying."""
+    monkeypatch.setenv("SERVICE_API_KEY", "k")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli_args, "_said", set())
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "service.toml").write_text(f"[gateway]\nupstream_recv_timeout_ms = {value}\n")
+    argv = ["jobs", "wait", "M", "job_1", "--gateway", "http://127.0.0.1:9/", "--timeout", "170000"]
+    assert cli_gateway.plan_call(cli.build_parser().parse_args(argv)).url.endswith("?timeout=170000")
+    assert cli_args.gateway_recv_timeout_ms() == 180000
+    assert capsys.readouterr().err == (f"svcctl: conf/service.toml: [gateway] upstream_recv_timeout_ms {shown} is not "
+                                       "a positive integer (the gateway refuses it): using 180000\n")
+
+
 @pytest.mark.parametrize("limit, sent", [(30000, 29999), (20000, 19999), (30001, 30000), (180000, 30000)])
 def test_a_wait_without_timeout_stays_below_a_gateway_configured_under_the_default(capsys, monkeypatch, tmp_path,
                                                                                    limit, sent):

@@ -190,7 +190,9 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
             raise self.not_found(request)  # before the bucket: an unknown id spends no token, as an unknown path
         # The in-flight slot first: a request refused for it spends no token (it spent one, so the retry its
         # 429 asks for met the rate limit). A slot held over the bucket's await is freed by the 429's finish.
-        self.hold(request, principal.name)
+        # An upload may hold it from its head already (refusal_before_body).
+        if not getattr(request, "held", False):
+            self.hold(request, principal.name)
         wait = await self.rates.take(principal.name, principal.rate_limit_qps)
         if wait:
             self.metrics.key_rejections.labels(principal.name, "rate_limited").inc()
@@ -218,6 +220,7 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
             else:
                 del self.in_flight[key]
 
+        request.held = True
         request.notifyFinish().addBoth(ended)
 
     def count_key(self, request: Any, principal: Principal) -> None:
@@ -237,18 +240,27 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
         before (401 on a connection that stays open).  Whatever the method and path: no route reads the body of a
         GET, HEAD or OPTIONS, and ``/healthz`` and a CORS preflight, which need no credential, carry none.  The
         metrics and cluster tokens count as known (their routes check them); an API key's or static token's
-        principal is kept for :meth:`authenticate`."""
+        principal is kept for :meth:`authenticate`.
+
+        Such an upload with a valid credential takes its in-flight slot (:meth:`hold`) from its head, and one
+        past ``key_max_in_flight`` is answered 429 unread: counted only once its body had arrived, a key could
+        make the gateway hold ``max_body_bytes`` for any number of uploads kept open."""
         small = length is not None and length <= BODY_READ_WITHOUT_CREDENTIAL
         if small and not request.requestHeaders.hasHeader(b"expect"):
             return None
         token = bearer_token(request)
         if self.auth.is_metrics(token) or self.auth.is_cluster(token):
             return None
+        method = (getattr(request.channel, "_command", None) or b"-").decode("latin-1", "replace")
         try:
-            request.early_principal = self.credential(request)
+            principal = request.early_principal = self.credential(request)
         except ApiError as e:
-            method = getattr(request.channel, "_command", None) or b"-"
-            return self.limit_reply(request, e, method.decode("latin-1", "replace"))
+            return self.limit_reply(request, e, method)
+        try:
+            self.hold(request, principal.name)
+        except ApiError as e:  # its key's 429, with the key named as on every reply to a key's request
+            code, headers, body = self.limit_reply(request, e, method)
+            return code, {**headers, "X-Service-Key": principal.name}, body
         return None
 
     def authenticate(self, request: Any) -> Principal:

@@ -32,6 +32,8 @@ from tests.support.stack import build_stack, stop_stack
 BIG = 70_000
 #: The processes' body_timeout_ms here.
 BODY_TIMEOUT_MS = 1000
+#: The gateway's key_max_in_flight here (its static token's requests count as one key's).
+KEY_MAX_IN_FLIGHT = 3
 #: Where each process gets the slow body (the deadline runs before any route is chosen).
 POST_PATHS = {"model": b"/testfaults/predict", "gateway": b"/v1/models/TESTFAULTS/infer",
               "supervisor": b"/api/v1/servers/TESTFAULTS/start"}
@@ -48,7 +50,8 @@ def processes(tmp_path_factory):
     # The gateway routes to it: a route whose model the catalog lacks is 404 whatever the method.
     write_config(servers, "TESTFAULTS", name="TESTFAULTS.toml", port=model.port)
     gateway = start_gateway(root, servers, "# no keys: the static token only\n",
-                            gateway_table=f"body_timeout_ms = {BODY_TIMEOUT_MS}\n",
+                            gateway_table=f"body_timeout_ms = {BODY_TIMEOUT_MS}\n"
+                                          f"key_max_in_flight = {KEY_MAX_IN_FLIGHT}\n",
                             env={"SERVICE_UPSTREAM_TOKEN": "model-token"})
     stack = build_stack(root / "stack", {}, supervisor_extra=f"body_timeout_ms = {BODY_TIMEOUT_MS}\n")
     yield {"model": (model.port, model.url, "envelope"), "gateway": (gateway.port, gateway.url, "envelope"),
@@ -693,3 +696,63 @@ def test_an_unknown_model_is_counted_as_a_path_that_is_no_route(processes):
                              b"Authorization: Bearer gw-static-token\r\nContent-Length: 2\r\n\r\n{}")
         assert reply.startswith(b"HTTP/1.1 404 Not Found\r\n"), reply[:300]
     assert (count("unmatched"), count("infer")) == (before[0] + 2, before[1])
+
+
+def in_flight_rejections(url: str) -> float:
+    """``service_gateway_key_rejections_total{reason="in_flight"}`` of the static token."""
+    text = get(url + "/metrics", headers={"Authorization": "Bearer gw-metrics-token"}, timeout=10).body.decode()
+    sample = 'service_gateway_key_rejections_total{key="static-token",reason="in_flight"} '
+    return next((float(x.split()[-1]) for x in text.splitlines() if x.startswith(sample)), 0.0)
+
+
+def test_a_keys_uploads_hold_its_in_flight_slots_from_their_heads(processes):
+    """A probe: ``key_max_in_flight`` counted a request only once its whole body had arrived, so a key could keep
+    any number of uploads open and make the gateway hold ``max_body_bytes`` for each.  An upload the gateway does not
+    read without a credential (docs/processes.md) takes its slot from its head: the one past the limit is answered
+    429 unread, and a held upload whose body then arrives is routed, not refused by its own slot."""
+    port, url, _ = processes["gateway"]
+    body = b'{"images": [], "pad": "' + b"x" * 899_960 + b'"}'
+    head = (b"POST /v1/models/TESTFAULTS/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer gw-static-token\r\nConnection: close\r\nExpect: 100-continue\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+    before = in_flight_rejections(url)
+    uploads = []
+    try:
+        for _ in range(KEY_MAX_IN_FLIGHT):  # each answered 100 Continue once the gateway holds its slot
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            uploads.append(sock)
+            sock.sendall(head)
+            assert sock.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
+            sock.sendall(body[:1000])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            sock.sendall(head)
+            received = read_reply(sock)
+        first, headers, data = split(received)
+        assert first == b"HTTP/1.1 429 Too Many Requests" and headers["connection"] == "close", received[:300]
+        assert headers["retry-after"] == "1" and headers["x-service-key"] == "static-token", headers
+        reply = json.loads(data)
+        assert (reply["status"], reply["status_str"], reply["error"]) == (
+            429, "RATE_LIMITED", f"key static-token has {KEY_MAX_IN_FLIGHT} requests in flight, the most one key may "
+                                 "have (key_max_in_flight): retry when one has been answered"), reply
+        assert in_flight_rejections(url) == before + 1
+        uploads[0].sendall(body[1000:])  # the rest of a held upload: its route answers, with the slot it holds
+        first, headers, _ = split(read_reply(uploads[0]))
+        assert first not in (b"HTTP/1.1 429 Too Many Requests", b"") and headers["x-service-key"] == "static-token"
+    finally:
+        for sock in uploads:
+            sock.close()
+
+    def served() -> bool:  # every slot is given back once the uploads' clients are gone
+        statuses = []
+        socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(KEY_MAX_IN_FLIGHT)]
+        try:
+            for sock in socks:
+                sock.sendall(head)
+                statuses.append(sock.recv(12))
+        finally:
+            for sock in socks:
+                sock.close()
+        return statuses == [b"HTTP/1.1 100"] * KEY_MAX_IN_FLIGHT
+
+    wait_until(served, "the uploads' slots given back", 10)
+    assert_serving(url, "gateway")

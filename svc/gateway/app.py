@@ -76,6 +76,7 @@ from svc.gateway.ratestore import LocalRates
 from svc.infra.metrics import GatewayMetrics
 from svc.infra.ratelimit import KeyedLimiter, retry_after_header
 from svc.web import declare, routes
+from svc.web.bodylimits import head_method, read_without_credential
 from svc.web.configured import ConfiguredRoutes
 from svc.web.oip.replies import ProtocolReplies, protocol_of
 from svc.web.replies import bearer_token, dumps, envelope_headers, send_encoded, send_json, unauthorized_reason
@@ -100,10 +101,6 @@ def wait_query(raw: bytes | None) -> bytes:
         return b""
     return b"timeout=" + quote(raw[:MAX_DIGITS + 1], safe="").encode("ascii")
 
-
-#: The largest body the gateway reads from a request without a valid credential before its 401 (larger ones, chunked
-#: ones and those awaiting ``100 Continue`` are refused unread: :meth:`GatewayApp.refusal_before_body`).
-BODY_READ_WITHOUT_CREDENTIAL = 64 * 1024
 
 #: The gateway's error replies: the unified envelope with the gateway's identity.
 REPLIES = ProtocolReplies(lambda: GATEWAY_IDENTITY, routes.task_id_of, not_found="no route for {path}: unknown model or path")
@@ -234,7 +231,7 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
 
     def refusal_before_body(self, request: Any, length: int | None) -> tuple[int, dict[str, str], bytes] | None:
         """The 401 of a request without a credential this gateway knows, as soon as its head is read
-        (svc.web.bodylimits), when its body is larger than :data:`BODY_READ_WITHOUT_CREDENTIAL`, chunked, or awaits
+        (svc.web.bodylimits), when its body is larger than 64 KiB, chunked, or awaits
         ``100 Continue``: that body is never read, so a client without a key cannot make the gateway hold
         ``max_body_bytes``; the connection closes after the 401.  A smaller body is read, and its route answers as
         before (401 on a connection that stays open).  Whatever the method and path: no route reads the body of a
@@ -245,13 +242,12 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
         Such an upload with a valid credential takes its in-flight slot (:meth:`hold`) from its head, and one
         past ``key_max_in_flight`` is answered 429 unread: counted only once its body had arrived, a key could
         make the gateway hold ``max_body_bytes`` for any number of uploads kept open."""
-        small = length is not None and length <= BODY_READ_WITHOUT_CREDENTIAL
-        if small and not request.requestHeaders.hasHeader(b"expect"):
+        if read_without_credential(request, length):
             return None
         token = bearer_token(request)
         if self.auth.is_metrics(token) or self.auth.is_cluster(token):
             return None
-        method = (getattr(request.channel, "_command", None) or b"-").decode("latin-1", "replace")
+        method = head_method(request)
         try:
             principal = request.early_principal = self.credential(request)
         except ApiError as e:

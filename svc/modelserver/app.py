@@ -45,6 +45,7 @@ from svc.modelserver.jobs import JobTable
 from svc.modelserver.oip_route import OipRoute
 from svc.modelserver.oip_route import declare as declare_oip
 from svc.web import declare, routes
+from svc.web.bodylimits import head_method, read_without_credential
 from svc.web.configured import ConfiguredRoutes
 from svc.web.oip.replies import ProtocolReplies
 from svc.web.replies import (
@@ -124,11 +125,7 @@ class ModelServerApp(OipRoute, routes.JsonApp):
     def authenticate(self, request: Any, **_route_args: Any) -> None:
         """401 unless the bearer token matches; then the per-IP rate limit."""
         if self.auth_token is not None and not bearer_matches(request, self.auth_token):
-            raise ApiError(
-                st.UNAUTHORIZED,
-                unauthorized_reason(request, "missing or wrong bearer token"),
-                headers={"WWW-Authenticate": bearer_challenge(MODEL_SERVER_REALM)},
-            )
+            raise self.unauthorized(request)
         wait = self.ip_limiter.take(request.getClientAddress().host)
         if wait:
             raise ApiError(
@@ -136,6 +133,22 @@ class ModelServerApp(OipRoute, routes.JsonApp):
                 f"rate limit of {self.config.rate_limit_qps:g} requests/s per client exceeded",
                 headers={"Retry-After": retry_after_header(wait)},
             )
+
+    def unauthorized(self, request: Any) -> ApiError:
+        """The 401 of a request without the token (missing, wrong, or sent twice)."""
+        return ApiError(st.UNAUTHORIZED, unauthorized_reason(request, "missing or wrong bearer token"),
+                        headers={"WWW-Authenticate": bearer_challenge(MODEL_SERVER_REALM)})
+
+    def refusal_before_body(self, request: Any, length: int | None) -> tuple[int, dict[str, str], bytes] | None:
+        """The 401 of a request without the token, from its head, when its body is over 64 KiB, chunked or awaits
+        ``100 Continue`` (svc.web.bodylimits.read_without_credential), whatever its method and path; the body is
+        never read and the connection closes.  A local process without the token could otherwise make the model
+        server hold ``max_body_bytes`` per connection, as the gateway's clients could before it did the same.
+        Smaller bodies are read and routed as before."""
+        if (self.auth_token is None or read_without_credential(request, length)
+                or bearer_matches(request, self.auth_token)):
+            return None
+        return self.limit_reply(request, self.unauthorized(request), head_method(request))
 
     def admit_inference(self, request: Any, **_route_args: Any) -> None:
         """:meth:`authenticate`, then :meth:`check_admitting`: what an inference request passes first."""

@@ -37,6 +37,25 @@ LINGER_SECONDS = 5.0
 #: The access log's code for a request whose client closed the connection before its reply (nginx's 499).
 CLIENT_CLOSED = 499
 
+#: The largest body a data-plane process reads from a request without a valid credential before its 401 (larger
+#: ones, chunked ones and those awaiting ``100 Continue`` are refused unread: the apps' ``refusal_before_body``).
+BODY_READ_WITHOUT_CREDENTIAL = 64 * 1024
+
+
+def read_without_credential(request: Any, length: int | None) -> bool:
+    """Whether a body of ``length`` bytes (None: chunked) is read before its credential is judged: at most
+    :data:`BODY_READ_WITHOUT_CREDENTIAL`, and no ``Expect`` (a client awaiting ``100 Continue`` is answered
+    from the head).  Larger bodies are judged from the head, so that a client without a credential cannot make a
+    process hold ``max_body_bytes`` per connection."""
+    small = length is not None and length <= BODY_READ_WITHOUT_CREDENTIAL
+    return small and not request.requestHeaders.hasHeader(b"expect")
+
+
+def head_method(request: Any) -> str:
+    """The method of a request whose body is not complete (``request.method`` is set only then), as its head
+    gave it: the label of a reply written from the head."""
+    return (getattr(request.channel, "_command", None) or b"-").decode("latin-1", "replace")
+
 
 class LimitedRequest(server.Request):
     """A request whose body is held in memory up to its site's limit, and must arrive within its deadline."""
@@ -93,8 +112,7 @@ class LimitedRequest(server.Request):
         timeout_ms = round(site.body_timeout_s * 1000)
         error = ApiError(st.REQUEST_TIMEOUT, f"the request body did not arrive within {timeout_ms} ms "
                                              f"(body_timeout_ms); {self._received} bytes came")
-        method = getattr(self.channel, "_command", None) or b"-"
-        self._answer_early(*site.limit_reply(self, error, method.decode("latin-1", "replace")))
+        self._answer_early(*site.limit_reply(self, error, head_method(self)))
 
     def handleContentChunk(self, data: bytes) -> None:
         if self._refused:

@@ -235,7 +235,7 @@ MALFORMED = {
 def test_a_request_twisted_cannot_parse_gets_the_process_400_and_closes(processes, name, case):
     port, url, shape = processes[name]
     head = MALFORMED[case]
-    if name == "gateway":  # with a credential: the gateway answers 401 to a valid head without one, body unread
+    if name != "supervisor":  # with a credential: the data plane answers 401 to a valid head without one, unread
         head = head.replace(b"\r\n", b"\r\nAuthorization: Bearer " + processes["tokens"][name].encode() + b"\r\n", 1)
     reply = raw_exchange(port, head)
     assert_refusal(reply, b"HTTP/1.1 400 Bad Request", shape, "malformed HTTP request",
@@ -263,7 +263,8 @@ def test_a_request_twisted_cannot_parse_is_counted_and_logged(processes):
         return float(line[0].split()[1]) if line else 0.0
 
     before = count("-"), count("POST")
-    ids = [split(raw_exchange(port, MALFORMED[case]))[1]["x-request-id"] for case in ("request line", "chunk size")]
+    chunked = MALFORMED["chunk size"].replace(b"\r\n", b"\r\nAuthorization: Bearer model-token\r\n", 1)  # else 401
+    ids = [split(raw_exchange(port, head))[1]["x-request-id"] for head in (MALFORMED["request line"], chunked)]
     assert (count("-"), count("POST")) == (before[0] + 1, before[1] + 1)
     lines = processes["model process"].output().splitlines()
     # the line names the reply's request id (it said rid=- while the reply carried one)
@@ -602,6 +603,44 @@ def test_the_gateway_answers_401_before_reading_the_body_of_a_request_without_a_
     assert headers["vary"] == "Origin" and "x-service-key" not in headers, headers
     assert auth_failures(url) == before + 1  # counted as the route's 401 is
     assert_serving(url, "gateway")
+
+
+@pytest.mark.parametrize("framing", sorted(UNREAD_FRAMINGS))
+@pytest.mark.parametrize("case", sorted(UNAUTHENTICATED_HEADS))
+@pytest.mark.parametrize("target", [b"POST /testfaults/predict", b"GET /healthz", b"POST /v2/models/TESTFAULTS/infer"])
+def test_a_model_server_answers_401_before_reading_the_body_of_a_request_without_its_token(processes, target, case,
+                                                                                           framing):
+    """A process on the host without the model server's token could make it read and hold ``max_body_bytes`` (32
+    MiB) per connection before its 401, as the gateway's clients could: the head decides there too, whatever the
+    method and path (under /v2 in the protocol's shape), and the connection closes."""
+    port, url, _ = processes["model"]
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(target + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + UNREAD_FRAMINGS[framing]
+                     + UNAUTHENTICATED_HEADS[case] + b"\r\n")
+        started = time.monotonic()
+        received = read_reply(sock)
+    assert time.monotonic() - started < BODY_TIMEOUT_MS / 1000.0  # before the body deadline's 408
+    reason = "two Authorization headers were sent" if case.startswith("two") else "missing or wrong bearer token"
+    if b"/v2/" in target:
+        assert_oip_refusal(received, b"HTTP/1.1 401 Unauthorized", reason)
+    else:
+        assert_refusal(received, b"HTTP/1.1 401 Unauthorized", "envelope", reason, status=(401, "UNAUTHORIZED"))
+    assert split(received)[1]["www-authenticate"].startswith("Bearer realm="), received[:400]
+    assert_serving(url, "model")
+
+
+def test_a_model_server_reads_the_body_of_a_request_with_its_token(processes):
+    """With the token, ``Expect: 100-continue`` is answered 100 and the body reaches the route."""
+    port, _, _ = processes["model"]
+    body = b'{"images": []}'
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"POST /testfaults/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Connection: close\r\nExpect: 100-continue\r\nAuthorization: Bearer model-token\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+        assert sock.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(body)
+        first = split(read_reply(sock))[0]
+    assert first == b"HTTP/1.1 422 Unprocessable Content", first
 
 
 @pytest.mark.parametrize("framing", sorted(UNREAD_FRAMINGS))

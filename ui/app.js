@@ -47,5 +47,18 @@ document.addEventListener("DOMContentLoaded", () => {
     $("#try-file").click();
   });
   $("#try-run").addEventListener("click", run);
+  $("#try-params").addEventListener("keydown", (event) => { // Enter in the params runs, as in a form
+    if (event.key !== "Enter" || $("#try-run").disabled) return;
+    event.preventDefault();
+    run();
+  });
+  // Another tab of this page forgot the token, or connected with another one: this tab follows, so that
+  // "Forget token" ends the session in every tab (the others polled on with the token they held).
+  window.addEventListener("storage", (event) => {
+    if (event.key !== TOKEN_KEY && event.key !== null) return;
+    const token = localStorage.getItem(TOKEN_KEY) || "";
+    if (!token && state.token) { state.token = ""; showLogin("The token was forgotten in another tab."); }
+    else if (token && token !== state.token) { state.token = token; connect(); }
+  });
   if (state.token) connect(); else showLogin();
 });

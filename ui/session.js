@@ -72,6 +72,8 @@ async function connectOnce() {
   $("#login").hidden = true;
   $("#console").hidden = false;
   $("#forget").hidden = false;
+  // The Connect button that had the focus is hidden: the console takes it, not the page's body.
+  if (!document.activeElement || document.activeElement === document.body) $("#console").focus();
   fillSelects();
   state.refreshTimer = setInterval(oneAtATime(poll), 2000);
   state.logTimer = setInterval(oneAtATime(followLogs), 1500);
@@ -120,11 +122,19 @@ async function followCatalog(status, session) {
   fillSelects();
 }
 
+// The banner and the stale mark while the status refreshes fail; the action buttons are disabled meanwhile
+// (a click on a greyed page reached a hung supervisor when it woke, a restart nobody expected any more). Once a
+// refresh succeeds, it has set the table's buttons again (status.js fillRow); the gateway's is set here.
 export function setOffline(error) {
   const banner = $("#offline");
   $("#console").classList.toggle("stale", Boolean(error));
   banner.hidden = !error;
-  if (!error) { state.offlineSince = null; return; }
+  if (!error) {
+    state.offlineSince = null;
+    $("#gateway-panel button[data-action]").disabled = state.busy.has("__gateway");
+    return;
+  }
+  for (const button of document.querySelectorAll("#console button[data-action]")) button.disabled = true;
   if (!state.offlineSince) state.offlineSince = new Date();
   banner.textContent = `Cannot reach the supervisor since ${clock(state.offlineSince)}; retrying`;
   banner.title = error.message;

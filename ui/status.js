@@ -21,7 +21,7 @@ export async function refresh() {
   badge($("#gateway-state"), gw.state + (gw.state === "running" ? (gw.ready ? " · ready" : " · not ready") : ""));
   $("#gateway-state").dataset.state = gw.state;
   $("#gateway-url").textContent = gatewayBase();
-  $("#gateway-error").textContent = gw.last_error || "";
+  showLastError($("#gateway-error"), gw);
   renderServers(status.servers);
   updateDemoBanner();
   forgetChangedDefaults(status.servers);
@@ -147,15 +147,22 @@ export function fillRow(row, s, port, members) {
   row.querySelector(".ready").textContent = s.ready ? "yes" : "no";
   row.querySelector(".restarts").textContent = s.restarts;
   row.querySelector(".port").textContent = port;
-  const err = row.querySelector(".last-error");
-  err.textContent = s.last_error || "";
-  err.title = s.last_error || "";
+  showLastError(row.querySelector(".last-error"), s);
   const replica = row.dataset.replica;
   const busy = state.busy.has(row.dataset.id) || (replica !== undefined && state.busy.has(`${row.dataset.id}/${replica}`));
   const active = (m) => ["starting", "running", "stopping"].includes(m.state);
   row.querySelector('[data-action="start"]').disabled = busy || members.every(active);
   row.querySelector('[data-action="stop"]').disabled = busy || !members.some((m) => ["starting", "running", "backoff"].includes(m.state));
   row.querySelector('[data-action="restart"]').disabled = busy || members.some((m) => m.state === "stopping");
+}
+
+// A process's last error: a fault while it is not running; once it runs again (respawned after a crash, the
+// API keeps `last_error`), shown muted as what happened before, not in red as a fault of now.
+export function showLastError(el, s) {
+  const earlier = Boolean(s.last_error) && s.state === "running";
+  el.textContent = s.last_error ? `${earlier ? "earlier: " : ""}${s.last_error}` : "";
+  el.title = earlier ? `running again since: ${s.last_error}` : s.last_error || "";
+  el.classList.toggle("earlier", earlier);
 }
 
 // What a starting model says it does (its /ready's 503 reason, the status's `phase`), without the
@@ -195,10 +202,15 @@ export function weightsLabel(id) {
 export async function act(target, action, button, replica) {
   const one = replica !== undefined;
   const label = (target === "__gateway" ? "gateway" : target) + (one ? ` replica ${replica}` : "");
+  const message = $("#action-message");
+  if (stale()) { // its buttons are disabled (setOffline): an action sent now would run whenever it woke
+    message.className = "error";
+    message.textContent = `${label}: not sent: the supervisor cannot be reached; try again once it answers`;
+    return;
+  }
   const key = one ? `${target}/${replica}` : target;
   state.busy.add(key);
   button.disabled = true;
-  const message = $("#action-message");
   message.className = "muted";
   message.textContent = `${label}: ${action} requested…`;
   const path = `/api/v1/servers/${encodeURIComponent(target)}${one ? `/replicas/${replica}` : ""}/${action}`;
@@ -210,7 +222,12 @@ export async function act(target, action, button, replica) {
     message.textContent = `${label}: ${action} failed: ${e.message}`;
   } finally {
     state.busy.delete(key);
-    button.disabled = false;
+    button.disabled = stale();
     refresh().catch(() => {});
   }
+}
+
+// Whether the page shows what it last knew (its status refreshes fail: session.js setOffline).
+export function stale() {
+  return $("#console").classList.contains("stale");
 }

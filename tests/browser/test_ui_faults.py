@@ -578,3 +578,121 @@ def test_the_errors_filter_shows_a_crash_not_the_next_process_or_twisteds_goodby
     page.select_option("#log-level", "warn")
     expect(page.locator("#log-lines span:not(.hidden)")).to_have_count(5)  # and its failed action
     close(page)
+
+
+def test_forget_token_in_one_tab_ends_the_session_in_every_tab(browser, stack):
+    """A UI probe: "Forget token" cleared the stored token and showed the login in its own tab, while another tab
+    of the same browser polled on with the token it held, its buttons working. Every tab follows now, and a
+    login in one tab connects the others."""
+    page = new_page(browser)
+    log_in(page, stack)
+    other = page.context.new_page()  # the same browser profile: the same localStorage
+    polled = []
+    other.on("request", lambda r: polled.append(r.url) if "/api/v1/" in r.url else None)
+    other.goto(stack.url + "/")
+    expect(other.locator("#console")).to_be_visible()  # connected with the stored token
+    page.click("#forget")
+    expect(other.locator("#login")).to_be_visible()
+    expect(other.locator("#login-error")).to_have_text("The token was forgotten in another tab.")
+    after = len(polled)
+    other.wait_for_timeout(2500)  # nothing to await: a status refresh (every 2 s) of the ended session would come
+    assert polled[after:] == []
+    log_in(page, stack)
+    expect(other.locator("#console")).to_be_visible()  # connected by the other tab's login
+    close(page)
+
+
+def test_the_action_buttons_are_disabled_while_the_supervisor_cannot_be_reached(browser, stack):
+    """A UI probe: with the supervisor hung (``kill -STOP``) the page was greyed, but its Restart still took a click,
+    and the restart ran when the supervisor woke, long after the operator had given up on it."""
+    page = new_page(browser)
+    log_in(page, stack)
+    actions = page.locator("#console button[data-action]")
+    expect(page.locator('#gateway-panel button[data-action="restart"]')).to_be_enabled()
+    expect(row(page, "MOBILENETV2").locator('[data-action="restart"]')).to_be_enabled()
+    page.route("**/api/v1/**", lambda route: route.abort())
+    expect(page.locator("#offline")).to_be_visible()
+    for i in range(actions.count()):
+        expect(actions.nth(i)).to_be_disabled()
+    page.unroute("**/api/v1/**")
+    expect(page.locator("#offline")).to_be_hidden()
+    expect(page.locator('#gateway-panel button[data-action="restart"]')).to_be_enabled()
+    expect(row(page, "MOBILENETV2").locator('[data-action="restart"]')).to_be_enabled()
+    expect(row(page, "MOBILENETV2").locator('[data-action="start"]')).to_be_disabled()  # as the state has it
+    close(page)
+
+
+def test_a_process_running_again_shows_its_last_error_muted_as_earlier(browser, stack):
+    """A UI probe: after a ``kill -9`` the process came back running and ready, but "killed by signal 9" stayed
+    beside it in red, reading as a fault of now. The API keeps ``last_error``; the page shows it muted, after
+    "earlier:", once the process runs again, and in red while it does not."""
+    page = new_page(browser)
+
+    def with_errors(route):
+        response = route.fetch()
+        body = response.json()
+        body["gateway"]["last_error"] = "killed by signal 9"
+        for server in body["servers"]:
+            server["last_error"] = "killed by signal 9"
+            if server["id"] == "TESTFAULTS":
+                server["state"] = "backoff"
+        route.fulfill(response=response, json=body)
+
+    page.route("**/api/v1/status", with_errors)
+    log_in(page, stack)
+    earlier = [page.locator("#gateway-error"), row(page, "MOBILENETV2").locator(".last-error")]
+    for cell in earlier:
+        expect(cell).to_have_text("earlier: killed by signal 9")
+        expect(cell).to_have_class(re.compile(r"\bearlier\b"))
+        expect(cell).to_have_css("color", "rgb(91, 101, 118)")  # --muted
+    now = row(page, "TESTFAULTS").locator(".last-error")
+    expect(now).to_have_text("killed by signal 9")
+    expect(now).to_have_css("color", "rgb(169, 50, 38)")  # --bad
+    close(page)
+
+
+#: WCAG 2.1's contrast ratio of an element's text against the first background behind it that is not transparent.
+CONTRAST = """(el) => {
+  const rgb = (c) => c.match(/[\\d.]+/g).map(Number);
+  const lum = ([r, g, b]) => [r, g, b].map((v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; })
+    .reduce((sum, v, i) => sum + v * [0.2126, 0.7152, 0.0722][i], 0);
+  let back = el;
+  while (back && rgb(getComputedStyle(back).backgroundColor)[3] === 0) back = back.parentElement;
+  const [a, b] = [lum(rgb(getComputedStyle(el).color)), lum(rgb(back ? getComputedStyle(back).backgroundColor : "rgb(255,255,255)"))];
+  return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+}"""
+
+
+def test_text_and_controls_have_names_and_wcag_aa_contrast(browser, stack):
+    """A UI probe: the state badges (3.8:1), the "choose a file" link (2.6:1) and the login's hint (4.47:1) were below
+    WCAG AA's 4.5:1 for small text; the token field had no name but its placeholder, the drop zone neither a role nor a
+    name, and after Connect the focus fell to the page's body."""
+    page = new_page(browser, width=1280)
+
+    def tones(route):  # every tone of badge on the page at once
+        response = route.fetch()
+        body = response.json()
+        body["servers"][0]["state"] = "failed"
+        body["servers"][1]["state"] = "starting"
+        route.fulfill(response=response, json=body)
+
+    page.goto(stack.url + "/")
+    field = page.get_by_role("textbox", name="Management token")
+    expect(field).to_be_visible()
+    expect(field).to_have_attribute("aria-describedby", "login-hint")
+    assert page.locator("#login-hint").evaluate(CONTRAST) >= 4.5
+    field.fill(stack.env["SERVICE_API_TOKEN"])
+    page.click("#token-form button")
+    expect(page.locator("#console")).to_be_focused()
+    expect(page.get_by_role("button", name="Image: press Enter to choose a file, or drop one here")).to_be_visible()
+    page.route("**/api/v1/status", tones)
+    for selector in ('.badge[data-tone="failed"]', '.badge[data-tone="starting"]', '.badge[data-tone="running"]',
+                     ".badge.demo", "#drop label.link", "#catalog .muted", "#action-message"):
+        element = page.locator(selector).first
+        expect(element).to_be_attached()
+        ratio = element.evaluate(CONTRAST)
+        assert ratio >= 4.5, (selector, ratio)
+    page.fill("#try-params", "{}")
+    page.press("#try-params", "Enter")  # runs, as Run does: no image chosen yet
+    expect(page.locator("#try-error")).to_have_text("choose or drop an image first")
+    close(page)

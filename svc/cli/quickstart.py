@@ -64,6 +64,7 @@ from svc.cli.quickstart_weights import (  # noqa: F401 - the quick start's weigh
     pretrained_pulls,
     run_pull,
     source_hosts,
+    uncached_outside_profile,
 )
 
 SERVICE_CONFIG = os.path.join("conf", "service.toml")
@@ -305,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         weights = args.weights or load_profile(load_supervisor_config(SERVICE_CONFIG)).weights
         demo = fetch_missing(pretrained_pulls(".", weights), env, accept=tuple(args.accept))
+        demo.update(uncached_outside_profile(".", weights, env))
     except ConfigError as e:  # one line naming the file and the key, as the supervisor would refuse it
         show_unseen_key(values if first_run else None)
         print(f"quickstart: {e}", file=sys.stderr, flush=True)

@@ -25,10 +25,11 @@ CONNECT_TIMEOUT_S = 3.0
 PULL_CLI = "svc.weightstore.cli"
 
 
-def pretrained_pulls(root: str = ".", wanted: str = "pretrained", profile_name: str | None = None
-                     ) -> list[tuple[str, Any]]:
+def pretrained_pulls(root: str = ".", wanted: str = "pretrained", profile_name: str | None = None, *,
+                     outside: bool = False) -> list[tuple[str, Any]]:
     """``(MODEL:VARIANT, Variant)`` of every pretrained variant the active profile would run with its
-    ``weights`` set to ``wanted``, in profile order.
+    ``weights`` set to ``wanted``, in profile order; ``outside``: those of the models with a config that
+    the profile does not start (started later from the web UI or the API), by id.
 
     Read from the configs and the plugins' declarations (no torch): the same
     choice the supervisor makes (``svc.supervisor.config.weights_choice``):
@@ -46,7 +47,7 @@ def pretrained_pulls(root: str = ".", wanted: str = "pretrained", profile_name: 
     servers = {c.id: c for c in model_server_configs(config.servers_dir)}
     found = factories()
     pulls = []
-    for model_id in profile.models:
+    for model_id in sorted(set(servers) - set(profile.models)) if outside else profile.models:
         factory = found.get(model_id)
         if factory is None or model_id not in servers or not variants_of(factory):
             continue
@@ -173,3 +174,18 @@ def fetch_missing(
     if demo:
         print("  (svcctl weights pull, then restart, to switch)", file=out, flush=True)
     return demo
+
+
+def uncached_outside_profile(root: str, wanted: str, env: dict[str, str], out: Any = sys.stdout, *,
+                             cached: Callable[[str], bool] | None = None) -> dict[str, str]:
+    """The models outside the profile whose pretrained variant is not cached, each with why: they start on demo
+    weights (``--demo-models``), said in one line.  Nothing is pulled for them (gigabytes for models that may
+    never start); without this, each failed its start from the web UI ("not in the weights cache") while the
+    status called it pretrained."""
+    cached = cached or (lambda spec: is_cached(spec, env))
+    missing = [spec.partition(":")[0] for spec, _ in pretrained_pulls(root, wanted, outside=True) if not cached(spec)]
+    if missing:
+        print(f"Pretrained weights: {', '.join(missing)} (not in the profile) not cached: started from the web UI "
+              "or the API, they run on demo weights (svcctl weights pull MODEL, then restart, to switch).",
+              file=out, flush=True)
+    return {model_id: "not cached, and not in the profile" for model_id in missing}

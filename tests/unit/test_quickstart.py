@@ -3,6 +3,8 @@
 import hashlib
 import io
 import os
+import re
+import shutil
 import signal
 import stat
 import subprocess
@@ -66,6 +68,29 @@ def test_the_pulls_of_the_shipped_profile_are_its_default_variants_but_its_demo_
     comment = open("conf/profiles/cpu.toml").read()
     assert 'demo = ["CLS_COND_DDIM"]' in comment and "CLS_COND_DDIM's only variant is DiT-XL/2" in comment
     assert pretrained_pulls(".", "demo", profile_name="cpu") == []  # as shipped, every config says random
+
+
+def test_models_outside_the_profile_without_their_cached_variant_start_on_demo_weights(tmp_path):
+    """A docs probe: under ``--weights pretrained`` with a profile of two models, the status called the others
+    pretrained, and each failed its start from the web UI ("not in the weights cache"), where docs/models.md has a
+    model whose variant is missing start on demo weights with one line. Nothing is pulled for them."""
+    from svc.cli.quickstart import pretrained_pulls, uncached_outside_profile
+
+    shutil.copytree("conf", tmp_path / "conf")
+    profile = tmp_path / "conf" / "profiles" / "cpu.toml"
+    profile.write_text(re.sub(r"(?m)^models = .*$", 'models = ["MOBILENETV2", "DDPM"]', profile.read_text()))
+    root = str(tmp_path)
+    assert [spec for spec, _ in pretrained_pulls(root, profile_name="cpu")] == ["MOBILENETV2:IMAGENET1K_V2",
+                                                                                "DDPM:cifar10-32"]
+    assert [spec for spec, _ in pretrained_pulls(root, profile_name="cpu", outside=True)] == [
+        "DDIM:cifar10-32", "LDM:celebahq-256", "SAM_AMG:sam_vit_b", "YOLOV8:yolov8n"]  # CLS_COND_DDIM: its demo list
+    out = io.StringIO()
+    demo = uncached_outside_profile(root, "pretrained", {}, out, cached=lambda spec: spec == "LDM:celebahq-256")
+    assert demo == dict.fromkeys(["DDIM", "SAM_AMG", "YOLOV8"], "not cached, and not in the profile")
+    assert out.getvalue() == ("Pretrained weights: DDIM, SAM_AMG, YOLOV8 (not in the profile) not cached: started "
+                              "from the web UI or the API, they run on demo weights (svcctl weights pull MODEL, then "
+                              "restart, to switch).\n")
+    assert uncached_outside_profile(root, "demo", {}, out, cached=pytest_fail) == {}
 
 
 def pytest_fail(*args):

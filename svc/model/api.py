@@ -198,7 +198,8 @@ class PluginError(Exception):
     (:mod:`svc.model.plugincheck`); ``str()`` is one line."""
 
 
-def model_config(factory: IModelFactory, table: dict, config_path: str, *, files: bool = True) -> dict:
+def model_config(factory: IModelFactory, table: dict, config_path: str, *, files: bool = True,
+                 weights_from: str | None = None) -> dict:
     """The [model] table of ``config_path`` checked and completed for ``factory``.
 
     Checks the table against ``factory.config_schema`` (raising
@@ -211,6 +212,7 @@ def model_config(factory: IModelFactory, table: dict, config_path: str, *, files
     ``files`` False: no weights file is looked for, and ``weights`` is left
     out of the result (an OpenAPI document needs the params alone, and a
     missing file is its model server's to report, not every process's).
+    ``weights_from``: what chose the weights when not the file (svc.model.weights.resolve_pretrained).
     """
     from svc.config import ConfigError
     from svc.contract.schema import ObjectSchema
@@ -223,7 +225,7 @@ def model_config(factory: IModelFactory, table: dict, config_path: str, *, files
             where = problems[0].pointer.strip("/").replace("/", ".")
             raise ConfigError(config_path, where, problems[0].message)
         if stage == "as written":
-            table = resolve_pretrained(factory, table, config_path, files=files)
+            table = resolve_pretrained(factory, table, config_path, files=files, weights_from=weights_from)
     config = schema.with_defaults(table)
     if not files:
         config.pop("weights", None)

@@ -112,7 +112,8 @@ class Checked:
     params: dict
 
 
-def checked_config(factory: IModelFactory, table: dict, config_path: str, *, files: bool = True) -> Checked:
+def checked_config(factory: IModelFactory, table: dict, config_path: str, *, files: bool = True,
+                   weights_from: str | None = None) -> Checked:
     """``table`` (the ``[model]`` table of ``config_path``) completed for ``factory``, after every check of its
     declarations; PluginError naming the model, the plugin's module and the first problem.
 
@@ -121,7 +122,7 @@ def checked_config(factory: IModelFactory, table: dict, config_path: str, *, fil
     config's, not the plugin's.
     """
     check_declarations(factory)
-    config = model_config(factory, table, config_path, files=files)
+    config = model_config(factory, table, config_path, files=files, weights_from=weights_from)
     try:
         params = factory.params_schema(config)
     except Exception as e:  # noqa: BLE001 - a third-party plugin's code: any exception is its author's

@@ -70,7 +70,7 @@ def pretrained_variant(config: dict) -> tuple[bool, str | None]:
 
 
 def resolve_pretrained(factory: Any, table: dict, config_path: str, env: dict[str, str] | None = None, *,
-                       files: bool = True) -> dict:
+                       files: bool = True, weights_from: str | None = None) -> dict:
     """The [model] table with ``weights = "pretrained[:VARIANT]"`` resolved from the weights cache.
 
     The variant's implied keys (its ``model`` mapping, e.g. a preprocessing
@@ -82,8 +82,11 @@ def resolve_pretrained(factory: Any, table: dict, config_path: str, env: dict[st
     ``svcctl weights pull`` command (startup never downloads).  Any other
     table is returned unchanged.  ``files`` False: the cache is not looked
     at, and ``weights`` is left out (for what needs the variant's keys only).
+    ``weights_from``: what chose these weights when not the file (``--weights pretrained``), for the messages:
+    they named the config file, which said ``random``.
     """
     wanted, name = pretrained_variant(table)
+    origin = weights_from or config_path
     if not wanted:
         return table
     from svc.config import ConfigError
@@ -93,6 +96,8 @@ def resolve_pretrained(factory: Any, table: dict, config_path: str, env: dict[st
     try:
         variant = find_variant(factory, name or None)
     except KeyError as e:
+        if weights_from:
+            raise WeightsError(f"{weights_from}: {e.args[0]}") from None
         raise ConfigError(config_path, "model.weights", e.args[0]) from None
     config = dict(table)
     for key, value in variant.model.items():
@@ -111,17 +116,17 @@ def resolve_pretrained(factory: Any, table: dict, config_path: str, env: dict[st
         path = cached_weights(model_id, variant.name, env)
         record = read_record(model_id, variant.name, env)
     except RecordError as e:
-        raise WeightsError(f"weights {table['weights']!r} (from {config_path}): {e}: run `{command}` again") from None
+        raise WeightsError(f"weights {table['weights']!r} (from {origin}): {e}: run `{command}` again") from None
     if path is None or record is None:
         expected = directory / (variant.source.filename if isinstance(variant.source, FileSource) else HUB_DIR)
-        raise WeightsError(f"weights {table['weights']!r} (from {config_path}): {expected} is missing: {model_id} "
+        raise WeightsError(f"weights {table['weights']!r} (from {origin}): {expected} is missing: {model_id} "
                            f"variant {variant.name} is not in the weights cache; run `{command}` first")
     for rel, entry in sorted(record.files.items()):
         file = directory / rel
         size = file.stat().st_size if file.is_file() else None
         if size != entry.get("size"):
             state = "missing" if size is None else f"{size} bytes, {RECORD_NAME} says {entry.get('size')}"
-            raise WeightsError(f"weights {table['weights']!r} (from {config_path}): {file}: {state}: {model_id} "
+            raise WeightsError(f"weights {table['weights']!r} (from {origin}): {file}: {state}: {model_id} "
                                f"variant {variant.name} is damaged; run `{command}` again")
     config["weights"] = str(path)
     return config

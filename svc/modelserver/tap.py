@@ -149,10 +149,14 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
         except PluginError as e:  # the file's `id` names no plugin (or two): one line naming the file and key
             raise ConfigError(path, "id", str(e)) from None
         check_declarations(factory)  # its config_schema is read next
+        weights_from = None
         if options["weights"] is not None and "weights" in factory.config_schema.get("properties", {}):
-            config = config.replace(model={**config.model, "weights": weights_override(factory, options["weights"])})
+            weights = weights_override(factory, options["weights"])
+            if weights != config.model.get("weights"):  # the messages name the option, not the file
+                weights_from = f"--weights {options['weights']}"
+            config = config.replace(model={**config.model, "weights": weights})
         # Params bounds may come from the weights' own config (a diffusers folder's schedule length).
-        table = checked_config(factory, config.model, path).config
+        table = checked_config(factory, config.model, path, weights_from=weights_from).config
     except (ConfigError, PluginError, WeightsError) as e:
         raise refuse(PROGRAM, str(e)) from None
 

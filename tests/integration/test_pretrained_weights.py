@@ -80,6 +80,26 @@ def test_served_pretrained_variant_equals_torchvision_with_the_v2_preset(tmp_pat
         server.stop()
 
 
+@pytest.mark.parametrize("choice, named", [("pretrained", "pretrained"), ("pretrained:NOPE", None)])
+def test_weights_chosen_by_the_option_are_named_by_it_not_by_the_config_file(tmp_path, choice, named):
+    """A docs probe: under ``--weights pretrained`` (the supervisor passes the profile's choice on) a variant missing
+    from the cache was said to come "from conf/server/DDIM.toml", a file that said ``random``."""
+    config = write_config(tmp_path, "MOBILENETV2")  # weights = "random"
+    cache = tmp_path / "empty-cache"
+    code, output = run_to_exit(model_server_args(config, 0, "--weights", choice),
+                               env=child_env({"SERVICE_AUTH_TOKEN": "t", "SERVICE_WEIGHTS_DIR": str(cache)}))
+    assert code == 1, output
+    lines = [line for line in output.splitlines() if line.strip()]
+    if named:
+        assert lines == [
+            f"service-model: weights 'pretrained' (from --weights {choice}): {cache}/MOBILENETV2/IMAGENET1K_V2/"
+            "mobilenet_v2-7ebf99e0.pth is missing: MOBILENETV2 variant IMAGENET1K_V2 is not in the weights cache; "
+            "run `svcctl weights pull MOBILENETV2` first"]
+    else:
+        assert len(lines) == 1 and lines[0].startswith("service-model: --weights pretrained:NOPE: ") and str(config) \
+            not in lines[0], lines
+
+
 def test_a_variant_missing_from_the_cache_stops_the_server_with_one_line(tmp_path):
     config = write_config(tmp_path, "MOBILENETV2", model={"weights": "pretrained"})
     cache = tmp_path / "empty-cache"

@@ -80,7 +80,8 @@ def base_url(given: str | None, flag: str, env_name: str, default: str, env: Map
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise CliError(problem)
     if "?" in value or "#" in value:  # the routes were appended after it: ...:8080?x=1/v1/models/...
-        raise CliError(f"{problem} without a query or fragment (a path is kept, as a prefix of the routes)")
+        raise CliError(f"{source} must be an http:// or https:// URL without a query or fragment (a path is kept, "
+                       f"as a prefix of the routes), got {shown!r}")
     return value
 
 

@@ -78,7 +78,12 @@ def shown(raw: bytes | str, limit: int = 40) -> str:
     """The start of a client-given value, for an error message (``repr`` keeps it one printable line).
 
     Bytes are read as UTF-8, as a browser or curl percent-encodes text (``%EF%BC%91`` is a fullwidth
-    one, which Latin-1 showed as mojibake); a byte that is not UTF-8 shows as a backslash escape.
+    one, which Latin-1 showed as mojibake); a byte that is not UTF-8 shows as the escape ``repr`` gives a byte,
+    ``'\\xb2'`` (read with ``backslashreplace``, its backslash was escaped once more: ``'\\\\xb2'``).
     """
-    text = raw.decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else raw
-    return repr(text[:limit])
+    text = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
+    # repr writes a byte kept as a lone surrogate as \udcXX; a backslash of the text itself is \\, matched first.
+    return _ESCAPED.sub(lambda m: m[0] if m[1] is None else "\\x" + m[1], repr(text[:limit]))
+
+
+_ESCAPED = re.compile(r"\\\\|\\udc([89a-f][0-9a-f])")

@@ -185,8 +185,8 @@ def test_a_gateway_url_with_a_query_or_fragment_is_refused(monkeypatch, capsys, 
     """``--gateway 'http://127.0.0.1:22080?x=1'`` sent its requests to ``...22080?x=1/v1/models/...``."""
     gateway = fake_client(monkeypatch)
     assert cli.main(["jobs", "get", "M", "job_1", "--gateway", url], client=gateway) == 2
-    assert capsys.readouterr() == ("", f"svcctl: --gateway must be an http:// or https:// URL, got {url!r} without "
-                                       "a query or fragment (a path is kept, as a prefix of the routes)\n")
+    assert capsys.readouterr() == ("", "svcctl: --gateway must be an http:// or https:// URL without a query or "
+                                       f"fragment (a path is kept, as a prefix of the routes), got {url!r}\n")
     assert gateway.requests == []
 
 
@@ -196,8 +196,8 @@ def test_a_supervisor_url_with_a_query_is_refused_naming_the_variable(monkeypatc
     keys = tmp_path / "keys.toml"
     assert cli.main(["keys", "add", "bob", "--keys-file", str(keys)], client=fake_client(monkeypatch)) == 2
     assert capsys.readouterr() == ("", "svcctl: SERVICE_SUPERVISOR_URL (the default of --supervisor) must be an "
-                                       "http:// or https:// URL, got 'http://127.0.0.1:8787?x=1' without a query or "
-                                       "fragment (a path is kept, as a prefix of the routes)\n")
+                                       "http:// or https:// URL without a query or fragment (a path is kept, as a "
+                                       "prefix of the routes), got 'http://127.0.0.1:8787?x=1'\n")
     assert not keys.exists()
 
 

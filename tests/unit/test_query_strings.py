@@ -73,10 +73,14 @@ def test_the_parser_never_raises_and_agrees_with_the_oracle(raw):
     assert parse_bounded_int(raw) == expected
 
 
-@pytest.mark.parametrize("raw, text", [(b"\xef\xbc\x91", "'１'"), (b"12x", "'12x'"), (b"\xe9", "'\\\\xe9'"),
+@pytest.mark.parametrize("raw, text", [(b"\xef\xbc\x91", "'１'"), (b"12x", "'12x'"), (b"\xe9", "'\\xe9'"),
+                                       (b"\xb2\xff1", "'\\xb2\\xff1'"), (b"a\\udcb2", "'a\\\\udcb2'"),
+                                       (b"\\\xb2", "'\\\\\\xb2'"),
                                        ("abc", "'abc'"), (b"\n" + b"9" * 60, "'\\n" + "9" * 39 + "'")])
 def test_a_value_in_an_error_message_is_its_text(raw, text):
-    """A fullwidth digit was echoed as mojibake ('ï¼\\x91'): the value is read as the UTF-8 a client sent."""
+    """A fullwidth digit was echoed as mojibake ('ï¼\\x91'): the value is read as the UTF-8 a client sent. A byte that
+    is no UTF-8 shows as repr shows a byte (it showed as '\\\\xb2', its backslash escaped twice: a docs probe), and
+    a backslash the client sent stays escaped."""
     assert shown(raw) == text
 
 

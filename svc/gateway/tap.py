@@ -25,8 +25,8 @@ from twisted.python import usage
 
 from svc.contract.protocol import GATEWAY_PROGRAM as PROGRAM
 from svc.contract.protocol import HOST_ID_ENV, JOB_SECRET_ENV, SERVICE_CONFIG
-from svc.infra.process import ProgramOptions
 from svc.infra.reactors import IServiceReactor, global_reactor
+from svc.infra.twistd import ProgramOptions
 
 if TYPE_CHECKING:
     from twisted.application.service import IService
@@ -54,7 +54,7 @@ class Options(ProgramOptions):
         for name in ("listen-fd", "ready-fd"):
             if self[name] is not None and self[name] < 3:
                 raise usage.UsageError(f"--{name} must be an inherited descriptor >= 3, not {self[name]}")
-        from svc.infra.process import own_pidfile
+        from svc.infra.twistd import own_pidfile
 
         own_pidfile(self, PROGRAM)
 
@@ -69,7 +69,8 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     from svc.config import ConfigError, given_config_problem
     from svc.gateway.catalog import CatalogError, load_catalog
     from svc.gateway.config import load_gateway_config
-    from svc.infra.process import private_daemon_log, refuse
+    from svc.infra.process import refuse
+    from svc.infra.twistd import private_daemon_log
 
     private_daemon_log(options)  # before twistd opens it
 

@@ -15,11 +15,10 @@ from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IReactorCore, IReactorFromThreads
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
-from twisted.python import usage
 from twisted.python.threadpool import ThreadPool
 
-from svc import version_line
 from svc.infra.reactors import IServiceReactor
+from svc.infra.twistd import tell_launcher
 
 #: Runs a function somewhere (a thread pool, or inline in unit tests) and
 #: returns a Deferred of its result.
@@ -34,70 +33,6 @@ SUPERVISOR_PID_ENV = "SERVICE_SUPERVISOR_PID"
 #: A child whose supervisor is gone ends this long after the stop signal,
 #: whatever it was doing, so that a new supervisor gets its port back.
 ORPHAN_EXIT_S = 1.5
-
-
-#: twistd's default pidfile: every twistd program started from one folder
-#: writes it, so a second one exits with "Another twistd server is running".
-TWISTD_DEFAULT_PIDFILE = "twistd.pid"
-
-
-class ProgramOptions(usage.Options):
-    """The options every twistd program of the service has: ``--version`` prints the project's version line."""
-
-    def opt_version(self) -> None:
-        """Print the project version and exit."""
-        print(version_line())
-        sys.exit(0)
-
-
-def own_pidfile(options: Any, name: str) -> None:
-    """Give a process of ours its own pidfile and log file, so that several run side by side from one folder.
-
-    Called from a tap's ``postOptions``, which runs while twistd parses its
-    command line and before it checks the pidfile: ``options.parent`` is then
-    twistd's ServerOptions.  Only twistd's default ``twistd.pid`` is changed
-    (an explicit ``--pidfile`` other than that is kept): in the foreground
-    (``-n``) no pidfile is written at all (the process is stopped with Ctrl-C
-    or a signal to the pid it prints), as a daemon it is
-    ``twistd-<name>.pid``, which ``kill $(cat ...)`` needs.  ``python -m
-    twisted`` (twist) has no pidfile option and is left alone.  Likewise a
-    daemon without ``--logfile`` writes ``twistd-<name>.log``, not the
-    ``twistd.log`` that two daemons of one folder shared, each at its own
-    offset (lines overwritten, a rotation followed by one of them only).
-    """
-    parent = getattr(options, "parent", None)
-    if parent is None or "pidfile" not in parent or parent["pidfile"] != TWISTD_DEFAULT_PIDFILE:
-        return
-    parent["pidfile"] = "" if parent.get("nodaemon") else f"twistd-{name}.pid"
-    if not parent.get("nodaemon") and not parent.get("logfile") and not parent.get("syslog"):
-        parent["logfile"] = os.path.abspath(f"twistd-{name}.log")
-
-
-def private_daemon_log(options: Any) -> None:
-    """Make a daemon's log file (twistd's ``--logfile``) the owner's only, 0600, before twistd opens it: it
-    holds the access lines, and a job id is all it takes to read that job's result.  twistd opens it before
-    it applies a daemon's umask, so it was 0644.  Nothing for a process under twist.
-
-    SIGUSR1 is ignored from here on, too, wherever twistd writes a log file (a daemon's, or ``-n
-    --logfile``): as it opens the file, twistd makes SIGUSR1 rotate it where the signal still has its
-    default action, so a daemon renamed its log to ``.1`` on logrotate's usual ``postrotate`` signal while
-    every other process ignored it (:func:`exit_zero_on_signals`;
-    docs/operations.md).  twistd still rotates the file by size (1 MB) itself."""
-    parent = getattr(options, "parent", None)
-    logfile = parent.get("logfile") if parent is not None else None
-    if parent is None or not logfile or logfile == "-":
-        return
-    import signal
-
-    if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None):  # makeService runs before twistd's log starts
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    if parent.get("nodaemon"):
-        return
-    try:
-        os.close(os.open(logfile, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
-        os.chmod(logfile, 0o600)
-    except OSError:
-        pass  # twistd's own open says what is wrong with the path
 
 
 def pid_running(pid: int) -> bool:
@@ -355,9 +290,13 @@ class ListeningMultiService(MultiService):
 
     def privilegedStartService(self) -> None:
         try:
-            super().privilegedStartService()
-        except CannotListenError as e:
-            raise self._refusal(e) from None
+            try:
+                super().privilegedStartService()
+            except CannotListenError as e:
+                raise self._refusal(e) from None
+        except SystemExit as refusal:  # twistd's daemon is forked by now: its launcher waits for word
+            tell_launcher(refusal)
+            raise
 
     def startService(self) -> None:
         try:

@@ -19,8 +19,8 @@ from svc.contract import jobid
 from svc.contract.protocol import CPU_SHARE_ENV
 from svc.contract.protocol import MODEL_PROGRAM as PROGRAM
 from svc.contract.protocol import MODEL_TOKEN_ENV as AUTH_ENV
-from svc.infra.process import ProgramOptions
 from svc.infra.reactors import IServiceReactor, global_reactor
+from svc.infra.twistd import ProgramOptions
 
 if TYPE_CHECKING:
     from twisted.application.service import IService
@@ -58,7 +58,7 @@ class Options(ProgramOptions):
             raise usage.UsageError(f"--weights must be demo, pretrained or pretrained:VARIANT, not {weights!r}")
         if self["port"] is not None and not 0 <= self["port"] <= 65535:
             raise usage.UsageError(f"--port must be 0..65535, not {self['port']}")
-        from svc.infra.process import own_pidfile
+        from svc.infra.twistd import own_pidfile
 
         own_pidfile(self, f"{PROGRAM}-{os.path.splitext(os.path.basename(self['server']))[0]}")
 
@@ -130,7 +130,8 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     """
     from svc.auth import token_problem
     from svc.config import ConfigError, load_model_server_config
-    from svc.infra.process import private_daemon_log, refuse
+    from svc.infra.process import refuse
+    from svc.infra.twistd import private_daemon_log
     from svc.model.api import PluginError, find_factory
     from svc.model.plugincheck import check_declarations, checked_config
     from svc.model.weights import WeightsError

@@ -20,8 +20,8 @@ from twisted.python import usage
 
 from svc.contract.protocol import SERVICE_CONFIG
 from svc.contract.protocol import SUPERVISOR_PROGRAM as PROGRAM
-from svc.infra.process import ProgramOptions
 from svc.infra.reactors import IServiceReactor, global_reactor
+from svc.infra.twistd import ProgramOptions
 
 if TYPE_CHECKING:
     from twisted.application.service import IService
@@ -85,7 +85,7 @@ class Options(ProgramOptions):
             raise usage.UsageError(f"--weights must be demo or pretrained, not {self['weights']!r}")
         if self["port"] is not None and not 1 <= self["port"] <= 65535:
             raise usage.UsageError(f"--port must be 1..65535, not {self['port']}")
-        from svc.infra.process import own_pidfile
+        from svc.infra.twistd import own_pidfile
 
         own_pidfile(self, PROGRAM)
 
@@ -114,7 +114,7 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     """
     from dataclasses import replace
 
-    from svc.infra.process import private_daemon_log
+    from svc.infra.twistd import private_daemon_log
 
     private_daemon_log(options)  # before twistd opens it
 

@@ -1,4 +1,5 @@
-"""The supervisor run as a daemon (``twistd`` without ``-n``, docs/processes.md) starts its children.
+"""The supervisor run as a daemon (``twistd`` without ``-n``, docs/processes.md) starts its children; every
+program run so tells its launcher when its port is taken.
 
 twistd forks after it has built the service, and the supervisor used to put
 its pid of that moment in the children's ``SERVICE_SUPERVISOR_PID``: the
@@ -12,15 +13,19 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from svc.supervisor.logsink import LogDirLock
+from tests.support.gateway import GATEWAY_TOKENS
 from tests.support.http import get, post
 from tests.support.images import image_b64
-from tests.support.processes import Proc, child_env, pid_alive
+from tests.support.processes import Proc, child_env, pid_alive, write_config
 from tests.support.stack import build_stack
 
 TWISTD = str(Path(sys.executable).parent / "twistd")
@@ -73,3 +78,46 @@ def test_a_daemonized_supervisor_runs_its_children_and_stops_them(tmp_path: Path
         assert time.monotonic() < deadline, log.read_text()[-3000:]
         time.sleep(0.2)
     assert not pidfile.exists()
+
+
+def daemon_command(program: str, tmp_path: Path, port: int) -> tuple[list[str], dict[str, str]]:
+    """``program``'s arguments (after ``twistd ... ``) and environment, with its port ``port``."""
+    if program == "service-model":
+        config = write_config(tmp_path, "TESTFAULTS", port=port)
+        return ["--server", str(config)], {"SERVICE_AUTH_TOKEN": "model-token"}
+    if program == "service-gateway":
+        servers = tmp_path / "server"
+        servers.mkdir()
+        config = tmp_path / "gateway.toml"
+        config.write_text(f'[gateway]\nport = {port}\nkeys_file = "{tmp_path / "keys.toml"}"\n'
+                          f'servers_dir = "{servers}"\n')
+        (tmp_path / "keys.toml").write_text("# the static token only\n")
+        return ["--config", str(config)], GATEWAY_TOKENS
+    stack = build_stack(tmp_path, {"TESTFAULTS": {}}, start=False)
+    config = tmp_path / "service.toml"
+    mine = f"[supervisor]\nport = {stack.extra['supervisor_port']}\n"
+    config.write_text(config.read_text().replace(mine, f"[supervisor]\nport = {port}\n"))
+    return ["--config", str(config)], stack.env
+
+
+@pytest.mark.parametrize("program", ["service-model", "service-gateway", "service-supervisor"])
+def test_a_daemon_whose_port_is_taken_tells_its_launcher_and_leaves_no_pidfile(tmp_path: Path, program: str) -> None:
+    """A config probe: ``twistd`` without ``-n`` forks its daemon before the port is bound; the daemon's refusal of a
+    taken port (a SystemExit) reached the log, but twistd reports only an exception to the launcher, which waited on
+    for ever, the dead daemon's pidfile left behind. The launcher exits 1 now with the refusal's start, as it does for
+    twistd's own errors, and the pidfile is gone."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        args, env = daemon_command(program, tmp_path, port)
+        pidfile, log = tmp_path / "daemon.pid", tmp_path / "daemon.log"
+        launcher = subprocess.run([TWISTD, "--pidfile", str(pidfile), "--logfile", str(log), program, *args],
+                                  env=child_env(env), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert launcher.returncode == 1, (launcher.stderr, log.read_text()[-2000:])
+    first, second = launcher.stderr.splitlines()
+    assert first.startswith(f"An error has occurred: b'{program}: ") and len(first) > 40, launcher.stderr
+    assert second == "Please look at log file for more information."
+    assert not pidfile.exists()
+    refusal = [line for line in log.read_text().splitlines() if f"cannot listen on 127.0.0.1:{port}: " in line]
+    assert len(refusal) == 1 and f"{program}: " in refusal[0], log.read_text()[-2000:]

@@ -3,7 +3,7 @@
 import pytest
 from twisted.scripts.twistd import ServerOptions
 
-from svc.infra.process import TWISTD_DEFAULT_PIDFILE
+from svc.infra.twistd import TWISTD_DEFAULT_PIDFILE
 
 
 def parsed(*argv: str) -> ServerOptions:
@@ -45,7 +45,7 @@ def test_as_a_daemon_each_program_has_its_own_log_file_and_it_is_the_owners_only
     import os
     import stat
 
-    from svc.infra.process import private_daemon_log
+    from svc.infra.twistd import private_daemon_log
 
     monkeypatch.chdir(tmp_path)
     gateway = parsed("service-gateway")
@@ -75,7 +75,7 @@ def test_sigusr1_does_not_rotate_twistds_own_log(tmp_path, monkeypatch, argv, ig
 
     from twisted.scripts._twistd_unix import UnixAppLogger
 
-    from svc.infra.process import private_daemon_log
+    from svc.infra.twistd import private_daemon_log
 
     monkeypatch.chdir(tmp_path)
     previous = signal.signal(signal.SIGUSR1, signal.SIG_DFL)

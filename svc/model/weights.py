@@ -32,7 +32,9 @@ WEIGHTS_PROPERTIES: dict[str, dict] = {
         "description": "'random' (seeded random init), 'pretrained' (the model's default pretrained variant) or "
         "'pretrained:<VARIANT>' from the weights cache (svcctl weights pull), or a local weights path.",
     },
-    "seed": {"type": "integer", "minimum": 0, "default": 0, "description": "Seed of the random init."},
+    # Bounded as a request's seed is: a larger one passed the check and failed in torch after the port listened.
+    "seed": {"type": "integer", "minimum": 0, "maximum": 2**32 - 1, "default": 0,
+             "description": "Seed of the random init."},
     "version": {
         "type": "string",
         "minLength": 1,

@@ -52,6 +52,8 @@ def refused(config, *extra, env=None, port=None):
         ({"backend": {"workers": 0}}, ": backend.workers: must be at least 1, got 0"),
         ({"model": {"colour": "red"}}, ": model.colour: unknown key 'colour'"),
         ({"model": {"seed": -1}}, ": model.seed: -1 is less than the minimum of 0"),
+        # Accepted, then a traceback from torch once the port listened (config probe).
+        ({"model": {"seed": 2**64}}, ": model.seed: 18446744073709551616 is greater than the maximum of 4294967295"),
         # It named neither the file nor the key (probe): "service-model: no model plugin serves ...".
         ({"id": "NOSUCHMODEL"}, ": id: no model plugin serves catalog id 'NOSUCHMODEL'; known: CLS_COND_DDIM, "),
     ],

@@ -153,3 +153,17 @@ def load_catalog(servers_dir: str, env: Mapping[str, str]) -> Catalog:
         upstreams.append(Upstream(c.id, ports[0], c.server_uri, c.async_enabled, replicas[0].token,
                                   c.peer_resp_timeout, replicas, c.max_connections))
     return Catalog(upstreams)
+
+
+def unknown_ids(catalog: Catalog, env: Mapping[str, str]) -> list[str]:
+    """A line for each variable of tokens or ports that names an id no model config has (the catalog's ids are
+    those of ``servers_dir``): a misspelt id left its model without a token or on its config's port, and the
+    gateway said only "no upstream token for" the model.  Read after :func:`load_catalog`, which checked them."""
+    lines = []
+    named: dict[str, Mapping[str, object]] = {TOKENS_ENV: upstream_tokens(env)[0],
+                                              PORTS_ENV: decode_ports(PORTS_ENV, env.get(PORTS_ENV) or "")}
+    for name, ids in named.items():
+        unknown = sorted(set(ids) - set(catalog.by_id))
+        if unknown:
+            lines.append(f"{name} names {', '.join(unknown)}, which no model config has: not used")
+    return lines

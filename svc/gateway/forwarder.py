@@ -127,8 +127,6 @@ class Forwarder:
             self._observe(request, route, started)  # the gateway's own 502 and 503 (a hung or dead model)
             raise
         self._observe(request, route, started)
-        if reply.code == 401:
-            log.error("{model} refused the gateway's token: is SERVICE_UPSTREAM_TOKENS right?", model=upstream.id)
         request.setResponseCode(reply.code)
         for name in PASSED_REPLY_HEADERS:
             values = reply.headers.getRawHeaders(name)
@@ -236,6 +234,13 @@ class Forwarder:
                 self.balancer.finished(target)
         self.labelled(self.metrics.upstream_duration, upstream.id, replica, route).observe(
             (self.clock.seconds() - started) * 1000.0)
+        if reply.code == 401:  # the credential refused is the gateway's own: passed on, it told a client its key was
+            self.metrics.upstream_errors.labels(upstream.id, replica, "unauthorized").inc()  # wrong (config probe)
+            log.error("{model} replica {replica} refused the gateway's token: is SERVICE_UPSTREAM_TOKENS right?",
+                      model=upstream.id, replica=replica)
+            raise ApiError(st.BAD_GATEWAY, f"model server {upstream.id} refused the gateway's own credential: its "
+                                           "upstream token (SERVICE_UPSTREAM_TOKENS) is missing or wrong, which the "
+                                           "operator must fix")
         return reply
 
     async def to_job(self, request: Any, upstream: Upstream, route: str, job_id: str, template: str, *,

@@ -67,7 +67,7 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     """
     from svc.auth import Refused, bind_problem, cluster_problem, decide
     from svc.config import ConfigError, given_config_problem
-    from svc.gateway.catalog import CatalogError, load_catalog
+    from svc.gateway.catalog import CatalogError, load_catalog, unknown_ids
     from svc.gateway.config import load_gateway_config
     from svc.infra.process import refuse
     from svc.infra.twistd import private_daemon_log
@@ -98,6 +98,8 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
         catalog = load_catalog(config.servers_dir, env)
     except (ConfigError, CatalogError) as e:
         raise refuse(PROGRAM, str(e)) from None
+    for line in unknown_ids(catalog, env):
+        Logger().warn("{problem}", problem=line)
     clash = next((up.id for up in catalog for r in up.replicas if r.port == config.port), None)
     if clash is not None:  # the supervisor refuses it too; a gateway started alone bound it and routed to itself
         origin = "--port" if options["port"] is not None else f"{config.path}: gateway.port"

@@ -364,6 +364,31 @@ def test_wait_budget_is_capped_at_300000_before_the_receive_timeout_check(stack,
 # -- upstream faults -------------------------------------------------------------------------------------
 
 
+def test_a_model_that_refuses_the_gateways_token_is_502_not_the_clients_401(stack, tmp_path):
+    """A config probe: a gateway started with a wrong upstream token (or a misspelt id in SERVICE_UPSTREAM_TOKENS)
+    passed the model's 401 on, so a client with a valid key read "missing or wrong bearer token". The credential is
+    the gateway's: 502, counted, logged; and an id the catalog lacks is said at start."""
+    gateway = start_gateway(tmp_path, stack["servers"], keys_toml(),
+                            env={"SERVICE_UPSTREAM_TOKENS": '{"NOPE": "x", "MOBILENETV2": "wrong"}',
+                                 "SERVICE_UPSTREAM_TOKEN": "upstream-secret"})
+    try:
+        reply = infer({"gateway": gateway}, headers={"X-Request-ID": "token-1"})
+        counted = samples(get(gateway.url + "/metrics", headers=bearer(GATEWAY_TOKENS["SERVICE_METRICS_TOKEN"])
+                              ).body.decode(), "service_gateway_upstream_errors_total")
+        served = infer({"gateway": gateway}, model="TESTFAULTS")  # the fallback token is right for it
+    finally:
+        assert gateway.stop() == 0
+    assert (reply.status, reply.json["status"], reply.json["status_str"]) == (502, 502, "BAD_GATEWAY"), reply.json
+    assert reply.json["error"] == ("model server MOBILENETV2 refused the gateway's own credential: its upstream token "
+                                   "(SERVICE_UPSTREAM_TOKENS) is missing or wrong, which the operator must fix")
+    assert reply.header("X-Request-ID") == "token-1" and reply.header("WWW-Authenticate") is None
+    assert counted['{kind="unauthorized",model="MOBILENETV2",replica="0"}'] == 1.0
+    assert served.status == 200 and served.json["status"] == 0
+    output = gateway.output()
+    assert "SERVICE_UPSTREAM_TOKENS names NOPE, which no model config has: not used" in output
+    assert "MOBILENETV2 replica 0 refused the gateway's token: is SERVICE_UPSTREAM_TOKENS right?" in output
+
+
 def test_upstream_not_running_is_503(stack):
     reply = infer(stack, model="DOWN", headers={"X-Request-ID": "down-1"})
     assert reply.status == 503 and reply.json["status"] == 65 and reply.header("X-Request-ID") == "down-1"

@@ -13,6 +13,9 @@ from twisted.web._newclient import ResponseFailed
 from svc.infra.metrics import render
 from tests.unit.test_gateway_app import OFF_KEY, SLOW_KEY, Harness, h
 
+# The harness's in-memory transport has no abortConnection (as in test_gateway_app).
+pytestmark = pytest.mark.filterwarnings("ignore:Using readBody with a transport:DeprecationWarning")
+
 
 @pytest.fixture
 def gw(tmp_path):

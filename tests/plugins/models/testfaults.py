@@ -45,7 +45,7 @@ class FaultModel:
         import numpy
         import torch
 
-        return torch.from_numpy(numpy.asarray(image.convert("RGB").resize((8, 8)))).permute(2, 0, 1).contiguous()
+        return torch.from_numpy(numpy.array(image.convert("RGB").resize((8, 8)))).permute(2, 0, 1).contiguous()  # writable
 
     def batch_key(self, params: dict) -> Any:
         return (params["sleep_ms"], params["fail"])

@@ -305,10 +305,15 @@ def load_profile(config: SupervisorConfig, name: str | None = None,
 
     ``gpu_present`` is injected so that both branches can be tested on any host.
     """
+    given = name
     name = name or config.profile
     if name == "auto":
         name = "gpu" if gpu_present() else "cpu"
     path = os.path.join(config.profiles_dir, f"{name}.toml")
+    if not os.path.exists(path):  # "profiles/gpu.toml: file not found" named neither the choice nor the folder's key
+        problem = (f"{name!r} has no profile file: {path} does not exist (relative to {os.getcwd()}; "
+                   "supervisor.profiles_dir)")
+        raise ConfigError("--profile", None, problem) if given else ConfigError(config.path, "supervisor.profile", problem)
     values = apply_keys(path, read_toml(path), PROFILE_KEYS)
     models = values["models"]
     if not all(isinstance(m, str) for m in models):

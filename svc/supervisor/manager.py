@@ -42,14 +42,7 @@ from typing import Any
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
 from twisted.logger import Logger
 
-from svc.auth import (
-    API_TOKEN_ENV,
-    CLUSTER_TOKEN_ENV,
-    GATEWAY_TOKEN_ENV,
-    METRICS_TOKEN_ENV,
-    cluster_problem,
-    separate_tokens_problem,
-)
+from svc.auth import API_TOKEN_ENV, CLUSTER_TOKEN_ENV, GATEWAY_TOKEN_ENV, METRICS_TOKEN_ENV
 from svc.config import ConfigError, ModelServerConfig, load_model_server_config, model_server_configs
 from svc.contract.jobid import new_secret
 from svc.contract.protocol import (
@@ -79,7 +72,7 @@ from svc.supervisor.child import STARTING, Child, ChildError, ChildSpec
 from svc.supervisor.config import Profile, SupervisorConfig, weights_choice
 from svc.supervisor.handover import GatewayChild
 from svc.supervisor.logsink import LogSink
-from svc.supervisor.preflight import key_file_problem, model_config_problem
+from svc.supervisor.preflight import gateway_refusal, key_file_problem, model_config_problem
 from svc.supervisor.replicaset import ReplicaSet
 from svc.supervisor.spawn import bind_listening_socket, kill_group, port_is_free
 
@@ -89,16 +82,6 @@ log = Logger()
 GATEWAY_ONLY_SECRETS = frozenset({API_TOKEN_ENV, GATEWAY_TOKEN_ENV, METRICS_TOKEN_ENV, CLUSTER_TOKEN_ENV})
 
 GATEWAY = GATEWAY_CHILD
-
-
-def gateway_refusal(env: dict[str, str], has_peers: bool = False) -> str | None:
-    """Why the gateway must not be spawned with this environment (None: fine).
-
-    The same checks the gateway makes at startup (svc.auth), so a refusal is a permanent failure here instead
-    of a crash loop there.  ``has_peers``: ``[cluster] peers`` is configured.
-    """
-    problem = separate_tokens_problem(env) or cluster_problem(env, has_peers)
-    return f"{problem} (set it and restart the supervisor)" if problem else None
 
 
 def _twist(*args: str) -> list[str]:
@@ -138,6 +121,7 @@ class ChildManager:
         self.describe = describe or (lambda model_id: {})
         self._variant_of = default_variant or (lambda model_id: None)
         self._demo_models = demo_models
+        self.stopping = False  # stop_all began: start_all spawns no more models
         # Per model: the --weights argument of its server and what the status API says of its weights.
         self.weights = {c.id: self._weights_choice(c.id, c.model.get("weights")) for c in self.catalog}
         known = {c.id for c in self.catalog}
@@ -332,6 +316,8 @@ class ChildManager:
             await self.gateway.start()
         except Exception as e:  # noqa: BLE001 - the models start anyway
             self._not_ready(GATEWAY, self.gateway.snapshot(), str(e))
+        if self.stopping:  # the shutdown ended the gateway's start (its port wait, say): no model is spawned now
+            return
         results = await DeferredList([self.sets[m].start() for m in self.profile.models], consumeErrors=True)
         for (ok, value), name in zip(results, self.profile.models):
             if not ok:
@@ -359,6 +345,7 @@ class ChildManager:
         return ensureDeferred(self._stop_all())
 
     async def _stop_all(self) -> None:
+        self.stopping = True
         await DeferredList([self.gateway.shutdown()], consumeErrors=True)
         await DeferredList([s.shutdown() for s in self.models()], consumeErrors=True)
         for child in self.children.values():

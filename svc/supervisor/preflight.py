@@ -14,7 +14,7 @@ action must not go on (the running process keeps serving), or None.
 
 from __future__ import annotations
 
-from svc.auth import load_key_file
+from svc.auth import cluster_problem, load_key_file, separate_tokens_problem
 from svc.config import ConfigError, ModelServerConfig, load_model_server_config
 
 #: The keys the gateway and the supervisor route by, read once at the supervisor's start.
@@ -76,3 +76,13 @@ def key_file_problem(path: str) -> str | None:
                 "the keys it loaded); fix the file (svcctl keys list checks it), or empty it to run on the static "
                 "token alone")
     return None
+
+
+def gateway_refusal(env: dict[str, str], has_peers: bool = False) -> str | None:
+    """Why the gateway must not be spawned with this environment (None: fine).
+
+    The same checks the gateway makes at startup (svc.auth), so a refusal is a permanent failure here instead
+    of a crash loop there.  ``has_peers``: ``[cluster] peers`` is configured.
+    """
+    problem = separate_tokens_problem(env) or cluster_problem(env, has_peers)
+    return f"{problem} (set it and restart the supervisor)" if problem else None

@@ -197,7 +197,10 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
         raise refuse(PROGRAM, str(e)) from None
     except OSError as e:  # log_dir not a directory, say: one line, not a traceback
         log_lock.release()
-        raise refuse(PROGRAM, f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")) from None
+        where = ""
+        if e.filename and os.path.abspath(str(e.filename)).startswith(os.path.abspath(config.log_dir)):
+            where = f"{config.path}: supervisor.log_dir: "  # the key to change, not only a path under it
+        raise refuse(PROGRAM, where + f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")) from None
     exit_zero_on_signals(reactor)
     open_file_limit(config.max_connections, f"{config.path}: supervisor.max_connections")
     from svc.web.limits import HttpLimits

@@ -15,7 +15,8 @@ from svc.gateway.config import RedisAddress, load_gateway_config, redis_address
 from svc.gateway.ratestore import LocalRates, RedisRates
 from svc.supervisor import tap as supervisor_tap
 from svc.supervisor.config import load_supervisor_config
-from svc.supervisor.manager import GATEWAY, gateway_refusal
+from svc.supervisor.manager import GATEWAY
+from svc.supervisor.preflight import gateway_refusal
 from svc.supervisor.probe import HttpProbe
 from tests.support.haproxy import HAPROXY, SHIPPED, config_for
 from tests.support.processes import REPO

@@ -12,7 +12,8 @@ from twisted.python.failure import Failure
 from svc.config import load_model_server_config
 from svc.supervisor.child import FAILED, RUNNING, STARTING, STOPPED, STOPPING
 from svc.supervisor.config import Profile, load_profile, load_supervisor_config, nvidia_present, weights_choice
-from svc.supervisor.manager import GATEWAY, ChildManager, gateway_refusal
+from svc.supervisor.manager import GATEWAY, ChildManager
+from svc.supervisor.preflight import gateway_refusal
 from tests.unit.test_supervisor_child import Probe, ProcessReactor
 
 ENV = {"SERVICE_API_TOKEN": "mgmt", "SERVICE_METRICS_TOKEN": "metrics", "PATH": "/usr/bin"}
@@ -44,14 +45,14 @@ def catalog(tmp_path):
     return configs
 
 
-def manager(tmp_path, env=ENV, models=("AAA", "BBB")):
+def manager(tmp_path, env=ENV, models=("AAA", "BBB"), port_free=lambda port: True):
     conf = tmp_path / "service.toml"
     conf.write_text(f'[supervisor]\nlog_dir = "{tmp_path / "logs"}"\n[servers.BBB]\nrestart = "no"\n')
     reactor, probe = ProcessReactor(), Probe()
     kills = []
     m = ChildManager(reactor=reactor, config=load_supervisor_config(str(conf)), profile=Profile("cpu", "cpu", models),
                      probe=probe, env=env, killer=lambda pid, sig: kills.append((pid, sig)), catalog=catalog(tmp_path),
-                     port_free=lambda port: True,
+                     port_free=port_free,
                      describe=lambda mid: {"category": "classification", "task": "t"}, binder=FakeSocket.bind)
     return m, reactor, probe, kills
 
@@ -101,6 +102,20 @@ def test_gateway_first_then_the_profile_models_with_their_tokens(tmp_path):
     assert "SERVICE_API_KEY" not in gateway_env  # no process of the service reads a client's key
     assert m.children["CCC"].state == STOPPED  # not in the profile
     assert m.children["BBB"].spec.policy == "no"
+
+
+def test_a_shutdown_while_the_gateway_waits_for_its_port_spawns_no_model(tmp_path):
+    """A config probe: SIGTERM during the gateway's port wait ended the wait, and the start went on to spawn the
+    profile's models, stopped again at once ("starting: spawned pid", then "stopping: SIGTERM")."""
+    m, reactor, probe, _ = manager(tmp_path, port_free=lambda port: port != 8080)  # the gateway's port is taken
+    started = m.start_all()
+    reactor.advance(1)
+    assert spawned_names(reactor) == [] and m.gateway.state == "starting"  # waiting for its port
+    stopped = m.stop_all()
+    reactor.advance(1)
+    assert started.called and stopped.called
+    assert spawned_names(reactor) == [] and m.gateway.state == STOPPED
+    assert {m.children[name].state for name in ("AAA", "BBB")} == {STOPPED}
 
 
 def test_models_start_even_if_the_gateway_is_refused(tmp_path):

@@ -209,8 +209,12 @@ def test_gateway_refusals(gateway_config, environment, tmp_path):
         f"service-gateway: {misspelt}: gatway: unknown table; known: gateway, supervisor, servers, cluster")
     assert refusal(gateway_tap, ["--config", config, "--port", "9101"]) == (  # MOBILENETV2's port
         "service-gateway: --port: 9101 is also the port of MOBILENETV2")
+    # the folder named by the option or the key that gave it (a config probe: the line named neither)
     assert refusal(gateway_tap, ["--config", config, "--servers", str(tmp_path / "nowhere")]) == (
-        f"service-gateway: {tmp_path / 'nowhere'}: the model-server config directory does not exist")
+        f"service-gateway: --servers: {tmp_path / 'nowhere'} does not exist (relative to {os.getcwd()})")
+    bad.write_text(f'[gateway]\nservers_dir = "{bad}"\n')
+    assert refusal(gateway_tap, ["--config", str(bad)]) == (
+        f"service-gateway: {bad}: gateway.servers_dir: {bad} is not a folder")
 
 
 # ---------------------------------------------------------------- supervisor
@@ -318,6 +322,24 @@ def test_supervisor_refusals(supervisor_config, environment, tmp_path):
                                                         for k, v in folders.items()))
         assert refusal(supervisor_tap, ["--config", str(elsewhere)]) == (
             f"service-supervisor: {elsewhere}: supervisor.{key}: {problem}")
+    # a profile without its file, and a log_dir that cannot be made, named by their keys (a config probe: the lines
+    # were "profiles/gpu.toml: file not found" and "/proc/logs: No such file or directory")
+    cpu_only = tmp_path / "cpu-only"
+    cpu_only.mkdir()
+    (cpu_only / "cpu.toml").write_text((PROFILES / "cpu.toml").read_text())
+    gpu = tmp_path / "gpu.toml"
+    gpu.write_text(f'[supervisor]\nservers_dir = "{SERVERS}"\nprofiles_dir = "{cpu_only}"\nprofile = "gpu"\n'
+                   f'log_dir = "{tmp_path / "logs"}"\n')
+    missing = f"'gpu' has no profile file: {cpu_only}/gpu.toml does not exist (relative to {os.getcwd()}; "
+    assert refusal(supervisor_tap, ["--config", str(gpu)]) == (
+        f"service-supervisor: {gpu}: supervisor.profile: {missing}supervisor.profiles_dir)")
+    gpu.write_text(gpu.read_text().replace('profile = "gpu"', 'profile = "cpu"'))
+    assert refusal(supervisor_tap, ["--config", str(gpu), "--profile", "gpu"]) == (
+        f"service-supervisor: --profile: {missing}supervisor.profiles_dir)")
+    proc = tmp_path / "proc.toml"
+    proc.write_text(f'[supervisor]\nservers_dir = "{SERVERS}"\nprofiles_dir = "{PROFILES}"\nlog_dir = "/proc/logs"\n')
+    assert refusal(supervisor_tap, ["--config", str(proc)]).startswith(
+        f"service-supervisor: {proc}: supervisor.log_dir: /proc/logs: ")
     # --demo-models as the profile's demo: a misspelt id (here a lowercase one) was dropped without a word
     assert refusal(supervisor_tap, ["--config", config, "--demo-models", "MOBILENETV2, mobilenetv2,NOPE"]) == (
         f"service-supervisor: --demo-models names ids without a config in {SERVERS}: ['mobilenetv2', 'NOPE']")

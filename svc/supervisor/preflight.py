@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from svc.auth import cluster_problem, load_key_file, separate_tokens_problem
 from svc.config import ConfigError, ModelServerConfig, load_model_server_config
+from svc.supervisor.config import SupervisorConfig, load_supervisor_config
 
 #: The keys the gateway and the supervisor route by, read once at the supervisor's start.
 ROUTING_KEYS = ("id", "port", "server_uri")
@@ -58,6 +59,23 @@ def model_config_problem(model: ModelServerConfig, device: str = "cpu") -> str |
                 "what they read at the supervisor's start, so restart the supervisor to apply it (nothing was "
                 "stopped)")
     return None
+
+
+def gateway_problem(config: SupervisorConfig, keys_file: str) -> str | None:
+    """Why the gateway must not be restarted now: ``[gateway]`` ``host`` or ``port`` edited since the supervisor
+    started (it holds the gateway's socket, bound then: the restart answered ``{ok: true}`` and the gateway stayed
+    where it was), else :func:`key_file_problem`.  A config that no longer loads is the new gateway's to refuse."""
+    try:
+        now = load_supervisor_config(config.path)
+    except (ConfigError, OSError):
+        return key_file_problem(keys_file)
+    changed = [f"{key} {old!r} -> {new!r}" for key, old, new in (("host", config.gateway_host, now.gateway_host),
+                                                                ("port", config.gateway_port, now.gateway_port))
+               if old != new]
+    if changed:
+        return (f"{config.path} changes [gateway] {', '.join(changed)}: the supervisor holds the gateway's socket, "
+                "bound at its start, so restart the supervisor to move it (nothing was stopped)")
+    return key_file_problem(keys_file)
 
 
 def key_file_problem(path: str) -> str | None:

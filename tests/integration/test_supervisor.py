@@ -9,6 +9,7 @@ import socket
 import sys
 import threading
 import time
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -270,6 +271,22 @@ def test_a_restart_that_could_not_start_stops_nothing(stack):
         assert stack.child("__gateway")["pid"] == gateway
         reply = post(stack.gateway + "/v1/models/TESTFAULTS/infer", body, headers=headers)
         assert reply.status == 200 and reply.header("X-Service-Key") == "tenant-a"  # the keys it had loaded
+        # A config probe: the gateway's port edited, its restart answered {ok: true} and it stayed where it was.
+        keys.write_text(key_file)
+        service = stack.root / "service.toml"
+        settings = service.read_text()
+        gateway_port = urlsplit(stack.gateway).port
+        service.write_text(settings.replace(f"port = {gateway_port}\n", f"port = {gateway_port + 1}\n", 1))
+        try:
+            reply = api(stack, "POST", "/api/v1/servers/__gateway/restart")
+        finally:
+            service.write_text(settings)
+        assert_error(reply, 500)
+        assert reply.json["error"] == (f"{service} changes [gateway] port {gateway_port} -> {gateway_port + 1}: the "
+                                       "supervisor holds the gateway's socket, bound at its start, so restart the "
+                                       "supervisor to move it (nothing was stopped)")
+        assert stack.child("__gateway")["pid"] == gateway
+        assert post(stack.gateway + "/v1/models/TESTFAULTS/infer", body, headers=headers).status == 200
     finally:
         path.write_text(config)
         keys.write_text(key_file)

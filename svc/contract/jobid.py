@@ -55,6 +55,23 @@ class JobOwner:
             raise ValueError(f"host id {self.host!r} must match {HOST_ID_RE.pattern}")
 
 
+#: The shortest ``SERVICE_JOB_SECRET`` taken: it keys the HMAC of every job id, and one of a few characters (a
+#: config probe set ``x``) could be found by trying, letting a client make ids that steer its requests.
+MIN_SECRET_CHARS = 16
+
+
+def secret_problem(env: Mapping[str, str]) -> str | None:
+    """Why ``SERVICE_JOB_SECRET`` cannot be used (None: unset, or fine): under :data:`MIN_SECRET_CHARS`, or not
+    printable ASCII without spaces (the rule of every token of the service)."""
+    secret = env.get(JOB_SECRET_ENV)
+    if not secret:
+        return None
+    if len(secret) < MIN_SECRET_CHARS or not all(33 <= ord(c) <= 126 for c in secret):
+        return (f"{JOB_SECRET_ENV} must be at least {MIN_SECRET_CHARS} printable ASCII characters without spaces "
+                "(it signs job ids); `python3 -c 'import secrets; print(secrets.token_hex(32))'` makes one")
+    return None
+
+
 def new_secret() -> str:
     """A fresh job secret (hex), for a deployment that was not given one."""
     return secrets.token_hex(32)
@@ -110,6 +127,8 @@ def from_environment(env: Mapping[str, str] | None = None) -> tuple[JobOwner, st
     one line for a replica index or host id out of shape.
     """
     env = os.environ if env is None else env
+    if problem := secret_problem(env):
+        raise ValueError(problem)
     raw = env.get(REPLICA_ENV) or "0"
     if not raw.isdigit():
         raise ValueError(f"{REPLICA_ENV} must be a replica index (0-{MAX_REPLICAS - 1}), not {raw!r}")

@@ -67,6 +67,7 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     """
     from svc.auth import Refused, bind_problem, cluster_problem, decide
     from svc.config import ConfigError, given_config_problem
+    from svc.contract.jobid import secret_problem
     from svc.gateway.catalog import CatalogError, load_catalog, unknown_ids
     from svc.gateway.config import load_gateway_config
     from svc.infra.process import refuse
@@ -87,7 +88,8 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     problem = bind_problem(config.host, env, "the gateway")
     if problem:
         raise refuse(PROGRAM, problem)
-    problem = cluster_problem(env, config.cluster.enabled) or host_id_problem(env, config.cluster.host_id)
+    problem = (cluster_problem(env, config.cluster.enabled) or host_id_problem(env, config.cluster.host_id)
+               or secret_problem(env))
     if problem:
         raise refuse(PROGRAM, problem)
     try:

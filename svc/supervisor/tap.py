@@ -136,8 +136,10 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     )
 
     # Its own token, and those it hands the gateway (which would refuse them: a supervisor without its gateway).
+    from svc.contract.jobid import secret_problem
+
     problem = token_problem(env, API_TOKEN_ENV, METRICS_TOKEN_ENV, GATEWAY_TOKEN_ENV, CLUSTER_TOKEN_ENV) or \
-        separate_tokens_problem(env)
+        separate_tokens_problem(env) or secret_problem(env)
     if problem:
         raise refuse(PROGRAM, problem)
     if problem := given_config_problem(options["config"]):

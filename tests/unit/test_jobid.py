@@ -62,14 +62,29 @@ def test_owner_bounds():
 
 
 def test_from_environment():
-    owner, secret = jobid.from_environment({"SERVICE_REPLICA": "2", "SERVICE_HOST_ID": "h1", "SERVICE_JOB_SECRET": "ab"})
-    assert (owner, secret) == (JobOwner("h1", 2), "ab")
+    env = {"SERVICE_REPLICA": "2", "SERVICE_HOST_ID": "h1", "SERVICE_JOB_SECRET": "a" * 16}
+    assert jobid.from_environment(env) == (JobOwner("h1", 2), "a" * 16)
     owner, secret = jobid.from_environment({})
     assert owner == JobOwner("", 0) and re.fullmatch(r"[0-9a-f]{64}", secret)
     with pytest.raises(ValueError, match="SERVICE_REPLICA must be a replica index"):
         jobid.from_environment({"SERVICE_REPLICA": "-1"})
     with pytest.raises(ValueError, match="SERVICE_REPLICA/SERVICE_HOST_ID: host id"):
         jobid.from_environment({"SERVICE_HOST_ID": "UPPER"})
+
+
+@pytest.mark.parametrize("secret", ["x", "a" * 15, "a" * 15 + " ", "a" * 15 + "\u00e9", "\t" * 20])
+def test_a_job_secret_too_short_or_not_printable_ascii_is_refused(secret):
+    """A config probe: ``SERVICE_JOB_SECRET=x`` was taken by every process; a key of one character signs ids a client
+    could forge by trying. The model server refuses it here; the gateway and the supervisor refuse it with the same
+    line (tests/unit/test_taps.py)."""
+    problem = ("SERVICE_JOB_SECRET must be at least 16 printable ASCII characters without spaces (it signs job ids); "
+               "`python3 -c 'import secrets; print(secrets.token_hex(32))'` makes one")
+    assert jobid.secret_problem({"SERVICE_JOB_SECRET": secret}) == problem
+    with pytest.raises(ValueError) as refused:
+        jobid.from_environment({"SERVICE_JOB_SECRET": secret})
+    assert str(refused.value) == problem
+    assert jobid.secret_problem({"SERVICE_JOB_SECRET": "!" + "a" * 14 + "~"}) is None
+    assert jobid.secret_problem({"SERVICE_JOB_SECRET": ""}) is None  # unset: the supervisor makes one
 
 
 def test_the_job_table_mints_with_its_owner_and_secret():

@@ -427,6 +427,19 @@ def test_model_server_refusals(torch_setup, environment, tmp_path):
     assert torch_setup == []  # refused before any process-wide setting
 
 
+def test_every_program_refuses_a_job_secret_too_short_to_sign_with(torch_setup, gateway_config, environment, tmp_path):
+    """A config probe: ``SERVICE_JOB_SECRET=x`` was taken by the model server, the gateway and the supervisor."""
+    line = ("SERVICE_JOB_SECRET must be at least 16 printable ASCII characters without spaces (it signs job ids); "
+            "`python3 -c 'import secrets; print(secrets.token_hex(32))'` makes one")
+    environment.setenv("SERVICE_JOB_SECRET", "x")
+    environment.setenv("SERVICE_AUTH_TOKEN", "model-token")
+    assert refusal(model_tap, ["--server", str(SERVERS / "MOBILENETV2.toml")]) == f"service-model: {line}"
+    assert refusal(gateway_tap, ["--config", str(gateway_config)]) == f"service-gateway: {line}"
+    environment.setenv("SERVICE_API_TOKEN", MANAGEMENT)
+    assert refusal(supervisor_tap, ["--config", str(gateway_config)]) == f"service-supervisor: {line}"
+    assert torch_setup == []
+
+
 def test_model_server_replica_environment(torch_setup, environment):
     environment.setenv("SERVICE_AUTH_TOKEN", "model-token")
     environment.setenv("SERVICE_REPLICA", "3")

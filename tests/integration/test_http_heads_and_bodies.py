@@ -629,17 +629,22 @@ def test_a_model_server_answers_401_before_reading_the_body_of_a_request_without
     assert_serving(url, "model")
 
 
+def after_100_continue(port: int, path: bytes, token: bytes, body: bytes = b'{"images": []}') -> bytes:
+    """The reply to a POST of ``body`` sent once ``Expect: 100-continue`` was answered 100 (asserted)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Connection: close\r\nExpect: 100-continue\r\nAuthorization: Bearer " + token + b"\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+        sock.settimeout(10)
+        interim = sock.recv(64)
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n", interim
+        sock.sendall(body)
+        return read_reply(sock)
+
+
 def test_a_model_server_reads_the_body_of_a_request_with_its_token(processes):
     """With the token, ``Expect: 100-continue`` is answered 100 and the body reaches the route."""
-    port, _, _ = processes["model"]
-    body = b'{"images": []}'
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(b"POST /testfaults/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Connection: close\r\nExpect: 100-continue\r\nAuthorization: Bearer model-token\r\n"
-                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
-        assert sock.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
-        sock.sendall(body)
-        first = split(read_reply(sock))[0]
+    first = split(after_100_continue(processes["model"][0], b"/testfaults/predict", b"model-token"))[0]
     assert first == b"HTTP/1.1 422 Unprocessable Content", first
 
 
@@ -702,17 +707,7 @@ def test_a_body_of_64_kib_without_a_credential_is_read_and_its_connection_stays_
 def test_a_request_with_a_valid_credential_still_gets_100_continue_and_its_route(processes):
     """The check before the body lets a valid credential through: ``Expect: 100-continue`` is answered 100, and
     the body sent then reaches the route (the model's 422 for an empty image list), on the same connection."""
-    port, _, _ = processes["gateway"]
-    body = b'{"images": []}'
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(b"POST /v1/models/TESTFAULTS/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Connection: close\r\nExpect: 100-continue\r\nAuthorization: Bearer gw-static-token\r\n"
-                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
-        sock.settimeout(10)
-        interim = sock.recv(64)
-        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n", interim
-        sock.sendall(body)
-        received = read_reply(sock)
+    received = after_100_continue(processes["gateway"][0], b"/v1/models/TESTFAULTS/infer", b"gw-static-token")
     first, headers, data = split(received)
     assert first == b"HTTP/1.1 422 Unprocessable Content", received[:300]
     assert headers["x-service-key"] == "static-token" and json.loads(data)["status_str"] != "UNAUTHORIZED", headers

@@ -73,6 +73,8 @@ class ObjectSchema:
                 for key in sorted(set(err.instance) - set(allowed)):
                     names = ", ".join(a for a in allowed if a not in unlisted) or "none"
                     found.append(FieldError(pointer(*where, key), f"unknown {self.what} '{key}'; accepted: {names}"))
+            elif err.validator == "pattern" and "x-pattern-says" in err.schema:  # the rule in words, not the regex
+                found.append(FieldError(pointer(*where), f"{err.instance!r} {err.schema['x-pattern-says']}"))
             else:
                 found.append(FieldError(pointer(*where), err.message))
         found.sort(key=lambda e: e.pointer)

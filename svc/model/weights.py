@@ -35,9 +35,11 @@ WEIGHTS_PROPERTIES: dict[str, dict] = {
     # Bounded as a request's seed is: a larger one passed the check and failed in torch after the port listened.
     "seed": {"type": "integer", "minimum": 0, "maximum": 2**32 - 1, "default": 0,
              "description": "Seed of the random init."},
-    "version": {
+    "version": {  # no "/": it names the model in /v2/models/{id}/versions/{version}, which a "/" could not address
         "type": "string",
         "minLength": 1,
+        "pattern": "^[^/]+$",
+        "x-pattern-says": "has a '/', which no /v2/models/{id}/versions/{version} path could name",
         "description": "Model version reported in replies; default: random-init-seed<N>, the pretrained variant's "
         "name, or the file name and the first 12 hex digits of its SHA-256.",
     },

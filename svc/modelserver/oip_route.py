@@ -55,11 +55,14 @@ class OipRoute:
         self.in_flight += 1
         try:
             shape = self.oip_shape
-            lengths = set(request.requestHeaders.getRawHeaders(codec.HEADER_LENGTH) or ())
+            # Its lines joined, as every header is read (docs/api.md), then its values: two lines of one value
+            # and "186, 186" are that value alike (as RFC 9110 section 8.6 allows of Content-Length).
+            joined = header(request, codec.HEADER_LENGTH)
+            lengths = {value.strip() for value in joined.split(",")} if joined is not None else set()
             if len(lengths) > 1:
                 # which one splits the body is ambiguous (the first counted): refused, as two Content-Lengths are
                 raise ApiError(st.INVALID_REQUEST, "two different Inference-Header-Content-Length headers", http=400)
-            length = lengths.pop().decode("latin-1") if lengths else None  # the same value twice is that value
+            length = lengths.pop() if lengths else None
             request_id = header(request, b"x-request-id")
             validator = self.inference.validator
 

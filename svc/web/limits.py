@@ -305,6 +305,12 @@ class LimitedChannel(HTTPChannel):
             return False
         return bool(super()._maybeChooseTransferDecoder(header, data))
 
+    def _target_unread(self) -> bytes | None:
+        """The target of a request line still in the buffer (one ending in a bare LF was never parsed): it
+        chooses the reply's shape, so that ``/v2`` gets the protocol's ``{"error"}`` (an OIP probe)."""
+        line = getattr(self, "_buffer", b"").split(b"\n", 1)[0].split(b" ")
+        return line[1] if len(line) == 3 and line[1].startswith(b"/") else None
+
     def _refuse_unparsable(self, message: str) -> None:
         """The process's 400 (status 50) for a request it cannot read, counted, logged, and the connection closed."""
         if self._refused:
@@ -314,7 +320,7 @@ class LimitedChannel(HTTPChannel):
         site = self.site
         method = getattr(self, "_command", None) or b"-"
         error = ApiError(st.JSON_PARSE_ERROR, message)
-        path = getattr(self, "_path", None) or b"-"
+        path = getattr(self, "_path", None) or self._target_unread() or b"-"
         code, headers, body = site.limit_reply(self._request_read(), error, method.decode("latin-1", "replace"),
                                                path)
         self.persistent = False

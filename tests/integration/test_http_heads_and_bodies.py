@@ -131,6 +131,9 @@ def test_heads_too_large_under_v2_answer_in_the_protocols_shape(processes, name)
     assert_oip_refusal(reply, b"HTTP/1.1 431 Request Header Fields Too Large", "request head")
     reply = raw_exchange(port, b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n")
     assert_oip_refusal(reply, b"HTTP/1.1 400 Bad Request", "not valid HTTP/1.1")  # unparsable framing
+    for head in (b"GET /v2/health/live HTTP/1.1\nHost: x\n\n", b"GET /v2/health/live HTTP/1.1\r\nHost: x\n\n"):
+        reply = raw_exchange(port, head, timeout=5)  # a bare LF: the request line itself unparsed (an OIP probe)
+        assert_oip_refusal(reply, b"HTTP/1.1 400 Bad Request", "bare LF")
     reply = raw_exchange(port, b"GET /v2x/" + b"a" * BIG + b" HTTP/1.1\r\nHost: x\r\n\r\n")  # not under /v2
     assert_refusal(reply, b"HTTP/1.1 414 Request-URI Too Long", "envelope", "the path is too long")
     assert_serving(url, name)

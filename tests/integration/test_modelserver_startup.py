@@ -54,6 +54,9 @@ def refused(config, *extra, env=None, port=None):
         ({"model": {"seed": -1}}, ": model.seed: -1 is less than the minimum of 0"),
         # Accepted, then a traceback from torch once the port listened (config probe).
         ({"model": {"seed": 2**64}}, ": model.seed: 18446744073709551616 is greater than the maximum of 4294967295"),
+        # Served as a version that no /v2/models/{id}/versions/{version} path could name (an OIP probe).
+        ({"model": {"version": "2024/rc1"}}, ": model.version: '2024/rc1' has a '/', which no "
+                                             "/v2/models/{id}/versions/{version} path could name"),
         # It named neither the file nor the key (probe): "service-model: no model plugin serves ...".
         ({"id": "NOSUCHMODEL"}, ": id: no model plugin serves catalog id 'NOSUCHMODEL'; known: CLS_COND_DDIM, "),
     ],

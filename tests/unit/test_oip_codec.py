@@ -100,6 +100,9 @@ def test_numeric_binary_tensors_are_little_endian():
     (bytes_tensor(b"abc", b"de"), None, "99999", "outside the body"),          # header length past the body
     (bytes_tensor(b"abc", b"de"), None, "0", "outside the body"),
     (bytes_tensor(b"abc", b"de"), None, "x1", "not an integer"),
+    # int() took these: an OIP probe (the header's value is digits, as Content-Length's)
+    (bytes_tensor(b"abc", b"de"), None, "+186", "not an integer"),
+    (bytes_tensor(b"abc", b"de"), None, "1_0", "not an integer"),
     (bytes_tensor(b"abc", b"de"), None, "10", "not JSON"),                     # header length inside the JSON
 ])
 def test_bad_binary_lengths_are_refused(blob, size, length, message):
@@ -130,6 +133,13 @@ def test_bad_binary_lengths_are_refused(blob, size, length, message):
     ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["a"], "parameters": {"x": 1}}]},
      "unsupported fields: x"),
     ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": [["a"]]}]}, "nested otherwise"),
+    # An OIP probe: each row's length was never checked against its dimension, only the rows and the total.
+    ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [2, 1], "data": [["a", "b"], []]}]},
+     "nested otherwise"),
+    ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [2, 1], "data": [["a"], "b"]}]}, "nested otherwise"),
+    ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1, 1], "data": [[["a"]]]}]}, "nested otherwise"),
+    ({"inputs": [{"name": "X", "datatype": "FP32", "shape": [2, 2, 1], "data": [[[1], [2]], [[3, 4]]]}]},
+     "nested otherwise"),
     ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": "a"}]}, "must be a list"),
     ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["a"]}], "id": 5}, "id must be"),
     ({"inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [1], "data": ["a"]}],

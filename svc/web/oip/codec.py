@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from math import prod
 from typing import Any
 
+from svc.contract.query import parse_bounded_int
 from svc.contract.request import JSON_ERRORS, json_error_text, reject_constant
 from svc.web.replies import dumps
 
@@ -116,14 +117,22 @@ def _parameters(entry: dict, what: str, fields: frozenset | None = None) -> dict
 
 
 def _flatten(data: Any, shape: list[int], what: str) -> list:
-    """The elements of ``data``: a flat list, or lists nested exactly as ``shape``."""
+    """The elements of ``data``: a flat list, or lists nested exactly as ``shape``, every list of every level as
+    long as its dimension (``[[a, b], []]`` for ``[2, 1]`` was taken: only the rows' count and the total were)."""
     if not isinstance(data, list):
         raise CodecError(f"{what}.data must be a list")
     if not any(isinstance(x, list) for x in data):
         return data
-    if len(shape) < 2 or len(data) != shape[0]:
+
+    def nested(level: Any, dims: list[int]) -> list:
+        if isinstance(level, list) and dims and len(level) == dims[0]:
+            if len(dims) > 1:
+                return [x for row in level for x in nested(row, dims[1:])]
+            if not any(isinstance(x, list) for x in level):
+                return level
         raise CodecError(f"{what}.data is nested otherwise than its shape {shape}")
-    return [x for row in data for x in _flatten(row, shape[1:], what)]
+
+    return nested(data, shape)
 
 
 def loads(data: bytes) -> Any:
@@ -144,10 +153,9 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict, bytes | me
     if header_length is None:
         head, rest = body, b""
     else:
-        try:
-            length = int(header_length)
-        except ValueError:
-            raise CodecError(f"Inference-Header-Content-Length {header_length[:40]!r} is not an integer") from None
+        length = parse_bounded_int(header_length)  # digits only: int() took "+186", " 186 " and "1_0" (10)
+        if length is None:
+            raise CodecError(f"Inference-Header-Content-Length {header_length[:40]!r} is not an integer")
         if not 0 < length <= len(body):
             raise CodecError(f"Inference-Header-Content-Length {length} is outside the body of {len(body)} bytes")
         view = memoryview(body)

@@ -69,6 +69,20 @@ def test_json_tensors_are_flattened_row_major():
     assert req.inputs[0].data == ["YQ==", "Yg=="] and req.outputs is None and req.binary_output is False
 
 
+@pytest.mark.parametrize("shape", [[1], [2]])  # the fast path of one BYTES input, and the general one
+def test_null_parameters_are_absent_as_every_other_null_field(shape):
+    """An OIP probe: ``"parameters": null`` was 400 at every level while a null ``outputs``, ``id`` or
+    ``model_name`` was taken as absent."""
+    head = {"id": None, "model_name": None, "parameters": None, "outputs": [{"name": "P", "parameters": None}],
+            "inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": shape, "data": ["YQ=="] * shape[0],
+                        "parameters": None}]}
+    req = parse_request(json.dumps(head).encode(), None)
+    assert (req.parameters, req.inputs[0].parameters, req.outputs[0].name) == ({}, {}, "P")
+    head["parameters"] = []
+    with pytest.raises(CodecError, match="parameters must be a JSON object"):
+        parse_request(json.dumps(head).encode(), None)
+
+
 def test_nested_json_data_follows_the_shape():
     body = {"inputs": [{"name": "X", "datatype": "INT32", "shape": [2, 2], "data": [[1, 2], [3, 4]]}]}
     assert parse_request(json.dumps(body).encode(), None).inputs[0].data == [1, 2, 3, 4]

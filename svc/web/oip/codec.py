@@ -112,8 +112,13 @@ def _object(value: Any, what: str, fields: frozenset | None = None) -> dict:
     return value
 
 
+def _params(entry: dict) -> Any:
+    """An entry's ``parameters``, {} when absent or null (as a null ``outputs`` or ``id`` is absent; 400 before)."""
+    return {} if entry.get("parameters") is None else entry["parameters"]
+
+
 def _parameters(entry: dict, what: str, fields: frozenset | None = None) -> dict:
-    return _object(entry.get("parameters", {}), f"{what}.parameters", fields)
+    return _object(_params(entry), f"{what}.parameters", fields)
 
 
 def _flatten(data: Any, shape: list[int], what: str) -> list:
@@ -125,12 +130,10 @@ def _flatten(data: Any, shape: list[int], what: str) -> list:
         return data
 
     def nested(level: Any, dims: list[int]) -> list:
-        if isinstance(level, list) and dims and len(level) == dims[0]:
-            if len(dims) > 1:
-                return [x for row in level for x in nested(row, dims[1:])]
-            if not any(isinstance(x, list) for x in level):
-                return level
-        raise CodecError(f"{what}.data is nested otherwise than its shape {shape}")
+        if not (isinstance(level, list) and dims and len(level) == dims[0]) or (
+                len(dims) == 1 and any(isinstance(x, list) for x in level)):
+            raise CodecError(f"{what}.data is nested otherwise than its shape {shape}")
+        return level if len(dims) == 1 else [x for row in level for x in nested(row, dims[1:])]
 
     return nested(data, shape)
 
@@ -242,7 +245,7 @@ def _common_request(head: dict, binary: bytes | memoryview) -> InferRequest | No
     if type(entry) is not dict or not INPUT_FIELDS.issuperset(entry):
         return None
     name, datatype, shape = entry.get("name"), entry.get("datatype"), entry.get("shape")
-    params = entry.get("parameters", {})
+    params = _params(entry)
     if (type(name) is not str or datatype != "BYTES" or type(shape) is not list or len(shape) != 1
             or not _plain_count(shape[0]) or type(params) is not dict or not INPUT_PARAMETERS.issuperset(params)):
         return None
@@ -258,7 +261,7 @@ def _common_request(head: dict, binary: bytes | memoryview) -> InferRequest | No
         data = entry.get("data")
         if len(binary) or type(data) is not list or len(data) != shape[0] or not all(type(v) is str for v in data):
             return None
-    parameters = head.get("parameters", {})
+    parameters = _params(head)
     request_id = head.get("id")
     if type(parameters) is not dict or (request_id is not None and type(request_id) is not str):
         return None
@@ -278,7 +281,7 @@ def _common_request(head: dict, binary: bytes | memoryview) -> InferRequest | No
         for out in requested:
             if type(out) is not dict or not OUTPUT_FIELDS.issuperset(out):
                 return None
-            out_name, out_params = out.get("name"), out.get("parameters", {})
+            out_name, out_params = out.get("name"), _params(out)
             if (type(out_name) is not str or type(out_params) is not dict
                     or not OUTPUT_PARAMETERS.issuperset(out_params)):
                 return None

@@ -132,7 +132,7 @@ class Child:
         for the exit is the same restart, and a start it overtakes answers with it; a stop or shutdown calls it off."""
         if self._restarting is not None:
             return follow(self._restarting)
-        if problem := self.spec.problem():  # before the stop: a restart that cannot start takes nothing down
+        if problem := self.spec.restart_problem():  # before the stop: a restart that cannot start takes nothing down
             return fail(ChildError(problem))
         overtaken, self._ready_waiters = self._ready_waiters, []  # not "stopped before it was ready": it will be
         d = self.stop() if self.state in (STARTING, RUNNING, STOPPING) else succeed(None)

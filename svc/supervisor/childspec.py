@@ -56,7 +56,15 @@ class ChildSpec:
     #: Why a start or restart asked of this child must not go on, checked before anything is stopped (the model's
     #: edited config, the gateway's key file: svc.supervisor.preflight); None lets it go on.
     preflight: Callable[[], str | None] | None = None
+    #: What a restart asked through the API checks besides :attr:`preflight`: the gateway's ``host`` and ``port``
+    #: edited since the supervisor bound its socket.  Not a respawn's check: a crashed gateway comes back on that
+    #: socket (it was refused, and the service left without a gateway, by a port edit not applied yet).
+    restart_preflight: Callable[[], str | None] | None = None
 
     def problem(self) -> str | None:
         """What :attr:`preflight` finds (None without one)."""
         return self.preflight() if self.preflight else None
+
+    def restart_problem(self) -> str | None:
+        """What :attr:`restart_preflight`, then :attr:`preflight`, finds."""
+        return (self.restart_preflight() if self.restart_preflight else None) or self.problem()

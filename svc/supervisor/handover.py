@@ -215,7 +215,7 @@ class GatewayChild(Child):
             return self._restart_after(self._handover.done)
         if self._closing:
             return fail(ChildError(f"{self.name}: the supervisor is shutting down"))
-        if problem := self.spec.problem():  # the running gateway keeps serving
+        if problem := self.spec.restart_problem():  # the running gateway keeps serving
             return fail(ChildError(problem))
         if self.state != RUNNING or self._protocol is None or self.listener is None:
             self._keep_listener = True

@@ -72,7 +72,7 @@ from svc.supervisor.child import STARTING, Child, ChildError, ChildSpec
 from svc.supervisor.config import Profile, SupervisorConfig, weights_choice
 from svc.supervisor.handover import GatewayChild
 from svc.supervisor.logsink import LogSink
-from svc.supervisor.preflight import gateway_problem, gateway_refusal, model_config_problem
+from svc.supervisor.preflight import gateway_moved, gateway_refusal, key_file_problem, model_config_problem
 from svc.supervisor.replicaset import ReplicaSet
 from svc.supervisor.spawn import bind_listening_socket, kill_group, port_is_free
 
@@ -167,7 +167,8 @@ class ChildManager:
                 policy=config.gateway_restart,
                 cwd=cwd,
                 refused=gateway_refusal(self.env, config.cluster.enabled),
-                preflight=partial(gateway_problem, config, self.keys_file),
+                preflight=partial(key_file_problem, self.keys_file),
+                restart_preflight=partial(gateway_moved, config),
             )
         ]
         replicas_of: dict[str, list[str]] = {}

@@ -61,21 +61,21 @@ def model_config_problem(model: ModelServerConfig, device: str = "cpu") -> str |
     return None
 
 
-def gateway_problem(config: SupervisorConfig, keys_file: str) -> str | None:
-    """Why the gateway must not be restarted now: ``[gateway]`` ``host`` or ``port`` edited since the supervisor
-    started (it holds the gateway's socket, bound then: the restart answered ``{ok: true}`` and the gateway stayed
-    where it was), else :func:`key_file_problem`.  A config that no longer loads is the new gateway's to refuse."""
+def gateway_moved(config: SupervisorConfig) -> str | None:
+    """Why a restart of the gateway asked through the API must not go on: ``[gateway]`` ``host`` or ``port`` edited
+    since the supervisor started (it holds the gateway's socket, bound then: the restart answered ``{ok: true}``
+    and the gateway stayed where it was).  A config that no longer loads is the new gateway's to refuse."""
     try:
         now = load_supervisor_config(config.path)
     except (ConfigError, OSError):
-        return key_file_problem(keys_file)
+        return None
     changed = [f"{key} {old!r} -> {new!r}" for key, old, new in (("host", config.gateway_host, now.gateway_host),
                                                                 ("port", config.gateway_port, now.gateway_port))
                if old != new]
     if changed:
         return (f"{config.path} changes [gateway] {', '.join(changed)}: the supervisor holds the gateway's socket, "
                 "bound at its start, so restart the supervisor to move it (nothing was stopped)")
-    return key_file_problem(keys_file)
+    return None
 
 
 def key_file_problem(path: str) -> str | None:

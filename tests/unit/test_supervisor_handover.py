@@ -55,10 +55,11 @@ class Binder:
         return self.sockets[-1]
 
 
-def make(host="127.0.0.1", env=None, binder=None, refused=None, port_free=lambda port: True, drain_s=0.0):
+def make(host="127.0.0.1", env=None, binder=None, refused=None, port_free=lambda port: True, drain_s=0.0,
+         restart_preflight=None):
     reactor, probe, kills, binder = FdReactor(), Probe(), [], binder or Binder()
     spec = ChildSpec("__gateway", ["/usr/bin/python3", "-m", "twisted", "service-gateway"], {}, 8080, "/healthz",
-                     refused=refused)
+                     refused=refused, restart_preflight=restart_preflight)
     child = GatewayChild(spec, host=host, env=env or {}, binder=binder, drain_s=drain_s, reactor=reactor, probe=probe,
                          logs=LogSink("__gateway", None, clock=reactor, max_bytes=1 << 20, backups=1, ring_lines=200), timing=TIMING,
                          killer=lambda pid, sig: kills.append((pid, sig)), port_free=port_free)
@@ -279,6 +280,23 @@ def test_a_crash_respawns_on_the_same_socket():
     assert child.state == BACKOFF and not binder.sockets[0].closed
     reactor.advance(TIMING.backoff_initial)
     assert child.state == STARTING and reactor.fds[1][LISTEN_FD] == 77 and len(binder.calls) == 1
+    line(reactor, 1, b"ready 1002\n")
+    assert (child.state, child.pid, child.restarts) == (RUNNING, 1002, 1)
+
+
+def test_a_port_edit_refuses_an_asked_restart_but_not_a_crash_respawn():
+    """A regression probe: the check of an edited [gateway] port (a restart cannot move the socket) ran before a
+    crash respawn too, so a gateway killed while such an edit waited was ``start_failed`` and the service had no
+    gateway; it respawns on its socket, and only an asked restart is refused, the running gateway serving on."""
+    moved = "service.toml changes [gateway] port 8080 -> 8081: ... (nothing was stopped)"
+    child, reactor, _, _, binder = make(restart_preflight=lambda: moved)
+    running(child, reactor)
+    refused = results(child.restart())
+    assert isinstance(refused[0].value, ChildError) and str(refused[0].value) == moved
+    assert (child.state, child.pid) == (RUNNING, 1001)
+    ended(reactor, 0, code=None, sig=9)
+    reactor.advance(TIMING.backoff_initial)
+    assert child.state == STARTING and reactor.fds[1][LISTEN_FD] == 77
     line(reactor, 1, b"ready 1002\n")
     assert (child.state, child.pid, child.restarts) == (RUNNING, 1002, 1)
 

@@ -152,18 +152,21 @@ def gateway_max_body_bytes(service_config: str = SERVICE_CONFIG) -> int:
 
 
 def _gateway_setting(service_config: str, key: str, default: int) -> int:
-    """A positive integer of ``[gateway]`` in this folder's service configuration, else ``default``.
+    """An integer of ``[gateway]`` in this folder's service configuration, checked as the gateway checks it (its
+    own key's type and bounds, ``svc.gateway.config``), else ``default``.
 
-    A value that is no such integer is said once: the gateway refuses to start
-    with it, and svcctl goes on with the default rather than in silence."""
+    A value the gateway refuses is said once, and svcctl goes on with the
+    default rather than in silence (10^13, above the gateway's bound, was used)."""
+    from svc.gateway.config import GATEWAY_KEYS
+
     table = gateway_table(service_config)
-    value = table.get(key)
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    if key in table:
-        _say_once(f"{service_config}: [gateway] {key} {value!r} is not a positive integer (the gateway refuses it): "
-                  f"using {default}")
-    return default
+    if key not in table:
+        return default
+    try:
+        return next(k for k in GATEWAY_KEYS if k.name == key).check(table[key])
+    except ValueError as e:
+        _say_once(f"{service_config}: [gateway] {key} {e} (the gateway refuses it): using {default}")
+        return default
 
 
 def parse_value(text: str) -> Any:

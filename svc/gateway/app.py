@@ -252,6 +252,7 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
             principal = request.early_principal = self.credential(request)
         except ApiError as e:
             return self.limit_reply(request, e, method)
+        request.service_key = principal.name  # its access line names the key, whatever ends it (429, 413, 499)
         try:
             self.hold(request, principal.name)
         except ApiError as e:  # its key's 429, with the key named as on every reply to a key's request

@@ -149,6 +149,11 @@ class LimitedRequest(server.Request):
         else:
             transport.loseConnection()
         self._log_unprocessed(code, headers.get("X-Request-ID") or header(self, b"x-request-id"))
+        # Answered: what waits for its end (the gateway's in-flight slot of its key) need not wait for the close,
+        # up to LINGER_SECONDS later (a regression probe: a key's 413s held its slots that long).
+        notifications, self.notifications = self.notifications, []
+        for finished in notifications:
+            finished.callback(None)
 
     def _log_unprocessed(self, code: int, request_id: str | None) -> None:
         """The access line of a request that ended before its body was complete (no route saw it): its method and
@@ -156,7 +161,8 @@ class LimitedRequest(server.Request):
         site = self.channel.site
         path = getattr(self.channel, "_path", b"?")
         command = getattr(self.channel, "_command", b"?")
-        site.log_line(command, path, code, (site.reactor.seconds() - self._head_done) * 1000.0, request_id, "-")
+        key = getattr(self, "service_key", None) or "-"  # the gateway names an upload's key from its head
+        site.log_line(command, path, code, (site.reactor.seconds() - self._head_done) * 1000.0, request_id, key)
 
     def _stop_body_deadline(self) -> None:
         if self._body_deadline is not None and self._body_deadline.active():

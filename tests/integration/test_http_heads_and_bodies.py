@@ -25,7 +25,7 @@ import pytest
 
 from svc.contract.protocol import SUPERVISOR_PORT
 from tests.support.gateway import GATEWAY_TOKENS, start_gateway
-from tests.support.http import get, raw_exchange
+from tests.support.http import get, post, raw_exchange
 from tests.support.processes import start_model_server, wait_until, write_config
 from tests.support.stack import build_stack, stop_stack
 
@@ -56,6 +56,7 @@ def processes(tmp_path_factory):
     stack = build_stack(root / "stack", {}, supervisor_extra=f"body_timeout_ms = {BODY_TIMEOUT_MS}\n")
     yield {"model": (model.port, model.url, "envelope"), "gateway": (gateway.port, gateway.url, "envelope"),
            "supervisor": (stack.supervisor.port, stack.url, "ok-error"), "model process": model,
+           "gateway process": gateway,
            "tokens": {"model": "model-token", "gateway": GATEWAY_TOKENS["SERVICE_GATEWAY_AUTH_TOKEN"],
                       "supervisor": stack.env["SERVICE_API_TOKEN"]}}
     stop_stack(stack)
@@ -793,3 +794,30 @@ def test_a_keys_uploads_hold_its_in_flight_slots_from_their_heads(processes):
 
     wait_until(served, "the uploads' slots given back", 10)
     assert_serving(url, "gateway")
+
+
+def test_an_upload_answered_early_gives_its_slot_back_at_once_and_its_line_names_the_key(processes):
+    """A regression probe: an upload holding its key's slot from its head, answered 408 (or 413) before its body
+    was complete, kept the slot until its connection closed, up to 5 s later (LINGER_SECONDS): the key's next
+    requests were 429. Its access line said ``key=-`` though its head named the key."""
+    port, url, _ = processes["gateway"]
+    head = (b"POST /v1/models/TESTFAULTS/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer gw-static-token\r\nX-Request-ID: slow-upload-%d\r\n"
+            b"Content-Length: 900000\r\n\r\n")
+    uploads = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(KEY_MAX_IN_FLIGHT)]
+    try:
+        for i, sock in enumerate(uploads):
+            sock.sendall(head % i + b"{")
+        for sock in uploads:  # each answered 408 at body_timeout_ms; the sockets stay open (the server lingers)
+            sock.settimeout(10)
+            assert sock.recv(64).startswith(b"HTTP/1.1 408 "), "no 408"
+        reply = post(url + "/v1/models/TESTFAULTS/infer", {"images": []},
+                     headers={"Authorization": "Bearer gw-static-token"}, timeout=10)
+        assert reply.status == 422, (reply.status, reply.body[:200])  # its route's answer, not the key's 429
+    finally:
+        for sock in uploads:
+            sock.close()
+    lines = processes["gateway process"].output().splitlines()
+    for i in range(KEY_MAX_IN_FLIGHT):
+        assert any(re.search(rf" 408 [0-9.]+ms key=static-token rid=slow-upload-{i}$", line) for line in lines), \
+            lines[-6:]

@@ -140,9 +140,11 @@ def next_steps(status: dict, *, ui_url: str, gateway_url: str, api_key: str | No
     """
     servers = profile_servers(status)
     ready = [s["id"] for s in servers if s.get("ready")]
+    gateway = status.get("gateway", {})
     if len(ready) == len(servers):
         lines = [f"== All models ready: {len(ready)} on the {status.get('profile')} profile "
-                 f"({status.get('device')}), gateway {gateway_url}"]
+                 f"({status.get('device')}), " + (f"gateway {gateway_url}" if gateway.get("ready") else
+                                                  "but not the gateway:")]
     else:
         lines = [f"== {len(ready)} of {len(servers)} models ready on the {status.get('profile')} profile; not ready:"]
         for s in servers:
@@ -152,19 +154,25 @@ def next_steps(status: dict, *, ui_url: str, gateway_url: str, api_key: str | No
     others = [s["id"] for s in status.get("servers", []) if not in_profile(s)]
     if others:
         lines.append(f"   Not in the profile, stopped (start one in the web UI): {', '.join(others)}")
-    gateway = status.get("gateway", {})
     if not gateway.get("ready"):
         why = f": {gateway['last_error']}" if gateway.get("last_error") else ""
         lines.append(f"   The gateway is not ready ({gateway.get('state')}{why}; its log: logs/__gateway.log)")
+        if "in use" in (gateway.get("last_error") or ""):  # whatever holds the port would get the first request
+            lines.append(f"   Another program holds {gateway_url}: stop it, or set [gateway] port in "
+                         "conf/service.toml and run this again; Start in the web UI retries the same port.")
     key = api_key if api_key else f"SERVICE_API_KEY in {secrets_path}"
     lines += [
         f"   Web UI:            {ui_url}  (paste the management token)",
         f"   Management token:  SERVICE_API_TOKEN in {secrets_path} (mode 0600)",
         f"   First API key:     {key}",
-        "   Try it from another shell in this folder (some.jpg: any photo of yours):",
-        f"     set -a; . {secrets_path}; set +a; {svcctl or svcctl_command()} infer MOBILENETV2 some.jpg --param top_k=3",
-        "   More in README.md, \"Try it\". Ctrl-C stops everything.",
     ]
+    if gateway.get("ready"):  # else the first request (with the management token) went to whatever answered there
+        lines += [
+            "   Try it from another shell in this folder (some.jpg: any photo of yours):",
+            f"     set -a; . {secrets_path}; set +a; {svcctl or svcctl_command()} infer MOBILENETV2 some.jpg "
+            "--param top_k=3",
+        ]
+    lines.append("   More in README.md, \"Try it\". Ctrl-C stops everything.")
     return "\n".join(lines) + "\n"
 
 

@@ -320,6 +320,8 @@ class ChildManager:
         if self.stopping:  # the shutdown ended the gateway's start (its port wait, say): no model is spawned now
             return
         results = await DeferredList([self.sets[m].start() for m in self.profile.models], consumeErrors=True)
+        if self.stopping:  # "stopped before it was ready" of every model: a Ctrl-C while they load, no failure
+            return
         for (ok, value), name in zip(results, self.profile.models):
             if not ok:
                 self._not_ready(name, self.sets[name].snapshot(), value.getErrorMessage())

@@ -218,6 +218,22 @@ def test_a_gateway_that_is_not_ready_is_named():
                         "its log: logs/__gateway.log)")
 
 
+def test_a_gateway_whose_port_another_program_holds_gets_no_first_command():
+    """A fresh-install probe: with another program on 8080 the block began "All models ready ... gateway
+    http://127.0.0.1:8080" and offered a first svcctl command, which sent the management token to that program."""
+    down = status(("MOBILENETV2", "running", True, None), gateway_ready=False)
+    down["gateway"].update(state="start_failed", last_error="port 8080 is in use; still in use after waiting 60 s")
+    lines = next_steps(down, ui_url="u", gateway_url="http://127.0.0.1:8080", api_key=None).splitlines()
+    assert lines[:3] == [
+        "== All models ready: 1 on the cpu profile (cpu), but not the gateway:",
+        "   The gateway is not ready (start_failed: port 8080 is in use; still in use after waiting 60 s; its log: "
+        "logs/__gateway.log)",
+        "   Another program holds http://127.0.0.1:8080: stop it, or set [gateway] port in conf/service.toml and run "
+        "this again; Start in the web UI retries the same port."]
+    assert not any("svcctl" in line or "Try it from" in line for line in lines), lines
+    assert lines[-1] == '   More in README.md, "Try it". Ctrl-C stops everything.'
+
+
 def test_the_block_waits_until_every_child_has_settled():
     assert not settled(status(("MOBILENETV2", "starting", False, None)))
     assert not settled(status(("MOBILENETV2", "running", False, None)))  # loading, not ready yet
@@ -389,6 +405,31 @@ def test_without_installed_defaults_a_folder_without_conf_is_still_refused(tmp_p
 # -- the secrets file: replaced, unreadable, unwritable ----------------------------------------------
 
 
+def test_no_new_secrets_while_a_supervisor_of_the_folder_runs(tmp_path):
+    """A fresh-install probe removed secrets/local.env while the service ran (the README's way to new secrets) and
+    ran the quick start: it replaced the key 'local' and wrote new tokens, then was refused as a second supervisor;
+    the running service refused both the new secrets and the old ones, gone from disk. Now nothing is written."""
+    from svc.cli.quickstart_secrets import QuickstartError
+    from svc.supervisor.logsink import LogDirLock
+
+    prepare(str(tmp_path), io.StringIO())
+    (tmp_path / SECRETS).unlink()
+    keys = (tmp_path / KEY_FILE).read_text()
+    lock = LogDirLock(str(tmp_path / "logs"))  # what a running supervisor of the folder holds
+    assert lock.acquire() is None
+    try:
+        with pytest.raises(QuickstartError) as refused:
+            prepare(str(tmp_path), io.StringIO())
+    finally:
+        lock.release()
+    assert str(refused.value) == (
+        f"a service of this folder runs (its supervisor, pid {os.getpid()}, holds its logs folder): new secrets now "
+        f"would lock you out of it; stop it first (Ctrl-C in its terminal, or kill -TERM {os.getpid()}), then run "
+        "this again to make them")
+    assert not (tmp_path / SECRETS).exists() and (tmp_path / KEY_FILE).read_text() == keys
+    assert prepare(str(tmp_path), io.StringIO())["SERVICE_API_KEY"]  # once it stopped
+
+
 def test_a_removed_secrets_file_gets_new_secrets_and_the_first_key_replaced_not_added_twice(tmp_path):
     """A probe removed secrets/local.env and ran the quick start again: a second [keys.local] was appended, and
     the gateway refused the key file ("Key "local" already exists")."""
@@ -400,8 +441,7 @@ def test_a_removed_secrets_file_gets_new_secrets_and_the_first_key_replaced_not_
     second = prepare(str(tmp_path), out, show_key=False)
     assert second["SERVICE_API_KEY"] != first["SERVICE_API_KEY"]
     assert out.getvalue() == (f"Generated {tmp_path / SECRETS} (mode 0600) and replaced the key 'local' in "
-                              f"{tmp_path / KEY_FILE} (its old key works until the gateway restarts: restart the "
-                              "service to use the new secrets).\n")
+                              f"{tmp_path / KEY_FILE} (its old key no longer works).\n")
     entries = load_key_file(str(tmp_path / KEY_FILE))
     assert [(e.name, e.hash) for e in entries] == [
         ("local", hashlib.sha256(second["SERVICE_API_KEY"].encode()).hexdigest())]

@@ -43,7 +43,7 @@ def quickstart(tree: Path, installed: str) -> list[str]:
     return done.stdout.splitlines()
 
 
-INSTALLS = ["==> [2/3] Installing the service and its dependencies into .venv (the first time: PyTorch, about 5 GB, "
+INSTALLS = ["==> [2/3] Installing the service and its dependencies into .venv (the first time: PyTorch, about 6 GB, "
             "several minutes)", "pip install --disable-pip-version-check .", "==> [3/3] Starting the service",
             "python -m svc.cli.quickstart --weights demo"]
 SKIPS = ["==> [2/3] inference-service 9.9.9 is installed in .venv from these sources: nothing to install",
@@ -72,6 +72,18 @@ def test_changed_sources_of_the_same_version_are_installed_again(tree, change):
         f.write("# changed\n")
     assert quickstart(tree, "9.9.9") == INSTALLS
     assert quickstart(tree, "9.9.9") == SKIPS
+
+
+def test_an_install_builds_afresh_so_a_removed_module_is_not_packaged_again(tree):
+    """A fresh-install probe: a module removed from the checkout stayed installed after the next install, packaged
+    again from the build/lib setuptools had kept (pip install . builds in the tree)."""
+    stale = tree / "build" / "lib" / "svc" / "removed.py"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("STALE = True\n")
+    assert quickstart(tree, "") == INSTALLS
+    assert not (tree / "build").exists()
+    (tree / "build" / "lib").mkdir(parents=True)  # nothing is removed when nothing is installed
+    assert quickstart(tree, "9.9.9") == SKIPS and (tree / "build" / "lib").exists()
 
 
 @pytest.mark.parametrize("installed", ["0.9.0", ""])

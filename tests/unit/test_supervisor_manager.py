@@ -403,6 +403,26 @@ def test_a_gateway_still_starting_at_the_start_timeout_is_no_warning_either(tmp_
     assert m.status_view()["gateway"]["state"] == "starting"
 
 
+def test_a_stop_while_the_models_load_is_no_warning(tmp_path):
+    """A fresh-install probe: Ctrl-C while the models loaded printed "X not ready: X could not start: stopped before
+    it was ready" for each at warn, read as failures (docs/getting-started.md: only a real failure warns)."""
+    from twisted.logger import LogLevel, capturedLogs
+
+    m, reactor, probe, _ = manager(tmp_path)
+    with capturedLogs() as events:
+        started = m.start_all()
+        probe.ok = True
+        reactor.advance(0.5)  # the gateway is ready; the models load
+        probe.ok = False
+        stopped = m.stop_all()
+        for index in range(len(reactor.spawned)):
+            reactor.spawned[index][0].processEnded(Failure(ProcessTerminated(exitCode=0)))
+        reactor.advance(1)
+    assert started.called and stopped.called
+    warned = [e.get("log_format") for e in events if e["log_level"] >= LogLevel.warn]
+    assert not [f for f in warned if "not ready" in (f or "")], warned
+
+
 def test_the_gateway_drains_for_its_own_receive_timeout_when_retired(tmp_path):
     m, *_ = manager(tmp_path)
     assert m.gateway.kill_grace == 182.0  # upstream_recv_timeout_ms 180000 + 2 s, beyond stop_grace_ms

@@ -50,7 +50,8 @@ def main(cudnn: str) -> None:
                 model(x)
             torch.cuda.synchronize()
             steady = (time.perf_counter() - started) / 20 * 1000
-        name = f"{str(dtype).removeprefix('torch.')} {'channels_last' if layout is torch.channels_last else 'contiguous'}"
+        layout_name = "channels_last" if layout is torch.channels_last else "contiguous"
+        name = f"{str(dtype).removeprefix('torch.')} {layout_name}"
         print(f"{name:24s} first call ms (batch {SIZES[0]}..{SIZES[-1]}) {[round(v) for v in firsts]}, "
               f"{sum(firsts) / 1000:.1f} s in all; second call ms {[round(v, 1) for v in seconds]}; "
               f"batch 64 steady {steady:.2f} ms", flush=True)

@@ -98,7 +98,8 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
         raise refuse(PROGRAM, str(e)) from None
     if not os.path.isdir(config.servers_dir):  # "nodir: the model-server config directory ..." named no key
         origin = "--servers" if options["servers"] is not None else f"{config.path}: gateway.servers_dir"
-        what = "is not a folder" if os.path.exists(config.servers_dir) else f"does not exist (relative to {os.getcwd()})"
+        what = ("is not a folder" if os.path.exists(config.servers_dir)
+                else f"does not exist (relative to {os.getcwd()})")
         raise refuse(PROGRAM, f"{origin}: {config.servers_dir} {what}")
     try:
         catalog = load_catalog(config.servers_dir, env)

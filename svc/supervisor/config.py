@@ -313,7 +313,8 @@ def load_profile(config: SupervisorConfig, name: str | None = None,
     if not os.path.exists(path):  # "profiles/gpu.toml: file not found" named neither the choice nor the folder's key
         problem = (f"{name!r} has no profile file: {path} does not exist (relative to {os.getcwd()}; "
                    "supervisor.profiles_dir)")
-        raise ConfigError("--profile", None, problem) if given else ConfigError(config.path, "supervisor.profile", problem)
+        raise (ConfigError("--profile", None, problem) if given
+               else ConfigError(config.path, "supervisor.profile", problem))
     values = apply_keys(path, read_toml(path), PROFILE_KEYS)
     models = values["models"]
     if not all(isinstance(m, str) for m in models):

@@ -187,7 +187,8 @@ class Child:
         self.ready = False
         self.phase = None
         self._was_ready = False
-        self._set(STARTING, f"spawned pid {self.pid}: {' '.join(self.spec.argv[1:4])} ...")
+        program = next((i for i, a in enumerate(self.spec.argv) if a.startswith("service-")), 1)  # not "-P -m twisted"
+        self._set(STARTING, f"spawned pid {self.pid}: {' '.join(self.spec.argv[program:program + 3])} ...")
         self._schedule_probe(self.timing.probe_starting)
 
     def _port_busy(self, why: str) -> None:

@@ -558,7 +558,7 @@ def test_the_errors_filter_shows_a_crash_not_the_next_process_or_twisteds_goodby
              ("stdout", ""), ("stdout", "2026-11-28T05:27:30+0000 [-] (TCP Port 9101 Closed)"),
              ("supervisor", "start_failed: could not start: M: model failed to load"),
              ("supervisor", "restart failed: M could not start: M: model failed to load"),
-             ("supervisor", "starting: spawned pid 77: -m twisted service-model ..."),
+             ("supervisor", "starting: spawned pid 77: service-model --server conf/server/M.toml ..."),
              ("stdout", "2026-11-28T05:27:33+0000 [-] JsonSite starting on 9101"), ("stdout", "a print of the plugin")]
 
     def answer(route):

@@ -600,7 +600,7 @@ def test_a_failure_is_logged_at_error_a_crash_at_warn_and_the_rest_at_info():
         reactor.exit(2)
     lines = [(e["log_level"], e["log_format"].format(**e)) for e in events if e.get("name") == "M"]
     assert lines[:5] == [
-        (LogLevel.info, "M: starting: spawned pid 1001: -m twisted service-model ..."),
+        (LogLevel.info, "M: starting: spawned pid 1001: service-model ..."),
         (LogLevel.info, "M: running: ready"),
         (LogLevel.warn, "M: not ready: /ready did not answer 200"),
         (LogLevel.info, "M: ready again"),

@@ -85,11 +85,17 @@ def weights_override(factory: Any, choice: str) -> str:
 
 def cpu_share(env: Any) -> int:
     """How many replicas of this model share this process's CPUs (``SERVICE_CPU_SHARE``, set by the
-    supervisor; 1 when unset); ValueError with one line for anything but a positive integer."""
+    supervisor; 1 when unset); ValueError with one line for anything but 1 to the most replicas a model has (a
+    config probe: 20 digits were taken, and ``²`` passed ``isdigit`` to fail in ``int``)."""
+    from svc.contract.query import parse_bounded_int
+    from svc.infra.replicas import MAX_REPLICAS
+
     raw = env.get(CPU_SHARE_ENV) or "1"
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{CPU_SHARE_ENV} must be a positive integer (replicas sharing these CPUs), not {raw!r}")
-    return int(raw)
+    share = parse_bounded_int(raw, minimum=1, maximum=MAX_REPLICAS)
+    if share is None:
+        raise ValueError(f"{CPU_SHARE_ENV} must be a whole number from 1 to {MAX_REPLICAS} (replicas sharing these "
+                         f"CPUs), not {raw!r}")
+    return share
 
 
 def prepare_torch(config: Any, share: int = 1) -> str:

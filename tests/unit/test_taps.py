@@ -451,10 +451,11 @@ def test_model_server_replica_environment(torch_setup, environment):
 
     assert 'service_model_info{device="cpu",model="MOBILENETV2",replica="3",version="loading"} 1.0' in \
         render(service.registry).decode()
-    for bad in ("0", "two", "-1"):
+    for bad in ("0", "two", "-1", "65", "9" * 20, "\u00b2"):  # the last two: a config probe (taken; int() failed)
         environment.setenv("SERVICE_CPU_SHARE", bad)
         assert refusal(model_tap, ["--server", str(SERVERS / "MOBILENETV2.toml")]) == (
-            f"service-model: SERVICE_CPU_SHARE must be a positive integer (replicas sharing these CPUs), not {bad!r}")
+            f"service-model: SERVICE_CPU_SHARE must be a whole number from 1 to 64 (replicas sharing these CPUs), "
+            f"not {bad!r}")
 
 
 def test_model_server_device_refusal_names_the_file(environment, monkeypatch):

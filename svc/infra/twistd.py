@@ -96,20 +96,21 @@ def tell_launcher(refusal: SystemExit) -> None:
     keeps the pipe's write end open itself, it waited forever, the dead
     daemon's pidfile left behind.  Written in twistd's form, the launcher
     prints it ("An error has occurred: ...", cut to 100 bytes; the whole line
-    is in the log file) and exits 1.  Nothing under ``twistd -n`` or twist.
+    reaches the log file as the daemon exits, a moment after) and exits 1.
+    Nothing under ``twistd -n`` or twist.
     """
     parent = _launcher
     pipe = parent.get("statusPipe") if parent is not None else None
     if pipe is None:
         return
     parent["statusPipe"] = None
+    if parent.get("pidfile"):  # first: once told, the launcher returns, and its user may look for the file
+        try:
+            os.unlink(parent["pidfile"])
+        except OSError:
+            pass
     try:
         os.write(pipe, f"1 {refusal.code}".encode("ascii", "backslashreplace")[:100])
         os.close(pipe)
     except OSError:
         pass
-    if parent.get("pidfile"):
-        try:
-            os.unlink(parent["pidfile"])
-        except OSError:
-            pass

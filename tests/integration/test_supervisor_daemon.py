@@ -25,7 +25,7 @@ from svc.supervisor.logsink import LogDirLock
 from tests.support.gateway import GATEWAY_TOKENS
 from tests.support.http import get, post
 from tests.support.images import image_b64
-from tests.support.processes import Proc, child_env, pid_alive, write_config
+from tests.support.processes import Proc, child_env, pid_alive, wait_until, write_config
 from tests.support.stack import build_stack
 
 TWISTD = str(Path(sys.executable).parent / "twistd")
@@ -119,5 +119,9 @@ def test_a_daemon_whose_port_is_taken_tells_its_launcher_and_leaves_no_pidfile(t
     assert first.startswith(f"An error has occurred: b'{program}: ") and len(first) > 40, launcher.stderr
     assert second == "Please look at log file for more information."
     assert not pidfile.exists()
-    refusal = [line for line in log.read_text().splitlines() if f"cannot listen on 127.0.0.1:{port}: " in line]
+
+    def refusals() -> list[str]:  # the daemon tells its launcher first, then writes the line as it exits (a CI race)
+        return [line for line in log.read_text().splitlines() if f"cannot listen on 127.0.0.1:{port}: " in line]
+
+    refusal = wait_until(refusals, "the daemon's refusal in its log", 10)
     assert len(refusal) == 1 and f"{program}: " in refusal[0], log.read_text()[-2000:]

@@ -26,7 +26,7 @@ from svc.cluster_config import ClusterConfig
 from svc.contract import jobid
 from svc.gateway.app import GatewayApp
 from svc.gateway.balancer import Balancer
-from svc.gateway.catalog import Catalog, CatalogError, Replica, Upstream, load_catalog
+from svc.gateway.catalog import Catalog, CatalogError, Replica, Upstream, load_catalog, unknown_ids
 from svc.gateway.cluster import Cluster
 from svc.gateway.owners import OtherHost, locate
 from svc.gateway.proxy import Proxy, UpstreamReply, not_admitted
@@ -603,6 +603,17 @@ def test_catalog_replicas_from_the_environment(tmp_path):
     assert old_shape.by_id["A"].url("/x") == b"http://127.0.0.1:9300/x"
     with pytest.raises(CatalogError, match="port 9301 is used twice: by A replica 1 and by B"):
         load_catalog(str(tmp_path), {"SERVICE_UPSTREAM_PORTS": '{"A": [9300, 9301]}'})
+
+
+def test_ids_of_the_layout_variables_that_no_config_has_are_named(tmp_path):
+    """A misspelt id left its model without a token or on its config's port, said only as "no upstream token"."""
+    (tmp_path / "A.toml").write_text('id = "A"\nport = 9300\nserver_uri = "/a"\n')
+    env = {"SERVICE_UPSTREAM_PORTS": '{"A": [9300], "GONE": [9500], "AA": [9600]}',
+           "SERVICE_UPSTREAM_TOKENS": '{"A": "t", "NOPE": "x"}'}
+    assert unknown_ids(load_catalog(str(tmp_path), env), env) == [
+        "SERVICE_UPSTREAM_TOKENS names NOPE, which no model config has: not used",
+        "SERVICE_UPSTREAM_PORTS names AA, GONE, which no model config has: not used"]
+    assert unknown_ids(load_catalog(str(tmp_path), {}), {}) == []
 
 
 def test_an_upstream_without_replicas_has_one_on_its_port():

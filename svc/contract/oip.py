@@ -28,8 +28,10 @@ first rule that fits:
   images (PNG by default);
 - anything else: ``DATA`` BYTES ``[rows]``, JSON of each row's ``data``.
 
-Every model takes one ``BYTES`` input ``IMAGE`` of shape ``[rows]``: one
-encoded image per batch row.  The document is read once per model and kept
+Every model takes one ``BYTES`` input ``IMAGE``: one encoded image per batch
+row, of shape ``[rows, 1]`` in the metadata (Triton's form of a batched
+``BYTES`` input, whose configuration's ``dims`` are ``[1]``: what
+perf_analyzer builds its requests from); ``[rows]`` is taken too.  The document is read once per model and kept
 for the gateway's life (a model's data schema changes only with its code).
 """
 
@@ -87,7 +89,7 @@ class ModelShape:
         return next((o for o in self.outputs if o.name == name), None)
 
 
-INPUTS = (Spec(INPUT, "BYTES", (-1,)),)
+INPUTS = (Spec(INPUT, "BYTES", (-1, 1)),)
 ROWS = Spec("ROWS", "INT32", (-1,))
 
 
@@ -151,3 +153,44 @@ def shape_from_document(model_id: str, body: bytes) -> ModelShape:
     if data is None:
         raise ValueError(f"the OpenAPI document of {model_id} has no {model_id}_Data schema")
     return shape_from_data_schema(data, schemas.get(f"{model_id}_Params"))
+
+
+#: Triton's names of the protocol's datatypes (``data_type`` in a model configuration).
+TRITON_TYPES = {"BYTES": "TYPE_STRING", "FP32": "TYPE_FP32", "INT32": "TYPE_INT32"}
+
+
+@dataclass(frozen=True)
+class Serving:
+    """How a model server serves its model: what its configuration in Triton's shape states."""
+
+    max_rows: int  # max_request_items: the rows one request may carry
+    batch_size: int  # max_batch_size: the server's own batches
+    batch_delay_ms: int
+    device: str  # "cpu" or "gpu"
+    workers: int
+    parameters: dict[str, str]  # the rest, as Triton's string parameters
+
+
+def model_config(model_id: str, shape: ModelShape, serving: Serving) -> dict:
+    """The model's configuration in Triton's shape (``GET /v2/models/{id}/config``; tritonclient's
+    ``get_model_config``, and what Triton's perf_analyzer reads before it sends a request).
+
+    ``max_batch_size`` is the rows one request may carry (``max_request_items``), so each tensor's ``dims`` are
+    its metadata shape without the first dimension (``[1]`` for the input, ``[]`` for an output of one element per
+    row or detection); ``dynamic_batching`` is present when the server collects requests into batches
+    (``max_batch_size`` above 1: its size and window); ``instance_group`` counts the server's workers."""
+    def tensor(spec: Spec) -> dict:
+        return {"name": spec.name, "data_type": TRITON_TYPES[spec.datatype], "dims": list(spec.shape[1:])}
+
+    config: dict[str, Any] = {
+        "name": model_id, "platform": PLATFORM, "backend": "", "max_batch_size": serving.max_rows,
+        "input": [{**tensor(spec), "format": "FORMAT_NONE"} for spec in INPUTS],
+        "output": [tensor(spec) for spec in shape.outputs],
+        "instance_group": [{"name": model_id, "kind": "KIND_GPU" if serving.device == "gpu" else "KIND_CPU",
+                            "count": serving.workers}],
+        "parameters": {name: {"string_value": value} for name, value in serving.parameters.items()},
+    }
+    if serving.batch_size > 1:
+        config["dynamic_batching"] = {"preferred_batch_size": [serving.batch_size],
+                                      "max_queue_delay_microseconds": serving.batch_delay_ms * 1000}
+    return config

@@ -90,6 +90,7 @@ class ModelServerApp(OipRoute, routes.JsonApp):
         self.weights_headers = {WEIGHTS_HEADER: weights}  # demo, pretrained or file (svc.model.weights.weights_kind)
         self.ip_limiter = KeyedLimiter(clock, config.rate_limit_qps)
         self.identity = ModelIdentity(config.id, "loading")
+        self.optimize = "eager"
         self.ready = False
         self.draining = False
         self.not_ready_reason = "the model is loading"
@@ -113,8 +114,10 @@ class ModelServerApp(OipRoute, routes.JsonApp):
         """Requests parked in /jobs/{job}/wait."""
         return self.job_routes.waiting if self.job_routes is not None else 0
 
-    def set_ready(self, version: str) -> None:
+    def set_ready(self, version: str, optimize: str = "eager") -> None:
+        """Loaded and warmed up: ``version`` is the weights', ``optimize`` the execution mode in use."""
         self.identity = ModelIdentity(self.config.id, version)
+        self.optimize = optimize
         self.ready = True
 
     # -- helpers -------------------------------------------------------------------

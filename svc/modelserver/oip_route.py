@@ -1,4 +1,5 @@
-"""A model server's Open Inference Protocol inference route: ``POST /v2/models/{id}[/versions/{v}]/infer``.
+"""A model server's Open Inference Protocol routes: ``POST /v2/models/{id}[/versions/{v}]/infer``, and
+``GET /v2/models/{id}[/versions/{v}]/config`` (the model's configuration in Triton's shape).
 
 The model server answers the protocol itself, so the gateway's ``/v2``
 inference route passes the client's bytes through as its contract route
@@ -18,6 +19,11 @@ Errors under ``/v2`` take the protocol's ``{"error"}`` shape
 
 A model id other than this server's is 404; a version other than the one
 it serves is 404, checked before anything runs.
+
+The configuration (:func:`svc.contract.oip.model_config`) states what this
+server's config and its warm-up decided: the rows a request may carry, its
+batching, its workers, its device, the execution mode in use and its
+weights; the gateway forwards ``/config`` here, as it forwards inference.
 """
 
 from __future__ import annotations
@@ -28,9 +34,10 @@ from klein import Klein
 
 from svc.contract import status as st
 from svc.contract.errors import ApiError
-from svc.contract.oip import PREFIX, ModelShape, shape_from_document
+from svc.contract.oip import PREFIX, ModelShape, Serving, model_config, shape_from_document
+from svc.contract.protocol import WEIGHTS_HEADER
 from svc.web.declare import route
-from svc.web.oip import codec, translate
+from svc.web.oip import codec, replies, translate
 from svc.web.replies import OIP_JSON_CONTENT_TYPE, check_content_encoding, header
 
 
@@ -46,11 +53,24 @@ class OipRoute:
             self._oip_shape = shape_from_document(self.config.id, self.openapi_bytes)
         return self._oip_shape
 
-    async def oip_infer(self: Any, request: Any, model_id: str, version: str | None = None) -> bytes:
+    def oip_check_model(self: Any, model_id: str, version: str | None) -> None:
+        """404 for a model other than this server's, or a version other than the one it serves."""
         if model_id != self.config.id:
             raise ApiError(st.NOT_FOUND, f"model {model_id[:80]!r} is not served here (this server serves "
                                          f"{self.config.id})")
         translate.check_version(model_id, version, self.identity.version)
+
+    def oip_config(self: Any, request: Any, model_id: str, version: str | None = None) -> bytes:
+        self.oip_check_model(model_id, version)
+        config, backend = self.config, self.config.backend
+        serving = Serving(max_rows=config.max_request_items, batch_size=config.max_batch_size,
+                          batch_delay_ms=config.max_batch_delay_ms, device=backend.device, workers=backend.workers,
+                          parameters={"version": self.identity.version, "optimize": self.optimize,
+                                      "weights": self.weights_headers[WEIGHTS_HEADER]})
+        return replies.ok(request, model_config(model_id, self.oip_shape, serving))
+
+    async def oip_infer(self: Any, request: Any, model_id: str, version: str | None = None) -> bytes:
+        self.oip_check_model(model_id, version)
         started = self.clock.seconds()
         self.in_flight += 1
         try:
@@ -116,8 +136,11 @@ class OipRoute:
 
 
 def declare(app: Klein) -> None:
-    """Add the route (with and without a version) to the ModelServerApp's Klein, admitted as ``infer`` is."""
+    """Add the routes (with and without a version) to the ModelServerApp's Klein, admitted as ``infer`` is
+    (the configuration too: it names the version, known once the model is loaded)."""
     model = PREFIX + "/models/<string:model_id>"
     for base in (model, model + "/versions/<string:version>"):
         route(app, base + "/infer", methods=["POST"], name="infer", admit="admit_inference",
               endpoint=f"oip_infer{base}")(OipRoute.oip_infer)
+        route(app, base + "/config", methods=["GET"], name="oip_metadata", admit="admit_inference",
+              endpoint=f"oip_config{base}")(OipRoute.oip_config)

@@ -209,14 +209,15 @@ class ModelServerService(ListeningMultiService):
         optimization = self.engine.optimization
         if optimization is not None:
             (log.warn if optimization.fell_back else log.info)("{line}", line=optimization.line)
-        self.app.set_ready(self.engine.version)
+        mode = optimization.mode if optimization is not None else "eager"
+        self.app.set_ready(self.engine.version, mode)
         self.metrics.ready.set(1)
         self.metrics.info.clear()
         self.metrics.info.labels(self.config.id, self.engine.version, self.device, self.replica).set(1)
         log.info("{id}: ready (version {version}; optimize {mode}; warm-up batch of {items} took {ms:.0f} ms; "
                  "{frozen} objects frozen out of garbage collection)",
                  id=self.config.id, version=self.engine.version, items=items, ms=seconds * 1000, frozen=frozen,
-                 mode=optimization.mode if optimization is not None else "eager")
+                 mode=mode)
 
     def _load_failed(self, failure: Any) -> None:
         if failure.check(WeightsError):

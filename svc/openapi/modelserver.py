@@ -91,17 +91,18 @@ def model_server_document(config: ModelServerConfig, factory: Any, table: dict |
     }
     if config.async_enabled:
         paths.update(job_paths(config, factory))
-    # The protocol's inference (svc.modelserver.oip_route).
+    # The protocol's inference and model configuration (svc.modelserver.oip_route).
     for path, item in oip.oip_paths(config, factory, MODEL_SERVER_REALM).items():
-        if path.endswith("/infer"):
-            item["post"]["responses"].pop("502")  # the gateway's: no upstream here
+        if path.endswith(("/infer", "/config")):
+            for op in item.values():
+                op["responses"].pop("502")  # the gateway's: no upstream here
             paths[path] = item
     for path, item in paths.items():
         for op in item.values():
             op["responses"].update({k: v for k, v in not_found_405().items() if k not in op["responses"]})
             add_listener_replies(op["responses"], path)
     components = {**status_components(), **model_components(config, factory, table)}
-    components.update({name: oip.components()[name] for name in ("OipError", "OipInferResponse")})
+    components.update({name: oip.components()[name] for name in ("OipError", "OipInferResponse", "OipModelConfig")})
     components[f"{mid}_OipRequest"] = oip.model_request(config, factory, factory.params_schema(table))
     if config.async_enabled:
         components.update(job_components())

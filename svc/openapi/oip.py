@@ -29,6 +29,7 @@ from svc.contract.oip import (
     RESERVED_PREFIX,
     SEGMENTATION,
     SERVER_NAME,
+    TRITON_TYPES,
     shape_from_data_schema,
 )
 from svc.contract.protocol import GATEWAY_REALM, WEIGHTS_HEADER
@@ -61,6 +62,36 @@ BINARY = (
 )
 
 
+TRITON_TENSOR = {"type": "object", "required": ["name", "data_type", "dims"],
+                 "properties": {"name": STRING, "data_type": {"enum": sorted(TRITON_TYPES.values())},
+                                "dims": SHAPE, "format": {"const": "FORMAT_NONE"}}}
+MODEL_CONFIG = {
+    "type": "object",
+    "required": ["name", "platform", "backend", "max_batch_size", "input", "output", "instance_group", "parameters"],
+    "description": "The model's configuration in Triton's shape (what tritonclient's `get_model_config` and "
+                   "perf_analyzer read): `max_batch_size` is the rows one request may carry (`max_request_items`), "
+                   "each tensor's `dims` its metadata shape without the first dimension, `dynamic_batching` the "
+                   "model server's own batching (present when its `max_batch_size` is above 1), `instance_group` "
+                   "its workers, and `parameters` the weights' `version`, the execution mode in use (`optimize`) and "
+                   "the kind of weights (`weights`: demo, pretrained or file).",
+    "properties": {
+        "name": STRING, "platform": {"const": PLATFORM}, "backend": {"const": ""},
+        "max_batch_size": {"type": "integer", "minimum": 1},
+        "input": {"type": "array", "items": TRITON_TENSOR}, "output": {"type": "array", "items": TRITON_TENSOR},
+        "dynamic_batching": {"type": "object", "required": ["preferred_batch_size", "max_queue_delay_microseconds"],
+                             "properties": {"preferred_batch_size": {"type": "array",
+                                                                     "items": {"type": "integer", "minimum": 2}},
+                                            "max_queue_delay_microseconds": {"type": "integer", "minimum": 0}}},
+        "instance_group": {"type": "array", "items": {
+            "type": "object", "required": ["name", "kind", "count"],
+            "properties": {"name": STRING, "kind": {"enum": ["KIND_CPU", "KIND_GPU"]},
+                           "count": {"type": "integer", "minimum": 1}}}},
+        "parameters": {"type": "object", "required": ["version", "optimize", "weights"], "additionalProperties": {
+            "type": "object", "required": ["string_value"], "properties": {"string_value": STRING}}},
+    },
+}
+
+
 def components() -> dict:
     """The protocol's own bodies."""
     return {
@@ -74,6 +105,7 @@ def components() -> dict:
         "OipModelReady": {"type": "object", "required": ["name", "ready"], "properties": {"name": STRING,
                                                                                          "ready": BOOLEAN}},
         "OipTensorMetadata": TENSOR_METADATA,
+        "OipModelConfig": MODEL_CONFIG,
         "OipModelMetadata": {
             "type": "object", "required": ["name", "versions", "platform", "inputs", "outputs"],
             "properties": {"name": STRING, "versions": {"type": "array", "items": STRING},
@@ -225,6 +257,11 @@ def oip_paths(config: ModelServerConfig, factory: Any, realm: str) -> dict:
                            "OipModelMetadata", "404", "502", "503", parameters=params)
         paths[path + "/ready"] = _get(f"oip_model_ready_{mid}{suffix}", f"200 when {mid} is ready, else 503.",
                                       "OipModelReady", "404", "502", "503", parameters=params)
+        config_op = _get(f"oip_model_config_{mid}{suffix}", f"The configuration of {mid} in Triton's shape (its "
+                         "model server's: the rows a request may carry, batching, workers, the mode in use).",
+                         "OipModelConfig", "404", "502", "503", parameters=params)
+        config_op["get"]["responses"]["401"] = errors("401", realm=realm)["401"]
+        paths[path + "/config"] = config_op
         infer: dict[str, Any] = {
             "operationId": f"oip_infer_{mid}{suffix}",
             "summary": f"Inference with {mid} (Open Inference Protocol).",

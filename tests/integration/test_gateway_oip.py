@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import base64
+import csv
 import json
+import os
 import re
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -91,13 +96,86 @@ def test_health_and_metadata(stack):
     assert client.is_model_ready("MOBILENETV2", headers=auth())
     meta = client.get_model_metadata("MOBILENETV2", headers=auth())
     assert meta["platform"] == "inference-service" and meta["versions"] == ["random-init-seed0"]
-    assert meta["inputs"] == [{"name": "IMAGE", "datatype": "BYTES", "shape": [-1]}]
+    assert meta["inputs"] == [{"name": "IMAGE", "datatype": "BYTES", "shape": [-1, 1]}]
     assert meta["outputs"] == [{"name": "PROBABILITIES", "datatype": "FP32", "shape": [-1, 1000]}]
     yolo = client.get_model_metadata("YOLOV8", model_version="random-init-seed0", headers=auth())
     assert [(o["name"], o["datatype"], o["shape"]) for o in yolo["outputs"]] == [
         ("BOXES", "FP32", [-1, 4]), ("SCORES", "FP32", [-1]), ("CLASSES", "INT32", [-1]), ("ROWS", "INT32", [-1])]
     assert [o["name"] for o in client.get_model_metadata("TESTFAULTS", headers=auth())["outputs"]] == ["DATA"]
     assert status_of(lambda: client.get_model_metadata("MOBILENETV2", model_version="7", headers=auth())) == "404"
+
+
+def test_model_configuration_in_tritons_shape(stack):
+    """tritonclient's get_model_config, what Triton's perf_analyzer reads before its first request: the model
+    server's serving (the rows a request may carry, its batching and workers, the mode in use), passed back by the
+    gateway; each tensor's dims are its metadata shape without the rows."""
+    client = stack["client"]
+    assert client.get_model_config("MOBILENETV2", headers=auth()) == {
+        "name": "MOBILENETV2", "platform": "inference-service", "backend": "", "max_batch_size": 16,
+        "input": [{"name": "IMAGE", "data_type": "TYPE_STRING", "format": "FORMAT_NONE", "dims": [1]}],
+        "output": [{"name": "PROBABILITIES", "data_type": "TYPE_FP32", "dims": [1000]}],
+        "instance_group": [{"name": "MOBILENETV2", "kind": "KIND_CPU", "count": 2}],
+        "dynamic_batching": {"preferred_batch_size": [8], "max_queue_delay_microseconds": 5000},
+        "parameters": {"version": {"string_value": "random-init-seed0"}, "optimize": {"string_value": "eager"},
+                       "weights": {"string_value": "demo"}}}
+    meta = client.get_model_metadata("YOLOV8", headers=auth())
+    yolo = client.get_model_config("YOLOV8", model_version="random-init-seed0", headers=auth())
+    assert [(o["name"], o["data_type"], o["dims"]) for o in yolo["output"]] == [
+        ("BOXES", "TYPE_FP32", [4]), ("SCORES", "TYPE_FP32", []), ("CLASSES", "TYPE_INT32", []),
+        ("ROWS", "TYPE_INT32", [])]
+    for config, metadata in ((yolo["input"], meta["inputs"]), (yolo["output"], meta["outputs"])):
+        assert [(t["name"], t["dims"]) for t in config] == [(t["name"], t["shape"][1:]) for t in metadata]
+    reply = get(stack["gateway"].url + "/v2/models/TESTFAULTS/config", headers={**auth(), "X-Request-ID": "cfg-1"})
+    assert reply.status == 200 and reply.header("X-Request-ID") == "cfg-1"
+    assert reply.header("Content-Type") == "application/json" and reply.header("X-Service-Key") == "tenant-a"
+    assert reply.json["dynamic_batching"] == {"preferred_batch_size": [4], "max_queue_delay_microseconds": 5000}
+    assert status_of(lambda: client.get_model_config("MOBILENETV2", model_version="7", headers=auth())) == "404"
+    assert status_of(lambda: client.get_model_config("NOPE", headers=auth())) == "404"
+    assert status_of(lambda: client.get_model_config("MOBILENETV2", headers=auth("c" * 64))) == "401"
+    assert status_of(lambda: client.get_model_config("STOPPED", headers=auth())) == "503"
+    bad = get(stack["gateway"].url + "/v2/models/MOBILENETV2/config", headers={**auth(), "X-Request-ID": "a b"})
+    assert (bad.status, set(bad.json)) == (400, {"error"})
+
+
+#: Triton's perf_analyzer, put beside the suite's interpreter by bin/ensure-perf-analyzer (tox's commands_pre).
+PERF_ANALYZER = Path(sys.executable).parent.parent / "perf_analyzer"
+
+
+def oip_infer_counts(stack) -> dict[str, float]:
+    """The gateway's ``service_http_requests_total`` of OIP inference, by status code."""
+    text = get(stack["gateway"].url + "/metrics",
+               headers={"Authorization": f"Bearer {GATEWAY_TOKENS['SERVICE_METRICS_TOKEN']}"}).body.decode()
+    return {m["code"]: float(m["n"]) for m in re.finditer(
+        r'^service_http_requests_total\{code="(?P<code>\d+)",method="POST",protocol="oip",route="infer"\} (?P<n>\S+)$',
+        text, re.M)}
+
+
+@pytest.mark.parametrize(("model", "batch"), [("MOBILENETV2", 4), ("YOLOV8", 1)])
+def test_tritons_perf_analyzer_measures_a_model_through_the_gateway(stack, tmp_path, model, batch):
+    """Triton's own load generator reads the metadata and the configuration, builds its requests from them
+    (binary BYTES of shape [batch, 1]) and measures: every request it sends is served 200."""
+    image = image_bytes(width=96, height=72, seed=9, fmt="JPEG")
+    data = tmp_path / "image.json"  # Triton's serialized BYTES element: a 4-byte length, then the file
+    data.write_text(json.dumps({"data": [{"IMAGE": {"b64": base64.b64encode(
+        struct.pack("<I", len(image)) + image).decode()}}]}))
+    before = oip_infer_counts(stack)
+    run = subprocess.run(
+        [str(PERF_ANALYZER / "bin" / "perf_analyzer"), "-m", model, "-u", f"127.0.0.1:{stack['gateway'].port}",
+         "-i", "http", "-H", f"Authorization: Bearer {KEY}", "--input-data", str(data), "-b", str(batch),
+         "--concurrency-range", "2", "--measurement-mode", "count_windows", "--measurement-request-count", "10",
+         # any latency spread is stable: on a loaded machine (the suite's other workers) it found none within
+         # its 10 windows at its default 10 %, and stability is not what this test is about
+         "--stability-percentage", "100000", "-f", str(tmp_path / "result.csv")],
+        env={**os.environ, "LD_LIBRARY_PATH": str(PERF_ANALYZER / "lib")}, capture_output=True, text=True,
+        timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"Batch size: {batch}" in run.stdout, run.stdout
+    [row] = list(csv.DictReader((tmp_path / "result.csv").open()))
+    assert row["Concurrency"] == "2" and float(row["Inferences/Second"]) > 0, row
+    counted = re.findall(r"Request count: (\d+)", run.stdout)
+    after = oip_infer_counts(stack)
+    assert {code for code in after if after[code] != before.get(code, 0.0)} == {"200"}  # no request refused
+    assert after["200"] - before.get("200", 0.0) >= sum(int(n) for n in counted) >= 10
 
 
 # -- inference -----------------------------------------------------------------------------------------

@@ -176,6 +176,22 @@ def test_a_request_as_kserves_client_writes_it_is_served(server, binary):
     assert reply.json["outputs"][0]["shape"] == [1, 3]
 
 
+def test_the_model_configuration_straight_from_the_model_server(server):
+    """The model server states its own serving (the gateway forwards /config to it), with its token."""
+    version = served_version(server)
+    for path in ("/v2/models/MOBILENETV2/config", f"/v2/models/MOBILENETV2/versions/{version}/config"):
+        reply = request("GET", server.url + path, headers={**auth(), "X-Request-ID": "cfg-straight"})
+        assert reply.status == 200, reply.body
+        assert reply.header("X-Request-ID") == "cfg-straight" and reply.header("Content-Type") == "application/json"
+        assert reply.json["max_batch_size"] == 16 and reply.json["instance_group"][0]["count"] == 2
+        assert reply.json["parameters"]["version"] == {"string_value": version}
+    unauthorized = request("GET", server.url + "/v2/models/MOBILENETV2/config")
+    assert unauthorized.status == 401 and unauthorized.header("WWW-Authenticate") == 'Bearer realm="model-server"'
+    other = request("GET", server.url + "/v2/models/YOLOV8/config", headers=auth())
+    assert other.status == 404 and "not served here" in other.json["error"]
+    assert request("POST", server.url + "/v2/models/MOBILENETV2/config", b"{}", headers=auth()).status == 405
+
+
 def test_the_contract_route_keeps_the_envelope(server):
     reply = post(server.url + "/mobilenetv2/predict", {"images": []}, headers=auth())
     assert reply.status == 422 and "status" in reply.json and "results" in reply.json

@@ -74,7 +74,7 @@ def test_the_conformance_tests_have_one_node_id_per_operation():
                             env=env, capture_output=True, text=True, timeout=120)
     ids = [line for line in result.stdout.splitlines() if "::" in line]
     assert result.returncode == 0, result.stdout + result.stderr
-    assert len(ids) == 37 and len(set(ids)) == len(ids), ids  # 14 + 4 gateway operations, 7 + 11 + 1 model server
+    assert len(ids) == 41 and len(set(ids)) == len(ids), ids  # 16 + 4 gateway operations, 9 + 11 + 1 model server
     assert "tests/integration/test_modelserver_schemathesis.py::test_model_server_conforms_to_its_openapi_document" \
            "[POST /v2/models/MOBILENETV2/infer]" in ids
     assert "tests/integration/test_gateway_schemathesis.py::test_gateway_conforms_to_its_openapi_document" \

@@ -5,6 +5,7 @@
     GET  /v2/health/ready                             200 when every model of the catalog is ready, else 503
     GET  /v2/models/{id}[/versions/{version}]         model metadata (its model server's document and /ready)
     GET  /v2/models/{id}[/versions/{version}]/ready   200 when a replica of the model is ready, else 503
+    GET  /v2/models/{id}[/versions/{version}]/config  its configuration in Triton's shape: the model server's
     POST /v2/models/{id}[/versions/{version}]/infer   inference: the model server's own route of that path
 
 They are methods of :class:`svc.gateway.app.GatewayApp` (:class:`OipRoutes`
@@ -41,27 +42,11 @@ from svc.contract import status as st
 from svc.contract.errors import ApiError
 from svc.contract.oip import EXTENSIONS, INPUTS, PLATFORM, PREFIX, SERVER_NAME, ModelShape, shape_from_document
 from svc.contract.protocol import OPENAPI_PATH, READY_PATH
-from svc.contract.request import REQ_ID_RE, REQ_ID_RULE
 from svc.gateway.catalog import Upstream
 from svc.web.declare import route
 from svc.web.oip import translate
-from svc.web.replies import dumps, header, send_encoded
-
-
-def request_id(request: Any) -> str | None:
-    """The client's ``X-Request-ID`` when it sent a valid one; 400 for one that is not (docs/oip.md: as on the
-    infer route, refused rather than replaced; the metadata routes took any and echoed none)."""
-    value = header(request, b"x-request-id")
-    if value is not None and not REQ_ID_RE.fullmatch(value):
-        raise ApiError(st.INVALID_REQUEST, "X-Request-ID header " + REQ_ID_RULE, http=400)
-    return value
-
-
-def _ok(request: Any, body: dict) -> bytes:
-    rid = request_id(request)
-    if rid is not None:
-        request.setHeader(b"X-Request-ID", rid.encode("ascii"))
-    return send_encoded(request, 200, dumps(body))
+from svc.web.oip.replies import ok as _ok
+from svc.web.oip.replies import request_id
 
 
 def upstream_error(reply: Any) -> ApiError:
@@ -173,14 +158,26 @@ class OipRoutes:
         await self.oip_version(request, upstream, version)
         return _ok(request, {"name": model_id, "ready": True})
 
+    async def oip_model_config(self: Any, request: Any, model_id: str, version: str | None = None) -> bytes:
+        """What the model server says of its serving (svc.modelserver.oip_route: its batching, workers and mode,
+        which the gateway does not know), passed back as it is."""
+        request_id(request)
+        upstream = self.upstream(request, model_id)
+        return await self.forwarder.forward(request, upstream, "oip_metadata", _model_path(upstream, version, "config"))
+
     async def oip_infer(self: Any, request: Any, model_id: str, version: str | None = None) -> bytes:
         """The model server answers the protocol itself (svc.modelserver.oip_route): the client's bytes go to
         the same path there, and its reply comes back as it is, as on the contract's route."""
         upstream = self.upstream(request, model_id)
-        path = f"{PREFIX}/models/{quote(upstream.id, safe='')}"
-        if version is not None:
-            path += f"/versions/{quote(version, safe='')}"
-        return await self.forwarder.forward(request, upstream, "infer", path + "/infer")
+        return await self.forwarder.forward(request, upstream, "infer", _model_path(upstream, version, "infer"))
+
+
+def _model_path(upstream: Upstream, version: str | None, tail: str) -> str:
+    """The model server's path of a model route: ``/v2/models/{id}[/versions/{version}]/{tail}``."""
+    path = f"{PREFIX}/models/{quote(upstream.id, safe='')}"
+    if version is not None:
+        path += f"/versions/{quote(version, safe='')}"
+    return f"{path}/{tail}"
 
 
 
@@ -197,5 +194,7 @@ def declare(app: Klein) -> None:
               endpoint=f"oip_metadata{base}")(OipRoutes.oip_model_metadata)
         route(app, base + "/ready", methods=["GET"], name="oip_ready", admit="admit",
               endpoint=f"oip_ready{base}")(OipRoutes.oip_model_ready)
+        route(app, base + "/config", methods=["GET"], name="oip_metadata", admit="admit",
+              endpoint=f"oip_config{base}")(OipRoutes.oip_model_config)
         route(app, base + "/infer", methods=["POST"], name="infer", admit="admit",
               endpoint=f"oip_infer{base}")(OipRoutes.oip_infer)

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from svc.contract import status as st
 from svc.contract.envelope import new_task_id
 from svc.contract.errors import ApiError
 from svc.contract.oip import is_oip_path
-from svc.web.replies import OIP_JSON_CONTENT_TYPE, dumps, envelope_headers
+from svc.contract.request import REQ_ID_RE, REQ_ID_RULE
+from svc.web.replies import OIP_JSON_CONTENT_TYPE, dumps, envelope_headers, header, send_encoded
 from svc.web.routes import EnvelopeReplies
 
 #: Values of the ``protocol`` label of the gateway's request metrics.
@@ -30,6 +32,23 @@ def is_oip(request: Any) -> bool:
     if path is None:  # an early 413: only the channel has seen the request line
         path = getattr(getattr(request, "channel", None), "_path", b"") or b""
     return is_oip_path(path)
+
+
+def request_id(request: Any) -> str | None:
+    """The client's ``X-Request-ID`` when it sent a valid one; 400 for one that is not (docs/oip.md: as on the
+    infer route, refused rather than replaced; the metadata routes took any and echoed none)."""
+    value = header(request, b"x-request-id")
+    if value is not None and not REQ_ID_RE.fullmatch(value):
+        raise ApiError(st.INVALID_REQUEST, "X-Request-ID header " + REQ_ID_RULE, http=400)
+    return value
+
+
+def ok(request: Any, body: dict) -> bytes:
+    """A 200 with ``body``, the request's ``X-Request-ID`` echoed when it sent one (the metadata routes')."""
+    rid = request_id(request)
+    if rid is not None:
+        request.setHeader(b"X-Request-ID", rid.encode("ascii"))
+    return send_encoded(request, 200, dumps(body))
 
 
 def protocol_of(request: Any) -> str:

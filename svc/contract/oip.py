@@ -177,8 +177,10 @@ def model_config(model_id: str, shape: ModelShape, serving: Serving) -> dict:
 
     ``max_batch_size`` is the rows one request may carry (``max_request_items``), so each tensor's ``dims`` are
     its metadata shape without the first dimension (``[1]`` for the input, ``[]`` for an output of one element per
-    row or detection); ``dynamic_batching`` is present when the server collects requests into batches
-    (``max_batch_size`` above 1: its size and window); ``instance_group`` counts the server's workers."""
+    row or detection); ``dynamic_batching`` is present when the server collects requests into batches (its
+    ``max_batch_size`` above 1: its window, and its batch size as the preferred one where that is not above the
+    rows of a request, which Triton's configuration cannot state: ``parameters`` carries it then, as always);
+    ``instance_group`` counts the server's workers."""
     def tensor(spec: Spec) -> dict:
         return {"name": spec.name, "data_type": TRITON_TYPES[spec.datatype], "dims": list(spec.shape[1:])}
 
@@ -191,6 +193,8 @@ def model_config(model_id: str, shape: ModelShape, serving: Serving) -> dict:
         "parameters": {name: {"string_value": value} for name, value in serving.parameters.items()},
     }
     if serving.batch_size > 1:
-        config["dynamic_batching"] = {"preferred_batch_size": [serving.batch_size],
-                                      "max_queue_delay_microseconds": serving.batch_delay_ms * 1000}
+        batching: dict[str, Any] = {"max_queue_delay_microseconds": serving.batch_delay_ms * 1000}
+        if serving.batch_size <= serving.max_rows:
+            batching["preferred_batch_size"] = [serving.batch_size]
+        config["dynamic_batching"] = batching
     return config

@@ -66,7 +66,8 @@ class OipRoute:
         serving = Serving(max_rows=config.max_request_items, batch_size=config.max_batch_size,
                           batch_delay_ms=config.max_batch_delay_ms, device=backend.device, workers=backend.workers,
                           parameters={"version": self.identity.version, "optimize": self.optimize,
-                                      "weights": self.weights_headers[WEIGHTS_HEADER]})
+                                      "weights": self.weights_headers[WEIGHTS_HEADER],
+                                      "batch_size": str(config.max_batch_size)})
         return replies.ok(request, model_config(model_id, self.oip_shape, serving))
 
     async def oip_infer(self: Any, request: Any, model_id: str, version: str | None = None) -> bytes:
@@ -142,5 +143,5 @@ def declare(app: Klein) -> None:
     for base in (model, model + "/versions/<string:version>"):
         route(app, base + "/infer", methods=["POST"], name="infer", admit="admit_inference",
               endpoint=f"oip_infer{base}")(OipRoute.oip_infer)
-        route(app, base + "/config", methods=["GET"], name="oip_metadata", admit="admit_inference",
+        route(app, base + "/config", methods=["GET"], name="oip_config", admit="admit_inference",
               endpoint=f"oip_config{base}")(OipRoute.oip_config)

@@ -71,14 +71,16 @@ MODEL_CONFIG = {
     "description": "The model's configuration in Triton's shape (what tritonclient's `get_model_config` and "
                    "perf_analyzer read): `max_batch_size` is the rows one request may carry (`max_request_items`), "
                    "each tensor's `dims` its metadata shape without the first dimension, `dynamic_batching` the "
-                   "model server's own batching (present when its `max_batch_size` is above 1), `instance_group` "
-                   "its workers, and `parameters` the weights' `version`, the execution mode in use (`optimize`) and "
-                   "the kind of weights (`weights`: demo, pretrained or file).",
+                   "model server's own batching (present when its `max_batch_size` is above 1: its window, and its "
+                   "batch size as `preferred_batch_size` where that is not above the rows of a request), "
+                   "`instance_group` its workers, and `parameters` the weights' `version`, the execution mode in use "
+                   "(`optimize`), the kind of weights (`weights`: demo, pretrained or file) and the server's batch "
+                   "size (`batch_size`, its `max_batch_size`).",
     "properties": {
         "name": STRING, "platform": {"const": PLATFORM}, "backend": {"const": ""},
         "max_batch_size": {"type": "integer", "minimum": 1},
         "input": {"type": "array", "items": TRITON_TENSOR}, "output": {"type": "array", "items": TRITON_TENSOR},
-        "dynamic_batching": {"type": "object", "required": ["preferred_batch_size", "max_queue_delay_microseconds"],
+        "dynamic_batching": {"type": "object", "required": ["max_queue_delay_microseconds"],
                              "properties": {"preferred_batch_size": {"type": "array",
                                                                      "items": {"type": "integer", "minimum": 2}},
                                             "max_queue_delay_microseconds": {"type": "integer", "minimum": 0}}},
@@ -86,7 +88,8 @@ MODEL_CONFIG = {
             "type": "object", "required": ["name", "kind", "count"],
             "properties": {"name": STRING, "kind": {"enum": ["KIND_CPU", "KIND_GPU"]},
                            "count": {"type": "integer", "minimum": 1}}}},
-        "parameters": {"type": "object", "required": ["version", "optimize", "weights"], "additionalProperties": {
+        "parameters": {"type": "object", "required": ["version", "optimize", "weights", "batch_size"],
+                       "additionalProperties": {
             "type": "object", "required": ["string_value"], "properties": {"string_value": STRING}}},
     },
 }

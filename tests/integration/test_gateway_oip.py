@@ -117,7 +117,7 @@ def test_model_configuration_in_tritons_shape(stack):
         "instance_group": [{"name": "MOBILENETV2", "kind": "KIND_CPU", "count": 2}],
         "dynamic_batching": {"preferred_batch_size": [8], "max_queue_delay_microseconds": 5000},
         "parameters": {"version": {"string_value": "random-init-seed0"}, "optimize": {"string_value": "eager"},
-                       "weights": {"string_value": "demo"}}}
+                       "weights": {"string_value": "demo"}, "batch_size": {"string_value": "8"}}}
     meta = client.get_model_metadata("YOLOV8", headers=auth())
     yolo = client.get_model_config("YOLOV8", model_version="random-init-seed0", headers=auth())
     assert [(o["name"], o["data_type"], o["dims"]) for o in yolo["output"]] == [

@@ -68,6 +68,11 @@ class FakeModel:
             ("Content-Type", "application/octet-stream"), ("Inference-Header-Content-Length", "2"),
             ("X-Request-ID", "t-2"), ("Cache-Control", "no-store"), ("Set-Cookie", "a=b")))
 
+    @app.route("/ready", methods=["GET"])
+    def ready(self, request):
+        return self.reply(request, b'{"status":0,"model":{"name":"CLS","version":"v1"}}',
+                          (("Content-Type", "application/json; charset=utf-8"),))
+
     @app.route("/busy", methods=["POST"])
     def busy(self, request):
         self.record(request)

@@ -114,7 +114,8 @@ class HungReady:
         self.inner.flush()
 
 
-@pytest.mark.parametrize("path", ["/v2/models/CLS/ready", "/v2/models/CLS", "/v2/health/ready"])
+@pytest.mark.parametrize("path", ["/v2/models/CLS/ready", "/v2/models/CLS", "/v2/health/ready",
+                                  "/v2/models/CLS/config"])
 def test_a_model_server_that_does_not_answer_is_not_ready_within_the_probe_interval(gw, path):
     """A hung model server of one replica held the ready and metadata routes for upstream_recv_timeout_ms (180 s
     by default, longer than any readiness probe waits) and then answered 502 (a regression probe): its /ready is
@@ -146,7 +147,8 @@ class LostReady(HungReady):
         return self.inner.request(method, uri, headers, bodyProducer)
 
 
-@pytest.mark.parametrize("path", ["/v2/models/CLS/ready", "/v2/models/CLS", "/v2/health/ready"])
+@pytest.mark.parametrize("path", ["/v2/models/CLS/ready", "/v2/models/CLS", "/v2/health/ready",
+                                  "/v2/models/CLS/config"])
 def test_a_model_server_whose_ready_connection_is_lost_is_not_ready(gw, path):
     """A transport failure of the readiness question is the model's 503, not ready, as no answer in time is: the
     forwarder's 502 of a lost connection (whose request may have run, so never sent again) is no reply a
@@ -158,3 +160,28 @@ def test_a_model_server_whose_ready_connection_is_lost_is_not_ready(gw, path):
         assert reply.json["error"].startswith("not every model is ready: CLS, ")
     else:
         assert reply.json["error"].startswith("model server CLS: ") and reply.json["error"].endswith(": it is not ready")
+
+
+class HungConfig(HungReady):
+    """The upstream agent, but a model server that answered its ``/ready`` never answers ``/config``."""
+
+    def request(self, method, uri, headers=None, bodyProducer=None):
+        if uri.endswith(b"/config"):
+            return Deferred()
+        return self.inner.request(method, uri, headers, bodyProducer)
+
+
+def test_a_configuration_not_answered_is_502_within_the_metadata_routes_bound(gw):
+    """The configuration is asked of a ready replica within the 5 s of the metadata routes, not within
+    upstream_recv_timeout_ms (180 s: a regression probe's hung model server held the route that long)."""
+    gw.app.proxy.agent = HungConfig(gw.upstream_agent)
+    d = gw.call("GET", "/v2/models/CLS/config", settle=False)
+    answered: list = []
+    d.addBoth(lambda r: answered.append(r) or r)
+    gw.clock.advance(4.999)
+    gw.client.flush()
+    assert answered == []
+    gw.clock.advance(0.001)
+    reply = gw.settle(d)
+    assert_oip_error(reply, 502)
+    assert reply.json["error"] == "model server CLS: no complete reply within 5000 ms (the metadata routes' bound)"

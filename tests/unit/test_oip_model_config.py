@@ -23,3 +23,15 @@ def test_a_batching_server_states_its_batch_and_window():
     config = model_config("X", shape_of(GENERATION), serving)
     assert config["dynamic_batching"] == {"preferred_batch_size": [2], "max_queue_delay_microseconds": 12000}
     assert config["instance_group"][0]["kind"] == "KIND_CPU"
+
+
+def test_a_batch_larger_than_a_request_is_no_preferred_size():
+    """Triton refuses a preferred batch size above max_batch_size (the rows of a request here): a server that
+    batches 32 items of requests of at most 8 rows states its window only (a regression probe); its batch size is
+    in the parameters the model server adds."""
+    serving = Serving(max_rows=8, batch_size=32, batch_delay_ms=7, device="cpu", workers=3,
+                      parameters={"batch_size": "32"})
+    config = model_config("X", shape_of(GENERATION), serving)
+    assert config["max_batch_size"] == 8
+    assert config["dynamic_batching"] == {"max_queue_delay_microseconds": 7000}
+    assert config["parameters"]["batch_size"] == {"string_value": "32"}

@@ -5,7 +5,7 @@
     GET  /v2/health/ready                             200 when every model of the catalog is ready, else 503
     GET  /v2/models/{id}[/versions/{version}]         model metadata (its model server's document and /ready)
     GET  /v2/models/{id}[/versions/{version}]/ready   200 when a replica of the model is ready, else 503
-    GET  /v2/models/{id}[/versions/{version}]/config  its configuration in Triton's shape: the model server's
+    GET  /v2/models/{id}[/versions/{version}]/config  its configuration in Triton's shape (a ready replica's)
     POST /v2/models/{id}[/versions/{version}]/infer   inference: the model server's own route of that path
 
 They are methods of :class:`svc.gateway.app.GatewayApp` (:class:`OipRoutes`
@@ -159,11 +159,21 @@ class OipRoutes:
         return _ok(request, {"name": model_id, "ready": True})
 
     async def oip_model_config(self: Any, request: Any, model_id: str, version: str | None = None) -> bytes:
-        """What the model server says of its serving (svc.modelserver.oip_route: its batching, workers and mode,
-        which the gateway does not know), passed back as it is."""
+        """What a ready replica's model server says of its serving (svc.modelserver.oip_route: its batching,
+        workers and mode, which the gateway does not know).  As the metadata route: 503 unless a replica answers
+        its ``/ready`` within :data:`READY_TIMEOUT_S` (a hung model server held this route for
+        ``upstream_recv_timeout_ms``, 180 s, and answered 502), then the configuration within the same bound."""
         request_id(request)
         upstream = self.upstream(request, model_id)
-        return await self.forwarder.forward(request, upstream, "oip_metadata", _model_path(upstream, version, "config"))
+        ready = await self.oip_ask_ready(request, upstream)
+        if ready.code != 200:
+            raise upstream_error(ready)
+        reply = await self.forwarder.exchange(request, upstream, "oip_config", _model_path(upstream, version, "config"),
+                                              Headers(), None, method=b"GET", timeout_s=READY_TIMEOUT_S,
+                                              timeout_name="the metadata routes' bound")
+        if reply.code != 200:
+            raise upstream_error(reply)
+        return _ok(request, json.loads(reply.body))
 
     async def oip_infer(self: Any, request: Any, model_id: str, version: str | None = None) -> bytes:
         """The model server answers the protocol itself (svc.modelserver.oip_route): the client's bytes go to
@@ -194,7 +204,7 @@ def declare(app: Klein) -> None:
               endpoint=f"oip_metadata{base}")(OipRoutes.oip_model_metadata)
         route(app, base + "/ready", methods=["GET"], name="oip_ready", admit="admit",
               endpoint=f"oip_ready{base}")(OipRoutes.oip_model_ready)
-        route(app, base + "/config", methods=["GET"], name="oip_metadata", admit="admit",
+        route(app, base + "/config", methods=["GET"], name="oip_config", admit="admit",
               endpoint=f"oip_config{base}")(OipRoutes.oip_model_config)
         route(app, base + "/infer", methods=["POST"], name="infer", admit="admit",
               endpoint=f"oip_infer{base}")(OipRoutes.oip_infer)

@@ -127,7 +127,6 @@ class Optimizer:
                            else f"{self.model_id}: optimize {self.setting}: the model names no optimisation targets: eager")
             return report
         from svc.optimize.gates import gate_for
-        from svc.optimize.support import missing_runtime
 
         gate = gate_for(getattr(self.model, "gate_category", None) or self.category)
         targets = list(self.model.optimization_targets())
@@ -138,9 +137,29 @@ class Optimizer:
         if explicit is None and self.choices is not None:
             key, recorded = self._recall(targets, candidates, report)
             if recorded is not None and self._apply_recorded(report, recorded, targets):
-                report.seconds = time.perf_counter() - started
-                report.line = self._recorded_line(report)
-                return report
+                return self._recorded(report, started)
+        if key is None:
+            return self._measure(report, explicit, candidates, targets, gate, None, started)
+        from svc.optimize import measuring
+
+        assert self.choices is not None
+        with measuring.alone(self.choices, self.model_id, self.phase) as waited:
+            if waited:  # another model measured meanwhile: a replica of this one may have recorded this key
+                recorded = self._read(key, candidates)
+                if recorded is not None and self._apply_recorded(report, recorded, targets):
+                    return self._recorded(report, started)
+            return self._measure(report, explicit, candidates, targets, gate, key, started)
+
+    def _recorded(self, report: Report, started: float) -> Report:
+        report.seconds = time.perf_counter() - started
+        report.line = self._recorded_line(report)
+        return report
+
+    def _measure(self, report: Report, explicit: Mode | None, candidates: list[Mode],
+                 targets: list[OptimizationTarget], gate: Any, key: str | None, started: float) -> Report:
+        """Gate every candidate, time those that passed (``auto``) and keep the fastest: steps 1 to 3."""
+        from svc.optimize.support import missing_runtime
+
         compiling = any(c.has("compile") for c in candidates)
         converting = any(c.runtime for c in candidates)
         cache_before = self._prepare(compiling, converting)
@@ -222,6 +241,16 @@ class Optimizer:
             name = choices.record_path(self.choices, self.model_id, key).name
             report.notes.append(f"recorded choice {name} ignored: {e}")
             return key, None
+
+    def _read(self, key: str, candidates: list[Mode]) -> Recorded | None:
+        """The record of ``key`` if one can be used now (written by a replica while this load waited), else None."""
+        from svc.optimize import choices
+
+        assert self.choices is not None
+        try:
+            return choices.read(self.choices, self.model_id, key, [EAGER_MODE.name] + [c.name for c in candidates])
+        except choices.RecordError:
+            return None
 
     def _apply_recorded(self, report: Report, recorded: Recorded, targets: list[OptimizationTarget]) -> bool:
         """Run the recorded mode without measuring; False (the model eager again, a note) when it fails to apply.

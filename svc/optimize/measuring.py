@@ -1,0 +1,61 @@
+"""One measurement at a time on a host: ``auto`` times its candidate modes on cores no other model measures on.
+
+``auto`` keeps the fastest mode and records it for every later start
+(:mod:`svc.optimize.choices`), so a timing taken while other model servers
+measured theirs on the same cores is kept for good.  That was the first start
+of every machine: the supervisor starts the profile's models together, and
+on 2 cores seven measurements at once chose MOBILENETV2's mode at random
+(``bf16+openvino`` in one start, ``onnxruntime`` in another, ``openvino`` in a
+third), where alone ``openvino`` ran batches 1.6 times as fast as
+``bf16+openvino`` (bench/README.md, "bench.cold_start").
+
+:func:`alone` takes an exclusive ``flock`` on a file in the records' folder
+(the state directory every model server of the host shares) for the whole
+measurement, conversions and gates included, so the timings of one model run
+beside the others' loading only.  A model server that waits says so in its
+load phase (the supervisor's status and ``/ready`` show it), and one whose
+record was written while it waited (a replica of the same model) uses it
+instead of measuring again.  The lock is the kernel's: a process that dies
+releases it.  A folder where the file cannot be made, or that another user can change
+(:func:`svc.optimize.cache.trust_problem`), measures without it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+#: The lock's file in the records' folder; it holds the measuring model's id and process id (for the waiters'
+#: phase line).
+LOCK_FILE = ".measuring.lock"
+
+
+@contextmanager
+def alone(folder: Path, model_id: str, phase: Callable[[str], None]) -> Iterator[bool]:
+    """Hold the host's measuring lock while the block runs; yields whether another measurement was waited for.
+    A lock file that cannot be made or opened yields False at once and locks nothing."""
+    from svc.optimize.cache import UntrustedCache, make_private_dirs
+
+    try:  # the records' own folder rules: private folders, none another user can change, no link followed
+        make_private_dirs(folder)
+        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except (OSError, UntrustedCache):
+        yield False
+        return
+    try:
+        waited = False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            waited = True
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another model"
+            phase(f"waiting for {holder} to finish measuring its modes (one model measures at a time)")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{model_id} (pid {os.getpid()})".encode(), 0)
+        yield waited
+    finally:
+        os.close(fd)  # releases the lock

@@ -13,10 +13,12 @@ third), where alone ``openvino`` ran batches 1.6 times as fast as
 (the state directory every model server of the host shares) for the whole
 measurement, conversions and gates included, so the timings of one model run
 beside the others' loading only.  A model server that waits says so in its
-load phase (the supervisor's status and ``/ready`` show it), and one whose
+load phase, naming the model measuring at the moment (the supervisor's status
+and ``/ready`` show it), and one whose
 record was written while it waited (a replica of the same model) uses it
 instead of measuring again.  The lock is the kernel's: a process that dies
-releases it.  A folder where the file cannot be made, or that another user can change
+releases it; one alive but hung past :data:`WAIT_MAX_S` is measured beside.  A
+folder where the file cannot be made, or that another user can change
 (:func:`svc.optimize.cache.trust_problem`), measures without it.
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,6 +34,11 @@ from pathlib import Path
 #: The lock's file in the records' folder; it holds the measuring model's id and process id (for the waiters'
 #: phase line).
 LOCK_FILE = ".measuring.lock"
+#: How often a waiting model tries the lock again and reads who holds it (the worker thread sleeps meanwhile).
+POLL_S = 0.2
+#: The longest wait: the slowest measurement seen took 43 s beside six others on 2 cores; a holder past this has
+#: hung (its process alive), and a start does not wait for it for ever.
+WAIT_MAX_S = 600.0
 
 
 @contextmanager
@@ -46,14 +54,24 @@ def alone(folder: Path, model_id: str, phase: Callable[[str], None]) -> Iterator
         yield False
         return
     try:
-        waited = False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            waited = True
+        waited, shown, since = False, None, time.monotonic()
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = True
+            # The holder changes while this one waits (seven models take turns): the phase names the one measuring
+            # now, not the first one seen (a probe found a waiting model naming a model ready for a while).
             holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another model"
-            phase(f"waiting for {holder} to finish measuring its modes (one model measures at a time)")
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            if holder != shown:
+                phase(f"waiting for {holder} to finish measuring its modes (one model measures at a time)")
+                shown = holder
+            if time.monotonic() - since > WAIT_MAX_S:  # a measurement hung, not ended: this start goes on beside it
+                phase(f"measuring beside {holder}, which held the measuring lock over {WAIT_MAX_S:g} s")
+                yield True
+                return
+            time.sleep(POLL_S)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{model_id} (pid {os.getpid()})".encode(), 0)
         yield waited

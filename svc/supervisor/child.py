@@ -31,6 +31,7 @@ from svc.supervisor.childspec import (  # noqa: F401 - the states and the spec a
     STOPPING,
     ChildError,
     ChildSpec,
+    StartTimedOut,
 )
 from svc.supervisor.logsink import LogSink
 from svc.supervisor.spawn import ChildProtocol
@@ -356,8 +357,7 @@ class Child:
     def _start_timed_out(self, d: Deferred) -> None:
         if d in self._ready_waiters:
             self._ready_waiters.remove(d)
-            d.errback(ChildError(f"{self.name} did not become ready within {self.timing.start_timeout:g} s "
-                                 f"(state {self.state})"))
+            d.errback(StartTimedOut.of(self.name, self.timing.start_timeout, self.state))
 
     def _give_up(self, state: str, error: str, note: str = "") -> None:
         """A start that cannot succeed: ``error`` becomes ``last_error``, the log note and the waiters' failure."""

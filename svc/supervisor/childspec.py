@@ -37,6 +37,14 @@ class ChildError(Exception):
     """An action on a child that cannot be done (answered 500 by the API)."""
 
 
+class StartTimedOut(ChildError):
+    """A start not ready within ``start_timeout_ms``: slow (its modes measured, a loaded machine), not failed."""
+
+    @classmethod
+    def of(cls, name: str, seconds: float, state: str) -> "StartTimedOut":
+        return cls(f"{name} did not become ready within {seconds:g} s (state {state})")
+
+
 @dataclass
 class ChildSpec:
     """What to run and how to watch it."""

@@ -41,6 +41,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from svc.auth import API_TOKEN_ENV, CLUSTER_TOKEN_ENV, GATEWAY_TOKEN_ENV, METRICS_TOKEN_ENV
 from svc.config import ConfigError, ModelServerConfig, load_model_server_config, model_server_configs
@@ -68,7 +69,7 @@ from svc.infra.process import SUPERVISOR_PID_ENV
 from svc.infra.reactors import IServiceReactor
 from svc.infra.replicas import LayoutError, encode, find_clash, replica_name, replica_ports
 from svc.supervisor.backoff import Timing
-from svc.supervisor.child import STARTING, Child, ChildError, ChildSpec
+from svc.supervisor.child import STARTING, Child, ChildError, ChildSpec, StartTimedOut
 from svc.supervisor.config import Profile, SupervisorConfig, weights_choice
 from svc.supervisor.handover import GatewayChild
 from svc.supervisor.logsink import LogSink
@@ -316,7 +317,7 @@ class ChildManager:
         try:
             await self.gateway.start()
         except Exception as e:  # noqa: BLE001 - the models start anyway
-            self._not_ready(GATEWAY, self.gateway.snapshot(), str(e))
+            self._not_ready(GATEWAY, self.gateway.snapshot(), Failure(e))
         if self.stopping:  # the shutdown ended the gateway's start (its port wait, say): no model is spawned now
             return
         results = await DeferredList([self.sets[m].start() for m in self.profile.models], consumeErrors=True)
@@ -324,16 +325,18 @@ class ChildManager:
             return
         for (ok, value), name in zip(results, self.profile.models):
             if not ok:
-                self._not_ready(name, self.sets[name].snapshot(), value.getErrorMessage())
+                self._not_ready(name, self.sets[name].snapshot(), value)
 
     @staticmethod
-    def _not_ready(name: str, snapshot: dict, error: str) -> None:
-        """A start not ready in time: still starting (slow: modes measured, a loaded machine) is info; failed, warn."""
-        if snapshot["state"] == STARTING:
+    def _not_ready(name: str, snapshot: dict, failure: Failure) -> None:
+        """A start not ready in time and still starting (slow: modes measured, a loaded machine) is info; any other
+        failure a warning, though the child is starting again by now (killed while it loaded, then respawned: it was
+        logged as still starting after start_timeout_ms, long before that time)."""
+        if failure.check(StartTimedOut) and snapshot["state"] == STARTING:
             log.info("{name} is still starting after start_timeout_ms ({phase}); the supervisor keeps "
                      "waiting for it", name=name, phase=snapshot.get("phase") or "no phase reported yet")
         else:
-            log.warn("{name} not ready: {error}", name=name, error=error)
+            log.warn("{name} not ready: {error}", name=name, error=failure.getErrorMessage())
 
     def stop_all(self) -> Deferred:
         """Every child ends: the gateway first, then the models.

@@ -44,6 +44,7 @@ from svc.supervisor.child import (
     STOPPING,
     Child,
     ChildError,
+    StartTimedOut,
 )
 
 
@@ -146,8 +147,9 @@ class ReplicaSet:
         async def wait() -> None:
             results = await DeferredList([d for _, d in actions], consumeErrors=True)
             for (child, _), (ok, value) in zip(actions, results):
-                if not ok:
-                    raise ChildError(f"{self.id} replica {self.children.index(child)}: {value.getErrorMessage()}")
+                if not ok:  # a start that timed out stays one (the supervisor logs it as slow, not failed)
+                    error = StartTimedOut if value.check(StartTimedOut) else ChildError
+                    raise error(f"{self.id} replica {self.children.index(child)}: {value.getErrorMessage()}")
         return ensureDeferred(wait())
 
     # -- views --------------------------------------------------------------------------------

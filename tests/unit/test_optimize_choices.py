@@ -275,6 +275,11 @@ def test_a_load_waits_while_another_model_measures_and_says_for_whom(folder):
     assert counted.timed == 0 and result == []  # nothing measured while the other model holds the lock
     assert counted.phases[0].startswith("waiting for OTHER (pid ") and counted.phases[0].endswith(
         ") to finish measuring its modes (one model measures at a time)")
+    # Another model takes its turn before this one (as seven do): the phase names it, not the first one seen.
+    waiting.clear()
+    (folder / measuring.LOCK_FILE).write_text("THIRD (pid 7)")
+    assert waiting.wait(30)
+    assert counted.phases[1] == "waiting for THIRD (pid 7) to finish measuring its modes (one model measures at a time)"
     release.set()
     holder.join(30)
     loader.join(30)
@@ -340,3 +345,33 @@ class _Signalling(list):
         super().append(text)
         if text.startswith("waiting for "):
             self.event.set()
+
+
+def test_a_measurement_hung_past_the_bound_is_measured_beside(folder, monkeypatch):
+    """A holder alive but hung (not dead: the kernel would release its lock) does not hold every other start for
+    ever: past WAIT_MAX_S the waiting one measures beside it, and its phase says so."""
+    import threading
+
+    from svc.optimize import measuring
+
+    monkeypatch.setattr(measuring, "WAIT_MAX_S", 0.0)
+    monkeypatch.setattr(measuring, "POLL_S", 0.01)
+    holding, release = threading.Event(), threading.Event()
+
+    def hung() -> None:
+        with measuring.alone(folder, "HUNG", lambda text: None):
+            holding.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hung)
+    holder.start()
+    assert holding.wait(30)
+    phases: list[str] = []
+    try:
+        with measuring.alone(folder, "TINY", phases.append) as waited:
+            assert waited is True
+    finally:
+        release.set()
+        holder.join(30)
+    assert phases[-1].startswith("measuring beside HUNG (pid ") and phases[-1].endswith(
+        "), which held the measuring lock over 0 s")

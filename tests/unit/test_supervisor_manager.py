@@ -387,6 +387,30 @@ def test_a_model_still_measuring_its_modes_at_the_start_timeout_is_no_warning(tm
     assert m.status_view()["servers"][0]["phase"] == "the model is loading: measuring mode 1 of 2 (jit)"
 
 
+def test_a_model_killed_while_it_loads_is_a_warning_though_it_is_starting_again(tmp_path):
+    """A measuring-lock probe: a model killed while it waited for another's measurement was respawned, and when the
+    profile's starts ended it was logged "still starting after start_timeout_ms" at info, long before that time and
+    without the kill. Only a start that timed out is "still starting"; a failed one is a warning with its error."""
+    from twisted.logger import LogLevel, capturedLogs
+
+    from svc.supervisor.probe import Probed
+
+    m, reactor, probe, _ = manager(tmp_path)
+    with capturedLogs() as events:
+        m.start_all()
+        probe.ok = True
+        reactor.advance(0.5)  # the gateway is ready; the models start
+        probe.ok = Probed(False, "the model is loading: waiting for BBB (pid 7) to finish measuring its modes")
+        reactor.spawned[1][0].processEnded(Failure(ProcessTerminated(signal=9)))  # AAA killed as it loads
+        reactor.advance(2)  # its backoff: spawned again, starting
+        reactor.spawned[2][0].processEnded(Failure(ProcessTerminated(exitCode=1)))  # BBB (restart "no") fails
+        reactor.advance(1)
+    said = [(e["log_level"], e.get("name")) for e in events
+            if "not ready" in e.get("log_format", "") or "still starting" in e.get("log_format", "")]
+    assert said == [(LogLevel.warn, "AAA"), (LogLevel.warn, "BBB")]
+    assert m.status_view()["servers"][0]["state"] == "starting"
+
+
 def test_a_gateway_still_starting_at_the_start_timeout_is_no_warning_either(tmp_path):
     """"gateway not ready: __gateway did not become ready within 3 s (state starting)" was a warning for a gateway
     that was only slow on a loaded machine (a docs probe), where a model as slow got an info line."""

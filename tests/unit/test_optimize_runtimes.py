@@ -481,7 +481,7 @@ def test_openvino_failing_to_write_its_conversion_is_a_passing_failure_and_recor
     choices = state_dir / "compiled" / "choices"
     model = TinyClassifier(candidates=("openvino",))
     report = Optimizer(model, "classification", "cpu", "auto", 4, "TINY", choices=choices).run()
-    assert report.mode == "eager" and not choices.exists(), report.line
+    assert report.mode == "eager" and list(choices.glob("*.json")) == [], report.line  # the measuring lock only
     assert "openvino dropped (OSError: OpenVINO could not write net-openvino-" in report.line
     assert "; choice not recorded: openvino failed in a way that may pass" in report.line
     assert not list((state_dir / "compiled").glob(".converting-*"))  # nothing half-written left

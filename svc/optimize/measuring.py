@@ -44,7 +44,8 @@ WAIT_MAX_S = 600.0
 @contextmanager
 def alone(folder: Path, model_id: str, phase: Callable[[str], None]) -> Iterator[bool]:
     """Hold the host's measuring lock while the block runs; yields whether another measurement was waited for.
-    A lock file that cannot be made or opened yields False at once and locks nothing."""
+    A lock file that cannot be made or opened yields False at once and locks nothing.  It blocks the calling
+    thread while it waits (polling every :data:`POLL_S`): the load's worker thread, never the reactor's."""
     from svc.optimize.cache import UntrustedCache, make_private_dirs
 
     try:  # the records' own folder rules: private folders, none another user can change, no link followed

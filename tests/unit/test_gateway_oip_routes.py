@@ -99,6 +99,18 @@ def test_the_metadata_routes_echo_a_valid_request_id_and_refuse_an_invalid_one(g
     assert bad.json["error"] == "X-Request-ID header must be 1 to 128 printable ASCII characters without spaces"
 
 
+def answered_after_5_s(gw, path: str):
+    """The reply to a GET of ``path``: none at 4.999 s, one at 5 s (the readiness and metadata routes' bound)."""
+    d = gw.call("GET", path, settle=False)
+    answered: list = []
+    d.addBoth(lambda r: answered.append(r) or r)
+    gw.clock.advance(4.999)
+    gw.client.flush()
+    assert answered == []
+    gw.clock.advance(0.001)
+    return gw.settle(d)
+
+
 class HungReady:
     """The upstream agent, but a model server's ``/ready`` is never answered (its process SIGSTOPped)."""
 
@@ -121,14 +133,7 @@ def test_a_model_server_that_does_not_answer_is_not_ready_within_the_probe_inter
     by default, longer than any readiness probe waits) and then answered 502 (a regression probe): its /ready is
     asked within 5 s, and no answer in time is 503, not ready."""
     gw.app.proxy.agent = HungReady(gw.upstream_agent)
-    d = gw.call("GET", path, settle=False)
-    answered: list = []
-    d.addBoth(lambda r: answered.append(r) or r)
-    gw.clock.advance(4.999)
-    gw.client.flush()
-    assert answered == []
-    gw.clock.advance(0.001)
-    reply = gw.settle(d)
+    reply = answered_after_5_s(gw, path)
     assert_oip_error(reply, 503)
     if path == "/v2/health/ready":
         assert reply.json["error"].startswith("not every model is ready: CLS, ")
@@ -175,13 +180,6 @@ def test_a_configuration_not_answered_is_502_within_the_metadata_routes_bound(gw
     """The configuration is asked of a ready replica within the 5 s of the metadata routes, not within
     upstream_recv_timeout_ms (180 s: a regression probe's hung model server held the route that long)."""
     gw.app.proxy.agent = HungConfig(gw.upstream_agent)
-    d = gw.call("GET", "/v2/models/CLS/config", settle=False)
-    answered: list = []
-    d.addBoth(lambda r: answered.append(r) or r)
-    gw.clock.advance(4.999)
-    gw.client.flush()
-    assert answered == []
-    gw.clock.advance(0.001)
-    reply = gw.settle(d)
+    reply = answered_after_5_s(gw, "/v2/models/CLS/config")
     assert_oip_error(reply, 502)
     assert reply.json["error"] == "model server CLS: no complete reply within 5000 ms (the metadata routes' bound)"

@@ -194,10 +194,14 @@ class ModelServerService(ListeningMultiService):
         d.addCallbacks(self._loaded, self._load_failed)
 
     def _phase(self, text: str) -> None:
-        """What the load does now (from the worker thread): /ready's 503 says it, and so the supervisor's status."""
+        """What the load does now (from the worker thread): /ready's 503 says it, and so the supervisor's status.
+        A wait for another model's measurement is logged too (svc.optimize.measuring): the model's log had a gap
+        of a minute with nothing in it."""
         def show() -> None:
             if not self.app.ready:
                 self.app.not_ready_reason = f"the model is loading: {text}"
+            if text.startswith(("waiting for ", "measuring beside ")):
+                log.info("{id}: {text}", id=self.config.id, text=text)
 
         call = getattr(self.reactor, "callFromThread", None)  # tests' clocks run the load in their own thread
         call(show) if call is not None else show()

@@ -142,3 +142,47 @@ def test_a_cache_hit_checks_the_compiled_folder_before_it_reads_from_it(tmp_path
     assert output.count(f"{compiled} is owned by another user (uid 65534): another user could replace what the "
                         "model servers load from it, so nothing is read from it or written to it") == 1, output
     assert {p.name: p.read_bytes() for p in compiled.iterdir()} == before
+
+
+def test_a_model_waits_while_another_measures_and_says_so_in_ready_and_its_log(tmp_path):
+    """One model measures at a time on a host (svc/optimize/measuring.py): with the lock held by another
+    measurement, a start with ``auto`` waits before it measures, its /ready 503 names the one it waits for, and so
+    does its log (an upgrade probe found a minute with nothing in a waiting model's log); it measures once the
+    lock is released."""
+    import threading
+
+    from svc.optimize import measuring
+    from tests.support.http import request
+    from tests.support.processes import spawn_model_server, until_ready, wait_bound_port, wait_until
+
+    choices = tmp_path / "state" / "compiled" / "choices"
+    holding, release = threading.Event(), threading.Event()
+
+    def other_measurement() -> None:
+        with measuring.alone(choices, "OTHER", lambda text: None):
+            holding.set()
+            release.wait(120)
+
+    holder = threading.Thread(target=other_measurement)
+    holder.start()
+    server = None
+    try:
+        assert holding.wait(30)
+        config = write_config(tmp_path, "TESTFAULTS", backend={"optimize": "auto"}, model={"optimizable": True})
+        server = spawn_model_server(config, env={"SERVICE_STATE_DIR": str(tmp_path / "state")})
+        server.port = wait_bound_port(server, 120)
+        waiting = "waiting for OTHER (pid "
+        reason = wait_until(lambda: (r := request("GET", server.url + "/ready")).status == 503
+                            and waiting in r.json["error"] and r.json["error"], "the waiting phase", 120)
+        assert reason.startswith("the model is loading: waiting for OTHER (pid ")
+        wait_until(lambda: waiting in server.output(), "the waiting line in the log", 30)
+        assert "TESTFAULTS: waiting for OTHER (pid " in server.output()
+        assert "optimize auto chose" not in server.output()  # nothing measured while the lock is held
+        release.set()
+        until_ready(server, 300)
+        assert re.search(r"TESTFAULTS: optimize auto chose \S+, batch 4: eager", server.output())
+    finally:
+        release.set()
+        holder.join(30)
+        if server is not None:
+            assert server.stop() == 0

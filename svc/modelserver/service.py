@@ -59,6 +59,7 @@ from svc.modelserver.inference import Inference
 from svc.modelserver.jobs import JobTable
 from svc.modelserver.memory import IdleTrim
 from svc.openapi.modelserver import model_server_document
+from svc.optimize import measuring
 from svc.web.limits import HttpLimits
 from svc.web.site import JsonSite
 
@@ -200,7 +201,7 @@ class ModelServerService(ListeningMultiService):
         def show() -> None:
             if not self.app.ready:
                 self.app.not_ready_reason = f"the model is loading: {text}"
-            if text.startswith(("waiting for ", "measuring beside ")):
+            if text.startswith((measuring.WAITING, measuring.BESIDE)):
                 log.info("{id}: {text}", id=self.config.id, text=text)
 
         call = getattr(self.reactor, "callFromThread", None)  # tests' clocks run the load in their own thread

@@ -6,7 +6,7 @@ measured theirs on the same cores is kept for good.  That was the first start
 of every machine: the supervisor starts the profile's models together, and
 on 2 cores seven measurements at once chose MOBILENETV2's mode at random
 (``bf16+openvino`` in one start, ``onnxruntime`` in another, ``openvino`` in a
-third), where alone ``openvino`` ran batches 1.6 times as fast as
+third), where alone ``openvino`` ran batches 1.5 times as fast as
 ``bf16+openvino`` (bench/README.md, "bench.cold_start").
 
 :func:`alone` takes an exclusive ``flock`` on a file in the records' folder
@@ -34,6 +34,9 @@ from pathlib import Path
 #: The lock's file in the records' folder; it holds the measuring model's id and process id (for the waiters'
 #: phase line).
 LOCK_FILE = ".measuring.lock"
+#: How the phases this module reports begin: a model server logs them too (svc.modelserver.service), as the other
+#: phases of a load are not, because a wait can last a minute with nothing else in the model's log.
+WAITING, BESIDE = "waiting for ", "measuring beside "
 #: How often a waiting model tries the lock again and reads who holds it (the worker thread sleeps meanwhile).
 POLL_S = 0.2
 #: The longest wait: the slowest measurement seen took 43 s beside six others on 2 cores; a holder past this has
@@ -66,10 +69,10 @@ def alone(folder: Path, model_id: str, phase: Callable[[str], None]) -> Iterator
             # now, not the first one seen (a probe found a waiting model naming a model ready for a while).
             holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another model"
             if holder != shown:
-                phase(f"waiting for {holder} to finish measuring its modes (one model measures at a time)")
+                phase(f"{WAITING}{holder} to finish measuring its modes (one model measures at a time)")
                 shown = holder
             if time.monotonic() - since > WAIT_MAX_S:  # a measurement hung, not ended: this start goes on beside it
-                phase(f"measuring beside {holder}, which held the measuring lock over {WAIT_MAX_S:g} s")
+                phase(f"{BESIDE}{holder}, which held the measuring lock over {WAIT_MAX_S:g} s")
                 yield True
                 return
             time.sleep(POLL_S)

@@ -375,3 +375,18 @@ def test_a_measurement_hung_past_the_bound_is_measured_beside(folder, monkeypatc
         holder.join(30)
     assert phases[-1].startswith("measuring beside HUNG (pid ") and phases[-1].endswith(
         "), which held the measuring lock over 0 s")
+
+
+def test_no_lock_is_taken_in_a_folder_another_user_owns(tmp_path):
+    """A records folder another user could change is not used for the lock either (the records' own rule,
+    svc.optimize.cache.trust_problem): nothing is made in it, and the measurement goes on without the lock."""
+    import os
+
+    from svc.optimize import measuring
+
+    folder = tmp_path / "choices"
+    folder.mkdir(mode=0o755)
+    os.chown(folder, 65534, 65534)  # nobody's (the suite runs as root, as CI does)
+    with measuring.alone(folder, "TINY", lambda text: None) as waited:
+        assert waited is False
+    assert list(folder.iterdir()) == []

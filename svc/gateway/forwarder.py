@@ -152,7 +152,7 @@ class Forwarder:
     async def exchange(self, request: Any, upstream: Upstream, route: str, path: str, headers: Headers,
                        body: bytes | None, *, query: bytes = b"", replica: Replica | None = None,
                        method: bytes | None = None, timeout_s: float | None = None,
-                       timeout_name: str | None = None) -> UpstreamReply:
+                       timeout_name: str | None = None, probe: bool = False) -> UpstreamReply:
         """The model's reply to ``body`` (a GET without one) sent to ``replica`` or to the replica the balancer picks.
 
         Picked (``replica`` None): the request counts as outstanding on its
@@ -166,6 +166,12 @@ class Forwarder:
         such answer is the reply when none is left: a full replica's 429 beside
         a stopped one became 503 "not running", and beside a hung one a 502
         after ``upstream_recv_timeout_ms`` (a replicas probe).
+
+        ``probe``: the question is whether the model runs (the readiness
+        routes), so a model server not running is its answer, not a failed
+        exchange: ``upstream_errors_total{kind="unreachable"}`` is not counted
+        (a load balancer's probe of a stopped model raised it every few
+        seconds, as if the model failed while it was stopped on purpose).
         """
         method = method or request.method
         tried: list[Replica] = []
@@ -180,7 +186,7 @@ class Forwarder:
             more = several and len(tried) < len(upstream.replicas)
             reply = await self._exchange(method, upstream, target, route, path, query, headers, body,
                                          counted=replica is None, last=not more and held is None, timeout_s=timeout_s,
-                                         timeout_name=timeout_name)
+                                         timeout_name=timeout_name, probe=probe)
             if reply is None:
                 self.metrics.upstream_retries.labels(upstream.id, "refused").inc()
                 continue
@@ -199,7 +205,7 @@ class Forwarder:
     async def _exchange(self, method: bytes, upstream: Upstream, target: Replica, route: str, path: str,
                         query: bytes, headers: Headers, body: bytes | None, *, counted: bool,
                         last: bool, timeout_s: float | None = None,
-                        timeout_name: str | None = None) -> UpstreamReply | None:
+                        timeout_name: str | None = None, probe: bool = False) -> UpstreamReply | None:
         """One attempt on ``target``: its reply, None when it refused and another replica may be tried, or the
         gateway's own error (503 refused, 502 transport failure or timeout) as an ApiError."""
         attempt = headers.copy()
@@ -213,7 +219,8 @@ class Forwarder:
             reply = await self.proxy.forward(method, target.url(path, query), attempt, body, timeout_s, timeout_name)
         except UpstreamUnreachable as e:
             self.balancer.mark_down(target)
-            self.metrics.upstream_errors.labels(upstream.id, replica, "unreachable").inc()
+            if not probe:
+                self.metrics.upstream_errors.labels(upstream.id, replica, "unreachable").inc()
             if not last:
                 return None
             what = (upstream.id if len(upstream.replicas) == 1 else f"{upstream.id} (no replica took the request)"

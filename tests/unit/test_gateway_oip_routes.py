@@ -6,12 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 from twisted.internet.defer import Deferred, fail
-from twisted.internet.error import ConnectionLost
+from twisted.internet.error import ConnectionLost, ConnectionRefusedError
 from twisted.python.failure import Failure
 from twisted.web._newclient import ResponseFailed
 
 from svc.infra.metrics import render
-from tests.unit.test_gateway_app import OFF_KEY, SLOW_KEY, Harness, h
+from tests.unit.test_gateway_app import OFF_KEY, SLOW_KEY, FailingAgent, Harness, h
 
 # The harness's in-memory transport has no abortConnection (as in test_gateway_app).
 pytestmark = pytest.mark.filterwarnings("ignore:Using readBody with a transport:DeprecationWarning")
@@ -165,6 +165,20 @@ def test_a_model_server_whose_ready_connection_is_lost_is_not_ready(gw, path):
         assert reply.json["error"].startswith("not every model is ready: CLS, ")
     else:
         assert reply.json["error"].startswith("model server CLS: ") and reply.json["error"].endswith(": it is not ready")
+
+
+@pytest.mark.parametrize("path", ["/v2/models/CLS/ready", "/v2/health/ready", "/v2/models/CLS"])
+def test_a_model_not_running_is_not_ready_and_no_upstream_error(tmp_path, path):
+    """A stopped model's readiness is the probe's answer, not a failed exchange: a load balancer probing
+    /v2/health/ready every few seconds raised upstream_errors_total{kind="unreachable"} for each stopped model,
+    an alert that fired while the model was stopped on purpose.  A request for inference still counts."""
+    gw = Harness(tmp_path, agent=FailingAgent(ConnectionRefusedError()))
+    reply = gw.call("GET", path)
+    assert_oip_error(reply, 503)
+    assert "service_gateway_upstream_errors_total{" not in render(gw.registry).decode()
+    assert_oip_error(gw.call("POST", "/v2/models/CLS/infer", body=b"{}"), 503)
+    assert ('service_gateway_upstream_errors_total{kind="unreachable",model="CLS",replica="0"} 1.0'
+            in render(gw.registry).decode())
 
 
 class HungConfig(HungReady):

@@ -107,10 +107,12 @@ class OipRoutes:
     async def oip_ask_ready(self: Any, request: Any, upstream: Upstream) -> Any:
         """A replica's reply to ``/ready``, within :data:`READY_TIMEOUT_S`: a hung model server (its one replica
         SIGSTOPped) held the ready and metadata routes for ``upstream_recv_timeout_ms`` (180 s), longer than any
-        readiness probe waits, and answered 502.  No answer in time, or none at all, is 503: not ready."""
+        readiness probe waits, and answered 502.  No answer in time, or none at all, is 503: not ready.  A model
+        server not running is the answer to the question, not an upstream error (``probe``)."""
         try:
             return await self.forwarder.exchange(request, upstream, "ready", READY_PATH, Headers(), None, method=b"GET",
-                                                 timeout_s=READY_TIMEOUT_S, timeout_name="the readiness routes' bound")
+                                                 timeout_s=READY_TIMEOUT_S, timeout_name="the readiness routes' bound",
+                                                 probe=True)
         except ApiError as e:
             if e.status is not st.BAD_GATEWAY:
                 raise

@@ -69,7 +69,7 @@ def alone(folder: Path, model_id: str, phase: Callable[[str], None]) -> Iterator
             # now, not the first one seen (a probe found a waiting model naming a model ready for a while).
             holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another model"
             if holder != shown:
-                phase(f"{WAITING}{holder} to finish measuring its modes (one model measures at a time)")
+                phase(_waiting_for(holder, model_id))
                 shown = holder
             if time.monotonic() - since > WAIT_MAX_S:  # a measurement hung, not ended: this start goes on beside it
                 phase(f"{BESIDE}{holder}, which held the measuring lock over {WAIT_MAX_S:g} s")
@@ -81,3 +81,13 @@ def alone(folder: Path, model_id: str, phase: Callable[[str], None]) -> Iterator
         yield waited
     finally:
         os.close(fd)  # releases the lock
+
+
+def _waiting_for(holder: str, model_id: str) -> str:
+    """The phase of a wait for ``holder`` (``ID (pid N)``): a replica of the same model waits for its own
+    model's measurement and then uses its record, which "waiting for ID" alone did not say (it read as the
+    model waiting for itself)."""
+    if holder.startswith(f"{model_id} (pid "):
+        return (f"{WAITING}another replica of {model_id}{holder[len(model_id):]} to finish measuring its modes "
+                "(its choice is used then)")
+    return f"{WAITING}{holder} to finish measuring its modes (one model measures at a time)"

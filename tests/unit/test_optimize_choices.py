@@ -277,9 +277,15 @@ def test_a_load_waits_while_another_model_measures_and_says_for_whom(folder):
         ") to finish measuring its modes (one model measures at a time)")
     # Another model takes its turn before this one (as seven do): the phase names it, not the first one seen.
     waiting.clear()
-    (folder / measuring.LOCK_FILE).write_text("THIRD (pid 7)")
+    _now_holding(folder / measuring.LOCK_FILE, "THIRD (pid 7)")
     assert waiting.wait(30)
     assert counted.phases[1] == "waiting for THIRD (pid 7) to finish measuring its modes (one model measures at a time)"
+    # A replica of the same model: the phase says so, rather than naming the model as if it waited for itself.
+    waiting.clear()
+    _now_holding(folder / measuring.LOCK_FILE, "TINY (pid 9)")
+    assert waiting.wait(30)
+    assert counted.phases[2] == ("waiting for another replica of TINY (pid 9) to finish measuring its modes (its "
+                                 "choice is used then)")
     release.set()
     holder.join(30)
     loader.join(30)
@@ -332,6 +338,13 @@ def test_no_lock_is_taken_through_a_link(folder, tmp_path):
     with measuring.alone(folder, "TINY", lambda text: None) as waited:
         assert waited is False
     assert target.read_text() == "keep"  # not truncated through the link
+
+
+def _now_holding(lock_file, holder: str) -> None:
+    """Say in the lock file that ``holder`` measures now, in one write over the old text (no truncation first: a
+    waiter reading in between would see an empty file and name "another model")."""
+    with open(lock_file, "r+b") as f:
+        f.write(f"{holder:<200}".encode())
 
 
 class _Signalling(list):

@@ -48,6 +48,10 @@ T = TypeVar("T")
 
 STATE_DIR_ENV = "SERVICE_STATE_DIR"
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+#: The model this process makes artefacts for (a model server serves one; set by ``svc.optimize.select``): its
+#: records say so, for ``svcctl cache list`` (artefact names say only the target, ``net-openvino-...``).  Not part
+#: of any key: two models of the same network and weights share an artefact, named for the one that made it.
+MADE_FOR = ""
 
 
 def state_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -359,5 +363,7 @@ def _mark_used(meta: Path) -> None:
 
 
 def write_record(meta: Path, files: list[Path], fields: dict) -> None:
-    """The ``.json`` of an artefact just made: ``fields`` and its files' digests, written last and whole."""
-    write_atomically(meta, json.dumps({**fields, "sha256": file_digests(files)}))
+    """The ``.json`` of an artefact just made: ``fields``, the model it was made for and its files' digests,
+    written last and whole."""
+    made_for = {"made_for": MADE_FOR} if MADE_FOR else {}
+    write_atomically(meta, json.dumps({**fields, **made_for, "sha256": file_digests(files)}))

@@ -8,8 +8,9 @@ good.  A model server refreshes the modification time of an artefact's record
 (its ``.json``) each time a start reads it (:func:`svc.optimize.cache.read_cached`),
 so the record's age is the time since a start last used the artefact:
 
-* ``svcctl cache list [--json]``: each artefact, its size and when a start
-  last used it (or made it), oldest first, and the total;
+* ``svcctl cache list [--json]``: each artefact, its size, when a start
+  last used it (or made it) and the model it was made for, oldest first,
+  and the total;
 * ``svcctl cache prune [--unused-days N] [--dry-run]``: remove the artefacts
   that no start has used for N days (default 30; 0 removes every one).
 
@@ -56,11 +57,12 @@ class Artefact:
     size: int
     used: float
     recorded: bool
+    made_for: str = ""  # the model whose start made it, as its record says ("" before 0.15)
 
     def summary(self) -> dict[str, Any]:
-        """The ``--json`` form: names, bytes and the last use as UTC text."""
+        """The ``--json`` form: names, bytes, the last use as UTC text and the model it was made for (or null)."""
         return {"name": self.name, "files": [f.name for f in self.files], "bytes": self.size,
-                "last_used": _when(self.used), "recorded": self.recorded}
+                "last_used": _when(self.used), "recorded": self.recorded, "made_for": self.made_for or None}
 
 
 def artefacts(directory: Path) -> list[Artefact]:
@@ -78,12 +80,14 @@ def artefacts(directory: Path) -> list[Artefact]:
     for name, entry in sorted(entries.items()):
         if not name.endswith(".json"):
             continue
-        named = _record_files(Path(entry.path))
-        if named is None:
+        record = _record(Path(entry.path))
+        if record is None:
             continue
+        named, made_for = record
         members = [n for n in named if n in entries and n != name] + [name]
         claimed.update(members)
-        found.append(_artefact(name[:-len(".json")], [entries[n] for n in members], entry.stat().st_mtime, True))
+        found.append(_artefact(name[:-len(".json")], [entries[n] for n in members], entry.stat().st_mtime, True,
+                               made_for))
     by_stem: dict[str, list[os.DirEntry]] = {}
     for name, entry in entries.items():
         if name not in claimed:
@@ -94,8 +98,9 @@ def artefacts(directory: Path) -> list[Artefact]:
     return sorted(found, key=lambda a: (a.used, a.name))
 
 
-def _record_files(meta: Path) -> list[str] | None:
-    """The file names an artefact's record lists, or None when it is not a readable record with digests."""
+def _record(meta: Path) -> tuple[list[str], str] | None:
+    """The file names an artefact's record lists and the model it was made for ("" when it does not say), or None
+    when it is not a readable record with digests."""
     try:
         record = json.loads(meta.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -103,12 +108,13 @@ def _record_files(meta: Path) -> list[str] | None:
     digests = record.get("sha256") if isinstance(record, dict) else None
     if not isinstance(digests, dict) or not all(isinstance(n, str) and "/" not in n for n in digests):
         return None
-    return list(digests)
+    made_for = record.get("made_for")
+    return list(digests), made_for if isinstance(made_for, str) and made_for.isprintable() else ""
 
 
-def _artefact(name: str, members: list[os.DirEntry], used: float, recorded: bool) -> Artefact:
+def _artefact(name: str, members: list[os.DirEntry], used: float, recorded: bool, made_for: str = "") -> Artefact:
     return Artefact(name, tuple(Path(m.path) for m in members), sum(m.stat().st_size for m in members), used,
-                    recorded)
+                    recorded, made_for[:100])
 
 
 def stale(found: list[Artefact], unused_days: float, now: float) -> list[Artefact]:
@@ -176,7 +182,8 @@ def _list(directory: Path, found: list[Artefact], as_json: bool) -> int:
                           "bytes": total}, indent=2))
         return EXIT_OK
     for a in found:
-        print(f"{_size(a.size):>10}  {_when(a.used)}  {a.name}{'' if a.recorded else '  (no record)'}")
+        made = f"  ({a.made_for})" if a.made_for else "" if a.recorded else "  (no record)"
+        print(f"{_size(a.size):>10}  {_when(a.used)}  {a.name}{made}")
     print(f"{len(found)} artefact{'' if len(found) == 1 else 's'}, {_size(total)} in {directory}")
     return EXIT_OK
 

@@ -103,8 +103,12 @@ class Optimizer:
         self.rounds: dict[str, int] = {}  # timing rounds of the modes timed in fewer than ROUNDS
 
     def run(self) -> Report:
-        """The optimisation; whatever fails leaves the model eager with one line saying what."""
+        """The optimisation; whatever fails leaves the model eager with one line saying what.  The artefacts it
+        makes are recorded as made for this model (svc.optimize.cache.MADE_FOR, for ``svcctl cache list``)."""
+        from svc.optimize import cache
+
         started = time.perf_counter()
+        cache.MADE_FOR = self.model_id
         try:
             return self._run(started)
         except Exception as e:  # noqa: BLE001 - the reference run or the targets failed: serve eager
@@ -118,6 +122,8 @@ class Optimizer:
             report.line = f"{self.model_id}: optimize {self.setting}: {_problem(e)}; running eager"
             report.outcomes.append(Outcome(EAGER_MODE, problem=_problem(e), detail=traceback.format_exc()))
             return report
+        finally:
+            cache.MADE_FOR = ""
 
     def _run(self, started: float) -> Report:
         report = Report(self.setting)

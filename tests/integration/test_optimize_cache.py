@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import re
 
 from PIL import Image
@@ -125,6 +126,8 @@ def test_a_cache_hit_checks_the_compiled_folder_before_it_reads_from_it(tmp_path
             assert server.stop() == 0
 
     assert converted.search(run()).groups() == ("1", "0")
+    [record] = compiled.glob("*-onnxruntime-*.json")  # the model it was made for, for svcctl cache list
+    assert json.loads(record.read_text())["made_for"] == "TESTFAULTS"
     for folder in (state, state / "inductor", compiled):
         os.chmod(folder, 0o777)  # what 0.12.0 left under umask 000
     output = run()

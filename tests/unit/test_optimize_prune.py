@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from svc.cli import commands as cli
-from svc.optimize import runtimes
+from svc.optimize import cache, runtimes
 from svc.optimize.apply import apply_mode
 from svc.optimize.modes import mode
 from tests.unit.test_optimize_runtimes import TwoHeads, target_of
@@ -28,6 +28,7 @@ DAY = 86400.0
 def state_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("SERVICE_STATE_DIR", str(tmp_path))
     monkeypatch.setattr(runtimes, "WORKERS", 1)
+    monkeypatch.setattr(cache, "MADE_FOR", "")  # conversions outside an Optimizer run: made for no model
     return tmp_path
 
 
@@ -103,6 +104,27 @@ def test_list_shows_each_artefact_its_size_and_last_use_oldest_first(state_dir, 
     assert (code, err, len(lines)) == (0, "", 3)
     assert lines[0].endswith(f"  {old.stem}") and lines[1].endswith(f"  {new.stem}")
     assert lines[2] == f"2 artefacts, {sum(sizes) / 1e6:.1f} MB in {compiled}"
+
+
+def test_list_names_the_model_each_artefact_was_made_for(state_dir, capsys, monkeypatch):
+    """Artefact names say only the target (``net-openvino-...``: an operator could not tell MOBILENETV2's from
+    YOLOV8's): a record says which model's start made it, and the list shows it; a record from before says
+    nothing, and the list shows nothing for it."""
+    convert(1)
+    monkeypatch.setattr(cache, "MADE_FOR", "MOBILENETV2")
+    convert(2)
+    compiled = state_dir / "compiled"
+    made_before, made_now = records(compiled)
+    if "made_for" in json.loads(made_before.read_text()):
+        made_before, made_now = made_now, made_before
+    age([made_before], 2)
+    code, out, err = svcctl(capsys, "list", "--json")
+    assert (code, err) == (0, "")
+    assert [(a["name"], a["made_for"]) for a in json.loads(out)["artefacts"]] == [(made_before.stem, None),
+                                                                                   (made_now.stem, "MOBILENETV2")]
+    code, out, err = svcctl(capsys, "list")
+    lines = out.splitlines()
+    assert lines[0].endswith(f"  {made_before.stem}") and lines[1].endswith(f"  {made_now.stem}  (MOBILENETV2)")
 
 
 def test_prune_removes_what_no_start_used_for_the_days_given_and_keeps_the_rest(state_dir, capsys):

@@ -280,11 +280,14 @@ PATH_ARGUMENTS = {"model": "MODEL", "job": "JOB"}
 def check_path_arguments(args: argparse.Namespace) -> None:
     """:class:`CliError` for a MODEL or JOB that is not valid UTF-8 (bytes a shell passed, ``$'M\\xff'``): no
     URL can carry it, and quoting it into one failed with a UnicodeEncodeError traceback.  Shown as the bytes
-    it was given, escaped."""
+    it was given, escaped.  An empty one (an unset shell variable, ``"$JOB"``) is refused too: it made another
+    path, ``.../jobs/``, and the gateway's 404 "no route" read as if the service lacked the route."""
     for dest, metavar in PATH_ARGUMENTS.items():
         value = getattr(args, dest, None)
         if not isinstance(value, str):
             continue
+        if not value.strip():
+            raise CliError(f"{metavar} is empty (nothing sent)")
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:

@@ -32,6 +32,18 @@ def test_a_model_or_job_that_is_not_utf8_is_one_line_and_exit_2(argv, line):
     assert (done.returncode, done.stdout, done.stderr) == (2, "", line)
 
 
+@pytest.mark.parametrize("argv, line", [
+    (["jobs", "get", "DDPM", ""], "svcctl: JOB is empty (nothing sent)\n"),
+    (["jobs", "wait", "DDPM", " "], "svcctl: JOB is empty (nothing sent)\n"),
+    (["infer", "", "red.jpg"], "svcctl: MODEL is empty (nothing sent)\n"),
+], ids=["jobs get", "jobs wait", "infer"])
+def test_an_empty_model_or_job_is_one_line_and_exit_2(argv, line):
+    """``svcctl jobs get DDPM ""`` (an unset ``$JOB``) sent ``GET /v1/models/DDPM/jobs/`` and printed the
+    gateway's 404 "no route", exit 1, as if the service had no such route (a jobs probe)."""
+    done = svcctl(*argv, "--gateway", "http://127.0.0.1:9")
+    assert (done.returncode, done.stdout, done.stderr) == (2, "", line)
+
+
 @pytest.mark.parametrize("value", ["\udce9t\udce9", "\u00e9t\u00e9", "a\x01b"], ids=["latin-1", "utf-8", "control"])
 def test_a_token_no_header_carries_is_refused_naming_the_variable_not_the_value(monkeypatch, capsys, value):
     """``SERVICE_API_TOKEN=$'\\xe9t\\xe9'`` printed ``svcctl: POST ...: UnicodeEncodeError: ...`` once connected."""

@@ -73,7 +73,7 @@ from svc.supervisor.child import STARTING, Child, ChildError, ChildSpec, StartTi
 from svc.supervisor.config import Profile, SupervisorConfig, weights_choice
 from svc.supervisor.handover import GatewayChild
 from svc.supervisor.logsink import LogSink
-from svc.supervisor.preflight import gateway_moved, gateway_refusal, key_file_problem, model_config_problem
+from svc.supervisor.preflight import GatewayKeyFile, gateway_moved, gateway_refusal, model_config_problem
 from svc.supervisor.replicaset import ReplicaSet
 from svc.supervisor.spawn import bind_listening_socket, kill_group, port_is_free
 
@@ -157,7 +157,7 @@ class ChildManager:
         if pythonpath := child_pythonpath(self.env):  # the children run the code this supervisor runs
             base["PYTHONPATH"] = pythonpath
         base.pop(CLIENT_KEY_ENV, None)  # a client's key, when the shell that started the supervisor had one
-        self.keys_file = os.path.abspath(os.path.join(cwd or ".", config.gateway_keys_file))  # the gateway's
+        self.gateway_keys = GatewayKeyFile(config, cwd)  # the key file the gateway reads, checked at each start
         specs = [
             ChildSpec(
                 name=GATEWAY,
@@ -168,7 +168,7 @@ class ChildManager:
                 policy=config.gateway_restart,
                 cwd=cwd,
                 refused=gateway_refusal(self.env, config.cluster.enabled),
-                preflight=partial(key_file_problem, self.keys_file),
+                preflight=self.gateway_keys.problem,
                 restart_preflight=partial(gateway_moved, config),
             )
         ]
@@ -380,7 +380,7 @@ class ChildManager:
             "id": GATEWAY,
             "url": http_url(self.config.gateway_host, self.config.gateway_port),
             "port": self.config.gateway_port,
-            "keys_file": self.keys_file,  # what svcctl keys compares the file it edited with
+            "keys_file": self.gateway_keys.path,  # what svcctl keys compares the file it edited with
             **self.gateway.snapshot(),
         }
         return {

@@ -14,6 +14,8 @@ action must not go on (the running process keeps serving), or None.
 
 from __future__ import annotations
 
+import os
+
 from svc.auth import cluster_problem, load_key_file, separate_tokens_problem
 from svc.config import ConfigError, ModelServerConfig, load_model_server_config
 from svc.supervisor.config import SupervisorConfig, load_supervisor_config
@@ -94,6 +96,40 @@ def key_file_problem(path: str) -> str | None:
                 "the keys it loaded); fix the file (svcctl keys list checks it), or empty it to run on the static "
                 "token alone")
     return None
+
+
+class GatewayKeyFile:
+    """The key file a gateway started now reads, checked before each start (:meth:`problem`).
+
+    ``[gateway] keys_file`` as the config says it now: a restart's gateway reads the edited config, so the file
+    read at the supervisor's start was checked while the gateway read another (a probe: a broken new file passed
+    the check, and that gateway refused every API key after a restart answered ``{ok: true}``).  :attr:`path` is
+    the file the last check passed, the one the gateway started then reads (the status's ``keys_file``, which
+    ``svcctl keys`` compares the file it edited with).  A config that does not load keeps the known file: that
+    gateway refuses to start, and says why.
+    """
+
+    def __init__(self, config: SupervisorConfig, cwd: str | None) -> None:
+        self.config, self.cwd = config, cwd
+        self.path = self._absolute(config.gateway_keys_file)
+
+    def _absolute(self, name: str) -> str:
+        return os.path.abspath(os.path.join(self.cwd or ".", name))  # the gateway runs in ``cwd``
+
+    def current(self) -> str:
+        """The absolute path the config names now."""
+        try:
+            return self._absolute(load_supervisor_config(self.config.path).gateway_keys_file)
+        except (ConfigError, OSError):
+            return self.path
+
+    def problem(self) -> str | None:
+        """:func:`key_file_problem` of :meth:`current`; the file becomes :attr:`path` when it has none."""
+        path = self.current()
+        found = key_file_problem(path)
+        if found is None:
+            self.path = path
+        return found
 
 
 def gateway_refusal(env: dict[str, str], has_peers: bool = False) -> str | None:

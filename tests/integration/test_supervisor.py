@@ -292,6 +292,37 @@ def test_a_restart_that_could_not_start_stops_nothing(stack):
         keys.write_text(key_file)
 
 
+def test_a_key_file_named_anew_in_the_config_is_the_one_checked_and_reported(stack):
+    """``[gateway] keys_file`` edited while the supervisor runs: the restart's gateway reads the new file, so that
+    is the file checked before it starts and the status's ``keys_file`` (an operator probe: the file read at the
+    supervisor's start was checked instead, a broken new file passed, and the gateway it started refused every
+    API key after ``{ok: true}``; the status named the old file, and svcctl keys said its edit did not apply)."""
+    service = stack.root / "service.toml"
+    settings = service.read_text()
+    new_keys = stack.root / "keys-two.toml"
+    new_key = os.urandom(32).hex()
+    new_keys.write_text(stack.keys_file.read_text() + key_entry("tenant-two", new_key))
+    body = {"images": [image_b64()]}
+    try:
+        service.write_text(settings.replace(f'keys_file = "{stack.keys_file}"', f'keys_file = "{new_keys}"'))
+        assert api(stack, "POST", "/api/v1/servers/__gateway/restart").json == {"ok": True}
+        assert api(stack, "GET", "/api/v1/status").json["gateway"]["keys_file"] == str(new_keys)
+        reply = post(stack.gateway + "/v1/models/TESTFAULTS/infer", body, headers={"Authorization": f"Bearer {new_key}"})
+        assert reply.status == 200 and reply.header("X-Service-Key") == "tenant-two"
+        gateway = stack.child("__gateway")["pid"]
+        new_keys.write_text(new_keys.read_text() + "broken [\n")
+        reply = api(stack, "POST", "/api/v1/servers/__gateway/restart")
+        assert_error(reply, 500)
+        assert reply.json["error"].startswith(f"the key file cannot be used ({new_keys}: ")
+        assert stack.child("__gateway")["pid"] == gateway
+        reply = post(stack.gateway + "/v1/models/TESTFAULTS/infer", body, headers={"Authorization": f"Bearer {new_key}"})
+        assert reply.status == 200 and reply.header("X-Service-Key") == "tenant-two"  # the keys it had loaded
+    finally:
+        service.write_text(settings)
+    assert api(stack, "POST", "/api/v1/servers/__gateway/restart").json == {"ok": True}
+    assert api(stack, "GET", "/api/v1/status").json["gateway"]["keys_file"] == str(stack.keys_file)
+
+
 # -- startup ---------------------------------------------------------------------------------------
 
 

@@ -118,11 +118,26 @@ class Parser(argparse.ArgumentParser):
     def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
         """As argparse's, but an unknown option's value is not shown in the error: ``--tok SECRET`` (a token
         mistyped for the refused ``--token``) was echoed, ``unrecognized arguments: --tok SECRET``."""
+        self.refuse_options_before_command(list(sys.argv[1:] if args is None else args))
         namespace, extras = self.parse_known_args(args, namespace)
         if extras:
             chosen = self.chosen(namespace)  # its usage, not the top level's: the extras came from its arguments
             chosen.error(f"unrecognized arguments: {' '.join(hide_option_values(extras))}{chosen.hint(extras)}")
         return namespace
+
+    def refuse_options_before_command(self, argv: list[str]) -> None:
+        """An option this parser does not know before the command (``svcctl --tok VALUE keys list``): its value
+        was taken as the command and echoed, ``invalid choice: 'VALUE'``.  Refused with the value hidden."""
+        known = {o for action in self._actions for o in action.option_strings}
+        leading = []
+        for arg in argv:
+            if not arg.startswith("-") or arg in ("-", "--"):
+                break
+            leading.append(arg)
+        if any(arg.split("=", 1)[0] not in known for arg in leading):
+            shown = hide_option_values(argv[:len(leading) + ("=" not in leading[-1])])  # a value that follows
+            self.error(f"unrecognized arguments: {' '.join(shown)} (options go after the command: svcctl COMMAND "
+                       "[options])")
 
     def chosen(self, namespace: Any) -> Parser:
         """The innermost subcommand's parser that ``namespace`` names (``svcctl keys add``), else this one."""

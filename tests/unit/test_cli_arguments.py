@@ -171,6 +171,10 @@ def test_a_prefix_of_an_option_is_not_taken_and_the_whole_name_is_said(capsys, a
     (["infer", "M", "red.jpg", "--toke=SECRETX"], "--toke=..."),
     (["jobs", "get", "M", "job_1", "--tokn", "SECRETX", "extra"], "--tokn ... extra"),
     (["hash", "a", "b"], "b"),
+    # Before the command (an operator probe): the value was taken as the command, "invalid choice: 'SECRETX'".
+    (["--tok", "SECRETX", "keys", "list"], "--tok ... (options go after the command: svcctl COMMAND [options])"),
+    (["--gateway=SECRETX", "keys", "list"], "--gateway=... (options go after the command: svcctl COMMAND [options])"),
+    (["--version", "--foo", "SECRETX"], "--version --foo ... (options go after the command: svcctl COMMAND [options])"),
 ])
 def test_an_unknown_options_value_is_not_shown(capsys, argv, shown):
     """``--tok SECRET``, a token mistyped for the refused ``--token``: argparse echoed

@@ -22,7 +22,7 @@ from twisted.web.iweb import IAgent
 from svc.auth import Authenticator, AuthSetup, describe
 from svc.cluster_config import own_entry_problem
 from svc.contract.protocol import GATEWAY_PROGRAM as PROGRAM
-from svc.contract.protocol import http_url
+from svc.contract.protocol import http_url, local_url
 from svc.gateway.app import GatewayApp
 from svc.gateway.balancer import Balancer
 from svc.gateway.catalog import Catalog
@@ -38,6 +38,7 @@ from svc.infra.metrics import GatewayMetrics, new_registry
 from svc.infra.process import ORPHAN_EXIT_S, ListeningMultiService, freeze_heap, supervisor_gone
 from svc.infra.reactors import IServiceReactor
 from svc.web.limits import HttpLimits
+from svc.web.replies import dumps
 
 log = Logger()
 
@@ -87,6 +88,7 @@ class GatewayService(ListeningMultiService):
             openapi=openapi,
         )
         self.catalog = catalog
+        self.openapi = openapi
         # service_async_jobs_total{model, state}: the model servers' own, read at each scrape (svc.gateway.jobcounts).
         self.app.job_counts = JobCounts(clock=reactor, agent=agent, catalog=catalog)
         self.registry.register(self.app.job_counts)
@@ -116,6 +118,8 @@ class GatewayService(ListeningMultiService):
 
     def startService(self) -> None:
         super().startService()
+        if self.openapi is not None:  # its servers name this gateway's port (the kernel's choice for --port 0)
+            self.app.openapi_bytes = dumps({**self.openapi, "servers": [{"url": local_url(self.bound_port())}]})
         for warning in self.setup.warnings:
             log.warn("{warning}", warning=warning)
         info = describe(self.setup)

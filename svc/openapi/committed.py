@@ -14,16 +14,20 @@ import os
 import sys
 
 import svc.openapi
-from svc.config import model_server_configs
+from svc.config import ConfigError, model_server_configs, read_toml, sub_table
+from svc.contract.protocol import GATEWAY_PORT
 from svc.model.api import PluginError, factories, find_factory
 from svc.openapi.gateway import gateway_document
 from svc.openapi.modelserver import model_server_document
 
 OPENAPI_DIR = "openapi"
+#: The service config whose ``[gateway] port`` the committed gateway document names.
+SERVICE_CONFIG = "conf/service.toml"
 
 
-def documents(conf_dir: str = "conf/server") -> dict[str, dict]:
-    """Every committed document by file name, generated from code and shipped configs.
+def documents(conf_dir: str = "conf/server", service_config: str = SERVICE_CONFIG) -> dict[str, dict]:
+    """Every committed document by file name, generated from code and shipped configs (the gateway's port from
+    ``service_config``'s ``[gateway]``, as a model server's from its config: an edited port is a difference).
 
     PluginError when a shipped config's model has no plugin to serve it (two claim its id, or its module did
     not import): the model was left out, so ``--write`` removed its committed document as no longer generated
@@ -31,10 +35,22 @@ def documents(conf_dir: str = "conf/server") -> dict[str, dict]:
     found = factories()
     configs = model_server_configs(conf_dir)
     plugins = {c.id: found[c.id] if c.id in found else find_factory(c.id) for c in configs}  # it raises, naming why
-    docs: dict[str, dict] = {"gateway.json": gateway_document(configs, found)}
+    port = gateway_port(service_config)
+    docs: dict[str, dict] = {"gateway.json": gateway_document(configs, found, port=port)}
     for config in configs:
         docs[f"model-{config.id}.json"] = model_server_document(config, plugins[config.id])
     return docs
+
+
+def gateway_port(service_config: str) -> int:
+    """``[gateway] port`` of ``service_config``: the default when the file or the key is absent, ConfigError when it
+    is no port (the gateway's own checks are the gateway's: this names a URL only)."""
+    if not os.path.exists(service_config):
+        return GATEWAY_PORT
+    port = sub_table(service_config, read_toml(service_config), "gateway").get("port", GATEWAY_PORT)
+    if type(port) is not int or not 1 <= port <= 65535:
+        raise ConfigError(service_config, "gateway.port", f"must be a port number from 1 to 65535, got {port!r}")
+    return port
 
 
 def serialise(doc: dict) -> str:

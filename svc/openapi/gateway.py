@@ -121,8 +121,10 @@ def _finish(paths: dict) -> None:
 
 
 def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any],
-                     refused: Callable[[str, str], None] | None = None) -> dict:
-    """The contract of the gateway: every catalog model's routes under /v1/models/{id}.
+                     refused: Callable[[str, str], None] | None = None, port: int = GATEWAY_PORT) -> dict:
+    """The contract of the gateway: every catalog model's routes under /v1/models/{id}; ``servers`` names
+    ``port``, the gateway's own (it named 8080 whatever the gateway's ``[gateway] port``, where a model server's
+    document names its port: a client generated from it went to 8080).
 
     A model whose plugin declares what cannot be used (:mod:`svc.model.plugincheck`), or whose
     ``[model]`` table its plugin refuses, raises its PluginError or ConfigError, or, given
@@ -219,7 +221,7 @@ def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any],
             "credentials, rate limits, CORS and request ids; its errors are `{\"error\": \"...\"}` with the same "
             "HTTP statuses. " + GATEWAY_AUTH,
         },
-        "servers": [{"url": local_url(GATEWAY_PORT)}],
+        "servers": [{"url": local_url(port)}],
         "security": [{"bearer": []}],
         "paths": paths,
         "components": {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -18,6 +19,7 @@ def checkout(tmp_path, monkeypatch):
     """A folder with openapi/ and conf/server/ as committed; the command works from the current directory."""
     shutil.copytree(REPO / "openapi", tmp_path / "openapi")
     shutil.copytree(REPO / "conf" / "server", tmp_path / "conf" / "server")
+    shutil.copy(REPO / "conf" / "service.toml", tmp_path / "conf" / "service.toml")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -44,6 +46,29 @@ def test_check_names_every_stale_missing_and_extra_document_and_exits_1(checkout
         "openapi/model-OLD.json: no longer generated",
         "run: svcctl openapi write",  # it advised the module's own command
     ])
+
+
+@pytest.mark.parametrize("edit", ["port = 9199", "port = 8080"], ids=["moved", "unchanged"])
+def test_each_document_names_its_process_port_so_a_moved_gateway_is_a_difference(checkout, capsys, edit):
+    """An operator probe: a model's port edited made its document differ, but the gateway's named 8080 whatever
+    ``[gateway] port`` said (the check passed, and the live gateway's document named 8080 too)."""
+    service = checkout / "conf" / "service.toml"
+    service.write_text(service.read_text().replace("port = 8080", edit, 1))
+    if edit == "port = 8080":
+        assert run(capsys, "check") == (0, ["openapi documents are current"], [])
+        return
+    assert run(capsys, "check") == (1, [], ["openapi/gateway.json: differs from what the code generates",
+                                            "run: svcctl openapi write"])
+    assert run(capsys, "write")[0] == 0
+    assert json.loads((checkout / "openapi" / "gateway.json").read_text())["servers"] == [
+        {"url": "http://127.0.0.1:9199"}]
+
+
+def test_a_gateway_port_that_is_no_port_is_one_line_and_exit_2(checkout, capsys):
+    service = checkout / "conf" / "service.toml"
+    service.write_text(service.read_text().replace("port = 8080", 'port = "8080"', 1))
+    assert run(capsys, "check") == (2, [], ["svcctl: openapi check: conf/service.toml: gateway.port: must be a "
+                                            "port number from 1 to 65535, got '8080' (run it in the checkout)"])
 
 
 def test_write_regenerates_the_committed_bytes(checkout, capsys):

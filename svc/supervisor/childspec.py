@@ -74,5 +74,7 @@ class ChildSpec:
         return self.preflight() if self.preflight else None
 
     def restart_problem(self) -> str | None:
-        """What :attr:`restart_preflight`, then :attr:`preflight`, finds."""
-        return (self.restart_preflight() if self.restart_preflight else None) or self.problem()
+        """What :attr:`restart_preflight`, then :attr:`preflight`, finds, said to be found before anything stopped
+        (a respawn after a crash says the same problem without it: its process had exited)."""
+        problem = (self.restart_preflight() if self.restart_preflight else None) or self.problem()
+        return f"{problem} (nothing was stopped)" if problem else None

@@ -51,15 +51,14 @@ def model_config_problem(model: ModelServerConfig, device: str = "cpu") -> str |
         if factory is not None:
             checked_config(factory, now.model, model.path, files=False)
     except (ConfigError, OSError) as e:
-        return f"{model.id}: its config does not load ({e}): nothing was stopped; fix the file and try again"
+        return f"{model.id}: its config does not load ({e}): fix the file and try again"
     except (WeightsError, PluginError):
         pass
     changed = [f"{key} {getattr(model, key)!r} -> {getattr(now, key)!r}" for key in ROUTING_KEYS
                if getattr(model, key) != getattr(now, key)]
     if changed:
         return (f"{model.id}: {model.path} changes {', '.join(changed)}: the gateway and the supervisor route by "
-                "what they read at the supervisor's start, so restart the supervisor to apply it (nothing was "
-                "stopped)")
+                "what they read at the supervisor's start, so restart the supervisor to apply it")
     return None
 
 
@@ -76,7 +75,7 @@ def gateway_moved(config: SupervisorConfig) -> str | None:
                if old != new]
     if changed:
         return (f"{config.path} changes [gateway] {', '.join(changed)}: the supervisor holds the gateway's socket, "
-                "bound at its start, so restart the supervisor to move it (nothing was stopped)")
+                "bound at its start, so restart the supervisor to move it")
     return None
 
 

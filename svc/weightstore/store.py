@@ -128,8 +128,10 @@ def _locked(directory: Path, what: str) -> Iterator[None]:
 
     A pull or import that fails removes the variant's folder and its model's where they are empty,
     whoever made them (a cut download's ``.part``, kept to resume, keeps its folder; so does whatever
-    another process put there): a resumed pull that fails its check leaves no empty folder behind.
+    another process put there): a resumed pull that fails its check leaves no empty folder behind.  So
+    are the folders above them that it made (the cache's own, ``SERVICE_WEIGHTS_DIR``, at a first import).
     """
+    made = [d for d in (directory, *directory.parents) if not d.exists()]  # the cache root too, the first time
     try:
         directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(directory, os.O_RDONLY)
@@ -142,7 +144,7 @@ def _locked(directory: Path, what: str) -> Iterator[None]:
             raise StoreError(f"{what}: another pull or import of this variant is running ({directory})") from None
         yield
     except BaseException:
-        for folder in (directory, directory.parent):
+        for folder in sorted({directory, directory.parent, *made}, key=lambda d: len(d.parts), reverse=True):
             try:
                 folder.rmdir()  # only when empty
             except OSError:

@@ -56,6 +56,7 @@ def test_a_folder_that_does_not_build_is_refused_named_and_leaves_nothing(cache,
     assert err.rstrip().endswith("(nothing kept)")
     assert str(cache) not in err  # the user's folder is named, not the cache's copy
     assert everything_under(cache) == []
+    assert not cache.exists()  # nor the cache's own folder, made by this first import (an operator probe)
     assert svcctl(capsys, "verify")[:2] == (0, f"no cached variants in {cache}\n")
 
 

@@ -243,8 +243,12 @@ class JsonSite(server.Site):
         if rid is None and (asked := request.requestHeaders.getRawHeaders(b"x-request-id")):
             rid = asked[0].decode("latin-1")
         key = getattr(request, "service_key", None) or "-"
+        # A refusal (401: a credential guessed) is never hidden behind a probe's User-Agent, which any loopback
+        # client (every remote one behind a proxy on the host) can send; a loading model's 503 and a probe given
+        # up at its timeout (499) stay probes.
+        refused = 400 <= code < 500 and code != CLIENT_CLOSED
         self.log_line(request.method, request.uri, code, duration, rid, key,
-                      debug=is_supervisor_probe(request) or (code < 400 and is_ui_poll(request)))
+                      debug=(not refused and is_supervisor_probe(request)) or (code < 400 and is_ui_poll(request)))
 
     def log_line(self, method: bytes, path: bytes, code: int, duration_ms: float, request_id: str | None, key: str,
                  *, debug: bool = False) -> None:

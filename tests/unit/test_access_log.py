@@ -54,6 +54,23 @@ def test_every_other_request_gets_its_info_line(req):
     assert [e["log_level"] for e in events] == [LogLevel.info]
 
 
+@pytest.mark.parametrize("path, agent, code, level", [
+    (b"/metrics", SUPERVISOR_USER_AGENT, 401, LogLevel.info),  # a wrong metrics token, guessed behind the agent
+    (b"/api/v1/status", QUICKSTART_USER_AGENT, 401, LogLevel.info),  # a wrong management token
+    (b"/api/v1/status", QUICKSTART_USER_AGENT, 404, LogLevel.info),  # the gateway's: no such route (a valid token)
+    (b"/ready", SUPERVISOR_USER_AGENT, 503, LogLevel.debug),  # a model loading: still the probe
+    (b"/ready", SUPERVISOR_USER_AGENT, 499, LogLevel.debug),  # a probe given up at its timeout (a hung model)
+])
+def test_a_refused_request_is_never_hidden_behind_a_probes_user_agent(path, agent, code, level):
+    """A security probe: any loopback client (every remote one behind a TLS proxy on the host) could send the
+    supervisor's or the quick start's User-Agent and guess tokens on the probe paths with no line in any log."""
+    req = request(path, agent=agent)
+    req.code = code
+    with capturedLogs() as events:
+        site().log(req)
+    assert [e["log_level"] for e in events] == [level]
+
+
 def test_the_ipv6_loopback_counts_as_loopback():
     assert is_supervisor_probe(request(b"/healthz", host="::1"))
 

@@ -33,13 +33,13 @@ import hmac
 import json
 import re
 import secrets
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from svc.config import ConfigError, Key, apply_keys, keys_of, read_toml, setting
 from svc.contract.protocol import JOB_SECRET_ENV
+from svc.infra.trust import file_problem
 
 SCOPES = ("inference", "admin", "all")
 #: Scopes whose keys the gateway accepts for inference and jobs (docs/contract.md, Authentication: all three do).
@@ -63,14 +63,10 @@ API_TOKEN_ENV = "SERVICE_API_TOKEN"
 METRICS_TOKEN_ENV = "SERVICE_METRICS_TOKEN"
 #: What one gateway of a cluster presents to another when it forwards a job request (svc.gateway.cluster).
 CLUSTER_TOKEN_ENV = "SERVICE_CLUSTER_TOKEN"
-EXPOSE_ENV = "SERVICE_EXPOSE"
 #: What a token from the environment may hold: one bearer credential of visible ASCII (RFC 6750), so that a
 #: client can send it as it is. A token of spaces was taken, and no ``Authorization`` header could match it.
 TOKEN_RE = re.compile(r"[\x21-\x7e]+")
-#: A bind on every address: the spellings that need no parsing (the rest: :func:`is_wildcard`).
-WILDCARDS = ("0.0.0.0", "::", "", "*", "[::]")
-#: ``::ffff:0.0.0.0``: IPv4's wildcard mapped into IPv6.
-_MAPPED_ANY = bytes(10) + b"\xff\xff" + bytes(4)
+
 
 def new_key() -> str:
     """A new API key: 32 random bytes as 64 lowercase hex characters."""
@@ -159,6 +155,18 @@ def load_key_file(path: str) -> list[KeyEntry]:
     return entries
 
 
+def load_trusted_key_file(path: str) -> list[KeyEntry]:
+    """:func:`load_key_file` for the gateway that accepts its keys: a file another user could have written (owned
+    by another user but root, or writable by its group or others, :mod:`svc.infra.trust`) raises ConfigError, as
+    any local user could add an API key to it (a security probe: it was read without a word).  ``svcctl keys``
+    edits the file with :func:`load_key_file` alone: root edits the service user's file."""
+    problem = file_problem(path)
+    if problem:
+        raise ConfigError(path, None, f"{problem}: another user could add an API key to it; make it this user's "
+                                      "(or root's) and writable by its owner only (chmod 600)")
+    return load_key_file(path)
+
+
 @dataclass(frozen=True)
 class Principal:
     """Who a request authenticated as: the ``X-Service-Key`` name and its rate."""
@@ -239,46 +247,6 @@ def cluster_problem(env: Mapping[str, str], has_peers: bool) -> str | None:
     return None
 
 
-def is_wildcard(host: str) -> bool:
-    """Whether binding ``host`` listens on every address of the machine, however it is spelled.
-
-    Not only ``0.0.0.0`` and ``::``: the socket layer binds ``0``, ``0.0``
-    and ``0x0`` (``inet_aton``'s short forms), ``::0``, ``0:0:0:0:0:0:0:0``
-    and ``::ffff:0.0.0.0`` to the same wildcard, and a name to whatever it
-    resolves to (the bind would resolve it too).  A name that does not
-    resolve is not a wildcard: its bind fails on its own.
-    """
-    name = host.strip()
-    if name in WILDCARDS:
-        return True
-    if name.startswith("[") and name.endswith("]"):
-        name = name[1:-1]
-    name = name.partition("%")[0]  # an IPv6 zone (fe80::1%eth0)
-    try:
-        return not any(socket.inet_aton(name))
-    except (OSError, ValueError):
-        pass
-    try:
-        packed = socket.inet_pton(socket.AF_INET6, name)
-    except (OSError, ValueError):
-        pass
-    else:
-        return not any(packed) or packed == _MAPPED_ANY
-    try:
-        resolved = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
-    except (OSError, UnicodeError, ValueError):
-        return False
-    return any(info[4][0] != name and is_wildcard(str(info[4][0])) for info in resolved)
-
-
-def bind_problem(host: str, env: Mapping[str, str], what: str) -> str | None:
-    """Why binding ``host`` is refused (None when allowed): wildcards need SERVICE_EXPOSE."""
-    if is_wildcard(host) and env.get(EXPOSE_ENV) not in ("docker", "unsafe"):
-        return (f"refusing the wildcard bind {host!r}: set {EXPOSE_ENV}=docker (in a container) or "
-                f"{EXPOSE_ENV}=unsafe to expose {what}")
-    return None
-
-
 def key_of(keys: list[KeyEntry], token: str | None) -> str | None:
     """The name of the key whose hash is ``token``'s (None when no key is ``token``, or no token)."""
     if token is None:
@@ -304,7 +272,7 @@ def decide(env: Mapping[str, str], keys_file: str) -> AuthSetup:
     has_token = gateway_token is not None or api_token is not None
     tokens = f"{GATEWAY_TOKEN_ENV} or {API_TOKEN_ENV}"
     try:
-        keys = load_key_file(keys_file)
+        keys = load_trusted_key_file(keys_file)
     except ConfigError as e:
         if not has_token:
             if e.problem == "file not found":

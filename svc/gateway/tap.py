@@ -65,11 +65,12 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
     twistd passes ``options`` only; ``reactor`` (default: the global one) lets
     tests build the service tree in-process without running a reactor.
     """
-    from svc.auth import Refused, bind_problem, cluster_problem, decide
+    from svc.auth import Refused, cluster_problem, decide
     from svc.config import ConfigError, given_config_problem
     from svc.contract.jobid import secret_problem
     from svc.gateway.catalog import CatalogError, load_catalog, unknown_ids
     from svc.gateway.config import load_gateway_config
+    from svc.infra.binds import bind_problem
     from svc.infra.process import refuse
     from svc.infra.twistd import private_daemon_log
 

@@ -32,7 +32,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import tempfile
 import threading
 import time
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from svc.infra.process import pid_running
+from svc.infra.trust import file_problem, untrusted
 from svc.infra.userdirs import configured_dir
 
 T = TypeVar("T")
@@ -125,36 +125,13 @@ def trust_problem(path: Path, env: Mapping[str, str] | None = None) -> str | Non
         if info.st_uid == os.getuid():
             _no_write_by_others(folder, info)
             continue
-        problem = _not_trusted(info)
+        problem = untrusted(info)
         if problem is not None:
             problem = f"{folder} {problem}"
             _warn_once(str(folder), "{problem}: another user could replace what the model servers load from it, "
                        "so nothing is read from it or written to it (converted and compiled in a private "
                        "temporary folder at each start, no choice recorded)", problem=problem)
             return problem
-    return None
-
-
-def file_problem(path: Path) -> str | None:
-    """Why the cache file ``path`` must not be read (owned by another user but root, or writable by others);
-    None when it may be, or is not there.  A symbolic link is judged by its own owner and by its target's."""
-    try:
-        infos = [os.lstat(path)]
-        if stat.S_ISLNK(infos[0].st_mode):
-            infos.append(os.stat(path))
-    except OSError:
-        return None
-    return next(filter(None, (_not_trusted(info) for info in infos)), None)
-
-
-def _not_trusted(info: os.stat_result) -> str | None:
-    """Why a folder or file with ``info`` is not trusted: another owner than this user or root, or others' or
-    the group's write permission (a link's own mode says nothing)."""
-    if info.st_uid not in (os.getuid(), 0):
-        return f"is owned by another user (uid {info.st_uid})"
-    mode = stat.S_IMODE(info.st_mode)
-    if mode & 0o022 and not stat.S_ISLNK(info.st_mode):
-        return f"is writable by other users (mode {mode:o})"
     return None
 
 

@@ -47,7 +47,7 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 
-from svc.auth import bind_problem
+from svc.infra.binds import bind_problem
 from svc.infra.reactors import follow
 from svc.supervisor.child import BACKOFF, FAILED, RUNNING, START_FAILED, STARTING, STOPPED, Child, ChildError, ChildSpec
 from svc.supervisor.spawn import ChildProtocol, bind_listening_socket, describe_exit, group_leader_argv

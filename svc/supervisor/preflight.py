@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from svc.auth import cluster_problem, load_key_file, separate_tokens_problem
+from svc.auth import cluster_problem, load_trusted_key_file, separate_tokens_problem
 from svc.config import ConfigError, ModelServerConfig, load_model_server_config
 from svc.supervisor.config import SupervisorConfig, load_supervisor_config
 
@@ -86,7 +86,7 @@ def key_file_problem(path: str) -> str | None:
     with a token, refused without), nor is an empty one (zero keys, a warning).
     """
     try:
-        load_key_file(path)
+        load_trusted_key_file(path)
     except ConfigError as e:
         if e.problem == "file not found":
             return None

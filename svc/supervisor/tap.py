@@ -92,7 +92,7 @@ class Options(ProgramOptions):
 
 def check_bind(host: str, env: dict[str, str]) -> str | None:
     """Why binding ``host`` is refused (None when allowed)."""
-    from svc.auth import bind_problem
+    from svc.infra.binds import bind_problem
 
     return bind_problem(host, env, "the management API")
 
@@ -100,7 +100,7 @@ def check_bind(host: str, env: dict[str, str]) -> str | None:
 def gateway_bind_problem(config: Any, env: dict[str, str]) -> str | None:
     """Why the gateway would refuse its ``[gateway] host`` (a wildcard without SERVICE_EXPOSE): the supervisor
     refuses to start for it, rather than serve its API and models with the gateway ``start_failed``."""
-    from svc.auth import bind_problem
+    from svc.infra.binds import bind_problem
 
     problem = bind_problem(config.gateway_host, env, "the gateway")
     return f"[gateway] host: {problem}" if problem else None
@@ -217,7 +217,7 @@ def probe_hosts(config: Any) -> dict[int, str]:
     A wildcard bind answers on 127.0.0.1 too; an IPv6 address is kept as it is written (the probe brackets it
     in a URL, svc.contract.protocol.http_url).
     """
-    from svc.auth import is_wildcard
+    from svc.infra.binds import is_wildcard
 
     host = config.gateway_host.strip()
     if host in ("127.0.0.1", "localhost") or is_wildcard(host):

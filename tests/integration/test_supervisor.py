@@ -271,6 +271,17 @@ def test_a_restart_that_could_not_start_stops_nothing(stack):
         assert stack.child("__gateway")["pid"] == gateway
         reply = post(stack.gateway + "/v1/models/TESTFAULTS/infer", body, headers=headers)
         assert reply.status == 200 and reply.header("X-Service-Key") == "tenant-a"  # the keys it had loaded
+        # A security probe: a key file any local user can write was loaded without a word.
+        keys.write_text(key_file)
+        os.chmod(keys, 0o666)
+        try:
+            reply = api(stack, "POST", "/api/v1/servers/__gateway/restart")
+        finally:
+            os.chmod(keys, 0o600)
+        assert_error(reply, 500)
+        assert reply.json["error"].startswith(f"the key file cannot be used ({keys}: is writable by other users "
+                                              "(mode 666): another user could add an API key to it;")
+        assert stack.child("__gateway")["pid"] == gateway
         # A config probe: the gateway's port edited, its restart answered {ok: true} and it stayed where it was.
         keys.write_text(key_file)
         service = stack.root / "service.toml"

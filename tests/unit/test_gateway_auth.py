@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from svc.auth import (
@@ -11,12 +13,13 @@ from svc.auth import (
     Principal,
     Refused,
     Unauthorized,
-    bind_problem,
     decide,
     hash_key,
     load_key_file,
+    load_trusted_key_file,
 )
 from svc.config import ConfigError
+from svc.infra.binds import bind_problem
 
 KEY_A, KEY_B = "a" * 64, "b" * 64
 ENV = {"SERVICE_METRICS_TOKEN": "metrics-tok"}
@@ -93,6 +96,32 @@ def test_a_key_file_that_is_a_dangling_link_is_named_as_one(tmp_path):
     assert setup.mode == "static-token"
     assert setup.warnings == (f"the key file cannot be used ({e.value}): static-token mode, only "
                               "SERVICE_GATEWAY_AUTH_TOKEN or SERVICE_API_TOKEN is accepted",)
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda path: os.chmod(path, 0o666), "is writable by other users (mode 666)"),
+    (lambda path: os.chmod(path, 0o620), "is writable by other users (mode 620)"),
+    (lambda path: os.chown(path, 65534, 65534), "is owned by another user (uid 65534)"),
+], ids=["others", "group", "owner"])
+def test_a_key_file_another_user_could_write_is_not_used(tmp_path, change, problem):
+    """A security probe: a key file owned by nobody and mode 666 was loaded without a word, so any local user could
+    add an API key. It cannot be used, as a compiled package so placed is not loaded: static-token mode with the
+    reason, as for any key file that cannot be used (and the supervisor starts no gateway on it)."""
+    path = keys_file(tmp_path, entry("a", KEY_A))
+    os.chmod(path, 0o600)
+    assert [k.name for k in load_trusted_key_file(path)] == ["a"]
+    change(path)
+    assert [k.name for k in load_key_file(path)] == ["a"]  # svcctl keys edits it (root edits the service user's)
+    with pytest.raises(ConfigError) as e:
+        load_trusted_key_file(path)
+    assert e.value.problem == (f"{problem}: another user could add an API key to it; make it this user's (or "
+                               "root's) and writable by its owner only (chmod 600)")
+    setup = decide({**ENV, "SERVICE_GATEWAY_AUTH_TOKEN": "tok"}, path)
+    assert setup.mode == "static-token" and setup.warnings[0].startswith(f"the key file cannot be used ({e.value})")
+    link = tmp_path / "link.toml"  # a link to it is judged by its target too
+    link.symlink_to(path)
+    with pytest.raises(ConfigError, match="another user could add an API key"):
+        load_trusted_key_file(str(link))
 
 
 def test_comment_only_file_is_zero_keys(tmp_path):

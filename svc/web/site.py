@@ -102,9 +102,13 @@ def loggable_request_id(value: str | None) -> str:
     return value if value is not None and REQ_ID_RE.fullmatch(value) else "-"
 
 
-#: A parameter (``?name=value``, ``&``- or ``;``-separated, or a ``;name=value`` path parameter); its ``=`` may
-#: come percent-encoded (``?api_key%3D...``), which a lenient server or a proxy reads as a parameter too.
-_PARAMETER = re.compile(r"([?&;])([^=&;#?]*?)(=|%3[dD])([^&;#?]*)")
+#: The start of a parameter (``?name=``, ``&``- or ``;``-separated, a ``;name=`` path parameter, or after a ``#``
+#: a raw target may carry); its ``=`` may come percent-encoded (``?api_key%3D...``), which a lenient server or a
+#: proxy reads as a parameter too.
+_PARAMETER = re.compile(r"([?&;#])([^=&;#?]*?)(=|%3[dD])")
+#: Where a credential's value ends: the next ``&``, ``;`` or ``#``, not a ``?`` (query pairs split at ``&``: a
+#: token may hold a ``?``, and its part after one was written whole).
+_VALUE_END = re.compile(r"[&;#]")
 #: A parameter name that says it holds a credential (``api_key``, ``token``, ``password``, percent-encoded or
 #: not): none of ours does (the service reads credentials from ``Authorization`` only), so it is a client's mistake.
 _CREDENTIAL_NAME = re.compile(r"key|token|secret|passw|auth|bearer|cred|sig", re.I)
@@ -116,8 +120,15 @@ def loggable_path(path: str) -> str:
     and log shippers read."""
     if "=" not in path and "%3d" not in path.lower():
         return path
-    return _PARAMETER.sub(lambda m: f"{m[1]}{m[2]}{m[3]}REDACTED" if _CREDENTIAL_NAME.search(unquote(m[2])) else m[0],
-                          path)
+    out, pos = [], 0
+    while match := _PARAMETER.search(path, pos):
+        out.append(path[pos:match.end()])
+        pos = match.end()  # another parameter's value is read on: a "?token=" inside it is still found
+        if _CREDENTIAL_NAME.search(unquote(match[2])):
+            end = _VALUE_END.search(path, pos)
+            out.append("REDACTED")
+            pos = end.start() if end else len(path)
+    return "".join(out) + path[pos:]
 
 
 def is_ui_poll(request: Any) -> bool:

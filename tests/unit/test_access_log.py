@@ -131,6 +131,11 @@ def test_the_line_reads_method_path_code_duration_key_and_request_id_and_keeps_t
     ("/v1/models/M/infer?api_key%3DSECRETB3", "/v1/models/M/infer?api_key%3DREDACTED"),
     ("/v1/models/M/infer?top_k%3d3&token%3dSECRET", "/v1/models/M/infer?top_k%3d3&token%3dREDACTED"),
     ("/v1/models/M/infer?top_k=3", "/v1/models/M/infer?top_k=3"),
+    # A security probe: the value ran only to a "?" or "#", and what followed was written whole.
+    ("/openapi.json?access_token=abc?def&sig=xyz", "/openapi.json?access_token=REDACTED&sig=REDACTED"),
+    ("/openapi.json?x=1#token=S4", "/openapi.json?x=1#token=REDACTED"),
+    ("/openapi.json?x=1?token=S5&y=2", "/openapi.json?x=1?token=REDACTED&y=2"),
+    ("/a;token=S6;b=1", "/a;token=REDACTED;b=1"),
 ])
 def test_a_credential_like_parameter_is_redacted_whatever_its_equals_sign(path, logged):
     assert loggable_path(path) == logged

@@ -33,7 +33,10 @@ class ConfigError(Exception):
 
     def __init__(self, path: str, key: str | None, problem: str) -> None:
         self.path, self.key, self.problem = path, key, problem
-        where = f"{path}: {key}: " if key else f"{path}: "
+        # A key is the file's text (a table name with an escape sequence or a newline reached a terminal's log
+        # raw, a security probe): shown escaped unless it is printable.
+        shown = key if key is None or key.isprintable() else ascii(key)[1:-1]
+        where = f"{path}: {shown}: " if shown else f"{path}: "
         super().__init__(where + problem)
 
 

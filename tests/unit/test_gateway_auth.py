@@ -124,6 +124,16 @@ def test_a_key_file_another_user_could_write_is_not_used(tmp_path, change, probl
         load_trusted_key_file(str(link))
 
 
+def test_a_key_name_with_control_characters_is_named_escaped(tmp_path):
+    """A security probe: ``[keys."evil\u001b[2J..."]`` reached the gateway's text log with raw escape bytes (the
+    terminal cleared, a fake line written) in its warning."""
+    path = keys_file(tmp_path, '[keys."evil\\u001b[2J\\nFAKE"]\nhash = "' + "a" * 64 + '"\n')
+    with pytest.raises(ConfigError) as e:
+        load_key_file(path)
+    assert str(e.value).startswith(f"{path}: keys.evil\\x1b[2J\\nFAKE: key name must be ")
+    assert str(e.value).isprintable()
+
+
 def test_comment_only_file_is_zero_keys(tmp_path):
     assert load_key_file(keys_file(tmp_path, "# nothing yet\n\n")) == []
 

@@ -25,6 +25,9 @@ ROOT_FIELDS = ("images", "req_id", "params", "options")
 #: Fields of the removed ``{req_id, code, msg, data}`` envelope.
 LEGACY_ENVELOPE_FIELDS = ("code", "msg", "data")
 RAW_TYPES = ("application/octet-stream",)
+#: One image media type, ``image/<subtype>`` of token characters (RFC 9110): ``image/png, application/json`` (two
+#: Content-Type lines, joined) or one with control characters was read as an image by its prefix (a probe).
+IMAGE_TYPE = re.compile(r"image/[0-9a-z!#$%&'*+.^_`|~-]+")
 REQ_ID_RE = re.compile(r"[\x21-\x7e]{1,128}")
 REQ_ID_RULE = "must be 1 to 128 printable ASCII characters without spaces"
 
@@ -81,7 +84,7 @@ class RequestValidator:
             if charset not in ("utf-8", "utf8"):
                 raise ApiError(st.UNSUPPORTED_MEDIA_TYPE, f"JSON bodies must be UTF-8, got charset {charset!r}")
             return self.parse_json(body, headers.get("x-request-id"))
-        if media_type.startswith("image/") or media_type in RAW_TYPES:
+        if IMAGE_TYPE.fullmatch(media_type) or media_type in RAW_TYPES:
             return self.parse_raw(body, headers)
         shown = media_type or "none"
         raise ApiError(

@@ -7,6 +7,7 @@ deadlines and fault containment are driven step by step, without sleeps.
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 from typing import Any
@@ -410,6 +411,20 @@ def test_any_method_token_counts_as_other_and_adds_no_series():
     assert 'service_http_requests_total{code="405",method="other",route="unmatched"} 20.0' in text
     assert 'service_http_requests_total{code="405",method="PATCH",route="unmatched"} 1.0' in text
     assert "ZZQ" not in text
+
+
+@pytest.mark.parametrize("path", [URI, "/jobs"])
+@pytest.mark.parametrize("value", ["image/png, application/json", "image/", "image/png x"])
+def test_a_content_type_that_is_not_one_image_type_is_415_status_60(path, value):
+    """A security probe: two Content-Type lines (joined ``image/png, application/json``) were read as an image by
+    the value's prefix, where a second line is never to be ignored (docs/api.md, HTTP framing)."""
+    server = build_model_server(async_enabled=True)
+    reply = server.call("POST", path, body=base64.b64decode(RED), headers={"Content-Type": value})
+    assert_rejection(reply, 415, 60, f"unsupported content type {value!r}; send application/json (the envelope), "
+                                     "or one image as image/* or application/octet-stream")
+    ok = server.send("POST", path, body=base64.b64decode(RED), headers={"Content-Type": "image/png"})
+    server.workers.release_all()
+    assert server.settle(ok).code == (202 if path == "/jobs" else 200)
 
 
 @pytest.mark.parametrize("path", [URI, "/jobs", "/v2/models/TESTFAULTS/infer"])

@@ -297,7 +297,12 @@ class LimitedChannel(HTTPChannel):
         """A ``Transfer-Encoding`` line that is not exactly ``chunked`` is a 400 and close (RFC 9112 section 6.3:
         chunked must be the final coding).  twisted ignored ``identity``: with a ``Content-Length`` the body was
         framed by it, without one the body was read as the next request; and after a ``chunked`` line it
-        ignored a second ``identity`` line."""
+        ignored a second ``identity`` line.  In an HTTP/1.0 request any ``Transfer-Encoding`` is faulty framing
+        (RFC 9112 section 6.1: 1.0 has none), which was read as chunked (a security probe)."""
+        if header == b"Transfer-Encoding" and getattr(self, "_version", None) == b"HTTP/1.0":
+            self._refuse_unparsable("malformed HTTP request: Transfer-Encoding in an HTTP/1.0 request")
+            self.length = None
+            return False
         if header == b"Transfer-Encoding" and data.lower() != b"chunked":
             self._refuse_unparsable("malformed HTTP request: Transfer-Encoding other than chunked (chunked must be "
                                     "its one and final coding)")

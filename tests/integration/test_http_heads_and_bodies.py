@@ -465,6 +465,18 @@ def test_a_transfer_encoding_other_than_chunked_is_the_process_400(processes, na
 
 
 @pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])
+def test_a_transfer_encoding_in_an_http_1_0_request_is_the_process_400(processes, name):
+    """RFC 9112 section 6.1: HTTP/1.0 has no Transfer-Encoding, so its framing is faulty; it was read as chunked
+    (a security probe)."""
+    port, url, shape = processes[name]
+    reply = raw_exchange(port, b"POST " + POST_PATHS[name] + b" HTTP/1.0\r\nHost: x\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", timeout=5)
+    assert_refusal(reply, b"HTTP/1.1 400 Bad Request", shape, "Transfer-Encoding in an HTTP/1.0 request",
+                   status=(50, "JSON_PARSE_ERROR"))
+    assert_serving(url, name)
+
+
+@pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])
 @pytest.mark.parametrize("head", [b"GET /healthz HTTP/1.1\nHost: x\n\n", b"GET /healthz HTTP/1.1\r\nHost: x\n\n"],
                          ids=["every-line", "after-the-request-line"])
 def test_a_head_with_bare_lf_line_ends_is_the_process_400_at_once(processes, name, head):

@@ -190,6 +190,24 @@ class HungConfig(HungReady):
         return self.inner.request(method, uri, headers, bodyProducer)
 
 
+class HungDocument(HungReady):
+    """The upstream agent, but a model server that answered its ``/ready`` never answers ``/openapi.json``."""
+
+    def request(self, method, uri, headers=None, bodyProducer=None):
+        if uri.endswith(b"/openapi.json"):
+            return Deferred()
+        return self.inner.request(method, uri, headers, bodyProducer)
+
+
+def test_a_document_not_answered_is_502_within_the_metadata_routes_bound(gw):
+    """The metadata route read the model server's document within upstream_recv_timeout_ms (a replicas probe: it
+    waited 12 to 15 s, until the hung replica woke); within the metadata routes' 5 s now."""
+    gw.app.proxy.agent = HungDocument(gw.upstream_agent)
+    reply = answered_after_5_s(gw, "/v2/models/CLS")
+    assert_oip_error(reply, 502)
+    assert reply.json["error"] == "model server CLS: no complete reply within 5000 ms (the metadata routes' bound)"
+
+
 def test_a_configuration_not_answered_is_502_within_the_metadata_routes_bound(gw):
     """The configuration is asked of a ready replica within the 5 s of the metadata routes, not within
     upstream_recv_timeout_ms (180 s: a regression probe's hung model server held the route that long)."""

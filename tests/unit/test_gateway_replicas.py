@@ -104,7 +104,17 @@ class FakeReplica:
     @app.route("/ready", methods=["GET"])
     def ready_route(self, request):
         self.received.append(("GET", request.uri.decode()))
-        return self.reply(request, 200 if self.ready else 503, {"status": 0 if self.ready else 65})
+        if self.ready == "hang":  # SIGSTOPped
+            d = Deferred()
+            self.hanging.append(d)
+            return d
+        return self.reply(request, 200 if self.ready else 503, {"status": 0 if self.ready else 65,
+                                                                 "model": {"version": "v1"}})
+
+    @app.route("/v2/models/CLS/config", methods=["GET"])
+    def config_route(self, request):
+        self.received.append(("GET", request.uri.decode()))
+        return self.reply(request, 200, {"name": "CLS", "replica": self.index})
 
 
 class PortAgent:
@@ -619,3 +629,39 @@ def test_ids_of_the_layout_variables_that_no_config_has_are_named(tmp_path):
 def test_an_upstream_without_replicas_has_one_on_its_port():
     one = Upstream("M", 9000, "/m", False, "t")
     assert one.replicas == (Replica("M", 0, 9000, "t"),)
+
+
+# -- the Open Inference Protocol's readiness with replicas -------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/v2/models/CLS/ready", "/v2/health/ready", "/v2/models/CLS/config"])
+def test_a_hung_replica_does_not_make_a_model_with_a_ready_one_unready(tmp_path, path):
+    """A replicas probe: one replica SIGSTOPped, the /v2 readiness routes asked one replica, the balancer's pick,
+    and half the time it was the hung one: 503 after 5 s while the other served, and the config was asked of
+    whichever replica came next (502 after 5 s).  Every replica is asked at once; the first 200 answers, and
+    the config is the ready replica's."""
+    for seed in range(6):  # the balancer's ties are random: each seed a new draw
+        gw = Gateway(tmp_path, seed=seed)
+        gw.replicas[0].ready = "hang"
+        reply = gw.call("GET", path)  # no clock advanced: at once
+        assert reply.code == 200, (seed, reply.body)
+        if path.endswith("/config"):
+            assert reply.json == {"name": "CLS", "replica": 1}
+            assert ("GET", "/v2/models/CLS/config") not in gw.replicas[0].received
+
+
+def test_a_model_whose_replicas_all_hang_is_not_ready_after_5_s(tmp_path):
+    gw = Gateway(tmp_path)
+    for replica in gw.replicas:
+        replica.ready = "hang"
+    d = gw.call("GET", "/v2/models/CLS/ready", settle=False)
+    box: list = []
+    d.addBoth(lambda r: box.append(r) or r)
+    gw.clock.advance(4.999)
+    gw.agent.flush()
+    gw.client.flush()
+    assert box == []
+    gw.clock.advance(0.001)
+    reply = gw.settle(d)
+    assert reply.code == 503 and reply.json["error"].endswith("(the readiness routes' bound): it is not ready")
+

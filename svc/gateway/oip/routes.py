@@ -34,7 +34,8 @@ from typing import Any
 from urllib.parse import quote
 
 from klein import Klein
-from twisted.internet.defer import ensureDeferred, gatherResults
+from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
+from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 
 from svc import __version__
@@ -42,7 +43,7 @@ from svc.contract import status as st
 from svc.contract.errors import ApiError
 from svc.contract.oip import EXTENSIONS, INPUTS, PLATFORM, PREFIX, SERVER_NAME, ModelShape, shape_from_document
 from svc.contract.protocol import OPENAPI_PATH, READY_PATH
-from svc.gateway.catalog import Upstream
+from svc.gateway.catalog import Replica, Upstream
 from svc.web.declare import route
 from svc.web.oip import translate
 from svc.web.oip.replies import ok as _ok
@@ -99,32 +100,61 @@ class OipRoutes:
     async def oip_model_is_ready(self: Any, request: Any, upstream: Upstream) -> bool:
         """Whether a replica of ``upstream`` answers its ``/ready`` with 200 (a refusal or a failure: not)."""
         try:
-            reply = await self.oip_ask_ready(request, upstream)
+            reply, _ = await self.oip_ask_ready(request, upstream)
         except ApiError:
             return False
         return reply.code == 200
 
-    async def oip_ask_ready(self: Any, request: Any, upstream: Upstream) -> Any:
-        """A replica's reply to ``/ready``, within :data:`READY_TIMEOUT_S`: a hung model server (its one replica
-        SIGSTOPped) held the ready and metadata routes for ``upstream_recv_timeout_ms`` (180 s), longer than any
-        readiness probe waits, and answered 502.  No answer in time, or none at all, is 503: not ready.  A model
-        server not running is the answer to the question, not an upstream error (``probe``)."""
+    async def oip_ask_ready(self: Any, request: Any, upstream: Upstream) -> tuple[Any, Replica | None]:
+        """A ready replica's reply to ``/ready`` and that replica, else the last answer (and None).
+
+        Each replica is asked at once, within :data:`READY_TIMEOUT_S` (a hung model server, its one replica
+        SIGSTOPped, held the ready and metadata routes for ``upstream_recv_timeout_ms``, 180 s, and answered
+        502); the first 200 answers.  One replica asked alone, as the balancer picks for a request, was the
+        hung one half the time in the second before the gateway's probe marked it down: 503 after 5 s while
+        the other served (a replicas probe).  No answer in time, or none at all, is 503: not ready.  A model
+        server not running is the answer to the question, not an upstream error (``probe``).  The metadata
+        and config routes ask the replica found here, the one known to answer."""
+        if len(upstream.replicas) == 1:
+            return await self.oip_ask_replica(request, upstream, None), None
+        result: Deferred[tuple[Any, Replica | None]] = Deferred()
+        waiting = [len(upstream.replicas)]
+
+        def answered(outcome: Any, replica: Replica) -> None:
+            waiting[0] -= 1
+            if result.called:
+                return  # an answer after the first 200, or after the last one was given
+            if not isinstance(outcome, Failure) and outcome.code == 200:
+                result.callback((outcome, replica))
+            elif waiting[0] == 0:
+                result.errback(outcome) if isinstance(outcome, Failure) else result.callback((outcome, None))
+
+        for replica in upstream.replicas:
+            ensureDeferred(self.oip_ask_replica(request, upstream, replica)).addBoth(answered, replica)
+        return await result
+
+    async def oip_ask_replica(self: Any, request: Any, upstream: Upstream, replica: Replica | None) -> Any:
+        """``replica``'s reply to ``/ready`` (None: the one the balancer picks) within :data:`READY_TIMEOUT_S`;
+        a 502 (no answer in time, a lost connection) is the ApiError of 503, not ready."""
         try:
             return await self.forwarder.exchange(request, upstream, "ready", READY_PATH, Headers(), None, method=b"GET",
-                                                 timeout_s=READY_TIMEOUT_S, timeout_name="the readiness routes' bound",
-                                                 probe=True)
+                                                 replica=replica, timeout_s=READY_TIMEOUT_S,
+                                                 timeout_name="the readiness routes' bound", probe=True)
         except ApiError as e:
             if e.status is not st.BAD_GATEWAY:
                 raise
             raise ApiError(st.NOT_READY, f"{e.message}: it is not ready") from None
 
-    async def oip_shape(self: Any, request: Any, upstream: Upstream) -> ModelShape:
-        """The model's tensors, from its model server's document, read on every metadata request: a model
+    async def oip_shape(self: Any, request: Any, upstream: Upstream, replica: Replica | None) -> ModelShape:
+        """The model's tensors, from its model server's document (``replica``'s, one that answered its ``/ready``,
+        within the metadata routes' bound: it was asked of any replica for ``upstream_recv_timeout_ms``, and a
+        hung one held the route until it woke), read on every metadata request: a model
         restarted with another ``[model]`` table declares other outputs (a ``max_top_k`` that reaches its classes
         makes ``DATA`` ``PROBABILITIES``), and the gateway's metadata named the first process's outputs until the
         gateway itself restarted.  The document is parsed again only when its bytes changed."""
         reply = await self.forwarder.exchange(request, upstream, "openapi", OPENAPI_PATH, Headers(), None,
-                                              method=b"GET")
+                                              method=b"GET", replica=replica, timeout_s=READY_TIMEOUT_S,
+                                              timeout_name="the metadata routes' bound")
         if reply.code != 200:
             raise upstream_error(reply)
         known = self.oip_shapes.get(upstream.id)
@@ -137,20 +167,22 @@ class OipRoutes:
         self.oip_shapes[upstream.id] = (reply.body, shape)
         return shape
 
-    async def oip_version(self: Any, request: Any, upstream: Upstream, version: str | None) -> str:
-        """The version the model serves, from a ready replica (503 when none is); 404 for another ``version``."""
-        reply = await self.oip_ask_ready(request, upstream)
+    async def oip_version(self: Any, request: Any, upstream: Upstream,
+                          version: str | None) -> tuple[str, Replica | None]:
+        """The version the model serves, from a ready replica (503 when none is; 404 for another ``version``),
+        and that replica."""
+        reply, replica = await self.oip_ask_ready(request, upstream)
         if reply.code != 200:
             raise upstream_error(reply)
         served = str(json.loads(reply.body).get("model", {}).get("version", ""))
         translate.check_version(upstream.id, version, served)
-        return served
+        return served, replica
 
     async def oip_model_metadata(self: Any, request: Any, model_id: str, version: str | None = None) -> bytes:
         request_id(request)
         upstream = self.upstream(request, model_id)
-        served = await self.oip_version(request, upstream, version)
-        shape = await self.oip_shape(request, upstream)
+        served, replica = await self.oip_version(request, upstream, version)
+        shape = await self.oip_shape(request, upstream, replica)
         return _ok(request, {"name": model_id, "versions": [served], "platform": PLATFORM,
                              "inputs": [s.to_json() for s in INPUTS], "outputs": [s.to_json() for s in shape.outputs]})
 
@@ -164,15 +196,16 @@ class OipRoutes:
         """What a ready replica's model server says of its serving (svc.modelserver.oip_route: its batching,
         workers and mode, which the gateway does not know).  As the metadata route: 503 unless a replica answers
         its ``/ready`` within :data:`READY_TIMEOUT_S` (a hung model server held this route for
-        ``upstream_recv_timeout_ms``, 180 s, and answered 502), then the configuration within the same bound."""
+        ``upstream_recv_timeout_ms``, 180 s, and answered 502), then that replica's configuration within the
+        same bound."""
         request_id(request)
         upstream = self.upstream(request, model_id)
-        ready = await self.oip_ask_ready(request, upstream)
+        ready, replica = await self.oip_ask_ready(request, upstream)
         if ready.code != 200:
             raise upstream_error(ready)
         reply = await self.forwarder.exchange(request, upstream, "oip_config", _model_path(upstream, version, "config"),
-                                              Headers(), None, method=b"GET", timeout_s=READY_TIMEOUT_S,
-                                              timeout_name="the metadata routes' bound")
+                                              Headers(), None, method=b"GET", replica=replica,
+                                              timeout_s=READY_TIMEOUT_S, timeout_name="the metadata routes' bound")
         if reply.code != 200:
             raise upstream_error(reply)
         return _ok(request, json.loads(reply.body))

@@ -106,9 +106,10 @@ def loggable_request_id(value: str | None) -> str:
 #: a raw target may carry); its ``=`` may come percent-encoded (``?api_key%3D...``), which a lenient server or a
 #: proxy reads as a parameter too.
 _PARAMETER = re.compile(r"([?&;#])([^=&;#?]*?)(=|%3[dD])")
-#: Where a credential's value ends: the next ``&``, ``;`` or ``#``, not a ``?`` (query pairs split at ``&``: a
-#: token may hold a ``?``, and its part after one was written whole).
-_VALUE_END = re.compile(r"[&;#]")
+#: Where a credential's value ends in the query: the next ``&``, ``;`` or ``#``, not a ``?`` (query pairs split at
+#: ``&``: a token may hold a ``?``, and its part after one was written whole); a path parameter's ends at the
+#: query's ``?`` too.
+_VALUE_END, _PATH_VALUE_END = re.compile(r"[&;#]"), re.compile(r"[&;#?]")
 #: A parameter name that says it holds a credential (``api_key``, ``token``, ``password``, percent-encoded or
 #: not): none of ours does (the service reads credentials from ``Authorization`` only), so it is a client's mistake.
 _CREDENTIAL_NAME = re.compile(r"key|token|secret|passw|auth|bearer|cred|sig", re.I)
@@ -120,12 +121,12 @@ def loggable_path(path: str) -> str:
     and log shippers read."""
     if "=" not in path and "%3d" not in path.lower():
         return path
-    out, pos = [], 0
+    out, pos, query = [], 0, path.find("?")
     while match := _PARAMETER.search(path, pos):
         out.append(path[pos:match.end()])
         pos = match.end()  # another parameter's value is read on: a "?token=" inside it is still found
         if _CREDENTIAL_NAME.search(unquote(match[2])):
-            end = _VALUE_END.search(path, pos)
+            end = (_PATH_VALUE_END if 0 <= pos <= query else _VALUE_END).search(path, pos)
             out.append("REDACTED")
             pos = end.start() if end else len(path)
     return "".join(out) + path[pos:]

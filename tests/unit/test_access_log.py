@@ -136,6 +136,7 @@ def test_the_line_reads_method_path_code_duration_key_and_request_id_and_keeps_t
     ("/openapi.json?x=1#token=S4", "/openapi.json?x=1#token=REDACTED"),
     ("/openapi.json?x=1?token=S5&y=2", "/openapi.json?x=1?token=REDACTED&y=2"),
     ("/a;token=S6;b=1", "/a;token=REDACTED;b=1"),
+    ("/healthz;api_key=S7?x=1&token=S8?9", "/healthz;api_key=REDACTED?x=1&token=REDACTED"),  # a path parameter
 ])
 def test_a_credential_like_parameter_is_redacted_whatever_its_equals_sign(path, logged):
     assert loggable_path(path) == logged

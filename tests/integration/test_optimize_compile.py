@@ -31,7 +31,8 @@ def test_compile_builds_a_package_once_and_a_second_load_reads_it(tmp_path, monk
     assert report.line.endswith("; compiled packages: 1 built, 0 loaded from the cache)")
     [package] = (tmp_path / "compiled").glob("net-compile-*.pt2")
     assert json.loads(package.with_suffix(".json").read_text()) == {  # 2 x max_batch_size
-        "batches": [1, 8], "sha256": {package.name: hashlib.sha256(package.read_bytes()).hexdigest()}}
+        "batches": [1, 8], "made_for": "TESTFAULTS",  # for svcctl cache list
+        "sha256": {package.name: hashlib.sha256(package.read_bytes()).hexdigest()}}
     for n in (1, 2, 3, 5):  # one program for every batch size
         assert torch.allclose(model.means(uint8_tensors(n)), eager[:n], atol=1e-3)
 

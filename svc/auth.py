@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 import re
 import secrets
 from collections.abc import Mapping
@@ -155,6 +156,10 @@ def load_key_file(path: str) -> list[KeyEntry]:
     return entries
 
 
+class UntrustedKeyFile(ConfigError):
+    """A key file that another user could have written (:func:`load_trusted_key_file`)."""
+
+
 def load_trusted_key_file(path: str) -> list[KeyEntry]:
     """:func:`load_key_file` for the gateway that accepts its keys: a file another user could have written (owned
     by another user but root, or writable by its group or others, :mod:`svc.infra.trust`) raises ConfigError, as
@@ -162,8 +167,8 @@ def load_trusted_key_file(path: str) -> list[KeyEntry]:
     edits the file with :func:`load_key_file` alone: root edits the service user's file."""
     problem = file_problem(path)
     if problem:
-        raise ConfigError(path, None, f"{problem}: another user could add an API key to it; make it this user's "
-                                      "(or root's) and writable by its owner only (chmod 600)")
+        raise UntrustedKeyFile(path, None, f"{problem}: another user could add an API key to it; give it to this "
+                                           f"user (uid {os.getuid()}) or root, writable by its owner only (chmod 600)")
     return load_key_file(path)
 
 

@@ -168,10 +168,10 @@ class Forwarder:
         after ``upstream_recv_timeout_ms`` (a replicas probe).
 
         ``probe``: the question is whether the model runs (the readiness
-        routes), so a model server not running is its answer, not a failed
-        exchange: ``upstream_errors_total{kind="unreachable"}`` is not counted
-        (a load balancer's probe of a stopped model raised it every few
-        seconds, as if the model failed while it was stopped on purpose).
+        routes), so a model server not running or not answering is its
+        answer, not a failed exchange: ``upstream_errors_total`` is not
+        counted, nor a failure logged (a load balancer's probe of a stopped
+        or hung model raised it every few seconds).
         """
         method = method or request.method
         tried: list[Replica] = []
@@ -232,9 +232,10 @@ class Forwarder:
                                          f"({e}): it is out of file descriptors or local ports; try again",
                            headers={"Retry-After": "1"}) from None
         except UpstreamFailed as e:
-            self.metrics.upstream_errors.labels(upstream.id, replica, e.kind).inc()
-            log.warn("{model} replica {replica}: upstream failure on {path}: {error}", model=upstream.id,
-                     replica=replica, path=path, error=str(e))
+            if not probe:  # a probe's failure (a hung replica, each time it is asked) is its answer: not ready
+                self.metrics.upstream_errors.labels(upstream.id, replica, e.kind).inc()
+                log.warn("{model} replica {replica}: upstream failure on {path}: {error}", model=upstream.id,
+                         replica=replica, path=path, error=str(e))
             raise ApiError(st.BAD_GATEWAY, f"model server {upstream.id}: {e}") from None
         finally:
             if counted:

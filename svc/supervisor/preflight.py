@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from svc.auth import cluster_problem, load_trusted_key_file, separate_tokens_problem
+from svc.auth import UntrustedKeyFile, cluster_problem, load_trusted_key_file, separate_tokens_problem
 from svc.config import ConfigError, ModelServerConfig, load_model_server_config
 from svc.supervisor.config import SupervisorConfig, load_supervisor_config
 
@@ -90,10 +90,12 @@ def key_file_problem(path: str) -> str | None:
     except ConfigError as e:
         if e.problem == "file not found":
             return None
+        fix = ("fix its owner or mode as said" if isinstance(e, UntrustedKeyFile) else
+               "fix the file (svcctl keys list checks its entries), or empty it to run on the static token alone")
         return (f"the key file cannot be used ({e}): a gateway started on it would run in static-token mode and "
                 "refuse every API key, so none is started (a gateway still running, if any, keeps serving with "
-                "the keys it loaded); fix the file (svcctl keys list checks it), or empty it to run on the static "
-                "token alone")
+                f"the keys it loaded); {fix}, then start or restart the gateway (the web UI, or POST "
+                "/api/v1/servers/__gateway/restart)")
     return None
 
 

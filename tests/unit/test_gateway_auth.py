@@ -114,8 +114,8 @@ def test_a_key_file_another_user_could_write_is_not_used(tmp_path, change, probl
     assert [k.name for k in load_key_file(path)] == ["a"]  # svcctl keys edits it (root edits the service user's)
     with pytest.raises(ConfigError) as e:
         load_trusted_key_file(path)
-    assert e.value.problem == (f"{problem}: another user could add an API key to it; make it this user's (or "
-                               "root's) and writable by its owner only (chmod 600)")
+    assert e.value.problem == (f"{problem}: another user could add an API key to it; give it to this user (uid "
+                               f"{os.getuid()}) or root, writable by its owner only (chmod 600)")
     setup = decide({**ENV, "SERVICE_GATEWAY_AUTH_TOKEN": "tok"}, path)
     assert setup.mode == "static-token" and setup.warnings[0].startswith(f"the key file cannot be used ({e.value})")
     link = tmp_path / "link.toml"  # a link to it is judged by its target too

@@ -648,6 +648,36 @@ def test_a_hung_replica_does_not_make_a_model_with_a_ready_one_unready(tmp_path,
         if path.endswith("/config"):
             assert reply.json == {"name": "CLS", "replica": 1}
             assert ("GET", "/v2/models/CLS/config") not in gw.replicas[0].received
+        gw.clock.advance(5)  # the hung replica's question times out: its answer, not an upstream error
+        gw.agent.flush()
+        assert "service_gateway_upstream_errors_total{" not in gw.metrics()
+
+
+def test_a_replica_the_gateway_knows_is_down_is_not_asked_while_another_is_ready(tmp_path):
+    """A regression probe: each /v2 readiness request asked a replica the gateway's probe had marked down (hung),
+    and counted its timeout 5 s later, an upstream error per request of a load balancer's probe."""
+    gw = Gateway(tmp_path)
+    gw.replicas[0].ready = "hang"
+    gw.balancer.probed(gw.catalog.by_id["CLS"].replicas[0], False)
+    assert gw.call("GET", "/v2/models/CLS/ready").code == 200
+    assert gw.replicas[0].received == [] and gw.replicas[0].hanging == []
+    gw.balancer.probed(gw.catalog.by_id["CLS"].replicas[1], False)  # none ready to the probe: every one is asked
+    assert gw.call("GET", "/v2/models/CLS/ready").code == 200
+    assert gw.replicas[0].received == [("GET", "/ready")]
+
+
+def test_a_model_whose_replicas_are_all_stopped_is_not_ready_said_as_the_models(tmp_path):
+    """The readiness question asks each replica by name, and the forwarder's words for that are a job's ("replica
+    1, which holds the job, is not reachable"): the model's words instead."""
+    gw = Gateway(tmp_path)
+    for port in PORTS[:2]:
+        gw.agent.failures[port] = ConnectionRefusedError()
+    for path in ("/v2/models/CLS/ready", "/v2/models/CLS/config", "/v2/models/CLS"):
+        reply = gw.call("GET", path)
+        assert (reply.code, reply.json) == (503, {"error": "model server CLS: no replica is running"}), path
+    reply = gw.call("GET", "/v2/health/ready")
+    assert (reply.code, reply.json["error"].split(" (")[0]) == (503, "not every model is ready: CLS")
+    assert "service_gateway_upstream_errors_total{" not in gw.metrics()
 
 
 def test_a_model_whose_replicas_all_hang_is_not_ready_after_5_s(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from twisted.internet.error import ProcessDone
@@ -54,9 +55,22 @@ def test_a_key_file_with_a_bad_entry_is_refused_a_missing_or_empty_one_is_not(tm
         f"the key file cannot be used ({keys}: keys.bob.rate_limit_qps: must be an integer, got float 0.5): a "
         "gateway started on it would run in static-token mode and refuse every API key, so none is started (a "
         "gateway still running, if any, keeps serving with the keys it loaded); fix the file (svcctl keys list "
-        "checks it), or empty it to run on the static token alone")
+        "checks its entries), or empty it to run on the static token alone, then start or restart the gateway "
+        "(the web UI, or POST /api/v1/servers/__gateway/restart)")
     keys.write_text("[keys.alice\n")
     assert key_file_problem(str(keys)).startswith(f"the key file cannot be used ({keys}: ")
+    # One that another user could write: the advice is its owner or mode (a regression probe: it said to empty
+    # it, which left it refused, and that svcctl keys list checks it, which reads only its entries).
+    keys.write_text("")
+    os.chmod(keys, 0o664)
+    assert key_file_problem(str(keys)) == (
+        f"the key file cannot be used ({keys}: is writable by other users (mode 664): another user could add an "
+        f"API key to it; give it to this user (uid {os.getuid()}) or root, writable by its owner only (chmod 600)): "
+        "a gateway started on it would run in static-token mode and refuse every API key, so none is started (a "
+        "gateway still running, if any, keeps serving with the keys it loaded); fix its owner or mode as said, then "
+        "start or restart the gateway (the web UI, or POST /api/v1/servers/__gateway/restart)")
+    os.chmod(keys, 0o600)
+    assert key_file_problem(str(keys)) is None
 
 
 def test_a_refused_restart_leaves_the_running_process_alone(tmp_path):

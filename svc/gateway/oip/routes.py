@@ -117,8 +117,10 @@ class OipRoutes:
         and config routes ask the replica found here, the one known to answer."""
         if len(upstream.replicas) == 1:
             return await self.oip_ask_replica(request, upstream, None), None
+        # Those the gateway's own probe finds ready (a hung one is asked again only when no other is ready).
+        asked = [r for r in upstream.replicas if self.balancer.is_ready(r)] or list(upstream.replicas)
         result: Deferred[tuple[Any, Replica | None]] = Deferred()
-        waiting = [len(upstream.replicas)]
+        waiting = [len(asked)]
 
         def answered(outcome: Any, replica: Replica) -> None:
             waiting[0] -= 1
@@ -129,18 +131,21 @@ class OipRoutes:
             elif waiting[0] == 0:
                 result.errback(outcome) if isinstance(outcome, Failure) else result.callback((outcome, None))
 
-        for replica in upstream.replicas:
+        for replica in asked:
             ensureDeferred(self.oip_ask_replica(request, upstream, replica)).addBoth(answered, replica)
         return await result
 
     async def oip_ask_replica(self: Any, request: Any, upstream: Upstream, replica: Replica | None) -> Any:
         """``replica``'s reply to ``/ready`` (None: the one the balancer picks) within :data:`READY_TIMEOUT_S`;
-        a 502 (no answer in time, a lost connection) is the ApiError of 503, not ready."""
+        a 502 (no answer in time, a lost connection) is the ApiError of 503, not ready, and so is a replica not
+        running, said as the model's (the forwarder's words for a replica asked by name are a job's)."""
         try:
             return await self.forwarder.exchange(request, upstream, "ready", READY_PATH, Headers(), None, method=b"GET",
                                                  replica=replica, timeout_s=READY_TIMEOUT_S,
                                                  timeout_name="the readiness routes' bound", probe=True)
         except ApiError as e:
+            if e.status is st.NOT_READY and replica is not None:
+                raise ApiError(st.NOT_READY, f"model server {upstream.id}: no replica is running") from None
             if e.status is not st.BAD_GATEWAY:
                 raise
             raise ApiError(st.NOT_READY, f"{e.message}: it is not ready") from None

@@ -133,7 +133,7 @@ class Engine:
             self.on_phase(f"choosing the execution mode (backend.optimize {self.optimize})")
             self.optimization = optimize_model(model, self.factory.category, self.device, self.optimize,
                                                warmup_batch, self.factory.catalog_id, self.workers,
-                                               phase=self.on_phase)
+                                               phase=self.on_phase, config=self.model_config)
         self.on_phase(f"warming up (a batch of {warmup_batch})")
         if self.factory.needs_image:
             # Exercise the decode path too, so the first request pays no lazy imports.

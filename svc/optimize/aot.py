@@ -69,9 +69,14 @@ def package_key(module: Any, example: tuple, device: str, mode_name: str) -> str
     """The hex SHA-256 of what decides the compiled program of ``module`` on ``example``."""
     import torch
 
+    from svc.optimize import cache
+
     h = hashlib.sha256()
     cpu = torch.backends.cpu.get_cpu_capability() if device == "cpu" else torch.cuda.get_device_name()
-    h.update(f"{mode_name}|{torch.__version__}|{device}|{cpu}\n".encode())
+    h.update(f"{mode_name}|{torch.__version__}|{device}|{cpu}|{cache.KEY_CONTEXT}\n".encode())
+    # Each class by its qualified name, not its file alone: two classes of one file with the same weights' shapes
+    # (another model of the same plugin module) shared a key, and one served the other's converted code.
+    h.update(" ".join(sorted({f"{type(m).__module__}.{type(m).__qualname__}" for m in module.modules()})).encode())
     for name, tensor in list(module.state_dict(keep_vars=False).items()):
         h.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}:{tuple(tensor.stride())}\n".encode())
         h.update(_tensor_bytes(tensor))

@@ -52,6 +52,11 @@ INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 #: records say so, for ``svcctl cache list`` (artefact names say only the target, ``net-openvino-...``).  Not part
 #: of any key: two models of the same network and weights share an artefact, named for the one that made it.
 MADE_FOR = ""
+#: What of this process's model decides its targets besides their weights, buffers and code: a digest of its
+#: ``[model]`` table (set by ``svc.optimize.select`` for its run; part of every artefact's key, aot.package_key).
+#: A plugin may keep a config value as a plain attribute that its forward reads: a restart with another value
+#: read the artefact converted with the old one, and served its results (a plugin author's probe).
+KEY_CONTEXT = ""
 
 
 def state_dir(env: Mapping[str, str] | None = None) -> Path:

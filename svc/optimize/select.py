@@ -30,9 +30,11 @@ which the service logs.  A model without targets, or ``eager``, costs nothing.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,8 +82,11 @@ class Optimizer:
 
     def __init__(self, model: Any, category: str, device: str, setting: str, batch: int, model_id: str = "",
                  apply: Callable[..., Any] | None = None, timer: Callable[..., float] = timed_ms,
-                 workers: int = 1, phase: Callable[[str], None] | None = None, choices: Path | None = None) -> None:
+                 workers: int = 1, phase: Callable[[str], None] | None = None, choices: Path | None = None,
+                 config: Mapping[str, Any] | None = None) -> None:
         """``apply``/``timer``: the functions that apply a mode and time targets (tests inject failures).
+        ``config``: the model's ``[model]`` table, part of every key of its artefacts and choice (a plugin may
+        keep a value of it as an attribute its forward reads).
 
         ``workers``: the inference threads that will call the targets at once (a compiled package gets
         as many runners).  ``choices``: the folder of ``auto``'s records (:mod:`svc.optimize.choices`);
@@ -96,6 +101,7 @@ class Optimizer:
         self.setting = setting
         self.batch = max(1, batch)
         self.model_id = model_id
+        self.config_digest = hashlib.sha256(json.dumps(config or {}, sort_keys=True, default=str).encode()).hexdigest()
         self.apply = apply or apply_mode
         self.timer = timer
         self.phase = phase or (lambda text: None)  # what the load is doing, for the model server's /ready
@@ -108,7 +114,7 @@ class Optimizer:
         from svc.optimize import cache
 
         started = time.perf_counter()
-        cache.MADE_FOR = self.model_id
+        cache.MADE_FOR, cache.KEY_CONTEXT = self.model_id, self.config_digest
         try:
             return self._run(started)
         except Exception as e:  # noqa: BLE001 - the reference run or the targets failed: serve eager
@@ -123,7 +129,7 @@ class Optimizer:
             report.outcomes.append(Outcome(EAGER_MODE, problem=_problem(e), detail=traceback.format_exc()))
             return report
         finally:
-            cache.MADE_FOR = ""
+            cache.MADE_FOR = cache.KEY_CONTEXT = ""
 
     def _run(self, started: float) -> Report:
         report = Report(self.setting)
@@ -380,7 +386,8 @@ class Optimizer:
 
 
 def optimize_model(model: Any, category: str, device: str, setting: str, batch: int, model_id: str = "",
-                   workers: int = 1, phase: Callable[[str], None] | None = None) -> Report:
+                   workers: int = 1, phase: Callable[[str], None] | None = None,
+                   config: Mapping[str, Any] | None = None) -> Report:
     """Apply ``setting`` (``backend.optimize``) to a built model; the report of what runs now.
 
     ``workers``: the inference threads that will run batches at once; ``phase`` is told, in a line, which
@@ -390,4 +397,4 @@ def optimize_model(model: Any, category: str, device: str, setting: str, batch: 
     from svc.optimize.choices import choices_dir
 
     return Optimizer(model, category, device, setting, batch, model_id, workers=workers, phase=phase,
-                     choices=choices_dir()).run()
+                     choices=choices_dir(), config=config).run()

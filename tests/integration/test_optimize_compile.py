@@ -157,3 +157,20 @@ def test_a_package_that_does_not_load_leaves_no_folder_behind(tmp_path, monkeypa
     # (torch's import may make its own torchinductor_<user> there: not a package's)
     assert [p.name for p in scratch.iterdir() if p.name.startswith(("svc-aot-", "aotinductor_"))] == []
     assert os.environ.get("TMPDIR") != str(scratch) and not os.environ.get("TMPDIR", "").startswith(str(scratch))
+
+
+def test_a_changed_model_table_converts_again_and_an_unchanged_one_reads_the_cache(tmp_path, monkeypatch):
+    """A plugin author's probe: a [model] value the network keeps as a plain attribute changed, and the restart
+    read the model converted with the old value (its results silently the old ones).  The table is in the key."""
+    monkeypatch.setenv("SERVICE_STATE_DIR", str(tmp_path))
+
+    def start(config: dict) -> str:
+        report = optimize_model(NetFaultModel(), "classification", "cpu", "onnxruntime", 4, "TESTFAULTS",
+                                config=config)
+        assert report.mode == "onnxruntime", report.line
+        return report.line.split("converted models: ")[1]
+
+    assert start({"seed": 1}) == "1 converted, 0 read from the cache)"
+    assert start({"seed": 1}) == "0 converted, 1 read from the cache)"
+    assert start({"seed": 1, "scale": 5.0}) == "1 converted, 0 read from the cache)"
+

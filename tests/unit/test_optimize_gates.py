@@ -278,3 +278,40 @@ def test_a_package_key_follows_the_weights_the_mode_and_the_input_shapes():
     with torch.no_grad():
         net[0].bias.add_(1e-6)
     assert key != aot.package_key(net, x, "cpu", "compile")
+
+
+class _Scaled(torch.nn.Module):
+    """A plugin's network whose forward reads a plain attribute set from its ``[model]`` table."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 2, 3)
+        self.scale = scale
+
+    def forward(self, x):
+        return self.conv(x) * self.scale
+
+
+class _Noisy(_Scaled):
+    """Another class of the same file with the same weights' shapes (another model of one plugin module)."""
+
+    def forward(self, x):
+        return self.conv(x) + 1.0
+
+
+def test_a_package_key_follows_the_model_table_and_each_class_not_only_its_file(monkeypatch):
+    """A plugin author's probe: a [model] value kept as a plain attribute (not a buffer) changed, and a restart
+    served the artefact converted with the old one; and a second model whose class sits in the same file as the
+    first's, with the same weights, read the first's artefact."""
+    from svc.optimize import cache
+
+    torch.manual_seed(0)
+    scaled = _Scaled()
+    noisy = _Noisy()
+    noisy.load_state_dict(scaled.state_dict())
+    x = (torch.zeros(2, 3, 8, 8),)
+    key = aot.package_key(scaled, x, "cpu", "onnxruntime")
+    assert key != aot.package_key(noisy, x, "cpu", "onnxruntime")
+    monkeypatch.setattr(cache, "KEY_CONTEXT", "another [model] table's digest")
+    assert key != aot.package_key(scaled, x, "cpu", "onnxruntime")
+

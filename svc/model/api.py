@@ -9,6 +9,7 @@ Nothing in ``svc`` names a model.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
@@ -237,6 +238,25 @@ def model_config(factory: IModelFactory, table: dict, config_path: str, *, files
 
 
 _WARNED: set[str] = set()  # the broken plugin modules this process has logged (once each: the scan runs per config)
+#: Per catalog id, the source file of the module that gave its factory, as it was when this process imported it
+#: (path, mtime in ns, size): :func:`plugin_edited`.
+_IMPORTED: dict[str, tuple[str, int, int]] = {}
+
+
+def _stamp(path: str) -> tuple[str, int, int]:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return path, -1, -1
+    return path, info.st_mtime_ns, info.st_size
+
+
+def plugin_edited(catalog_id: str) -> bool:
+    """Whether the plugin file that gave ``catalog_id``'s factory changed since this process imported it: a
+    process keeps the code it imported, and a new process imports the file as it is now (the supervisor checked
+    an edited config against its old copy of an edited plugin, and refused a key the new code takes)."""
+    known = _IMPORTED.get(catalog_id)
+    return known is not None and _stamp(known[0]) != known
 
 
 def _scan() -> tuple[dict[str, IModelFactory], dict[str, list[str]], dict[str, str]]:
@@ -274,6 +294,8 @@ def _scan() -> tuple[dict[str, IModelFactory], dict[str, list[str]], dict[str, s
                 continue
             seen.add(id(value))  # one factory imported into a second module is still one plugin
             factory = IModelFactory(value)
+            if getattr(loaded, "__file__", None):
+                _IMPORTED.setdefault(factory.catalog_id, _stamp(loaded.__file__))
             modules.setdefault(factory.catalog_id, []).append(module.name)
             found.setdefault(factory.catalog_id, factory)
     clashes = {cid: sorted(names) for cid, names in modules.items() if len(names) > 1}

@@ -104,6 +104,25 @@ def test_the_plugins_model_keys_are_checked_too(tmp_path):
         "try again")
 
 
+def test_an_edited_plugin_is_the_new_processs_to_judge(tmp_path, monkeypatch):
+    """A plugin author's probe: a [model] key added to an edited plugin's schema was refused by the supervisor,
+    which checked the config against the copy of the plugin it imported at its start ("unknown key"), while the
+    model server it would start imports the file as it is now.  The check is left to that process then."""
+    from svc.model import api
+
+    path = tmp_path / "TESTFAULTS.toml"
+    path.write_text('id = "TESTFAULTS"\nport = 9300\nserver_uri = "/faults"\n[model]\nseed = 1\n')
+    config = load_model_server_config(str(path))
+    path.write_text(path.read_text() + "new_key = 2\n")
+    assert "unknown key 'new_key'" in model_config_problem(config)
+    plugin = tmp_path / "plugin.py"  # stands for the plugin's file, as imported
+    plugin.write_text("# version 1\n")
+    monkeypatch.setitem(api._IMPORTED, "TESTFAULTS", api._stamp(str(plugin)))
+    assert not api.plugin_edited("TESTFAULTS") and "unknown key 'new_key'" in model_config_problem(config)
+    plugin.write_text("# version 2, whose schema takes new_key\n")
+    assert api.plugin_edited("TESTFAULTS") and model_config_problem(config) is None
+
+
 def test_a_restart_checks_once_before_its_stop_not_again_at_its_start(tmp_path):
     m, _ = weights_manager(tmp_path, "demo")
     child, reactor = m.children["AAA"], m.reactor

@@ -73,8 +73,10 @@ def holds_weights(chosen: Mode) -> bool:
 
 
 def _problem(e: BaseException) -> str:
+    """One line of ``e``: its type and first line; a known condition's text alone (``said_whole``: no gate)."""
     text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0][:160] if text else ''}".rstrip(": ")
+    name = "" if getattr(e, "said_whole", False) else f"{type(e).__name__}: "
+    return f"{name}{text[0][:160] if text else ''}".rstrip(": ")
 
 
 class Optimizer:
@@ -94,11 +96,8 @@ class Optimizer:
         """
         from svc.optimize.apply import apply_mode
 
-        self.workers = workers
-        self.model = model
-        self.category = category
-        self.device = device
-        self.setting = setting
+        self.workers, self.model, self.category = workers, model, category
+        self.device, self.setting = device, setting
         self.batch = max(1, batch)
         self.model_id = model_id
         self.config_digest = hashlib.sha256(json.dumps(config or {}, sort_keys=True, default=str).encode()).hexdigest()

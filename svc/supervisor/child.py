@@ -55,12 +55,12 @@ class Child:
         self.spec, self.reactor, self.probe, self.logs = spec, reactor, probe, logs
         self.timing, self.killer, self.port_free = timing, killer, port_free
         self.kill_grace = timing.stop_grace  # how long a stopping process may take after SIGTERM before SIGKILL
-        self.state, self.ready = STOPPED, False
+        self.state, self.ready, self.restarts = STOPPED, False, 0
         self.pid: int | None = None
-        self.restarts = 0
         self.started_at: float | None = None
         self.last_error: str | None = None  # why the last start or run failed
-        self.last_exit: str | None = None
+        self.last_exit: str | None = None  # how its process last exited, and when (reactor seconds):
+        self.exited_at: float | None = None
         self.phase: str | None = None  # what a starting child says it does (its /ready's 503 reason)
         self._protocol: ChildProtocol | None = None
         self.backoff = Backoff(timing)
@@ -247,7 +247,7 @@ class Child:
         self._kill_timer = None
         code = 0 if isinstance(reason, ProcessDone) else getattr(reason, "exitCode", None)
         sig = None if isinstance(reason, ProcessDone) else getattr(reason, "signal", None)
-        self.last_exit = spawn.describe_exit(reason)
+        self.last_exit, self.exited_at = spawn.describe_exit(reason), self.reactor.seconds()
         ran = self.reactor.seconds() - (self.started_at or self.reactor.seconds())
         self.pid = None
         self.ready = False

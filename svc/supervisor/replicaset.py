@@ -174,8 +174,9 @@ class ReplicaSet:
         runs); ``ready`` is true when any replica is ready (the model serves);
         ``pid`` is null (each replica has its own); ``restarts`` is the sum;
         ``uptime_s`` is the shortest among the replicas that are up;
-        ``last_error``, ``last_exit`` and ``phase`` are the first replica's that has one,
-        prefixed ``replica <n>:``.
+        ``last_error`` and ``last_exit`` are those of the replica that exited last (a replica killed now was
+        shown with another's exit of an earlier rolling restart, a replicas probe), and ``phase`` the first
+        replica's that has one, each prefixed ``replica <n>:``.
         """
         snaps = [c.snapshot() for c in self.children]
         if len(snaps) == 1:
@@ -187,14 +188,19 @@ class ReplicaSet:
         def first(field: str) -> str | None:
             return next((f"replica {i}: {s[field]}" for i, s in enumerate(snaps) if s[field]), None)
 
+        def latest(field: str) -> str | None:
+            found = [(c.exited_at or 0.0, -i, f"replica {i}: {s[field]}")
+                     for i, (c, s) in enumerate(zip(self.children, snaps, strict=True)) if s[field]]
+            return max(found)[2] if found else None
+
         return {
             "state": state,
             "ready": any(s["ready"] for s in snaps),
             "pid": None,
             "restarts": sum(s["restarts"] for s in snaps),
             "uptime_s": min(uptimes) if uptimes else None,
-            "last_error": first("last_error"),
-            "last_exit": first("last_exit"),
+            "last_error": latest("last_error"),
+            "last_exit": latest("last_exit"),
             "policy": snaps[0]["policy"],
             "phase": first("phase"),
         }

@@ -267,6 +267,18 @@ def test_status_lists_the_replicas_under_their_model_with_an_honest_aggregate(tm
     assert aaa["restarts"] == 1
 
 
+def test_the_aggregate_says_the_exit_of_the_replica_that_exited_last(tmp_path):
+    """A replicas probe: replica 1 was killed, and the model said replica 0's exit of an earlier restart (the
+    first replica's that had one)."""
+    m, reactor, probe, kills = start_two(tmp_path)
+    end(m.children["AAA.0"], 3)
+    reactor.advance(5)  # respawned
+    end(m.children["AAA.1"], None, signal.SIGKILL)
+    aaa = {s["id"]: s for s in m.status_view()["servers"]}["AAA"]
+    assert [r["last_exit"] for r in aaa["replicas"]] == ["exit code 3", "killed by signal 9"]
+    assert aaa["last_exit"] == "replica 1: killed by signal 9" and aaa["last_error"].startswith("replica 1: killed")
+
+
 def test_aggregate_state_when_no_replica_runs(tmp_path):
     m, reactor, probe, kills = manager(tmp_path, TWO)
     aaa = m.sets["AAA"]

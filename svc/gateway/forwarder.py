@@ -236,7 +236,8 @@ class Forwarder:
                 self.metrics.upstream_errors.labels(upstream.id, replica, e.kind).inc()
                 log.warn("{model} replica {replica}: upstream failure on {path}: {error}", model=upstream.id,
                          replica=replica, path=path, error=str(e))
-            raise ApiError(st.BAD_GATEWAY, f"model server {upstream.id}: {e}") from None
+            which = f" replica {target.index}" if len(upstream.replicas) > 1 else ""  # which one failed (a probe)
+            raise ApiError(st.BAD_GATEWAY, f"model server {upstream.id}{which}: {e}") from None
         finally:
             if counted:
                 self.balancer.finished(target)

@@ -381,6 +381,9 @@ def test_a_transport_failure_is_502_and_never_retried(gw):
     assert (reply.code, reply.json["status"]) == (502, 502)
     assert len(gw.agent.requests) == 1
     assert "upstream_retries_total{" not in gw.metrics()
+    # It names the replica that failed (a replicas probe: "model server CLS: ..." said neither).
+    index = PORTS.index(gw.agent.requests[0][0])
+    assert reply.json["error"].startswith(f"model server CLS replica {index}: "), reply.json
 
 
 def test_when_every_replica_refuses_it_is_503_not_running(gw):

@@ -34,9 +34,9 @@ class ConfigError(Exception):
     def __init__(self, path: str, key: str | None, problem: str) -> None:
         self.path, self.key, self.problem = path, key, problem
         # A key is the file's text (a table name with an escape sequence or a newline reached a terminal's log
-        # raw, a security probe): shown escaped unless it is printable.
-        shown = key if key is None or key.isprintable() else ascii(key)[1:-1]
-        where = f"{path}: {shown}: " if shown else f"{path}: "
+        # raw, a security probe), and a path may hold such characters too: shown escaped unless printable.
+        shown, named = (v if v is None or v.isprintable() else ascii(v)[1:-1] for v in (key, path))
+        where = f"{named}: {shown}: " if shown else f"{named}: "
         super().__init__(where + problem)
 
 

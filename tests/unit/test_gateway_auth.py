@@ -132,6 +132,11 @@ def test_a_key_name_with_control_characters_is_named_escaped(tmp_path):
         load_key_file(path)
     assert str(e.value).startswith(f"{path}: keys.evil\\x1b[2J\\nFAKE: key name must be ")
     assert str(e.value).isprintable()
+    odd = tmp_path / "keys\x1b[31m.toml"  # a path with them (the regression probe's doubt)
+    odd.write_text("[keys.a\n")
+    with pytest.raises(ConfigError) as e:
+        load_key_file(str(odd))
+    assert str(e.value).startswith(f"{tmp_path}/keys\\x1b[31m.toml: not valid TOML") and str(e.value).isprintable()
 
 
 def test_comment_only_file_is_zero_keys(tmp_path):

@@ -33,6 +33,7 @@ never from the command line, and is never printed.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -79,8 +80,9 @@ def _openapi(args: argparse.Namespace) -> int:
 
     try:
         return doc.main([f"--{args.mode}"], prog=f"svcctl: openapi {args.mode}", write_command="svcctl openapi write")
-    except ConfigError as e:  # run outside the checkout: conf/server and openapi/ are relative to it
-        print(f"svcctl: openapi {args.mode}: {e} (run it in the checkout)", file=sys.stderr)
+    except ConfigError as e:  # run outside the checkout (conf/server and openapi/ are relative to it), or a bad file
+        hint = "" if os.path.isdir(os.path.join("conf", "server")) else " (run it in the checkout)"
+        print(f"svcctl: openapi {args.mode}: {e}{hint}", file=sys.stderr)
         return 2
 
 

@@ -68,7 +68,7 @@ def test_a_gateway_port_that_is_no_port_is_one_line_and_exit_2(checkout, capsys)
     service = checkout / "conf" / "service.toml"
     service.write_text(service.read_text().replace("port = 8080", 'port = "8080"', 1))
     assert run(capsys, "check") == (2, [], ["svcctl: openapi check: conf/service.toml: gateway.port: must be a "
-                                            "port number from 1 to 65535, got '8080' (run it in the checkout)"])
+                                            "port number from 1 to 65535, got '8080'"])  # in the checkout: no hint to run it there
 
 
 def test_write_regenerates_the_committed_bytes(checkout, capsys):

@@ -669,6 +669,17 @@ def test_a_replica_the_gateway_knows_is_down_is_not_asked_while_another_is_ready
     assert gw.replicas[0].received == [("GET", "/ready")]
 
 
+def test_with_none_ready_a_replicas_own_answer_is_given_before_a_failure(tmp_path):
+    """One replica loading (its 503 with the reason), the other stopped: the reply is the model server's own
+    words, whichever answer came last (a failure said "no replica is running" while one was loading)."""
+    for stopped in (0, 1):
+        gw = Gateway(tmp_path)
+        gw.replicas[1 - stopped].ready = False
+        gw.agent.failures[PORTS[stopped]] = ConnectionRefusedError()
+        reply = gw.call("GET", "/v2/models/CLS/ready")
+        assert (reply.code, reply.json) == (503, {"error": "service not ready"}), stopped  # the loading one's
+
+
 def test_a_model_whose_replicas_are_all_stopped_is_not_ready_said_as_the_models(tmp_path):
     """The readiness question asks each replica by name, and the forwarder's words for that are a job's ("replica
     1, which holds the job, is not reachable"): the model's words instead."""

@@ -121,15 +121,19 @@ class OipRoutes:
         asked = [r for r in upstream.replicas if self.balancer.is_ready(r)] or list(upstream.replicas)
         result: Deferred[tuple[Any, Replica | None]] = Deferred()
         waiting = [len(asked)]
+        replies: list[Any] = []
+        failures: list[Failure] = []
 
         def answered(outcome: Any, replica: Replica) -> None:
             waiting[0] -= 1
             if result.called:
-                return  # an answer after the first 200, or after the last one was given
+                return  # an answer after the first 200
             if not isinstance(outcome, Failure) and outcome.code == 200:
                 result.callback((outcome, replica))
-            elif waiting[0] == 0:
-                result.errback(outcome) if isinstance(outcome, Failure) else result.callback((outcome, None))
+                return
+            (failures if isinstance(outcome, Failure) else replies).append(outcome)
+            if waiting[0] == 0:  # none ready: a model server's own answer (503 loading) says more than a failure
+                result.callback((replies[-1], None)) if replies else result.errback(failures[-1])
 
         for replica in asked:
             ensureDeferred(self.oip_ask_replica(request, upstream, replica)).addBoth(answered, replica)

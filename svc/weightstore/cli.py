@@ -206,8 +206,10 @@ def _model_variant(model_id: str, name: str | None) -> tuple[Any, Any] | None:
 
 
 def _cached(factory: Any, variant: Any) -> bool:
-    """Whether ``variant`` is cached with every file of its record there at its size (the pull then checks
-    their digests and fetches nothing that matches); a damaged variant is fetched again, so it is not."""
+    """Whether ``variant`` is cached with every file of its record there and matching its digest: a damaged
+    variant is fetched again, so it is not, and it is in the plan and under the licence question as a pull.
+    (Sizes alone said a file with a flipped byte was cached: the plan said nothing would be fetched, and the
+    pull then fetched an AGPL-3.0 file that no one had accepted, a weights probe.)  The pull hashes them again."""
     from svc.weightstore.cache import RecordError, read_record
     from svc.weightstore.check import record_problems
 
@@ -215,7 +217,7 @@ def _cached(factory: Any, variant: Any) -> bool:
         record = read_record(factory.catalog_id, variant.name)
     except RecordError:
         return False
-    return record is not None and not record_problems(record, digests=False)
+    return record is not None and not record_problems(record)
 
 
 def _pull(args: argparse.Namespace) -> int:
@@ -226,12 +228,13 @@ def _pull(args: argparse.Namespace) -> int:
     if chosen is None:
         return EXIT_USAGE
     failures = 0
-    for line in plan_lines((f, v, _cached(f, v)) for f, v in chosen):
+    cached = [_cached(f, v) for f, v in chosen]  # once: it reads every cached file
+    for line in plan_lines((f, v, c) for (f, v), c in zip(chosen, cached, strict=True)):
         print(line, file=sys.stderr)  # stdout says what is cached where; this is what is about to happen
     sys.stderr.flush()
-    for factory, variant in chosen:
+    for (factory, variant), is_cached in zip(chosen, cached, strict=True):
         name = f"{factory.catalog_id} {variant.name}"
-        if not _cached(factory, variant) and not accepted(
+        if not is_cached and not accepted(
                 variant, args.accept, terminal_question(sys.stdin, sys.stderr, name)):
             _fail(f"{name}: licence {variant.license} not accepted, nothing pulled: pass --accept-licence "
                   f"{variant.license} to pull it")

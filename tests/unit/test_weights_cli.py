@@ -641,6 +641,21 @@ def test_a_pull_says_its_size_and_licences_first_and_needs_a_non_permissive_one_
     assert code == 0, err
     assert read_record("MOBILENETV2", "AGPL") is not None
     assert "MOBILENETV2 FIXTURE_V2: already cached and verified" in out
+    # A weights probe: one byte flipped (the same size) made a damaged variant "cached: checked, not fetched" in
+    # the plan, and the pull then fetched it again without the licence accepted.
+    cached = variant_dir("MOBILENETV2", "AGPL") / read_record("MOBILENETV2", "AGPL").weights
+    data = bytearray(cached.read_bytes())
+    data[0] ^= 0xFF
+    cached.write_bytes(bytes(data))
+    before = len(source.requests)
+    code = cli.main(["weights", "pull", "MOBILENETV2:AGPL"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.splitlines() == [
+        f"Pull: 1 of 1 variant(s) to fetch, {size} in all; licences: AGPL-3.0",
+        f"  MOBILENETV2 AGPL: {size}; licence AGPL-3.0  (needs acceptance)",
+        "svcctl: MOBILENETV2 AGPL: licence AGPL-3.0 not accepted, nothing pulled: pass --accept-licence AGPL-3.0 to "
+        "pull it"]
+    assert len(source.requests) == before and cached.read_bytes() == bytes(data)  # nothing fetched
 
 
 def test_the_licence_question_on_a_terminal(monkeypatch):

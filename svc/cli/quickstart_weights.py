@@ -104,15 +104,19 @@ def run_pull(specs: list[str], accept: tuple[str, ...] = ()) -> int:
 
 
 def is_cached(spec: str, env: dict[str, str] | None = None) -> bool:
-    """Whether ``MODEL:VARIANT`` is in the weights cache (its record and what it loads exist; the model server
-    checks the sizes, ``svcctl weights verify`` the digests)."""
-    from svc.weightstore.cache import RecordError, cached_weights
+    """Whether ``MODEL:VARIANT`` is in the weights cache as its model server will accept it: its record, and
+    every file it lists at its size (what the model server checks at start; ``svcctl weights verify`` the
+    digests).  A damaged variant counted as cached: it was served, and its model failed to start, where a
+    missing one is pulled or runs on demo weights (a weights probe)."""
+    from svc.weightstore.cache import RecordError, read_record
+    from svc.weightstore.check import record_problems
 
     model_id, _, name = spec.partition(":")
     try:
-        return cached_weights(model_id, name, env) is not None
+        record = read_record(model_id, name, env)
     except RecordError:
         return False
+    return record is not None and not record_problems(record, env, digests=False)
 
 
 def fetch_missing(

@@ -116,6 +116,19 @@ def test_pull_downloads_through_the_mirror_with_progress_and_records(source, cap
     assert out == f"MOBILENETV2 FIXTURE_V2: already cached and verified: {directory / FILENAME}\n"
 
 
+def test_the_quick_start_counts_a_damaged_variant_as_not_cached(source, capsys):
+    """A weights probe: a truncated cached file was "cached, nothing to pull" to the quick start, which served it,
+    and the model failed its start; judged as its model server judges it, it is pulled or runs on demo."""
+    from svc.cli.quickstart_weights import is_cached
+
+    assert svcctl(capsys, "pull", "MOBILENETV2")[0] == 0
+    assert is_cached("MOBILENETV2:FIXTURE_V2")
+    path = variant_dir("MOBILENETV2", "FIXTURE_V2") / FILENAME
+    path.write_bytes(path.read_bytes()[:1000])
+    assert not is_cached("MOBILENETV2:FIXTURE_V2")
+    assert not is_cached("MOBILENETV2:TOFU")
+
+
 def test_mirror_replaces_scheme_and_host():
     env = {"SERVICE_WEIGHTS_MIRROR": "http://mirror.internal:8000/pytorch/"}
     assert mirrored("https://download.pytorch.org/models/a-1.pth", env) == \

@@ -37,7 +37,14 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def _fail(message: str) -> None:
-    print(f"svcctl: {message}", file=sys.stderr)
+    """One line on stderr: what it names (a user's file name, a stray file in the cache) may hold a newline or a
+    terminal escape, which broke the line or cleared the screen (a weights probe): shown escaped."""
+    print(f"svcctl: {_escaped(message)}", file=sys.stderr)
+
+
+def _escaped(text: str) -> str:
+    """``text`` with each character that is not printable written as Python writes it in a string (``\\n``)."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def add_parser(sub: Any) -> None:
@@ -277,7 +284,7 @@ def _import(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     for note in stored.notes:
         print(note)
-    print(f"{factory.catalog_id} {variant.name}: imported: {_weights_path(stored.record)}")
+    print(_escaped(f"{factory.catalog_id} {variant.name}: imported: {_weights_path(stored.record)}"))
     return EXIT_OK
 
 
@@ -295,7 +302,7 @@ def _verify() -> int:
     bad = {line.split(":", 1)[0] for line in problems}
     for record in records:
         if f"{record.model} {record.variant}" not in bad:
-            print(f"{record.model} {record.variant}: ok ({len(record.files)} files)")
+            print(_escaped(f"{record.model} {record.variant}: ok ({len(record.files)} files)"))
     if not records:
         print(f"no cached variants in {root}")
     return EXIT_FAILED if problems else EXIT_OK

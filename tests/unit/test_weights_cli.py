@@ -390,6 +390,12 @@ def test_verify_finds_a_tampered_file(source, capsys, tmp_path):
     path.unlink()
     code, _, err = svcctl(capsys, "verify")
     assert code == 1 and err == f"svcctl: MOBILENETV2 FIXTURE_V2: {path}: missing\n"
+    # A stray file named with a newline and a terminal escape: one line, escaped (it cleared the screen).
+    assert svcctl(capsys, "pull", "MOBILENETV2")[0] == 0
+    stray = path.parent / "x\ny\x1b[2J"
+    stray.write_bytes(b"?")
+    code, _, err = svcctl(capsys, "verify")
+    assert code == 1 and len(err.splitlines()) == 1 and "\x1b" not in err and "x\\ny\\x1b[2J" in err, err
 
 
 def test_list_json_says_what_is_cached(source, capsys):

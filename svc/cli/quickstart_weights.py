@@ -73,7 +73,8 @@ def source_hosts(variants: list[Any], env: dict[str, str]) -> list[tuple[str, in
     fetches it (through ``SERVICE_WEIGHTS_MIRROR`` when set); the proxy's when ``HTTPS_PROXY``/``HTTP_PROXY``
     applies to that URL (``NO_PROXY`` aside)."""
     from svc.weightstore.catalog import HubSource
-    from svc.weightstore.fetch import mirrored, proxy_for
+    from svc.weightstore.fetch import mirrored
+    from svc.weightstore.proxies import proxy_for
 
     hosts: list[tuple[str, int]] = []
     for variant in variants:

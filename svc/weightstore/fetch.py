@@ -10,8 +10,8 @@ place: this module never produces a file that looks complete.
 
 Proxies: ``https_proxy``/``HTTPS_PROXY``, ``http_proxy``/``HTTP_PROXY`` and
 ``no_proxy``/``NO_PROXY`` are honoured as hub pulls (huggingface_hub) honour
-them: an https URL goes through a CONNECT tunnel (TLS to the host itself), a
-plain http URL is asked of the proxy by its absolute URL.
+them (:mod:`svc.weightstore.proxies` decides which): an https URL goes through a CONNECT tunnel (TLS to the
+host itself), a plain http URL is asked of the proxy by its absolute URL.
 
 ``SERVICE_WEIGHTS_MIRROR`` is a base URL that replaces the scheme and host of
 every URL fetched here: ``https://host/path`` is fetched as
@@ -37,6 +37,7 @@ from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 from svc import __version__
 from svc.weightstore.commit import cache_trouble
+from svc.weightstore.proxies import proxy_for
 
 MIRROR_ENV = "SERVICE_WEIGHTS_MIRROR"
 #: Seconds a connect or a single read may take before the pull gives up (the .part stays for a resume).
@@ -182,32 +183,6 @@ class Progress:
         else:
             self.stream.write(text + "\n")
         self.stream.flush()
-
-
-def proxy_for(url: str, env: Mapping[str, str] | None = None) -> str | None:
-    """The proxy URL a request for ``url`` goes through, or None for a direct connection.
-
-    The variables curl, requests and huggingface_hub read: ``https_proxy`` or
-    ``http_proxy`` for the URL's scheme (the lowercase name first, then the
-    uppercase), unless ``no_proxy``/``NO_PROXY`` names the host (a suffix, a
-    ``host:port``, or ``*``), as ``urllib.request`` matches it.
-    """
-    # Undocumented, and so missing from typeshed's urllib.request; it is what urlopen's proxy handling uses.
-    from urllib.request import proxy_bypass_environment  # type: ignore[attr-defined]
-
-    env = os.environ if env is None else env
-
-    def first(name: str) -> str:
-        return (env.get(name.lower()) or env.get(name.upper()) or "").strip()
-
-    parts = urlsplit(url)
-    proxy = first(f"{parts.scheme}_proxy")
-    if not proxy:
-        return None
-    skip = first("no_proxy")
-    if skip and proxy_bypass_environment(parts.netloc, {"no": skip}):
-        return None
-    return proxy if "://" in proxy else f"http://{proxy}"
 
 
 def _connect(url: str, timeout: float, env: Mapping[str, str] | None = None) -> tuple[http.client.HTTPConnection, str]:

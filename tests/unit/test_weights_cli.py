@@ -727,9 +727,11 @@ def test_a_file_pull_goes_through_http_proxy_with_its_credentials(source, proxy,
     assert (variant_dir("MOBILENETV2", "FIXTURE_V2") / FILENAME).read_bytes() == BODY
 
 
-def test_no_proxy_keeps_a_pull_direct(source, proxy, capsys, monkeypatch):
+@pytest.mark.parametrize("no_proxy", ["example.org,127.0.0.1", "10.0.0.0/8, 127.0.0.0/8"], ids=["host", "network"])
+def test_no_proxy_keeps_a_pull_direct(source, proxy, capsys, monkeypatch, no_proxy):
+    """A network (``127.0.0.0/8``) too, as hub pulls honour it (a weights probe: file pulls went to the proxy)."""
     monkeypatch.setenv("http_proxy", proxy.url)
-    monkeypatch.setenv("NO_PROXY", "example.org,127.0.0.1")
+    monkeypatch.setenv("NO_PROXY", no_proxy)
     code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
     assert code == 0, err
     assert proxy.requests == []

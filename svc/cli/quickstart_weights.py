@@ -177,7 +177,8 @@ def fetch_missing(
             demo[model_id] = why[spec]
             print(f"Pretrained weights: {model_id} starts on demo weights: {why[spec]}.", file=out, flush=True)
     if demo:
-        print("  (svcctl weights pull, then restart, to switch)", file=out, flush=True)
+        print("  (svcctl weights pull, then restart the quick start, to switch: a model's own restart keeps "
+              "its demo weights)", file=out, flush=True)
     return demo
 
 
@@ -191,6 +192,7 @@ def uncached_outside_profile(root: str, wanted: str, env: dict[str, str], out: A
     missing = [spec.partition(":")[0] for spec, _ in pretrained_pulls(root, wanted, outside=True) if not cached(spec)]
     if missing:
         print(f"Pretrained weights: {', '.join(missing)} (not in the profile) not cached: started from the web UI "
-              "or the API, they run on demo weights (svcctl weights pull MODEL, then restart, to switch).",
+              "or the API, they run on demo weights (svcctl weights pull MODEL, then restart the quick start, to "
+              "switch).",
               file=out, flush=True)
     return {model_id: "not cached, and not in the profile" for model_id in missing}

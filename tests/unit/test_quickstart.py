@@ -89,7 +89,7 @@ def test_models_outside_the_profile_without_their_cached_variant_start_on_demo_w
     assert demo == dict.fromkeys(["DDIM", "SAM_AMG", "YOLOV8"], "not cached, and not in the profile")
     assert out.getvalue() == ("Pretrained weights: DDIM, SAM_AMG, YOLOV8 (not in the profile) not cached: started "
                               "from the web UI or the API, they run on demo weights (svcctl weights pull MODEL, then "
-                              "restart, to switch).\n")
+                              "restart the quick start, to switch).\n")
     assert uncached_outside_profile(root, "demo", {}, out, cached=pytest_fail) == {}
 
 
@@ -134,7 +134,8 @@ def test_only_the_missing_variants_are_pulled_when_their_sources_answer():
     assert out == "Pulling the pretrained weights of the profile: LDM:celebahq-256 YOLOV8:n\n"
 
 
-SWITCH = "  (svcctl weights pull, then restart, to switch)\n"
+# Which restart (a weights probe: a model's restart from the UI kept its demo weights, --demo-models stays).
+SWITCH = "  (svcctl weights pull, then restart the quick start, to switch: a model's own restart keeps its demo weights)\n"
 
 
 def test_offline_each_missing_model_falls_back_alone_with_why():

@@ -27,7 +27,7 @@ Each model server gets the profile's weights choice as ``--weights``
 file at each spawn (a ``[model] weights`` edited before a restart is what the
 restart runs), and the catalog and status views say per model whether it
 runs on demo, pretrained or file weights, read from the configs only (the
-supervisor never imports torch).
+supervisor never imports torch): a ready replica's, else the last start's.
 """
 
 from __future__ import annotations
@@ -257,8 +257,12 @@ class ChildManager:
                 return _twist(MODEL_PROGRAM, "--server", model.path, "--device", self.profile.device,
                               *(("--weights", flag) if flag else ()), "--port", str(port))
 
-            def argv_now(argv: Callable[[str | None], list[str]] = argv) -> list[str]:
-                return argv(self._weights_flag(model))  # the config file read again at each spawn
+            info = {"config": model, "model": model.id, "replica": i, "gpu": gpu, "cpus": cpus}
+
+            def argv_now(argv: Callable[[str | None], list[str]] = argv, info: dict = info) -> list[str]:
+                flag = self._weights_flag(model)  # the config file read again at each spawn
+                info["weights"] = self.weights[model.id][1]  # what this replica's process loads
+                return argv(flag)
 
             specs.append(ChildSpec(
                 name=replica_name(model.id, i, len(ports)),
@@ -270,7 +274,7 @@ class ChildManager:
                 ready_path=READY_PATH,
                 policy=settings.restart,
                 cwd=cwd,
-                info={"config": model, "model": model.id, "replica": i, "gpu": gpu, "cpus": cpus},
+                info=info,
             ))
         return specs
 
@@ -369,7 +373,7 @@ class ChildManager:
             "port": model.children[0].spec.port,
             "async": config.async_enabled,
             "in_profile": config.id in self.profile.models,
-            "weights": dict(self.weights[config.id][1]),
+            "weights": dict(model.serving("weights") or self.weights[config.id][1]),
         }
 
     def catalog_view(self) -> list[dict[str, Any]]:

@@ -166,6 +166,13 @@ class ReplicaSet:
                                                 "last_exit", "phase")}})
         return out
 
+    def serving(self, key: str) -> Any:
+        """``info[key]`` of the first ready replica's spec (None when none is ready or has it): what the model
+        serves, where the last start attempt may have loaded something else (a replica that failed to start on
+        a weights file while another served demo weights showed the model as "file", a UI probe)."""
+        return next((c.spec.info.get(key) for c in self.children if c.ready and c.spec.info.get(key) is not None),
+                    None)
+
     def snapshot(self) -> dict[str, Any]:
         """The model's status fields: its one child's, or an aggregate of its replicas.
 

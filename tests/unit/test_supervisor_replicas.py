@@ -279,6 +279,28 @@ def test_the_aggregate_says_the_exit_of_the_replica_that_exited_last(tmp_path):
     assert aaa["last_exit"] == "replica 1: killed by signal 9" and aaa["last_error"].startswith("replica 1: killed")
 
 
+def test_the_models_weights_are_what_a_ready_replica_loaded_not_the_last_attempt(tmp_path):
+    """A UI probe: replica 1 restarted on a weights file that is missing failed its start while replica 0 served
+    demo weights, and the model showed "file" (the UI hid its demo-weights banner)."""
+    m, reactor, probe, kills = start_two(tmp_path)
+
+    def weights() -> dict:
+        return {s["id"]: s for s in m.status_view()["servers"]}["AAA"]["weights"]
+
+    assert weights() == {"kind": "demo", "variant": None}
+    config = tmp_path / "AAA.toml"
+    config.write_text(config.read_text() + '[model]\nweights = "/missing.pth"\n')
+    replica = m.children["AAA.1"]
+    restarting = results(m.sets["AAA"].replica(1).restart())
+    end(replica, 0)  # the old process's exit: the new one spawns
+    reactor.advance(0.1)
+    assert m.weights["AAA"][1]["kind"] == "file"  # the attempt's, read from the edited file at its spawn
+    end(replica, 1)  # it refuses: no such file
+    assert replica.state == START_FAILED and restarting and m.children["AAA.0"].ready
+    assert weights() == {"kind": "demo", "variant": None}  # what replica 0 serves
+    assert m.catalog_view()[0]["weights"] == {"kind": "demo", "variant": None}
+
+
 def test_aggregate_state_when_no_replica_runs(tmp_path):
     m, reactor, probe, kills = manager(tmp_path, TWO)
     aaa = m.sets["AAA"]

@@ -157,9 +157,13 @@ export function fillRow(row, s, port, members) {
 }
 
 // A process's last error: a fault while it is not running; once it runs again (respawned after a crash, the
-// API keeps `last_error`), shown muted as what happened before, not in red as a fault of now.
+// API keeps `last_error`), shown muted as what happened before, not in red as a fault of now.  A model of
+// several replicas says whose error it is ("replica 1: ..."): that replica's state decides, not the model's
+// (a replica that could not start was shown muted, "earlier:", while the other kept the model running).
 export function showLastError(el, s) {
-  const earlier = Boolean(s.last_error) && s.state === "running";
+  const named = /^replica (\d+): /.exec(s.last_error || "");
+  const owner = named && (s.replicas || []).find((r) => String(r.index) === named[1]);
+  const earlier = Boolean(s.last_error) && (owner || s).state === "running";
   el.textContent = s.last_error ? `${earlier ? "earlier: " : ""}${s.last_error}` : "";
   el.title = earlier ? `running again since: ${s.last_error}` : s.last_error || "";
   el.classList.toggle("earlier", earlier);

@@ -224,7 +224,12 @@ export async function runJob(m, body, params, id) {
   while (!TERMINAL.includes(current.state)) {
     const polled = await gateway(`${job.poll_url}/wait?timeout=1000`);
     if (!isCurrent(id)) return;
-    if (polled.status !== 200) { show(m, polled, params); return; }
+    if (polled.status !== 200) { // lost with its model server (502, 503, 404): not running any more, no ETA
+      badge($("#job-state"), `unknown (HTTP ${polled.status})`);
+      $("#job-eta").textContent = $("#job-eta").textContent.replace(/ · about .* left$/, "");
+      show(m, polled, params);
+      return;
+    }
     current = polled.body;
     badge($("#job-state"), current.state);
     $("#job-elapsed").textContent = `${(current.elapsed_ms / 1000).toFixed(1)} s`;

@@ -413,6 +413,35 @@ def test_a_job_shows_its_progress_bar_and_eta(page, logged_in, stack, picture):
         page.unroute("**/v1/models/TESTFAULTS/jobs/*/wait*")
 
 
+def test_a_job_lost_with_its_model_server_stops_saying_it_runs(page, logged_in, stack, picture):
+    """A UI probe: DDPM killed at step 323, the error was shown, but the job line stayed "running · step 323 of
+    1000 · about 4.3 s left" for good. The wait's 502 ends the line: no state it no longer has, no time left."""
+    answers = iter([200])
+
+    def then_lost(route):
+        job_id = route.request.url.split("/jobs/")[1].split("/")[0]
+        if next(answers, 502) == 200:
+            body = {"job_id": job_id, "state": "running", "elapsed_ms": 3000.0, "progress": {"step": 3, "steps": 12}}
+        else:
+            body = {"status": 502, "status_str": "BAD_GATEWAY", "task_id": job_id, "results": [],
+                    "error": "model server TESTFAULTS: closed the connection without answering"}
+        route.fulfill(status=200 if "progress" in body else 502, content_type="application/json",
+                      body=json.dumps(body), headers={"Access-Control-Allow-Origin": "*"})
+
+    page.route("**/v1/models/TESTFAULTS/jobs/*/wait*", then_lost)
+    try:
+        choose(page, "TESTFAULTS")
+        page.set_input_files("#try-file", str(picture))
+        expect(page.locator("#try-preview")).to_be_visible()
+        page.fill("#try-params", '{"sleep_ms": 200}')
+        page.click("#try-run")
+        expect(page.locator("#try-error")).to_contain_text("closed the connection without answering")
+        expect(page.locator("#job-state")).to_have_text("unknown (HTTP 502)")
+        expect(page.locator("#job-eta")).to_have_text("step 3 of 12")
+    finally:
+        page.unroute("**/v1/models/TESTFAULTS/jobs/*/wait*")
+
+
 def test_under_load_the_charts_show_traffic(page, logged_in, stack, picture):
     body = {"images": [b64(image_bytes(width=32, height=32, seed=3))]}
     deadline = time.monotonic() + 60

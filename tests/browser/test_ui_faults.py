@@ -651,6 +651,44 @@ def test_a_process_running_again_shows_its_last_error_muted_as_earlier(browser, 
     close(page)
 
 
+def test_a_replicas_current_fault_is_not_muted_while_another_replica_runs(browser, stack):
+    """A UI probe: replica 1 could not start while replica 0 kept the model running, and the model's row showed
+    replica 1's error muted, "earlier:", as a fault of the past. The replica the error names decides."""
+    page = new_page(browser)
+
+    def replica_failed(route):
+        response = route.fetch()
+        body = response.json()
+        for server in body["servers"]:
+            if server["id"] == "MOBILENETV2":
+                first = server["replicas"][0]
+                second = {**first, "index": 1, "name": "MOBILENETV2.1", "port": first["port"] + 100,
+                          "state": "start_failed", "ready": False, "pid": None,
+                          "last_error": "could not start: no such file"}
+                server["replicas"] = [{**first, "name": "MOBILENETV2.0"}, second]
+                server["last_error"] = "replica 1: could not start: no such file"
+        route.fulfill(response=response, json=body)
+
+    page.route("**/api/v1/status", replica_failed)
+    log_in(page, stack)
+    cell = row(page, "MOBILENETV2").locator(".last-error")
+    expect(cell).to_have_text("replica 1: could not start: no such file")
+    expect(cell).not_to_have_class(re.compile(r"\bearlier\b"))
+    expect(cell).to_have_css("color", "rgb(169, 50, 38)")  # --bad
+    close(page)
+
+
+def test_a_long_action_error_wraps_inside_the_page(browser, stack):
+    """A UI probe: a 500's reason of 3,000 characters without a space (a weights path) made the page 23,554 px wide:
+    the action message did not wrap where the gateway's error box did."""
+    page = new_page(browser, width=1280)
+    log_in(page, stack)
+    page.evaluate("""() => { const m = document.querySelector("#action-message");
+                             m.hidden = false; m.textContent = "x".repeat(3000); }""")
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= 1280
+    close(page)
+
+
 #: WCAG 2.1's contrast ratio of an element's text against the first background behind it that is not transparent.
 CONTRAST = """(el) => {
   const rgb = (c) => c.match(/[\\d.]+/g).map(Number);

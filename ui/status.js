@@ -206,7 +206,8 @@ export function weightsLabel(id) {
 export async function act(target, action, button, replica) {
   const one = replica !== undefined;
   const label = (target === "__gateway" ? "gateway" : target) + (one ? ` replica ${replica}` : "");
-  const message = $("#action-message");
+  // Said beside the button that asked it: a refused gateway restart was told below the model table, out of view.
+  const message = $(target === "__gateway" ? "#gateway-message" : "#action-message");
   if (stale()) { // its buttons are disabled (setOffline): an action sent now would run whenever it woke
     message.className = "error";
     message.textContent = `${label}: not sent: the supervisor cannot be reached; try again once it answers`;

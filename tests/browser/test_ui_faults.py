@@ -678,6 +678,26 @@ def test_a_replicas_current_fault_is_not_muted_while_another_replica_runs(browse
     close(page)
 
 
+def test_a_refused_gateway_restart_is_said_beside_its_button(browser, stack):
+    """A UI probe: the reason of a refused gateway restart (a key file another user could write) was shown below
+    the model table, out of view, while the gateway's panel kept saying "running · ready"."""
+    page = new_page(browser)
+    reason = "the key file cannot be used (keys.toml: is writable by other users (mode 666): ...)"
+
+    def refused(route):
+        route.fulfill(status=500, content_type="application/json; charset=utf-8",
+                      body=json.dumps({"ok": False, "error": reason}))
+
+    page.route("**/api/v1/servers/__gateway/restart", refused)
+    log_in(page, stack)
+    page.click('#gateway-panel button[data-action="restart"]')
+    message = page.locator("#gateway-panel #gateway-message")
+    expect(message).to_have_text(f"gateway: restart failed: {reason}")
+    expect(message).to_have_class("error")
+    expect(page.locator("#action-message")).to_have_text("")
+    close(page)
+
+
 def test_a_long_action_error_wraps_inside_the_page(browser, stack):
     """A UI probe: a 500's reason of 3,000 characters without a space (a weights path) made the page 23,554 px wide:
     the action message did not wrap where the gateway's error box did."""

@@ -238,25 +238,35 @@ def model_config(factory: IModelFactory, table: dict, config_path: str, *, files
 
 
 _WARNED: set[str] = set()  # the broken plugin modules this process has logged (once each: the scan runs per config)
-#: Per catalog id, the source file of the module that gave its factory, as it was when this process imported it
-#: (path, mtime in ns, size): :func:`plugin_edited`.
-_IMPORTED: dict[str, tuple[str, int, int]] = {}
+#: A digest of every plugin file of the ``models`` package as this process imported them (:func:`plugin_edited`).
+_IMPORTED: list[str] = []
 
 
-def _stamp(path: str) -> tuple[str, int, int]:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return path, -1, -1
-    return path, info.st_mtime_ns, info.st_size
+def _plugin_sources() -> str:
+    """A digest of the contents of every ``.py`` file of the ``models`` package's folders (the checkout's and any
+    other on the path): a plugin and the helper modules it imports, by content (a checkout that only touched
+    them changes nothing)."""
+    import hashlib
+
+    import models
+
+    h = hashlib.sha256()
+    for folder in sorted(set(models.__path__)):
+        for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+            if name.endswith(".py"):
+                try:
+                    with open(os.path.join(folder, name), "rb") as f:
+                        h.update(f"{folder}/{name}\n".encode() + hashlib.sha256(f.read()).digest())
+                except OSError:
+                    h.update(f"{folder}/{name} unreadable\n".encode())
+    return h.hexdigest()
 
 
-def plugin_edited(catalog_id: str) -> bool:
-    """Whether the plugin file that gave ``catalog_id``'s factory changed since this process imported it: a
-    process keeps the code it imported, and a new process imports the file as it is now (the supervisor checked
-    an edited config against its old copy of an edited plugin, and refused a key the new code takes)."""
-    known = _IMPORTED.get(catalog_id)
-    return known is not None and _stamp(known[0]) != known
+def plugin_edited() -> bool:
+    """Whether a file of the plugin package changed since this process imported it: a process keeps the code it
+    imported, and a new process imports the files as they are now (the supervisor checked an edited config
+    against its old copy of an edited plugin, and refused a key the new code takes)."""
+    return bool(_IMPORTED) and _plugin_sources() != _IMPORTED[0]
 
 
 def _scan() -> tuple[dict[str, IModelFactory], dict[str, list[str]], dict[str, str]]:
@@ -274,6 +284,8 @@ def _scan() -> tuple[dict[str, IModelFactory], dict[str, list[str]], dict[str, s
 
     import models
 
+    if not _IMPORTED:  # before the first import: what this process's code is
+        _IMPORTED.append(_plugin_sources())
     found: dict[str, IModelFactory] = {}
     modules: dict[str, list[str]] = {}
     broken: dict[str, str] = {}
@@ -294,8 +306,6 @@ def _scan() -> tuple[dict[str, IModelFactory], dict[str, list[str]], dict[str, s
                 continue
             seen.add(id(value))  # one factory imported into a second module is still one plugin
             factory = IModelFactory(value)
-            if getattr(loaded, "__file__", None):
-                _IMPORTED.setdefault(factory.catalog_id, _stamp(loaded.__file__))
             modules.setdefault(factory.catalog_id, []).append(module.name)
             found.setdefault(factory.catalog_id, factory)
     clashes = {cid: sorted(names) for cid, names in modules.items() if len(names) > 1}

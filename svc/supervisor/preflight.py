@@ -48,7 +48,7 @@ def model_config_problem(model: ModelServerConfig, device: str = "cpu") -> str |
         # and one whose declarations cannot be used: the new process imports the plugin afresh (a fixed file
         # included, where this process keeps what it imported at its start), and refuses in one line.
         factory = factories().get(now.id)
-        if factory is not None and not plugin_edited(now.id):  # an edited plugin is the new process's to judge
+        if factory is not None and not plugin_edited():  # an edited plugin is the new process's to judge
             checked_config(factory, now.model, model.path, files=False)
     except (ConfigError, OSError) as e:
         return f"{model.id}: its config does not load ({e}): fix the file and try again"

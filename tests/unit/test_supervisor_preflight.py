@@ -114,13 +114,25 @@ def test_an_edited_plugin_is_the_new_processs_to_judge(tmp_path, monkeypatch):
     path.write_text('id = "TESTFAULTS"\nport = 9300\nserver_uri = "/faults"\n[model]\nseed = 1\n')
     config = load_model_server_config(str(path))
     path.write_text(path.read_text() + "new_key = 2\n")
-    assert "unknown key 'new_key'" in model_config_problem(config)
-    plugin = tmp_path / "plugin.py"  # stands for the plugin's file, as imported
-    plugin.write_text("# version 1\n")
-    monkeypatch.setitem(api._IMPORTED, "TESTFAULTS", api._stamp(str(plugin)))
-    assert not api.plugin_edited("TESTFAULTS") and "unknown key 'new_key'" in model_config_problem(config)
-    plugin.write_text("# version 2, whose schema takes new_key\n")
-    assert api.plugin_edited("TESTFAULTS") and model_config_problem(config) is None
+    assert not api.plugin_edited() and "unknown key 'new_key'" in model_config_problem(config)
+    monkeypatch.setattr(api, "_IMPORTED", ["the digest of the plugins as imported before an edit"])
+    assert api.plugin_edited() and model_config_problem(config) is None
+
+
+def test_a_plugin_is_edited_when_a_file_of_its_package_changes_not_when_it_is_touched(tmp_path, monkeypatch):
+    """A regression probe: the plugin's own file alone was compared, by time and size, so an edit of a helper
+    module it imports (where YOLOV8's scales are) went unseen, and a bare touch (a checkout) turned the check off."""
+    import models
+    from svc.model import api
+
+    (tmp_path / "plugin.py").write_text("SCALES = helper.SCALES\n")
+    (tmp_path / "helper.py").write_text('SCALES = ("n", "s")\n')
+    monkeypatch.setattr(models, "__path__", [str(tmp_path)])
+    imported = api._plugin_sources()
+    os.utime(tmp_path / "plugin.py", (1, 1))
+    assert api._plugin_sources() == imported
+    (tmp_path / "helper.py").write_text('SCALES = ("n", "s", "t")\n')
+    assert api._plugin_sources() != imported
 
 
 def test_a_restart_checks_once_before_its_stop_not_again_at_its_start(tmp_path):

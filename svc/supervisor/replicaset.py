@@ -181,9 +181,11 @@ class ReplicaSet:
         runs); ``ready`` is true when any replica is ready (the model serves);
         ``pid`` is null (each replica has its own); ``restarts`` is the sum;
         ``uptime_s`` is the shortest among the replicas that are up;
-        ``last_error`` and ``last_exit`` are those of the replica that exited last (a replica killed now was
-        shown with another's exit of an earlier rolling restart, a replicas probe), and ``phase`` the first
-        replica's that has one, each prefixed ``replica <n>:``.
+        ``last_error`` is a current fault first (of the replicas not running, the one that exited last), else
+        the error of the replica that exited last among those with one; ``last_exit`` is the exit of the
+        replica that exited last (a replica killed now was shown with another's exit of an earlier rolling
+        restart, a replicas probe; a replica failing now was hidden behind another's later, mended crash, a
+        regression probe); ``phase`` is the first replica's that has one; each prefixed ``replica <n>:``.
         """
         snaps = [c.snapshot() for c in self.children]
         if len(snaps) == 1:
@@ -195,10 +197,14 @@ class ReplicaSet:
         def first(field: str) -> str | None:
             return next((f"replica {i}: {s[field]}" for i, s in enumerate(snaps) if s[field]), None)
 
-        def latest(field: str) -> str | None:
+        def latest(field: str, now_only: bool = False) -> str | None:
             found = [(c.exited_at or 0.0, -i, f"replica {i}: {s[field]}")
-                     for i, (c, s) in enumerate(zip(self.children, snaps, strict=True)) if s[field]]
+                     for i, (c, s) in enumerate(zip(self.children, snaps, strict=True))
+                     if s[field] and not (now_only and s["state"] == "running")]
             return max(found)[2] if found else None
+
+        def fault() -> str | None:
+            return latest("last_error", now_only=True) or latest("last_error")
 
         return {
             "state": state,
@@ -206,7 +212,7 @@ class ReplicaSet:
             "pid": None,
             "restarts": sum(s["restarts"] for s in snaps),
             "uptime_s": min(uptimes) if uptimes else None,
-            "last_error": latest("last_error"),
+            "last_error": fault(),
             "last_exit": latest("last_exit"),
             "policy": snaps[0]["policy"],
             "phase": first("phase"),

@@ -279,6 +279,26 @@ def test_the_aggregate_says_the_exit_of_the_replica_that_exited_last(tmp_path):
     assert aaa["last_exit"] == "replica 1: killed by signal 9" and aaa["last_error"].startswith("replica 1: killed")
 
 
+def test_a_replica_failing_now_is_the_models_error_before_another_replicas_later_crash(tmp_path):
+    """A regression probe: replica 1 could not start (start_failed), then replica 0 was killed and came back; the
+    model's last_error named replica 0's crash, which the UI showed muted as mended, and hid replica 1's fault."""
+    m, reactor, probe, kills = start_two(tmp_path)
+    replica = m.children["AAA.1"]
+    results(m.sets["AAA"].replica(1).restart())
+    end(replica, 0)
+    reactor.advance(0.1)
+    end(replica, 1)  # it refuses to start
+    assert replica.state == START_FAILED
+    reactor.advance(1)
+    end(m.children["AAA.0"], None, signal.SIGKILL)  # later, replica 0 crashes, and comes back
+    for _ in range(20):
+        reactor.advance(0.5)
+    assert m.children["AAA.0"].state == RUNNING
+    aaa = {s["id"]: s for s in m.status_view()["servers"]}["AAA"]
+    assert aaa["last_exit"] == "replica 0: killed by signal 9"  # the last exit
+    assert aaa["last_error"].startswith("replica 1: ")  # the fault of now
+
+
 def test_the_models_weights_are_what_a_ready_replica_loaded_not_the_last_attempt(tmp_path):
     """A UI probe: replica 1 restarted on a weights file that is missing failed its start while replica 0 served
     demo weights, and the model showed "file" (the UI hid its demo-weights banner)."""

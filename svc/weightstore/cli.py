@@ -212,19 +212,16 @@ def _model_variant(model_id: str, name: str | None) -> tuple[Any, Any] | None:
     return None
 
 
-def _cached(factory: Any, variant: Any) -> bool:
-    """Whether ``variant`` is cached with every file of its record there and matching its digest: a damaged
-    variant is fetched again, so it is not, and it is in the plan and under the licence question as a pull.
-    (Sizes alone said a file with a flipped byte was cached: the plan said nothing would be fetched, and the
-    pull then fetched an AGPL-3.0 file that no one had accepted, a weights probe.)  The pull hashes them again."""
-    from svc.weightstore.cache import RecordError, read_record
-    from svc.weightstore.check import record_problems
+def _cached(factory: Any, variant: Any) -> Any:
+    """``variant``'s record when it is cached from its source with every file matching its digest, else None: a
+    damaged variant is fetched again, so it is not cached, and it is in the plan and under the licence question
+    as a fetch.  (Sizes alone said a file with a flipped byte was cached: the plan said nothing would be
+    fetched, and the pull then fetched an AGPL-3.0 file that no one had accepted, a weights probe.)  Read once:
+    a cached variant is not pulled (nor read) again."""
+    from svc.weightstore.store import already
 
-    try:
-        record = read_record(factory.catalog_id, variant.name)
-    except RecordError:
-        return False
-    return record is not None and not record_problems(record)
+    record, ok = already(factory.catalog_id, variant, None)
+    return record if ok else None
 
 
 def _pull(args: argparse.Namespace) -> int:
@@ -236,12 +233,16 @@ def _pull(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     failures = 0
     cached = [_cached(f, v) for f, v in chosen]  # once: it reads every cached file
-    for line in plan_lines((f, v, c) for (f, v), c in zip(chosen, cached, strict=True)):
+    for line in plan_lines((f, v, c is not None) for (f, v), c in zip(chosen, cached, strict=True)):
         print(line, file=sys.stderr)  # stdout says what is cached where; this is what is about to happen
     sys.stderr.flush()
-    for (factory, variant), is_cached in zip(chosen, cached, strict=True):
+    for (factory, variant), record in zip(chosen, cached, strict=True):
         name = f"{factory.catalog_id} {variant.name}"
-        if not is_cached and not accepted(
+        if record is not None:  # verified by the plan's reading: nothing to fetch
+            print(f"{name}: already cached and verified: {_weights_path(record)}")
+            sys.stdout.flush()
+            continue
+        if not accepted(
                 variant, args.accept, terminal_question(sys.stdin, sys.stderr, name)):
             _fail(f"{name}: licence {variant.license} not accepted, nothing pulled: pass --accept-licence "
                   f"{variant.license} to pull it")

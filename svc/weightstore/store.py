@@ -293,8 +293,9 @@ def _inside(files: Mapping[str, Any], weights: str) -> dict[str, Any]:
     return {rel[len(prefix):] if rel.startswith(prefix) else rel: entry for rel, entry in files.items()}
 
 
-def _already(model_id: str, variant: Variant, env: dict[str, str] | None) -> tuple[Record | None, bool]:
-    """The existing record, and whether it is of this source and all its files still match."""
+def already(model_id: str, variant: Variant, env: dict[str, str] | None) -> tuple[Record | None, bool]:
+    """The existing record, and whether it is of this source and all its files still match (their digests:
+    every file is read)."""
     old = _readable_record(model_id, variant.name, env)
     if old is None:
         return None, False
@@ -316,7 +317,7 @@ def pull(factory: Any, variant: Variant, *, env: Mapping[str, str] | None = None
 
 def _pull(factory: Any, variant: Variant, env: dict[str, str], progress_stream: IO[str] | None) -> Stored:
     model_id = factory.catalog_id
-    old, ok = _already(model_id, variant, env)
+    old, ok = already(model_id, variant, env)
     if ok:
         assert old is not None  # ok: it is there and matches
         return Stored(old, fetched=False)

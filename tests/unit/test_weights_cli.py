@@ -116,6 +116,18 @@ def test_pull_downloads_through_the_mirror_with_progress_and_records(source, cap
     assert out == f"MOBILENETV2 FIXTURE_V2: already cached and verified: {directory / FILENAME}\n"
 
 
+def test_a_cached_variant_is_read_once_by_the_plan_and_not_pulled_again(source, capsys, monkeypatch):
+    """A regression probe: the plan read every cached file for its digests, and the pull then read them all again
+    (6 GB read for a no-op pull of a 3 GB variant)."""
+    from svc.weightstore import store
+
+    assert svcctl(capsys, "pull", "MOBILENETV2")[0] == 0
+    monkeypatch.setattr(store, "pull", lambda *a, **k: pytest.fail("a verified variant was pulled again"))
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
+    assert (code, out) == (0, "MOBILENETV2 FIXTURE_V2: already cached and verified: "
+                              f"{variant_dir('MOBILENETV2', 'FIXTURE_V2') / FILENAME}\n"), err
+
+
 def test_the_quick_start_counts_a_damaged_variant_as_not_cached(source, capsys):
     """A weights probe: a truncated cached file was "cached, nothing to pull" to the quick start, which served it,
     and the model failed its start; judged as its model server judges it, it is pulled or runs on demo."""

@@ -294,8 +294,7 @@ def _inside(files: Mapping[str, Any], weights: str) -> dict[str, Any]:
 
 
 def already(model_id: str, variant: Variant, env: dict[str, str] | None) -> tuple[Record | None, bool]:
-    """The existing record, and whether it is of this source and all its files still match (their digests:
-    every file is read)."""
+    """The existing record, and whether it is of this source and all its files match (every file is read)."""
     old = _readable_record(model_id, variant.name, env)
     if old is None:
         return None, False

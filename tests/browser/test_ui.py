@@ -380,6 +380,15 @@ def test_sam_masks_or_a_plain_zero(page, logged_in, stack, picture):
     shot(page, "masks")
 
 
+def run_testfaults_job(page, picture) -> None:
+    """Run a job of TESTFAULTS (an async model) from "Try it" on ``picture``, each of its batches 200 ms."""
+    choose(page, "TESTFAULTS")
+    page.set_input_files("#try-file", str(picture))
+    expect(page.locator("#try-preview")).to_be_visible()
+    page.fill("#try-params", '{"sleep_ms": 200}')
+    page.click("#try-run")
+
+
 def test_a_job_shows_its_progress_bar_and_eta(page, logged_in, stack, picture):
     """The wait replies are given a ``progress`` field here (TESTFAULTS reports none): how the page draws one."""
     release = {"done": False}
@@ -395,11 +404,7 @@ def test_a_job_shows_its_progress_bar_and_eta(page, logged_in, stack, picture):
 
     page.route("**/v1/models/TESTFAULTS/jobs/*/wait*", with_progress)
     try:
-        choose(page, "TESTFAULTS")
-        page.set_input_files("#try-file", str(picture))
-        expect(page.locator("#try-preview")).to_be_visible()
-        page.fill("#try-params", '{"sleep_ms": 200}')
-        page.click("#try-run")
+        run_testfaults_job(page, picture)
         expect(page.locator("#job-progress")).to_be_visible()
         expect(page.locator("#job-eta")).to_have_text("step 3 of 12 · about 9.0 s left")
         assert page.locator("#job-progress progress").evaluate("p => [p.value, p.max]") == [3, 12]
@@ -430,11 +435,7 @@ def test_a_job_lost_with_its_model_server_stops_saying_it_runs(page, logged_in, 
 
     page.route("**/v1/models/TESTFAULTS/jobs/*/wait*", then_lost)
     try:
-        choose(page, "TESTFAULTS")
-        page.set_input_files("#try-file", str(picture))
-        expect(page.locator("#try-preview")).to_be_visible()
-        page.fill("#try-params", '{"sleep_ms": 200}')
-        page.click("#try-run")
+        run_testfaults_job(page, picture)
         expect(page.locator("#try-error")).to_contain_text("closed the connection without answering")
         expect(page.locator("#job-state")).to_have_text("unknown (HTTP 502)")
         expect(page.locator("#job-eta")).to_have_text("step 3 of 12")

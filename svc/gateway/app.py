@@ -307,8 +307,10 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
         """The metrics token only (an API key is refused); 401 otherwise."""
         token = bearer_token(request)
         if not self.auth.is_metrics(token):
-            self.metrics.auth_failures.labels("wrong" if token else "missing").inc()
-            raise ApiError(st.UNAUTHORIZED, "GET /metrics needs Authorization: Bearer <SERVICE_METRICS_TOKEN>",
+            usual = "GET /metrics needs Authorization: Bearer <SERVICE_METRICS_TOKEN>"
+            reason = unauthorized_reason(request, usual)  # two Authorization headers: a credential was sent
+            self.metrics.auth_failures.labels("wrong" if token or reason != usual else "missing").inc()
+            raise ApiError(st.UNAUTHORIZED, usual if reason == usual else f"{reason}: {usual}",
                            headers={"WWW-Authenticate": bearer_challenge(GATEWAY_METRICS_REALM)})
         request.service_key = METRICS_TOKEN_NAME
         request.setHeader(b"X-Service-Key", METRICS_TOKEN_NAME.encode())

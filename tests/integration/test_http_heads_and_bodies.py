@@ -379,6 +379,28 @@ def test_two_authorization_headers_carry_no_credential(processes, name):
     assert_serving(url, name)
 
 
+def test_two_authorization_headers_on_the_gateways_metrics_are_a_wrong_credential(processes):
+    """``GET /metrics`` with two ``Authorization`` headers (each the metrics token) was counted as ``missing`` and
+    answered with the usual hint, where every other route says "two Authorization headers were sent" and counts
+    ``wrong`` (docs/operations.md; metrics probe)."""
+    port, url, _ = processes["gateway"]
+
+    def wrong_credentials() -> float:
+        text = get(url + "/metrics", headers={"Authorization": "Bearer gw-metrics-token"}, timeout=10).body.decode()
+        line = [x for x in text.splitlines() if x.startswith('service_gateway_auth_failures_total{reason="wrong"} ')]
+        return float(line[0].split()[1]) if line else 0.0
+
+    before = wrong_credentials()
+    twice = b"Authorization: Bearer gw-metrics-token\r\n" * 2
+    first, _, data = split(raw_exchange(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                                        + twice + b"\r\n"))
+    assert first == b"HTTP/1.1 401 Unauthorized", data
+    got = json.loads(data)
+    assert (got["status"], got["error"]) == (
+        401, "two Authorization headers were sent: GET /metrics needs Authorization: Bearer <SERVICE_METRICS_TOKEN>")
+    assert wrong_credentials() == before + 1
+
+
 @pytest.mark.parametrize("name", ["model", "gateway", "supervisor"])
 def test_a_request_target_in_absolute_form_is_its_path(processes, name):
     """RFC 9112 section 3.2.2: a server accepts ``GET http://host:port/path`` (what a client set up to use a proxy

@@ -301,6 +301,7 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
     async def metrics_route(self, request: Any) -> bytes:
         if self.job_counts is not None:  # after the credential: before it, no model is asked
             await self.job_counts.refresh()
+        request.setHeader(b"X-Request-ID", self.task_id(request).encode())  # as every other reply of the gateway
         return self.metrics_body(request)
 
     def admit_metrics(self, request: Any) -> None:
@@ -314,6 +315,7 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
                            headers={"WWW-Authenticate": bearer_challenge(GATEWAY_METRICS_REALM)})
         request.service_key = METRICS_TOKEN_NAME
         request.setHeader(b"X-Service-Key", METRICS_TOKEN_NAME.encode())
+        self.forwarder.labelled(self.metrics.key_requests, METRICS_TOKEN_NAME).inc()  # a scrape is a key's request
 
     @declare.route(app, OPENAPI_PATH, methods=["GET"], name="openapi", admit="admit")
     async def openapi_route(self, request: Any) -> bytes:

@@ -184,6 +184,7 @@ class ModelServerApp(OipRoute, routes.JsonApp):
 
     @declare.route(app, METRICS_PATH, methods=["GET"], name="metrics", admit="authenticate")
     def metrics_route(self, request: Any) -> bytes:
+        request.setHeader(b"X-Request-ID", self.task_id(request).encode())  # as every other reply of the server
         return self.metrics_body(request)
 
     @declare.route(app, OPENAPI_PATH, methods=["GET"], name="openapi")

@@ -32,6 +32,7 @@ from svc.openapi import oip
 from svc.openapi.components import job_components, model_components, ref, status_components
 from svc.openapi.operations import (
     ENVELOPE_HEADERS,
+    REQUEST_ID_HEADER,
     RETRY_AFTER_HEADER,
     add_listener_replies,
     header_doc,
@@ -150,7 +151,7 @@ def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any],
                 "static and the management token get 401.",
                 "responses": {
                     "200": {"description": "Metrics text.", "content": {"text/plain": {"schema": {"type": "string"}}},
-                            "headers": {"X-Service-Key": SERVICE_KEY_REF}},
+                            "headers": {"X-Request-ID": REQUEST_ID_HEADER, "X-Service-Key": SERVICE_KEY_REF}},
                     "401": unauthorized(GATEWAY_METRICS_REALM, "Status 401: not the metrics token."),
                 },
             }

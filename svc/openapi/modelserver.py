@@ -16,6 +16,7 @@ from svc.openapi import oip
 from svc.openapi.components import job_components, model_components, ref, status_components
 from svc.openapi.operations import (
     ENVELOPE_HEADERS,
+    REQUEST_ID_HEADER,
     add_listener_replies,
     infer_operation,
     job_paths,
@@ -71,6 +72,7 @@ def model_server_document(config: ModelServerConfig, factory: Any, table: dict |
                     "200": {
                         "description": "Metrics text.",
                         "content": {"text/plain": {"schema": {"type": "string"}}},
+                        "headers": {"X-Request-ID": REQUEST_ID_HEADER},
                     },
                     "401": unauthorized(MODEL_SERVER_REALM),
                     "429": rate_limited(),

@@ -74,6 +74,9 @@ WEIGHTS_HEADER_DOC = header_doc(
     "What the model's weights are: `demo` (random init, for trying the service: outputs are noise), `pretrained` "
     "(a pretrained variant from the weights cache) or `file` (a local weights file of the model config).",
     {"type": "string", "enum": ["demo", "pretrained", "file"]})
+#: ``X-Service-Weights`` of a status that is an envelope of results or a rejection (which does not carry it).
+RESULTS_WEIGHTS_HEADER_DOC = {**WEIGHTS_HEADER_DOC, "description": "With an envelope of results only (not with a "
+                              "rejection, status 50 or 500). " + WEIGHTS_HEADER_DOC["description"]}
 NO_STORE_HEADER = header_doc("Always `no-store`.", {"type": "string", "const": "no-store"})
 RETRY_AFTER_HEADER = header_doc("Seconds to wait before retrying.", {"type": "integer", "minimum": 1, "maximum": 60})
 CONNECTION_CLOSE_HEADER = header_doc("Always `close`: the connection is closed after this reply.",
@@ -145,7 +148,7 @@ def infer_operation(config: ModelServerConfig, factory: Any, *, summary: str, au
                 "its input (status 3 or 5, an envelope with results).",
                 "content": {"application/json": {"schema": {"anyOf": [ref("Rejection"), ref(f"{mid}_Envelope")]}}},
                 "headers": {"X-Request-ID": REQUEST_ID_HEADER, "Cache-Control": NO_STORE_HEADER,
-                            WEIGHTS_HEADER: WEIGHTS_HEADER_DOC},
+                            WEIGHTS_HEADER: RESULTS_WEIGHTS_HEADER_DOC},
             },
             "401": unauthorized(MODEL_SERVER_REALM),
             "413": rejection("Status 61: body over the size limit; status 67: more images than max_request_items."),
@@ -160,7 +163,7 @@ def infer_operation(config: ModelServerConfig, factory: Any, *, summary: str, au
                 "or status 500 for an unexpected server error.",
                 "content": {"application/json": {"schema": {"anyOf": [ref("Rejection"), ref(f"{mid}_Envelope")]}}},
                 "headers": {"X-Request-ID": REQUEST_ID_HEADER, "Cache-Control": NO_STORE_HEADER,
-                            WEIGHTS_HEADER: WEIGHTS_HEADER_DOC},
+                            WEIGHTS_HEADER: RESULTS_WEIGHTS_HEADER_DOC},
             },
             "503": rejection("Status 65: the model is loading or the server is shutting down."),
             "504": json_reply("Status 4: no item finished before the deadline.", ref(f"{mid}_Envelope"), ok_headers),
@@ -325,6 +328,11 @@ def _either(own: dict, other: dict) -> dict:
     return members[0] if len(members) == 1 else {"anyOf": members}
 
 
+def _noted(doc: dict, note: str) -> dict:
+    """A header's ``doc`` with ``note`` before its description (a ``$ref`` is left as it is)."""
+    return doc if "$ref" in doc else {**doc, "description": note + doc["description"]}
+
+
 def add_listener_replies(responses: dict, path: str) -> None:
     """Give the operation of ``path`` the listener's replies (:func:`listener_replies`): a reference to the
     shared one, or, for a status the operation answers itself, its own reply with the listener's case added to
@@ -336,9 +344,14 @@ def add_listener_replies(responses: dict, path: str) -> None:
             responses[code] = {"$ref": "#/components/responses/" + ("Oip" if oip else "") + LISTENER_REPLIES[code]}
             continue
         own["description"] = f"{own['description']} Or {reply['description']}"
-        own["headers"] = {**own.get("headers", {})}  # a copy: replies of one builder may share their headers
-        for name, doc in reply["headers"].items():
-            own["headers"].setdefault(name, doc)
+        # A copy (replies of one builder may share their headers); a header that one of the two replies lacks
+        # says so, or "Always `close`" promised a Connection header that the operation's own reply never sends.
+        # (A shared component, a $ref, says it in its own description.)
+        theirs = reply["headers"]
+        own["headers"] = {name: _noted(doc, "Not on the listener's reply. ") if name not in theirs else doc
+                          for name, doc in own.get("headers", {}).items()}
+        for name, doc in theirs.items():
+            own["headers"].setdefault(name, _noted(doc, "On the listener's reply only. "))
         body = own.setdefault("content", {}).setdefault("application/json", {})
         wanted = reply["content"]["application/json"]["schema"]
         body["schema"] = _either(body["schema"], wanted) if "schema" in body else wanted

@@ -29,7 +29,7 @@ from tests.support.processes import REPO, SHIPPED_CONF, start_model_server, wait
 TIMEOUT_MS = 1000  # header_timeout_ms and body_timeout_ms of both processes: a 408 takes a second
 SLOW_KEY = "slow-key"  # rate_limit_qps = 1: its second request within the second is 429
 #: Headers no operation lists: the framing, and the gateway's CORS `Vary` (stated in the document's description).
-UNLISTED = {"content-type", "content-length", "date", "server", "vary"}
+UNLISTED = {"content-type", "content-length", "transfer-encoding", "date", "server", "vary"}
 GATEWAY_DOC = json.loads((REPO / "openapi" / "gateway.json").read_text())
 STATIC = {"Authorization": f"Bearer {GATEWAY_TOKENS['SERVICE_GATEWAY_AUTH_TOKEN']}"}
 
@@ -227,3 +227,39 @@ def test_a_model_server_listener_reply_carries_what_its_document_lists(model, co
     check(model.extra["doc"], path, method, code, reply)
     body = json.loads(reply[2])
     assert set(body) == {"error"} if path.startswith("/v2/") else body["status"] == STATUS[code]
+
+
+def test_a_model_servers_own_400_carries_what_its_document_lists_for_each_case(model):
+    """The route's 400 shares its status with the listener's 400 (``Connection: close``, which the route never
+    sends) and is either a rejection or an envelope of results (only the latter with ``X-Service-Weights``): the
+    document listed both headers unqualified, ``Connection`` as "Always `close`" (metrics probe)."""
+    doc = model.extra["doc"]
+    listed = documented(doc, "/testfaults/predict", "post", 400)
+    assert listed["connection"]["description"].startswith("On the listener's reply only. ")
+    assert "With an envelope of results only " in listed["x-service-weights"]["description"]
+
+    def sent(body: bytes) -> tuple[int, dict[str, str], bytes]:  # rate_limit_qps = 1: until this second's token
+        return wait_until(lambda: (r := call(model.url, "POST", "/testfaults/predict", {
+            **model.auth, "Content-Type": "application/json"}, body))[0] != 429 and r, "a reply that is not 429")
+
+    rejection = sent(b"not json")
+    check(doc, "/testfaults/predict", "post", 400, rejection, unsent=("Connection", "X-Service-Weights"))
+    assert json.loads(rejection[2])["status"] == 50
+    results = sent(b'{"images": ["not base64!"]}')
+    assert check(doc, "/testfaults/predict", "post", 400, results, unsent=("Connection",))["x-service-weights"] == "demo"
+    assert json.loads(results[2])["status"] in (3, 5)
+
+
+def test_a_scrape_carries_what_its_document_lists_and_is_counted_as_the_metrics_tokens_request(gateway, model):
+    """A scrape's 200 had no ``X-Request-ID`` (sent or not) where every other reply of the gateway and the model
+    server has one, and the gateway did not count it in ``key_requests_total`` though the metrics token's name is in
+    its ``X-Service-Key`` and access line (metrics probe)."""
+    scrape = {"Authorization": f"Bearer {GATEWAY_TOKENS['SERVICE_METRICS_TOKEN']}", "X-Request-ID": "probe-scrape"}
+    first = check(GATEWAY_DOC, "/metrics", "get", 200, call(gateway.url, "GET", "/metrics", scrape))
+    assert (first["x-request-id"], first["x-service-key"]) == ("probe-scrape", "metrics-token")
+    second = call(gateway.url, "GET", "/metrics", {"Authorization": scrape["Authorization"]})
+    assert len(check(GATEWAY_DOC, "/metrics", "get", 200, second)["x-request-id"]) == 32  # a new one
+    assert 'service_gateway_key_requests_total{key="metrics-token"} 2.0' in second[2].decode().splitlines()
+    reply = wait_until(lambda: (r := call(model.url, "GET", "/metrics", {**scrape, **model.auth}))[0] != 429 and r,
+                       "a reply that is not 429")
+    assert check(model.extra["doc"], "/metrics", "get", 200, reply)["x-request-id"] == "probe-scrape"

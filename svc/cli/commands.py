@@ -122,8 +122,9 @@ class Parser(argparse.ArgumentParser):
         mistyped for the refused ``--token``) was echoed, ``unrecognized arguments: --tok SECRET``."""
         self.refuse_options_before_command(list(sys.argv[1:] if args is None else args))
         namespace, extras = self.parse_known_args(args, namespace)
+        chosen = self.chosen(namespace)  # its usage, not the top level's: the extras came from its arguments
+        extras = chosen.take_trailing_words(namespace, extras)
         if extras:
-            chosen = self.chosen(namespace)  # its usage, not the top level's: the extras came from its arguments
             chosen.error(f"unrecognized arguments: {' '.join(hide_option_values(extras))}{chosen.hint(extras)}")
         return namespace
 
@@ -150,6 +151,16 @@ class Parser(argparse.ArgumentParser):
             if not isinstance(inner, Parser):
                 return parser
             parser = inner
+
+    def take_trailing_words(self, namespace: Any, extras: list[str]) -> list[str]:
+        """``extras`` less the words that this parser's ``*`` positional (``jobs run``'s IMAGE...) takes: argparse
+        gives such a positional its share where it reads the first positional, so the files of
+        ``jobs run MODEL --param x=1 a.png`` were "unrecognized" (``infer``'s ``+`` IMAGE... took them)."""
+        star = [a for a in self._actions if not a.option_strings and a.nargs == "*"]
+        if not star or not extras or any(arg.startswith("-") for arg in extras):
+            return extras
+        setattr(namespace, star[-1].dest, [*(getattr(namespace, star[-1].dest) or []), *extras])
+        return []
 
     def hint(self, extras: list[str]) -> str:
         """The whole names of this parser's options that an unknown one begins (``--keys``: ``--keys-file``), as

@@ -164,7 +164,8 @@ class DiffusionModel:
             if guided:
                 labels = torch.cat([labels, torch.tensor([net.config.num_embeds_ada_norm] * n, device=device)], 0)
             scheduler.set_timesteps(steps)
-            for t in scheduler.timesteps:
+            total = len(scheduler.timesteps)
+            for done, t in enumerate(scheduler.timesteps, start=1):
                 if guided:
                     half = x[: len(x) // 2]
                     x = torch.cat([half, half], dim=0)
@@ -182,6 +183,7 @@ class DiffusionModel:
                 if net.config.out_channels // 2 == channels:  # a learned variance: only eps drives the step
                     out, _ = torch.split(out, channels, dim=1)
                 x = scheduler.step(out, t, x, generator=step_generator, **extra).prev_sample
+                report_progress(done, total)  # the job's progress, and where abandoned work stops
             latents = x.chunk(2, dim=0)[0] if guided else x
             latents = 1 / self.vqvae.config.scaling_factor * latents
             assert self.decode is not None  # a latent model has its decoder

@@ -34,6 +34,7 @@ from diffusers import (
 from safetensors.torch import save_file
 
 from models.diffusion import cls_cond_ddim, ddim, ddpm, ldm
+from svc.model.api import reporting_progress
 from svc.weightstore.catalog import find_variant
 from svc.weightstore.hub import HubError, fetch_hub, select_files
 from tests.support.fakehub import FakeHub
@@ -391,7 +392,12 @@ def test_the_dit_params_come_from_the_folder(fetched):
     unguided = DiTPipeline(model.unet, model.vqvae, DDIMScheduler.from_config(model.scheduler.config))(
         class_labels=[3], guidance_scale=1.0, generator=torch.Generator().manual_seed(1), num_inference_steps=2,
         output_type="np").images
-    assert np.array_equal(model.sample([1], 2, 0.0, [3], 1.0)[0], (unguided[0] * 255).round().astype("uint8"))
+    reports: list[tuple[int, int]] = []
+    with reporting_progress(lambda step, steps: reports.append((step, steps))):
+        pixels = model.sample([1], 2, 0.0, [3], 1.0)
+    assert np.array_equal(pixels[0], (unguided[0] * 255).round().astype("uint8"))
+    # A job's progress, and where work nobody waits for stops: the DiT loop reported no step (diffusion probe).
+    assert reports == [(1, 2), (2, 2)]
 
 
 def test_svcctl_pulls_a_hub_variant_and_a_model_server_serves_it_as_pretrained(hub, tmp_path):

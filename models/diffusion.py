@@ -76,7 +76,8 @@ UNET_PROPERTIES: dict[str, dict] = {
         "minimum": 8,
         "maximum": 1024,
         "default": 32,
-        "description": "Side of the sampled square (pixels; latent cells for LDM). Random init only.",
+        "description": "Side of the sampled square (pixels; latent cells for LDM): a multiple of 2^(levels - 1) "
+        "of block_out_channels (each lower level halves it). Random init only.",
     },
     "channels": {"enum": [1, 3], "default": 3, "description": "Image channels (1 grey, 3 RGB). Random init only."},
     "block_out_channels": {

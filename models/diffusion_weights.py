@@ -118,6 +118,10 @@ def random_unet(config: dict, *, in_channels: int, num_classes: int | None = Non
 
     channels = list(config["block_out_channels"])
     n = len(channels)
+    side = config["sample_size"]
+    if side % 2 ** (n - 1):  # torch's error was "Sizes of tensors must match except in dimension 1 ..."
+        raise ValueError(f"[model] sample_size {side} is not a multiple of {2 ** (n - 1)}: each of the "
+                         f"{n - 1} levels below the first of block_out_channels halves the side")
     attention = config["attention"]
     down = ["DownBlock2D"] * (n - 1) + ["AttnDownBlock2D" if attention else "DownBlock2D"]
     up = ["AttnUpBlock2D" if attention else "UpBlock2D"] + ["UpBlock2D"] * (n - 1)

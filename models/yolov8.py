@@ -20,12 +20,10 @@ replaced by an inert stand-in, so no code of the file (or of ultralytics)
 runs; the detection model's tensors (``model``, else ``ema``) are checked
 name by name and shape by shape against this architecture.
 
-Per item: letterbox to ``imgsz`` x ``imgsz`` (aspect kept, grey 114 borders,
-Pillow only, in the decode pool); batched forward pass and box decoding in
-the worker; per item: score threshold, class-aware NMS
-(``torchvision.ops.batched_nms``), ``top_k``, boxes mapped back to the
-original image's pixels.  An image too thin to keep one pixel along its
-short side in the letterbox (8000x1 in 640) fails its item with status 5.
+Per item: letterbox to ``imgsz`` x ``imgsz`` (aspect kept, grey 114 borders, Pillow only, in the decode pool);
+batched forward pass and box decoding in the worker; per item: score threshold, class-aware NMS, boxes mapped
+back to the original image's pixels and clipped, ``top_k`` (:func:`select`).  An image too thin to keep one
+pixel along its short side in the letterbox (8000x1 in 640) fails its item with status 5.
 
 The network is ``models/yolov8_net.py``; reading and converting the
 ultralytics checkpoints is ``models/yolov8_checkpoint.py``.
@@ -140,9 +138,9 @@ def letterbox(image: Any, size: int) -> tuple[Any, Letterbox]:
 def select(pred: Any, box: Letterbox, score_threshold: float, nms_threshold: float, top_k: int) -> tuple:
     """One image's decoded predictions to (boxes in original pixels, scores, class ids), best first.
 
-    Score = the best class probability; candidates above ``score_threshold``
-    (at most ``MAX_NMS``, best first) go through class-aware NMS
-    (``torchvision.ops.batched_nms``); the first ``top_k`` survive.
+    Score = the best class probability; candidates above ``score_threshold`` (at most ``MAX_NMS``, best first) go
+    through class-aware NMS (``torchvision.ops.batched_nms``); the boxes are clipped to the image, those left with
+    no area dropped (wholly in the letterbox's border: they took ``top_k`` slots), and the first ``top_k`` survive.
     """
     import torch
     from torchvision.ops import batched_nms
@@ -153,12 +151,14 @@ def select(pred: Any, box: Letterbox, score_threshold: float, nms_threshold: flo
     if scores.numel() > MAX_NMS:
         best = scores.topk(MAX_NMS).indices
         boxes, scores, classes = boxes[best], scores[best], classes[best]
-    kept = batched_nms(boxes, scores, classes, nms_threshold)[:top_k]
+    kept = batched_nms(boxes, scores, classes, nms_threshold)
     boxes, scores, classes = boxes[kept], scores[kept], classes[kept]
     offset = torch.tensor([box.left, box.top, box.left, box.top], dtype=boxes.dtype)
     boxes = (boxes - offset) / box.gain
     boxes[:, 0::2] = boxes[:, 0::2].clamp(0, box.width)
     boxes[:, 1::2] = boxes[:, 1::2].clamp(0, box.height)
+    inside = ((boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])).nonzero().flatten()[:top_k]
+    boxes, scores, classes = boxes[inside], scores[inside], classes[inside]
     return boxes, scores.clamp(0, 1), classes  # a converted sigmoid may give 1 + 1 ulp: not a probability
 
 

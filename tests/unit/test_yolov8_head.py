@@ -138,6 +138,23 @@ def test_boxes_reaching_into_the_border_are_clipped_to_the_image():
     assert boxes.tolist()[0] == pytest.approx([0.0, 0.0, x2, height], abs=1e-3)
 
 
+def test_a_box_wholly_in_the_letterbox_padding_is_dropped_and_takes_no_top_k_slot():
+    """A 640x100 image sits in rows 270..370 of the network input: a box in the grey border above it was clipped to
+    a line on the image's top edge (``[268, 0, 380, 0]``), scored, and counted in ``top_k`` (image-input probe: 141
+    of 300 detections of such an image had no area)."""
+    from models.yolov8 import Letterbox
+
+    box = Letterbox(640, 100, 1.0, 0, 270)
+    pred = torch.zeros(3, 4 + 80)
+    pred[:, :4] = torch.tensor([[268.0, 10.0, 380.0, 60.0],  # wholly in the padding above: no area once clipped
+                                [100.0, 280.0, 200.0, 350.0],  # inside the image
+                                [300.0, 200.0, 400.0, 300.0]])  # reaching into the image: clipped, kept
+    pred[:, 4 + 5] = torch.tensor([0.9, 0.8, 0.7])
+    boxes, scores, classes = select(pred, box, 0.25, 0.5, 2)
+    assert boxes.tolist() == [[100.0, 10.0, 200.0, 80.0], [300.0, 0.0, 400.0, 30.0]]
+    assert scores.tolist() == pytest.approx([0.8, 0.7]) and classes.tolist() == [5, 5]
+
+
 def test_a_score_a_converted_sigmoid_rounds_past_1_is_1():
     """ONNX Runtime's fused sigmoid gave 1.0000001 for a saturated anchor: the item broke its schema's maximum of 1
     and was answered 500 CONTRACT_FAILURE. Scores are probabilities: within 0..1."""

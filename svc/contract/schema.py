@@ -13,6 +13,8 @@ promises that a client may send it; the value is handed on as the int 1.
 from __future__ import annotations
 
 import copy
+import json
+import math
 from typing import Any
 
 from jsonschema import Draft202012Validator, validators
@@ -76,7 +78,7 @@ class ObjectSchema:
             elif err.validator == "pattern" and "x-pattern-says" in err.schema:  # the rule in words, not the regex
                 found.append(FieldError(pointer(*where), f"{err.instance!r} {err.schema['x-pattern-says']}"))
             else:
-                found.append(FieldError(pointer(*where), err.message))
+                found.append(FieldError(pointer(*where), _in_json_words(err.instance, err.message)))
         found.sort(key=lambda e: e.pointer)
         return found
 
@@ -85,6 +87,20 @@ class ObjectSchema:
         if self.json_numbers:
             instance = _as_ints(instance, self.schema)
         return {**copy.deepcopy(self.defaults), **instance}
+
+
+def _in_json_words(instance: Any, message: str) -> str:
+    """jsonschema's ``message``, which begins with the Python ``repr`` of the value, with a value that JSON spells
+    otherwise written as the client sent it: ``null``, ``true``, ``false``; a number past a double's range (``1e400``
+    reads as ``inf``) said so.  A client never sent ``None is not of type 'number'``."""
+    if instance is None or isinstance(instance, bool):
+        spelled = json.dumps(instance)
+    elif isinstance(instance, float) and math.isinf(instance):
+        spelled = "a number past a double's range"
+    else:
+        return message
+    head = repr(instance)
+    return spelled + message[len(head):] if message.startswith(head) else message
 
 
 def _as_ints(instance: Any, schema: Any) -> Any:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 import warnings
 from io import BytesIO
 from typing import Any
@@ -39,20 +40,38 @@ class ItemInputError(Exception):
 def decode_base64(text: str) -> bytes:
     """Standard base64 (padding optional, lines wrapped as the ``base64`` command and MIME wrap them), or a
     ``data:...;base64,`` URL."""
-    if text.startswith("data:"):
-        head, sep, text = text.partition(",")
-        if not sep or not head.endswith(";base64"):
-            raise ItemInputError(st.INVALID_IMAGE, "a data URL must be base64-encoded (data:<type>;base64,<data>)")
     text = text.strip()
+    if text[:5].lower() == "data:":  # a URL's scheme is case-insensitive, and so is its ";base64"
+        head, sep, text = text.partition(",")
+        if not sep or not head.lower().endswith(";base64"):
+            raise ItemInputError(st.INVALID_IMAGE, "a data URL must be base64-encoded (data:<type>;base64,<data>)")
+        text = text.strip()
     if "\n" in text or "\r" in text:  # wrapped lines: `base64 photo.jpg` wraps at 76 characters
         text = "".join(text.split())
     missing = -len(text) % 4
-    if missing == 3:
-        raise ItemInputError(st.INVALID_IMAGE, "not valid base64: wrong length")
     try:
+        if missing == 3:
+            raise ValueError("wrong length")
         return base64.b64decode(text + "=" * missing, validate=True)
     except (binascii.Error, ValueError) as e:
-        raise ItemInputError(st.INVALID_IMAGE, f"not valid base64: {e}") from None
+        raise ItemInputError(st.INVALID_IMAGE, f"not valid base64: {_stray(text) or e}") from None
+
+
+_NOT_BASE64 = re.compile(r"[^A-Za-z0-9+/]")
+
+
+def _stray(text: str) -> str | None:
+    """What is wrong with ``text``, which did not decode, in words, when a character is: looked for only then, so
+    valid images pay nothing (binascii said "wrong length" for one stray character)."""
+    body = text.rstrip("=")
+    found = _NOT_BASE64.search(body)
+    if found is None:
+        return None
+    char, at = found.group(), found.start()
+    if char == "=":
+        return f"'=' padding at character {at}, before the end"
+    hint = " (the URL-safe alphabet: use '+' and '/')" if char in "-_" else ""
+    return f"{char!a} at character {at} is not in the base64 alphabet (A-Z, a-z, 0-9, '+', '/'){hint}"
 
 
 def open_image(data: bytes, max_pixels: int) -> Any:

@@ -100,6 +100,35 @@ def test_base64_wrapped_in_lines_as_the_base64_command_writes_it_is_read():
         decode_base64(wrapped.replace("\n", "\n*"))
 
 
+@pytest.mark.parametrize("text, said", [
+    ("QUJD RA==", "not valid base64: ' ' at character 4 is not in the base64 alphabet (A-Z, a-z, 0-9, '+', '/')"),
+    ("QUJDR!", "not valid base64: '!' at character 5 is not in the base64 alphabet (A-Z, a-z, 0-9, '+', '/')"),
+    ("QU\u00e9JD", "not valid base64: '\\xe9' at character 2 is not in the base64 alphabet (A-Z, a-z, 0-9, '+', "
+                  "'/')"),
+    ("QU=JDRA", "not valid base64: '=' padding at character 2, before the end"),
+    ("-_-_", "not valid base64: '-' at character 0 is not in the base64 alphabet (A-Z, a-z, 0-9, '+', '/') (the "
+             "URL-safe alphabet: use '+' and '/')"),
+    ("QUJDR", "not valid base64: wrong length"),
+], ids=["space", "bang", "non-ascii", "inner padding", "url-safe", "length"])
+def test_a_string_that_is_not_base64_is_told_which_character_is_wrong(text, said):
+    """One stray character (a space, ``!``, a non-ASCII letter, an inner ``=``) was "not valid base64: wrong length",
+    which sent the user to count characters (image-input probe)."""
+    from svc.model.images import decode_base64
+
+    with pytest.raises(ItemInputError) as caught:
+        decode_base64(text)
+    assert (caught.value.status, caught.value.message) == (st.INVALID_IMAGE, said)
+
+
+@pytest.mark.parametrize("url", ["DATA:image/png;BASE64,QUJD", "  data:image/png;base64,QUJD", "data:;base64, QUJD"])
+def test_a_data_url_is_read_whatever_the_case_of_its_scheme_and_around_whitespace(url):
+    """``DATA:image/png;base64,...`` (schemes are case-insensitive) and a data URL after whitespace were refused as
+    "not valid base64", where a bare base64 string after whitespace was read (image-input probe)."""
+    from svc.model.images import decode_base64
+
+    assert decode_base64(url) == b"ABC"
+
+
 # -- bounded resizing ----------------------------------------------------------------------------
 
 

@@ -109,6 +109,22 @@ def test_params_unknown_ill_typed_out_of_range(params, where):
     assert err.status is st.INVALID_REQUEST and pointers(err) == [where]
 
 
+@pytest.mark.parametrize("body, message", [
+    (b'{"images": ["x"], "params": {"score_threshold": null}}', "null is not of type 'number'"),
+    (b'{"images": ["x"], "params": {"top_k": true}}', "true is not of type 'integer'"),
+    (b'{"images": ["x"], "params": {"score_threshold": 1e400}}',
+     "a number past a double's range is greater than the maximum of 1"),
+    (b'{"images": ["x"], "params": {"score_threshold": -1e400}}',
+     "a number past a double's range is less than the minimum of 0"),
+    (b'{"images": ["x"], "params": {"score_threshold": "0.5"}}', "'0.5' is not of type 'number'"),
+], ids=["null", "true", "1e400", "-1e400", "a string as it was"])
+def test_a_422_writes_the_value_as_the_client_sent_it_in_json(body, message):
+    """"None is not of type 'number'", "True is not of type 'integer'" and "inf is greater than the maximum of 1"
+    answered a JSON client that sent null, true and 1e400 (image-input probe)."""
+    err = rejected(body)
+    assert err.status is st.INVALID_REQUEST and [e.message for e in err.errors] == [message]
+
+
 @pytest.mark.parametrize(
     "options, where",
     [({"mask_format": "rle"}, "/options/mask_format"), ({"max_results": 0}, "/options/max_results"),

@@ -143,7 +143,6 @@ class GatewayChild(Child):
         self._keep_listener = False
         self._again: Deferred | None = None  # the restart asked for during a handover, run once it ends
 
-    # -- the socket ------------------------------------------------------------------------
 
     def _listening_socket(self) -> Any:
         if self.listener is None:
@@ -321,12 +320,18 @@ class GatewayChild(Child):
         return closed
 
     def closed_line(self, protocol: _GatewayProtocol) -> None:
-        """A retiring gateway process accepts no more (its ``closed`` line, exit or SIGKILL)."""
+        """A gateway process accepts no more (its ``closed`` line; a retiring one's exit or SIGKILL too).  The
+        current one says so after a signal sent to it (its clean stop): the socket is let go at once, as by a stop,
+        so new connections are refused, not left in a backlog nobody accepts from until its drain ends."""
         retiring = self._retiring.get(protocol)
         if retiring is not None:
             waiters, retiring.closed = retiring.closed, []
             for d in waiters:
                 d.callback(None)
+        elif protocol is self._protocol and self._handover is None and not self._keep_listener:
+            if self.listener is not None:
+                self.logs.note(f"pid {self.pid} no longer accepts (a signal sent to it: its clean stop)")
+            self._close_listener()
 
     def _kill_retired(self, protocol: _GatewayProtocol) -> None:
         retiring = self._retiring.get(protocol)

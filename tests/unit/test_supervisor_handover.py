@@ -273,6 +273,28 @@ def test_a_stop_lets_the_socket_go_before_the_process_exits():
     assert len(binder.sockets) == 2 and reactor.fds[1][LISTEN_FD] == 77  # a start binds again
 
 
+def test_a_gateway_signalled_directly_lets_the_socket_go_once_it_no_longer_accepts():
+    """``kill -TERM`` to the gateway: it stopped accepting and drained, while the supervisor's socket kept taking
+    connections that nobody accepted, which hung up to 14 s and were reset (lifecycle probe). Its ``closed`` line
+    lets the socket go, as a stop does; a respawn after a crash binds it again."""
+    child, reactor, _, kills, binder = make()
+    running(child, reactor)
+    line(reactor, 0, b"closed 1001\n")
+    assert binder.sockets[0].closed and kills == [] and child.state == RUNNING  # still draining: not a stop
+    assert "pid 1001 no longer accepts (a signal sent to it: its clean stop)" in notes(child)
+    ended(reactor, 0, code=1)  # a drain that ends in a failure: the policy respawns it, on a new socket
+    reactor.advance(TIMING.backoff_initial)
+    assert len(binder.sockets) == 2 and reactor.fds[-1][LISTEN_FD] == 77 and not binder.sockets[1].closed
+
+
+def test_the_old_gateways_closed_line_in_a_restart_keeps_the_socket():
+    child, reactor, _, _, binder = make()
+    running(child, reactor)
+    results(child.restart())
+    line(reactor, 0, b"closed 1001\n")  # the old one, before the new one is ready: the handover needs the socket
+    assert not binder.sockets[0].closed
+
+
 def test_a_crash_respawns_on_the_same_socket():
     child, reactor, _, _, binder = make()
     running(child, reactor)

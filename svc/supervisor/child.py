@@ -133,7 +133,8 @@ class Child:
         for the exit is the same restart, and a start it overtakes answers with it; a stop or shutdown calls it off."""
         if self._restarting is not None:
             return follow(self._restarting)
-        if problem := self.spec.restart_problem():  # before the stop: a restart that cannot start takes nothing down
+        # Before the stop: a restart that cannot start (in a shutdown, too) takes nothing down.
+        if problem := f"{self.name}: the supervisor is shutting down" if self._closing else self.spec.restart_problem():
             return fail(ChildError(problem))
         overtaken, self._ready_waiters = self._ready_waiters, []  # not "stopped before it was ready": it will be
         d = self.stop() if self.state in (STARTING, RUNNING, STOPPING) else succeed(None)
@@ -151,9 +152,13 @@ class Child:
         d.addCallback(again).chainDeferred(pending)
         return follow(pending)
 
+    def closing(self) -> None:
+        """The supervisor's shutdown began: nothing is spawned now; what runs runs on until :meth:`shutdown`."""
+        self._closing = True
+
     def shutdown(self) -> Deferred:
         """Stop for the supervisor's own shutdown: whatever the state, end up stopped, and spawn nothing more."""
-        self._closing = True
+        self.closing()
         if self.state in (STARTING, RUNNING, STOPPING, BACKOFF):
             return self.stop()
         return succeed(None)
@@ -185,9 +190,7 @@ class Child:
         self.pid = transport.pid
         self._first_line = self.logs.next_seq
         self.started_at = self.reactor.seconds()
-        self.ready = False
-        self.phase = None
-        self._was_ready = False
+        self.ready, self.phase, self._was_ready = False, None, False
         program = next((i for i, a in enumerate(self.spec.argv) if a.startswith("service-")), 1)  # not "-P -m twisted"
         self._set(STARTING, f"spawned pid {self.pid}: {' '.join(self.spec.argv[program:program + 3])} ...")
         self._schedule_probe(self.timing.probe_starting)
@@ -195,9 +198,7 @@ class Child:
     def _port_busy(self, why: str) -> None:
         """The port is taken: try again on the back-off schedule until ``port_wait`` is used up."""
         delay = self.backoff.next_port_try(self.reactor.seconds())
-        self.pid = None
-        self.started_at = None
-        self.ready = False
+        self.pid, self.started_at, self.ready = None, None, False
         if delay is None:
             self._give_up(START_FAILED, f"{why}; still in use after waiting {self.timing.port_wait:g} s (port_wait_ms)",
                           "could not start: ")
@@ -249,8 +250,7 @@ class Child:
         sig = None if isinstance(reason, ProcessDone) else getattr(reason, "signal", None)
         self.last_exit, self.exited_at = spawn.describe_exit(reason), self.reactor.seconds()
         ran = self.reactor.seconds() - (self.started_at or self.reactor.seconds())
-        self.pid = None
-        self.ready = False
+        self.pid, self.ready = None, False
         was = self.state
         self._cancel_timer()
         if was == STOPPING:

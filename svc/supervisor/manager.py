@@ -356,6 +356,8 @@ class ChildManager:
 
     async def _stop_all(self) -> None:
         self.stopping = True
+        for child in self.children.values():  # from now on nothing is spawned: an API start, a back-off
+            child.closing()
         await DeferredList([self.gateway.shutdown()], consumeErrors=True)
         await DeferredList([s.shutdown() for s in self.models()], consumeErrors=True)
         for child in self.children.values():

@@ -14,7 +14,7 @@ from svc.supervisor.child import FAILED, RUNNING, STARTING, STOPPED, STOPPING
 from svc.supervisor.config import Profile, load_profile, load_supervisor_config, nvidia_present, weights_choice
 from svc.supervisor.manager import GATEWAY, ChildManager
 from svc.supervisor.preflight import gateway_refusal
-from tests.unit.test_supervisor_child import Probe, ProcessReactor
+from tests.unit.test_supervisor_child import Probe, ProcessReactor, results
 
 ENV = {"SERVICE_API_TOKEN": "mgmt", "SERVICE_METRICS_TOKEN": "metrics", "PATH": "/usr/bin"}
 
@@ -150,6 +150,32 @@ def test_stop_all_stops_the_gateway_before_the_models(tmp_path):
     for name in ("AAA", "BBB"):
         protocols[m.children[name].pid].processEnded(Failure(ProcessDone(0)))
     assert done == [None] and all(c.state == STOPPED for c in m.children.values())
+
+
+def test_once_the_shutdown_began_no_model_is_spawned_while_the_gateway_drains(tmp_path):
+    """A lifecycle probe: with the supervisor's SIGTERM in and the gateway still draining, an API start of a stopped
+    model answered 200 and spawned it, a restart of a running one took it down (its requests with it) and spawned
+    it, and a crash's back-off respawned one, each only to be stopped seconds later.  The models that run serve
+    the drain until the gateway has exited."""
+    m, reactor, probe, kills = manager(tmp_path, models=("AAA", "BBB", "CCC"))
+    m.children["CCC"].spec.policy = "always"
+    probe.ok = True
+    m.start_all()
+    reactor.advance(0.5)
+    reactor.advance(0.5)
+    results(m.children["BBB"].stop())
+    protocols = {c.pid: p for p, _, _, _, _ in reactor.spawned for c in m.children.values() if c._protocol is p}
+    protocols[m.children["BBB"].pid].processEnded(Failure(ProcessTerminated(0, None)))
+    spawned = len(reactor.spawned)
+    m.stop_all()  # the gateway drains: SIGTERM sent, not yet exited
+    assert kills[-1] == (m.gateway.pid, signal.SIGTERM) and m.children["AAA"].state == RUNNING
+    start, restart = results(m.children["BBB"].start()), results(m.children["AAA"].restart())
+    assert [str(d.value) for d in start + restart] == [
+        "BBB: the supervisor is shutting down", "AAA: the supervisor is shutting down"]
+    protocols[m.children["CCC"].pid].processEnded(Failure(ProcessTerminated(1, None)))  # a crash
+    reactor.advance(60)
+    assert len(reactor.spawned) == spawned and m.children["AAA"].state == RUNNING  # serves the drain
+    assert m.children["CCC"].state == STOPPED and m.children["BBB"].state == STOPPED
 
 
 def test_status_view(tmp_path):

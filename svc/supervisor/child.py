@@ -269,13 +269,13 @@ class Child:
             self._give_up(START_FAILED, tail or f"refused to start ({self.last_exit})", "could not start: ")
             self._fire_exit_waiters()
             return
-        clean = code == 0 and not sig
+        clean = (code == 0 and not sig) or sig in spawn.STOP_SIGNALS  # someone's stop, however early it came
         self.last_error = None if clean else (f"{self.last_exit}: {tail}" if tail else self.last_exit)
         self._fire_exit_waiters()
         if self.spec.policy == "no" or (clean and self.spec.policy == "on-failure"):
             state = STOPPED if clean else FAILED
             self._set(state, f"exited ({self.last_exit}); restart policy {self.spec.policy!r}: not restarting")
-            self._fail_ready_waiters(self.last_error or "exited")
+            self._fail_ready_waiters(self.last_error or self.last_exit or "exited")
             return
         self._schedule_restart(ran)
 

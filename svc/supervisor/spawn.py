@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import socket
 import sys
 from typing import Any, Protocol
@@ -50,6 +51,10 @@ GROUP_LEADER = (
     "        os._exit(1)\n"
     "os.execv(sys.argv[1], sys.argv[1:])\n"
 )
+
+#: The signals that stop a child cleanly when someone sends them (``kill``, a terminal): its exit by one of them,
+#: even before its program could turn it into exit 0 (while Python imports), is a stop, not a crash to restart.
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 
 #: What a child's refusal says when its port is taken (svc.infra.process.ListeningMultiService).
 PORT_BUSY_TEXT = "Address already in use"

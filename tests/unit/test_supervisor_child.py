@@ -220,12 +220,28 @@ def test_crash_while_starting_fails_the_start_action_and_restarts():
     assert child.state == STARTING
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_stop_signal_sent_while_it_starts_is_a_stop_not_a_crash(sig):
+    """``kill -TERM`` to a model server 0.5 s after its spawn, while Python still imported, killed it by the signal
+    (its handlers that exit 0 were not installed yet): the start answered 500 "killed by signal 15; restarting in
+    1 s" and the on-failure policy respawned it, where a signal sent to a child is its clean stop (lifecycle probe)."""
+    child, reactor, probe, _ = make("on-failure")
+    d = results(child.start())
+    reactor.exit(None, sig)
+    assert child.state == STOPPED and child.last_error is None and child.last_exit == f"killed by signal {int(sig)}"
+    assert str(d[0].value) == f"M could not start: killed by signal {int(sig)}"
+    reactor.advance(60)
+    assert child.state == STOPPED and len(reactor.spawned) == 1
+
+
 @pytest.mark.parametrize("policy, code, sig, expected", [
     ("no", 3, None, FAILED),
     ("no", 0, None, STOPPED),
     ("on-failure", 0, None, STOPPED),
     ("always", 0, None, BACKOFF),
     ("on-failure", None, signal.SIGKILL, BACKOFF),
+    ("on-failure", None, signal.SIGTERM, STOPPED),  # someone's stop that came before its handlers (see below)
+    ("always", None, signal.SIGTERM, BACKOFF),
 ])
 def test_restart_policies(policy, code, sig, expected):
     child, reactor, probe, _ = make(policy)

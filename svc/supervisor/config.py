@@ -282,6 +282,18 @@ def nvidia_present(driver_file: str = NVIDIA_DRIVER_FILE) -> bool:
     return os.path.exists(driver_file)
 
 
+def check_device(config: SupervisorConfig, profile: Profile, given: str | None,
+                 gpu_present: Callable[[], bool] | None = None) -> None:
+    """A profile whose models run on a GPU, on a machine without an NVIDIA driver: ``ConfigError`` naming the choice
+    (``given``: ``--profile``, else the config's key).  The supervisor started, and each model server then refused
+    with advice (``backend.device``, ``--device``) that the profile overrides."""
+    if profile.device == "gpu" and not (gpu_present or nvidia_present)():
+        problem = (f"the {profile.name!r} profile runs its models on an NVIDIA GPU, but this machine has no NVIDIA "
+                   f"driver ({NVIDIA_DRIVER_FILE} does not exist): choose the cpu profile, or auto (by the driver)")
+        raise (ConfigError("--profile", None, problem) if given
+               else ConfigError(config.path, "supervisor.profile", problem))
+
+
 def check_folders(config: SupervisorConfig) -> None:
     """Refuse ``servers_dir`` and ``profiles_dir`` that are no folder, and a ``log_dir`` that cannot be one
     (empty, or a file): ``svc.config.ConfigError`` naming the key, where the supervisor's start gave

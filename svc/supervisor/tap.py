@@ -120,7 +120,7 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
 
     from svc.config import ConfigError, given_config_problem
     from svc.infra.process import exit_zero_on_signals, open_file_limit, refuse
-    from svc.supervisor.config import check_folders, load_profile, load_supervisor_config
+    from svc.supervisor.config import check_device, check_folders, load_profile, load_supervisor_config
 
     env = dict(os.environ)
     token = env.get("SERVICE_API_TOKEN") or ""
@@ -150,6 +150,7 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
         config = replace(config, **overrides)
         check_folders(config)
         profile = load_profile(config, options["profile"])
+        check_device(config, profile, options["profile"])
         if options["weights"] is not None:
             profile = replace(profile, weights=options["weights"])
     except ConfigError as e:

@@ -11,7 +11,14 @@ from twisted.python.failure import Failure
 
 from svc.config import load_model_server_config
 from svc.supervisor.child import FAILED, RUNNING, STARTING, STOPPED, STOPPING
-from svc.supervisor.config import Profile, load_profile, load_supervisor_config, nvidia_present, weights_choice
+from svc.supervisor.config import (
+    Profile,
+    check_device,
+    load_profile,
+    load_supervisor_config,
+    nvidia_present,
+    weights_choice,
+)
 from svc.supervisor.manager import GATEWAY, ChildManager
 from svc.supervisor.preflight import gateway_refusal
 from tests.unit.test_supervisor_child import Probe, ProcessReactor, results
@@ -323,6 +330,15 @@ def test_profiles_and_unknown_models(tmp_path):
     with pytest.raises(ConfigError, match="device: must be one of"):
         load_profile(config, "bad")
     assert load_profile(config, "real") == Profile("real", "gpu", ("AAA",), "pretrained")
+    # A GPU profile on a machine without an NVIDIA driver is refused at start (a config probe: the supervisor
+    # started, and each model refused alone, with advice the profile overrides).
+    no_driver = "the 'real' profile runs its models on an NVIDIA GPU, but this machine has no NVIDIA driver"
+    with pytest.raises(ConfigError, match=f"^--profile: {no_driver}"):
+        check_device(config, load_profile(config, "real"), "real", gpu_present=lambda: False)
+    with pytest.raises(ConfigError, match=f"service.toml: supervisor.profile: {no_driver}"):
+        check_device(config, load_profile(config, "real"), None, gpu_present=lambda: False)
+    check_device(config, load_profile(config, "real"), "real", gpu_present=lambda: True)
+    check_device(config, load_profile(config), None, gpu_present=lambda: False)  # cpu: no driver needed
     with pytest.raises(ConfigError, match="weights: must be one of"):
         load_profile(config, "worse")
     # demo naming a model that models leaves out (what trimming models gives): that model is simply not started

@@ -249,12 +249,29 @@ def test_supervisor_tree_from_the_config(supervisor_config):
     assert {(child.state, child.pid) for child in manager.children.values()} == {("stopped", None)}
 
 
-def test_supervisor_options_override_the_config_and_the_profile(supervisor_config):
+def test_supervisor_options_override_the_config_and_the_profile(supervisor_config, environment):
+    from svc.supervisor import config
+
+    environment.setattr(config, "nvidia_present", lambda: True)  # the gpu profile needs a driver (next test)
     service, _ = build(supervisor_tap, ["--config", str(supervisor_config), "--host", "127.0.0.3", "--port", "18788",
                                         "--profile", "gpu", "--weights", "pretrained"])
     assert listener_of(service).args[0] == 18788 and listener_of(service).kwargs["interface"] == "127.0.0.3"
     assert (service.manager.profile.name, service.manager.profile.device, service.manager.profile.weights) == (
         "gpu", "gpu", "pretrained")
+
+
+def test_the_gpu_profile_on_a_machine_without_an_nvidia_driver_is_refused_with_one_line(supervisor_config,
+                                                                                        environment):
+    """A config probe: ``profile = "gpu"`` on a CPU machine started the supervisor; each model then refused alone,
+    telling to set ``backend.device = "cpu"`` (which it said already) or to pass ``--device cpu``."""
+    from svc.supervisor import config
+
+    environment.setattr(config, "nvidia_present", lambda: False)
+    with pytest.raises(SystemExit) as refused:
+        build(supervisor_tap, ["--config", str(supervisor_config), "--profile", "gpu"])
+    assert str(refused.value) == (
+        "service-supervisor: --profile: the 'gpu' profile runs its models on an NVIDIA GPU, but this machine has no "
+        "NVIDIA driver (/proc/driver/nvidia/version does not exist): choose the cpu profile, or auto (by the driver)")
 
 
 def test_a_supervisor_without_a_complete_ui_is_refused_with_one_line(supervisor_config, environment, tmp_path):

@@ -330,12 +330,16 @@ class ModelServerConfig:
 
 MODEL_SERVER_KEYS: tuple[Key, ...] = keys_of(ModelServerConfig)
 BACKEND_KEYS: tuple[Key, ...] = keys_of(BackendConfig)
+MODEL_SERVER_KEY_NAMES = frozenset(k.name for k in MODEL_SERVER_KEYS)
 
 
 def load_model_server_config(path: str) -> ModelServerConfig:
     """Read and validate a model-server TOML file."""
     data = read_toml(path)
     top = {k: v for k, v in data.items() if k not in ("backend", "model")}
+    for name, value in top.items():  # [backnd]: "unknown key; known keys: ..." listed neither table
+        if isinstance(value, dict) and name not in MODEL_SERVER_KEY_NAMES:
+            raise ConfigError(path, name, "unknown table; known: backend, model")
     values = apply_keys(path, top, MODEL_SERVER_KEYS)
     uri = values["server_uri"]
     if any(uri == p.rstrip("/") or uri.startswith(p.rstrip("/") + "/") for p in RESERVED_PATHS):

@@ -45,6 +45,9 @@ def test_every_documented_key_is_accepted(tmp_path):
         ("colour = 1\n", "colour", "unknown key"),
         ('[backend]\ndevice = "tpu"\n', "backend.device", "must be one of 'cpu', 'gpu', got 'tpu'"),
         ("[backend]\nspeed = 1\n", "backend.speed", "unknown key"),
+        # a misspelt table: "unknown key; known keys: async_enabled, ..." listed neither table (config probe)
+        ("[backnd]\nworkers = 1\n", "backnd", "unknown table; known: backend, model"),
+        ("[modle]\nseed = 1\n", "modle", "unknown table; known: backend, model"),
         ("backend = 3\n", "backend", "must be a table"),
         # TOML has nan and inf: a rate of nan or inf meant "unlimited" without a word
         ("rate_limit_qps = nan\n", "rate_limit_qps", "must be a finite number, got nan"),

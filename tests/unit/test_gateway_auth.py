@@ -227,6 +227,20 @@ def test_the_metrics_token_cannot_be_an_api_key(tmp_path):
     assert decide(ENV, path).mode == "api-keys"
 
 
+def test_the_static_token_cannot_be_an_api_key(tmp_path):
+    """A config probe: ``SERVICE_GATEWAY_AUTH_TOKEN`` equal to a disabled key was accepted without a word, and every
+    request with it was then 401 (keys are checked first); equal to an enabled key it was that key, with its
+    limits.  The gateway refuses to start, as for the management and metrics tokens."""
+    path = keys_file(tmp_path, entry("a", KEY_A) + entry("b", KEY_B) + "enabled = false\n")
+    for key, name in ((KEY_B, "b"), (KEY_A, "a")):
+        with pytest.raises(Refused) as e:
+            decide({**ENV, "SERVICE_GATEWAY_AUTH_TOKEN": key}, path)
+        assert str(e.value) == (f"SERVICE_GATEWAY_AUTH_TOKEN is the API key {name} of {path}: a key is checked "
+                                "first, so the static token would be that key (refused while it is disabled, and "
+                                "limited as it is)")
+    assert decide({**ENV, "SERVICE_GATEWAY_AUTH_TOKEN": "another"}, path).mode == "api-keys"
+
+
 @pytest.mark.parametrize("host, expose, refused", [
     ("0.0.0.0", None, True), ("::", None, True), ("0.0.0.0", "yes", True), ("0.0.0.0", "docker", False),
     ("::", "unsafe", False), ("127.0.0.1", None, False), ("::1", None, False),

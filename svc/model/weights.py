@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from typing import Any
 
 RANDOM = "random"
@@ -94,7 +95,16 @@ def resolve_pretrained(factory: Any, table: dict, config_path: str, env: dict[st
     if not wanted:
         return table
     from svc.config import ConfigError
-    from svc.weightstore.cache import HUB_DIR, RECORD_NAME, RecordError, cached_weights, read_record, variant_dir
+    from svc.weightstore.cache import (
+        HUB_DIR,
+        RECORD_NAME,
+        WEIGHTS_DIR_ENV,
+        RecordError,
+        cached_weights,
+        read_record,
+        variant_dir,
+        weights_dir,
+    )
     from svc.weightstore.catalog import FileSource, find_variant
 
     try:
@@ -116,6 +126,10 @@ def resolve_pretrained(factory: Any, table: dict, config_path: str, env: dict[st
     model_id = factory.catalog_id
     directory = variant_dir(model_id, variant.name, env)
     command = f"svcctl weights pull {model_id}" + ("" if variant.default or name is None else f" --variant {variant.name}")
+    root = weights_dir(env)
+    if root.exists() and not root.is_dir():  # it said "not a weights record (NotADirectoryError)": pull again
+        raise WeightsError(f"weights {table['weights']!r} (from {origin}): the weights cache {root} is not a folder: "
+                           f"point {WEIGHTS_DIR_ENV} at one, or unset it for the default")
     try:
         path = cached_weights(model_id, variant.name, env)
         record = read_record(model_id, variant.name, env)
@@ -203,13 +217,15 @@ def read_state_dict(path: str) -> dict:
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any reader error is a bad file
-        if "weights_only" in str(e):  # a pickle naming classes: an upstream checkpoint, not a state dict
+        if "Unsupported global" in str(e):  # a pickle naming classes: an upstream checkpoint, not a state dict
             raise WeightsError(f"weights file {path}: a pickled model object, not a state dict (an upstream "
                                "checkpoint such as an ultralytics .pt): convert it into the weights cache with "
                                f"`svcctl weights import {MODEL_PLACEHOLDER} {path}`, then set weights = \"pretrained\"") from None
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise WeightsError(f"weights file {path}: cannot be read as a state dict: {type(e).__name__}: {first}") \
-            from None
+        # torch's unpickler says why after its advice to load with weights_only=False, which is not ours to give
+        said = re.search(r"WeightsUnpickler error:\s*(.+)", str(e))
+        first = said.group(1).strip() if said else str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise WeightsError(f"weights file {path}: not a torch or safetensors state dict ({type(e).__name__}: "
+                           f"{first})") from None
     for wrapper in ("state_dict", "model"):
         if isinstance(state, dict) and set(state) == {wrapper} and isinstance(state[wrapper], dict):
             state = state[wrapper]

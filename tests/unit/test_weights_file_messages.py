@@ -1,0 +1,46 @@
+"""What a model server says of a weights file it cannot use, and of a weights cache that is no folder: the
+cause, and a fix that applies (a config probe found both misdiagnosed as a pickled model object, or a record to
+pull again)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.diffusion import ddpm
+from svc.model.api import model_config
+from svc.model.weights import WeightsError, read_state_dict
+
+
+def test_random_bytes_are_not_a_state_dict_and_torchs_advice_is_not_passed_on(tmp_path):
+    path = tmp_path / "bad.pth"
+    path.write_bytes(bytes(range(256)) * 4)
+    with pytest.raises(WeightsError) as refused:
+        read_state_dict(str(path))
+    said = str(refused.value)
+    assert said.startswith(f"weights file {path}: not a torch or safetensors state dict (UnpicklingError: ")
+    assert "pickled model object" not in said and "weights_only" not in said and "\n" not in said
+
+
+def test_a_text_file_is_not_a_state_dict(tmp_path):
+    path = tmp_path / "conf.pth"
+    path.write_text('a = 1\n[model]\nweights = "x"\n')
+    with pytest.raises(WeightsError, match=f"^weights file {path}: not a torch or safetensors state dict \\("):
+        read_state_dict(str(path))
+
+
+def test_a_pickled_model_object_is_told_to_be_imported(tmp_path):
+    path = tmp_path / "linear.pt"
+    torch.save(torch.nn.Linear(2, 2), path)
+    with pytest.raises(WeightsError, match="a pickled model object, not a state dict .*svcctl weights import"):
+        read_state_dict(str(path))
+
+
+def test_a_weights_cache_that_is_a_file_is_named_with_its_variable(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    cache.write_text("not a folder")
+    monkeypatch.setenv("SERVICE_WEIGHTS_DIR", str(cache))
+    with pytest.raises(WeightsError) as refused:
+        model_config(ddpm, {"weights": "pretrained"}, str(tmp_path / "DDPM.toml"))
+    assert str(refused.value).endswith(f"the weights cache {cache} is not a folder: point SERVICE_WEIGHTS_DIR at "
+                                       "one, or unset it for the default")

@@ -127,6 +127,8 @@ class Forwarder:
             self._observe(request, route, started)  # the gateway's own 502 and 503 (a hung or dead model)
             raise
         self._observe(request, route, started)
+        if rewrite and reply.code == 202:  # before any of the reply is passed on: a 502 carries none of it
+            self._check_minted(upstream, reply.body)
         request.setResponseCode(reply.code)
         for name in PASSED_REPLY_HEADERS:
             values = reply.headers.getRawHeaders(name)
@@ -290,6 +292,20 @@ class Forwarder:
         if locate(upstream, job_id, secret=self.cluster.secret, host=self.cluster.host_id) is None:
             self.cluster.unverified(job_id)
             raise job_not_found(job_id)
+
+    def _check_minted(self, upstream: Upstream, data: bytes) -> None:
+        """A job id this gateway cannot find again is a 502, not a 202: every poll of it would be 404 "job not found"
+        (a model server started with another ``SERVICE_JOB_SECRET`` than the gateway's, or none)."""
+        try:
+            job_id = json.loads(data).get("job_id")
+        except (ValueError, AttributeError):
+            return
+        if isinstance(job_id, str) and locate(upstream, job_id, secret=self.cluster.secret,
+                                              host=self.cluster.host_id) is None:
+            log.error("model server {model} made job id {job_id}, which this gateway cannot verify: start it and "
+                      "the gateway with the same SERVICE_JOB_SECRET", model=upstream.id, job_id=job_id[:80])
+            raise ApiError(st.BAD_GATEWAY, f"model server {upstream.id} made a job id this gateway cannot verify "
+                                           "(another SERVICE_JOB_SECRET): the job runs there, but cannot be polled")
 
     @staticmethod
     def _rewrite_job_body(model_id: str, data: bytes) -> bytes:

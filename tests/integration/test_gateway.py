@@ -389,6 +389,27 @@ def test_a_model_that_refuses_the_gateways_token_is_502_not_the_clients_401(stac
     assert "MOBILENETV2 replica 0 refused the gateway's token: is SERVICE_UPSTREAM_TOKENS right?" in output
 
 
+def test_a_job_id_the_gateway_cannot_verify_is_502_not_a_202_that_every_poll_finds_404(stack, tmp_path):
+    """A config probe: a gateway with ``SERVICE_JOB_SECRET`` in front of a model server started without it (or with
+    another) answered 202 with the model's job id, and every poll, wait and result of it was 404 "job not found",
+    with no line in either log.  The submit is 502 with the cause, logged; the rest of the gateway is unchanged."""
+    gateway = start_gateway(tmp_path, stack["servers"], keys_toml(),
+                            env={"SERVICE_UPSTREAM_TOKEN": "upstream-secret", "SERVICE_JOB_SECRET": "g" * 32})
+    try:
+        reply = post(gateway.url + "/v1/models/TESTFAULTS/jobs", {"images": [image_b64()]}, headers={
+            **bearer(KEYS["old"]), "X-Request-ID": "minted-1"})
+        served = infer({"gateway": gateway})
+    finally:
+        assert gateway.stop() == 0
+    assert (reply.status, reply.json["status"], reply.header("X-Request-ID")) == (502, 502, "minted-1"), reply.json
+    assert reply.json["error"] == ("model server TESTFAULTS made a job id this gateway cannot verify (another "
+                                   "SERVICE_JOB_SECRET): the job runs there, but cannot be polled")
+    assert reply.header("Location") is None and "job_id" not in reply.json
+    assert served.status == 200 and served.json["status"] == 0
+    assert "model server TESTFAULTS made job id job_" in gateway.output()
+    assert "start it and the gateway with the same SERVICE_JOB_SECRET" in gateway.output()
+
+
 def test_upstream_not_running_is_503(stack):
     reply = infer(stack, model="DOWN", headers={"X-Request-ID": "down-1"})
     assert reply.status == 503 and reply.json["status"] == 65 and reply.header("X-Request-ID") == "down-1"

@@ -145,9 +145,16 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
                       "refuses to start (503 here)", problem=problem, model=model_id)
 
     try:
-        openapi = gateway_document(model_server_configs(config.servers_dir), factories(), refused)
+        configs = model_server_configs(config.servers_dir)
+        openapi = gateway_document(configs, factories(), refused)
     except ConfigError:  # a config file changed since the catalog was read: no document, the routes still serve
-        openapi = None
+        configs, openapi = [], None
+    for model in configs:  # its deadline's 504, or partial 200, would never reach a client: the gateway's 502 would
+        if 0 < config.upstream_recv_timeout_ms <= model.run_timeout_ms:
+            Logger().warn("{model}: run_timeout_ms ({run} ms, {path}) is not below the gateway's "
+                          "upstream_recv_timeout_ms ({recv} ms): a synchronous request that reaches its deadline gets "
+                          "the gateway's 502, not the model's 504 or partial 200", model=model.id,
+                          run=model.run_timeout_ms, path=model.path, recv=config.upstream_recv_timeout_ms)
     # Job ids name their replica and host under the deployment's secret (svc.gateway.owners).
     return GatewayService(reactor=reactor, config=config, setup=setup, catalog=catalog,
                           listen_fd=options["listen-fd"], ready_fd=options["ready-fd"],

@@ -123,6 +123,26 @@ def test_gateway_options_override_the_config(gateway_config, tmp_path):
     assert service.listen_address == "127.0.0.2:18081"
 
 
+def test_a_model_deadline_the_gateway_would_cut_with_its_502_is_a_warning_at_start(gateway_config, tmp_path):
+    """A deadlines probe: with ``upstream_recv_timeout_ms = 2000`` and a model's ``run_timeout_ms = 3000``, a
+    request reaching its deadline got the gateway's 502 after 2 s, where the model would have answered 504 (or a
+    partial 200), and nothing said so."""
+    from twisted.logger import capturedLogs
+
+    servers = tmp_path / "servers"
+    servers.mkdir()
+    (servers / "SLOW.toml").write_text('id = "SLOW"\nport = 9998\nserver_uri = "/slow"\nrun_timeout_ms = 3000\n')
+    (servers / "FAST.toml").write_text('id = "FAST"\nport = 9999\nserver_uri = "/fast"\nrun_timeout_ms = 1999\n')
+    gateway_config.write_text(gateway_config.read_text().replace("[gateway]\n", "[gateway]\n"
+                                                                 "upstream_recv_timeout_ms = 2000\n"))
+    with capturedLogs() as events:
+        build(gateway_tap, ["--config", str(gateway_config), "--servers", str(servers)])
+    said = [e["log_format"].format(**e) for e in events if "run_timeout_ms" in e["log_format"]]
+    assert said == [f"SLOW: run_timeout_ms (3000 ms, {servers / 'SLOW.toml'}) is not below the gateway's "
+                    "upstream_recv_timeout_ms (2000 ms): a synchronous request that reaches its deadline gets the "
+                    "gateway's 502, not the model's 504 or partial 200"]
+
+
 def test_gateway_replicas_job_secret_and_host_from_the_environment(gateway_config, environment):
     environment.setenv("SERVICE_UPSTREAM_PORTS", '{"MOBILENETV2": [9101, 9201, 9301]}')
     environment.setenv("SERVICE_UPSTREAM_TOKENS", '{"MOBILENETV2": ["a", "b", "c"], "YOLOV8": "y"}')

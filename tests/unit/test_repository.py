@@ -126,6 +126,24 @@ def test_docs_document_every_service_config_key():
         assert f"| `{key.name}` |" in CONFIGURATION.split("## Profiles", 1)[1].split("\n## ", 1)[0], key.name
 
 
+def test_the_docs_give_the_range_of_every_key_the_code_bounds_above():
+    """A config probe: bounds such as max_request_items <= 4096 or workers <= 64 were refused at start with a clear
+    line but stated nowhere in the reference."""
+    from svc.cluster_config import CLUSTER_KEYS
+    from svc.gateway.config import GATEWAY_KEYS
+    from svc.supervisor.config import SERVER_KEYS, SUPERVISOR_KEYS
+
+    rows = CONFIGURATION.splitlines()
+    for prefix, keys in (("", MODEL_SERVER_KEYS), ("backend.", BACKEND_KEYS), ("gateway.", GATEWAY_KEYS),
+                         ("supervisor.", SUPERVISOR_KEYS), ("cluster.", CLUSTER_KEYS), ("servers.<ID>.", SERVER_KEYS)):
+        for key in keys:
+            if key.maximum is None:
+                continue
+            low, high = (f"{v:g}" for v in (key.minimum, key.maximum))
+            row = next(r for r in rows if r.startswith(f"| `{prefix}{key.name}` |"))
+            assert f"{low}..{high}" in row or f"{low} to {high}" in row, (prefix + key.name, low, high)
+
+
 def test_shipped_service_config_loads():
     from svc.gateway.config import load_gateway_config
     from svc.supervisor.config import load_supervisor_config

@@ -157,9 +157,11 @@ class Parser(argparse.ArgumentParser):
         gives such a positional its share where it reads the first positional, so the files of
         ``jobs run MODEL --param x=1 a.png`` were "unrecognized" (``infer``'s ``+`` IMAGE... took them)."""
         star = [a for a in self._actions if not a.option_strings and a.nargs == "*"]
-        if not star or not extras or any(arg.startswith("-") for arg in extras):
+        cut = extras.index("--") if "--" in extras else len(extras)  # after it every word is one (``-- -b.png``)
+        words = extras[:cut] + extras[cut + 1:]
+        if not star or not words or any(arg.startswith("-") for arg in extras[:cut]):
             return extras
-        setattr(namespace, star[-1].dest, [*(getattr(namespace, star[-1].dest) or []), *extras])
+        setattr(namespace, star[-1].dest, [*(getattr(namespace, star[-1].dest) or []), *words])
         return []
 
     def hint(self, extras: list[str]) -> str:

@@ -170,8 +170,11 @@ def test_a_prefix_of_an_option_is_not_taken_and_the_whole_name_is_said(capsys, a
     (["jobs", "run", "DDIM", "--param", "timesteps=2", "a.png"], ["a.png"]),
     (["jobs", "run", "DDIM", "a.png", "--out", "d", "b.png", "c.png"], ["a.png", "b.png", "c.png"]),
     (["jobs", "run", "DDIM", "--poll-ms", "500"], []),
+    (["jobs", "run", "--gateway", "http://g", "DDIM", "--param", "t=5", "--", "a.png"], ["a.png"]),
+    (["jobs", "run", "DDIM", "--param", "t=5", "a.png", "--", "-b.png"], ["a.png", "-b.png"]),
     (["infer", "M", "--param", "k=1", "a.png", "b.png"], ["a.png", "b.png"]),
-], ids=["jobs run after an option", "jobs run around options", "jobs run none", "infer after an option"])
+], ids=["jobs run after an option", "jobs run around options", "jobs run none", "jobs run --", "jobs run -- -b",
+        "infer after an option"])
 def test_images_after_the_options_are_the_commands_images(argv, images):
     """``svcctl jobs run DDIM --param timesteps=2 x.png`` was refused, "unrecognized arguments: x.png", exit 2,
     where ``infer`` and ``jobs submit`` take images after their options (argparse gave ``jobs run``'s optional

@@ -35,7 +35,7 @@ from svc.contract.protocol import JOBS, model_path
 from svc.gateway.balancer import Balancer
 from svc.gateway.catalog import Replica, Upstream
 from svc.gateway.cluster import Cluster
-from svc.gateway.owners import OtherHost, locate
+from svc.gateway.owners import OtherHost, locate, unreachable
 from svc.gateway.proxy import (
     WAIT_MARGIN_S,
     LocalConnectFailed,
@@ -51,6 +51,8 @@ from svc.web.oip.replies import protocol_of
 from svc.web.replies import connection_options, dumps
 
 log = Logger()
+#: How long a model whose job id this gateway could not find again gets its submits refused (not sent).
+UNREACHABLE_S = 60.0
 
 #: Client request headers passed to the model server; every other one is dropped.
 FORWARDED_REQUEST_HEADERS = tuple(n.encode() for n in ("content-type", "content-encoding", "accept",
@@ -99,6 +101,7 @@ class Forwarder:
         self.metrics = metrics
         self.cluster = cluster
         self.labelled = LabelCache()
+        self._unreachable: dict[str, tuple[float, str]] = {}  # model id -> (until, why): see _check_minted
 
     async def forward(self, request: Any, upstream: Upstream, route: str, path: str, *, query: bytes = b"",
                       rewrite: bool = False, replica: Replica | None = None, budget_ms: int | None = None) -> bytes:
@@ -294,18 +297,32 @@ class Forwarder:
             raise job_not_found(job_id)
 
     def _check_minted(self, upstream: Upstream, data: bytes) -> None:
-        """A job id this gateway cannot find again is a 502, not a 202: every poll of it would be 404 "job not found"
-        (a model server started with another ``SERVICE_JOB_SECRET`` than the gateway's, or none)."""
+        """A job id this gateway would not find again is a 502, not a 202 whose every poll is 404 "job not found" (a
+        model server started by hand with another ``SERVICE_JOB_SECRET``, host id or replica index than the
+        gateway's).  The job runs there, and nothing can cancel it, so for :data:`UNREACHABLE_S` the model's submits
+        are refused unforwarded: a client retrying the 502 does not fill its job queue."""
         try:
             job_id = json.loads(data).get("job_id")
         except (ValueError, AttributeError):
             return
-        if isinstance(job_id, str) and locate(upstream, job_id, secret=self.cluster.secret,
-                                              host=self.cluster.host_id) is None:
-            log.error("model server {model} made job id {job_id}, which this gateway cannot verify: start it and "
-                      "the gateway with the same SERVICE_JOB_SECRET", model=upstream.id, job_id=job_id[:80])
-            raise ApiError(st.BAD_GATEWAY, f"model server {upstream.id} made a job id this gateway cannot verify "
-                                           "(another SERVICE_JOB_SECRET): the job runs there, but cannot be polled")
+        if isinstance(job_id, str) and (why := unreachable(upstream, job_id, secret=self.cluster.secret,
+                                                            host=self.cluster.host_id)):
+            log.error("model server {model} made job id {job_id}, which this gateway would not find again: {why}; "
+                      "its submits are refused for {s:g} s", model=upstream.id, job_id=job_id[:80], why=why,
+                      s=UNREACHABLE_S)
+            self._unreachable[upstream.id] = (self.clock.seconds() + UNREACHABLE_S, why)
+            raise self._unreachable_error(upstream, why, "the job runs there, but cannot be polled")
+
+    def refuse_unreachable(self, upstream: Upstream) -> None:
+        """The 502 of a submit to a model whose last job id this gateway could not find again, for a while."""
+        until, why = self._unreachable.get(upstream.id, (0.0, ""))
+        if self.clock.seconds() < until:
+            raise self._unreachable_error(upstream, why, "not sent")
+
+    @staticmethod
+    def _unreachable_error(upstream: Upstream, why: str, what: str) -> ApiError:
+        return ApiError(st.BAD_GATEWAY, f"model server {upstream.id} makes job ids this gateway would not find "
+                                        f"again ({why}): {what}")
 
     @staticmethod
     def _rewrite_job_body(model_id: str, data: bytes) -> bytes:

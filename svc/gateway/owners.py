@@ -52,3 +52,18 @@ def locate(upstream: Upstream, job_id: str, *, secret: str | None, host: str) ->
     if owner.replica >= len(upstream.replicas):
         return None
     return upstream.replicas[owner.replica]
+
+
+def unreachable(upstream: Upstream, job_id: str, *, secret: str | None, host: str) -> str | None:
+    """Why a job id that a model server of this host has just made is one this gateway would not find again (None:
+    it would), in words that name the setting: every poll of it would be 404 "job not found"."""
+    where = locate(upstream, job_id, secret=secret, host=host)
+    if isinstance(where, Replica):
+        return None
+    if isinstance(where, OtherHost):
+        return f"it names host {where.host!r}, not this gateway's {host!r} (SERVICE_HOST_ID, [cluster] host_id)"
+    owner = jobid.parse(job_id, secret) if secret else jobid.parse_unverified(job_id)
+    if owner is None:
+        return "it does not verify with this gateway's SERVICE_JOB_SECRET (the model server has another, or none)"
+    return (f"it names replica {owner.replica}, and this gateway knows {len(upstream.replicas)} of {upstream.id} "
+            "(SERVICE_REPLICA, SERVICE_UPSTREAM_PORTS)")

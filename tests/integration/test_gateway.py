@@ -395,19 +395,29 @@ def test_a_job_id_the_gateway_cannot_verify_is_502_not_a_202_that_every_poll_fin
     with no line in either log.  The submit is 502 with the cause, logged; the rest of the gateway is unchanged."""
     gateway = start_gateway(tmp_path, stack["servers"], keys_toml(),
                             env={"SERVICE_UPSTREAM_TOKEN": "upstream-secret", "SERVICE_JOB_SECRET": "g" * 32})
+    def submitted() -> float:
+        text = get(stack["faults"].url + "/metrics", headers=stack["faults"].auth).body.decode()
+        return samples(text, "service_async_jobs_total").get('{state="submitted"}', 0.0)
+
+    before = submitted()
     try:
         reply = post(gateway.url + "/v1/models/TESTFAULTS/jobs", {"images": [image_b64()]}, headers={
             **bearer(KEYS["old"]), "X-Request-ID": "minted-1"})
+        again = post(gateway.url + "/v1/models/TESTFAULTS/jobs", {"images": [image_b64()]}, headers=bearer(KEYS["old"]))
         served = infer({"gateway": gateway})
     finally:
         assert gateway.stop() == 0
+    why = "it does not verify with this gateway's SERVICE_JOB_SECRET (the model server has another, or none)"
     assert (reply.status, reply.json["status"], reply.header("X-Request-ID")) == (502, 502, "minted-1"), reply.json
-    assert reply.json["error"] == ("model server TESTFAULTS made a job id this gateway cannot verify (another "
-                                   "SERVICE_JOB_SECRET): the job runs there, but cannot be polled")
+    assert reply.json["error"] == (f"model server TESTFAULTS makes job ids this gateway would not find again ({why}): "
+                                   "the job runs there, but cannot be polled")
     assert reply.header("Location") is None and "job_id" not in reply.json
+    # A client retrying the 502 does not fill the model's job queue: the next submit is not sent (for a minute).
+    assert (again.status, again.json["error"]) == (502, f"model server TESTFAULTS makes job ids this gateway would "
+                                                        f"not find again ({why}): not sent")
+    assert submitted() == before + 1
     assert served.status == 200 and served.json["status"] == 0
-    assert "model server TESTFAULTS made job id job_" in gateway.output()
-    assert "start it and the gateway with the same SERVICE_JOB_SECRET" in gateway.output()
+    assert "model server TESTFAULTS made job id job_" in gateway.output() and why in gateway.output()
 
 
 def test_upstream_not_running_is_503(stack):

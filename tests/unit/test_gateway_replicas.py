@@ -709,3 +709,19 @@ def test_a_model_whose_replicas_all_hang_is_not_ready_after_5_s(tmp_path):
     reply = gw.settle(d)
     assert reply.code == 503 and reply.json["error"].endswith("(the readiness routes' bound): it is not ready")
 
+
+
+def test_a_job_id_made_here_that_the_gateway_would_not_find_again_says_which_setting_differs():
+    """A regression probe of the submit's 502: a model server with another host id passed as a 202 whose every
+    poll was 404, and one with a replica index the gateway does not know was blamed on a secret it did not have."""
+    from svc.gateway.owners import unreachable
+
+    two = up(2)
+    assert unreachable(two, job_of(1, "h1"), secret=SECRET, host="h1") is None
+    assert unreachable(two, job_of(1, "h2"), secret=SECRET, host="h1") == (
+        "it names host 'h2', not this gateway's 'h1' (SERVICE_HOST_ID, [cluster] host_id)")
+    assert unreachable(two, job_of(0, "h1", secret="another-secret-value"), secret=SECRET, host="h1") == (
+        "it does not verify with this gateway's SERVICE_JOB_SECRET (the model server has another, or none)")
+    for secret in (SECRET, None):
+        assert unreachable(up(1), job_of(1, "h1"), secret=secret, host="h1") == (
+            "it names replica 1, and this gateway knows 1 of M (SERVICE_REPLICA, SERVICE_UPSTREAM_PORTS)")

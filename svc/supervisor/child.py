@@ -282,7 +282,7 @@ class Child:
     def _schedule_restart(self, ran: float) -> None:
         restarts = self.backoff.recent_restarts(self.reactor.seconds())
         if restarts >= self.timing.crash_loop_restarts:
-            last = f" (last: {self.last_error})" if self.last_error else ""
+            last = f" (last: {self.last_error or self.last_exit})" if self.last_error or self.last_exit else ""
             self._give_up(FAILED, f"crash loop: restarted {restarts} times in {self.timing.crash_loop_window:g} s; "
                                   f"not restarting{last}")
             return

@@ -185,6 +185,19 @@ def test_backoff_is_capped():
     assert waits == [1.0, 2.0, 3.0, 3.0] and child.restarts == 4
 
 
+def test_a_restart_loop_of_clean_stops_under_always_names_the_last_exit():
+    """A regression probe: ``kill -TERM`` four times to a gateway under ``always`` (with ``crash_loop_restarts`` 3)
+    ended it ``failed``, "crash loop: restarted 3 times in 60 s; not restarting", naming no exit at all."""
+    child, reactor, probe, _ = make("always")
+    running(child, reactor, probe)
+    for _ in range(5):
+        reactor.exit(None, signal.SIGTERM)
+        reactor.advance(8)
+        assert child.state == STARTING
+    reactor.exit(None, signal.SIGTERM)
+    assert child.state == FAILED and child.last_error.endswith("not restarting (last: killed by signal 15)")
+
+
 def test_crash_loop_stops_restarting_and_says_so():
     child, reactor, probe, _ = make()
     running(child, reactor, probe)

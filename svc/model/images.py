@@ -40,13 +40,17 @@ class ItemInputError(Exception):
 def decode_base64(text: str) -> bytes:
     """Standard base64 (padding optional, lines wrapped as the ``base64`` command and MIME wrap them), or a
     ``data:...;base64,`` URL."""
+    sent = text
+    start = len(text) - len(text.lstrip())  # where the base64 begins in what was sent
     text = text.strip()
     if text[:5].lower() == "data:":  # a URL's scheme is case-insensitive, and so is its ";base64"
         head, sep, text = text.partition(",")
         if not sep or not head.lower().endswith(";base64"):
             raise ItemInputError(st.INVALID_IMAGE, "a data URL must be base64-encoded (data:<type>;base64,<data>)")
+        start += len(head) + 1 + len(text) - len(text.lstrip())
         text = text.strip()
-    if "\n" in text or "\r" in text:  # wrapped lines: `base64 photo.jpg` wraps at 76 characters
+    wrapped = "\n" in text or "\r" in text  # wrapped lines: `base64 photo.jpg` wraps at 76 characters
+    if wrapped:
         text = "".join(text.split())
     missing = -len(text) % 4
     try:
@@ -54,20 +58,22 @@ def decode_base64(text: str) -> bytes:
             raise ValueError("wrong length")
         return base64.b64decode(text + "=" * missing, validate=True)
     except (binascii.Error, ValueError) as e:
-        raise ItemInputError(st.INVALID_IMAGE, f"not valid base64: {_stray(text) or e}") from None
+        raise ItemInputError(st.INVALID_IMAGE, f"not valid base64: {_stray(sent, start, wrapped) or e}") from None
 
 
 _NOT_BASE64 = re.compile(r"[^A-Za-z0-9+/]")
 
 
-def _stray(text: str) -> str | None:
-    """What is wrong with ``text``, which did not decode, in words, when a character is: looked for only then, so
-    valid images pay nothing (binascii said "wrong length" for one stray character)."""
-    body = text.rstrip("=")
+def _stray(sent: str, start: int, wrapped: bool) -> str | None:
+    """What is wrong with the base64 that begins at ``start`` of ``sent`` (which did not decode), in words, when a
+    character is, at its place in ``sent``: looked for only then, so valid images pay nothing (binascii said "wrong
+    length" for one stray character).  ``wrapped``: its whitespace was dropped as line breaks."""
+    places = [i for i in range(start, len(sent.rstrip())) if not (wrapped and sent[i].isspace())]
+    body = "".join(sent[i] for i in places).rstrip("=")
     found = _NOT_BASE64.search(body)
     if found is None:
         return None
-    char, at = found.group(), found.start()
+    char, at = found.group(), places[found.start()]
     if char == "=":
         return f"'=' padding at character {at}, before the end"
     hint = " (the URL-safe alphabet: use '+' and '/')" if char in "-_" else ""

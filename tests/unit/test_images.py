@@ -109,7 +109,12 @@ def test_base64_wrapped_in_lines_as_the_base64_command_writes_it_is_read():
     ("-_-_", "not valid base64: '-' at character 0 is not in the base64 alphabet (A-Z, a-z, 0-9, '+', '/') (the "
              "URL-safe alphabet: use '+' and '/')"),
     ("QUJDR", "not valid base64: wrong length"),
-], ids=["space", "bang", "non-ascii", "inner padding", "url-safe", "length"])
+    # Where it is in the string sent (a regression probe: it counted from the data URL's comma, without line breaks)
+    ("data:image/png;base64,iVBORw0K-GgoAAAA", "not valid base64: '-' at character 30 is not in the base64 alphabet "
+                                               "(A-Z, a-z, 0-9, '+', '/') (the URL-safe alphabet: use '+' and '/')"),
+    ("  iVBORw0K\nGgo!AAAA", "not valid base64: '!' at character 14 is not in the base64 alphabet (A-Z, a-z, 0-9, "
+                            "'+', '/')"),
+], ids=["space", "bang", "non-ascii", "inner padding", "url-safe", "length", "data url", "wrapped"])
 def test_a_string_that_is_not_base64_is_told_which_character_is_wrong(text, said):
     """One stray character (a space, ``!``, a non-ASCII letter, an inner ``=``) was "not valid base64: wrong length",
     which sent the user to count characters (image-input probe)."""

@@ -301,7 +301,8 @@ def decide(env: Mapping[str, str], keys_file: str) -> AuthSetup:
                                  "may"),
                                 (CLUSTER_TOKEN_ENV, cluster_token, "the cluster token must differ from every key"),
                                 (GATEWAY_TOKEN_ENV, gateway_token, "a key is checked first, so the static token would "
-                                 "be that key (refused while it is disabled, and limited as it is)")):
+                                 "be that key (refused while it is disabled, and limited as it is): remove the key "
+                                 "(svcctl keys remove), or change the token")):
         key_name = key_of(keys, token)
         if key_name is not None:
             raise Refused(f"{name} is the API key {key_name} of {keys_file}: {differ}")

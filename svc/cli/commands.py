@@ -7,7 +7,7 @@ JSON envelope, base64 images and the Bearer header.  It has:
 * ``svcctl keygen NAME [--scope S] [--qps N]``: a new key, printed once,
   with the ``[keys.NAME]`` entry to paste into ``conf/api_keys.toml``;
 * ``svcctl hash KEY``: the SHA-256 that the key file stores for a key;
-* ``svcctl keys add|disable|list`` (:mod:`svc.cli.keyfile`): edit the key file
+* ``svcctl keys add|disable|enable|remove|list`` (:mod:`svc.cli.keyfile`): edit the key file
   and have the supervisor restart the gateway;
 * ``svcctl infer MODEL IMAGE...`` and ``svcctl jobs submit|get|wait|result``
   (:mod:`svc.cli.gateway`; ``jobs run``, in :mod:`svc.cli.jobs`: all of them

@@ -1,4 +1,4 @@
-"""``svcctl keys add|disable|list``: edit the gateway's key file, then have the gateway reload it.
+"""``svcctl keys add|disable|enable|remove|list``: edit the gateway's key file, then have the gateway reload it.
 
 Why it exists: issuing a key used to be ``svcctl keygen``, pasting its entry
 into ``conf/api_keys.toml`` by hand, and a ``curl`` to the supervisor.  These
@@ -48,7 +48,8 @@ from svc.contract.protocol import SERVICE_CONFIG
 
 DEFAULT_KEYS_FILE = "conf/api_keys.toml"
 #: The first lines of a key file that ``keys add`` creates.
-NEW_FILE_HEADER = ("The gateway's API keys, one [keys.<name>] table per key (svcctl keys add|disable|list).",
+NEW_FILE_HEADER = ("The gateway's API keys, one [keys.<name>] table per key "
+                   "(svcctl keys add|disable|enable|remove|list).",
                    "Changes take effect when the gateway restarts: POST /api/v1/servers/__gateway/restart.")
 
 
@@ -212,6 +213,34 @@ def disable_key(doc: tomlkit.TOMLDocument, name: str) -> bool:
     return True
 
 
+def enable_key(doc: tomlkit.TOMLDocument, name: str) -> bool:
+    """``[keys.<name>]`` enabled again (its ``enabled = false`` line removed); False when it was (CliError: no such
+    key)."""
+    keys = doc.get("keys")
+    if keys is None or name not in keys:
+        raise CliError(f"no key named {name!r}")
+    if keys[name].get("enabled", True) is not False:
+        return False
+    del keys[name]["enabled"]
+    return True
+
+
+def remove_key(doc: tomlkit.TOMLDocument, name: str) -> bool:
+    """``[keys.<name>]`` removed from the file (CliError: no such key): the end of a rotation, or of a key that may
+    not stay even disabled (one equal to a static token is refused by the gateway either way)."""
+    keys = doc.get("keys")
+    if keys is None or name not in keys:
+        raise CliError(f"no key named {name!r}")
+    del keys[name]
+    return True
+
+
+#: ``keys`` actions that change one key: the edit, and the words of "already ..." and of the change made.
+CHANGES = {"disable": (disable_key, "disabled", "disabled key {name!r} in {path}"),
+           "enable": (enable_key, "enabled", "enabled key {name!r} in {path}"),
+           "remove": (remove_key, "removed", "removed key {name!r} from {path}")}
+
+
 def list_lines(entries: list[KeyEntry]) -> list[str]:
     """The ``keys list`` table: NAME, SCOPE, QPS (``unlimited`` for 0), ENABLED; no hash, ever."""
     rows = [("NAME", "SCOPE", "QPS", "ENABLED")]
@@ -254,8 +283,8 @@ def run(args: argparse.Namespace, client: Client) -> int:
                 print(key)
                 sys.stdout.flush()
                 write_atomically(path, tomlkit.dumps(doc))
-            elif not disable_key(doc, args.name):
-                fail(f"key {args.name!r} is already disabled in {path}: nothing changed")
+            elif not CHANGES[args.keys_action][0](doc, args.name):
+                fail(f"key {args.name!r} is already {CHANGES[args.keys_action][1]} in {path}: nothing changed")
                 return EXIT_OK
             else:
                 write_atomically(path, tomlkit.dumps(doc))
@@ -263,7 +292,7 @@ def run(args: argparse.Namespace, client: Client) -> int:
             fail(f"added key {args.name!r} to {path}; it is shown once and cannot be recovered: give it to the "
                   "client now")
         else:
-            fail(f"disabled key {args.name!r} in {path}")
+            fail(CHANGES[args.keys_action][2].format(name=args.name, path=path))
     except CliError as e:
         fail(str(e))
         return EXIT_USAGE
@@ -310,8 +339,9 @@ def gateway_reads(path: str) -> str | None:
 
 
 def add_parser(sub: Any) -> None:
-    """Register ``keys add|disable|list`` on the ``svcctl`` subcommands."""
-    keys = sub.add_parser("keys", help="add, disable and list the gateway's API keys (edits the key file)",
+    """Register ``keys add|disable|enable|remove|list`` on the ``svcctl`` subcommands."""
+    keys = sub.add_parser("keys", help="add, disable, enable, remove and list the gateway's API keys (edits the "
+                                       "key file)",
                           description="Edit the gateway's key file (comments and order are kept; written "
                                       "atomically, mode 0600), then restart the gateway through the supervisor "
                                       f"with the management token ${API_TOKEN_ENV} so that the change applies.")
@@ -331,7 +361,9 @@ def add_parser(sub: Any) -> None:
     add.add_argument("--scope", choices=SCOPES, default="inference", help="default: inference")
     add.add_argument("--qps", type=key_qps, default=0, metavar="N",
                      help="requests per second for this key; 0 = unlimited (default)")
-    disable = actions.add_parser("disable", parents=[common, changing], help="set enabled = false on a key")
-    disable.add_argument("name", metavar="NAME", help="key name")
+    for action, says in (("disable", "set enabled = false on a key"), ("enable", "enable a disabled key again"),
+                         ("remove", "remove a key's entry (the end of a rotation)")):
+        actions.add_parser(action, parents=[common, changing], help=says).add_argument(
+            "name", metavar="NAME", help="key name")
     actions.add_parser("list", parents=[common], help="name, scope, qps and enabled of every key (no hashes)")
     keys.set_defaults(handler=run, uses_client=True)

@@ -237,7 +237,7 @@ def test_the_static_token_cannot_be_an_api_key(tmp_path):
             decide({**ENV, "SERVICE_GATEWAY_AUTH_TOKEN": key}, path)
         assert str(e.value) == (f"SERVICE_GATEWAY_AUTH_TOKEN is the API key {name} of {path}: a key is checked "
                                 "first, so the static token would be that key (refused while it is disabled, and "
-                                "limited as it is)")
+                                "limited as it is): remove the key (svcctl keys remove), or change the token")
     assert decide({**ENV, "SERVICE_GATEWAY_AUTH_TOKEN": "another"}, path).mode == "api-keys"
 
 

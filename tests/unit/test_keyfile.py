@@ -1,4 +1,4 @@
-"""``svcctl keys add|disable|list``: exact file edits, mode 0600, atomic writes, the gateway restart."""
+"""``svcctl keys add|disable|enable|remove|list``: exact file edits, mode 0600, atomic writes, the gateway restart."""
 
 from __future__ import annotations
 
@@ -133,6 +133,25 @@ def test_disable_of_a_disabled_key_changes_nothing_and_of_an_unknown_key_is_refu
     assert keys.read_text() == ORIGINAL and mode(keys) == 0o644
 
 
+def test_enable_takes_a_disabled_key_back_and_remove_deletes_an_entry_with_its_comments_kept(keys, capsys):
+    """Key changes the contract lists beside add and disable: re-enable and delete.  Without delete, a key the
+    gateway refuses even disabled (one equal to its static token) could not be undone with svcctl (a regression
+    probe)."""
+    assert cli.main(["keys", "enable", "old", "--keys-file", str(keys), "--no-restart"]) == 0
+    assert keys.read_text() == ORIGINAL.replace(f'hash = "{"b" * 64}"\nenabled = false\n', f'hash = "{"b" * 64}"\n')
+    assert capsys.readouterr().err.startswith(f"svcctl: enabled key 'old' in {keys}\n")
+    assert cli.main(["keys", "enable", "old", "--keys-file", str(keys), "--no-restart"]) == 0
+    assert capsys.readouterr().err == f"svcctl: key 'old' is already enabled in {keys}: nothing changed\n"
+    assert cli.main(["keys", "remove", "tenant-a", "--keys-file", str(keys), "--no-restart"]) == 0
+    assert capsys.readouterr().err.startswith(f"svcctl: removed key 'tenant-a' from {keys}\n")
+    text = keys.read_text()
+    assert "tenant-a" not in text and "a" * 64 not in text and text.startswith("# The gateway's API keys.\n")
+    assert [k.name for k in load_key_file(str(keys))] == ["old"] and mode(keys) == 0o600
+    for action in ("remove", "enable"):
+        assert cli.main(["keys", action, "nobody", "--keys-file", str(keys), "--no-restart"]) == 2
+        assert capsys.readouterr().err == "svcctl: no key named 'nobody'\n"
+
+
 def test_list_prints_name_scope_qps_enabled_and_never_a_hash(keys, capsys):
     assert cli.main(["keys", "list", "--keys-file", str(keys)]) == 0
     out, err = capsys.readouterr()
@@ -227,6 +246,18 @@ def test_add_then_restarts_the_gateway_with_the_management_token(keys, capsys, m
     key = out.strip()
     assert keys.read_text() == ORIGINAL + "\n" + key_entry("tenant-b", hash_key(key))
     assert err.endswith("svcctl: the gateway restarted and applies the change\n")
+
+
+@pytest.mark.parametrize("action", [["enable", "old"], ["remove", "tenant-a"]])
+def test_enable_and_remove_restart_the_gateway_too(keys, capsys, monkeypatch, action):
+    in_checkout(monkeypatch, keys)
+    monkeypatch.setenv("SERVICE_API_TOKEN", MANAGEMENT)
+    supervisor = FakeClient()
+    supervisor.script = [Reply(200, {"ok": True}), Reply(200, {"gateway": {"keys_file": str(keys)}})]
+    assert cli.main(["keys", *action, "--keys-file", str(keys), "--supervisor", SUPERVISOR], client=supervisor) == 0
+    assert [(r.method, r.url) for r in supervisor.requests] == [("POST", SUPERVISOR + RESTART),
+                                                               ("GET", SUPERVISOR + "/api/v1/status")]
+    assert capsys.readouterr().err.endswith("svcctl: the gateway restarted and applies the change\n")
 
 
 def test_a_restart_refused_by_the_supervisor_exits_1_and_the_file_stays_changed(keys, capsys, monkeypatch):

@@ -272,9 +272,9 @@ class Child:
         clean = (code == 0 and not sig) or sig in spawn.STOP_SIGNALS  # someone's stop, however early it came
         self.last_error = None if clean else (f"{self.last_exit}: {tail}" if tail else self.last_exit)
         self._fire_exit_waiters()
-        if self.spec.policy == "no" or (clean and self.spec.policy == "on-failure"):
-            state = STOPPED if clean else FAILED
-            self._set(state, f"exited ({self.last_exit}); restart policy {self.spec.policy!r}: not restarting")
+        if self._closing or self.spec.policy == "no" or (clean and self.spec.policy == "on-failure"):
+            why = "the supervisor is shutting down" if self._closing else f"restart policy {self.spec.policy!r}"
+            self._set(STOPPED if clean or self._closing else FAILED, f"exited ({self.last_exit}); {why}: not restarted")
             self._fail_ready_waiters(self.last_error or self.last_exit or "exited")
             return
         self._schedule_restart(ran)

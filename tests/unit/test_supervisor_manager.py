@@ -183,6 +183,9 @@ def test_once_the_shutdown_began_no_model_is_spawned_while_the_gateway_drains(tm
     reactor.advance(60)
     assert len(reactor.spawned) == spawned and m.children["AAA"].state == RUNNING  # serves the drain
     assert m.children["CCC"].state == STOPPED and m.children["BBB"].state == STOPPED
+    said = [text for _, _, stream, text in m.children["CCC"].logs.ring if stream == "supervisor"]
+    assert said[-1] == "stopped: exited (exit code 1); the supervisor is shutting down: not restarted"
+    assert not any(line.startswith("backoff") for line in said)  # it said "restarting in 1 s", then did not
 
 
 def test_status_view(tmp_path):

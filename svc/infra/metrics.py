@@ -114,6 +114,11 @@ class ModelServerMetrics(InferenceHttpMetrics):
         self.items = Counter(
             "service_items", "Image items answered, by item status text.", ("status",), registry=registry
         )
+        self.items_abandoned = Counter(
+            "service_items_abandoned", "Image items of synchronous requests whose client went away before their "
+            "answer: they left the queue unrun, or their batch stopped at its next step once nobody waited for it.",
+            registry=registry,
+        )
         self.queue_depth = Gauge(
             "service_queue_depth", "Image items waiting for a worker (admitted, not yet running).", registry=registry
         )

@@ -341,6 +341,8 @@ class _Run:
         self.finished = True
         if self.timer is not None and self.timer.active():
             self.timer.cancel()
+        if self.inference.metrics is not None:  # in no service_items_total: nobody was answered
+            self.inference.metrics.items_abandoned.inc(sum(result is None for result in self.results))
         now = self.inference.clock.seconds()
         for item in self.items:
             self.inference.queue.drop(item)

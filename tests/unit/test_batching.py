@@ -293,9 +293,17 @@ def test_bad_base64_fails_only_its_item():
     assert [r.status for r in answered[0]] == [st.SUCCESS, st.INVALID_IMAGE]
 
 
-def test_cancelled_request_leaves_the_queue():
-    clock = Clock()
+def test_cancelled_request_leaves_the_queue_and_its_items_are_counted_as_abandoned():
+    """A deadlines probe: the items of a client gone were in no metric (an operator could not see the work
+    abandoned): ``service_items_abandoned_total``, and never ``service_items_total``."""
+    from prometheus_client import CollectorRegistry
+
+    from svc.infra.metrics import ModelServerMetrics
+
+    clock, registry = Clock(), CollectorRegistry()
     inf, runner = inference(clock, max_batch_size=1)
+    inf.metrics = ModelServerMetrics(registry, "M")
+    inf.item_counter = inf.metrics.items.labels
     inf.run(InferenceRequest(images=["aGk="], req_id=None), deadline=None)
     d = inf.run(InferenceRequest(images=["aGk=", "aGk="], req_id=None), deadline=None)
     assert inf.queue.waiting == 2
@@ -304,6 +312,9 @@ def test_cancelled_request_leaves_the_queue():
     assert inf.queue.waiting == 0
     runner.finish()
     assert len(runner.batches) == 1
+    assert registry.get_sample_value("service_items_abandoned_total") == 2
+    assert [(s.labels, s.value) for f in registry.collect() for s in f.samples if s.name == "service_items_total"] == [
+        ({"status": "SUCCESS"}, 1.0)]  # the first request's item alone
 
 
 # -- the end of a shutdown grace ---------------------------------------------------------------

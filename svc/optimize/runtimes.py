@@ -142,7 +142,10 @@ def _load(path: Path, returns: str, runtime: str, bf16: bool, batch: int, batche
     if returns not in ("tensor", "list", "tuple"):
         raise ValueError(f"its record says it returns {returns!r}")
     if runtime == "openvino":
-        return OpenVINOCall(_ov_core(), _ov_core().read_model(str(path)), bf16, returns, intra_op_threads(), WORKERS,
+        # Read, not mapped: OpenVINO's default maps the .bin, and a file cut short or overwritten in place (a cp
+        # over it, a restored backup) then killed the running server (SIGBUS) or changed its weights under it.
+        model = _ov_core().read_model(str(path), config={"ENABLE_MMAP": False})
+        return OpenVINOCall(_ov_core(), model, bf16, returns, intra_op_threads(), WORKERS,
                             fixed_batches(batch) if batched else ())
     return OnnxRuntimeCall(path, returns, intra_op_threads(), WORKERS)
 

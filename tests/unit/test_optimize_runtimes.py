@@ -196,6 +196,22 @@ def test_openvino_runs_a_batch_of_one_and_the_warm_up_batch_in_forms_compiled_fo
         assert torch.allclose(refused(x, torch.tensor(2.0))[0], module(x, torch.tensor(2.0))[0], atol=1e-5)
 
 
+def test_a_loaded_openvino_model_keeps_what_it_read_when_its_cache_file_is_overwritten(state_dir):
+    """An optimize probe: OpenVINO mapped the cached ``.bin`` into memory, so a running YOLOV8 whose file was cut
+    short died of SIGBUS at its next request, and one whose file was overwritten in place answered 500 while it
+    said ready, where docs/optimize.md says a running model server keeps what it loaded."""
+    module = TwoHeads().eval()
+    target, _ = target_of(module)
+    apply_mode(target, mode("openvino"), "cpu", 4)  # converted and written
+    fn = apply_mode(target, mode("openvino"), "cpu", 4)  # read from the cache, as at a restart
+    [weights] = (state_dir / "compiled").glob("heads-openvino-*.bin")
+    with open(weights, "r+b") as f:  # in place: the same file, the same size (a cp over it, a restored backup)
+        f.write(bytes(weights.stat().st_size))
+    x = torch.rand(2, 3, 8, 8)
+    with torch.inference_mode():
+        assert torch.allclose(fn(x, torch.tensor(0.5))[0], module(x, torch.tensor(0.5))[0], atol=1e-5)
+
+
 def test_only_a_dynamic_batch_dimension_is_pinned():
     openvino = openvino_module()
     ops = openvino.opset13

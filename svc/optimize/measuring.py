@@ -1,4 +1,5 @@
-"""One measurement at a time on a host: ``auto`` times its candidate modes on cores no other model measures on.
+"""One measurement at a time per state directory: ``auto`` times its candidate modes on cores no other model of
+the deployment measures on (another deployment's, with its own state directory, is not waited for: docs/optimize.md).
 
 ``auto`` keeps the fastest mode and records it for every later start
 (:mod:`svc.optimize.choices`), so a timing taken while other model servers

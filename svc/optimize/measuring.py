@@ -46,9 +46,9 @@ WAIT_MAX_S = 600.0
 
 
 @contextmanager
-def alone(folder: Path, model_id: str, phase: Callable[[str], None]) -> Iterator[bool]:
-    """Hold the host's measuring lock while the block runs; yields whether another measurement was waited for.
-    A lock file that cannot be made or opened yields False at once and locks nothing.  It blocks the calling
+def alone(folder: Path, model_id: str, phase: Callable[[str], None]) -> Iterator[float]:
+    """Hold the state directory's measuring lock while the block runs; yields the seconds another measurement was
+    waited for (0.0: none).  A lock file that cannot be made or opened yields 0.0 at once and locks nothing.  It blocks the calling
     thread while it waits (polling every :data:`POLL_S`): the load's worker thread, never the reactor's."""
     from svc.optimize.cache import UntrustedCache, make_private_dirs
 
@@ -56,7 +56,7 @@ def alone(folder: Path, model_id: str, phase: Callable[[str], None]) -> Iterator
         make_private_dirs(folder)
         fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     except (OSError, UntrustedCache):
-        yield False
+        yield 0.0
         return
     try:
         waited, shown, since = False, None, time.monotonic()
@@ -74,12 +74,12 @@ def alone(folder: Path, model_id: str, phase: Callable[[str], None]) -> Iterator
                 shown = holder
             if time.monotonic() - since > WAIT_MAX_S:  # a measurement hung, not ended: this start goes on beside it
                 phase(f"{BESIDE}{holder}, which held the measuring lock over {WAIT_MAX_S:g} s")
-                yield True
+                yield time.monotonic() - since
                 return
             time.sleep(POLL_S)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{model_id} (pid {os.getpid()})".encode(), 0)
-        yield waited
+        yield time.monotonic() - since if waited else 0.0
     finally:
         os.close(fd)  # releases the lock
 

@@ -144,10 +144,10 @@ class Optimizer:
         self._install(targets, [t.module for t in targets])  # the reference is eager, whatever ran before
         self.apply_layout(targets, EAGER_MODE)
         candidates = [explicit] if explicit is not None else self.candidates()
-        key = None
+        key, first = None, None  # first: the record read before any wait (one that failed is not tried again)
         if explicit is None and self.choices is not None:
-            key, recorded = self._recall(targets, candidates, report)
-            if recorded is not None and self._apply_recorded(report, recorded, targets):
+            key, first = self._recall(targets, candidates, report)
+            if first is not None and self._apply_recorded(report, first, targets):
                 return self._recorded(report, started)
         if key is None:
             return self._measure(report, explicit, candidates, targets, gate, None, started)
@@ -156,8 +156,9 @@ class Optimizer:
         assert self.choices is not None
         with measuring.alone(self.choices, self.model_id, self.phase) as waited:
             if waited:  # another model measured meanwhile: a replica of this one may have recorded this key
+                report.notes.append(f"waited {waited:.1f} s for another model's measurement")
                 recorded = self._read(key, candidates)
-                if recorded is not None and self._apply_recorded(report, recorded, targets):
+                if recorded is not None and recorded != first and self._apply_recorded(report, recorded, targets):
                     return self._recorded(report, started)
             return self._measure(report, explicit, candidates, targets, gate, key, started)
 

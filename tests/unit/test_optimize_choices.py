@@ -8,8 +8,10 @@ calls, modes applied) and from its line, never from how long it took.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -353,32 +355,43 @@ def test_a_record_that_failed_to_apply_is_not_applied_again_after_a_wait_and_the
     40 s wait for the lock, read as a slow start."""
     import threading
 
-    from svc.optimize import measuring
-
     load(TinyClassifier(), folder, Counted())  # the record: jit
-    holding, release = threading.Event(), threading.Event()
-
-    def other() -> None:
-        with measuring.alone(folder, "OTHER", lambda text: None):
-            holding.set()
-            release.wait(30)
-
-    holder = threading.Thread(target=other)
-    holder.start()
-    assert holding.wait(30)
     counted, waiting = Counted(failing={"jit": RuntimeError("injected: no runtime")}), threading.Event()
     counted.phases = _Signalling(waiting)
     result: list[select.Report] = []
     loader = threading.Thread(target=lambda: result.append(load(TinyClassifier(), folder, counted)))
-    loader.start()
-    assert waiting.wait(30)
-    release.set()
-    holder.join(30)
+    with _held(folder, "OTHER"):
+        loader.start()
+        assert waiting.wait(30)
     loader.join(30)
     line = result[0].line
     assert counted.applied == ["jit", "channels_last", "jit"]  # the record's, then measured: not the record twice
     assert line.count("the recorded jit failed to apply") == 1, line
     assert re.search(r"; waited \d+\.\d s for another model's measurement;", line), line
+
+
+@contextlib.contextmanager
+def _held(folder, name: str) -> Iterator[None]:
+    """``name`` holds the measuring lock, in a thread of its own, until the block ends."""
+    import threading
+
+    from svc.optimize import measuring
+
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with measuring.alone(folder, name, lambda text: None):
+            holding.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(30)
+    try:
+        yield
+    finally:
+        release.set()
+        holder.join(30)
 
 
 class _Signalling(list):
@@ -397,29 +410,14 @@ class _Signalling(list):
 def test_a_measurement_hung_past_the_bound_is_measured_beside(folder, monkeypatch):
     """A holder alive but hung (not dead: the kernel would release its lock) does not hold every other start for
     ever: past WAIT_MAX_S the waiting one measures beside it, and its phase says so."""
-    import threading
 
     from svc.optimize import measuring
 
     monkeypatch.setattr(measuring, "WAIT_MAX_S", 0.0)
     monkeypatch.setattr(measuring, "POLL_S", 0.01)
-    holding, release = threading.Event(), threading.Event()
-
-    def hung() -> None:
-        with measuring.alone(folder, "HUNG", lambda text: None):
-            holding.set()
-            release.wait(30)
-
-    holder = threading.Thread(target=hung)
-    holder.start()
-    assert holding.wait(30)
     phases: list[str] = []
-    try:
-        with measuring.alone(folder, "TINY", phases.append) as waited:
-            assert waited > 0
-    finally:
-        release.set()
-        holder.join(30)
+    with _held(folder, "HUNG"), measuring.alone(folder, "TINY", phases.append) as waited:
+        assert waited > 0
     assert phases[-1].startswith("measuring beside HUNG (pid ") and phases[-1].endswith(
         "), which held the measuring lock over 0 s")
 

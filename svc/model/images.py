@@ -61,23 +61,24 @@ def decode_base64(text: str) -> bytes:
         raise ItemInputError(st.INVALID_IMAGE, f"not valid base64: {_stray(sent, start, wrapped) or e}") from None
 
 
-_NOT_BASE64 = re.compile(r"[^A-Za-z0-9+/]")
+#: By whether line breaks (any whitespace) were dropped: a character base64 does not have, and padding followed by
+#: more data.  Searched in C, over what was sent: an image of megabytes is not walked in Python.
+_STRAY = {wrapped: (re.compile(rf"[^A-Za-z0-9+/={space}]"), re.compile(rf"=[={space}]*[A-Za-z0-9+/]"))
+          for wrapped, space in ((False, ""), (True, r"\s"))}
 
 
 def _stray(sent: str, start: int, wrapped: bool) -> str | None:
     """What is wrong with the base64 that begins at ``start`` of ``sent`` (which did not decode), in words, when a
     character is, at its place in ``sent``: looked for only then, so valid images pay nothing (binascii said "wrong
     length" for one stray character).  ``wrapped``: its whitespace was dropped as line breaks."""
-    places = [i for i in range(start, len(sent.rstrip())) if not (wrapped and sent[i].isspace())]
-    body = "".join(sent[i] for i in places).rstrip("=")
-    found = _NOT_BASE64.search(body)
-    if found is None:
+    end = len(sent.rstrip())
+    bad, padding = (pattern.search(sent, start, end) for pattern in _STRAY[wrapped])
+    if padding is not None and (bad is None or padding.start() < bad.start()):
+        return f"'=' padding at character {padding.start()}, before the end"
+    if bad is None:
         return None
-    char, at = found.group(), places[found.start()]
-    if char == "=":
-        return f"'=' padding at character {at}, before the end"
-    hint = " (the URL-safe alphabet: use '+' and '/')" if char in "-_" else ""
-    return f"{char!a} at character {at} is not in the base64 alphabet (A-Z, a-z, 0-9, '+', '/'){hint}"
+    char, hint = bad.group(), " (the URL-safe alphabet: use '+' and '/')" if bad.group() in "-_" else ""
+    return f"{char!a} at character {bad.start()} is not in the base64 alphabet (A-Z, a-z, 0-9, '+', '/'){hint}"
 
 
 def open_image(data: bytes, max_pixels: int) -> Any:

@@ -48,8 +48,9 @@ WAIT_MAX_S = 600.0
 @contextmanager
 def alone(folder: Path, model_id: str, phase: Callable[[str], None]) -> Iterator[float]:
     """Hold the state directory's measuring lock while the block runs; yields the seconds another measurement was
-    waited for (0.0: none).  A lock file that cannot be made or opened yields 0.0 at once and locks nothing.  It blocks the calling
-    thread while it waits (polling every :data:`POLL_S`): the load's worker thread, never the reactor's."""
+    waited for (0.0: none).  A lock file that cannot be made or opened yields 0.0 at once and locks nothing.  It
+    blocks the calling thread while it waits (polling every :data:`POLL_S`): the load's worker thread, never the
+    reactor's."""
     from svc.optimize.cache import UntrustedCache, make_private_dirs
 
     try:  # the records' own folder rules: private folders, none another user can change, no link followed

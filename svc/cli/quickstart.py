@@ -46,6 +46,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -272,6 +273,14 @@ def own_status(status: dict | None, pid: int) -> dict | None:
     return status if status is not None and status.get("pid") == pid else None
 
 
+def weights_said(weights: str, pretrained: list[str], demo: Mapping[str, str]) -> str:
+    """The weights the supervisor starts on, in words: the profile's, and under ``demo`` the models whose configs
+    name a variant, which run it (``MODEL:VARIANT`` in ``pretrained``, less those left on demo): an upgrade probe
+    read "(demo weights)" while two models served their pulled variants."""
+    named = [spec for spec in pretrained if spec.partition(":")[0] not in demo] if weights != "pretrained" else []
+    return f"{weights} weights" + (f"; pretrained by their configs: {', '.join(named)}" if named else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Prepare the secrets, run the supervisor, and say what to do once the models are up.
 
@@ -313,13 +322,15 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         weights = args.weights or load_profile(load_supervisor_config(SERVICE_CONFIG)).weights
-        demo = fetch_missing(pretrained_pulls(".", weights), env, accept=tuple(args.accept))
+        pulls = pretrained_pulls(".", weights)
+        demo = fetch_missing(pulls, env, accept=tuple(args.accept))
         demo.update(uncached_outside_profile(".", weights, env))
     except ConfigError as e:  # one line naming the file and the key, as the supervisor would refuse it
         show_unseen_key(values if first_run else None)
         print(f"quickstart: {e}", file=sys.stderr, flush=True)
         return 1
-    print(f"Starting the supervisor ({weights} weights): UI and management API on {ui_url}, gateway on "
+    print(f"Starting the supervisor ({weights_said(weights, [spec for spec, _ in pulls], demo)}): UI and management "
+          f"API on {ui_url}, gateway on "
           f"{gateway_url}; the models load for a minute or two (logs below)...", flush=True)
     # twist, as the supervisor runs its children: it writes info and above, so the debug lines of this
     # process's own status poll (svc.web.site) stay out of the terminal; twistd would write them all.  This

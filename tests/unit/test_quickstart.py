@@ -12,7 +12,16 @@ import sys
 
 import pytest
 
-from svc.cli.quickstart import KEY_FILE, SECRETS, next_steps, prepare, read_env_file, service_addresses, settled
+from svc.cli.quickstart import (
+    KEY_FILE,
+    SECRETS,
+    next_steps,
+    prepare,
+    read_env_file,
+    service_addresses,
+    settled,
+    weights_said,
+)
 
 
 def test_prepare_creates_private_distinct_secrets_and_a_first_key_once(tmp_path):
@@ -587,3 +596,14 @@ def test_only_the_quick_starts_own_supervisor_is_trusted():
     assert own_status({"gateway": {"ready": True}, "servers": []}, 4243) is None  # a status that names no pid
     assert own_status(None, 4242) is None
     assert own_status(theirs, 4242) is theirs
+
+
+def test_the_start_line_names_the_models_their_configs_put_on_pretrained_weights():
+    """An upgrade probe: "Starting the supervisor (demo weights)" right after "Pretrained weights: cached, nothing to
+    pull (YOLOV8:yolov8n DDIM:cifar10-32)", while those two served their variants."""
+    pulled = ["YOLOV8:yolov8n", "DDIM:cifar10-32"]
+    assert weights_said("demo", pulled, {}) == "demo weights; pretrained by their configs: YOLOV8:yolov8n, DDIM:cifar10-32"
+    assert weights_said("demo", pulled, {"DDIM": "not cached"}) == (
+        "demo weights; pretrained by their configs: YOLOV8:yolov8n")  # one left on demo is not named
+    assert weights_said("demo", [], {}) == "demo weights"
+    assert weights_said("pretrained", pulled, {}) == "pretrained weights"

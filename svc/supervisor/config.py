@@ -282,14 +282,24 @@ def nvidia_present(driver_file: str = NVIDIA_DRIVER_FILE) -> bool:
     return os.path.exists(driver_file)
 
 
+#: Signs of a GPU that CUDA may use where the driver has no /proc file: WSL2's GPU device, Jetson's, the driver's.
+GPU_DEVICE_FILES = ("/dev/dxg", "/dev/nvhost-ctrl-gpu", "/dev/nvidiactl")
+
+
+def gpu_possible() -> bool:
+    """Whether CUDA may run here: an NVIDIA driver (:func:`nvidia_present`, what ``auto`` goes by), or a device
+    of :data:`GPU_DEVICE_FILES` (WSL2, where CUDA works without the driver's /proc file, and Jetson)."""
+    return nvidia_present() or any(os.path.exists(path) for path in GPU_DEVICE_FILES)
+
+
 def check_device(config: SupervisorConfig, profile: Profile, given: str | None,
                  gpu_present: Callable[[], bool] | None = None) -> None:
     """A profile whose models run on a GPU, on a machine without an NVIDIA driver: ``ConfigError`` naming the choice
     (``given``: ``--profile``, else the config's key).  The supervisor started, and each model server then refused
     with advice (``backend.device``, ``--device``) that the profile overrides."""
-    if profile.device == "gpu" and not (gpu_present or nvidia_present)():
-        problem = (f"the {profile.name!r} profile runs its models on an NVIDIA GPU, but this machine has no NVIDIA "
-                   f"driver ({NVIDIA_DRIVER_FILE} does not exist): choose the cpu profile, or auto (by the driver)")
+    if profile.device == "gpu" and not (gpu_present or gpu_possible)():
+        problem = (f"the {profile.name!r} profile runs its models on an NVIDIA GPU, but this machine shows none (no "
+                   f"{NVIDIA_DRIVER_FILE}, nor {' or '.join(GPU_DEVICE_FILES)}): choose the cpu profile, or auto")
         raise (ConfigError("--profile", None, problem) if given
                else ConfigError(config.path, "supervisor.profile", problem))
 

@@ -335,13 +335,22 @@ def test_profiles_and_unknown_models(tmp_path):
     assert load_profile(config, "real") == Profile("real", "gpu", ("AAA",), "pretrained")
     # A GPU profile on a machine without an NVIDIA driver is refused at start (a config probe: the supervisor
     # started, and each model refused alone, with advice the profile overrides).
-    no_driver = "the 'real' profile runs its models on an NVIDIA GPU, but this machine has no NVIDIA driver"
+    no_driver = "the 'real' profile runs its models on an NVIDIA GPU, but this machine shows none"
     with pytest.raises(ConfigError, match=f"^--profile: {no_driver}"):
         check_device(config, load_profile(config, "real"), "real", gpu_present=lambda: False)
     with pytest.raises(ConfigError, match=f"service.toml: supervisor.profile: {no_driver}"):
         check_device(config, load_profile(config, "real"), None, gpu_present=lambda: False)
     check_device(config, load_profile(config, "real"), "real", gpu_present=lambda: True)
     check_device(config, load_profile(config), None, gpu_present=lambda: False)  # cpu: no driver needed
+    # WSL2 runs CUDA without the driver's /proc file (an upgrade probe): its GPU device is a sign too.
+    from svc.supervisor import config as supervisor_config
+
+    seen, real = [], load_profile(config, "real")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(supervisor_config, "nvidia_present", lambda: False)
+        patch.setattr(supervisor_config.os.path, "exists", lambda path: seen.append(path) or path == "/dev/dxg")
+        check_device(config, real, "real")
+    assert seen[0] == "/dev/dxg"
     with pytest.raises(ConfigError, match="weights: must be one of"):
         load_profile(config, "worse")
     # demo naming a model that models leaves out (what trimming models gives): that model is simply not started

@@ -290,8 +290,9 @@ def test_the_gpu_profile_on_a_machine_without_an_nvidia_driver_is_refused_with_o
     with pytest.raises(SystemExit) as refused:
         build(supervisor_tap, ["--config", str(supervisor_config), "--profile", "gpu"])
     assert str(refused.value) == (
-        "service-supervisor: --profile: the 'gpu' profile runs its models on an NVIDIA GPU, but this machine has no "
-        "NVIDIA driver (/proc/driver/nvidia/version does not exist): choose the cpu profile, or auto (by the driver)")
+        "service-supervisor: --profile: the 'gpu' profile runs its models on an NVIDIA GPU, but this machine shows "
+        "none (no /proc/driver/nvidia/version, nor /dev/dxg or /dev/nvhost-ctrl-gpu or /dev/nvidiactl): choose the "
+        "cpu profile, or auto")
 
 
 def test_a_supervisor_without_a_complete_ui_is_refused_with_one_line(supervisor_config, environment, tmp_path):

@@ -62,6 +62,7 @@ from models.diffusion_weights import (
     load_component,
     random_unet,
     random_vqvae,
+    sample_size_problem,
     scheduler_config,
     weights_folder,
 )
@@ -254,6 +255,12 @@ class _DiffusionFactory:
             raise WeightsError(f"weights folder {path_of(config)}: unet/config.json has no num_class_embeds "
                                f"(CLS_COND_DDIM needs a class-conditioned UNet)")
         return n
+
+    def config_problem(self, config: dict) -> tuple[str, str] | None:
+        """The ``[model]`` keys that are fine alone but not together: a random-init ``sample_size`` that the
+        levels of ``block_out_channels`` cannot halve (a weights folder's sizes are its own)."""
+        problem = sample_size_problem(config) if path_of(config) is None else None
+        return ("sample_size", problem) if problem else None
 
     def params_schema(self, config: dict) -> dict:
         n = self.schedule_length(config)

@@ -112,16 +112,25 @@ def _groups(channels: list[int]) -> int:
     return math.gcd(32, *channels)
 
 
+def sample_size_problem(config: dict) -> str | None:
+    """Why a random-init UNet cannot have ``sample_size`` (None: it can): each level below the first halves the
+    side, so it must be a multiple of 2^(levels - 1).  Torch said "Sizes of tensors must match except in dimension
+    1" at the warm-up; the plugin's ``config_problem`` says this at every start's config check."""
+    side, levels = config["sample_size"], len(config["block_out_channels"])
+    if side % 2 ** (levels - 1):
+        return (f"{side} is not a multiple of {2 ** (levels - 1)}: each of the {levels - 1} levels below the first "
+                "of block_out_channels halves the side")
+    return None
+
+
 def random_unet(config: dict, *, in_channels: int, num_classes: int | None = None) -> Any:
     """The UNet2DModel of a [model] table (random init from the current torch seed)."""
     from diffusers import UNet2DModel
 
     channels = list(config["block_out_channels"])
     n = len(channels)
-    side = config["sample_size"]
-    if side % 2 ** (n - 1):  # torch's error was "Sizes of tensors must match except in dimension 1 ..."
-        raise ValueError(f"[model] sample_size {side} is not a multiple of {2 ** (n - 1)}: each of the "
-                         f"{n - 1} levels below the first of block_out_channels halves the side")
+    if problem := sample_size_problem(config):
+        raise ValueError(f"[model] sample_size {problem}")
     attention = config["attention"]
     down = ["DownBlock2D"] * (n - 1) + ["AttnDownBlock2D" if attention else "DownBlock2D"]
     up = ["AttnUpBlock2D" if attention else "UpBlock2D"] + ["UpBlock2D"] * (n - 1)

@@ -228,6 +228,9 @@ def model_config(factory: IModelFactory, table: dict, config_path: str, *, files
         if stage == "as written":
             table = resolve_pretrained(factory, table, config_path, files=files, weights_from=weights_from)
     config = schema.with_defaults(table)
+    check = getattr(factory, "config_problem", None)  # optional: what keys that fit alone do not together
+    if callable(check) and (problem := check(config)):
+        raise ConfigError(config_path, f"model.{problem[0]}", problem[1])
     if not files:
         config.pop("weights", None)
         return config

@@ -257,16 +257,19 @@ def test_a_folder_without_its_unet_or_vqvae_stops_the_server(tmp_path):
 
 
 @pytest.mark.parametrize("model_id, table, said", [
-    ("DDIM", {"sample_size": 18}, "[model] sample_size 18 is not a multiple of 4: each of the 2 levels below the "
+    ("DDIM", {"sample_size": 18}, "model.sample_size: 18 is not a multiple of 4: each of the 2 levels below the "
                                   "first of block_out_channels halves the side"),
     ("LDM", {"sample_size": 12, "block_out_channels": [32, 32, 32, 32]},
-     "[model] sample_size 12 is not a multiple of 8: each of the 3 levels below the first of block_out_channels "
+     "model.sample_size: 12 is not a multiple of 8: each of the 3 levels below the first of block_out_channels "
      "halves the side"),
 ])
 def test_a_sample_size_the_levels_cannot_halve_stops_the_server_with_a_line_that_says_so(tmp_path, model_id, table,
                                                                                         said):
     """``sample_size = 18`` with three levels (inside the documented 8..1024) stopped the server with torch's
-    "Sizes of tensors must match except in dimension 1" (diffusion probe)."""
+    "Sizes of tensors must match except in dimension 1" (diffusion probe), once the model loaded: it is refused
+    with the config check, naming the file and the key (an upgrade probe), as the supervisor's start checks
+    every config."""
     config = write_config(tmp_path, model_id, model=table)
     code, output = run_to_exit(model_server_args(config, 0), env=child_env({"SERVICE_AUTH_TOKEN": "t"}))
-    assert code == 1 and said in output and "Sizes of tensors" not in output, output
+    assert code == 1 and f"{config}: {said}" in output and "Sizes of tensors" not in output, output
+    assert "model failed to load" not in output  # before any model is built

@@ -336,9 +336,7 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
 
     @declare.route(app, klein_rule(MODEL_PREFIX + JOBS), methods=["POST"], name="jobs_submit", admit="admit")
     async def submit(self, request: Any, model_id: str) -> bytes:
-        upstream = self.upstream(request, model_id)
-        self.forwarder.refuse_unreachable(upstream)
-        return await self.forwarder.forward(request, upstream, "jobs_submit", JOBS, rewrite=True)
+        return await self.forwarder.forward(request, self.upstream(request, model_id), "jobs_submit", JOBS, rewrite=True)
 
     @declare.route(app, klein_rule(MODEL_PREFIX + JOB), methods=["GET"], name="jobs_status", admit="admit")
     async def job_status(self, request: Any, model_id: str, job_id: str) -> bytes:

@@ -47,6 +47,7 @@ from svc.gateway.proxy import (
     not_admitted,
 )
 from svc.infra.metrics import GatewayMetrics
+from svc.infra.ratelimit import retry_after_header
 from svc.web.oip.replies import protocol_of
 from svc.web.replies import connection_options, dumps
 
@@ -101,7 +102,7 @@ class Forwarder:
         self.metrics = metrics
         self.cluster = cluster
         self.labelled = LabelCache()
-        self._unreachable: dict[str, tuple[float, str]] = {}  # model id -> (until, why): see _check_minted
+        self._unreachable: dict[tuple[str, int], tuple[float, str]] = {}  # (model, replica) -> (until, why)
 
     async def forward(self, request: Any, upstream: Upstream, route: str, path: str, *, query: bytes = b"",
                       rewrite: bool = False, replica: Replica | None = None, budget_ms: int | None = None) -> bytes:
@@ -130,8 +131,6 @@ class Forwarder:
             self._observe(request, route, started)  # the gateway's own 502 and 503 (a hung or dead model)
             raise
         self._observe(request, route, started)
-        if rewrite and reply.code == 202:  # before any of the reply is passed on: a 502 carries none of it
-            self._check_minted(upstream, reply.body)
         request.setResponseCode(reply.code)
         for name in PASSED_REPLY_HEADERS:
             values = reply.headers.getRawHeaders(name)
@@ -179,7 +178,8 @@ class Forwarder:
         or hung model raised it every few seconds).
         """
         method = method or request.method
-        tried: list[Replica] = []
+        submit = route == "jobs_submit" and replica is None
+        tried: list[Replica] = self._blocked(upstream) if submit else []  # see _minted
         held: UpstreamReply | None = None  # a replica's busy or not-admitted answer, given when no other takes it
         several = replica is None and len(upstream.replicas) > 1
         while True:
@@ -195,6 +195,8 @@ class Forwarder:
             if reply is None:
                 self.metrics.upstream_retries.labels(upstream.id, "refused").inc()
                 continue
+            if submit and reply.code == 202 and self._minted(upstream, target, reply.body, last=not more):
+                continue  # another replica takes the submit
             if several and not_admitted(reply):
                 self.balancer.mark_down(target)
                 if more:
@@ -296,33 +298,39 @@ class Forwarder:
             self.cluster.unverified(job_id)
             raise job_not_found(job_id)
 
-    def _check_minted(self, upstream: Upstream, data: bytes) -> None:
-        """A job id this gateway would not find again is a 502, not a 202 whose every poll is 404 "job not found" (a
-        model server started by hand with another ``SERVICE_JOB_SECRET``, host id or replica index than the
-        gateway's).  The job runs there, and nothing can cancel it, so for :data:`UNREACHABLE_S` the model's submits
-        are refused unforwarded: a client retrying the 502 does not fill its job queue."""
+    def _minted(self, upstream: Upstream, target: Replica, data: bytes, *, last: bool) -> bool:
+        """Whether ``target``'s 202 carries a job id this gateway would not find again (every poll of it would be
+        404 "job not found": a model server started by hand with another ``SERVICE_JOB_SECRET``, host id or
+        ``SERVICE_REPLICA`` than the gateway knows); then another replica is tried, or, ``last``, the submit is a
+        502.  The job runs there and nothing can cancel it, so for :data:`UNREACHABLE_S` that replica gets no
+        submit: clients retrying the 502 do not fill its job queue, and the others take the submits."""
         try:
             job_id = json.loads(data).get("job_id")
         except (ValueError, AttributeError):
-            return
-        if isinstance(job_id, str) and (why := unreachable(upstream, job_id, secret=self.cluster.secret,
-                                                            host=self.cluster.host_id)):
-            log.error("model server {model} made job id {job_id}, which this gateway would not find again: {why}; "
-                      "its submits are refused for {s:g} s", model=upstream.id, job_id=job_id[:80], why=why,
-                      s=UNREACHABLE_S)
-            self._unreachable[upstream.id] = (self.clock.seconds() + UNREACHABLE_S, why)
-            raise self._unreachable_error(upstream, why, "the job runs there, but cannot be polled")
+            return False
+        why = isinstance(job_id, str) and unreachable(upstream, job_id, secret=self.cluster.secret,
+                                                        host=self.cluster.host_id, made_by=target)
+        if not why:
+            return False
+        which = f" replica {target.index}" if len(upstream.replicas) > 1 else ""
+        log.error("model server {model}{which} made job id {job_id}, which this gateway would not find again: {why}; "
+                  "it gets no submit for {s:g} s", model=upstream.id, which=which, job_id=job_id[:80], why=why,
+                  s=UNREACHABLE_S)
+        self._unreachable[(upstream.id, target.index)] = (self.clock.seconds() + UNREACHABLE_S, why)
+        if last:
+            raise ApiError(st.BAD_GATEWAY, f"model server {upstream.id}{which} makes job ids this gateway would not "
+                                           f"find again ({why}): the job runs there, but cannot be polled")
+        return True
 
-    def refuse_unreachable(self, upstream: Upstream) -> None:
-        """The 502 of a submit to a model whose last job id this gateway could not find again, for a while."""
-        until, why = self._unreachable.get(upstream.id, (0.0, ""))
-        if self.clock.seconds() < until:
-            raise self._unreachable_error(upstream, why, "not sent")
-
-    @staticmethod
-    def _unreachable_error(upstream: Upstream, why: str, what: str) -> ApiError:
-        return ApiError(st.BAD_GATEWAY, f"model server {upstream.id} makes job ids this gateway would not find "
-                                        f"again ({why}): {what}")
+    def _blocked(self, upstream: Upstream) -> list[Replica]:
+        """The replicas of ``upstream`` that get no submit now (:meth:`_minted`); a 502 when that is every one."""
+        now = self.clock.seconds()
+        blocked = [r for r in upstream.replicas if self._unreachable.get((upstream.id, r.index), (0.0, ""))[0] > now]
+        if len(blocked) == len(upstream.replicas):
+            until, why = max(self._unreachable[(upstream.id, r.index)] for r in blocked)
+            raise ApiError(st.BAD_GATEWAY, f"model server {upstream.id} makes job ids this gateway would not find "
+                                           f"again ({why}): not sent", headers={"Retry-After": retry_after_header(until - now)})
+        return blocked
 
     @staticmethod
     def _rewrite_job_body(model_id: str, data: bytes) -> bytes:

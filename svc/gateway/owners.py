@@ -54,12 +54,16 @@ def locate(upstream: Upstream, job_id: str, *, secret: str | None, host: str) ->
     return upstream.replicas[owner.replica]
 
 
-def unreachable(upstream: Upstream, job_id: str, *, secret: str | None, host: str) -> str | None:
-    """Why a job id that a model server of this host has just made is one this gateway would not find again (None:
-    it would), in words that name the setting: every poll of it would be 404 "job not found"."""
+def unreachable(upstream: Upstream, job_id: str, *, secret: str | None, host: str,
+                made_by: Replica | None = None) -> str | None:
+    """Why a job id that a model server of this host has just made (replica ``made_by``) is one this gateway would
+    not find again (None: it would), in words that name the setting: every poll of it would be 404."""
     where = locate(upstream, job_id, secret=secret, host=host)
     if isinstance(where, Replica):
-        return None
+        if made_by is None or where.index == made_by.index:
+            return None
+        return (f"it names replica {where.index}, and replica {made_by.index} made it (its SERVICE_REPLICA, or "
+                "SERVICE_UPSTREAM_PORTS' order)")
     if isinstance(where, OtherHost):
         return f"it names host {where.host!r}, not this gateway's {host!r} (SERVICE_HOST_ID, [cluster] host_id)"
     owner = jobid.parse(job_id, secret) if secret else jobid.parse_unverified(job_id)

@@ -415,6 +415,7 @@ def test_a_job_id_the_gateway_cannot_verify_is_502_not_a_202_that_every_poll_fin
     # A client retrying the 502 does not fill the model's job queue: the next submit is not sent (for a minute).
     assert (again.status, again.json["error"]) == (502, f"model server TESTFAULTS makes job ids this gateway would "
                                                         f"not find again ({why}): not sent")
+    assert 1 <= int(again.header("Retry-After")) <= 60
     assert submitted() == before + 1
     assert served.status == 200 and served.json["status"] == 0
     assert "model server TESTFAULTS made job id job_" in gateway.output() and why in gateway.output()

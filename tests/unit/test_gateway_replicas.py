@@ -52,6 +52,7 @@ class FakeReplica:
         self.received: list[tuple[str, str]] = []
         self.hanging: list[Deferred] = []
         self.ready = True
+        self.mints = (index, SECRET)  # the replica index and secret its job ids are made with (SERVICE_REPLICA, ...)
 
     def reply(self, request, code, body):
         request.setResponseCode(code)
@@ -82,7 +83,7 @@ class FakeReplica:
         if self.mode == "busy":  # its job queue is full
             request.setHeader("Retry-After", "3")
             return self.reply(request, 429, {"status": 429, "results": [], "error": "async queue full"})
-        job = jobid.mint(jobid.JobOwner("", self.index), SECRET)
+        job = jobid.mint(jobid.JobOwner("", self.mints[0]), self.mints[1])
         request.setHeader("Location", f"/jobs/{job}")
         return self.reply(request, 202, {"job_id": job, "state": "pending", "poll_url": f"/jobs/{job}",
                                          "result_url": f"/jobs/{job}/result"})
@@ -725,3 +726,26 @@ def test_a_job_id_made_here_that_the_gateway_would_not_find_again_says_which_set
     for secret in (SECRET, None):
         assert unreachable(up(1), job_of(1, "h1"), secret=secret, host="h1") == (
             "it names replica 1, and this gateway knows 1 of M (SERVICE_REPLICA, SERVICE_UPSTREAM_PORTS)")
+    made_by = two.replicas[1]  # a replica whose ids name another replica it knows: polls go there, 404
+    assert unreachable(two, job_of(0, "h1"), secret=SECRET, host="h1", made_by=made_by) == (
+        "it names replica 0, and replica 1 made it (its SERVICE_REPLICA, or SERVICE_UPSTREAM_PORTS' order)")
+    assert unreachable(two, job_of(1, "h1"), secret=SECRET, host="h1", made_by=made_by) is None
+
+
+def test_a_replica_making_job_ids_the_gateway_would_not_find_again_gets_no_submit_and_the_others_take_them(gw):
+    """A regression probe: one replica started with another secret (or without SERVICE_REPLICA, so that its ids
+    named replica 0) made the whole model's submits 502 for 60 s, or passed 202s whose every poll was 404. Its
+    submit goes to another replica, and it gets none for 60 s; with every replica so, the 502 says when to retry."""
+    bad, good = gw.replicas[1], gw.replicas[0]
+    bad.mints = (0, SECRET)  # started by hand without SERVICE_REPLICA: its ids name replica 0
+    for _ in range(6):
+        reply = gw.call("POST", "/v1/models/CLS/jobs", body=b'{"images":["x"]}')
+        assert reply.code == 202 and jobid.parse(reply.json["job_id"], SECRET).replica == 0
+    assert len([r for r in bad.received if r[0] == "POST"]) <= 1  # tried at most once, then skipped
+    assert len([r for r in good.received if r[0] == "POST"]) >= 6
+    gw.clock.advance(61)  # the block ends: the bad replica is tried again, and blocked again
+    good.mints = (0, "another-secret-value-0123")  # now both make ids the gateway cannot find
+    for _ in range(3):
+        reply = gw.call("POST", "/v1/models/CLS/jobs", body=b'{"images":["x"]}')
+    assert reply.code == 502 and reply.json["error"].endswith(": not sent"), reply.json
+    assert 1 <= int(reply.headers.getRawHeaders("Retry-After")[0]) <= 60

@@ -43,6 +43,7 @@ from svc.auth import API_TOKEN_ENV, SCOPES, KeyEntry, check_key_name, issue_key,
 from svc.cli.args import checked_token, gateway_table, key_qps
 from svc.cli.gateway_restart import DEFAULT_SUPERVISOR, SUPERVISOR_ENV, restart_call, restart_gateway
 from svc.cli.http import EXIT_OK, EXIT_USAGE, Client, CliError, fail
+from svc.cli.keyedits import CHANGES
 from svc.config import ConfigError
 from svc.contract.protocol import SERVICE_CONFIG
 
@@ -192,55 +193,6 @@ def add_key(doc: tomlkit.TOMLDocument, name: str, scope: str, qps: int) -> str:
     return key
 
 
-def disable_key(doc: tomlkit.TOMLDocument, name: str) -> bool:
-    """Set ``enabled = false`` on ``[keys.<name>]``; False when it already was (CliError: no such key)."""
-    keys = doc.get("keys")
-    if keys is None or name not in keys:
-        raise CliError(f"no key named {name!r}")
-    table = keys[name]
-    if table.get("enabled", True) is False:
-        return False
-    if "enabled" in table:
-        table["enabled"] = False  # replaced in place, its comment kept
-        return True
-    # A key appended to a table goes after its trailing comments and blank lines, which belong to
-    # what follows (the next table's comment): insert it right after the table's last key instead.
-    last = [key for key, _ in table.value.body if key is not None]
-    try:
-        table.value._insert_after(last[-1], "enabled", tomlkit.item(False))
-    except (AttributeError, IndexError):  # another tomlkit, or an empty table: append
-        table["enabled"] = False
-    return True
-
-
-def enable_key(doc: tomlkit.TOMLDocument, name: str) -> bool:
-    """``[keys.<name>]`` enabled again (its ``enabled = false`` line removed); False when it was (CliError: no such
-    key)."""
-    keys = doc.get("keys")
-    if keys is None or name not in keys:
-        raise CliError(f"no key named {name!r}")
-    if keys[name].get("enabled", True) is not False:
-        return False
-    del keys[name]["enabled"]
-    return True
-
-
-def remove_key(doc: tomlkit.TOMLDocument, name: str) -> bool:
-    """``[keys.<name>]`` removed from the file (CliError: no such key): the end of a rotation, or of a key that may
-    not stay even disabled (one equal to a static token is refused by the gateway either way)."""
-    keys = doc.get("keys")
-    if keys is None or name not in keys:
-        raise CliError(f"no key named {name!r}")
-    del keys[name]
-    return True
-
-
-#: ``keys`` actions that change one key: the edit, and the words of "already ..." and of the change made.
-CHANGES = {"disable": (disable_key, "disabled", "disabled key {name!r} in {path}"),
-           "enable": (enable_key, "enabled", "enabled key {name!r} in {path}"),
-           "remove": (remove_key, "removed", "removed key {name!r} from {path}")}
-
-
 def list_lines(entries: list[KeyEntry]) -> list[str]:
     """The ``keys list`` table: NAME, SCOPE, QPS (``unlimited`` for 0), ENABLED; no hash, ever."""
     rows = [("NAME", "SCOPE", "QPS", "ENABLED")]
@@ -283,11 +235,11 @@ def run(args: argparse.Namespace, client: Client) -> int:
                 print(key)
                 sys.stdout.flush()
                 write_atomically(path, tomlkit.dumps(doc))
-            elif not CHANGES[args.keys_action][0](doc, args.name):
+            elif (text := CHANGES[args.keys_action][0](doc, args.name)) is None:
                 fail(f"key {args.name!r} is already {CHANGES[args.keys_action][1]} in {path}: nothing changed")
                 return EXIT_OK
             else:
-                write_atomically(path, tomlkit.dumps(doc))
+                write_atomically(path, text)
         if args.keys_action == "add":
             fail(f"added key {args.name!r} to {path}; it is shown once and cannot be recovered: give it to the "
                   "client now")

@@ -248,6 +248,25 @@ def test_add_then_restarts_the_gateway_with_the_management_token(keys, capsys, m
     assert err.endswith("svcctl: the gateway restarted and applies the change\n")
 
 
+def test_remove_takes_the_keys_own_comment_and_leaves_the_next_keys(tmp_path, capsys):
+    """A regression probe: ``remove ci`` left "ci: ... expires 2027-01" above ``[keys.billing]`` and deleted the
+    billing key's own "do NOT disable" note (tomlkit keeps a comment above a table as the table before it)."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text(f'# Team keys\n\n# ci: the CI runner, expires 2027-01\n[keys.ci]\nhash = "{"a" * 64}"\n\n'
+                    f'# billing: do NOT disable without finance sign-off\n[keys.billing]\nhash = "{"b" * 64}"  # b\n\n'
+                    f'# the last one\n[keys."dotted.name"]\nhash = "{"c" * 64}"\nenabled = false\n')
+    keys.chmod(0o600)
+    assert cli.main(["keys", "remove", "ci", "--keys-file", str(keys), "--no-restart"]) == 0
+    assert keys.read_text() == (f'# Team keys\n\n# billing: do NOT disable without finance sign-off\n[keys.billing]\n'
+                                f'hash = "{"b" * 64}"  # b\n\n# the last one\n[keys."dotted.name"]\n'
+                                f'hash = "{"c" * 64}"\nenabled = false\n')
+    assert cli.main(["keys", "remove", "dotted.name", "--keys-file", str(keys), "--no-restart"]) == 0
+    assert keys.read_text() == (f'# Team keys\n\n# billing: do NOT disable without finance sign-off\n[keys.billing]\n'
+                                f'hash = "{"b" * 64}"  # b\n')
+    assert [k.name for k in load_key_file(str(keys))] == ["billing"]
+    capsys.readouterr()
+
+
 @pytest.mark.parametrize("action", [["enable", "old"], ["remove", "tenant-a"]])
 def test_enable_and_remove_restart_the_gateway_too(keys, capsys, monkeypatch, action):
     in_checkout(monkeypatch, keys)

@@ -4,7 +4,7 @@ Everything importable here stays light: no torch, no model code.  Heavy
 imports happen inside the model server once its service is made.
 """
 
-__version__ = "0.15.0"
+__version__ = "0.16.0"
 
 #: The product name printed by every ``--version``.
 PRODUCT = "inference-service"

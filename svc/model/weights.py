@@ -221,7 +221,7 @@ def read_state_dict(path: str) -> dict:
             raise WeightsError(f"weights file {path}: a pickled model object, not a state dict (an upstream "
                                "checkpoint such as an ultralytics .pt): convert it into the weights cache with "
                                f"`svcctl weights import {MODEL_PLACEHOLDER} {path}`, then set weights = \"pretrained\"") from None
-        # torch's unpickler says why after its advice to load with weights_only=False, which is not ours to give
+        # torch's unpickler says why after its advice to turn weights_only off, which is not ours to give
         said = re.search(r"WeightsUnpickler error:\s*(.+)", str(e))
         first = said.group(1).strip() if said else str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise WeightsError(f"weights file {path}: not a torch or safetensors state dict ({type(e).__name__}: "

@@ -13,12 +13,17 @@ import tomlkit
 from svc.cli.http import CliError
 
 
-def disable_key(doc: tomlkit.TOMLDocument, name: str) -> bool:
-    """Set ``enabled = false`` on ``[keys.<name>]``; False when it already was (CliError: no such key)."""
+def _keys_with(doc: tomlkit.TOMLDocument, name: str) -> Any:
+    """The ``[keys]`` table of ``doc``, which has a key ``name`` (CliError: no such key)."""
     keys = doc.get("keys")
     if keys is None or name not in keys:
         raise CliError(f"no key named {name!r}")
-    table = keys[name]
+    return keys
+
+
+def disable_key(doc: tomlkit.TOMLDocument, name: str) -> bool:
+    """Set ``enabled = false`` on ``[keys.<name>]``; False when it already was (CliError: no such key)."""
+    table = _keys_with(doc, name)[name]
     if table.get("enabled", True) is False:
         return False
     if "enabled" in table:
@@ -37,9 +42,7 @@ def disable_key(doc: tomlkit.TOMLDocument, name: str) -> bool:
 def enable_key(doc: tomlkit.TOMLDocument, name: str) -> bool:
     """``[keys.<name>]`` enabled again (its ``enabled = false`` line removed); False when it was (CliError: no such
     key)."""
-    keys = doc.get("keys")
-    if keys is None or name not in keys:
-        raise CliError(f"no key named {name!r}")
+    keys = _keys_with(doc, name)
     if keys[name].get("enabled", True) is not False:
         return False
     del keys[name]["enabled"]
@@ -56,9 +59,7 @@ def remove_key(doc: tomlkit.TOMLDocument, name: str) -> str:
     billing).  The comment lines right above the header go with it (unless they open the file: its own header),
     the comments after its last value stay (they are the next table's).  Anything the cut cannot be checked by
     (an inline table, a header it cannot read) is removed by tomlkit instead."""
-    keys = doc.get("keys")
-    if keys is None or name not in keys:
-        raise CliError(f"no key named {name!r}")
+    keys = _keys_with(doc, name)
     text = tomlkit.dumps(doc)
     cut = _cut_table(text, ("keys", name))
     remaining = {k: v for k, v in keys.unwrap().items() if k != name}

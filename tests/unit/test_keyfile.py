@@ -272,6 +272,18 @@ def test_remove_takes_the_keys_own_comment_and_leaves_the_next_keys(tmp_path, ca
     capsys.readouterr()
 
 
+def test_remove_of_a_key_the_text_cut_cannot_check_is_removed_by_tomlkit(tmp_path, capsys):
+    """An inline table has no header to cut from the text: the key is removed from the document instead, the
+    others kept."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text(f'# inline\nkeys = {{ a = {{ hash = "{"a" * 64}" }}, b = {{ hash = "{"b" * 64}" }} }}\n')
+    keys.chmod(0o600)
+    assert cli.main(["keys", "remove", "a", "--keys-file", str(keys), "--no-restart"]) == 0
+    assert keys.read_text().startswith("# inline\nkeys = {") and "a" * 64 not in keys.read_text()
+    assert [k.name for k in load_key_file(str(keys))] == ["b"]
+    capsys.readouterr()
+
+
 @pytest.mark.parametrize("action", [["enable", "old"], ["remove", "tenant-a"]])
 def test_enable_and_remove_restart_the_gateway_too(keys, capsys, monkeypatch, action):
     in_checkout(monkeypatch, keys)

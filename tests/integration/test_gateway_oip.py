@@ -114,7 +114,7 @@ def test_model_configuration_in_tritons_shape(stack):
         "name": "MOBILENETV2", "platform": "inference-service", "backend": "", "max_batch_size": 16,
         "input": [{"name": "IMAGE", "data_type": "TYPE_STRING", "format": "FORMAT_NONE", "dims": [1]}],
         "output": [{"name": "PROBABILITIES", "data_type": "TYPE_FP32", "dims": [1000]}],
-        "instance_group": [{"name": "MOBILENETV2", "kind": "KIND_CPU", "count": 2}],
+        "instance_group": [{"name": "MOBILENETV2", "kind": "KIND_CPU", "count": 3}],
         "dynamic_batching": {"preferred_batch_size": [8], "max_queue_delay_microseconds": 5000},
         "parameters": {"version": {"string_value": "random-init-seed0"}, "optimize": {"string_value": "eager"},
                        "weights": {"string_value": "demo"}, "batch_size": {"string_value": "8"}}}

@@ -183,7 +183,7 @@ def test_the_model_configuration_straight_from_the_model_server(server):
         reply = request("GET", server.url + path, headers={**auth(), "X-Request-ID": "cfg-straight"})
         assert reply.status == 200, reply.body
         assert reply.header("X-Request-ID") == "cfg-straight" and reply.header("Content-Type") == "application/json"
-        assert reply.json["max_batch_size"] == 16 and reply.json["instance_group"][0]["count"] == 2
+        assert reply.json["max_batch_size"] == 16 and reply.json["instance_group"][0]["count"] == 3
         assert reply.json["parameters"]["version"] == {"string_value": version}
     unauthorized = request("GET", server.url + "/v2/models/MOBILENETV2/config")
     assert unauthorized.status == 401 and unauthorized.header("WWW-Authenticate") == 'Bearer realm="model-server"'

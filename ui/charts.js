@@ -10,7 +10,10 @@ export const COLOURS = ["#2f7ed8", "#e4572e", "#17a398", "#9c59d1", "#f0a202", "
 export async function refreshSeries() {
   const series = await api("/api/v1/series", { poll: true });
   state.series = series;
-  for (const [id, s] of Object.entries(series.servers)) if (s.version) state.versions[modelOf(id)] = s.version;
+  for (const [id, s] of Object.entries(series.servers)) {
+    if (s.version) state.versions[modelOf(id)] = s.version;
+    if (s.optimize && s.optimize !== "loading") state.modes[modelOf(id)] = s.optimize; // what auto chose, or the mode named
+  }
   drawGatewayCharts(series);
   for (const [id, s] of Object.entries(series.servers)) drawModelCharts(id, s, series);
   if (state.status) renderServers(state.status.servers);

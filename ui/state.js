@@ -8,7 +8,7 @@ export const state = { token: localStorage.getItem(TOKEN_KEY) || "", status: nul
                 logServer: null, logOffset: null, logLines: [], logEpoch: 0, // see restarted() in logs.js
                 supervisorPid: null, // the supervisor's pid in the last status: a new one restarted
                 image: null, imageB64: null,
-                refreshTimer: null, logTimer: null, seriesTimer: null, series: null, defaults: {}, versions: {},
+                refreshTimer: null, logTimer: null, seriesTimer: null, series: null, defaults: {}, versions: {}, modes: {},
                 connecting: false, session: 0, // connect() running; the login session (see stopPolling)
                 loadingDefaults: false, // a model's OpenAPI document asked for, for its params' defaults
                 processKeys: {}, // by model: its processes in the last status (see forgetChangedDefaults)

@@ -73,7 +73,15 @@ export function renderServers(servers) {
       count.textContent = ` ${replicas.length} replicas, ${ready} ready`;
       idCell.appendChild(count);
     }
-    row.querySelector(".task").textContent = `${s.task || ""}${s.async ? " · async" : ""}`;
+    const task = row.querySelector(".task");
+    task.textContent = `${s.task || ""}${s.async ? " · async" : ""}`;
+    if (s.ready && state.modes[s.id]) { // the execution mode its model server reports (backend.optimize)
+      const mode = document.createElement("span");
+      mode.className = "mode muted small";
+      mode.textContent = ` · ${state.modes[s.id]}`;
+      mode.title = "execution mode (backend.optimize; with auto, the one it measured fastest)";
+      task.appendChild(mode);
+    }
     fillRow(row, s, several ? replicas.map((r) => r.port).join(", ") : s.port, several ? replicas : [s]);
     for (const r of several ? replicas : []) {
       const sub = tbody.querySelector(`tr.replica[data-id="${s.id}"][data-replica="${r.index}"]`);

@@ -144,8 +144,9 @@ class ModelServerMetrics(InferenceHttpMetrics):
             "service_async_waiters", "Requests parked in GET /jobs/{job}/wait.", registry=registry
         )
         self.info = Gauge(
-            "service_model_info", "Model identity (value 1); replica: the process's SERVICE_REPLICA index.",
-            ("model", "version", "device", "replica"), registry=registry
+            "service_model_info", "Model identity (value 1); replica: the process's SERVICE_REPLICA index; optimize: the "
+            "execution mode in use (backend.optimize, what auto chose), loading until the model is ready.",
+            ("model", "version", "device", "replica", "optimize"), registry=registry
         )
 
 

@@ -178,7 +178,7 @@ class ModelServerService(ListeningMultiService):
         if backend.tune_malloc:  # the heap that tuning keeps is given back once idle (svc.modelserver.memory)
             IdleTrim(clock=reactor, queue=self.queue, run=run_decode, trim=trim_malloc).setServiceParent(self)
         self.replica = str(job_owner.replica if job_owner is not None else 0)
-        self.metrics.info.labels(config.id, "loading", device, self.replica).set(1)
+        self.metrics.info.labels(config.id, "loading", device, self.replica, "loading").set(1)
         self.device = device
         #: Ends the process if a stop overruns its bound (svc.infra.process.start_watchdog); replaceable in tests.
         self.watchdog = start_watchdog
@@ -218,7 +218,7 @@ class ModelServerService(ListeningMultiService):
         self.app.set_ready(self.engine.version, mode)
         self.metrics.ready.set(1)
         self.metrics.info.clear()
-        self.metrics.info.labels(self.config.id, self.engine.version, self.device, self.replica).set(1)
+        self.metrics.info.labels(self.config.id, self.engine.version, self.device, self.replica, mode).set(1)
         log.info("{id}: ready (version {version}; optimize {mode}; warm-up batch of {items} took {ms:.0f} ms; "
                  "{frozen} objects frozen out of garbage collection)",
                  id=self.config.id, version=self.engine.version, items=items, ms=seconds * 1000, frozen=frozen,

@@ -337,7 +337,7 @@ class SeriesCollector:
             figures = model_figures(raw, ring.last)
             info = [labels for labels, _ in samples.get("service_model_info", [])]
             if info:
-                ring.info = {k: info[0][k] for k in ("version", "device") if k in info[0]}
+                ring.info = {k: info[0][k] for k in ("version", "device", "optimize") if k in info[0]}
         ring.last = raw
         ring.samples.append((at, figures))
 
@@ -366,8 +366,9 @@ class SeriesCollector:
     def child_view(self, name: str, shift: float) -> dict[str, Any]:
         """``{t: [...], <figure>: [...]}``, one column per figure, null where a sample is a gap.
 
-        Model servers also say ``version`` and ``device`` (from
-        ``service_model_info``; null before the first good scrape); the
+        Model servers also say ``version``, ``device`` and ``optimize`` (the
+        execution mode; from ``service_model_info``, null before the first good
+        scrape); the
         gateway's labelled figures are ``{label: [...]}``, one column per label
         seen in the window.
         """
@@ -384,7 +385,7 @@ class SeriesCollector:
                 out[figure] = {label: [_round(row[figure].get(label, 0.0)) if row and row["upstream_errors"] is not None
                                        else None for row in rows] for label in labels}
             return out
-        out = {"t": times, "version": ring.info.get("version"), "device": ring.info.get("device")}
+        out = {"t": times, **{k: ring.info.get(k) for k in ("version", "device", "optimize")}}
         for figure in MODEL_FIGURES:
             out[figure] = [_round(row[figure]) if row else None for row in rows]
         return out

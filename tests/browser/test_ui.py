@@ -39,7 +39,7 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-
 ARTIFACTS = REPO / "test-artifacts"
 
 MODELS = {
-    "MOBILENETV2": {},
+    "MOBILENETV2": {"backend": {"optimize": "channels_last"}},  # a mode the row names (the others: eager)
     "YOLOV8": {"model": {"imgsz": 64}},
     "DDPM": {"model": {"sample_size": 16, "block_out_channels": [16, 32], "num_train_timesteps": 50, "attention": False}},
     "SAM_AMG": {"model": {"points_per_side": 4}},
@@ -212,6 +212,10 @@ def test_try_it_starts_on_the_first_classifier_with_its_defaults_and_names_demo_
             expect(row(page, model_id).locator(".weights")).to_have_text("demo weights", timeout=20000)
     expect(page.locator("#try-demo")).to_be_visible()
     expect(page.locator("#try-demo")).to_have_text("demo weights: outputs are random")
+    # Each row names the execution mode its model server reports (service_model_info, through the series).
+    expect(row(page, "MOBILENETV2").locator(".task .mode")).to_have_text(" · channels_last", timeout=20000)
+    expect(row(page, "YOLOV8").locator(".task .mode")).to_have_text(" · eager", timeout=20000)
+    expect(row(page, "MOBILENETV2").locator(".task")).to_have_text("image-classification · channels_last")
     # Each model row has its charts; the async ones also the jobs.
     names = charts(page, "MOBILENETV2").evaluate_all("cs => cs.map(c => c.dataset.figure)")
     assert names == ["rps", "latency", "batch", "queue"]

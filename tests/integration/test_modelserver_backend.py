@@ -56,7 +56,7 @@ def test_gpu_mem_limit_mb_is_not_applied_on_cpu(faults):
     assert (reply.status, reply.json["status"]) == (200, 0)
     assert "gpu_mem_limit" not in faults.output() and "memory fraction" not in faults.output()
     assert list(metric_samples(faults, "service_model_info")) == [
-        f'{{device="cpu",model="TESTFAULTS",replica="0",version="{reply.json["model"]["version"]}"}}']
+        f'{{device="cpu",model="TESTFAULTS",optimize="eager",replica="0",version="{reply.json["model"]["version"]}"}}']
 
 
 def test_two_workers_run_two_batches_at_once_at_worker_nice(faults):

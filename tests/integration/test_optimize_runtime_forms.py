@@ -14,6 +14,7 @@ import threading
 
 import pytest
 
+from tests.support.http import get
 from tests.support.images import b64, image_bytes
 from tests.support.processes import start_model_server, write_config
 from tests.support.zoo import assert_ok, infer
@@ -56,6 +57,9 @@ def test_openvino_answers_as_eager_alone_and_in_batches_of_the_warm_up_size(tmp_
             if mode == "openvino":
                 busy = side_by_side(server)
             output = server.output()
+            metrics = get(server.url + "/metrics", headers=server.auth).body.decode()
+            # The mode in use, where an operator (and the supervisor's web UI, through its series) reads it.
+            assert f'service_model_info{{device="cpu",model="MOBILENETV2",optimize="{mode}",replica="0",' in metrics
         finally:
             assert server.stop() == 0
         assert f"optimize {mode}; warm-up batch of {BATCH}" in output

@@ -358,7 +358,7 @@ def test_metrics_route_serves_the_registry_with_request_and_item_counts():
         'service_items_total{status="CONTRACT_FAILURE"}': "1.0",
         'service_batch_size_count': "1.0",
         "service_model_ready": "1.0",
-        'service_model_info{device="cpu",model="TESTFAULTS",replica="0",version="test-faults"}': "1.0",
+        'service_model_info{device="cpu",model="TESTFAULTS",optimize="eager",replica="0",version="test-faults"}': "1.0",
     }
     assert {name: samples.get(name) for name in expected} == expected
 

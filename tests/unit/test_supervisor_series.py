@@ -33,7 +33,7 @@ class Stage:
 
         self.model_registry = CollectorRegistry()
         self.model = ModelServerMetrics(self.model_registry, "M")
-        self.model.info.labels("M", "random-init-seed0", "cpu", "0").set(1)
+        self.model.info.labels("M", "random-init-seed0", "cpu", "0", "openvino").set(1)
         self.gateway_registry = CollectorRegistry()
         self.gateway = GatewayMetrics(self.gateway_registry)
         self.children = {GATEWAY: FakeChild(8080), "M": FakeChild(9001)}
@@ -78,7 +78,7 @@ def test_rates_quantiles_and_gauges_of_a_model_every_interval():
     clock.advance(5)
     view = collector.view()["servers"]["M"]
     assert view["t"] == [0.0, 5.0]
-    assert view["version"] == "random-init-seed0" and view["device"] == "cpu"
+    assert (view["version"], view["device"], view["optimize"]) == ("random-init-seed0", "cpu", "openvino")
     # The first sample has no rate (one scrape), the second: 10 requests in 5 s, all in the (25, 50] bucket:
     # their mean, not a point interpolated in the bucket (37.5 and 49.75 then).
     assert view["rps"] == [None, 2.0]
@@ -274,7 +274,8 @@ def test_one_child_view_and_the_interval():
     collector.start()
     view = collector.view()
     assert (view["interval_s"], view["window_s"], view["now"]) == (5.0, 600.0, 0.0)
-    assert collector.child_view("unknown", 0.0) == {"t": [], "version": None, "device": None, "rps": [], "p50_ms": [],
+    assert collector.child_view("unknown", 0.0) == {"t": [], "version": None, "device": None, "optimize": None,
+                                               "rps": [], "p50_ms": [],
                                                "p99_ms": [], "batch_mean": [], "queue_depth": [], "jobs_pending": [],
                                                "jobs_running": []}
 

@@ -487,7 +487,7 @@ def test_model_server_replica_environment(torch_setup, environment):
     assert share == 2 and service.replica == "3" and listener_of(service).args[0] == 19401
     from svc.infra.metrics import render
 
-    assert 'service_model_info{device="cpu",model="MOBILENETV2",replica="3",version="loading"} 1.0' in \
+    assert 'service_model_info{device="cpu",model="MOBILENETV2",optimize="loading",replica="3",version="loading"} 1.0' in \
         render(service.registry).decode()
     for bad in ("0", "two", "-1", "65", "9" * 20, "\u00b2"):  # the last two: a config probe (taken; int() failed)
         environment.setenv("SERVICE_CPU_SHARE", bad)

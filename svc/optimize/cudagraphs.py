@@ -12,12 +12,19 @@ the callable directly.  Replaying removes the
 CPU cost of launching hundreds of small kernels, which is what limits a
 small model such as MobileNetV2 on a fast GPU.
 
+Several inference workers call one model at once (``backend.workers``), and
+a graph has one set of static buffers: a call's copy in, replay and copy out
+are one step under a lock (:meth:`GraphedCallable.__call__`).  Without it a
+worker's replay could run on another's inputs, or its copy out follow
+another's replay, and a client got another batch's answer.
+
 Only usable where CUDA is; the bucket arithmetic it relies on is in
 :mod:`svc.optimize.buckets` and tested on a CPU.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from svc.model.api import OptimizationTarget
@@ -38,6 +45,7 @@ class GraphedCallable:
         self.sizes = capture_sizes(max_batch) if target.batched else (max_batch,)
         self.batched = target.batched
         self.graphs: dict[int, tuple[Any, tuple, Any]] = {}
+        self.lock = threading.Lock()  # one call's copy in, replay and copy out at a time (the module's docstring)
         pool = None
         for size in sorted(self.sizes, reverse=True):  # the largest first: smaller graphs reuse its pool
             with inference_context():  # the buffers are made as the plugins' inputs are
@@ -62,9 +70,14 @@ class GraphedCallable:
         if size is None:
             return self.inner(*args)  # larger than every graph
         graph, static, out = self.graphs[size]
-        try:
-            copy_into(static, args, exact=not self.batched)
-        except ValueError:
-            return self.inner(*args)  # another shape than the one captured (a fixed-shape target called otherwise)
-        graph.replay()
-        return slice_batch(out, n, copy=True)  # the next replay overwrites the static outputs
+        # Every worker enqueues on the device's default stream (none sets another), so the order the lock gives the
+        # calls is the order the GPU runs them in: no call's copy in lands between another's copy in and its copy out.
+        with self.lock:
+            try:
+                copy_into(static, args, exact=not self.batched)
+            except ValueError:
+                pass  # another shape than the one captured (a fixed-shape target called otherwise): run it below
+            else:
+                graph.replay()
+                return slice_batch(out, n, copy=True)  # the next replay overwrites the static outputs
+        return self.inner(*args)

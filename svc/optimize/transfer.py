@@ -5,11 +5,14 @@ runs) are stacked straight into a page-locked buffer and copied with
 ``non_blocking=True``: the copy is a DMA the worker does not wait for, so it
 queues the forward pass at once and the decode threads keep decoding.  A
 buffer is reused only once the copy that read it has finished (an event per
-buffer).  On a CPU this is ``torch.stack``.
+buffer).  Each inference worker has buffers of its own: two workers stacking
+at once into one buffer would each copy the other's rows to the device.  On a
+CPU this is ``torch.stack``.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 
@@ -24,7 +27,14 @@ class HostStaging:
     def __init__(self, device: str) -> None:
         self.device = device
         self.pinned = device != "cpu"
-        self._buffers: dict[tuple, tuple[Any, Any]] = {}  # (shape, dtype) of one item -> (buffer, event)
+        self._local = threading.local()  # per worker thread: its buffers (:meth:`buffers`)
+
+    def buffers(self) -> dict[tuple, tuple[Any, Any]]:
+        """The calling thread's pinned buffers: (shape, dtype) of one item -> (buffer, the event of its last copy)."""
+        own = getattr(self._local, "buffers", None)
+        if own is None:
+            own = self._local.buffers = {}
+        return own
 
     def stack(self, items: list) -> Any:
         import numpy as np
@@ -35,7 +45,8 @@ class HostStaging:
             return torch.from_numpy(np.stack(items)) if arrays else torch.stack(items)
         dtype = item_dtype(items[0])
         key = (tuple(items[0].shape), dtype)
-        buffer, event = self._buffers.get(key, (None, None))
+        buffers = self.buffers()
+        buffer, event = buffers.get(key, (None, None))
         if buffer is None or buffer.shape[0] < len(items):
             buffer = torch.empty((len(items), *items[0].shape), dtype=dtype, pin_memory=True)
             event = torch.cuda.Event()
@@ -48,7 +59,7 @@ class HostStaging:
             torch.stack(items, out=view)
         on_device = view.to(self.device, non_blocking=True)
         event.record()
-        self._buffers[key] = (buffer, event)
+        buffers[key] = (buffer, event)
         return on_device
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import numpy as np
@@ -202,6 +203,23 @@ def test_host_staging_on_cpu_is_a_stack():
     for array in pixels:
         array.flags.writeable = False  # as Pillow's pixels are
     assert torch.equal(staging.stack(pixels), torch.stack(items))
+
+
+def test_host_staging_gives_each_worker_thread_pinned_buffers_of_its_own():
+    """On a GPU two workers stacking at once into one pinned buffer each copied the other's rows to the device: the
+    buffers are per thread (what a worker finds is its own, again at its next batch)."""
+    staging, seen = HostStaging("cpu"), {}
+
+    def worker(name: str) -> None:
+        seen[name] = (staging.buffers(), staging.buffers())
+
+    threads = [threading.Thread(target=worker, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen["a"][0] is seen["a"][1] and seen["b"][0] is seen["b"][1]
+    assert seen["a"][0] is not seen["b"][0] and staging.buffers() is not seen["a"][0]
 
 
 def test_item_dtype_of_read_only_pixels_does_not_warn():

@@ -113,10 +113,11 @@ def test_numeric_binary_tensors_are_little_endian():
     (bytes_tensor(b"abc"), None, None, "1 BYTES elements for shape of 2"),     # fewer elements than the shape
     (bytes_tensor(b"abc", b"de"), None, "99999", "outside the body"),          # header length past the body
     (bytes_tensor(b"abc", b"de"), None, "0", "outside the body"),
-    (bytes_tensor(b"abc", b"de"), None, "x1", "not an integer"),
+    (bytes_tensor(b"abc", b"de"), None, "x1", r"'x1' is not a byte count \(the length of the JSON part: digits only\)"),
     # int() took these: an OIP probe (the header's value is digits, as Content-Length's)
-    (bytes_tensor(b"abc", b"de"), None, "+186", "not an integer"),
-    (bytes_tensor(b"abc", b"de"), None, "1_0", "not an integer"),
+    (bytes_tensor(b"abc", b"de"), None, "+186", "not a byte count"),
+    (bytes_tensor(b"abc", b"de"), None, "1_0", "not a byte count"),
+    (bytes_tensor(b"abc", b"de"), None, "-1", "'-1' is not a byte count"),  # "not an integer" said an OIP probe
     (bytes_tensor(b"abc", b"de"), None, "10", "not JSON"),                     # header length inside the JSON
 ])
 def test_bad_binary_lengths_are_refused(blob, size, length, message):
@@ -124,6 +125,19 @@ def test_bad_binary_lengths_are_refused(blob, size, length, message):
     body, good = binary_request({"inputs": [image_input(size)]}, blob)
     with pytest.raises(CodecError, match=message):
         parse_request(body, length or good)
+
+
+def test_a_binary_body_without_its_header_length_is_told_to_send_it():
+    """tritonclient's body (JSON, then the tensors' bytes) sent without Inference-Header-Content-Length: the JSON
+    parse fails at the first binary byte, and the message says what is missing, not only that."""
+    blob = bytes_tensor(b"\xff\xd8jpeg")
+    body, _ = binary_request({"inputs": [image_input(len(blob))]}, blob)
+    with pytest.raises(CodecError, match=r"^the inference request header is not JSON: .*; a body of JSON then binary "
+                                         r"tensors needs the Inference-Header-Content-Length header \(the JSON part's "
+                                         r"length\)$"):
+        parse_request(body, None)
+    with pytest.raises(CodecError, match=r"^the inference request header is not JSON: [^;]*$"):  # JSON broken: no hint
+        parse_request(b'{"inputs": [', None)
 
 
 @pytest.mark.parametrize("head, message", [

@@ -158,7 +158,8 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict, bytes | me
     else:
         length = parse_bounded_int(header_length)  # digits only: int() took "+186", " 186 " and "1_0" (10)
         if length is None:
-            raise CodecError(f"Inference-Header-Content-Length {header_length[:40]!r} is not an integer")
+            raise CodecError(f"Inference-Header-Content-Length {header_length[:40]!r} is not a byte count (the "
+                             "length of the JSON part: digits only)")
         if not 0 < length <= len(body):
             raise CodecError(f"Inference-Header-Content-Length {length} is outside the body of {len(body)} bytes")
         view = memoryview(body)
@@ -166,8 +167,20 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict, bytes | me
     try:
         parsed = loads(bytes(head))
     except JSON_ERRORS as e:
-        raise CodecError(f"the inference request header is not JSON: {json_error_text(e)}") from None
+        hint = ("; a body of JSON then binary tensors needs the Inference-Header-Content-Length header (the JSON "
+                "part's length)") if header_length is None and _json_then_more(head) else ""
+        raise CodecError(f"the inference request header is not JSON: {json_error_text(e)}{hint}") from None
     return _object(parsed, "the inference request"), memoryview(rest)
+
+
+def _json_then_more(body: bytes | memoryview) -> bool:
+    """Whether ``body`` starts with a whole JSON object followed by more bytes: the binary extension's body sent
+    without its header (a JSON document alone, or a broken one, is not)."""
+    try:  # the whole body did not parse: a JSON value that parses alone has bytes after it
+        json.JSONDecoder().raw_decode(bytes(body[:1 << 20]).decode("utf-8", "replace").lstrip())
+    except JSON_ERRORS:  # a ValueError, or the depth a nesting bomb reaches
+        return False
+    return True
 
 
 def count_of(value: Any) -> int | None:

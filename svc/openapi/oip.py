@@ -4,10 +4,14 @@ The gateway's document has every route below; a model server's has the
 inference routes of its model (``svc.openapi.modelserver``).
 
 Each catalog model's routes are listed under its id, as its ``/v1`` routes
-are.  The inference request is described as JSON tensors only: the binary
-tensor data extension (``Inference-Header-Content-Length``) is a body
-OpenAPI cannot describe, so the operation's description states it.  The
-request schema states exactly what the gateway accepts: one ``BYTES``
+are.  The inference request's schema is its JSON tensors; the binary
+tensor data extension (``Inference-Header-Content-Length`` bytes of JSON,
+then the tensors' bytes: what tritonclient sends by default) is a body
+OpenAPI cannot shape, so it is listed as ``application/octet-stream`` of
+bytes, and its media type's description states it.  A null ``id``,
+``model_name``, ``model_version``, ``parameters`` or ``outputs``, or a null
+``parameters`` of an input or output, is read as absent (svc.web.oip.codec)
+and allowed.  The JSON request schema states exactly what the gateway accepts: one ``BYTES``
 input whose ``shape`` is ``[k]`` (or ``[k, 1]``) with ``k`` strings of data (``k`` up to
 ``max_request_items``), the model's params and the protocol's own
 parameters, and the model's outputs by name.
@@ -129,6 +133,11 @@ def components() -> dict:
     }
 
 
+def nullable(schema: dict) -> dict:
+    """``schema`` or JSON's null, which the codec reads as absent."""
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
 def model_request(config: ModelServerConfig, factory: Any, params: dict) -> dict:
     """The JSON inference request of one model (``params``: its params schema)."""
     shape = shape_from_data_schema(factory.data_schema, params)
@@ -136,9 +145,9 @@ def model_request(config: ModelServerConfig, factory: Any, params: dict) -> dict
         return {"type": "object", "additionalProperties": False, "required": ["name", "datatype", "shape", "data"],
                 "properties": {"name": {"const": INPUT, "description": "The model's one input (another name: 400)."},
                                "datatype": {"const": "BYTES"}, "shape": shape, "data": data,
-                               "parameters": {"type": "object", "additionalProperties": False, "properties": {
+                               "parameters": nullable({"type": "object", "additionalProperties": False, "properties": {
                                    "content_type": {"type": "string", "description": "KServe's and MLServer's hint; "
-                                                    "ignored (the datatype says how to read the tensor)."}}}}}
+                                                    "ignored (the datatype says how to read the tensor)."}}})}}
 
     def rows(k: int, items: dict) -> dict:
         return {"type": "array", "items": items, "minItems": k, "maxItems": k}
@@ -170,14 +179,14 @@ def model_request(config: ModelServerConfig, factory: Any, params: dict) -> dict
         "additionalProperties": False,
         "required": ["inputs"],
         "properties": {
-            "id": {"type": "string", "description": "Echoed in the reply; also the request id when it is a valid "
-                   "one and no X-Request-ID is sent."},
-            "model_name": {"const": config.id, "description": "Not the protocol's, but what KServe's client sends: "
-                           "the path's model (another: 400)."},
-            "model_version": {"type": "string", "description": "As KServe's client sends it; ignored (a version "
-                              "in the path is the one checked)."},
+            "id": {"type": ["string", "null"], "description": "Echoed in the reply; also the request id when it is a "
+                   "valid one and no X-Request-ID is sent."},
+            "model_name": {"enum": [config.id, None], "description": "Not the protocol's, but what KServe's client "
+                           "sends: the path's model (another: 400)."},
+            "model_version": {"type": ["string", "null"], "description": "As KServe's client sends it; ignored (a "
+                              "version in the path is the one checked)."},
             "parameters": {
-                "type": "object",
+                "type": ["object", "null"],
                 "additionalProperties": False,
                 "properties": {**model_params, "binary_data_output": BOOLEAN, "options": options, **reserved},
                 "patternProperties": {f"^{RESERVED_PREFIX}": {}},
@@ -188,14 +197,14 @@ def model_request(config: ModelServerConfig, factory: Any, params: dict) -> dict
             "inputs": {"type": "array", "minItems": 1, "maxItems": 1, "items": {"oneOf": inputs},
                        "description": f"One BYTES input of shape [rows] or [rows, 1]: one base64 image file per row, at most "
                        f"{config.max_request_items} (max_request_items; more: 413)."},
-            "outputs": {"type": "array", "description": "The outputs to answer with, each named once "
+            "outputs": {"type": ["array", "null"], "description": "The outputs to answer with, each named once "
                         "(twice: 400); every output when absent or empty.",
                         "allOf": [{"contains": {"required": ["name"], "properties": {"name": {"const": o.name}}},
                                    "minContains": 0, "maxContains": 1} for o in shape.outputs], "items": {
                 "type": "object", "additionalProperties": False, "required": ["name"],
                 "properties": {"name": {"enum": [o.name for o in shape.outputs]},
-                               "parameters": {"type": "object", "additionalProperties": False,
-                                              "properties": output_params}}}},
+                               "parameters": nullable({"type": "object", "additionalProperties": False,
+                                                       "properties": output_params})}}},
         },
     }
 
@@ -269,7 +278,16 @@ def oip_paths(config: ModelServerConfig, factory: Any, realm: str) -> dict:
             "operationId": f"oip_infer_{mid}{suffix}",
             "summary": f"Inference with {mid} (Open Inference Protocol).",
             "description": BINARY + " " + FAILURES,
-            "requestBody": {"required": True, "content": {"application/json": {"schema": ref(f"{mid}_OipRequest")}}},
+            "requestBody": {"required": True, "content": {
+                "application/json": {"schema": ref(f"{mid}_OipRequest")},
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}, "description": (
+                    "The binary tensor data extension (what tritonclient sends by default): the request's "
+                    "`Inference-Header-Content-Length` header gives the length of a JSON part first, which is "
+                    f"`{mid}_OipRequest` with each binary input's `data` left out and its "
+                    "`parameters.binary_data_size` given instead (the bytes of that input, at most the rest of the "
+                    "body); the inputs' bytes follow, in the order of the inputs (a `BYTES` element: 4-byte "
+                    "little-endian length, then the file's bytes). Without the header, or with a length that is "
+                    "not digits or not inside the body: 400.")}}},
             "responses": {
                 "200": {"description": "The outputs asked for (every output when none is named).",
                         "headers": INFER_HEADERS,

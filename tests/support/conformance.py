@@ -11,6 +11,13 @@ items all failed on their input (a string that is not an image: status 3 or
 5).  :func:`admitted_when_valid` makes sure a 400 is that envelope and not a
 rejection.
 
+One documented exception to "a schema-valid request is admitted": an OIP
+inference body of ``application/octet-stream`` (the binary tensor data
+extension) is any bytes by the document, which cannot shape a JSON part
+whose length a header gives; such a body that is not the extension's is
+refused with the protocol's 400 naming its JSON part or that header
+(:func:`refused_binary_body`), and nothing else is accepted.
+
 One documented exception to "a schema-violating request is rejected": the
 ``X-Service-Params`` and ``X-Service-Options`` headers are for raw-body
 requests only and are ignored with a JSON body (docs/api.md, and the parameters'
@@ -69,6 +76,8 @@ def admitted_when_valid(ctx: Any, response: Any, case: Any) -> None:
     except ValueError:
         raise AssertionError(f"a schema-valid request got a 400 that is not JSON: {response.content[:200]!r}") from None
     if case.path.startswith("/v2/"):  # the Open Inference Protocol fails an admitted request as a whole
+        if case.media_type == "application/octet-stream":
+            return refused_binary_body(body)
         return admitted_oip_rows(body, case)
     results = body.get("results") if isinstance(body, dict) else None
     assert results, f"a schema-valid request was rejected before admission (400, status {body.get('status')}): {body}"
@@ -84,6 +93,13 @@ def admitted_oip_rows(body: Any, case: Any) -> None:
     found = re.match(r"row \d+ of (\d+) failed \((IMAGE_EMPTY|INVALID_IMAGE)\)", str(body.get("error", "")))
     assert found, f"a schema-valid OIP request was rejected before admission (400): {body}"
     assert int(found.group(1)) == len(case.body["inputs"][0]["data"]), body
+
+
+def refused_binary_body(body: Any) -> None:
+    """An OIP binary body (bytes, by the document) answered 400: refused as not the extension's (module docstring)."""
+    error = str(body.get("error", "")) if isinstance(body, dict) else ""
+    assert re.match(r"(the inference request header is not JSON|Inference-Header-Content-Length )", error), (
+        f"a binary OIP body got a 400 that is not the refusal of its JSON part or header length: {body}")
 
 
 def broken_only_in_ignored_headers(case: Any) -> bool:

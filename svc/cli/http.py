@@ -50,14 +50,15 @@ class HttpCall:
 
 
 class Reply(NamedTuple):
-    """What came back: the status, its reason phrase, the whole body, the ``Retry-After`` header if any, and the
-    ``X-Service-Weights`` header (``demo``, ``pretrained``, ``file``) if any."""
+    """What came back: the status, its reason phrase, the whole body, the ``Retry-After`` header if any, the
+    ``X-Service-Weights`` header (``demo``, ``pretrained``, ``file``) if any, and a redirect's ``Location``."""
 
     status: int
     phrase: str
     content: bytes
     retry_after: str | None
     weights: str | None = None
+    location: str | None = None
 
 
 #: The one stderr line of a command whose reply came from demo weights.
@@ -116,13 +117,16 @@ class HttpClient:
         client = HTTPClient(agent)
         if call.body is not None:
             headers["Content-Type"] = "application/json"
-        # treq's timeout ends when the headers arrive; the caller's deadline also covers the body.
-        response = await client.request(call.method, url, headers=headers, data=call.body, timeout=call.timeout)
+        # treq's timeout ends when the headers arrive; the caller's deadline also covers the body.  Redirects are
+        # not followed: treq followed a GET's without the token (and took a POST's for a failed connection).
+        response = await client.request(call.method, url, headers=headers, data=call.body, timeout=call.timeout,
+                                        allow_redirects=False)
         content = await response.content()
         retry_after = response.headers.getRawHeaders("retry-after", [None])[0]
         weights = response.headers.getRawHeaders(WEIGHTS_HEADER, [None])[0]
+        location = response.headers.getRawHeaders("location", [None])[0]
         phrase = response.phrase.decode("latin-1") if isinstance(response.phrase, bytes) else str(response.phrase)
-        return Reply(response.code, phrase, content, retry_after, weights)
+        return Reply(response.code, phrase, content, retry_after, weights, location)
 
 
 def loopback_stand_in(url: str) -> tuple[str, tuple[int, str] | None]:
@@ -326,14 +330,29 @@ async def call_gateway(client: Client, reactor: IClientReactor, call: HttpCall, 
     status, content = reply.status, reply.content
     print_reply(content)
     note_weights(reply)
-    if 200 <= status < 300:
+    if 200 <= status < 300 and is_json(content):
         return EXIT_OK
     fail(http_error_line(reply, call.method, call.url))
     return EXIT_HTTP
 
 
-def http_error_line(reply: Reply, method: str, url: str) -> str:
-    """The line of an error reply, with its ``Retry-After`` when it has one (a 429 says when to ask again): one
-    wording for ``infer``, ``jobs ...`` and ``jobs run``."""
+def is_json(content: bytes) -> bool:
+    """Whether a reply body is JSON, as every reply of the gateway's routes is (a proxy's login page is not)."""
+    try:
+        json.loads(content)
+    except ValueError:
+        return False
+    return True
+
+
+def http_error_line(reply: Reply, method: str, url: str, wanted: str = "a JSON reply") -> str:
+    """The line of an error reply, with its ``Retry-After`` when it has one (a 429 says when to ask again), where a
+    redirect points, or what a 2xx lacked (``wanted``): one wording for ``infer``, ``jobs ...`` and ``jobs run``."""
     more = f" (Retry-After: {reply.retry_after})" if reply.retry_after else ""
-    return f"HTTP {reply.status} {reply.phrase}{more} from {method} {url}"
+    line = f"HTTP {reply.status} {reply.phrase}{more} from {method} {url}"
+    if 300 <= reply.status < 400:
+        return (f"{line}: redirected to {reply.location or '(no Location given)'}; svcctl follows no redirect (it "
+                "would carry the token elsewhere): give --gateway the address that answers")
+    if 200 <= reply.status < 300:
+        return f"{line}, but not {wanted}: not the gateway's reply (a proxy's page?)"
+    return line

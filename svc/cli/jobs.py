@@ -221,7 +221,7 @@ class JobRun:
             raise CliError(f"{submit.method} {submit.url}: no complete reply within {timeout:g} s") from None
         submitted = _json(content)
         if status != 202 or not isinstance(submitted, dict) or not isinstance(submitted.get("job_id"), str):
-            return self.http_error("POST", model + JOBS)
+            return self.http_error("POST", model + JOBS, "a 202 with a job_id")
         job_id = submitted["job_id"]
         try:
             return await self.follow(submitted, content, base, model_prefix, timeout)
@@ -248,7 +248,7 @@ class JobRun:
                 body = _json(content)
                 if status != 200 or not isinstance(body, dict):
                     bar.close()
-                    return self.http_error("GET", url)
+                    return self.http_error("GET", url, "a 200 with the job's state")
                 bar.show(body.get("state", "?"), body.get("progress"))
         finally:
             bar.close()
@@ -261,7 +261,7 @@ class JobRun:
         status, _, content = await self.follow_up(HttpCall("GET", result_url, None, timeout))
         envelope = _json(content)
         if not 200 <= status < 300 or not isinstance(envelope, dict):
-            return self.http_error("GET", result_url)
+            return self.http_error("GET", result_url, "the job's result envelope")
         print_reply(content)  # a reader gone away: the files are still written
         note_weights(self.last, self.stderr)
         if args.out is not None:
@@ -281,11 +281,11 @@ class JobRun:
         body["images"] = [PLACEHOLDER_PNG]
         return json.dumps(body).encode("utf-8")
 
-    def http_error(self, method: str, url: str) -> int:
-        """Print the last reply, an error, and its line as ``infer`` does (a 429's ``Retry-After`` included);
-        exit 1."""
+    def http_error(self, method: str, url: str, wanted: str) -> int:
+        """Print the last reply, an error, and its line as ``infer`` does (a 429's ``Retry-After`` included; a
+        2xx that is not ``wanted`` says so: "HTTP 200 OK" was the whole error line); exit 1."""
         print_reply(self.last.content)
-        fail(http_error_line(self.last, method, url))
+        fail(http_error_line(self.last, method, url, wanted))
         return EXIT_HTTP
 
 
@@ -387,7 +387,7 @@ def add_parser(actions: Any, common: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", help="write the result's images, masks and envelope under DIR")
     parser.add_argument("--poll-ms", type=_poll_ms, metavar="MS",
                         help=f"wait budget of each progress request in milliseconds (default {DEFAULT_POLL_MS}, or "
-                             "just below the gateway's upstream_recv_timeout_ms when that is lower); below it")
+                             "just below the gateway's upstream_recv_timeout_ms when lower; refused at or above it)")
     parser.set_defaults(handler=run, uses_client=True)
 
 

@@ -35,6 +35,9 @@ from typing import Any
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
+#: The variant a pull is fetching now ((model id, variant name); None: none), for the interrupt's line.
+_fetching: tuple[str, str] | None = None
+
 
 def _fail(message: str) -> None:
     """One line on stderr: what it names (a user's file name, a stray file in the cache) may hold a newline or a
@@ -89,9 +92,21 @@ def main(args: argparse.Namespace) -> int:
         return _verify()
     except KeyboardInterrupt:
         print(file=sys.stderr)
-        _fail({"pull": "interrupted (a partial download is kept as .part: pull again to resume)",
-               "import": "interrupted (nothing kept)"}.get(args.action, "interrupted"))
+        pull = ("interrupted (a partial download is kept as .part: pull again to resume)" if _part_kept()
+                else "interrupted (nothing fetched)")
+        _fail({"pull": pull, "import": "interrupted (nothing kept)"}.get(args.action, "interrupted"))
         return EXIT_INTERRUPTED
+
+
+def _part_kept() -> bool:
+    """Whether the pull interrupted left a ``.part`` download of the variant it was fetching (Ctrl-C at the licence
+    question said one was kept: nothing had been fetched)."""
+    from svc.weightstore.cache import variant_dir
+
+    if _fetching is None:
+        return False
+    folder = variant_dir(*_fetching)
+    return folder.is_dir() and any(path.name.endswith(".part") for path in folder.rglob("*"))
 
 
 def describe(factory: Any, variant: Any) -> dict[str, Any]:
@@ -225,9 +240,14 @@ def _cached(factory: Any, variant: Any) -> Any:
 
 
 def _pull(args: argparse.Namespace) -> int:
+    from svc.weightstore.fetch import mirror_problem
     from svc.weightstore.licences import accepted, plan_lines, terminal_question
     from svc.weightstore.store import StoreError, pull
 
+    global _fetching
+    if problem := mirror_problem():
+        _fail(problem)
+        return EXIT_USAGE
     chosen = _selected(args)
     if chosen is None:
         return EXIT_USAGE
@@ -248,12 +268,15 @@ def _pull(args: argparse.Namespace) -> int:
                   f"{variant.license} to pull it")
             failures += 1
             continue
+        _fetching = (factory.catalog_id, variant.name)  # left set by an interrupt, for its line (main)
         try:
             stored = pull(factory, variant)
         except StoreError as e:
+            _fetching = None
             _fail(f"{name}: {e}")
             failures += 1
             continue
+        _fetching = None
         for note in stored.notes:
             print(note)
         state = "cached" if stored.fetched else "already cached and verified"

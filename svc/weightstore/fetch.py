@@ -73,6 +73,17 @@ def _on_disk(part: Path, url: str) -> Iterator[None]:
         raise CacheWriteError(url, e, part) from None
 
 
+def mirror_problem(env: Mapping[str, str] | None = None) -> str | None:
+    """What is wrong with ``$SERVICE_WEIGHTS_MIRROR`` (None: unset, or an http(s) URL with a host): said before a
+    pull plans anything, as a bad ``--gateway`` is (it failed each file's download after the plan, exit 1)."""
+    env = os.environ if env is None else env
+    base = env.get(MIRROR_ENV) or ""
+    parts = urlsplit(base)
+    if not base or (parts.scheme in ("http", "https") and parts.hostname):
+        return None
+    return f"${MIRROR_ENV} {base[:80]!r} is not an http:// or https:// URL with a host"
+
+
 def mirrored(url: str, env: Mapping[str, str] | None = None) -> str:
     """``url`` as fetched: through ``$SERVICE_WEIGHTS_MIRROR`` when it is set."""
     env = os.environ if env is None else env

@@ -686,6 +686,46 @@ def test_a_deadline_that_passes_while_connecting_is_the_deadline_line():
             filler.close()
 
 
+@pytest.mark.parametrize("argv, method, path", [
+    (["infer", "M", "IMAGE"], "POST", "/v1/models/M/infer"),
+    (["jobs", "get", "M", "job_1"], "GET", "/v1/models/M/jobs/job_1"),
+])
+def test_a_redirect_is_not_followed_and_its_line_names_where_it_points(argv, method, path, images):
+    """A POST's 307 was "the connection failed (307 ...)" naming the URL sent, not the Location; a GET's was
+    followed without the token (the other host's 200 printed, exit 0): a CLI probe. Neither is followed now, and
+    the line says where it points; the place pointed to gets no request."""
+    argv = [str(images[0]) if a == "IMAGE" else a for a in argv]
+    with listener() as (server, url), listener() as (elsewhere, elsewhere_url):
+        location = f"{elsewhere_url}{path}"
+        proc = start(*argv, "--gateway", url)
+        conn, head = accept_request_head(server)
+        with conn:
+            conn.sendall(f"HTTP/1.1 307 Temporary Redirect\r\nLocation: {location}\r\nContent-Length: 0\r\n"
+                         "Connection: close\r\n\r\n".encode())
+            done = finish(proc)
+        elsewhere.settimeout(0.01)
+        with pytest.raises(TimeoutError):
+            elsewhere.accept()
+    assert head.startswith(f"{method} {path} HTTP/1.1".encode())
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == (f"svcctl: HTTP 307 Temporary Redirect from {method} {url}{path}: redirected to {location}; "
+                           "svcctl follows no redirect (it would carry the token elsewhere): give --gateway the "
+                           "address that answers\n")
+
+
+def test_a_2xx_reply_that_is_not_the_gateways_is_exit_1_saying_what_it_lacked(gateway, images, capsys):
+    """A proxy's page answered 200 exited 0 (infer, jobs submit), and ``jobs run``'s refusal of a 200 without a job
+    id was the line "HTTP 200 OK from ...", as if that were the error: a CLI probe."""
+    gateway.reply = Reply(200, b"<html>sign in</html>")
+    assert run(gateway, "infer", "M", str(images[0]), "--gateway", GATEWAY) == 1
+    assert capsys.readouterr() == ("<html>sign in</html>\n", f"svcctl: HTTP 200 OK from POST {GATEWAY}/v1/models/M/infer, "
+                                   "but not a JSON reply: not the gateway's reply (a proxy's page?)\n")
+    gateway.reply = Reply(200, {"ok": True})
+    assert run(gateway, "jobs", "run", "M", "--gateway", GATEWAY) == 1
+    assert capsys.readouterr() == ('{\n  "ok": true\n}\n', f"svcctl: HTTP 200 OK from POST {GATEWAY}/v1/models/M/jobs, "
+                                   "but not a 202 with a job_id: not the gateway's reply (a proxy's page?)\n")
+
+
 def test_an_ipv6_gateway_url_reaches_the_gateway_with_its_host_header(ipv6_loopback):
     """``--gateway http://[::1]:PORT`` failed before any connection: treq refuses an IPv6 literal host
     (``InvalidCodepoint: Codepoint U+003A ... '::1'``). The request goes to ::1, with the Host the URL names."""

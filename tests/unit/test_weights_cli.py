@@ -267,13 +267,20 @@ def test_a_digest_recorded_by_an_import_is_named_so(source, capsys, tmp_path):
                    "pass --replace to replace the cached variant (nothing kept)\n")
 
 
-@pytest.mark.parametrize("action, line", [("pull", "interrupted (a partial download is kept as .part: pull again "
-                                                   "to resume)"),
-                                          ("import", "interrupted (nothing kept)")])
-def test_ctrl_c_says_what_is_left_for_the_command_it_stopped(source, capsys, monkeypatch, tmp_path, action, line):
+@pytest.mark.parametrize("action, part, line", [
+    ("pull", True, "interrupted (a partial download is kept as .part: pull again to resume)"),
+    # before any byte came (the licence question, the connection): a CLI probe read of a .part that was not there
+    ("pull", False, "interrupted (nothing fetched)"),
+    ("import", False, "interrupted (nothing kept)")])
+def test_ctrl_c_says_what_is_left_for_the_command_it_stopped(source, capsys, monkeypatch, tmp_path, action, part,
+                                                             line):
     import svc.weightstore.store
 
     def stop(*args, **kwargs):
+        if part:  # pull(factory, variant) cut after its first bytes
+            folder = variant_dir(args[0].catalog_id, args[1].name)
+            folder.mkdir(parents=True)
+            (folder / "weights.pth.part").write_bytes(BODY[:10])
         raise KeyboardInterrupt
 
     monkeypatch.setattr(svc.weightstore.store, "pull" if action == "pull" else "import_path", stop)
@@ -281,6 +288,15 @@ def test_ctrl_c_says_what_is_left_for_the_command_it_stopped(source, capsys, mon
     mine.write_bytes(BODY)
     code, out, err = svcctl(capsys, action, "MOBILENETV2", *([str(mine)] if action == "import" else []))
     assert (code, out, err.splitlines()[-1]) == (130, "", f"svcctl: {line}")
+
+
+@pytest.mark.parametrize("mirror", ["notaurl", "ftp://mirror.internal/", "http://"])
+def test_a_mirror_that_is_not_an_http_url_is_one_line_exit_2_before_the_plan(source, capsys, monkeypatch, mirror):
+    """It printed the pull's plan and licences, then failed each file's download, exit 1: a CLI probe."""
+    monkeypatch.setenv("SERVICE_WEIGHTS_MIRROR", mirror)
+    code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
+    assert (code, out, err) == (2, "", f"svcctl: $SERVICE_WEIGHTS_MIRROR {mirror!r} is not an http:// or https:// URL "
+                                       "with a host\n")
 
 
 def test_a_pull_that_fails_offline_keeps_the_record_and_the_plan_says_it_fetches(source, capsys, monkeypatch):

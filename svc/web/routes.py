@@ -13,7 +13,7 @@ order, the handlers every process answers errors with:
    error's HTTP code and headers;
 2. werkzeug's routing errors -> ``before_routing_error`` (the gateway
    authenticates there: an unauthenticated caller gets 401 on every path),
-   then one method-not-allowed answer (405 with ``Allow``, HEAD left out) or
+   then one method-not-allowed answer (405 with ``Allow``, HEAD with GET) or
    404 in the same shape;
 3. any other exception -> logged, 500 in the same shape.
 
@@ -65,8 +65,10 @@ CATCH_ALL = ("configured_root", "configured")
 
 
 def allowed_header(methods: Any) -> str:
-    """The ``Allow`` value of a 405: the route's methods without the HEAD werkzeug adds to every GET."""
-    return ", ".join(sorted(set(methods or ()) - {"HEAD"}))
+    """The ``Allow`` value of a 405: the route's methods, with the HEAD werkzeug adds to every GET, which is served
+    (RFC 9110 lists every method the resource supports; an OIP probe's HEAD got 200 and a 405 without it)."""
+    methods = set(methods or ())
+    return ", ".join(sorted(methods | {"HEAD"} if "GET" in methods else methods))
 
 
 def task_id_of(request: Any) -> str:

@@ -326,12 +326,15 @@ def test_unknown_paths_are_404_status_63(mobilenet, path):
     assert_rejection(post(mobilenet.url + path, {"images": ["x"]}), 404, 63)
 
 
-@pytest.mark.parametrize("method, path, allow", [("GET", URI, "POST"), ("PUT", URI, "POST"), ("DELETE", "/healthz", "GET"),
-                                                 ("POST", "/ready", "GET"), ("POST", "/metrics", "GET")])
+@pytest.mark.parametrize("method, path, allow", [("GET", URI, "POST"), ("PUT", URI, "POST"),
+                                                 ("DELETE", "/healthz", "GET, HEAD"), ("POST", "/ready", "GET, HEAD"),
+                                                 ("POST", "/metrics", "GET, HEAD")])
 def test_wrong_method_is_405_status_62_with_allow(mobilenet, method, path, allow):
     reply = request(method, mobilenet.url + path, headers=mobilenet.auth)
     assert_rejection(reply, 405, 62)
     assert reply.header("Allow") == allow
+    for listed in allow.split(", "):  # what Allow lists is served (HEAD with GET: an OIP probe's 200)
+        assert request(listed, mobilenet.url + path, headers=mobilenet.auth).status != 405, listed
 
 
 # -- backend.decode_in_worker ---------------------------------------------------------------

@@ -339,8 +339,8 @@ def test_an_encoded_slash_or_a_path_that_is_not_utf8_is_no_route(gw, method, pat
 
 
 @pytest.mark.parametrize("method, path, allow", [("GET", "/v1/models/CLS/infer", "POST"), ("GET", "/classify", "POST"),
-                                                 ("POST", "/v1/models/CLS/jobs/job_1", "GET"),
-                                                 ("PUT", "/v1/models/CLS/jobs", "POST"), ("POST", "/healthz", "GET")])
+                                                 ("POST", "/v1/models/CLS/jobs/job_1", "GET, HEAD"),
+                                                 ("PUT", "/v1/models/CLS/jobs", "POST"), ("POST", "/healthz", "GET, HEAD")])
 def test_wrong_method_is_405_with_allow(gw, method, path, allow):
     r = gw.call(method, path, body=b"{}" if method != "GET" else None)
     assert_envelope(r, 405, 62)

@@ -111,14 +111,14 @@ def test_an_unknown_server_is_404(sup, method, path):
 @pytest.mark.parametrize("method, path, allowed", [
     ("GET", "/api/v1/servers/AAA/start", "POST"),
     ("DELETE", "/api/v1/servers/AAA/restart", "POST"),
-    ("POST", "/api/v1/health", "GET"),
-    ("PUT", "/api/v1/status", "GET"),
-    ("POST", "/api/v1/servers/AAA/logs", "GET"),
-    ("POST", "/api/v1/metrics", "GET"),
-    ("POST", "/", "GET"),
-    ("POST", "/ui/app.js", "GET"),
+    ("POST", "/api/v1/health", "GET, HEAD"),
+    ("PUT", "/api/v1/status", "GET, HEAD"),
+    ("POST", "/api/v1/servers/AAA/logs", "GET, HEAD"),
+    ("POST", "/api/v1/metrics", "GET, HEAD"),
+    ("POST", "/", "GET, HEAD"),
+    ("POST", "/ui/app.js", "GET, HEAD"),
 ])
-def test_a_wrong_method_is_405_with_allow_without_head(sup, method, path, allowed):
+def test_a_wrong_method_is_405_with_allow_and_head_with_get(sup, method, path, allowed):
     r = sup.call(method, path)
     assert_error(r, 405, f"method {method} not allowed; allowed: {allowed}", Allow=allowed)
 

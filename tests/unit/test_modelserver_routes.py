@@ -108,8 +108,8 @@ def test_authentication_comes_before_the_per_ip_rate_limit():
 # -- routing -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method, path, allowed", [("GET", URI, "POST"), ("PUT", URI, "POST"), ("POST", "/healthz", "GET"),
-                                                   ("DELETE", "/ready", "GET"), ("POST", "/metrics", "GET")])
+@pytest.mark.parametrize("method, path, allowed", [("GET", URI, "POST"), ("PUT", URI, "POST"), ("POST", "/healthz", "GET, HEAD"),
+                                                   ("DELETE", "/ready", "GET, HEAD"), ("POST", "/metrics", "GET, HEAD")])
 def test_wrong_method_is_405_with_allow(method, path, allowed):
     server = build_model_server()
     reply = server.call(method, path, body=b"{}" if method in ("POST", "PUT") else None)

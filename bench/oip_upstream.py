@@ -33,7 +33,8 @@ INFER = reply(json.dumps({"status": 0, "status_str": "SUCCESS", "task_id": "t",
               extra=b"X-Request-ID: t\r\nCache-Control: no-store\r\n")  # what a model server sends on both routes
 
 def _oip() -> bytes:
-    from svc.web.oip.codec import BINARY_CONTENT_TYPE, Output, encode_reply
+    from svc.web.oip.codec import BINARY_CONTENT_TYPE
+    from svc.web.oip.encode import Output, encode_reply
 
     texts = [f"{s:f}:{c}:{label}" for s, c, label in zip(DATA["scores"], DATA["class_ids"], DATA["categories"])]
     body, length = encode_reply({"model_name": "MOBILENETV2", "model_version": "0"},

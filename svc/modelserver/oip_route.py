@@ -37,7 +37,7 @@ from svc.contract.errors import ApiError
 from svc.contract.oip import PREFIX, ModelShape, Serving, model_config, shape_from_document
 from svc.contract.protocol import WEIGHTS_HEADER
 from svc.web.declare import route
-from svc.web.oip import codec, replies, translate
+from svc.web.oip import codec, encode, replies, translate
 from svc.web.replies import OIP_JSON_CONTENT_TYPE, check_content_encoding, header
 
 
@@ -120,7 +120,7 @@ class OipRoute:
             head = {"model_name": model_id, "model_version": self.identity.version}
             if asked.id is not None:
                 head["id"] = asked.id
-            data, header_length = codec.encode_reply(head, outputs)
+            data, header_length = encode.encode_reply(head, outputs)
             request.setResponseCode(200)
             request.setHeader(b"Content-Type", codec.BINARY_CONTENT_TYPE if header_length else OIP_JSON_CONTENT_TYPE)
             if header_length:

@@ -19,8 +19,9 @@ from svc.contract.oip import (
     shape_of,
 )
 from svc.contract.schema import object_schema
-from svc.web.oip import codec, translate
-from svc.web.oip.codec import CodecError, Output, parse_request
+from svc.web.oip import codec, encode, translate
+from svc.web.oip.codec import CodecError, parse_request
+from svc.web.oip.encode import Output
 
 
 def bytes_tensor(*elements: bytes) -> bytes:
@@ -205,13 +206,13 @@ def test_replies_mix_binary_and_json_outputs():
     probs = Output("P", "FP32", [1, 2], [0.25, 0.75])
     labels = Output("L", "BYTES", [1, 1], ["0.750000:1:cat"])
     png = Output("G", "BYTES", [1], [b"\x89PNG\0"])
-    body, length = codec.encode_reply({"model_name": "M"}, [(probs, True), (labels, False), (png, True)])
+    body, length = encode.encode_reply({"model_name": "M"}, [(probs, True), (labels, False), (png, True)])
     head = json.loads(body[:length])
     assert head["model_name"] == "M"
     assert head["outputs"][0] == {"name": "P", "datatype": "FP32", "shape": [1, 2], "parameters": {"binary_data_size": 8}}
     assert head["outputs"][1]["data"] == ["0.750000:1:cat"]
     assert body[length:] == struct.pack("<2f", 0.25, 0.75) + bytes_tensor(b"\x89PNG\0")
-    only_json, none = codec.encode_reply({}, [(png, False)])
+    only_json, none = encode.encode_reply({}, [(png, False)])
     assert none is None and json.loads(only_json)["outputs"][0]["data"] == [base64.b64encode(b"\x89PNG\0").decode()]
 
 

@@ -1,4 +1,4 @@
-"""Tensors of the Open Inference Protocol: requests parsed, replies encoded, JSON and binary.
+"""Tensors of the Open Inference Protocol: requests parsed, JSON and binary (replies: svc.web.oip.encode).
 
 A request body is a JSON object, or, with the binary tensor data
 extension, ``Inference-Header-Content-Length`` bytes of JSON followed by
@@ -8,17 +8,10 @@ little-endian length and that many bytes; numbers are little-endian in
 their datatype's width.  Every inconsistency (a header length past the
 body, sizes that do not add up to the binary part, an element count that
 is not the product of the shape) is a :class:`CodecError`: 400.
-
-Replies are encoded the same two ways: an output is binary when it asked
-for ``binary_data`` or, when it did not say, when the request's
-``binary_data_output`` parameter is true.  ``BYTES`` values here are
-``str`` (text: UTF-8 in binary, a JSON string in JSON) or ``bytes`` (file
-contents: raw in binary, base64 in JSON, as JSON cannot carry them).
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import struct
 from dataclasses import dataclass, field
@@ -27,7 +20,6 @@ from typing import Any
 
 from svc.contract.query import parse_bounded_int
 from svc.contract.request import JSON_ERRORS, json_error_text, reject_constant
-from svc.web.replies import dumps
 
 _decoder = json.JSONDecoder(parse_constant=reject_constant)  # NaN and Infinity are not JSON: /v1 refuses them too
 _decode, _raw_decode = _decoder.decode, _decoder.raw_decode
@@ -79,16 +71,6 @@ class InferRequest:
     binary_output: bool
     #: What the body says it is for (KServe's client always sends ``model_name``); the route checks the path's.
     model_name: str | None = None
-
-
-@dataclass
-class Output:
-    """An output tensor of a reply; ``data`` as the module docstring says."""
-
-    name: str
-    datatype: str
-    shape: list[int]
-    data: list
 
 
 #: The fields of each object of a request; anything else is refused, as a field the server would ignore.
@@ -380,34 +362,3 @@ def _outputs(value: Any) -> list[RequestedOutput] | None:
                 raise CodecError(f"outputs[{i}].parameters.classification must be a non-negative integer")
         found.append(RequestedOutput(name, binary, k))
     return found
-
-
-def _binary_data(out: Output) -> bytes:
-    if out.datatype != "BYTES":
-        return struct.pack(f"<{len(out.data)}{DATATYPES[out.datatype][1]}", *out.data)
-    raws = [value.encode("utf-8") if isinstance(value, str) else value for value in out.data]
-    return b"".join([part for raw in raws for part in (len(raw).to_bytes(4, "little"), raw)])
-
-
-def _json_data(out: Output) -> list:
-    if out.datatype != "BYTES":
-        return out.data
-    return [v if isinstance(v, str) else base64.b64encode(v).decode("ascii") for v in out.data]
-
-
-def encode_reply(head: dict, outputs: list[tuple[Output, bool]]) -> tuple[bytes, int | None]:
-    """The reply body and its JSON header's length (None: all JSON); ``outputs``: each with whether it is binary."""
-    blobs, entries = [], []
-    for out, binary in outputs:
-        entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": out.shape}
-        if binary:
-            blob = _binary_data(out)
-            entry["parameters"] = {"binary_data_size": len(blob)}
-            blobs.append(blob)
-        else:
-            entry["data"] = _json_data(out)
-        entries.append(entry)
-    header = dumps({**head, "outputs": entries})
-    if not blobs:
-        return header, None
-    return b"".join([header, *blobs]), len(header)

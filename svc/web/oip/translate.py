@@ -35,7 +35,8 @@ from svc.contract.oip import (
     ModelShape,
 )
 from svc.contract.request import REQ_ID_RE, REQ_ID_RULE
-from svc.web.oip.codec import CodecError, InferRequest, Output, RequestedOutput
+from svc.web.oip.codec import CodecError, InferRequest, RequestedOutput
+from svc.web.oip.encode import Output
 
 #: Model-server statuses that the protocol, which has one "bad request", answers 400.
 AS_BAD_REQUEST = frozenset({415, 422})

@@ -233,8 +233,8 @@ def body_timeout_setting() -> Any:
 
 def max_connections_setting(default: int, refusal: str) -> Any:
     """The ``max_connections`` key; ``refusal`` names the reply a connection past it gets."""
-    return setting(default, f"Open HTTP connections served at once; the next one gets {refusal} and is closed.",
-                   minimum=1)
+    return setting(default, "Open HTTP connections served at once; past it the one idle longest between requests "
+                   f"is closed for the next, and with none idle the next one gets {refusal} and is closed.", minimum=1)
 
 
 def upstream_recv_timeout_setting() -> Any:

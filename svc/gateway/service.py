@@ -37,7 +37,7 @@ from svc.gateway.readiness import ReplicaProbe
 from svc.infra.metrics import GatewayMetrics, new_registry
 from svc.infra.process import ORPHAN_EXIT_S, ListeningMultiService, freeze_heap, supervisor_gone
 from svc.infra.reactors import IServiceReactor
-from svc.web.limits import HttpLimits
+from svc.web.httplimits import HttpLimits
 from svc.web.replies import dumps
 
 log = Logger()

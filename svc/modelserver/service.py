@@ -60,7 +60,7 @@ from svc.modelserver.jobs import JobTable
 from svc.modelserver.memory import IdleTrim
 from svc.openapi.modelserver import model_server_document
 from svc.optimize import measuring
-from svc.web.limits import HttpLimits
+from svc.web.httplimits import HttpLimits
 from svc.web.site import JsonSite
 
 log = Logger()

@@ -25,7 +25,7 @@ from svc.supervisor.logsink import LogDirLock
 from svc.supervisor.manager import GATEWAY, ChildManager
 from svc.supervisor.metrics import ChildCollector
 from svc.supervisor.series import SeriesCollector
-from svc.web.limits import HttpLimits
+from svc.web.httplimits import HttpLimits
 from svc.web.site import JsonSite
 
 log = Logger()

@@ -206,7 +206,7 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
         raise refuse(PROGRAM, where + f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")) from None
     exit_zero_on_signals(reactor)
     open_file_limit(config.max_connections, f"{config.path}: supervisor.max_connections")
-    from svc.web.limits import HttpLimits
+    from svc.web.httplimits import HttpLimits
 
     return SupervisorService(reactor=reactor, manager=manager, token=token, host=config.host, port=config.port,
                              ui_dir=ui, fetch=probe.fetch, limits=HttpLimits.from_config(config), log_lock=log_lock)

@@ -1,13 +1,15 @@
 """Connection limits of every process's HTTP listener (the body's are svc.web.bodylimits).
 
 twisted.web's connection handling has gaps that :class:`LimitedChannel`
-closes (see :class:`HttpLimits` for the knobs):
+closes (see :class:`svc.web.httplimits.HttpLimits` for the knobs):
 
 * its idle timeout is reset by every byte, so a client that sends one header
   byte every few seconds holds a connection forever (slowloris): a request's
   headers must now be complete within ``header_timeout_ms``;
-* it accepts any number of connections: past ``max_connections`` a new one
-  gets the process's 503 and is closed;
+* it accepts any number of connections: past ``max_connections`` the
+  connection idle longest between requests is closed for a new one
+  (:mod:`svc.web.idle`), and with none idle the new one gets the process's
+  503 and is closed;
 * a request line or a header line longer than ``MAX_LENGTH`` (16 KiB), or
   a head (request line and headers, their CRLFs counted) larger than
   ``totalHeadersSize`` (16 KiB), got the connection dropped without a word, or a bare 400:
@@ -31,7 +33,6 @@ The site these work for is :class:`svc.web.site.JsonSite`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.interfaces import IDelayedCall, ITCPTransport
@@ -56,34 +57,6 @@ REFUSED_LINGER_SECONDS = 2.0
 #: the reactor serves others (the rest wait for the next reactor turn).
 PIPELINE_BURST = 16
 
-@dataclass(frozen=True)
-class HttpLimits:
-    """Connection-level limits of one process's HTTP listener.
-
-    ``header_timeout_ms``: a request's headers must be complete this long
-    after its first byte (the first request: after the connection opened),
-    else 408 and close.  ``max_connections``: open connections served at
-    once; the next one gets the process's 503 and is closed.
-    ``listen_backlog``: the kernel's queue of connections not yet accepted
-    (capped by ``net.core.somaxconn``), passed to each process's
-    ``TCPServer``; twisted's default of 50 makes the kernel drop SYNs under
-    a burst of new connections (ListenOverflows), and those clients wait a
-    second or more for the retransmission.  ``body_timeout_ms``: a
-    request's body must be complete this long after its headers, else 408
-    and close.
-    """
-
-    header_timeout_ms: int = 10000
-    max_connections: int = 1024
-    listen_backlog: int = 1024
-    body_timeout_ms: int = 60000
-
-    @classmethod
-    def from_config(cls, config: Any) -> "HttpLimits":
-        """The limits from any config object that has the four keys as attributes."""
-        return cls(config.header_timeout_ms, config.max_connections, config.listen_backlog, config.body_timeout_ms)
-
-
 class LimitedChannel(HTTPChannel):
     """An HTTPChannel with a header deadline, a connection cap, head limits and pipelining backpressure."""
 
@@ -104,8 +77,14 @@ class LimitedChannel(HTTPChannel):
     def connectionMade(self) -> None:
         site = self.site
         if site.open_connections >= site.max_connections:
-            self._refuse_connection()
-            return
+            idle = site.idle.make_room()
+            if idle is None:
+                self._refuse_connection()
+                return
+            idle._counted = False  # its slot is this one's now
+            site.open_connections -= 1
+            site.warn_limit("idle connections closed to admit new ones at max_connections ({limit}): {count} so far",
+                            limit=site.max_connections, count=site.idle.closed)
         site.open_connections += 1
         self._counted = True
         super().connectionMade()
@@ -179,6 +158,7 @@ class LimitedChannel(HTTPChannel):
     def dataReceived(self, data: bytes) -> None:
         if self._refused:
             return
+        self.site.idle.unmark(self)
         if self._between_requests and not self._handlingRequest:
             self._start_header_deadline()
         super().dataReceived(data)
@@ -369,6 +349,8 @@ class LimitedChannel(HTTPChannel):
         self._burst = self._burst + 1 if pipelined else 0
         self._between_requests = True
         super().requestDone(request)
+        if self.persistent and not (self._handlingRequest or self._buffer or self._dataBuffer):
+            self.site.idle.mark(self)  # nothing of a next request yet: the first to close when the listener is full
 
     def _release(self) -> None:
         """Go on with the buffered pipelined requests once the replies were sent."""
@@ -383,6 +365,8 @@ class LimitedChannel(HTTPChannel):
         data = b"".join(self._dataBuffer)
         self._dataBuffer = []
         self.setLineMode(data)
+        if self.persistent and not (self._handlingRequest or self._buffer or self._dataBuffer):
+            self.site.idle.mark(self)  # its replies were read and nothing more came: idle
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._stop_header_deadline()
@@ -390,6 +374,7 @@ class LimitedChannel(HTTPChannel):
             if call is not None and call.active():
                 call.cancel()
         self._release_call = self._linger = None
+        self.site.idle.unmark(self)
         if self._counted:
             self._counted = False
             self.site.open_connections -= 1

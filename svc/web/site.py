@@ -23,7 +23,9 @@ from twisted.web import server
 from svc.contract.errors import ApiError
 from svc.contract.request import REQ_ID_RE
 from svc.web.bodylimits import CLIENT_CLOSED, LimitedRequest
-from svc.web.limits import HttpLimits, LimitedChannel
+from svc.web.httplimits import HttpLimits
+from svc.web.idle import IdleConnections
+from svc.web.limits import LimitedChannel
 from svc.web.replies import dumps
 
 #: The User-Agent of the supervisor's readiness probe and metrics scrape (svc.supervisor.probe).
@@ -209,6 +211,8 @@ class JsonSite(server.Site):
         self.on_logged = on_logged
         self.noisy = False
         self.open_connections = 0
+        #: Keep-alive connections between requests: closed oldest first to admit a new one past max_connections.
+        self.idle = IdleConnections()
         #: The process is stopping: every connection closes after its reply (svc.web.limits.LimitedChannel).
         self.closing = False
         self.refused_connections = 0

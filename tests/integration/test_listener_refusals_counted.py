@@ -70,6 +70,8 @@ def test_a_head_past_header_timeout_ms_is_counted_and_logged_with_its_time(model
 def test_a_connection_past_max_connections_gets_a_503_that_is_counted(model):
     before = requests_total(model, 503, "-")
     held = [hold(model.port) for _ in range(MAX_CONNECTIONS)]
+    for sock in held:  # each in the middle of its next request: none idle, none closed for the new one
+        sock.sendall(b"GET /healthz HTTP/1.1\r\n")
     try:
         with socket.create_connection(("127.0.0.1", model.port), timeout=30) as extra:
             reply = extra.recv(65536)

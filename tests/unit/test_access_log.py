@@ -9,7 +9,7 @@ from twisted.logger import LogLevel, capturedLogs, formatEvent
 from twisted.web.resource import Resource
 from twisted.web.test.requesthelper import DummyRequest
 
-from svc.web.limits import HttpLimits
+from svc.web.httplimits import HttpLimits
 from svc.web.site import QUICKSTART_USER_AGENT, SUPERVISOR_USER_AGENT, JsonSite, is_supervisor_probe, loggable_path
 
 

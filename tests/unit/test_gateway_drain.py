@@ -11,7 +11,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
 from svc.gateway.drain import IDLE_GRACE_S, DrainingSite, listening_family, signal_closed, signal_ready
-from svc.web.limits import HttpLimits
+from svc.web.httplimits import HttpLimits
 
 
 class Late(Resource):

@@ -19,7 +19,8 @@ from twisted.web import resource, server
 from svc.config import MODEL_SERVER_KEYS, ConfigError, load_model_server_config
 from svc.gateway.config import GATEWAY_KEYS, load_gateway_config
 from svc.supervisor.config import SUPERVISOR_KEYS, load_supervisor_config
-from svc.web.limits import PIPELINE_BURST, HttpLimits
+from svc.web.httplimits import HttpLimits
+from svc.web.limits import PIPELINE_BURST
 from svc.web.replies import dumps
 from svc.web.site import JsonSite
 
@@ -181,6 +182,41 @@ def test_connections_past_max_connections_get_503_with_connection_close():
     again, transport = connect(site)
     again.dataReceived(REQUEST)
     assert transport.value().startswith(b"HTTP/1.1 200 OK")
+
+
+def test_past_max_connections_the_connection_idle_longest_is_closed_for_the_new_one():
+    """Connections idle between requests held every slot for the idle timeout, and every new client got 503, the
+    supervisor's /healthz probe included (a security probe: 50 keep-alive connections after one request each).
+    The one idle longest is closed for the new one; one in the middle of a request never is, and with none idle the
+    new one gets the 503."""
+    clock = Clock()
+    site, _ = make_site(clock, max_connections=3)
+    older, newer, busy_one = connect(site), connect(site), connect(site)
+    for channel, transport in (older, newer):
+        channel.dataReceived(REQUEST)
+        assert transport.value().startswith(b"HTTP/1.1 200 OK")
+        clock.advance(1)
+    busy_one[0].dataReceived(b"GET /ok HTTP/1.1\r\n")  # a request whose head is still coming
+    newer[0].dataReceived(b"GET /ok HTTP/1.1\r\n")  # its next request began: not idle any more
+    newer[0].dataReceived(b"Host: x\r\n\r\n")  # answered: idle again, later than `older`
+    assert newer[1].value().count(b"HTTP/1.1 200 OK") == 2
+
+    channel, transport = connect(site)
+    assert older[1].disconnecting and not newer[1].disconnecting and not busy_one[1].disconnecting
+    assert older[1].value().count(b"HTTP/1.1 200 OK") == 1  # its reply was sent whole before it was closed
+    channel.dataReceived(REQUEST)
+    assert transport.value().startswith(b"HTTP/1.1 200 OK")
+    lose(*older)  # the closed connection's end frees no slot twice
+    assert (site.open_connections, site.refused_connections, site.idle.closed) == (3, 0, 1)
+
+    newer[1].clear()
+    newer[0].dataReceived(b"GET /ok HTTP/1.1\r\n")  # now in a request
+    transport.clear()
+    channel.dataReceived(b"GET /ok HTTP/1.1\r\n")  # the newest one too: none idle
+    refused, refused_transport = connect(site)
+    assert refused_transport.value().startswith(b"HTTP/1.1 503 Service Unavailable")
+    assert not (newer[1].disconnecting or busy_one[1].disconnecting or transport.disconnecting)
+    assert (site.open_connections, site.refused_connections) == (3, 1)
 
 
 def test_a_client_that_does_not_read_stops_being_read_and_gets_no_more_replies():

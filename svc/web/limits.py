@@ -43,6 +43,7 @@ from twisted.web.http import HTTPChannel
 from svc.contract import status as st
 from svc.contract.errors import ApiError
 from svc.web.bodylimits import LINGER_SECONDS
+from svc.web.chunked import StrictChunkedDecoder
 from svc.web.replies import bare_reply, connection_options, head_too_large, raw_reply, valid_host
 
 if TYPE_CHECKING:
@@ -288,7 +289,9 @@ class LimitedChannel(HTTPChannel):
                                     "its one and final coding)")
             self.length = None  # as twisted's own refusal: no body is read
             return False
-        return bool(super()._maybeChooseTransferDecoder(header, data))
+        chosen = bool(super()._maybeChooseTransferDecoder(header, data))
+        self._transferDecoder = StrictChunkedDecoder.replacing(self._transferDecoder)  # bare LFs: 400 at once
+        return chosen
 
     def _target_unread(self) -> bytes | None:
         """The target of a request line still in the buffer (one ending in a bare LF was never parsed): it

@@ -545,3 +545,24 @@ def test_a_chunked_body_is_413_once_its_bytes_pass_the_limit_and_a_huge_chunk_si
     assert transport.value() == b""
     clock.advance(0.002)
     assert transport.value().startswith(b"HTTP/1.1 408 Request Timeout")
+
+
+@pytest.mark.parametrize("body, served", [
+    (b"5\nhello\r\n0\r\n\r\n", False),  # the chunk-size line
+    (b"5\r\nhello\r\n0\n\n", False),  # the last chunk's line
+    (b"5\r\nhello\r\n0\r\nX-Trailer: 1\n\r\n", False),  # a trailer line
+    (b"5\r\nhe\nlo\r\n0\r\nX-Trailer: 1\r\n\r\n", True),  # an LF inside a chunk's data is data
+])
+def test_a_chunk_line_ending_in_a_bare_lf_is_a_400_at_once(body, served):
+    """It waited for body_timeout_ms (60 s) and got a 408 saying no byte had come, holding its connection (a
+    security probe), while docs/api.md (status 50) promises bare-LF line endings a 400 at once, as in the head."""
+    clock = Clock()
+    site, res = make_site(clock, body_timeout_ms=5000)
+    channel, transport = connect(site)
+    channel.dataReceived(b"POST /ok HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + body)
+    if served:
+        assert transport.value().startswith(b"HTTP/1.1 200 OK") and res.posted == [b"he\nlo"]
+        return
+    head, _, reply = transport.value().partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"Connection: close" in head.split(b"\r\n")
+    assert transport.disconnecting and res.posted == []

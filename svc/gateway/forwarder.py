@@ -198,7 +198,7 @@ class Forwarder:
             if submit and reply.code == 202 and self._minted(upstream, target, reply.body, last=not more):
                 continue  # another replica takes the submit
             if several and not_admitted(reply):
-                self.balancer.mark_down(target)
+                self._take_out(upstream, target, "did not admit a request (503 status 65)")
                 if more:
                     self.metrics.upstream_retries.labels(upstream.id, "not_admitted").inc()
                     held = reply
@@ -208,6 +208,15 @@ class Forwarder:
                 held = reply
                 continue
             return reply
+
+    def _take_out(self, upstream: Upstream, target: Replica, why: str) -> None:
+        """Skip ``target`` until its probe says ready, with one line when it was in and has a probe (its model runs
+        several replicas): the probe's "is ready" had no counterpart when a request took a replica out (a scaling
+        probe)."""
+        if len(upstream.replicas) > 1 and self.balancer.is_ready(target):
+            log.info("{model} replica {index} (port {port}) is not ready: it {why}; skipped until its /ready answers "
+                     "200", model=target.model, index=target.index, port=target.port, why=why)
+        self.balancer.mark_down(target)
 
     async def _exchange(self, method: bytes, upstream: Upstream, target: Replica, route: str, path: str,
                         query: bytes, headers: Headers, body: bytes | None, *, counted: bool,
@@ -225,7 +234,7 @@ class Forwarder:
         try:
             reply = await self.proxy.forward(method, target.url(path, query), attempt, body, timeout_s, timeout_name)
         except UpstreamUnreachable as e:
-            self.balancer.mark_down(target)
+            self._take_out(upstream, target, "refused a connection")
             if not probe:
                 self.metrics.upstream_errors.labels(upstream.id, replica, "unreachable").inc()
             if not last:

@@ -17,6 +17,7 @@ from treq.testing import RequestTraversalAgent, StubTreq
 from twisted.internet.defer import Deferred, fail
 from twisted.internet.error import ConnectBindError, ConnectionLost, ConnectionRefusedError
 from twisted.internet.task import Clock
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
 from twisted.web._newclient import ResponseFailed
 from twisted.web.client import URI
@@ -276,7 +277,15 @@ def test_sequential_requests_reach_both_replicas_with_their_own_tokens(gw):
 
 def test_a_refused_connection_goes_to_the_other_replica_which_takes_all_traffic_until_a_probe(gw):
     gw.agent.failures[PORTS[0]] = ConnectionRefusedError()
-    replies = [gw.infer() for _ in range(10)]
+    events: list[dict] = []
+    globalLogPublisher.addObserver(events.append)
+    try:
+        replies = [gw.infer() for _ in range(10)]
+    finally:
+        globalLogPublisher.removeObserver(events.append)
+    # Said once, as the probe says "is ready" when it comes back (a scaling probe found only the latter).
+    assert [formatEvent(e) for e in events if "is not ready" in formatEvent(e)] == [
+        f"CLS replica 0 (port {PORTS[0]}) is not ready: it refused a connection; skipped until its /ready answers 200"]
     assert [(r.code, r.json["results"][0]["data"]["replica"]) for r in replies] == [(200, 1)] * 10
     refused = [port for port, method in gw.agent.requests if port == PORTS[0]]
     assert len(refused) == 1  # marked not ready at once: skipped from then on

@@ -39,6 +39,11 @@ PROBE_PATHS = frozenset({b"/healthz", b"/ready", b"/metrics"})
 QUICKSTART_USER_AGENT = "service-quickstart-poll"
 QUICKSTART_PATHS = frozenset({b"/api/v1/status"})
 
+#: The User-Agent of a load balancer's health check of a gateway (deploy/haproxy.cfg sends it): a ``GET /healthz``
+#: every second from each balancer was a line a second in the gateway's log.  From any address (the balancer's
+#: host), answered 200, such a check is logged at debug level (:func:`is_balancer_check`).
+BALANCER_USER_AGENT = "service-balancer-check"
+
 #: Every path any poller logged at debug level polls.
 ANY_PROBE_PATH = PROBE_PATHS | QUICKSTART_PATHS
 
@@ -139,6 +144,13 @@ def is_ui_poll(request: Any) -> bool:
     API that says so.  A client that sends the header only hides its own reads."""
     return (request.method == b"GET" and request.path.startswith(UI_POLL_PREFIX)
             and request.requestHeaders.getRawHeaders(UI_POLL_HEADER) == [UI_POLL_VALUE])
+
+
+def is_balancer_check(request: Any) -> bool:
+    """Whether ``request`` is a load balancer's health check (:data:`BALANCER_USER_AGENT`): a GET of ``/healthz``,
+    which needs no credential and says nothing but "up"; logged at debug when answered 200."""
+    return (request.method == b"GET" and request.path == b"/healthz"
+            and request.requestHeaders.getRawHeaders(b"user-agent") == [BALANCER_USER_AGENT.encode()])
 
 
 def is_supervisor_probe(request: Any) -> bool:
@@ -264,7 +276,8 @@ class JsonSite(server.Site):
         # up at its timeout (499) stay probes.
         refused = 400 <= code < 500 and code != CLIENT_CLOSED
         self.log_line(request.method, request.uri, code, duration, rid, key,
-                      debug=(not refused and is_supervisor_probe(request)) or (code < 400 and is_ui_poll(request)))
+                      debug=(not refused and is_supervisor_probe(request)) or (code < 400 and is_ui_poll(request))
+                      or (code == 200 and is_balancer_check(request)))
 
     def log_line(self, method: bytes, path: bytes, code: int, duration_ms: float, request_id: str | None, key: str,
                  *, debug: bool = False) -> None:

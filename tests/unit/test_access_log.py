@@ -10,7 +10,14 @@ from twisted.web.resource import Resource
 from twisted.web.test.requesthelper import DummyRequest
 
 from svc.web.httplimits import HttpLimits
-from svc.web.site import QUICKSTART_USER_AGENT, SUPERVISOR_USER_AGENT, JsonSite, is_supervisor_probe, loggable_path
+from svc.web.site import (
+    BALANCER_USER_AGENT,
+    QUICKSTART_USER_AGENT,
+    SUPERVISOR_USER_AGENT,
+    JsonSite,
+    is_supervisor_probe,
+    loggable_path,
+)
 
 
 def request(path: bytes, *, method: bytes = b"GET", agent: str | None = SUPERVISOR_USER_AGENT,
@@ -65,6 +72,22 @@ def test_a_refused_request_is_never_hidden_behind_a_probes_user_agent(path, agen
     """A security probe: any loopback client (every remote one behind a TLS proxy on the host) could send the
     supervisor's or the quick start's User-Agent and guess tokens on the probe paths with no line in any log."""
     req = request(path, agent=agent)
+    req.code = code
+    with capturedLogs() as events:
+        site().log(req)
+    assert [e["log_level"] for e in events] == [level]
+
+
+@pytest.mark.parametrize("path, method, agent, code, level", [
+    (b"/healthz", b"GET", BALANCER_USER_AGENT, 200, LogLevel.debug),  # deploy/haproxy.cfg's check, every second
+    (b"/healthz", b"GET", BALANCER_USER_AGENT, 503, LogLevel.info),  # a gateway stopping: worth a line
+    (b"/healthz", b"GET", "curl/8.5.0", 200, LogLevel.info),  # a person, or a monitor of its own
+    (b"/ready", b"GET", BALANCER_USER_AGENT, 200, LogLevel.info),  # the check's path only
+    (b"/v1/models/M/infer", b"POST", BALANCER_USER_AGENT, 200, LogLevel.info),  # never a request
+])
+def test_a_balancers_health_check_from_any_address_is_logged_at_debug(path, method, agent, code, level):
+    """HAProxy's check of each gateway was an info line a second per balancer (a scaling probe)."""
+    req = request(path, method=method, agent=agent, host="10.0.0.20")
     req.code = code
     with capturedLogs() as events:
         site().log(req)

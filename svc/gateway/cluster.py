@@ -144,14 +144,12 @@ class Cluster:
         """The peer whose gateway answers a request for a job of ``host`` (another host's, per
         svc.gateway.owners).
 
-        Raises the 404 of a job whose host is not a peer, and of another
-        host's job in a request that was already forwarded once.
+        Raises the 404 of a job whose host is not a peer.  A request a peer
+        forwarded never comes here (:meth:`admits` takes it, or its cluster
+        token is refused as a credential: 401), so it is never forwarded
+        again; the forwarded-by header of a client's own request is ignored
+        (it answered 404 for a job that exists: a scaling probe).
         """
-        forwarded_by = header(request, FORWARDED_BY_HEADER.encode())
-        if forwarded_by is not None:
-            log.warn("a job request forwarded by {origin} names host {host}, not this one ({me}): are the "
-                     "[cluster] tables of the hosts the same?", origin=forwarded_by[:40], host=host, me=self.host_id)
-            raise job_not_found(job_id, f"it belongs to host {host}, and a forwarded request is not forwarded again")
         if host not in self.peers:
             raise job_not_found(job_id, f"host {host or '(none)'} is not among this host's [cluster] peers")
         return host

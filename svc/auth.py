@@ -35,7 +35,7 @@ import os
 import re
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from svc.config import ConfigError, Key, apply_keys, keys_of, read_toml, setting
@@ -260,7 +260,29 @@ def key_of(keys: list[KeyEntry], token: str | None) -> str | None:
     return next((key.name for key in keys if hmac.compare_digest(key.hash, digest)), None)
 
 
+#: The length under which a static token is called guessable at start (as ``SERVICE_JOB_SECRET``'s least).
+SHORT_TOKEN = 16
+
+
+def short_token_warnings(env: Mapping[str, str], *names: str) -> tuple[str, ...]:
+    """One warning per token of ``names`` that is set and shorter than :data:`SHORT_TOKEN`: a one-character token
+    started the gateway, and opened the supervisor, without a word (a security probe).  Warned, not refused: a
+    short token is a choice the operator may have made, not a token no client can send."""
+    return tuple(f"{name} has {len(env[name])} character{'s' if len(env[name]) != 1 else ''}: a token that short "
+                 f"can be guessed; use {SHORT_TOKEN * 2} random characters or more (svcctl keygen makes 64)"
+                 for name in names if 0 < len(env.get(name) or "") < SHORT_TOKEN)
+
+
 def decide(env: Mapping[str, str], keys_file: str) -> AuthSetup:
+    """The gateway's credentials and mode, or :class:`Refused` with the reason; a token too short to be safe is
+    among the setup's warnings (:func:`short_token_warnings`).
+    """
+    setup = _decide(env, keys_file)
+    short = short_token_warnings(env, GATEWAY_TOKEN_ENV, API_TOKEN_ENV, METRICS_TOKEN_ENV, CLUSTER_TOKEN_ENV)
+    return replace(setup, warnings=setup.warnings + short) if short else setup
+
+
+def _decide(env: Mapping[str, str], keys_file: str) -> AuthSetup:
     """The gateway's credentials and mode, or :class:`Refused` with the reason.
 
     The rules of docs/contract.md, Authentication: no anonymous mode; an empty or comment-only key file is zero

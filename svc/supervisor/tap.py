@@ -16,6 +16,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from twisted.logger import Logger
 from twisted.python import usage
 
 from svc.contract.protocol import SERVICE_CONFIG
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from twisted.application.service import IService
 
     from svc.supervisor.config import SupervisorConfig
+
+log = Logger()
 
 
 def management_key(config: SupervisorConfig, token: str) -> str | None:
@@ -132,6 +135,7 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
         GATEWAY_TOKEN_ENV,
         METRICS_TOKEN_ENV,
         separate_tokens_problem,
+        short_token_warnings,
         token_problem,
     )
 
@@ -142,6 +146,8 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
         separate_tokens_problem(env) or secret_problem(env)
     if problem:
         raise refuse(PROGRAM, problem)
+    for warning in short_token_warnings(env, API_TOKEN_ENV):  # its own; the gateway says the others
+        log.warn("{warning}", warning=warning)
     if problem := given_config_problem(options["config"]):
         raise refuse(PROGRAM, problem)
     try:

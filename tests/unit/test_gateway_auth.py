@@ -22,7 +22,7 @@ from svc.config import ConfigError
 from svc.infra.binds import bind_problem
 
 KEY_A, KEY_B = "a" * 64, "b" * 64
-ENV = {"SERVICE_METRICS_TOKEN": "metrics-tok"}
+ENV = {"SERVICE_METRICS_TOKEN": "metrics-token-" + "m" * 16}
 
 
 def keys_file(tmp_path, text):
@@ -297,10 +297,20 @@ def test_unset_static_tokens_never_authorize(tmp_path):
             auth.authenticate(bearer)
 
 
+@pytest.mark.parametrize("token, warned", [("a", True), ("a" * 15, True), ("a" * 16, False)])
+def test_a_static_token_under_16_characters_is_warned_of_at_start(tmp_path, token, warned):
+    """A one-character SERVICE_GATEWAY_AUTH_TOKEN started the gateway without a word (a security probe): a warning
+    per short token, among the setup's (the gateway logs them); the gateway still starts."""
+    setup = decide({**ENV, "SERVICE_GATEWAY_AUTH_TOKEN": token}, keys_file(tmp_path, entry("a", KEY_A)))
+    expected = (f"SERVICE_GATEWAY_AUTH_TOKEN has {len(token)} character{'s' if len(token) > 1 else ''}: a token that "
+                "short can be guessed; use 32 random characters or more (svcctl keygen makes 64)",)
+    assert (setup.mode, setup.warnings) == ("api-keys", expected if warned else ())
+
+
 def test_only_the_metrics_token_reads_metrics(tmp_path):
     auth = authenticator(tmp_path, entry("on", KEY_A), SERVICE_GATEWAY_AUTH_TOKEN="static", SERVICE_API_TOKEN="mgmt")
-    assert auth.is_metrics("metrics-tok")
-    assert not any(auth.is_metrics(t) for t in (None, "", "static", "mgmt", KEY_A, "metrics-to"))
+    assert auth.is_metrics(ENV["SERVICE_METRICS_TOKEN"])
+    assert not any(auth.is_metrics(t) for t in (None, "", "static", "mgmt", KEY_A, ENV["SERVICE_METRICS_TOKEN"][:-1]))
 
 
 def test_pool_idle_timeout_stays_below_every_model():

@@ -269,6 +269,22 @@ def test_supervisor_tree_from_the_config(supervisor_config):
     assert {(child.state, child.pid) for child in manager.children.values()} == {("stopped", None)}
 
 
+@pytest.mark.parametrize("token, warned", [("m", True), ("m" * 16, False)])
+def test_a_short_management_token_is_warned_of_when_the_supervisor_starts(supervisor_config, environment, token,
+                                                                           warned):
+    """A one-character SERVICE_API_TOKEN opened the supervisor without a word (a security probe); the supervisor
+    warns of its own token (the gateway of the others) and starts."""
+    from twisted.logger import capturedLogs
+
+    environment.setenv("SERVICE_API_TOKEN", token)
+    with capturedLogs() as events:
+        service, _ = build(supervisor_tap, ["--config", str(supervisor_config), "--profile", "cpu"])
+    said = [e["warning"] for e in events if "warning" in e]
+    assert said == (["SERVICE_API_TOKEN has 1 character: a token that short can be guessed; use 32 random characters "
+                     "or more (svcctl keygen makes 64)"] if warned else [])
+    assert service.manager is not None
+
+
 def test_supervisor_options_override_the_config_and_the_profile(supervisor_config, environment):
     from svc.supervisor import config
 

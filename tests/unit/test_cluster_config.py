@@ -244,7 +244,8 @@ def test_the_shipped_haproxy_config_is_valid_and_makes_the_tests_config(tmp_path
     text = config_for("10.1.0.9:80", {"a": "10.1.0.1:8080", "b": "10.1.0.2:8080"}, tmp_path / "s.sock")
     assert "    bind 10.1.0.9:80\n" in text and f"stats socket {tmp_path / 's.sock'} " in text
     assert re.findall(r"^    server .*$", text, re.M) == ["    server a 10.1.0.1:8080", "    server b 10.1.0.2:8080"]
-    assert "option httpchk GET /healthz" in text and "retry-on conn-failure empty-response" in text
+    assert "http-check send meth GET uri /healthz ver HTTP/1.1 hdr Host gateway hdr User-Agent service-balancer-check" \
+        in text and "retry-on conn-failure empty-response" in text
     (tmp_path / "haproxy.cfg").write_text(text)
     made = subprocess.run([HAPROXY, "-c", "-f", str(tmp_path / "haproxy.cfg")], capture_output=True, text=True)
     assert made.returncode == 0, made.stdout + made.stderr

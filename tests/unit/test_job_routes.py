@@ -273,8 +273,9 @@ def test_finished_jobs_expire_after_async_job_ttl():
 
 def test_wrong_methods_are_405_with_allow(server):
     job_id = server.submit([RED]).json["job_id"]
-    for method, path, allowed in (("POST", f"/jobs/{job_id}", "GET"), ("GET", "/jobs", "POST"),
-                                  ("DELETE", f"/jobs/{job_id}/result", "GET"), ("PUT", f"/jobs/{job_id}/wait", "GET")):
+    for method, path, allowed in (("POST", f"/jobs/{job_id}", "GET, HEAD"), ("GET", "/jobs", "POST"),
+                                  ("DELETE", f"/jobs/{job_id}/result", "GET, HEAD"),
+                                  ("PUT", f"/jobs/{job_id}/wait", "GET, HEAD")):
         reply = server.call(method, path, body=b"{}" if method in ("POST", "PUT") else None)
         assert reply.code == 405 and reply.json["status"] == 62 and reply.headers["allow"] == allowed, (method, path)
 

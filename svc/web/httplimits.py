@@ -14,7 +14,9 @@ class HttpLimits:
     ``header_timeout_ms``: a request's headers must be complete this long
     after its first byte (the first request: after the connection opened),
     else 408 and close.  ``max_connections``: open connections served at
-    once; the next one gets the process's 503 and is closed.
+    once; past it the one idle longest between requests is closed for the
+    next (:mod:`svc.web.idle`), and with none idle the next one gets the
+    process's 503 and is closed.
     ``listen_backlog``: the kernel's queue of connections not yet accepted
     (capped by ``net.core.somaxconn``), passed to each process's
     ``TCPServer``; twisted's default of 50 makes the kernel drop SYNs under

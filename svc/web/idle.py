@@ -25,9 +25,6 @@ class IdleConnections:
         self._idle: dict[Any, None] = {}  # insertion order: the order they became idle
         self.closed = 0  # closed to admit another
 
-    def __len__(self) -> int:
-        return len(self._idle)
-
     def mark(self, channel: Any) -> None:
         """``channel`` has sent its last reply whole and waits for a next request."""
         self._idle.pop(channel, None)

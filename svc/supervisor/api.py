@@ -137,7 +137,18 @@ class ManagementApi(routes.JsonApp):
 
     @declare.route(app, "/api/v1/status", methods=["GET"], name="status", admit="authenticate")
     def status(self, request: Any) -> bytes:
-        return self.ok(request, {"version": __version__, **self.manager.status_view()})
+        return self.ok(request, {"version": __version__, **self.with_modes(self.manager.status_view())})
+
+    def with_modes(self, view: dict[str, Any]) -> dict[str, Any]:
+        """``view`` with each model's and replica's ``optimize``: the execution mode a ready replica reported in
+        its last metrics scrape (``service_model_info``, through the series), null otherwise; a model's is its
+        first ready replica's.  What ``auto`` chose was in the model's log alone."""
+        for server in view["servers"]:
+            for replica in server["replicas"]:
+                ready = replica["ready"] and self.series is not None
+                replica["optimize"] = self.series.mode_of(replica["name"]) if ready else None
+            server["optimize"] = next((r["optimize"] for r in server["replicas"] if r["optimize"]), None)
+        return view
 
     @declare.route(app, "/api/v1/servers/<string:name>/<any(start,stop,restart):action>",
                   methods=["POST"], name="action", admit="authenticate")

@@ -363,6 +363,11 @@ class SeriesCollector:
         """The time of a view made with ``shift``, in seconds since the epoch as its ``t`` are."""
         return round(self.reactor.seconds() + shift, 3)
 
+    def mode_of(self, name: str) -> str | None:
+        """Child ``name``'s execution mode at its last good scrape (None before one, or while it loaded)."""
+        mode = (self.rings[name].info if name in self.rings else {}).get("optimize")
+        return mode if mode != "loading" else None
+
     def child_view(self, name: str, shift: float) -> dict[str, Any]:
         """``{t: [...], <figure>: [...]}``, one column per figure, null where a sample is a gap.
 

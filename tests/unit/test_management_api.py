@@ -326,8 +326,35 @@ def test_status_shows_the_replicas_of_a_model(two):
     assert [(r["index"], r["name"], r["port"], r["state"], r["ready"]) for r in aaa["replicas"]] == [
         (0, "AAA.0", 9300, "running", True), (1, "AAA.1", 9400, "running", True)]
     assert set(aaa["replicas"][0]) == {"index", "name", "port", "gpu", "cpus", "state", "ready", "pid", "restarts",
-                                       "uptime_s", "last_error", "last_exit", "phase"}  # as docs/processes.md lists
+                                       "uptime_s", "last_error", "last_exit", "phase", "optimize"}  # docs/processes.md
     assert (aaa["state"], aaa["ready"], aaa["pid"], aaa["port"]) == ("running", True, None, 9300)
+
+
+def test_status_names_the_execution_mode_each_ready_replica_reports(tmp_path):
+    """What auto chose was in the model's log alone: the status gives each ready replica's mode from its last
+    metrics scrape (service_model_info), a model the first ready replica's that says one, null before any scrape
+    and while loading."""
+    from twisted.internet.defer import succeed
+
+    from tests.unit.test_supervisor_replicas import start_two
+
+    m, _, _, _ = start_two(tmp_path)
+    said = {9300: "openvino", 9400: "loading"}  # AAA's replicas
+
+    def fetch(port, path, token):
+        return succeed(f'service_model_info{{model="AAA",version="v",device="cpu",replica="0",'
+                       f'optimize="{said.get(port, "eager")}"}} 1.0\n'.encode())
+
+    harness = Harness(tmp_path, manager=m, fetch=fetch)
+    before = json.loads(harness.call("GET", "/api/v1/status").body)
+    assert {s["id"]: s["optimize"] for s in before["servers"]} == {"AAA": None, "BBB": None}
+    harness.series.tick()
+    body = json.loads(harness.call("GET", "/api/v1/status").body)
+    servers = {s["id"]: s for s in body["servers"]}
+    assert [r["optimize"] for r in servers["AAA"]["replicas"]] == ["openvino", None]
+    assert (servers["AAA"]["optimize"], servers["BBB"]["optimize"]) == ("openvino", "eager")
+    m.children["BBB"].ready = False  # a replica not ready (restarting): what it said before is not given
+    assert json.loads(harness.call("GET", "/api/v1/status").body)["servers"][1]["optimize"] is None
 
 
 def test_a_replica_action_acts_on_that_replica_alone(two):

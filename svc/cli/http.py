@@ -258,8 +258,9 @@ def describe_failure(error: BaseException, call: HttpCall) -> str:
     return f"{where}: {type(error).__name__}: {error}"
 
 
-def print_reply(content: bytes) -> None:
-    """A reply body on stdout: JSON indented by 2, anything else as text.
+def print_reply(content: bytes) -> bool:
+    """A reply body on stdout: JSON indented by 2, anything else as text; whether it was JSON, as every reply of
+    the gateway's routes is (a proxy's login page is not).
 
     A reader that went away (``svcctl infer ... | head -1``) is not an error
     of the request: the rest of the output is dropped quietly, and the exit
@@ -268,11 +269,11 @@ def print_reply(content: bytes) -> None:
     failure of stdout (a full device) is raised, for the entry to report.
     """
     if not content:
-        return
+        return False
     try:
-        text = json.dumps(json.loads(content), indent=2) + "\n"
+        text, parsed = json.dumps(json.loads(content), indent=2) + "\n", True
     except ValueError:
-        text = content.decode("utf-8", errors="replace")
+        text, parsed = content.decode("utf-8", errors="replace"), False
         text += "" if text.endswith("\n") else "\n"
     try:
         sys.stdout.write(text)
@@ -280,6 +281,7 @@ def print_reply(content: bytes) -> None:
     except StdoutError as e:
         if not e.gone:
             raise
+    return parsed
 
 
 class Interrupted(Exception):
@@ -328,21 +330,12 @@ async def call_gateway(client: Client, reactor: IClientReactor, call: HttpCall, 
         fail(str(e))
         return EXIT_USAGE
     status, content = reply.status, reply.content
-    print_reply(content)
+    printed_json = print_reply(content)
     note_weights(reply)
-    if 200 <= status < 300 and is_json(content):
+    if 200 <= status < 300 and printed_json:
         return EXIT_OK
     fail(http_error_line(reply, call.method, call.url))
     return EXIT_HTTP
-
-
-def is_json(content: bytes) -> bool:
-    """Whether a reply body is JSON, as every reply of the gateway's routes is (a proxy's login page is not)."""
-    try:
-        json.loads(content)
-    except ValueError:
-        return False
-    return True
 
 
 def http_error_line(reply: Reply, method: str, url: str, wanted: str = "a JSON reply") -> str:

@@ -352,8 +352,7 @@ class LimitedChannel(HTTPChannel):
         self._burst = self._burst + 1 if pipelined else 0
         self._between_requests = True
         super().requestDone(request)
-        if self.persistent and not (self._handlingRequest or self._buffer or self._dataBuffer):
-            self.site.idle.mark(self)  # nothing of a next request yet: the first to close when the listener is full
+        self._idle_if_done()
 
     def _release(self) -> None:
         """Go on with the buffered pipelined requests once the replies were sent."""
@@ -368,8 +367,13 @@ class LimitedChannel(HTTPChannel):
         data = b"".join(self._dataBuffer)
         self._dataBuffer = []
         self.setLineMode(data)
+        self._idle_if_done()
+
+    def _idle_if_done(self) -> None:
+        """Its replies sent and nothing of a next request read: idle, the first to close when the listener is full
+        (:mod:`svc.web.idle`)."""
         if self.persistent and not (self._handlingRequest or self._buffer or self._dataBuffer):
-            self.site.idle.mark(self)  # its replies were read and nothing more came: idle
+            self.site.idle.mark(self)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._stop_header_deadline()

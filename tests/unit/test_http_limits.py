@@ -219,6 +219,23 @@ def test_past_max_connections_the_connection_idle_longest_is_closed_for_the_new_
     assert (site.open_connections, site.refused_connections) == (3, 1)
 
 
+def test_a_connection_is_idle_only_once_its_client_read_the_reply():
+    """A reply still unsent (its client not reading) holds the connection out of the idle ones: a full listener
+    refuses the next rather than close it; once the client read the reply, it is the one closed for the next."""
+    clock = Clock()
+    site, _ = make_site(clock, max_connections=1)
+    channel, transport = connect(site, FullingTransport(limit=10))
+    channel.dataReceived(REQUEST)
+    refused, refused_transport = connect(site)
+    assert refused_transport.value().startswith(b"HTTP/1.1 503 ") and not transport.disconnecting
+    assert transport.drain().startswith(b"HTTP/1.1 200 OK")
+    clock.advance(0)  # the held connection goes on once its reply left
+    admitted, admitted_transport = connect(site)
+    assert transport.disconnecting and not admitted_transport.disconnecting
+    admitted.dataReceived(REQUEST)
+    assert admitted_transport.value().startswith(b"HTTP/1.1 200 OK")
+
+
 def test_a_client_that_does_not_read_stops_being_read_and_gets_no_more_replies():
     """While a connection's replies are unsent, no further pipelined request is read or answered;
     they are answered once the client reads."""

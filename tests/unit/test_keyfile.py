@@ -133,10 +133,12 @@ def test_disable_of_a_disabled_key_changes_nothing_and_of_an_unknown_key_is_refu
     assert keys.read_text() == ORIGINAL and mode(keys) == 0o644
 
 
-def test_enable_takes_a_disabled_key_back_and_remove_deletes_an_entry_with_its_comments_kept(keys, capsys):
+def test_enable_takes_a_disabled_key_back_and_remove_deletes_an_entry_with_its_comments_kept(keys, capsys,
+                                                                                            monkeypatch):
     """Key changes the contract lists beside add and disable: re-enable and delete.  Without delete, a key the
     gateway refuses even disabled (one equal to its static token) could not be undone with svcctl (a regression
     probe)."""
+    in_checkout(monkeypatch, keys)
     assert cli.main(["keys", "enable", "old", "--keys-file", str(keys), "--no-restart"]) == 0
     assert keys.read_text() == ORIGINAL.replace(f'hash = "{"b" * 64}"\nenabled = false\n', f'hash = "{"b" * 64}"\n')
     assert capsys.readouterr().err.startswith(f"svcctl: enabled key 'old' in {keys}\n")
@@ -319,6 +321,7 @@ def test_a_restart_refused_by_the_supervisor_exits_1_and_the_file_stays_changed(
 
 
 def test_an_interrupted_restart_says_the_file_is_changed(keys, capsys, monkeypatch):
+    in_checkout(monkeypatch, keys)
     monkeypatch.setenv("SERVICE_API_TOKEN", MANAGEMENT)
     supervisor = FakeClient()
     supervisor.react = lambda main: None  # the reactor stopped before the request was made
@@ -351,7 +354,7 @@ def test_an_unreachable_supervisor_is_one_line_exit_2_and_the_file_stays_changed
                   env={"SERVICE_API_TOKEN": MANAGEMENT})
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == (f"svcctl: disabled key 'tenant-a' in {keys}\n"
-                           f"svcctl: {keys} has no enabled key left: the gateway accepts only its static tokens from its restart\n"
+                           f"svcctl: {keys} has no enabled key left\n"  # not the file of this checkout's gateway
                            "svcctl: the key file is changed but the gateway was not restarted: "
                            f"POST {url}{RESTART}: connection refused (is the supervisor running?)\n")
     assert "enabled = false\n\n# a retired one" in keys.read_text() and mode(keys) == 0o600
@@ -430,7 +433,7 @@ def test_a_keys_file_that_the_gateway_does_not_read_is_not_said_to_apply(keys, t
                                                         f"conf/api_keys.toml, not {other}: the change does not apply "
                                                         "to it")
     assert cli.main(["keys", "disable", "k1", "--keys-file", str(other), "--no-restart"]) == 0
-    assert capsys.readouterr().err == (f"svcctl: disabled key 'k1' in {other}\nsvcctl: {other} has no enabled key left: the gateway accepts only its static tokens from its restart\n"
+    assert capsys.readouterr().err == (f"svcctl: disabled key 'k1' in {other}\nsvcctl: {other} has no enabled key left\n"
                                        "svcctl: not restarted (--no-restart); "
                                        f"the gateway reads conf/api_keys.toml, not {other}: the change does not "
                                        "apply to it\n")

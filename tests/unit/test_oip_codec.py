@@ -139,6 +139,9 @@ def test_a_binary_body_without_its_header_length_is_told_to_send_it():
         parse_request(body, None)
     with pytest.raises(CodecError, match=r"^the inference request header is not JSON: [^;]*$"):  # JSON broken: no hint
         parse_request(b'{"inputs": [', None)
+    # A lone JSON document with a NaN in it (a docs probe: it was told of the header, which it does not need).
+    with pytest.raises(CodecError, match=r"^the inference request header is not JSON: NaN is not valid JSON[^;]*$"):
+        parse_request(b'{"parameters": {"x": NaN}, "inputs": []}', None)
 
 
 @pytest.mark.parametrize("head, message", [

@@ -158,11 +158,12 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict, bytes | me
 def _json_then_more(body: bytes | memoryview) -> bool:
     """Whether ``body`` starts with a whole JSON object followed by more bytes: the binary extension's body sent
     without its header (a JSON document alone, or a broken one, is not)."""
-    try:  # the whole body did not parse: a JSON value that parses alone has bytes after it
-        json.JSONDecoder().raw_decode(bytes(body[:1 << 20]).decode("utf-8", "replace").lstrip())
+    text = bytes(body[:1 << 20]).decode("utf-8", "replace").strip()
+    try:  # with the JSON rules of the whole body's parse: a NaN in a lone document is its fault, not a missing header
+        _, end = _decoder.raw_decode(text)
     except JSON_ERRORS:  # a ValueError, or the depth a nesting bomb reaches
         return False
-    return True
+    return end < len(text)
 
 
 def count_of(value: Any) -> int | None:

@@ -48,7 +48,7 @@ RUNTIME = [
 
 TEST = [
     "pytest==9.2.0",
-    "pytest-xdist==3.8.0",  # tox runs the suite on two workers (tox.ini)
+    "pytest-xdist==3.8.0",  # tox runs the suite on three workers (tox.ini)
     "execnet==2.1.2",  # pytest-xdist's transport, pinned with it
     "hypothesis==6.170.15",
     "schemathesis==4.32.5",

@@ -365,7 +365,12 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
 
     def before_routing_error(self, request: Any) -> None:
         """404 and 405 only after authentication: an unauthenticated caller gets 401 on every path, and one that
-        authenticated is counted by its key as a routed request is (no token is spent: see the module docstring)."""
+        authenticated is counted by its key as a routed request is (no token is spent: see the module docstring).
+        The metrics token on ``/metrics`` is its route's credential: a wrong method with it is 405, as with an API
+        key, not a 401 that calls it wrong."""
+        if request.path == METRICS_PATH.encode() and self.auth.is_metrics(bearer_token(request)):
+            self.admit_metrics(request)
+            return
         self.count_key(request, self.authenticate(request))
 
     def known_target(self, args: Mapping[str, Any]) -> bool:

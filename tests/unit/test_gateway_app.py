@@ -687,6 +687,21 @@ def test_metrics_need_the_metrics_token(gw):
     assert "service_http_request_duration_ms_count{protocol=\"contract\",route=\"infer\"} 1.0" in text
 
 
+def test_a_wrong_method_on_metrics_with_the_metrics_token_is_405_not_a_wrong_token(gw):
+    """A keys probe: ``POST /metrics`` with the right metrics token was 401 "wrong bearer token: send ... API key",
+    counted as an authentication failure; an API key got 405.  The scrape token on its own route is 405 too, and is
+    counted as the metrics token's request; on another route it is still refused."""
+    for method in ("POST", "DELETE"):
+        r = gw.call(method, "/metrics", token="metrics-tok")
+        assert_envelope(r, 405, 62)
+        assert (h(r, "Allow"), h(r, "X-Service-Key"), h(r, "WWW-Authenticate")) == ("GET, HEAD", "metrics-token", None)
+    assert_envelope(gw.call("POST", "/metrics", token="wrong-tok"), 401, 401)
+    assert_envelope(gw.call("GET", "/v1/models/CLS/infer", token="metrics-tok"), 401, 401)
+    text = gw.call("GET", "/metrics", token="metrics-tok").body.decode()
+    assert 'service_gateway_auth_failures_total{reason="wrong"} 2.0' in text
+    assert 'service_gateway_key_requests_total{key="metrics-token"} 3.0' in text
+
+
 @pytest.mark.parametrize("job, forwarded", [("job_ü", "/jobs/job_%C3%BC"), ("a%2Fb", "/jobs/a%252Fb"),
                                             ("x y", "/jobs/x%20y")])
 def test_job_ids_are_percent_encoded_upstream(gw, job, forwarded):

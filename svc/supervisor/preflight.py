@@ -108,11 +108,17 @@ class GatewayKeyFile:
     the file the last check passed, the one the gateway started then reads (the status's ``keys_file``, which
     ``svcctl keys`` compares the file it edited with).  A config that does not load keeps the known file: that
     gateway refuses to start, and says why.
+
+    A missing file passes the first check (a gateway run on static tokens alone), but not once a gateway was
+    started on a file that existed (:attr:`had_file`): a deleted file, or a ``keys_file`` edited to a name
+    that is not there, put the next gateway in static-token mode, refusing every API key, where a broken file
+    is refused (a keys probe).
     """
 
     def __init__(self, config: SupervisorConfig, cwd: str | None) -> None:
         self.config, self.cwd = config, cwd
         self.path = self._absolute(config.gateway_keys_file)
+        self.had_file = False
 
     def _absolute(self, name: str) -> str:
         return os.path.abspath(os.path.join(self.cwd or ".", name))  # the gateway runs in ``cwd``
@@ -125,11 +131,19 @@ class GatewayKeyFile:
             return self.path
 
     def problem(self) -> str | None:
-        """:func:`key_file_problem` of :meth:`current`; the file becomes :attr:`path` when it has none."""
+        """:func:`key_file_problem` of :meth:`current`, or why a missing file is refused; the file becomes
+        :attr:`path` when it has none."""
         path = self.current()
+        exists = os.path.lexists(path)
         found = key_file_problem(path)
+        if found is None and not exists and self.had_file:
+            found = (f"no key file at {path}: the gateway last started read its API keys from {self.path}, and a "
+                     "gateway started now would run in static-token mode and refuse every API key, so none is "
+                     "started (a gateway still running, if any, keeps serving with the keys it loaded); restore the "
+                     "file, or create an empty one to run on the static token alone, then start or restart the "
+                     "gateway (the web UI, or POST /api/v1/servers/__gateway/restart)")
         if found is None:
-            self.path = path
+            self.path, self.had_file = path, exists
         return found
 
 

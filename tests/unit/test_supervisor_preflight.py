@@ -10,7 +10,8 @@ from twisted.python.failure import Failure
 
 from svc.auth import key_entry
 from svc.config import load_model_server_config
-from svc.supervisor.preflight import key_file_problem, model_config_problem
+from svc.supervisor.config import load_supervisor_config
+from svc.supervisor.preflight import GatewayKeyFile, key_file_problem, model_config_problem
 from tests.unit.test_supervisor_manager import weights_manager
 
 
@@ -71,6 +72,35 @@ def test_a_key_file_with_a_bad_entry_is_refused_a_missing_or_empty_one_is_not(tm
         "start or restart the gateway (the web UI, or POST /api/v1/servers/__gateway/restart)")
     os.chmod(keys, 0o600)
     assert key_file_problem(str(keys)) is None
+
+
+def test_a_key_file_gone_since_a_gateway_started_on_it_is_refused_one_never_there_is_not(tmp_path):
+    """A keys probe: the key file moved away (or ``keys_file`` edited to a name that is not there), and a restart
+    of the gateway answered ``{ok: true}``: the new gateway ran in static-token mode and refused every API key,
+    while a broken file is refused.  A file that was never there is the gateway's to judge, as before."""
+    (tmp_path / "conf").mkdir()
+    service = tmp_path / "conf" / "service.toml"
+    service.write_text('[gateway]\nkeys_file = "conf/api_keys.toml"\n')
+    keys = tmp_path / "conf" / "api_keys.toml"
+    check = GatewayKeyFile(load_supervisor_config(str(service)), str(tmp_path))
+    assert check.problem() is None and check.path == str(keys)  # never there: static tokens alone
+    keys.write_text(key_entry("alice", "a" * 64))
+    keys.chmod(0o600)
+    assert check.problem() is None  # a gateway started on it
+    keys.rename(tmp_path / "conf" / "moved.toml")
+    assert check.problem() == (
+        f"no key file at {keys}: the gateway last started read its API keys from {keys}, and a gateway started now "
+        "would run in static-token mode and refuse every API key, so none is started (a gateway still running, if "
+        "any, keeps serving with the keys it loaded); restore the file, or create an empty one to run on the static "
+        "token alone, then start or restart the gateway (the web UI, or POST /api/v1/servers/__gateway/restart)")
+    service.write_text('[gateway]\nkeys_file = "conf/typo.toml"\n')  # the config names a file that is not there
+    assert check.problem().startswith(f"no key file at {tmp_path / 'conf' / 'typo.toml'}: the gateway last started "
+                                      f"read its API keys from {keys}, ")
+    service.write_text('[gateway]\nkeys_file = "conf/api_keys.toml"\n')
+    keys.write_text("")  # the way the refusal names to run on the static token alone
+    assert check.problem() is None and check.had_file
+    keys.unlink()
+    assert check.problem() is not None  # an empty file is a file too: its removal is refused the same way
 
 
 def test_a_refused_restart_leaves_the_running_process_alone(tmp_path):

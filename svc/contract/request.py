@@ -86,11 +86,11 @@ class RequestValidator:
             return self.parse_json(body, headers.get("x-request-id"))
         if IMAGE_TYPE.fullmatch(media_type) or media_type in RAW_TYPES:
             return self.parse_raw(body, headers)
-        shown = media_type or "none"
+        # None sent (or an empty one) is said so: "unsupported content type 'none'" read as a type called none.
+        what = f"unsupported content type {media_type!r}" if media_type else "no Content-Type header"
         raise ApiError(
             st.UNSUPPORTED_MEDIA_TYPE,
-            f"unsupported content type {shown!r}; send application/json (the envelope), "
-            "or one image as image/* or application/octet-stream",
+            f"{what}; send application/json (the envelope), or one image as image/* or application/octet-stream",
         )
 
     # -- JSON envelope ---------------------------------------------------------

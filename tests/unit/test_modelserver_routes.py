@@ -427,6 +427,18 @@ def test_a_content_type_that_is_not_one_image_type_is_415_status_60(path, value)
     assert server.settle(ok).code == (202 if path == "/jobs" else 200)
 
 
+@pytest.mark.parametrize("path", [URI, "/jobs"])
+def test_a_body_without_a_content_type_is_told_that_none_was_sent(path):
+    """A models probe: a JSON body sent without Content-Type was told "unsupported content type 'none'", which
+    reads as a type named none."""
+    server = build_model_server(async_enabled=True)
+    body = json.dumps({"images": [RED]}).encode()
+    expected = ("no Content-Type header; send application/json (the envelope), or one image as image/* or "
+                "application/octet-stream")
+    assert_rejection(server.call("POST", path, body=body), 415, 60, expected)
+    assert_rejection(server.call("POST", path, body=body, headers={"Content-Type": ""}), 415, 60, expected)
+
+
 @pytest.mark.parametrize("path", [URI, "/jobs", "/v2/models/TESTFAULTS/infer"])
 def test_a_compressed_body_is_415_status_60_on_every_route_that_reads_one(path):
     """No route decodes a Content-Encoding: read as it was, a gzip body was called JSON that does not parse.

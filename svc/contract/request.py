@@ -107,13 +107,13 @@ class RequestValidator:
             self._check_count(len(images))  # first: a million entries must not each become an error to send back
         errors = self._root_errors(doc)
         errors += self._images_errors(doc)
-        if header_request_id is not None:
-            errors += self._req_id_errors(header_request_id, pointer("req_id"), "X-Request-ID header ")
-        if "req_id" in doc:
+        if "req_id" in doc:  # the header is then not read, so not judged (a proxy's own id broke valid bodies)
             req_id = doc["req_id"]
             errors += self._req_id_errors(req_id, pointer("req_id"))
         else:
             req_id = header_request_id
+            if header_request_id is not None:
+                errors += self._req_id_errors(header_request_id, pointer("req_id"), "X-Request-ID header ")
         params = self._object(doc, "params", self.params, errors)
         options = self._object(doc, "options", self.options, errors)
         if errors:

@@ -259,7 +259,7 @@ class Child:
             self._fire_exit_waiters()
             return
         # Killed (9) or terminated (15) by someone: no last words, its output is about what it did before.
-        tail = "" if sig in (signal.SIGKILL, signal.SIGTERM) else " | ".join(self.logs.tail(2, since=self._first_line))
+        tail = "" if sig in (signal.SIGKILL, signal.SIGTERM) else " | ".join(self.logs.last_words(self._first_line))
         if was == STARTING and not self._was_ready and code == 1 and not sig and self.spec.wait_port \
                 and spawn.PORT_BUSY_TEXT in tail:
             self._fire_exit_waiters()

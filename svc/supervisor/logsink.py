@@ -25,6 +25,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger, formatTime
 from twisted.python.logfile import LogFile
 
+from svc.contract.protocol import GATEWAY_PROGRAM, MODEL_PROGRAM
 from svc.infra.reactors import wall_time
 
 log = Logger()
@@ -33,6 +34,10 @@ log = Logger()
 _LOG_PREFIX = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d{4}|Z)? \[[^\]]*\] ")
 #: The access log's lines (svc.web.site), one per request.
 _ACCESS_LINE = " [svc.access#"
+#: A line Twisted's text format logged at debug or info level.
+_INFO_LINE = re.compile(r"^\S+ \[[^\]]*#(?:debug|info)\] ")
+#: How a gateway's or model server's one-line refusal starts (svc.infra.process: refuse, exit_after_shutdown).
+_REFUSALS = (f"{MODEL_PROGRAM}: ", f"{GATEWAY_PROGRAM}: ")
 #: What a reactor prints as it starts and stops, around the line that says why.
 _REACTOR_NOISE = re.compile(r"\((?:TCP|UDP) Port \d+ Closed\)|Main loop terminated\.|Server Shut Down\.|"
                             r"Starting reactor\.\.\.|\w+ (?:starting|stopping) on \d+|(?:Starting|Stopping) factory .*")
@@ -261,9 +266,23 @@ class LogSink:
         without the time and ``[namespace#level]`` that Twisted's text format puts first, and without the lines
         a stopping reactor prints (``(TCP Port 9101 Closed)``) or the access log, which say nothing of why it
         stopped (a model killed by signal 9 showed its last two requests as its error)."""
-        said = (_LOG_PREFIX.sub("", text).strip() for seq, _, stream, text in list(self.ring)[-50:]
+        return [said for _, said in self._said(since)][-n:]
+
+    def last_words(self, since: int = 0) -> list[str]:
+        """:meth:`tail` of 2, the error of an exited process; where the last is its one-line refusal (its program's
+        name first, svc.infra.process), a note logged before it at info level is left out (a UI probe: "listening
+        on ...; loading the model on cpu | service-model: weights file ...: missing tensor" put the note first, and
+        the table's cell cut the reason off).  An error line before it stays: it says what failed."""
+        lines = self._said(since)[-2:]
+        if len(lines) == 2 and lines[1][1].startswith(_REFUSALS) and _INFO_LINE.match(lines[0][0]):
+            lines = lines[1:]
+        return [said for _, said in lines]
+
+    def _said(self, since: int) -> list[tuple[str, str]]:
+        """The child's own lines from line number ``since`` on, each as printed and as :meth:`tail` gives it."""
+        said = ((text, _LOG_PREFIX.sub("", text).strip()) for seq, _, stream, text in list(self.ring)[-50:]
                 if seq >= since and stream != "supervisor" and _ACCESS_LINE not in text)
-        return [text for text in said if text and not _REACTOR_NOISE.fullmatch(text)][-n:]
+        return [(raw, text) for raw, text in said if text and not _REACTOR_NOISE.fullmatch(text)]
 
     def close(self) -> None:
         """Write what waits and close the file; later lines go to the ring only."""

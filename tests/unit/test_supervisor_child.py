@@ -224,6 +224,24 @@ def test_refusal_while_starting_is_start_failed_without_retry():
     assert child.state == STARTING
 
 
+def test_a_refusal_after_start_up_notes_is_the_error_alone():
+    """A UI probe: a model server that logged its start-up ("listening on ...; loading the model on cpu") and then
+    refused its weights had both lines as its error, the note first: the table's cell showed the note and cut the
+    reason off.  Its one-line refusal is the error alone; other last words keep their two lines."""
+    child, reactor, probe, _ = make()
+    results(child.start())
+    reactor.exit(1, output=b"2026-11-29T08:40:01+0000 [svc.modelserver.service#info] M: listening on 127.0.0.1:9101; "
+                           b"loading the model on cpu\n"
+                           b"2026-11-29T08:40:02+0000 [svc.infra.process#critical] service-model: weights file w.pth: "
+                           b"missing tensor 'features.0.0.weight'\n")
+    assert (child.state, child.last_error) == (START_FAILED,
+                                               "service-model: weights file w.pth: missing tensor 'features.0.0.weight'")
+    child, reactor, probe, _ = make()
+    running(child, reactor, probe)
+    reactor.exit(2, output=b"Traceback (most recent call last):\nValueError: boom\n")
+    assert child.last_error.endswith("Traceback (most recent call last): | ValueError: boom")
+
+
 def test_crash_while_starting_fails_the_start_action_and_restarts():
     child, reactor, probe, _ = make()
     d = results(child.start())

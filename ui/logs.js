@@ -88,7 +88,8 @@ export async function followLogs() {
   }
   while (pre.childNodes.length > 2000) pre.removeChild(pre.firstChild);
   state.logOffset = page.next_offset;
-  if (page.lines.length) showCount(pre);
+  // The first page of a log is counted even when empty: a log chosen with no lines kept the last one's count.
+  if (page.lines.length || from === null) showCount(pre);
   if (atBottom) pre.scrollTop = pre.scrollHeight;
 }
 

@@ -61,8 +61,16 @@ async function connectOnce() {
   } catch (e) {
     if (e instanceof HttpError && e.status === 401) return false; // api() has shown the login
     if (session !== state.session) return false;
-    // Unreachable (the supervisor restarting, the page loaded before it): the token is kept and tried again.
-    showLogin("Cannot reach the supervisor; retrying…");
+    // A refusal of the request itself (a token too long for a header: 431) is said, and not sent again every
+    // few seconds: "Cannot reach the supervisor; retrying" was not true, and the retries never ended.
+    if (e instanceof HttpError && e.status >= 400 && e.status < 500 && e.status !== 408 && e.status !== 429) {
+      showLogin(`The supervisor refused the request: HTTP ${e.status} (${e.message}).`);
+      return false;
+    }
+    // Unreachable (the supervisor restarting, the page loaded before it), or an answer that may change (a 503
+    // past its connection limit): the token is kept and tried again.
+    showLogin(e instanceof HttpError ? `The supervisor answered HTTP ${e.status}; retrying…`
+                                     : "Cannot reach the supervisor; retrying…");
     $("#forget").hidden = !localStorage.getItem(TOKEN_KEY);
     state.retryTimer = setTimeout(connect, RETRY_MS);
     return false;
@@ -72,8 +80,10 @@ async function connectOnce() {
   $("#login").hidden = true;
   $("#console").hidden = false;
   $("#forget").hidden = false;
-  // The Connect button that had the focus is hidden: the console takes it, not the page's body.
-  if (!document.activeElement || document.activeElement === document.body) $("#console").focus();
+  // The Connect button or the token field (Enter) that had the focus is hidden: the console takes it, not the
+  // page's body. A field just hidden may still be the active element until the browser moves the focus away.
+  const active = document.activeElement;
+  if (!active || active === document.body || $("#login").contains(active)) $("#console").focus();
   fillSelects();
   state.refreshTimer = setInterval(oneAtATime(poll), 2000);
   state.logTimer = setInterval(oneAtATime(followLogs), 1500);

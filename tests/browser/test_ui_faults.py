@@ -320,6 +320,41 @@ def test_a_supervisor_unreachable_at_load_is_tried_again_with_the_stored_token(b
     close(page)
 
 
+def test_a_request_the_supervisor_refuses_at_login_is_said_and_not_sent_again(browser, stack):
+    """A UI probe: a 20,000-character token, whose request head the supervisor answers 431, showed "Cannot reach the
+    supervisor; retrying…" and was sent again every 3 s for as long as the page was open."""
+    page = new_page(browser)
+    page.goto(stack.url + "/")
+    page.fill("#token-input", "t" * 20000)
+    page.click("#token-form button")
+    expect(page.locator("#login-error")).to_have_text(re.compile(r"^The supervisor refused the request: HTTP 431 \(.+\)\.$"))
+    sent = page.requests.count("/api/v1/status")
+    page.wait_for_timeout(4000)  # nothing to await: a retry (every 3 s) would have asked by now
+    assert page.requests.count("/api/v1/status") == sent == 1
+    expect(page.locator("#login")).to_be_visible()
+    assert page.evaluate(f"() => localStorage.getItem('{TOKEN_KEY}')") is None
+    page.fill("#token-input", stack.env["SERVICE_API_TOKEN"])  # the right token then connects as ever
+    page.press("#token-input", "Enter")
+    expect(page.locator("#console")).to_be_visible()
+    # Enter in the token field (the keyboard's way) hands the focus to the console, as Connect does: it fell to
+    # the page's body (a UI probe).
+    expect(page.locator("#console")).to_be_focused()
+    close(page)
+
+
+def test_a_log_with_no_lines_is_counted_as_none(browser, stack):
+    """A UI probe: choosing a log with no lines after one of 58 left "58 of 58 lines" beside the empty view."""
+    page = new_page(browser)
+    page.route("**/api/v1/servers/MOBILENETV2/logs?*", fake_log([]))
+    log_in(page, stack)
+    count = page.locator("#log-count")
+    expect(count).to_have_text(re.compile(r"^[1-9]\d* of [1-9]\d* lines$"))  # the gateway's log, shown first
+    page.select_option("#log-server", "MOBILENETV2")
+    expect(count).to_have_text("0 of 0 lines")
+    expect(page.locator("#log-lines span")).to_have_count(0)
+    close(page)
+
+
 def test_a_bad_image_shows_the_items_reason(browser, stack):
     page = new_page(browser)
     log_in(page, stack)

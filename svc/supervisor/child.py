@@ -191,6 +191,7 @@ class Child:
         self._first_line = self.logs.next_seq
         self.started_at = self.reactor.seconds()
         self.ready, self.phase, self._was_ready = False, None, False
+        self.last_error = None if self.backoff.port_since is not None else self.last_error  # the port's free now
         program = next((i for i, a in enumerate(self.spec.argv) if a.startswith("service-")), 1)  # not "-P -m twisted"
         self._set(STARTING, f"spawned pid {self.pid}: {' '.join(self.spec.argv[program:program + 3])} ...")
         self._schedule_probe(self.timing.probe_starting)
@@ -336,8 +337,7 @@ class Child:
     def _became_ready(self) -> None:
         self.ready, self._readied = True, self._readied + 1
         self._was_ready = True
-        if self.backoff.end_port_wait():  # the wait is over: its note is no error any more
-            self.last_error = None
+        self.backoff.end_port_wait()  # the wait is over (its note was cleared when the port was found free)
         if self.state == STARTING:
             self._set(RUNNING, "ready")
         else:

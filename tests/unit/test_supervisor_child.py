@@ -360,6 +360,9 @@ def test_busy_port_is_retried_on_the_backoff_schedule_then_the_child_starts():
     port.free = True  # the orphan has exited
     reactor.advance(4)
     assert len(reactor.spawned) == 1 and child.state == STARTING and child.pid == 1001
+    # The port is free: the wait's note is not shown beside the loading process (a UI probe: "port ... is in use;
+    # trying again" stayed until the model was ready).
+    assert child.last_error is None and child.snapshot()["last_error"] is None
     probe.ok = True
     reactor.advance(0.5)
     assert (child.state, child.ready, d, child.last_error) == (RUNNING, True, [None], None)

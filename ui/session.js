@@ -109,13 +109,15 @@ export function oneAtATime(task) {
 // login) marks what the page shows as stale until a refresh succeeds.
 export async function poll() {
   const session = state.session;
+  // A refresh that fails at its 10 s timeout (a hung supervisor) has failed since it was asked, not since then.
+  const asked = new Date();
   try {
     const status = await refresh();
     if (session !== state.session) return;
     setOffline(null);
     await followCatalog(status, session);
   } catch (e) {
-    if (session === state.session && !(e instanceof HttpError && e.status === 401)) setOffline(e);
+    if (session === state.session && !(e instanceof HttpError && e.status === 401)) setOffline(e, asked);
   }
 }
 
@@ -135,7 +137,7 @@ async function followCatalog(status, session) {
 // The banner and the stale mark while the status refreshes fail; the action buttons are disabled meanwhile
 // (a click on a greyed page reached a hung supervisor when it woke, a restart nobody expected any more). Once a
 // refresh succeeds, it has set the table's buttons again (status.js fillRow); the gateway's is set here.
-export function setOffline(error) {
+export function setOffline(error, since = new Date()) {
   const banner = $("#offline");
   $("#console").classList.toggle("stale", Boolean(error));
   banner.hidden = !error;
@@ -145,7 +147,7 @@ export function setOffline(error) {
     return;
   }
   for (const button of document.querySelectorAll("#console button[data-action]")) button.disabled = true;
-  if (!state.offlineSince) state.offlineSince = new Date();
+  if (!state.offlineSince) state.offlineSince = since;
   banner.textContent = `Cannot reach the supervisor since ${clock(state.offlineSince)}; retrying`;
   banner.title = error.message;
 }

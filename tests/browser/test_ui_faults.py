@@ -245,7 +245,7 @@ def fake_log(lines):
         offset = int(query["offset"][0]) if "offset" in query else max(0, end - limit)
         page = [{"seq": s, "time": 0.0, "stream": "stdout", "line": lines[s]} for s in range(offset, min(end, offset + limit))]
         body = {"ok": True, "id": "__gateway", "lines": page, "first_offset": 0, "end_offset": end,
-                "next_offset": page[-1]["seq"] + 1 if page else offset}  # past the end: the offset asked
+                "next_offset": page[-1]["seq"] + 1 if page else min(offset, end)}  # past the end: the end
         route.fulfill(status=200, content_type="application/json", body=json.dumps(body))
     return answer
 

@@ -62,6 +62,7 @@ def test_paging_by_offset_and_a_bounded_ring(tmp_path):
     old = sink.page(0, 10)
     assert [e["seq"] for e in old["lines"]] == [3, 4, 5, 6, 7]  # older lines left the ring
     assert sink.page(8, 10)["lines"] == [] and sink.page(8, 10)["next_offset"] == 8
+    assert sink.page(999999999999999999, 10)["lines"] == [] and sink.page(999999999999999999, 10)["next_offset"] == 8
     sink.feed("stderr", b"late\n")
     assert [e["line"] for e in sink.page(8, 10)["lines"]] == ["late"]
 

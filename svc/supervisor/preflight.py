@@ -134,7 +134,7 @@ class GatewayKeyFile:
         """:func:`key_file_problem` of :meth:`current`, or why a missing file is refused; the file becomes
         :attr:`path` when it has none."""
         path = self.current()
-        exists = os.path.lexists(path)
+        exists = os.path.exists(path)  # a link to nothing is no file either
         found = key_file_problem(path)
         if found is None and not exists and self.had_file:
             found = (f"no key file at {path}: the gateway last started read its API keys from {self.path}, and a "

@@ -138,6 +138,7 @@ def fetch_missing(
     that still lacks its variant falls back to demo alone, with one line
     naming it and why; the others run their pretrained weights.
     """
+    from svc.weightstore.catalog import HubSource
     from svc.weightstore.licences import permissive, spdx
 
     cached = cached or (lambda spec: is_cached(spec, env))
@@ -150,12 +151,16 @@ def fetch_missing(
     why: dict[str, str] = {}
     if not pull_available():
         why = {spec: "svcctl weights pull is not available in this installation" for spec, _ in missing}
-    elif any(env.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
-             for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
-        why = {spec: "not cached, and HF_HUB_OFFLINE is set" for spec, _ in missing}
     else:
-        down = {f"{h}:{p}" for h, p in source_hosts([v for _, v in missing], env) if not connect(h, p)}
-        for spec, variant in missing:
+        # HF_HUB_OFFLINE keeps the hub's repositories alone: the files (GitHub, pytorch.org) are pulled as
+        # svcctl weights pull pulls them (a weights probe: every model stayed on demo weights).
+        if any(env.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
+            why = {spec: "not cached, and HF_HUB_OFFLINE is set" for spec, variant in missing
+                   if isinstance(variant.source, HubSource)}
+        left = [(spec, variant) for spec, variant in missing if spec not in why]
+        down = {f"{h}:{p}" for h, p in source_hosts([v for _, v in left], env) if not connect(h, p)}
+        for spec, variant in left:
             host = "{}:{}".format(*source_hosts([variant], env)[0])
             if host in down:
                 why[spec] = f"not cached, and {host} is not reachable"

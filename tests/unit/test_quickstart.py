@@ -170,8 +170,14 @@ def test_a_refused_licence_a_failed_pull_offline_mode_or_no_pull_command_fall_ba
                     "YOLOV8": "its licence AGPL-3.0 was not accepted (--accept-licence AGPL-3.0)"}
     assert out.splitlines()[-2] == ("Pretrained weights: YOLOV8 starts on demo weights: its licence AGPL-3.0 was not "
                                     "accepted (--accept-licence AGPL-3.0).")
-    demo, out = fetch(_pulls(), {"HF_HUB_OFFLINE": "1"}, cached={"LDM:celebahq-256"})
-    assert demo == {"DDPM": "not cached, and HF_HUB_OFFLINE is set", "YOLOV8": "not cached, and HF_HUB_OFFLINE is set"}
+    # HF_HUB_OFFLINE keeps the hub's repositories alone (a weights probe: YOLOV8's file from GitHub stayed on demo
+    # while svcctl weights pull fetched it): the file is pulled, the hub's DDPM falls back.
+    pulled = []
+    demo, out = fetch(_pulls(), {"HF_HUB_OFFLINE": "1"}, cached={"LDM:celebahq-256"}, connect=lambda h, p: True,
+                      pull=lambda specs, accept: pulled.append(specs) or 1, accept=("AGPL-3.0",))
+    assert pulled == [["YOLOV8:n"]]
+    assert demo == {"DDPM": "not cached, and HF_HUB_OFFLINE is set",
+                    "YOLOV8": "svcctl weights pull exited with 1 (its error is above)"}
     demo, out = fetch(_pulls()[:1], {}, available=False)
     assert out == ("Pretrained weights: DDPM starts on demo weights: svcctl weights pull is not available in this "
                    "installation.\n" + SWITCH)

@@ -128,6 +128,19 @@ def test_a_cached_variant_is_read_once_by_the_plan_and_not_pulled_again(source, 
                               f"{variant_dir('MOBILENETV2', 'FIXTURE_V2') / FILENAME}\n"), err
 
 
+def test_a_variant_named_twice_is_planned_and_pulled_once(source, capsys):
+    """A weights probe: ``pull YOLOV8 YOLOV8:yolov8n`` (the default variant, then by its name) planned it twice, its
+    size counted twice in the total said before the pull."""
+    code = cli.main(["weights", "pull", "MOBILENETV2", "MOBILENETV2:FIXTURE_V2"])
+    out, err = capsys.readouterr()
+    size = f"{len(BODY) / 1e6:.1f} MB"
+    assert code == 0, err
+    assert err.splitlines()[:2] == [f"Pull: 1 of 1 variant(s) to fetch, {size} in all; licences: BSD-3-Clause",
+                                    f"  MOBILENETV2 FIXTURE_V2: {size}; licence BSD-3-Clause"]
+    assert out == f"MOBILENETV2 FIXTURE_V2: cached: {variant_dir('MOBILENETV2', 'FIXTURE_V2') / FILENAME}\n"
+    assert len(source.requests) == 1
+
+
 def test_the_quick_start_counts_a_damaged_variant_as_not_cached(source, capsys):
     """A weights probe: a truncated cached file was "cached, nothing to pull" to the quick start, which served it,
     and the model failed its start; judged as its model server judges it, it is pulled or runs on demo."""

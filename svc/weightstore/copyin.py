@@ -13,7 +13,9 @@ the cache's.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 
 CHUNK = 1 << 20
@@ -36,12 +38,18 @@ def make_folder(path: Path) -> None:
 
 
 def copy_file(src: Path, dst: Path) -> None:
-    """Copy the user's file ``src`` to the cache's new file ``dst`` (CopyError names the side that failed)."""
+    """Copy the user's file ``src`` to the cache's new file ``dst`` (CopyError names the side that failed).
+
+    Opened without blocking, and refused unless it is a regular file: a FIFO in an imported folder blocked the
+    import for ever, waiting for a writer (a weights probe); a device would be read without end."""
     try:
-        reader = os.open(src, os.O_RDONLY)
+        reader = os.open(src, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as e:
         raise CopyError(e, src, cache=False) from None
     try:
+        if not stat.S_ISREG(os.fstat(reader).st_mode):
+            raise CopyError(OSError(errno.EINVAL, "not a regular file (a FIFO, a socket or a device)"), src,
+                            cache=False)
         try:
             writer = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except OSError as e:

@@ -190,6 +190,22 @@ def without_file_permission_override(argv: list[str]) -> list[str]:
     return [setpriv, "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search", "--", *argv]
 
 
+def test_a_fifo_in_an_imported_folder_is_refused_in_one_line_not_waited_on(cache, capsys, tmp_path):
+    """A weights probe: a FIFO among a folder's files (one a pull would fetch, ``*.json``) blocked the import for
+    ever, opened for reading with no writer; it is named as not a regular file, and nothing is kept."""
+    import os
+
+    folder = tmp_path / "ddpm"
+    folder.mkdir()
+    write_google_ddpm(folder)
+    os.mkfifo(folder / "fifo.json")
+    code, out, err = svcctl(capsys, "import", "DDPM", str(folder))
+    assert (code, out) == (1, "")
+    assert err == (f"svcctl: DDPM cifar10-32: {folder / 'fifo.json'}: not a regular file (a FIFO, a socket or a "
+                   "device) (nothing kept)\n")
+    assert everything_under(cache) == []
+
+
 @pytest.mark.parametrize("unreadable", ["config.json", "images"])
 def test_an_unreadable_file_in_an_imported_folder_is_named_in_one_line(cache, tmp_path, unreadable):
     """A file (or folder) of the user's that cannot be read: one line naming it and the cause (not a list of

@@ -58,6 +58,7 @@ from zope.interface import implementer
 from models.diffusion_sampler import DIT_GUIDANCE, SEED_MAX, DiffusionModel
 from models.diffusion_weights import (
     LEGACY_CLASS_NAMES,
+    check_pipeline,
     component_config,
     load_component,
     random_unet,
@@ -307,6 +308,9 @@ class _DiffusionFactory:
         scheduler_cls = DDPMScheduler if self.scheduler == "ddpm" else DDIMScheduler
         path = path_of(config)
         vqvae = None
+        if path is not None:
+            kind = "dit" if self.is_dit(config) else "latent" if self.latent else "pixel"
+            check_pipeline(weights_folder(path), kind, self.catalog_id)
         if path is None:
             torch.manual_seed(config.get("seed", 0))
             if self.latent:

@@ -48,6 +48,25 @@ def weights_folder(path: str) -> str:
     return path
 
 
+#: The diffusers pipelines whose folders each kind of model loads (``model_index.json``'s ``_class_name``).
+PIPELINES = {"pixel": ("DDPMPipeline", "DDIMPipeline"), "latent": ("LDMPipeline",), "dit": ("DiTPipeline",)}
+
+
+def check_pipeline(folder: str, kind: str, model_id: str) -> None:
+    """WeightsError for another kind of model's folder: its ``model_index.json`` names another pipeline, or (a
+    model that samples pixels) it holds a latent model's decoder.  A weights probe: a CompVis LDM folder imported
+    as DDPM built (its latent UNet has three channels, as an image's) and would have sampled latents as pixels."""
+    index = os.path.join(folder, "model_index.json")
+    name = _read_json(index, folder).get("_class_name") if os.path.isfile(index) else None
+    if isinstance(name, str) and name not in PIPELINES[kind]:
+        raise WeightsError(f"weights folder {folder}: model_index.json is a {name}, expected a "
+                           f"{' or '.join(PIPELINES[kind])}: the folder is another model's, not {model_id}'s")
+    for sub in ("vqvae", "vae") if kind == "pixel" else ():
+        if os.path.isfile(os.path.join(folder, sub, "config.json")):
+            raise WeightsError(f"weights folder {folder}: {sub}/ is a latent model's decoder and {model_id} samples "
+                               "pixels: the folder is a latent diffusion model's")
+
+
 def component_dir(folder: str, sub: str) -> str:
     """Where a component lives: ``folder/sub``, else the folder's root when it holds a ``config.json`` (the
     flat layout of single-model hub repositories, which diffusers' ``load_sub_model`` also accepts)."""

@@ -60,6 +60,28 @@ def test_a_folder_that_does_not_build_is_refused_named_and_leaves_nothing(cache,
     assert svcctl(capsys, "verify")[:2] == (0, f"no cached variants in {cache}\n")
 
 
+@pytest.mark.parametrize("index", [True, False])
+def test_a_latent_models_folder_is_refused_as_a_pixel_models(cache, capsys, tmp_path, index):
+    """A weights probe: CompVis' LDM folder imported as DDPM was recorded as google/ddpm-cifar10-32 (its latent UNet
+    has three channels, as an image's, so it built) and would have sampled latents as pixels.  Its
+    ``model_index.json`` names another pipeline; without one, its ``vqvae/`` says it is a latent model's."""
+    from tests.integration.test_weights_hub import write_compvis_ldm
+
+    folder = tmp_path / "ldm"
+    folder.mkdir()
+    write_compvis_ldm(folder)
+    if not index:
+        (folder / "model_index.json").unlink()
+    code, out, err = svcctl(capsys, "import", "DDPM", str(folder))
+    assert (code, out) == (1, "")
+    why = ("model_index.json is a LDMPipeline, expected a DDPMPipeline or DDIMPipeline: the folder is another "
+           "model's, not DDPM's" if index else
+           "vqvae/ is a latent model's decoder and DDPM samples pixels: the folder is a latent diffusion model's")
+    assert err.startswith(f"svcctl: DDPM cifar10-32: {folder}: does not load as DDPM cifar10-32: "), err
+    assert why in err and len(err.splitlines()) == 1, err
+    assert everything_under(cache) == []
+
+
 def test_a_different_folder_replaces_a_cached_variant_only_with_replace(cache, capsys, tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     for folder in (first, second):

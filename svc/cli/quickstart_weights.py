@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-HUB = "https://huggingface.co"
 CONNECT_TIMEOUT_S = 3.0
 PULL_CLI = "svc.weightstore.cli"
 
@@ -74,12 +73,13 @@ def source_hosts(variants: list[Any], env: dict[str, str]) -> list[tuple[str, in
     applies to that URL (``NO_PROXY`` aside)."""
     from svc.weightstore.catalog import HubSource
     from svc.weightstore.fetch import mirrored
+    from svc.weightstore.hub import HUB_URL
     from svc.weightstore.proxies import proxy_for
 
     hosts: list[tuple[str, int]] = []
     for variant in variants:
         source = variant.source
-        url = (env.get("HF_ENDPOINT") or HUB) if isinstance(source, HubSource) else mirrored(source.url, env)
+        url = (env.get("HF_ENDPOINT") or HUB_URL) if isinstance(source, HubSource) else mirrored(source.url, env)
         url = proxy_for(url, env) or url
         parts = urlsplit(url)
         host = (parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80))

@@ -32,6 +32,8 @@ from typing import Any
 
 from svc.infra.process import pid_running
 from svc.weightstore.catalog import HubSource, Variant
+from svc.weightstore.fetch import without_credentials
+from svc.weightstore.proxies import proxy_for
 
 Progress = Callable[[int, "int | None"], None]
 POLL_S = 0.25
@@ -39,6 +41,8 @@ POLL_S = 0.25
 #: its own: a hub endpoint that accepted and never answered held ``svcctl weights pull`` forever).  The file pulls'
 #: limit (svc.weightstore.fetch.SOCKET_TIMEOUT_S); huggingface_hub tries its file listing six times.
 SILENCE_TIMEOUT_S = 60.0
+#: Where huggingface_hub fetches from without ``HF_ENDPOINT``.
+HUB_URL = "https://huggingface.co"
 
 
 class HubError(Exception):
@@ -135,8 +139,24 @@ def fetch_hub(variant: Variant, dest_dir: Path, progress: Progress | None = None
         raise
     except Exception as e:  # noqa: BLE001 - every cause becomes one line naming the repository
         shutil.rmtree(tmp, ignore_errors=True)
-        raise HubError(f"{where}: {_cause(e)}") from None
+        raise HubError(f"{where}: {_hub_cause(e, endpoint or HUB_URL, env)}") from None
     return name
+
+
+def _hub_cause(error: BaseException, url: str, env: Mapping[str, str]) -> str:
+    """:func:`_cause`, naming the proxy when a connection failed with one set for the hub's URL: httpx reaches
+    the hub through a proxy it could connect to (a CONNECT the proxy refuses is another error), so the failed
+    connection was the proxy's, where the line read as the hub refusing (a weights probe; a file pull's line
+    names the proxy too)."""
+    proxy = proxy_for(url, env)
+    chain, seen = error, 0
+    while chain is not None and seen < 8:  # huggingface_hub wraps httpx's error in its own
+        if type(chain).__name__ in ("ConnectError", "ConnectTimeout") or isinstance(chain, ConnectionError):
+            break
+        chain, seen = chain.__cause__ or chain.__context__, seen + 1
+    if proxy is None or chain is None or seen >= 8:
+        return _cause(error)
+    return f"the proxy {without_credentials(proxy)} could not be reached: {_cause(error)}"
 
 
 def _limit_silence() -> None:

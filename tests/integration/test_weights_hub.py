@@ -228,6 +228,24 @@ def test_an_unreachable_hub_fails_in_one_line_and_keeps_what_was_there(monkeypat
     assert files_under(tmp_path) == ["LDM/celebahq-256/keep.txt"]
 
 
+def test_an_unreachable_proxy_of_a_hub_pull_is_named(endpoint, monkeypatch, tmp_path):
+    """A weights probe: ``HTTP_PROXY`` naming a proxy that is not there made a hub pull fail with "ConnectError:
+    Connection refused" after the repository's name, which reads as the hub refusing; a file pull's line names
+    the proxy (without its credentials)."""
+    port = free_port()  # nothing listens there
+    monkeypatch.setenv("HTTP_PROXY", f"http://u:pw@127.0.0.1:{port}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    with pytest.raises(HubError) as raised:
+        fetch_hub(find_variant(ddpm, None), tmp_path / "DDPM" / "cifar10-32")
+    message = str(raised.value)
+    assert message.startswith(f"hub repository google/ddpm-cifar10-32@main: the proxy http://127.0.0.1:{port} could "
+                              "not be reached: ConnectError: "), message
+    assert "pw" not in message and "\n" not in message
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")  # the hub itself, not through the proxy: fetched
+    assert fetch_hub(find_variant(ddpm, None), tmp_path / "DDPM" / "cifar10-32") == "ddpm-cifar10-32"
+
+
 def test_a_hub_that_never_answers_fails_in_one_line_within_its_silence_limit(monkeypatch, tmp_path):
     """A CLI probe: ``weights pull DDPM`` against an ``HF_ENDPOINT`` that accepted and never answered printed its
     header and nothing more for 581 s, until killed (huggingface_hub's client has no timeout).  The hub may stay

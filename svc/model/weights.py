@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import warnings
 from typing import Any
 
 RANDOM = "random"
@@ -205,6 +206,10 @@ def _hash_file(path: str, digest: Any) -> None:
             digest.update(block)
 
 
+#: How the paragraphs of torch's unpickling errors that are advice, not the reason, start.
+TORCH_ADVICE = ("Weights only load failed", "Check the documentation of torch.load")
+
+
 def read_state_dict(path: str) -> dict:
     """A state dict from a ``.safetensors`` or torch file (tensors on the CPU)."""
     import torch
@@ -215,15 +220,19 @@ def read_state_dict(path: str) -> dict:
 
             state: Any = load_file(path, device="cpu")  # a state dict, checked below
         else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # its note of a pickle protocol put two lines before the one line
+                warnings.simplefilter("ignore", UserWarning)
+                state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any reader error is a bad file
         if "Unsupported global" in str(e):  # a pickle naming classes: an upstream checkpoint, not a state dict
             raise WeightsError(f"weights file {path}: a pickled model object, not a state dict (an upstream "
                                "checkpoint such as an ultralytics .pt): convert it into the weights cache with "
                                f"`svcctl weights import {MODEL_PLACEHOLDER} {path}`, then set weights = \"pretrained\"") from None
-        # torch's unpickler says why after its advice to turn weights_only off, which is not ours to give
+        # torch's unpickler says why after its advice to turn weights_only off, which is not ours to give (of a
+        # pickle that would run code least of all): "WeightsUnpickler error: ...", or a paragraph of its own
         said = re.search(r"WeightsUnpickler error:\s*(.+)", str(e))
-        first = said.group(1).strip() if said else str(e).strip().splitlines()[0] if str(e).strip() else ""
+        own = [p.strip() for p in str(e).split("\n\n") if p.strip() and not p.strip().startswith(TORCH_ADVICE)]
+        first = said.group(1).strip() if said else own[0].splitlines()[0] if own else ""
         raise WeightsError(f"weights file {path}: not a torch or safetensors state dict ({type(e).__name__}: "
                            f"{first})") from None
     for wrapper in ("state_dict", "model"):

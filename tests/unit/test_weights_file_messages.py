@@ -22,6 +22,34 @@ def test_random_bytes_are_not_a_state_dict_and_torchs_advice_is_not_passed_on(tm
     assert "pickled model object" not in said and "weights_only" not in said and "\n" not in said
 
 
+class RunsCode:
+    """Pickled as a call of ``os.system`` (never made: the unpickler refuses the global first)."""
+
+    def __reduce__(self):
+        import os
+
+        return os.system, ("touch /nonexistent-marker",)
+
+
+def test_a_pickle_that_would_run_code_is_refused_in_one_line_without_torchs_advice_or_warning(tmp_path, recwarn):
+    """A weights probe: such a file was refused with torch's advice to load it with ``weights_only=False`` (which
+    would run its code), and a plain pickle (protocol 4) had torch's two-line UserWarning before the one line."""
+    import pickle
+
+    for name, protocol in (("evil.pt", 2), ("evil_plain.pt", 4)):
+        path = tmp_path / name
+        if protocol == 2:
+            torch.save({"w": RunsCode()}, path)
+        else:
+            path.write_bytes(pickle.dumps({"w": RunsCode()}, protocol=4))
+        with pytest.raises(WeightsError) as refused:
+            read_state_dict(str(path))
+        said = str(refused.value)
+        assert said.startswith(f"weights file {path}: not a torch or safetensors state dict (UnpicklingError: "), said
+        assert "weights_only" not in said and "\n" not in said and "trusted source" not in said, said
+    assert [str(w.message) for w in recwarn] == []
+
+
 def test_a_text_file_is_not_a_state_dict(tmp_path):
     path = tmp_path / "conf.pth"
     path.write_text('a = 1\n[model]\nweights = "x"\n')

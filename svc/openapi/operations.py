@@ -126,7 +126,8 @@ def infer_operation(config: ModelServerConfig, factory: Any, *, summary: str, au
                 "name": "X-Request-ID",
                 "in": "header",
                 "required": False,
-                "description": "Request id used as `task_id` when the body has no `req_id`.",
+                "description": "Request id used as `task_id` when the body has no `req_id`; with a JSON body "
+                               "that has one, it is not read (nor judged by this pattern).",
                 "schema": {"type": "string", "pattern": REQ_ID_PATTERN},
             },
         ],

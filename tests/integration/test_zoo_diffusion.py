@@ -252,6 +252,9 @@ def test_a_folder_without_its_unet_or_vqvae_stops_the_server(tmp_path):
     assert f"weights folder {tmp_path / 'empty'}: missing unet/config.json" in output
     folder = tmp_path / "ddim"
     write_folder("DDIM", folder)  # no vqvae/
+    assert (f"weights folder {folder}: model_index.json is a DDIMPipeline, expected a LDMPipeline: the folder is "
+            "another model's, not LDM's") in load_error(tmp_path, "LDM", weights=str(folder))
+    (folder / "model_index.json").unlink()  # its components alone: what LDM misses is said
     assert f"weights folder {folder}: missing vqvae/config.json" in load_error(tmp_path, "LDM", weights=str(folder))
     assert "unet/config.json has no num_class_embeds" in load_error(tmp_path, "CLS_COND_DDIM", weights=str(folder))
 

@@ -202,15 +202,15 @@ def _selected(args: argparse.Namespace) -> list[tuple[Any, Any]] | None:
             _fail(f"weights pull --all: no model declares a variant {args.variant!r}")
             return None
         return chosen
-    chosen: dict[tuple[str, str], tuple[Any, Any]] = {}
+    picked: dict[tuple[str, str], tuple[Any, Any]] = {}
     for spec in args.ids:
         mid, _, named = spec.partition(":")
         pair = _model_variant(mid, named or args.variant)
         if pair is None:
             return None
         # Once however it is named ("YOLOV8" and "YOLOV8:yolov8n"): the plan counted its size twice (a probe).
-        chosen.setdefault((pair[0].catalog_id, pair[1].name), pair)
-    return list(chosen.values())
+        picked.setdefault((pair[0].catalog_id, pair[1].name), pair)
+    return list(picked.values())
 
 
 def _model_variant(model_id: str, name: str | None) -> tuple[Any, Any] | None:

@@ -149,7 +149,8 @@ def _hub_cause(error: BaseException, url: str, env: Mapping[str, str]) -> str:
     connection was the proxy's, where the line read as the hub refusing (a weights probe; a file pull's line
     names the proxy too)."""
     proxy = proxy_for(url, env)
-    chain, seen = error, 0
+    chain: BaseException | None = error
+    seen = 0
     while chain is not None and seen < 8:  # huggingface_hub wraps httpx's error in its own
         if type(chain).__name__ in ("ConnectError", "ConnectTimeout") or isinstance(chain, ConnectionError):
             break

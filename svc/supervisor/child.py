@@ -191,7 +191,7 @@ class Child:
         self._first_line = self.logs.next_seq
         self.started_at = self.reactor.seconds()
         self.ready, self.phase, self._was_ready = False, None, False
-        self.last_error = None if self.backoff.port_since is not None else self.last_error  # the port's free now
+        self.last_error = None if self.backoff.end_port_wait() else self.last_error  # free: the wait's note, once
         program = next((i for i, a in enumerate(self.spec.argv) if a.startswith("service-")), 1)  # not "-P -m twisted"
         self._set(STARTING, f"spawned pid {self.pid}: {' '.join(self.spec.argv[program:program + 3])} ...")
         self._schedule_probe(self.timing.probe_starting)

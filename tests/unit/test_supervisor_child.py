@@ -368,6 +368,25 @@ def test_busy_port_is_retried_on_the_backoff_schedule_then_the_child_starts():
     assert (child.state, child.ready, d, child.last_error) == (RUNNING, True, [None], None)
 
 
+def test_a_crash_after_a_port_wait_is_its_error_through_the_respawn():
+    """A regression probe: the port wait's note was cleared at every spawn until ready, so a crash of the process
+    spawned on the freed port ("killed by signal 11") was wiped at its respawn; without a port wait it stays."""
+    port = Port()
+    port.free = False
+    child, reactor, probe, _ = make(port=port)
+    results(child.start())
+    port.free = True
+    reactor.advance(1)
+    assert len(reactor.spawned) == 1 and child.last_error is None  # the note cleared once, at the spawn
+    reactor.exit(None, signal.SIGSEGV)
+    assert child.state == BACKOFF and "signal 11" in child.last_error
+    reactor.advance(60)
+    assert (child.state, len(reactor.spawned)) == (STARTING, 2) and "signal 11" in child.last_error
+    probe.ok = True
+    reactor.advance(0.5)
+    assert child.state == RUNNING and "signal 11" in child.last_error  # "earlier:" in the UI, as without a wait
+
+
 def test_port_still_busy_after_port_wait_is_start_failed_and_stays_so():
     port = Port()
     port.free = False

@@ -246,10 +246,10 @@ def run(args: argparse.Namespace, client: Client) -> int:
         else:
             fail(CHANGES[args.keys_action][2].format(name=args.name, path=path))
             if not any(entry.enabled for entry in load_key_file(path)):  # every client's next request is 401
-                # Of another file than the gateway's, not said of the gateway: the next line says it does not apply.
-                fail(f"{path} has no enabled key left" + ("" if gateway_reads(path) else
-                                                          ": the gateway accepts only its static tokens from its "
-                                                          "restart"))
+                # Said of a gateway that reads it: which file the gateway reads, the next lines say (the
+                # supervisor's answer, else this folder's configuration), and a guess here was wrong both ways.
+                fail(f"{path} has no enabled key left: a gateway that reads it accepts only its static tokens from "
+                     "its restart")
     except CliError as e:
         fail(str(e))
         return EXIT_USAGE

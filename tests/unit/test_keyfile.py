@@ -156,7 +156,7 @@ def test_enable_takes_a_disabled_key_back_and_remove_deletes_an_entry_with_its_c
     assert cli.main(["keys", "disable", "old", "--keys-file", str(keys), "--no-restart"]) == 0
     assert capsys.readouterr().err.splitlines()[:2] == [
         f"svcctl: disabled key 'old' in {keys}",
-        f"svcctl: {keys} has no enabled key left: the gateway accepts only its static tokens from its restart"]
+        f"svcctl: {keys} has no enabled key left: a gateway that reads it accepts only its static tokens from its restart"]
 
 
 def test_list_prints_name_scope_qps_enabled_and_never_a_hash(keys, capsys):
@@ -329,7 +329,7 @@ def test_an_interrupted_restart_says_the_file_is_changed(keys, capsys, monkeypat
                     client=supervisor)
     assert code == 130
     assert capsys.readouterr().err == (f"svcctl: disabled key 'tenant-a' in {keys}\n"
-                                       f"svcctl: {keys} has no enabled key left: the gateway accepts only its static tokens from its restart\n"
+                                       f"svcctl: {keys} has no enabled key left: a gateway that reads it accepts only its static tokens from its restart\n"
                                        "svcctl: interrupted: the key file is changed; the gateway restart may not "
                                        "have happened\n")
     assert supervisor.requests == []
@@ -354,7 +354,8 @@ def test_an_unreachable_supervisor_is_one_line_exit_2_and_the_file_stays_changed
                   env={"SERVICE_API_TOKEN": MANAGEMENT})
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == (f"svcctl: disabled key 'tenant-a' in {keys}\n"
-                           f"svcctl: {keys} has no enabled key left\n"  # not the file of this checkout's gateway
+                           f"svcctl: {keys} has no enabled key left: a gateway that reads it accepts only its static "
+                           "tokens from its restart\n"
                            "svcctl: the key file is changed but the gateway was not restarted: "
                            f"POST {url}{RESTART}: connection refused (is the supervisor running?)\n")
     assert "enabled = false\n\n# a retired one" in keys.read_text() and mode(keys) == 0o600
@@ -433,7 +434,8 @@ def test_a_keys_file_that_the_gateway_does_not_read_is_not_said_to_apply(keys, t
                                                         f"conf/api_keys.toml, not {other}: the change does not apply "
                                                         "to it")
     assert cli.main(["keys", "disable", "k1", "--keys-file", str(other), "--no-restart"]) == 0
-    assert capsys.readouterr().err == (f"svcctl: disabled key 'k1' in {other}\nsvcctl: {other} has no enabled key left\n"
+    assert capsys.readouterr().err == (f"svcctl: disabled key 'k1' in {other}\nsvcctl: {other} has no enabled key left: "
+                                       "a gateway that reads it accepts only its static tokens from its restart\n"
                                        "svcctl: not restarted (--no-restart); "
                                        f"the gateway reads conf/api_keys.toml, not {other}: the change does not "
                                        "apply to it\n")

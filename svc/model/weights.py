@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 import warnings
 from typing import Any
 
@@ -211,9 +212,16 @@ TORCH_ADVICE = ("Weights only load failed", "Check the documentation of torch.lo
 
 
 def read_state_dict(path: str) -> dict:
-    """A state dict from a ``.safetensors`` or torch file (tensors on the CPU)."""
+    """A state dict from a ``.safetensors`` or torch file (tensors on the CPU).  Only a regular file is read: a FIFO
+    named as the weights hung the model server for good, deaf to SIGTERM (a regression probe)."""
     import torch
 
+    try:
+        regular = stat.S_ISREG(os.stat(path).st_mode)
+    except OSError as e:
+        raise WeightsError(f"weights file {path}: {e.strerror or e}") from None
+    if not regular:
+        raise WeightsError(f"weights file {path}: not a regular file (a FIFO, a socket or a device)")
     try:
         if path.endswith(".safetensors"):
             from safetensors.torch import load_file

@@ -19,6 +19,8 @@ import stat
 from pathlib import Path
 
 CHUNK = 1 << 20
+#: Why a file that is not a regular one (a FIFO, a socket, a device) is not copied: read, it blocks or never ends.
+NOT_REGULAR = "not a regular file (a FIFO, a socket or a device)"
 
 
 class CopyError(Exception):
@@ -43,13 +45,14 @@ def copy_file(src: Path, dst: Path) -> None:
     Opened without blocking, and refused unless it is a regular file: a FIFO in an imported folder blocked the
     import for ever, waiting for a writer (a weights probe); a device would be read without end."""
     try:
+        if not stat.S_ISREG(os.stat(src).st_mode):  # a socket's open failed "No such device or address"
+            raise OSError(errno.EINVAL, NOT_REGULAR)
         reader = os.open(src, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as e:
         raise CopyError(e, src, cache=False) from None
     try:
         if not stat.S_ISREG(os.fstat(reader).st_mode):
-            raise CopyError(OSError(errno.EINVAL, "not a regular file (a FIFO, a socket or a device)"), src,
-                            cache=False)
+            raise CopyError(OSError(errno.EINVAL, NOT_REGULAR), src, cache=False)
         try:
             writer = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except OSError as e:

@@ -46,7 +46,7 @@ from svc.weightstore.cache import HUB_DIR, Record, RecordError, read_record, var
 from svc.weightstore.catalog import FileSource, HubSource, Variant
 from svc.weightstore.check import cached_records, in_words, load_problem, record_problems, stray_files, verify  # noqa: F401
 from svc.weightstore.commit import cache_failure, cache_trouble, install
-from svc.weightstore.copyin import CopyError, copy_file, copy_tree, make_folder, user_files
+from svc.weightstore.copyin import NOT_REGULAR, CopyError, copy_file, copy_tree, make_folder, user_files
 from svc.weightstore.fetch import FetchError, Progress, download, mirrored, sha256_file, without_credentials
 from svc.weightstore.hub import folder_name, select_files
 
@@ -75,9 +75,7 @@ class Stored:
 def source_text(variant: Variant) -> str:
     """The source as ``list`` shows it and a record keeps it: the URL, or hub ``repo_id@revision``."""
     source = variant.source
-    if isinstance(source, HubSource):
-        return f"{source.repo_id}@{source.revision}"
-    return source.url
+    return f"{source.repo_id}@{source.revision}" if isinstance(source, HubSource) else source.url
 
 
 def check_digest(source: FileSource, digest: str, known: str | None, how: str = "pull") -> str | None:
@@ -375,7 +373,8 @@ def _import(factory: Any, variant: Variant, given: Path, env: dict[str, str], re
         raise StoreError(f"{given}: {model_id} {variant.name} is a hub repository ({source_text(variant)}): "
                          "import its folder, not a file")
     if not isinstance(source, HubSource) and not given.is_file():
-        raise StoreError(f"{given}: {model_id} {variant.name} is one file ({source.filename}), not a folder")
+        raise StoreError(f"{given}: {model_id} {variant.name} is one file ({source.filename}), " + (
+            "not a folder" if given.is_dir() else NOT_REGULAR))
     copy = stage / given.name  # the user's name: a converter that checks a file name sees theirs
     try:
         shutil.rmtree(stage, ignore_errors=True)  # a killed import's (what stays fails the copy, named)

@@ -50,6 +50,18 @@ def test_a_pickle_that_would_run_code_is_refused_in_one_line_without_torchs_advi
     assert [str(w.message) for w in recwarn] == []
 
 
+def test_a_fifo_named_as_the_weights_is_refused_not_waited_on(tmp_path):
+    """A regression probe: a FIFO as ``[model] weights`` (a file, or a diffusion folder's tensors) hung the model
+    server for good, deaf to SIGTERM, waiting for a writer."""
+    import os
+
+    path = tmp_path / "single.pth"
+    os.mkfifo(path)
+    with pytest.raises(WeightsError) as refused:
+        read_state_dict(str(path))
+    assert str(refused.value) == f"weights file {path}: not a regular file (a FIFO, a socket or a device)"
+
+
 def test_a_text_file_is_not_a_state_dict(tmp_path):
     path = tmp_path / "conf.pth"
     path.write_text('a = 1\n[model]\nweights = "x"\n')

@@ -207,6 +207,12 @@ def _hash_file(path: str, digest: Any) -> None:
             digest.update(block)
 
 
+#: Modules whose functions a pickle calls to run code or a command: a file naming one is no model object to
+#: import (a regression probe: ``builtins.exec`` was "a pickled model object" with advice to import it).
+CODE_MODULES = frozenset({"builtins", "os", "posix", "nt", "subprocess", "sys", "shutil", "socket", "importlib",
+                          "runpy", "pty", "ctypes", "pickle", "marshal", "code", "operator", "functools", "types",
+                          "webbrowser", "multiprocessing", "asyncio", "signal", "io", "codecs", "platform",
+                          "commands", "__builtin__"})  # Python 2's names, as pickle protocol 2 writes them
 #: How the paragraphs of torch's unpickling errors that are advice, not the reason, start.
 TORCH_ADVICE = ("Weights only load failed", "Check the documentation of torch.load")
 
@@ -232,6 +238,10 @@ def read_state_dict(path: str) -> dict:
                 warnings.simplefilter("ignore", UserWarning)
                 state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any reader error is a bad file
+        named = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        if named and (named.group(1).rpartition(".")[0] or "builtins").split(".")[0] in CODE_MODULES:
+            raise WeightsError(f"weights file {path}: not a state dict: its pickle calls {named.group(1)}, which "
+                               "would run code (refused, never run)") from None
         if "Unsupported global" in str(e):  # a pickle naming classes: an upstream checkpoint, not a state dict
             raise WeightsError(f"weights file {path}: a pickled model object, not a state dict (an upstream "
                                "checkpoint such as an ultralytics .pt): convert it into the weights cache with "

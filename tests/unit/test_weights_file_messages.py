@@ -4,6 +4,8 @@ pull again)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -48,6 +50,34 @@ def test_a_pickle_that_would_run_code_is_refused_in_one_line_without_torchs_advi
         assert said.startswith(f"weights file {path}: not a torch or safetensors state dict (UnpicklingError: "), said
         assert "weights_only" not in said and "\n" not in said and "trusted source" not in said, said
     assert [str(w.message) for w in recwarn] == []
+
+
+class Execs:
+    """Pickled as a call of ``exec`` (never made)."""
+
+    def __reduce__(self):
+        return exec, ("open('/nonexistent-marker', 'w')",)
+
+
+class Spawns:
+    """Pickled as a call of ``subprocess.Popen`` (never made)."""
+
+    def __reduce__(self):
+        import subprocess
+
+        return subprocess.Popen, (["touch", "/nonexistent-marker"],)
+
+
+@pytest.mark.parametrize("payload, named", [(Execs(), "exec"), (Spawns(), "(subprocess|commands).Popen")])
+def test_a_pickle_calling_a_function_that_runs_code_is_not_called_a_model_object(tmp_path, payload, named):
+    """A regression probe: ``builtins.exec`` or ``subprocess.Popen`` in a pickle was "a pickled model object, not a
+    state dict (an upstream checkpoint ...)", with advice to import the file; a model's own classes still are."""
+    path = tmp_path / "evil.pth"
+    torch.save({"w": payload}, path)
+    with pytest.raises(WeightsError) as refused:
+        read_state_dict(str(path))
+    assert re.fullmatch(f"weights file {re.escape(str(path))}: not a state dict: its pickle calls {named}, which "
+                        r"would run code \(refused, never run\)", str(refused.value)), str(refused.value)
 
 
 def test_a_fifo_named_as_the_weights_is_refused_not_waited_on(tmp_path):

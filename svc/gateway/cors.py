@@ -15,6 +15,8 @@ from typing import Any
 
 from twisted.web.resource import Resource
 
+from svc.web.routes import allowed_header
+
 ALLOWED_HEADERS = (b"Authorization, Content-Type, Accept, X-Request-ID, X-Service-Params, X-Service-Options, "
                    b"Inference-Header-Content-Length")
 EXPOSED_HEADERS = b"X-Service-Key, X-Request-ID, Retry-After, Location, Inference-Header-Content-Length"
@@ -71,8 +73,10 @@ class CorsResource(Resource):
             request.service_route = "preflight"
             request.setResponseCode(204)
             path = request.path.decode("latin-1", "replace")
-            methods = ", ".join(sorted(self.methods(path) - {"HEAD", "OPTIONS"}) + ["OPTIONS"]).encode()
-            request.setHeader(b"Allow", methods)
+            served = set(self.methods(path)) - {"HEAD", "OPTIONS"}
+            methods = ", ".join(sorted(served) + ["OPTIONS"]).encode()  # CORS: HEAD is a simple method, never asked
+            # Allow lists HEAD with GET, as a 405's does (svc.web.routes.allowed_header): every GET route serves it.
+            request.setHeader(b"Allow", f"{allowed_header(served)}, OPTIONS".encode())
             if allowed and request.requestHeaders.hasHeader(b"access-control-request-method"):
                 request.setHeader(b"Access-Control-Allow-Methods", methods)
                 request.setHeader(b"Access-Control-Allow-Headers", ALLOWED_HEADERS)

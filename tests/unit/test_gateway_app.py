@@ -638,11 +638,13 @@ def test_preflight_from_the_ui_origin_needs_no_credentials(gw):
     assert gw.model.received == []
 
 
-@pytest.mark.parametrize("path, allow", [("/healthz", "GET, OPTIONS"), ("/v1/models/CLS/jobs/j", "GET, OPTIONS"),
+@pytest.mark.parametrize("path, allow", [("/healthz", "GET, HEAD, OPTIONS"), ("/v1/models/CLS/jobs/j", "GET, HEAD, OPTIONS"),
+                                         ("/metrics", "GET, HEAD, OPTIONS"),
                                          ("/classify", "POST, OPTIONS"), ("/nowhere", "POST, OPTIONS")])
 def test_options_lists_the_methods_of_the_path(gw, path, allow):
     """A model's legacy path (``/classify``) and a path that is nowhere get the same answer: a preflight, which
-    needs no credential, must not tell which model paths exist."""
+    needs no credential, must not tell which model paths exist.  A GET path's ``Allow`` lists HEAD, as its 405's
+    does (a regression probe: ``OPTIONS /metrics`` said ``GET, OPTIONS``, its 405 ``GET, HEAD``)."""
     r = gw.call("OPTIONS", path, token=None)
     assert (r.code, h(r, "Allow"), h(r, "Access-Control-Allow-Origin")) == (204, allow, None)
 

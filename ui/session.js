@@ -65,6 +65,7 @@ async function connectOnce() {
     // few seconds: "Cannot reach the supervisor; retrying" was not true, and the retries never ended.
     if (e instanceof HttpError && e.status >= 400 && e.status < 500 && e.status !== 408 && e.status !== 429) {
       showLogin(`The supervisor refused the request: HTTP ${e.status} (${e.message}).`);
+      $("#forget").hidden = !localStorage.getItem(TOKEN_KEY); // a stored token it refuses can be forgotten
       return false;
     }
     // Unreachable (the supervisor restarting, the page loaded before it), or an answer that may change (a 503

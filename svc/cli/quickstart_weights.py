@@ -154,9 +154,10 @@ def fetch_missing(
     else:
         # HF_HUB_OFFLINE keeps the hub's repositories alone: the files (GitHub, pytorch.org) are pulled as
         # svcctl weights pull pulls them (a weights probe: every model stayed on demo weights).
-        if any(env.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
-               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")):
-            why = {spec: "not cached, and HF_HUB_OFFLINE is set" for spec, variant in missing
+        offline = [name for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+                   if env.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")]
+        if offline:  # named as set (TRANSFORMERS_OFFLINE alone was said to be HF_HUB_OFFLINE)
+            why = {spec: f"not cached, and {offline[0]} is set" for spec, variant in missing
                    if isinstance(variant.source, HubSource)}
         left = [(spec, variant) for spec, variant in missing if spec not in why]
         down = {f"{h}:{p}" for h, p in source_hosts([v for _, v in left], env) if not connect(h, p)}

@@ -178,6 +178,8 @@ def test_a_refused_licence_a_failed_pull_offline_mode_or_no_pull_command_fall_ba
     assert pulled == [["YOLOV8:n"]]
     assert demo == {"DDPM": "not cached, and HF_HUB_OFFLINE is set",
                     "YOLOV8": "svcctl weights pull exited with 1 (its error is above)"}
+    demo, out = fetch(_pulls()[:1], {"TRANSFORMERS_OFFLINE": "1"})  # named as set, not as HF_HUB_OFFLINE
+    assert demo == {"DDPM": "not cached, and TRANSFORMERS_OFFLINE is set"}
     demo, out = fetch(_pulls()[:1], {}, available=False)
     assert out == ("Pretrained weights: DDPM starts on demo weights: svcctl weights pull is not available in this "
                    "installation.\n" + SWITCH)

@@ -1,7 +1,7 @@
 """Which proxy a file pull goes through: the variables curl, requests and huggingface_hub read.
 
-``https_proxy`` or ``http_proxy`` for the URL's scheme (the lowercase name
-first, then the uppercase), unless ``no_proxy``/``NO_PROXY`` names the host:
+``https_proxy`` or ``http_proxy`` for the URL's scheme, else ``all_proxy`` (the
+lowercase name first, then the uppercase), unless ``no_proxy``/``NO_PROXY`` names the host:
 a suffix, a ``host:port`` or ``*`` (as ``urllib.request`` matches it), or an
 IP network (``127.0.0.0/8``, ``10.0.0.0/8``), which httpx and so hub pulls
 honour too (a weights probe: file pulls went through the proxy for a host of
@@ -27,7 +27,7 @@ def proxy_for(url: str, env: Mapping[str, str] | None = None) -> str | None:
         return (env.get(name.lower()) or env.get(name.upper()) or "").strip()
 
     parts = urlsplit(url)
-    proxy = first(f"{parts.scheme}_proxy")
+    proxy = first(f"{parts.scheme}_proxy") or first("all_proxy")  # as curl and httpx (so hub pulls) take it
     if not proxy:
         return None
     skip = first("no_proxy")

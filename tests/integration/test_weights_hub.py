@@ -228,14 +228,15 @@ def test_an_unreachable_hub_fails_in_one_line_and_keeps_what_was_there(monkeypat
     assert files_under(tmp_path) == ["LDM/celebahq-256/keep.txt"]
 
 
-def test_an_unreachable_proxy_of_a_hub_pull_is_named(endpoint, monkeypatch, tmp_path):
+@pytest.mark.parametrize("variable", ["HTTP_PROXY", "ALL_PROXY"])
+def test_an_unreachable_proxy_of_a_hub_pull_is_named(endpoint, monkeypatch, tmp_path, variable):
     """A weights probe: ``HTTP_PROXY`` naming a proxy that is not there made a hub pull fail with "ConnectError:
     Connection refused" after the repository's name, which reads as the hub refusing; a file pull's line names
     the proxy (without its credentials)."""
     port = free_port()  # nothing listens there
-    monkeypatch.setenv("HTTP_PROXY", f"http://u:pw@127.0.0.1:{port}")
-    monkeypatch.delenv("NO_PROXY", raising=False)
-    monkeypatch.delenv("no_proxy", raising=False)
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, f"http://u:pw@127.0.0.1:{port}")
     with pytest.raises(HubError) as raised:
         fetch_hub(find_variant(ddpm, None), tmp_path / "DDPM" / "cifar10-32")
     message = str(raised.value)

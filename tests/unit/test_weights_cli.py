@@ -745,7 +745,8 @@ def test_the_licence_question_on_a_terminal(monkeypatch):
     assert accepted(dit, ["cc-by-nc-4.0"], None)  # without regard to case
 
 
-PROXY_VARIABLES = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "no_proxy", "NO_PROXY")
+PROXY_VARIABLES = ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY", "no_proxy",
+                   "NO_PROXY")
 
 
 @pytest.fixture
@@ -759,8 +760,10 @@ def proxy(monkeypatch):
     running.close()
 
 
-def test_a_file_pull_goes_through_http_proxy_with_its_credentials(source, proxy, capsys, monkeypatch):
-    monkeypatch.setenv("HTTP_PROXY", proxy.url.replace("http://", "http://me:s%40cret@"))
+@pytest.mark.parametrize("variable", ["HTTP_PROXY", "ALL_PROXY"])
+def test_a_file_pull_goes_through_http_proxy_with_its_credentials(source, proxy, capsys, monkeypatch, variable):
+    """``ALL_PROXY`` too, as curl and httpx (so hub pulls) take it (a regression probe: file pulls went direct)."""
+    monkeypatch.setenv(variable, proxy.url.replace("http://", "http://me:s%40cret@"))
     code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
     assert code == 0, err
     assert proxy.requests == [("GET", f"{source.mirror}/download.pytorch.org/models/{FILENAME}",

@@ -87,7 +87,8 @@ class RequestValidator:
         if IMAGE_TYPE.fullmatch(media_type) or media_type in RAW_TYPES:
             return self.parse_raw(body, headers)
         # None sent (or an empty one) is said so: "unsupported content type 'none'" read as a type called none.
-        what = f"unsupported content type {media_type!r}" if media_type else "no content type (Content-Type missing or empty)"
+        what = (f"unsupported content type {media_type!r}" if media_type else
+                "no content type (Content-Type missing or empty)")
         raise ApiError(
             st.UNSUPPORTED_MEDIA_TYPE,
             f"{what}; send application/json (the envelope), or one image as image/* or application/octet-stream",

@@ -42,8 +42,9 @@ def make_folder(path: Path) -> None:
 def copy_file(src: Path, dst: Path) -> None:
     """Copy the user's file ``src`` to the cache's new file ``dst`` (CopyError names the side that failed).
 
-    Opened without blocking, and refused unless it is a regular file: a FIFO in an imported folder blocked the
-    import for ever, waiting for a writer (a weights probe); a device would be read without end."""
+    Refused unless it is a regular file: a FIFO in an imported folder blocked the import for ever, waiting for a
+    writer (a weights probe); a device would be read without end.  Opened without blocking all the same, so that
+    a file swapped for a FIFO after the check reads as empty (and fails the import's checks) instead of hanging."""
     try:
         if not stat.S_ISREG(os.stat(src).st_mode):  # a socket's open failed "No such device or address"
             raise OSError(errno.EINVAL, NOT_REGULAR)
@@ -51,8 +52,6 @@ def copy_file(src: Path, dst: Path) -> None:
     except OSError as e:
         raise CopyError(e, src, cache=False) from None
     try:
-        if not stat.S_ISREG(os.fstat(reader).st_mode):
-            raise CopyError(OSError(errno.EINVAL, NOT_REGULAR), src, cache=False)
         try:
             writer = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except OSError as e:

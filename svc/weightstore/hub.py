@@ -149,15 +149,22 @@ def _hub_cause(error: BaseException, url: str, env: Mapping[str, str]) -> str:
     connection was the proxy's, where the line read as the hub refusing (a weights probe; a file pull's line
     names the proxy too)."""
     proxy = proxy_for(url, env)
-    chain: BaseException | None = error
-    seen = 0
-    while chain is not None and seen < 8:  # huggingface_hub wraps httpx's error in its own
-        if type(chain).__name__ in ("ConnectError", "ConnectTimeout") or isinstance(chain, ConnectionError):
-            break
-        chain, seen = chain.__cause__ or chain.__context__, seen + 1
-    if proxy is None or chain is None or seen >= 8:
+    if proxy is None or not _connect_failed(error):
         return _cause(error)
     return f"the proxy {without_credentials(proxy)} could not be reached: {_cause(error)}"
+
+
+def _connect_failed(error: BaseException) -> bool:
+    """Whether ``error``, or one it was raised from (huggingface_hub wraps httpx's error in its own), is a failed
+    connection."""
+    chain: BaseException | None = error
+    for _ in range(8):
+        if chain is None:
+            return False
+        if type(chain).__name__ in ("ConnectError", "ConnectTimeout") or isinstance(chain, ConnectionError):
+            return True
+        chain = chain.__cause__ or chain.__context__
+    return False
 
 
 def _limit_silence() -> None:

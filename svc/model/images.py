@@ -247,3 +247,63 @@ def short_side_size(width: int, height: int, short_side: int) -> tuple[int, int]
     if width <= height:
         return short_side, int(short_side * height / width)
     return int(short_side * width / height), short_side
+
+
+def crop_box(width: int, height: int, resize: int, crop: int) -> tuple[float, float, float, float]:
+    """The region of a ``width`` x ``height`` image that torchvision's ``Resize(resize)`` + ``CenterCrop(crop)`` keep.
+
+    In source pixels, as Pillow's ``Image.resize(..., box=)`` takes it:
+    resizing that region to ``crop`` x ``crop`` samples the same points with
+    the same filter as resizing the whole image (the short side to
+    ``resize``, the long side as torchvision rounds it) and cropping its
+    centre (the offsets rounded as ``CenterCrop`` rounds them).
+    """
+    resized_w, resized_h = short_side_size(width, height, resize)
+    left = int(round((resized_w - crop) / 2.0))
+    top = int(round((resized_h - crop) / 2.0))
+    sx, sy = width / resized_w, height / resized_h
+    return left * sx, top * sy, (left + crop) * sx, (top + crop) * sy
+
+
+def vectorised_resize() -> bool:
+    """Whether torch resizes uint8 images here with its vectorised antialiased kernel (x86 with AVX2 or AVX-512).
+
+    That kernel runs on the calling thread alone; elsewhere torch's generic
+    kernel splits a resize over OpenMP threads, which a decode thread must
+    not start (``IModel.preprocess``).
+    """
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def resize_center_crop(image: Any, resize: int, crop: int, interpolation: Any, vectorised: bool | None = None) -> Any:
+    """torchvision's ``Resize(resize)`` + ``CenterCrop(crop)`` (antialiased) of a Pillow image: uint8 HWC pixels.
+
+    Pillow decodes; the resize runs in torch's vectorised uint8 kernel where
+    the CPU has it (``vectorised``, by default :func:`vectorised_resize`), on
+    the whole image as torchvision resizes a tensor, in about a third of
+    Pillow's time (bench/README.md, ``bench.jpeg_decode``); elsewhere Pillow
+    resizes only the region that the crop keeps (:func:`crop_box`).  Both
+    give torchvision's pixels on a Pillow image up to one level of rounding
+    (``tests/unit/test_mobilenetv2_preprocess.py``).  Only ``BILINEAR`` has
+    the vectorised kernel; other filters take Pillow's path.  Check the
+    resize (:func:`check_resize`) before calling this: it decodes the image.
+    """
+    import numpy as np
+    from torchvision.transforms import InterpolationMode
+
+    rgb = image if image.mode == "RGB" else image.convert("RGB")
+    if vectorised is None:
+        vectorised = interpolation == InterpolationMode.BILINEAR and vectorised_resize()
+    if not vectorised:
+        from PIL import Image
+
+        box = crop_box(rgb.width, rgb.height, resize, crop)
+        return np.asarray(rgb.resize((crop, crop), getattr(Image.Resampling, interpolation.value.upper()), box=box))
+    import torch
+    from torchvision.transforms.v2 import functional as F
+
+    pixels = torch.from_numpy(np.array(rgb)).permute(2, 0, 1)  # CHW over the decoded HWC pixels, no copy
+    resized = F.resize(pixels, [resize], interpolation=interpolation, antialias=True)
+    return F.center_crop(resized, [crop]).permute(1, 2, 0).numpy()

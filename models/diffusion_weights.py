@@ -15,7 +15,7 @@ import math
 import os
 from typing import Any
 
-from svc.model.weights import WeightsError, load_into, path_of, read_state_dict
+from svc.model.weights import WeightsError, check_folder_files, load_into, path_of, read_state_dict
 
 #: facebook/DiT-* were saved before diffusers split Transformer2DModel: the same model, the same tensor names.
 LEGACY_CLASS_NAMES = ("Transformer2DModel",)
@@ -42,9 +42,11 @@ def _read_json(path: str, folder: str) -> dict:
 
 
 def weights_folder(path: str) -> str:
-    """``path`` itself, once it is a folder (the diffusion models load no single file)."""
+    """``path`` itself, once it is a folder (the diffusion models load no single file) whose files are all regular
+    ones (``check_folder_files``: a FIFO as a config would hang the first read)."""
     if not os.path.isdir(path):
         raise WeightsError(f"weights {path}: the diffusion models load a folder written by save_pretrained, not a file")
+    check_folder_files(path)
     return path
 
 

@@ -191,6 +191,7 @@ def version_of(config: dict, path: str | None) -> str:
         return f"random-init-seed{config.get('seed', 0)}"
     digest = hashlib.sha256()
     if os.path.isdir(path):
+        check_folder_files(path)
         for root, dirs, files in sorted(os.walk(path)):
             dirs.sort()
             for name in sorted(files):
@@ -199,6 +200,30 @@ def version_of(config: dict, path: str | None) -> str:
     else:
         _hash_file(path, digest)
     return f"{os.path.basename(os.path.normpath(path))}@{digest.hexdigest()[:12]}"
+
+
+def not_regular(path: str) -> str | None:
+    """Why ``path`` is no file to read (a FIFO, a socket, a device, a dangling link), or None.  Opening a FIFO
+    waits for a writer for good: a model server named one as its weights hung, deaf to SIGTERM (a regression
+    probe)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        return e.strerror or str(e)
+    return None if stat.S_ISREG(mode) else "not a regular file (a FIFO, a socket or a device)"
+
+
+def check_folder_files(folder: str) -> None:
+    """WeightsError for a file of ``folder`` (at any depth) that is not a regular one, before any is read: a
+    FIFO as a diffusers folder's ``config.json`` hung the model server at its first read, or at the version hash,
+    which reads every file."""
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files):
+            problem = not_regular(os.path.join(root, name))
+            if problem is not None:
+                shown = os.path.relpath(os.path.join(root, name), folder)
+                raise WeightsError(f"weights folder {folder}: {shown}: {problem}")
 
 
 def _hash_file(path: str, digest: Any) -> None:
@@ -218,16 +243,13 @@ TORCH_ADVICE = ("Weights only load failed", "Check the documentation of torch.lo
 
 
 def read_state_dict(path: str) -> dict:
-    """A state dict from a ``.safetensors`` or torch file (tensors on the CPU).  Only a regular file is read: a FIFO
-    named as the weights hung the model server for good, deaf to SIGTERM (a regression probe)."""
+    """A state dict from a ``.safetensors`` or torch file (tensors on the CPU).  Only a regular file is read
+    (:func:`not_regular`)."""
     import torch
 
-    try:
-        regular = stat.S_ISREG(os.stat(path).st_mode)
-    except OSError as e:
-        raise WeightsError(f"weights file {path}: {e.strerror or e}") from None
-    if not regular:
-        raise WeightsError(f"weights file {path}: not a regular file (a FIFO, a socket or a device)")
+    problem = not_regular(path)
+    if problem is not None:
+        raise WeightsError(f"weights file {path}: {problem}")
     try:
         if path.endswith(".safetensors"):
             from safetensors.torch import load_file

@@ -372,9 +372,10 @@ def _import(factory: Any, variant: Variant, given: Path, env: dict[str, str], re
     if isinstance(source, HubSource) and not given.is_dir():
         raise StoreError(f"{given}: {model_id} {variant.name} is a hub repository ({source_text(variant)}): "
                          "import its folder, not a file")
+    if not isinstance(source, HubSource) and given.is_dir():
+        raise StoreError(f"{given}: {model_id} {variant.name} is one file ({source.filename}), not a folder")
     if not isinstance(source, HubSource) and not given.is_file():
-        raise StoreError(f"{given}: {model_id} {variant.name} is one file ({source.filename}), " + (
-            "not a folder" if given.is_dir() else NOT_REGULAR))
+        raise StoreError(f"{given}: {NOT_REGULAR}")
     copy = stage / given.name  # the user's name: a converter that checks a file name sees theirs
     try:
         shutil.rmtree(stage, ignore_errors=True)  # a killed import's (what stays fails the copy, named)

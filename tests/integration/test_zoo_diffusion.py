@@ -259,6 +259,22 @@ def test_a_folder_without_its_unet_or_vqvae_stops_the_server(tmp_path):
     assert "unet/config.json has no num_class_embeds" in load_error(tmp_path, "CLS_COND_DDIM", weights=str(folder))
 
 
+@pytest.mark.parametrize("name", ["scheduler/scheduler_config.json", "README.md"])
+def test_a_fifo_in_the_folder_stops_the_server_instead_of_hanging_it(tmp_path, name):
+    """A regression probe: a FIFO as a config (read first) or as any other file (the version hash reads every
+    file) hung the model server for good at "loading"; the tensors' file alone was checked."""
+    import os
+
+    folder = tmp_path / "ddpm"
+    write_folder("DDPM", folder)
+    (folder / name).unlink(missing_ok=True)
+    os.mkfifo(folder / name)
+    config = write_config(tmp_path, "DDPM", model={"weights": str(folder)})
+    code, output = run_to_exit(model_server_args(config, 0), env=child_env({"SERVICE_AUTH_TOKEN": "t"}), timeout=60)
+    assert code == 1, output
+    assert f"weights folder {folder}: {name}: not a regular file (a FIFO, a socket or a device)" in output, output
+
+
 @pytest.mark.parametrize("model_id, table, said", [
     ("DDIM", {"sample_size": 18}, "model.sample_size: 18 is not a multiple of 4: each of the 2 levels below the "
                                   "first of block_out_channels halves the side"),

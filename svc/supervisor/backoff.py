@@ -48,6 +48,7 @@ class Backoff:
         self._consecutive = 0
         self.port_since: float | None = None  # first time the port was found busy in this wait
         self._port_tries = 0
+        self._error_before_wait: str | None = None  # the error the wait's note took the place of
 
     # -- crashes -----------------------------------------------------------------------------
 
@@ -68,15 +69,16 @@ class Backoff:
 
     # -- a busy port ---------------------------------------------------------------------------
 
-    def next_port_try(self, now: float) -> float | None:
+    def next_port_try(self, now: float, error: str | None = None) -> float | None:
         """Seconds until the busy port is tried again, or None once ``port_wait`` is used up (the wait ends).
+        ``error``: the child's last error when the port is found busy, kept while the wait's note shows.
 
         The delays double as a crash's do, but never past :data:`PORT_RETRY_MAX_S`: at the crash back-off's
         30 s a port freed meanwhile was noticed up to 30 s late (a start answered after 63 s, the port free
         from 26 s).
         """
         if self.port_since is None:
-            self.port_since, self._port_tries = now, 0
+            self.port_since, self._port_tries, self._error_before_wait = now, 0, error
         left = self.timing.port_wait - (now - self.port_since)
         if left <= 0:
             self.port_since = None
@@ -86,7 +88,9 @@ class Backoff:
         self._port_tries += 1
         return delay
 
-    def end_port_wait(self) -> bool:
-        """The port wait is over (ready, stopped); whether one was under way."""
+    def end_port_wait(self, error: str | None = None) -> str | None:
+        """The port wait is over (the port found free, ready, stopped); the error to show now: the one the wait's
+        note took the place of if a wait was under way (a crash's, before its respawn found the port busy: a
+        regression probe saw it wiped), else ``error``."""
         waiting, self.port_since = self.port_since is not None, None
-        return waiting
+        return self._error_before_wait if waiting else error

@@ -191,14 +191,14 @@ class Child:
         self._first_line = self.logs.next_seq
         self.started_at = self.reactor.seconds()
         self.ready, self.phase, self._was_ready = False, None, False
-        self.last_error = None if self.backoff.end_port_wait() else self.last_error  # free: the wait's note, once
+        self.last_error = self.backoff.end_port_wait(self.last_error)  # free: the wait's note goes, once
         program = next((i for i, a in enumerate(self.spec.argv) if a.startswith("service-")), 1)  # not "-P -m twisted"
         self._set(STARTING, f"spawned pid {self.pid}: {' '.join(self.spec.argv[program:program + 3])} ...")
         self._schedule_probe(self.timing.probe_starting)
 
     def _port_busy(self, why: str) -> None:
         """The port is taken: try again on the back-off schedule until ``port_wait`` is used up."""
-        delay = self.backoff.next_port_try(self.reactor.seconds())
+        delay = self.backoff.next_port_try(self.reactor.seconds(), self.last_error)
         self.pid, self.started_at, self.ready = None, None, False
         if delay is None:
             self._give_up(START_FAILED, f"{why}; still in use after waiting {self.timing.port_wait:g} s (port_wait_ms)",

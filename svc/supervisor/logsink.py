@@ -25,7 +25,6 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger, formatTime
 from twisted.python.logfile import LogFile
 
-from svc.contract.protocol import GATEWAY_PROGRAM, MODEL_PROGRAM
 from svc.infra.reactors import wall_time
 
 log = Logger()
@@ -36,8 +35,6 @@ _LOG_PREFIX = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d{4}
 _ACCESS_LINE = " [svc.access#"
 #: A line Twisted's text format logged at debug or info level.
 _INFO_LINE = re.compile(r"^\S+ \[[^\]]*#(?:debug|info)\] ")
-#: How a gateway's or model server's one-line refusal starts (svc.infra.process: refuse, exit_after_shutdown).
-_REFUSALS = (f"{MODEL_PROGRAM}: ", f"{GATEWAY_PROGRAM}: ")
 #: What a reactor prints as it starts and stops, around the line that says why.
 _REACTOR_NOISE = re.compile(r"\((?:TCP|UDP) Port \d+ Closed\)|Main loop terminated\.|Server Shut Down\.|"
                             r"Starting reactor\.\.\.|\w+ (?:starting|stopping) on \d+|(?:Starting|Stopping) factory .*")
@@ -271,14 +268,12 @@ class LogSink:
         return [said for _, said in self._said(since)][-n:]
 
     def last_words(self, since: int = 0) -> list[str]:
-        """:meth:`tail` of 2, the error of an exited process; where the last is its one-line refusal (its program's
-        name first, svc.infra.process), a note logged before it at info level is left out (a UI probe: "listening
-        on ...; loading the model on cpu | service-model: weights file ...: missing tensor" put the note first, and
-        the table's cell cut the reason off).  An error line before it stays: it says what failed."""
-        lines = self._said(since)[-2:]
-        if len(lines) == 2 and lines[1][1].startswith(_REFUSALS) and _INFO_LINE.match(lines[0][0]):
-            lines = lines[1:]
-        return [said for _, said in lines]
+        """The last 2 lines of :meth:`tail` that are not notes logged at info level: the error of an exited process.
+        A note says what went well, not why it ended (a UI probe: "listening on ...; loading the model on cpu |
+        service-model: weights file ...: missing tensor" put the note first, and the table's cell cut the reason
+        off; a regression probe: a crash by a signal after ready was "... | MOBILENETV2: ready (version ...)").
+        A warning or an error line before a refusal stays: it says what failed."""
+        return [said for raw, said in self._said(since) if not _INFO_LINE.match(raw)][-2:]
 
     def _said(self, since: int) -> list[tuple[str, str]]:
         """The child's own lines from line number ``since`` on, each as printed and as :meth:`tail` gives it."""

@@ -33,7 +33,7 @@ def test_a_busy_port_is_tried_on_the_doubling_schedule_until_port_wait_is_used_u
     assert b.next_port_try(107) == 3  # capped by what is left of the 10 s
     assert b.next_port_try(110) is None and b.port_since is None
     assert b.next_port_try(111) == 1  # a new wait
-    assert b.end_port_wait() is True and b.end_port_wait() is False
+    assert b.end_port_wait("note") is None and b.end_port_wait("note") == "note"  # no error before the wait
     slow = Backoff(Timing(backoff_initial=1, backoff_max=30, crash_loop_restarts=3, crash_loop_window=60,
                           port_wait=60))
     # a crash's back-off goes to 30 s; a busy port is tried at least every 4 s (a freed one noticed 30 s late)

@@ -242,6 +242,22 @@ def test_a_refusal_after_start_up_notes_is_the_error_alone():
     assert child.last_error.endswith("Traceback (most recent call last): | ValueError: boom")
 
 
+def test_a_crash_by_a_signal_after_notes_is_the_signal_not_the_notes():
+    """A regression probe: a model server killed by SIGSEGV after it was ready had "killed by signal 11: ... |
+    MOBILENETV2: ready (version ...)" as its error, its start-up notes as if they said why it died."""
+    child, reactor, probe, _ = make()
+    running(child, reactor, probe)
+    reactor.exit(None, signal.SIGSEGV, output=b"2026-11-29T08:40:01+0000 [svc.modelserver.service#info] M: listening "
+                                              b"on 127.0.0.1:9101\n2026-11-29T08:40:03+0000 "
+                                              b"[svc.modelserver.service#info] M: ready (version random-init-seed0)\n")
+    assert child.last_error == child.last_exit and "signal 11" in child.last_error
+    running(child, reactor, probe)  # a warning before the death stays: it may say why
+    reactor.exit(None, signal.SIGABRT, output=b"2026-11-29T08:41:01+0000 [svc.modelserver.service#warn] M: memory "
+                                              b"is low\n2026-11-29T08:41:02+0000 [svc.modelserver.service#info] M: "
+                                              b"batch done\n")
+    assert child.last_error == f"{child.last_exit}: M: memory is low"
+
+
 def test_crash_while_starting_fails_the_start_action_and_restarts():
     child, reactor, probe, _ = make()
     d = results(child.start())
@@ -466,18 +482,26 @@ def test_stop_while_waiting_for_the_port_is_immediate():
     assert len(port.checks) == 1 and reactor.spawned == []
 
 
-def test_a_crash_restart_onto_a_busy_port_waits_for_it():
+def test_a_crash_restart_onto_a_busy_port_waits_for_it_and_keeps_the_crash_as_the_error():
+    """A regression probe: the port wait's note took the place of the crash's error, and clearing the note at the
+    spawn on the freed port wiped both: whether a crash was shown depended on a race for the port."""
     port = Port()
     child, reactor, probe, _ = make(port=port)
     running(child, reactor, probe)
-    reactor.exit(1, output=b"boom\n")
-    assert child.state == BACKOFF
+    reactor.exit(None, signal.SIGSEGV)
+    assert child.state == BACKOFF and "signal 11" in child.last_error
     port.free = False
     reactor.advance(1)  # the back-off delay: the respawn finds the port busy
     assert child.state == STARTING and child.pid is None and len(reactor.spawned) == 1
-    port.free = True
+    assert child.last_error.startswith("port ") and "trying again in 1 s" in child.last_error
     reactor.advance(1)
-    assert len(reactor.spawned) == 2 and child.pid == 1002
+    assert "trying again in 2 s" in child.last_error  # the second try's note: still the crash before the wait
+    port.free = True
+    reactor.advance(2)
+    assert len(reactor.spawned) == 2 and child.pid == 1002 and "signal 11" in child.last_error
+    probe.ok = True
+    reactor.advance(0.5)
+    assert child.state == RUNNING and "signal 11" in child.last_error
 
 
 def test_group_leader_gives_up_when_the_supervisor_is_already_gone():

@@ -277,12 +277,15 @@ class Forwarder:
         ``budget_ms``, a wait's budget, lengthens its deadline), or 404 "job
         not found" (an id that does not verify, a replica that is gone).
         A model with jobs off is asked as it is: the contract passes its own
-        404 through unchanged, whatever the id.
+        404 through unchanged, whatever the id.  An id that verifies goes to
+        its owner whatever this gateway read at its start: a model restarted
+        with ``async_enabled`` turned on takes jobs before the gateway's next
+        restart (an operator probe: its polls went to any replica, 404).
         """
         path = template.format(job_id=quote(job_id, safe=""))
-        if not upstream.async_enabled:
-            return await self.forward(request, upstream, route, path, query=query, rewrite=rewrite)
         where = locate(upstream, job_id, secret=self.cluster.secret, host=self.cluster.host_id)
+        if where is None and not upstream.async_enabled:
+            return await self.forward(request, upstream, route, path, query=query, rewrite=rewrite)
         if isinstance(where, OtherHost):
             host = self.cluster.peer_for(request, job_id, where.host)
             return await self.cluster.forward(request, host, job_id, route, model_path(upstream.id, path), query,

@@ -225,15 +225,16 @@ class ChildManager:
         return weights_choice("demo" if model_id in profile.demo else profile.weights, table_weights,
                               self._variant_of(model_id), model_id in self._demo_models)
 
-    def _weights_flag(self, model: ModelServerConfig) -> str | None:
-        """``--weights`` for a spawn of ``model`` now: its config file read again, so that a ``[model] weights``
-        edited before a restart is what the restart runs (it kept the choice of the supervisor's start).  A file
-        that no longer loads keeps the last choice: the model server reads it too, and says what is wrong."""
+    def _weights_flag(self, model: ModelServerConfig, info: dict) -> str | None:
+        """``--weights`` for a spawn of ``model`` now: its config file read again, so that a ``[model] weights`` (and
+        the catalog's ``info["async"]``) edited before a restart is what the restart runs.  A file that no longer
+        loads keeps the last choice: the model server reads it too, and says what is wrong."""
         try:
-            table = load_model_server_config(model.path).model
+            now = load_model_server_config(model.path)
         except (ConfigError, OSError):
             return self.weights[model.id][0]
-        self.weights[model.id] = self._weights_choice(model.id, table.get("weights"))
+        info["async"] = now.async_enabled
+        self.weights[model.id] = self._weights_choice(model.id, now.model.get("weights"))
         return self.weights[model.id][0]
 
     def _replica_specs(self, model: ModelServerConfig, base: dict[str, str], cwd: str | None) -> list[ChildSpec]:
@@ -260,7 +261,7 @@ class ChildManager:
             info = {"config": model, "model": model.id, "replica": i, "gpu": gpu, "cpus": cpus}
 
             def argv_now(argv: Callable[[str | None], list[str]] = argv, info: dict = info) -> list[str]:
-                flag = self._weights_flag(model)  # the config file read again at each spawn
+                flag = self._weights_flag(model, info)  # the config file read again at each spawn
                 info["weights"] = self.weights[model.id][1]  # what this replica's process loads
                 return argv(flag)
 
@@ -373,7 +374,7 @@ class ChildManager:
             "server_uri": config.server_uri,
             "infer_path": MODEL_INFER.format(model_id=config.id),
             "port": model.children[0].spec.port,
-            "async": config.async_enabled,
+            "async": config.async_enabled if model.serving("async") is None else model.serving("async"),
             "in_profile": config.id in self.profile.models,
             "weights": dict(model.serving("weights") or self.weights[config.id][1]),
         }

@@ -485,6 +485,22 @@ def test_poll_wait_and_result_go_to_the_replica_that_owns_the_job(gw, suffix, ro
     assert gw.balancer.outstanding == {}  # polls are not counted as work
 
 
+@pytest.mark.parametrize("suffix", ["", "/wait?timeout=1000", "/result"])
+def test_jobs_of_a_model_whose_jobs_were_off_at_the_gateways_start_go_to_their_replica(gw, suffix):
+    """An operator probe: a model restarted with ``async_enabled`` turned on served jobs, but the gateway, which
+    read it off at its start, sent polls to any replica: every other one was 404 "job not found".  An id that
+    verifies goes to its owner; an id that does not is the model's own answer, as the contract has it."""
+    gw.catalog.by_id["CLS"] = replace(gw.catalog.by_id["CLS"], async_enabled=False)
+    for owner in (1, 0, 1, 1, 0):
+        job = job_of(owner)
+        reply = gw.call("GET", f"/v1/models/CLS/jobs/{job}{suffix}")
+        assert reply.code == (409 if suffix == "/result" else 200)
+        assert gw.replicas[owner].received[-1][1].startswith(f"/jobs/{job}")
+    assert [len(r.received) for r in gw.replicas] == [2, 3]
+    unknown = gw.call("GET", f"/v1/models/CLS/jobs/job_zzz{suffix}")  # not ours: a replica's own answer
+    assert unknown.code == (409 if suffix == "/result" else 200) and sum(len(r.received) for r in gw.replicas) == 6
+
+
 def test_submitted_jobs_come_back_to_their_replica(gw):
     for _ in range(10):
         submitted = gw.call("POST", "/v1/models/CLS/jobs", body=b'{"images":["x"]}')

@@ -205,6 +205,29 @@ def test_status_view(tmp_path):
     assert m.catalog_view()[0]["weights"] == {"kind": "demo", "variant": None}
 
 
+def test_the_catalog_says_async_as_the_ready_process_was_started(tmp_path):
+    """An operator probe: a model restarted with ``async_enabled`` turned on served jobs while the catalog and the
+    status API still said ``"async": false``, as read at the supervisor's start."""
+    from twisted.internet.error import ProcessDone
+    from twisted.python.failure import Failure
+
+    m, reactor, probe, _ = manager(tmp_path)
+    m.start_all()
+    probe.ok = True
+    reactor.advance(0.5)
+    reactor.advance(0.5)
+    assert m.children["AAA"].ready and next(s for s in m.catalog_view() if s["id"] == "AAA")["async"] is False
+    path = tmp_path / "AAA.toml"
+    path.write_text(path.read_text() + "async_enabled = true\n")
+    child = m.children["AAA"]
+    old = child._protocol
+    child.restart()
+    old.processEnded(Failure(ProcessDone(0)))
+    assert next(s for s in m.catalog_view() if s["id"] == "AAA")["async"] is False  # not ready: the start's
+    reactor.advance(0.5)
+    assert child.ready and next(s for s in m.status_view()["servers"] if s["id"] == "AAA")["async"] is True
+
+
 def weights_manager(tmp_path, profile_weights, demo=(), demo_models=()):
     """Three servers: AAA's config says random, BBB's pretrained:large, CCC's a local file; AAA and BBB
     declare variants (default "small"), CCC none."""

@@ -13,12 +13,16 @@ reach any host's gateway, so the gateway reads the owner from the id:
   ``X-Service-Forwarded-By: <this host>``.  The peer's status, body and the
   headers a gateway passes back are the reply (the peer already rewrote the
   job URLs);
-* an id of a host that is not a peer, a peer that refuses the connection,
-  does not accept it within ``peer_connect_timeout_ms`` or does not answer
-  in time (``peer_timeout_ms``; a wait gets its budget on top, at most
-  ``upstream_recv_timeout_ms``): 404 with ``error`` "job not found: ..." in
-  the envelope of a model server's unknown-job 404, since the job is gone
-  with its host.  Never a hang.
+* an id of a host that is not a peer, or a peer that refuses the connection
+  or does not accept it within ``peer_connect_timeout_ms``: 404 with
+  ``error`` "job not found: ..." in the envelope of a model server's
+  unknown-job 404, since the job is gone with its host;
+* a peer that takes the request but does not answer in time
+  (``peer_timeout_ms``; a wait gets its budget on top, at most
+  ``upstream_recv_timeout_ms``): 502, as its own gateway answers a model
+  server that hangs: the host is up, and its job may be there (an operator
+  probe: a job that was done was 404 while its model server was stopped
+  for a while).  Never a hang.
 
 A gateway accepts the cluster token only on these job GETs, only with the
 forwarded header, and only for a job of its own host (:meth:`Cluster.admits`);
@@ -186,11 +190,11 @@ class Cluster:
             raise job_not_found(job_id, f"its host {host} is not reachable: {e}") from None
         except UpstreamFailed as e:
             self._count(host, e.kind)
-            if e.kind == "timeout":
-                why = f"its host {host} did not answer within {deadline * 1000:.0f} ms ([cluster] peer_timeout_ms)"
-            else:
-                why = f"the exchange with its host {host} failed: {e}"
-            raise job_not_found(job_id, why) from None
+            if e.kind == "timeout":  # its gateway took the request: the host is up, the job may well be there
+                raise ApiError(st.BAD_GATEWAY, f"its host {host} did not answer within {deadline * 1000:.0f} ms "
+                                               "([cluster] peer_timeout_ms): the job may still be there; ask again "
+                                               "later") from None
+            raise job_not_found(job_id, f"the exchange with its host {host} failed: {e}") from None
         if reply.code == 401:
             self._count(host, "refused")
             log.error("peer {host} refused this gateway's cluster token: is SERVICE_CLUSTER_TOKEN the same on "

@@ -75,9 +75,10 @@ def gateway_responses() -> dict:
         "502": rejection("Status 502 (made by the gateway): the connection to the model server was lost after it "
                          "was made (a model server that dies under a parked wait too), or the reply was malformed or "
                          "did not complete within `upstream_recv_timeout_ms`; or a job wait budget at or above it; or "
-                         "the gateway of the host holding a job refused this host's cluster token; or a job submit "
-                         "whose job id no replica makes so that this gateway would find it again (the model "
-                         "server's SERVICE_JOB_SECRET, host id or replica differs; then with Retry-After)."),
+                         "the gateway of the host holding a job refused this host's cluster token, or took a "
+                         "forwarded job request and did not answer within `peer_timeout_ms`; or a job submit whose "
+                         "job id no replica makes so that this gateway would find it again (the model server's "
+                         "SERVICE_JOB_SECRET, host id or replica differs; then with Retry-After)."),
         "503": rejection("Status 65: the model server is not running (connection refused; made by the gateway), or "
                          "the model's own 503 (loading, shutting down) passed through."),
     }

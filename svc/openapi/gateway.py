@@ -156,8 +156,10 @@ def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any],
                     "200": {"description": "Metrics text.", "content": {"text/plain": {"schema": {"type": "string"}}},
                             "headers": {"X-Request-ID": REQUEST_ID_HEADER, "X-Service-Key": SERVICE_KEY_REF}},
                     "401": unauthorized(GATEWAY_METRICS_REALM, "Status 401: not the metrics token."),
-                    "405": rejection("Status 62: a method other than GET or HEAD, with the metrics token (without it, "
-                                     "401).", {"Allow": header_doc("The methods the path accepts."),
+                    "405": rejection("Status 62: a method other than GET or HEAD, with any credential the gateway "
+                                     "accepts (the metrics token, an API key, the static or the management token), "
+                                     "as on every path: routing comes after authentication (without a credential, "
+                                     "or with a wrong one, 401).", {"Allow": header_doc("The methods the path accepts."),
                                                "X-Service-Key": SERVICE_KEY_REF}),
                 },
             }

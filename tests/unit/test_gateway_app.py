@@ -699,6 +699,8 @@ def test_a_wrong_method_on_metrics_with_the_metrics_token_is_405_not_a_wrong_tok
         assert (h(r, "Allow"), h(r, "X-Service-Key"), h(r, "WWW-Authenticate")) == ("GET, HEAD", "metrics-token", None)
     assert_envelope(gw.call("POST", "/metrics", token="wrong-tok"), 401, 401)
     assert_envelope(gw.call("GET", "/v1/models/CLS/infer", token="metrics-tok"), 401, 401)
+    for token in (KEY, "static-tok", "mgmt-tok"):  # as the OpenAPI document says (it said the metrics token only)
+        assert_envelope(gw.call("PUT", "/metrics", token=token), 405, 62)
     text = gw.call("GET", "/metrics", token="metrics-tok").body.decode()
     assert 'service_gateway_auth_failures_total{reason="wrong"} 2.0' in text
     assert 'service_gateway_key_requests_total{key="metrics-token"} 3.0' in text

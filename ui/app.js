@@ -3,8 +3,8 @@
 // Talks to the management API (same origin) and to the gateway's data plane
 // (its port, CORS) with the management token kept in localStorage.
 
-import { $, state, TOKEN_KEY } from "./state.js";
-import { connect, showLogin } from "./session.js";
+import { $, sendable, state, TOKEN_KEY } from "./state.js";
+import { connect, connectStored, showLogin } from "./session.js";
 import { act } from "./status.js";
 import { applyLogFilters, followLogs } from "./logs.js";
 import { modelChosen, run, takeFile } from "./try-it.js";
@@ -14,9 +14,9 @@ document.addEventListener("DOMContentLoaded", () => {
     event.preventDefault();
     if (state.connecting) return; // a second submit (Enter, a double click) while the first connects
     const token = $("#token-input").value.trim();
-    // A header carries printable ASCII only: fetch would throw on anything else, which read as an unreachable
-    // supervisor, and the token was kept.  A token is kept only once the supervisor has accepted it.
-    if (!/^[\x21-\x7e]+$/.test(token)) { showLogin("The token was refused: it is printable ASCII, without spaces."); return; }
+    // A token that cannot be sent is refused here (it was kept); a token is kept only once the supervisor has
+    // accepted it.
+    if (!sendable(token)) { showLogin("The token was refused: it is printable ASCII, without spaces."); return; }
     state.token = token;
     connect(); // which keeps the token once the supervisor has accepted it
   });
@@ -58,7 +58,7 @@ document.addEventListener("DOMContentLoaded", () => {
     if (event.key !== TOKEN_KEY && event.key !== null) return;
     const token = localStorage.getItem(TOKEN_KEY) || "";
     if (!token && state.token) { state.token = ""; showLogin("The token was forgotten in another tab."); }
-    else if (token && token !== state.token) { state.token = token; connect(); }
+    else if (token && token !== state.token) { state.token = token; connectStored(); }
   });
-  if (state.token) connect(); else showLogin();
+  if (state.token) connectStored(); else showLogin();
 });

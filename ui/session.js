@@ -2,7 +2,7 @@
 // reached), the polling timers of a connected page, the stale mark when a refresh fails, and the
 // selects filled once connected.
 
-import { $, state, TOKEN_KEY } from "./state.js";
+import { $, sendable, state, TOKEN_KEY } from "./state.js";
 import { api, HttpError } from "./api.js";
 import { refresh } from "./status.js";
 import { refreshSeries } from "./charts.js";
@@ -35,6 +35,16 @@ export function showLogin(message) {
 export function tokenRefused() {
   localStorage.removeItem(TOKEN_KEY);
   showLogin("The token was refused.");
+}
+
+// Connecting with the stored token (at load, or set by another tab). One that cannot be sent (stored by hand, or
+// by a page that did not check) is said, with "Forget token": fetch threw on it, which read as "Cannot reach the
+// supervisor; retrying…" for ever (a regression probe).
+export function connectStored() {
+  if (sendable(state.token)) return connect();
+  showLogin("The stored token cannot be sent: it is not printable ASCII. Forget it, or connect with another.");
+  $("#forget").hidden = false;
+  return Promise.resolve(false);
 }
 
 // Whether the supervisor accepted the token. One connect at a time: a double click on Connect, or Enter

@@ -3,6 +3,9 @@
 
 export const TOKEN_KEY = "inference-service.token";
 export const $ = (sel) => document.querySelector(sel);
+// Whether a token can be sent: a header carries printable ASCII only, and fetch throws on anything else, which
+// read as an unreachable supervisor.
+export const sendable = (token) => /^[\x21-\x7e]+$/.test(token);
 
 export const state = { token: localStorage.getItem(TOKEN_KEY) || "", status: null, catalog: [], busy: new Set(),
                 logServer: null, logOffset: null, logLines: [], logEpoch: 0, // see restarted() in logs.js

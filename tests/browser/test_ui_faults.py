@@ -348,6 +348,29 @@ def test_a_request_the_supervisor_refuses_at_login_is_said_and_not_sent_again(br
     close(page)
 
 
+@pytest.mark.parametrize("stored", ["tök€n", "abc\ndef"])
+def test_a_stored_token_that_cannot_be_sent_is_said_and_can_be_forgotten(browser, stack, stored):
+    """A regression probe: a stored token that is not printable ASCII (stored by hand, or by an older page) made
+    fetch throw, which read as "Cannot reach the supervisor; retrying…" every 3 s for as long as the page was
+    open, and no request was ever sent."""
+    page = new_page(browser)
+    page.goto(stack.url + "/")
+    page.evaluate("([key, token]) => localStorage.setItem(key, token)", [TOKEN_KEY, stored])
+    page.reload()
+    expect(page.locator("#login-error")).to_have_text(
+        "The stored token cannot be sent: it is not printable ASCII. Forget it, or connect with another.")
+    expect(page.locator("#forget")).to_be_visible()
+    page.wait_for_timeout(4000)  # nothing to await: a retry (every 3 s) would have changed the line by now
+    expect(page.locator("#login-error")).to_have_text(re.compile(r"^The stored token cannot be sent"))
+    assert page.requests == []
+    page.click("#forget")
+    assert page.evaluate(f"() => localStorage.getItem('{TOKEN_KEY}')") is None
+    page.fill("#token-input", stack.env["SERVICE_API_TOKEN"])
+    page.press("#token-input", "Enter")
+    expect(page.locator("#console")).to_be_visible()
+    close(page)
+
+
 def test_a_log_with_no_lines_is_counted_as_none(browser, stack):
     """A UI probe: choosing a log with no lines after one of 58 left "58 of 58 lines" beside the empty view."""
     page = new_page(browser)

@@ -88,7 +88,7 @@ class RequestValidator:
             return self.parse_raw(body, headers)
         # None sent (or an empty one) is said so: "unsupported content type 'none'" read as a type called none.
         what = (f"unsupported content type {media_type!r}" if media_type else
-                "no content type (Content-Type missing or empty)")
+                "no media type (Content-Type missing, empty or naming none)")
         raise ApiError(
             st.UNSUPPORTED_MEDIA_TYPE,
             f"{what}; send application/json (the envelope), or one image as image/* or application/octet-stream",

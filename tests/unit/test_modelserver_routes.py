@@ -433,8 +433,8 @@ def test_a_body_without_a_content_type_is_told_that_none_was_sent(path):
     reads as a type named none."""
     server = build_model_server(async_enabled=True)
     body = json.dumps({"images": [RED]}).encode()
-    expected = ("no content type (Content-Type missing or empty); send application/json (the envelope), or one image "
-                "as image/* or application/octet-stream")
+    expected = ("no media type (Content-Type missing, empty or naming none); send application/json (the envelope), "
+                "or one image as image/* or application/octet-stream")
     assert_rejection(server.call("POST", path, body=body), 415, 60, expected)
     for empty in ("", ";charset=utf-8"):  # a header that names no media type (a regression probe)
         assert_rejection(server.call("POST", path, body=body, headers={"Content-Type": empty}), 415, 60, expected)

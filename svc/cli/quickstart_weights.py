@@ -139,6 +139,7 @@ def fetch_missing(
     naming it and why; the others run their pretrained weights.
     """
     from svc.weightstore.catalog import HubSource
+    from svc.weightstore.hub import offline_variable
     from svc.weightstore.licences import permissive, spdx
 
     cached = cached or (lambda spec: is_cached(spec, env))
@@ -154,10 +155,9 @@ def fetch_missing(
     else:
         # HF_HUB_OFFLINE keeps the hub's repositories alone: the files (GitHub, pytorch.org) are pulled as
         # svcctl weights pull pulls them (a weights probe: every model stayed on demo weights).
-        offline = [name for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-                   if env.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")]
+        offline = offline_variable(env)  # as huggingface_hub reads them (HF_HUB_OFFLINE=0 wins, a regression probe)
         if offline:  # named as set (TRANSFORMERS_OFFLINE alone was said to be HF_HUB_OFFLINE)
-            why = {spec: f"not cached, and {offline[0]} is set" for spec, variant in missing
+            why = {spec: f"not cached, and {offline} is set" for spec, variant in missing
                    if isinstance(variant.source, HubSource)}
         left = [(spec, variant) for spec, variant in missing if spec not in why]
         down = {f"{h}:{p}" for h, p in source_hosts([v for _, v in left], env) if not connect(h, p)}

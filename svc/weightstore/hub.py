@@ -49,9 +49,15 @@ class HubError(Exception):
     """A hub fetch that failed; ``str()`` is one line naming the repository and the cause."""
 
 
+def offline_variable(env: dict[str, str] | os._Environ) -> str | None:
+    """The variable that keeps hub pulls offline, or None, read as huggingface_hub reads them: ``HF_HUB_OFFLINE``
+    when it is set at all (``0`` included), else ``TRANSFORMERS_OFFLINE``; on at 1, ON, YES or TRUE."""
+    name = "HF_HUB_OFFLINE" if env.get("HF_HUB_OFFLINE") else "TRANSFORMERS_OFFLINE"
+    return name if env.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE") else None
+
+
 def _offline(env: dict[str, str] | os._Environ) -> bool:
-    value = (env.get("HF_HUB_OFFLINE") or env.get("TRANSFORMERS_OFFLINE") or "").strip().upper()
-    return value in ("1", "ON", "YES", "TRUE")
+    return offline_variable(env) is not None
 
 
 def _cause(error: BaseException) -> str:

@@ -180,6 +180,12 @@ def test_a_refused_licence_a_failed_pull_offline_mode_or_no_pull_command_fall_ba
                     "YOLOV8": "svcctl weights pull exited with 1 (its error is above)"}
     demo, out = fetch(_pulls()[:1], {"TRANSFORMERS_OFFLINE": "1"})  # named as set, not as HF_HUB_OFFLINE
     assert demo == {"DDPM": "not cached, and TRANSFORMERS_OFFLINE is set"}
+    # As huggingface_hub reads them, HF_HUB_OFFLINE set at all wins: "0" pulls (a regression probe: the quick start
+    # left DDPM on demo weights, saying TRANSFORMERS_OFFLINE, where svcctl weights pull went online).
+    pulled.clear()
+    demo, out = fetch(_pulls()[:1], {"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "1"}, connect=lambda h, p: True,
+                      pull=lambda specs, accept: pulled.append(specs) or 0)
+    assert pulled == [["DDPM:cifar10-32"]] and "OFFLINE" not in out  # pulled (the fake caches nothing)
     demo, out = fetch(_pulls()[:1], {}, available=False)
     assert out == ("Pretrained weights: DDPM starts on demo weights: svcctl weights pull is not available in this "
                    "installation.\n" + SWITCH)

@@ -212,7 +212,7 @@ def _connect(url: str, timeout: float, env: Mapping[str, str] | None = None) -> 
         return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout), target
     via = urlsplit(proxy)
     if via.scheme != "http" or not via.hostname:
-        raise FetchError(url, f"proxy {_shown(proxy)}: only http:// proxies are supported")
+        raise FetchError(url, unsupported_proxy(proxy))
     headers: dict[str, str] = {}
     if via.username:
         credentials = f"{unquote(via.username)}:{unquote(via.password or '')}".encode()
@@ -244,6 +244,13 @@ def _shown(proxy: str) -> str:
     """``proxy`` as a failure line names it: scheme, host and port, never its ``user:password@``."""
     parts = urlsplit(without_credentials(proxy))
     return f"{parts.scheme}://{parts.netloc}"
+
+
+def unsupported_proxy(proxy: str) -> str:
+    """The line for a proxy whose scheme pulls cannot use (``socks5://``, the usual form of ``ALL_PROXY``): which
+    ones they can, and how to go on (a regression probe: the bare refusal gave no way forward)."""
+    return (f"proxy {_shown(proxy)}: only http:// proxies are supported (set HTTPS_PROXY and HTTP_PROXY to one, or "
+            "unset the variable that names this one, ALL_PROXY for a SOCKS proxy, to connect directly)")
 
 
 def without_credentials(url: str) -> str:

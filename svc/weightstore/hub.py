@@ -32,7 +32,7 @@ from typing import Any
 
 from svc.infra.process import pid_running
 from svc.weightstore.catalog import HubSource, Variant
-from svc.weightstore.fetch import without_credentials
+from svc.weightstore.fetch import unsupported_proxy, without_credentials
 from svc.weightstore.proxies import proxy_for
 
 Progress = Callable[[int, "int | None"], None]
@@ -155,6 +155,8 @@ def _hub_cause(error: BaseException, url: str, env: Mapping[str, str]) -> str:
     connection was the proxy's, where the line read as the hub refusing (a weights probe; a file pull's line
     names the proxy too)."""
     proxy = proxy_for(url, env)
+    if proxy is not None and not proxy.startswith(("http://", "https://")):  # httpx's ImportError of socksio
+        return unsupported_proxy(proxy)
     if proxy is None or not _connect_failed(error):
         return _cause(error)
     return f"the proxy {without_credentials(proxy)} could not be reached: {_cause(error)}"

@@ -247,6 +247,22 @@ def test_an_unreachable_proxy_of_a_hub_pull_is_named(endpoint, monkeypatch, tmp_
     assert fetch_hub(find_variant(ddpm, None), tmp_path / "DDPM" / "cifar10-32") == "ddpm-cifar10-32"
 
 
+def test_a_socks_proxy_of_a_hub_pull_is_said_with_the_way_on(endpoint, monkeypatch, tmp_path):
+    """A regression probe: ``ALL_PROXY=socks5://...``, its usual form, made a hub pull fail with httpx's "ImportError:
+    Using SOCKS proxy, but the 'socksio' package is not installed"; a file pull says which proxies it takes."""
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ALL_PROXY", f"socks5://u:pw@127.0.0.1:{free_port()}")
+    with pytest.raises(HubError) as raised:
+        fetch_hub(find_variant(ddpm, None), tmp_path / "DDPM" / "cifar10-32")
+    assert str(raised.value).startswith("hub repository google/ddpm-cifar10-32@main: proxy socks5://127.0.0.1:")
+    assert str(raised.value).endswith(": only http:// proxies are supported (set HTTPS_PROXY and HTTP_PROXY to one, "
+                                      "or unset the variable that names this one, ALL_PROXY for a SOCKS proxy, to "
+                                      "connect directly)")
+    monkeypatch.delenv("ALL_PROXY")
+    assert fetch_hub(find_variant(ddpm, None), tmp_path / "DDPM" / "cifar10-32") == "ddpm-cifar10-32"
+
+
 def test_a_hub_that_never_answers_fails_in_one_line_within_its_silence_limit(monkeypatch, tmp_path):
     """A CLI probe: ``weights pull DDPM`` against an ``HF_ENDPOINT`` that accepted and never answered printed its
     header and nothing more for 581 s, until killed (huggingface_hub's client has no timeout).  The hub may stay

@@ -281,14 +281,12 @@ def weights_said(weights: str, pretrained: list[str], demo: Mapping[str, str]) -
     return f"{weights} weights" + (f"; pretrained by their configs: {', '.join(named)}" if named else "")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Prepare the secrets, run the supervisor, and say what to do once the models are up.
-
-    The supervisor runs as a child (its output goes to this terminal) rather
-    than replacing this process, so that this process can watch the status
-    and print the next-steps block once, after the last model settled.
-    """
-    parser = argparse.ArgumentParser(prog="python -m svc.cli.quickstart", description=__doc__.splitlines()[0])
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """The quick start's arguments.  Standard library only: ``bin/quickstart`` reads them with the system's python3
+    before it installs anything, so that ``--help`` or a mistyped option is answered at once, not after minutes of
+    installing PyTorch (a probe's ``bin/quickstart --help`` started the install)."""
+    parser = argparse.ArgumentParser(prog="bin/quickstart", description="Install the service into .venv and run it: "
+                                     "the supervisor, the gateway and the models of the profile.")
     parser.add_argument("--root", default=".", help="the checkout, or a folder of yours for an installed package "
                         "(default: the current directory)")
     parser.add_argument("--prepare-only", action="store_true", help="create the secrets, do not run the service")
@@ -297,7 +295,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--accept-licence", "--accept-license", metavar="LICENCE", action="append", default=[],
                         dest="accept", help="pull pretrained weights under this non-permissive licence (e.g. "
                         "AGPL-3.0; repeatable); without it, a terminal is asked")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Prepare the secrets, run the supervisor, and say what to do once the models are up.
+
+    The supervisor runs as a child (its output goes to this terminal) rather
+    than replacing this process, so that this process can watch the status
+    and print the next-steps block once, after the last model settled.
+    """
+    args = arguments(argv)
     if not os.path.isdir(os.path.join(args.root, "conf")) and not copy_default_conf(args.root):
         # else its secrets and key file went anywhere
         print(f"quickstart: {os.path.abspath(args.root)} is not a checkout of the service (no conf/ folder); "

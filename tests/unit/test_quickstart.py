@@ -621,3 +621,16 @@ def test_the_start_line_names_the_models_their_configs_put_on_pretrained_weights
         "demo weights; pretrained by their configs: YOLOV8:yolov8n")  # one left on demo is not named
     assert weights_said("demo", [], {}) == "demo weights"
     assert weights_said("pretrained", pulled, {}) == "pretrained weights"
+
+
+@pytest.mark.parametrize("argv, code, said", [(["--help"], 0, "usage: bin/quickstart [-h]"), (["--he"], 0, "usage: "),
+                                              (["--weigths", "x"], 2, "error: unrecognized arguments: --weigths x"),
+                                              (["--weights", "real"], 2, "argument --weights: invalid choice")])
+def test_help_and_a_mistyped_option_are_answered_before_anything_is_installed(argv, code, said):
+    """A probe: ``bin/quickstart --help`` started installing PyTorch into .venv (minutes, 6 GB) before its parser
+    said anything; so did a mistyped option.  The script reads them first, with the system's python3."""
+    from tests.support.processes import REPO
+
+    done = subprocess.run(["sh", str(REPO / "bin" / "quickstart"), *argv], capture_output=True, text=True, timeout=60)
+    assert done.returncode == code, done.stderr
+    assert said in (done.stdout + done.stderr) and "==>" not in done.stdout + done.stderr

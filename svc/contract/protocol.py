@@ -95,7 +95,7 @@ SERVICE_REQUEST_HEADERS = ("x-service-params", "x-service-options", "x-request-i
 WEIGHTS_HEADER = "X-Service-Weights"
 #: Model-server reply headers the gateway passes back unchanged (``Location`` is rewritten).
 PASSED_REPLY_HEADERS = ("content-type", "x-request-id", "cache-control", "retry-after", "allow", WEIGHTS_HEADER.lower(),
-                        "inference-header-content-length")
+                        "inference-header-content-length", "accept-encoding")
 
 
 def bearer_challenge(realm: str) -> str:

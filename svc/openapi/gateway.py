@@ -220,7 +220,8 @@ def gateway_document(configs: list[ModelServerConfig], found: dict[str, Any],
             "version": __version__,
             "description": "The public entry point: authenticates, rate-limits per key and forwards to the loopback "
             "model servers. The model's status, body and the headers `Content-Type`, `X-Request-ID`, "
-            "`Cache-Control`, `Retry-After`, `Allow` and `X-Service-Weights` pass through unchanged; `Location`, `poll_url` and "
+            "`Cache-Control`, `Retry-After`, `Allow`, `X-Service-Weights` and `Accept-Encoding` (a 415 for a compressed "
+            "body) pass through unchanged; `Location`, `poll_url` and "
             "`result_url` are rewritten onto `/v1/models/<id>/jobs/...`. Replies made by the gateway itself carry "
             "`model.name` `gateway`. A bare `/jobs` is not a route. CORS: the configured origins (default the "
             "supervisor UI) are reflected with `Vary: Origin`, and a preflight `OPTIONS` needs no credential. "

@@ -183,6 +183,9 @@ class LimitedRequest(server.Request):
         if not self.finished and not self._refused:  # the client went before its reply: still one access line
             if self.started is not None:
                 self.channel.site.log_abandoned(self)
-            elif self._head_read:  # mid-upload: logged nowhere before, though its head named it (logs probe)
+            elif self._head_read and not getattr(self.channel, "_refused", False):
+                # mid-upload: logged nowhere before, though its head named it (logs probe); unless the channel
+                # refused its body's framing (a bad chunk size) with a 400 it logged: the close was the server's
+                # (an HTTP probe: a second line, "499", for the same request)
                 self._log_unprocessed(CLIENT_CLOSED, header(self, b"x-request-id"))
         super().connectionLost(reason)

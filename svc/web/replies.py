@@ -175,11 +175,13 @@ def envelope_headers(task_id: str) -> dict[str, str]:
 
 def check_content_encoding(request: Any) -> None:
     """415 status 60 for a body sent compressed (``Content-Encoding``): no route decodes one, and read as it is,
-    a gzip body was reported as JSON that does not parse.  Every coding of every line counts (a list)."""
+    a gzip body was reported as JSON that does not parse.  Every coding of every line counts (a list).  The 415
+    says what is taken, ``Accept-Encoding: identity`` (RFC 9110 section 15.5.16)."""
     encoding = header(request, b"content-encoding")
     if encoding and any(c.strip().lower() not in ("identity", "") for c in encoding.split(",")):
         raise ApiError(st.UNSUPPORTED_MEDIA_TYPE,
-                       f"unsupported content encoding {encoding[:40]!r}: send the body uncompressed")
+                       f"unsupported content encoding {encoding[:40]!r}: send the body uncompressed",
+                       headers={"Accept-Encoding": "identity"})
 
 
 def content_type(request: Any) -> tuple[str, dict[str, str]]:

@@ -444,6 +444,7 @@ def test_every_content_encoding_line_is_judged(processes, name):
                          b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     first, headers, data = split(reply)
     assert (first, headers["x-request-id"]) == (b"HTTP/1.1 415 Unsupported Media Type", "two-codings"), reply[:400]
+    assert headers["accept-encoding"] == "identity"  # what is taken (RFC 9110 section 15.5.16), through the gateway
     got = json.loads(data)
     assert (got["status"], got["status_str"]) == (60, "UNSUPPORTED_MEDIA_TYPE"), got
     assert got["error"] == "unsupported content encoding 'identity, gzip': send the body uncompressed", got

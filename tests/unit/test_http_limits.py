@@ -492,6 +492,25 @@ def test_a_request_whose_client_went_mid_upload_gets_its_499_access_line():
     assert res.posted == [] and transport.value() == b""  # no handler ran, nothing was written
 
 
+@pytest.mark.parametrize("chunks", [b"5\r\nhello\r\nzz\r\n", b"-10\r\n", b"5\r\nhelloXX"])
+def test_a_body_refused_for_its_framing_has_one_access_line_its_400(chunks):
+    """An HTTP probe: a bad chunk size got its 400 (logged), and the close that followed logged a second line for
+    the same request, "499" as if its client had gone, on the gateway and the model server."""
+    from twisted.logger import capturedLogs
+
+    clock = Clock()
+    site, res = make_site(clock)
+    with capturedLogs() as events:
+        channel, transport = connect(site)
+        channel.dataReceived(b"POST /x HTTP/1.1\r\nHost: h\r\nX-Request-ID: dbl-1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                             + chunks)
+        assert transport.value().startswith(b"HTTP/1.1 400 Bad Request")
+        lose(channel, transport)
+    lines = [e["access_line"] for e in events if "access_line" in e]
+    assert len(lines) == 1 and lines[0].startswith("POST /x 400 "), lines
+    assert res.posted == []
+
+
 def test_while_the_process_stops_every_connection_closes_after_its_reply():
     """site.closing (a model server's drain): a kept-alive connection would be reused by the gateway's pool right
     when the stop cuts it (a 502); closed after its reply, the next request goes on a new connection."""

@@ -453,6 +453,7 @@ def test_a_compressed_body_is_415_status_60_on_every_route_that_reads_one(path):
     assert error == "unsupported content encoding 'gzip': send the body uncompressed"
     if path != "/v2/models/TESTFAULTS/infer":  # the protocol's own shape: {"error"}
         assert_rejection(reply, 415, 60, error)
+        assert reply.headers["accept-encoding"] == "identity"  # RFC 9110 section 15.5.16 (an HTTP probe)
     identity = server.send("POST", URI, body=body, headers={"Content-Type": "application/json",
                                                              "Content-Encoding": "identity"})
     server.workers.release_all()

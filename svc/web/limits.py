@@ -44,7 +44,7 @@ from svc.contract import status as st
 from svc.contract.errors import ApiError
 from svc.web.bodylimits import LINGER_SECONDS
 from svc.web.chunked import StrictChunkedDecoder
-from svc.web.replies import bare_reply, connection_options, head_too_large, raw_reply, valid_host
+from svc.web.replies import bare_reply, connection_options, head_too_large, raw_reply, request_line, valid_host
 
 if TYPE_CHECKING:
     from svc.web.site import JsonSite
@@ -57,7 +57,6 @@ REFUSED_LINGER_SECONDS = 2.0
 #: Pipelined requests answered one after another on one connection before
 #: the reactor serves others (the rest wait for the next reactor turn).
 PIPELINE_BURST = 16
-
 class LimitedChannel(HTTPChannel):
     """An HTTPChannel with a header deadline, a connection cap, head limits and pipelining backpressure."""
 
@@ -223,6 +222,10 @@ class LimitedChannel(HTTPChannel):
         sent = self._receivedHeaderSize + len(line) + 2 * (self._head_lines + self._empty_lines)
         if sent > self.totalHeadersSize or too_many:
             self._refuse_head(self._head_lines == 1, line, too_many)
+            return
+        if self._head_lines == 1 and (line := request_line(line)) == b"":
+            self._refuse_unparsable("malformed HTTP request: its target is not a path, an absolute URL or * (RFC "
+                                    "9112 section 3.2), or it carries a #fragment")
             return
         super().lineReceived(line)
 

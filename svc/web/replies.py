@@ -120,6 +120,19 @@ def header(request: Any, name: bytes) -> str | None:
 _HOST = re.compile(rb"(\[[0-9A-Za-z:._~!$&'()*+,;=%-]+\]|[0-9A-Za-z._~!$&'()*+,;=%-]*)(:[0-9]*)?")
 
 
+#: A request line's version HTTP/1.N with N above 1: a later minor version this server reads as its own 1.1.
+_LATER_MINOR = re.compile(rb" HTTP/1\.(?:[2-9]|[1-9][0-9]+)$")
+
+
+def request_line(line: bytes) -> bytes:
+    """``line`` as twisted may parse it: a later minor version read as 1.1 (RFC 9112 section 2.3: HTTP/1.2 was a
+    400); empty for a target that is no request target (``healthz`` without its ``/``, a ``#fragment``: they
+    were routed, an HTTP probe).  What else is wrong with it twisted refuses."""
+    line = line[:minor.start()] + b" HTTP/1.1" if (minor := _LATER_MINOR.search(line)) else line
+    target = (line.split(b" ") + [b""])[1]
+    return b"" if b"#" in target or not target.lower().startswith((b"/", b"*", b"http://", b"https://")) else line
+
+
 def valid_host(value: bytes) -> bool:
     """Whether ``value`` is a valid ``Host`` field value; one that is not (``a b/c``) makes the request a 400."""
     return _HOST.fullmatch(value) is not None

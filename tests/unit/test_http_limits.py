@@ -583,6 +583,30 @@ def test_a_chunked_body_is_413_once_its_bytes_pass_the_limit_and_a_huge_chunk_si
     assert transport.value().startswith(b"HTTP/1.1 408 Request Timeout")
 
 
+@pytest.mark.parametrize("version, first", [(b"HTTP/1.2", b"HTTP/1.1 200 OK"), (b"HTTP/1.10", b"HTTP/1.1 200 OK"),
+                                            (b"HTTP/2.0", b"HTTP/1.1 400 Bad Request"),
+                                            (b"HTTP/1.02", b"HTTP/1.1 400 Bad Request")])
+def test_a_later_minor_version_is_read_as_http_1_1(version, first):
+    """An HTTP probe: ``HTTP/1.2`` was a 400, where RFC 9112 section 2.3 has a server read a later minor version
+    of its major one as the highest it speaks; another major version (HTTP/2.0 as text) stays a 400."""
+    site, res = make_site(Clock())
+    channel, transport = connect(site)
+    channel.dataReceived(b"GET /ok " + version + b"\r\nHost: x\r\n\r\n")
+    assert transport.value().startswith(first + b"\r\n"), transport.value()[:200]
+
+
+@pytest.mark.parametrize("target, first", [(b"ok", b"HTTP/1.1 400 Bad Request"), (b"/ok#frag", b"HTTP/1.1 400 Bad Request"),
+                                           (b"http://x/ok", b"HTTP/1.1 200 OK"), (b"/ok?a=1", b"HTTP/1.1 200 OK")])
+def test_a_target_that_is_no_request_target_is_a_400(target, first):
+    """An HTTP probe: ``GET healthz`` (no ``/``) was routed (401 on the gateway) and ``/x#frag`` answered as a
+    path (404): neither is a request target (RFC 9112 section 3.2), and docs/api.md promises such a request line
+    a 400 before any route.  An absolute URL and a query are targets."""
+    site, res = make_site(Clock())
+    channel, transport = connect(site)
+    channel.dataReceived(b"GET " + target + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert transport.value().startswith(first + b"\r\n"), transport.value()[:200]
+
+
 @pytest.mark.parametrize("body, served", [
     (b"5\nhello\r\n0\r\n\r\n", False),  # the chunk-size line
     (b"5\r\nhello\r\n0\n\n", False),  # the last chunk's line

@@ -164,6 +164,15 @@ export function fillRow(row, s, port, members) {
   row.querySelector('[data-action="restart"]').disabled = busy || members.some((m) => m.state === "stopping");
 }
 
+// An error as the table's narrow cell shows it: each file path of more than two folders cut to its last folder
+// and file ("/home/me/models/v2/weights.pth: missing tensor" -> "…/v2/weights.pth: missing tensor"), so that
+// the reason after it is in view (a probe: a long path filled the cell); a request's path after its method
+// ("GET /v1/models/...") stays whole; the whole text is the cell's title.
+export function shortPaths(text) {
+  return text.replace(/(^|[\s(=])\/(?:[^\s\/:]+\/){2,}([^\s\/:]+\/[^\s\/:]+)/g, (path, before, end, at) =>
+    /\b(?:GET|HEAD|POST|PUT|PATCH|DELETE|OPTIONS)\s$/.test(text.slice(0, at + before.length)) ? path : `${before}…/${end}`);
+}
+
 // A process's last error: a fault while it is not running; once it runs again (respawned after a crash, the
 // API keeps `last_error`), shown muted as what happened before, not in red as a fault of now.  A model of
 // several replicas says whose error it is ("replica 1: ..."): that replica's state decides, not the model's
@@ -172,7 +181,7 @@ export function showLastError(el, s) {
   const named = /^replica (\d+): /.exec(s.last_error || "");
   const owner = named && (s.replicas || []).find((r) => String(r.index) === named[1]);
   const earlier = Boolean(s.last_error) && (owner || s).state === "running";
-  el.textContent = s.last_error ? `${earlier ? "earlier: " : ""}${s.last_error}` : "";
+  el.textContent = s.last_error ? `${earlier ? "earlier: " : ""}${shortPaths(s.last_error)}` : "";
   el.title = earlier ? `running again since: ${s.last_error}` : s.last_error || "";
   el.classList.toggle("earlier", earlier);
 }

@@ -715,6 +715,33 @@ def test_a_process_running_again_shows_its_last_error_muted_as_earlier(browser, 
     close(page)
 
 
+def test_a_long_path_in_an_error_is_cut_to_its_end_so_the_reason_shows(browser, stack):
+    """A UI probe: "weights file /home/.../weights.pth: missing tensor ..." filled the narrow cell with the path
+    and cut the reason off; the reason was in the tooltip only.  The cell cuts each file path to its last folder
+    and file; the tooltip keeps the whole text; a request's path after its method stays whole."""
+    page = new_page(browser)
+    error = ("weights file /home/operator/models/mobilenet/imagenet1k/v2/weights.pth: missing tensor "
+             "'features.0.0.weight'")
+
+    def with_error(route):
+        response = route.fetch()
+        body = response.json()
+        body["gateway"]["last_error"] = "killed by signal 9: GET /v1/models/DDPM/jobs/job_1/wait"
+        for server in body["servers"]:
+            if server["id"] == "TESTFAULTS":
+                server["state"], server["last_error"] = "start_failed", error
+        route.fulfill(response=response, json=body)
+
+    page.route("**/api/v1/status", with_error)
+    log_in(page, stack)
+    cell = row(page, "TESTFAULTS").locator(".last-error")
+    expect(cell).to_have_text("weights file …/v2/weights.pth: missing tensor 'features.0.0.weight'")
+    expect(cell).to_have_attribute("title", error)
+    expect(page.locator("#gateway-error")).to_have_text(
+        "earlier: killed by signal 9: GET /v1/models/DDPM/jobs/job_1/wait")
+    close(page)
+
+
 def test_a_replicas_current_fault_is_not_muted_while_another_replica_runs(browser, stack):
     """A UI probe: replica 1 could not start while replica 0 kept the model running, and the model's row showed
     replica 1's error muted, "earlier:", as a fault of the past. The replica the error names decides."""

@@ -169,7 +169,8 @@ def next_steps(status: dict, *, ui_url: str, gateway_url: str, api_key: str | No
     ]
     if gateway.get("ready"):  # else the first request (with the management token) went to whatever answered there
         lines += [
-            "   Try it from another shell in this folder (some.jpg: any photo of yours):",
+            "   Try it from another shell" + (" in this folder" if not os.path.isabs(secrets_path) else "")
+            + " (some.jpg: any photo of yours):",
             f"     set -a; . {secrets_path}; set +a; {svcctl or svcctl_command()} infer MOBILENETV2 some.jpg "
             "--param top_k=3",
         ]
@@ -277,8 +278,12 @@ def weights_said(weights: str, pretrained: list[str], demo: Mapping[str, str]) -
     """The weights the supervisor starts on, in words: the profile's, and under ``demo`` the models whose configs
     name a variant, which run it (``MODEL:VARIANT`` in ``pretrained``, less those left on demo): an upgrade probe
     read "(demo weights)" while two models served their pulled variants."""
-    named = [spec for spec in pretrained if spec.partition(":")[0] not in demo] if weights != "pretrained" else []
-    return f"{weights} weights" + (f"; pretrained by their configs: {', '.join(named)}" if named else "")
+    served = [spec for spec in pretrained if spec.partition(":")[0] not in demo]
+    if weights == "pretrained":  # those left on demo were named above, one line each (a new-user probe: all seven
+        if pretrained and not served:  # were on demo while this line said "pretrained weights")
+            return "pretrained weights asked, none to be had: demo weights"
+        return "pretrained weights" + (f"; demo for {', '.join(sorted(demo))}" if demo else "")
+    return f"{weights} weights" + (f"; pretrained by their configs: {', '.join(served)}" if served else "")
 
 
 def arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -312,12 +317,16 @@ def main(argv: list[str] | None = None) -> int:
               "run it in the checkout or give --root", file=sys.stderr, flush=True)
         return 1
     first_run = not os.path.lexists(os.path.join(args.root, SECRETS))
+    # Named whole where the run's folder is not the shell's: "secrets/local.env" read another folder's (a probe).
+    secrets_path = SECRETS if os.path.samefile(args.root, ".") else os.path.join(os.path.abspath(args.root), SECRETS)
     try:
         values = prepare(args.root, show_key=args.prepare_only)  # else shown once, in the next-steps block
     except QuickstartError as e:
         print(f"quickstart: {e}", file=sys.stderr, flush=True)
         return 1
     if args.prepare_only:
+        if not first_run:  # else nothing at all was said (a new-user probe)
+            print(f"{secrets_path} exists: nothing to prepare (the first API key is its SERVICE_API_KEY)", flush=True)
         return 0
     os.chdir(args.root)
     ui_url, gateway_url = service_addresses()
@@ -363,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in progress_lines(seen, status or {}):
             print(line, flush=True)
         if status is not None and settled(status):
-            print(next_steps(status, ui_url=ui_url, gateway_url=gateway_url,
+            print(next_steps(status, ui_url=ui_url, gateway_url=gateway_url, secrets_path=secrets_path,
                              api_key=values["SERVICE_API_KEY"] if first_run else None), flush=True)
             first_run = False  # shown
             break

@@ -225,6 +225,19 @@ def test_the_next_steps_block_after_the_first_run_shows_the_key_and_what_to_run(
     )
 
 
+def test_a_run_in_another_folder_names_its_secrets_whole(tmp_path):
+    """A new-user probe: ``bin/quickstart --root DIR`` said "SERVICE_API_TOKEN in secrets/local.env" and "Try it
+    from another shell in this folder: set -a; . secrets/local.env ...", which in the shell's folder (the checkout)
+    read the checkout's own secrets: 401.  The block takes the path main gives it, whole for another folder."""
+    ready = status(("MOBILENETV2", "running", True, None))
+    whole = str(tmp_path / SECRETS)
+    lines = next_steps(ready, ui_url="u", gateway_url="g", api_key=None, secrets_path=whole,
+                       svcctl="svcctl").splitlines()
+    assert f"   Management token:  SERVICE_API_TOKEN in {whole} (mode 0600)" in lines
+    assert "   Try it from another shell (some.jpg: any photo of yours):" in lines
+    assert f"     set -a; . {whole}; set +a; svcctl infer MOBILENETV2 some.jpg --param top_k=3" in lines
+
+
 def test_later_runs_say_where_the_key_is_and_name_the_models_that_are_not_ready():
     mixed = status(("MOBILENETV2", "running", True, None), ("SAM_AMG", "start_failed", False, "port 9107 busy"))
     block = next_steps(mixed, ui_url="http://127.0.0.1:8787/", gateway_url="http://127.0.0.1:8080", api_key=None)
@@ -535,6 +548,11 @@ def test_a_secrets_write_that_fails_leaves_no_secrets_and_the_next_run_recovers(
     values = read_env_file(str(tmp_path / SECRETS))
     assert [e.hash for e in load_key_file(str(tmp_path / KEY_FILE))] == [
         hashlib.sha256(values["SERVICE_API_KEY"].encode()).hexdigest()]
+    capsys.readouterr()
+    # Again: the secrets are there. It said nothing at all (a new-user probe); it says so, naming the file whole.
+    assert main(["--root", str(tmp_path), "--prepare-only"]) == 0
+    assert capsys.readouterr() == (f"{tmp_path / SECRETS} exists: nothing to prepare (the first API key is its "
+                                   "SERVICE_API_KEY)\n", "")
 
 
 def test_the_secrets_folder_is_private_under_any_umask(tmp_path):
@@ -621,6 +639,10 @@ def test_the_start_line_names_the_models_their_configs_put_on_pretrained_weights
         "demo weights; pretrained by their configs: YOLOV8:yolov8n")  # one left on demo is not named
     assert weights_said("demo", [], {}) == "demo weights"
     assert weights_said("pretrained", pulled, {}) == "pretrained weights"
+    # A probe: offline, every model fell back to demo while this said "pretrained weights".
+    assert weights_said("pretrained", pulled, {"YOLOV8": "x", "DDIM": "y"}) == (
+        "pretrained weights asked, none to be had: demo weights")
+    assert weights_said("pretrained", pulled, {"DDIM": "y"}) == "pretrained weights; demo for DDIM"
 
 
 @pytest.mark.parametrize("argv, code, said", [(["--help"], 0, "usage: bin/quickstart [-h]"), (["--he"], 0, "usage: "),
@@ -634,3 +656,34 @@ def test_help_and_a_mistyped_option_are_answered_before_anything_is_installed(ar
     done = subprocess.run(["sh", str(REPO / "bin" / "quickstart"), *argv], capture_output=True, text=True, timeout=60)
     assert done.returncode == code, done.stderr
     assert said in (done.stdout + done.stderr) and "==>" not in done.stdout + done.stderr
+
+
+def test_two_quick_starts_at_once_install_one_after_the_other(tmp_path):
+    """A new-user probe: a second ``bin/quickstart`` begun while the first installed ran a second ``pip install``
+    into the same .venv, which died with a pip traceback.  The second waits for the first's lock, saying so.
+    Here in a copy of the script whose .venv is this interpreter and a pip that takes 1.5 s and logs its run."""
+    from tests.support.processes import REPO, wait_until
+
+    (tmp_path / "bin").mkdir()
+    shutil.copy(REPO / "bin" / "quickstart", tmp_path / "bin" / "quickstart")
+    shutil.copy(REPO / "setup.py", tmp_path / "setup.py")
+    shutil.copytree(REPO / "conf", tmp_path / "conf")
+    shutil.copytree(REPO / "svc", tmp_path / "svc", ignore=shutil.ignore_patterns("__pycache__"))  # the script reads
+    venv = tmp_path / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')  # this environment's site-packages
+    (venv / "python").chmod(0o755)
+    log = tmp_path / "pip.log"
+    (venv / "pip").write_text(f'#!/bin/sh\necho "start $$" >> {log}\nsleep 1.5\necho "end $$" >> {log}\n')
+    (venv / "pip").chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    first = subprocess.Popen(["sh", "bin/quickstart", "--prepare-only"], cwd=tmp_path, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_until(log.exists, "the first pip run", timeout=30)  # the first holds the lock before the second begins
+    second = subprocess.run(["sh", "bin/quickstart", "--prepare-only"], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert first.wait(timeout=60) == 0 and second.returncode == 0, (first.stdout.read(), second.stderr)
+    runs = log.read_text().split()[::2]
+    assert runs in (["start", "end"], ["start", "end", "start", "end"]), log.read_text()  # never two at once
+    assert "==> Another bin/quickstart (pid " in second.stdout and "is installing into .venv: waiting" in second.stdout
+    assert not (tmp_path / ".venv-install.lock").exists()

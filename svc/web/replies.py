@@ -120,8 +120,9 @@ def header(request: Any, name: bytes) -> str | None:
 _HOST = re.compile(rb"(\[[0-9A-Za-z:._~!$&'()*+,;=%-]+\]|[0-9A-Za-z._~!$&'()*+,;=%-]*)(:[0-9]*)?")
 
 
-#: A request line's version HTTP/1.N with N above 1: a later minor version this server reads as its own 1.1.
-_LATER_MINOR = re.compile(rb" HTTP/1\.(?:[2-9]|[1-9][0-9]+)$")
+#: A request line's version HTTP/1.N with N above 1 (one digit: RFC 9112 section 2.3's grammar), a later minor
+#: version this server reads as its own 1.1.
+_LATER_MINOR = re.compile(rb" HTTP/1\.[2-9]$")
 
 
 def request_line(line: bytes) -> bytes:

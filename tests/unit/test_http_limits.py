@@ -583,7 +583,8 @@ def test_a_chunked_body_is_413_once_its_bytes_pass_the_limit_and_a_huge_chunk_si
     assert transport.value().startswith(b"HTTP/1.1 408 Request Timeout")
 
 
-@pytest.mark.parametrize("version, first", [(b"HTTP/1.2", b"HTTP/1.1 200 OK"), (b"HTTP/1.10", b"HTTP/1.1 200 OK"),
+@pytest.mark.parametrize("version, first", [(b"HTTP/1.2", b"HTTP/1.1 200 OK"), (b"HTTP/1.9", b"HTTP/1.1 200 OK"),
+                                            (b"HTTP/1.10", b"HTTP/1.1 400 Bad Request"),  # one digit, RFC 9112
                                             (b"HTTP/2.0", b"HTTP/1.1 400 Bad Request"),
                                             (b"HTTP/1.02", b"HTTP/1.1 400 Bad Request")])
 def test_a_later_minor_version_is_read_as_http_1_1(version, first):

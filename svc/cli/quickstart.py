@@ -37,7 +37,6 @@ weights alone, with one line naming it and why (``service-supervisor
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import os
@@ -50,6 +49,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from svc.cli.quickstart_arguments import arguments
 from svc.cli.quickstart_secrets import (  # noqa: F401 - the quick start's secrets step, named here too
     FIRST_KEY_NAME,
     KEY_FILE,
@@ -284,23 +284,6 @@ def weights_said(weights: str, pretrained: list[str], demo: Mapping[str, str]) -
             return "pretrained weights asked, none to be had: demo weights"
         return "pretrained weights" + (f"; demo for {', '.join(sorted(demo))}" if demo else "")
     return f"{weights} weights" + (f"; pretrained by their configs: {', '.join(served)}" if served else "")
-
-
-def arguments(argv: list[str] | None = None) -> argparse.Namespace:
-    """The quick start's arguments.  Standard library only: ``bin/quickstart`` reads them with the system's python3
-    before it installs anything, so that ``--help`` or a mistyped option is answered at once, not after minutes of
-    installing PyTorch (a probe's ``bin/quickstart --help`` started the install)."""
-    parser = argparse.ArgumentParser(prog="bin/quickstart", description="Install the service into .venv and run it: "
-                                     "the supervisor, the gateway and the models of the profile.")
-    parser.add_argument("--root", default=".", help="the checkout, or a folder of yours for an installed package "
-                        "(default: the current directory)")
-    parser.add_argument("--prepare-only", action="store_true", help="create the secrets, do not run the service")
-    parser.add_argument("--weights", choices=("demo", "pretrained"), default=None,
-                        help="demo or pretrained instead of the profile's weights")
-    parser.add_argument("--accept-licence", "--accept-license", metavar="LICENCE", action="append", default=[],
-                        dest="accept", help="pull pretrained weights under this non-permissive licence (e.g. "
-                        "AGPL-3.0; repeatable); without it, a terminal is asked")
-    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

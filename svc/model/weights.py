@@ -21,6 +21,8 @@ import stat
 import warnings
 from typing import Any
 
+from svc.model.pickled import REFUSED_GLOBAL, TORCH_ADVICE, first_code_global, plain_pickle, runs_code
+
 RANDOM = "random"
 PRETRAINED = "pretrained"
 #: Stands for the catalog id in a WeightsError's advice; the model server puts its own id there.
@@ -214,10 +216,17 @@ def not_regular(path: str) -> str | None:
 
 
 def check_folder_files(folder: str) -> None:
-    """WeightsError for a file of ``folder`` (at any depth) that is not a regular one, before any is read: a
+    """WeightsError for a file of ``folder`` (at any depth, through linked folders, which diffusers reads through:
+    a regression probe's ``unet/`` linked elsewhere hid its FIFO) that is not a regular one, before any is read: a
     FIFO as a diffusers folder's ``config.json`` hung the model server at its first read, or at the version hash,
     which reads every file."""
-    for root, dirs, files in os.walk(folder):
+    seen: set[str] = set()
+    for root, dirs, files in os.walk(folder, followlinks=True):  # a linked component folder is read through too
+        real = os.path.realpath(root)
+        if real in seen:  # a link back up the tree: walked once
+            dirs[:] = []
+            continue
+        seen.add(real)
         dirs.sort()
         for name in sorted(files):
             problem = not_regular(os.path.join(root, name))
@@ -230,68 +239,6 @@ def _hash_file(path: str, digest: Any) -> None:
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
-
-
-#: Modules whose functions a pickle calls to run code or a command: a file naming one is no model object to
-#: import (a regression probe: ``builtins.exec`` was "a pickled model object" with advice to import it).
-CODE_MODULES = frozenset({"builtins", "os", "posix", "nt", "subprocess", "sys", "shutil", "socket", "importlib",
-                          "runpy", "pty", "ctypes", "pickle", "marshal", "code", "operator", "functools", "types",
-                          "webbrowser", "multiprocessing", "asyncio", "signal", "io", "codecs", "platform",
-                          "commands", "__builtin__"})  # Python 2's names, as pickle protocol 2 writes them
-#: Functions that upstream checkpoints call to rebuild data (numpy's arrays and scalars, an object of a class
-#: pickled with protocol 0 or 1): a file naming one may be a model object to import, not code.
-DATA_FUNCTIONS = ("numpy.core.multiarray.", "numpy._core.multiarray.", "numpy.dtype", "copyreg._reconstructor")
-#: How the paragraphs of torch's unpickling errors that are advice, not the reason, start.
-TORCH_ADVICE = ("Weights only load failed", "Check the documentation of torch.load")
-#: How torch's unpickler names the global it refused: "Unsupported global: GLOBAL x.y", "unsupported GLOBAL x.y
-#: whose module x is blocked" (a regression probe: ``os.system`` in that wording was not seen as code).
-REFUSED_GLOBAL = re.compile(r"[Uu]nsupported (?:global: )?GLOBAL (\S+)")
-
-
-def runs_code(qualified: str) -> bool:
-    """Whether a pickle's call of the global ``qualified`` runs code rather than rebuilding a model object: a
-    function of a module that runs code or commands (:data:`CODE_MODULES`), or any function (a lowercase name:
-    ``timeit.timeit``, ``pdb.run``, ``uuid._popen``, a regression probe) but numpy's and copyreg's data rebuilders.
-    A class (``ultralytics.nn.tasks.DetectionModel``) is an upstream checkpoint's model object."""
-    module, _, name = qualified.rpartition(".")
-    if (module or "builtins").split(".")[0] in CODE_MODULES:
-        return True
-    return not qualified.startswith(DATA_FUNCTIONS) and not name[:1].isupper()
-
-
-def first_code_global(path: str, limit: int = 1 << 20) -> str | None:
-    """The first global of a plain pickle (not written by ``torch.save``) whose call runs code, read by
-    ``pickletools`` (which parses, never runs): torch's unpickler stops at such a file's protocol opcodes
-    ("Unsupported operand 149") before it names any (a regression probe).  None if there is none in the first
-    ``limit`` bytes, or the file is not a pickle."""
-    import io
-    import pickletools
-
-    with open(path, "rb") as f:
-        head = f.read(limit)
-    pushed: list[Any] = []  # what each opcode pushed: a string, or None (STACK_GLOBAL takes the last two)
-    memo: dict[int, Any] = {}
-    try:
-        for opcode, arg, _ in pickletools.genops(io.BytesIO(head)):
-            if opcode.name in ("GLOBAL", "INST"):
-                module, _, name = str(arg).partition(" ")
-            elif opcode.name == "STACK_GLOBAL" and len(pushed) >= 2 and all(isinstance(x, str) for x in pushed[-2:]):
-                module, name = pushed[-2], pushed[-1]
-            else:
-                if opcode.name == "MEMOIZE":
-                    memo[len(memo)] = pushed[-1] if pushed else None
-                elif opcode.name.endswith("PUT"):
-                    memo[int(arg or 0)] = pushed[-1] if pushed else None
-                elif opcode.name.endswith("GET"):
-                    pushed.append(memo.get(int(arg or 0)))
-                else:
-                    pushed.append(arg if isinstance(arg, str) else None)
-                continue
-            if runs_code(f"{module}.{name}"):
-                return f"{module}.{name}"
-    except Exception:  # noqa: BLE001 - a truncated read or a file that is no pickle: nothing more to name
-        return None
-    return None
 
 
 def read_state_dict(path: str) -> dict:
@@ -317,10 +264,15 @@ def read_state_dict(path: str) -> dict:
         if called is not None and runs_code(called):
             raise WeightsError(f"weights file {path}: not a state dict: its pickle calls {called}, which would run "
                                "code (refused, never run)") from None
-        if named:  # a pickle naming classes: an upstream checkpoint, not a state dict
-            raise WeightsError(f"weights file {path}: a pickled model object, not a state dict (an upstream "
-                               "checkpoint such as an ultralytics .pt): convert it into the weights cache with "
-                               f"`svcctl weights import {MODEL_PLACEHOLDER} {path}`, then set weights = \"pretrained\"") from None
+        if plain_pickle(path, str(e), named.group(1) if named else None):
+            raise WeightsError(f"weights file {path}: a plain pickle (pickle.dump), not a torch or safetensors state "
+                               "dict: save the state dict with torch.save or as safetensors") from None
+        if named:  # a pickle naming classes: a whole model, or an upstream checkpoint, not a state dict
+            raise WeightsError(f"weights file {path}: a pickled model object ({named.group(1)}), not a state dict: "
+                               "save the model's state_dict() with torch.save or as safetensors; an upstream checkpoint "
+                               "that the import converts (an ultralytics .pt for YOLOV8) goes into the weights cache "
+                               f"with `svcctl weights import {MODEL_PLACEHOLDER} {path}`, then weights = "
+                               "\"pretrained\"") from None
         # torch's unpickler says why after its advice to turn weights_only off, which is not ours to give (of a
         # pickle that would run code least of all): "WeightsUnpickler error: ...", or a paragraph of its own
         said = re.search(r"WeightsUnpickler error:\s*(.+)", str(e))

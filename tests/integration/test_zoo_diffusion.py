@@ -259,6 +259,24 @@ def test_a_folder_without_its_unet_or_vqvae_stops_the_server(tmp_path):
     assert "unet/config.json has no num_class_embeds" in load_error(tmp_path, "CLS_COND_DDIM", weights=str(folder))
 
 
+def test_a_fifo_behind_a_linked_component_folder_stops_the_server_too(tmp_path):
+    """A regression probe: ``unet/`` a link to a folder whose ``config.json`` is a FIFO hung the server at
+    "loading" (the check walked the folder without following links; diffusers reads through them)."""
+    import os
+
+    folder = tmp_path / "ddpm"
+    write_folder("DDPM", folder)
+    (folder / "unet").rename(tmp_path / "elsewhere_unet")
+    (tmp_path / "elsewhere_unet" / "config.json").unlink()
+    os.mkfifo(tmp_path / "elsewhere_unet" / "config.json")
+    (folder / "unet").symlink_to(tmp_path / "elsewhere_unet")
+    (folder / "loop").symlink_to(folder)  # a link back up the tree is walked once
+    config = write_config(tmp_path, "DDPM", model={"weights": str(folder)})
+    code, output = run_to_exit(model_server_args(config, 0), env=child_env({"SERVICE_AUTH_TOKEN": "t"}), timeout=60)
+    assert code == 1, output
+    assert f"weights folder {folder}: unet/config.json: not a regular file (a FIFO, a socket or a device)" in output
+
+
 @pytest.mark.parametrize("name", ["scheduler/scheduler_config.json", "README.md"])
 def test_a_fifo_in_the_folder_stops_the_server_instead_of_hanging_it(tmp_path, name):
     """A regression probe: a FIFO as a config (read first) or as any other file (the version hash reads every

@@ -645,7 +645,8 @@ def test_the_start_line_names_the_models_their_configs_put_on_pretrained_weights
     assert weights_said("pretrained", pulled, {"DDIM": "y"}) == "pretrained weights; demo for DDIM"
 
 
-@pytest.mark.parametrize("argv, code, said", [(["--help"], 0, "usage: bin/quickstart [-h]"), (["--he"], 0, "usage: "),
+@pytest.mark.parametrize("argv, code, said", [(["--help"], 0, "usage: bin/quickstart [-h]"),
+                                              (["--prep"], 2, "error: unrecognized arguments: --prep"),  # as written
                                               (["--weigths", "x"], 2, "error: unrecognized arguments: --weigths x"),
                                               (["--weights", "real"], 2, "argument --weights: invalid choice")])
 def test_help_and_a_mistyped_option_are_answered_before_anything_is_installed(argv, code, said):

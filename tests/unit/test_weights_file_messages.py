@@ -125,11 +125,32 @@ def test_a_text_file_is_not_a_state_dict(tmp_path):
         read_state_dict(str(path))
 
 
-def test_a_pickled_model_object_is_told_to_be_imported(tmp_path):
+def test_a_pickled_model_object_is_told_to_save_its_state_dict_or_be_imported(tmp_path):
+    """A regression probe: a whole MOBILENETV2 saved with torch.save was told only to be imported, which refuses
+    anything but the official file; the line names what it is and both ways on."""
     path = tmp_path / "linear.pt"
     torch.save(torch.nn.Linear(2, 2), path)
-    with pytest.raises(WeightsError, match="a pickled model object, not a state dict .*svcctl weights import"):
+    with pytest.raises(WeightsError) as refused:
         read_state_dict(str(path))
+    assert str(refused.value) == (
+        f"weights file {path}: a pickled model object (torch.nn.modules.linear.Linear), not a state dict: save the "
+        "model's state_dict() with torch.save or as safetensors; an upstream checkpoint that the import converts (an "
+        f'ultralytics .pt for YOLOV8) goes into the weights cache with `svcctl weights import <MODEL> {path}`, then '
+        'weights = "pretrained"')
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_a_plainly_pickled_state_dict_is_told_to_be_saved_with_torch(tmp_path, protocol):
+    """A regression probe: ``pickle.dump(model.state_dict())`` was refused as code that would run (it calls torch's
+    own tensor rebuilders), or with "Unsupported operand 149"."""
+    import pickle
+
+    path = tmp_path / "plain.pt"
+    path.write_bytes(pickle.dumps(torch.nn.Linear(2, 2).state_dict(), protocol=protocol))
+    with pytest.raises(WeightsError) as refused:
+        read_state_dict(str(path))
+    assert str(refused.value) == (f"weights file {path}: a plain pickle (pickle.dump), not a torch or safetensors "
+                                  "state dict: save the state dict with torch.save or as safetensors")
 
 
 def test_a_weights_cache_that_is_a_file_is_named_with_its_variable(tmp_path, monkeypatch):

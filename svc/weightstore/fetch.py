@@ -37,7 +37,7 @@ from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
 from svc import __version__
 from svc.weightstore.commit import cache_trouble
-from svc.weightstore.proxies import proxy_for
+from svc.weightstore.proxies import proxy_for, proxy_variable
 
 MIRROR_ENV = "SERVICE_WEIGHTS_MIRROR"
 #: Seconds a connect or a single read may take before the pull gives up (the .part stays for a resume).
@@ -212,7 +212,8 @@ def _connect(url: str, timeout: float, env: Mapping[str, str] | None = None) -> 
         return http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout), target
     via = urlsplit(proxy)
     if via.scheme != "http" or not via.hostname:
-        raise FetchError(url, unsupported_proxy(proxy))
+        raise FetchError(url, unsupported_proxy(proxy, proxy_variable(os.environ if env is None else env,
+                                                                      parts.scheme, "all")))
     headers: dict[str, str] = {}
     if via.username:
         credentials = f"{unquote(via.username)}:{unquote(via.password or '')}".encode()
@@ -246,11 +247,12 @@ def _shown(proxy: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def unsupported_proxy(proxy: str) -> str:
+def unsupported_proxy(proxy: str, variable: str | None) -> str:
     """The line for a proxy whose scheme pulls cannot use (``socks5://``, the usual form of ``ALL_PROXY``): which
-    ones they can, and how to go on (a regression probe: the bare refusal gave no way forward)."""
-    return (f"proxy {_shown(proxy)}: only http:// proxies are supported (set HTTPS_PROXY and HTTP_PROXY to one, or "
-            "unset the variable that names this one, ALL_PROXY for a SOCKS proxy, to connect directly)")
+    ones they can, and how to go on, naming the ``variable`` that set it (regression probes: the bare refusal gave
+    no way forward, and then named ALL_PROXY for a SOCKS proxy in HTTPS_PROXY)."""
+    return (f"proxy {_shown(proxy)} ({variable or 'from the environment'}): only http:// proxies are supported (set "
+            f"HTTPS_PROXY and HTTP_PROXY to one, or unset {variable or 'its variable'} to connect directly)")
 
 
 def without_credentials(url: str) -> str:

@@ -29,11 +29,12 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from svc.infra.process import pid_running
 from svc.weightstore.catalog import HubSource, Variant
 from svc.weightstore.fetch import unsupported_proxy, without_credentials
-from svc.weightstore.proxies import proxy_for
+from svc.weightstore.proxies import proxy_for, proxy_variable
 
 Progress = Callable[[int, "int | None"], None]
 POLL_S = 0.25
@@ -156,7 +157,14 @@ def _hub_cause(error: BaseException, url: str, env: Mapping[str, str]) -> str:
     names the proxy too)."""
     proxy = proxy_for(url, env)
     if proxy is not None and not proxy.startswith(("http://", "https://")):  # httpx's ImportError of socksio
-        return unsupported_proxy(proxy)
+        return unsupported_proxy(proxy, proxy_variable(env, urlsplit(url).scheme, "all"))
+    if "socksio" in _cause(error) or "Unknown scheme for proxy URL" in _cause(error):
+        # httpx makes a transport for every proxy variable, used or not: a SOCKS ALL_PROXY beside an http
+        # HTTPS_PROXY failed the pull too (a regression probe); name the one it could not make
+        for name in ("all_proxy", "ALL_PROXY", "https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY"):
+            value = (env.get(name) or "").strip()
+            if value and not value.startswith(("http://", "https://")) and "://" in value:
+                return unsupported_proxy(value, name)
     if proxy is None or not _connect_failed(error):
         return _cause(error)
     return f"the proxy {without_credentials(proxy)} could not be reached: {_cause(error)}"

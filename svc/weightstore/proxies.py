@@ -36,6 +36,16 @@ def proxy_for(url: str, env: Mapping[str, str] | None = None) -> str | None:
     return proxy if "://" in proxy else f"http://{proxy}"
 
 
+def proxy_variable(env: Mapping[str, str], *schemes: str) -> str | None:
+    """The variable that names the proxy of the first of ``schemes`` (``https``, ``all``) that has one, as
+    :func:`proxy_for` reads them (the lowercase name first): what a line about that proxy tells the user to change."""
+    for scheme in schemes:
+        for name in (f"{scheme}_proxy", f"{scheme.upper()}_PROXY"):
+            if (env.get(name) or "").strip():
+                return name
+    return None
+
+
 def in_networks(host: str | None, no_proxy: str) -> bool:
     """Whether ``host`` is an IP address inside one of the networks (``a.b.c.d/n``, ``v6::/n``) of ``no_proxy``."""
     try:

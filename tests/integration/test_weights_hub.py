@@ -256,9 +256,18 @@ def test_a_socks_proxy_of_a_hub_pull_is_said_with_the_way_on(endpoint, monkeypat
     with pytest.raises(HubError) as raised:
         fetch_hub(find_variant(ddpm, None), tmp_path / "DDPM" / "cifar10-32")
     assert str(raised.value).startswith("hub repository google/ddpm-cifar10-32@main: proxy socks5://127.0.0.1:")
-    assert str(raised.value).endswith(": only http:// proxies are supported (set HTTPS_PROXY and HTTP_PROXY to one, "
-                                      "or unset the variable that names this one, ALL_PROXY for a SOCKS proxy, to "
-                                      "connect directly)")
+    assert str(raised.value).endswith(" (ALL_PROXY): only http:// proxies are supported (set HTTPS_PROXY and "
+                                      "HTTP_PROXY to one, or unset ALL_PROXY to connect directly)")
+    # Beside an http proxy of the hub's scheme (this hub's is http), which takes its URL, httpx still makes the
+    # SOCKS proxy's transport and failed with its ImportError (a regression probe): the same line.
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(HubError) as raised:
+        fetch_hub(find_variant(ddpm, None), tmp_path / "DDPM" / "cifar10-32")
+    assert "socksio" not in str(raised.value) and str(raised.value).endswith(" (ALL_PROXY): only http:// proxies "
+                                                                            "are supported (set HTTPS_PROXY and "
+                                                                            "HTTP_PROXY to one, or unset ALL_PROXY "
+                                                                            "to connect directly)"), str(raised.value)
+    monkeypatch.delenv("HTTP_PROXY")
     monkeypatch.delenv("ALL_PROXY")
     assert fetch_hub(find_variant(ddpm, None), tmp_path / "DDPM" / "cifar10-32") == "ddpm-cifar10-32"
 

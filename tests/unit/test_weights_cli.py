@@ -843,9 +843,9 @@ def test_a_proxy_of_another_scheme_is_refused_without_its_credentials(source, pr
     code, out, err = svcctl(capsys, "pull", "MOBILENETV2")
     assert (code, out) == (1, "")
     assert err.splitlines() == [f"svcctl: MOBILENETV2 FIXTURE_V2: {source.mirror}/download.pytorch.org/models/"
-                                f"{FILENAME}: proxy {scheme}://127.0.0.1:3128: only http:// proxies are supported "
-                                "(set HTTPS_PROXY and HTTP_PROXY to one, or unset the variable that names this one, "
-                                "ALL_PROXY for a SOCKS proxy, to connect directly)"]
+                                f"{FILENAME}: proxy {scheme}://127.0.0.1:3128 (HTTP_PROXY): only http:// proxies are "
+                                "supported (set HTTPS_PROXY and HTTP_PROXY to one, or unset HTTP_PROXY to connect "
+                                "directly)"]
     assert "cret" not in err and proxy.requests == [] and source.requests == []
 
 

@@ -57,6 +57,8 @@ REFUSED_LINGER_SECONDS = 2.0
 #: Pipelined requests answered one after another on one connection before
 #: the reactor serves others (the rest wait for the next reactor turn).
 PIPELINE_BURST = 16
+
+
 class LimitedChannel(HTTPChannel):
     """An HTTPChannel with a header deadline, a connection cap, head limits and pipelining backpressure."""
 

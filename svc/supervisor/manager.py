@@ -374,7 +374,7 @@ class ChildManager:
             "server_uri": config.server_uri,
             "infer_path": MODEL_INFER.format(model_id=config.id),
             "port": model.children[0].spec.port,
-            "async": config.async_enabled if model.serving("async") is None else model.serving("async"),
+            "async": config.async_enabled if (served := model.serving("async")) is None else served,
             "in_profile": config.id in self.profile.models,
             "weights": dict(model.serving("weights") or self.weights[config.id][1]),
         }

@@ -9,6 +9,7 @@ import signal
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -659,11 +660,10 @@ def test_help_and_a_mistyped_option_are_answered_before_anything_is_installed(ar
     assert said in (done.stdout + done.stderr) and "==>" not in done.stdout + done.stderr
 
 
-def test_two_quick_starts_at_once_install_one_after_the_other(tmp_path):
-    """A new-user probe: a second ``bin/quickstart`` begun while the first installed ran a second ``pip install``
-    into the same .venv, which died with a pip traceback.  The second waits for the first's lock, saying so.
-    Here in a copy of the script whose .venv is this interpreter and a pip that takes 1.5 s and logs its run."""
-    from tests.support.processes import REPO, wait_until
+def script_tree(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A copy of bin/quickstart's checkout whose .venv is this interpreter and whose pip takes 1.5 s and logs its
+    run: the pip log, and the environment to run the script in."""
+    from tests.support.processes import REPO
 
     (tmp_path / "bin").mkdir()
     shutil.copy(REPO / "bin" / "quickstart", tmp_path / "bin" / "quickstart")
@@ -677,7 +677,15 @@ def test_two_quick_starts_at_once_install_one_after_the_other(tmp_path):
     log = tmp_path / "pip.log"
     (venv / "pip").write_text(f'#!/bin/sh\necho "start $$" >> {log}\nsleep 1.5\necho "end $$" >> {log}\n')
     (venv / "pip").chmod(0o755)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return log, {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def test_two_quick_starts_at_once_install_one_after_the_other(tmp_path):
+    """A new-user probe: a second ``bin/quickstart`` begun while the first installed ran a second ``pip install``
+    into the same .venv, which died with a pip traceback.  The second waits for the first's lock, saying so."""
+    from tests.support.processes import wait_until
+
+    log, env = script_tree(tmp_path)
     first = subprocess.Popen(["sh", "bin/quickstart", "--prepare-only"], cwd=tmp_path, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_until(log.exists, "the first pip run", timeout=30)  # the first holds the lock before the second begins
@@ -687,4 +695,18 @@ def test_two_quick_starts_at_once_install_one_after_the_other(tmp_path):
     runs = log.read_text().split()[::2]
     assert runs in (["start", "end"], ["start", "end", "start", "end"]), log.read_text()  # never two at once
     assert "==> Another bin/quickstart (pid " in second.stdout and "is installing into .venv: waiting" in second.stdout
+    assert not (tmp_path / ".venv-install.lock").exists()
+
+
+def test_a_lock_left_by_a_quick_start_that_is_gone_is_taken_over(tmp_path):
+    """A quick start killed while it installed (kill -9: no trap ran) leaves its lock: the next one takes it over
+    at once, as its owner's pid is gone, instead of waiting for good."""
+    log, env = script_tree(tmp_path)
+    gone = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True).stdout.strip()  # an ended pid
+    (tmp_path / ".venv-install.lock").mkdir()
+    (tmp_path / ".venv-install.lock" / "pid").write_text(gone + "\n")
+    done = subprocess.run(["sh", "bin/quickstart", "--prepare-only"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "Another bin/quickstart" not in done.stdout and log.read_text().split()[::2] == ["start", "end"]
     assert not (tmp_path / ".venv-install.lock").exists()

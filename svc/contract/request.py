@@ -124,14 +124,16 @@ class RequestValidator:
         return InferenceRequest(images=images, req_id=req_id, params=params, options=options)
 
     def from_parts(self, images: list[str | bytes], req_id: str | None, params: dict,
-                   options: dict, set_params: frozenset[str] = frozenset()) -> InferenceRequest:
+                   options: dict, set_params: frozenset[str] = frozenset(),
+                   set_options: frozenset[str] = frozenset()) -> InferenceRequest:
         """A request whose parts another encoding carried (the Open Inference Protocol's tensors: an image is
         a file's bytes or its base64): the JSON body's checks of ``req_id``, ``params`` and ``options``.
-        ``set_params`` are params the encoding set itself: an unknown param's error does not offer them."""
+        ``set_params`` and ``set_options`` are those the encoding sets or refuses itself: an unknown one's error
+        does not offer them."""
         errors = self._req_id_errors(req_id, pointer("req_id")) if req_id is not None else []
         doc = {"params": params, "options": options}
         params = self._object(doc, "params", self.params, errors, set_params)
-        options = self._object(doc, "options", self.options, errors)
+        options = self._object(doc, "options", self.options, errors, set_options)
         if errors:  # named by its id, as the JSON body's 422 is (a valid req_id: the protocol's checked one)
             raise invalid_request(errors, task_id=req_id if req_id is not None and REQ_ID_RE.fullmatch(req_id)
                                   else None)

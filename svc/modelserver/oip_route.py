@@ -96,7 +96,8 @@ class OipRoute:
                     e.request_id = asked.id
                     raise
                 return asked, plan, validator.from_parts(plan.images, plan.req_id, plan.params, plan.options,
-                                                         translate.SET_PARAMS.get(shape.kind, frozenset()))
+                                                         translate.SET_PARAMS.get(shape.kind, frozenset()),
+                                                         translate.SET_OPTIONS.get(shape.kind, frozenset()))
 
             try:
                 check_content_encoding(request)  # its 415 is the protocol's 400, like a 422

@@ -83,7 +83,9 @@ def test_a_binary_reply_carries_the_protocols_headers(server):
         ("a header that is not JSON", 400, ""),
         ("top_k as a parameter", 400, "top_k is not a parameter here"),
         ("a class count above the model's", 400, "more than the model's 1000 classes"),
-        ("an unknown option (the server's own 422)", 400, "nope"),
+        # max_results is refused here (the outputs set it): an unknown option's error offered it
+        ("an unknown option (the server's own 422)", 400,
+         "invalid request: /options/nope: unknown option 'nope'; accepted: none"),
         # top_k is set from the outputs (a top_k param is refused): an unknown param's error offered it
         ("an unknown parameter", 400, "invalid request: /params/bogus: unknown parameter 'bogus'; accepted: none"),
         ("max_results as an option", 400, "max_results is not an option here"),

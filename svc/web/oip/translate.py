@@ -63,6 +63,8 @@ class Plan:
 #: Params the plan sets from the request's outputs, per kind of model, and refuses from the client; an unknown
 #: param's error does not offer them (it said "accepted: top_k", and a top_k param is a 400).
 SET_PARAMS = {CLASSIFICATION: frozenset({"top_k"})}
+#: The same for options: a classifier's max_results is refused here, so an unknown option's error does not offer it.
+SET_OPTIONS = {CLASSIFICATION: frozenset({"max_results"})}
 
 
 def _outputs(shape: ModelShape, request: InferRequest) -> list[tuple[RequestedOutput, bool]]:

@@ -24,8 +24,10 @@ from svc.cli.http import (
     CliError,
     HttpCall,
     Interrupted,
+    Reply,
     exchange_once,
     fail,
+    http_error_line,
     react,
 )
 from svc.contract.envelope import error_text
@@ -39,6 +41,7 @@ STATUS_PATH = "/api/v1/status"
 RESTART_TIMEOUT_S = 60.0
 STATUS_TIMEOUT_S = 10.0
 INTERRUPTED = "interrupted: the key file is changed; the gateway restart may not have happened"
+NOT_RESTARTED = "the key file is changed but the gateway was not restarted"
 
 
 def supervisor_base(supervisor: str | None) -> str:
@@ -46,6 +49,17 @@ def supervisor_base(supervisor: str | None) -> str:
     which one is not a URL."""
     return base_url(supervisor, "--supervisor", SUPERVISOR_ENV, configured_url("supervisor", SUPERVISOR_PORT),
                     os.environ).rstrip("/")
+
+
+def restarted(reply: Reply) -> bool:
+    """Whether the supervisor said it restarted the gateway: a 2xx whose body is its ``{"ok": true, ...}``."""
+    if not 200 <= reply.status < 300:
+        return False
+    try:
+        body = json.loads(reply.content)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("ok") is True
 
 
 def restart_call(supervisor: str | None) -> HttpCall:
@@ -62,18 +76,17 @@ def restart_gateway(supervisor: str | None, token: str, client: Client) -> tuple
 
     async def main(reactor: IClientReactor) -> int:
         try:
-            status, phrase, content = (await exchange_once(client, reactor, call, token))[:3]
+            reply = await exchange_once(client, reactor, call, token)
         except Interrupted:
             fail(INTERRUPTED)
             return EXIT_INTERRUPTED
         except CliError as e:
-            fail(f"the key file is changed but the gateway was not restarted: {e}"
-                 .replace("(is the gateway running?)", "(is the supervisor running?)"))
+            fail(f"{NOT_RESTARTED}: {e}".replace("(is the gateway running?)", "(is the supervisor running?)"))
             return EXIT_USAGE
-        if not 200 <= status < 300:
-            reason = error_text(content, limit=500)  # why, in the supervisor's words: {ok: false, error}
-            fail(f"the key file is changed but the gateway was not restarted: HTTP {status} {phrase} "
-                 f"from {call.method} {call.url}" + (f": {reason}" if reason else ""))
+        if not restarted(reply):  # a proxy's page, a redirect or cut JSON said "restarted" for a restart not made
+            line = http_error_line(reply, call.method, call.url, "the supervisor's {\"ok\": true}", "supervisor")
+            reason = error_text(reply.content, limit=500) if reply.status >= 400 else None  # its {ok: false, error}
+            fail(f"{NOT_RESTARTED}: {line}" + (f": {reason}" if reason else ""))
             return EXIT_HTTP
         try:
             status, _, content = (await exchange_once(client, reactor, status_call, token))[:3]

@@ -338,14 +338,16 @@ async def call_gateway(client: Client, reactor: IClientReactor, call: HttpCall, 
     return EXIT_HTTP
 
 
-def http_error_line(reply: Reply, method: str, url: str, wanted: str = "a JSON reply") -> str:
+def http_error_line(reply: Reply, method: str, url: str, wanted: str = "a JSON reply",
+                    server: str = "gateway") -> str:
     """The line of an error reply, with its ``Retry-After`` when it has one (a 429 says when to ask again), where a
-    redirect points, or what a 2xx lacked (``wanted``): one wording for ``infer``, ``jobs ...`` and ``jobs run``."""
+    redirect points, or what a 2xx lacked (``wanted``): one wording for ``infer``, ``jobs ...``, ``jobs run`` and
+    the ``keys`` commands' restart, which asks the supervisor (``server``: its option is ``--supervisor``)."""
     more = f" (Retry-After: {reply.retry_after})" if reply.retry_after else ""
     line = f"HTTP {reply.status} {reply.phrase}{more} from {method} {url}"
     if 300 <= reply.status < 400:
         return (f"{line}: redirected to {reply.location or '(no Location given)'}; svcctl follows no redirect (it "
-                "would carry the token elsewhere): give --gateway the address that answers")
+                f"would carry the token elsewhere): give --{server} the address that answers")
     if 200 <= reply.status < 300:
-        return f"{line}, but not {wanted}: not the gateway's reply (a proxy's page?)"
+        return f"{line}, but not {wanted}: not the {server}'s reply (a proxy's page?)"
     return line

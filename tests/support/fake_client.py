@@ -76,6 +76,7 @@ class Reply:
     body: Any = field(default_factory=dict)
     retry_after: str | None = None
     weights: str | None = None  # the X-Service-Weights header
+    location: str | None = None  # a redirect's Location header
     error: BaseException | None = None
     stall: str | None = None
     delay: float = 0.0  # seconds of the fake clock before the reply comes (a wait that takes its budget)
@@ -155,4 +156,5 @@ class FakeClient:
                 reactor.callLater(0, reactor.shutdown)
             await Deferred(CANCELLED.get(reply.stall))  # never fires; a deadline or an interrupt cancels it
         body = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
-        return HttpReply(reply.status, HTTPStatus(reply.status).phrase, body, reply.retry_after, reply.weights)
+        return HttpReply(reply.status, HTTPStatus(reply.status).phrase, body, reply.retry_after, reply.weights,
+                         reply.location)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from http import HTTPStatus
 
 import pytest
 
@@ -318,6 +319,33 @@ def test_a_restart_refused_by_the_supervisor_exits_1_and_the_file_stays_changed(
     assert capsys.readouterr().err.splitlines()[-1] == (
         "svcctl: the key file is changed but the gateway was not restarted: "
         f"HTTP 502 Bad Gateway from POST {SUPERVISOR}{RESTART}")
+
+
+@pytest.mark.parametrize(("reply", "end"), [
+    (Reply(200, b"<html>proxy page</html>"), "but not the supervisor's {\"ok\": true}: not the supervisor's reply "
+                                             "(a proxy's page?)"),
+    (Reply(200, {"ok": False, "error": "nope"}), "but not the supervisor's {\"ok\": true}: not the supervisor's "
+                                                "reply (a proxy's page?)"),
+    (Reply(200, b'{"ok": tr'), "but not the supervisor's {\"ok\": true}: not the supervisor's reply "
+                               "(a proxy's page?)"),
+    (Reply(302, b"", location="https://login.example/"), ": redirected to https://login.example/; svcctl follows no "
+                                                        "redirect (it would carry the token elsewhere): give "
+                                                        "--supervisor the address that answers"),
+])
+def test_a_restart_answered_by_something_else_is_not_called_a_restart(keys, capsys, monkeypatch, reply, end):
+    """A probe's stand-in for the supervisor answered a proxy's page, ``{"ok": false}`` or cut JSON with 200: each
+    was "the gateway restarted and applies the change", exit 0, for a key change no gateway applied."""
+    monkeypatch.setenv("SERVICE_API_TOKEN", MANAGEMENT)
+    supervisor = FakeClient()
+    supervisor.reply = reply
+    code = cli.main(["keys", "disable", "tenant-a", "--keys-file", str(keys), "--supervisor", SUPERVISOR],
+                    client=supervisor)
+    assert code == 1
+    status = f"{reply.status} {HTTPStatus(reply.status).phrase}"
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "svcctl: the key file is changed but the gateway was not restarted: "
+        f"HTTP {status} from POST {SUPERVISOR}{RESTART}" + ("" if end.startswith(":") else ", ") + end)
+    assert len(supervisor.requests) == 1 and "enabled = false\n\n# a retired one" in keys.read_text()
 
 
 def test_an_interrupted_restart_says_the_file_is_changed(keys, capsys, monkeypatch):

@@ -16,14 +16,17 @@ The sum is a counter, so it never goes down.  A model server's counters
 start from zero when it restarts; summed as read, its replica's share
 would drop, and with several replicas Prometheus's ``rate()`` reads a
 partial drop as a reset of the whole sum and counts it all again.  So the
-gateway counts as Prometheus does across a reset: per replica it keeps
-the last reading, and adds what each counter rose by since; a reading
-where any state is lower than before (or gone, as a restarted server has
-no line for a state it has not counted yet) is a new process, whose whole
-reading is its increase.  The gateway's value is the replicas' first
-readings plus every increase since, from this gateway's start; a replica
-that restarts and passes its old figures between two scrapes is seen as
-risen, not reset (as Prometheus would see it too).  Two scrapes of the
+gateway counts across a restart: per replica it keeps the last reading,
+and adds what each counter rose by since; a reading from another process
+(its ``process_start_time_seconds`` changed) is a new process, whose whole
+reading is its increase.  Without a start time (a platform where
+prometheus_client reports none) a reading where any state is lower than
+before (or gone, as a restarted server has no line for a state it has not
+counted yet) is taken for a new process, as Prometheus takes a reset; a
+restarted server that passed its old figures between two scrapes was then
+seen as risen, and the jobs up to its old figures were lost (a probe: 4
+jobs after a restart counted 3).  The gateway's value is the replicas'
+first readings plus every increase since, from this gateway's start.  Two scrapes of the
 gateway at once (Prometheus and the supervisor) ask each replica twice, on
 two connections, and the answers may come back in either order: an answer
 older than one already read is dropped, since read as a reading it would
@@ -33,7 +36,7 @@ look lower, like a restart, and count the whole reading again.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
@@ -52,28 +55,42 @@ from svc.web.site import SUPERVISOR_USER_AGENT
 SAMPLE = "service_async_jobs_total"
 #: The states a model server counts (svc.infra.metrics), in its order.
 STATES = COUNTED
+#: The start of the model server's process (prometheus_client's process collector, in every registry of ours).
+STARTED = "process_start_time_seconds"
 
 
-def job_counts(text: str) -> dict[str, float]:
-    """``state -> count`` of ``service_async_jobs_total`` in a model server's metrics text."""
+class Reading(NamedTuple):
+    """A model server's answer: its process's start time (None where it reports none) and ``state -> count``."""
+
+    started: float | None
+    counts: dict[str, float]
+
+
+def reading_of(text: str) -> Reading:
+    """``service_async_jobs_total`` by state, and ``process_start_time_seconds``, of a model server's metrics."""
     counts: dict[str, float] = {}
+    started = None
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == SAMPLE and "state" in sample.labels:
                 counts[sample.labels["state"]] = sample.value
-    return counts
+            elif sample.name == STARTED:
+                started = sample.value
+    return Reading(started, counts)
 
 
-def increase(last: dict[str, float] | None, reading: dict[str, float]) -> dict[str, float]:
+def increase(last: Reading | None, reading: Reading) -> dict[str, float]:
     """``state -> rise`` of a replica's counters from its ``last`` reading to ``reading``.
 
-    Any state lower than before means the model server restarted (its
-    counters are per process, and only reset that way): then everything it
-    counted since is new, its whole reading.  The first reading is new too.
+    Another process (its start time changed; where there is none, any state
+    lower than before) counted from zero: everything it counted is new, its
+    whole reading.  The first reading is new too.
     """
-    if last is None or any(reading.get(state, 0.0) < value for state, value in last.items()):
-        return dict(reading)
-    return {state: value - last.get(state, 0.0) for state, value in reading.items()}
+    before, now = (last.counts, reading.counts) if last is not None else ({}, reading.counts)
+    if last is None or (last.started is not None and reading.started is not None and last.started != reading.started) \
+            or any(now.get(state, 0.0) < value for state, value in before.items()):
+        return dict(now)
+    return {state: value - before.get(state, 0.0) for state, value in now.items()}
 
 
 class JobCounts:
@@ -85,7 +102,7 @@ class JobCounts:
         self.timeout_s = timeout_s
         self.replicas = [r for up in catalog if up.async_enabled for r in up.replicas]
         #: Each replica's last reading, to tell a rise from a restart.
-        self.last: dict[tuple[str, int], dict[str, float]] = {}
+        self.last: dict[tuple[str, int], Reading] = {}
         #: Each replica's ``state -> total``: its first reading plus every rise since (:func:`increase`).
         self.counted: dict[tuple[str, int], dict[str, float]] = {}
         #: Per replica: the number of the last request sent, and of the one whose answer was read last.
@@ -112,9 +129,9 @@ class JobCounts:
         code, body = answer
         if code == 200 and number > self.read.get(replica.key, 0):  # else older than a reading already counted
             self.read[replica.key] = number
-            self.add(replica.key, job_counts(body.decode("utf-8", "replace")))
+            self.add(replica.key, reading_of(body.decode("utf-8", "replace")))
 
-    def add(self, key: tuple[str, int], reading: dict[str, float]) -> None:
+    def add(self, key: tuple[str, int], reading: Reading) -> None:
         """Count replica ``key``'s rise since its last reading, and keep ``reading`` as its last."""
         counted = self.counted.setdefault(key, {})
         for state, rise in increase(self.last.get(key), reading).items():

@@ -6,12 +6,16 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 
 from svc.gateway.catalog import Catalog, Replica, Upstream
-from svc.gateway.jobcounts import JobCounts, increase, job_counts
+from svc.gateway.jobcounts import JobCounts, Reading, increase, reading_of
 from svc.infra.metrics import new_registry, render
 
 
-def model_text(submitted: int, done: int) -> bytes:
-    return (f'# TYPE service_async_jobs_total counter\nservice_async_jobs_total{{state="submitted"}} {submitted}.0\n'
+def model_text(submitted: int, done: int, started: float | None = None) -> bytes:
+    """A model server's metrics text; ``started``: its process_start_time_seconds line (absent: None)."""
+    process = (f"# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {started}\n"
+               if started is not None else "")
+    return (f'{process}# TYPE service_async_jobs_total counter\n'
+            f'service_async_jobs_total{{state="submitted"}} {submitted}.0\n'
             f'service_async_jobs_total{{state="running"}} {submitted}.0\n'
             f'service_async_jobs_total{{state="done"}} {done}.0\n').encode()
 
@@ -75,8 +79,9 @@ def test_replicas_are_summed_per_model_and_a_silent_one_keeps_its_last_figures()
     assert 'service_async_jobs_total{model="GEN",state="submitted"} 9.0' in render(registry).decode()
 
 
-def test_job_counts_reads_the_model_servers_counter():
-    assert job_counts(model_text(2, 1).decode()) == {"submitted": 2.0, "running": 2.0, "done": 1.0}
+def test_a_reading_is_the_model_servers_counter_and_its_process_start():
+    assert reading_of(model_text(2, 1).decode()) == Reading(None, {"submitted": 2.0, "running": 2.0, "done": 1.0})
+    assert reading_of(model_text(2, 1, 1700000000.5).decode()).started == 1700000000.5
 
 
 def test_a_restarted_replica_never_lowers_the_sum_and_its_new_jobs_are_counted():
@@ -106,13 +111,40 @@ def test_a_restarted_replica_never_lowers_the_sum_and_its_new_jobs_are_counted()
 
 
 def test_increase_is_the_rise_or_after_any_lower_state_the_whole_reading():
-    assert increase(None, {"submitted": 3.0}) == {"submitted": 3.0}
-    assert increase({"submitted": 3.0, "done": 1.0}, {"submitted": 5.0, "done": 1.0, "failed": 1.0}) == {
+    def r(counts: dict, started: float | None = None) -> Reading:
+        return Reading(started, counts)
+
+    assert increase(None, r({"submitted": 3.0})) == {"submitted": 3.0}
+    assert increase(r({"submitted": 3.0, "done": 1.0}), r({"submitted": 5.0, "done": 1.0, "failed": 1.0})) == {
         "submitted": 2.0, "done": 0.0, "failed": 1.0}
     # submitted passed its old figure, but done went down: the process is new, all of its counts are.
-    assert increase({"submitted": 3.0, "done": 2.0}, {"submitted": 4.0, "done": 1.0}) == {
+    assert increase(r({"submitted": 3.0, "done": 2.0}), r({"submitted": 4.0, "done": 1.0})) == {
         "submitted": 4.0, "done": 1.0}
-    assert increase({"submitted": 3.0, "done": 2.0}, {"submitted": 4.0}) == {"submitted": 4.0}  # done: no line, 0
+    assert increase(r({"submitted": 3.0, "done": 2.0}), r({"submitted": 4.0})) == {"submitted": 4.0}  # done: 0
+    # With start times: the same process rose; another one, however high its figures, counts whole.
+    assert increase(r({"submitted": 1.0}, 100.0), r({"submitted": 4.0}, 100.0)) == {"submitted": 3.0}
+    assert increase(r({"submitted": 1.0}, 100.0), r({"submitted": 4.0}, 160.0)) == {"submitted": 4.0}
+
+
+def test_a_replica_restarted_past_its_old_figures_between_two_scrapes_counts_every_new_job():
+    """A probe: a model restarted, 1 job, a scrape; restarted again, 4 jobs, a scrape: the gateway's sum rose by 3,
+    its model server's own counter said 4. The new process's start time tells it from a rise."""
+    clock, agent = Clock(), Agent()
+    gen = Upstream("GEN", 9001, "/gen/predict", True, "t0", replicas=(Replica("GEN", 0, 9001, "t0"),))
+    counts = JobCounts(clock=clock, agent=agent, catalog=Catalog([gen]), timeout_s=1.0)
+    registry = new_registry()
+    registry.register(counts)
+    value = lambda: registry.get_sample_value(  # noqa: E731
+        "service_async_jobs_total", {"model": "GEN", "state": "submitted"})
+    agent.bodies = {9001: model_text(1, 1, started=1000.0)}
+    counts.refresh()
+    assert value() == 1.0
+    agent.bodies = {9001: model_text(4, 4, started=1060.0)}  # restarted: 4 jobs of the new process
+    counts.refresh()
+    assert value() == 5.0
+    agent.bodies = {9001: model_text(6, 6, started=1060.0)}  # the same process: 2 more
+    counts.refresh()
+    assert value() == 7.0
 
 
 def test_an_answer_older_than_one_already_read_is_dropped():

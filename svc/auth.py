@@ -17,7 +17,7 @@ Everything here is decided once at startup (docs/contract.md, Authentication):
   on a job poll, wait or result forwarded by a peer for a job of its own host
   (svc.gateway.cluster), never in place of a key.
 
-Per request, :meth:`Authenticator.authenticate` checks the bearer string:
+Per request, the gateway's ``Authenticator`` (svc.gateway.credentials) checks the bearer string:
 API keys first (the SHA-256 of the bearer looked up by digest, then compared
 with ``hmac.compare_digest``), then the static tokens that are actually
 configured (each compared in constant time; an empty token never matches).
@@ -36,7 +36,6 @@ import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from svc.config import ConfigError, Key, apply_keys, keys_of, read_toml, setting
 from svc.contract.protocol import JOB_SECRET_ENV
@@ -172,14 +171,6 @@ def load_trusted_key_file(path: str) -> list[KeyEntry]:
     return load_key_file(path)
 
 
-@dataclass(frozen=True)
-class Principal:
-    """Who a request authenticated as: the ``X-Service-Key`` name and its rate."""
-
-    name: str
-    rate_limit_qps: int = 0
-
-
 class Refused(Exception):
     """A gateway that must not start; ``str()`` is the one-line reason."""
 
@@ -264,6 +255,25 @@ def key_of(keys: list[KeyEntry], token: str | None) -> str | None:
 SHORT_TOKEN = 16
 
 
+#: The tokens no API key may equal, and why (checked by the gateway and, at its start, by the supervisor).
+KEY_COLLISIONS = (
+    (METRICS_TOKEN_ENV, "the metrics token must differ from every inference credential"),
+    (API_TOKEN_ENV, "the management token opens the supervisor, which no key may"),
+    (CLUSTER_TOKEN_ENV, "the cluster token must differ from every key"),
+    (GATEWAY_TOKEN_ENV, "a key is checked first, so the static token would be that key (refused while it is "
+                        "disabled, and limited as it is): remove the key (svcctl keys remove), or change the token"),
+)
+
+
+def key_token_problem(keys: list[KeyEntry], keys_file: str, env: Mapping[str, str]) -> str | None:
+    """Why these tokens of ``env`` cannot be used with the API keys of ``keys_file``: one of them is a key."""
+    for name, differ in KEY_COLLISIONS:
+        key_name = key_of(keys, env.get(name) or None)
+        if key_name is not None:
+            return f"{name} is the API key {key_name} of {keys_file}: {differ}"
+    return None
+
+
 def short_token_warnings(env: Mapping[str, str], *names: str) -> tuple[str, ...]:
     """One warning per token of ``names`` that is set and shorter than :data:`SHORT_TOKEN`: a one-character token
     started the gateway, and opened the supervisor, without a word (a security probe).  Warned, not refused: a
@@ -317,81 +327,7 @@ def _decide(env: Mapping[str, str], keys_file: str) -> AuthSetup:
         return AuthSetup("static-token", (), gateway_token, api_token, env[METRICS_TOKEN_ENV],
                          (f"the key file {keys_file} has no keys: static-token mode, only {tokens} is accepted",),
                          cluster_token)
-    for name, token, differ in ((METRICS_TOKEN_ENV, env[METRICS_TOKEN_ENV], "the metrics token must differ from "
-                                 "every inference credential"),
-                                (API_TOKEN_ENV, api_token, "the management token opens the supervisor, which no key "
-                                 "may"),
-                                (CLUSTER_TOKEN_ENV, cluster_token, "the cluster token must differ from every key"),
-                                (GATEWAY_TOKEN_ENV, gateway_token, "a key is checked first, so the static token would "
-                                 "be that key (refused while it is disabled, and limited as it is): remove the key "
-                                 "(svcctl keys remove), or change the token")):
-        key_name = key_of(keys, token)
-        if key_name is not None:
-            raise Refused(f"{name} is the API key {key_name} of {keys_file}: {differ}")
+    if problem := key_token_problem(keys, keys_file, env):
+        raise Refused(problem)
     return AuthSetup("api-keys", tuple(keys), gateway_token, api_token, env[METRICS_TOKEN_ENV],
                      cluster_token=cluster_token)
-
-
-class Unauthorized(Exception):
-    """Missing or wrong credentials; ``key`` names a disabled key when one matched."""
-
-    def __init__(self, reason: str, key: str | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.key = key
-
-
-class Authenticator:
-    """Checks a bearer string against the keys, then the static tokens."""
-
-    def __init__(self, setup: AuthSetup) -> None:
-        self.setup = setup
-        self._by_digest: dict[str, KeyEntry] = {k.hash: k for k in setup.keys}
-        self._static: list[tuple[bytes, Principal]] = [
-            (token.encode("utf-8"), Principal(name))
-            for token, name in ((setup.gateway_token, STATIC_TOKEN_NAME), (setup.api_token, MANAGEMENT_TOKEN_NAME))
-            if token
-        ]
-        self._metrics = setup.metrics_token.encode("utf-8")
-        self._cluster = setup.cluster_token.encode("utf-8") if setup.cluster_token else None
-
-    def authenticate(self, bearer: str | None) -> Principal:
-        """The principal of an inference or job request, else :class:`Unauthorized`."""
-        if not bearer:
-            raise Unauthorized("missing bearer token")
-        digest = hash_key(bearer)
-        entry = self._by_digest.get(digest)
-        if entry is not None and hmac.compare_digest(entry.hash, digest):
-            if not entry.enabled:
-                raise Unauthorized("the key is disabled", key=entry.name)
-            if entry.scope not in INFERENCE_SCOPES:
-                raise Unauthorized("the key's scope does not allow inference", key=entry.name)
-            return Principal(entry.name, entry.rate_limit_qps)
-        given = bearer.encode("utf-8")
-        found: Principal | None = None
-        for token, principal in self._static:  # every configured token is compared: no early exit
-            if hmac.compare_digest(given, token):
-                found = principal
-        if found is None:
-            raise Unauthorized("wrong bearer token")
-        return found
-
-    def is_metrics(self, bearer: str | None) -> bool:
-        """True only for the metrics token (the other tokens get 401 on /metrics)."""
-        return bool(bearer and hmac.compare_digest(bearer.encode("utf-8"), self._metrics))
-
-    def is_cluster(self, bearer: str | None) -> bool:
-        """True only for the cluster token (svc.gateway.cluster decides where it is accepted)."""
-        return self._cluster is not None and bool(bearer and hmac.compare_digest(bearer.encode("utf-8"),
-                                                                                 self._cluster))
-
-
-def describe(setup: AuthSetup) -> dict[str, Any]:
-    """What the startup log says about the mode (never a secret)."""
-    return {
-        "mode": setup.mode,
-        "keys": len(setup.keys),
-        "enabled_keys": sum(1 for k in setup.keys if k.enabled),
-        "static_tokens": [n for t, n in ((setup.gateway_token, STATIC_TOKEN_NAME),
-                                         (setup.api_token, MANAGEMENT_TOKEN_NAME)) if t],
-    }

@@ -45,7 +45,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from svc import __version__
-from svc.auth import METRICS_TOKEN_NAME, Authenticator, Principal, Unauthorized
+from svc.auth import METRICS_TOKEN_NAME
 from svc.cluster_config import ClusterConfig
 from svc.contract import status as st
 from svc.contract.envelope import ModelIdentity, rejection
@@ -69,6 +69,7 @@ from svc.contract.query import MAX_DIGITS, query_value, wait_budget_ms
 from svc.gateway.balancer import Balancer
 from svc.gateway.catalog import Catalog, Upstream
 from svc.gateway.cluster import Cluster
+from svc.gateway.credentials import Authenticator, Principal, Unauthorized
 from svc.gateway.forwarder import Forwarder
 from svc.gateway.oip import routes as oip
 from svc.gateway.proxy import Proxy

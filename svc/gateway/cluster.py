@@ -50,12 +50,13 @@ from twisted.web.client import HTTPConnectionPool
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent
 
-from svc.auth import CLUSTER_TOKEN_NAME, Authenticator, Principal
+from svc.auth import CLUSTER_TOKEN_NAME
 from svc.cluster_config import ClusterConfig
 from svc.contract import jobid
 from svc.contract import status as st
 from svc.contract.errors import ApiError
 from svc.contract.protocol import FORWARDED_BY_HEADER, PASSED_REPLY_HEADERS
+from svc.gateway.credentials import Authenticator, Principal
 from svc.gateway.proxy import Proxy, UpstreamFailed, UpstreamUnreachable, make_agent, make_pool
 from svc.infra.metrics import GatewayMetrics
 from svc.infra.reactors import IClientReactor

@@ -19,7 +19,7 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.logger import Logger
 from twisted.web.iweb import IAgent
 
-from svc.auth import Authenticator, AuthSetup, describe
+from svc.auth import AuthSetup
 from svc.cluster_config import own_entry_problem
 from svc.contract.protocol import GATEWAY_PROGRAM as PROGRAM
 from svc.contract.protocol import http_url, local_url
@@ -29,6 +29,7 @@ from svc.gateway.catalog import Catalog
 from svc.gateway.cluster import Cluster
 from svc.gateway.config import GatewayConfig
 from svc.gateway.cors import CorsResource
+from svc.gateway.credentials import Authenticator, describe
 from svc.gateway.drain import AdoptedListener, DrainingSite, signal_closed, signal_ready
 from svc.gateway.jobcounts import JobCounts
 from svc.gateway.proxy import Proxy, make_agent, make_pool

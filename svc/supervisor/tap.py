@@ -3,7 +3,8 @@
 
 Fail-closed: no ``SERVICE_API_TOKEN``, no usable ``SERVICE_METRICS_TOKEN``
 (missing, or equal to the inference or the management token: the gateway
-child would be refused for it), a wildcard bind without ``SERVICE_EXPOSE`` =
+child would be refused for it), a token that is an API key of the gateway's
+key file, a wildcard bind without ``SERVICE_EXPOSE`` =
 docker/unsafe, a bad config or profile, no complete copy of the web UI's
 files, a logs folder that another running supervisor holds
 (svc.supervisor.logsink.LogDirLock): one line, exit 1, before anything
@@ -25,6 +26,8 @@ from svc.infra.reactors import IServiceReactor, global_reactor
 from svc.infra.twistd import ProgramOptions
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from twisted.application.service import IService
 
     from svc.supervisor.config import SupervisorConfig
@@ -32,20 +35,21 @@ if TYPE_CHECKING:
 log = Logger()
 
 
-def management_key(config: SupervisorConfig, token: str) -> str | None:
-    """Why the management token must not open this supervisor: it is an API key of the gateway's key file, which
-    every holder of that key could then use here (the gateway refuses it too, but only the gateway: the service
-    looked healthy with every inference refused).  A key file that cannot be read is the gateway's to report."""
-    from svc.auth import API_TOKEN_ENV, key_of, load_key_file
+def key_tokens(config: SupervisorConfig, env: Mapping[str, str]) -> str | None:
+    """Why the supervisor must not start with these tokens: one is an API key of the gateway's key file (the
+    management token would let every holder of that key in here; the metrics, static and cluster tokens the
+    gateway refuses, and the supervisor then ran with no gateway, the service looking healthy with every inference
+    refused).  The gateway's own check (svc.auth.key_token_problem).  A key file that cannot be read is the
+    gateway's to report."""
+    from svc.auth import key_token_problem, load_key_file
     from svc.config import ConfigError
 
     path = os.path.abspath(config.gateway_keys_file)
     try:
-        name = key_of(load_key_file(path), token)
+        keys = load_key_file(path)
     except ConfigError:
         return None
-    return (f"{API_TOKEN_ENV} is the API key {name} of {path}: the management token opens the supervisor, which no "
-            "key may") if name else None
+    return key_token_problem(keys, path, env)
 
 
 def ui_dir() -> str | None:
@@ -161,7 +165,7 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
             profile = replace(profile, weights=options["weights"])
     except ConfigError as e:
         raise refuse(PROGRAM, str(e)) from None
-    refusal = check_bind(config.host, env) or gateway_bind_problem(config, env) or management_key(config, token)
+    refusal = check_bind(config.host, env) or gateway_bind_problem(config, env) or key_tokens(config, env)
     if refusal:
         raise refuse(PROGRAM, refusal)
     ui = ui_dir()

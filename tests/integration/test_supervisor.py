@@ -386,19 +386,26 @@ def test_refuses_to_start_when_the_management_token_is_the_inference_token():
         probe.bind(("127.0.0.1", port))
 
 
-def test_refuses_to_start_when_the_management_token_is_an_api_key(tmp_path):
+@pytest.mark.parametrize(("token", "why"), [
+    ("SERVICE_API_TOKEN", "the management token opens the supervisor, which no key may"),
+    ("SERVICE_METRICS_TOKEN", "the metrics token must differ from every inference credential"),
+    ("SERVICE_GATEWAY_AUTH_TOKEN", "a key is checked first, so the static token would be that key (refused while it "
+                                   "is disabled, and limited as it is): remove the key (svcctl keys remove), or "
+                                   "change the token"),
+])
+def test_refuses_to_start_when_a_token_is_an_api_key(tmp_path, token, why):
     """An upgrade probe: with ``SERVICE_API_TOKEN`` an API key of the key file, only the gateway refused; the
-    supervisor and the models came up, the status said ok, and every inference was refused.  The supervisor refuses
-    at start, one line naming the key and the file, before anything listens."""
+    supervisor and the models came up, the status said ok, and every inference was refused.  A config probe found
+    the same for the metrics and static tokens, which the supervisor hands the gateway.  The supervisor refuses at
+    start, one line naming the key and the file (the gateway's own check), before anything listens."""
     built = build_stack(tmp_path, {}, start=False)
-    built.keys_file.write_text(built.keys_file.read_text() + key_entry("ops", TOKENS["SERVICE_API_TOKEN"]))
+    built.keys_file.write_text(built.keys_file.read_text() + key_entry("ops", TOKENS[token]))
     port = built.extra["supervisor_port"]
     code, output = run_to_exit(supervisor_args("--config", str(tmp_path / "service.toml")),
                                env=child_env(built.env))
     assert code == 1
-    assert output.strip().splitlines() == [f"service-supervisor: SERVICE_API_TOKEN is the API key ops of "
-                                           f"{built.keys_file}: the management token opens the supervisor, which no "
-                                           "key may"]
+    assert output.strip().splitlines() == [f"service-supervisor: {token} is the API key ops of {built.keys_file}: "
+                                           f"{why}"]
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", port))
 

@@ -143,7 +143,7 @@ class Harness:
         self.clock = Clock()
         self.model = FakeModel()
         self.upstream_agent = agent or RequestTraversalAgent(self.model.app.resource())
-        from svc.auth import Authenticator
+        from svc.gateway.credentials import Authenticator
 
         self.registry = new_registry()
         catalog = Catalog(upstreams or [

@@ -9,16 +9,14 @@ import pytest
 from svc.auth import (
     MANAGEMENT_TOKEN_NAME,
     STATIC_TOKEN_NAME,
-    Authenticator,
-    Principal,
     Refused,
-    Unauthorized,
     decide,
     hash_key,
     load_key_file,
     load_trusted_key_file,
 )
 from svc.config import ConfigError
+from svc.gateway.credentials import Authenticator, Principal, Unauthorized
 from svc.infra.binds import bind_problem
 
 KEY_A, KEY_B = "a" * 64, "b" * 64

@@ -19,13 +19,14 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.web._newclient import ResponseNeverReceived
 
-from svc.auth import Authenticator, decide, hash_key
+from svc.auth import decide, hash_key
 from svc.cluster_config import ClusterConfig
 from svc.contract import jobid
 from svc.gateway.app import GatewayApp
 from svc.gateway.catalog import Catalog, Upstream
 from svc.gateway.cluster import Cluster
 from svc.gateway.cors import CorsResource
+from svc.gateway.credentials import Authenticator
 from svc.gateway.proxy import Proxy
 from svc.infra.metrics import GatewayMetrics, new_registry, render
 from tests.unit.test_gateway_app import KEY, SLOW_KEY, TOKENS, FakeModel, Harness, assert_envelope, h

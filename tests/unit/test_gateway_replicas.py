@@ -22,13 +22,14 @@ from twisted.python.failure import Failure
 from twisted.web._newclient import ResponseFailed
 from twisted.web.client import URI
 
-from svc.auth import Authenticator, decide
+from svc.auth import decide
 from svc.cluster_config import ClusterConfig
 from svc.contract import jobid
 from svc.gateway.app import GatewayApp
 from svc.gateway.balancer import Balancer
 from svc.gateway.catalog import Catalog, CatalogError, Replica, Upstream, load_catalog, unknown_ids
 from svc.gateway.cluster import Cluster
+from svc.gateway.credentials import Authenticator
 from svc.gateway.owners import OtherHost, locate
 from svc.gateway.proxy import Proxy, UpstreamReply, not_admitted
 from svc.gateway.readiness import ReplicaProbe

@@ -24,7 +24,8 @@ a few hundred bytes each) and the temporary files of a build
 (:func:`svc.optimize.cache.sweep_leftovers`) are not this command's.
 
 Exit status: 0, 1 when a file could not be removed (one line each), 2 for a
-usage error.  Torch-free: it reads file names, sizes and times only.
+usage error or a cache folder that cannot be read (one line naming the path:
+a file where the state directory or its ``compiled`` should be).  Torch-free: it reads file names, sizes and times only.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from svc.optimize.cache import STATE_DIR_ENV, compiled_dir, is_temporary
+from svc.optimize.cache import STATE_DIR_ENV, compiled_dir, is_temporary, state_dir
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_UNUSED_DAYS = 30
@@ -168,11 +169,29 @@ def _days(text: str) -> float:
 
 def main(args: argparse.Namespace, env: Mapping[str, str] | None = None, now: float | None = None) -> int:
     """Run ``svcctl cache ACTION``; the exit status."""
-    directory = compiled_dir(dict(os.environ if env is None else env))
-    found = artefacts(directory)
+    env = dict(os.environ if env is None else env)
+    directory = compiled_dir(env)
+    try:
+        found = artefacts(directory)
+    except OSError as e:  # a file where a folder should be was a NotADirectoryError traceback, exit 1
+        print(f"svcctl: cache {args.action}: {_unreadable(directory, state_dir(env), e)}", file=sys.stderr)
+        return EXIT_USAGE
     if args.action == "list":
         return _list(directory, found, args.json)
     return _prune(directory, found, args.unused_days, args.dry_run, time.time() if now is None else now)
+
+
+def _unreadable(directory: Path, state: Path, error: OSError) -> str:
+    """Why the compiled cache ``directory`` (in the state directory ``state``) cannot be read: the path that is
+    not a folder (the cache itself, the state directory or one above it), else ``error``'s reason."""
+    culprit = next((p for p in (directory, *directory.parents) if p.exists()), directory)
+    if culprit.is_dir():
+        return f"cannot read the compiled cache {directory}: {error.strerror or error}"
+    if culprit == directory:
+        return f"the compiled cache {directory} is not a folder (a file is in its place)"
+    what = "the state directory " if culprit == state else ""
+    return (f"{what}{culprit} is not a folder, so there is no compiled cache {directory} under it (set "
+            f"${STATE_DIR_ENV} to a folder)")
 
 
 def _list(directory: Path, found: list[Artefact], as_json: bool) -> int:

@@ -192,3 +192,42 @@ def test_an_empty_or_missing_cache_lists_nothing(state_dir, capsys):
     code, out, err = svcctl(capsys, "prune")
     assert (code, err) == (0, "")
     assert out == f"freed 0.0 MB in {state_dir / 'compiled'}: 0 of 0 artefacts unused for 30 days or more\n"
+
+
+@pytest.mark.parametrize("action", ["list", "prune"])
+def test_a_file_where_the_cache_folder_should_be_is_one_line_and_exit_2(state_dir, capsys, action):
+    """``<state>/compiled`` a plain file: a NotADirectoryError traceback and exit 1 before."""
+    (state_dir / "compiled").write_text("not a folder")
+    code, out, err = svcctl(capsys, action)
+    assert (code, out) == (2, "")
+    assert err == (f"svcctl: cache {action}: the compiled cache {state_dir / 'compiled'} is not a folder (a file is in "
+                   "its place)\n")
+
+
+@pytest.mark.parametrize("action", ["list", "prune"])
+def test_a_state_directory_that_is_a_file_is_one_line_naming_it_and_exit_2(tmp_path, capsys, monkeypatch, action):
+    state = tmp_path / "state"
+    state.write_text("not a folder")
+    monkeypatch.setenv("SERVICE_STATE_DIR", str(state))
+    code, out, err = svcctl(capsys, action)
+    assert (code, out) == (2, "")
+    assert err == (f"svcctl: cache {action}: the state directory {state} is not a folder, so there is no compiled "
+                   f"cache {state / 'compiled'} under it (set $SERVICE_STATE_DIR to a folder)\n")
+    monkeypatch.setenv("SERVICE_STATE_DIR", str(state / "deeper"))  # a file further up: named as it is
+    code, out, err = svcctl(capsys, action)
+    assert (code, out) == (2, "")
+    assert err == (f"svcctl: cache {action}: {state} is not a folder, so there is no compiled cache "
+                   f"{state / 'deeper' / 'compiled'} under it (set $SERVICE_STATE_DIR to a folder)\n")
+
+
+def test_a_cache_folder_that_cannot_be_read_is_one_line_with_the_reason_and_exit_2(state_dir, capsys, monkeypatch):
+    """Another user's folder of mode 0700 (injected: root reads every folder)."""
+    (state_dir / "compiled").mkdir()
+
+    def refuse(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(os, "scandir", refuse)
+    code, out, err = svcctl(capsys, "list", "--json")
+    assert (code, out) == (2, "")
+    assert err == f"svcctl: cache list: cannot read the compiled cache {state_dir / 'compiled'}: Permission denied\n"

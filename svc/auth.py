@@ -159,15 +159,17 @@ class UntrustedKeyFile(ConfigError):
     """A key file that another user could have written (:func:`load_trusted_key_file`)."""
 
 
-def load_trusted_key_file(path: str) -> list[KeyEntry]:
+def load_trusted_key_file(path: str, uid: int | None = None) -> list[KeyEntry]:
     """:func:`load_key_file` for the gateway that accepts its keys: a file another user could have written (owned
     by another user but root, or writable by its group or others, :mod:`svc.infra.trust`) raises ConfigError, as
     any local user could add an API key to it (a security probe: it was read without a word).  ``svcctl keys``
-    edits the file with :func:`load_key_file` alone: root edits the service user's file."""
-    problem = file_problem(path)
+    edits the file with :func:`load_key_file` alone: root edits the service user's file; ``keys list`` checks it
+    here, for the gateway's user ``uid`` (default this process's), so that it says what the gateway will."""
+    problem = file_problem(path, uid)
     if problem:
-        raise UntrustedKeyFile(path, None, f"{problem}: another user could add an API key to it; give it to this "
-                                           f"user (uid {os.getuid()}) or root, writable by its owner only (chmod 600)")
+        raise UntrustedKeyFile(path, None, f"{problem}: another user could add an API key to it; give it to this user "
+                                           f"(uid {os.getuid() if uid is None else uid}) or root, writable by its "
+                                           "owner only (chmod 600)")
     return load_key_file(path)
 
 

@@ -22,7 +22,8 @@ Exit status: 0 on success; 1 when the supervisor answers the restart with an
 error status; 2 for a refused change (bad or duplicate name, unknown key,
 unreadable or invalid file) and when the restart cannot be asked for (no
 token, supervisor unreachable): the file then stays changed, and one line
-says so.  ``keys list`` prints name, scope, qps and enabled, never a hash.
+says so.  ``keys list`` prints name, scope, qps and enabled, never a hash; it exits 1, with the gateway's
+reason in one line, for a file the gateway refuses (another user could write it).
 """
 
 from __future__ import annotations
@@ -39,7 +40,16 @@ from typing import Any
 
 import tomlkit
 
-from svc.auth import API_TOKEN_ENV, SCOPES, KeyEntry, check_key_name, issue_key, load_key_file
+from svc.auth import (
+    API_TOKEN_ENV,
+    SCOPES,
+    KeyEntry,
+    UntrustedKeyFile,
+    check_key_name,
+    issue_key,
+    load_key_file,
+    load_trusted_key_file,
+)
 from svc.cli.args import checked_token, gateway_table, key_qps
 from svc.cli.gateway_restart import DEFAULT_SUPERVISOR, SUPERVISOR_ENV, restart_call, restart_gateway
 from svc.cli.http import EXIT_OK, EXIT_USAGE, Client, CliError, fail
@@ -48,6 +58,8 @@ from svc.config import ConfigError
 from svc.contract.protocol import SERVICE_CONFIG
 
 DEFAULT_KEYS_FILE = "conf/api_keys.toml"
+#: ``keys list`` of a file the gateway refuses (:func:`gateway_refusal`): its keys are listed, but none works.
+EXIT_REFUSED = 1
 #: The first lines of a key file that ``keys add`` creates.
 NEW_FILE_HEADER = ("The gateway's API keys, one [keys.<name>] table per key "
                    "(svcctl keys add|disable|enable|remove|list).",
@@ -211,12 +223,15 @@ def run(args: argparse.Namespace, client: Client) -> int:
     try:
         check_path(path, args.keys_file is not None, args.keys_action)
         if args.keys_action == "list":
+            refusal = gateway_refusal(path)  # first: a file also invalid is refused for both
+            if refusal:
+                fail(refusal)
             try:
                 entries = load_key_file(path)
             except ConfigError as e:
                 raise CliError(str(e)) from None
             print("\n".join(list_lines(entries)))
-            return EXIT_OK
+            return EXIT_REFUSED if refusal else EXIT_OK
         token = None
         if not args.no_restart:
             restart_call(args.supervisor)  # a bad URL is refused before the file changes
@@ -265,6 +280,22 @@ def run(args: argparse.Namespace, client: Client) -> int:
         fail(f"the gateway restarted, but it reads {other}, not {path}: the change does not apply to it" if other
              else "the gateway restarted and applies the change")
     return code
+
+
+def gateway_refusal(path: str) -> str | None:
+    """The line saying why the gateway refuses the key file ``path`` although its entries load (another user could
+    write it: :func:`svc.auth.load_trusted_key_file`, the gateway's own check); None when it would not.
+
+    The supervisor's refusal to start a gateway points to ``keys list`` as the check, which listed such a file
+    with exit 0.  Run by root (``sudo``, as root edits the service user's file), it judges for the file's owner:
+    the gateway runs as the service's user, which root cannot know, and a root edit keeps that owner."""
+    try:
+        load_trusted_key_file(path, os.stat(path).st_uid if os.getuid() == 0 else None)
+    except UntrustedKeyFile as e:
+        return f"the gateway will refuse this key file (and every key in it): {e}"
+    except (ConfigError, OSError):  # missing or invalid: load_key_file's error says it
+        return None
+    return None
 
 
 def check_path(path: str, explicit: bool, action: str) -> None:

@@ -8,7 +8,7 @@ from http import HTTPStatus
 
 import pytest
 
-from svc.auth import hash_key, key_entry, load_key_file
+from svc.auth import UntrustedKeyFile, hash_key, key_entry, load_key_file, load_trusted_key_file
 from svc.cli import commands as cli
 from svc.cli import keyfile
 from tests.support.fake_client import FakeClient, Reply
@@ -167,6 +167,51 @@ def test_list_prints_name_scope_qps_enabled_and_never_a_hash(keys, capsys):
                    "tenant-a  admin      10         yes\n"
                    "old       inference  unlimited  no\n")
     assert err == "" and "a" * 64 not in out
+
+
+LISTED = ("NAME      SCOPE      QPS        ENABLED\n"
+          "tenant-a  admin      10         yes\n"
+          "old       inference  unlimited  no\n")
+
+
+def refused(path, problem: str, uid: int) -> str:
+    return (f"svcctl: the gateway will refuse this key file (and every key in it): {path}: {problem}: another user "
+            f"could add an API key to it; give it to this user (uid {uid}) or root, writable by its owner only "
+            "(chmod 600)\n")
+
+
+@pytest.mark.parametrize("file_mode", [0o666, 0o620], ids=["others", "group"])
+def test_list_of_a_file_others_can_write_says_the_gateways_refusal_and_exits_1(keys, capsys, file_mode):
+    """The supervisor's refusal to start a gateway on such a file points to ``keys list`` as the check, which
+    listed it with exit 0 and no word."""
+    keys.chmod(file_mode)
+    assert cli.main(["keys", "list", "--keys-file", str(keys)]) == 1
+    out, err = capsys.readouterr()
+    assert out == LISTED
+    assert err == refused(keys, f"is writable by other users (mode {file_mode:o})", os.getuid())
+    with pytest.raises(UntrustedKeyFile) as gateway:  # the gateway's own words
+        load_trusted_key_file(str(keys))
+    assert err.endswith(f": {gateway.value}\n")
+
+
+def test_list_of_a_file_another_user_owns_says_the_gateways_refusal_and_exits_1(keys, capsys, monkeypatch):
+    """As the service's user 1000 (injected: the suite runs as root), a key file of ``nobody``'s."""
+    os.chown(keys, 65534, 65534)
+    monkeypatch.setattr(os, "getuid", lambda: 1000)
+    assert cli.main(["keys", "list", "--keys-file", str(keys)]) == 1
+    assert capsys.readouterr() == (LISTED, refused(keys, "is owned by another user (uid 65534)", 1000))
+
+
+def test_list_by_root_judges_the_file_for_its_owner_the_service_user(keys, capsys):
+    """``sudo svcctl keys list``: the service user's file is what that user's gateway reads, not refused for
+    being another user's than root's; its mode still is."""
+    assert os.getuid() == 0, "this test gives the key file to another user: run the suite as root, as CI does"
+    os.chown(keys, 65534, 65534)
+    assert cli.main(["keys", "list", "--keys-file", str(keys)]) == 0
+    assert capsys.readouterr() == (LISTED, "")
+    keys.chmod(0o646)
+    assert cli.main(["keys", "list", "--keys-file", str(keys)]) == 1
+    assert capsys.readouterr() == (LISTED, refused(keys, "is writable by other users (mode 646)", 65534))
 
 
 def test_the_default_key_file_is_the_gateway_keys_file_of_the_service_config(tmp_path, monkeypatch, capsys):

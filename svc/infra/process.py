@@ -18,7 +18,7 @@ from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
 from svc.infra.reactors import IServiceReactor
-from svc.infra.twistd import tell_launcher
+from svc.infra.twistd import remove_own_pidfile, tell_launcher
 
 #: Runs a function somewhere (a thread pool, or inline in unit tests) and
 #: returns a Deferred of its result.
@@ -90,11 +90,13 @@ def exit_after_shutdown(reactor: IReactorCore, program: str, message: str, code:
     """Log ``message``, stop the reactor cleanly, then exit with ``code``.
 
     For failures found after the reactor started (a model whose weights do
-    not load): twistd itself would exit 0 after ``reactor.stop()``.
+    not load): twistd itself would exit 0 after ``reactor.stop()``.  A
+    daemon's pidfile goes first, since twistd's own removal never runs.
     """
     log.critical("{program}: {message}", program=program, message=message)
 
     def _exit() -> None:
+        remove_own_pidfile()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
@@ -109,8 +111,10 @@ def hard_exit(code: int) -> None:
     Used when a thread we cannot interrupt (a forward pass, a model being
     built) would otherwise keep the interpreter alive past our promises:
     Python joins non-daemon threads at exit, and torch cannot be cancelled.
+    A daemon's pidfile is removed first (twistd's own removal never runs).
     """
     try:
+        remove_own_pidfile()
         sys.stdout.flush()
         sys.stderr.flush()
     finally:

@@ -104,13 +104,33 @@ def tell_launcher(refusal: SystemExit) -> None:
     if pipe is None:
         return
     parent["statusPipe"] = None
-    if parent.get("pidfile"):  # first: once told, the launcher returns, and its user may look for the file
-        try:
-            os.unlink(parent["pidfile"])
-        except OSError:
-            pass
+    remove_own_pidfile()  # first: once told, the launcher returns, and its user may look for the file
     try:
         os.write(pipe, f"1 {refusal.code}".encode("ascii", "backslashreplace")[:100])
         os.close(pipe)
+    except OSError:
+        pass
+
+
+def remove_own_pidfile() -> None:
+    """Remove twistd's pidfile (``--pidfile``) if it names this process, for an exit that twistd does not see.
+
+    twistd removes it after its reactor returns, which an exit through
+    ``os._exit`` (svc.infra.process: ``exit_after_shutdown``, ``hard_exit``)
+    never lets happen: a daemon whose model failed to load left a pidfile
+    naming a dead pid, which ``kill $(cat ...)`` and a second twistd's
+    "Another twistd server is running" check then trusted.  A file that names
+    another pid (a second daemon's, written after ours) is left alone.
+    Nothing under twist or ``twistd -n`` without ``--pidfile``.
+    """
+    parent = _launcher
+    path = parent.get("pidfile") if parent is not None else None
+    if not path:
+        return
+    try:
+        with open(path, "rb") as f:
+            named = f.read(32).strip()
+        if named == str(os.getpid()).encode("ascii"):
+            os.unlink(path)
     except OSError:
         pass

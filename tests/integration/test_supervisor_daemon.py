@@ -1,5 +1,6 @@
 """The supervisor run as a daemon (``twistd`` without ``-n``, docs/processes.md) starts its children; every
-program run so tells its launcher when its port is taken.
+program run so tells its launcher when its port is taken, and a model server's daemon that exits past twistd
+(``os._exit``) removes its pidfile.
 
 twistd forks after it has built the service, and the supervisor used to put
 its pid of that moment in the children's ``SERVICE_SUPERVISOR_PID``: the
@@ -11,6 +12,7 @@ and exited 1 at once, and the status said only "refused to start (exit code
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -29,6 +31,7 @@ from tests.support.processes import Proc, child_env, pid_alive, wait_until, writ
 from tests.support.stack import build_stack
 
 TWISTD = str(Path(sys.executable).parent / "twistd")
+TOKEN = {"SERVICE_AUTH_TOKEN": "model-token"}
 
 
 def test_a_daemonized_supervisor_runs_its_children_and_stops_them(tmp_path: Path) -> None:
@@ -125,3 +128,48 @@ def test_a_daemon_whose_port_is_taken_tells_its_launcher_and_leaves_no_pidfile(t
 
     refusal = wait_until(refusals, "the daemon's refusal in its log", 10)
     assert len(refusal) == 1 and f"{program}: " in refusal[0], log.read_text()[-2000:]
+
+
+def start_daemon(tmp_path: Path, config: Path) -> tuple[int, Path, Path]:
+    """A ``service-model`` daemon of ``config`` on a port of the kernel's: its pid, pidfile and log file, once the
+    ``twistd`` that forked it has returned (0: the daemon listens; the model loads after, docs/processes.md)."""
+    pidfile, log = tmp_path / "d.pid", tmp_path / "d.log"
+    launcher = subprocess.run([TWISTD, "--pidfile", str(pidfile), "--logfile", str(log), "service-model",
+                               "--server", str(config), "--port", "0"], env=child_env(TOKEN), cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+    assert launcher.returncode == 0, (launcher.stderr, log.read_text()[-2000:])
+    return int(pidfile.read_text()), pidfile, log
+
+
+def test_a_daemon_whose_model_does_not_load_removes_its_pidfile(tmp_path: Path) -> None:
+    """A config probe: a daemon whose weights did not fit the architecture logged its line and exited 1 (``os._exit``
+    after the reactor's shutdown), which twistd's removal of the pidfile never saw: the file stayed, naming a dead
+    pid.  The launcher still returns 0 once the daemon listens; the daemon removes its own pidfile as it exits."""
+    import torch
+
+    weights = tmp_path / "wrong.pth"
+    torch.save({"foo": torch.zeros(3)}, weights)
+    config = write_config(tmp_path, "MOBILENETV2", model={"weights": str(weights)})
+    daemon, pidfile, log = start_daemon(tmp_path, config)
+    wait_until(lambda: not pid_alive(daemon), "the daemon's exit", 120)
+    assert not pidfile.exists()
+    lines = [line for line in log.read_text().splitlines() if "#critical]" in line]
+    assert len(lines) == 1 and lines[0].endswith(
+        f"service-model: weights file {weights}: missing tensor 'features.0.0.weight' (shape [32, 3, 3, 3])"), lines
+
+
+def test_a_daemon_stopped_while_its_model_loads_removes_its_pidfile(tmp_path: Path) -> None:
+    """A daemon stopped while a worker still builds its model ends with ``hard_exit`` (the build cannot be
+    interrupted): twistd's removal of the pidfile never ran there either."""
+    config = write_config(tmp_path, "TESTFAULTS", model={"load_delay_ms": 600000})
+    daemon, pidfile, log = start_daemon(tmp_path, config)
+    try:
+        port = int(wait_until(lambda: re.search(r"listening on 127\.0\.0\.1:(\d+);", log.read_text()),
+                              "the daemon's port in its log").group(1))
+        wait_until(lambda: get(f"http://127.0.0.1:{port}/ready", timeout=5).json["error"] ==
+                   "the model is loading: building the model and loading its weights", "the build under way")
+    finally:
+        os.kill(daemon, signal.SIGTERM)
+    wait_until(lambda: not pid_alive(daemon), "the daemon's exit", 30)
+    assert not pidfile.exists()
+    assert "inference still running: exiting without waiting for them" in log.read_text()

@@ -205,13 +205,16 @@ def version_of(config: dict, path: str | None) -> str:
 
 
 def not_regular(path: str) -> str | None:
-    """Why ``path`` is no file to read (a FIFO, a socket, a device, a dangling link), or None.  Opening a FIFO
-    waits for a writer for good: a model server named one as its weights hung, deaf to SIGTERM (a regression
-    probe)."""
+    """Why ``path`` is no file to read (a folder, a FIFO, a socket, a device, a dangling link), or None.  Opening
+    a FIFO waits for a writer for good: a model server named one as its weights hung, deaf to SIGTERM (a
+    regression probe).  A folder, given where a model takes one file (``weights = "/tmp"`` for MOBILENETV2), was
+    called "not a regular file (a FIFO, a socket or a device)"."""
     try:
         mode = os.stat(path).st_mode
     except OSError as e:
         return e.strerror or str(e)
+    if stat.S_ISDIR(mode):
+        return "is a directory"
     return None if stat.S_ISREG(mode) else "not a regular file (a FIFO, a socket or a device)"
 
 

@@ -51,7 +51,7 @@ from svc.infra.process import (
 from svc.infra.reactors import IServiceReactor
 from svc.model.api import IModelFactory
 from svc.model.torchenv import trim_malloc
-from svc.model.weights import MODEL_PLACEHOLDER, WeightsError, weights_kind
+from svc.model.weights import MODEL_PLACEHOLDER, RANDOM, WeightsError, weights_kind
 from svc.modelserver.app import ModelServerApp
 from svc.modelserver.batching import BatchQueue
 from svc.modelserver.engine import Engine
@@ -182,6 +182,8 @@ class ModelServerService(ListeningMultiService):
         self.device = device
         #: Ends the process if a stop overruns its bound (svc.infra.process.start_watchdog); replaceable in tests.
         self.watchdog = start_watchdog
+        #: What chose the weights when not the config file (``--weights pretrained``), for a load's refusal.
+        self.weights_from: str | None = None
 
     def startService(self) -> None:
         super().startService()
@@ -225,8 +227,10 @@ class ModelServerService(ListeningMultiService):
                  mode=mode)
 
     def _load_failed(self, failure: Any) -> None:
-        if failure.check(WeightsError):
-            message = str(failure.value).replace(MODEL_PLACEHOLDER, self.config.id)
+        if failure.check(WeightsError):  # named as a missing file is (svc.model.weights.check_path)
+            said = str(failure.value).replace(MODEL_PLACEHOLDER, self.config.id)
+            chosen = self.config.model.get("weights", RANDOM)
+            message = f"weights {chosen!r} (from {self.weights_from or self.config.path}): {said}"
         else:
             log.failure("model failed to load", failure)
             message = f"{self.config.id}: model failed to load: {failure.type.__name__}: {failure.getErrorMessage()}"

@@ -200,4 +200,5 @@ def makeService(options: Options, reactor: IServiceReactor | None = None) -> ISe
         job_owner=job_owner, job_secret=job_secret,
     )
     service.listen_origin = "--port" if options["port"] is not None else f"{path}: port"  # a busy port's line
+    service.weights_from = weights_from  # a load's refusal names it, as resolve_pretrained's do
     return service

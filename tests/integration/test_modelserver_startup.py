@@ -126,17 +126,37 @@ def test_missing_weights_file_refuses(tmp_path):
     assert len(lines) == 1 and "weights 'nowhere/mobilenet.pth'" in lines[0] and "no such file" in lines[0]
 
 
+def load_refusal(config):
+    """The one line a model server whose weights fail to load (after it listened) stops with, exit 1."""
+    code, output = run_to_exit(model_server_args(config, 0), env=child_env(TOKEN))
+    critical = [line.split("] ", 1)[1] for line in output.splitlines() if "#critical]" in line]
+    assert code == 1 and len(critical) == 1, output
+    return critical[0]
+
+
 def test_mismatched_weights_stop_the_server_naming_the_tensor(tmp_path):
+    """The line names the config file and the value of its ``[model] weights`` as a missing file's does (a config
+    probe: it named the resolved file alone, and a relative value was not found in it)."""
     import torch
     from torchvision.models import mobilenet_v2
 
     state = mobilenet_v2(weights=None, num_classes=10).state_dict()
     path = tmp_path / "ten-classes.pth"
     torch.save(state, path)
-    config = write_config(tmp_path, "MOBILENETV2", model={"weights": str(path)})
-    code, output = run_to_exit(model_server_args(config, 0), env=child_env(TOKEN))
-    assert code == 1, output
-    assert f"weights file {path}: tensor 'classifier.1.weight' has shape [10, 1280], the architecture expects [1000, 1280]" in output
+    config = write_config(tmp_path, "MOBILENETV2", model={"weights": "ten-classes.pth"})  # next to the config
+    assert load_refusal(config) == (f"service-model: weights 'ten-classes.pth' (from {config}): weights file {path}: "
+                                    "tensor 'classifier.1.weight' has shape [10, 1280], the architecture expects "
+                                    "[1000, 1280]")
+
+
+def test_a_folder_as_the_weights_file_is_named_a_directory(tmp_path):
+    """A config probe: ``weights = "/tmp"`` for MOBILENETV2 (which takes one file) was "not a regular file (a FIFO,
+    a socket or a device)"."""
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    config = write_config(tmp_path, "MOBILENETV2", model={"weights": str(folder)})
+    assert load_refusal(config) == (f"service-model: weights '{folder}' (from {config}): weights file {folder}: is a "
+                                    "directory")
 
 
 def test_sigterm_finishes_running_work_refuses_new_and_exits_0(tmp_path):

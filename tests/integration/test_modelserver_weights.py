@@ -67,8 +67,9 @@ def test_an_upstream_pt_in_a_config_is_one_line_saying_to_import_it(tmp_path):
     code, output = run_to_exit(model_server_args(config, 0), env=child_env({"SERVICE_AUTH_TOKEN": "t"}))
     assert code == 1, output
     critical = [line.split("] ", 1)[1] for line in output.splitlines() if "#critical]" in line]
-    assert critical == [f"service-model: weights file {src}: a pickled model object (ultralytics.nn.tasks.DetectionModel), "
-                        "not a state dict: save the model's state_dict() with torch.save or as safetensors; an "
-                        "upstream checkpoint that the import converts (an ultralytics .pt for YOLOV8) goes into the "
-                        f'weights cache with `svcctl weights import YOLOV8 {src}`, then weights = "pretrained"'], output
+    assert critical == [f"service-model: weights '{src}' (from {config}): weights file {src}: a pickled model "
+                        "object (ultralytics.nn.tasks.DetectionModel), not a state dict: save the model's "
+                        "state_dict() with torch.save or as safetensors; an upstream checkpoint that the import "
+                        "converts (an ultralytics .pt for YOLOV8) goes into the weights cache with `svcctl weights "
+                        f'import YOLOV8 {src}`, then weights = "pretrained"'], output
     assert "weights_only" not in output

@@ -154,8 +154,9 @@ def test_a_daemon_whose_model_does_not_load_removes_its_pidfile(tmp_path: Path) 
     wait_until(lambda: not pid_alive(daemon), "the daemon's exit", 120)
     assert not pidfile.exists()
     lines = [line for line in log.read_text().splitlines() if "#critical]" in line]
-    assert len(lines) == 1 and lines[0].endswith(
-        f"service-model: weights file {weights}: missing tensor 'features.0.0.weight' (shape [32, 3, 3, 3])"), lines
+    assert len(lines) == 1 and lines[0].endswith(f"service-model: weights '{weights}' (from {config}): weights file "
+                                                 f"{weights}: missing tensor 'features.0.0.weight' (shape "
+                                                 "[32, 3, 3, 3])"), lines
 
 
 def test_a_daemon_stopped_while_its_model_loads_removes_its_pidfile(tmp_path: Path) -> None:

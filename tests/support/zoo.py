@@ -75,7 +75,7 @@ def load_error(directory: Path, model_id: str, **model: Any) -> str:
 
     The steps of svc.modelserver.tap and the engine's load, in this process:
     the ``[model]`` table, the params schema, then ``build``.  A server prints
-    exactly this line and exits 1 (shown with real processes by
+    this line after ``weights '<value>' (from <config file>): `` and exits 1 (shown with real processes by
     test_modelserver_startup's and test_zoo_diffusion's refusal tests); each
     plugin's own weights checks are then tested here, saving a process that
     imports torch and the model's library for every refusal.

@@ -462,6 +462,31 @@ def test_model_server_tree_from_the_config_and_options(torch_setup, environment)
     assert reactor.tcpServers == []
 
 
+@pytest.mark.parametrize("argv, origin", [([], str(SERVERS / "MOBILENETV2.toml")),
+                                          (["--weights", "pretrained"], "--weights pretrained")])
+def test_weights_that_fail_to_load_are_named_with_what_chose_them(torch_setup, environment, monkeypatch, argv,
+                                                                 origin):
+    """A load's refusal names the ``[model] weights`` value and the file (or the option) that chose it, as a
+    missing file's does (a config probe: it named the resolved file alone)."""
+    from twisted.logger import LogLevel, capturedLogs
+    from twisted.python.failure import Failure
+
+    from svc.model.weights import WeightsError
+
+    # The cached variant stands in as random init here: only what chose the weights is looked at.
+    monkeypatch.setattr("svc.model.weights.resolve_pretrained",
+                        lambda factory, table, *args, **kwargs: {**table, "weights": "random"})
+    environment.setenv("SERVICE_AUTH_TOKEN", "model-token")
+    service, reactor = build(model_tap, ["--server", str(SERVERS / "MOBILENETV2.toml"), *argv])
+    with capturedLogs() as events:
+        service._load_failed(Failure(WeightsError("weights file /w/x.pth: missing tensor 'a' (shape [1])")))
+    [critical] = [e for e in events if e["log_level"] == LogLevel.critical]
+    chosen = "pretrained" if argv else "random"
+    assert (critical["program"], critical["message"]) == (
+        "service-model", f"weights '{chosen}' (from {origin}): weights file /w/x.pth: missing tensor 'a' (shape [1])")
+    assert not reactor.running and service.app.not_ready_reason == "the model failed to load"
+
+
 def test_model_server_refusals(torch_setup, environment, tmp_path):
     server = str(SERVERS / "MOBILENETV2.toml")
     assert refusal(model_tap, ["--server", server]) == (

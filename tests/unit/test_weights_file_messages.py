@@ -118,6 +118,14 @@ def test_a_fifo_named_as_the_weights_is_refused_not_waited_on(tmp_path):
     assert str(refused.value) == f"weights file {path}: not a regular file (a FIFO, a socket or a device)"
 
 
+def test_a_folder_named_as_a_weights_file_is_a_directory(tmp_path):
+    """A config probe: a folder where a model takes one file (``weights = "/tmp"`` for MOBILENETV2) was "not a
+    regular file (a FIFO, a socket or a device)"."""
+    with pytest.raises(WeightsError) as refused:
+        read_state_dict(str(tmp_path))
+    assert str(refused.value) == f"weights file {tmp_path}: is a directory"
+
+
 def test_a_text_file_is_not_a_state_dict(tmp_path):
     path = tmp_path / "conf.pth"
     path.write_text('a = 1\n[model]\nweights = "x"\n')

@@ -1,7 +1,7 @@
 """The children of the supervisor: which to run, how, and in what order.
 
-The gateway starts first, then the model servers of the active profile.
-A model runs as ``[servers.<ID>] replicas`` processes (default 1), each a
+The gateway starts first, then the model servers of the active profile (at once when the gateway's port is
+busy: its wait is no reason for theirs).  A model runs as ``[servers.<ID>] replicas`` processes (default 1), each a
 child of its own (:class:`svc.supervisor.replicaset.ReplicaSet` groups them)
 on the port the layout gives it (:mod:`svc.infra.replicas`).  Each replica gets a
 ``SERVICE_AUTH_TOKEN`` generated here at startup, its ``SERVICE_REPLICA``
@@ -315,14 +315,14 @@ class ChildManager:
         return target
 
     def start_all(self) -> Deferred:
-        """The gateway first (until ready or failed), then the profile's models together."""
+        """The gateway first (until ready or failed, or found waiting for its port), then the profile's models."""
         return ensureDeferred(self._start_all())
 
     async def _start_all(self) -> None:
-        try:
-            await self.gateway.start()
-        except Exception as e:  # noqa: BLE001 - the models start anyway
-            self._not_ready(GATEWAY, self.gateway.snapshot(), Failure(e))
+        gateway = self.gateway
+        started = gateway.start().addErrback(lambda f: self._not_ready(GATEWAY, gateway.snapshot(), f))
+        if not (gateway.state == STARTING and gateway.pid is None):  # its port busy: up to port_wait (60 s) alone
+            await started  # the models start anyway
         if self.stopping:  # the shutdown ended the gateway's start (its port wait, say): no model is spawned now
             return
         results = await DeferredList([self.sets[m].start() for m in self.profile.models], consumeErrors=True)

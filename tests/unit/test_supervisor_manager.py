@@ -111,17 +111,33 @@ def test_gateway_first_then_the_profile_models_with_their_tokens(tmp_path):
     assert m.children["BBB"].spec.policy == "no"
 
 
-def test_a_shutdown_while_the_gateway_waits_for_its_port_spawns_no_model(tmp_path):
+def test_the_models_do_not_wait_for_the_gateways_busy_port(tmp_path):
+    """A probe: with the gateway's port held (another program, an orphaned gateway) every model waited with it, up
+    to port_wait_ms (60 s), before it was spawned. The gateway still comes first; its port wait is its own."""
+    taken = {8080}
+    m, reactor, probe, _ = manager(tmp_path, port_free=lambda port: port not in taken)
+    m.start_all()
+    assert m.gateway.state == STARTING and m.gateway.pid is None  # waiting for its port
+    assert spawned_names(reactor) == ["service-model", "service-model"]  # at once
+    taken.clear()  # the port is freed: the gateway starts at its next try
+    reactor.advance(1)
+    assert spawned_names(reactor) == ["service-model", "service-model", "service-gateway"]
+
+
+def test_a_shutdown_while_the_gateway_waits_for_its_port_spawns_nothing_more(tmp_path):
     """A config probe: SIGTERM during the gateway's port wait ended the wait, and the start went on to spawn the
-    profile's models, stopped again at once ("starting: spawned pid", then "stopping: SIGTERM")."""
+    profile's models, stopped again at once ("starting: spawned pid", then "stopping: SIGTERM"). The models now
+    start beside the wait; the shutdown stops them, and nothing is spawned after it."""
     m, reactor, probe, _ = manager(tmp_path, port_free=lambda port: port != 8080)  # the gateway's port is taken
     started = m.start_all()
     reactor.advance(1)
-    assert spawned_names(reactor) == [] and m.gateway.state == "starting"  # waiting for its port
+    assert m.gateway.state == "starting" and spawned_names(reactor) == ["service-model", "service-model"]
     stopped = m.stop_all()
-    reactor.advance(1)
+    for protocol, _, _, _, _ in reactor.spawned:
+        protocol.processEnded(Failure(ProcessTerminated(signal=signal.SIGTERM)))
+    reactor.advance(10)
     assert started.called and stopped.called
-    assert spawned_names(reactor) == [] and m.gateway.state == STOPPED
+    assert spawned_names(reactor) == ["service-model", "service-model"] and m.gateway.state == STOPPED
     assert {m.children[name].state for name in ("AAA", "BBB")} == {STOPPED}
 
 

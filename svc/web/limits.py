@@ -95,12 +95,8 @@ class LimitedChannel(HTTPChannel):
     # --- max_connections ---------------------------------------------------
 
     def _refuse_connection(self) -> None:
-        """Answer the process's 503 at once and close.
-
-        The write side is shut after the reply and whatever the client sends
-        is read and dropped for a moment, so that it reads the 503 instead of
-        a connection reset.
-        """
+        """Answer the process's 503 at once and close: the write side is shut after the reply and whatever the
+        client sends is read and dropped for a moment, so that it reads the 503 instead of a connection reset."""
         self._refused = True
         site = self.site
         site.refused_connections += 1
@@ -244,14 +240,12 @@ class LimitedChannel(HTTPChannel):
         self._refuse_head(self._head_lines == 0, line)
 
     def _refuse_head(self, request_line: bool, line: bytes, too_many: bool = False) -> None:
-        """Answer a head too large with the process's 414 or 431 and close, as the early 413 does.
-
-        The write side is shut after the reply and the rest of what the
-        client sends is read and dropped for a while, so that a client still
-        sending its head reads the answer rather than a reset.
-        """
+        """Answer a head too large with the process's 414 or 431 and close, as the early 413 does: the write side
+        is shut after the reply and the rest of what the client sends is read and dropped for a while, so that a
+        client still sending its head reads the answer rather than a reset."""
         self._refused = True
         self._stop_header_deadline()
+        self._read_held_line()
         site = self.site
         limit = self.MAX_LENGTH if len(line) > self.MAX_LENGTH else self.totalHeadersSize
         error = head_too_large(request_line, limit, self.maxHeaders if too_many else None)
@@ -263,6 +257,15 @@ class LimitedChannel(HTTPChannel):
         self.persistent = False
         self._reply_and_close(raw_reply(code, headers, body), LINGER_SECONDS)
         site.log_line(method, path, code, self._head_ms(), headers.get("X-Request-ID"), "-")  # the reply's id
+
+    def _read_held_line(self) -> None:
+        """Add the header line twisted holds back until the next line starts (a line starting with a space continues
+        it) to the request: a refusal before that next line (431) ignored its ``X-Request-ID`` or ``Origin``.
+        Called once refused, so that a held line twisted cannot read is dropped rather than answered with a 400."""
+        held: bytes = self._HTTPChannel__header  # type: ignore[has-type]  # twisted's private (name-mangled)
+        if held and self.requests:
+            self._HTTPChannel__header = b""
+            self.headerReceived(held)
 
     def _request_read(self) -> Any | None:
         """The request whose head is being read (None before its request line), so that an early reply keeps
@@ -323,12 +326,9 @@ class LimitedChannel(HTTPChannel):
     # --- pipelining ----------------------------------------------------------
 
     def pauseProducing(self) -> None:
-        """The transport's buffer of unsent replies is full: stop reading too.
-
-        twisted stops reading here only between requests; while a request is
-        being handled it keeps reading and buffering pipelined requests
-        without bound, then answers them all at once.
-        """
+        """The transport's buffer of unsent replies is full: stop reading too.  twisted stops reading here only
+        between requests; while a request is being handled it kept reading and buffering pipelined requests without
+        bound, then answered them all at once."""
         super().pauseProducing()
         self._networkProducer.pauseProducing()
 

@@ -126,6 +126,35 @@ def test_the_bare_408_carries_the_sites_bare_headers():
                         rb"Content-Length: 0\r\nConnection: close\r\n\r\n", transport.value()), transport.value()
 
 
+def envelope_site(clock: Clock) -> JsonSite:
+    """A site with a data-plane app's listener replies (the envelope, the client's valid X-Request-ID echoed)."""
+    from svc.contract.envelope import ModelIdentity
+    from svc.web.routes import EnvelopeReplies, JsonApp, task_id_of
+
+    app = JsonApp()
+    app.replies = EnvelopeReplies(lambda: ModelIdentity("M", "v1"), task_id_of)
+    app.count_as = lambda *labels: None  # type: ignore[method-assign]
+    return JsonSite(Ok(), max_body_bytes=1024, oversize_reply=app.oversize_reply, busy_reply=app.busy_reply,
+                    limits=HttpLimits(header_timeout_ms=1000), timeout=660, reactor=clock,
+                    limit_reply=app.limit_reply)
+
+
+def test_the_431_of_a_line_too_long_reads_the_line_held_before_it():
+    """twisted holds a header line back until the next starts (to join a folded one): the 431 of that next line
+    ignored it, so an X-Request-ID right before the line too long got a generated id, in its access line too."""
+    from twisted.logger import capturedLogs
+
+    clock = Clock()
+    channel, transport = connect(envelope_site(clock))
+    with capturedLogs() as events:
+        channel.dataReceived(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Request-ID: lim-431a\r\nX-Big: "
+                             + b"b" * 17000 + b"\r\n\r\n")
+    reply = transport.value()
+    assert reply.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n"), reply
+    assert b"\r\nX-Request-ID: lim-431a\r\n" in reply and b'"task_id":"lim-431a"' in reply, reply
+    assert [e["access_line"] for e in events if "access_line" in e] == ["GET /healthz 431 0.0ms key=- rid=lim-431a"]
+
+
 def test_a_connection_that_sends_nothing_is_closed_after_the_header_deadline():
     """The first request's deadline runs from the connection's opening."""
     clock = Clock()

@@ -300,7 +300,8 @@ def listener_replies(oip: bool) -> dict:
                           f"two); the connection is then closed{shape}.", unread, closed),
         "408": json_reply("Status 408 (the listener's): the request body did not arrive within body_timeout_ms of "
                           "its head; the connection is then closed. A head not complete within header_timeout_ms "
-                          "gets a bare 408 instead: no body, and of these headers only `Connection: close`.",
+                          "gets a bare 408 instead: no body, and of these headers only `Connection: close` and, "
+                          "once its line was read, the client's `X-Request-ID` when it is valid.",
                           error_schema, closed),
         "413": json_reply("Status 61 (the listener's): a body over max_body_bytes, whatever the method, answered from "
                           "its Content-Length (or as a chunked body grows past it) before it is read; the connection "

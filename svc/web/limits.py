@@ -139,13 +139,16 @@ class LimitedChannel(HTTPChannel):
         previous one was answered), so the 408 cannot interleave with one.
         """
         self._header_deadline = None
+        self._refused = True  # what comes after the 408 is dropped
+        self._read_held_line()
         site = self.site
         site.header_timeouts += 1
         method = getattr(self, "_command", None) or b"-"
         site.count_refused(method.decode("latin-1", "replace"), 408)
-        site.log_line(method, getattr(self, "_path", b"-"), 408, self._head_ms(), None, "-")
-        # No JSON body: nothing was read to echo, and no envelope status fits.
-        self.transport.write(bare_reply(408, site.bare_headers()))
+        # No JSON body (no envelope status fits a head never read whole); a valid X-Request-ID read is echoed.
+        headers = site.bare_headers(self._request_read())
+        site.log_line(method, getattr(self, "_path", b"-"), 408, self._head_ms(), headers.get("X-Request-ID"), "-")
+        self.transport.write(bare_reply(408, headers))
         self.persistent = False
         self.loseConnection()
         if self.abortTimeout is not None:
@@ -260,8 +263,9 @@ class LimitedChannel(HTTPChannel):
 
     def _read_held_line(self) -> None:
         """Add the header line twisted holds back until the next line starts (a line starting with a space continues
-        it) to the request: a refusal before that next line (431) ignored its ``X-Request-ID`` or ``Origin``.
-        Called once refused, so that a held line twisted cannot read is dropped rather than answered with a 400."""
+        it) to the request: a refusal before that next line (431, the header deadline's 408) ignored its
+        ``X-Request-ID`` or ``Origin``.  Called once refused, so that a held line twisted cannot read is dropped
+        rather than answered with a 400."""
         held: bytes = self._HTTPChannel__header  # type: ignore[has-type]  # twisted's private (name-mangled)
         if held and self.requests:
             self._HTTPChannel__header = b""

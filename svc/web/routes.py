@@ -107,6 +107,10 @@ class Replies:
         ``path`` read so far if any (a head too large)."""
         raise NotImplementedError
 
+    def echoed(self, request: Any | None) -> dict[str, str]:
+        """The headers that echo ``request``'s own on a reply without a body (the bare 408); none here."""
+        return {}
+
     def error(self, request: Any, error: ApiError) -> bytes:
         """Answer ``request`` with ``error``: code and headers set, the body returned."""
         code, headers, body = self.raw(request, error)
@@ -125,6 +129,11 @@ class EnvelopeReplies(Replies):
     def raw(self, request: Any | None, error: ApiError, path: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
         task_id = error.task_id or (self.task_id(request) if request is not None else new_task_id())
         return envelope_reply(error, task_id, self.identity())
+
+    def echoed(self, request: Any | None) -> dict[str, str]:
+        """The client's ``X-Request-ID`` when it sent a valid one (a reply with no envelope generates none)."""
+        rid = header(request, b"x-request-id") if request is not None else None
+        return {"X-Request-ID": rid} if rid is not None and REQ_ID_RE.fullmatch(rid) else {}
 
 
 class OkErrorReplies(Replies):
@@ -266,9 +275,11 @@ class JsonApp:
         return self.with_early_headers(None, self.replies.raw(None, ApiError(st.NOT_READY, self.busy_text,
                                                                               headers={"Retry-After": "1"})))
 
-    def bare_headers(self) -> dict[str, str]:
-        """The headers of the listener's bare 408 (its header deadline: no request was read): the early ones."""
-        return self.with_early_headers(None, (408, {}, b""))[1]
+    def bare_headers(self, request: Any | None) -> dict[str, str]:
+        """The headers of the listener's bare 408 (its header deadline; ``request``: the one whose head was being
+        read, if any): the early ones, and the client's valid ``X-Request-ID`` where the reply shape echoes it
+        (docs/api.md; a log pipeline follows a request by it)."""
+        return {**self.replies.echoed(request), **self.with_early_headers(None, (408, {}, b""))[1]}
 
     def refusal_before_body(self, request: Any, length: int | None) -> tuple[int, dict[str, str], bytes] | None:
         """The reply to a request that its head alone refuses, written before its body (``length`` bytes; None:

@@ -73,7 +73,7 @@ class SiteApp(Protocol):
 
     def count_refused(self, method: str, code: int) -> None: ...
 
-    def bare_headers(self) -> dict[str, str]: ...
+    def bare_headers(self, request: Any | None) -> dict[str, str]: ...
 
     def refusal_before_body(self, request: LimitedRequest,
                             length: int | None) -> tuple[int, dict[str, str], bytes] | None: ...
@@ -83,7 +83,7 @@ def count_nothing(method: str, code: int) -> None:
     """A site built without an app (unit tests) counts its listener's bare replies nowhere."""
 
 
-def no_headers() -> dict[str, str]:
+def no_headers(request: Any | None) -> dict[str, str]:
     """A site built without an app (unit tests) adds nothing to its bare 408."""
     return {}
 
@@ -199,7 +199,7 @@ class JsonSite(server.Site):
         on_logged: Callable[[Any], None] | None = None,
         limit_reply: Callable[..., tuple[int, dict[str, str], bytes]] = plain_limit_reply,
         count_refused: Callable[[str, int], None] = count_nothing,
-        bare_headers: Callable[[], dict[str, str]] = no_headers,
+        bare_headers: Callable[[Any | None], dict[str, str]] = no_headers,
         refusal_before_body: Callable[[LimitedRequest, int | None],
                                       tuple[int, dict[str, str], bytes] | None] = no_refusal,
     ) -> None:
@@ -213,7 +213,8 @@ class JsonSite(server.Site):
         self.busy_reply = busy_reply
         self.limit_reply = limit_reply
         self.count_refused = count_refused
-        #: The headers of the header deadline's bare 408 (the gateway's ``Vary: Origin``).
+        #: The headers of the header deadline's bare 408 given the request whose head was being read, or None (the
+        #: gateway's ``Vary: Origin``, the valid ``X-Request-ID`` read).
         self.bare_headers = bare_headers
         #: The reply to a request whose head alone refuses it, before its body is read (the gateway's 401), or None.
         self.refusal_before_body = refusal_before_body

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 import pytest
@@ -149,8 +150,9 @@ def test_a_gateway_408_of_a_body_too_slow_carries_what_its_document_lists(gatewa
     assert headers["x-request-id"] == "probe-408" and shape in json.loads(reply[2])
 
 
-def test_the_bare_408_of_a_head_too_slow_has_only_connection(gateway):
-    """The document's 408 says so: no body, and of its headers only ``Connection: close``."""
+def test_the_bare_408_of_a_head_too_slow_has_only_connection_and_the_request_id_read(gateway):
+    """The document's 408 says so: no body, and of its headers only ``Connection: close`` and the client's valid
+    ``X-Request-ID`` once its line was read (it had none: docs/api.md promised it)."""
     data = raw_exchange(gateway.port, b"GET /v1/models/DDPM/jobs/job_00 HTTP/1.1\r\nHost: x\r\n")
     head, _, body = data.partition(b"\r\n\r\n")
     first, *lines = head.decode("latin-1").split("\r\n")
@@ -162,6 +164,15 @@ def test_the_bare_408_of_a_head_too_slow_has_only_connection(gateway):
     listed = documented(GATEWAY_DOC, "/v1/models/DDPM/jobs/{job_id}", "get", 408)
     assert listed["connection"]["schema"]["const"] == "close" and "header_timeout_ms" in resolve(
         GATEWAY_DOC, GATEWAY_DOC["paths"]["/v1/models/DDPM/jobs/{job_id}"]["get"]["responses"]["408"])["description"]
+    assert "x-request-id" in listed
+    data = raw_exchange(gateway.port, b"GET /healthz HTTP/1.1\r\nX-Request-ID: lim-408b\r\nX-A: 1\r\n")
+    head, _, body = data.partition(b"\r\n\r\n")
+    first, *lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+    assert (first, body, headers["x-request-id"]) == ("HTTP/1.1 408 Request Timeout", b"", "lim-408b"), headers
+    assert set(headers) == {"connection", "content-length", "date", "vary", "x-request-id"}, headers
+    wait_until(lambda: re.search(r"GET /healthz 408 [0-9.]+ms key=- rid=lim-408b$", gateway.output(), re.M),
+               "the 408's access line with its rid", timeout=10)
 
 
 GATEWAY_LISTENER = [

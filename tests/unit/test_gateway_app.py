@@ -667,7 +667,7 @@ def test_other_origins_get_no_cors_headers(gw, origin):
 def test_the_listeners_replies_before_any_request_carry_vary_origin(gw):
     """processes.md: every gateway reply carries ``Vary: Origin``, also those its listener writes before a request
     was read (svc.web.limits): the bare 408 of ``header_timeout_ms`` and the 503 past ``max_connections``."""
-    assert gw.app.bare_headers() == {"Vary": "Origin"}
+    assert gw.app.bare_headers(None) == {"Vary": "Origin"}
     code, headers, _ = gw.app.busy_reply()
     assert (code, headers["Vary"], "Access-Control-Allow-Origin" in headers) == (503, "Origin", False)
 

@@ -119,7 +119,7 @@ def test_the_bare_408_carries_the_sites_bare_headers():
     clock = Clock()
     site = JsonSite(Ok(), max_body_bytes=1024, oversize_reply=lambda r: (413, {}, b"{}"), busy_reply=busy,
                     limits=HttpLimits(header_timeout_ms=1000), timeout=660, reactor=clock,
-                    bare_headers=lambda: {"Vary": "Origin"})
+                    bare_headers=lambda request: {"Vary": "Origin"})
     channel, transport = connect(site)
     clock.advance(1.001)
     assert re.fullmatch(rb"HTTP/1\.1 408 Request Timeout\r\nDate: [^\r]+ GMT\r\nVary: Origin\r\n"
@@ -136,7 +136,32 @@ def envelope_site(clock: Clock) -> JsonSite:
     app.count_as = lambda *labels: None  # type: ignore[method-assign]
     return JsonSite(Ok(), max_body_bytes=1024, oversize_reply=app.oversize_reply, busy_reply=app.busy_reply,
                     limits=HttpLimits(header_timeout_ms=1000), timeout=660, reactor=clock,
-                    limit_reply=app.limit_reply)
+                    limit_reply=app.limit_reply, bare_headers=app.bare_headers)
+
+
+@pytest.mark.parametrize("after", [b"X-A: 1\r\n", b""])
+def test_the_bare_408_echoes_a_valid_request_id_read_and_logs_it(after):
+    """api.md: a listener's reply written once the X-Request-ID line was read echoes it; the header deadline's
+    408 had none and its access line said ``rid=-``.  Also as the last line read, which twisted holds back (to
+    join a folded line) until the next starts."""
+    from twisted.logger import capturedLogs
+
+    clock = Clock()
+    channel, transport = connect(envelope_site(clock))
+    channel.dataReceived(b"GET /healthz HTTP/1.1\r\nX-Request-ID: lim-408b\r\n" + after)
+    with capturedLogs() as events:
+        clock.advance(1.001)
+    assert re.fullmatch(rb"HTTP/1\.1 408 Request Timeout\r\nDate: [^\r]+ GMT\r\nX-Request-ID: lim-408b\r\n"
+                        rb"Content-Length: 0\r\nConnection: close\r\n\r\n", transport.value()), transport.value()
+    assert [e["access_line"] for e in events if "access_line" in e] == ["GET /healthz 408 1001.0ms key=- rid=lim-408b"]
+    channel, transport = connect(envelope_site(clock))  # one not valid is not echoed
+    channel.dataReceived(b"GET /healthz HTTP/1.1\r\nX-Request-ID: a b\r\n" + after)
+    clock.advance(1.001)
+    assert b"X-Request-ID" not in transport.value() and transport.value().startswith(b"HTTP/1.1 408 ")
+    channel, transport = connect(envelope_site(clock))  # a held line that is no header: the 408 alone, no 400
+    channel.dataReceived(b"GET /healthz HTTP/1.1\r\nX-Request-ID: lim-408c\r\nno colon\r\n")
+    clock.advance(1.001)
+    assert transport.value().count(b"HTTP/1.1 ") == 1 and b"\r\nX-Request-ID: lim-408c\r\n" in transport.value()
 
 
 def test_the_431_of_a_line_too_long_reads_the_line_held_before_it():

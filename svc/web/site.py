@@ -122,6 +122,18 @@ _VALUE_END, _PATH_VALUE_END = re.compile(r"[&;#]"), re.compile(r"[&;#?]")
 _CREDENTIAL_NAME = re.compile(r"key|token|secret|passw|auth|bearer|cred|sig", re.I)
 
 
+#: A control character (C0, DEL, C1; the request line's bytes read as latin-1): written as is, a DEL, a C1 CSI
+#: (``\x9b``) or, in a request line too long that twisted never parsed, an ESC or CR moved or rewrote what a
+#: terminal or a log viewer shows of the line.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def loggable_text(text: str) -> str:
+    """``text`` (a method or path) with each control character written as ``\\xNN``, so the access line stays
+    one line of visible text."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
+
+
 def loggable_path(path: str) -> str:
     """``path`` for the access line, with the value of any credential-like parameter replaced by ``REDACTED``:
     a client that sent its key as ``?api_key=`` had it written, whole, to a log that the management API serves
@@ -290,8 +302,8 @@ class JsonSite(server.Site):
         reactor's work per job submit (bench/README.md, jobs_burst).  The
         fields stay in the event for any observer that reads them.
         """
-        text_method = method.decode("latin-1", "replace")
-        text_path = loggable_path(path.decode("latin-1", "replace")[:300])
+        text_method = loggable_text(method.decode("latin-1", "replace"))
+        text_path = loggable_text(loggable_path(path.decode("latin-1", "replace")[:300]))
         request_id = loggable_request_id(request_id)
         (log.debug if debug else log.info)(
             "{access_line}",

@@ -330,6 +330,21 @@ def test_a_credential_sent_in_the_query_string_is_not_written_to_the_access_log(
         assert any(shown in x for x in lines), (shown, lines)
 
 
+def test_a_control_character_of_a_path_is_written_escaped_in_the_access_log(processes):
+    """A DEL in the path (twisted parses it; an ESC is a 400) was written to the log as the raw byte, and an ESC
+    of a path too long for twisted to parse (a 414) too: what a terminal showed of the log changed."""
+    port, _, _ = processes["model"]
+    raw_exchange(port, b"GET /x\x7fy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    raw_exchange(port, b"GET /esc\x1b[2J" + b"a" * BIG + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    def logged() -> list[str]:
+        lines = processes["model process"].output().splitlines()
+        found = [x for x in lines if "GET /x\\x7fy " in x or "GET /esc\\x1b[2Jaaa" in x]
+        return found if len(found) == 2 else []
+
+    lines = wait_until(logged, "both access lines, escaped", timeout=10)
+    assert re.search(r"GET /x\\x7fy 404 ", lines[0]) and " 414 " in lines[1], lines
+
+
 @pytest.mark.parametrize("name", ["model", "gateway"])
 @pytest.mark.parametrize("request_line", [b"GET /healthz", b"GET /nowhere", b"POST /nowhere"])
 def test_x_request_id_is_spelled_as_the_contract_spells_it(processes, name, request_line):

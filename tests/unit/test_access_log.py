@@ -163,3 +163,15 @@ def test_the_line_reads_method_path_code_duration_key_and_request_id_and_keeps_t
 ])
 def test_a_credential_like_parameter_is_redacted_whatever_its_equals_sign(path, logged):
     assert loggable_path(path) == logged
+
+
+def test_control_characters_of_a_method_or_path_are_written_escaped():
+    """A DEL in the path (twisted parses it; an ESC it refuses with a 400) was written as the raw byte, a C1 CSI
+    too, and a request line too long, never parsed, logged its ESC or CR: what a terminal shows of the line
+    changed.  Each is ``\\xNN`` now; other latin-1 text (``\\xff``) stays as it was."""
+    with capturedLogs() as events:
+        site().log_line(b"GET", b"/x\x7fy\x9b31m\xff", 404, 0.5, None, "-")
+        site().log_line(b"G\x1bT", b"/a\x1b[2J\r\nb\x00", 414, 0.5, None, "-")
+    assert [formatEvent(e) for e in events] == ["GET /x\\x7fy\\x9b31m\xff 404 0.5ms key=- rid=-",
+                                                "G\\x1bT /a\\x1b[2J\\x0d\\x0ab\\x00 414 0.5ms key=- rid=-"]
+    assert (events[0]["path"], events[1]["method"]) == ("/x\\x7fy\\x9b31m\xff", "G\\x1bT")

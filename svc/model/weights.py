@@ -40,11 +40,20 @@ WEIGHTS_PROPERTIES: dict[str, dict] = {
     # Bounded as a request's seed is: a larger one passed the check and failed in torch after the port listened.
     "seed": {"type": "integer", "minimum": 0, "maximum": 2**32 - 1, "default": 0,
              "description": "Seed of the random init."},
-    "version": {  # no "/": it names the model in /v2/models/{id}/versions/{version}, which a "/" could not address
+    "version": {
         "type": "string",
         "minLength": 1,
-        "pattern": "^[^/]+$",
-        "x-pattern-says": "has a '/', which no /v2/models/{id}/versions/{version} path could name",
+        "allOf": [
+            # no "/": it names the model in /v2/models/{id}/versions/{version}, which a "/" could not address
+            {"pattern": "^[^/]+$",
+             "x-pattern-says": "has a '/', which no /v2/models/{id}/versions/{version} path could name"},
+            # no control character (C0, DEL, C1): a newline split the model server's "ready" line, and every log
+            # line naming the version, in two.  (?![\s\S]) is the string's end: "$" also matches before a final
+            # newline (Python's re, which jsonschema uses).
+            {"pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]+(?![\\s\\S])",
+             "x-pattern-says": "has a control character (a newline, a tab, an escape), which would break the log "
+                               "lines that name the version"},
+        ],
         "description": "Model version reported in replies; default: random-init-seed<N>, the pretrained variant's "
         "name, or the file name and the first 12 hex digits of its SHA-256.",
     },

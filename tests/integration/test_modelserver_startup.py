@@ -57,6 +57,10 @@ def refused(config, *extra, env=None, port=None):
         # Served as a version that no /v2/models/{id}/versions/{version} path could name (an OIP probe).
         ({"model": {"version": "2024/rc1"}}, ": model.version: '2024/rc1' has a '/', which no "
                                              "/v2/models/{id}/versions/{version} path could name"),
+        # Accepted, and its "ready" line was two lines in the log (a config probe); "$" passes a final newline.
+        ({"model": {"version": "2024\nrc1"}}, ": model.version: '2024\\nrc1' has a control character (a newline, a "
+                                               "tab, an escape), which would break the log lines that name the version"),
+        ({"model": {"version": "rc1\n"}}, ": model.version: 'rc1\\n' has a control character"),
         # It named neither the file nor the key (probe): "service-model: no model plugin serves ...".
         ({"id": "NOSUCHMODEL"}, ": id: no model plugin serves catalog id 'NOSUCHMODEL'; known: CLS_COND_DDIM, "),
     ],

@@ -130,8 +130,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 def loggable_text(text: str) -> str:
     """``text`` (a method or path) with each control character written as ``\\xNN``, so the access line stays
-    one line of visible text."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
+    one line of visible text (``isprintable`` first: the access line of every request is made here)."""
+    return text if text.isprintable() else _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
 
 
 def loggable_path(path: str) -> str:

@@ -277,9 +277,10 @@ class JsonApp:
 
     def bare_headers(self, request: Any | None) -> dict[str, str]:
         """The headers of the listener's bare 408 (its header deadline; ``request``: the one whose head was being
-        read, if any): the early ones, and the client's valid ``X-Request-ID`` where the reply shape echoes it
-        (docs/api.md; a log pipeline follows a request by it)."""
-        return {**self.replies.echoed(request), **self.with_early_headers(None, (408, {}, b""))[1]}
+        read, if any): the early ones (the gateway's CORS headers for an ``Origin`` line read: a browser read the
+        408 without them as a failed fetch), and the client's valid ``X-Request-ID`` where the reply shape echoes
+        it (docs/api.md; a log pipeline follows a request by it)."""
+        return {**self.replies.echoed(request), **self.with_early_headers(request, (408, {}, b""))[1]}
 
     def refusal_before_body(self, request: Any, length: int | None) -> tuple[int, dict[str, str], bytes] | None:
         """The reply to a request that its head alone refuses, written before its body (``length`` bytes; None:

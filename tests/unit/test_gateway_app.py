@@ -18,7 +18,7 @@ from svc.auth import decide, hash_key
 from svc.contract.errors import ApiError
 from svc.gateway.app import GatewayApp
 from svc.gateway.catalog import Catalog, Upstream
-from svc.gateway.cors import CorsResource
+from svc.gateway.cors import EXPOSED_HEADERS, CorsResource
 from svc.gateway.proxy import Proxy
 from svc.infra.metrics import GatewayMetrics, new_registry, render
 
@@ -668,6 +668,14 @@ def test_the_listeners_replies_before_any_request_carry_vary_origin(gw):
     """processes.md: every gateway reply carries ``Vary: Origin``, also those its listener writes before a request
     was read (svc.web.limits): the bare 408 of ``header_timeout_ms`` and the 503 past ``max_connections``."""
     assert gw.app.bare_headers(None) == {"Vary": "Origin"}
+    # The bare 408 of a head whose Origin line was read carries that origin's headers, as the 431 does.
+    from twisted.web.http_headers import Headers
+
+    class Reading:  # a request whose head is being read: its lines so far
+        requestHeaders = Headers({b"origin": [ORIGIN.encode()], b"x-request-id": [b"rid-408"]})
+
+    assert gw.app.bare_headers(Reading()) == {"Vary": "Origin", "Access-Control-Allow-Origin": ORIGIN,
+                                              "Access-Control-Expose-Headers": EXPOSED_HEADERS.decode(), "X-Request-ID": "rid-408"}
     code, headers, _ = gw.app.busy_reply()
     assert (code, headers["Vary"], "Access-Control-Allow-Origin" in headers) == (503, "Origin", False)
 

@@ -104,8 +104,8 @@ class RequestValidator:
         if not isinstance(doc, dict):
             raise ApiError(st.JSON_PARSE_ERROR, f"body must be a JSON object, got {type(doc).__name__}")
         images = doc.get("images")
-        if isinstance(images, list):
-            self._check_count(len(images))  # first: a million entries must not each become an error to send back
+        if isinstance(images, list):  # first: a million entries must not each become an error to send back
+            self._check_count(len(images), doc.get("req_id") if "req_id" in doc else header_request_id)
         errors = self._root_errors(doc)
         errors += self._images_errors(doc)
         if "req_id" in doc:  # the header is then not read, so not judged (a proxy's own id broke valid bodies)
@@ -137,7 +137,7 @@ class RequestValidator:
         if errors:  # named by its id, as the JSON body's 422 is (a valid req_id: the protocol's checked one)
             raise invalid_request(errors, task_id=req_id if req_id is not None and REQ_ID_RE.fullmatch(req_id)
                                   else None)
-        self._check_count(len(images))
+        self._check_count(len(images), req_id)
         return InferenceRequest(images=images, req_id=req_id, params=params, options=options)
 
     def _root_errors(self, doc: dict) -> list[FieldError]:
@@ -195,11 +195,14 @@ class RequestValidator:
         errors.extend(found)
         return schema.with_defaults(value) if not found else {}
 
-    def _check_count(self, n: int) -> None:
+    def _check_count(self, n: int, req_id: Any = None) -> None:
+        """413 status 67 past ``max_request_items``, named by the request's ``req_id`` when it is a valid one (the
+        client's id was lost on this refusal alone: a new one named it)."""
         if n > self.max_request_items:
             raise ApiError(
                 st.TOO_MANY_ITEMS,
                 f"{n} images in one request; at most {self.max_request_items} are accepted (max_request_items)",
+                task_id=req_id if isinstance(req_id, str) and REQ_ID_RE.fullmatch(req_id) else None,
             )
 
     # -- raw body ----------------------------------------------------------------

@@ -222,6 +222,9 @@ def test_unsupported_content_type_is_415_status_60(mobilenet, ctype):
 def test_too_many_images_is_413_status_67(mobilenet):
     assert_rejection(infer(mobilenet, {"images": [image_b64()] * 7}), 413, 67)
     assert infer(mobilenet, {"images": [image_b64()] * 6}).status == 200
+    # named by the client's req_id, as the 422 and the 200 are (it had a new task_id)
+    assert assert_rejection(infer(mobilenet, {"images": [image_b64()] * 7, "req_id": "many-413"}),
+                            413, 67)["task_id"] == "many-413"
 
 
 def test_a_small_body_of_many_bad_entries_gets_a_small_reply(mobilenet):

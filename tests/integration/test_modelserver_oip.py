@@ -156,6 +156,17 @@ def test_errors_take_the_protocols_shape(server, case, status, text):
     assert request("POST", server.url + PATH, ok_body, headers=ok_headers).status == 200
 
 
+def test_too_many_rows_is_413_named_by_the_bodys_id(server):
+    """An OIP probe: a body ``id`` names the 200 and the 400 (``X-Request-ID``), and the 413 of too many rows had a
+    new one (max_request_items 16 here)."""
+    image = b64(image_bytes(width=8, height=8, seed=1))
+    body = json.dumps({"id": "rows-413", "inputs": [{"name": "IMAGE", "shape": [17], "datatype": "BYTES",
+                                                      "data": [image] * 17}]}).encode()
+    reply = request("POST", server.url + PATH, body, headers=auth())
+    assert reply.status == 413 and set(reply.json) == {"error"} and "at most 16" in reply.json["error"], reply.body
+    assert reply.header("X-Request-ID") == "rows-413"
+
+
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
 def test_a_request_as_kserves_client_writes_it_is_served(server, binary):
     """KServe's client (kserve 0.21, InferRequest.to_rest) writes the model's name (and version) into every

@@ -142,7 +142,19 @@ def test_req_id_rules(req_id):
 
 def test_too_many_items_is_413_status_67():
     err = rejected({"images": ["x"] * 4})
-    assert err.status is st.TOO_MANY_ITEMS and err.status.http == 413
+    assert err.status is st.TOO_MANY_ITEMS and err.status.http == 413 and err.task_id is None
+
+
+def test_too_many_items_is_named_by_the_clients_valid_request_id():
+    """An OIP probe: the 413 of too many rows had a new id where the 400 and the 200 carried the client's."""
+    assert rejected({"images": ["x"] * 4, "req_id": "rid-413"}).task_id == "rid-413"
+    assert rejected({"images": ["x"] * 4, "req_id": "has space"}).task_id is None  # not a valid one: a new one
+    with pytest.raises(ApiError) as e:
+        V.parse_json(json.dumps({"images": ["x"] * 4}).encode(), header_request_id="hdr-413")
+    assert e.value.task_id == "hdr-413"
+    with pytest.raises(ApiError) as e:
+        V.from_parts([b"a"] * 4, "oip-413", {}, {})
+    assert (e.value.status, e.value.task_id) == (st.TOO_MANY_ITEMS, "oip-413")
 
 
 @pytest.mark.parametrize("images", [[0] * 4, [0] * 1_000_000, ["x", 0, None, 1.5]])

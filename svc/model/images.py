@@ -92,6 +92,14 @@ def open_image(data: bytes, max_pixels: int) -> Any:
     return finish_image(peek_image(data, max_pixels))
 
 
+#: The formats a client's image may be in: Pillow's raster formats that it decodes in this process.  Not every
+#: format Pillow opens: its EPS reader runs Ghostscript (an external interpreter, with a history of sandbox escapes)
+#: on the PostScript a client sent, and the rest are formats of other fields (FITS, GRIB, HDF5, MPEG, WMF, ...).
+IMAGE_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "DIB", "TIFF", "AVIF", "JPEG2000", "PPM", "TGA", "ICO", "QOI")
+#: How the error names them.
+FORMAT_NAMES = "JPEG, PNG, WebP, GIF, BMP, TIFF, AVIF, JPEG 2000, PNM, TGA, ICO or QOI"
+
+
 def peek_image(data: bytes, max_pixels: int) -> Any:
     """The image of ``data`` opened from its header alone, no pixel decoded: what :func:`open_image` checks first.
 
@@ -108,13 +116,12 @@ def peek_image(data: bytes, max_pixels: int) -> Any:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(BytesIO(data))
+            image = Image.open(BytesIO(data), formats=IMAGE_FORMATS)
     except Image.DecompressionBombError as e:  # far past max_image_pixels: say so, as for any image too large
         raise ItemInputError(st.INVALID_IMAGE, f"image is too large ({e}); at most {max_pixels} pixels are accepted "
                                                "(max_image_pixels)") from None
     except UnidentifiedImageError:
-        raise ItemInputError(st.INVALID_IMAGE, "not a decodable image (JPEG, PNG, WebP, GIF, BMP, TIFF, AVIF or "
-                                               "another format Pillow reads)") from None
+        raise ItemInputError(st.INVALID_IMAGE, f"not a decodable image ({FORMAT_NAMES})") from None
     except MemoryError:
         raise
     except Exception as e:  # noqa: BLE001 - the client's bytes: whatever a format's plugin raises (AVIF's

@@ -83,7 +83,7 @@ def test_a_bad_image_keeps_its_status_beside_an_image_whose_decoding_outlasts_th
                                 for in_worker in (True, False)))
     timed_out = {"status": 4, "data": None, "error": "the deadline passed before this item finished"}
     junk = {"status": 5, "data": None,
-            "error": "not a decodable image (JPEG, PNG, WebP, GIF, BMP, TIFF, AVIF or another format Pillow reads)"}
+            "error": "not a decodable image (JPEG, PNG, WebP, GIF, BMP, TIFF, AVIF, JPEG 2000, PNM, TGA, ICO or QOI)"}
     empty = {"status": 3, "data": None, "error": "input image is empty"}
     try:
         for server in servers:

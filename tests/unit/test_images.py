@@ -87,6 +87,30 @@ def test_a_decompression_bomb_fails_as_an_image_too_large():
     assert caught.value.message.endswith(f"; at most {MAX_PIXELS} pixels are accepted (max_image_pixels)")
 
 
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP", "GIF", "BMP", "DIB", "TIFF", "AVIF", "JPEG2000", "PPM", "TGA",
+                                 "ICO", "QOI"])
+def test_the_image_formats_a_client_may_send_are_read(fmt):
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (10, 20, 30)).save(buffer, fmt)
+    image = open_image(buffer.getvalue(), max_pixels=MAX_PIXELS)
+    assert (image.format, image.size) == (fmt, (8, 8))
+
+
+@pytest.mark.parametrize("fmt", ["EPS", "PCX", "SGI"])
+def test_formats_outside_the_list_are_not_opened(fmt, monkeypatch):
+    """A security probe: an EPS body reached Pillow's EPS reader, which runs Ghostscript on the client's PostScript
+    ("Unable to locate Ghostscript on paths" where it is not installed). Only the listed formats are tried."""
+    from PIL import EpsImagePlugin
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (10, 20, 30)).save(buffer, fmt)
+    monkeypatch.setattr(EpsImagePlugin, "has_ghostscript", lambda: pytest.fail("Ghostscript was looked for"))
+    with pytest.raises(ItemInputError) as caught:
+        open_image(buffer.getvalue(), max_pixels=MAX_PIXELS).load()
+    assert (caught.value.status, caught.value.message) == (
+        st.INVALID_IMAGE, "not a decodable image (JPEG, PNG, WebP, GIF, BMP, TIFF, AVIF, JPEG 2000, PNM, TGA, ICO or QOI)")
+
+
 def test_base64_wrapped_in_lines_as_the_base64_command_writes_it_is_read():
     import base64
 

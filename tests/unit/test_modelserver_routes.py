@@ -259,7 +259,7 @@ def test_a_bad_item_keeps_its_status_when_another_items_decoding_outlasts_the_de
     server.model.preprocess = slow
     timed_out = {"status": 4, "data": None, "error": "the deadline passed before this item finished"}
     junk = {"status": 5, "data": None,
-            "error": "not a decodable image (JPEG, PNG, WebP, GIF, BMP, TIFF, AVIF or another format Pillow reads)"}
+            "error": "not a decodable image (JPEG, PNG, WebP, GIF, BMP, TIFF, AVIF, JPEG 2000, PNM, TGA, ICO or QOI)"}
     empty = {"status": 3, "data": None, "error": "input image is empty"}
     for images, results in (([b64(b"junk"), RED], [junk, timed_out]), ([RED, ""], [timed_out, empty])):
         d = server.infer(images)
@@ -282,7 +282,7 @@ def test_a_bad_item_queued_behind_a_busy_worker_gets_its_own_status_at_the_deadl
     server = build_model_server(max_batch_size=1, run_timeout_ms=1000, backend={"decode_in_worker": True})
     busy = server.infer([RED], sleep_ms=1)  # the one worker, until the test releases it
     junk = {"status": 5, "data": None,
-            "error": "not a decodable image (JPEG, PNG, WebP, GIF, BMP, TIFF, AVIF or another format Pillow reads)"}
+            "error": "not a decodable image (JPEG, PNG, WebP, GIF, BMP, TIFF, AVIF, JPEG 2000, PNM, TGA, ICO or QOI)"}
     empty = {"status": 3, "data": None, "error": "input image is empty"}
     timed_out = {"status": 4, "data": None, "error": "the deadline passed before this item finished"}
     bad = server.infer(["", b64(b"junk")])

@@ -71,11 +71,12 @@ from svc.gateway.catalog import Catalog, Upstream
 from svc.gateway.cluster import Cluster
 from svc.gateway.credentials import Authenticator, Principal, Unauthorized
 from svc.gateway.forwarder import Forwarder
+from svc.gateway.keylimits import KeyLimits
 from svc.gateway.oip import routes as oip
 from svc.gateway.proxy import Proxy
 from svc.gateway.ratestore import LocalRates
 from svc.infra.metrics import GatewayMetrics
-from svc.infra.ratelimit import KeyedLimiter, retry_after_header
+from svc.infra.ratelimit import KeyedLimiter
 from svc.web import declare, routes
 from svc.web.bodylimits import head_method, read_without_credential
 from svc.web.configured import ConfiguredRoutes
@@ -107,7 +108,7 @@ def wait_query(raw: bytes | None) -> bytes:
 REPLIES = ProtocolReplies(lambda: GATEWAY_IDENTITY, routes.task_id_of, not_found="no route for {path}: unknown model or path")
 
 
-class GatewayApp(oip.OipRoutes, routes.JsonApp):
+class GatewayApp(oip.OipRoutes, KeyLimits, routes.JsonApp):
     """Routes of the gateway (the ``/v2`` ones: svc.gateway.oip.routes); ``resource()`` is served by a JsonSite."""
 
     app = Klein()
@@ -191,35 +192,11 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
         # An upload may hold it from its head already (refusal_before_body).
         if not getattr(request, "held", False):
             self.hold(request, principal.name)
-        wait = await self.rates.take(principal.name, principal.rate_limit_qps)
+        wait = await self.take_token(request, principal)  # an upload's was taken from its head
         if wait:
-            self.metrics.key_rejections.labels(principal.name, "rate_limited").inc()
-            raise ApiError(st.RATE_LIMITED,
-                           f"rate limit of {principal.rate_limit_qps} requests/s for key {principal.name} exceeded",
-                           headers={"Retry-After": retry_after_header(wait)})
+            raise self.rate_limited(principal, wait)
         self.count_key(request, principal)
         return principal
-
-    def hold(self, request: Any, key: str) -> None:
-        """Count the request among its key's in flight until it is answered or its client is gone; 429 past
-        ``key_max_in_flight`` (checked and counted in one step on the reactor thread, before the bucket)."""
-        held = self.in_flight.get(key, 0)
-        if self.key_max_in_flight and held >= self.key_max_in_flight:
-            self.metrics.key_rejections.labels(key, "in_flight").inc()
-            raise ApiError(st.RATE_LIMITED, f"key {key} has {held} requests in flight, the most one key may have "
-                                            f"(key_max_in_flight): retry when one has been answered",
-                           headers={"Retry-After": "1"})
-        self.in_flight[key] = held + 1
-
-        def ended(_: Any) -> None:
-            left = self.in_flight[key] - 1
-            if left:
-                self.in_flight[key] = left
-            else:
-                del self.in_flight[key]
-
-        request.held = True
-        request.notifyFinish().addBoth(ended)
 
     def count_key(self, request: Any, principal: Principal) -> None:
         """``service_gateway_key_requests_total``: once per request that authenticated with a key, whatever it is
@@ -240,9 +217,10 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
         metrics and cluster tokens count as known (their routes check them); an API key's or static token's
         principal is kept for :meth:`authenticate`.
 
-        Such an upload with a valid credential takes its in-flight slot (:meth:`hold`) from its head, and one
-        past ``key_max_in_flight`` is answered 429 unread: counted only once its body had arrived, a key could
-        make the gateway hold ``max_body_bytes`` for any number of uploads kept open."""
+        Such an upload with a valid credential takes its in-flight slot (:meth:`hold`) and its key's token
+        (svc.gateway.keylimits) from its head, and one past ``key_max_in_flight`` or the key's rate is answered
+        429 unread: counted only once its body had arrived, a key could make the gateway hold ``max_body_bytes``
+        for any number of uploads kept open."""
         if read_without_credential(request, length):
             return None
         token = bearer_token(request)
@@ -254,12 +232,16 @@ class GatewayApp(oip.OipRoutes, routes.JsonApp):
         except ApiError as e:
             return self.limit_reply(request, e, method)
         request.service_key = principal.name  # its access line names the key, whatever ends it (429, 413, 499)
-        try:
-            self.hold(request, principal.name)
-        except ApiError as e:  # its key's 429, with the key named as on every reply to a key's request
+        def refusal(e: ApiError) -> tuple[int, dict[str, str], bytes]:  # the key named, as on its every reply
             code, headers, body = self.limit_reply(request, e, method)
             return code, {**headers, "X-Service-Key": principal.name}, body
-        return None
+
+        try:
+            self.hold(request, principal.name)
+        except ApiError as e:
+            return refusal(e)
+        over = self.take_from_head(request, principal, lambda e: request.answer_early(*refusal(e)))
+        return refusal(over) if over is not None else None
 
     def authenticate(self, request: Any) -> Principal:
         """The request's principal (``X-Service-Key`` set), or 401."""

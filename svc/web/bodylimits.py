@@ -101,7 +101,7 @@ class LimitedRequest(server.Request):
             site = self.channel.site
             refusal = site.refusal_before_body(self, length)
             if refusal is not None:  # its head alone refuses it (the gateway's 401): the body is never read
-                self._answer_early(*refusal)
+                self.answer_early(*refusal)
                 return
             self._body_deadline = site.reactor.callLater(site.body_timeout_s, self._body_too_slow)
 
@@ -112,7 +112,7 @@ class LimitedRequest(server.Request):
         timeout_ms = round(site.body_timeout_s * 1000)
         error = ApiError(st.REQUEST_TIMEOUT, f"the request body did not arrive within {timeout_ms} ms "
                                              f"(body_timeout_ms); {self._received} bytes came")
-        self._answer_early(*site.limit_reply(self, error, head_method(self)))
+        self.answer_early(*site.limit_reply(self, error, head_method(self)))
 
     def handleContentChunk(self, data: bytes) -> None:
         if self._refused:
@@ -131,10 +131,16 @@ class LimitedRequest(server.Request):
         dropped for a short while, so that a client still sending sees the
         413 instead of a connection reset.
         """
-        self._answer_early(*self.channel.site.oversize_reply(self))
+        self.answer_early(*self.channel.site.oversize_reply(self))
 
-    def _answer_early(self, code: int, headers: dict[str, str], body: bytes) -> None:
-        """Answer before the body is complete, shut the write side, drop what still comes for a while, close."""
+    @property
+    def reading_body(self) -> bool:
+        """Its body is still coming: not answered, not processed, its client not gone."""
+        return self.started is None and not self._refused and not self._disconnected
+
+    def answer_early(self, code: int, headers: dict[str, str], body: bytes) -> None:
+        """Answer before the body is complete, shut the write side, drop what still comes for a while, close (also
+        from the gateway, when its key's bucket answers an upload's head late: svc.gateway.keylimits)."""
         self._refused = True
         self._stop_body_deadline()
         # No "100 Continue" after a final answer.

@@ -855,6 +855,41 @@ def test_a_keys_uploads_hold_its_in_flight_slots_from_their_heads(processes):
     assert_serving(url, "gateway")
 
 
+def test_a_keys_upload_over_its_rate_is_429_from_its_head(processes, tmp_path):
+    """A security probe: a key limited to 1 request/s held twelve 50 MB uploads open, each refused 429 only once
+    its whole body had arrived (the gateway's memory 69 MB -> 655 MB).  An upload the gateway judges from its head
+    takes its key's token there: the second upload within the second is 429 unread, and the first, whose token was
+    taken, is routed when its body comes (not refused by its own token)."""
+    from svc.auth import hash_key, key_entry
+
+    servers = tmp_path / "server"
+    servers.mkdir()
+    write_config(servers, "TESTFAULTS", name="TESTFAULTS.toml", port=processes["model"][0])
+    key = "rate-limited-key-" + "k" * 32
+    gateway = start_gateway(tmp_path, servers, key_entry("limited", hash_key(key), qps=1),
+                            env={"SERVICE_UPSTREAM_TOKEN": "model-token"})
+    body = b'{"images": [], "pad": "' + b"x" * 899_960 + b'"}'
+    head = (b"POST /v1/models/TESTFAULTS/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + key.encode() + b"\r\nConnection: close\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+    try:
+        with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as first, \
+                socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as second:
+            first.sendall(head + body[:1000])  # its token taken from its head: the bucket (burst 1) is empty now
+            second.sendall(head + body[:1000])
+            status, headers, data = split(read_reply(second))
+            assert status == b"HTTP/1.1 429 Too Many Requests" and headers["connection"] == "close", data[:300]
+            assert headers["x-service-key"] == "limited" and headers["retry-after"] == "1", headers
+            assert json.loads(data)["error"] == "rate limit of 1 requests/s for key limited exceeded"
+            first.sendall(body[1000:])
+            status, headers, data = split(read_reply(first))
+            assert status == b"HTTP/1.1 422 Unprocessable Content", data[:300]  # its route's answer: no images
+        metrics = get(gateway.url + "/metrics", headers={"Authorization": "Bearer gw-metrics-token"}).body.decode()
+        assert 'service_gateway_key_rejections_total{key="limited",reason="rate_limited"} 1.0' in metrics
+    finally:
+        gateway.stop()
+
+
 def test_an_upload_answered_early_gives_its_slot_back_at_once_and_its_line_names_the_key(processes):
     """A regression probe: an upload holding its key's slot from its head, answered 408 (or 413) before its body
     was complete, kept the slot until its connection closed, up to 5 s later (LINGER_SECONDS): the key's next

@@ -556,6 +556,51 @@ def test_a_request_refused_past_key_max_in_flight_spends_no_token(tmp_path):
     assert 'service_gateway_key_rejections_total{key="slow",reason="rate_limited"}' not in metrics
 
 
+def test_an_uploads_token_answered_late_refuses_it_mid_body(tmp_path):
+    """With Redis the key's bucket answers a moment after the upload's head: a key over its rate is then answered
+    429 mid-upload, on the connection the body was coming on, not once the body had arrived (a security probe:
+    large uploads of a 1 request/s key were each read whole). An answer that comes with the body complete is the
+    route's to give (its admit reads the same token)."""
+    from twisted.internet.address import IPv4Address
+    from twisted.internet.testing import StringTransport
+
+    from svc.web.httplimits import HttpLimits
+    from svc.web.site import JsonSite
+
+    gw = Harness(tmp_path)
+    answers: list[Deferred] = []
+    gw.app.rates = type("Later", (), {"take": lambda self, key, rate: answers.append(Deferred()) or answers[-1]})()
+    site = JsonSite.for_app(gw.app, gw.app.resource(), max_body_bytes=1 << 20, limits=HttpLimits(),
+                            reactor=gw.clock)
+
+    def upload() -> tuple[object, StringTransport]:
+        channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        channel.dataReceived(b"POST /v1/models/CLS/infer HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                             + SLOW_KEY.encode() + b"\r\nContent-Length: 100000\r\n\r\n" + b"{" * 1000)
+        return channel, transport
+
+    channel, transport = upload()
+    assert transport.value() == b"" and len(answers) == 1  # asked from the head; the body keeps coming
+    answers[0].callback(1.0)  # over the rate
+    status, _, rest = transport.value().partition(b"\r\n")
+    assert status == b"HTTP/1.1 429 Too Many Requests", transport.value()[:200]
+    assert b"rate limit of 2 requests/s for key slow exceeded" in rest and b"X-Service-Key: slow" in rest
+    assert gw.app.in_flight == {}  # its slot given back with the answer
+    channel.dataReceived(b"{" * 99_000)  # the rest is dropped unread: no second reply
+    assert transport.value().count(b"HTTP/1.1 ") == 1
+    channel, transport = upload()  # the next: its body complete before the bucket answers
+    channel.dataReceived(b"{" * 99_000)
+    assert transport.value() == b"" and len(answers) == 2
+    answers[1].callback(0.0)  # within the rate: its route, which read the same answer, forwards it
+    gw.upstream_agent.flush()
+    assert transport.value().startswith(b"HTTP/1.1 200 OK\r\n"), transport.value()[:200]
+    assert len(answers) == 2  # no second token taken
+    metrics = render(gw.registry).decode()
+    assert 'service_gateway_key_rejections_total{key="slow",reason="rate_limited"} 1.0' in metrics
+
+
 def test_token_bucket_per_key(gw):
     infer = lambda token=SLOW_KEY: gw.call("POST", "/v1/models/CLS/infer", token=token, body=b"{}")  # noqa: E731
     assert [infer().code, infer().code] == [200, 200]

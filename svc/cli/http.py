@@ -16,6 +16,7 @@ are imported only when a request is made, so ``svcctl --version``,
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -34,9 +35,19 @@ class CliError(Exception):
     """A failure reported as one line on stderr and exit status 2."""
 
 
+#: Characters a terminal acts on rather than shows (C0, DEL, C1) and the Unicode line breaks.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def visible(text: str) -> str:
+    """``text`` with its control characters written as ``\\xNN`` (``\\uNNNN``): a line that quotes what a server
+    sent (its reason phrase, ``Location``, ``error``) set a terminal's title or cleared its screen (a probe)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text)
+
+
 def fail(message: str) -> None:
-    """One ``svcctl: ...`` line on stderr."""
-    print(f"svcctl: {message}", file=sys.stderr)
+    """One ``svcctl: ...`` line on stderr, one line of visible text whatever a server's words in it hold."""
+    print(f"svcctl: {visible(message)}", file=sys.stderr)
 
 
 @dataclass(frozen=True)

@@ -393,6 +393,23 @@ def test_a_restart_answered_by_something_else_is_not_called_a_restart(keys, caps
     assert len(supervisor.requests) == 1 and "enabled = false\n\n# a retired one" in keys.read_text()
 
 
+def test_a_servers_words_in_the_line_are_shown_not_acted_on(keys, capsys, monkeypatch):
+    """A regression probe: a stand-in supervisor's ``error`` and a redirect's ``Location`` holding escape sequences
+    set the terminal's title and cleared its screen through svcctl's line. They are written as ``\\xNN`` now."""
+    monkeypatch.setenv("SERVICE_API_TOKEN", MANAGEMENT)
+    supervisor = FakeClient()
+    supervisor.reply = Reply(500, {"ok": False, "error": "boom \x1b]0;pwned\x07 \x1b[2J end\u2028"})
+    assert cli.main(["keys", "disable", "tenant-a", "--keys-file", str(keys), "--supervisor", SUPERVISOR],
+                    client=supervisor) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "svcctl: the key file is changed but the gateway was not restarted: "
+        f"HTTP 500 Internal Server Error from POST {SUPERVISOR}{RESTART}: boom \\x1b]0;pwned\\x07 \\x1b[2J end\\u2028")
+    supervisor.reply = Reply(302, b"", location="http://evil/\x1b[2Jx")
+    assert cli.main(["keys", "enable", "tenant-a", "--keys-file", str(keys), "--supervisor", SUPERVISOR],
+                    client=supervisor) == 1
+    assert "redirected to http://evil/\\x1b[2Jx;" in capsys.readouterr().err
+
+
 def test_an_interrupted_restart_says_the_file_is_changed(keys, capsys, monkeypatch):
     in_checkout(monkeypatch, keys)
     monkeypatch.setenv("SERVICE_API_TOKEN", MANAGEMENT)

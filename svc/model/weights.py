@@ -50,9 +50,10 @@ WEIGHTS_PROPERTIES: dict[str, dict] = {
             # no control character (C0, DEL, C1): a newline split the model server's "ready" line, and every log
             # line naming the version, in two.  (?![\s\S]) is the string's end: "$" also matches before a final
             # newline (Python's re, which jsonschema uses).
-            {"pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]+(?![\\s\\S])",
-             "x-pattern-says": "has a control character (a newline, a tab, an escape), which would break the log "
-                               "lines that name the version"},
+            {"pattern": "^[^\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]+(?![\\s\\S])",
+             "x-pattern-says": "has a control character (a newline, a tab, an escape, a Unicode line break), which "
+                               "would break the log lines that name the version"},
+            {"pattern": "\\S", "x-pattern-says": "is blank: a version names what is served"},
         ],
         "description": "Model version reported in replies; default: random-init-seed<N>, the pretrained variant's "
         "name, or the file name and the first 12 hex digits of its SHA-256.",

@@ -506,6 +506,19 @@ def test_model_server_refusals(torch_setup, environment, tmp_path):
     assert torch_setup == []  # refused before any process-wide setting
 
 
+def test_a_file_as_a_diffusion_models_weights_is_named_with_its_config(torch_setup, environment, tmp_path):
+    """A regression probe: a DDPM config naming a file (the diffusion models load a save_pretrained folder) was
+    refused as "its plugin models.diffusion raised WeightsError in params_schema(config)": a plugin's crash, naming
+    neither the config nor its key. It reads as every other weights refusal now."""
+    environment.setenv("SERVICE_AUTH_TOKEN", "model-token")
+    (tmp_path / "bad.pth").write_bytes(b"not a folder")
+    config = tmp_path / "DDPM.toml"
+    config.write_text((SERVERS / "DDPM.toml").read_text().replace('weights = "random"', 'weights = "bad.pth"', 1))
+    assert refusal(model_tap, ["--server", str(config)]) == (
+        f"service-model: weights 'bad.pth' (from {config}): weights {tmp_path / 'bad.pth'}: the diffusion models load "
+        "a folder written by save_pretrained, not a file")
+
+
 def test_every_program_refuses_a_job_secret_too_short_to_sign_with(torch_setup, gateway_config, environment, tmp_path):
     """A config probe: ``SERVICE_JOB_SECRET=x`` was taken by the model server, the gateway and the supervisor."""
     line = ("SERVICE_JOB_SECRET must be at least 16 printable ASCII characters without spaces (it signs job ids); "

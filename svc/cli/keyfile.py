@@ -226,6 +226,8 @@ def run(args: argparse.Namespace, client: Client) -> int:
             refusal = gateway_refusal(path)  # first: a file also invalid is refused for both
             if refusal:
                 fail(refusal)
+            elif note := owner_note(path):
+                fail(note)
             try:
                 entries = load_key_file(path)
             except ConfigError as e:
@@ -296,6 +298,20 @@ def gateway_refusal(path: str) -> str | None:
     except (ConfigError, OSError):  # missing or invalid: load_key_file's error says it
         return None
     return None
+
+
+def owner_note(path: str) -> str | None:
+    """Run by root, the line saying that a file another user owns is accepted only by a gateway of that user: root
+    judges for the owner (:func:`gateway_refusal`), and a gateway running as root refuses it (a regression probe:
+    listed with no word, then refused by the root-run service's restart)."""
+    try:
+        owner = os.stat(path).st_uid
+    except OSError:
+        return None
+    if os.getuid() != 0 or owner == 0:
+        return None
+    return (f"{path} is owned by uid {owner}: a gateway running as that user accepts it; one running as root refuses "
+            "it (owned by another user): give it to the user the gateway runs as")
 
 
 def check_path(path: str, explicit: bool, action: str) -> None:

@@ -222,6 +222,8 @@ class GatewayApp(oip.OipRoutes, KeyLimits, routes.JsonApp):
         429 unread: counted only once its body had arrived, a key could make the gateway hold ``max_body_bytes``
         for any number of uploads kept open."""
         if read_without_credential(request, length):
+            if not self.vouched(request):  # its connection may be closed for another while its body comes
+                request.unvouched()
             return None
         token = bearer_token(request)
         if self.auth.is_metrics(token) or self.auth.is_cluster(token):
@@ -242,6 +244,17 @@ class GatewayApp(oip.OipRoutes, KeyLimits, routes.JsonApp):
             return refusal(e)
         over = self.take_from_head(request, principal, lambda e: request.answer_early(*refusal(e)))
         return refusal(over) if over is not None else None
+
+    def vouched(self, request: Any) -> bool:
+        """Whether the request carries a credential this gateway knows (counting nothing: its route judges it)."""
+        token = bearer_token(request)
+        if self.auth.is_metrics(token) or self.auth.is_cluster(token):
+            return True
+        try:
+            self.auth.authenticate(token)
+        except Unauthorized:
+            return False
+        return True
 
     def authenticate(self, request: Any) -> Principal:
         """The request's principal (``X-Service-Key`` set), or 401."""

@@ -103,9 +103,16 @@ class LimitedRequest(server.Request):
             if refusal is not None:  # its head alone refuses it (the gateway's 401): the body is never read
                 self.answer_early(*refusal)
                 return
-            self._body_deadline = site.reactor.callLater(site.body_timeout_s, self._body_too_slow)
+            self._body_deadline = site.reactor.callLater(site.body_timeout_s, self.body_too_slow)
 
-    def _body_too_slow(self) -> None:
+    def unvouched(self) -> None:
+        """Its body is read before its credential is judged, and it has none valid (the gateway's 401 comes once the
+        body is here): the connection may be closed for a new one at ``max_connections`` (svc.web.idle) until
+        then, as one still reading its head may."""
+        channel = self.channel
+        channel.site.idle.reading(channel, channel._head_started)
+
+    def body_too_slow(self) -> None:
         """The body is still incomplete at its deadline: 408 in the process's shape, and close."""
         self._body_deadline = None
         site = self.channel.site
@@ -179,6 +186,7 @@ class LimitedRequest(server.Request):
         if self._refused:
             return  # the 413 or 408 is already out; drop the rest
         self._stop_body_deadline()
+        self.channel.site.idle.done_reading(self.channel)  # an unvouched body is here
         self.started = self.channel.site.reactor.seconds()
         super().process()
 

@@ -9,21 +9,42 @@ security probe).  A connection is idle here from the moment its last reply
 was sent whole (nothing read of a next request, nothing pipelined) until its
 next byte; a full listener closes the one idle longest to admit the new one,
 as RFC 9112 (section 9.6) lets a server close an idle connection at any
-time.  A connection in the middle of a request is never closed for another:
-only when none is idle does a new one get the 503.
+time.  With none idle, the connection that has been reading a request head
+longest (or, on the gateway, a body sent without a valid credential, which
+it reads before it answers 401) is closed for the new one, once it has been
+at it :data:`STALLED_S`: a head arrives in one or two packets, so one still
+coming after a second is a client holding the slot (a security probe: one
+client with 1,100 half-sent requests locked every other client out of the
+gateway, the supervisor too, each re-sent at its deadline).  It gets the
+408 its deadline would have given it.  A request with a valid credential
+whose body is coming is never closed for another: only when none is idle or
+stalled does a new connection get the 503.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+#: How long a connection may have been reading a head (or an unvouched body) before a full listener closes it for
+#: a new one.
+STALLED_S = 1.0
+
 
 class IdleConnections:
-    """The channels of one listener that are idle between requests, oldest first."""
+    """The channels of one listener that are idle between requests, oldest first, and those reading a head."""
 
     def __init__(self) -> None:
         self._idle: dict[Any, None] = {}  # insertion order: the order they became idle
+        self._reading: dict[Any, float] = {}  # channel -> when its head began (an unvouched body: its head's start)
         self.closed = 0  # closed to admit another
+
+    def reading(self, channel: Any, since: float) -> None:
+        """``channel`` reads a head (or a body sent without a valid credential) begun at ``since``."""
+        self._reading[channel] = since
+
+    def done_reading(self, channel: Any) -> None:
+        """``channel``'s head (or unvouched body) is complete, refused, or gone."""
+        self._reading.pop(channel, None)
 
     def mark(self, channel: Any) -> None:
         """``channel`` has sent its last reply whole and waits for a next request."""
@@ -34,13 +55,22 @@ class IdleConnections:
         """``channel`` reads a request again, or is gone."""
         self._idle.pop(channel, None)
 
-    def make_room(self) -> Any | None:
-        """Close the channel idle longest, to admit a new connection; it, or None when none is idle.  The caller
-        takes its slot (:meth:`svc.web.limits.LimitedChannel.connectionMade`)."""
-        if not self._idle:
+    def make_room(self, now: float) -> Any | None:
+        """Close the channel idle longest, else the one reading a head longest if it began :data:`STALLED_S` ago or
+        more, to admit a new connection; it, or None.  The caller takes its slot
+        (:meth:`svc.web.limits.LimitedChannel.connectionMade`)."""
+        if self._idle:
+            channel = next(iter(self._idle))
+            del self._idle[channel]
+            self.closed += 1
+            channel.transport.loseConnection()  # its last reply was sent: nothing is cut
+            return channel
+        if not self._reading:
             return None
-        channel = next(iter(self._idle))
-        del self._idle[channel]
+        channel, since = min(self._reading.items(), key=lambda item: item[1])  # only when full: a scan is cheap
+        if now - since < STALLED_S:
+            return None
+        del self._reading[channel]
         self.closed += 1
-        channel.transport.loseConnection()  # its last reply was sent: nothing is cut
+        channel.stalled_out()  # its 408, as its deadline would have answered
         return channel

@@ -3,19 +3,15 @@
 twisted.web's connection handling has gaps that :class:`LimitedChannel`
 closes (see :class:`svc.web.httplimits.HttpLimits` for the knobs):
 
-* its idle timeout is reset by every byte, so a client that sends one header
-  byte every few seconds holds a connection forever (slowloris): a request's
-  headers must now be complete within ``header_timeout_ms``;
-* it accepts any number of connections: past ``max_connections`` the
-  connection idle longest between requests is closed for a new one
-  (:mod:`svc.web.idle`), and with none idle the new one gets the process's
-  503 and is closed;
-* a request line or a header line longer than ``MAX_LENGTH`` (16 KiB), or
-  a head (request line and headers, their CRLFs counted) larger than
-  ``totalHeadersSize`` (16 KiB), got the connection dropped without a word, or a bare 400:
-  now a path too long is answered 414 and a head too large 431, in the
-  process's reply shape (the envelope, status 61), and the connection is
-  closed;
+* its idle timeout is reset by every byte, so a client that sends one header byte every few seconds holds a
+  connection forever (slowloris): a request's headers must now be complete within ``header_timeout_ms``;
+* it accepts any number of connections: past ``max_connections`` the connection idle longest between requests,
+  else one stalled in its head, is closed for a new one (:mod:`svc.web.idle`), and with none the new one gets
+  the process's 503 and is closed;
+* a request line or a header line longer than ``MAX_LENGTH`` (16 KiB), or a head (request line and headers, their
+  CRLFs counted) larger than ``totalHeadersSize`` (16 KiB), got the connection dropped without a word, or a bare
+  400: now a path too long is answered 414 and a head too large 431, in the process's reply shape (the envelope,
+  status 61), and the connection is closed;
 * a client that pipelines requests and never reads the replies grows the
   process without bound, and the replies are computed in one reactor turn
   (``HTTPChannel.pauseProducing`` does not stop reading while a request is
@@ -49,13 +45,11 @@ from svc.web.replies import bare_reply, connection_options, head_too_large, raw_
 if TYPE_CHECKING:
     from svc.web.site import JsonSite
 
-#: How long a connection refused past ``max_connections`` may keep sending
-#: (read and dropped) after its 503, so the client reads the 503 rather than
-#: a reset; short, because such connections come in floods.
+#: How long a connection refused past ``max_connections`` may keep sending (read and dropped) after its 503, so the
+#: client reads the 503 rather than a reset; short, because such connections come in floods.
 REFUSED_LINGER_SECONDS = 2.0
 
-#: Pipelined requests answered one after another on one connection before
-#: the reactor serves others (the rest wait for the next reactor turn).
+#: Pipelined requests answered one after another on one connection before the reactor serves others.
 PIPELINE_BURST = 16
 
 
@@ -79,14 +73,14 @@ class LimitedChannel(HTTPChannel):
     def connectionMade(self) -> None:
         site = self.site
         if site.open_connections >= site.max_connections:
-            idle = site.idle.make_room()
+            idle = site.idle.make_room(site.reactor.seconds())
             if idle is None:
                 self._refuse_connection()
                 return
             idle._counted = False  # its slot is this one's now
             site.open_connections -= 1
-            site.warn_limit("idle connections closed to admit new ones at max_connections ({limit}): {count} so far",
-                            limit=site.max_connections, count=site.idle.closed)
+            site.warn_limit("idle or stalled connections closed to admit new ones at max_connections ({limit}): "
+                            "{count} so far", limit=site.max_connections, count=site.idle.closed)
         site.open_connections += 1
         self._counted = True
         super().connectionMade()
@@ -122,22 +116,30 @@ class LimitedChannel(HTTPChannel):
         self._between_requests = False
         self._head_started = self.site.reactor.seconds()
         self._header_deadline = self.site.reactor.callLater(self.site.header_timeout_s, self._headers_too_slow)
+        self.site.idle.reading(self, self._head_started)  # closed for a new connection once stalled (svc.web.idle)
 
     def _head_ms(self) -> float:
         """How long the current request's head has taken so far (the access line's duration of its refusal)."""
         return (self.site.reactor.seconds() - self._head_started) * 1000.0
 
     def _stop_header_deadline(self) -> None:
+        self.site.idle.done_reading(self)
         if self._header_deadline is not None and self._header_deadline.active():
             self._header_deadline.cancel()
         self._header_deadline = None
 
-    def _headers_too_slow(self) -> None:
-        """The request's headers are still incomplete: 408 and close.
+    def stalled_out(self) -> None:
+        """Closed for a new connection at ``max_connections`` (svc.web.idle): the 408 of its head's deadline, or of
+        its body's (an unvouched one, svc.web.bodylimits.LimitedRequest.unvouched), now."""
+        if self._header_deadline is not None:
+            self._stop_header_deadline()
+            self._headers_too_slow()
+        elif self.requests:
+            self.requests[-1].body_too_slow()
 
-        No reply is in progress here (twisted parses a request only after the
-        previous one was answered), so the 408 cannot interleave with one.
-        """
+    def _headers_too_slow(self) -> None:
+        """The request's headers are still incomplete: 408 and close.  No reply is in progress here (twisted parses a
+        request only after the previous one was answered), so the 408 cannot interleave with one."""
         self._header_deadline = None
         self._refused = True  # what comes after the 408 is dropped
         self._read_held_line()

@@ -601,6 +601,51 @@ def test_an_uploads_token_answered_late_refuses_it_mid_body(tmp_path):
     assert 'service_gateway_key_rejections_total{key="slow",reason="rate_limited"} 1.0' in metrics
 
 
+def test_a_body_without_a_credential_loses_its_slot_to_a_new_client_past_a_second(tmp_path):
+    """A security probe: 1,100 connections each sending the head of a 60 KB body (read before its 401) and one byte
+    of it held every slot of the gateway, and every client got 503. Such an unvouched body may be closed for a new
+    connection once its head began a second ago, as a stalled head may; an upload with a valid key never is."""
+    from twisted.internet.address import IPv4Address
+    from twisted.internet.testing import StringTransport
+
+    from svc.web.httplimits import HttpLimits
+    from svc.web.idle import STALLED_S
+    from svc.web.site import JsonSite
+
+    gw = Harness(tmp_path)
+    site = JsonSite.for_app(gw.app, gw.app.resource(), max_body_bytes=1 << 20,
+                            limits=HttpLimits(max_connections=1), reactor=gw.clock)
+
+    def connect() -> tuple[object, StringTransport]:
+        channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        return channel, transport
+
+    def upload(channel, authorization: bytes) -> None:
+        channel.dataReceived(b"POST /v1/models/CLS/infer HTTP/1.1\r\nHost: x\r\n" + authorization
+                             + b"Content-Length: 60000\r\n\r\n{")
+
+    keyed, keyed_transport = connect()
+    upload(keyed, b"Authorization: Bearer " + KEY.encode() + b"\r\n")
+    gw.clock.advance(STALLED_S)
+    _, refused = connect()  # a key's upload is not stalled, however long its body takes
+    assert refused.value().startswith(b"HTTP/1.1 503 ") and not keyed_transport.disconnecting
+    keyed.dataReceived(b" " * 59_998 + b"}")
+    assert not keyed_transport.disconnecting
+    keyed.connectionLost(Failure(ConnectionLost()))
+
+    anonymous, anonymous_transport = connect()
+    upload(anonymous, b"")
+    _, refused = connect()  # within the second
+    assert refused.value().startswith(b"HTTP/1.1 503 ") and not anonymous_transport.disconnecting
+    gw.clock.advance(STALLED_S)
+    healthy, transport = connect()
+    assert anonymous_transport.value().startswith(b"HTTP/1.1 408 Request Timeout") and anonymous_transport.disconnecting
+    healthy.dataReceived(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert transport.value().startswith(b"HTTP/1.1 200 OK"), transport.value()[:200]
+
+
 def test_token_bucket_per_key(gw):
     infer = lambda token=SLOW_KEY: gw.call("POST", "/v1/models/CLS/infer", token=token, body=b"{}")  # noqa: E731
     assert [infer().code, infer().code] == [200, 200]

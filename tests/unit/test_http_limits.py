@@ -241,8 +241,8 @@ def test_connections_past_max_connections_get_503_with_connection_close():
 def test_past_max_connections_the_connection_idle_longest_is_closed_for_the_new_one():
     """Connections idle between requests held every slot for the idle timeout, and every new client got 503, the
     supervisor's /healthz probe included (a security probe: 50 keep-alive connections after one request each).
-    The one idle longest is closed for the new one; one in the middle of a request never is, and with none idle the
-    new one gets the 503."""
+    The one idle longest is closed for the new one; one in the middle of a request is not, unless its head has been
+    coming for a second (svc.web.idle.STALLED_S), and with none idle or stalled the new one gets the 503."""
     clock = Clock()
     site, _ = make_site(clock, max_connections=3)
     older, newer, busy_one = connect(site), connect(site), connect(site)
@@ -267,10 +267,37 @@ def test_past_max_connections_the_connection_idle_longest_is_closed_for_the_new_
     newer[0].dataReceived(b"GET /ok HTTP/1.1\r\n")  # now in a request
     transport.clear()
     channel.dataReceived(b"GET /ok HTTP/1.1\r\n")  # the newest one too: none idle
-    refused, refused_transport = connect(site)
+    # busy_one's head has been coming since its connection, 2 s ago: stalled, it gets its 408 for the new one
+    admitted, admitted_transport = connect(site)
+    assert busy_one[1].value().startswith(b"HTTP/1.1 408 Request Timeout") and busy_one[1].disconnecting
+    assert admitted_transport.value() == b"" and not admitted_transport.disconnecting
+    refused, refused_transport = connect(site)  # the other heads began now: not stalled
     assert refused_transport.value().startswith(b"HTTP/1.1 503 Service Unavailable")
-    assert not (newer[1].disconnecting or busy_one[1].disconnecting or transport.disconnecting)
-    assert (site.open_connections, site.refused_connections) == (3, 1)
+    assert not (newer[1].disconnecting or transport.disconnecting or admitted_transport.disconnecting)
+    assert (site.open_connections, site.refused_connections, site.idle.closed) == (3, 1, 2)
+
+
+def test_heads_held_open_lose_their_slots_to_new_clients_past_a_second():
+    """A security probe: one client held every slot with half-sent heads (each re-sent at its 10 s deadline), and
+    every other client got 503, the supervisor's too. A full listener closes the connection whose head has been
+    coming longest, once it has for STALLED_S (its 408, counted and logged as its deadline's), for the new one."""
+    from svc.web.idle import STALLED_S
+
+    clock = Clock()
+    site, _ = make_site(clock, max_connections=2, header_timeout_ms=10000)
+    slow = [connect(site) for _ in range(2)]
+    for channel, _ in slow:
+        channel.dataReceived(b"GET /ok HTTP/1.1\r\nX-A: 1\r\n")
+    refused, refused_transport = connect(site)  # within the second: no one is stalled yet
+    assert refused_transport.value().startswith(b"HTTP/1.1 503 ")
+    clock.advance(STALLED_S)
+    channel, transport = connect(site)
+    assert slow[0][1].value().startswith(b"HTTP/1.1 408 Request Timeout") and slow[0][1].disconnecting
+    assert not slow[1][1].disconnecting and site.header_timeouts == 1
+    channel.dataReceived(REQUEST)
+    assert transport.value().startswith(b"HTTP/1.1 200 OK")
+    lose(*slow[0])  # its end frees no slot twice
+    assert (site.open_connections, site.refused_connections, site.idle.closed) == (2, 1, 1)
 
 
 def test_a_connection_is_idle_only_once_its_client_read_the_reply():

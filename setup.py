@@ -9,7 +9,10 @@ import glob
 import os
 import re
 
-from setuptools import find_packages, setup
+from setuptools import Distribution, find_packages, setup
+
+#: setuptools' install_data command (setuptools.command has no module of that name: its distutils' own)
+InstallData = Distribution().get_command_class("install_data")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 with open(os.path.join(HERE, "svc", "__init__.py"), encoding="utf-8") as f:
@@ -80,6 +83,25 @@ LINT = [
     "zope.schema==8.1",  # mypy-zope's, pinned with it
 ]
 
+
+class VersionedInstallData(InstallData):
+    """Install the data files, then ``share/inference-service/VERSION``: the version that installed them.
+
+    The installed code finds its UI and default configuration beside it or under ``sys.prefix``
+    (svc/infra/install.py); a copy there of another version (an older install) was served as this one's
+    without a word.  The file is written here rather than listed in ``data_files`` so that the version is
+    the one this build reads from svc/__init__.py, with no generated file in the checkout.
+    """
+
+    def run(self):
+        super().run()
+        marker = os.path.join(self.install_dir, "share", "inference-service", "VERSION")
+        self.mkpath(os.path.dirname(marker))
+        with open(marker, "w", encoding="utf-8") as f:
+            f.write(VERSION + "\n")
+        self.outfiles.append(marker)
+
+
 setup(
     name="inference-service",
     version=VERSION,
@@ -99,6 +121,7 @@ setup(
                 ("share/inference-service/conf", ["conf/service.toml", "conf/api_keys.example.toml"]),
                 ("share/inference-service/conf/profiles", sorted(glob.glob("conf/profiles/*.toml"))),
                 ("share/inference-service/conf/server", sorted(glob.glob("conf/server/*.toml")))],
+    cmdclass={"install_data": VersionedInstallData},
     install_requires=RUNTIME,
     extras_require={"test": TEST, "docs": DOCS, "lint": LINT},
     entry_points={"console_scripts": ["svcctl = svc.cli:main"]},

@@ -7,7 +7,11 @@ virtual environment, ``pip install --user``, Debian's system pip under
 ``<base>/share/inference-service/`` (setup.py ``data_files``), where ``<base>``
 is that site-packages folder's ``<base>/lib/pythonX.Y/site-packages``, and not
 always ``sys.prefix``: a ``--user`` install's base is ``site.USER_BASE``, and
-Debian's pip installs under ``/usr/local`` while ``sys.prefix`` is ``/usr``.
+Debian's pip installs under ``/usr/local`` while ``sys.prefix`` is ``/usr``;
+``pip install --target DIR`` puts both in ``DIR`` (``DIR/svc``, ``DIR/share``).
+An installed copy carries a ``VERSION`` file (setup.py's ``install_data``): one
+of another version (an older install under ``sys.prefix``, say) is passed over
+with one line, never served as this version's UI or default configuration.
 
 The supervisor's children must import exactly the code the supervisor runs
 (:func:`child_pythonpath`); the supervisor's web UI and the quick start's
@@ -20,11 +24,13 @@ import os
 import site
 import sys
 import sysconfig
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 #: The folder under ``<base>/share`` that setup.py's ``data_files`` install into.
 SHARE = Path("share") / "inference-service"
+#: The file in ``share/inference-service`` naming the version that installed it (setup.py's ``install_data``).
+VERSION_FILE = "VERSION"
 
 
 def source_root() -> Path:
@@ -64,23 +70,47 @@ def child_pythonpath(env: Mapping[str, str], root: Path | None = None) -> str:
 def share_candidates(name: str, root: Path | None = None, prefix: str | None = None) -> list[Path]:
     """Where ``share/inference-service/<name>`` may be, in order: beside the code, then under ``sys.prefix``.
 
-    Beside the code: each folder above the source root (``<base>/lib/pythonX.Y/site-packages`` -> ``<base>``).
+    Beside the code: the source root itself (``pip install --target DIR``: ``DIR/svc`` and ``DIR/share``), then
+    each folder above it (``<base>/lib/pythonX.Y/site-packages`` -> ``<base>``).
     """
     root = source_root() if root is None else root
-    found = [ancestor / SHARE / name for ancestor in root.resolve().parents]
+    found = [folder / SHARE / name for folder in (root.resolve(), *root.resolve().parents)]
     found.append(Path(sys.prefix if prefix is None else prefix) / SHARE / name)
     return list(dict.fromkeys(found))
 
 
-def data_dir(name: str, required: Iterable[str], root: Path | None = None, prefix: str | None = None) -> Path | None:
+def installed_version(share: Path) -> str | None:
+    """The version that installed ``share`` (``share/inference-service``): its ``VERSION`` file, None without one."""
+    try:
+        return (share / VERSION_FILE).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def data_dir(name: str, required: Iterable[str], root: Path | None = None, prefix: str | None = None,
+             warn: Callable[[str], None] | None = None) -> Path | None:
     """The first folder ``name`` of a checkout (``<root>/<name>``) or of an installation that holds every file of
     ``required`` (paths relative to it); None when none does.
 
-    A folder missing one of them is skipped: a partial copy would fail later, file by file.
+    A folder missing one of them is skipped: a partial copy would fail later, file by file.  So is an installed
+    copy of another version (or of none: installed before its ``VERSION`` file was), with one line to ``warn``
+    (default: standard error): 0.13.0's UI and configuration were served by a 0.16.0 supervisor without a word.
     """
+    from svc import __version__
+
     root = source_root() if root is None else root
     needed = list(required)
     for candidate in [root / name, *share_candidates(name, root, prefix)]:
-        if all((candidate / path).is_file() for path in needed):
-            return candidate
+        if not all((candidate / path).is_file() for path in needed):
+            continue
+        if candidate != root / name and (version := installed_version(candidate.parent)) != __version__:
+            said = f"version {version}" if version else f"an unknown version (no {VERSION_FILE} file)"
+            (warn or _stderr)(f"inference-service {__version__}: passing over {candidate}, installed by {said}; "
+                              "reinstall the service to replace it")
+            continue
+        return candidate
     return None
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 import setuptools
+from setuptools.dist import Distribution
 
+from svc import __version__
 from tests.support.processes import REPO
 
 
@@ -54,16 +56,20 @@ def ui_files() -> list[str]:
     return sorted({name for name, _ in UI_FILES.values()})
 
 
-def install_tree(base: Path, *, ui: list[str] | None = None) -> Path:
-    """``<base>/lib/python3.11/site-packages`` (returned), with ``<base>/share/inference-service/ui`` holding
-    ``ui`` (the UI's file names; None: no folder)."""
-    site_packages = base / "lib" / "python3.11" / "site-packages"
-    site_packages.mkdir(parents=True)
+def install_tree(base: Path, *, ui: list[str] | None = None, version: str | None = __version__,
+                 code: Path | None = None) -> Path:
+    """``<base>/lib/python3.11/site-packages`` (returned; ``code`` instead when given), with
+    ``<base>/share/inference-service/ui`` holding ``ui`` (the UI's file names; None: no folder) and the ``VERSION``
+    file that setup.py's install_data writes (None: none)."""
+    site_packages = base / "lib" / "python3.11" / "site-packages" if code is None else code
+    site_packages.mkdir(parents=True, exist_ok=True)
     if ui is not None:
         shared = base / "share" / "inference-service" / "ui"
         shared.mkdir(parents=True)
         for name in ui:
             (shared / name).write_text(name)
+        if version is not None:
+            (shared.parent / "VERSION").write_text(version + "\n")
     return site_packages
 
 
@@ -99,6 +105,50 @@ def test_a_ui_folder_missing_one_served_file_is_passed_over(tmp_path, monkeypatc
     assert ui_dir() == str(tmp_path / "prefix" / "share" / "inference-service" / "ui")
     (tmp_path / "prefix" / "share" / "inference-service" / "ui" / "index.html").unlink()
     assert ui_dir() is None
+
+
+def test_a_target_install_finds_its_data_in_its_own_folder_before_another_versions_under_sys_prefix(
+        tmp_path, monkeypatch, capsys):
+    """``pip install --target DIR`` puts the code in ``DIR/svc`` and the data in ``DIR/share``: that folder was
+    never looked in, and a 0.13.0 copy under ``sys.prefix`` was served to a 0.16 supervisor without a word."""
+    from svc.infra import install
+    from svc.supervisor.tap import ui_dir
+
+    target = tmp_path / "target"
+    install_tree(target, ui=ui_files(), code=target)
+    install_tree(tmp_path / "usr", ui=ui_files(), version="0.13.0")
+    monkeypatch.setattr(install, "source_root", lambda: target)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "usr"))
+    assert ui_dir() == str(target / "share" / "inference-service" / "ui")
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("version, said", [("0.13.0", "version 0.13.0"),
+                                           (None, "an unknown version (no VERSION file)")])
+def test_another_versions_copy_is_passed_over_with_one_line(tmp_path, monkeypatch, capsys, version, said):
+    """The copy found under ``sys.prefix`` was another version's (an older install): its UI and default
+    configuration were used as this version's."""
+    from svc.infra import install
+    from svc.supervisor.tap import ui_dir
+
+    site_packages = install_tree(tmp_path / "venv")
+    install_tree(tmp_path / "usr", ui=ui_files(), version=version)
+    monkeypatch.setattr(install, "source_root", lambda: site_packages)
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "usr"))
+    assert ui_dir() is None
+    stale = tmp_path / "usr" / "share" / "inference-service" / "ui"
+    assert capsys.readouterr().err == (f"inference-service {__version__}: passing over {stale}, installed by {said}; "
+                                       "reinstall the service to replace it\n")
+
+
+def test_the_installed_data_files_carry_the_version_that_installed_them(setup_args, tmp_path):
+    """What svc.infra.install.data_dir compares: ``share/inference-service/VERSION``, written by install_data."""
+    command = setup_args["cmdclass"]["install_data"](Distribution({"data_files": []}))
+    command.install_dir = str(tmp_path / "data")  # what finalize_options would take from a whole install's
+    command.run()
+    marker = tmp_path / "data" / "share" / "inference-service" / "VERSION"
+    assert marker.read_text() == f"{__version__}\n"
+    assert command.get_outputs() == [str(marker)]
 
 
 def test_the_default_configuration_is_shipped_without_the_key_file(setup_args):

@@ -395,6 +395,7 @@ def test_the_block_names_the_svcctl_of_the_running_interpreter(tmp_path, monkeyp
 def fake_install(tmp_path, monkeypatch, *, conf: bool):
     """The code in ``<tmp>/base/lib/python3.11/site-packages``, its data in ``<tmp>/base/share/inference-service``
     (the default configuration when ``conf``, and a key file that must never be copied); ``sys.prefix`` empty."""
+    from svc import __version__
     from svc.infra import install
 
     site_packages = tmp_path / "base" / "lib" / "python3.11" / "site-packages"
@@ -405,6 +406,7 @@ def fake_install(tmp_path, monkeypatch, *, conf: bool):
                      "server/MOBILENETV2.toml", "api_keys.toml"):
             (shared / name).parent.mkdir(parents=True, exist_ok=True)
             (shared / name).write_text(f"# {name}\n")
+        (shared.parent / "VERSION").write_text(f"{__version__}\n")  # setup.py's install_data
     monkeypatch.setattr(install, "source_root", lambda: site_packages)
     monkeypatch.setattr(sys, "prefix", str(tmp_path / "prefix"))
     return shared

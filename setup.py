@@ -8,8 +8,10 @@ does not match), the rest at the versions the test suite runs with.
 import glob
 import os
 import re
+import shutil
 
 from setuptools import Distribution, find_packages, setup
+from setuptools.command.build_py import build_py
 
 #: setuptools' install_data command (setuptools.command has no module of that name: its distutils' own)
 InstallData = Distribution().get_command_class("install_data")
@@ -102,6 +104,23 @@ class VersionedInstallData(InstallData):
         self.outfiles.append(marker)
 
 
+class FreshBuildPy(build_py):
+    """Empty ``build_lib`` (``build/lib``) before copying the packages into it.
+
+    setuptools keeps what an earlier build copied there, and the wheel takes the whole folder: a module
+    removed from the checkout since (``svc/x.py``, a plugin of ``models/``, which the plugin scan imports)
+    stayed in every later wheel, and in ``pip install /path/to/checkout``, which builds in the checkout's
+    ``build/``.  Nothing is removed in editable mode (build_py copies nothing then) or when ``build_lib`` is
+    the sources' folder or above it (``--build-lib .``).
+    """
+
+    def run(self):
+        target = os.path.abspath(self.build_lib)
+        if not self.editable_mode and os.path.isdir(target) and os.path.commonpath([target, HERE]) != target:
+            shutil.rmtree(target)
+        super().run()
+
+
 setup(
     name="inference-service",
     version=VERSION,
@@ -121,7 +140,7 @@ setup(
                 ("share/inference-service/conf", ["conf/service.toml", "conf/api_keys.example.toml"]),
                 ("share/inference-service/conf/profiles", sorted(glob.glob("conf/profiles/*.toml"))),
                 ("share/inference-service/conf/server", sorted(glob.glob("conf/server/*.toml")))],
-    cmdclass={"install_data": VersionedInstallData},
+    cmdclass={"build_py": FreshBuildPy, "install_data": VersionedInstallData},
     install_requires=RUNTIME,
     extras_require={"test": TEST, "docs": DOCS, "lint": LINT},
     entry_points={"console_scripts": ["svcctl = svc.cli:main"]},

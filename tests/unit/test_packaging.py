@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import setuptools
+from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
 from svc import __version__
@@ -149,6 +150,27 @@ def test_the_installed_data_files_carry_the_version_that_installed_them(setup_ar
     marker = tmp_path / "data" / "share" / "inference-service" / "VERSION"
     assert marker.read_text() == f"{__version__}\n"
     assert command.get_outputs() == [str(marker)]
+
+
+def test_a_build_copies_no_module_an_earlier_build_left_in_build_lib(setup_args, tmp_path, monkeypatch):
+    """A module removed from the checkout stayed in every later wheel (and ``pip install /path/to/checkout``): the
+    build copied the sources over the ``build/lib`` of the build before, whose removed ``svc/x.py`` and
+    ``models/plugin.py`` went into the wheel as they were."""
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    (tmp_path / "src" / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "src" / "pkg" / "kept.py").write_text("")
+    for left in ("pkg/removed.py", "models/plugin.py"):
+        (tmp_path / "build" / "lib" / left).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "build" / "lib" / left).write_text("")
+    monkeypatch.chdir(tmp_path / "src")
+    command_class = setup_args.get("cmdclass", {}).get("build_py", build_py)  # setuptools' own: the build before
+    command = command_class(Distribution({"packages": ["pkg"], "script_name": "setup.py"}))
+    command.build_lib = str(tmp_path / "build" / "lib")
+    command.compile = 0
+    command.ensure_finalized()
+    command.run()
+    built = sorted(str(p.relative_to(tmp_path / "build" / "lib")) for p in (tmp_path / "build" / "lib").rglob("*"))
+    assert built == ["pkg", "pkg/__init__.py", "pkg/kept.py"]
 
 
 def test_the_default_configuration_is_shipped_without_the_key_file(setup_args):

@@ -67,6 +67,7 @@ from svc.cli.quickstart_weights import (  # noqa: F401 - the quick start's weigh
     source_hosts,
     uncached_outside_profile,
 )
+from svc.infra.install import drop_working_directory
 
 SERVICE_CONFIG = os.path.join("conf", "service.toml")
 #: What setup.py installs as ``share/inference-service/conf`` (the folders' ``*.toml`` files), and what a copy of
@@ -392,4 +393,5 @@ def exit_status(returncode: int) -> int:
 
 
 if __name__ == "__main__":
+    drop_working_directory()  # python -m put it first: a models/ folder of the user's there is no plugin folder
     sys.exit(main())

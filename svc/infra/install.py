@@ -38,6 +38,20 @@ def source_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
+def drop_working_directory(path: list[str] | None = None) -> None:
+    """Take the working directory off the front of ``path`` (``sys.path``), where ``python -m`` put it, unless it
+    is the folder that holds this code (a checkout run from its root).
+
+    ``models`` takes in every ``models/`` folder on the path as a plugin folder (``twisted.plugin``): a user's own
+    ``models/`` in the working directory was imported by ``python -m svc.cli`` as model plugins.  The servers run
+    with ``python -P`` for the same reason; the ``svcctl`` script has its own folder there, not the working one.
+    """
+    path = sys.path if path is None else path
+    if (not sys.flags.safe_path and path and os.path.realpath(path[0] or os.curdir) == os.path.realpath(os.curdir)
+            and Path(os.curdir).resolve() != source_root()):
+        del path[0]
+
+
 def site_dirs() -> set[Path]:
     """The interpreter's own site-packages folders (the virtual environment's, the system's, the user's).
 

@@ -308,3 +308,24 @@ def test_ctrl_c_before_main_is_interrupted_and_130(tmp_path, module):
     out, err = proc.communicate(timeout=60)
     assert (proc.returncode, out, err) == (130, "", "svcctl: interrupted\n")
 
+
+
+# ---------------------------------------------------------------- the working directory's models/ folder
+
+#: A model plugin of the user's own, in the folder ``python -m`` is run from.
+USER_PLUGIN = 'print("IMPORTED", flush=True)\n'
+
+
+def test_python_m_svc_cli_imports_no_models_folder_of_the_working_directory(tmp_path):
+    """An installed user's ``mkdir models; echo 'print("IMPORTED")' > models/mine.py; python -m svc.cli weights
+    list`` printed IMPORTED: ``-m`` put the working directory first on sys.path, where the ``models`` plugin
+    package took in its ``models/``.  The servers run ``python -P`` for that reason; ``svcctl`` never had it."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "mine.py").write_text(USER_PLUGIN)
+    env = {**{k: v for k, v in os.environ.items() if k not in CLEARED}, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "svc.cli", "weights", "list"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "IMPORTED" not in done.stdout + done.stderr
+    assert done.stdout.split()[:2] == ["MODEL", "VARIANT"]
+    assert "MOBILENETV2 " in done.stdout  # the service's own plugins, still found

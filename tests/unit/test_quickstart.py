@@ -712,3 +712,24 @@ def test_a_lock_left_by_a_quick_start_that_is_gone_is_taken_over(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "Another bin/quickstart" not in done.stdout and log.read_text().split()[::2] == ["start", "end"]
     assert not (tmp_path / ".venv-install.lock").exists()
+
+
+def test_python_m_quickstart_imports_no_models_folder_of_the_working_directory(tmp_path):
+    """``python -m svc.cli.quickstart`` (an installed user's quick start) imported the working directory's
+    ``models/*.py`` as model plugins when it looked up the profile's weights: ``-m`` put that folder first on
+    sys.path.  Run here up to the supervisor, which refuses its wildcard address at once."""
+    from tests.support.processes import REPO, free_port
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "mine.py").write_text('print("IMPORTED", flush=True)\n')
+    shutil.copytree(REPO / "conf", tmp_path / "root" / "conf", ignore=shutil.ignore_patterns("api_keys.toml"))
+    (tmp_path / "root" / "conf" / "service.toml").write_text(
+        f'[supervisor]\nhost = "0.0.0.0"\nport = {free_port()}\nprofile = "cpu"\n[gateway]\nport = {free_port()}\n')
+    env = {k: v for k, v in os.environ.items() if k != "SERVICE_EXPOSE"}  # else the supervisor would start
+    done = subprocess.run([sys.executable, "-m", "svc.cli.quickstart", "--root", "root"], cwd=tmp_path,
+                          env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=120)
+    assert "IMPORTED" not in done.stdout + done.stderr
+    assert done.stdout.splitlines()[1].startswith("Starting the supervisor (demo weights)")
+    assert done.stderr == ("service-supervisor: refusing the wildcard bind '0.0.0.0': set SERVICE_EXPOSE=docker (in "
+                           "a container) or SERVICE_EXPOSE=unsafe to expose the management API\n")
+    assert done.returncode == 1

@@ -2,8 +2,9 @@
 
 Run in a folder without ``conf/`` (an installed package has no checkout to run
 in), it first copies the installed default configuration there
-(``share/inference-service/conf``, :func:`copy_default_conf`), with one line
-saying so; without installed defaults it refuses, one line and exit 1.
+(``share/inference-service/conf``, :mod:`svc.cli.quickstart_conf`), with one line
+saying so, and into a ``conf/`` that lacks part of it the files it lacks;
+without installed defaults, or in no folder, it refuses, one line and exit 1.
 
 Creates, once, ``secrets/local.env`` (mode 0600) with the management, inference
 and metrics tokens (all different) and a first API key, and puts that key's
@@ -41,15 +42,19 @@ import http.client
 import json
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
 from collections.abc import Mapping
-from typing import Any
 from urllib.parse import urlsplit
 
 from svc.cli.quickstart_arguments import arguments
+from svc.cli.quickstart_conf import (  # noqa: F401 - the quick start's configuration step, named here too
+    DEFAULT_CONF,
+    REQUIRED_CONF,
+    conf_problem,
+    copy_default_conf,
+)
 from svc.cli.quickstart_secrets import (  # noqa: F401 - the quick start's secrets step, named here too
     FIRST_KEY_NAME,
     KEY_FILE,
@@ -70,37 +75,6 @@ from svc.cli.quickstart_weights import (  # noqa: F401 - the quick start's weigh
 from svc.infra.install import drop_working_directory
 
 SERVICE_CONFIG = os.path.join("conf", "service.toml")
-#: What setup.py installs as ``share/inference-service/conf`` (the folders' ``*.toml`` files), and what a copy of
-#: the defaults takes: never ``conf/api_keys.toml``, a checkout's own keys.
-DEFAULT_CONF = ("service.toml", "api_keys.example.toml", "profiles/*.toml", "server/*.toml")
-#: Without these, a folder is no set of defaults.
-REQUIRED_CONF = ("service.toml", "profiles/cpu.toml", "profiles/gpu.toml")
-
-
-def copy_default_conf(root: str, out: Any = None) -> bool:
-    """Copy the installed default configuration into ``<root>/conf`` (a folder without one): True when done.
-
-    An installed package has no checkout to run in; its defaults are
-    ``share/inference-service/conf`` (svc.infra.install.data_dir: a checkout's
-    own ``conf/`` when this code runs from one).  False when there are none,
-    or ``root`` is no folder: nothing is made.
-    """
-    from glob import escape, glob
-
-    from svc.infra.install import data_dir
-
-    source = data_dir("conf", REQUIRED_CONF)
-    if source is None or not os.path.isdir(root):
-        return False
-    target = os.path.join(root, "conf")
-    for pattern in DEFAULT_CONF:
-        for path in sorted(glob(os.path.join(escape(str(source)), pattern))):
-            dest = os.path.join(target, os.path.relpath(path, source))
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            shutil.copyfile(path, dest)
-    print(f"quickstart: no conf/ folder in {os.path.abspath(root)}: copied the default configuration from {source}",
-          file=out or sys.stdout, flush=True)
-    return True
 
 
 def svcctl_command(root: str = ".") -> str:
@@ -295,10 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     and print the next-steps block once, after the last model settled.
     """
     args = arguments(argv)
-    if not os.path.isdir(os.path.join(args.root, "conf")) and not copy_default_conf(args.root):
-        # else its secrets and key file went anywhere
-        print(f"quickstart: {os.path.abspath(args.root)} is not a checkout of the service (no conf/ folder); "
-              "run it in the checkout or give --root", file=sys.stderr, flush=True)
+    if problem := conf_problem(args.root):  # else its secrets and key file went anywhere
+        print(f"quickstart: {problem}", file=sys.stderr, flush=True)
         return 1
     first_run = not os.path.lexists(os.path.join(args.root, SECRETS))
     # Named whole where the run's folder is not the shell's: "secrets/local.env" read another folder's (a probe).

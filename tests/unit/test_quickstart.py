@@ -366,16 +366,6 @@ def test_the_catalog_models_outside_the_profile_are_neither_waited_for_nor_count
     assert not settled(trimmed)
 
 
-def test_a_root_that_is_no_checkout_is_refused_and_nothing_is_made(tmp_path, capsys):
-    """``--root /nonexistent --prepare-only`` made that folder with secrets and a key file, and printed a key."""
-    from svc.cli.quickstart import main
-
-    assert main(["--root", str(tmp_path / "none"), "--prepare-only"]) == 1
-    assert not (tmp_path / "none").exists()
-    assert capsys.readouterr().err == (f"quickstart: {tmp_path / 'none'} is not a checkout of the service (no conf/ "
-                                       "folder); run it in the checkout or give --root\n")
-
-
 def test_the_block_names_the_svcctl_of_the_running_interpreter(tmp_path, monkeypatch):
     """An installed package has no .venv in the folder it runs in: the block said ``.venv/bin/svcctl`` anyway."""
     for env in ("work/env", "service env"):
@@ -442,6 +432,71 @@ def test_without_installed_defaults_a_folder_without_conf_is_still_refused(tmp_p
     assert list(work.iterdir()) == []
 
 
+@pytest.mark.parametrize("defaults", [True, False], ids=["installed defaults", "none installed"])
+def test_a_conf_folder_holding_only_a_key_file_gets_the_defaults_it_lacks(tmp_path, monkeypatch, capsys, defaults):
+    """A folder whose conf/ held only the key file of an earlier ``svcctl keys add`` got no defaults copied, and the
+    run then failed with "conf/profiles/cpu.toml does not exist"."""
+    from svc.cli.quickstart import main
+
+    shared = fake_install(tmp_path, monkeypatch, conf=defaults)
+    conf = tmp_path / "work" / "conf"
+    conf.mkdir(parents=True)
+    (conf / "api_keys.toml").write_text('[keys.bob]\nhash = "' + "0" * 64 + '"\n')
+    (conf / "profiles").mkdir()
+    (conf / "profiles" / "cpu.toml").write_text("# the user's own\n")
+    code = main(["--root", str(tmp_path / "work"), "--prepare-only"])
+    out, err = capsys.readouterr()
+    if not defaults:
+        assert (code, out) == (1, "")
+        assert err == (f"quickstart: {conf} lacks service.toml, profiles/gpu.toml, and no installed default "
+                       "configuration was found to copy them from: copy them from the service's conf/ (a checkout's), "
+                       "or reinstall the service\n")
+        assert sorted(p.name for p in conf.rglob("*")) == ["api_keys.toml", "cpu.toml", "profiles"]
+        return
+    assert code == 0, err
+    assert out.splitlines()[0] == (f"quickstart: {conf} lacked service.toml, profiles/gpu.toml: copied the 4 default "
+                                   f"files it did not have from {shared}, none of its own replaced")
+    copied = sorted(str(p.relative_to(conf)) for p in conf.rglob("*") if p.is_file())
+    assert copied == ["api_keys.example.toml", "api_keys.toml", "profiles/cpu.toml", "profiles/gpu.toml",
+                      "server/MOBILENETV2.toml", "service.toml"]
+    assert (conf / "profiles" / "cpu.toml").read_text() == "# the user's own\n"
+    assert (conf / "api_keys.toml").read_text().startswith("[keys.bob]\n")  # kept, the quick start's key added
+    assert "[keys.local]" in (conf / "api_keys.toml").read_text()
+
+
+@pytest.mark.parametrize("make, said", [(None, "does not exist: make the folder first, or give --root an existing one"),
+                                        ("file", "is not a folder: give --root a folder")])
+def test_a_root_that_is_no_folder_is_named_so_and_nothing_is_made(tmp_path, capsys, make, said):
+    """``--root /nonexistent`` said "is not a checkout of the service (no conf/ folder); run it in the checkout or
+    give --root", --root given.  (Before that, ``--prepare-only`` made the folder, with secrets and a key file.)"""
+    from svc.cli.quickstart import main
+
+    root = tmp_path / "nowhere"
+    if make:
+        root.write_text("")
+    assert main(["--root", str(root), "--prepare-only"]) == 1
+    assert capsys.readouterr() == ("", f"quickstart: {root} {said}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if make is None else ["nowhere"])
+
+
+@pytest.mark.parametrize("argv, said", [(["--help"], "usage: python -m svc.cli.quickstart [-h] [--version]"),
+                                        (["--version"], "inference-service ")])
+def test_python_m_quickstart_names_itself_and_has_a_version(argv, said):
+    """``python -m svc.cli.quickstart --help`` said ``usage: bin/quickstart`` and "Install the service into .venv
+    and run it", though it installs nothing; its --version was "unrecognized arguments", as no other program's."""
+    from svc import __version__
+    from tests.support.processes import REPO
+
+    done = subprocess.run([sys.executable, "-m", "svc.cli.quickstart", *argv], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith(said)
+    if argv == ["--version"]:
+        assert done.stdout == f"inference-service {__version__}\n"
+    else:
+        assert "Installs nothing" in done.stdout and ".venv" not in done.stdout
+
+
 # -- the secrets file: replaced, unreadable, unwritable ----------------------------------------------
 
 
@@ -500,6 +555,15 @@ def test_other_keys_of_the_key_file_stay_when_the_first_key_is_replaced(tmp_path
         ("local", "inference", 0), ("tenant-b", "all", 5)]
 
 
+def own_conf(root: Path) -> None:
+    """A ``conf/`` of the user's in ``root`` holding the files a run needs (empty: no defaults are copied into it)."""
+    from svc.cli.quickstart import REQUIRED_CONF
+
+    for name in REQUIRED_CONF:
+        (root / "conf" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "conf" / name).write_text("")
+
+
 @pytest.mark.parametrize("content, problem", [
     ("", "has no SERVICE_API_TOKEN, SERVICE_GATEWAY_AUTH_TOKEN, SERVICE_METRICS_TOKEN, SERVICE_API_KEY: remove the "
          "file to generate new secrets (the key 'local' is then replaced by a new one)"),
@@ -513,7 +577,7 @@ def test_a_secrets_file_that_cannot_be_used_is_one_line_exit_1(tmp_path, capsys,
     (KeyError, IsADirectoryError) on every run before."""
     from svc.cli.quickstart import main
 
-    (tmp_path / "conf").mkdir()
+    own_conf(tmp_path)
     path = tmp_path / SECRETS
     path.parent.mkdir()
     if content is None:
@@ -534,7 +598,7 @@ def test_a_secrets_write_that_fails_leaves_no_secrets_and_the_next_run_recovers(
     from svc.auth import load_key_file
     from svc.cli.quickstart import main
 
-    (tmp_path / "conf").mkdir()
+    own_conf(tmp_path)
     real_fsync = os.fsync
 
     def full(fd):
@@ -649,6 +713,7 @@ def test_the_start_line_names_the_models_their_configs_put_on_pretrained_weights
 
 
 @pytest.mark.parametrize("argv, code, said", [(["--help"], 0, "usage: bin/quickstart [-h]"),
+                                              (["--version"], 0, "inference-service "),
                                               (["--prep"], 2, "error: unrecognized arguments: --prep"),  # as written
                                               (["--weigths", "x"], 2, "error: unrecognized arguments: --weigths x"),
                                               (["--weights", "real"], 2, "argument --weights: invalid choice")])

@@ -246,12 +246,13 @@ class GatewayApp(oip.OipRoutes, KeyLimits, routes.JsonApp):
         return refusal(over) if over is not None else None
 
     def vouched(self, request: Any) -> bool:
-        """Whether the request carries a credential this gateway knows (counting nothing: its route judges it)."""
+        """Whether the request carries a credential this gateway knows (counting nothing: its route judges it, and
+        :meth:`authenticate` takes the principal found here)."""
         token = bearer_token(request)
         if self.auth.is_metrics(token) or self.auth.is_cluster(token):
             return True
         try:
-            self.auth.authenticate(token)
+            request.early_principal = self.auth.authenticate(token)
         except Unauthorized:
             return False
         return True

@@ -3,9 +3,10 @@
 Split from ``svc.cli.quickstart`` (which imports these names).  An installed package has no checkout to run in: in
 a folder without ``conf/`` the installed default configuration (``share/inference-service/conf``,
 ``svc.infra.install.data_dir``: a checkout's own ``conf/`` when this code runs from one) is copied there first,
-with one line saying so.  A ``conf/`` without one of :data:`REQUIRED_CONF` (one that holds only the key file an
-earlier ``svcctl keys add`` made) gets the default files it lacks, none of its own replaced: it failed later with
-"conf/profiles/cpu.toml does not exist".
+with one line saying so.  A ``conf/`` without ``service.toml`` (one that holds only the key file an earlier
+``svcctl keys add`` made) gets the default files it lacks, none of its own replaced: it failed later with
+"conf/profiles/cpu.toml does not exist".  A ``conf/`` with its ``service.toml`` is a configuration, whatever it
+left out (the catalog's models a user removed), and is never completed.
 """
 
 from __future__ import annotations
@@ -72,8 +73,9 @@ def conf_problem(root: str, out: Any = None) -> str | None:
             return None
         return f"{where} is not a checkout of the service (no conf/ folder); run it in the checkout or give --root"
     missing = [name for name in REQUIRED_CONF if not os.path.isfile(os.path.join(conf, name))]
-    if not missing:
-        return None
+    if "service.toml" not in missing:  # a configuration, if a partial one (a profile or a model left out on
+        return None  # purpose): never completed, its own read names what it lacks
+
     source = default_conf()
     if source is None:
         return (f"{conf} lacks {', '.join(missing)}, and no installed default configuration was found to copy them "

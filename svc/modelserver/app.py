@@ -148,8 +148,10 @@ class ModelServerApp(OipRoute, routes.JsonApp):
         never read and the connection closes.  A local process without the token could otherwise make the model
         server hold ``max_body_bytes`` per connection, as the gateway's clients could before it did the same.
         Smaller bodies are read and routed as before."""
-        if (self.auth_token is None or read_without_credential(request, length)
-                or bearer_matches(request, self.auth_token)):
+        if self.auth_token is None or bearer_matches(request, self.auth_token):
+            return None
+        if read_without_credential(request, length):  # read, then 401; its slot may go to a new connection once
+            request.unvouched()  # stalled (svc.web.idle): trickled bodies held every slot (a regression probe)
             return None
         return self.limit_reply(request, self.unauthorized(request), head_method(request))
 

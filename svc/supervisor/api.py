@@ -100,6 +100,14 @@ class ManagementApi(routes.JsonApp):
         if request.path.startswith(b"/api/"):
             self.authenticate(request)
 
+    def refusal_before_body(self, request: Any, length: int | None) -> tuple[int, dict[str, str], bytes] | None:
+        """None (every body is read, then its route answers 401 without the token), but a body coming without the
+        management token may lose its connection to a new one at ``max_connections`` once stalled (svc.web.idle):
+        a local user's trickled bodies held every slot of the supervisor (a regression probe)."""
+        if not bearer_matches(request, self.token):
+            request.unvouched()
+        return None
+
     def authenticate(self, request: Any, **_route_args: Any) -> None:
         """401 unless the Bearer token is the management token."""
         if not bearer_matches(request, self.token):

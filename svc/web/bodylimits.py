@@ -150,6 +150,8 @@ class LimitedRequest(server.Request):
         from the gateway, when its key's bucket answers an upload's head late: svc.gateway.keylimits)."""
         self._refused = True
         self._stop_body_deadline()
+        if self.channel._counted:  # its slot is the first a new connection takes (svc.web.idle)
+            self.channel.site.idle.answered(self.channel)
         # No "100 Continue" after a final answer.
         self.requestHeaders.removeHeader(b"expect")
         site = self.channel.site

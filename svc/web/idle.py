@@ -36,7 +36,20 @@ class IdleConnections:
     def __init__(self) -> None:
         self._idle: dict[Any, None] = {}  # insertion order: the order they became idle
         self._reading: dict[Any, float] = {}  # channel -> when its head began (an unvouched body: its head's start)
+        self._answered: dict[Any, None] = {}  # answered early, reading and dropping the rest for a while
         self.closed = 0  # closed to admit another
+
+    def answered(self, channel: Any) -> None:
+        """``channel`` answered its request early (a 401, 413, 429, 408 or 431 written before its body or head was
+        read) and lingers, dropping what still comes, so that its client reads the answer: the first to close for a
+        new connection (a regression probe: such connections, opened again every 5 s, held every slot)."""
+        self._reading.pop(channel, None)
+        self._answered[channel] = None
+
+    def forget(self, channel: Any) -> None:
+        """``channel`` is gone."""
+        for held in (self._idle, self._reading, self._answered):
+            held.pop(channel, None)
 
     def reading(self, channel: Any, since: float) -> None:
         """``channel`` reads a head (or a body sent without a valid credential) begun at ``since``."""
@@ -56,9 +69,15 @@ class IdleConnections:
         self._idle.pop(channel, None)
 
     def make_room(self, now: float) -> Any | None:
-        """Close the channel idle longest, else the one reading a head longest if it began :data:`STALLED_S` ago or
-        more, to admit a new connection; it, or None.  The caller takes its slot
+        """Close a channel that answered early, else the one idle longest, else the one reading a head longest if it
+        began :data:`STALLED_S` ago or more, to admit a new connection; it, or None.  The caller takes its slot
         (:meth:`svc.web.limits.LimitedChannel.connectionMade`)."""
+        if self._answered:
+            channel = next(iter(self._answered))
+            del self._answered[channel]
+            self.closed += 1
+            channel.transport.abortConnection()  # its answer was written; what it still sends is dropped anyway
+            return channel
         if self._idle:
             channel = next(iter(self._idle))
             del self._idle[channel]

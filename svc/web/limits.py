@@ -102,6 +102,8 @@ class LimitedChannel(HTTPChannel):
 
     def _reply_and_close(self, reply: bytes, linger_s: float) -> None:
         """Write ``reply``, shut the write side, read and drop what comes for ``linger_s``, then abort."""
+        if self._counted:  # its slot is the first a new connection takes (svc.web.idle)
+            self.site.idle.answered(self)
         self.transport.write(reply)
         lose_write = getattr(self.transport, "loseWriteConnection", None)
         if lose_write is not None:
@@ -245,9 +247,7 @@ class LimitedChannel(HTTPChannel):
         self._refuse_head(self._head_lines == 0, line)
 
     def _refuse_head(self, request_line: bool, line: bytes, too_many: bool = False) -> None:
-        """Answer a head too large with the process's 414 or 431 and close, as the early 413 does: the write side
-        is shut after the reply and the rest of what the client sends is read and dropped for a while, so that a
-        client still sending its head reads the answer rather than a reset."""
+        """Answer a head too large with the process's 414 or 431 and close, as the early 413 does (lingering)."""
         self._refused = True
         self._stop_header_deadline()
         self._read_held_line()
@@ -392,7 +392,7 @@ class LimitedChannel(HTTPChannel):
             if call is not None and call.active():
                 call.cancel()
         self._release_call = self._linger = None
-        self.site.idle.unmark(self)
+        self.site.idle.forget(self)
         if self._counted:
             self._counted = False
             self.site.open_connections -= 1

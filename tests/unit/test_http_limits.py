@@ -708,3 +708,45 @@ def test_a_chunk_line_ending_in_a_bare_lf_is_a_400_at_once(body, served):
     head, _, reply = transport.value().partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"Connection: close" in head.split(b"\r\n")
     assert transport.disconnecting and res.posted == []
+
+
+def test_a_connection_answered_early_gives_its_slot_to_a_new_one():
+    """A regression probe: connections answered before their body was read (a 401, 413 or 429) linger 5 s reading
+    and dropping the rest, so that their clients read the answer; opened again every 5 s, they held every slot, and
+    /healthz was 503 all along. A full listener closes such a connection first for a new one."""
+    clock = Clock()
+    site, _ = make_site(clock, max_connections=1)
+    refused, refused_transport = connect(site)
+    refused.dataReceived(b"POST /ok HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n")  # over max_body_bytes
+    assert refused_transport.value().startswith(b"HTTP/1.1 413 ")
+    channel, transport = connect(site)  # at once: no second has passed
+    assert refused_transport.disconnecting
+    channel.dataReceived(REQUEST)
+    assert transport.value().startswith(b"HTTP/1.1 200 OK")
+    lose(refused, refused_transport)  # its end frees no slot twice
+    assert (site.open_connections, site.refused_connections, site.idle.closed) == (1, 0, 1)
+
+
+def test_the_model_servers_and_the_supervisors_bodies_without_a_credential_lose_their_slots_once_stalled(tmp_path):
+    """A regression probe: trickled bodies of 5,000 bytes without a credential (read before their 401) held every slot
+    of a model server and of the supervisor until body_timeout_ms; the gateway's were closed for new clients."""
+    from svc.web.idle import STALLED_S
+    from tests.support.inmemory import build_model_server
+    from tests.unit.test_management_api import Harness as SupervisorHarness
+
+    clock = Clock()
+    model = build_model_server(clock)
+    supervisor = SupervisorHarness(tmp_path)
+    for app, path, open_path in ((model.service.app, b"/testfaults/predict", b"/healthz"),
+                                 (supervisor.api, b"/api/v1/servers/AAA/start", b"/")):
+        site = JsonSite.for_app(app, app.resource(), max_body_bytes=1 << 20, limits=HttpLimits(max_connections=1),
+                                reactor=clock)
+        trickled, trickled_transport = connect(site)
+        trickled.dataReceived(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n{")
+        _, refused = connect(site)
+        assert refused.value().startswith(b"HTTP/1.1 503 ") and not trickled_transport.disconnecting
+        clock.advance(STALLED_S)
+        healthy, transport = connect(site)
+        assert trickled_transport.value().startswith(b"HTTP/1.1 408 ") and trickled_transport.disconnecting, path
+        healthy.dataReceived(b"GET " + open_path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert transport.value().startswith(b"HTTP/1.1 200 OK"), transport.value()[:200]

@@ -51,6 +51,7 @@ from svc.cli.http import (
     note_weights,
     print_reply,
     react,
+    visible,
     with_deadline,
 )
 from svc.cli.results import result_files, write_files
@@ -96,7 +97,7 @@ class ProgressBar:
         return f"{job_id} {state}"
 
     def show(self, state: str, progress: Any) -> None:
-        line = self.render(self.job_id, state, progress)
+        line = visible(self.render(self.job_id, state, progress))  # a server's job id and state: shown, not acted on
         if line == self.last:
             return
         if self.tty:

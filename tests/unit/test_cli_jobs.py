@@ -162,6 +162,15 @@ def test_on_a_terminal_the_bar_is_redrawn_in_place_and_ends_its_line():
                                  "\n")
 
 
+def test_a_servers_job_id_and_state_are_shown_not_acted_on():
+    """A regression probe: a stand-in gateway's job id and state holding escape sequences reached the terminal in
+    the progress line (the title set, the screen cleared); they are written as ``\\xNN``."""
+    stream = io.StringIO()
+    bar = ProgressBar(stream, "job_\x1b]0;PWNED\x07")
+    bar.show("running\x1b[2J", None)
+    assert stream.getvalue() == "job_\\x1b]0;PWNED\\x07 running\\x1b[2J\n"
+
+
 def test_files_of_a_result_without_images_is_the_envelope_alone_under_a_safe_name():
     envelope = {"status": 0, "task_id": "../a b/c", "results": [{"status": 0, "data": {"class_id": 1}}]}
     assert [name for name, _ in result_files(envelope)] == ["_a_b_c.json"]

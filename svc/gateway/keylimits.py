@@ -69,7 +69,7 @@ class KeyLimits:
         ``admit`` then refuses it as any request)."""
         taken = request.early_take = self.rates.take(principal.name, principal.rate_limit_qps)
         now: list[ApiError] = []
-        answering = True
+        answering, postponed = True, False
 
         def judged(wait: float) -> float:
             if wait and answering:
@@ -77,8 +77,13 @@ class KeyLimits:
             elif wait and request.reading_body:
                 request.early_take = None  # answered here: no route will read it
                 refuse(self.rate_limited(principal, wait))
+            elif postponed:  # within the rate: the body may come now
+                request.send_continue()
             return wait
 
+        # An answer to come: a client awaiting "100 Continue" gets it only then (it was invited to send a body that
+        # the 429 then refused, megabytes of it: a regression probe).
+        postponed = not taken.called and request.postpone_continue()
         taken.addCallback(judged)
         answering = False
         return now[0] if now else None

@@ -112,6 +112,20 @@ class LimitedRequest(server.Request):
         channel = self.channel
         channel.site.idle.reading(channel, channel._head_started)
 
+    def postpone_continue(self) -> bool:
+        """Take back the ``100 Continue`` twisted writes once the head is read, for an answer still to come (the
+        gateway's Redis bucket): whether the client awaits one (:meth:`send_continue` then writes it)."""
+        expect = self.requestHeaders.getRawHeaders(b"expect") or []
+        if not expect or expect[0].lower() != b"100-continue" or self.channel._version != b"HTTP/1.1":
+            return False
+        self.requestHeaders.removeHeader(b"expect")
+        return True
+
+    def send_continue(self) -> None:
+        """The postponed ``100 Continue``, the body now welcome (nothing once the request was answered or gone)."""
+        if self.reading_body:
+            self.channel.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
     def body_too_slow(self) -> None:
         """The body is still incomplete at its deadline: 408 in the process's shape, and close."""
         self._body_deadline = None

@@ -600,6 +600,18 @@ def test_an_uploads_token_answered_late_refuses_it_mid_body(tmp_path):
     metrics = render(gw.registry).decode()
     assert 'service_gateway_key_rejections_total{key="slow",reason="rate_limited"} 1.0' in metrics
 
+    # A client awaiting "100 Continue" is invited to send its body only once the bucket answered (a regression
+    # probe: each got its 100 at once, then a 429 after megabytes); over the rate it gets the 429 alone.
+    for wait, first in ((0.0, b"HTTP/1.1 100 Continue\r\n\r\n"), (1.0, b"HTTP/1.1 429 Too Many Requests\r\n")):
+        channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        channel.dataReceived(b"POST /v1/models/CLS/infer HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                             + SLOW_KEY.encode() + b"\r\nExpect: 100-continue\r\nContent-Length: 100000\r\n\r\n")
+        assert transport.value() == b""  # no 100 before the bucket answers
+        answers[-1].callback(wait)
+        assert transport.value().startswith(first) and transport.value().count(b"100 Continue") == (wait == 0.0)
+
 
 def test_a_body_without_a_credential_loses_its_slot_to_a_new_client_past_a_second(tmp_path):
     """A security probe: 1,100 connections each sending the head of a 60 KB body (read before its 401) and one byte

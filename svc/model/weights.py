@@ -50,9 +50,9 @@ WEIGHTS_PROPERTIES: dict[str, dict] = {
             # no control character (C0, DEL, C1): a newline split the model server's "ready" line, and every log
             # line naming the version, in two.  (?![\s\S]) is the string's end: "$" also matches before a final
             # newline (Python's re, which jsonschema uses).
-            {"pattern": "^[^\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]+(?![\\s\\S])",
-             "x-pattern-says": "has a control character (a newline, a tab, an escape, a Unicode line break), which "
-                               "would break the log lines that name the version"},
+            {"pattern": "^[^\\x00-\\x1f\\x7f-\\x9f\\u200b-\\u200f\\u2028-\\u202e\\u2060-\\u2064\\ufeff]+(?![\\s\\S])",
+             "x-pattern-says": "has a control character (a newline, a tab, an escape, a Unicode line break, an invisible "
+                               "or direction mark), which would break or hide the log lines that name the version"},
             {"pattern": "\\S", "x-pattern-says": "is blank: a version names what is served"},
         ],
         "description": "Model version reported in replies; default: random-init-seed<N>, the pretrained variant's "

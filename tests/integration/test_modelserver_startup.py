@@ -59,12 +59,14 @@ def refused(config, *extra, env=None, port=None):
                                              "/v2/models/{id}/versions/{version} path could name"),
         # Accepted, and its "ready" line was two lines in the log (a config probe); "$" passes a final newline.
         ({"model": {"version": "2024\nrc1"}}, ": model.version: '2024\\nrc1' has a control character (a newline, a "
-                                               "tab, an escape, a Unicode line break), which would break the log "
-                                               "lines that name the version"),
+                                               "tab, an escape, a Unicode line break, an invisible or direction "
+                                               "mark), which would break or hide the log lines that name the version"),
         ({"model": {"version": "rc1\n"}}, ": model.version: 'rc1\\n' has a control character"),
         # A line break to Python's splitlines and log viewers, and a blank version (a regression probe).
         ({"model": {"version": "2024\u2028rc1"}}, ": model.version: '2024\\u2028rc1' has a control character"),
         ({"model": {"version": " "}}, ": model.version: ' ' is blank: a version names what is served"),
+        ({"model": {"version": "\u200b"}}, ": model.version: '\\u200b' has a control character"),  # invisible
+        ({"model": {"version": "a\u202eb"}}, ": model.version: 'a\\u202eb' has a control character"),  # bidi
         # It named neither the file nor the key (probe): "service-model: no model plugin serves ...".
         ({"id": "NOSUCHMODEL"}, ": id: no model plugin serves catalog id 'NOSUCHMODEL'; known: CLS_COND_DDIM, "),
     ],

@@ -71,7 +71,8 @@ def conf_problem(root: str, out: Any = None) -> str | None:
     if not os.path.isdir(conf):
         if copy_default_conf(root, out):
             return None
-        return f"{where} is not a checkout of the service (no conf/ folder); run it in the checkout or give --root"
+        return (f"{where} has no conf/ folder, and no installed default configuration of this version was found to "
+                "copy there: run it in a checkout of the service (or give --root one), or reinstall the service")
     missing = [name for name in REQUIRED_CONF if not os.path.isfile(os.path.join(conf, name))]
     if "service.toml" not in missing:  # a configuration, if a partial one (a profile or a model left out on
         return None  # purpose): never completed, its own read names what it lacks

@@ -427,8 +427,10 @@ def test_without_installed_defaults_a_folder_without_conf_is_still_refused(tmp_p
     work = tmp_path / "work"
     work.mkdir()
     assert main(["--root", str(work), "--prepare-only"]) == 1
-    assert capsys.readouterr().err == (f"quickstart: {work} is not a checkout of the service (no conf/ folder); "
-                                       "run it in the checkout or give --root\n")
+    # it said "run it in the checkout or give --root", --root given (a regression probe)
+    assert capsys.readouterr().err == (f"quickstart: {work} has no conf/ folder, and no installed default "
+                                       "configuration of this version was found to copy there: run it in a checkout "
+                                       "of the service (or give --root one), or reinstall the service\n")
     assert list(work.iterdir()) == []
 
 

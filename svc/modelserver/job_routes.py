@@ -122,8 +122,11 @@ class JobRoutes:
         """A reply about ``job`` whose body is already encoded (a done job's stored envelope)."""
         return send_encoded(request, code, body, {**envelope_headers(job.task_id), **self.headers, **(extra or {})})
 
-    def job_error(self, request: Any, status: st.Status, message: str, job: Job | None = None, headers: dict | None = None) -> bytes:
-        task_id = job.task_id if job is not None else self.task_id(request)
+    def job_error(self, request: Any, status: st.Status, message: str, job: Job | None = None, headers: dict | None = None,
+                  task_id: str | None = None) -> bytes:
+        """The envelope of a job route's refusal, named by ``job``'s task id, else ``task_id`` (a submit's valid
+        ``req_id``), else a new one."""
+        task_id = job.task_id if job is not None else task_id or self.task_id(request)
         body = rejection(status, message, task_id=task_id, model=self.identity())
         if job is not None:
             body["job_id"] = job.id
@@ -152,8 +155,9 @@ class JobRoutes:
         parsed = await self.parse(request.content.getvalue(), media_type, type_params, headers)
         try:
             job = self.jobs.submit(parsed)
-        except AsyncQueueFull as e:
-            return self.job_error(request, st.RATE_LIMITED, str(e), headers={"Retry-After": str(e.retry_after)})
+        except AsyncQueueFull as e:  # named by its req_id, as its 422 and 413 are (it had a new id: a probe)
+            return self.job_error(request, st.RATE_LIMITED, str(e), headers={"Retry-After": str(e.retry_after)},
+                                  task_id=parsed.req_id)
         body: dict[str, Any] = {"job_id": job.id, "state": job.state, **job_urls(job.id), "task_id": job.task_id,
                 "model": self.identity().to_json()}
         return self.reply(request, 202, body, job, {"Location": body["poll_url"]})

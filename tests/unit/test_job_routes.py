@@ -338,6 +338,9 @@ def test_twelve_rapid_submits_admit_exactly_eight(server):
         assert body["error"] == "async queue full: 8 jobs pending or running (async_max_queue 8)"
         assert full.headers["retry-after"] == "1"  # no job finished yet: 1 s per job over one worker
     assert server.metric("service_async_queue_depth") == 8.0
+    # A submit's valid req_id names its 429, as its 422 and 413 are (a probe: a new id named it)
+    named = server.call("POST", "/jobs", body={"images": [RED], "req_id": "rid-429", "params": {"sleep_ms": 250}})
+    assert assert_job_error(named, 429, 429)["task_id"] == "rid-429" and named.headers["x-request-id"] == "rid-429"
     server.workers.release_all()
     assert [state(server, r.json["job_id"]) for r in replies[:8]] == ["done"] * 8
     assert server.metric("service_async_queue_depth") == 0.0

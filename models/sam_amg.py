@@ -86,7 +86,8 @@ PARAMS_SCHEMA = object_schema(
             "minimum": 0,
             "maximum": 1,
             "default": 0.88,
-            "description": "Keep masks whose predicted IoU is above this.",
+            "description": "Keep masks whose predicted IoU is above this; 0 keeps every mask, negative IoUs "
+                           "included (no filter, as in segment-anything).",
         },
         "stability_score_thresh": {
             "type": "number",

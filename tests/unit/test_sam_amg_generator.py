@@ -71,6 +71,18 @@ def test_the_iou_filter_alone_drops_masks_before_they_are_upsampled(sam, image):
     assert listed(kept["rles"]) == batch(SamAutomaticMaskGenerator(sam, **settings), image)["rles"]
 
 
+def test_an_iou_threshold_of_0_keeps_every_mask_negative_ious_included(sam, image):
+    """docs/models.md: 0 turns the IoU filter off, as in segment-anything (a probe read "above this" and found masks
+    of a negative predicted IoU kept at 0): the random-init decoder predicts some below 0, and every one is kept."""
+    settings = {"points_per_side": 4, "points_per_batch": 16, "pred_iou_thresh": 0.0, "stability_score_thresh": 0.0}
+    kept = batch(make_generator(sam, **settings), image)
+    assert len(kept["rles"]) == 16 * 3 and bool((kept["iou_preds"] < 0).any())
+    assert listed(kept["rles"]) == batch(SamAutomaticMaskGenerator(sam, **settings), image)["rles"]
+    from models.sam_amg import PARAMS_SCHEMA
+
+    assert "0 keeps every mask" in PARAMS_SCHEMA["properties"]["pred_iou_thresh"]["description"]
+
+
 def test_a_batch_whose_masks_all_fail_the_iou_filter_gives_nothing(sam, image):
     settings = {"points_per_side": 4, "points_per_batch": 16, "pred_iou_thresh": 0.99}
     ours = batch(make_generator(sam, **settings), image)

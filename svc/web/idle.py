@@ -9,16 +9,19 @@ security probe).  A connection is idle here from the moment its last reply
 was sent whole (nothing read of a next request, nothing pipelined) until its
 next byte; a full listener closes the one idle longest to admit the new one,
 as RFC 9112 (section 9.6) lets a server close an idle connection at any
-time.  With none idle, the connection that has been reading a request head
-longest (or, on the gateway, a body sent without a valid credential, which
-it reads before it answers 401) is closed for the new one, once it has been
-at it :data:`STALLED_S`: a head arrives in one or two packets, so one still
-coming after a second is a client holding the slot (a security probe: one
-client with 1,100 half-sent requests locked every other client out of the
-gateway, the supervisor too, each re-sent at its deadline).  It gets the
-408 its deadline would have given it.  A request with a valid credential
-whose body is coming is never closed for another: only when none is idle or
-stalled does a new connection get the 503.
+time.  Before any idle one, a connection already answered early (a 401,
+413 or 429 written before its body was read) that lingers to drop what its
+client still sends is closed.  With none of those, the connection that has
+been reading a request head longest (or a body sent without a valid
+credential, which the processes read before they answer 401) is closed for
+the new one, once it has been at it :data:`STALLED_S`: a head arrives in one
+or two packets, so one still coming after a second is a client holding the
+slot (a security probe: one client with 1,100 half-sent requests locked
+every other client out of the gateway, the supervisor too, each re-sent at
+its deadline).  It gets the 408 its deadline would have given it.  A request
+with a valid credential whose body is coming is never closed for another:
+only when none is answered, idle or stalled does a new connection get the
+503.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ STALLED_S = 1.0
 
 
 class IdleConnections:
-    """The channels of one listener that are idle between requests, oldest first, and those reading a head."""
+    """The channels of one listener that may be closed for a new one: answered early, idle between requests (oldest
+    first), and reading a head (or an unvouched body)."""
 
     def __init__(self) -> None:
         self._idle: dict[Any, None] = {}  # insertion order: the order they became idle

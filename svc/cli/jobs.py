@@ -1,8 +1,7 @@
 """``svcctl jobs run``: submit a job, show its progress, print and save its result.
 
-Why it exists: ``jobs submit`` + ``jobs wait`` + ``jobs result`` is three
-commands and leaves base64 images inside JSON.  ``jobs run`` does the whole
-round trip in one command: it submits, then repeats ``GET .../wait`` with a
+Why it exists: ``jobs submit`` + ``jobs wait`` + ``jobs result`` is three commands and leaves base64 images
+inside JSON.  ``jobs run`` does the whole round trip in one command: it submits, then repeats ``GET .../wait`` with a
 short budget (``--poll-ms``, far below the gateway's
 ``upstream_recv_timeout_ms``, so no wait ever becomes a 502) and draws the
 ``progress`` of each reply as a bar on stderr until the job is terminal,

@@ -3,7 +3,7 @@
 Run in a folder without ``conf/`` (an installed package has no checkout to run
 in), it first copies the installed default configuration there
 (``share/inference-service/conf``, :mod:`svc.cli.quickstart_conf`), with one line
-saying so, and into a ``conf/`` that lacks part of it the files it lacks;
+saying so, and into a ``conf/`` without ``service.toml`` the files it lacks;
 without installed defaults, or in no folder, it refuses, one line and exit 1.
 
 Creates, once, ``secrets/local.env`` (mode 0600) with the management, inference

@@ -16,6 +16,7 @@ document.addEventListener("DOMContentLoaded", () => {
     const token = $("#token-input").value.trim();
     // A token that cannot be sent is refused here (it was kept); a token is kept only once the supervisor has
     // accepted it.
+    if (!token) { showLogin("Enter the management token (SERVICE_API_TOKEN)."); return; } // nothing was refused
     if (!sendable(token)) { showLogin("The token was refused: it is printable ASCII, without spaces."); return; }
     state.token = token;
     connect(); // which keeps the token once the supervisor has accepted it

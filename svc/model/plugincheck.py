@@ -26,7 +26,7 @@ from jsonschema.exceptions import SchemaError
 from svc.contract.options import CATALOG
 from svc.contract.schema import ObjectSchema, StrictValidator
 from svc.model.api import IModelFactory, PluginError, model_config
-from svc.model.weights import WeightsError
+from svc.model.weights import WeightsError, weights_named
 
 #: Why a schema must be closed, by declaration: what an open one let through.
 _CLOSED_BECAUSE = {
@@ -127,7 +127,7 @@ def checked_config(factory: IModelFactory, table: dict, config_path: str, *, fil
     try:
         params = factory.params_schema(config)
     except WeightsError as e:  # the weights it reads its bounds from (a diffusers folder's): the config's, as above
-        raise WeightsError(f"weights {table.get('weights')!r} (from {weights_from or config_path}): {e}") from None
+        raise WeightsError(f"{weights_named(table.get('weights'), weights_from or config_path)}: {e}") from None
     except Exception as e:  # noqa: BLE001 - a third-party plugin's code: any exception is its author's
         raise _refusal(factory, _raised(e, "in params_schema(config)")) from None
     check_params_schema(factory, params)

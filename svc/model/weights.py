@@ -142,23 +142,23 @@ def resolve_pretrained(factory: Any, table: dict, config_path: str, env: dict[st
     command = f"svcctl weights pull {model_id}" + ("" if variant.default or name is None else f" --variant {variant.name}")
     root = weights_dir(env)
     if root.exists() and not root.is_dir():  # it said "not a weights record (NotADirectoryError)": pull again
-        raise WeightsError(f"weights {table['weights']!r} (from {origin}): the weights cache {root} is not a folder: "
+        raise WeightsError(f"{weights_named(table['weights'], origin)}: the weights cache {root} is not a folder: "
                            f"point {WEIGHTS_DIR_ENV} at one, or unset it for the default")
     try:
         path = cached_weights(model_id, variant.name, env)
         record = read_record(model_id, variant.name, env)
     except RecordError as e:
-        raise WeightsError(f"weights {table['weights']!r} (from {origin}): {e}: run `{command}` again") from None
+        raise WeightsError(f"{weights_named(table['weights'], origin)}: {e}: run `{command}` again") from None
     if path is None or record is None:
         expected = directory / (variant.source.filename if isinstance(variant.source, FileSource) else HUB_DIR)
-        raise WeightsError(f"weights {table['weights']!r} (from {origin}): {expected} is missing: {model_id} "
+        raise WeightsError(f"{weights_named(table['weights'], origin)}: {expected} is missing: {model_id} "
                            f"variant {variant.name} is not in the weights cache; run `{command}` first")
     for rel, entry in sorted(record.files.items()):
         file = directory / rel
         size = file.stat().st_size if file.is_file() else None
         if size != entry.get("size"):
             state = "missing" if size is None else f"{size} bytes, {RECORD_NAME} says {entry.get('size')}"
-            raise WeightsError(f"weights {table['weights']!r} (from {origin}): {file}: {state}: {model_id} "
+            raise WeightsError(f"{weights_named(table['weights'], origin)}: {file}: {state}: {model_id} "
                                f"variant {variant.name} is damaged; run `{command}` again")
     config["weights"] = str(path)
     return config
@@ -167,6 +167,12 @@ def resolve_pretrained(factory: Any, table: dict, config_path: str, env: dict[st
 def path_of(config: dict) -> str | None:
     """The weights path of a [model] table the server has resolved, or None for random init."""
     return None if is_random(config) else config["weights"]
+
+
+def weights_named(value: Any, origin: str) -> str:
+    """The start of every refusal of a model's weights: the value of ``[model] weights`` and what set it (the
+    config file, or ``--weights ...``), so that the line says which setting to change."""
+    return f"weights {value!r} (from {origin})"
 
 
 def check_path(config: dict, config_path: str) -> str | None:
@@ -180,7 +186,7 @@ def check_path(config: dict, config_path: str) -> str | None:
     if is_random(config):
         return None
     if pretrained_variant(config)[0]:
-        raise WeightsError(f"weights {config['weights']!r} (from {config_path}): a pretrained variant is resolved "
+        raise WeightsError(f"{weights_named(config['weights'], config_path)}: a pretrained variant is resolved "
                            "by svc.model.api.model_config")
     path = os.path.expanduser(config["weights"])
     candidates = [path]
@@ -189,10 +195,10 @@ def check_path(config: dict, config_path: str) -> str | None:
     for candidate in candidates:
         if os.path.exists(candidate):
             if not os.access(candidate, os.R_OK | (os.X_OK if os.path.isdir(candidate) else 0)):
-                raise WeightsError(f"weights {config['weights']!r} (from {config_path}): this process may not read "
+                raise WeightsError(f"{weights_named(config['weights'], config_path)}: this process may not read "
                                    f"{candidate} (permission denied)")
             return candidate
-    raise WeightsError(f"weights {config['weights']!r} (from {config_path}): no such file or directory")
+    raise WeightsError(f"{weights_named(config['weights'], config_path)}: no such file or directory")
 
 
 def version_of(config: dict, path: str | None) -> str:

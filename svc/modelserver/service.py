@@ -51,7 +51,7 @@ from svc.infra.process import (
 from svc.infra.reactors import IServiceReactor
 from svc.model.api import IModelFactory
 from svc.model.torchenv import trim_malloc
-from svc.model.weights import MODEL_PLACEHOLDER, RANDOM, WeightsError, weights_kind
+from svc.model.weights import MODEL_PLACEHOLDER, RANDOM, WeightsError, weights_kind, weights_named
 from svc.modelserver.app import ModelServerApp
 from svc.modelserver.batching import BatchQueue
 from svc.modelserver.engine import Engine
@@ -230,7 +230,7 @@ class ModelServerService(ListeningMultiService):
         if failure.check(WeightsError):  # named as a missing file is (svc.model.weights.check_path)
             said = str(failure.value).replace(MODEL_PLACEHOLDER, self.config.id)
             chosen = self.config.model.get("weights", RANDOM)
-            message = f"weights {chosen!r} (from {self.weights_from or self.config.path}): {said}"
+            message = f"{weights_named(chosen, self.weights_from or self.config.path)}: {said}"
         else:
             log.failure("model failed to load", failure)
             message = f"{self.config.id}: model failed to load: {failure.type.__name__}: {failure.getErrorMessage()}"

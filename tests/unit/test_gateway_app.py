@@ -611,6 +611,17 @@ def test_an_uploads_token_answered_late_refuses_it_mid_body(tmp_path):
         assert transport.value() == b""  # no 100 before the bucket answers
         answers[-1].callback(wait)
         assert transport.value().startswith(first) and transport.value().count(b"100 Continue") == (wait == 0.0)
+    # A client gone before the bucket answers gets nothing written; an HTTP/1.0 client awaits no 100.
+    for version, gone in ((b"1.1", True), (b"1.0", False)):
+        channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
+        transport = StringTransport()
+        channel.makeConnection(transport)
+        channel.dataReceived(b"POST /v1/models/CLS/infer HTTP/" + version + b"\r\nHost: x\r\nAuthorization: Bearer "
+                             + SLOW_KEY.encode() + b"\r\nExpect: 100-continue\r\nContent-Length: 100000\r\n\r\n")
+        if gone:
+            channel.connectionLost(Failure(ConnectionLost()))
+        answers[-1].callback(0.0)
+        assert b"100 Continue" not in transport.value()
 
 
 def test_a_body_without_a_credential_loses_its_slot_to_a_new_client_past_a_second(tmp_path):

@@ -173,6 +173,29 @@ def test_a_build_copies_no_module_an_earlier_build_left_in_build_lib(setup_args,
     assert built == ["pkg", "pkg/__init__.py", "pkg/kept.py"]
 
 
+def test_the_working_directory_leaves_the_path_unless_it_holds_this_code_or_python_ran_with_p(tmp_path, monkeypatch):
+    """svc.infra.install.drop_working_directory: ``python -m`` puts the working directory first on the path, and
+    a ``models/`` folder there was imported as plugins; a checkout run from its root keeps it (the code is there),
+    and ``python -P`` put none there to take."""
+    from types import SimpleNamespace
+
+    from svc.infra.install import drop_working_directory, source_root
+
+    monkeypatch.chdir(tmp_path)
+    path = [str(tmp_path), "/lib/site-packages"]
+    drop_working_directory(path)
+    assert path == ["/lib/site-packages"]
+    monkeypatch.chdir(source_root())
+    path = [str(source_root()), "/lib/site-packages"]
+    drop_working_directory(path)
+    assert path == [str(source_root()), "/lib/site-packages"]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.flags", SimpleNamespace(safe_path=True))
+    path = [str(tmp_path), "/lib/site-packages"]  # with -P this first entry is the script's, not the working one
+    drop_working_directory(path)
+    assert path == [str(tmp_path), "/lib/site-packages"]
+
+
 def test_the_default_configuration_is_shipped_without_the_key_file(setup_args):
     """The wheel shipped no conf/: an installed user could not run the quick start ("not a checkout")."""
     shipped = {f"{folder}/{path.rsplit('/', 1)[1]}": path for folder, paths in setup_args["data_files"]

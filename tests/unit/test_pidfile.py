@@ -87,3 +87,20 @@ def test_sigusr1_does_not_rotate_twistds_own_log(tmp_path, monkeypatch, argv, ig
     finally:
         signal.signal(signal.SIGUSR1, previous)
     assert installed == (signal.SIG_IGN if ignored else signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("named, removed", [("own", True), ("other", False), ("garbage", False), ("empty", False)])
+def test_an_exit_past_twistd_removes_only_its_own_pidfile(tmp_path, monkeypatch, named, removed):
+    """svc.infra.twistd.remove_own_pidfile (a daemon's exit through os._exit, which twistd's own removal never sees):
+    a file naming another pid (a second daemon's, written after ours) or anything else is left alone."""
+    import os
+
+    from svc.infra import twistd
+
+    pidfile = tmp_path / "d.pid"
+    pidfile.write_text({"own": f"{os.getpid()}\n", "other": f"{os.getpid() + 1}\n", "garbage": "x\n", "empty": ""}[named])
+    monkeypatch.setattr(twistd, "_launcher", {"pidfile": str(pidfile)})
+    twistd.remove_own_pidfile()
+    assert pidfile.exists() is not removed
+    monkeypatch.setattr(twistd, "_launcher", None)  # under twist, or twistd -n without --pidfile: nothing to do
+    twistd.remove_own_pidfile()
